@@ -1,0 +1,23 @@
+# A subcommand tool of `iprobe`: built into libexec/iprobe, where the `iprobe`
+# dispatcher finds it (see cli/iprobe.cpp).
+function(iprobe_libexec_tool name)
+  add_executable(${name} ${ARGN})
+  set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${IPROBE_LIBEXEC_DIR})
+  install(TARGETS ${name} RUNTIME DESTINATION ${CMAKE_INSTALL_LIBEXECDIR}/iprobe)
+endfunction()
+
+# A GoogleTest suite run by ctest.  Tests find the build tree through
+# IPROBE_BUILD_DIR and the sources through IPROBE_SOURCE_DIR.
+function(iprobe_gtest name)
+  cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;LIBS" ${ARGN})
+  add_executable(${name} ${ARG_SOURCES})
+  target_link_libraries(${name} PRIVATE GTest::gtest GTest::gtest_main iprobe_testutil ${ARG_LIBS})
+  set_target_properties(${name} PROPERTIES RUNTIME_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/tests)
+  if(NOT ARG_TIMEOUT)
+    set(ARG_TIMEOUT 300)
+  endif()
+  gtest_discover_tests(${name}
+    DISCOVERY_TIMEOUT 60
+    PROPERTIES TIMEOUT ${ARG_TIMEOUT}
+               ENVIRONMENT "IPROBE_BUILD_DIR=${PROJECT_BINARY_DIR};IPROBE_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
+endfunction()

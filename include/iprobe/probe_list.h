@@ -1,0 +1,113 @@
+/*
+ * The probe list: the contract between build time (coldpatch, the LLVM pass)
+ * and run time (hotpatch, trace, report, fperf).  This header is the single
+ * definition of the on-disk format; every writer and reader includes it.
+ *
+ * Layout of a FILE.probes (little-endian, offsets from the start of the file):
+ *
+ *   struct iprobe_pl_header
+ *   struct iprobe_pl_record   [probe_count]   sorted by site_address, id == index
+ *   char                      strings[strings_size]   NUL-terminated, offset 0 == ""
+ *
+ * Fixed-size records so that 100k probes load with one read and no parsing.
+ * Addresses are link-time virtual addresses of the module; at run time a
+ * probe lives at load_bias + site_address, where load_bias is the module's
+ * mapping start minus its first PT_LOAD vaddr (0 for non-PIE executables).
+ */
+#ifndef IPROBE_PROBE_LIST_H
+#define IPROBE_PROBE_LIST_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define IPROBE_PL_MAGIC "IPROBEPL"
+#define IPROBE_PL_MAGIC_SIZE 8
+#define IPROBE_PL_VERSION 1u
+#define IPROBE_PL_BUILD_ID_MAX 64
+#define IPROBE_PL_SITE_MAX 8
+#define IPROBE_PL_SUFFIX ".probes"
+
+/* Name of the ELF section a binary carries probe records in (LLVM flow). */
+#define IPROBE_PL_SECTION "iprobe_sites"
+
+enum iprobe_probe_kind {
+    IPROBE_KIND_ENTRY = 1, /* function entry */
+    IPROBE_KIND_EXIT = 2,  /* function exit (each return / tail call site) */
+    IPROBE_KIND_POINT = 3  /* developer-marked IPROBE_POINT */
+};
+
+/* How the original placeholder was encoded; decides how it is re-enabled. */
+enum iprobe_site_form {
+    IPROBE_SITE_CALL_REL32 = 1,   /* e8 rel32: direct or via PLT            */
+    IPROBE_SITE_CALL_RIPIND = 2,  /* ff 15 rel32: call *GOT(%rip), -fno-plt */
+    IPROBE_SITE_NOP = 3           /* compiler-emitted NOP, no original call */
+};
+
+/* Which compiler flow produced the module's placeholders. */
+enum iprobe_flow {
+    IPROBE_FLOW_FINSTRUMENT = 1, /* -finstrument-functions + coldpatch */
+    IPROBE_FLOW_LLVM = 2         /* our LLVM pass */
+};
+
+enum iprobe_pl_flags {
+    IPROBE_PL_FLAG_PIE = 1u << 0,     /* module is position independent (ET_DYN) */
+    IPROBE_PL_FLAG_SHARED = 1u << 1,  /* module is a shared library */
+    IPROBE_PL_FLAG_DWARF = 1u << 2    /* source locations came from DWARF */
+};
+
+struct iprobe_pl_header {
+    char magic[IPROBE_PL_MAGIC_SIZE];
+    uint32_t version;
+    uint32_t header_size;   /* sizeof(struct iprobe_pl_header) of the writer */
+    uint32_t record_size;   /* sizeof(struct iprobe_pl_record) of the writer */
+    uint32_t flags;         /* enum iprobe_pl_flags */
+    uint32_t flow;          /* enum iprobe_flow */
+    uint32_t probe_count;
+    uint32_t build_id_size; /* 0 when the module has no GNU build-id */
+    uint32_t module_name;   /* string offset: path or soname as linked */
+    uint8_t build_id[IPROBE_PL_BUILD_ID_MAX];
+    /*
+     * Where the placeholders originally called (link-time addresses), so a
+     * hotpatcher can route enabled probes without re-reading the ELF:
+     * the PLT entry or function for call rel32, the GOT slot that PLT or
+     * call *GOT(%rip) goes through. 0 when absent.
+     */
+    uint64_t enter_target;
+    uint64_t exit_target;
+    uint64_t enter_got_slot;
+    uint64_t exit_got_slot;
+    uint64_t records_offset;
+    uint64_t strings_offset;
+    uint64_t strings_size;
+    uint64_t reserved[4];
+};
+
+struct iprobe_pl_record {
+    uint32_t id;             /* stable within a build: index in site order */
+    uint8_t kind;            /* enum iprobe_probe_kind */
+    uint8_t site_form;       /* enum iprobe_site_form */
+    uint8_t site_size;       /* bytes at the site: 5 or 6 */
+    uint8_t reserved0;
+    uint64_t site_address;   /* link-time vaddr of the placeholder */
+    uint64_t function_address; /* link-time vaddr of the enclosing function */
+    uint32_t function_name;  /* string offset: raw (mangled) symbol */
+    uint32_t function_demangled; /* string offset: demangled, == raw for C */
+    uint32_t source_file;    /* string offset, 0 when unknown */
+    uint32_t source_line;    /* 0 when unknown */
+    uint8_t original_bytes[IPROBE_PL_SITE_MAX];    /* the call the compiler emitted */
+    uint8_t placeholder_bytes[IPROBE_PL_SITE_MAX]; /* the NOP now in the binary */
+};
+
+#ifdef __cplusplus
+} /* extern "C" */
+static_assert(sizeof(struct iprobe_pl_header) == 192, "probe-list header layout is ABI");
+static_assert(sizeof(struct iprobe_pl_record) == 56, "probe-list record layout is ABI");
+#else
+_Static_assert(sizeof(struct iprobe_pl_header) == 192, "probe-list header layout is ABI");
+_Static_assert(sizeof(struct iprobe_pl_record) == 56, "probe-list record layout is ABI");
+#endif
+
+#endif /* IPROBE_PROBE_LIST_H */

@@ -1,0 +1,81 @@
+// In-memory probe list and its (de)serialisation to the format defined in
+// iprobe/probe_list.h.  Used by coldpatch and the LLVM flow (writers) and by
+// hotpatch, trace, report, fperf and `iprobe list` (readers).
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "iprobe/probe_list.h"
+
+namespace iprobe {
+
+enum class ProbeKind : std::uint8_t {
+    entry = IPROBE_KIND_ENTRY,
+    exit = IPROBE_KIND_EXIT,
+    point = IPROBE_KIND_POINT,
+};
+
+enum class SiteForm : std::uint8_t {
+    call_rel32 = IPROBE_SITE_CALL_REL32,
+    call_rip_indirect = IPROBE_SITE_CALL_RIPIND,
+    nop = IPROBE_SITE_NOP,
+};
+
+std::string_view to_string(ProbeKind kind);
+// "entry" | "exit" | "point"; throws Error(usage) otherwise.
+ProbeKind parse_probe_kind(std::string_view text);
+
+struct Probe {
+    std::uint32_t id = 0;
+    ProbeKind kind = ProbeKind::entry;
+    SiteForm form = SiteForm::call_rel32;
+    std::uint8_t size = 5;
+    std::uint64_t site = 0;           // link-time vaddr
+    std::uint64_t function_address = 0;
+    std::string function;             // raw symbol
+    std::string demangled;            // == function for C
+    std::string file;                 // empty when unknown
+    std::uint32_t line = 0;
+    std::array<std::uint8_t, IPROBE_PL_SITE_MAX> original{};
+    std::array<std::uint8_t, IPROBE_PL_SITE_MAX> placeholder{};
+};
+
+struct ProbeList {
+    std::uint32_t flags = 0;          // enum iprobe_pl_flags
+    std::uint32_t flow = IPROBE_FLOW_FINSTRUMENT;
+    std::string module;               // path or soname
+    std::vector<std::uint8_t> build_id;
+    std::uint64_t enter_target = 0, exit_target = 0;
+    std::uint64_t enter_got_slot = 0, exit_got_slot = 0;
+    std::vector<Probe> probes;        // sorted by site, id == index
+
+    // Sorts by site address and renumbers ids so they are stable per build.
+    void normalize();
+
+    std::vector<std::uint8_t> serialize() const;
+    static ProbeList deserialize(std::span<const std::uint8_t> bytes, const std::string& origin);
+
+    void save(const std::string& path) const;      // atomic
+    static ProbeList load(const std::string& path);
+
+    std::string build_id_hex() const;
+};
+
+// Which probes a user asked for.  Empty lists mean "all".
+struct ProbeSelector {
+    std::vector<std::string> function_globs;  // matched against demangled and raw names
+    std::vector<std::string> file_globs;      // matched against the source path and its basename
+    std::vector<ProbeKind> kinds;
+
+    bool matches(const Probe& probe) const;
+    std::vector<const Probe*> select(const ProbeList& list) const;
+};
+
+std::string hex(std::span<const std::uint8_t> bytes);
+
+}  // namespace iprobe

@@ -1,0 +1,222 @@
+#include "iprobe/probe_list.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <unordered_map>
+
+#include "iprobe/support/error.h"
+#include "iprobe/support/file.h"
+#include "iprobe/support/glob.h"
+
+namespace iprobe {
+
+std::string_view to_string(ProbeKind kind) {
+    switch (kind) {
+        case ProbeKind::entry: return "entry";
+        case ProbeKind::exit: return "exit";
+        case ProbeKind::point: return "point";
+    }
+    return "unknown";
+}
+
+ProbeKind parse_probe_kind(std::string_view text) {
+    if (text == "entry") return ProbeKind::entry;
+    if (text == "exit") return ProbeKind::exit;
+    if (text == "point") return ProbeKind::point;
+    throw Error("unknown probe kind '" + std::string(text) + "' (expected entry, exit or point)",
+                ExitCode::usage);
+}
+
+std::string hex(std::span<const std::uint8_t> bytes) {
+    static constexpr char digits[] = "0123456789abcdef";
+    std::string out;
+    out.reserve(bytes.size() * 2);
+    for (const auto b : bytes) {
+        out += digits[b >> 4];
+        out += digits[b & 15];
+    }
+    return out;
+}
+
+std::string ProbeList::build_id_hex() const { return hex(build_id); }
+
+void ProbeList::normalize() {
+    std::stable_sort(probes.begin(), probes.end(),
+                     [](const Probe& a, const Probe& b) { return a.site < b.site; });
+    for (std::size_t i = 0; i < probes.size(); ++i) probes[i].id = static_cast<std::uint32_t>(i);
+}
+
+namespace {
+
+class StringTable {
+public:
+    StringTable() { data_.push_back('\0'); }
+    std::uint32_t add(const std::string& s) {
+        if (s.empty()) return 0;
+        auto [it, inserted] = offsets_.try_emplace(s, static_cast<std::uint32_t>(data_.size()));
+        if (inserted) data_.insert(data_.end(), s.c_str(), s.c_str() + s.size() + 1);
+        return it->second;
+    }
+    const std::vector<char>& data() const { return data_; }
+
+private:
+    std::vector<char> data_;
+    std::unordered_map<std::string, std::uint32_t> offsets_;
+};
+
+std::string string_at(std::span<const std::uint8_t> strings, std::uint32_t offset,
+                      const std::string& origin) {
+    if (offset >= strings.size())
+        throw Error(origin + ": corrupt probe list (string offset out of range)", ExitCode::bad_input);
+    const auto* begin = reinterpret_cast<const char*>(strings.data()) + offset;
+    const auto* nul = static_cast<const char*>(std::memchr(begin, '\0', strings.size() - offset));
+    if (!nul) throw Error(origin + ": corrupt probe list (unterminated string)", ExitCode::bad_input);
+    return std::string(begin, nul);
+}
+
+}  // namespace
+
+std::vector<std::uint8_t> ProbeList::serialize() const {
+    StringTable strings;
+    iprobe_pl_header header{};
+    std::memcpy(header.magic, IPROBE_PL_MAGIC, IPROBE_PL_MAGIC_SIZE);
+    header.version = IPROBE_PL_VERSION;
+    header.header_size = sizeof(iprobe_pl_header);
+    header.record_size = sizeof(iprobe_pl_record);
+    header.flags = flags;
+    header.flow = flow;
+    header.probe_count = static_cast<std::uint32_t>(probes.size());
+    if (build_id.size() > IPROBE_PL_BUILD_ID_MAX)
+        throw Error("build-id longer than " + std::to_string(IPROBE_PL_BUILD_ID_MAX) + " bytes");
+    header.build_id_size = static_cast<std::uint32_t>(build_id.size());
+    std::copy(build_id.begin(), build_id.end(), header.build_id);
+    header.module_name = strings.add(module);
+    header.enter_target = enter_target;
+    header.exit_target = exit_target;
+    header.enter_got_slot = enter_got_slot;
+    header.exit_got_slot = exit_got_slot;
+
+    std::vector<iprobe_pl_record> records(probes.size());
+    for (std::size_t i = 0; i < probes.size(); ++i) {
+        const Probe& p = probes[i];
+        iprobe_pl_record& r = records[i];
+        r.id = p.id;
+        r.kind = static_cast<std::uint8_t>(p.kind);
+        r.site_form = static_cast<std::uint8_t>(p.form);
+        r.site_size = p.size;
+        r.site_address = p.site;
+        r.function_address = p.function_address;
+        r.function_name = strings.add(p.function);
+        r.function_demangled = strings.add(p.demangled);
+        r.source_file = strings.add(p.file);
+        r.source_line = p.line;
+        std::copy(p.original.begin(), p.original.end(), r.original_bytes);
+        std::copy(p.placeholder.begin(), p.placeholder.end(), r.placeholder_bytes);
+    }
+
+    header.records_offset = sizeof header;
+    header.strings_offset = header.records_offset + records.size() * sizeof(iprobe_pl_record);
+    header.strings_size = strings.data().size();
+
+    std::vector<std::uint8_t> out(header.strings_offset + header.strings_size);
+    std::memcpy(out.data(), &header, sizeof header);
+    if (!records.empty())
+        std::memcpy(out.data() + header.records_offset, records.data(),
+                    records.size() * sizeof(iprobe_pl_record));
+    std::memcpy(out.data() + header.strings_offset, strings.data().data(), header.strings_size);
+    return out;
+}
+
+ProbeList ProbeList::deserialize(std::span<const std::uint8_t> bytes, const std::string& origin) {
+    auto corrupt = [&](const char* why) {
+        return Error(origin + ": not a valid probe list (" + why + ")", ExitCode::bad_input);
+    };
+    iprobe_pl_header header;
+    if (bytes.size() < sizeof header) throw corrupt("too short");
+    std::memcpy(&header, bytes.data(), sizeof header);
+    if (std::memcmp(header.magic, IPROBE_PL_MAGIC, IPROBE_PL_MAGIC_SIZE) != 0) throw corrupt("bad magic");
+    if (header.version != IPROBE_PL_VERSION)
+        throw Error(origin + ": probe list version " + std::to_string(header.version) +
+                        " is not supported (this iprobe reads version " +
+                        std::to_string(IPROBE_PL_VERSION) + "); re-run coldpatch",
+                    ExitCode::bad_input);
+    if (header.header_size < sizeof header || header.record_size < sizeof(iprobe_pl_record))
+        throw corrupt("header or record size too small");
+    if (header.build_id_size > IPROBE_PL_BUILD_ID_MAX) throw corrupt("build-id size");
+    const std::uint64_t records_end =
+        header.records_offset + std::uint64_t(header.probe_count) * header.record_size;
+    if (header.records_offset > bytes.size() || records_end > bytes.size() ||
+        header.strings_offset > bytes.size() || header.strings_size > bytes.size() - header.strings_offset)
+        throw corrupt("section out of range");
+    const auto strings = bytes.subspan(header.strings_offset, header.strings_size);
+
+    ProbeList list;
+    list.flags = header.flags;
+    list.flow = header.flow;
+    list.module = string_at(strings, header.module_name, origin);
+    list.build_id.assign(header.build_id, header.build_id + header.build_id_size);
+    list.enter_target = header.enter_target;
+    list.exit_target = header.exit_target;
+    list.enter_got_slot = header.enter_got_slot;
+    list.exit_got_slot = header.exit_got_slot;
+    list.probes.resize(header.probe_count);
+    for (std::uint32_t i = 0; i < header.probe_count; ++i) {
+        iprobe_pl_record r;
+        std::memcpy(&r, bytes.data() + header.records_offset + std::uint64_t(i) * header.record_size, sizeof r);
+        if (r.kind < IPROBE_KIND_ENTRY || r.kind > IPROBE_KIND_POINT) throw corrupt("bad probe kind");
+        if (r.site_size == 0 || r.site_size > IPROBE_PL_SITE_MAX) throw corrupt("bad site size");
+        Probe& p = list.probes[i];
+        p.id = r.id;
+        p.kind = static_cast<ProbeKind>(r.kind);
+        p.form = static_cast<SiteForm>(r.site_form);
+        p.size = r.site_size;
+        p.site = r.site_address;
+        p.function_address = r.function_address;
+        p.function = string_at(strings, r.function_name, origin);
+        p.demangled = string_at(strings, r.function_demangled, origin);
+        p.file = string_at(strings, r.source_file, origin);
+        p.line = r.source_line;
+        std::copy(std::begin(r.original_bytes), std::end(r.original_bytes), p.original.begin());
+        std::copy(std::begin(r.placeholder_bytes), std::end(r.placeholder_bytes), p.placeholder.begin());
+    }
+    return list;
+}
+
+void ProbeList::save(const std::string& path) const {
+    const auto bytes = serialize();
+    write_file_atomic(path, bytes.data(), bytes.size());
+}
+
+ProbeList ProbeList::load(const std::string& path) {
+    const auto bytes = read_file(path);
+    return deserialize(bytes, path);
+}
+
+bool ProbeSelector::matches(const Probe& probe) const {
+    if (!kinds.empty() && std::find(kinds.begin(), kinds.end(), probe.kind) == kinds.end()) return false;
+    if (!function_globs.empty() &&
+        std::none_of(function_globs.begin(), function_globs.end(), [&](const std::string& g) {
+            return glob_match(g, probe.demangled) || glob_match(g, probe.function);
+        }))
+        return false;
+    if (!file_globs.empty()) {
+        const auto slash = probe.file.rfind('/');
+        const std::string_view base =
+            slash == std::string::npos ? std::string_view(probe.file)
+                                       : std::string_view(probe.file).substr(slash + 1);
+        if (std::none_of(file_globs.begin(), file_globs.end(), [&](const std::string& g) {
+                return glob_match(g, probe.file) || glob_match(g, base);
+            }))
+            return false;
+    }
+    return true;
+}
+
+std::vector<const Probe*> ProbeSelector::select(const ProbeList& list) const {
+    std::vector<const Probe*> out;
+    for (const auto& p : list.probes)
+        if (matches(p)) out.push_back(&p);
+    return out;
+}
+
+}  // namespace iprobe

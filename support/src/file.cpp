@@ -1,0 +1,64 @@
+#include "iprobe/support/file.h"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+
+#include "iprobe/support/error.h"
+#include "iprobe/support/fd.h"
+
+namespace iprobe {
+
+std::vector<std::uint8_t> read_file(const std::string& path) {
+    UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!fd) throw_errno("cannot open " + path, ExitCode::not_found);
+    struct stat st {};
+    if (::fstat(fd.get(), &st) != 0) throw_errno("cannot stat " + path);
+    std::vector<std::uint8_t> data(static_cast<std::size_t>(st.st_size));
+    std::size_t done = 0;
+    while (done < data.size()) {
+        const ssize_t n = ::read(fd.get(), data.data() + done, data.size() - done);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) throw_errno("cannot read " + path);
+        if (n == 0) break;
+        done += static_cast<std::size_t>(n);
+    }
+    data.resize(done);
+    return data;
+}
+
+void write_file_atomic(const std::string& path, const void* data, std::size_t size,
+                       const std::string& mode_from) {
+    const std::string tmp = path + ".iprobe-tmp." + std::to_string(::getpid());
+    mode_t mode = 0644;
+    struct stat st {};
+    const bool have_ref = !mode_from.empty() && ::stat(mode_from.c_str(), &st) == 0;
+    if (have_ref) mode = st.st_mode & 07777;
+
+    UniqueFd fd(::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+    if (!fd) throw_errno("cannot create " + tmp);
+    auto fail = [&](const std::string& what) {
+        const int err = errno;
+        ::unlink(tmp.c_str());
+        errno = err;
+        throw_errno(what);
+    };
+    const auto* p = static_cast<const std::uint8_t*>(data);
+    std::size_t done = 0;
+    while (done < size) {
+        const ssize_t n = ::write(fd.get(), p + done, size - done);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) fail("cannot write " + tmp);
+        done += static_cast<std::size_t>(n);
+    }
+    if (have_ref && ::fchown(fd.get(), st.st_uid, st.st_gid) != 0 && errno != EPERM)
+        fail("cannot chown " + tmp);
+    if (::fchmod(fd.get(), mode) != 0) fail("cannot chmod " + tmp);
+    if (::fsync(fd.get()) != 0) fail("cannot fsync " + tmp);
+    fd.reset();
+    if (::rename(tmp.c_str(), path.c_str()) != 0) fail("cannot rename " + tmp + " to " + path);
+}
+
+}  // namespace iprobe

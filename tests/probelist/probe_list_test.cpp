@@ -1,0 +1,140 @@
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "iprobe/probe_list.hpp"
+#include "iprobe/support/error.h"
+#include "testutil.h"
+
+namespace iprobe {
+namespace {
+
+ProbeList sample_list() {
+    ProbeList list;
+    list.flags = IPROBE_PL_FLAG_PIE | IPROBE_PL_FLAG_DWARF;
+    list.module = "/usr/bin/service";
+    list.build_id = {0xde, 0xad, 0xbe, 0xef, 0x01, 0x02};
+    list.enter_target = 0x1030;
+    list.exit_target = 0x1040;
+    list.enter_got_slot = 0x4018;
+    list.exit_got_slot = 0x4020;
+    Probe exit_probe;
+    exit_probe.kind = ProbeKind::exit;
+    exit_probe.site = 0x1200;
+    exit_probe.function_address = 0x11f0;
+    exit_probe.function = "_ZN3foo3barEv";
+    exit_probe.demangled = "foo::bar()";
+    exit_probe.file = "src/foo.cc";
+    exit_probe.line = 42;
+    exit_probe.original = {0xe8, 1, 2, 3, 4};
+    exit_probe.placeholder = {0x0f, 0x1f, 0x44, 0x00, 0x00};
+    Probe entry_probe = exit_probe;
+    entry_probe.kind = ProbeKind::entry;
+    entry_probe.site = 0x11f8;
+    Probe rip = exit_probe;
+    rip.form = SiteForm::call_rip_indirect;
+    rip.size = 6;
+    rip.site = 0x2000;
+    rip.function = rip.demangled = "plain_c";
+    rip.file.clear();
+    rip.line = 0;
+    list.probes = {exit_probe, rip, entry_probe};
+    list.normalize();
+    return list;
+}
+
+TEST(ProbeList, NormalizeSortsBySiteAndNumbersIds) {
+    const auto list = sample_list();
+    ASSERT_EQ(list.probes.size(), 3u);
+    EXPECT_EQ(list.probes[0].site, 0x11f8u);
+    EXPECT_EQ(list.probes[1].site, 0x1200u);
+    EXPECT_EQ(list.probes[2].site, 0x2000u);
+    for (std::uint32_t i = 0; i < 3; ++i) EXPECT_EQ(list.probes[i].id, i);
+}
+
+TEST(ProbeList, RoundTripIsExact) {
+    const auto list = sample_list();
+    const auto bytes = list.serialize();
+    const auto back = ProbeList::deserialize(bytes, "mem");
+    EXPECT_EQ(back.serialize(), bytes);
+    EXPECT_EQ(back.module, list.module);
+    EXPECT_EQ(back.build_id, list.build_id);
+    EXPECT_EQ(back.build_id_hex(), "deadbeef0102");
+    EXPECT_EQ(back.flags, list.flags);
+    EXPECT_EQ(back.enter_got_slot, 0x4018u);
+    ASSERT_EQ(back.probes.size(), 3u);
+    EXPECT_EQ(back.probes[1].demangled, "foo::bar()");
+    EXPECT_EQ(back.probes[1].function, "_ZN3foo3barEv");
+    EXPECT_EQ(back.probes[1].file, "src/foo.cc");
+    EXPECT_EQ(back.probes[1].line, 42u);
+    EXPECT_EQ(back.probes[1].kind, ProbeKind::exit);
+    EXPECT_EQ(back.probes[2].form, SiteForm::call_rip_indirect);
+    EXPECT_EQ(back.probes[2].size, 6);
+    EXPECT_EQ(back.probes[2].file, "");
+    EXPECT_EQ(back.probes[0].placeholder[0], 0x0f);
+}
+
+TEST(ProbeList, SaveAndLoadThroughFile) {
+    test::TempDir dir;
+    const auto list = sample_list();
+    list.save(dir / "a.probes");
+    EXPECT_EQ(ProbeList::load(dir / "a.probes").serialize(), list.serialize());
+}
+
+TEST(ProbeList, RejectsCorruptInput) {
+    auto bytes = sample_list().serialize();
+    EXPECT_THROW(ProbeList::deserialize(std::span(bytes).first(10), "short"), Error);
+    auto bad_magic = bytes;
+    bad_magic[0] = 'X';
+    EXPECT_THROW(ProbeList::deserialize(bad_magic, "magic"), Error);
+    auto bad_version = bytes;
+    bad_version[8] = 99;
+    try {
+        ProbeList::deserialize(bad_version, "version");
+        FAIL() << "version 99 accepted";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("version 99"), std::string::npos);
+        EXPECT_EQ(e.code(), ExitCode::bad_input);
+    }
+    auto truncated = bytes;
+    truncated.resize(bytes.size() - 5);
+    EXPECT_THROW(ProbeList::deserialize(truncated, "truncated"), Error);
+}
+
+TEST(ProbeList, LoadsOneHundredThousandProbes) {
+    ProbeList list;
+    for (std::uint32_t i = 0; i < 100000; ++i) {
+        Probe p;
+        p.site = 0x1000 + i * 16;
+        p.kind = i % 2 ? ProbeKind::exit : ProbeKind::entry;
+        p.function = p.demangled = "fn_" + std::to_string(i / 2);
+        list.probes.push_back(p);
+    }
+    list.normalize();
+    const auto back = ProbeList::deserialize(list.serialize(), "big");
+    ASSERT_EQ(back.probes.size(), 100000u);
+    EXPECT_EQ(back.probes[99999].demangled, "fn_49999");
+}
+
+TEST(ProbeSelector, GlobsKindsAndFiles) {
+    const auto list = sample_list();
+    ProbeSelector by_name;
+    by_name.function_globs = {"foo::*"};
+    EXPECT_EQ(by_name.select(list).size(), 2u);
+    ProbeSelector raw;
+    raw.function_globs = {"_ZN3foo*"};
+    EXPECT_EQ(raw.select(list).size(), 2u);
+    ProbeSelector kinds;
+    kinds.kinds = {ProbeKind::entry};
+    EXPECT_EQ(kinds.select(list).size(), 1u);
+    ProbeSelector files;
+    files.file_globs = {"foo.cc"};
+    EXPECT_EQ(files.select(list).size(), 2u);
+    ProbeSelector none;
+    none.function_globs = {"nothing*"};
+    EXPECT_TRUE(none.select(list).empty());
+    EXPECT_EQ(ProbeSelector{}.select(list).size(), 3u);
+}
+
+}  // namespace
+}  // namespace iprobe

@@ -1,0 +1,77 @@
+// Helpers shared by the test suites: run real commands, find the build tree,
+// scratch directories, child processes that are always reaped.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace iprobe::test {
+
+// Build and source trees (from ctest's environment, with fallbacks).
+std::string build_dir();
+std::string source_dir();
+std::string bin(const std::string& tool);  // build/bin/<tool>
+
+struct CommandResult {
+    int exit_code = -1;   // -1 when killed by a signal
+    int signal = 0;
+    std::string out;
+    std::string err;
+};
+
+// Runs `argv` (no shell), optional stdin text, with a timeout (killed after).
+CommandResult run(const std::vector<std::string>& argv, const std::string& input = {},
+                  std::chrono::milliseconds timeout = std::chrono::seconds(120),
+                  const std::vector<std::string>& extra_env = {});
+// Runs a shell command line through /bin/sh -c.
+CommandResult sh(const std::string& command_line,
+                 std::chrono::milliseconds timeout = std::chrono::seconds(120));
+
+// A directory that is removed (recursively) when the object dies.
+class TempDir {
+public:
+    TempDir();
+    ~TempDir();
+    TempDir(const TempDir&) = delete;
+    TempDir& operator=(const TempDir&) = delete;
+    const std::string& path() const { return path_; }
+    std::string operator/(const std::string& name) const { return path_ + "/" + name; }
+
+private:
+    std::string path_;
+};
+
+// A background child process; killed (SIGKILL) and reaped on destruction.
+class Child {
+public:
+    Child() = default;
+    explicit Child(const std::vector<std::string>& argv, const std::string& stdout_path = "/dev/null",
+                   const std::vector<std::string>& extra_env = {});
+    Child(Child&& other) noexcept;
+    Child& operator=(Child&& other) noexcept;
+    ~Child();
+    pid_t pid() const { return pid_; }
+    bool running();                       // not yet exited
+    int wait(std::chrono::milliseconds timeout = std::chrono::seconds(30));  // exit code, -1 on timeout/signal
+    void kill(int sig = 9);
+
+private:
+    pid_t pid_ = -1;
+    bool reaped_ = false;
+    int status_ = 0;
+};
+
+// Polls until a TCP port on 127.0.0.1 accepts connections.
+bool wait_for_port(int port, std::chrono::milliseconds timeout = std::chrono::seconds(10));
+// A port number that was free a moment ago.
+int free_port();
+
+std::vector<std::uint8_t> file_bytes(const std::string& path);
+std::string file_text(const std::string& path);
+bool is_root();
+
+}  // namespace iprobe::test
