@@ -1,0 +1,16 @@
+// Probe records a binary carries in its IPROBE_PL_SECTION section (emitted
+// at compile time by the LLVM pass and by the IPROBE_POINT macros), so no
+// disassembly or side file is needed.
+#pragma once
+
+#include <optional>
+#include <string>
+
+#include "iprobe/probe_list.hpp"
+
+namespace iprobe {
+
+// The module's probes from its section; nullopt when it has none.
+std::optional<ProbeList> read_site_section(const std::string& elf_path);
+
+}  // namespace iprobe

@@ -1,0 +1,40 @@
+#include "iprobe/probe_source.hpp"
+
+#include <sys/stat.h>
+
+#include <cstring>
+
+#include "iprobe/site_section.hpp"
+#include "iprobe/support/error.h"
+#include "iprobe/support/file.h"
+
+namespace iprobe {
+
+namespace {
+
+bool exists(const std::string& path) {
+    struct stat st {};
+    return ::stat(path.c_str(), &st) == 0;
+}
+
+bool starts_with_magic(const std::string& path) {
+    const auto bytes = read_file(path);
+    return bytes.size() >= IPROBE_PL_MAGIC_SIZE &&
+           std::memcmp(bytes.data(), IPROBE_PL_MAGIC, IPROBE_PL_MAGIC_SIZE) == 0;
+}
+
+}  // namespace
+
+ProbeList load_probes(const std::string& path) {
+    if (!exists(path)) throw Error(path + ": no such file", ExitCode::not_found);
+    if (starts_with_magic(path)) return ProbeList::load(path);
+    const std::string side = path + IPROBE_PL_SUFFIX;
+    if (exists(side)) return ProbeList::load(side);
+    if (auto from_section = read_site_section(path)) return *std::move(from_section);
+    throw Error(path + ": no probes: neither " + side +
+                    " nor an embedded probe section; build it with iprobe-cc (or run 'iprobe coldpatch " +
+                    path + "')",
+                ExitCode::bad_input);
+}
+
+}  // namespace iprobe
