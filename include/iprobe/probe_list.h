@@ -101,11 +101,54 @@ struct iprobe_pl_record {
     uint8_t placeholder_bytes[IPROBE_PL_SITE_MAX]; /* the NOP now in the binary */
 };
 
+/*
+ * Addendum: the site section.  Not a probe-list file: the compile-time form
+ * the LLVM pass and the IPROBE_POINT macros (iprobe.h) emit into the binary's
+ * IPROBE_PL_SECTION section; read_site_section() turns it into a probe list.
+ *
+ * The section is a sequence of variable-size entries, each 8-byte aligned
+ * and a multiple of 8 bytes long: struct iprobe_site_entry, then the name
+ * (NUL-terminated), then zero padding up to `size`.  Zero bytes between
+ * entries (linker padding between input sections) read as size == 0: skip 8.
+ *
+ * Addresses are self-relative 32-bit offsets resolved by the static linker
+ * (R_X86_64_PC32), so the section needs no dynamic relocation in a PIE or a
+ * shared library and its bytes on disk are final.  The section is marked
+ * SHF_GNU_RETAIN ("R") so --gc-sections keeps it, and joins the COMDAT group
+ * of the code it describes ("?") so a discarded inline function takes its
+ * records with it.
+ *
+ * name: entry/exit: the function's raw (mangled) symbol; point: the point name.
+ */
+#define IPROBE_SITE_ENTRY_VERSION 1u
+#define IPROBE_SITE_ENTRY_ALIGN 8u
+
+enum iprobe_site_entry_flags {
+    IPROBE_SITE_FLAG_REDZONE_STEP = 1u << 0 /* site is wrapped in lea -128/+128(%rsp) */
+};
+
+struct iprobe_site_entry {
+    uint16_t size;       /* bytes of this entry incl. name and padding; 0 = padding */
+    uint8_t version;     /* IPROBE_SITE_ENTRY_VERSION */
+    uint8_t kind;        /* enum iprobe_probe_kind */
+    int32_t site;        /* placeholder vaddr minus the vaddr of this field */
+    int32_t function;    /* enclosing function's vaddr minus the vaddr of this field;
+                            0 = not recorded (points, preemptible symbols): the
+                            reader takes the symbol containing the site */
+    uint8_t site_size;   /* bytes of the placeholder: 5 (0f 1f 44 00 00) */
+    uint8_t arg_count;   /* IPROBE_POINT_ARGS: arguments in rdi, rsi, rdx, rcx */
+    uint8_t flags;       /* enum iprobe_site_entry_flags */
+    uint8_t reserved;
+    /* char name[]; */
+};
+
 #ifdef __cplusplus
 } /* extern "C" */
+static_assert(sizeof(struct iprobe_site_entry) == 16, "site-section entry layout is ABI");
 static_assert(sizeof(struct iprobe_pl_header) == 192, "probe-list header layout is ABI");
 static_assert(sizeof(struct iprobe_pl_record) == 56, "probe-list record layout is ABI");
 #else
+_Static_assert(sizeof(struct iprobe_site_entry) == 16, "site-section entry layout is ABI");
 _Static_assert(sizeof(struct iprobe_pl_header) == 192, "probe-list header layout is ABI");
 _Static_assert(sizeof(struct iprobe_pl_record) == 56, "probe-list record layout is ABI");
 #endif

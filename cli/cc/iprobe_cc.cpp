@@ -1,0 +1,288 @@
+// iprobe-cc / iprobe-c++: drop-in compiler wrappers.  Compile steps get the
+// placeholder flags, link steps are followed by an in-process coldpatch of
+// the output; every other invocation (-E, -M, --version, configure's probes)
+// reaches the real compiler untouched.
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "iprobe/coldpatch.hpp"
+#include "iprobe/support/error.h"
+#include "iprobe/support/glob.h"
+
+#ifndef IPROBE_CC_CXX
+#define IPROBE_CC_CXX 0
+#endif
+
+namespace {
+
+constexpr bool kCxx = IPROBE_CC_CXX;
+constexpr const char* kSelf = kCxx ? "iprobe-c++" : "iprobe-cc";
+
+constexpr char kHelp[] =
+    "usage: %1$s [--mode=finstrument|llvm] COMPILER-ARGS...\n"
+    "       %1$s --iprobe-help\n"
+    "\n"
+    "A drop-in C%2$s compiler: use it as CC/CXX (./configure CC=iprobe-cc, make CC=iprobe-cc,\n"
+    "cmake -DCMAKE_C_COMPILER=iprobe-cc).  Every argument goes to the real compiler;\n"
+    "--help, --version, -E, -M, -S, -c and the like behave exactly as the real compiler's.\n"
+    "\n"
+    "finstrument mode (default):\n"
+    "  compile steps add -finstrument-functions -fno-optimize-sibling-calls (so a void\n"
+    "  function's exit hook stays a call, not a tail jump) and an exclusion of system headers\n"
+    "  (gcc: -finstrument-functions-exclude-file-list=/usr/include,/usr/lib; clang has no\n"
+    "  exclusion list, so it gets -finstrument-functions-after-inlining instead).\n"
+    "  Link steps (an executable or shared object) are followed by 'iprobe coldpatch' of\n"
+    "  the output, done in-process: the placeholder calls become NOPs and OUTPUT.probes\n"
+    "  lists them.  Static links get distinct no-op hooks (glibc's are one function).\n"
+    "  A link without placeholders (configure's conftest) is left as it is.\n"
+    "llvm mode (--mode=llvm or IPROBE_MODE=llvm):\n"
+    "  compile steps load the iprobe LLVM pass plugin instead; links are not coldpatched.\n"
+    "\n"
+    "environment:\n"
+    "  IPROBE_CC, IPROBE_CXX   real compiler (default gcc / g++; clang-14 / clang++-14 in llvm mode)\n"
+    "  IPROBE_MODE             finstrument (default) or llvm\n"
+    "  IPROBE_EXCLUDE          comma-separated path fragments excluded from instrumentation\n"
+    "                          (gcc only; default /usr/include,/usr/lib; empty: exclude nothing)\n"
+    "  IPROBE_CFLAGS           replaces all flags added to compile steps (space-separated)\n"
+    "  IPROBE_PASS_PLUGIN      the LLVM pass plugin (default <bindir>/../lib/IProbePass.so)\n"
+    "  IPROBE_CC_VERBOSE=1     print what the wrapper does (added flags, coldpatch results)\n"
+    "  IPROBE_CC_QUIET=1       no coldpatch summary line on link steps (printed only when\n"
+    "                          stderr is a terminal, so configure scripts see a clean stderr)\n"
+    "\n"
+    "The wrapper's own help is --iprobe-help: --help belongs to the real compiler.\n";
+
+enum class Mode { finstrument, llvm };
+
+struct Invocation {
+    std::vector<std::string> args;  // compiler arguments, without ours
+    Mode mode = Mode::finstrument;
+    bool preprocess_only = false;   // -E, -M, -MM
+    bool stops_before_link = false; // -c, -S, -E, -M, -MM
+    bool relocatable = false;       // -r: partial link, not a module
+    bool is_static = false;         // -static (not -static-pie): glibc's aliased hooks
+    bool has_inputs = false;
+    std::string output;             // -o value, "" = default
+};
+
+bool verbose() { return std::getenv("IPROBE_CC_VERBOSE") && *std::getenv("IPROBE_CC_VERBOSE"); }
+
+void note(const std::string& text) { std::fprintf(stderr, "%s: %s\n", kSelf, text.c_str()); }
+
+std::string self_dir() {
+    char buf[PATH_MAX];
+    const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
+    if (n <= 0) return ".";
+    buf[n] = '\0';
+    std::string path(buf);
+    return path.substr(0, path.rfind('/'));
+}
+
+bool file_exists(const std::string& path) {
+    struct stat st {};
+    return ::stat(path.c_str(), &st) == 0;
+}
+
+// Options whose value is the next argument (when not joined).
+bool takes_separate_value(std::string_view a) {
+    static constexpr std::string_view kOptions[] = {
+        "-o", "-I", "-D", "-U", "-include", "-imacros", "-isystem", "-iquote", "-idirafter", "-iprefix",
+        "-iwithprefix", "-iwithprefixbefore", "-isysroot", "-x", "-MF", "-MT", "-MQ", "-L", "-l", "-Xlinker",
+        "-Xassembler", "-Xpreprocessor", "-Xclang", "-T", "-u", "-e", "-z", "-aux-info", "--param", "-target",
+        "-arch", "-dumpbase", "-dumpdir", "-G", "-B", "-isystem-after", "-Xanalyzer", "-mllvm"};
+    for (auto o : kOptions)
+        if (a == o) return true;
+    return false;
+}
+
+Invocation parse(int argc, char** argv) {
+    Invocation inv;
+    if (const char* m = std::getenv("IPROBE_MODE"); m && std::string_view(m) == "llvm") inv.mode = Mode::llvm;
+    for (int i = 1; i < argc; ++i) {
+        const std::string_view a = argv[i];
+        if (a == "--mode=llvm") {
+            inv.mode = Mode::llvm;
+            continue;
+        }
+        if (a == "--mode=finstrument") {
+            inv.mode = Mode::finstrument;
+            continue;
+        }
+        inv.args.emplace_back(a);
+        if (takes_separate_value(a) && i + 1 < argc) {
+            if (a == "-o") inv.output = argv[i + 1];
+            if (a == "-Xlinker" && std::string_view(argv[i + 1]) == "-r") inv.relocatable = true;
+            inv.args.emplace_back(argv[++i]);
+            continue;
+        }
+        if (a.starts_with("-o") && a.size() > 2) inv.output = a.substr(2);
+        if (a == "-E" || a == "-M" || a == "-MM") inv.preprocess_only = true;
+        if (a == "-E" || a == "-M" || a == "-MM" || a == "-c" || a == "-S") inv.stops_before_link = true;
+        if (a == "-r" || a == "-Wl,-r" || a == "--relocatable") inv.relocatable = true;
+        if (a == "-static") inv.is_static = true;
+        if (a == "-" || (!a.empty() && a[0] != '-')) inv.has_inputs = true;
+    }
+    return inv;
+}
+
+bool is_clang(const std::string& compiler) {
+    const auto base = compiler.substr(compiler.rfind('/') + 1);
+    return base.find("clang") != std::string::npos;
+}
+
+std::string real_compiler(const Invocation& inv) {
+    const char* env = std::getenv(kCxx ? "IPROBE_CXX" : "IPROBE_CC");
+    if (env && *env) return env;
+    if (inv.mode == Mode::llvm) return kCxx ? "clang++-14" : "clang-14";
+    return kCxx ? "g++" : "gcc";
+}
+
+std::vector<std::string> split_words(const std::string& text) {
+    std::vector<std::string> out;
+    std::string word;
+    for (const char c : text) {
+        if (c == ' ' || c == '\t' || c == '\n') {
+            if (!word.empty()) out.push_back(std::move(word)), word.clear();
+        } else {
+            word += c;
+        }
+    }
+    if (!word.empty()) out.push_back(std::move(word));
+    return out;
+}
+
+std::vector<std::string> finstrument_flags(const std::string& compiler) {
+    if (const char* custom = std::getenv("IPROBE_CFLAGS")) return split_words(custom);
+    // Without sibling-call optimisation, because a void function's exit hook
+    // would otherwise become `jmp __cyg_profile_func_exit`: not a call, so
+    // not a placeholder a return-address-keyed handler can serve.
+    if (is_clang(compiler)) return {"-finstrument-functions-after-inlining", "-fno-optimize-sibling-calls"};
+    std::vector<std::string> flags{"-finstrument-functions", "-fno-optimize-sibling-calls"};
+    const char* exclude = std::getenv("IPROBE_EXCLUDE");
+    const std::string list = exclude ? exclude : "/usr/include,/usr/lib";
+    if (!list.empty()) flags.push_back("-finstrument-functions-exclude-file-list=" + list);
+    return flags;
+}
+
+// Everything the LLVM flow needs from the wrapper lives here (the LLVM area
+// may extend it with its filter options).
+std::vector<std::string> llvm_flags() {
+    std::string plugin;
+    if (const char* env = std::getenv("IPROBE_PASS_PLUGIN"); env && *env)
+        plugin = env;
+    else
+        plugin = self_dir() + "/../lib/IProbePass.so";
+    if (!file_exists(plugin))
+        throw iprobe::Error("LLVM pass plugin " + plugin +
+                                " not found; build target IProbePass or set IPROBE_PASS_PLUGIN",
+                            iprobe::ExitCode::unavailable);
+    return {"-fpass-plugin=" + plugin, "-Xclang", "-load", "-Xclang", plugin};
+}
+
+// Distinct no-op hooks for static links, built beside the wrapper.
+std::string static_hooks_object() { return self_dir() + "/../lib/iprobe/iprobe-static-hooks.o"; }
+
+int run_compiler(const std::string& compiler, const std::vector<std::string>& args, bool replace_process) {
+    std::vector<char*> argv;
+    argv.push_back(const_cast<char*>(compiler.c_str()));
+    for (const auto& a : args) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    if (verbose()) {
+        std::string line;
+        for (char** p = argv.data(); *p; ++p) line += std::string(line.empty() ? "" : " ") + *p;
+        note("running " + line);
+    }
+    if (replace_process) {
+        ::execvp(compiler.c_str(), argv.data());
+        std::fprintf(stderr, "%s: cannot run %s: %s (set %s to the real compiler)\n", kSelf, compiler.c_str(),
+                     std::strerror(errno), kCxx ? "IPROBE_CXX" : "IPROBE_CC");
+        return 127;
+    }
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+        std::perror("fork");
+        return 1;
+    }
+    if (pid == 0) {
+        ::execvp(compiler.c_str(), argv.data());
+        std::fprintf(stderr, "%s: cannot run %s: %s (set %s to the real compiler)\n", kSelf, compiler.c_str(),
+                     std::strerror(errno), kCxx ? "IPROBE_CXX" : "IPROBE_CC");
+        _exit(127);
+    }
+    int status = 0;
+    while (::waitpid(pid, &status, 0) < 0)
+        if (errno != EINTR) return 1;
+    if (WIFEXITED(status)) return WEXITSTATUS(status);
+    return 128 + WTERMSIG(status);
+}
+
+int coldpatch_output(const std::string& output) {
+    iprobe::ColdpatchOptions options;
+    options.allow_no_placeholders = true;
+    const auto result = iprobe::coldpatch(output, options);
+    if (result.outcome == iprobe::ColdpatchOutcome::no_placeholders) {
+        if (verbose()) note(output + ": no placeholders (nothing instrumented); left unchanged");
+        return 0;
+    }
+    // Only on a terminal: configure scripts may treat any stderr as failure.
+    const char* quiet = std::getenv("IPROBE_CC_QUIET");
+    if (verbose() || (::isatty(STDERR_FILENO) && !(quiet && *quiet))) note(iprobe::summary_line(result));
+    if (result.hook_tail_jumps)
+        note("warning: " + std::to_string(result.hook_tail_jumps) + " tail jump(s) to a hook left in place");
+    return 0;
+}
+
+int wrap(int argc, char** argv) {
+    if (argc == 2 && (std::string_view(argv[1]) == "--iprobe-help")) {
+        std::printf(kHelp, kSelf, kCxx ? "++" : "");
+        return 0;
+    }
+    // Guard against IPROBE_CC naming this wrapper (it would call itself forever).
+    if (std::getenv("IPROBE_CC_ACTIVE")) {
+        std::fprintf(stderr, "%s: %s names iprobe's own wrapper; set it to the real compiler (gcc, clang-14)\n",
+                     kSelf, kCxx ? "IPROBE_CXX" : "IPROBE_CC");
+        return static_cast<int>(iprobe::ExitCode::usage);
+    }
+    ::setenv("IPROBE_CC_ACTIVE", "1", 1);
+
+    Invocation inv = parse(argc, argv);
+    const std::string compiler = real_compiler(inv);
+    const bool compiles = inv.has_inputs && !inv.preprocess_only;
+    const bool links = inv.has_inputs && !inv.stops_before_link && !inv.relocatable;
+
+    std::vector<std::string> args;
+    if (compiles) {
+        const auto extra = inv.mode == Mode::llvm ? llvm_flags() : finstrument_flags(compiler);
+        args.insert(args.end(), extra.begin(), extra.end());
+    }
+    args.insert(args.end(), inv.args.begin(), inv.args.end());
+    const bool coldpatch_after = links && inv.mode == Mode::finstrument && inv.output != "-";
+    if (coldpatch_after && inv.is_static && file_exists(static_hooks_object())) args.push_back(static_hooks_object());
+    if (!coldpatch_after) return run_compiler(compiler, args, true);
+
+    const int status = run_compiler(compiler, args, false);
+    if (status != 0) return status;
+    return coldpatch_output(inv.output.empty() ? "a.out" : inv.output);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    try {
+        return wrap(argc, argv);
+    } catch (const iprobe::Error& e) {
+        std::fprintf(stderr, "%s: %s\n", kSelf, e.what());
+        return static_cast<int>(e.code());
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "%s: %s\n", kSelf, e.what());
+        return 1;
+    }
+}

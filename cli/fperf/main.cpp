@@ -1,0 +1,230 @@
+// `fperf`: per-function counter profiles of a running program, with the
+// profiler's own overhead kept inside a budget.
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "fperf/events.hpp"
+#include "fperf/profile.hpp"
+#include "fperf/record.hpp"
+#include "iprobe/support/error.h"
+#include "iprobe/support/file.h"
+#include "iprobe/support/glob.h"
+
+namespace {
+
+using iprobe::Error;
+using iprobe::ExitCode;
+
+constexpr const char* kUsage =
+    "usage: fperf record [options] --pid PID\n"
+    "       fperf record [options] -- PROGRAM [ARGS...]\n"
+    "       fperf report [-i fperf.data] [--json|--csv] [--svg OUT.svg] [--limit N]\n"
+    "       fperf events          list the events this machine can count\n"
+    "\n"
+    "Counts every call of the selected functions and samples counter deltas\n"
+    "(wall time, thread CPU time, PAPI events) over as many calls as the\n"
+    "overhead budget allows; every function that runs gets at least one sample.\n";
+
+constexpr const char* kRecordHelp =
+    "usage: fperf record [options] --pid PID\n"
+    "       fperf record [options] -- PROGRAM [ARGS...]\n"
+    "\n"
+    "  --pid PID           profile a running process: hotpatch routes its probes to\n"
+    "                      the fperf handler (injected with dlopen when absent)\n"
+    "  -- PROGRAM ARGS     start PROGRAM with the handler preloaded and profile it to\n"
+    "                      its exit (programs built with iprobe-cc get their probes\n"
+    "                      routed by hotpatch; plain -finstrument-functions builds\n"
+    "                      call the handler directly)\n"
+    "  --probes LIST       probe list or coldpatched binary (default: the target's\n"
+    "                      executable and its FILE.probes)\n"
+    "  --functions GLOB    only functions matching GLOB (comma list, repeatable)\n"
+    "  --events E1,E2      PAPI preset or native names (default: PAPI_TOT_CYC,\n"
+    "                      PAPI_TOT_INS, PAPI_L1_DCM, perf::PAGE-FAULTS,\n"
+    "                      perf::CONTEXT-SWITCHES); wall and CPU time are always measured\n"
+    "  --strict            an unavailable --events entry is an error (exit 7); without\n"
+    "                      it the event is reported unavailable and the rest measured\n"
+    "  --budget P%         overhead budget, share of wall time (default 5%);\n"
+    "                      'none' samples every call\n"
+    "  --interval T        quota refill period (default 100ms; units us, ms, s)\n"
+    "  --duration S        stop after S seconds (default: when the target exits or on Ctrl-C)\n"
+    "  -o FILE             output (default fperf.data)\n"
+    "  --table-slots N     function table size (default 65536)\n"
+    "  -q, --quiet         no progress messages\n";
+
+constexpr const char* kReportHelp =
+    "usage: fperf report [-i fperf.data] [--json|--csv] [--svg OUT.svg] [--limit N] [--top N]\n"
+    "\n"
+    "Per function: calls seen, samples taken, mean per sampled call of wall time,\n"
+    "CPU time and each measured event, and its share of the estimated total\n"
+    "(mean x calls).  Unavailable events are listed, never shown as zeros.\n"
+    "  --limit N   table rows (default 30, 0 = all)\n"
+    "  --top N     bars per panel in the SVG (default 12)\n";
+
+[[noreturn]] void usage_error(const std::string& message) {
+    throw Error(message + " (see `fperf --help`)", ExitCode::usage);
+}
+
+std::string need_value(int& i, int argc, char** argv) {
+    if (i + 1 >= argc) usage_error(std::string(argv[i]) + " needs a value");
+    return argv[++i];
+}
+
+double parse_number(const std::string& text, const std::string& what) {
+    try {
+        std::size_t used = 0;
+        const double v = std::stod(text, &used);
+        if (used != text.size() || !std::isfinite(v) || v < 0) throw std::invalid_argument(text);
+        return v;
+    } catch (const std::exception&) {
+        usage_error("bad " + what + " '" + text + "'");
+    }
+}
+
+std::uint64_t parse_interval_ns(std::string text) {
+    double scale = 1e6;  // plain numbers are milliseconds
+    for (auto [suffix, s] : {std::pair{"us", 1e3}, {"ms", 1e6}, {"s", 1e9}})
+        if (text.size() > std::strlen(suffix) && text.ends_with(suffix)) {
+            text.resize(text.size() - std::strlen(suffix));
+            scale = s;
+            break;
+        }
+    const double ns = parse_number(text, "interval") * scale;
+    if (ns < 1e6 || ns > 60e9) usage_error("--interval must be between 1ms and 60s");
+    return static_cast<std::uint64_t>(ns);
+}
+
+int cmd_record(int argc, char** argv) {
+    fperf::RecordOptions o;
+    int i = 2;
+    for (; i < argc; i++) {
+        const std::string_view a = argv[i];
+        if (a == "--") {
+            for (int j = i + 1; j < argc; j++) o.command.emplace_back(argv[j]);
+            if (o.command.empty()) usage_error("nothing to run after --");
+            break;
+        } else if (a == "-h" || a == "--help") {
+            std::fputs(kRecordHelp, stdout);
+            return 0;
+        } else if (a == "--pid" || a == "-p") {
+            const auto v = need_value(i, argc, argv);
+            o.pid = static_cast<pid_t>(parse_number(v, "pid"));
+            if (o.pid <= 0) usage_error("bad pid '" + v + "'");
+        } else if (a == "--probes") {
+            o.probe_sources.push_back(need_value(i, argc, argv));
+        } else if (a == "--functions") {
+            for (auto& g : iprobe::split_list(need_value(i, argc, argv))) o.function_globs.push_back(g);
+        } else if (a == "--events" || a == "-e") {
+            for (auto& e : iprobe::split_list(need_value(i, argc, argv))) o.events.push_back(e);
+            o.events_given = true;
+        } else if (a == "--strict") {
+            o.strict = true;
+        } else if (a == "--budget") {
+            std::string v = need_value(i, argc, argv);
+            if (v == "none" || v == "off" || v == "unlimited") {
+                o.unlimited = true;
+            } else {
+                if (!v.empty() && v.back() == '%') v.pop_back();
+                o.budget = parse_number(v, "budget") / 100.0;
+                if (o.budget > 10) usage_error("--budget above 1000% makes no sense; use --budget none");
+                o.unlimited = false;
+            }
+        } else if (a == "--no-budget") {
+            o.unlimited = true;
+        } else if (a == "--interval") {
+            o.interval_ns = parse_interval_ns(need_value(i, argc, argv));
+        } else if (a == "--duration") {
+            std::string v = need_value(i, argc, argv);
+            if (v.size() > 1 && v.back() == 's') v.pop_back();
+            o.duration_s = parse_number(v, "duration");
+        } else if (a == "-o" || a == "--output") {
+            o.output = need_value(i, argc, argv);
+        } else if (a == "--handler") {
+            o.handler_library = need_value(i, argc, argv);
+        } else if (a == "--table-slots") {
+            o.table_slots = static_cast<std::uint32_t>(parse_number(need_value(i, argc, argv), "table size"));
+            if (o.table_slots < 2 || o.table_slots > (1u << 24)) usage_error("--table-slots must be 2..16777216");
+        } else if (a == "-q" || a == "--quiet") {
+            o.quiet = true;
+        } else {
+            usage_error("unknown option '" + std::string(a) + "'");
+        }
+    }
+    if (o.pid == 0 && o.command.empty()) usage_error("fperf record needs --pid PID or -- PROGRAM");
+    if (o.events_given && o.events.empty()) usage_error("--events needs at least one name");
+    return fperf::record(o);
+}
+
+int cmd_report(int argc, char** argv) {
+    std::string input = "fperf.data", svg;
+    enum { table, json, csv } format = table;
+    std::size_t limit = 30, top = 12;
+    for (int i = 2; i < argc; i++) {
+        const std::string_view a = argv[i];
+        if (a == "-h" || a == "--help") {
+            std::fputs(kReportHelp, stdout);
+            return 0;
+        } else if (a == "-i" || a == "--input") {
+            input = need_value(i, argc, argv);
+        } else if (a == "--json") {
+            format = json;
+        } else if (a == "--csv") {
+            format = csv;
+        } else if (a == "--svg") {
+            svg = need_value(i, argc, argv);
+        } else if (a == "--limit") {
+            limit = static_cast<std::size_t>(parse_number(need_value(i, argc, argv), "limit"));
+        } else if (a == "--top") {
+            top = static_cast<std::size_t>(parse_number(need_value(i, argc, argv), "top"));
+            if (top == 0) usage_error("--top must be at least 1");
+        } else {
+            usage_error("unknown option '" + std::string(a) + "'");
+        }
+    }
+    const auto profile = fperf::Profile::load(input);
+    if (!svg.empty()) {
+        const auto text = fperf::render_svg(profile, top);
+        iprobe::write_file_atomic(svg, text.data(), text.size());
+    }
+    const std::string out = format == json  ? fperf::render_json(profile)
+                            : format == csv ? fperf::render_csv(profile)
+                                            : fperf::render_table(profile, limit);
+    std::fputs(out.c_str(), stdout);
+    if (!svg.empty() && format == table) std::printf("\nwrote %s\n", svg.c_str());
+    return 0;
+}
+
+int cmd_events() {
+    for (const auto& e : fperf::available_events()) std::printf("%s\n", e.c_str());
+    return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    try {
+        if (argc < 2) {
+            std::fputs(kUsage, stderr);
+            return static_cast<int>(ExitCode::usage);
+        }
+        const std::string_view cmd = argv[1];
+        if (cmd == "-h" || cmd == "--help" || cmd == "help") {
+            std::fputs(kUsage, stdout);
+            return 0;
+        }
+        if (cmd == "record") return cmd_record(argc, argv);
+        if (cmd == "report") return cmd_report(argc, argv);
+        if (cmd == "events") return cmd_events();
+        usage_error("unknown command '" + std::string(cmd) + "'");
+    } catch (const Error& e) {
+        std::fprintf(stderr, "fperf: %s\n", e.what());
+        return static_cast<int>(e.code());
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "fperf: %s\n", e.what());
+        return static_cast<int>(ExitCode::failure);
+    }
+}

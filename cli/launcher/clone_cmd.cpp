@@ -1,0 +1,141 @@
+#include <cstdint>
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "iprobe/launcher/clone.h"
+#include "iprobe/support/error.h"
+#include "iprobe/support/glob.h"
+#include "iprobe/support/json.h"
+
+namespace iprobe::launcher::cli {
+namespace {
+
+const char* const kUsage =
+    "usage: iprobe clone PID [--netns NAME] [--fs-snapshot PATHS] [--no-default-snapshots]\n"
+    "                        [--keep-images DIR] [--json]\n"
+    "       iprobe clone --destroy NAME\n"
+    "       iprobe clone --list [--json]\n"
+    "\n"
+    "Makes a live copy of a running service with CRIU: production is checkpointed\n"
+    "and keeps running (frozen only while CRIU copies its memory); the copy runs in\n"
+    "its own network namespace NAME (default iprobe-clone-PID; created if needed,\n"
+    "loopback up, the same addresses and listening ports inside) and its own PID\n"
+    "namespace. Established TCP connections are restored closed; listening sockets\n"
+    "are live. Enter it with `nsenter --net=/run/netns/NAME ...`.\n"
+    "\n"
+    "The clone writes private copies of the files the service writes: every regular\n"
+    "file it has open for writing, its working directory (up to 256 MiB), and\n"
+    "--fs-snapshot PATHS (comma-separated files or directories).\n"
+    "\n"
+    "  --netns NAME            clone and namespace name\n"
+    "  --fs-snapshot PATHS     more files/directories to copy for the clone\n"
+    "  --no-default-snapshots  copy only --fs-snapshot paths\n"
+    "  --keep-images DIR       keep CRIU's checkpoint images in DIR (must be empty)\n"
+    "  --destroy NAME          kill a clone, remove its namespace and copies\n"
+    "  --list                  show existing clones\n"
+    "  --json                  machine-readable output\n"
+    "\n"
+    "Needs root and CRIU >= 4.2 (scripts/setup installs it; IPROBE_CRIU overrides).\n"
+    "Exit codes: 0 ok, 1 CRIU failed (production untouched), 2 usage, 4 not root,\n"
+    "5 no such process/clone, 6 clone name in use, 7 CRIU missing.\n";
+
+std::int64_t us(double ms) { return static_cast<std::int64_t>(ms * 1e3 + 0.5); }
+
+void print_result(const CloneResult& r, bool json, bool alive_known = true) {
+    if (json) {
+        JsonWriter w;
+        w.begin_object()
+            .field("name", r.name)
+            .field("netns", r.netns_path)
+            .field("clone_pid", static_cast<std::int64_t>(r.clone_pid))
+            .field("clone_pid_in_ns", static_cast<std::int64_t>(r.clone_pid_in_ns))
+            .field("keeper_pid", static_cast<std::int64_t>(r.keeper_pid))
+            .field("freeze_us", us(r.freeze_ms))
+            .field("freezing_us", us(r.freezing_ms))
+            .field("dump_us", us(r.dump_ms))
+            .field("restore_us", us(r.restore_ms))
+            .field("total_us", us(r.total_ms))
+            .field("pages_written", static_cast<std::uint64_t>(r.pages_written));
+        w.key("snapshots").begin_array();
+        for (const auto& s : r.snapshots) w.value(s);
+        w.end_array();
+        if (!r.images_dir.empty()) w.field("images", r.images_dir);
+        if (!alive_known) w.field("running", r.keeper_pid > 0);
+        w.end_object();
+        std::printf("%s\n", w.str().c_str());
+        return;
+    }
+    std::printf("clone %s\n", r.name.c_str());
+    std::printf("  pid          %d (host), %d inside its PID namespace\n", r.clone_pid, r.clone_pid_in_ns);
+    std::printf("  netns        %s   (enter: nsenter --net=%s ...)\n", r.netns_path.c_str(), r.netns_path.c_str());
+    std::printf("  freeze       %.3f ms production frozen (+%.3f ms stopping it)\n", r.freeze_ms, r.freezing_ms);
+    std::printf("  time         dump %.1f ms, restore %.1f ms, total %.1f ms\n", r.dump_ms, r.restore_ms, r.total_ms);
+    for (const auto& s : r.snapshots) std::printf("  private copy %s\n", s.c_str());
+    if (!r.images_dir.empty()) std::printf("  images       %s\n", r.images_dir.c_str());
+    if (!alive_known && r.keeper_pid <= 0) std::printf("  state        not running (remove with --destroy)\n");
+}
+
+}  // namespace
+
+int clone_main(const std::vector<std::string>& args) {
+    CloneOptions o;
+    bool json = false, list = false;
+    std::string destroy;
+    auto value = [&](size_t& i) -> const std::string& {
+        if (i + 1 >= args.size()) throw Error(args[i] + " needs a value\n" + kUsage, ExitCode::usage);
+        return args[++i];
+    };
+    for (size_t i = 0; i < args.size(); ++i) {
+        const std::string& a = args[i];
+        if (a == "-h" || a == "--help") {
+            std::fputs(kUsage, stdout);
+            return 0;
+        } else if (a == "--netns") {
+            o.name = value(i);
+        } else if (a == "--fs-snapshot") {
+            for (auto& p : split_list(value(i))) o.fs_snapshot.push_back(p);
+        } else if (a == "--no-default-snapshots") {
+            o.default_snapshots = false;
+        } else if (a == "--keep-images") {
+            o.keep_images = value(i);
+        } else if (a == "--destroy") {
+            destroy = value(i);
+        } else if (a == "--list") {
+            list = true;
+        } else if (a == "--json") {
+            json = true;
+        } else if (!a.empty() && a[0] == '-') {
+            throw Error("unknown option " + a + "\n" + kUsage, ExitCode::usage);
+        } else if (o.pid < 0) {
+            o.pid = parse_pid(a);
+        } else {
+            throw Error("unexpected argument " + a + "\n" + kUsage, ExitCode::usage);
+        }
+    }
+    if (!destroy.empty()) {
+        destroy_clone(destroy);
+        if (json)
+            std::printf("{\"destroyed\":\"%s\"}\n", destroy.c_str());
+        else
+            std::printf("clone %s destroyed\n", destroy.c_str());
+        return 0;
+    }
+    if (list) {
+        auto names = list_clones();
+        if (json) std::printf("[");
+        for (size_t i = 0; i < names.size(); ++i) {
+            if (json && i) std::printf(",");
+            print_result(load_clone(names[i]), json, false);
+        }
+        if (json) std::printf("]\n");
+        return 0;
+    }
+    if (o.pid < 0) throw Error(std::string("missing PID\n") + kUsage, ExitCode::usage);
+    if (!json) o.progress = [](const std::string& line) { std::fprintf(stderr, "iprobe clone: %s\n", line.c_str()); };
+    print_result(clone_process(o), json);
+    return 0;
+}
+
+}  // namespace iprobe::launcher::cli

@@ -1,0 +1,244 @@
+// `iprobe coldpatch` and `iprobe list`: the build-time half of iprobe.
+#include <cstdio>
+#include <cstring>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "iprobe/coldpatch.hpp"
+#include "iprobe/probe_source.hpp"
+#include "iprobe/support/error.h"
+#include "iprobe/support/glob.h"
+#include "iprobe/support/json.h"
+
+namespace {
+
+using iprobe::Error;
+using iprobe::ExitCode;
+
+constexpr char kColdpatchHelp[] =
+    "usage: iprobe coldpatch FILE [-o OUT] [--probes PATH] [--json] [-q]\n"
+    "\n"
+    "Turns every call to __cyg_profile_func_enter/exit in FILE (an x86-64\n"
+    "executable or shared library built with -finstrument-functions, e.g. by\n"
+    "iprobe-cc) into a NOP of the same length, and writes the probe list to\n"
+    "FILE.probes.  Both files are replaced atomically; on any error neither changes.\n"
+    "\n"
+    "  -o, --output OUT   write the patched binary to OUT (FILE stays as it is)\n"
+    "      --probes PATH  write the probe list to PATH (default: <binary>.probes)\n"
+    "      --json         print the result as JSON\n"
+    "  -q, --quiet        no summary line\n"
+    "\n"
+    "Running it again on a coldpatched binary is harmless: when FILE.probes names\n"
+    "the same build-id and every site already holds its NOP, it prints\n"
+    "'already coldpatched; nothing to do' and exits 0.\n"
+    "\n"
+    "exit codes: 0 ok, 2 usage, 3 bad input (not ELF, truncated/corrupt, not x86-64,\n"
+    "no placeholders), 5 no such file, 1 other failure\n";
+
+constexpr char kListHelp[] =
+    "usage: iprobe list FILE|FILE.probes [--functions GLOB]... [--file GLOB]...\n"
+    "                   [--kind entry,exit,point] [--json] [--count]\n"
+    "\n"
+    "Shows the probes of a probe list, of a coldpatched binary (its FILE.probes)\n"
+    "or of a binary carrying an embedded probe section (LLVM flow).\n"
+    "\n"
+    "      --functions GLOB  only functions matching GLOB (demangled or raw name);\n"
+    "                        repeatable\n"
+    "      --file GLOB       only probes whose source path or its basename match\n"
+    "      --kind K[,K]      only these kinds: entry, exit, point\n"
+    "      --count           print only the number of matching probes\n"
+    "      --json            machine-readable output (all fields)\n"
+    "\n"
+    "exit codes: 0 ok, 2 usage, 3 bad input, 5 not found\n";
+
+[[noreturn]] void usage_error(const std::string& message, const char* command) {
+    throw Error(message + "; see 'iprobe " + command + " --help'", ExitCode::usage);
+}
+
+std::string hex_address(std::uint64_t a) {
+    char buf[24];
+    std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(a));
+    return buf;
+}
+
+void write_list_header_json(iprobe::JsonWriter& j, const iprobe::ProbeList& list) {
+    j.field("module", list.module);
+    j.field("build_id", list.build_id_hex());
+    j.field("flow", list.flow == IPROBE_FLOW_LLVM ? "llvm" : "finstrument");
+    j.key("flags").begin_array();
+    if (list.flags & IPROBE_PL_FLAG_PIE) j.value("pie");
+    if (list.flags & IPROBE_PL_FLAG_SHARED) j.value("shared");
+    if (list.flags & IPROBE_PL_FLAG_DWARF) j.value("dwarf");
+    j.end_array();
+    j.field("enter_target", list.enter_target);
+    j.field("exit_target", list.exit_target);
+    j.field("enter_got_slot", list.enter_got_slot);
+    j.field("exit_got_slot", list.exit_got_slot);
+}
+
+void write_probe_json(iprobe::JsonWriter& j, const iprobe::Probe& p) {
+    j.begin_object();
+    j.field("id", p.id);
+    j.field("kind", iprobe::to_string(p.kind));
+    j.field("form", p.form == iprobe::SiteForm::call_rel32          ? "call_rel32"
+                    : p.form == iprobe::SiteForm::call_rip_indirect ? "call_rip_indirect"
+                                                                    : "nop");
+    j.field("size", static_cast<unsigned>(p.size));
+    j.field("site", p.site);
+    j.field("function_address", p.function_address);
+    j.field("function", p.function);
+    j.field("demangled", p.demangled);
+    j.field("file", p.file);
+    j.field("line", p.line);
+    j.field("original", iprobe::hex(std::span(p.original.data(), p.size)));
+    j.field("placeholder", iprobe::hex(std::span(p.placeholder.data(), p.size)));
+    j.end_object();
+}
+
+int run_coldpatch(int argc, char** argv) {
+    std::string file;
+    iprobe::ColdpatchOptions options;
+    bool json = false, quiet = false;
+    for (int i = 2; i < argc; ++i) {
+        const std::string_view a = argv[i];
+        auto value = [&]() -> std::string {
+            if (i + 1 >= argc) usage_error(std::string(a) + " needs a value", "coldpatch");
+            return argv[++i];
+        };
+        if (a == "-h" || a == "--help") {
+            std::fputs(kColdpatchHelp, stdout);
+            return 0;
+        } else if (a == "-o" || a == "--output") {
+            options.output = value();
+        } else if (a == "--probes") {
+            options.probes_path = value();
+        } else if (a == "--json") {
+            json = true;
+        } else if (a == "-q" || a == "--quiet") {
+            quiet = true;
+        } else if (!a.empty() && a[0] == '-') {
+            usage_error("unknown option '" + std::string(a) + "'", "coldpatch");
+        } else if (file.empty()) {
+            file = a;
+        } else {
+            usage_error("one FILE at a time", "coldpatch");
+        }
+    }
+    if (file.empty()) usage_error("missing FILE", "coldpatch");
+    const auto result = iprobe::coldpatch(file, options);
+    if (json) {
+        iprobe::JsonWriter j;
+        j.begin_object();
+        j.field("binary", result.binary_path);
+        j.field("probes_file", result.probes_path);
+        j.field("outcome", result.outcome == iprobe::ColdpatchOutcome::patched ? "patched" : "already_patched");
+        j.field("probes", static_cast<std::uint64_t>(result.list.probes.size()));
+        j.field("entry", static_cast<std::uint64_t>(result.entries));
+        j.field("exit", static_cast<std::uint64_t>(result.exits));
+        j.field("point", static_cast<std::uint64_t>(result.points));
+        j.field("hook_tail_jumps_left", static_cast<std::uint64_t>(result.hook_tail_jumps));
+        j.field("build_id", result.list.build_id_hex());
+        j.field("elapsed_ms", result.elapsed_ms);
+        j.end_object();
+        std::printf("%s\n", j.str().c_str());
+    } else if (!quiet) {
+        std::printf("%s\n", iprobe::summary_line(result).c_str());
+    }
+    if (result.hook_tail_jumps)
+        std::fprintf(stderr,
+                     "iprobe coldpatch: warning: %zu tail jump(s) to a hook left in place (not a call; "
+                     "they still run glibc's no-op hook)\n",
+                     result.hook_tail_jumps);
+    if (result.kinds_inferred)
+        std::fprintf(stderr,
+                     "iprobe coldpatch: note: the enter and exit hooks share one address (a static link with "
+                     "glibc's aliased hooks); entry/exit of %zu probes inferred from code order. Link with "
+                     "iprobe-cc to get exact kinds\n",
+                     result.kinds_inferred);
+    return 0;
+}
+
+int run_list(int argc, char** argv) {
+    std::string file;
+    iprobe::ProbeSelector selector;
+    bool json = false, count_only = false;
+    for (int i = 2; i < argc; ++i) {
+        const std::string_view a = argv[i];
+        auto value = [&]() -> std::string {
+            if (i + 1 >= argc) usage_error(std::string(a) + " needs a value", "list");
+            return argv[++i];
+        };
+        if (a == "-h" || a == "--help") {
+            std::fputs(kListHelp, stdout);
+            return 0;
+        } else if (a == "--functions" || a == "--function" || a == "-f") {
+            selector.function_globs.push_back(value());
+        } else if (a == "--file") {
+            selector.file_globs.push_back(value());
+        } else if (a == "--kind" || a == "-k") {
+            for (const auto& k : iprobe::split_list(value())) selector.kinds.push_back(iprobe::parse_probe_kind(k));
+        } else if (a == "--json") {
+            json = true;
+        } else if (a == "--count") {
+            count_only = true;
+        } else if (!a.empty() && a[0] == '-') {
+            usage_error("unknown option '" + std::string(a) + "'", "list");
+        } else if (file.empty()) {
+            file = a;
+        } else {
+            usage_error("one FILE at a time", "list");
+        }
+    }
+    if (file.empty()) usage_error("missing FILE", "list");
+    const iprobe::ProbeList list = iprobe::load_probes(file);
+    const auto selected = selector.select(list);
+    if (json) {
+        iprobe::JsonWriter j;
+        j.begin_object();
+        write_list_header_json(j, list);
+        j.field("total", static_cast<std::uint64_t>(list.probes.size()));
+        j.field("selected", static_cast<std::uint64_t>(selected.size()));
+        if (!count_only) {
+            j.key("probes").begin_array();
+            for (const auto* p : selected) write_probe_json(j, *p);
+            j.end_array();
+        }
+        j.end_object();
+        std::printf("%s\n", j.str().c_str());
+        return 0;
+    }
+    if (count_only) {
+        std::printf("%zu\n", selected.size());
+        return 0;
+    }
+    std::printf("# module %s  build-id %s  flow %s  %zu of %zu probes\n", list.module.c_str(),
+                list.build_id.empty() ? "(none)" : list.build_id_hex().c_str(),
+                list.flow == IPROBE_FLOW_LLVM ? "llvm" : "finstrument", selected.size(), list.probes.size());
+    std::printf("%-6s %-5s %-18s %-40s %s\n", "ID", "KIND", "ADDRESS", "FUNCTION", "SOURCE");
+    std::string line;
+    for (const auto* p : selected) {
+        std::string source = p->file.empty() ? "-" : p->file + ":" + std::to_string(p->line);
+        std::printf("%-6u %-5s %-18s %-40s %s\n", p->id, std::string(iprobe::to_string(p->kind)).c_str(),
+                    hex_address(p->site).c_str(), p->demangled.c_str(), source.c_str());
+    }
+    return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    const char* command = argc > 1 ? argv[1] : "";
+    try {
+        if (std::strcmp(command, "coldpatch") == 0) return run_coldpatch(argc, argv);
+        if (std::strcmp(command, "list") == 0) return run_list(argc, argv);
+        std::fprintf(stderr, "iprobe-probes: run as 'iprobe coldpatch' or 'iprobe list'\n");
+        return static_cast<int>(ExitCode::usage);
+    } catch (const Error& e) {
+        std::fprintf(stderr, "iprobe %s: %s\n", command, e.what());
+        return static_cast<int>(e.code());
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "iprobe %s: %s\n", command, e.what());
+        return static_cast<int>(ExitCode::failure);
+    }
+}

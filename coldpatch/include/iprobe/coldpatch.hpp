@@ -1,0 +1,71 @@
+// Coldpatch: turn the placeholder calls a compiler emitted for
+// -finstrument-functions (`call __cyg_profile_func_enter/exit`) into NOPs of
+// the same length and record where they were in a probe list.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "iprobe/elf_file.hpp"
+#include "iprobe/probe_list.hpp"
+
+namespace iprobe {
+
+inline constexpr char kEnterHook[] = "__cyg_profile_func_enter";
+inline constexpr char kExitHook[] = "__cyg_profile_func_exit";
+
+// The NOPs that replace `e8 rel32` and `ff 15 rel32`: one instruction each,
+// so no thread can be stopped inside a placeholder.
+inline constexpr std::uint8_t kNop5[5] = {0x0f, 0x1f, 0x44, 0x00, 0x00};
+inline constexpr std::uint8_t kNop6[6] = {0x66, 0x0f, 0x1f, 0x44, 0x00, 0x00};
+
+// What a scan of a linked binary found (nothing is written).
+struct PlaceholderScan {
+    ProbeList list;                      // normalized; module/build-id/flags/targets filled
+    std::size_t hook_tail_jumps = 0;     // `jmp hook` sites: left alone (not a call)
+    // Calls whose target is both hooks (static glibc aliases them), kind
+    // inferred from code order.  iprobe-cc avoids this by linking distinct hooks.
+    std::size_t kinds_inferred = 0;
+};
+
+// Finds every call to the hooks in the executable sections of `elf` (which
+// must be x86-64) and describes it as a probe.  `module_name` goes into the list.
+PlaceholderScan scan_placeholders(const ElfFile& elf, const std::string& module_name);
+
+struct ColdpatchOptions {
+    std::string output;       // patched binary; default: the input, in place
+    std::string probes_path;  // default: <output>.probes
+    // A binary without placeholders is not an error: report it in the outcome
+    // (iprobe-cc links configure's conftest and the like).
+    bool allow_no_placeholders = false;
+};
+
+enum class ColdpatchOutcome {
+    patched,          // NOPs written, probe list written
+    already_patched,  // FILE.probes matches the build-id and every site is a NOP: nothing to do
+    no_placeholders,  // only with allow_no_placeholders; nothing written
+};
+
+struct ColdpatchResult {
+    ColdpatchOutcome outcome = ColdpatchOutcome::patched;
+    std::string binary_path;
+    std::string probes_path;
+    ProbeList list;
+    std::size_t entries = 0, exits = 0, points = 0;
+    std::size_t hook_tail_jumps = 0;
+    std::size_t kinds_inferred = 0;
+    double elapsed_ms = 0;
+};
+
+// Patches `path` and writes its probe list, atomically: on any error (thrown
+// as iprobe::Error) neither file has changed.  Refuses non-ELF, truncated or
+// corrupt ELF, non-x86-64 input and (unless allowed) binaries without
+// placeholders, with ExitCode::bad_input.
+ColdpatchResult coldpatch(const std::string& path, const ColdpatchOptions& options = {});
+
+// "coldpatched app: 1234 probes (617 entry, 617 exit) in 12 ms -> app.probes"
+std::string summary_line(const ColdpatchResult& result);
+
+}  // namespace iprobe

@@ -1,0 +1,167 @@
+#include "iprobe/coldpatch.hpp"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <set>
+
+#include "iprobe/site_section.hpp"
+#include "iprobe/support/error.h"
+#include "iprobe/support/file.h"
+
+namespace iprobe {
+
+namespace {
+
+bool exists(const std::string& path) {
+    struct stat st {};
+    return ::stat(path.c_str(), &st) == 0;
+}
+
+std::string base_name(const std::string& path) {
+    const auto slash = path.rfind('/');
+    return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+bool site_holds(const ElfFile& elf, const Probe& p, const std::uint8_t* expected) {
+    const auto offset = elf.file_offset(p.site);
+    if (!offset || *offset + p.size > elf.bytes().size()) return false;
+    return std::memcmp(elf.bytes().data() + *offset, expected, p.size) == 0;
+}
+
+// A previous coldpatch of this very build: its list is beside the binary,
+// names the same build-id and every site already holds its placeholder.
+bool already_coldpatched(const ElfFile& elf, const std::string& probes_path) {
+    if (!exists(probes_path)) return false;
+    ProbeList previous;
+    try {
+        previous = ProbeList::load(probes_path);
+    } catch (const Error&) {
+        return false;
+    }
+    if (previous.flow != IPROBE_FLOW_FINSTRUMENT || previous.build_id != elf.build_id()) return false;
+    return std::all_of(previous.probes.begin(), previous.probes.end(),
+                       [&](const Probe& p) { return site_holds(elf, p, p.placeholder.data()); });
+}
+
+// Developer-marked sites (IPROBE_POINT) the binary describes itself.
+void merge_marked_sites(const std::string& path, ProbeList& list) {
+    const auto marked = read_site_section(path);
+    if (!marked) return;
+    std::set<std::uint64_t> sites;
+    for (const auto& p : list.probes) sites.insert(p.site);
+    for (const auto& p : marked->probes)
+        if (sites.insert(p.site).second) list.probes.push_back(p);
+    list.normalize();
+}
+
+void count_kinds(ColdpatchResult& r) {
+    for (const auto& p : r.list.probes) {
+        if (p.kind == ProbeKind::entry) ++r.entries;
+        if (p.kind == ProbeKind::exit) ++r.exits;
+        if (p.kind == ProbeKind::point) ++r.points;
+    }
+}
+
+std::vector<std::uint8_t> patched_image(const ElfFile& elf, const ProbeList& list) {
+    std::vector<std::uint8_t> image(elf.bytes().begin(), elf.bytes().end());
+    for (const auto& p : list.probes) {
+        if (p.form == SiteForm::nop) continue;
+        const auto offset = elf.file_offset(p.site);
+        if (!offset || *offset + p.size > image.size() ||
+            std::memcmp(image.data() + *offset, p.original.data(), p.size) != 0)
+            throw Error(elf.path() + ": site " + std::to_string(p.site) +
+                            " does not hold the call that was decoded there (corrupt ELF?)",
+                        ExitCode::bad_input);
+        std::memcpy(image.data() + *offset, p.placeholder.data(), p.size);
+    }
+    return image;
+}
+
+// Writes the list, then the binary; if the binary cannot be written the
+// previous list (or its absence) is restored, so a failed run changes nothing.
+void write_both(const std::string& input, const std::string& output, const std::vector<std::uint8_t>& image,
+                const std::string& probes_path, const ProbeList& list) {
+    const bool had_list = exists(probes_path);
+    const std::vector<std::uint8_t> old_list = had_list ? read_file(probes_path) : std::vector<std::uint8_t>{};
+    const auto list_bytes = list.serialize();
+    write_file_atomic(probes_path, list_bytes.data(), list_bytes.size(), had_list ? probes_path : std::string{});
+    try {
+        write_file_atomic(output, image.data(), image.size(), input);
+    } catch (...) {
+        if (had_list)
+            write_file_atomic(probes_path, old_list.data(), old_list.size(), probes_path);
+        else
+            std::remove(probes_path.c_str());
+        throw;
+    }
+}
+
+}  // namespace
+
+ColdpatchResult coldpatch(const std::string& path, const ColdpatchOptions& options) {
+    const auto started = std::chrono::steady_clock::now();
+    ColdpatchResult result;
+    result.binary_path = options.output.empty() ? path : options.output;
+    result.probes_path = options.probes_path.empty() ? result.binary_path + IPROBE_PL_SUFFIX : options.probes_path;
+
+    const ElfFile elf(path);
+    elf.require_x86_64_executable_or_library();
+    std::string module = elf.is_shared_library() ? elf.soname() : std::string{};
+    if (module.empty()) module = base_name(result.binary_path);
+
+    PlaceholderScan scan = scan_placeholders(elf, module);
+    result.hook_tail_jumps = scan.hook_tail_jumps;
+    result.kinds_inferred = scan.kinds_inferred;
+    const bool found_calls = !scan.list.probes.empty();
+    merge_marked_sites(path, scan.list);
+    result.list = std::move(scan.list);
+    auto finish = [&] {
+        count_kinds(result);
+        result.elapsed_ms =
+            std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - started).count();
+        return result;
+    };
+
+    if (!found_calls && result.binary_path == path && already_coldpatched(elf, result.probes_path)) {
+        result.list = ProbeList::load(result.probes_path);
+        result.outcome = ColdpatchOutcome::already_patched;
+        return finish();
+    }
+    if (result.list.probes.empty()) {
+        if (!options.allow_no_placeholders)
+            throw Error(path + ": no placeholders: no calls to " + kEnterHook + "/" + kExitHook +
+                            " found; compile with -finstrument-functions (e.g. CC=iprobe-cc)",
+                        ExitCode::bad_input);
+        result.outcome = ColdpatchOutcome::no_placeholders;
+        return finish();
+    }
+    const auto image = patched_image(elf, result.list);
+    write_both(path, result.binary_path, image, result.probes_path, result.list);
+    result.outcome = ColdpatchOutcome::patched;
+    return finish();
+}
+
+std::string summary_line(const ColdpatchResult& r) {
+    const std::string name = base_name(r.binary_path);
+    char ms[32];
+    std::snprintf(ms, sizeof ms, "%.0f", r.elapsed_ms);
+    switch (r.outcome) {
+        case ColdpatchOutcome::already_patched:
+            return name + ": already coldpatched (" + std::to_string(r.list.probes.size()) +
+                   " probes in " + r.probes_path + "); nothing to do";
+        case ColdpatchOutcome::no_placeholders:
+            return name + ": no placeholders; left unchanged";
+        case ColdpatchOutcome::patched: break;
+    }
+    std::string line = "coldpatched " + name + ": " + std::to_string(r.list.probes.size()) + " probes (" +
+                       std::to_string(r.entries) + " entry, " + std::to_string(r.exits) + " exit";
+    if (r.points) line += ", " + std::to_string(r.points) + " point";
+    line += ") in " + std::string(ms) + " ms -> " + r.probes_path;
+    return line;
+}
+
+}  // namespace iprobe

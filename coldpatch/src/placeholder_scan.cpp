@@ -1,0 +1,352 @@
+// Finding the hook calls: a linear sweep over each executable section with
+// Capstone, call targets resolved through the PLT/GOT relocations (or to a
+// local definition of the hook in static links), never by byte patterns.
+#include <capstone/capstone.h>
+
+#include <algorithm>
+#include <cstring>
+#include <optional>
+#include <set>
+
+#include "iprobe/coldpatch.hpp"
+#include "iprobe/support/error.h"
+#include "source_lines.hpp"
+
+namespace iprobe {
+
+namespace {
+
+// General-purpose registers by number (rax=0 .. r15=15), any width.
+int gp_index(x86_reg reg) {
+    switch (reg) {
+        case X86_REG_RAX: case X86_REG_EAX: case X86_REG_AX: case X86_REG_AL: case X86_REG_AH: return 0;
+        case X86_REG_RCX: case X86_REG_ECX: case X86_REG_CX: case X86_REG_CL: case X86_REG_CH: return 1;
+        case X86_REG_RDX: case X86_REG_EDX: case X86_REG_DX: case X86_REG_DL: case X86_REG_DH: return 2;
+        case X86_REG_RBX: case X86_REG_EBX: case X86_REG_BX: case X86_REG_BL: case X86_REG_BH: return 3;
+        case X86_REG_RSP: case X86_REG_ESP: case X86_REG_SP: case X86_REG_SPL: return 4;
+        case X86_REG_RBP: case X86_REG_EBP: case X86_REG_BP: case X86_REG_BPL: return 5;
+        case X86_REG_RSI: case X86_REG_ESI: case X86_REG_SI: case X86_REG_SIL: return 6;
+        case X86_REG_RDI: case X86_REG_EDI: case X86_REG_DI: case X86_REG_DIL: return 7;
+        case X86_REG_R8: case X86_REG_R8D: case X86_REG_R8W: case X86_REG_R8B: return 8;
+        case X86_REG_R9: case X86_REG_R9D: case X86_REG_R9W: case X86_REG_R9B: return 9;
+        case X86_REG_R10: case X86_REG_R10D: case X86_REG_R10W: case X86_REG_R10B: return 10;
+        case X86_REG_R11: case X86_REG_R11D: case X86_REG_R11W: case X86_REG_R11B: return 11;
+        case X86_REG_R12: case X86_REG_R12D: case X86_REG_R12W: case X86_REG_R12B: return 12;
+        case X86_REG_R13: case X86_REG_R13D: case X86_REG_R13W: case X86_REG_R13B: return 13;
+        case X86_REG_R14: case X86_REG_R14D: case X86_REG_R14W: case X86_REG_R14B: return 14;
+        case X86_REG_R15: case X86_REG_R15D: case X86_REG_R15W: case X86_REG_R15B: return 15;
+        default: return -1;
+    }
+}
+
+constexpr int kRdi = 7;
+// Registers a call may clobber (SysV x86-64): rax rcx rdx rsi rdi r8-r11.
+constexpr std::uint16_t kCallClobbered = 0x0fc7;
+
+// What one instruction does to the general-purpose registers, as far as
+// tracing a constant into %rdi needs to know.
+struct RegEffect {
+    enum Op : std::uint8_t { other, load_constant, copy_register, call } op = other;
+    std::int8_t dst = -1;
+    std::int8_t src = -1;
+    std::uint16_t written = 0;  // bit per gp_index
+    std::uint64_t constant = 0;
+    std::uint64_t address = 0;
+};
+
+struct HookTargets {
+    // Addresses a direct call may go to (PLT entries, local definitions)
+    // and GOT slots an indirect call may go through, per hook.
+    std::vector<std::uint64_t> enter_calls, exit_calls, enter_slots, exit_slots;
+};
+
+enum class Hook { none, enter, exit };
+
+Hook hook_named(std::string_view name) {
+    if (name == kEnterHook) return Hook::enter;
+    if (name == kExitHook) return Hook::exit;
+    return Hook::none;
+}
+
+bool holds(const std::vector<std::uint64_t>& v, std::uint64_t a) {
+    return std::find(v.begin(), v.end(), a) != v.end();
+}
+
+HookTargets find_hook_targets(const ElfFile& elf, ProbeList& list) {
+    HookTargets t;
+    for (const auto& e : elf.plt_entries()) {
+        const Hook h = hook_named(e.symbol);
+        if (h == Hook::enter) t.enter_calls.push_back(e.address);
+        if (h == Hook::exit) t.exit_calls.push_back(e.address);
+        if (h == Hook::enter && !list.enter_target) list.enter_target = e.address, list.enter_got_slot = e.got_slot;
+        if (h == Hook::exit && !list.exit_target) list.exit_target = e.address, list.exit_got_slot = e.got_slot;
+    }
+    for (const auto& s : elf.got_slots()) {
+        const Hook h = hook_named(s.symbol);
+        if (h == Hook::enter) t.enter_slots.push_back(s.address);
+        if (h == Hook::exit) t.exit_slots.push_back(s.address);
+        if (h == Hook::enter && !list.enter_got_slot) list.enter_got_slot = s.address;
+        if (h == Hook::exit && !list.exit_got_slot) list.exit_got_slot = s.address;
+    }
+    // Static links (and programs defining the hooks themselves) call a local
+    // definition directly.
+    for (const auto& sym : elf.symbols()) {
+        if (!sym.defined() || !sym.is_function()) continue;
+        const Hook h = hook_named(sym.name);
+        if (h == Hook::enter && !holds(t.enter_calls, sym.address)) {
+            t.enter_calls.push_back(sym.address);
+            if (!list.enter_target) list.enter_target = sym.address;
+        }
+        if (h == Hook::exit && !holds(t.exit_calls, sym.address)) {
+            t.exit_calls.push_back(sym.address);
+            if (!list.exit_target) list.exit_target = sym.address;
+        }
+    }
+    return t;
+}
+
+class Scanner {
+public:
+    Scanner(const ElfFile& elf, const HookTargets& targets) : elf_(elf), targets_(targets) {
+        if (cs_open(CS_ARCH_X86, CS_MODE_64, &cs_) != CS_ERR_OK)
+            throw Error("capstone: cannot open an x86-64 disassembler", ExitCode::unavailable);
+        cs_option(cs_, CS_OPT_DETAIL, CS_OPT_ON);
+        insn_ = cs_malloc(cs_);
+    }
+    ~Scanner() {
+        cs_free(insn_, 1);
+        cs_close(&cs_);
+    }
+    Scanner(const Scanner&) = delete;
+    Scanner& operator=(const Scanner&) = delete;
+
+    // Probes whose call target is both hooks (static glibc defines
+    // __cyg_profile_func_exit as an alias of _enter): indexes into `out`.
+    std::vector<std::size_t> aliased;
+
+    void scan_section(const ElfSection& section, std::vector<Probe>& out, std::size_t& tail_jumps) {
+        const auto code = elf_.section_bytes(section);
+        const std::uint8_t* p = code.data();
+        std::size_t left = code.size();
+        std::uint64_t address = section.address;
+        history_.clear();
+        while (left > 0) {
+            if (!cs_disasm_iter(cs_, &p, &left, &address, insn_)) {
+                ++p, --left, ++address;  // data or padding in code: resynchronise
+                history_.push_back({});
+                continue;
+            }
+            history_.push_back(effect_of(*insn_));
+            const auto [hook, form] = hook_called(*insn_);
+            if (hook == Hook::none) continue;
+            if (is_jump(*insn_)) {
+                ++tail_jumps;
+                continue;
+            }
+            if (is_aliased(*insn_)) aliased.push_back(out.size());
+            out.push_back(make_probe(*insn_, hook, form));
+        }
+    }
+
+private:
+    static bool is_jump(const cs_insn& insn) { return insn.id == X86_INS_JMP; }
+
+    bool is_aliased(const cs_insn& insn) const {
+        const cs_x86_op& op = insn.detail->x86.operands[0];
+        if (op.type == X86_OP_IMM)
+            return holds(targets_.enter_calls, std::uint64_t(op.imm)) && holds(targets_.exit_calls, std::uint64_t(op.imm));
+        const std::uint64_t slot = insn.address + insn.size + op.mem.disp;
+        return holds(targets_.enter_slots, slot) && holds(targets_.exit_slots, slot);
+    }
+
+    std::pair<Hook, SiteForm> hook_called(const cs_insn& insn) const {
+        if (insn.id != X86_INS_CALL && insn.id != X86_INS_JMP) return {Hook::none, SiteForm::call_rel32};
+        const cs_x86& x86 = insn.detail->x86;
+        if (x86.op_count != 1) return {Hook::none, SiteForm::call_rel32};
+        const cs_x86_op& op = x86.operands[0];
+        if (op.type == X86_OP_IMM && insn.size == 5 && insn.bytes[0] == (insn.id == X86_INS_CALL ? 0xe8 : 0xe9)) {
+            const auto target = static_cast<std::uint64_t>(op.imm);
+            if (holds(targets_.enter_calls, target)) return {Hook::enter, SiteForm::call_rel32};
+            if (holds(targets_.exit_calls, target)) return {Hook::exit, SiteForm::call_rel32};
+        }
+        if (op.type == X86_OP_MEM && op.mem.base == X86_REG_RIP && op.mem.index == X86_REG_INVALID &&
+            insn.size == 6 && insn.bytes[0] == 0xff) {
+            const std::uint64_t slot = insn.address + insn.size + op.mem.disp;
+            if (holds(targets_.enter_slots, slot)) return {Hook::enter, SiteForm::call_rip_indirect};
+            if (holds(targets_.exit_slots, slot)) return {Hook::exit, SiteForm::call_rip_indirect};
+        }
+        return {Hook::none, SiteForm::call_rel32};
+    }
+
+    RegEffect effect_of(const cs_insn& insn) const {
+        RegEffect e;
+        e.address = insn.address;
+        if (insn.id == X86_INS_CALL) {
+            e.op = RegEffect::call;
+            e.written = kCallClobbered;
+            return e;
+        }
+        const cs_x86& x86 = insn.detail->x86;
+        if (x86.op_count == 2 && x86.operands[0].type == X86_OP_REG) {
+            const int dst = gp_index(x86.operands[0].reg);
+            const cs_x86_op& src = x86.operands[1];
+            if (dst >= 0 && insn.id == X86_INS_LEA && src.type == X86_OP_MEM && src.mem.base == X86_REG_RIP &&
+                src.mem.index == X86_REG_INVALID) {
+                e.op = RegEffect::load_constant;
+                e.dst = static_cast<std::int8_t>(dst);
+                e.constant = insn.address + insn.size + src.mem.disp;
+            } else if (dst >= 0 && (insn.id == X86_INS_MOV || insn.id == X86_INS_MOVABS) &&
+                       src.type == X86_OP_IMM) {
+                e.op = RegEffect::load_constant;
+                e.dst = static_cast<std::int8_t>(dst);
+                e.constant = x86.operands[0].size == 4 ? std::uint32_t(src.imm) : std::uint64_t(src.imm);
+            } else if (dst >= 0 && insn.id == X86_INS_MOV && src.type == X86_OP_REG && gp_index(src.reg) >= 0 &&
+                       x86.operands[0].size >= 4) {
+                e.op = RegEffect::copy_register;
+                e.dst = static_cast<std::int8_t>(dst);
+                e.src = static_cast<std::int8_t>(gp_index(src.reg));
+            }
+        }
+        cs_regs read, write;
+        std::uint8_t nread = 0, nwrite = 0;
+        if (cs_regs_access(cs_, &insn, read, &nread, write, &nwrite) == CS_ERR_OK) {
+            for (std::uint8_t i = 0; i < nwrite; ++i) {
+                const int r = gp_index(static_cast<x86_reg>(write[i]));
+                if (r >= 0) e.written |= std::uint16_t(1u << r);
+            }
+        } else {
+            e.written = 0xffff;
+        }
+        if (e.dst >= 0) e.written |= std::uint16_t(1u << e.dst);
+        return e;
+    }
+
+    // The constant the hook call receives in %rdi (this_fn): gcc passes the
+    // address of the instrumented function, which for a function inlined
+    // here is not the enclosing one.  Walks back through register copies
+    // within the enclosing function; nullopt when it cannot tell.
+    std::optional<std::uint64_t> first_argument(std::uint64_t function_start) const {
+        int reg = kRdi;
+        constexpr std::size_t kMaxLookback = 8192;
+        // history_.back() is the call itself.
+        for (std::size_t i = history_.size() - 1, n = 0; i-- > 0 && n < kMaxLookback; ++n) {
+            const RegEffect& e = history_[i];
+            if (e.address == 0 && e.op == RegEffect::other && e.written == 0) return std::nullopt;  // undecodable
+            if (e.address < function_start) return std::nullopt;
+            if (!(e.written & (1u << reg))) continue;
+            if (e.op == RegEffect::load_constant && e.dst == reg) return e.constant;
+            if (e.op == RegEffect::copy_register && e.dst == reg) {
+                reg = e.src;
+                continue;
+            }
+            return std::nullopt;
+        }
+        return std::nullopt;
+    }
+
+    // gcc moves unlikely blocks of `f` into a separate `f.cold` symbol; the
+    // function those blocks belong to is `f`.
+    const ElfSymbol* hot_part_of(const ElfSymbol& symbol) const {
+        const auto cold = symbol.name.find(".cold");
+        if (cold == std::string::npos || cold == 0) return nullptr;
+        const ElfSymbol* hot = elf_.symbol_named(std::string_view(symbol.name).substr(0, cold));
+        return hot && hot->is_function() ? hot : nullptr;
+    }
+
+    Probe make_probe(const cs_insn& insn, Hook hook, SiteForm form) const {
+        Probe p;
+        p.kind = hook == Hook::enter ? ProbeKind::entry : ProbeKind::exit;
+        p.form = form;
+        p.size = static_cast<std::uint8_t>(insn.size);
+        p.site = insn.address;
+        std::copy(insn.bytes, insn.bytes + insn.size, p.original.begin());
+        if (form == SiteForm::call_rel32)
+            std::copy(std::begin(kNop5), std::end(kNop5), p.placeholder.begin());
+        else
+            std::copy(std::begin(kNop6), std::end(kNop6), p.placeholder.begin());
+
+        const ElfSymbol* enclosing = elf_.function_at(insn.address);
+        const ElfSymbol* named = nullptr;
+        if (auto fn = first_argument(enclosing ? enclosing->address : 0)) {
+            named = elf_.function_starting_at(*fn);
+            p.function_address = *fn;
+        }
+        if (!named && enclosing) named = hot_part_of(*enclosing);
+        if (!named) named = enclosing;
+        if (named) p.function_address = named->address;
+        if (named) {
+            p.function = named->name;
+            p.demangled = demangle(named->name);
+        } else {
+            char buf[32];
+            std::snprintf(buf, sizeof buf, "fn_%llx", static_cast<unsigned long long>(p.function_address));
+            p.function = p.demangled = buf;
+        }
+        return p;
+    }
+
+    const ElfFile& elf_;
+    const HookTargets& targets_;
+    csh cs_ = 0;
+    cs_insn* insn_ = nullptr;
+    std::vector<RegEffect> history_;
+};
+
+// Calls to a target that is both hooks carry no kind.  gcc places the entry
+// call before the body and the exit calls after it, so per instrumented
+// function (and enclosing function) the first call in address order is the
+// entry and the rest are exits.  A function inlined twice into one caller
+// defeats this; the result says how many kinds were inferred.
+void infer_aliased_kinds(const ElfFile& elf, std::vector<Probe>& probes, const std::vector<std::size_t>& aliased) {
+    std::vector<std::size_t> order(aliased);
+    std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return probes[a].site < probes[b].site; });
+    std::set<std::pair<std::uint64_t, std::uint64_t>> seen;
+    for (const std::size_t i : order) {
+        const ElfSymbol* enclosing = elf.function_at(probes[i].site);
+        const auto key = std::make_pair(enclosing ? enclosing->address : 0, probes[i].function_address);
+        probes[i].kind = seen.insert(key).second ? ProbeKind::entry : ProbeKind::exit;
+    }
+}
+
+bool is_plt_section(const ElfSection& s) {
+    return s.name == ".plt" || s.name == ".plt.sec" || s.name == ".plt.got";
+}
+
+}  // namespace
+
+PlaceholderScan scan_placeholders(const ElfFile& elf, const std::string& module_name) {
+    elf.require_x86_64_executable_or_library();
+    PlaceholderScan scan;
+    ProbeList& list = scan.list;
+    list.flow = IPROBE_FLOW_FINSTRUMENT;
+    list.module = module_name;
+    list.build_id = elf.build_id();
+    if (elf.is_position_independent()) list.flags |= IPROBE_PL_FLAG_PIE;
+    if (elf.is_shared_library()) list.flags |= IPROBE_PL_FLAG_SHARED;
+
+    const HookTargets targets = find_hook_targets(elf, list);
+    if (targets.enter_calls.empty() && targets.exit_calls.empty() && targets.enter_slots.empty() &&
+        targets.exit_slots.empty())
+        return scan;
+    Scanner scanner(elf, targets);
+    for (const auto& section : elf.sections())
+        if (section.executable() && section.has_file_bytes() && !is_plt_section(section))
+            scanner.scan_section(section, list.probes, scan.hook_tail_jumps);
+    infer_aliased_kinds(elf, list.probes, scanner.aliased);
+    scan.kinds_inferred = scanner.aliased.size();
+
+    if (!list.probes.empty()) {
+        SourceLines lines(elf);
+        for (auto& p : list.probes) {
+            if (auto where = lines.at(p.site)) {
+                p.file = where->file;
+                p.line = where->line;
+                list.flags |= IPROBE_PL_FLAG_DWARF;
+            }
+        }
+    }
+    list.normalize();
+    return scan;
+}
+
+}  // namespace iprobe

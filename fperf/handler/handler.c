@@ -1,0 +1,469 @@
+/*
+ * libfperf-handler.so: fperf's in-process half.
+ *
+ * Loaded into the target (LD_PRELOAD when fperf starts the program, dlopen
+ * injected by hotpatch when it attaches to a running one).  Entry and exit of
+ * each selected function come here with the function's address; the handler
+ * counts the call and, while the function's quota lasts, takes a sample: the
+ * deltas of wall time, thread CPU time and the PAPI events over that call.
+ *
+ * Hot path rules: no malloc, no locks, no syscalls on the count-only path;
+ * per-thread state reached through initial-exec TLS.  PAPI set-up happens
+ * once per thread, on its first sampled call (PAPI allocates then).
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <link.h>
+#include <papi.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "fperf/shm_layout.h"
+
+#define FPERF_API __attribute__((visibility("default")))
+#define FPERF_TLS __thread __attribute__((tls_model("initial-exec")))
+#define LIKELY(x) __builtin_expect(!!(x), 1)
+#define UNLIKELY(x) __builtin_expect(!!(x), 0)
+
+/* Deeper sampled nesting than this is counted in stack_overflow, not sampled. */
+#define SHADOW_STACK_DEPTH 512
+/* While no session is mapped, a thread looks for one every this many calls. */
+#define REATTACH_EVERY_CALLS 65536u
+#define CALIBRATION_ROUNDS 2000
+
+struct frame {
+    uint64_t function;
+    struct fperf_function_slot* slot;
+    int64_t depth;
+    uint64_t wall0;
+    uint64_t cpu0;
+    long long events0[FPERF_MAX_EVENTS];
+};
+
+struct thread_state {
+    const struct fperf_shm_header* session; /* event set built for this session */
+    int event_set;                          /* PAPI_NULL when no event is counted */
+    int event_index[FPERF_MAX_EVENTS];      /* event-set position -> header event index */
+    int counted;                            /* events in event_set */
+    uint32_t top;
+    struct frame frames[SHADOW_STACK_DEPTH];
+};
+
+/* Small on purpose: initial-exec TLS of a dlopen'ed library comes from the
+ * loader's limited static TLS surplus. */
+struct tls {
+    struct thread_state* state;
+    int64_t depth;        /* enters minus exits seen by this thread */
+    uint32_t open_frames; /* sampled calls waiting for their exit */
+    uint32_t busy;        /* inside the handler's slow path */
+    uint32_t dead;        /* thread is being torn down */
+    uint32_t reattach_countdown;
+};
+
+static FPERF_TLS struct tls t_tls;
+
+static _Atomic(struct fperf_shm_header*) g_session;
+static atomic_flag g_attaching = ATOMIC_FLAG_INIT;
+static int g_papi_ok;
+static pthread_key_t g_thread_key;
+static int g_thread_key_ok;
+
+static uint64_t clock_ns(clockid_t clock)
+{
+    struct timespec ts;
+    clock_gettime(clock, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static struct fperf_function_slot* slots_of(struct fperf_shm_header* h)
+{
+    return (struct fperf_function_slot*)((char*)h + h->header_size);
+}
+
+/* The slot of `function`, inserting it when the table is open. */
+static struct fperf_function_slot* find_slot(struct fperf_shm_header* h, uint64_t function)
+{
+    struct fperf_function_slot* slots = slots_of(h);
+    const uint32_t mask = h->slot_count - 1;
+    uint32_t i = fperf_home_slot(function, h->slot_shift);
+    for (uint32_t probes = 0; probes < h->slot_count; probes++, i = (i + 1) & mask) {
+        uint64_t key = atomic_load_explicit(&slots[i].address, memory_order_acquire);
+        if (key == function) return &slots[i];
+        if (key != 0) continue;
+        if (h->table_mode != FPERF_TABLE_OPEN) return NULL;
+        uint64_t expected = 0;
+        if (atomic_compare_exchange_strong_explicit(&slots[i].address, &expected, function,
+                                                    memory_order_acq_rel, memory_order_acquire))
+            return &slots[i];
+        if (expected == function) return &slots[i];
+    }
+    atomic_fetch_add_explicit(&h->table_full, 1, memory_order_relaxed);
+    return NULL;
+}
+
+/* ---- modules: so the daemon can symbolize addresses after we are gone ---- */
+
+static int record_module(struct dl_phdr_info* info, size_t size, void* data)
+{
+    (void)size;
+    struct fperf_shm_header* h = data;
+    if (h->module_count >= FPERF_MAX_MODULES) return 1;
+    uint64_t lo = UINT64_MAX, hi = 0;
+    for (int i = 0; i < info->dlpi_phnum; i++) {
+        const ElfW(Phdr)* ph = &info->dlpi_phdr[i];
+        if (ph->p_type != PT_LOAD) continue;
+        if (ph->p_vaddr < lo) lo = ph->p_vaddr;
+        if (ph->p_vaddr + ph->p_memsz > hi) hi = ph->p_vaddr + ph->p_memsz;
+    }
+    if (hi == 0) return 0;
+    struct fperf_module* m = &h->modules[h->module_count++];
+    m->bias = info->dlpi_addr;
+    m->start = info->dlpi_addr + lo;
+    m->end = info->dlpi_addr + hi;
+    const char* path = info->dlpi_name;
+    char exe[FPERF_MODULE_PATH_MAX];
+    if (path == NULL || path[0] == '\0') {
+        ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+        exe[n > 0 ? n : 0] = '\0';
+        path = exe;
+    }
+    snprintf(m->path, sizeof m->path, "%s", path);
+    return 0;
+}
+
+/* ---- PAPI: one event set per thread, built for the current session ---- */
+
+static void release_event_set(struct thread_state* st)
+{
+    if (st->event_set == PAPI_NULL) return;
+    long long ignored[FPERF_MAX_EVENTS];
+    PAPI_stop(st->event_set, ignored);
+    PAPI_cleanup_eventset(st->event_set);
+    PAPI_destroy_eventset(&st->event_set);
+    st->event_set = PAPI_NULL;
+    st->counted = 0;
+}
+
+static void build_event_set(struct thread_state* st, struct fperf_shm_header* h)
+{
+    release_event_set(st);
+    st->session = h;
+    if (!g_papi_ok || h->event_count == 0) return;
+    if (PAPI_create_eventset(&st->event_set) != PAPI_OK) {
+        st->event_set = PAPI_NULL;
+        atomic_fetch_add(&h->thread_failures, 1);
+        return;
+    }
+    for (uint32_t e = 0; e < h->event_count && e < FPERF_MAX_EVENTS; e++) {
+        int code;
+        int ok = PAPI_event_name_to_code(h->event_names[e], &code) == PAPI_OK &&
+                 PAPI_add_event(st->event_set, code) == PAPI_OK;
+        if (ok) st->event_index[st->counted++] = (int)e;
+        int untried = FPERF_EVENT_UNTRIED;
+        atomic_compare_exchange_strong(&h->event_status[e], &untried,
+                                       ok ? FPERF_EVENT_MEASURED : FPERF_EVENT_UNAVAILABLE);
+    }
+    if (st->counted == 0 || PAPI_start(st->event_set) != PAPI_OK) {
+        if (st->counted) atomic_fetch_add(&h->thread_failures, 1);
+        PAPI_cleanup_eventset(st->event_set);
+        PAPI_destroy_eventset(&st->event_set);
+        st->event_set = PAPI_NULL;
+        st->counted = 0;
+    }
+}
+
+static void thread_exit(void* arg)
+{
+    struct thread_state* st = arg;
+    t_tls.dead = 1;
+    t_tls.state = NULL;
+    t_tls.open_frames = 0;
+    if (!st) return;
+    release_event_set(st);
+    if (g_papi_ok) PAPI_unregister_thread();
+    munmap(st, sizeof *st);
+}
+
+static struct thread_state* thread_register(struct fperf_shm_header* h)
+{
+    if (t_tls.dead) return NULL;
+    struct thread_state* st = mmap(NULL, sizeof *st, PROT_READ | PROT_WRITE,
+                                   MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (st == MAP_FAILED) return NULL;
+    st->event_set = PAPI_NULL;
+    t_tls.state = st;
+    if (g_thread_key_ok) pthread_setspecific(g_thread_key, st);
+    atomic_fetch_add(&h->threads, 1);
+    build_event_set(st, h);
+    return st;
+}
+
+static inline void read_events(struct thread_state* st, long long* out)
+{
+    if (st->counted) PAPI_read(st->event_set, out);
+}
+
+/* ---- sampling ---- */
+
+static void sample_enter(struct fperf_shm_header* h, struct fperf_function_slot* slot,
+                         uint64_t function)
+{
+    if (t_tls.busy) {
+        atomic_fetch_add_explicit(&h->reentrant_skips, 1, memory_order_relaxed);
+        return;
+    }
+    t_tls.busy = 1;
+    struct thread_state* st = t_tls.state;
+    if (UNLIKELY(!st)) st = thread_register(h);
+    if (UNLIKELY(!st)) goto out;
+    if (UNLIKELY(st->session != h)) build_event_set(st, h);
+
+    uint64_t now = clock_ns(CLOCK_MONOTONIC);
+    uint64_t beat = atomic_load_explicit(&h->heartbeat_ns, memory_order_relaxed);
+    if (UNLIKELY(now > beat && now - beat > h->heartbeat_timeout_ns)) {
+        atomic_store_explicit(&slot->quota, 0, memory_order_relaxed);
+        atomic_fetch_add_explicit(&h->stale_skips, 1, memory_order_relaxed);
+        goto out;
+    }
+    if (atomic_fetch_sub_explicit(&slot->quota, 1, memory_order_relaxed) <= 0) goto out;
+    if (UNLIKELY(st->top >= SHADOW_STACK_DEPTH)) {
+        atomic_fetch_add_explicit(&h->stack_overflow, 1, memory_order_relaxed);
+        goto out;
+    }
+    struct frame* f = &st->frames[st->top++];
+    t_tls.open_frames = st->top;
+    f->function = function;
+    f->slot = slot;
+    f->depth = t_tls.depth;
+    /* Our own reads come before the start time and after the end time, so a
+     * sample includes as little of the handler as possible. */
+    read_events(st, f->events0);
+    f->cpu0 = clock_ns(CLOCK_THREAD_CPUTIME_ID);
+    f->wall0 = clock_ns(CLOCK_MONOTONIC);
+out:
+    t_tls.busy = 0;
+}
+
+static void sample_exit(uint64_t function)
+{
+    if (t_tls.busy) return;
+    struct thread_state* st = t_tls.state;
+    if (!st) {
+        t_tls.open_frames = 0;
+        return;
+    }
+    t_tls.busy = 1;
+    uint64_t wall1 = clock_ns(CLOCK_MONOTONIC);
+    /* Frames deeper than where we are now were left by longjmp or an
+     * exception: their exits will never come. */
+    while (st->top && st->frames[st->top - 1].depth > t_tls.depth) {
+        st->top--;
+        struct fperf_shm_header* h = atomic_load_explicit(&g_session, memory_order_relaxed);
+        if (h) atomic_fetch_add_explicit(&h->unmatched_exits, 1, memory_order_relaxed);
+    }
+    if (st->top && st->frames[st->top - 1].depth == t_tls.depth &&
+        st->frames[st->top - 1].function == function) {
+        struct frame* f = &st->frames[--st->top];
+        uint64_t cpu1 = clock_ns(CLOCK_THREAD_CPUTIME_ID);
+        long long events1[FPERF_MAX_EVENTS];
+        read_events(st, events1);
+        struct fperf_function_slot* slot = f->slot;
+        atomic_fetch_add_explicit(&slot->wall_ns, wall1 - f->wall0, memory_order_relaxed);
+        atomic_fetch_add_explicit(&slot->cpu_ns, cpu1 >= f->cpu0 ? cpu1 - f->cpu0 : 0,
+                                  memory_order_relaxed);
+        for (int i = 0; i < st->counted; i++) {
+            long long d = events1[i] - f->events0[i];
+            atomic_fetch_add_explicit(&slot->events[st->event_index[i]], d > 0 ? (uint64_t)d : 0,
+                                      memory_order_relaxed);
+        }
+        atomic_fetch_add_explicit(&slot->samples, 1, memory_order_release);
+    }
+    t_tls.open_frames = st->top;
+    t_tls.busy = 0;
+}
+
+/* ---- session attach ---- */
+
+static void calibrate(struct fperf_shm_header* h);
+
+/* Maps /dev/shm/fperf.<pid> when the daemon has set one up.  Old mappings are
+ * never unmapped: another thread may still be writing a sample into one. */
+static void try_attach(void)
+{
+    if (atomic_flag_test_and_set(&g_attaching)) return;
+    if (atomic_load(&g_session)) goto out;
+    char name[64];
+    snprintf(name, sizeof name, "/dev/shm" FPERF_SHM_PREFIX "%d", (int)getpid());
+    int fd = open(name, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) goto out;
+    struct stat sb;
+    if (fstat(fd, &sb) != 0 || sb.st_uid != geteuid() || (size_t)sb.st_size < sizeof(struct fperf_shm_header)) {
+        close(fd);
+        goto out;
+    }
+    struct fperf_shm_header* h = mmap(NULL, (size_t)sb.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    close(fd);
+    if (h == MAP_FAILED) goto out;
+    if (h->magic != FPERF_SHM_MAGIC || h->version != FPERF_SHM_VERSION ||
+        h->total_size != (uint64_t)sb.st_size || h->target_pid != (uint32_t)getpid() ||
+        atomic_load(&h->state) == FPERF_STATE_CLOSED || h->slot_count < 2 ||
+        (h->slot_count & (h->slot_count - 1)) != 0 ||
+        h->header_size + (uint64_t)h->slot_count * sizeof(struct fperf_function_slot) > h->total_size) {
+        munmap(h, (size_t)sb.st_size);
+        goto out;
+    }
+    h->module_count = 0;
+    dl_iterate_phdr(record_module, h);
+    h->papi_status = g_papi_ok ? PAPI_OK : PAPI_ENOINIT;
+    calibrate(h);
+    atomic_store(&g_session, h);
+    atomic_store(&h->handler_ready, 1);
+out:
+    atomic_flag_clear(&g_attaching);
+}
+
+static inline struct fperf_shm_header* current_session(void)
+{
+    struct fperf_shm_header* h = atomic_load_explicit(&g_session, memory_order_acquire);
+    if (LIKELY(h)) {
+        if (LIKELY(atomic_load_explicit(&h->state, memory_order_relaxed) != FPERF_STATE_CLOSED))
+            return h;
+        struct fperf_shm_header* expected = h;
+        atomic_compare_exchange_strong(&g_session, &expected, NULL);
+        t_tls.reattach_countdown = 0;
+    }
+    if (t_tls.reattach_countdown-- == 0) {
+        t_tls.reattach_countdown = REATTACH_EVERY_CALLS;
+        if (!t_tls.busy && !t_tls.dead) try_attach();
+    }
+    return NULL;
+}
+
+/* ---- the entry points ---- */
+
+static inline void on_function_enter(uint64_t function)
+{
+    t_tls.depth++;
+    struct fperf_shm_header* h = current_session();
+    if (UNLIKELY(!h)) return;
+    struct fperf_function_slot* slot = find_slot(h, function);
+    if (UNLIKELY(!slot)) return;
+    atomic_fetch_add_explicit(&slot->calls, 1, memory_order_relaxed);
+    if (LIKELY(atomic_load_explicit(&slot->quota, memory_order_relaxed) <= 0)) return;
+    sample_enter(h, slot, function);
+}
+
+static inline void on_function_exit(uint64_t function)
+{
+    /* depth is still the exiting call's own, as its frame recorded it */
+    if (UNLIKELY(t_tls.open_frames != 0)) sample_exit(function);
+    t_tls.depth--;
+}
+
+FPERF_API void fperf_enter(void* this_fn, void* call_site)
+{
+    (void)call_site;
+    on_function_enter((uint64_t)(uintptr_t)this_fn);
+}
+
+FPERF_API void fperf_exit(void* this_fn, void* call_site)
+{
+    (void)call_site;
+    on_function_exit((uint64_t)(uintptr_t)this_fn);
+}
+
+/* Under LD_PRELOAD these interpose glibc's no-op hooks, so a program built
+ * with plain -finstrument-functions is profiled without patching. */
+FPERF_API void __cyg_profile_func_enter(void* this_fn, void* call_site)
+    __attribute__((alias("fperf_enter")));
+FPERF_API void __cyg_profile_func_exit(void* this_fn, void* call_site)
+    __attribute__((alias("fperf_exit")));
+
+/* ---- calibration: the cost the daemon budgets with, measured here ---- */
+
+static void __attribute__((noinline)) calibration_target(void) { __asm__ volatile(""); }
+
+static uint64_t time_rounds(struct fperf_shm_header* h, struct fperf_function_slot* slot,
+                            int64_t quota)
+{
+    const uint64_t fn = (uint64_t)(uintptr_t)&calibration_target;
+    struct fperf_function_slot* home = &slots_of(h)[fperf_home_slot(fn, h->slot_shift)];
+    uint64_t t0 = clock_ns(CLOCK_MONOTONIC);
+    for (int i = 0; i < CALIBRATION_ROUNDS; i++) {
+        t_tls.depth++;
+        /* what the real path also pays: session state and the table probe */
+        (void)atomic_load_explicit(&h->state, memory_order_relaxed);
+        (void)atomic_load_explicit(&home->address, memory_order_acquire);
+        atomic_fetch_add_explicit(&slot->calls, 1, memory_order_relaxed);
+        atomic_store_explicit(&slot->quota, quota, memory_order_relaxed);
+        if (atomic_load_explicit(&slot->quota, memory_order_relaxed) > 0) sample_enter(h, slot, fn);
+        calibration_target();
+        on_function_exit(fn);
+    }
+    return clock_ns(CLOCK_MONOTONIC) - t0;
+}
+
+/* Runs sampled and count-only calls of an empty function on a private slot
+ * with the session's events: their time per call is what the daemon
+ * multiplies by the samples and calls it allows.  The daemon keeps the
+ * heartbeat fresh while it waits for us, so these samples are real. */
+static void calibrate(struct fperf_shm_header* h)
+{
+    struct fperf_function_slot scratch;
+    memset(&scratch, 0, sizeof scratch);
+    time_rounds(h, &scratch, 1); /* warm-up, and PAPI thread set-up */
+    memset(&scratch, 0, sizeof scratch);
+    uint64_t sampled = time_rounds(h, &scratch, 1);
+    uint64_t n = atomic_load(&scratch.samples);
+    if (n) {
+        h->wall_floor_ns = atomic_load(&scratch.wall_ns) / n;
+        h->cpu_floor_ns = atomic_load(&scratch.cpu_ns) / n;
+    }
+    uint64_t counted = time_rounds(h, &scratch, 0);
+    uint64_t sample_cost = sampled / CALIBRATION_ROUNDS;
+    uint64_t count_cost = counted / CALIBRATION_ROUNDS;
+    h->sample_cost_ns = sample_cost > count_cost ? sample_cost - count_cost : 1;
+    h->count_cost_ns = count_cost ? count_cost : 1;
+    if (!g_papi_ok)
+        snprintf(h->handler_message, sizeof h->handler_message,
+                 "PAPI could not be initialised in the target; only wall and CPU time are measured");
+}
+
+/* ---- life cycle ---- */
+
+static void after_fork_in_child(void)
+{
+    /* The child shares the parent's mapping and inherited the parent
+     * thread's counters: it must not write into the parent's table. */
+    atomic_store(&g_session, NULL);
+    t_tls.state = NULL;
+    t_tls.open_frames = 0;
+    t_tls.reattach_countdown = REATTACH_EVERY_CALLS;
+}
+
+__attribute__((constructor)) static void fperf_handler_init(void)
+{
+    t_tls.busy = 1;
+    int version = PAPI_library_init(PAPI_VER_CURRENT);
+    g_papi_ok = version == PAPI_VER_CURRENT &&
+                PAPI_thread_init((unsigned long (*)(void))pthread_self) == PAPI_OK;
+    g_thread_key_ok = pthread_key_create(&g_thread_key, thread_exit) == 0;
+    pthread_atfork(NULL, NULL, after_fork_in_child);
+    t_tls.busy = 0;
+    try_attach();
+    const char* stop = getenv("FPERF_STOP_AFTER_INIT");
+    if (stop && strcmp(stop, "1") == 0) {
+        unsetenv("FPERF_STOP_AFTER_INIT");
+        raise(SIGSTOP);
+    }
+}

@@ -1,0 +1,46 @@
+// The budget arithmetic of fperf's control daemon, kept pure (no clock, no
+// shared memory) so it is deterministic and unit-tested.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+namespace fperf {
+
+inline constexpr std::int64_t kUnlimitedQuota = INT64_MAX;
+
+struct Budget {
+    bool unlimited = false;        // "no budget": sample every call
+    double fraction = 0.05;        // allowed overhead, share of wall time
+    std::uint64_t interval_ns = 100'000'000;
+    double sample_cost_ns = 1000;  // extra time of one sampled call
+    double count_cost_ns = 5;      // extra time of one counted-only call
+};
+
+// What the daemon saw of one function.
+struct FunctionActivity {
+    std::uint64_t calls_total = 0;     // since recording started
+    std::uint64_t calls_interval = 0;  // during the last interval
+    std::uint64_t samples_total = 0;
+};
+
+// Samples the next interval may take: the budget minus what the calls cost
+// anyway on the count-only path, divided by the cost of one sample.
+std::uint64_t sample_allowance(const Budget& budget, std::uint64_t calls_in_interval);
+
+// Quotas for the next interval.  Rules, in order:
+//  1. a function never sampled (never seen, or seen but never sampled) gets
+//     at least one sample, whatever the allowance;
+//  2. the rest of the allowance is shared by the other functions, each
+//     asking for as many samples as it had calls last interval (at least 1):
+//     small askers get all they ask for, the busiest share what is left
+//     equally (water-filling), so rare functions are never starved by hot
+//     ones.  Ties go by position, so the result is deterministic.
+std::vector<std::int64_t> allocate_quotas(std::span<const FunctionActivity> functions,
+                                          std::uint64_t allowance);
+
+// Estimated overhead in ns of `samples` sampled and `calls` counted calls.
+double overhead_ns(const Budget& budget, std::uint64_t samples, std::uint64_t calls);
+
+}  // namespace fperf

@@ -1,0 +1,44 @@
+#include "fperf/attach.hpp"
+
+#include "iprobe/hotpatch.hpp"
+#include "iprobe/probe_list.hpp"
+
+namespace fperf {
+
+namespace {
+
+iprobe::ProbeSelector selector_of(const ProbeRouting& routing) {
+    iprobe::ProbeSelector selector;
+    selector.function_globs = routing.function_globs;
+    selector.kinds = {iprobe::ProbeKind::entry, iprobe::ProbeKind::exit};
+    return selector;
+}
+
+}  // namespace
+
+bool hotpatch_available() { return true; }
+
+RoutingResult route_probes(const ProbeRouting& routing) {
+    iprobe::hotpatch::AttachOptions options;
+    options.pid = routing.pid;
+    options.probe_sources = routing.probe_sources;
+    options.selector = selector_of(routing);
+    options.handlers.library = routing.handler_library;
+    options.handlers.enter = "fperf_enter";
+    options.handlers.exit = "fperf_exit";
+    const auto stats = iprobe::hotpatch::attach(options);
+    return {stats.total_enabled, stats.handler_injected, stats.pause_us};
+}
+
+void unroute_probes(const ProbeRouting& routing) noexcept {
+    try {
+        iprobe::hotpatch::DetachOptions options;
+        options.pid = routing.pid;
+        options.selector = selector_of(routing);
+        iprobe::hotpatch::detach(options);
+    } catch (...) {
+        // The target exited or was never patched: nothing left to undo.
+    }
+}
+
+}  // namespace fperf

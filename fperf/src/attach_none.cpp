@@ -1,0 +1,18 @@
+// Built when the hotpatch library is not part of this build.
+#include "fperf/attach.hpp"
+
+#include "iprobe/support/error.h"
+
+namespace fperf {
+
+bool hotpatch_available() { return false; }
+
+RoutingResult route_probes(const ProbeRouting&) {
+    throw iprobe::Error("this fperf was built without hotpatch: it can only profile programs built with plain "
+                        "-finstrument-functions, started by `fperf record -- PROGRAM`",
+                        iprobe::ExitCode::unavailable);
+}
+
+void unroute_probes(const ProbeRouting&) noexcept {}
+
+}  // namespace fperf

@@ -1,0 +1,694 @@
+#include "fperf/record.hpp"
+
+#include <fcntl.h>
+#include <limits.h>
+#include <papi.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cinttypes>
+#include <cmath>
+#include <cstdarg>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <thread>
+
+#include "fperf/attach.hpp"
+#include "fperf/events.hpp"
+#include "fperf/profile.hpp"
+#include "fperf/session.hpp"
+#include "fperf/symbols.hpp"
+#include "iprobe/probe_list.hpp"
+#include "iprobe/probe_source.hpp"
+#include "iprobe/support/error.h"
+#include "iprobe/support/fd.h"
+#include "iprobe/support/glob.h"
+
+extern char** environ;
+
+namespace fperf {
+
+using iprobe::Error;
+using iprobe::ExitCode;
+
+namespace {
+
+volatile sig_atomic_t g_stop_signal = 0;
+void on_stop_signal(int sig) { g_stop_signal = sig; }
+
+class Log {
+public:
+    explicit Log(bool quiet) : quiet_(quiet) {}
+    void operator()(const char* format, ...) const __attribute__((format(printf, 2, 3))) {
+        if (quiet_) return;
+        std::va_list args;
+        va_start(args, format);
+        std::fputs("fperf: ", stderr);
+        std::vfprintf(stderr, format, args);
+        std::fputc('\n', stderr);
+        va_end(args);
+    }
+
+private:
+    bool quiet_;
+};
+
+struct Mapping {
+    std::uint64_t start = 0, end = 0, offset = 0;
+    std::string path;
+};
+
+std::vector<Mapping> read_maps(pid_t pid) {
+    std::vector<Mapping> out;
+    std::ifstream in("/proc/" + std::to_string(pid) + "/maps");
+    std::string line;
+    while (std::getline(in, line)) {
+        Mapping m;
+        char perms[8] = {};
+        unsigned long long start = 0, end = 0, offset = 0;
+        int path_at = 0;
+        if (std::sscanf(line.c_str(), "%llx-%llx %7s %llx %*s %*s %n", &start, &end, perms, &offset, &path_at) < 4)
+            continue;
+        m.start = start;
+        m.end = end;
+        m.offset = offset;
+        if (path_at > 0 && static_cast<std::size_t>(path_at) < line.size()) m.path = line.substr(path_at);
+        if (m.path.empty() || m.path[0] != '/') continue;
+        out.push_back(std::move(m));
+    }
+    return out;
+}
+
+std::string exe_of(pid_t pid) {
+    char buf[PATH_MAX];
+    const auto n = ::readlink(("/proc/" + std::to_string(pid) + "/exe").c_str(), buf, sizeof buf - 1);
+    if (n <= 0) return {};
+    buf[n] = '\0';
+    std::string path(buf);
+    const std::string deleted = " (deleted)";
+    if (path.size() > deleted.size() && path.ends_with(deleted)) path.resize(path.size() - deleted.size());
+    return path;
+}
+
+// Load bias of `path` in `pid`, from /proc/PID/maps and the ELF headers.
+std::optional<std::uint64_t> load_bias(pid_t pid, const std::string& path) {
+    const auto vaddr = first_load_vaddr(path);
+    if (!vaddr) return std::nullopt;
+    std::optional<std::uint64_t> lowest;
+    for (const auto& m : read_maps(pid))
+        if (m.path == path && (!lowest || m.start < *lowest)) lowest = m.start;
+    if (!lowest) return std::nullopt;
+    return *lowest - *vaddr;
+}
+
+bool handler_mapped(pid_t pid, const std::string& handler) {
+    for (const auto& m : read_maps(pid))
+        if (m.path == handler) return true;
+    return false;
+}
+
+// A process we watch: our child (start mode) or anyone's (attach mode).
+class Target {
+public:
+    Target(pid_t pid, bool child) : pid_(pid), child_(child) {}
+    pid_t pid() const { return pid_; }
+    bool is_child() const { return child_; }
+    bool exited() const { return exited_; }
+    int exit_status() const { return status_; }
+
+    bool alive() {
+        if (exited_) return false;
+        if (child_) {
+            int status = 0;
+            const pid_t r = ::waitpid(pid_, &status, WNOHANG);
+            if (r == pid_ && (WIFEXITED(status) || WIFSIGNALED(status))) {
+                exited_ = true;
+                status_ = status;
+            }
+            return !exited_;
+        }
+        if (::kill(pid_, 0) != 0 && errno == ESRCH) {
+            exited_ = true;
+            return false;
+        }
+        std::ifstream stat("/proc/" + std::to_string(pid_) + "/stat");
+        std::string all((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+        const auto paren = all.rfind(')');
+        if (paren == std::string::npos || (paren + 2 < all.size() && (all[paren + 2] == 'Z' || all[paren + 2] == 'X'))) {
+            exited_ = true;
+            return false;
+        }
+        return true;
+    }
+
+    // Blocks until the child exits (start mode, after recording stopped).
+    void wait_exit() {
+        if (!child_ || exited_) return;
+        int status = 0;
+        while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+        }
+        exited_ = true;
+        status_ = status;
+    }
+
+private:
+    pid_t pid_;
+    bool child_;
+    bool exited_ = false;
+    int status_ = 0;
+};
+
+std::string describe_status(int status) {
+    if (WIFEXITED(status)) return "exited with status " + std::to_string(WEXITSTATUS(status));
+    if (WIFSIGNALED(status)) return std::string("was killed by signal ") + ::strsignal(WTERMSIG(status));
+    return "stopped";
+}
+
+// ---- which functions, and their names ----
+
+struct NamedFunction {
+    std::uint64_t link_address = 0;
+    std::string name;
+};
+
+std::optional<iprobe::ProbeList> try_probe_list(const std::vector<std::string>& sources, const std::string& exe,
+                                                bool required) {
+    const std::string source = sources.empty() ? exe : sources.front();
+    try {
+        return iprobe::load_probes(source);
+    } catch (const Error&) {
+        if (required) throw;
+        return std::nullopt;
+    }
+}
+
+std::vector<NamedFunction> candidate_functions(const std::optional<iprobe::ProbeList>& probes, const std::string& exe,
+                                               const std::vector<std::string>& globs) {
+    std::vector<NamedFunction> out;
+    auto wanted = [&](const std::string& name) {
+        if (globs.empty()) return true;
+        for (const auto& g : globs)
+            if (iprobe::glob_match(g, name)) return true;
+        return false;
+    };
+    if (probes) {
+        std::map<std::uint64_t, std::string> seen;
+        for (const auto& p : probes->probes) {
+            if (p.kind != iprobe::ProbeKind::entry) continue;
+            const std::string& name = p.demangled.empty() ? p.function : p.demangled;
+            if (wanted(name) || wanted(p.function)) seen.emplace(p.function_address, name);
+        }
+        for (auto& [addr, name] : seen) out.push_back({addr, name});
+        return out;
+    }
+    for (const auto& s : read_function_symbols(exe))
+        if (wanted(s.name)) out.push_back({s.address, s.name});
+    return out;
+}
+
+class Symbolizer {
+public:
+    void add_known(std::uint64_t runtime_address, const std::string& name, const std::string& module) {
+        known_[runtime_address] = {name, module};
+    }
+    void add_module(std::uint64_t start, std::uint64_t end, std::uint64_t bias, const std::string& path) {
+        for (const auto& m : modules_)
+            if (m.start == start && m.path == path) return;
+        modules_.push_back({start, end, bias, path});
+    }
+
+    std::pair<std::string, std::string> name(std::uint64_t address) {
+        if (const auto it = known_.find(address); it != known_.end()) return it->second;
+        for (const auto& m : modules_) {
+            if (address < m.start || address >= m.end) continue;
+            auto& symbols = symbols_[m.path];
+            if (!symbols) symbols = read_function_symbols(m.path);
+            if (const auto* s = find_symbol(*symbols, address - m.bias)) return {s->name, m.path};
+            return {hex(address), m.path};
+        }
+        return {hex(address), ""};
+    }
+
+private:
+    static std::string hex(std::uint64_t a) {
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "0x%" PRIx64, a);
+        return buf;
+    }
+    struct Module {
+        std::uint64_t start, end, bias;
+        std::string path;
+    };
+    std::map<std::uint64_t, std::pair<std::string, std::string>> known_;
+    std::vector<Module> modules_;
+    std::map<std::string, std::optional<std::vector<FunctionSymbol>>> symbols_;
+};
+
+void learn_modules_from_handler(const fperf_shm_header& h, Symbolizer& symbolizer) {
+    for (std::uint32_t i = 0; i < h.module_count && i < FPERF_MAX_MODULES; i++) {
+        const auto& m = h.modules[i];
+        symbolizer.add_module(m.start, m.end, m.bias, std::string(m.path, strnlen(m.path, sizeof m.path)));
+    }
+}
+
+void learn_modules_from_maps(pid_t pid, Symbolizer& symbolizer) {
+    std::map<std::string, std::pair<std::uint64_t, std::uint64_t>> extent;
+    for (const auto& m : read_maps(pid)) {
+        auto [it, fresh] = extent.emplace(m.path, std::make_pair(m.start, m.end));
+        if (!fresh) {
+            it->second.first = std::min(it->second.first, m.start);
+            it->second.second = std::max(it->second.second, m.end);
+        }
+    }
+    for (const auto& [path, range] : extent)
+        if (const auto vaddr = first_load_vaddr(path))
+            symbolizer.add_module(range.first, range.second, range.first - *vaddr, path);
+}
+
+// ---- costs ----
+
+struct Costs {
+    double sample_ns = 0, count_ns = 0;
+    std::string source;
+};
+
+// Until the handler reports its own measurement: the same reads timed here.
+Costs estimate_costs_in_process(const std::vector<std::string>& events) {
+    int set = PAPI_NULL;
+    bool counting = PAPI_create_eventset(&set) == PAPI_OK;
+    for (const auto& e : events) {
+        int code = 0;
+        if (counting && PAPI_event_name_to_code(e.c_str(), &code) == PAPI_OK) PAPI_add_event(set, code);
+    }
+    counting = counting && PAPI_num_events(set) > 0 && PAPI_start(set) == PAPI_OK;
+    long long values[FPERF_MAX_EVENTS + 1];
+    timespec ts{};
+    const int rounds = 2000;
+    const auto t0 = monotonic_ns();
+    for (int i = 0; i < rounds; i++)
+        for (int side = 0; side < 2; side++) {
+            if (counting) PAPI_read(set, values);
+            ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+            ::clock_gettime(CLOCK_MONOTONIC, &ts);
+        }
+    const auto elapsed = monotonic_ns() - t0;
+    if (counting) PAPI_stop(set, values);
+    if (set != PAPI_NULL) {
+        PAPI_cleanup_eventset(set);
+        PAPI_destroy_eventset(&set);
+    }
+    return {static_cast<double>(elapsed) / rounds, 5.0, "estimated in the fperf process: the handler has not attached"};
+}
+
+Costs costs_from_handler(const fperf_shm_header& h) {
+    return {static_cast<double>(h.sample_cost_ns), static_cast<double>(h.count_cost_ns),
+            "measured in the target by the handler at attach"};
+}
+
+// ---- start mode ----
+
+std::string join_env_list(const char* existing, const std::string& add) {
+    if (!existing || !*existing) return add;
+    return add + ":" + existing;
+}
+
+// Forks the program with the handler preloaded; the child waits on `go`
+// until the shared memory for its pid exists, then execs; the handler stops
+// it with SIGSTOP once attached, so functions can be registered and probes
+// routed before main() runs.
+pid_t spawn_stopped_later(const std::vector<std::string>& command, const std::string& handler, int& go_fd) {
+    int pipe_fds[2];
+    if (::pipe2(pipe_fds, O_CLOEXEC) != 0) iprobe::throw_errno("pipe");
+    std::vector<std::string> env_strings;
+    for (char** e = environ; *e; e++) {
+        const std::string_view kv(*e);
+        if (kv.starts_with("LD_PRELOAD=") || kv.starts_with("FPERF_STOP_AFTER_INIT=")) continue;
+        env_strings.emplace_back(kv);
+    }
+    env_strings.push_back("LD_PRELOAD=" + join_env_list(std::getenv("LD_PRELOAD"), handler));
+    env_strings.push_back("FPERF_STOP_AFTER_INIT=1");
+    std::vector<char*> envp;
+    for (auto& s : env_strings) envp.push_back(s.data());
+    envp.push_back(nullptr);
+    std::vector<char*> argv;
+    for (const auto& a : command) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+
+    const pid_t pid = ::fork();
+    if (pid < 0) iprobe::throw_errno("fork");
+    if (pid == 0) {
+        ::close(pipe_fds[1]);
+        char byte = 0;
+        if (::read(pipe_fds[0], &byte, 1) != 1) ::_exit(126);  // parent gave up
+        ::execvpe(argv[0], argv.data(), envp.data());
+        std::fprintf(stderr, "fperf: cannot run %s: %s\n", argv[0], std::strerror(errno));
+        ::_exit(127);
+    }
+    ::close(pipe_fds[0]);
+    go_fd = pipe_fds[1];
+    return pid;
+}
+
+// ---- the daemon ----
+
+struct DaemonResult {
+    std::uint64_t intervals = 0;
+    std::uint64_t last_allowance = 0;
+};
+
+class Daemon {
+public:
+    Daemon(SharedSession& session, Budget budget, Costs costs, const std::vector<std::string>& events)
+        : session_(session), budget_(budget), costs_(std::move(costs)), events_(events) {
+        budget_.sample_cost_ns = costs_.sample_ns;
+        budget_.count_cost_ns = costs_.count_ns;
+    }
+
+    // One refill: see what ran, give out the next interval's quotas.
+    void refill(std::uint64_t elapsed_ns) {
+        session_.heartbeat();
+        if (!handler_costs_ && session_.handler_ready() && session_.header().sample_cost_ns) {
+            costs_ = costs_from_handler(session_.header());
+            budget_.sample_cost_ns = costs_.sample_ns;
+            budget_.count_cost_ns = costs_.count_ns;
+            handler_costs_ = true;
+        }
+        const auto snap = session_.snapshot();
+        std::vector<FunctionActivity> activity;
+        activity.reserve(snap.size());
+        std::uint64_t calls_interval = 0;
+        for (const auto& s : snap) {
+            auto& prev = previous_calls_[s.slot];
+            const std::uint64_t delta = s.calls >= prev ? s.calls - prev : s.calls;
+            prev = s.calls;
+            activity.push_back({s.calls, delta, s.samples});
+            calls_interval += delta;
+        }
+        Budget b = budget_;
+        b.interval_ns = elapsed_ns;
+        result_.last_allowance = sample_allowance(b, calls_interval);
+        const auto quotas = allocate_quotas(activity, result_.last_allowance);
+        for (std::size_t i = 0; i < snap.size(); i++) session_.set_quota(snap[i].slot, quotas[i]);
+        result_.intervals++;
+    }
+
+    const Costs& costs() const { return costs_; }
+    const Budget& budget() const { return budget_; }
+    const DaemonResult& result() const { return result_; }
+
+private:
+    SharedSession& session_;
+    Budget budget_;
+    Costs costs_;
+    std::vector<std::string> events_;
+    bool handler_costs_ = false;
+    std::map<std::uint32_t, std::uint64_t> previous_calls_;
+    DaemonResult result_;
+};
+
+std::string format_budget(const RecordOptions& o) {
+    if (o.unlimited) return "none";
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%g%%", o.budget * 100);
+    return buf;
+}
+
+Profile build_profile(const RecordOptions& o, SharedSession& session, const Daemon& daemon, Symbolizer& symbolizer,
+                      const std::vector<std::string>& measured, const std::vector<UnavailableEvent>& unavailable,
+                      pid_t pid, std::uint64_t duration_ns) {
+    Profile p;
+    const auto& h = session.header();
+    learn_modules_from_handler(h, symbolizer);
+    // Events: asked-for order, measured ones first as they sit in the table.
+    for (std::size_t e = 0; e < measured.size(); e++) {
+        const int status = h.event_status[e].load();
+        EventColumn c{measured[e], status == FPERF_EVENT_MEASURED, ""};
+        if (status == FPERF_EVENT_UNAVAILABLE) c.reason = "PAPI refused it inside the target";
+        if (status == FPERF_EVENT_UNTRIED) c.reason = "no sample was taken in the target";
+        p.events.push_back(c);
+    }
+    for (const auto& u : unavailable) p.events.push_back({u.name, false, u.reason});
+
+    std::uint64_t calls = 0, samples = 0, called = 0, sampled = 0;
+    for (const auto& s : session.snapshot()) {
+        FunctionProfile f;
+        f.address = s.address;
+        std::tie(f.name, f.module) = symbolizer.name(s.address);
+        f.calls = s.calls;
+        f.samples = s.samples;
+        f.wall_ns = s.wall_ns;
+        f.cpu_ns = s.cpu_ns;
+        for (std::size_t e = 0; e < p.events.size(); e++) f.events.push_back(e < measured.size() ? s.events[e] : 0);
+        calls += f.calls;
+        samples += f.samples;
+        called += f.calls > 0;
+        sampled += f.samples > 0;
+        p.functions.push_back(std::move(f));
+    }
+    std::string command;
+    for (const auto& a : o.command) command += (command.empty() ? "" : " ") + a;
+    if (command.empty()) command = exe_of(pid);
+    auto num = [](double v) {
+        char buf[64];
+        std::snprintf(buf, sizeof buf, "%.6g", v);
+        return std::string(buf);
+    };
+    p.meta["pid"] = std::to_string(pid);
+    if (!command.empty()) p.meta["command"] = command;
+    p.meta["budget"] = format_budget(o);
+    p.meta["interval_ns"] = std::to_string(o.interval_ns);
+    p.meta["duration_ns"] = std::to_string(duration_ns);
+    p.meta["intervals"] = std::to_string(daemon.result().intervals);
+    p.meta["sample_cost_ns"] = num(daemon.costs().sample_ns);
+    p.meta["count_cost_ns"] = num(daemon.costs().count_ns);
+    p.meta["cost_source"] = daemon.costs().source;
+    p.meta["total_calls"] = std::to_string(calls);
+    p.meta["total_samples"] = std::to_string(samples);
+    p.meta["functions_called"] = std::to_string(called);
+    p.meta["functions_sampled"] = std::to_string(sampled);
+    const double overhead = duration_ns ? overhead_ns(daemon.budget(), samples, calls) / static_cast<double>(duration_ns) : 0;
+    p.meta["overhead_estimate"] = num(overhead);
+    p.meta["handler_threads"] = std::to_string(h.threads.load());
+    p.meta["thread_failures"] = std::to_string(h.thread_failures.load());
+    p.meta["table_full"] = std::to_string(h.table_full.load());
+    p.meta["stack_overflow"] = std::to_string(h.stack_overflow.load());
+    p.meta["reentrant_skips"] = std::to_string(h.reentrant_skips.load());
+    p.meta["stale_skips"] = std::to_string(h.stale_skips.load());
+    p.meta["unmatched_exits"] = std::to_string(h.unmatched_exits.load());
+    if (h.handler_message[0]) p.meta["handler_message"] = std::string(h.handler_message, strnlen(h.handler_message, sizeof h.handler_message));
+    return p;
+}
+
+void sleep_ns(std::uint64_t ns) {
+    timespec ts{static_cast<time_t>(ns / 1'000'000'000ull), static_cast<long>(ns % 1'000'000'000ull)};
+    ::nanosleep(&ts, nullptr);
+}
+
+}  // namespace
+
+std::string default_handler_library() {
+    if (const char* env = std::getenv("FPERF_HANDLER"); env && *env) return env;
+    char self[PATH_MAX];
+    const auto n = ::readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) return "libfperf-handler.so";
+    self[n] = '\0';
+    std::string dir(self);
+    dir.resize(dir.rfind('/'));  // .../bin
+    dir.resize(dir.rfind('/'));
+    for (const char* sub : {"/lib/libfperf-handler.so", "/lib/iprobe/libfperf-handler.so"})
+        if (::access((dir + sub).c_str(), R_OK) == 0) return dir + sub;
+    return dir + "/lib/libfperf-handler.so";
+}
+
+int record(const RecordOptions& o) {
+    const Log log(o.quiet);
+    if ((o.pid != 0) == !o.command.empty())
+        throw Error("give either --pid PID or -- PROGRAM [ARGS], not both", ExitCode::usage);
+    const std::string handler = o.handler_library.empty() ? default_handler_library() : o.handler_library;
+    if (::access(handler.c_str(), R_OK) != 0)
+        throw Error("handler library " + handler + " not found (build target fperf-handler, or set FPERF_HANDLER)",
+                    ExitCode::not_found);
+
+    // Events first: a bad --strict request changes nothing.
+    const auto requested = o.events_given ? o.events : default_events();
+    const auto choice = resolve_events(requested);
+    for (const auto& u : choice.unavailable) {
+        if (o.events_given)
+            std::fprintf(stderr, "fperf: %s: event %s is unavailable: %s\n", o.strict ? "error" : "warning",
+                         u.name.c_str(), u.reason.c_str());
+        else
+            log("default event %s is not available here (%s); not measured", u.name.c_str(), u.reason.c_str());
+    }
+    if (o.strict && !choice.unavailable.empty())
+        throw Error("unavailable events asked for with --strict; nothing recorded (see `fperf record --list-events`)",
+                    ExitCode::unavailable);
+    if (o.events_given && !choice.unavailable.empty())
+        log("measuring %s plus wall and CPU time per call",
+            choice.measured.empty() ? "no PAPI event" : ("the available events (" + std::to_string(choice.measured.size()) + ")").c_str());
+
+    SessionConfig config;
+    config.slot_count = o.table_slots;
+    config.events = choice.measured;
+    config.initial_quota = o.unlimited ? kUnlimitedQuota : 1;
+    config.heartbeat_timeout_ns = std::max<std::uint64_t>(1'000'000'000ull, 20 * o.interval_ns);
+    config.table_mode = o.function_globs.empty() ? FPERF_TABLE_OPEN : FPERF_TABLE_REGISTERED_ONLY;
+
+    struct sigaction sa{};
+    sa.sa_handler = on_stop_signal;
+    ::sigaction(SIGINT, &sa, nullptr);
+    ::sigaction(SIGTERM, &sa, nullptr);
+    ::sigaction(SIGHUP, &sa, nullptr);
+
+    Symbolizer symbolizer;
+    std::optional<Target> target;
+    SharedSession session;
+    std::optional<ProbeRouting> routed;
+    std::string exe;
+
+    if (!o.command.empty()) {
+        int go_fd = -1;
+        const pid_t pid = spawn_stopped_later(o.command, handler, go_fd);
+        iprobe::UniqueFd go(go_fd);
+        target.emplace(pid, true);
+        try {
+            session = SharedSession::create(pid, config);
+        } catch (...) {
+            go.reset();  // the child exits 126 without running the program
+            target->wait_exit();
+            throw;
+        }
+        const char byte = 1;
+        if (::write(go.get(), &byte, 1) != 1) iprobe::throw_errno("cannot start the program");
+        go.reset();
+        int status = 0;
+        pid_t r;
+        while ((r = ::waitpid(pid, &status, WUNTRACED)) < 0 && errno == EINTR) {
+        }
+        if (r == pid && !WIFSTOPPED(status)) {
+            if (WIFEXITED(status) && WEXITSTATUS(status) == 127)
+                throw Error("cannot run " + o.command.front(), ExitCode::not_found);
+            throw Error(o.command.front() + " " + describe_status(status) +
+                            " before the handler attached (is it statically linked? the handler is loaded with "
+                            "LD_PRELOAD)",
+                        ExitCode::failure);
+        }
+        exe = exe_of(pid);
+        learn_modules_from_handler(session.header(), symbolizer);
+    } else {
+        target.emplace(o.pid, false);
+        if (!target->alive()) throw Error("no process " + std::to_string(o.pid), ExitCode::not_found);
+        exe = exe_of(o.pid);
+        if (exe.empty())
+            throw Error("cannot read /proc/" + std::to_string(o.pid) + "/exe (no permission?)", ExitCode::permission);
+        session = SharedSession::create(o.pid, config);
+    }
+    const pid_t pid = target->pid();
+    learn_modules_from_maps(pid, symbolizer);
+
+    // Probes: a coldpatched program needs hotpatch to route its placeholders
+    // here; a program with live -finstrument-functions hooks and the handler
+    // preloaded is profiled as it is.
+    const bool handler_present = handler_mapped(pid, handler);
+    const auto probes = try_probe_list(o.probe_sources, exe, !o.probe_sources.empty() || !handler_present);
+    if (const auto bias = load_bias(pid, exe)) {
+        std::size_t registered = 0;
+        for (const auto& f : candidate_functions(probes, exe, o.function_globs)) {
+            symbolizer.add_known(*bias + f.link_address, f.name, exe);
+            if (!o.function_globs.empty()) registered += session.register_function(*bias + f.link_address);
+        }
+        if (!o.function_globs.empty()) {
+            if (registered == 0) {
+                if (target->is_child()) ::kill(pid, SIGKILL);
+                throw Error("no function of " + exe + " matches --functions", ExitCode::not_found);
+            }
+            log("%zu functions selected", registered);
+        }
+    }
+    if (probes) {
+        ProbeRouting routing;
+        routing.pid = pid;
+        routing.probe_sources = o.probe_sources.empty() ? std::vector<std::string>{exe} : o.probe_sources;
+        routing.function_globs = o.function_globs;
+        routing.handler_library = handler;
+        try {
+            const auto r = route_probes(routing);
+            log("%zu probes routed to the handler%s (pause %" PRIu64 " us)", r.probes_enabled,
+                r.handler_injected ? ", handler injected" : "", r.pause_us);
+        } catch (...) {
+            if (target->is_child()) ::kill(pid, SIGKILL);
+            throw;
+        }
+        routed = routing;
+    }
+    if (!session.handler_ready()) {
+        for (int i = 0; i < 200 && !session.handler_ready() && target->alive(); i++) sleep_ns(10'000'000);
+        if (!session.handler_ready())
+            log("the handler has not attached yet (it looks for the session every 64k calls); costs estimated here");
+    }
+
+    Budget budget;
+    budget.unlimited = o.unlimited;
+    budget.fraction = o.budget;
+    budget.interval_ns = o.interval_ns;
+    Costs costs = session.handler_ready() ? costs_from_handler(session.header()) : estimate_costs_in_process(choice.measured);
+    Daemon daemon(session, budget, costs, choice.measured);
+    log("cost per sample %.0f ns, per counted call %.1f ns (%s); budget %s", costs.sample_ns, costs.count_ns,
+        costs.source.c_str(), format_budget(o).c_str());
+
+    session.heartbeat();
+    session.set_state(FPERF_STATE_ACTIVE);
+    if (target->is_child()) ::kill(pid, SIGCONT);
+    log("recording pid %d%s; Ctrl-C stops", pid, o.duration_s > 0 ? " for the given duration" : "");
+
+    const std::uint64_t start = monotonic_ns();
+    const std::uint64_t deadline = o.duration_s > 0 ? start + static_cast<std::uint64_t>(o.duration_s * 1e9) : 0;
+    std::uint64_t last_refill = start;
+    const std::uint64_t poll_ns = std::min<std::uint64_t>(o.interval_ns, 10'000'000);
+    while (!g_stop_signal && target->alive()) {
+        const std::uint64_t now = monotonic_ns();
+        if (deadline && now >= deadline) break;
+        if (now - last_refill >= o.interval_ns) {
+            daemon.refill(now - last_refill);
+            last_refill = now;
+        }
+        sleep_ns(poll_ns);
+    }
+    const std::uint64_t duration = monotonic_ns() - start;
+    const bool target_gone = !target->alive();
+
+    // Stop sampling first, then take the probes away, then read the table:
+    // whatever the handler still adds is a call count, never a half sample.
+    session.freeze();
+    if (routed && !target_gone) unroute_probes(*routed);
+    learn_modules_from_handler(session.header(), symbolizer);
+    auto profile = build_profile(o, session, daemon, symbolizer, choice.measured, choice.unavailable, pid, duration);
+    if (target_gone && target->is_child()) profile.meta["exit"] = describe_status(target->exit_status());
+    session.close();
+    profile.save(o.output);
+
+    log("%s functions called, %s sampled; %s calls, %s samples; estimated overhead %.2f%%",
+        profile.get("functions_called").c_str(), profile.get("functions_sampled").c_str(),
+        profile.get("total_calls").c_str(), profile.get("total_samples").c_str(),
+        profile.number("overhead_estimate") * 100);
+    if (target_gone && target->is_child()) log("%s %s", o.command.front().c_str(), describe_status(target->exit_status()).c_str());
+    else if (target_gone) log("pid %d exited", pid);
+    log("wrote %s (see `fperf report -i %s`)", o.output.c_str(), o.output.c_str());
+
+    if (target->is_child() && !target_gone) {
+        if (g_stop_signal) ::kill(pid, g_stop_signal);
+        log("profiling stopped; waiting for %s to exit", o.command.front().c_str());
+        target->wait_exit();
+    }
+    if (profile.get("total_calls") == "0")
+        log("no call was seen: was the program built with -finstrument-functions (iprobe-cc)?");
+    return 0;
+}
+
+}  // namespace fperf

@@ -1,0 +1,115 @@
+// Enable and disable probes in a running process (DESIGN.md §4), and read the
+// events its runtime logs into shared memory (§5).
+//
+// attach(): stop every thread (ptrace), check it is safe, inject the runtime
+// (and a handler library) with dlopen if absent, create the shared-memory
+// region, map a jump-stub page within ±2 GiB of each module, turn placeholder
+// NOPs into `call stub` in one verified batch, resume.  Any failure restores
+// everything already written and always detaches.
+//
+// Errors are iprobe::Error with the ExitCode the CLI returns: not_found (no
+// such pid, module not loaded, glob matches nothing), permission, bad_input
+// (not coldpatched, build-id mismatch), busy (another iprobe session),
+// failure (target exited mid-way, unsafe state timed out).
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "iprobe/probe_list.hpp"
+
+namespace iprobe::hotpatch {
+
+enum class HandlerMode { trace, count };
+
+// Where enabled sites jump.  Symbols are dynamic symbols of `library`.
+// Call-form sites (coldpatched calls) get C-ABI functions; NOP-form sites
+// (LLVM pass, IPROBE_POINT_ARGS) need register-preserving entry points:
+// leave those empty and attaching a NOP-form site is refused.
+struct HandlerSymbols {
+    std::string library;  // .so injected if not loaded; empty = the runtime
+    std::string enter, exit, point;
+    std::string enter_nop, exit_nop, point_nop;
+
+    static HandlerSymbols runtime(HandlerMode mode);  // the runtime's own handlers
+};
+
+struct AttachOptions {
+    pid_t pid = 0;
+    // Probe lists, coldpatched binaries or binaries with a probe section
+    // (iprobe::load_probes), one per module; empty = the target's executable.
+    std::vector<std::string> probe_sources;
+    ProbeSelector selector;
+    HandlerMode mode = HandlerMode::trace;
+    HandlerSymbols handlers;            // empty enter = HandlerSymbols::runtime(mode)
+    std::string runtime_library;        // empty = default_runtime_library()
+    std::uint32_t ring_records = 1u << 16;  // per-thread ring, when the region is created
+    std::uint32_t max_threads = 512;        // rings, when the region is created
+    std::chrono::milliseconds safe_point_timeout{3000};
+};
+
+struct AttachStats {
+    std::size_t selected = 0;        // probes the selector matched
+    std::size_t enabled = 0;         // newly enabled by this call
+    std::size_t already_enabled = 0;
+    std::size_t total_enabled = 0;   // enabled in the process after the call
+    std::size_t threads = 0;         // threads stopped
+    std::uint64_t pause_us = 0;      // stop-the-world time
+    bool runtime_injected = false;
+    bool handler_injected = false;
+    std::vector<std::string> modules;  // module paths touched
+};
+
+AttachStats attach(const AttachOptions& options);
+
+struct DetachOptions {
+    pid_t pid = 0;
+    ProbeSelector selector;  // empty = every enabled probe
+    std::chrono::milliseconds safe_point_timeout{3000};
+};
+
+struct DetachStats {
+    std::size_t disabled = 0;
+    std::size_t still_enabled = 0;
+    std::size_t threads = 0;
+    std::uint64_t pause_us = 0;
+};
+
+DetachStats detach(const DetachOptions& options);
+
+struct ModuleStatus {
+    std::string path, probes_path, build_id;
+    std::uint64_t load_bias = 0, stub_page = 0;
+    std::uint32_t probes = 0, enabled = 0;
+};
+
+struct RingStatus {
+    std::uint32_t index = 0, tid = 0;
+    std::string state;  // owned | retired
+    std::uint64_t pending = 0, dropped = 0;
+};
+
+struct Status {
+    pid_t pid = 0;
+    bool runtime_loaded = false;
+    std::string runtime_path;
+    bool region = false;  // a shared-memory region exists for the pid
+    std::vector<ModuleStatus> modules;
+    std::vector<RingStatus> rings;
+    std::uint64_t dropped = 0, no_ring_events = 0, unknown_site_events = 0;
+    std::uint32_t ring_records = 0, ring_count = 0;
+};
+
+Status status(pid_t pid);
+
+// libiprobe-rt.so next to this program's build/install tree, or $IPROBE_RUNTIME.
+std::string default_runtime_library();
+
+// Name of the shared-memory object of a process ("/iprobe.<pid>").
+std::string region_name(pid_t pid);
+
+}  // namespace iprobe::hotpatch

@@ -1,0 +1,29 @@
+// Modules (executable, shared libraries) mapped in a stopped target, with the
+// build-id read from the target's own memory, so a probe list is matched to
+// the code actually running, not to whatever file now sits at that path.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "process.hpp"
+
+namespace iprobe::hotpatch {
+
+struct RunningModule {
+    std::string path;
+    std::uint64_t base = 0;       // start of the mapping at file offset 0
+    std::uint64_t load_bias = 0;  // runtime address - link-time vaddr
+    std::uint64_t low = 0, high = 0;  // extent of all its mappings
+    std::uint64_t text_low = 0, text_high = 0;  // executable mappings
+    std::vector<std::uint8_t> build_id;
+};
+
+std::vector<RunningModule> running_modules(const StoppedProcess& process, const std::vector<Mapping>& maps);
+const RunningModule* find_module_by_path(const std::vector<RunningModule>& modules, const std::string& path);
+
+// Path of `path` as seen from inside the target's mount namespace.
+std::string target_view(pid_t pid, const std::string& path);
+
+}  // namespace iprobe::hotpatch

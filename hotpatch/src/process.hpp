@@ -1,0 +1,79 @@
+// A stopped process: every thread ptrace-seized and interrupted, memory
+// through /proc/PID/mem, function calls inside the target.  The destructor
+// always restores borrowed registers and detaches, whatever happened.
+#pragma once
+
+#include <sys/types.h>
+#include <sys/user.h>
+
+#include <chrono>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "iprobe/support/fd.h"
+
+namespace iprobe::hotpatch {
+
+struct Mapping {
+    std::uint64_t start = 0, end = 0, offset = 0;
+    std::string perms;  // "r-xp"
+    std::string path;   // empty for anonymous
+    bool executable() const { return perms.size() > 2 && perms[2] == 'x'; }
+};
+
+std::vector<Mapping> read_maps(pid_t pid);
+std::vector<pid_t> list_threads(pid_t pid);
+bool process_exists(pid_t pid);
+// Throws Error(not_found / permission) when the pid cannot be a target.
+void check_target(pid_t pid);
+
+struct StoppedThread {
+    pid_t tid = 0;
+    user_regs_struct regs{};
+    int pending_signal = 0;  // stopped at signal delivery: re-delivered on detach
+};
+
+class StoppedProcess {
+public:
+    explicit StoppedProcess(pid_t pid);
+    ~StoppedProcess();
+    StoppedProcess(const StoppedProcess&) = delete;
+    StoppedProcess& operator=(const StoppedProcess&) = delete;
+
+    pid_t pid() const { return pid_; }
+    const std::vector<StoppedThread>& threads() const { return threads_; }
+
+    void read(std::uint64_t address, void* out, std::size_t size) const;
+    void write(std::uint64_t address, const void* data, std::size_t size);
+    template <typename T>
+    T read_value(std::uint64_t address) const {
+        T value{};
+        read(address, &value, sizeof value);
+        return value;
+    }
+
+    // Calls `function(args...)` in one stopped thread and returns rax.  A
+    // string, when given, is copied below the red zone and passed as the
+    // first argument.
+    std::uint64_t call(std::uint64_t function, std::vector<std::uint64_t> args,
+                       const std::string* string_arg = nullptr,
+                       std::chrono::milliseconds timeout = std::chrono::seconds(20));
+
+    // Resumes and detaches everything now (also done by the destructor).
+    void release();
+
+private:
+    void seize_all();
+    bool wait_stopped(StoppedThread& thread);
+    StoppedThread& call_thread();
+    void absorb_new_threads();
+
+    pid_t pid_;
+    UniqueFd mem_;
+    std::vector<StoppedThread> threads_;
+    std::vector<pid_t> new_threads_;  // auto-attached by TRACECLONE, not yet waited for
+    bool released_ = false;
+};
+
+}  // namespace iprobe::hotpatch

@@ -1,0 +1,64 @@
+// Live clones of a running service (DESIGN.md §8): CRIU checkpoints the
+// service's process tree while it keeps running and restores the copy into
+// its own network, PID and mount namespaces, with the files it writes
+// snapshotted, so the copy can be probed without touching production.
+#pragma once
+
+#include <sys/types.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace iprobe::launcher {
+
+// The criu executable `iprobe clone` uses and its version ("4.2.1").
+struct Criu {
+    std::string path;
+    std::string version;
+};
+
+// $IPROBE_CRIU, else the private prefix scripts/setup.d/criu installs, else a
+// system criu >= 4.2.  Throws Error(unavailable) naming scripts/setup.
+Criu find_criu();
+
+struct CloneOptions {
+    pid_t pid = -1;                         // root of the production process tree
+    std::string name;                       // clone and network namespace; default iprobe-clone-PID
+    std::vector<std::string> fs_snapshot;   // extra files/directories the clone gets copies of
+    bool default_snapshots = true;          // also files open for writing and working directories
+    std::string keep_images;                // keep CRIU's images here (default: removed after restore)
+    std::function<void(const std::string&)> progress;  // one line per step, may be empty
+};
+
+// Timings are milliseconds.
+struct CloneResult {
+    std::string name;
+    std::string netns_path;         // /run/netns/NAME
+    pid_t clone_pid = -1;           // the clone's root process, as the host sees it
+    pid_t clone_pid_in_ns = -1;     // ... and inside its PID namespace (= production's PID)
+    pid_t keeper_pid = -1;          // PID 1 of the clone's PID namespace, as the host sees it
+    double freeze_ms = 0;           // production frozen (CRIU frozen_time)
+    double freezing_ms = 0;         // time CRIU took to stop production (CRIU freezing_time)
+    double dump_ms = 0;             // criu dump, wall clock
+    double restore_ms = 0;          // criu restore, wall clock
+    double total_ms = 0;
+    unsigned long long pages_written = 0;
+    std::vector<std::string> snapshots;  // paths the clone sees as private copies
+    std::string images_dir;              // empty unless kept
+};
+
+// Clones `options.pid`.  Production keeps running throughout; on any failure
+// nothing is left behind and production is as it was (CRIU resumes it).
+CloneResult clone_process(const CloneOptions& options);
+
+// Kills the clone's process tree and removes its namespace and copies.
+void destroy_clone(const std::string& name);
+
+// Names of clones that exist (their state under /run/iprobe/clones).
+std::vector<std::string> list_clones();
+
+// Reads a clone's recorded state; throws Error(not_found).
+CloneResult load_clone(const std::string& name);
+
+}  // namespace iprobe::launcher

@@ -1,0 +1,29 @@
+// `iprobe debug`: a live clone of production wired to a copy of its traffic,
+// with probes on in the clone only (DESIGN.md §1, §8).
+#pragma once
+
+#include <sys/types.h>
+
+#include <string>
+
+namespace iprobe::launcher {
+
+struct DebugOptions {
+    pid_t pid = -1;              // production's root process
+    std::string listen;          // ADDR:PORT clients use (the mirror's)
+    std::string production;      // ADDR:PORT production listens on
+    std::string probes;          // probe list for `iprobe attach` in the clone (empty: none)
+    std::string functions;       // function glob for attach
+    std::string buffer;          // mirror's per-connection buffer ("4M"); empty: mirror's default
+    std::string name;            // clone name; default iprobe-debug-PID
+    enum class Recloning { off, on_overflow, periodic } recloning = Recloning::off;
+    int period_s = 0;            // periodic re-cloning interval
+    bool json = false;           // machine-readable events on stdout (the trace stays as `iprobe trace` prints it)
+};
+
+// Runs until SIGINT/SIGTERM (or the mirror exits), then removes the clone,
+// its namespace and the mirror; production is left as it was.  Returns the
+// exit code.
+int run_debug(const DebugOptions& options);
+
+}  // namespace iprobe::launcher

@@ -1,0 +1,27 @@
+// Internal: CRIU's statistics image and invocation details.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace iprobe::launcher {
+
+// CRIU's stats-dump image (protobuf DumpStatsEntry inside StatsEntry).
+struct DumpStats {
+    std::uint64_t freezing_us = 0;  // stopping the tasks
+    std::uint64_t frozen_us = 0;    // tasks stopped until resumed
+    std::uint64_t memdump_us = 0;
+    std::uint64_t memwrite_us = 0;
+    std::uint64_t pages_scanned = 0;
+    std::uint64_t pages_written = 0;
+};
+
+// Parses IMAGES/stats-dump; throws Error(failure) when absent or malformed.
+DumpStats read_dump_stats(const std::string& images_dir);
+
+// The lines of a CRIU log that say why it failed ("Error (...)"), most
+// useful last, at most `max_lines`.
+std::string criu_log_errors(const std::string& log_path, std::size_t max_lines = 6);
+
+}  // namespace iprobe::launcher

@@ -1,0 +1,339 @@
+#include "iprobe/launcher/debug.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <regex>
+#include <set>
+#include <thread>
+
+#include "iprobe/launcher/clone.h"
+#include "iprobe/support/error.h"
+#include "iprobe/support/fd.h"
+#include "iprobe/support/json.h"
+#include "netns.h"
+#include "process.h"
+
+namespace fs = std::filesystem;
+
+namespace iprobe::launcher {
+namespace {
+
+std::string libexec_tool(const std::string& name) {
+    std::error_code ec;
+    fs::path self = fs::read_symlink("/proc/self/exe", ec);
+    std::string path = (self.parent_path() / name).string();
+    if (ec || access(path.c_str(), X_OK) != 0)
+        throw Error("iprobe debug needs " + name + " next to " + self.string() + " (build it: cmake --build BUILD --target " +
+                        name + ")",
+                    ExitCode::unavailable);
+    return path;
+}
+
+int port_of(const std::string& addr, const char* what) {
+    auto colon = addr.rfind(':');
+    int port = 0;
+    if (colon != std::string::npos) {
+        try {
+            port = std::stoi(addr.substr(colon + 1));
+        } catch (...) {
+            port = 0;
+        }
+    }
+    if (colon == std::string::npos || port <= 0 || port > 65535)
+        throw Error(std::string(what) + " wants ADDR:PORT, got '" + addr + "'", ExitCode::usage);
+    return port;
+}
+
+int free_local_port() {
+    UniqueFd s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    if (::bind(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
+        ::getsockname(s.get(), reinterpret_cast<sockaddr*>(&a), &len) != 0)
+        throw_errno("finding a free port");
+    return ntohs(a.sin_port);
+}
+
+// A /30 in 10.213.0.0/16 that no interface here uses: .1 host, .2 clone.
+int pick_subnet() {
+    std::string addrs = run({"ip", "-o", "-4", "addr", "show"}).out;
+    std::set<int> used;
+    std::regex re("10\\.213\\.([0-9]+)\\.([0-9]+)/");
+    for (auto it = std::sregex_iterator(addrs.begin(), addrs.end(), re); it != std::sregex_iterator(); ++it)
+        used.insert(std::stoi((*it)[1]) * 64 + std::stoi((*it)[2]) / 4);
+    for (int i = static_cast<int>(getpid()) % 16000; i < 16000 + static_cast<int>(getpid()) % 16000; ++i)
+        if (!used.count(i % 16000)) return i % 16000;
+    throw Error("no free 10.213.0.0/16 subnet for the clone's veth");
+}
+
+std::string subnet_addr(int subnet, int host) {
+    return "10.213." + std::to_string(subnet / 64) + "." + std::to_string((subnet % 64) * 4 + host);
+}
+
+long long stats_counter(int stats_port, const std::string& key) {
+    UniqueFd s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(static_cast<uint16_t>(stats_port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    timeval tv{2, 0};
+    ::setsockopt(s.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    if (::connect(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) return -1;
+    const char req[] = "GET / HTTP/1.0\r\n\r\n";
+    if (::send(s.get(), req, sizeof req - 1, MSG_NOSIGNAL) < 0) return -1;
+    std::string body;
+    char buf[4096];
+    ssize_t n;
+    while ((n = ::recv(s.get(), buf, sizeof buf, 0)) > 0) body.append(buf, static_cast<size_t>(n));
+    std::smatch m;
+    if (!std::regex_search(body, m, std::regex("\"" + key + "\":([0-9]+)"))) return -1;
+    return std::stoll(m[1]);
+}
+
+class DebugSession {
+public:
+    explicit DebugSession(DebugOptions o) : o_(std::move(o)) {
+        name_ = o_.name.empty() ? "iprobe-debug-" + std::to_string(o_.pid) : o_.name;
+        port_ = port_of(o_.production, "--production");
+        port_of(o_.listen, "--listen");
+        mirror_tool_ = libexec_tool("iprobe-mirror");
+        if (!o_.probes.empty()) hotpatch_tool_ = libexec_tool("iprobe-hotpatch");
+        subnet_ = pick_subnet();
+        // Short and unique per session: interface names stop at 15 bytes.
+        veth_ = "ipd" + std::to_string(getpid());
+    }
+    ~DebugSession() { teardown(); }
+
+    int run();
+
+private:
+    void event(const std::string& what, const std::string& human,
+               const std::function<void(JsonWriter&)>& fields = {}) {
+        if (o_.json) {
+            JsonWriter w;
+            w.begin_object().field("event", what);
+            if (fields) fields(w);
+            w.end_object();
+            std::printf("%s\n", w.str().c_str());
+            std::fflush(stdout);
+        } else {
+            std::fprintf(stderr, "iprobe debug: %s\n", human.c_str());
+        }
+    }
+    void make_clone();
+    void drop_clone();
+    void start_mirror();
+    void teardown();
+    void stop_child(pid_t& pid, int sig);
+
+    DebugOptions o_;
+    std::string name_, veth_, mirror_tool_, hotpatch_tool_;
+    int port_ = 0, subnet_ = 0, stats_port_ = 0;
+    bool have_clone_ = false;
+    CloneResult clone_;
+    pid_t mirror_ = -1, trace_ = -1;
+    UniqueFd mirror_out_;
+    int clones_made_ = 0;
+};
+
+void DebugSession::make_clone() {
+    CloneOptions co;
+    co.pid = o_.pid;
+    co.name = name_;
+    co.progress = [this](const std::string& line) {
+        if (!o_.json) std::fprintf(stderr, "iprobe debug: %s\n", line.c_str());
+    };
+    clone_ = clone_process(co);
+    have_clone_ = true;
+    ++clones_made_;
+    std::string host_ip = subnet_addr(subnet_, 1), clone_ip = subnet_addr(subnet_, 2);
+    create_veth(name_, veth_, host_ip + "/30", clone_ip + "/30");
+    record_clone_veth(name_, veth_);
+    // The clone may listen on loopback only (as production may): forward
+    // what arrives on its veth to 127.0.0.1 inside its namespace.
+    const std::string ns = "--net=" + clone_.netns_path;
+    run_checked({"nsenter", ns, "sysctl", "-q", "-w", "net.ipv4.conf.eth0.route_localnet=1"},
+                "allowing loopback forwarding in the clone");
+    run_checked({"nsenter", ns, "iptables", "-t", "nat", "-A", "PREROUTING", "-i", "eth0", "-p", "tcp", "--dport",
+                 std::to_string(port_), "-j", "DNAT", "--to-destination", "127.0.0.1:" + std::to_string(port_)},
+                "forwarding the clone's port to its loopback");
+    event("clone",
+          "clone " + name_ + " running: PID " + std::to_string(clone_.clone_pid) + ", reachable at " + clone_ip + ":" +
+              std::to_string(port_) + "; production frozen " + std::to_string(clone_.freeze_ms) + " ms",
+          [&](JsonWriter& w) {
+              w.field("name", name_)
+                  .field("clone_pid", static_cast<std::int64_t>(clone_.clone_pid))
+                  .field("netns", clone_.netns_path)
+                  .field("debug_address", clone_ip + ":" + std::to_string(port_))
+                  .field("freeze_us", static_cast<std::int64_t>(clone_.freeze_ms * 1e3))
+                  .field("total_us", static_cast<std::int64_t>(clone_.total_ms * 1e3))
+                  .field("generation", clones_made_);
+          });
+    if (o_.probes.empty()) return;
+    std::vector<std::string> attach = {hotpatch_tool_, "attach", std::to_string(clone_.clone_pid), "--probes", o_.probes};
+    if (!o_.functions.empty()) {
+        attach.push_back("--functions");
+        attach.push_back(o_.functions);
+    }
+    RunResult a = launcher::run(attach);
+    if (!a.ok())
+        throw Error("iprobe attach in the clone (PID " + std::to_string(clone_.clone_pid) + ") failed: " + a.err);
+    event("attached", "probes attached in the clone: " + std::string(a.out.substr(0, a.out.find('\n'))),
+          [&](JsonWriter& w) { w.field("clone_pid", static_cast<std::int64_t>(clone_.clone_pid)); });
+    trace_ = spawn({hotpatch_tool_, "trace", std::to_string(clone_.clone_pid)}, 1, 2);
+}
+
+void DebugSession::stop_child(pid_t& pid, int sig) {
+    if (pid <= 0) return;
+    ::kill(pid, sig);
+    int status;
+    for (int i = 0; i < 300; ++i) {
+        if (::waitpid(pid, &status, WNOHANG) == pid) {
+            pid = -1;
+            return;
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ::kill(pid, SIGKILL);
+    ::waitpid(pid, &status, 0);
+    pid = -1;
+}
+
+void DebugSession::drop_clone() {
+    stop_child(trace_, SIGINT);
+    if (have_clone_) {
+        try {
+            destroy_clone(name_);
+        } catch (const Error& e) {
+            std::fprintf(stderr, "iprobe debug: removing clone %s: %s\n", name_.c_str(), e.what());
+        }
+        have_clone_ = false;
+    }
+}
+
+void DebugSession::start_mirror() {
+    stats_port_ = free_local_port();
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC) < 0) throw_errno("pipe");
+    UniqueFd rd(fds[0]), wr(fds[1]);
+    std::vector<std::string> argv = {mirror_tool_, "mirror", "--listen", o_.listen, "--production", o_.production,
+                                     "--debug", subnet_addr(subnet_, 2) + ":" + std::to_string(port_),
+                                     "--stats", "127.0.0.1:" + std::to_string(stats_port_)};
+    if (!o_.buffer.empty()) {
+        argv.push_back("--buffer");
+        argv.push_back(o_.buffer);
+    }
+    mirror_ = spawn(argv, wr.get(), 2);
+    wr.reset();
+    std::string line;
+    auto deadline = now_ms() + 10000;
+    while (line.find('\n') == std::string::npos) {
+        pollfd p{rd.get(), POLLIN, 0};
+        int left = static_cast<int>(deadline - now_ms());
+        if (left <= 0 || ::poll(&p, 1, left) <= 0) throw Error("iprobe mirror did not report ready within 10 s");
+        char buf[256];
+        ssize_t n = ::read(rd.get(), buf, sizeof buf);
+        if (n <= 0) throw Error("iprobe mirror exited before it was ready (see its message above)");
+        line.append(buf, static_cast<size_t>(n));
+    }
+    mirror_out_ = std::move(rd);
+    event("mirror", "clients -> " + o_.listen + " -> production " + o_.production + "; a copy of every stream goes to the clone",
+          [&](JsonWriter& w) {
+              w.field("listen", o_.listen).field("production", o_.production).field("stats_port", stats_port_);
+          });
+}
+
+void DebugSession::teardown() {
+    drop_clone();
+    stop_child(mirror_, SIGTERM);
+}
+
+int DebugSession::run() {
+    sigset_t mask;
+    sigemptyset(&mask);
+    sigaddset(&mask, SIGINT);
+    sigaddset(&mask, SIGTERM);
+    sigaddset(&mask, SIGCHLD);
+    sigprocmask(SIG_BLOCK, &mask, nullptr);
+    UniqueFd sigfd(::signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK));
+
+    // Clone first so the mirror's debug side exists when clients come.
+    make_clone();
+    start_mirror();
+    double last_clone = now_ms();
+    long long overflows_seen = 0;
+    int exit_code = 0;
+    for (;;) {
+        pollfd p[2] = {{sigfd.get(), POLLIN, 0}, {mirror_out_.get(), POLLIN, 0}};
+        ::poll(p, 2, 1000);
+        if (p[1].revents) {
+            char buf[512];
+            ssize_t n = ::read(mirror_out_.get(), buf, sizeof buf);
+            if (n > 0 && !o_.json) (void)!::write(2, buf, static_cast<size_t>(n));
+            if (n == 0) mirror_out_.reset(::open("/dev/null", O_RDONLY | O_CLOEXEC));
+        }
+        bool stop = false;
+        signalfd_siginfo si;
+        while (::read(sigfd.get(), &si, sizeof si) == sizeof si) {
+            if (si.ssi_signo == SIGINT || si.ssi_signo == SIGTERM) stop = true;
+        }
+        int status;
+        if (mirror_ > 0 && ::waitpid(mirror_, &status, WNOHANG) == mirror_) {
+            mirror_ = -1;
+            event("error", "the mirror exited; stopping");
+            exit_code = 1;
+            stop = true;
+        }
+        if (trace_ > 0 && ::waitpid(trace_, &status, WNOHANG) == trace_) trace_ = -1;
+        if (stop) break;
+        bool reclone = false;
+        std::string why;
+        if (o_.recloning == DebugOptions::Recloning::periodic && now_ms() - last_clone >= o_.period_s * 1000.0) {
+            reclone = true;
+            why = "periodic";
+        } else if (o_.recloning == DebugOptions::Recloning::on_overflow) {
+            long long overflows = stats_counter(stats_port_, "overflows");
+            if (overflows > overflows_seen) {
+                overflows_seen = overflows;
+                reclone = true;
+                why = "a connection's debug buffer overflowed";
+            }
+        }
+        if (reclone) {
+            event("reclone", "re-cloning (" + why + ")", [&](JsonWriter& w) { w.field("reason", why); });
+            drop_clone();
+            make_clone();
+            last_clone = now_ms();
+        }
+    }
+    event("stopping", "stopping: removing the clone and the mirror; production keeps running");
+    teardown();
+    return exit_code;
+}
+
+}  // namespace
+
+int run_debug(const DebugOptions& options) {
+    if (geteuid() != 0)
+        throw Error("iprobe debug needs root (CRIU, namespaces, ptrace); run it with sudo", ExitCode::permission);
+    if (options.pid <= 0 || !fs::exists("/proc/" + std::to_string(options.pid)))
+        throw Error("no process with PID " + std::to_string(options.pid), ExitCode::not_found);
+    DebugSession session(options);
+    return session.run();
+}
+
+}  // namespace iprobe::launcher

@@ -1,0 +1,163 @@
+#include "process.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+
+#include "iprobe/support/error.h"
+#include "iprobe/support/fd.h"
+
+namespace iprobe::launcher {
+namespace {
+
+std::vector<char*> c_argv(const std::vector<std::string>& argv) {
+    std::vector<char*> out;
+    out.reserve(argv.size() + 1);
+    for (const auto& a : argv) out.push_back(const_cast<char*>(a.c_str()));
+    out.push_back(nullptr);
+    return out;
+}
+
+// Children must not inherit the launcher's other descriptors (a clone would
+// carry them into its checkpoint).
+void close_other_fds() {
+    ::close_range(3, ~0U, 0);
+}
+
+void reset_signals() {
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    signal(SIGPIPE, SIG_DFL);
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+}
+
+int wait_exit_code(pid_t pid) {
+    int status = 0;
+    while (waitpid(pid, &status, 0) < 0) {
+        if (errno != EINTR) return -1;
+    }
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+}  // namespace
+
+RunResult run(const std::vector<std::string>& argv, const std::function<bool()>& in_child) {
+    int out_pipe[2], err_pipe[2];
+    if (pipe2(out_pipe, O_CLOEXEC) < 0) throw_errno("pipe");
+    if (pipe2(err_pipe, O_CLOEXEC) < 0) {
+        ::close(out_pipe[0]);
+        ::close(out_pipe[1]);
+        throw_errno("pipe");
+    }
+    auto args = c_argv(argv);
+    pid_t pid = fork();
+    if (pid < 0) throw_errno("fork");
+    if (pid == 0) {
+        reset_signals();
+        int devnull = ::open("/dev/null", O_RDONLY);
+        dup2(devnull, 0);
+        dup2(out_pipe[1], 1);
+        dup2(err_pipe[1], 2);
+        if (in_child && !in_child()) {
+            const char* msg = "cannot prepare the child process (namespace entry failed)\n";
+            (void)!write(2, msg, strlen(msg));
+            _exit(126);
+        }
+        close_other_fds();
+        execvp(args[0], args.data());
+        const char* msg = "exec failed: ";
+        (void)!write(2, msg, strlen(msg));
+        (void)!write(2, args[0], strlen(args[0]));
+        (void)!write(2, "\n", 1);
+        _exit(127);
+    }
+    ::close(out_pipe[1]);
+    ::close(err_pipe[1]);
+    UniqueFd out_fd(out_pipe[0]), err_fd(err_pipe[0]);
+    RunResult result;
+    pollfd fds[2] = {{out_fd.get(), POLLIN, 0}, {err_fd.get(), POLLIN, 0}};
+    int open_count = 2;
+    char buf[8192];
+    while (open_count > 0) {
+        if (poll(fds, 2, -1) < 0) {
+            if (errno == EINTR) continue;
+            break;
+        }
+        for (int i = 0; i < 2; ++i) {
+            if (fds[i].fd < 0 || !(fds[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+            ssize_t n = ::read(fds[i].fd, buf, sizeof buf);
+            if (n > 0) {
+                (i == 0 ? result.out : result.err).append(buf, static_cast<size_t>(n));
+            } else if (n == 0 || errno != EINTR) {
+                fds[i].fd = -1;
+                --open_count;
+            }
+        }
+    }
+    result.exit_code = wait_exit_code(pid);
+    return result;
+}
+
+std::string run_checked(const std::vector<std::string>& argv, const std::string& what) {
+    auto r = run(argv);
+    if (!r.ok()) {
+        std::string err = r.err;
+        while (!err.empty() && err.back() == '\n') err.pop_back();
+        throw Error(what + ": " + (err.empty() ? argv[0] + " exited with " + std::to_string(r.exit_code) : err));
+    }
+    return r.out;
+}
+
+pid_t spawn(const std::vector<std::string>& argv, int stdout_fd, int stderr_fd) {
+    auto args = c_argv(argv);
+    pid_t pid = fork();
+    if (pid < 0) throw_errno("fork");
+    if (pid == 0) {
+        reset_signals();
+        int devnull = ::open("/dev/null", O_RDWR);
+        dup2(devnull, 0);
+        dup2(stdout_fd >= 0 ? stdout_fd : devnull, 1);
+        dup2(stderr_fd >= 0 ? stderr_fd : devnull, 2);
+        close_other_fds();
+        execvp(args[0], args.data());
+        _exit(127);
+    }
+    return pid;
+}
+
+std::string find_program(const std::string& name) {
+    if (name.find('/') != std::string::npos) return access(name.c_str(), X_OK) == 0 ? name : std::string();
+    const char* path = getenv("PATH");
+    std::string dirs = path ? path : "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
+    size_t start = 0;
+    while (start <= dirs.size()) {
+        size_t end = dirs.find(':', start);
+        if (end == std::string::npos) end = dirs.size();
+        std::string candidate = dirs.substr(start, end - start) + "/" + name;
+        if (end > start && access(candidate.c_str(), X_OK) == 0) return candidate;
+        start = end + 1;
+    }
+    // Root tools live in sbin, which a user's PATH may lack.
+    for (const char* dir : {"/usr/sbin/", "/sbin/"}) {
+        std::string candidate = std::string(dir) + name;
+        if (access(candidate.c_str(), X_OK) == 0) return candidate;
+    }
+    return {};
+}
+
+double now_ms() {
+    timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return static_cast<double>(ts.tv_sec) * 1e3 + static_cast<double>(ts.tv_nsec) / 1e6;
+}
+
+}  // namespace iprobe::launcher

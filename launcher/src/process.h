@@ -1,0 +1,36 @@
+// Running the external tools the launcher drives (criu, ip, cp, mirror, ...).
+#pragma once
+
+#include <sys/types.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace iprobe::launcher {
+
+struct RunResult {
+    int exit_code = -1;  // -1 when killed by a signal or not started
+    std::string out;
+    std::string err;
+    bool ok() const { return exit_code == 0; }
+};
+
+// Runs argv (no shell) and waits; `in_child` runs after fork, before exec
+// (e.g. to enter a namespace); it must only make async-signal-safe calls.
+RunResult run(const std::vector<std::string>& argv, const std::function<bool()>& in_child = {});
+
+// Like run(), throwing Error(failure) with `what` and stderr on non-zero exit.
+std::string run_checked(const std::vector<std::string>& argv, const std::string& what);
+
+// Starts argv in the background with stdout/stderr to the given fds (-1:
+// /dev/null) and returns its PID.
+pid_t spawn(const std::vector<std::string>& argv, int stdout_fd = -1, int stderr_fd = -1);
+
+// Whether `path` names an executable file; searches PATH when it has no '/'.
+std::string find_program(const std::string& name);
+
+// Milliseconds on a monotonic clock.
+double now_ms();
+
+}  // namespace iprobe::launcher

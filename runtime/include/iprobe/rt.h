@@ -1,0 +1,77 @@
+/*
+ * libiprobe-rt.so: the in-process side of iprobe.  Loaded into the target
+ * (LD_PRELOAD, linked, or dlopen'ed by `iprobe attach`); enabled probe sites
+ * reach its handlers through a jump stub near each module.
+ *
+ * Handler families (the attacher routes each site to one of them):
+ *   call-form sites (coldpatched -finstrument-functions calls, C ABI; the
+ *   compiler's argument set-up is still in front of the site):
+ *     iprobe_rt_{trace,count}_{enter,exit}(void* fn, void* call_site)
+ *     iprobe_rt_{trace,count}_point(a0, a1, a2, a3)
+ *   NOP-form sites (LLVM pass / IPROBE_POINT_ARGS: a bare 5-byte NOP, nothing
+ *   saved by the compiler) go through register-preserving trampolines:
+ *     iprobe_rt_{trace,count}_{enter,exit,point}_nop
+ * All find the probe from their return address; none locks, allocates or
+ * makes a syscall except once per thread (claiming a ring).
+ *
+ * Other handler libraries (fperf) identify probes with iprobe_rt_probe_at().
+ */
+#ifndef IPROBE_RT_H
+#define IPROBE_RT_H
+
+#include <stdint.h>
+
+#include "iprobe/rt_layout.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define IPROBE_RT_STATE_MAGIC "IPRBSTAT"
+
+/* Read by the attacher through /proc/PID/mem (exported as `iprobe_rt_state`). */
+struct iprobe_rt_state {
+    char magic[8];
+    uint32_t version;
+    uint32_t mapped_pid;         /* pid that mapped `control`; differs in a forked child */
+    uint64_t control;            /* address of the mapped region, 0 when none */
+    uint64_t region_size;
+    uint64_t early_events;       /* handler ran before any region was mapped */
+    uint64_t fork_child_events;  /* events in a forked child (dropped, counted here) */
+    uint64_t nested_drops;       /* re-entrant event while claiming a ring (dropped) */
+    uint64_t reserved[4];
+};
+
+extern struct iprobe_rt_state iprobe_rt_state;
+
+/* Maps /dev/shm/<shm_name> (created and filled by the attacher) and starts
+ * serving it.  Called by the attacher inside the target; returns 0 or -errno. */
+int iprobe_rt_map_region(const char* shm_name);
+
+/* Global probe index of the enabled site whose call returns to
+ * `return_address`, or -1.  Lock-free; safe in signal handlers. */
+int32_t iprobe_rt_probe_at(uintptr_t return_address);
+
+/* The mapped control block, or 0 (not attached, or in a forked child). */
+const struct iprobe_rt_control* iprobe_rt_control(void);
+
+void iprobe_rt_trace_enter(void* fn, void* call_site);
+void iprobe_rt_trace_exit(void* fn, void* call_site);
+void iprobe_rt_trace_point(uint64_t a0, uint64_t a1, uint64_t a2, uint64_t a3);
+void iprobe_rt_count_enter(void* fn, void* call_site);
+void iprobe_rt_count_exit(void* fn, void* call_site);
+void iprobe_rt_count_point(uint64_t a0, uint64_t a1, uint64_t a2, uint64_t a3);
+
+/* Register-preserving entry points for NOP-form sites (not C-callable). */
+void iprobe_rt_trace_enter_nop(void);
+void iprobe_rt_trace_exit_nop(void);
+void iprobe_rt_trace_point_nop(void);
+void iprobe_rt_count_enter_nop(void);
+void iprobe_rt_count_exit_nop(void);
+void iprobe_rt_count_point_nop(void);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* IPROBE_RT_H */

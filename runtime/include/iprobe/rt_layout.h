@@ -1,0 +1,146 @@
+/*
+ * Layout of the per-process shared-memory region /dev/shm/iprobe.<pid>:
+ * written by the attacher (control block, modules, probes, site hash), by the
+ * in-process runtime (rings, counters) and read by `iprobe trace/report`.
+ * This header is the single definition; C11 so the runtime can include it.
+ *
+ *   struct iprobe_rt_control                 at 0
+ *   struct iprobe_rt_module  [module_capacity] at modules_offset
+ *   struct iprobe_rt_probe   [probe_capacity]  at probes_offset   (global probe index)
+ *   uint64_t                 [probe_capacity]  at counts_offset   (count handler)
+ *   struct iprobe_rt_site    [1 << hash_bits]  at hash_offset     (return address -> probe)
+ *   per ring: struct iprobe_rt_ring + records  at rings_offset + i * ring_stride
+ *
+ * The site hash is insert-only open addressing keyed by the return address of
+ * the enabled call (site + site size): an entry never moves or disappears, so
+ * a thread stopped in the middle of a lookup stays correct across attaches.
+ */
+#ifndef IPROBE_RT_LAYOUT_H
+#define IPROBE_RT_LAYOUT_H
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define IPROBE_RT_MAGIC "IPROBERT"
+#define IPROBE_RT_VERSION 1u
+#define IPROBE_RT_SHM_PREFIX "/iprobe." /* shm_open name: /iprobe.<pid> */
+#define IPROBE_RT_PATH_MAX 256
+#define IPROBE_RT_CACHELINE 64
+
+enum iprobe_rt_record_kind {
+    IPROBE_RT_REC_ENTRY = 1,
+    IPROBE_RT_REC_EXIT = 2,
+    IPROBE_RT_REC_POINT = 3,      /* followed by one IPROBE_RT_REC_ARGS record when nargs > 0 */
+    IPROBE_RT_REC_ARGS = 4        /* continuation: the point's integer arguments */
+};
+
+enum iprobe_rt_ring_state {
+    IPROBE_RT_RING_FREE = 0,
+    IPROBE_RT_RING_OWNED = 1,     /* a live thread produces into it */
+    IPROBE_RT_RING_RETIRED = 2    /* its thread exited; readable until drained, then reusable */
+};
+
+/* One event; 32 bytes so records never straddle a cache line. */
+struct iprobe_rt_record {
+    uint64_t tsc;        /* rdtsc at the event */
+    uint32_t probe;      /* global probe index (iprobe_rt_probe) */
+    uint32_t tid;
+    uint8_t kind;        /* enum iprobe_rt_record_kind */
+    uint8_t nargs;       /* POINT: how many args the next record carries */
+    uint16_t depth;      /* handler nesting in this thread (signal re-entrancy), 0 normally */
+    uint32_t reserved;
+    uint64_t reserved2;
+};
+
+/* The ARGS continuation record reuses the slot as four integers. */
+struct iprobe_rt_args_record {
+    uint64_t args[4];
+};
+
+struct iprobe_rt_ring {
+    /* producer side (the owning thread) */
+    uint32_t state;              /* enum iprobe_rt_ring_state, CAS to claim */
+    uint32_t tid;
+    uint32_t owner_pid;
+    uint32_t pad0;
+    uint64_t head;               /* records published (monotonic); release store */
+    uint64_t dropped;            /* records lost because the ring was full */
+    uint8_t pad1[IPROBE_RT_CACHELINE - 32];
+    /* consumer side (the reader) */
+    uint64_t tail;               /* records consumed (monotonic) */
+    uint8_t pad2[IPROBE_RT_CACHELINE - 8];
+    /* struct iprobe_rt_record records[ring_records] follows */
+};
+
+struct iprobe_rt_module {
+    char path[IPROBE_RT_PATH_MAX];        /* mapped file, as /proc/PID/maps shows it */
+    char probes_path[IPROBE_RT_PATH_MAX]; /* probe source it was enabled from */
+    uint8_t build_id[64];
+    uint32_t build_id_size;
+    uint32_t first_probe;                 /* global index of its probe 0 */
+    uint32_t probe_count;
+    uint32_t pad;
+    uint64_t load_bias;
+    uint64_t stub_page;                   /* address of the jump stubs near the module, 0 if none */
+    uint32_t stub_used;                   /* stubs written in the page */
+    uint32_t pad2;
+};
+
+struct iprobe_rt_probe {
+    uint32_t module;     /* index into the module table */
+    uint32_t id;         /* probe id within the module's list */
+    uint8_t kind;        /* enum iprobe_probe_kind */
+    uint8_t enabled;     /* site currently holds the call */
+    uint8_t form;        /* enum iprobe_site_form */
+    uint8_t size;
+    uint32_t pad;
+    uint64_t site;       /* absolute address in the target */
+};
+
+struct iprobe_rt_site {
+    uint64_t return_address;  /* 0 == empty slot */
+    uint32_t probe;
+    uint32_t pad;
+};
+
+struct iprobe_rt_control {
+    char magic[8];
+    uint32_t version;
+    uint32_t header_size;
+    uint64_t region_size;
+    uint32_t owner_pid;          /* process the region belongs to */
+    uint32_t generation;         /* bumped by each attach/detach */
+    uint64_t tsc_hz;             /* calibrated by the attacher */
+    uint64_t tsc_base;           /* tsc at ... */
+    uint64_t realtime_ns_base;   /* ... this CLOCK_REALTIME instant */
+
+    uint64_t modules_offset;
+    uint32_t module_capacity;
+    uint32_t module_count;
+    uint64_t probes_offset;
+    uint64_t counts_offset;
+    uint32_t probe_capacity;
+    uint32_t probe_count;
+    uint64_t hash_offset;
+    uint32_t hash_bits;
+    uint32_t hash_used;
+    uint64_t rings_offset;
+    uint64_t ring_stride;        /* bytes per ring incl. its header */
+    uint32_t ring_count;
+    uint32_t ring_records;       /* power of two */
+
+    /* counted by the runtime, never blocking */
+    uint64_t no_ring_events;     /* a thread found no free ring */
+    uint64_t unknown_site_events;/* return address not in the hash */
+    uint64_t fork_child_events;  /* (in a forked child's copy, never here) */
+    uint64_t reserved[8];
+};
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* IPROBE_RT_LAYOUT_H */

@@ -1,0 +1,70 @@
+/* A program with a known call structure, for fperf's tests.  Built with
+ * -finstrument-functions.  Exact call counts per run (mode "once"):
+ *   main 1, hot_loop 1, hot_leaf 1000000, once_a 1, once_b 1,
+ *   fib 21891 (fib(20)), thread_main 2, thread_work 2000.
+ * Mode "serve SECONDS": repeats hot_leaf in rounds with short sleeps, so a
+ * profiler can attach while it runs; prints the checksum and exits 0. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static volatile unsigned long sink;
+
+__attribute__((noinline)) void hot_leaf(unsigned long i) { sink += i * 2654435761u; }
+
+__attribute__((noinline)) void hot_loop(unsigned long n)
+{
+    for (unsigned long i = 0; i < n; i++) hot_leaf(i);
+}
+
+__attribute__((noinline)) void once_a(void) { sink ^= 0xa; }
+__attribute__((noinline)) void once_b(void)
+{
+    /* long enough to stand out per call */
+    for (int i = 0; i < 200000; i++) sink += (unsigned long)i;
+}
+
+__attribute__((noinline)) unsigned long fib(unsigned n) { return n < 2 ? n : fib(n - 1) + fib(n - 2); }
+
+__attribute__((noinline)) void thread_work(int i) { sink += (unsigned long)i; }
+
+void* thread_main(void* arg)
+{
+    (void)arg;
+    for (int i = 0; i < 1000; i++) thread_work(i);
+    return NULL;
+}
+
+static double now_s(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+int main(int argc, char** argv)
+{
+    if (argc > 2 && strcmp(argv[1], "serve") == 0) {
+        double until = now_s() + atof(argv[2]);
+        unsigned long rounds = 0;
+        while (now_s() < until) {
+            hot_loop(100000);
+            rounds++;
+            struct timespec pause = {0, 5000000};
+            nanosleep(&pause, NULL);
+        }
+        printf("rounds %lu ok\n", rounds);
+        return 0;
+    }
+    pthread_t threads[2];
+    for (int t = 0; t < 2; t++) pthread_create(&threads[t], NULL, thread_main, NULL);
+    hot_loop(1000000);
+    once_a();
+    once_b();
+    unsigned long f = fib(20);
+    for (int t = 0; t < 2; t++) pthread_join(threads[t], NULL);
+    printf("fib %lu\n", f);
+    return f == 6765 ? 0 : 1;
+}

@@ -1,0 +1,216 @@
+// `iprobe clone` against a real redis-server running in its own network
+// namespace (started with nsenter, as DESIGN.md §8 asks).  Needs root.
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "redis_fixture.h"
+
+namespace fs = std::filesystem;
+using namespace iprobe::test;
+
+namespace {
+
+std::string iprobe_bin() { return bin("iprobe"); }
+
+std::string ns_pid_of(long long host_pid) {
+    std::ifstream in("/proc/" + std::to_string(host_pid) + "/status");
+    std::string line;
+    while (std::getline(in, line))
+        if (line.rfind("NSpid:", 0) == 0) return line.substr(6);
+    return {};
+}
+
+class LauncherClone : public ::testing::Test {
+protected:
+    void SetUp() override {
+        if (!is_root()) GTEST_SKIP() << "iprobe clone needs root (CRIU, namespaces)";
+        tag_ = std::to_string(getpid()) + "-" + ::testing::UnitTest::GetInstance()->current_test_info()->name();
+        tag_ = tag_.substr(0, 40);
+        prod_ns_ = std::make_unique<Netns>("ipt-prod-" + std::to_string(getpid()));
+        clone_name_ = "ipt-clone-" + std::to_string(getpid());
+        port_ = free_port();
+        redis_ = std::make_unique<Redis>(prod_ns_->path(), port_, dir_.path());
+        ASSERT_TRUE(redis_->ready()) << "redis-server did not start";
+        // A dataset worth comparing: 5000 keys plus one we know.
+        ASSERT_EQ(redis_->cli({"DEBUG", "POPULATE", "5000", "key", "100"}), "OK");
+        ASSERT_EQ(redis_->cli({"SET", "marker", "before-clone"}), "OK");
+    }
+    void TearDown() override {
+        if (!is_root()) return;
+        run({iprobe_bin(), "clone", "--destroy", clone_name_});
+        redis_.reset();
+        prod_ns_.reset();
+    }
+    CommandResult clone(const std::vector<std::string>& extra = {}, const std::vector<std::string>& env = {}) {
+        std::vector<std::string> argv = {iprobe_bin(), "clone", std::to_string(redis_->pid()), "--netns",
+                                         clone_name_, "--json"};
+        argv.insert(argv.end(), extra.begin(), extra.end());
+        return run(argv, {}, std::chrono::seconds(120), env);
+    }
+    std::string clone_cli(const std::vector<std::string>& args) {
+        return redis_cli("/run/netns/" + clone_name_, port_, args);
+    }
+    // Production still answers, with its own data.
+    void expect_production_serves() {
+        EXPECT_EQ(redis_->cli({"PING"}), "PONG");
+        EXPECT_EQ(redis_->cli({"GET", "marker"}), "before-clone");
+        EXPECT_EQ(redis_->cli({"DBSIZE"}), "5001");
+    }
+
+    std::string tag_;
+    TempDir dir_;
+    std::unique_ptr<Netns> prod_ns_;
+    std::string clone_name_;
+    int port_ = 0;
+    std::unique_ptr<Redis> redis_;
+};
+
+TEST_F(LauncherClone, CloneAnswersWithProductionsDatasetWhileProductionServesThroughout) {
+    IncrLoop client(prod_ns_->path(), port_, "counter");
+    ASSERT_EQ(client.error(), "");
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    auto r = clone();
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    client.stop();
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    // The client's connection was established during the dump: it must
+    // have seen every reply, in order, without an error.
+    EXPECT_EQ(client.error(), "");
+    EXPECT_GT(client.replies(), 100u);
+
+    long long clone_pid = json_number(r.out, "clone_pid");
+    ASSERT_GT(clone_pid, 0) << r.out;
+    EXPECT_NE(clone_pid, redis_->pid());
+    // Inside its own PID namespace the clone keeps production's PID.
+    std::string nspid = ns_pid_of(clone_pid);
+    EXPECT_NE(nspid.find(std::to_string(redis_->pid())), std::string::npos) << nspid;
+    EXPECT_EQ(json_number(r.out, "clone_pid_in_ns"), redis_->pid());
+    EXPECT_GE(json_number(r.out, "freeze_us"), 0);
+    EXPECT_TRUE(netns_exists(clone_name_));
+
+    EXPECT_EQ(clone_cli({"PING"}), "PONG");
+    EXPECT_EQ(clone_cli({"DBSIZE"}), "5002");  // the 5001 keys + counter
+    EXPECT_EQ(clone_cli({"GET", "marker"}), "before-clone");
+    EXPECT_EQ(clone_cli({"GET", "key:4321"}), redis_->cli({"GET", "key:4321"}));
+    // The counter froze in the clone at a value production had reached.
+    long long clone_counter = std::stoll(clone_cli({"GET", "counter"}));
+    long long prod_counter = std::stoll(redis_->cli({"GET", "counter"}));
+    EXPECT_GT(clone_counter, 0);
+    EXPECT_LE(clone_counter, prod_counter);
+}
+
+TEST_F(LauncherClone, WritesToCloneAndProductionAreIndependent) {
+    auto r = clone();
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(clone_cli({"SET", "marker", "clone-wrote"}), "OK");
+    EXPECT_EQ(clone_cli({"SET", "only-in-clone", "1"}), "OK");
+    EXPECT_EQ(redis_->cli({"SET", "only-in-production", "1"}), "OK");
+    EXPECT_EQ(redis_->cli({"GET", "marker"}), "before-clone");
+    EXPECT_EQ(redis_->cli({"EXISTS", "only-in-clone"}), "0");
+    EXPECT_EQ(clone_cli({"GET", "marker"}), "clone-wrote");
+    EXPECT_EQ(clone_cli({"EXISTS", "only-in-production"}), "0");
+    EXPECT_EQ(clone_cli({"FLUSHALL"}), "OK");
+    EXPECT_EQ(clone_cli({"DBSIZE"}), "0");
+    EXPECT_EQ(redis_->cli({"DBSIZE"}), "5002");
+}
+
+TEST_F(LauncherClone, CloneWritesPrivateCopiesOfProductionsFiles) {
+    auto r = clone();
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find(dir_.path()), std::string::npos) << "working directory not snapshotted: " << r.out;
+    // SAVE writes dump.rdb into the working directory: the clone's copy.
+    EXPECT_EQ(clone_cli({"SAVE"}), "OK");
+    EXPECT_FALSE(fs::exists(dir_ / "dump.rdb")) << "the clone wrote into production's directory";
+    bool found_copy = false;
+    for (const auto& e : fs::recursive_directory_iterator("/run/iprobe/clones/" + clone_name_ + "/fs"))
+        if (e.path().filename() == "dump.rdb") found_copy = true;
+    EXPECT_TRUE(found_copy);
+    EXPECT_EQ(redis_->cli({"SAVE"}), "OK");
+    EXPECT_TRUE(fs::exists(dir_ / "dump.rdb"));
+}
+
+TEST_F(LauncherClone, DestroyRemovesCloneAndNamespaceAndLeavesProduction) {
+    auto r = clone();
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    long long clone_pid = json_number(r.out, "clone_pid");
+    long long keeper_pid = json_number(r.out, "keeper_pid");
+    auto d = run({iprobe_bin(), "clone", "--destroy", clone_name_});
+    ASSERT_EQ(d.exit_code, 0) << d.err;
+    EXPECT_FALSE(netns_exists(clone_name_));
+    EXPECT_NE(::kill(static_cast<pid_t>(clone_pid), 0), 0);
+    EXPECT_NE(::kill(static_cast<pid_t>(keeper_pid), 0), 0);
+    EXPECT_FALSE(fs::exists("/run/iprobe/clones/" + clone_name_));
+    expect_production_serves();
+    auto again = run({iprobe_bin(), "clone", "--destroy", clone_name_});
+    EXPECT_EQ(again.exit_code, 5) << again.err;
+}
+
+TEST_F(LauncherClone, NameInUseIsRefused) {
+    ASSERT_EQ(clone().exit_code, 0);
+    auto r = clone();
+    EXPECT_EQ(r.exit_code, 6) << r.err;
+    EXPECT_NE(r.err.find("--destroy"), std::string::npos) << r.err;
+    EXPECT_EQ(clone_cli({"PING"}), "PONG");  // the first clone is intact
+    expect_production_serves();
+}
+
+TEST_F(LauncherClone, NotRootIsRefusedAndProductionUntouched) {
+    auto r = run({"setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", iprobe_bin(), "clone",
+                  std::to_string(redis_->pid()), "--netns", clone_name_});
+    EXPECT_EQ(r.exit_code, 4) << r.err;
+    EXPECT_NE(r.err.find("root"), std::string::npos) << r.err;
+    EXPECT_FALSE(netns_exists(clone_name_));
+    expect_production_serves();
+}
+
+TEST_F(LauncherClone, MissingCriuIsReportedAndProductionUntouched) {
+    auto r = clone({}, {"IPROBE_CRIU=/nonexistent/criu"});
+    EXPECT_EQ(r.exit_code, 7) << r.err;
+    EXPECT_NE(r.err.find("scripts/setup"), std::string::npos) << r.err;
+    EXPECT_FALSE(netns_exists(clone_name_));
+    expect_production_serves();
+}
+
+TEST_F(LauncherClone, NoSuchProcess) {
+    auto r = run({iprobe_bin(), "clone", "4194000", "--netns", clone_name_});
+    EXPECT_EQ(r.exit_code, 5) << r.err;
+    auto u = run({iprobe_bin(), "clone", "not-a-pid"});
+    EXPECT_EQ(u.exit_code, 2) << u.err;
+}
+
+TEST(LauncherCloneFailure, ServiceCriuCannotDumpKeepsServing) {
+    if (!is_root()) GTEST_SKIP() << "iprobe clone needs root";
+    Netns ns("ipt-perf-" + std::to_string(getpid()));
+    int port = free_port();
+    Child service({"nsenter", "--net=" + ns.path(), build_dir() + "/tests/launcher_perf_fd_service",
+                   std::to_string(port)});
+    int fd = -1;
+    for (int i = 0; i < 100 && fd < 0; ++i) {
+        fd = connect_in_netns(ns.path(), port);
+        if (fd < 0) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    ASSERT_GE(fd, 0) << "service did not start";
+    std::string name = "ipt-perfclone-" + std::to_string(getpid());
+    auto r = run({bin("iprobe"), "clone", std::to_string(service.pid()), "--netns", name});
+    EXPECT_EQ(r.exit_code, 1) << r.err;
+    EXPECT_NE(r.err.find("perf_event"), std::string::npos) << "cause not named: " << r.err;
+    EXPECT_NE(r.err.find("keeps running"), std::string::npos) << r.err;
+    EXPECT_FALSE(netns_exists(name));
+    EXPECT_FALSE(fs::exists("/run/iprobe/clones/" + name));
+    // Production serves on the connection it had before the attempt.
+    ASSERT_EQ(::write(fd, "ping\n", 5), 5);
+    char buf[16] = {};
+    pollfd p{fd, POLLIN, 0};
+    ASSERT_EQ(::poll(&p, 1, 5000), 1);
+    EXPECT_EQ(::read(fd, buf, sizeof buf - 1), 5);
+    EXPECT_STREQ(buf, "pong\n");
+    ::close(fd);
+    EXPECT_TRUE(service.running());
+}
+
+}  // namespace

@@ -1,0 +1,228 @@
+// Framers, the bounded debug buffer, the stream comparer and the rule file,
+// without sockets.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "iprobe/proxy/address.h"
+#include "iprobe/proxy/debug_buffer.h"
+#include "iprobe/proxy/framing.h"
+#include "iprobe/support/error.h"
+#include "stream_compare.h"
+
+using namespace iprobe;
+using namespace iprobe::proxy;
+
+namespace {
+
+std::span<const std::uint8_t> bytes(const std::string& s) {
+    return {reinterpret_cast<const std::uint8_t*>(s.data()), s.size()};
+}
+
+// Feeds `text` in pieces of `step` bytes (1 = every split point).
+std::vector<Message> frame(Protocol p, Role role, const std::string& text, std::size_t step,
+                           const DivergenceRules& rules = DivergenceRules::defaults(),
+                           const std::vector<Message>& requests = {}) {
+    auto f = Framer::create(p, role, rules);
+    for (const auto& r : requests) f->expect(r);
+    std::vector<Message> out;
+    for (std::size_t i = 0; i < text.size(); i += step) f->feed(bytes(text.substr(i, step)), out);
+    f->finish(out);
+    EXPECT_FALSE(f->failed()) << f->error();
+    return out;
+}
+
+const std::string kRespRequests =
+    "*3\r\n$3\r\nSET\r\n$6\r\nuser:1\r\n$5\r\nalice\r\n"
+    "PING\r\n"
+    "*2\r\n$3\r\nGET\r\n$6\r\nuser:1\r\n"
+    "*1\r\n$4\r\nQUIT\r\n";
+
+const std::string kRespReplies =
+    "+OK\r\n"
+    "+PONG\r\n"
+    "$5\r\nalice\r\n"
+    "*3\r\n$1\r\na\r\n*2\r\n:1\r\n$-1\r\n%1\r\n+k\r\n_\r\n"  // nested array with a RESP3 map
+    "-ERR unknown\r\n"
+    "$0\r\n\r\n";
+
+}  // namespace
+
+TEST(RespFramer, RequestsAtEverySplitPoint) {
+    for (std::size_t step : {1u, 2u, 3u, 7u, 1000u}) {
+        const auto m = frame(Protocol::resp, Role::request, kRespRequests, step);
+        ASSERT_EQ(m.size(), 4u) << "step " << step;
+        EXPECT_EQ(m[0].verb, "SET");
+        EXPECT_EQ(m[0].summary, "SET user:1 alice");
+        EXPECT_EQ(m[1].verb, "PING");
+        EXPECT_EQ(m[1].summary, "PING");
+        EXPECT_EQ(m[2].summary, "GET user:1");
+        EXPECT_EQ(m[3].verb, "QUIT");
+        std::size_t total = 0;
+        for (const auto& x : m) total += x.size;
+        EXPECT_EQ(total, kRespRequests.size());
+    }
+}
+
+TEST(RespFramer, RepliesIncludingNestedAndResp3) {
+    const auto whole = frame(Protocol::resp, Role::response, kRespReplies, 10000);
+    ASSERT_EQ(whole.size(), 6u);
+    for (std::size_t step : {1u, 4u, 5u}) {
+        const auto m = frame(Protocol::resp, Role::response, kRespReplies, step);
+        ASSERT_EQ(m.size(), whole.size());
+        for (std::size_t i = 0; i < m.size(); ++i) EXPECT_EQ(m[i].hash, whole[i].hash) << i;
+    }
+    EXPECT_EQ(whole[2].excerpt, "$5\r\nalice\r\n");
+    EXPECT_NE(whole[0].hash, whole[1].hash);
+}
+
+TEST(RespFramer, SameValueSameHashDifferentValueDifferentHash) {
+    const auto a = frame(Protocol::resp, Role::response, "$5\r\nalice\r\n", 3);
+    const auto b = frame(Protocol::resp, Role::response, "$5\r\nalice\r\n", 1);
+    const auto c = frame(Protocol::resp, Role::response, "$5\r\nalicf\r\n", 1);
+    EXPECT_EQ(a[0].hash, b[0].hash);
+    EXPECT_NE(a[0].hash, c[0].hash);
+}
+
+TEST(RespFramer, BigBulkStringIsOneMessage) {
+    const std::string value(1 << 20, 'x');
+    const std::string reply = "$" + std::to_string(value.size()) + "\r\n" + value + "\r\n:7\r\n";
+    const auto m = frame(Protocol::resp, Role::response, reply, 4096);
+    ASSERT_EQ(m.size(), 2u);
+    EXPECT_EQ(m[0].size, value.size() + 11);
+}
+
+TEST(RespFramer, GarbageStopsTheFramer) {
+    auto f = Framer::create(Protocol::resp, Role::response, DivergenceRules::defaults());
+    std::vector<Message> out;
+    f->feed(bytes("+OK\r\n?what\r\n+OK\r\n"), out);
+    EXPECT_TRUE(f->failed());
+    EXPECT_EQ(out.size(), 1u);
+}
+
+TEST(HttpFramer, ContentLengthChunkedAndClose) {
+    const std::string requests =
+        "GET /a HTTP/1.1\r\nHost: x\r\n\r\n"
+        "POST /b HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello"
+        "HEAD /c HTTP/1.1\r\nHost: x\r\n\r\n"
+        "PUT /d HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n0\r\n\r\n"
+        "GET /e HTTP/1.1\r\n\r\n";
+    for (std::size_t step : {1u, 3u, 1000u}) {
+        const auto reqs = frame(Protocol::http, Role::request, requests, step);
+        ASSERT_EQ(reqs.size(), 5u);
+        EXPECT_EQ(reqs[0].summary, "GET /a HTTP/1.1");
+        EXPECT_EQ(reqs[1].verb, "POST");
+        EXPECT_EQ(reqs[2].verb, "HEAD");
+        EXPECT_EQ(reqs[3].path, "/d");
+
+        const std::string responses =
+            "HTTP/1.1 200 OK\r\nContent-Length: 2\r\nDate: Mon\r\n\r\nhi"
+            "HTTP/1.1 100 Continue\r\n\r\n"
+            "HTTP/1.1 201 Created\r\nTransfer-Encoding: chunked\r\n\r\n4;x=y\r\nabcd\r\n2\r\nef\r\n0\r\nTrailer: t\r\n\r\n"
+            "HTTP/1.1 200 OK\r\nContent-Length: 999\r\n\r\n"  // HEAD: no body despite the length
+            "HTTP/1.1 204 No Content\r\n\r\n"
+            "HTTP/1.1 200 OK\r\n\r\nuntil the end";
+        const auto resp = frame(Protocol::http, Role::response, responses, step, DivergenceRules::defaults(), reqs);
+        ASSERT_EQ(resp.size(), 5u) << "step " << step;
+        EXPECT_EQ(resp[4].excerpt, "HTTP/1.1 200 OK\r\n\r\nuntil the end");
+    }
+}
+
+TEST(HttpFramer, IgnoredHeadersAndBodiesDoNotChangeTheHash) {
+    const auto rules = DivergenceRules::parse("http.ignore-header X-Request-Id\nhttp.ignore-body /random*\n", "rules");
+    auto with_defaults = rules;
+    with_defaults.ignore_headers.push_back("date");
+    Message get_a;
+    get_a.verb = "GET";
+    get_a.path = "/a";
+    Message get_random = get_a;
+    get_random.path = "/random/7";
+    const auto h = [&](const std::string& resp, const Message& req) {
+        return frame(Protocol::http, Role::response, resp, 5, with_defaults, {req}).at(0).hash;
+    };
+    const std::string a = "HTTP/1.1 200 OK\r\nDate: Mon\r\nX-Request-Id: 1\r\nContent-Length: 2\r\n\r\nhi";
+    const std::string b = "HTTP/1.1 200 OK\r\nDate: Tue\r\nx-request-id: 2\r\nContent-Length: 2\r\n\r\nhi";
+    const std::string c = "HTTP/1.1 200 OK\r\nDate: Tue\r\nx-request-id: 2\r\nContent-Length: 2\r\n\r\nho";
+    EXPECT_EQ(h(a, get_a), h(b, get_a));
+    EXPECT_NE(h(a, get_a), h(c, get_a));
+    EXPECT_EQ(h(a, get_random), h(c, get_random));
+}
+
+TEST(HttpFramer, ChunkBoundariesDoNotMatter) {
+    Message get;
+    get.verb = "GET";
+    const std::string one = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n6\r\nabcdef\r\n0\r\n\r\n";
+    const std::string two = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n4\r\ncdef\r\n0\r\n\r\n";
+    EXPECT_EQ(frame(Protocol::http, Role::response, one, 1, {}, {get}).at(0).hash,
+              frame(Protocol::http, Role::response, two, 1, {}, {get}).at(0).hash);
+}
+
+TEST(DivergenceRules, ParsesAndRejects) {
+    const auto r = DivergenceRules::parse("# noise\n\nresp.ignore-command time  # clock\nhttp.ignore-header Server\n", "f");
+    EXPECT_TRUE(r.ignores_command("TIME"));
+    EXPECT_TRUE(r.ignores_header("server"));
+    EXPECT_FALSE(r.ignores_command("GET"));
+    try {
+        DivergenceRules::parse("resp.ignore-command TIME\nbogus X\n", "f");
+        FAIL() << "accepted an unknown rule";
+    } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ExitCode::bad_input);
+        EXPECT_NE(std::string(e.what()).find("f:2"), std::string::npos) << e.what();
+    }
+    EXPECT_THROW(DivergenceRules::parse("resp.ignore-command\n", "f"), Error);
+    EXPECT_THROW(DivergenceRules::parse("resp.ignore-command A B\n", "f"), Error);
+}
+
+TEST(DebugBuffer, OverflowIsAllOrNothing) {
+    DebugBuffer b(40000);
+    const std::string a(30000, 'a'), c(20000, 'c'), d(10000, 'd');
+    EXPECT_TRUE(b.append(a.data(), a.size()));
+    EXPECT_FALSE(b.append(c.data(), c.size()));  // would pass the limit: nothing of it is stored
+    EXPECT_EQ(b.size(), 30000u);
+    EXPECT_TRUE(b.append(d.data(), d.size()));  // exactly at the limit
+    EXPECT_EQ(b.size(), 40000u);
+    EXPECT_FALSE(b.append("x", 1));
+    EXPECT_EQ(b.high_water(), 40000u);
+
+    std::string drained;
+    while (!b.empty()) {
+        const auto f = b.front();
+        const std::size_t n = std::min<std::size_t>(f.size(), 7777);
+        drained.append(reinterpret_cast<const char*>(f.data()), n);
+        b.consume(n);
+    }
+    EXPECT_EQ(drained, a + d);
+    EXPECT_TRUE(b.append(c.data(), c.size()));
+    EXPECT_EQ(b.high_water(), 40000u);
+}
+
+TEST(StreamComparer, FindsFirstDifferenceWhicheverSideLeads) {
+    StreamComparer s(1000);
+    EXPECT_EQ(s.feed(0, bytes("hello wor")), StreamComparer::Result::same);
+    EXPECT_EQ(s.feed(1, bytes("hel")), StreamComparer::Result::same);
+    EXPECT_EQ(s.feed(1, bytes("lo wXrld")), StreamComparer::Result::mismatch);
+    EXPECT_EQ(s.mismatch_offset(), 7u);
+    EXPECT_EQ(s.reference_excerpt(), "or");
+    EXPECT_EQ(s.copy_excerpt(), "Xrld");
+
+    StreamComparer small(4);
+    EXPECT_EQ(small.feed(0, bytes("abcd")), StreamComparer::Result::same);
+    EXPECT_EQ(small.feed(0, bytes("e")), StreamComparer::Result::too_far_apart);
+}
+
+TEST(Endpoint, ParsesAndExplainsBadInput) {
+    EXPECT_EQ(parse_endpoint("127.0.0.1:7000", "--listen").str(), "127.0.0.1:7000");
+    EXPECT_EQ(parse_endpoint("[::1]:7000", "--listen").str(), "[::1]:7000");
+    EXPECT_EQ(parse_endpoint("localhost:6379", "--listen").port(), 6379);
+    for (const char* bad : {"127.0.0.1", "127.0.0.1:", ":80", "::1:80", "[::1]80", "1.2.3.4:99999", "1.2.3.4:8x",
+                            "no.such.host.invalid:80"}) {
+        try {
+            parse_endpoint(bad, "--production");
+            ADD_FAILURE() << "accepted " << bad;
+        } catch (const Error& e) {
+            EXPECT_EQ(e.code(), ExitCode::usage);
+            EXPECT_NE(std::string(e.what()).find("--production"), std::string::npos);
+        }
+    }
+}
