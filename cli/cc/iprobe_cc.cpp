@@ -54,6 +54,8 @@ constexpr char kHelp[] =
     "                          (gcc only; default /usr/include,/usr/lib; empty: exclude nothing)\n"
     "  IPROBE_CFLAGS           replaces all flags added to compile steps (space-separated)\n"
     "  IPROBE_PASS_PLUGIN      the LLVM pass plugin (default <bindir>/../lib/IProbePass.so)\n"
+    "  IPROBE_COLDPATCH=0      keep the hook calls (glibc's no-op hooks run): the plain\n"
+    "                          -finstrument-functions build, a baseline for benchmarks\n"
     "  IPROBE_CC_VERBOSE=1     print what the wrapper does (added flags, coldpatch results)\n"
     "  IPROBE_CC_QUIET=1       no coldpatch summary line on link steps (printed only when\n"
     "                          stderr is a terminal, so configure scripts see a clean stderr)\n"
@@ -68,7 +70,7 @@ struct Invocation {
     bool preprocess_only = false;   // -E, -M, -MM
     bool stops_before_link = false; // -c, -S, -E, -M, -MM
     bool relocatable = false;       // -r: partial link, not a module
-    bool is_static = false;         // -static (not -static-pie): glibc's aliased hooks
+    bool is_static = false;         // -static, -static-pie: glibc's aliased hooks
     bool has_inputs = false;
     std::string output;             // -o value, "" = default
 };
@@ -125,9 +127,10 @@ Invocation parse(int argc, char** argv) {
         }
         if (a.starts_with("-o") && a.size() > 2) inv.output = a.substr(2);
         if (a == "-E" || a == "-M" || a == "-MM") inv.preprocess_only = true;
-        if (a == "-E" || a == "-M" || a == "-MM" || a == "-c" || a == "-S") inv.stops_before_link = true;
+        if (a == "-E" || a == "-M" || a == "-MM" || a == "-c" || a == "-S" || a == "-fsyntax-only" || a == "-###")
+            inv.stops_before_link = true;
         if (a == "-r" || a == "-Wl,-r" || a == "--relocatable") inv.relocatable = true;
-        if (a == "-static") inv.is_static = true;
+        if (a == "-static" || a == "-static-pie") inv.is_static = true;
         if (a == "-" || (!a.empty() && a[0] != '-')) inv.has_inputs = true;
     }
     return inv;
@@ -264,7 +267,9 @@ int wrap(int argc, char** argv) {
         args.insert(args.end(), extra.begin(), extra.end());
     }
     args.insert(args.end(), inv.args.begin(), inv.args.end());
-    const bool coldpatch_after = links && inv.mode == Mode::finstrument && inv.output != "-";
+    const char* coldpatch_env = std::getenv("IPROBE_COLDPATCH");
+    const bool coldpatch_wanted = !(coldpatch_env && std::string_view(coldpatch_env) == "0");
+    const bool coldpatch_after = links && inv.mode == Mode::finstrument && inv.output != "-" && coldpatch_wanted;
     if (coldpatch_after && inv.is_static && file_exists(static_hooks_object())) args.push_back(static_hooks_object());
     if (!coldpatch_after) return run_compiler(compiler, args, true);
 

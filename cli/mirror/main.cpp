@@ -45,10 +45,14 @@ options:
   --divergence MODE         compare production's and the debug copy's replies:
                             off (default), stream (byte for byte), resp (per redis reply),
                             http (per HTTP/1.1 response)
-  --divergence-rules FILE   leave noise out of the comparison; one rule per line:
-                              resp.ignore-command NAME   (e.g. TIME, INFO, RANDOMKEY)
-                              http.ignore-header NAME    (Date is always ignored)
-                              http.ignore-body GLOB      (request paths whose bodies are not compared)
+  --divergence-rules FILE   leave more noise out of the comparison; one rule per line ('#' comments):
+                              resp.ignore-command NAME   replies to NAME are not compared
+                              http.ignore-header NAME    header NAME is left out of the comparison
+                              http.ignore-body GLOB      bodies for request paths matching GLOB are not compared
+                            always ignored: replies to COMMAND INFO TIME RANDOMKEY CLIENT HELLO LASTSAVE
+                            SLOWLOG MEMORY LATENCY DEBUG CONFIG, and the Date header.  Replies that
+                            depend on how requests of different connections interleave (INCR of a
+                            key shared by clients) can differ legitimately and are reported.
   --record FILE             save every client->server stream with timestamps (zstd) for `iprobe replay`
   --stats ADDR:PORT         serve the counters as JSON (HTTP GET or any line); SIGUSR1 prints them to stderr
   --json                    ready line and final stats as JSON on stdout

@@ -71,6 +71,10 @@ std::vector<std::uint8_t> patched_image(const ElfFile& elf, const ProbeList& lis
     for (const auto& p : list.probes) {
         if (p.form == SiteForm::nop) continue;
         const auto offset = elf.file_offset(p.site);
+        // Marked sites the compiler already emitted as their placeholder.
+        if (offset && *offset + p.size <= image.size() &&
+            std::memcmp(image.data() + *offset, p.placeholder.data(), p.size) == 0)
+            continue;
         if (!offset || *offset + p.size > image.size() ||
             std::memcmp(image.data() + *offset, p.original.data(), p.size) != 0)
             throw Error(elf.path() + ": site " + std::to_string(p.site) +

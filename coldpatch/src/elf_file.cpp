@@ -78,10 +78,15 @@ void ElfFile::load(std::string origin) {
     std::size_t shnum = 0, phnum = 0, shstrndx = 0;
     if (elf_getshdrnum(elf_.get(), &shnum) != 0) corrupt(origin, "section count unreadable");
     if (elf_getphdrnum(elf_.get(), &phnum) != 0) corrupt(origin, "segment count unreadable");
-    if (shnum && !fits(ehdr.e_shoff, std::uint64_t(shnum) * ehdr.e_shentsize, total))
+    // libelf quietly reports no sections when the table is cut off, so the
+    // header's own numbers are checked against the file size.
+    const std::uint64_t declared_sections = std::max<std::uint64_t>({shnum, ehdr.e_shnum, ehdr.e_shoff ? 1u : 0u});
+    if (declared_sections && !fits(ehdr.e_shoff, declared_sections * ehdr.e_shentsize, total))
         corrupt(origin, "section header table lies past the end of the file");
-    if (phnum && !fits(ehdr.e_phoff, std::uint64_t(phnum) * ehdr.e_phentsize, total))
+    const std::uint64_t declared_segments = std::max<std::uint64_t>(phnum, ehdr.e_phnum);
+    if (declared_segments && !fits(ehdr.e_phoff, declared_segments * ehdr.e_phentsize, total))
         corrupt(origin, "program header table lies past the end of the file");
+    if (ehdr.e_shnum && shnum != ehdr.e_shnum) corrupt(origin, "section headers unreadable");
     if (shnum && elf_getshdrstrndx(elf_.get(), &shstrndx) != 0)
         corrupt(origin, "section name table unreadable");
     read_sections();

@@ -39,12 +39,14 @@
 #define SHADOW_STACK_DEPTH 512
 /* While no session is mapped, a thread looks for one every this many calls. */
 #define REATTACH_EVERY_CALLS 65536u
-#define CALIBRATION_ROUNDS 2000
+#define CALIBRATION_ROUNDS 500
 
 struct frame {
     uint64_t function;
     struct fperf_function_slot* slot;
     int64_t depth;
+    uint64_t calls0;   /* this thread's calls and samples when the frame opened */
+    uint64_t samples0;
     uint64_t wall0;
     uint64_t cpu0;
     long long events0[FPERF_MAX_EVENTS];
@@ -68,6 +70,8 @@ struct tls {
     uint32_t busy;        /* inside the handler's slow path */
     uint32_t dead;        /* thread is being torn down */
     uint32_t reattach_countdown;
+    uint64_t calls;        /* calls entered by this thread */
+    uint64_t samples_done; /* samples this thread completed */
 };
 
 static FPERF_TLS struct tls t_tls;
@@ -76,6 +80,13 @@ static _Atomic(struct fperf_shm_header*) g_session;
 static atomic_flag g_attaching = ATOMIC_FLAG_INIT;
 static int g_papi_ok;
 static pthread_key_t g_thread_key;
+
+/* What one sample (or one counted call) nested inside another sample's
+ * window adds to that window, measured by calibrate(); sample_exit takes it
+ * back out, so an outer function is not charged for the profiler's work on
+ * its callees.  Event costs are in thousandths. */
+static uint64_t g_nested_wall_ns, g_nested_cpu_ns, g_count_ns;
+static uint64_t g_nested_event_milli[FPERF_MAX_EVENTS];
 static int g_thread_key_ok;
 
 static uint64_t clock_ns(clockid_t clock)
@@ -245,6 +256,8 @@ static void sample_enter(struct fperf_shm_header* h, struct fperf_function_slot*
     f->function = function;
     f->slot = slot;
     f->depth = t_tls.depth;
+    f->calls0 = t_tls.calls;
+    f->samples0 = t_tls.samples_done;
     /* Our own reads come before the start time and after the end time, so a
      * sample includes as little of the handler as possible. */
     read_events(st, f->events0);
@@ -278,15 +291,24 @@ static void sample_exit(uint64_t function)
         long long events1[FPERF_MAX_EVENTS];
         read_events(st, events1);
         struct fperf_function_slot* slot = f->slot;
-        atomic_fetch_add_explicit(&slot->wall_ns, wall1 - f->wall0, memory_order_relaxed);
-        atomic_fetch_add_explicit(&slot->cpu_ns, cpu1 >= f->cpu0 ? cpu1 - f->cpu0 : 0,
-                                  memory_order_relaxed);
+        const uint64_t nested = t_tls.samples_done - f->samples0;
+        const uint64_t inner_calls = t_tls.calls - f->calls0;
+        const uint64_t counted_only = inner_calls > nested ? inner_calls - nested : 0;
+        const uint64_t wall_cost = nested * g_nested_wall_ns + counted_only * g_count_ns;
+        const uint64_t cpu_cost = nested * g_nested_cpu_ns + counted_only * g_count_ns;
+        const uint64_t wall = wall1 - f->wall0;
+        const uint64_t cpu = cpu1 >= f->cpu0 ? cpu1 - f->cpu0 : 0;
+        atomic_fetch_add_explicit(&slot->wall_ns, wall > wall_cost ? wall - wall_cost : 0, memory_order_relaxed);
+        atomic_fetch_add_explicit(&slot->cpu_ns, cpu > cpu_cost ? cpu - cpu_cost : 0, memory_order_relaxed);
         for (int i = 0; i < st->counted; i++) {
-            long long d = events1[i] - f->events0[i];
-            atomic_fetch_add_explicit(&slot->events[st->event_index[i]], d > 0 ? (uint64_t)d : 0,
+            const int e = st->event_index[i];
+            const long long d = events1[i] - f->events0[i];
+            const uint64_t cost = nested * g_nested_event_milli[e] / 1000;
+            atomic_fetch_add_explicit(&slot->events[e], d > 0 && (uint64_t)d > cost ? (uint64_t)d - cost : 0,
                                       memory_order_relaxed);
         }
         atomic_fetch_add_explicit(&slot->samples, 1, memory_order_release);
+        t_tls.samples_done++;
     }
     t_tls.open_frames = st->top;
     t_tls.busy = 0;
@@ -354,6 +376,7 @@ static inline struct fperf_shm_header* current_session(void)
 static inline void on_function_enter(uint64_t function)
 {
     t_tls.depth++;
+    t_tls.calls++;
     struct fperf_shm_header* h = current_session();
     if (UNLIKELY(!h)) return;
     struct fperf_function_slot* slot = find_slot(h, function);
@@ -393,14 +416,15 @@ FPERF_API void __cyg_profile_func_exit(void* this_fn, void* call_site)
 
 static void __attribute__((noinline)) calibration_target(void) { __asm__ volatile(""); }
 
-static uint64_t time_rounds(struct fperf_shm_header* h, struct fperf_function_slot* slot,
-                            int64_t quota)
+static uint64_t time_rounds_n(struct fperf_shm_header* h, struct fperf_function_slot* slot,
+                              int64_t quota, int rounds)
 {
     const uint64_t fn = (uint64_t)(uintptr_t)&calibration_target;
     struct fperf_function_slot* home = &slots_of(h)[fperf_home_slot(fn, h->slot_shift)];
     uint64_t t0 = clock_ns(CLOCK_MONOTONIC);
-    for (int i = 0; i < CALIBRATION_ROUNDS; i++) {
+    for (int i = 0; i < rounds; i++) {
         t_tls.depth++;
+        t_tls.calls++;
         /* what the real path also pays: session state and the table probe */
         (void)atomic_load_explicit(&h->state, memory_order_relaxed);
         (void)atomic_load_explicit(&home->address, memory_order_acquire);
@@ -413,10 +437,40 @@ static uint64_t time_rounds(struct fperf_shm_header* h, struct fperf_function_sl
     return clock_ns(CLOCK_MONOTONIC) - t0;
 }
 
+static uint64_t time_rounds(struct fperf_shm_header* h, struct fperf_function_slot* slot, int64_t quota)
+{
+    return time_rounds_n(h, slot, quota, CALIBRATION_ROUNDS);
+}
+
 /* Runs sampled and count-only calls of an empty function on a private slot
  * with the session's events: their time per call is what the daemon
  * multiplies by the samples and calls it allows.  The daemon keeps the
  * heartbeat fresh while it waits for us, so these samples are real. */
+/* One outer sample around NESTED_ROUNDS sampled empty calls: what each of
+ * them added to the outer window, per metric. */
+#define NESTED_ROUNDS 200
+static void measure_nested_cost(struct fperf_shm_header* h)
+{
+    g_nested_wall_ns = g_nested_cpu_ns = g_count_ns = 0;
+    memset(g_nested_event_milli, 0, sizeof g_nested_event_milli);
+    struct fperf_function_slot outer, inner;
+    memset(&outer, 0, sizeof outer);
+    memset(&inner, 0, sizeof inner);
+    const uint64_t outer_fn = (uint64_t)(uintptr_t)&measure_nested_cost;
+    t_tls.depth++;
+    t_tls.calls++;
+    atomic_store(&outer.quota, 1);
+    sample_enter(h, &outer, outer_fn);
+    time_rounds_n(h, &inner, 1, NESTED_ROUNDS);
+    sample_exit(outer_fn);
+    t_tls.depth--;
+    if (atomic_load(&outer.samples) != 1 || atomic_load(&inner.samples) != NESTED_ROUNDS) return;
+    g_nested_wall_ns = atomic_load(&outer.wall_ns) / NESTED_ROUNDS;
+    g_nested_cpu_ns = atomic_load(&outer.cpu_ns) / NESTED_ROUNDS;
+    for (int e = 0; e < FPERF_MAX_EVENTS; e++)
+        g_nested_event_milli[e] = atomic_load(&outer.events[e]) * 1000 / NESTED_ROUNDS;
+}
+
 static void calibrate(struct fperf_shm_header* h)
 {
     struct fperf_function_slot scratch;
@@ -430,10 +484,12 @@ static void calibrate(struct fperf_shm_header* h)
         h->cpu_floor_ns = atomic_load(&scratch.cpu_ns) / n;
     }
     uint64_t counted = time_rounds(h, &scratch, 0);
+    measure_nested_cost(h);
     uint64_t sample_cost = sampled / CALIBRATION_ROUNDS;
     uint64_t count_cost = counted / CALIBRATION_ROUNDS;
     h->sample_cost_ns = sample_cost > count_cost ? sample_cost - count_cost : 1;
     h->count_cost_ns = count_cost ? count_cost : 1;
+    g_count_ns = count_cost;
     if (!g_papi_ok)
         snprintf(h->handler_message, sizeof h->handler_message,
                  "PAPI could not be initialised in the target; only wall and CPU time are measured");

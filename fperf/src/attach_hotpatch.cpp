@@ -18,6 +18,8 @@ iprobe::ProbeSelector selector_of(const ProbeRouting& routing) {
 
 bool hotpatch_available() { return true; }
 
+std::vector<std::string> libraries_to_preload() { return {iprobe::hotpatch::default_runtime_library()}; }
+
 RoutingResult route_probes(const ProbeRouting& routing) {
     iprobe::hotpatch::AttachOptions options;
     options.pid = routing.pid;

@@ -7,6 +7,8 @@ namespace fperf {
 
 bool hotpatch_available() { return false; }
 
+std::vector<std::string> libraries_to_preload() { return {}; }
+
 RoutingResult route_probes(const ProbeRouting&) {
     throw iprobe::Error("this fperf was built without hotpatch: it can only profile programs built with plain "
                         "-finstrument-functions, started by `fperf record -- PROGRAM`",

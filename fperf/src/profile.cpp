@@ -84,7 +84,7 @@ std::string show(const Metric& m, double v) { return m.unit == "ns" ? human_ns(v
 
 // Functions by estimated CPU time, then calls: where the time went first.
 std::vector<const FunctionProfile*> ranked(const Profile& p) {
-    const Metric cpu{"cpu", "ns", -1, true};
+    const Metric cpu = report_metrics(p)[1];
     std::vector<const FunctionProfile*> out;
     for (const auto& f : p.functions) out.push_back(&f);
     std::stable_sort(out.begin(), out.end(), [&](auto* a, auto* b) {
@@ -183,9 +183,10 @@ Profile Profile::load(const std::string& path) {
 }
 
 std::vector<Metric> report_metrics(const Profile& profile) {
-    std::vector<Metric> out = {{"wall", "ns", -1, false}, {"cpu", "ns", -1, true}};
+    std::vector<Metric> out = {{"wall", "ns", -1, false, profile.number("wall_floor_ns")},
+                               {"cpu", "ns", -1, true, profile.number("cpu_floor_ns")}};
     for (std::size_t e = 0; e < profile.events.size(); e++)
-        if (profile.events[e].measured) out.push_back({profile.events[e].name, "", static_cast<int>(e), false});
+        if (profile.events[e].measured) out.push_back({profile.events[e].name, "", static_cast<int>(e), false, 0});
     return out;
 }
 
@@ -196,7 +197,7 @@ std::uint64_t metric_total(const FunctionProfile& f, const Metric& m) {
 
 double metric_mean(const FunctionProfile& f, const Metric& m) {
     if (f.samples == 0) return NAN;
-    return static_cast<double>(metric_total(f, m)) / static_cast<double>(f.samples);
+    return std::max(0.0, static_cast<double>(metric_total(f, m)) / static_cast<double>(f.samples) - m.floor);
 }
 
 double metric_estimated_total(const FunctionProfile& f, const Metric& m) {
@@ -212,6 +213,8 @@ std::string render_table(const Profile& p, std::size_t limit) {
         << human_ns(p.number("interval_ns")) << ", " << p.get("intervals", "0") << " refills\n";
     out << "cost per sample " << human_ns(p.number("sample_cost_ns")) << ", per counted call "
         << human_ns(p.number("count_cost_ns")) << " (" << p.get("cost_source") << ")\n";
+    out << "means are per sampled call, less what an empty function measures (wall "
+        << human_ns(p.number("wall_floor_ns")) << ", cpu " << human_ns(p.number("cpu_floor_ns")) << ")\n";
     out << "calls seen " << p.get("total_calls") << ", samples taken " << p.get("total_samples")
         << ", functions called " << p.get("functions_called") << ", sampled " << p.get("functions_sampled") << "\n";
     out << "estimated overhead " << fmt(p.number("overhead_estimate") * 100, 2) << "% of the recording's wall time ("
@@ -344,7 +347,7 @@ std::string render_svg(const Profile& p, std::size_t top) {
     for (const auto& m : metrics) {
         std::vector<std::pair<const FunctionProfile*, double>> rows;
         for (const auto& f : p.functions)
-            if (f.samples) rows.emplace_back(&f, metric_estimated_total(f, m));
+            if (f.samples && metric_estimated_total(f, m) > 0) rows.emplace_back(&f, metric_estimated_total(f, m));
         std::stable_sort(rows.begin(), rows.end(), [](auto& a, auto& b) { return a.second > b.second; });
         if (rows.size() > top) rows.resize(top);
         panels.push_back(rows);
@@ -361,8 +364,11 @@ std::string render_svg(const Profile& p, std::size_t top) {
     s << "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"" << width << "\" height=\"" << height
       << "\" font-family=\"DejaVu Sans, Arial, sans-serif\" font-size=\"13\">\n";
     s << "<rect width=\"100%\" height=\"100%\" fill=\"white\"/>\n";
+    std::string program = p.get("command", "pid " + p.get("pid"));
+    program = program.substr(0, program.find(' '));
+    if (const auto slash = program.rfind('/'); slash != std::string::npos) program = program.substr(slash + 1);
     s << "<text x=\"20\" y=\"32\" font-size=\"20\" font-weight=\"bold\">fperf: where "
-      << xml_escape(p.get("command", "pid " + p.get("pid"))) << " spends it</text>\n";
+      << xml_escape(program) << " (pid " << xml_escape(p.get("pid")) << ") spends it</text>\n";
     s << "<text x=\"20\" y=\"56\" fill=\"#444\">budget " << xml_escape(p.get("budget")) << ", "
       << p.get("total_samples") << " samples of " << p.get("total_calls") << " calls, "
       << p.get("functions_sampled") << " of " << p.get("functions_called")
@@ -386,7 +392,8 @@ std::string render_svg(const Profile& p, std::size_t top) {
           << "</text>\n";
         y += 12;
         if (panels[i].empty()) {
-            s << "<text x=\"" << bar_left << "\" y=\"" << y + 15 << "\" fill=\"#888\">no samples</text>\n";
+            s << "<text x=\"" << bar_left << "\" y=\"" << y + 15 << "\" fill=\"#888\">"
+              << (p.functions.empty() ? "no samples" : "0 in every sample") << "</text>\n";
             y += row;
         }
         const double biggest = panels[i].empty() ? 0 : panels[i].front().second;

@@ -332,7 +332,10 @@ pid_t spawn_stopped_later(const std::vector<std::string>& command, const std::st
         if (kv.starts_with("LD_PRELOAD=") || kv.starts_with("FPERF_STOP_AFTER_INIT=")) continue;
         env_strings.emplace_back(kv);
     }
-    env_strings.push_back("LD_PRELOAD=" + join_env_list(std::getenv("LD_PRELOAD"), handler));
+    std::string preload = handler;
+    for (const auto& lib : libraries_to_preload())
+        if (::access(lib.c_str(), R_OK) == 0) preload += ":" + lib;
+    env_strings.push_back("LD_PRELOAD=" + join_env_list(std::getenv("LD_PRELOAD"), preload));
     env_strings.push_back("FPERF_STOP_AFTER_INIT=1");
     std::vector<char*> envp;
     for (auto& s : env_strings) envp.push_back(s.data());
@@ -361,6 +364,7 @@ pid_t spawn_stopped_later(const std::vector<std::string>& command, const std::st
 struct DaemonResult {
     std::uint64_t intervals = 0;
     std::uint64_t last_allowance = 0;
+    std::uint64_t calls = 0, samples = 0, functions = 0;  // as of the last refill
 };
 
 class Daemon {
@@ -384,7 +388,11 @@ public:
         std::vector<FunctionActivity> activity;
         activity.reserve(snap.size());
         std::uint64_t calls_interval = 0;
+        result_.calls = result_.samples = 0;
+        result_.functions = snap.size();
         for (const auto& s : snap) {
+            result_.calls += s.calls;
+            result_.samples += s.samples;
             auto& prev = previous_calls_[s.slot];
             const std::uint64_t delta = s.calls >= prev ? s.calls - prev : s.calls;
             prev = s.calls;
@@ -469,6 +477,8 @@ Profile build_profile(const RecordOptions& o, SharedSession& session, const Daem
     p.meta["sample_cost_ns"] = num(daemon.costs().sample_ns);
     p.meta["count_cost_ns"] = num(daemon.costs().count_ns);
     p.meta["cost_source"] = daemon.costs().source;
+    p.meta["wall_floor_ns"] = std::to_string(h.wall_floor_ns);
+    p.meta["cpu_floor_ns"] = std::to_string(h.cpu_floor_ns);
     p.meta["total_calls"] = std::to_string(calls);
     p.meta["total_samples"] = std::to_string(samples);
     p.meta["functions_called"] = std::to_string(called);
@@ -651,6 +661,8 @@ int record(const RecordOptions& o) {
     const std::uint64_t deadline = o.duration_s > 0 ? start + static_cast<std::uint64_t>(o.duration_s * 1e9) : 0;
     std::uint64_t last_refill = start;
     const std::uint64_t poll_ns = std::min<std::uint64_t>(o.interval_ns, 10'000'000);
+    const bool progress = !o.quiet && ::isatty(STDERR_FILENO);
+    std::uint64_t last_progress = start;
     while (!g_stop_signal && target->alive()) {
         const std::uint64_t now = monotonic_ns();
         if (deadline && now >= deadline) break;
@@ -658,8 +670,17 @@ int record(const RecordOptions& o) {
             daemon.refill(now - last_refill);
             last_refill = now;
         }
+        if (progress && now - last_progress >= 1'000'000'000ull) {
+            const auto& r = daemon.result();
+            std::fprintf(stderr, "\rfperf: %.0fs  %" PRIu64 " functions  %" PRIu64 " calls  %" PRIu64
+                                 " samples  est. overhead %.2f%%   ",
+                         static_cast<double>(now - start) / 1e9, r.functions, r.calls, r.samples,
+                         100.0 * overhead_ns(daemon.budget(), r.samples, r.calls) / static_cast<double>(now - start));
+            last_progress = now;
+        }
         sleep_ns(poll_ns);
     }
+    if (progress && last_progress != start) std::fputc('\n', stderr);
     const std::uint64_t duration = monotonic_ns() - start;
     const bool target_gone = !target->alive();
 

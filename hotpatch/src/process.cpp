@@ -82,7 +82,7 @@ std::vector<pid_t> list_threads(pid_t pid) {
     return tids;
 }
 
-bool process_exists(pid_t pid) { return pid > 0 && ::kill(pid, 0) == 0 || errno == EPERM; }
+bool process_exists(pid_t pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
 
 void check_target(pid_t pid) {
     if (pid <= 0) throw Error("invalid pid " + std::to_string(pid), ExitCode::usage);
@@ -91,6 +91,12 @@ void check_target(pid_t pid) {
     if (pid == ::getpid()) throw Error("iprobe cannot attach to itself", ExitCode::usage);
     const char state = thread_state(pid, pid);
     if (state == 'Z' || state == 'X') throw Error("process " + std::to_string(pid) + " is a zombie", ExitCode::not_found);
+    // The kernel's ptrace access check guards /proc/PID/mem: ask it early.
+    UniqueFd mem(::open(proc_path(pid, "mem").c_str(), O_RDONLY | O_CLOEXEC));
+    if (!mem && (errno == EACCES || errno == EPERM))
+        throw Error("not permitted to ptrace process " + std::to_string(pid) +
+                        ": run as root or as its owner (check /proc/sys/kernel/yama/ptrace_scope)",
+                    ExitCode::permission);
 }
 
 StoppedProcess::StoppedProcess(pid_t pid) : pid_(pid) {

@@ -30,16 +30,22 @@ std::uint64_t now_ns(clockid_t clock) {
 
 // The TSC is invariant on the machines we support (constant_tsc): one
 // calibration against CLOCK_MONOTONIC serves every process.
-void calibrate(iprobe_rt_control& cb) {
+}  // namespace
+
+TscCalibration calibrate_tsc() {
     const std::uint64_t t0 = now_ns(CLOCK_MONOTONIC);
     const std::uint64_t c0 = __builtin_ia32_rdtsc();
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     const std::uint64_t c1 = __builtin_ia32_rdtsc();
     const std::uint64_t t1 = now_ns(CLOCK_MONOTONIC);
-    cb.tsc_hz = static_cast<std::uint64_t>(static_cast<double>(c1 - c0) * 1e9 / static_cast<double>(t1 - t0));
-    cb.tsc_base = __builtin_ia32_rdtsc();
-    cb.realtime_ns_base = now_ns(CLOCK_REALTIME);
+    TscCalibration c;
+    c.hz = static_cast<std::uint64_t>(static_cast<double>(c1 - c0) * 1e9 / static_cast<double>(t1 - t0));
+    c.tsc_base = __builtin_ia32_rdtsc();
+    c.realtime_ns_base = now_ns(CLOCK_REALTIME);
+    return c;
 }
+
+namespace {
 
 }  // namespace
 
@@ -54,7 +60,7 @@ bool Region::exists(pid_t pid) {
 
 void Region::remove(pid_t pid) { ::unlink(path(pid).c_str()); }
 
-Region Region::create(pid_t pid, uid_t uid, gid_t gid, const RegionGeometry& g) {
+Region Region::create(pid_t pid, uid_t uid, gid_t gid, const RegionGeometry& g, const TscCalibration& tsc) {
     if (g.ring_records == 0 || (g.ring_records & (g.ring_records - 1)) != 0)
         throw Error("ring size must be a power of two (records per thread)", ExitCode::usage);
     std::uint32_t hash_bits = 4;
@@ -83,7 +89,9 @@ Region Region::create(pid_t pid, uid_t uid, gid_t gid, const RegionGeometry& g) 
     cb.ring_stride = round_up(sizeof(iprobe_rt_ring) + sizeof(iprobe_rt_record) * g.ring_records, kPage);
     at += cb.ring_stride * g.ring_count;
     cb.region_size = at;
-    calibrate(cb);
+    cb.tsc_hz = tsc.hz;
+    cb.tsc_base = tsc.tsc_base;
+    cb.realtime_ns_base = tsc.realtime_ns_base;
 
     const std::string file = path(pid);
     ::unlink(file.c_str());

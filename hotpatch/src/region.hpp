@@ -18,11 +18,18 @@ struct RegionGeometry {
     std::uint32_t ring_records = 1u << 16;
 };
 
+struct TscCalibration {
+    std::uint64_t hz = 0, tsc_base = 0, realtime_ns_base = 0;
+};
+// Measures the TSC rate (20 ms): do it before stopping the target.
+TscCalibration calibrate_tsc();
+
 class Region {
 public:
     // Creates /dev/shm/iprobe.<pid> (mode 0600, owned by the target's uid),
     // replacing a stale one; fills the control block.
-    static Region create(pid_t pid, uid_t uid, gid_t gid, const RegionGeometry& geometry);
+    static Region create(pid_t pid, uid_t uid, gid_t gid, const RegionGeometry& geometry,
+                         const TscCalibration& tsc);
     // Opens an existing region; throws Error(not_found) when absent.
     static Region open(pid_t pid);
     static bool exists(pid_t pid);

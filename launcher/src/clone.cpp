@@ -105,17 +105,51 @@ pid_t session_of(pid_t pid) {
     return sid < 0 ? pid : sid;
 }
 
-bool alive(pid_t pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
+// Running, not a zombie waiting for a parent (the keeper's is init, which
+// may reap late).
+bool alive(pid_t pid) {
+    if (pid <= 0) return false;
+    std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    auto close_paren = stat.rfind(')');
+    return close_paren != std::string::npos && close_paren + 2 < stat.size() && stat[close_paren + 2] != 'Z' &&
+           stat[close_paren + 2] != 'X';
+}
 
 bool under(const std::string& path, const std::string& dir) {
     if (dir == "/") return true;
     return path == dir || (path.size() > dir.size() && path.compare(0, dir.size(), dir) == 0 && path[dir.size()] == '/');
 }
 
+// POSIX shared memory (/dev/shm) is a file the service writes like any
+// other; the rest of /dev, /proc and /sys are not files to copy.
 bool system_path(const std::string& path) {
+    if (under(path, "/dev/shm")) return false;
     for (const char* p : {"/proc", "/sys", "/dev", "/run/netns"})
         if (under(path, p)) return true;
     return false;
+}
+
+bool copyable_file(const std::string& path) {
+    if (path.empty() || path[0] != '/' || system_path(path) || path.find(" (deleted)") != std::string::npos)
+        return false;
+    struct stat st;
+    return ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+// Files mapped shared and writable (e.g. an iprobe runtime region, or the
+// service's own shared memory): writes through them would reach production.
+void shared_writable_mappings(pid_t pid, std::vector<std::string>& files) {
+    std::ifstream maps("/proc/" + std::to_string(pid) + "/maps");
+    std::string line;
+    while (std::getline(maps, line)) {
+        std::istringstream f(line);
+        std::string range, perms, offset, dev, inode, path;
+        f >> range >> perms >> offset >> dev >> inode;
+        std::getline(f, path);
+        path.erase(0, path.find_first_not_of(' '));
+        if (perms.size() == 4 && perms[1] == 'w' && perms[3] == 's' && copyable_file(path)) files.push_back(path);
+    }
 }
 
 std::uintmax_t tree_size(const std::string& dir, std::uintmax_t stop_after) {
@@ -158,11 +192,7 @@ std::vector<std::string> snapshot_paths(const CloneOptions& o, const std::vector
             std::error_code ec;
             for (const auto& fd : fs::directory_iterator(proc + "/fd", ec)) {
                 std::string target = readlink_str(fd.path().string());
-                if (target.empty() || target[0] != '/' || system_path(target) ||
-                    target.find(" (deleted)") != std::string::npos)
-                    continue;
-                struct stat st;
-                if (::stat(target.c_str(), &st) != 0 || !S_ISREG(st.st_mode)) continue;
+                if (!copyable_file(target)) continue;
                 std::ifstream info(proc + "/fdinfo/" + fd.path().filename().string());
                 std::string key;
                 unsigned flags = 0;
@@ -174,6 +204,7 @@ std::vector<std::string> snapshot_paths(const CloneOptions& o, const std::vector
                 }
                 if ((flags & O_ACCMODE) != O_RDONLY) files.push_back(target);
             }
+            shared_writable_mappings(pid, files);
         }
     }
     std::sort(dirs.begin(), dirs.end());
@@ -238,7 +269,24 @@ struct KeeperPlan {
     std::string restore_log;
     std::vector<std::pair<std::string, std::string>> binds;  // copy -> original path
     bool shell_job = false;
+    std::string name;
+    std::string images_mount;  // where the keeper binds `images` (in the state directory)
 };
+
+// So that ps shows "iprobe-keeper NAME" rather than the launcher's command
+// line it was forked with (which names production's PID and would confuse
+// `pgrep -f`).  Best effort: needs CAP_SYS_RESOURCE, which root has.
+void name_keeper_cmdline(const std::string& name) {
+    static char cmdline[128];
+    int n = std::snprintf(cmdline, sizeof cmdline, "iprobe-keeper%c%s", '\0', name.c_str());
+    if (n <= 0) return;
+    auto start = reinterpret_cast<unsigned long>(cmdline);
+    auto end = start + std::min<unsigned long>(static_cast<unsigned long>(n) + 1, sizeof cmdline);
+    if (::prctl(PR_SET_MM, PR_SET_MM_ARG_END, end, 0, 0) == 0)
+        ::prctl(PR_SET_MM, PR_SET_MM_ARG_START, start, 0, 0);
+    else if (::prctl(PR_SET_MM, PR_SET_MM_ARG_START, start, 0, 0) == 0)
+        ::prctl(PR_SET_MM, PR_SET_MM_ARG_END, end, 0, 0);
+}
 
 void write_int(int fd, int v) { (void)!::write(fd, &v, sizeof v); }
 
@@ -247,7 +295,13 @@ void write_int(int fd, int v) { (void)!::write(fd, &v, sizeof v); }
 // the originals, restores, then reaps until the clone is gone.
 [[noreturn]] void keeper_main(const KeeperPlan& plan, int status_fd) {
     ::setsid();
+    // `iprobe debug` blocks signals it reads through a signalfd; CRIU must
+    // not inherit that.
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
     ::prctl(PR_SET_NAME, "iprobe-keeper", 0, 0, 0);
+    name_keeper_cmdline(plan.name);
     ::prctl(PR_SET_PDEATHSIG, 0, 0, 0, 0);
     int devnull = ::open("/dev/null", O_RDWR);
     ::dup2(devnull, 0);
@@ -263,10 +317,27 @@ void write_int(int fd, int v) { (void)!::write(fd, &v, sizeof v); }
     };
     if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) fail(-1);
     if (::mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr) != 0) fail(-2);
-    for (const auto& [copy, original] : plan.binds)
+    // A /dev/shm of its own: POSIX shared memory the clone creates (an iprobe
+    // runtime region named after its PID, which is production's PID) never
+    // meets production's.  Snapshotted /dev/shm files are bound in below.
+    // The images may live in /dev/shm: keep them reachable first.
+    ::mkdir(plan.images_mount.c_str(), 0700);
+    if (::mount(plan.images.c_str(), plan.images_mount.c_str(), nullptr, MS_BIND, nullptr) != 0) fail(-7);
+    if (::mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777") != 0) fail(-6);
+    for (const auto& [copy, original] : plan.binds) {
+        struct stat st;
+        if (under(original, "/dev/shm") && ::stat(copy.c_str(), &st) == 0) {
+            if (S_ISDIR(st.st_mode)) {
+                ::mkdir(original.c_str(), 0700);
+            } else {
+                int fd = ::open(original.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+                if (fd >= 0) ::close(fd);
+            }
+        }
         if (::mount(copy.c_str(), original.c_str(), nullptr, MS_BIND | MS_REC, nullptr) != 0) fail(-3);
+    }
 
-    std::vector<std::string> args = {plan.criu, "restore", "-D", plan.images, "-d", "--tcp-close",
+    std::vector<std::string> args = {plan.criu, "restore", "-D", plan.images_mount, "-d", "--tcp-close",
                                      "--ext-unix-sk", "--file-locks", "-v2", "-o", plan.restore_log};
     if (plan.shell_job) args.push_back("--shell-job");
     std::vector<char*> argv;
@@ -353,11 +424,17 @@ pid_t start_keeper(const KeeperPlan& plan, const std::string& netns_path) {
             const char* what = stage == -1   ? "making mounts private"
                                : stage == -2 ? "mounting /proc"
                                : stage == -3 ? "bind-mounting the file snapshots"
+                               : stage == -6 ? "mounting a private /dev/shm"
+                               : stage == -7 ? "binding the checkpoint images"
                                              : "starting criu";
             throw Error(std::string("preparing the clone failed while ") + what + ": " + std::strerror(err));
         }
-        throw Error("criu restore failed (exit " + std::to_string(stage) + "): " +
-                    criu_log_errors(plan.restore_log) + "\n  full log: " + plan.restore_log);
+        // The state directory goes away with the failed clone: keep the log.
+        std::string kept_log = "/tmp/iprobe-clone-" + plan.name + "-restore.log";
+        std::error_code ec;
+        fs::copy_file(plan.restore_log, kept_log, fs::copy_options::overwrite_existing, ec);
+        throw Error("criu restore failed (exit " + std::to_string(stage) + "), production is untouched. CRIU says:" +
+                    criu_log_errors(plan.restore_log) + (ec ? "" : "\n  full log: " + kept_log));
     }
     return keeper;
 }
@@ -448,7 +525,7 @@ CloneResult clone_process(const CloneOptions& o) {
     // as its own (no netns image) and the clone can be restored into any.
     std::string dump_log = state + "/dump.log";
     std::vector<std::string> dump_args = {criu.path, "dump", "-t", std::to_string(o.pid), "-D", images,
-                                          "--leave-running", "--tcp-established", "--ext-unix-sk",
+                                          "--leave-running", "--tcp-close", "--ext-unix-sk",
                                           "--file-locks", "-v2", "-o", dump_log};
     // A service started from a shell or a supervisor that did not make it a
     // session leader shares its session with processes outside the tree;
@@ -486,7 +563,7 @@ CloneResult clone_process(const CloneOptions& o) {
 
     // Copies are taken right after the dump, production running on: the
     // clone's files can be slightly ahead of its memory, never behind it.
-    KeeperPlan plan{criu.path, images, state + "/restore.log", {}, shell_job};
+    KeeperPlan plan{criu.path, images, state + "/restore.log", {}, shell_job, name, state + "/images"};
     fs::create_directories(state + "/fs");
     for (size_t i = 0; i < snapshots.size(); ++i) {
         std::string copy = state + "/fs/" + std::to_string(i);

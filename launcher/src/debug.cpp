@@ -111,7 +111,7 @@ public:
         port_ = port_of(o_.production, "--production");
         port_of(o_.listen, "--listen");
         mirror_tool_ = libexec_tool("iprobe-mirror");
-        if (!o_.probes.empty()) hotpatch_tool_ = libexec_tool("iprobe-hotpatch");
+        if (!o_.probes.empty() || !o_.functions.empty()) hotpatch_tool_ = libexec_tool("iprobe-hotpatch");
         subnet_ = pick_subnet();
         // Short and unique per session: interface names stop at 15 bytes.
         veth_ = "ipd" + std::to_string(getpid());
@@ -138,7 +138,7 @@ private:
     void drop_clone();
     void start_mirror();
     void teardown();
-    void stop_child(pid_t& pid, int sig);
+    void stop_child(pid_t& pid, int sig, bool group = false);
 
     DebugOptions o_;
     std::string name_, veth_, mirror_tool_, hotpatch_tool_;
@@ -171,6 +171,11 @@ void DebugSession::make_clone() {
     run_checked({"nsenter", ns, "iptables", "-t", "nat", "-A", "PREROUTING", "-i", "eth0", "-p", "tcp", "--dport",
                  std::to_string(port_), "-j", "DNAT", "--to-destination", "127.0.0.1:" + std::to_string(port_)},
                 "forwarding the clone's port to its loopback");
+    // ... and make the mirror's connections look local there too, or a
+    // service that trusts only loopback (redis' protected mode) refuses them.
+    run_checked({"nsenter", ns, "iptables", "-t", "nat", "-A", "INPUT", "-p", "tcp", "-s", host_ip, "-d", "127.0.0.1",
+                 "--dport", std::to_string(port_), "-j", "SNAT", "--to-source", "127.0.0.1"},
+                "making the mirror's connections local in the clone");
     event("clone",
           "clone " + name_ + " running: PID " + std::to_string(clone_.clone_pid) + ", reachable at " + clone_ip + ":" +
               std::to_string(port_) + "; production frozen " + std::to_string(clone_.freeze_ms) + " ms",
@@ -183,8 +188,19 @@ void DebugSession::make_clone() {
                   .field("total_us", static_cast<std::int64_t>(clone_.total_ms * 1e3))
                   .field("generation", clones_made_);
           });
-    if (o_.probes.empty()) return;
-    std::vector<std::string> attach = {hotpatch_tool_, "attach", std::to_string(clone_.clone_pid), "--probes", o_.probes};
+    if (o_.probes.empty() && o_.functions.empty()) return;
+    // The probe tools run inside the clone's PID and mount namespaces: there
+    // the clone has production's PID, and its runtime's shared memory lives
+    // in the clone's own /dev/shm.
+    const std::vector<std::string> in_clone = {"nsenter", "--target", std::to_string(clone_.keeper_pid), "--pid",
+                                               "--mount", "--", hotpatch_tool_};
+    const std::string pid_in_clone = std::to_string(clone_.clone_pid_in_ns);
+    std::vector<std::string> attach = in_clone;
+    attach.insert(attach.end(), {"attach", pid_in_clone});
+    if (!o_.probes.empty()) {
+        attach.push_back("--probes");
+        attach.push_back(o_.probes);
+    }
     if (!o_.functions.empty()) {
         attach.push_back("--functions");
         attach.push_back(o_.functions);
@@ -194,12 +210,17 @@ void DebugSession::make_clone() {
         throw Error("iprobe attach in the clone (PID " + std::to_string(clone_.clone_pid) + ") failed: " + a.err);
     event("attached", "probes attached in the clone: " + std::string(a.out.substr(0, a.out.find('\n'))),
           [&](JsonWriter& w) { w.field("clone_pid", static_cast<std::int64_t>(clone_.clone_pid)); });
-    trace_ = spawn({hotpatch_tool_, "trace", std::to_string(clone_.clone_pid)}, 1, 2);
+    // Line-buffered so the trace streams through a pipe or file as it comes.
+    std::vector<std::string> trace;
+    if (!find_program("stdbuf").empty()) trace = {"stdbuf", "-oL"};
+    trace.insert(trace.end(), in_clone.begin(), in_clone.end());
+    trace.insert(trace.end(), {"trace", pid_in_clone});
+    trace_ = spawn(trace, 1, 2, true);
 }
 
-void DebugSession::stop_child(pid_t& pid, int sig) {
+void DebugSession::stop_child(pid_t& pid, int sig, bool group) {
     if (pid <= 0) return;
-    ::kill(pid, sig);
+    ::kill(group ? -pid : pid, sig);
     int status;
     for (int i = 0; i < 300; ++i) {
         if (::waitpid(pid, &status, WNOHANG) == pid) {
@@ -208,13 +229,13 @@ void DebugSession::stop_child(pid_t& pid, int sig) {
         }
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
-    ::kill(pid, SIGKILL);
+    ::kill(group ? -pid : pid, SIGKILL);
     ::waitpid(pid, &status, 0);
     pid = -1;
 }
 
 void DebugSession::drop_clone() {
-    stop_child(trace_, SIGINT);
+    stop_child(trace_, SIGINT, true);
     if (have_clone_) {
         try {
             destroy_clone(name_);

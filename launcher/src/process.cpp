@@ -117,11 +117,12 @@ std::string run_checked(const std::vector<std::string>& argv, const std::string&
     return r.out;
 }
 
-pid_t spawn(const std::vector<std::string>& argv, int stdout_fd, int stderr_fd) {
+pid_t spawn(const std::vector<std::string>& argv, int stdout_fd, int stderr_fd, bool own_group) {
     auto args = c_argv(argv);
     pid_t pid = fork();
     if (pid < 0) throw_errno("fork");
     if (pid == 0) {
+        if (own_group) setpgid(0, 0);
         reset_signals();
         int devnull = ::open("/dev/null", O_RDWR);
         dup2(devnull, 0);
@@ -131,6 +132,7 @@ pid_t spawn(const std::vector<std::string>& argv, int stdout_fd, int stderr_fd) 
         execvp(args[0], args.data());
         _exit(127);
     }
+    if (own_group) setpgid(pid, pid);  // no race with the first signal
     return pid;
 }
 

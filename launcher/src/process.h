@@ -25,7 +25,9 @@ std::string run_checked(const std::vector<std::string>& argv, const std::string&
 
 // Starts argv in the background with stdout/stderr to the given fds (-1:
 // /dev/null) and returns its PID.
-pid_t spawn(const std::vector<std::string>& argv, int stdout_fd = -1, int stderr_fd = -1);
+// With `own_group` it leads a new process group, so that signalling -PID
+// reaches helpers it forks (nsenter --pid runs the tool as its child).
+pid_t spawn(const std::vector<std::string>& argv, int stdout_fd = -1, int stderr_fd = -1, bool own_group = false);
 
 // Whether `path` names an executable file; searches PATH when it has no '/'.
 std::string find_program(const std::string& name);

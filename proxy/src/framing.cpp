@@ -312,7 +312,8 @@ private:
             error_ = "empty HTTP header block";
             return;
         }
-        const std::string_view start = lines.front();
+        const std::string start_line(lines.front());  // head_ is reused below
+        const std::string_view start = start_line;
         msg_.hash_only(start);
         long long length = -1;
         bool chunked = false;
@@ -498,13 +499,19 @@ DivergenceRules DivergenceRules::load(const std::string& path) {
         throw Error("--divergence-rules " + path + ": cannot read: " + e.what(), ExitCode::not_found);
     }
     DivergenceRules rules = parse(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size()), path);
-    for (auto& h : defaults().ignore_headers) rules.ignore_headers.push_back(h);
+    const DivergenceRules base = defaults();
+    rules.ignore_commands.insert(rules.ignore_commands.end(), base.ignore_commands.begin(), base.ignore_commands.end());
+    rules.ignore_headers.insert(rules.ignore_headers.end(), base.ignore_headers.begin(), base.ignore_headers.end());
     return rules;
 }
 
 DivergenceRules DivergenceRules::defaults() {
     DivergenceRules rules;
-    rules.ignore_headers.push_back("date");
+    // Replies that differ between two healthy copies of a service: clocks,
+    // per-process ids and hash-table order, server statistics.
+    rules.ignore_commands = {"COMMAND", "INFO", "TIME", "RANDOMKEY", "CLIENT", "HELLO",
+                             "LASTSAVE", "SLOWLOG", "MEMORY", "LATENCY", "DEBUG", "CONFIG"};
+    rules.ignore_headers = {"date"};
     return rules;
 }
 

@@ -37,6 +37,7 @@ constexpr std::size_t kReadChunk = 64 * 1024;
 constexpr std::size_t kMaxPendingMessages = 65536;  // per connection, for the divergence checker
 constexpr std::size_t kMaxReports = 100;
 constexpr std::size_t kMaxWindows = 1000;
+constexpr int kDebugSendBuffer = 64 * 1024;  // the kernel doubles it
 
 double ms_since(Clock::time_point t) {
     return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
@@ -366,6 +367,10 @@ void Connection::start(std::optional<std::uint64_t> aggregator_slot) {
             px_.rate_limited_log(px_.stats.debug_connect_failures, "connection %u: debug copy %s unreachable: %s",
                                  id_, px_.opt.debug->str().c_str(), std::strerror(errno));
         } else {
+            // A fixed, small kernel send buffer: left to autotuning it grows to
+            // megabytes and would hide a stalled debug copy from --buffer.
+            const int sndbuf = kDebugSendBuffer;
+            ::setsockopt(d.get(), SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf);
             debug_.w = Watched(px_.epfd, std::move(d), &debug_);
             debug_state_ = DebugState::connecting;
             if (px_.opt.divergence == Protocol::stream) {
@@ -1165,8 +1170,7 @@ void StatsClient::on_event(std::uint32_t events) {
                                        out.bytes.size() - out.offset, sent);
         out.offset += sent;
         if (r == SendResult::failed || out.empty()) {
-            ::shutdown(w.fd(), SHUT_WR);
-            w.close();
+            w.close();  // the peer sees the end only once the fd is gone
             px->retire(this);
             return;
         }

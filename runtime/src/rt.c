@@ -73,7 +73,7 @@ EXPORT int32_t iprobe_rt_probe_at(uintptr_t return_address) {
     return cb ? lookup_site(cb, return_address) : -1;
 }
 
-EXPORT const struct iprobe_rt_control* iprobe_rt_control(void) { return control(); }
+EXPORT const struct iprobe_rt_control* iprobe_rt_get_control(void) { return control(); }
 
 static void count_unserved(void) {
     if (g_forked_child)

@@ -1,7 +1,303 @@
+// `iprobe debug` end to end: a real redis-server as production in its own
+// network namespace, clients through the mirror, a CRIU clone receiving the
+// copy, probes on in the clone only.  Needs root.
+#include <fcntl.h>
+#include <poll.h>
 #include <gtest/gtest.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
 
 #include "redis_fixture.h"
 
+namespace fs = std::filesystem;
 using namespace iprobe::test;
 
-TEST(LauncherDebug, Placeholder) { GTEST_SKIP() << "iprobe debug tests come with iprobe debug"; }
+namespace {
+
+// Bytes of every executable mapping of the process' main binary.
+std::string text_bytes(pid_t pid) {
+    std::string proc = "/proc/" + std::to_string(pid);
+    std::string exe = fs::read_symlink(proc + "/exe").string();
+    std::ifstream maps(proc + "/maps");
+    std::string line, out;
+    int mem = ::open((proc + "/mem").c_str(), O_RDONLY | O_CLOEXEC);
+    while (std::getline(maps, line)) {
+        std::istringstream f(line);
+        std::string range, perms, offset, dev, inode, path;
+        f >> range >> perms >> offset >> dev >> inode >> path;
+        if (perms.find('x') == std::string::npos || path != exe) continue;
+        unsigned long start = std::stoul(range.substr(0, range.find('-')), nullptr, 16);
+        unsigned long end = std::stoul(range.substr(range.find('-') + 1), nullptr, 16);
+        std::string chunk(end - start, '\0');
+        ssize_t n = ::pread(mem, chunk.data(), chunk.size(), static_cast<off_t>(start));
+        if (n > 0) out.append(chunk.data(), static_cast<size_t>(n));
+    }
+    ::close(mem);
+    return out;
+}
+
+std::string json_string(const std::string& json, const std::string& key) {
+    std::smatch m;
+    if (!std::regex_search(json, m, std::regex("\"" + key + "\":\"([^\"]*)\""))) return {};
+    return m[1];
+}
+
+// Lines of `path` that are JSON events of kind `event`.
+std::vector<std::string> events(const std::string& path, const std::string& event) {
+    std::vector<std::string> out;
+    std::istringstream lines(file_text(path));
+    std::string line;
+    while (std::getline(lines, line))
+        if (line.find("\"event\":\"" + event + "\"") != std::string::npos) out.push_back(line);
+    return out;
+}
+
+bool wait_for_event(const std::string& path, const std::string& event, size_t count, Child& debug,
+                    std::chrono::seconds timeout = std::chrono::seconds(60)) {
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+        if (events(path, event).size() >= count) return true;
+        if (!debug.running()) return false;
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return false;
+}
+
+class LauncherDebug : public ::testing::Test {
+protected:
+    void SetUp() override {
+        if (!is_root()) GTEST_SKIP() << "iprobe debug needs root (CRIU, namespaces)";
+        if (!fs::exists(build_dir() + "/libexec/iprobe/iprobe-mirror"))
+            FAIL() << "iprobe-mirror is not built (target iprobe-mirror)";
+        prod_ns_ = std::make_unique<Netns>("ipt-dprod-" + std::to_string(getpid()));
+        port_ = free_port();
+        listen_port_ = free_port();
+        while (listen_port_ == port_) listen_port_ = free_port();
+    }
+    void TearDown() override {
+        if (debug_) {
+            debug_->kill(SIGTERM);
+            debug_->wait(std::chrono::seconds(30));
+        }
+        debug_.reset();
+        redis_.reset();
+        prod_ns_.reset();
+    }
+    void start_redis(const std::string& binary = "/usr/bin/redis-server") {
+        redis_ = std::make_unique<Redis>(prod_ns_->path(), port_, dir_.path(), binary);
+        ASSERT_TRUE(redis_->ready()) << "redis-server did not start";
+        ASSERT_EQ(redis_->cli({"SET", "before", "debug"}), "OK");
+    }
+    void start_debug(const std::vector<std::string>& extra = {}) {
+        std::vector<std::string> argv = {"nsenter", "--net=" + prod_ns_->path(), bin("iprobe"), "debug",
+                                         std::to_string(redis_->pid()), "--listen",
+                                         "127.0.0.1:" + std::to_string(listen_port_), "--production",
+                                         "127.0.0.1:" + std::to_string(port_), "--json"};
+        argv.insert(argv.end(), extra.begin(), extra.end());
+        debug_ = std::make_unique<Child>(argv, out_path());
+        ASSERT_TRUE(wait_for_event(out_path(), "mirror", 1, *debug_)) << file_text(out_path());
+        auto clone = events(out_path(), "clone");
+        ASSERT_FALSE(clone.empty());
+        clone_netns_ = json_string(clone.back(), "netns");
+        clone_pid_ = json_number(clone.back(), "clone_pid");
+        ASSERT_FALSE(clone_netns_.empty());
+    }
+    std::string out_path() const { return dir_ / "debug.out"; }
+    std::string via_mirror(const std::vector<std::string>& args) {
+        return redis_cli(prod_ns_->path(), listen_port_, args);
+    }
+    std::string clone_cli(const std::vector<std::string>& args) { return redis_cli(clone_netns_, port_, args); }
+    // The mirror's copy reaches the clone asynchronously.
+    std::string clone_eventually(const std::vector<std::string>& args, const std::string& want) {
+        std::string got;
+        for (int i = 0; i < 100; ++i) {
+            got = clone_cli(args);
+            if (got == want) break;
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        }
+        return got;
+    }
+    void stop_debug_and_check_clean() {
+        std::string netns_name = fs::path(clone_netns_).filename().string();
+        debug_->kill(SIGTERM);
+        EXPECT_EQ(debug_->wait(std::chrono::seconds(30)), 0);
+        debug_.reset();
+        EXPECT_FALSE(netns_exists(netns_name));
+        EXPECT_EQ(::kill(static_cast<pid_t>(clone_pid_), 0) == 0 && fs::exists("/proc/" + std::to_string(clone_pid_)) &&
+                      file_text("/proc/" + std::to_string(clone_pid_) + "/stat").find(") Z") == std::string::npos,
+                  false);
+        // The mirror is gone: nothing listens on --listen any more.
+        EXPECT_LT(connect_in_netns(prod_ns_->path(), listen_port_), 0);
+        EXPECT_EQ(redis_->cli({"PING"}), "PONG");
+    }
+
+    TempDir dir_;
+    std::unique_ptr<Netns> prod_ns_;
+    int port_ = 0, listen_port_ = 0;
+    std::unique_ptr<Redis> redis_;
+    std::unique_ptr<Child> debug_;
+    std::string clone_netns_;
+    long long clone_pid_ = -1;
+};
+
+TEST_F(LauncherDebug, ClientsReachProductionThroughListenAndTheCloneTracksIt) {
+    start_redis();
+    std::string text_before = text_bytes(redis_->pid());
+    ASSERT_FALSE(text_before.empty());
+    start_debug();
+    EXPECT_EQ(clone_cli({"GET", "before"}), "debug");  // cloned state
+
+    EXPECT_EQ(via_mirror({"SET", "k1", "v1"}), "OK");
+    EXPECT_EQ(via_mirror({"INCRBY", "n", "5"}), "5");
+    EXPECT_EQ(via_mirror({"RPUSH", "list", "a", "b", "c"}), "3");
+    // Production got them (directly visible on its own port) ...
+    EXPECT_EQ(redis_->cli({"GET", "k1"}), "v1");
+    EXPECT_EQ(redis_->cli({"LLEN", "list"}), "3");
+    // ... and so did the clone.
+    EXPECT_EQ(clone_eventually({"GET", "k1"}, "v1"), "v1");
+    EXPECT_EQ(clone_eventually({"LRANGE", "list", "0", "-1"}, "a\nb\nc"), "a\nb\nc");
+    EXPECT_EQ(clone_eventually({"GET", "n"}, "5"), "5");
+    EXPECT_EQ(clone_cli({"DBSIZE"}), redis_->cli({"DBSIZE"}));
+    // Writes made to the clone directly stay there.
+    EXPECT_EQ(clone_cli({"SET", "clone-only", "1"}), "OK");
+    EXPECT_EQ(redis_->cli({"EXISTS", "clone-only"}), "0");
+
+    EXPECT_EQ(text_bytes(redis_->pid()), text_before);
+    stop_debug_and_check_clean();
+    EXPECT_EQ(redis_->cli({"GET", "k1"}), "v1");
+    EXPECT_EQ(text_bytes(redis_->pid()), text_before);
+}
+
+// redis built with iprobe-cc (-finstrument-functions + coldpatch): built on
+// first use by scripts/build-redis (idempotent, shared with other suites).
+std::string finstrument_redis() {
+    std::string out = build_dir() + "/redis/finstrument";
+    std::string server = out + "/src/redis-server";
+    if (fs::exists(server) && fs::exists(server + ".probes")) return server;
+    auto r = run({source_dir() + "/scripts/build-redis", "--mode", "finstrument", out}, {}, std::chrono::seconds(900),
+                 {"IPROBE_BUILD_DIR=" + build_dir()});
+    if (r.exit_code != 0) return {};
+    return server;
+}
+
+size_t count_lines_with(const std::string& text, const std::string& needle) {
+    size_t n = 0;
+    std::istringstream lines(text);
+    std::string line;
+    while (std::getline(lines, line))
+        if (line.find(needle) != std::string::npos) ++n;
+    return n;
+}
+
+TEST_F(LauncherDebug, ProbeTraceComesFromTheCloneAndProductionIsNotPatched) {
+    if (!fs::exists(build_dir() + "/libexec/iprobe/iprobe-hotpatch"))
+        FAIL() << "iprobe-hotpatch is not built (target iprobe-hotpatch)";
+    std::string server = finstrument_redis();
+    ASSERT_FALSE(server.empty()) << "scripts/build-redis --mode finstrument failed";
+    start_redis(server);
+    const std::string text_before = text_bytes(redis_->pid());
+    ASSERT_FALSE(text_before.empty());
+    start_debug({"--probes", server + ".probes", "--functions", "processCommand"});
+    ASSERT_TRUE(wait_for_event(out_path(), "attached", 1, *debug_)) << file_text(out_path());
+
+    // Five commands on one client connection through --listen.
+    int fd = connect_in_netns(prod_ns_->path(), listen_port_);
+    ASSERT_GE(fd, 0);
+    const std::string cmds = "SET t1 a\r\nSET t2 b\r\nINCR t3\r\nGET t1\r\nPING\r\n";
+    ASSERT_EQ(::write(fd, cmds.data(), cmds.size()), static_cast<ssize_t>(cmds.size()));
+    std::string replies;
+    while (replies != "+OK\r\n+OK\r\n:1\r\n$1\r\na\r\n+PONG\r\n") {
+        pollfd p{fd, POLLIN, 0};
+        ASSERT_EQ(::poll(&p, 1, 5000), 1) << "replies so far: " << replies;
+        char buf[256];
+        ssize_t n = ::read(fd, buf, sizeof buf);
+        ASSERT_GT(n, 0);
+        replies.append(buf, static_cast<size_t>(n));
+        ASSERT_LE(replies.size(), 40u) << replies;
+    }
+    ::close(fd);
+
+    // The clone ran exactly those five commands, each one traced.
+    size_t entries = 0;
+    for (int i = 0; i < 100 && entries < 5; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        entries = count_lines_with(file_text(out_path()), "-> processCommand");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    std::string out = file_text(out_path());
+    EXPECT_EQ(count_lines_with(out, "-> processCommand"), 5u) << out;
+    EXPECT_EQ(count_lines_with(out, "<- processCommand"), 5u) << out;
+    EXPECT_EQ(clone_cli({"MGET", "t1", "t2", "t3"}), "a\nb\n1");
+
+    // Production: served the commands, never patched, no runtime loaded.
+    EXPECT_EQ(redis_->cli({"MGET", "t1", "t2", "t3"}), "a\nb\n1");
+    EXPECT_EQ(text_bytes(redis_->pid()), text_before);
+    EXPECT_EQ(file_text("/proc/" + std::to_string(redis_->pid()) + "/maps").find("iprobe-rt"), std::string::npos);
+    stop_debug_and_check_clean();
+    EXPECT_EQ(text_bytes(redis_->pid()), text_before);
+}
+
+TEST_F(LauncherDebug, PeriodicRecloningPicksUpProductionsCurrentState) {
+    start_redis();
+    start_debug({"--recloning", "periodic:2"});
+    // Written straight to production: the first clone never sees it.
+    EXPECT_EQ(redis_->cli({"SET", "direct", "after-first-clone"}), "OK");
+    EXPECT_EQ(clone_cli({"EXISTS", "direct"}), "0");
+    ASSERT_TRUE(wait_for_event(out_path(), "clone", 2, *debug_, std::chrono::seconds(30))) << file_text(out_path());
+    auto clones = events(out_path(), "clone");
+    EXPECT_EQ(json_number(clones[1], "generation"), 2);
+    clone_netns_ = json_string(clones[1], "netns");
+    clone_pid_ = json_number(clones[1], "clone_pid");
+    EXPECT_EQ(clone_cli({"GET", "direct"}), "after-first-clone");
+    // The mirror goes on feeding the new clone.
+    EXPECT_EQ(via_mirror({"SET", "k2", "v2"}), "OK");
+    EXPECT_EQ(clone_eventually({"GET", "k2"}, "v2"), "v2");
+    stop_debug_and_check_clean();
+}
+
+TEST_F(LauncherDebug, OverflowRecloningReplacesADivergedClone) {
+    start_redis();
+    start_debug({"--buffer", "64K", "--recloning", "on-overflow"});
+    // A clone that stops reading: its copy of the stream backs up.
+    ASSERT_EQ(::kill(static_cast<pid_t>(clone_pid_), SIGSTOP), 0);
+    const std::string big(512 * 1024, 'x');
+    for (int i = 0; i < 8; ++i) EXPECT_EQ(redis_cli_x(prod_ns_->path(), listen_port_, {"SET", "big" + std::to_string(i)}, big), "OK");
+    // Production answered every one without waiting for the stopped clone.
+    EXPECT_EQ(redis_->cli({"STRLEN", "big7"}), std::to_string(big.size()));
+    ASSERT_TRUE(wait_for_event(out_path(), "reclone", 1, *debug_, std::chrono::seconds(30))) << file_text(out_path());
+    ASSERT_TRUE(wait_for_event(out_path(), "clone", 2, *debug_, std::chrono::seconds(30))) << file_text(out_path());
+    auto clones = events(out_path(), "clone");
+    clone_netns_ = json_string(clones.back(), "netns");
+    clone_pid_ = json_number(clones.back(), "clone_pid");
+    // The new clone starts from production's current state.
+    EXPECT_EQ(clone_cli({"STRLEN", "big7"}), std::to_string(big.size()));
+    stop_debug_and_check_clean();
+}
+
+TEST_F(LauncherDebug, MissingCriuFailsCleanlyAndProductionServes) {
+    start_redis();
+    std::vector<std::string> argv = {"nsenter", "--net=" + prod_ns_->path(), bin("iprobe"), "debug",
+                                     std::to_string(redis_->pid()), "--listen",
+                                     "127.0.0.1:" + std::to_string(listen_port_), "--production",
+                                     "127.0.0.1:" + std::to_string(port_)};
+    auto r = run(argv, {}, std::chrono::seconds(60), {"IPROBE_CRIU=/nonexistent/criu"});
+    EXPECT_EQ(r.exit_code, 7) << r.err;
+    EXPECT_NE(r.err.find("scripts/setup"), std::string::npos) << r.err;
+    EXPECT_FALSE(netns_exists("iprobe-debug-" + std::to_string(redis_->pid())));
+    EXPECT_LT(connect_in_netns(prod_ns_->path(), listen_port_), 0);
+    EXPECT_EQ(redis_->cli({"GET", "before"}), "debug");
+}
+
+TEST_F(LauncherDebug, BadArgumentsAreUsageErrors) {
+    auto r = run({bin("iprobe"), "debug", "1", "--listen", "127.0.0.1:1"});
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    auto p = run({bin("iprobe"), "debug", "1", "--listen", "x", "--production", "127.0.0.1:1", "--recloning", "sometimes"});
+    EXPECT_EQ(p.exit_code, 2) << p.err;
+}
+
+}  // namespace

@@ -61,6 +61,13 @@ std::string redis_cli(const std::string& netns_path, int port, const std::vector
     return trim(r.out);
 }
 
+std::string redis_cli_x(const std::string& netns_path, int port, const std::vector<std::string>& args,
+                        const std::string& last_arg) {
+    std::vector<std::string> argv = {"nsenter", "--net=" + netns_path, "redis-cli", "-p", std::to_string(port), "-x"};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return trim(run(argv, last_arg, std::chrono::seconds(30)).out);
+}
+
 Redis::Redis(const std::string& netns_path, int port, const std::string& dir, const std::string& binary,
              const std::vector<std::string>& extra)
     : netns_path_(netns_path), port_(port) {

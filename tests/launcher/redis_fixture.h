@@ -39,6 +39,11 @@ int connect_in_netns(const std::string& netns_path, int port);
 // One RESP command, reply as redis-cli prints it (--no-raw off: raw strings).
 std::string redis_cli(const std::string& netns_path, int port, const std::vector<std::string>& args);
 
+// The same with stdin as the command's last argument (redis-cli -x), for
+// values larger than an exec argument may be.
+std::string redis_cli_x(const std::string& netns_path, int port, const std::vector<std::string>& args,
+                        const std::string& last_arg);
+
 // redis-server on `port` inside a namespace, its directory `dir`.
 class Redis {
 public:

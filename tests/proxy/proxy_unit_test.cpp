@@ -90,7 +90,7 @@ TEST(RespFramer, BigBulkStringIsOneMessage) {
     const std::string reply = "$" + std::to_string(value.size()) + "\r\n" + value + "\r\n:7\r\n";
     const auto m = frame(Protocol::resp, Role::response, reply, 4096);
     ASSERT_EQ(m.size(), 2u);
-    EXPECT_EQ(m[0].size, value.size() + 11);
+    EXPECT_EQ(m[0].size, value.size() + 12);  // "$1048576\r\n" + value + "\r\n"
 }
 
 TEST(RespFramer, GarbageStopsTheFramer) {

@@ -26,6 +26,9 @@ struct RoutingResult {
 
 // True when this build has hotpatch (else route_probes throws `unavailable`).
 bool hotpatch_available();
+// Libraries hotpatch would inject, to preload instead when fperf starts the
+// program (it stops inside the dynamic loader, where injection is refused).
+std::vector<std::string> libraries_to_preload();
 RoutingResult route_probes(const ProbeRouting& routing);
 // Best effort (the target may be gone): disables the probes of `routing`.
 void unroute_probes(const ProbeRouting& routing) noexcept;

@@ -44,11 +44,12 @@ struct Metric {
     std::string unit;  // "ns" or "" (a count)
     int event = -1;    // index into Profile::events, -1 for wall/cpu
     bool is_cpu = false;
+    double floor = 0;  // per-sample cost of the clocks themselves, subtracted from means
 };
 
 std::vector<Metric> report_metrics(const Profile& profile);
 std::uint64_t metric_total(const FunctionProfile& f, const Metric& m);
-// Mean per sampled call; NaN when the function has no sample.
+// Mean per sampled call, less the metric's floor; NaN when the function has no sample.
 double metric_mean(const FunctionProfile& f, const Metric& m);
 // Estimated total over all calls: mean × calls (0 without a sample).
 double metric_estimated_total(const FunctionProfile& f, const Metric& m);

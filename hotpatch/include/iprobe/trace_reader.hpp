@@ -49,9 +49,12 @@ public:
     const ProbeInfo& probe(std::uint32_t index);
     std::uint32_t probe_count() const;
 
-    std::uint64_t dropped() const;                // records lost to full rings
-    std::uint64_t lost_events() const;            // no ring / unknown site
+    // Records lost to full rings since the last take_dropped().
+    std::uint64_t dropped() const;
+    std::uint64_t take_dropped();                 // ...and marks them reported
+    std::uint64_t lost_events() const;            // no ring / unknown site (cumulative)
     std::uint64_t calls(std::uint32_t index) const;  // count-handler counter
+    std::uint64_t take_calls(std::uint32_t index);   // ...read and reset to 0
     double tsc_hz() const;
     pid_t pid() const;
 

@@ -53,7 +53,7 @@ int iprobe_rt_map_region(const char* shm_name);
 int32_t iprobe_rt_probe_at(uintptr_t return_address);
 
 /* The mapped control block, or 0 (not attached, or in a forked child). */
-const struct iprobe_rt_control* iprobe_rt_control(void);
+const struct iprobe_rt_control* iprobe_rt_get_control(void);
 
 void iprobe_rt_trace_enter(void* fn, void* call_site);
 void iprobe_rt_trace_exit(void* fn, void* call_site);

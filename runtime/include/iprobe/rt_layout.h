@@ -71,7 +71,8 @@ struct iprobe_rt_ring {
     uint8_t pad1[IPROBE_RT_CACHELINE - 32];
     /* consumer side (the reader) */
     uint64_t tail;               /* records consumed (monotonic) */
-    uint8_t pad2[IPROBE_RT_CACHELINE - 8];
+    uint64_t dropped_seen;       /* drops already reported by a reader */
+    uint8_t pad2[IPROBE_RT_CACHELINE - 16];
     /* struct iprobe_rt_record records[ring_records] follows */
 };
 

@@ -7,6 +7,7 @@
 #define NOINLINE __attribute__((noinline))
 
 volatile int sink;
+static const char known_text[] = "known";
 
 /* A leaf whose locals the compiler would like to keep in the red zone. */
 NOINLINE int leaf_redzone(int n) {
@@ -51,15 +52,17 @@ NOINLINE int never_called(int x) { return x + sink; }
 
 IPROBE_NEVER NOINLINE int hidden(int x) { return x - 1; }
 
-IPROBE_ALWAYS NOINLINE int tiny(int x) { return x; }
+IPROBE_ALWAYS NOINLINE int tiny(int x) { return x + sink; }
 
 int main(int argc, char** argv) {
     (void)argv;
     IPROBE_POINT(known_start);
+    /* stderr: not part of the output compared with the native build */
+    fprintf(stderr, "known_ptr=%#lx\n", (unsigned long)(uintptr_t)known_text);
     long total = 0;
     for (int i = 0; i < 1000; ++i) total += leaf_redzone(i);
     uint64_t x = 0;
-    x ^= point_args(0x1122334455667788ull, -1, "known", 42);
+    x ^= point_args(0x1122334455667788ull, -1, known_text, 42);
     x ^= point_args(7, 8, (const char*)0, -9);
     x ^= point_args(argc, argc * 2, (const char*)(uintptr_t)0xdeadbeef, 0);
     for (int i = 0; i < 10; ++i) total += tail_caller(i);

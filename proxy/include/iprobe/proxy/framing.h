@@ -32,7 +32,10 @@ struct DivergenceRules {
 
     static DivergenceRules parse(std::string_view text, std::string_view origin);  // throws Error(bad_input)
     static DivergenceRules load(const std::string& path);
-    static DivergenceRules defaults();  // http.ignore-header date
+    // Always applied (a rule file adds to them): resp.ignore-command COMMAND,
+    // INFO, TIME, RANDOMKEY, CLIENT, HELLO, LASTSAVE, SLOWLOG, MEMORY, LATENCY,
+    // DEBUG, CONFIG; http.ignore-header Date.
+    static DivergenceRules defaults();
     bool ignores_command(std::string_view upper_name) const;
     bool ignores_header(std::string_view lower_name) const;
     bool ignores_body(std::string_view path) const;

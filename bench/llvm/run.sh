@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# Disabled cost of placeholders, side by side in one run (DESIGN.md §9.1):
+#   native gcc / native clang-14
+#   finstrument+coldpatch   iprobe-cc (gcc -finstrument-functions, calls -> NOPs)
+#   llvm-pass               iprobe-cc --mode=llvm (clang-14 + IProbePass.so)
+#   xray                    clang-14 -fxray-instrument -fxray-instruction-threshold=1 (sleds unpatched)
+# on the empty-function micro-benchmark (examples/microbench) and on redis
+# (redis-benchmark throughput).  Prints a table per benchmark.
+#
+#   bench/llvm/run.sh [--calls N] [--rounds R] [--requests N] [--no-redis]
+#
+# Variants run interleaved, round after round; the table shows the median.
+# Server pinned to CPU 0 and client to CPU 1 when there are two CPUs.
+# Needs a build with targets iprobe-cc, IProbePass, iprobe-probes ($IPROBE_BUILD_DIR, default build/).
+set -euo pipefail
+
+calls=100000000
+rounds=5
+requests=200000
+redis=1
+while (($#)); do
+  case $1 in
+    --calls) calls=$2; shift 2 ;;
+    --rounds) rounds=$2; shift 2 ;;
+    --requests) requests=$2; shift 2 ;;
+    --no-redis) redis=0; shift ;;
+    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
+    *) echo "usage: bench/llvm/run.sh [--calls N] [--rounds R] [--requests N] [--no-redis]" >&2; exit 2 ;;
+  esac
+done
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+build="${IPROBE_BUILD_DIR:-$root/build}"
+build="$(cd "$build" && pwd)"
+export IPROBE_BUILD_DIR=$build
+work="$build/bench-llvm"
+mkdir -p "$work"
+log() { printf 'bench/llvm: %s\n' "$*" >&2; }
+[[ -x $build/bin/iprobe-cc && -f $build/lib/IProbePass.so ]] ||
+  { log "build iprobe-cc and IProbePass in $build first (scripts/build)"; exit 7; }
+
+server_cpu=() client_cpu=()
+if (($(nproc) >= 2)); then server_cpu=(taskset -c 0); client_cpu=(taskset -c 1); fi
+
+median() { sort -g | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+
+variants=(native-gcc native-clang finstrument-coldpatched llvm-pass xray)
+
+# ---------------------------------------------------------------- microbench
+src="$root/examples/microbench/microbench.c"
+mb="$work/microbench"
+mkdir -p "$mb"
+log "building microbench variants in $mb"
+gcc -O2 "$src" -o "$mb/native-gcc"
+clang-14 -O2 -Wno-unknown-attributes "$src" -o "$mb/native-clang"
+IPROBE_CC_QUIET=1 "$build/bin/iprobe-cc" -O2 "$src" -o "$mb/finstrument-coldpatched"
+"$build/bin/iprobe-cc" --mode=llvm -O2 -Wno-unknown-attributes "$src" -o "$mb/llvm-pass"
+clang-14 -O2 -Wno-unknown-attributes -fxray-instrument -fxray-instruction-threshold=1 "$src" -o "$mb/xray"
+
+declare -A mb_samples
+for ((r = 1; r <= rounds; r++)); do
+  for v in "${variants[@]}"; do
+    ns=$("${server_cpu[@]}" "$mb/$v" "$calls" | sed -n 's/.*ns_per_call=\([0-9.]*\).*/\1/p')
+    mb_samples[$v]+="$ns "
+  done
+done
+echo
+echo "empty-function micro-benchmark: $calls calls, median of $rounds rounds (ns per call)"
+printf '%-26s %10s %12s\n' variant ns/call "vs native"
+base_gcc=$(tr ' ' '\n' <<<"${mb_samples[native-gcc]}" | grep . | median)
+base_clang=$(tr ' ' '\n' <<<"${mb_samples[native-clang]}" | grep . | median)
+for v in "${variants[@]}"; do
+  m=$(tr ' ' '\n' <<<"${mb_samples[$v]}" | grep . | median)
+  case $v in native-gcc|finstrument-coldpatched) base=$base_gcc; ref=gcc ;; *) base=$base_clang; ref=clang ;; esac
+  printf '%-26s %10.3f %+10.3f ns (%s)\n' "$v" "$m" "$(awk -v a="$m" -v b="$base" 'BEGIN { print a - b }')" "$ref"
+done
+
+((redis)) || exit 0
+
+# --------------------------------------------------------------------- redis
+rsrc="$("$root/scripts/fetch-source" redis)"
+declare -A server
+log "building redis variants (scripts/build-redis; xray/native-clang here), logs in $work/redis-*/build.log"
+server[native-gcc]=$("$root/scripts/build-redis" --mode native "$work/redis-native-gcc")
+server[finstrument-coldpatched]=$("$root/scripts/build-redis" --mode finstrument "$work/redis-finstrument")
+server[llvm-pass]=$("$root/scripts/build-redis" --mode llvm "$work/redis-llvm")
+build_with_cc() {  # name, compiler command
+  local out="$work/redis-$1"
+  if [[ ! -f $out/.bench-done ]]; then
+    rm -rf "$out" && mkdir -p "$out" && cp -a "$rsrc/." "$out/"
+    make -C "$out" -j2 CC="$2" MALLOC=libc USE_SYSTEMD=no BUILD_TLS=no >"$out/build.log" 2>&1 ||
+      { tail -20 "$out/build.log" >&2; log "redis build ($1) failed"; exit 1; }
+    touch "$out/.bench-done"
+  fi
+  server[$1]="$out/src/redis-server"
+}
+build_with_cc native-clang "clang-14"
+build_with_cc xray "clang-14 -fxray-instrument -fxray-instruction-threshold=1"
+
+tests=set,get,incr,lpush,lpop
+port=$((20000 + RANDOM % 20000))
+run_redis() {  # variant -> prints "TEST rps" lines
+  local pid
+  "${server_cpu[@]}" "${server[$1]}" --port "$port" --save '' --appendonly no --daemonize no \
+    --logfile /dev/null >/dev/null 2>&1 &
+  pid=$!
+  for _ in $(seq 100); do redis-cli -p "$port" ping >/dev/null 2>&1 && break; sleep 0.05; done
+  "${client_cpu[@]}" redis-benchmark -p "$port" -n "$requests" -c 50 -P 16 -t "$tests" --csv 2>/dev/null |
+    awk -F'"' 'NR > 1 { print $2, $4 }'
+  kill "$pid"; wait "$pid" 2>/dev/null || true
+}
+declare -A rps
+for ((r = 1; r <= rounds; r++)); do
+  for v in "${variants[@]}"; do
+    while read -r test value; do rps[$v,$test]+="$value "; done < <(run_redis "$v")
+  done
+done
+echo
+echo "redis-benchmark -n $requests -c 50 -P 16: median of $rounds rounds (requests/s; % vs native of the same compiler)"
+printf '%-26s' variant
+IFS=, read -ra names <<<"${tests^^}"
+for t in "${names[@]}"; do printf '%18s' "$t"; done
+echo
+for v in "${variants[@]}"; do
+  printf '%-26s' "$v"
+  for t in "${names[@]}"; do
+    m=$(tr ' ' '\n' <<<"${rps[$v,$t]}" | grep . | median)
+    case $v in native-gcc|finstrument-coldpatched) b=native-gcc ;; *) b=native-clang ;; esac
+    base=$(tr ' ' '\n' <<<"${rps[$b,$t]}" | grep . | median)
+    printf '%10.0f %+6.1f%%' "$m" "$(awk -v a="$m" -v b="$base" 'BEGIN { print (a / b - 1) * 100 }')"
+  done
+  echo
+done

@@ -1,0 +1,439 @@
+// iprobe-hotpatch: `iprobe attach|detach|status|trace|report` (argv[1] is
+// the subcommand, set by the iprobe dispatcher).
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cinttypes>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <map>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+#include "iprobe/hotpatch.hpp"
+#include "iprobe/support/error.h"
+#include "iprobe/support/glob.h"
+#include "iprobe/support/json.h"
+#include "iprobe/trace_reader.hpp"
+
+using namespace iprobe;
+using namespace iprobe::hotpatch;
+
+namespace {
+
+volatile sig_atomic_t g_stop = 0;
+
+const char* const kUsage =
+    "usage: iprobe attach PID [--probes LIST[,LIST…]] [--functions GLOB,…] [--files GLOB,…]\n"
+    "                     [--entry-only|--exit-only] [--handler trace|count] [--ring-records N] [--json]\n"
+    "       iprobe detach PID [--functions GLOB,…] [--json]\n"
+    "       iprobe status PID [--json]\n"
+    "       iprobe trace  PID [--duration S] [--format text|json|chrome]\n"
+    "       iprobe report PID [--json|--folded] [--duration S]\n"
+    "\n"
+    "attach  turns the placeholder NOPs of a running, coldpatched process into calls to\n"
+    "        the iprobe runtime (injected with dlopen if the process was not started\n"
+    "        with it). LIST is a probe list, a coldpatched binary or shared library\n"
+    "        (default: the process's executable). Attaching again adds probes.\n"
+    "        --handler trace (default) logs entry/exit records per thread in shared\n"
+    "        memory; count only counts calls per probe. --ring-records sets the\n"
+    "        per-thread ring size (power of two) when the first attach creates it.\n"
+    "detach  puts the NOPs back (all probes, or those matching --functions).\n"
+    "status  shows the runtime, modules, enabled probes and rings of a process.\n"
+    "trace   streams events live, symbolized (Ctrl-C or --duration ends it);\n"
+    "        chrome writes Chrome trace-event JSON that Perfetto opens.\n"
+    "report  consumes the logged events and prints calls and inclusive/exclusive\n"
+    "        time per function; --folded prints folded stacks (exclusive ns) for\n"
+    "        flamegraph.pl; --duration collects for S seconds first.\n"
+    "\n"
+    "exit codes: 0 ok, 1 failed, 2 usage, 3 bad input, 4 permission, 5 not found, 6 busy, 7 unavailable\n";
+
+[[noreturn]] void usage_error(const std::string& message) {
+    throw Error(message + "\n(see 'iprobe " + "attach --help')", ExitCode::usage);
+}
+
+struct Args {
+    std::string command;
+    pid_t pid = 0;
+    std::map<std::string, std::string> values;
+    std::vector<std::string> probes;
+    bool flag(const std::string& name) const { return values.count(name) != 0; }
+    std::string value(const std::string& name, const std::string& fallback = {}) const {
+        auto it = values.find(name);
+        return it == values.end() ? fallback : it->second;
+    }
+};
+
+Args parse(int argc, char** argv) {
+    Args args;
+    args.command = argv[1];
+    static const std::map<std::string, bool> takes_value = {
+        {"--probes", true},   {"--functions", true}, {"--files", true},      {"--handler", true},
+        {"--duration", true}, {"--format", true},    {"--ring-records", true}, {"--entry-only", false},
+        {"--exit-only", false}, {"--json", false},   {"--folded", false},    {"--runtime", true}};
+    for (int i = 2; i < argc; i++) {
+        std::string a = argv[i];
+        if (a == "-h" || a == "--help") {
+            std::cout << kUsage;
+            std::exit(0);
+        }
+        if (a.rfind("--", 0) == 0) {
+            std::string value;
+            const auto eq = a.find('=');
+            if (eq != std::string::npos) value = a.substr(eq + 1), a = a.substr(0, eq);
+            auto it = takes_value.find(a);
+            if (it == takes_value.end()) usage_error("unknown option " + a);
+            if (it->second && eq == std::string::npos) {
+                if (i + 1 >= argc) usage_error(a + " needs a value");
+                value = argv[++i];
+            }
+            if (a == "--probes") {
+                for (auto& p : split_list(value)) args.probes.push_back(p);
+            } else {
+                args.values[a] = value;
+            }
+            continue;
+        }
+        if (args.pid != 0) usage_error("unexpected argument " + a);
+        char* end = nullptr;
+        const long pid = std::strtol(a.c_str(), &end, 10);
+        if (!end || *end || pid <= 0) usage_error("PID must be a positive number, not '" + a + "'");
+        args.pid = static_cast<pid_t>(pid);
+    }
+    if (args.pid == 0) usage_error("missing PID");
+    return args;
+}
+
+ProbeSelector selector_of(const Args& args) {
+    ProbeSelector s;
+    s.function_globs = split_list(args.value("--functions"));
+    s.file_globs = split_list(args.value("--files"));
+    if (args.flag("--entry-only") && args.flag("--exit-only")) usage_error("--entry-only and --exit-only exclude each other");
+    if (args.flag("--entry-only")) s.kinds = {ProbeKind::entry};
+    if (args.flag("--exit-only")) s.kinds = {ProbeKind::exit};
+    return s;
+}
+
+int cmd_attach(const Args& args) {
+    AttachOptions o;
+    o.pid = args.pid;
+    o.probe_sources = args.probes;
+    o.selector = selector_of(args);
+    const std::string handler = args.value("--handler", "trace");
+    if (handler == "trace") o.mode = HandlerMode::trace;
+    else if (handler == "count") o.mode = HandlerMode::count;
+    else usage_error("--handler must be trace or count");
+    if (args.flag("--ring-records")) o.ring_records = static_cast<std::uint32_t>(std::stoul(args.value("--ring-records")));
+    o.runtime_library = args.value("--runtime");
+    const AttachStats st = attach(o);
+    if (args.flag("--json")) {
+        JsonWriter j;
+        j.begin_object()
+            .field("pid", static_cast<std::int64_t>(args.pid))
+            .field("selected", static_cast<std::uint64_t>(st.selected))
+            .field("enabled", static_cast<std::uint64_t>(st.enabled))
+            .field("already_enabled", static_cast<std::uint64_t>(st.already_enabled))
+            .field("total_enabled", static_cast<std::uint64_t>(st.total_enabled))
+            .field("threads", static_cast<std::uint64_t>(st.threads))
+            .field("pause_us", st.pause_us)
+            .field("runtime_injected", st.runtime_injected)
+            .end_object();
+        std::cout << j.str() << "\n";
+    } else {
+        std::cout << "enabled " << st.enabled << " probes in process " << args.pid << " (" << st.already_enabled
+                  << " already on, " << st.total_enabled << " on in total); " << st.threads
+                  << " threads stopped for " << st.pause_us << " us"
+                  << (st.runtime_injected ? "; runtime injected" : "") << "\n";
+    }
+    return 0;
+}
+
+int cmd_detach(const Args& args) {
+    DetachOptions o;
+    o.pid = args.pid;
+    o.selector = selector_of(args);
+    const DetachStats st = detach(o);
+    if (args.flag("--json")) {
+        JsonWriter j;
+        j.begin_object()
+            .field("pid", static_cast<std::int64_t>(args.pid))
+            .field("disabled", static_cast<std::uint64_t>(st.disabled))
+            .field("still_enabled", static_cast<std::uint64_t>(st.still_enabled))
+            .field("threads", static_cast<std::uint64_t>(st.threads))
+            .field("pause_us", st.pause_us)
+            .end_object();
+        std::cout << j.str() << "\n";
+    } else {
+        std::cout << "disabled " << st.disabled << " probes in process " << args.pid << " (" << st.still_enabled
+                  << " still on); " << st.threads << " threads stopped for " << st.pause_us << " us\n";
+    }
+    return 0;
+}
+
+int cmd_status(const Args& args) {
+    const Status st = status(args.pid);
+    if (args.flag("--json")) {
+        JsonWriter j;
+        j.begin_object().field("pid", static_cast<std::int64_t>(st.pid)).field("runtime_loaded", st.runtime_loaded);
+        j.field("runtime", st.runtime_path).field("region", st.region);
+        j.key("modules").begin_array();
+        for (const auto& m : st.modules)
+            j.begin_object()
+                .field("path", m.path)
+                .field("probes_path", m.probes_path)
+                .field("build_id", m.build_id)
+                .field("probes", m.probes)
+                .field("enabled", m.enabled)
+                .end_object();
+        j.end_array().key("rings").begin_array();
+        for (const auto& r : st.rings)
+            j.begin_object().field("tid", r.tid).field("state", r.state).field("pending", r.pending).field("dropped", r.dropped).end_object();
+        j.end_array().field("dropped", st.dropped).field("no_ring_events", st.no_ring_events).end_object();
+        std::cout << j.str() << "\n";
+        return 0;
+    }
+    std::cout << "process " << st.pid << ": runtime " << (st.runtime_loaded ? "loaded (" + st.runtime_path + ")" : "not loaded")
+              << "\n";
+    if (!st.region) {
+        std::cout << "no iprobe region: never attached\n";
+        return 0;
+    }
+    for (const auto& m : st.modules)
+        std::cout << "  " << m.path << ": " << m.enabled << "/" << m.probes << " probes enabled (" << m.probes_path << ")\n";
+    std::cout << "  rings: " << st.rings.size() << " in use of " << st.ring_count << " (" << st.ring_records
+              << " records each); dropped " << st.dropped << ", no ring " << st.no_ring_events << "\n";
+    for (const auto& r : st.rings)
+        std::cout << "    tid " << r.tid << " " << r.state << ": " << r.pending << " pending, " << r.dropped << " dropped\n";
+    return 0;
+}
+
+// No --duration: until Ctrl-C (trace) or a single drain (report); 0: one drain.
+double parse_duration(const Args& args) {
+    if (!args.flag("--duration")) return -1;
+    char* end = nullptr;
+    const double d = std::strtod(args.value("--duration").c_str(), &end);
+    if (!end || *end || d < 0) usage_error("--duration must be a number of seconds");
+    return d;
+}
+
+bool alive(pid_t pid) { return ::kill(pid, 0) == 0 || errno == EPERM; }
+
+// Drains until the duration ends, Ctrl-C, or the process exits.
+void collect(TraceReader& reader, double seconds, const std::function<void(const Event&)>& sink, bool until_stop) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(std::max(seconds, 0.0));
+    reader.drain(sink);
+    if (seconds == 0 || (seconds < 0 && !until_stop)) return;
+    while (!g_stop && alive(reader.pid()) && (seconds < 0 || std::chrono::steady_clock::now() < end)) {
+        if (reader.drain(sink) == 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    reader.drain(sink);
+}
+
+int cmd_trace(const Args& args) {
+    const std::string format = args.value("--format", "text");
+    if (format != "text" && format != "json" && format != "chrome") usage_error("--format must be text, json or chrome");
+    const double seconds = parse_duration(args);
+    TraceReader reader(args.pid);
+    std::unordered_map<std::uint32_t, int> depth;
+    bool first = true;
+    std::string line;
+    if (format == "chrome") std::cout << "{\"traceEvents\":[\n";
+    auto sink = [&](const Event& e) {
+        const ProbeInfo& info = reader.probe(e.probe);
+        int& d = depth[e.tid];
+        if (e.kind == ProbeKind::exit && d > 0) d--;
+        line.clear();
+        if (format == "text") {
+            char head[96];
+            std::snprintf(head, sizeof head, "%" PRIu64 ".%09" PRIu64 " %7u ",
+                          static_cast<std::uint64_t>(e.time_ns / 1000000000ull),
+                          static_cast<std::uint64_t>(e.time_ns % 1000000000ull), e.tid);
+            line = head;
+            line.append(static_cast<std::size_t>(d) * 2, ' ');
+            line += e.kind == ProbeKind::entry ? "-> " : e.kind == ProbeKind::exit ? "<- " : "@ ";
+            line += info.function;
+            if (e.kind == ProbeKind::point)
+                for (int i = 0; i < e.nargs; i++) line += (i ? ", " : " (") + std::to_string(e.args[i]) + (i + 1 == e.nargs ? ")" : "");
+            if (e.depth) line += "  [in signal handler]";
+            line += "\n";
+        } else {
+            JsonWriter j;
+            if (format == "json") {
+                j.begin_object()
+                    .field("time_ns", e.time_ns)
+                    .field("tid", e.tid)
+                    .field("kind", to_string(e.kind))
+                    .field("function", info.function)
+                    .field("depth", d);
+                if (e.kind == ProbeKind::point) {
+                    j.key("args").begin_array();
+                    for (int i = 0; i < e.nargs; i++) j.value(e.args[i]);
+                    j.end_array();
+                }
+                j.end_object();
+                line = j.str() + "\n";
+            } else {
+                j.begin_object()
+                    .field("name", info.function)
+                    .field("ph", e.kind == ProbeKind::entry ? "B" : e.kind == ProbeKind::exit ? "E" : "i")
+                    .field("ts", static_cast<double>(e.time_ns) / 1000.0)
+                    .field("pid", static_cast<std::int64_t>(args.pid))
+                    .field("tid", e.tid)
+                    .end_object();
+                line = (first ? "" : ",\n") + j.str();
+            }
+        }
+        if (e.kind == ProbeKind::entry) d++;
+        first = false;
+        std::fwrite(line.data(), 1, line.size(), stdout);
+    };
+    collect(reader, seconds, sink, true);
+    if (format == "chrome") std::cout << "\n]}\n";
+    std::fflush(stdout);
+    if (const std::uint64_t dropped = reader.take_dropped())
+        std::cerr << "iprobe: " << dropped << " events dropped (ring full)\n";
+    return 0;
+}
+
+struct FunctionStats {
+    std::uint64_t calls = 0;
+    std::vector<std::uint64_t> inclusive;  // ns per completed call
+    std::uint64_t exclusive = 0;
+    std::uint64_t inclusive_total = 0;
+};
+
+struct Frame {
+    std::string function;
+    std::uint64_t tsc = 0;
+    std::uint64_t children = 0;  // ticks
+};
+
+std::uint64_t percentile(std::vector<std::uint64_t>& v, double p) {
+    if (v.empty()) return 0;
+    const std::size_t k = static_cast<std::size_t>(p * static_cast<double>(v.size() - 1));
+    std::nth_element(v.begin(), v.begin() + static_cast<long>(k), v.end());
+    return v[k];
+}
+
+int cmd_report(const Args& args) {
+    if (args.flag("--json") && args.flag("--folded")) usage_error("--json and --folded exclude each other");
+    const double seconds = parse_duration(args);
+    TraceReader reader(args.pid);
+    const double ns_per_tick = 1e9 / reader.tsc_hz();
+    std::map<std::string, FunctionStats> stats;
+    std::map<std::string, std::uint64_t> folded;
+    std::unordered_map<std::uint32_t, std::vector<Frame>> stacks;
+    auto sink = [&](const Event& e) {
+        const ProbeInfo& info = reader.probe(e.probe);
+        auto& stack = stacks[e.tid];
+        if (e.kind == ProbeKind::entry) {
+            stats[info.function].calls++;
+            stack.push_back({info.function, e.tsc, 0});
+        } else if (e.kind == ProbeKind::exit) {
+            // Unwind to the matching frame (events may have been dropped).
+            auto it = std::find_if(stack.rbegin(), stack.rend(), [&](const Frame& f) { return f.function == info.function; });
+            if (it == stack.rend()) return;
+            stack.erase(it.base(), stack.end());
+            Frame frame = stack.back();
+            stack.pop_back();
+            const std::uint64_t ticks = e.tsc > frame.tsc ? e.tsc - frame.tsc : 0;
+            const std::uint64_t self = ticks > frame.children ? ticks - frame.children : 0;
+            auto& s = stats[info.function];
+            const auto incl_ns = static_cast<std::uint64_t>(static_cast<double>(ticks) * ns_per_tick);
+            const auto self_ns = static_cast<std::uint64_t>(static_cast<double>(self) * ns_per_tick);
+            s.inclusive.push_back(incl_ns);
+            s.inclusive_total += incl_ns;
+            s.exclusive += self_ns;
+            if (!stack.empty()) stack.back().children += ticks;
+            std::string path;
+            for (const auto& f : stack) path += f.function + ";";
+            folded[path + info.function] += self_ns;
+        }
+    };
+    collect(reader, seconds, sink, false);
+    // Count-handler counters (entry probes) add to the recorded calls.
+    for (std::uint32_t i = 0; i < reader.probe_count(); i++) {
+        const std::uint64_t c = reader.take_calls(i);
+        const ProbeInfo& info = reader.probe(i);
+        if (c && info.kind == ProbeKind::entry) stats[info.function].calls += c;
+    }
+    const std::uint64_t dropped = reader.take_dropped();
+    if (args.flag("--folded")) {
+        for (const auto& [path, ns] : folded)
+            if (ns) std::cout << path << " " << ns << "\n";
+        return 0;
+    }
+    std::vector<std::pair<std::string, FunctionStats*>> rows;
+    for (auto& [name, s] : stats) rows.emplace_back(name, &s);
+    std::sort(rows.begin(), rows.end(), [](auto& a, auto& b) {
+        return a.second->inclusive_total != b.second->inclusive_total ? a.second->inclusive_total > b.second->inclusive_total
+                                                                      : a.second->calls > b.second->calls;
+    });
+    if (args.flag("--json")) {
+        JsonWriter j;
+        j.begin_object().field("pid", static_cast<std::int64_t>(args.pid)).key("functions").begin_array();
+        for (auto& [name, s] : rows) {
+            const std::uint64_t n = s->inclusive.size();
+            j.begin_object()
+                .field("name", name)
+                .field("calls", s->calls)
+                .field("completed", n)
+                .field("inclusive_ns", s->inclusive_total)
+                .field("exclusive_ns", s->exclusive)
+                .field("mean_ns", n ? s->inclusive_total / n : 0)
+                .field("p50_ns", percentile(s->inclusive, 0.50))
+                .field("p99_ns", percentile(s->inclusive, 0.99))
+                .end_object();
+        }
+        j.end_array().field("dropped", dropped).field("lost", reader.lost_events()).end_object();
+        std::cout << j.str() << "\n";
+        return 0;
+    }
+    std::printf("%-40s %12s %14s %14s %12s %12s %12s\n", "function", "calls", "incl total ns", "excl total ns",
+                "mean ns", "p50 ns", "p99 ns");
+    for (auto& [name, s] : rows) {
+        const std::uint64_t n = s->inclusive.size();
+        std::printf("%-40s %12" PRIu64 " %14" PRIu64 " %14" PRIu64 " %12" PRIu64 " %12" PRIu64 " %12" PRIu64 "\n",
+                    name.c_str(), s->calls, s->inclusive_total, s->exclusive, n ? s->inclusive_total / n : 0,
+                    percentile(s->inclusive, 0.50), percentile(s->inclusive, 0.99));
+    }
+    std::printf("dropped events: %" PRIu64 "\n", dropped);
+    return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    if (argc < 2 || std::strcmp(argv[1], "-h") == 0 || std::strcmp(argv[1], "--help") == 0) {
+        std::cout << kUsage;
+        return argc < 2 ? 2 : 0;
+    }
+    struct sigaction sa {};
+    sa.sa_handler = [](int) { g_stop = 1; };
+    ::sigaction(SIGINT, &sa, nullptr);
+    ::sigaction(SIGTERM, &sa, nullptr);
+    ::signal(SIGPIPE, SIG_IGN);
+    try {
+        const std::string command = argv[1];
+        if (command != "attach" && command != "detach" && command != "status" && command != "trace" &&
+            command != "report")
+            usage_error("unknown command '" + command + "'");
+        const Args args = parse(argc, argv);
+        if (command == "attach") return cmd_attach(args);
+        if (command == "detach") return cmd_detach(args);
+        if (command == "status") return cmd_status(args);
+        if (command == "trace") return cmd_trace(args);
+        return cmd_report(args);
+    } catch (const Error& e) {
+        std::cerr << "iprobe " << argv[1] << ": " << e.what() << "\n";
+        return static_cast<int>(e.code());
+    } catch (const std::exception& e) {
+        std::cerr << "iprobe " << argv[1] << ": " << e.what() << "\n";
+        return 1;
+    }
+}

@@ -1,0 +1,906 @@
+#include "iprobe/hotpatch.hpp"
+
+#include <dlfcn.h>
+#include <elfutils/libdwfl.h>
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include "iprobe/elf_file.hpp"
+#include "iprobe/probe_source.hpp"
+#include "iprobe/rt.h"
+#include "iprobe/support/error.h"
+#include "iprobe/support/fd.h"
+#include "modules.hpp"
+#include "process.hpp"
+#include "region.hpp"
+
+namespace iprobe::hotpatch {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr std::uint64_t kPage = 4096;
+constexpr std::size_t kStubSize = 16;
+constexpr std::int64_t kReach = (1ll << 31) - 2 * static_cast<std::int64_t>(kPage);
+constexpr const char* kRuntimeName = "libiprobe-rt.so";
+
+std::string hex_address(std::uint64_t v) {
+    std::ostringstream s;
+    s << "0x" << std::hex << v;
+    return s.str();
+}
+
+std::string basename_of(const std::string& path) {
+    const auto slash = path.rfind('/');
+    return slash == std::string::npos ? path : path.substr(slash + 1);
+}
+
+std::string canonical_or_same(const std::string& path) {
+    std::error_code ec;
+    auto c = std::filesystem::canonical(path, ec);
+    return ec ? path : c.string();
+}
+
+// One iprobe session per target at a time: the second gets ExitCode::busy.
+class SessionLock {
+public:
+    explicit SessionLock(pid_t pid) {
+        std::string dir = "/run/iprobe";
+        if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
+            dir = "/tmp/iprobe-" + std::to_string(::getuid());
+            ::mkdir(dir.c_str(), 0700);
+        }
+        const std::string path = dir + "/" + std::to_string(pid) + ".lock";
+        fd_.reset(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
+        if (!fd_) throw_errno("cannot open lock file " + path);
+        if (::flock(fd_.get(), LOCK_EX | LOCK_NB) != 0) {
+            if (errno == EWOULDBLOCK)
+                throw Error("another iprobe session is attaching to or detaching from process " + std::to_string(pid) +
+                                "; wait for it to finish and retry",
+                            ExitCode::busy);
+            throw_errno("cannot lock " + path);
+        }
+    }
+
+private:
+    UniqueFd fd_;
+};
+
+struct LoadedLibrary {
+    std::string path;  // as mapped
+    std::uint64_t bias = 0;
+    std::shared_ptr<ElfFile> elf;
+
+    std::optional<std::uint64_t> symbol(const std::string& name) const {
+        const ElfSymbol* s = elf->symbol_named(name);
+        if (!s || !s->defined()) return std::nullopt;
+        return bias + s->address;
+    }
+};
+
+// ELF files parsed before the world stops: parsing libc takes milliseconds.
+class ElfCache {
+public:
+    std::shared_ptr<ElfFile> get(pid_t pid, const std::string& mapped_path) {
+        auto& slot = files_[mapped_path];
+        if (!slot) slot = std::make_shared<ElfFile>(target_view(pid, mapped_path));
+        return slot;
+    }
+    void preload(pid_t pid, const std::string& mapped_path) {
+        try {
+            get(pid, mapped_path);
+        } catch (const Error&) {
+        }
+    }
+
+private:
+    std::map<std::string, std::shared_ptr<ElfFile>> files_;
+};
+
+ElfCache& elf_cache() {
+    static ElfCache cache;
+    return cache;
+}
+
+std::optional<LoadedLibrary> find_loaded(pid_t pid, const std::vector<RunningModule>& modules,
+                                         const std::string& wanted_path) {
+    const std::string wanted = canonical_or_same(wanted_path);
+    const RunningModule* hit = nullptr;
+    for (const auto& m : modules)
+        if (m.path == wanted || m.path == wanted_path) hit = &m;
+    if (!hit)
+        for (const auto& m : modules)
+            if (basename_of(m.path) == basename_of(wanted_path)) hit = &m;
+    if (!hit) return std::nullopt;
+    LoadedLibrary lib;
+    lib.path = hit->path;
+    lib.bias = hit->load_bias;
+    lib.elf = elf_cache().get(pid, hit->path);
+    return lib;
+}
+
+LoadedLibrary libc_of(pid_t pid, const std::vector<RunningModule>& modules) {
+    for (const auto& m : modules)
+        if (basename_of(m.path).rfind("libc.so", 0) == 0) {
+            LoadedLibrary lib;
+            lib.path = m.path;
+            lib.bias = m.load_bias;
+            lib.elf = elf_cache().get(pid, m.path);
+            return lib;
+        }
+    throw Error("process " + std::to_string(pid) + " has no libc.so mapped; iprobe needs a dynamically linked glibc target",
+                ExitCode::unavailable);
+}
+
+// Return addresses of a stopped thread, innermost first, unwound with the
+// modules' CFI (libdw; the threads are already ptrace-stopped by us).
+class StackWalker {
+public:
+    explicit StackWalker(pid_t pid) {
+        // .eh_frame CFI is enough; never look for (or download) debuginfo.
+        static const Dwfl_Callbacks callbacks = {
+            dwfl_linux_proc_find_elf,
+            [](Dwfl_Module*, void**, const char*, Dwarf_Addr, const char*, const char*, GElf_Word, char**) { return -1; },
+            nullptr, nullptr};
+        dwfl_ = dwfl_begin(&callbacks);
+        if (!dwfl_) return;
+        if (dwfl_linux_proc_report(dwfl_, pid) != 0 || dwfl_report_end(dwfl_, nullptr, nullptr) != 0 ||
+            dwfl_linux_proc_attach(dwfl_, pid, true) != 0) {
+            dwfl_end(dwfl_);
+            dwfl_ = nullptr;
+        }
+    }
+    ~StackWalker() {
+        if (dwfl_) dwfl_end(dwfl_);
+    }
+    StackWalker(const StackWalker&) = delete;
+    StackWalker& operator=(const StackWalker&) = delete;
+
+    // Empty when the walk is not possible.
+    std::vector<std::uint64_t> frames(pid_t tid, std::size_t max_frames = 64) {
+        std::vector<std::uint64_t> pcs;
+        if (!dwfl_) return pcs;
+        struct Ctx {
+            std::vector<std::uint64_t>* pcs;
+            std::size_t max;
+        } ctx{&pcs, max_frames};
+        dwfl_getthread_frames(
+            dwfl_, tid,
+            [](Dwfl_Frame* frame, void* arg) -> int {
+                auto* c = static_cast<Ctx*>(arg);
+                Dwarf_Addr pc = 0;
+                bool activation = false;
+                if (!dwfl_frame_pc(frame, &pc, &activation)) return DWARF_CB_ABORT;
+                c->pcs->push_back(activation ? pc : pc - 1);
+                return c->pcs->size() >= c->max ? DWARF_CB_ABORT : DWARF_CB_OK;
+            },
+            &ctx);
+        return pcs;
+    }
+
+private:
+    Dwfl* dwfl_ = nullptr;
+};
+
+// Is it safe to run dlopen in the target now?  Not while a thread is inside
+// the allocator or the dynamic loader (it may hold their locks): its PC, or
+// a frame of its unwound stack, lies in them.
+std::string unsafe_for_dlopen(const StoppedProcess& process, const std::vector<Mapping>& maps,
+                              const LoadedLibrary& libc) {
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges;
+    for (const char* name : {"malloc", "free", "calloc", "realloc", "memalign", "posix_memalign", "aligned_alloc",
+                             "valloc", "pvalloc", "malloc_trim", "__libc_malloc", "__libc_free", "__libc_calloc",
+                             "__libc_realloc", "__libc_memalign", "dl_iterate_phdr", "dlopen", "dlclose", "dlsym",
+                             "fork", "_Fork"}) {
+        const ElfSymbol* s = libc.elf->symbol_named(name);
+        if (s && s->defined() && s->size) ranges.emplace_back(libc.bias + s->address, libc.bias + s->address + s->size);
+    }
+    for (const auto& m : maps)
+        if (m.executable() && basename_of(m.path).rfind("ld-linux", 0) == 0) ranges.emplace_back(m.start, m.end);
+    auto inside = [&](std::uint64_t a) {
+        return std::any_of(ranges.begin(), ranges.end(), [&](auto& r) { return a >= r.first && a < r.second; });
+    };
+    StackWalker walker(process.pid());
+    for (const auto& t : process.threads()) {
+        if (inside(t.regs.rip)) return "thread " + std::to_string(t.tid) + " is inside malloc or the dynamic loader";
+        for (std::uint64_t pc : walker.frames(t.tid))
+            if (inside(pc)) return "thread " + std::to_string(t.tid) + " is inside malloc or the dynamic loader";
+    }
+    return {};
+}
+
+std::string read_c_string(const StoppedProcess& process, std::uint64_t address) {
+    std::string out;
+    char buf[256];
+    for (int i = 0; i < 16; i++) {
+        process.read(address + out.size(), buf, sizeof buf);
+        const void* nul = std::memchr(buf, 0, sizeof buf);
+        if (nul) return out + std::string(buf, static_cast<std::size_t>(static_cast<const char*>(nul) - buf));
+        out.append(buf, sizeof buf);
+    }
+    return out;
+}
+
+std::uint64_t remote_dlopen(StoppedProcess& process, const LoadedLibrary& libc, const std::string& path) {
+    const auto dlopen_at = libc.symbol("dlopen");
+    if (!dlopen_at)
+        throw Error("this glibc does not export dlopen from libc.so.6 (glibc >= 2.34 needed); start the target with "
+                    "LD_PRELOAD=" + path,
+                    ExitCode::unavailable);
+    const std::uint64_t handle = process.call(*dlopen_at, {RTLD_NOW | RTLD_GLOBAL}, &path);
+    if (handle == 0) {
+        std::string why;
+        if (auto dlerror_at = libc.symbol("dlerror"))
+            if (const std::uint64_t msg = process.call(*dlerror_at, {})) why = read_c_string(process, msg);
+        throw Error("dlopen(" + path + ") failed inside process " + std::to_string(process.pid()) + ": " + why,
+                    ExitCode::failure);
+    }
+    return handle;
+}
+
+// A free, page-aligned address from which every byte of [low, high) is
+// within a rel32 call.  Prefers the gap just below the module; never the
+// room right after [heap], which brk grows into.
+std::optional<std::uint64_t> stub_address(const std::vector<Mapping>& maps, std::uint64_t low, std::uint64_t high) {
+    std::optional<std::uint64_t> best;
+    std::uint64_t best_distance = ~0ull;
+    std::uint64_t prev_end = 0x10000;
+    std::string prev_path;
+    auto consider = [&](std::uint64_t gap_low, std::uint64_t gap_high, bool after_heap) {
+        if (gap_high <= gap_low || gap_high - gap_low < kPage) return;
+        std::uint64_t candidate;
+        if (gap_high <= low) candidate = gap_high - kPage;
+        else if (after_heap) candidate = gap_high - kPage;
+        else candidate = gap_low;
+        const std::int64_t far = static_cast<std::int64_t>(std::max(
+            candidate > low ? candidate + kPage - low : high - candidate, high > candidate ? high - candidate : candidate + kPage - low));
+        if (far >= kReach) return;
+        const std::uint64_t distance = candidate < low ? low - candidate : candidate - high;
+        if (distance < best_distance) best = candidate, best_distance = distance;
+    };
+    for (const auto& m : maps) {
+        consider(prev_end, m.start, prev_path == "[heap]");
+        prev_end = std::max(prev_end, m.end);
+        prev_path = m.path;
+    }
+    consider(prev_end, 0x7ffffffff000ull, prev_path == "[heap]");
+    return best;
+}
+
+std::array<std::uint8_t, kStubSize> stub_bytes(std::uint64_t target) {
+    // jmp *2(%rip); int3 int3; .quad target
+    std::array<std::uint8_t, kStubSize> b{0xff, 0x25, 0x02, 0x00, 0x00, 0x00, 0xcc, 0xcc};
+    std::memcpy(b.data() + 8, &target, 8);
+    return b;
+}
+
+std::uint64_t stub_target(const std::uint8_t* stub) {
+    std::uint64_t target = 0;
+    if (stub[0] == 0xff && stub[1] == 0x25 && stub[2] == 0x02) std::memcpy(&target, stub + 8, 8);
+    return target;
+}
+
+// The bytes an enabled site holds: call rel32 to the stub; a 6-byte site
+// gets its 1-byte NOP first so the call returns to the site's end, which is
+// an instruction boundary in both forms.
+std::vector<std::uint8_t> call_bytes(std::uint64_t site, std::uint8_t size, std::uint64_t stub) {
+    const std::uint64_t call_at = size == 6 ? site + 1 : site;
+    const std::int64_t rel = static_cast<std::int64_t>(stub) - static_cast<std::int64_t>(call_at + 5);
+    if (rel < INT32_MIN || rel > INT32_MAX)
+        throw Error("stub at " + hex_address(stub) + " is out of call rel32 reach of site " + hex_address(site));
+    const auto rel32 = static_cast<std::uint32_t>(static_cast<std::int32_t>(rel));
+    std::vector<std::uint8_t> b(size == 6 ? 6 : 5);
+    std::size_t at = 0;
+    if (size == 6) b[at++] = 0x90;
+    b[at++] = 0xe8;
+    for (int i = 0; i < 4; i++) b[at++] = static_cast<std::uint8_t>(rel32 >> (8 * i));
+    return b;
+}
+
+// Where a call-form site placed by call_bytes() leads, or 0.
+std::uint64_t called_stub(std::uint64_t site, const std::uint8_t* bytes, std::uint8_t size) {
+    std::size_t at = 0;
+    if (size == 6) {
+        if (bytes[0] != 0x90) return 0;
+        at = 1;
+    }
+    if (bytes[at] != 0xe8) return 0;
+    std::int32_t rel;
+    std::memcpy(&rel, bytes + at + 1, 4);
+    return site + at + 5 + static_cast<std::int64_t>(rel);
+}
+
+struct Patch {
+    std::uint64_t address = 0;
+    std::vector<std::uint8_t> before, after;
+};
+
+// Writes all patches page-run by page-run through /proc/PID/mem, reads them
+// back; on any failure puts back what was written and rethrows.
+void apply_patches(StoppedProcess& process, std::vector<Patch>& patches) {
+    std::sort(patches.begin(), patches.end(), [](auto& a, auto& b) { return a.address < b.address; });
+    struct Run {
+        std::uint64_t low, high;
+        std::vector<std::uint8_t> before, after;
+    };
+    std::vector<Run> runs;
+    for (std::size_t i = 0; i < patches.size();) {
+        std::size_t j = i;
+        std::uint64_t high = patches[i].address + patches[i].after.size();
+        while (j + 1 < patches.size() && patches[j + 1].address < high + 64) {
+            j++;
+            high = std::max<std::uint64_t>(high, patches[j].address + patches[j].after.size());
+        }
+        Run run{patches[i].address, high, {}, {}};
+        run.before.resize(high - run.low);
+        process.read(run.low, run.before.data(), run.before.size());
+        run.after = run.before;
+        for (std::size_t k = i; k <= j; k++) {
+            const auto& p = patches[k];
+            if (!std::equal(p.before.begin(), p.before.end(), run.before.begin() + static_cast<long>(p.address - run.low)))
+                throw Error("site " + hex_address(p.address) + " changed under us; nothing was written");
+            std::copy(p.after.begin(), p.after.end(), run.after.begin() + static_cast<long>(p.address - run.low));
+        }
+        runs.push_back(std::move(run));
+        i = j + 1;
+    }
+    std::size_t written = 0;
+    try {
+        for (; written < runs.size(); written++) {
+            auto& run = runs[written];
+            process.write(run.low, run.after.data(), run.after.size());
+            std::vector<std::uint8_t> check(run.after.size());
+            process.read(run.low, check.data(), check.size());
+            if (check != run.after) throw Error("read-back of the patch at " + hex_address(run.low) + " differs");
+        }
+    } catch (...) {
+        for (std::size_t k = 0; k <= written && k < runs.size(); k++) {
+            try {
+                process.write(runs[k].low, runs[k].before.data(), runs[k].before.size());
+            } catch (...) {
+            }
+        }
+        throw;
+    }
+}
+
+// No thread may be stopped strictly inside a range about to change.
+std::string unsafe_pcs(const StoppedProcess& process, const std::vector<Patch>& patches) {
+    for (const auto& t : process.threads()) {
+        const std::uint64_t pc = t.regs.rip;
+        auto it = std::upper_bound(patches.begin(), patches.end(), pc,
+                                   [](std::uint64_t v, const Patch& p) { return v < p.address; });
+        if (it == patches.begin()) continue;
+        --it;
+        if (pc > it->address && pc < it->address + it->after.size())
+            return "thread " + std::to_string(t.tid) + " is inside site " + hex_address(it->address);
+    }
+    return {};
+}
+
+std::uint64_t elapsed_us(Clock::time_point since) {
+    return static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - since).count());
+}
+
+struct Target {
+    uid_t uid = 0;
+    gid_t gid = 0;
+};
+
+Target target_owner(pid_t pid) {
+    struct stat st {};
+    if (::stat(("/proc/" + std::to_string(pid)).c_str(), &st) != 0)
+        throw Error("no such process: " + std::to_string(pid), ExitCode::not_found);
+    return {st.st_uid, st.st_gid};
+}
+
+struct SelectedList {
+    std::string source;
+    ProbeList list;
+    std::vector<const Probe*> selected;
+};
+
+std::string describe_selector(const ProbeSelector& s) {
+    std::string out;
+    for (auto& g : s.function_globs) out += (out.empty() ? "" : ",") + g;
+    if (!s.file_globs.empty()) {
+        out += " files ";
+        for (auto& g : s.file_globs) out += g + " ";
+    }
+    return out.empty() ? "(all)" : out;
+}
+
+std::vector<SelectedList> load_lists(const AttachOptions& options) {
+    std::vector<std::string> sources = options.probe_sources;
+    if (sources.empty()) {
+        std::error_code ec;
+        const auto exe = std::filesystem::read_symlink("/proc/" + std::to_string(options.pid) + "/exe", ec);
+        if (ec) throw Error("cannot read the executable of process " + std::to_string(options.pid), ExitCode::permission);
+        sources.push_back(target_view(options.pid, exe.string()));
+    }
+    std::vector<SelectedList> lists;
+    std::size_t total = 0, selected = 0;
+    for (const auto& source : sources) {
+        SelectedList s{source, load_probes(source), {}};
+        if (s.list.probes.empty())
+            throw Error(source + ": the probe list is empty; was the binary built with iprobe-cc?", ExitCode::bad_input);
+        total += s.list.probes.size();
+        lists.push_back(std::move(s));
+    }
+    for (auto& s : lists) {
+        s.selected = options.selector.select(s.list);
+        selected += s.selected.size();
+    }
+    if (selected == 0)
+        throw Error("no probe matches " + describe_selector(options.selector) + " among " + std::to_string(total) +
+                        " probes; see 'iprobe list " + sources.front() + "'",
+                    ExitCode::not_found);
+    return lists;
+}
+
+std::string hex_id(const std::vector<std::uint8_t>& id) { return id.empty() ? "(none)" : hex(id); }
+
+const RunningModule& match_module(const SelectedList& s, const std::vector<RunningModule>& modules, pid_t pid) {
+    for (const auto& m : modules)
+        if (!s.list.build_id.empty() && m.build_id == s.list.build_id) return m;
+    const std::string name = basename_of(s.list.module);
+    for (const auto& m : modules)
+        if (basename_of(m.path) == name)
+            throw Error(s.source + " was made for build-id " + s.list.build_id_hex() + " but " + m.path +
+                            " running in process " + std::to_string(pid) + " has build-id " + hex_id(m.build_id) +
+                            ": use the probe list of the running build",
+                        ExitCode::bad_input);
+    if (!(s.list.flags & IPROBE_PL_FLAG_SHARED)) {
+        std::error_code ec;
+        const auto exe = std::filesystem::read_symlink("/proc/" + std::to_string(pid) + "/exe", ec).string();
+        for (const auto& m : modules)
+            if (!ec && m.path == exe)
+                throw Error(s.source + " describes executable " + s.list.module + " (build-id " + s.list.build_id_hex() +
+                                ") but process " + std::to_string(pid) + " runs " + m.path + " (build-id " +
+                                hex_id(m.build_id) + "): use the probe list of the running build",
+                            ExitCode::bad_input);
+    }
+    throw Error("module " + s.list.module + " (build-id " + s.list.build_id_hex() + ") of " + s.source +
+                    " is not loaded in process " + std::to_string(pid),
+                ExitCode::not_found);
+}
+
+std::uint32_t find_or_add_module(Region& region, const RunningModule& running, const SelectedList& s) {
+    iprobe_rt_control* cb = region.control();
+    iprobe_rt_module* mods = region.modules();
+    for (std::uint32_t i = 0; i < cb->module_count; i++)
+        if (mods[i].load_bias == running.load_bias && running.path == mods[i].path &&
+            mods[i].probe_count == s.list.probes.size())
+            return i;
+    if (cb->module_count >= cb->module_capacity) throw Error("too many modules attached in this process");
+    if (cb->probe_count + s.list.probes.size() > cb->probe_capacity)
+        throw Error("the iprobe region of this process was sized for " + std::to_string(cb->probe_capacity) +
+                    " probes at first attach; restart the process to attach more modules");
+    const std::uint32_t index = cb->module_count;
+    iprobe_rt_module& m = mods[index];
+    std::memset(&m, 0, sizeof m);
+    std::strncpy(m.path, running.path.c_str(), sizeof m.path - 1);
+    const std::string probes_path = canonical_or_same(s.source);
+    std::strncpy(m.probes_path, probes_path.c_str(), sizeof m.probes_path - 1);
+    m.build_id_size = static_cast<std::uint32_t>(std::min<std::size_t>(running.build_id.size(), sizeof m.build_id));
+    std::memcpy(m.build_id, running.build_id.data(), m.build_id_size);
+    m.first_probe = cb->probe_count;
+    m.probe_count = static_cast<std::uint32_t>(s.list.probes.size());
+    m.load_bias = running.load_bias;
+    iprobe_rt_probe* probes = region.probes();
+    for (const auto& p : s.list.probes) {
+        iprobe_rt_probe& rp = probes[m.first_probe + p.id];
+        rp = {};
+        rp.module = index;
+        rp.id = p.id;
+        rp.kind = static_cast<std::uint8_t>(p.kind);
+        rp.form = static_cast<std::uint8_t>(p.form);
+        rp.size = p.size;
+        rp.site = running.load_bias + p.site;
+    }
+    cb->probe_count += m.probe_count;
+    cb->module_count = index + 1;
+    return index;
+}
+
+const std::string& handler_symbol(const HandlerSymbols& h, const Probe& p) {
+    const bool nop = p.form == SiteForm::nop;
+    switch (p.kind) {
+    case ProbeKind::entry: return nop ? h.enter_nop : h.enter;
+    case ProbeKind::exit: return nop ? h.exit_nop : h.exit;
+    default: return nop ? h.point_nop : h.point;
+    }
+}
+
+// The stub in the module's stub page that jumps to `target`, created if needed.
+std::uint64_t stub_for(StoppedProcess& process, iprobe_rt_module& module, std::uint64_t target) {
+    std::vector<std::uint8_t> page(kPage);
+    process.read(module.stub_page, page.data(), page.size());
+    for (std::uint32_t i = 0; i < module.stub_used; i++)
+        if (stub_target(page.data() + i * kStubSize) == target) return module.stub_page + i * kStubSize;
+    if (module.stub_used >= kPage / kStubSize) throw Error("stub page full");
+    const auto bytes = stub_bytes(target);
+    const std::uint64_t at = module.stub_page + module.stub_used * kStubSize;
+    process.write(at, bytes.data(), bytes.size());
+    module.stub_used++;
+    return at;
+}
+
+void ensure_stub_page(StoppedProcess& process, const std::vector<Mapping>& maps, const LoadedLibrary& libc,
+                      const RunningModule& running, iprobe_rt_module& module) {
+    if (module.stub_page) return;
+    const auto mmap_at = libc.symbol("mmap");
+    if (!mmap_at) throw Error("libc of the target has no mmap symbol", ExitCode::unavailable);
+    for (int attempt = 0; attempt < 4; attempt++) {
+        const auto want = stub_address(maps, running.low, running.high);
+        if (!want)
+            throw Error("no free address within ±2 GiB of " + running.path + " for the jump stubs; cannot enable its probes",
+                        ExitCode::unavailable);
+        const std::uint64_t got =
+            process.call(*mmap_at, {*want, kPage, PROT_READ | PROT_EXEC,
+                                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, static_cast<std::uint64_t>(-1), 0});
+        if (got == *want) {
+            module.stub_page = got;
+            module.stub_used = 0;
+            return;
+        }
+        if (got != static_cast<std::uint64_t>(-1) && got < 0xfffffffffffff000ull) {
+            if (auto munmap_at = libc.symbol("munmap")) process.call(*munmap_at, {got, kPage});
+        }
+    }
+    throw Error("could not map a jump-stub page near " + running.path, ExitCode::unavailable);
+}
+
+HandlerSymbols resolve_handlers(const AttachOptions& options) {
+    HandlerSymbols h = options.handlers;
+    if (h.enter.empty() && h.exit.empty() && h.point.empty()) {
+        const std::string lib = h.library;
+        h = HandlerSymbols::runtime(options.mode);
+        h.library = lib;
+    }
+    return h;
+}
+
+std::string runtime_path_of(const AttachOptions& options) {
+    const std::string path = options.runtime_library.empty() ? default_runtime_library() : options.runtime_library;
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0)
+        throw Error("runtime library " + path + " not found; build target iprobe_rt or set IPROBE_RUNTIME",
+                    ExitCode::not_found);
+    return canonical_or_same(path);
+}
+
+struct Injected {
+    LoadedLibrary library;
+    bool injected = false;
+};
+
+Injected ensure_library(StoppedProcess& process, std::vector<Mapping>& maps, std::vector<RunningModule>& modules,
+                        const LoadedLibrary& libc, const std::string& path, Clock::time_point deadline) {
+    if (auto lib = find_loaded(process.pid(), modules, path)) return {*lib, false};
+    const std::string unsafe = unsafe_for_dlopen(process, maps, libc);
+    if (!unsafe.empty()) {
+        if (Clock::now() > deadline)
+            throw Error("cannot load " + basename_of(path) + " into process " + std::to_string(process.pid()) +
+                            " now: " + unsafe + " (retried until the timeout); retry later or start it with LD_PRELOAD=" +
+                            path,
+                        ExitCode::busy);
+        throw std::runtime_error("retry");
+    }
+    remote_dlopen(process, libc, path);
+    maps = read_maps(process.pid());
+    modules = running_modules(process, maps);
+    auto lib = find_loaded(process.pid(), modules, path);
+    if (!lib) throw Error("dlopen of " + path + " succeeded but it is not mapped in process " + std::to_string(process.pid()));
+    return {*lib, true};
+}
+
+// Runs `body` with the world stopped; a body that throws std::runtime_error
+// "retry" (an unsafe moment) is run again after letting the target go briefly.
+template <typename Body>
+auto with_world_stopped(pid_t pid, std::chrono::milliseconds timeout, Body&& body) {
+    const auto deadline = Clock::now() + timeout;
+    for (int attempt = 0;; attempt++) {
+        {
+            const auto started = Clock::now();
+            StoppedProcess process(pid);
+            if (std::getenv("IPROBE_DEBUG_TIMING"))
+                std::fprintf(stderr, "iprobe: %zu threads stopped in %llu us\n", process.threads().size(),
+                             static_cast<unsigned long long>(elapsed_us(started)));
+            try {
+                return body(process, started, deadline);
+            } catch (const Error&) {
+                throw;
+            } catch (const std::runtime_error& e) {
+                if (std::string_view(e.what()) != "retry") throw;
+            }
+        }
+        if (Clock::now() > deadline)
+            throw Error("process " + std::to_string(pid) + " never reached a safe point within " +
+                            std::to_string(timeout.count()) + " ms (a thread kept executing a site being patched); retry",
+                        ExitCode::busy);
+        std::this_thread::sleep_for(std::chrono::microseconds(500 + 200 * (attempt % 10)));
+    }
+}
+
+}  // namespace
+
+HandlerSymbols HandlerSymbols::runtime(HandlerMode mode) {
+    const std::string m = mode == HandlerMode::count ? "count" : "trace";
+    return {"", "iprobe_rt_" + m + "_enter", "iprobe_rt_" + m + "_exit", "iprobe_rt_" + m + "_point",
+            "iprobe_rt_" + m + "_enter_nop", "iprobe_rt_" + m + "_exit_nop", "iprobe_rt_" + m + "_point_nop"};
+}
+
+std::string region_name(pid_t pid) { return IPROBE_RT_SHM_PREFIX + std::to_string(pid); }
+
+std::string default_runtime_library() {
+    if (const char* env = std::getenv("IPROBE_RUNTIME"); env && *env) return env;
+    std::error_code ec;
+    const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
+    if (!ec) {
+        // build/libexec/iprobe/tool, build/bin/tool, build/tests/x -> build/lib
+        for (auto dir = self.parent_path(); !dir.empty() && dir != dir.root_path(); dir = dir.parent_path()) {
+            const auto candidate = dir / "lib" / kRuntimeName;
+            if (std::filesystem::exists(candidate, ec)) return candidate.string();
+        }
+    }
+    return std::string("/usr/local/lib/") + kRuntimeName;
+}
+
+AttachStats attach(const AttachOptions& options) {
+    check_target(options.pid);
+    const Target owner = target_owner(options.pid);
+    std::vector<SelectedList> lists = load_lists(options);
+    const HandlerSymbols handlers = resolve_handlers(options);
+    const std::string runtime_path = runtime_path_of(options);
+    const std::string handler_path = handlers.library.empty() ? runtime_path : canonical_or_same(handlers.library);
+    SessionLock lock(options.pid);
+    for (const auto& m : read_maps(options.pid))
+        if (basename_of(m.path).rfind("libc.so", 0) == 0 || basename_of(m.path) == kRuntimeName)
+            elf_cache().preload(options.pid, m.path);
+    elf_cache().preload(options.pid, runtime_path);
+    elf_cache().preload(options.pid, handler_path);
+    const TscCalibration tsc = Region::exists(options.pid) ? TscCalibration{} : calibrate_tsc();
+
+    std::uint32_t capacity = 4096;
+    for (auto& s : lists) capacity += static_cast<std::uint32_t>(s.list.probes.size()) * 2;
+
+    return with_world_stopped(options.pid, options.safe_point_timeout, [&](StoppedProcess& process,
+                                                                            Clock::time_point started,
+                                                                            Clock::time_point deadline) {
+        AttachStats stats;
+        stats.threads = process.threads().size();
+        auto maps = read_maps(options.pid);
+        auto modules = running_modules(process, maps);
+        std::vector<const RunningModule*> targets;
+        for (auto& s : lists) targets.push_back(&match_module(s, modules, options.pid));
+        const LoadedLibrary libc = libc_of(options.pid, modules);
+
+        Injected runtime = ensure_library(process, maps, modules, libc, runtime_path, deadline);
+        Injected handler_lib = handler_path == runtime_path
+                                   ? runtime
+                                   : ensure_library(process, maps, modules, libc, handler_path, deadline);
+        stats.runtime_injected = runtime.injected;
+        stats.handler_injected = handler_lib.injected && handler_path != runtime_path;
+        // Modules may have moved in `modules` after an injection: re-match.
+        targets.clear();
+        for (auto& s : lists) targets.push_back(&match_module(s, modules, options.pid));
+
+        const auto state_at = runtime.library.symbol("iprobe_rt_state");
+        const auto map_at = runtime.library.symbol("iprobe_rt_map_region");
+        if (!state_at || !map_at) throw Error(runtime.library.path + " is not the iprobe runtime", ExitCode::bad_input);
+        auto state = process.read_value<struct iprobe_rt_state>(*state_at);
+        if (std::memcmp(state.magic, IPROBE_RT_STATE_MAGIC, 8) != 0)
+            throw Error(runtime.library.path + " in process " + std::to_string(options.pid) + " has an unknown layout",
+                        ExitCode::bad_input);
+
+        Region region;
+        bool fresh = false;
+        if (state.control == 0 || state.mapped_pid != static_cast<std::uint32_t>(options.pid) ||
+            !Region::exists(options.pid)) {
+            RegionGeometry g;
+            g.probe_capacity = capacity;
+            g.ring_records = options.ring_records;
+            g.ring_count = options.max_threads;
+            region = Region::create(options.pid, owner.uid, owner.gid, g, tsc.hz ? tsc : calibrate_tsc());
+            fresh = true;
+        } else {
+            region = Region::open(options.pid);
+        }
+        std::vector<Patch> patches;
+        struct Enable {
+            std::uint32_t global;
+            std::uint64_t return_address;
+        };
+        std::vector<Enable> enables;
+        std::set<std::string> touched;
+
+        for (std::size_t li = 0; li < lists.size(); li++) {
+            auto& s = lists[li];
+            const RunningModule& running = *targets[li];
+            const std::uint32_t mi = find_or_add_module(region, running, s);
+            iprobe_rt_module& module = region.modules()[mi];
+            touched.insert(running.path);
+            if (s.selected.empty()) continue;
+            std::uint64_t lo = ~0ull, hi = 0;
+            for (const Probe* p : s.selected) {
+                lo = std::min(lo, running.load_bias + p->site);
+                hi = std::max(hi, running.load_bias + p->site + IPROBE_PL_SITE_MAX);
+            }
+            std::vector<std::uint8_t> text(hi - lo);
+            process.read(lo, text.data(), text.size());
+            ensure_stub_page(process, maps, libc, running, module);
+            std::map<std::string, std::uint64_t> stubs;
+            for (const Probe* p : s.selected) {
+                const std::uint64_t site = running.load_bias + p->site;
+                const std::uint8_t* now = text.data() + (site - lo);
+                const std::uint32_t global = module.first_probe + p->id;
+                const std::uint64_t ret = site + p->size;
+                stats.selected++;
+                if (std::memcmp(now, p->placeholder.data(), p->size) == 0) {
+                    const std::string& symbol = handler_symbol(handlers, *p);
+                    if (symbol.empty())
+                        throw Error("the handler library has no entry point for " + std::string(to_string(p->kind)) +
+                                        (p->form == SiteForm::nop ? " NOP-form" : "") + " sites (" + p->demangled + ")",
+                                    ExitCode::unavailable);
+                    auto& stub = stubs[symbol];
+                    if (!stub) {
+                        const auto target = handler_lib.library.symbol(symbol);
+                        if (!target)
+                            throw Error(handler_lib.library.path + " has no symbol " + symbol, ExitCode::bad_input);
+                        stub = stub_for(process, module, *target);
+                    }
+                    Patch patch{site, {now, now + p->size}, call_bytes(site, p->size, stub)};
+                    patches.push_back(std::move(patch));
+                    enables.push_back({global, ret});
+                } else if (called_stub(site, now, p->size) != 0 &&
+                           called_stub(site, now, p->size) - module.stub_page < kPage) {
+                    stats.already_enabled++;
+                    enables.push_back({global, ret});
+                } else if (std::memcmp(now, p->original.data(), p->size) == 0 && p->form != SiteForm::nop) {
+                    // A live compiler hook (binary not coldpatched, hooks served
+                    // by a linked runtime): register the site, write nothing.
+                    stats.already_enabled++;
+                    enables.push_back({global, ret});
+                } else {
+                    std::ostringstream bytes;
+                    for (int i = 0; i < p->size; i++) bytes << (i ? " " : "") << std::hex << int(now[i]);
+                    throw Error("site " + hex_address(site) + " in " + p->demangled + " holds [" + bytes.str() +
+                                    "], neither its placeholder nor an iprobe call: " + running.path +
+                                    " is not the coldpatched binary " + s.source + " describes",
+                                ExitCode::bad_input);
+                }
+            }
+        }
+        const std::string unsafe = unsafe_pcs(process, patches);
+        if (!unsafe.empty()) throw std::runtime_error("retry");
+
+        // Table first, code second: a site only becomes live once its
+        // return address resolves.
+        for (const auto& e : enables) region.insert_site(e.return_address, e.global);
+        if (fresh) {
+            const std::string name = region_name(options.pid);
+            const auto rc = static_cast<std::int64_t>(process.call(*map_at, {}, &name));
+            if (rc != 0)
+                throw Error("the runtime in process " + std::to_string(options.pid) + " could not map " +
+                            Region::path(options.pid) + ": " + std::strerror(static_cast<int>(-rc)));
+        }
+        apply_patches(process, patches);
+        for (const auto& e : enables) region.probes()[e.global].enabled = 1;
+        region.control()->generation++;
+        stats.enabled = patches.size();
+        for (std::uint32_t i = 0; i < region.control()->probe_count; i++)
+            stats.total_enabled += region.probes()[i].enabled;
+        stats.modules.assign(touched.begin(), touched.end());
+        process.release();
+        stats.pause_us = elapsed_us(started);
+        return stats;
+    });
+}
+
+DetachStats detach(const DetachOptions& options) {
+    check_target(options.pid);
+    SessionLock lock(options.pid);
+    Region region = Region::open(options.pid);
+    // Probe lists by module, to match the selector against names.
+    std::vector<ProbeList> lists;
+    const auto* cb = region.control();
+    for (std::uint32_t i = 0; i < cb->module_count; i++) lists.push_back(load_probes(region.modules()[i].probes_path));
+
+    return with_world_stopped(options.pid, options.safe_point_timeout, [&](StoppedProcess& process,
+                                                                            Clock::time_point started,
+                                                                            Clock::time_point) {
+        DetachStats stats;
+        stats.threads = process.threads().size();
+        std::vector<Patch> patches;
+        std::vector<std::uint32_t> disabled;
+        iprobe_rt_probe* probes = region.probes();
+        for (std::uint32_t mi = 0; mi < cb->module_count; mi++) {
+            const iprobe_rt_module& module = region.modules()[mi];
+            for (const auto& p : lists[mi].probes) {
+                const std::uint32_t global = module.first_probe + p.id;
+                if (!probes[global].enabled || !options.selector.matches(p)) continue;
+                const std::uint64_t site = probes[global].site;
+                std::uint8_t now[IPROBE_PL_SITE_MAX];
+                process.read(site, now, p.size);
+                disabled.push_back(global);
+                if (std::memcmp(now, p.placeholder.data(), p.size) == 0) continue;
+                const std::uint64_t stub = called_stub(site, now, p.size);
+                if (stub == 0 || stub - module.stub_page >= kPage) continue;  // a live hook: nothing written
+                patches.push_back({site, {now, now + p.size}, {p.placeholder.begin(), p.placeholder.begin() + p.size}});
+            }
+        }
+        std::sort(patches.begin(), patches.end(), [](auto& a, auto& b) { return a.address < b.address; });
+        if (!unsafe_pcs(process, patches).empty()) throw std::runtime_error("retry");
+        apply_patches(process, patches);
+        for (auto g : disabled) probes[g].enabled = 0;
+        region.control()->generation++;
+        stats.disabled = disabled.size();
+        for (std::uint32_t i = 0; i < cb->probe_count; i++) stats.still_enabled += probes[i].enabled;
+        process.release();
+        stats.pause_us = elapsed_us(started);
+        return stats;
+    });
+}
+
+Status status(pid_t pid) {
+    check_target(pid);
+    Status st;
+    st.pid = pid;
+    for (const auto& m : read_maps(pid))
+        if (basename_of(m.path) == kRuntimeName) {
+            st.runtime_loaded = true;
+            st.runtime_path = m.path;
+        }
+    if (!Region::exists(pid)) return st;
+    Region region = Region::open(pid);
+    st.region = true;
+    const auto* cb = region.control();
+    st.ring_records = cb->ring_records;
+    st.ring_count = cb->ring_count;
+    st.no_ring_events = cb->no_ring_events;
+    st.unknown_site_events = cb->unknown_site_events;
+    for (std::uint32_t i = 0; i < cb->module_count; i++) {
+        const auto& m = region.modules()[i];
+        ModuleStatus ms;
+        ms.path = m.path;
+        ms.probes_path = m.probes_path;
+        ms.build_id = hex(std::span<const std::uint8_t>(m.build_id, m.build_id_size));
+        ms.load_bias = m.load_bias;
+        ms.stub_page = m.stub_page;
+        ms.probes = m.probe_count;
+        for (std::uint32_t p = 0; p < m.probe_count; p++) ms.enabled += region.probes()[m.first_probe + p].enabled;
+        st.modules.push_back(ms);
+    }
+    for (std::uint32_t i = 0; i < cb->ring_count; i++) {
+        const auto* r = region.ring(i);
+        const std::uint32_t state = __atomic_load_n(&r->state, __ATOMIC_ACQUIRE);
+        st.dropped += r->dropped;
+        if (state == IPROBE_RT_RING_FREE) continue;
+        RingStatus rs;
+        rs.index = i;
+        rs.tid = r->tid;
+        rs.state = state == IPROBE_RT_RING_OWNED ? "owned" : "retired";
+        const std::uint64_t head = __atomic_load_n(&r->head, __ATOMIC_ACQUIRE);
+        rs.pending = head > r->tail ? head - r->tail : 0;
+        rs.dropped = r->dropped;
+        st.rings.push_back(rs);
+    }
+    return st;
+}
+
+}  // namespace iprobe::hotpatch

@@ -1,0 +1,122 @@
+// The examples, built by examples/CMakeLists.txt natively and with iprobe-cc,
+// behave identically; the coldpatched builds hold no hook call and list as
+// many probes as the compiler emitted placeholders.
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "binary_checks.h"
+#include "iprobe/probe_list.hpp"
+#include "testutil.h"
+
+namespace iprobe::test {
+namespace {
+
+std::string example(const std::string& name, const std::string& flavour) {
+    return build_dir() + "/examples/" + name + "/" + flavour + "/" + name;
+}
+
+// The same compile iprobe-cc did, without the coldpatch: what the compiler emitted.
+HookCalls emitted_by_compiler(const std::string& name, const std::string& source, const std::string& wrapper,
+                              const std::string& extra) {
+    TempDir dir;
+    const std::string out = dir / name;
+    const auto r = sh("IPROBE_COLDPATCH=0 " + bin(wrapper) + " -O2 -g " + extra + " " + source_dir() +
+                      "/examples/" + source + " -o " + out);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return count_hook_calls(out);
+}
+
+void expect_coldpatched(const std::string& name, const std::string& source, const std::string& wrapper,
+                        const std::string& extra) {
+    const std::string binary = example(name, "iprobe");
+    const ProbeList list = ProbeList::load(binary + ".probes");
+    const HookCalls emitted = emitted_by_compiler(name, source, wrapper, extra);
+    EXPECT_GT(emitted.total(), 0);
+    EXPECT_EQ(list.probes.size(), static_cast<std::size_t>(emitted.total()));
+    std::size_t entries = 0;
+    for (const auto& p : list.probes) entries += p.kind == ProbeKind::entry;
+    EXPECT_EQ(entries, static_cast<std::size_t>(emitted.enter));
+    const HookCalls left = count_hook_calls(binary);
+    EXPECT_EQ(left.total(), 0);
+    EXPECT_EQ(left.tail_jumps, 0);
+    const auto insns = disassembly(binary);
+    for (const auto& p : list.probes) {
+        const auto it = insns.find(p.site);
+        ASSERT_NE(it, insns.end());
+        EXPECT_EQ(it->second.rfind("nop", 0), 0u) << it->second;
+    }
+}
+
+TEST(Examples, ShapesPrintsTheSame) {
+    const auto native = run({example("shapes", "native")});
+    const auto probed = run({example("shapes", "iprobe")});
+    ASSERT_EQ(native.exit_code, 0);
+    EXPECT_EQ(probed.exit_code, 0);
+    EXPECT_EQ(probed.out, native.out);
+    EXPECT_NE(native.out.find("caught: mean of nothing"), std::string::npos);
+    const auto more_native = run({example("shapes", "native"), "40"});
+    EXPECT_EQ(run({example("shapes", "iprobe"), "40"}).out, more_native.out);
+    expect_coldpatched("shapes", "shapes/shapes.cpp", "iprobe-c++", "-std=c++20");
+    const auto demangled = run({bin("iprobe"), "list", example("shapes", "iprobe"), "--count", "--functions",
+                                "geometry::Triangle::area() const"});
+    EXPECT_GE(std::stoi(demangled.out), 2) << "entry and exit, plus copies inlined elsewhere";
+}
+
+TEST(Examples, MicrobenchRunsTheSame) {
+    for (const char* flavour : {"native", "iprobe"}) {
+        const auto r = run({example("microbench", flavour), "1000"});
+        EXPECT_EQ(r.exit_code, 0);
+        EXPECT_EQ(r.out.rfind("calls=1000 total_ns=", 0), 0u) << r.out;
+        EXPECT_EQ(run({example("microbench", flavour)}).exit_code, 2);
+    }
+    expect_coldpatched("microbench", "microbench/microbench.c", "iprobe-cc", "-std=gnu11");
+    EXPECT_EQ(run({bin("iprobe"), "list", example("microbench", "iprobe"), "--count", "--functions",
+                   "empty_function"})
+                  .out,
+              "2\n");
+}
+
+// One client session against a running echo-service; returns all replies.
+std::string session(int port, const std::string& requests) {
+    const auto r = run({"bash", "-c",
+                        "exec 3<>/dev/tcp/127.0.0.1/" + std::to_string(port) + " && printf '" + requests +
+                            "' >&3 && timeout 10 cat <&3"});
+    return r.out;
+}
+
+std::string run_echo_service(const std::string& binary, std::string& final_output) {
+    TempDir dir;
+    const int port = free_port();
+    Child service({binary, "--port", std::to_string(port), "--threads", "3"}, dir / "out.txt");
+    EXPECT_TRUE(wait_for_port(port)) << binary;  // one connection, counted by the service
+    std::string replies;
+    replies += session(port, "ECHO hello world\\nUPPER mixed Case\\nREV abcdef\\nSUM 1 2 3 -4\\nNOPE\\nQUIT\\n");
+    // Several concurrent clients, each served by a worker thread.
+    std::vector<std::thread> clients;
+    std::vector<std::string> parallel(4);
+    for (int i = 0; i < 4; ++i)
+        clients.emplace_back([&, i] { parallel[i] = session(port, "ECHO client " + std::to_string(i) + "\\nQUIT\\n"); });
+    for (auto& t : clients) t.join();
+    for (const auto& p : parallel) replies += p;
+    replies += session(port, "STATS\\nSHUTDOWN\\n");
+    EXPECT_EQ(service.wait(std::chrono::seconds(10)), 0) << "clean shutdown";
+    final_output = file_text(dir / "out.txt");
+    final_output = final_output.substr(final_output.find('\n') + 1);  // the first line names the port
+    return replies;
+}
+
+TEST(Examples, EchoServiceRepliesTheSame) {
+    std::string native_tail, probed_tail;
+    const std::string native = run_echo_service(example("echo-service", "native"), native_tail);
+    const std::string probed = run_echo_service(example("echo-service", "iprobe"), probed_tail);
+    EXPECT_EQ(native.substr(0, 56), "hello world\nMIXED CASE\nfedcba\n2\nERR unknown command\nbye\n");
+    EXPECT_NE(native.find("connections=7 requests=15\nbye\n"), std::string::npos) << native;
+    EXPECT_EQ(probed, native);
+    EXPECT_EQ(native_tail, "echo-service stopped: 7 connections, 16 requests\n");
+    EXPECT_EQ(probed_tail, native_tail);
+    expect_coldpatched("echo-service", "echo-service/echo_service.c", "iprobe-cc", "-std=gnu11 -pthread");
+}
+
+}  // namespace
+}  // namespace iprobe::test

@@ -1,0 +1,144 @@
+// Redis 7.0 from Debian 12's source, built with `make CC=iprobe-cc`
+// (scripts/build-redis), against the same source built with gcc: same
+// replies, redis-benchmark runs, no hook call left, one probe per
+// placeholder the compiler emitted.  Builds are cached in the build tree.
+#include <gtest/gtest.h>
+
+#include "binary_checks.h"
+#include "iprobe/probe_list.hpp"
+#include "testutil.h"
+
+namespace iprobe::test {
+namespace {
+
+std::string build_redis(const std::string& mode) {
+    const auto r = run({source_dir() + "/scripts/build-redis", "--mode", mode, build_dir() + "/redis/" + mode}, {},
+                       std::chrono::minutes(20), {"IPROBE_BUILD_DIR=" + build_dir()});
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    std::string path = r.out;
+    while (!path.empty() && path.back() == '\n') path.pop_back();
+    return path.substr(0, path.rfind('/'));  // the directory with redis-server, -cli, -benchmark
+}
+
+class RedisServer {
+public:
+    RedisServer(const std::string& dir, const TempDir& tmp, const std::string& name) : port_(free_port()) {
+        child_ = Child({dir + "/redis-server", "--port", std::to_string(port_), "--bind", "127.0.0.1", "--save", "",
+                        "--appendonly", "no", "--dir", tmp.path(), "--daemonize", "no", "--logfile",
+                        tmp / (name + ".log")});
+        ready_ = wait_for_port(port_, std::chrono::seconds(20));
+    }
+    int port() const { return port_; }
+    bool ready() const { return ready_; }
+
+private:
+    int port_;
+    Child child_;
+    bool ready_ = false;
+};
+
+// The replies to a fixed command set, one redis-cli call per command.
+std::string replies(const std::string& cli, int port) {
+    static const std::vector<std::vector<std::string>> commands = {
+        {"PING"},
+        {"SET", "greeting", "hello"},
+        {"GET", "greeting"},
+        {"APPEND", "greeting", " world"},
+        {"STRLEN", "greeting"},
+        {"INCR", "counter"},
+        {"INCRBY", "counter", "41"},
+        {"DECR", "counter"},
+        {"MSET", "a", "1", "b", "2", "c", "3"},
+        {"MGET", "a", "b", "c", "missing"},
+        {"LPUSH", "list", "x", "y", "z"},
+        {"RPUSH", "list", "tail"},
+        {"LRANGE", "list", "0", "-1"},
+        {"LPOP", "list"},
+        {"HSET", "user:1", "name", "ada", "lang", "c"},
+        {"HGETALL", "user:1"},
+        {"SADD", "set", "m1", "m2", "m3", "m2"},
+        {"SCARD", "set"},
+        {"SISMEMBER", "set", "m2"},
+        {"ZADD", "board", "10", "alice", "20", "bob", "15", "carol"},
+        {"ZRANGE", "board", "0", "-1", "WITHSCORES"},
+        {"ZRANK", "board", "carol"},
+        {"EXPIRE", "greeting", "100"},
+        {"TYPE", "board"},
+        {"EXISTS", "a", "b", "nope"},
+        {"DEL", "a", "b"},
+        {"KEYS", "cou*"},
+        {"DBSIZE"},
+        {"EVAL", "return redis.call('INCR', KEYS[1]) * 2", "1", "counter"},
+        {"XADD", "stream", "1-1", "field", "value"},
+        {"XLEN", "stream"},
+        {"SETRANGE", "greeting", "0", "J"},
+        {"GETRANGE", "greeting", "0", "4"},
+        {"OBJECT", "ENCODING", "list"},
+        {"NOSUCHCOMMAND"},
+        {"GET"},
+        {"PERSIST", "greeting"},
+        {"TTL", "greeting"},
+        {"ECHO", "last"},
+    };
+    std::string out;
+    for (const auto& c : commands) {
+        std::vector<std::string> argv{cli, "-p", std::to_string(port)};
+        argv.insert(argv.end(), c.begin(), c.end());
+        const auto r = run(argv);
+        out += "> " + c[0] + "\n" + r.out + r.err;
+    }
+    return out;
+}
+
+TEST(Redis, BuiltWithIprobeCcBehavesLikeTheNativeBuild) {
+    const std::string native = build_redis("native");
+    const std::string probed = build_redis("finstrument");
+    const std::string unpatched = build_redis("finstrument-unpatched");
+    ASSERT_FALSE(native.empty());
+    ASSERT_FALSE(probed.empty());
+    ASSERT_FALSE(unpatched.empty());
+
+    for (const char* tool : {"redis-server", "redis-cli", "redis-benchmark"}) {
+        SCOPED_TRACE(tool);
+        const ProbeList list = ProbeList::load(probed + "/" + tool + ".probes");
+        const HookCalls emitted = count_hook_calls(unpatched + "/" + tool);
+        const HookCalls left = count_hook_calls(probed + "/" + tool);
+        std::size_t entries = 0;
+        for (const auto& p : list.probes) entries += p.kind == ProbeKind::entry;
+        EXPECT_GT(emitted.total(), 1000);
+        EXPECT_EQ(list.probes.size(), static_cast<std::size_t>(emitted.total()));
+        EXPECT_EQ(entries, static_cast<std::size_t>(emitted.enter));
+        EXPECT_EQ(left.total(), 0);
+        EXPECT_EQ(left.tail_jumps, 0);
+        EXPECT_EQ(emitted.tail_jumps, 0);
+    }
+    const ProbeList server = ProbeList::load(probed + "/redis-server.probes");
+    EXPECT_NE(server.flags & IPROBE_PL_FLAG_DWARF, 0u);
+    const auto lookup = run({bin("iprobe"), "list", probed + "/redis-server", "--count", "--functions", "processCommand",
+                             "--kind", "entry"});
+    EXPECT_EQ(lookup.out, "1\n");
+
+    TempDir tmp;
+    RedisServer native_server(native, tmp, "native");
+    RedisServer probed_server(probed, tmp, "probed");
+    ASSERT_TRUE(native_server.ready());
+    ASSERT_TRUE(probed_server.ready());
+    // The same client (the native redis-cli) against both servers, then the
+    // iprobe-built redis-cli against the iprobe-built server.
+    const std::string expected = replies(native + "/redis-cli", native_server.port());
+    EXPECT_NE(expected.find("> MGET\n1\n2\n3\n\n"), std::string::npos) << expected;
+    EXPECT_NE(expected.find("> EVAL\n84\n"), std::string::npos) << expected;
+    EXPECT_EQ(replies(native + "/redis-cli", probed_server.port()), expected);
+    ASSERT_EQ(run({native + "/redis-cli", "-p", std::to_string(probed_server.port()), "FLUSHALL"}).out, "OK\n");
+    EXPECT_EQ(replies(probed + "/redis-cli", probed_server.port()), expected);
+
+    const auto bench = run({probed + "/redis-benchmark", "-p", std::to_string(probed_server.port()), "-n", "2000", "-q"},
+                           {}, std::chrono::minutes(5));
+    EXPECT_EQ(bench.exit_code, 0) << bench.err;
+    EXPECT_NE(bench.out.find("SET: "), std::string::npos) << bench.out;
+    EXPECT_NE(bench.out.find("requests per second"), std::string::npos);
+    EXPECT_EQ(run({native + "/redis-cli", "-p", std::to_string(probed_server.port()), "PING"}).out, "PONG\n");
+}
+
+}  // namespace
+}  // namespace iprobe::test

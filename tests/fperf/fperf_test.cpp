@@ -1,0 +1,489 @@
+// fperf: budget arithmetic (pure), shared memory, data file and report, and
+// the whole tool on a program with a known call structure.
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <filesystem>
+#include <functional>
+#include <map>
+#include <numeric>
+#include <thread>
+
+#include "fperf/profile.hpp"
+#include "fperf/quota.hpp"
+#include "fperf/session.hpp"
+#include "fperf/shm_layout.h"
+#include "iprobe/support/error.h"
+#include "testutil.h"
+
+namespace {
+
+using namespace std::chrono_literals;
+using fperf::FunctionActivity;
+using iprobe::test::bin;
+using iprobe::test::build_dir;
+using iprobe::test::Child;
+using iprobe::test::run;
+using iprobe::test::TempDir;
+
+// ---------------------------------------------------------------- quotas --
+
+TEST(FperfQuota, AllowanceIsBudgetMinusCountingCostOverSampleCost) {
+    fperf::Budget b;
+    b.fraction = 0.05;
+    b.interval_ns = 100'000'000;  // 5 ms of overhead allowed
+    b.sample_cost_ns = 1000;
+    b.count_cost_ns = 5;
+    EXPECT_EQ(fperf::sample_allowance(b, 0), 5000u);
+    EXPECT_EQ(fperf::sample_allowance(b, 100'000), 4500u);   // 0.5 ms spent counting
+    EXPECT_EQ(fperf::sample_allowance(b, 1'000'000), 0u);    // counting alone uses it all
+    EXPECT_EQ(fperf::sample_allowance(b, 2'000'000), 0u);
+    b.unlimited = true;
+    EXPECT_EQ(fperf::sample_allowance(b, 2'000'000), UINT64_MAX);
+}
+
+TEST(FperfQuota, NoBudgetMeansUnlimitedQuotas) {
+    std::vector<FunctionActivity> f = {{0, 0, 0}, {10, 10, 10}};
+    const auto q = fperf::allocate_quotas(f, UINT64_MAX);
+    EXPECT_EQ(q, (std::vector<std::int64_t>{fperf::kUnlimitedQuota, fperf::kUnlimitedQuota}));
+}
+
+TEST(FperfQuota, NeverSampledFunctionsAlwaysGetOneSample) {
+    // never seen, seen but never sampled, and sampled busy functions; no allowance at all
+    std::vector<FunctionActivity> f = {{0, 0, 0}, {5, 5, 0}, {1'000'000, 1'000'000, 3}};
+    const auto q = fperf::allocate_quotas(f, 0);
+    EXPECT_EQ(q, (std::vector<std::int64_t>{1, 1, 0}));
+}
+
+TEST(FperfQuota, SeenButUnsampledIsPaidFromTheAllowanceNeverSeenIsNot) {
+    std::vector<FunctionActivity> f = {{0, 0, 0}, {0, 0, 0}, {7, 7, 0}, {100, 100, 1}};
+    const auto q = fperf::allocate_quotas(f, 10);
+    EXPECT_EQ(q, (std::vector<std::int64_t>{1, 1, 1, 9}));
+}
+
+TEST(FperfQuota, RareFunctionsGetAllTheyAskHotOnesShareTheRest) {
+    // demands 1, 10, 10^6 (and a sampled idle function asking for 1)
+    std::vector<FunctionActivity> f = {
+        {1'000'000, 1'000'000, 5}, {10, 10, 1}, {1, 1, 1}, {50, 0, 2}};
+    const auto q = fperf::allocate_quotas(f, 100);
+    EXPECT_EQ(q, (std::vector<std::int64_t>{88, 10, 1, 1}));
+    EXPECT_EQ(std::accumulate(q.begin(), q.end(), std::int64_t{0}), 100);
+}
+
+TEST(FperfQuota, EqualShareRemainderGoesByPositionDeterministically) {
+    std::vector<FunctionActivity> f = {{900, 900, 1}, {900, 900, 1}, {900, 900, 1}};
+    EXPECT_EQ(fperf::allocate_quotas(f, 10), (std::vector<std::int64_t>{4, 3, 3}));
+    EXPECT_EQ(fperf::allocate_quotas(f, 10), fperf::allocate_quotas(f, 10));
+    // nobody gets more than it asked for
+    std::vector<FunctionActivity> g = {{3, 3, 1}, {4, 4, 1}};
+    EXPECT_EQ(fperf::allocate_quotas(g, 1000), (std::vector<std::int64_t>{3, 4}));
+}
+
+// Replays the handler's rule (a call is sampled while its function's quota
+// lasts) over many intervals of a fixed workload: the number of samples is
+// the allowance plus the one-per-new-function guarantee, whatever the call
+// counts, and every function that runs is sampled at least once.
+TEST(FperfQuota, TightBudgetSimulationSamplesEveryFunctionAndStaysInAllowance) {
+    fperf::Budget b;
+    b.fraction = 0.001;
+    b.interval_ns = 100'000'000;  // 100 us per interval
+    b.sample_cost_ns = 2000;
+    b.count_cost_ns = 0;          // 50 samples per interval
+    // calls per interval of each function; function 4 runs only in interval 7
+    const std::vector<std::uint64_t> rate = {1'000'000, 20'000, 12, 1, 0};
+    std::vector<FunctionActivity> state(rate.size());
+    std::vector<std::int64_t> quota(rate.size(), 1);  // the table's initial quota
+    std::uint64_t samples = 0, calls = 0, allowed = 0;
+    for (int interval = 0; interval < 20; interval++) {
+        std::uint64_t calls_now = 0;
+        for (std::size_t i = 0; i < rate.size(); i++) {
+            const std::uint64_t n = rate[i] + (i == 4 && interval == 7 ? 3 : 0);
+            const std::uint64_t taken = std::min<std::uint64_t>(n, std::max<std::int64_t>(quota[i], 0));
+            state[i].calls_total += n;
+            state[i].calls_interval = n;
+            state[i].samples_total += taken;
+            samples += taken;
+            calls += n;
+            calls_now += n;
+        }
+        const auto allowance = fperf::sample_allowance(b, calls_now);
+        EXPECT_EQ(allowance, 50u);
+        allowed += allowance;
+        quota = fperf::allocate_quotas(state, allowance);
+        std::int64_t given = 0;
+        for (std::size_t i = 0; i < quota.size(); i++)
+            if (state[i].samples_total > 0) given += quota[i];
+        EXPECT_LE(given, 50);
+    }
+    for (std::size_t i = 0; i < rate.size(); i++) EXPECT_GE(state[i].samples_total, 1u) << "function " << i;
+    EXPECT_LE(samples, allowed + rate.size());
+    EXPECT_LT(samples * 1000, calls);  // far fewer samples than calls
+    // the rare functions got every call sampled after the first interval
+    // (where every function starts with its one guaranteed sample)
+    EXPECT_EQ(state[3].samples_total, state[3].calls_total);
+    EXPECT_EQ(state[2].samples_total, state[2].calls_total - (rate[2] - 1));
+    EXPECT_EQ(state[4].samples_total, 1u);
+}
+
+// ------------------------------------------------------- shared memory --
+
+TEST(FperfSession, CreatesOwnerOnlyRegionReplacesOldOneAndRemovesItOnClose) {
+    const pid_t self = ::getpid();
+    fperf::SessionConfig config;
+    config.slot_count = 1000;  // rounded to 1024
+    config.events = {"perf::PAGE-FAULTS"};
+    config.initial_quota = 1;
+    auto first = fperf::SharedSession::create(self, config);
+    const auto path = fperf::shm_path(self);
+    struct stat sb{};
+    ASSERT_EQ(::stat(path.c_str(), &sb), 0);
+    EXPECT_EQ(sb.st_mode & 0777, 0600u);
+    EXPECT_EQ(first.header().slot_count, 1024u);
+    EXPECT_STREQ(first.header().event_names[0], "perf::PAGE-FAULTS");
+    ASSERT_TRUE(first.register_function(0x401000));
+    ASSERT_TRUE(first.register_function(0x401000));  // idempotent
+    ASSERT_TRUE(first.register_function(0x402000));
+    auto snap = first.snapshot();
+    ASSERT_EQ(snap.size(), 2u);
+    for (const auto& s : snap) EXPECT_EQ(first.slots()[s.slot].quota.load(), 1);
+
+    auto second = fperf::SharedSession::create(self, config);  // a new recording of the same pid
+    EXPECT_EQ(first.header().state.load(), FPERF_STATE_CLOSED);  // a resident handler lets go of it
+    EXPECT_TRUE(second.snapshot().empty());
+    second.close();
+    EXPECT_NE(::access(path.c_str(), F_OK), 0);
+}
+
+TEST(FperfSession, FullTableRefusesRegistration) {
+    fperf::SessionConfig config;
+    config.slot_count = 2;
+    auto s = fperf::SharedSession::create(::getpid(), config);
+    EXPECT_TRUE(s.register_function(1));
+    EXPECT_TRUE(s.register_function(2));
+    EXPECT_FALSE(s.register_function(3));
+}
+
+// ------------------------------------------------ data file and report --
+
+fperf::Profile sample_profile() {
+    fperf::Profile p;
+    p.meta = {{"pid", "42"}, {"budget", "5%"}, {"total_calls", "1000010"}, {"total_samples", "12"},
+              {"functions_called", "3"}, {"functions_sampled", "2"}, {"overhead_estimate", "0.0123"},
+              {"duration_ns", "1000000000"}, {"interval_ns", "100000000"}};
+    p.events = {{"perf::PAGE-FAULTS", true, ""}, {"PAPI_TOT_CYC", false, "no PMU"}};
+    p.functions = {{0x1000, "hot", "/bin/x", 1'000'000, 10, 1000, 800, {20, 0}},
+                   {0x2000, "cold <a&b>", "/bin/x", 10, 2, 4000, 4000, {2, 0}},
+                   {0x3000, "never_sampled", "/bin/x", 0, 0, 0, 0, {0, 0}}};
+    return p;
+}
+
+TEST(FperfProfile, SavesAndLoadsExactly) {
+    TempDir dir;
+    const auto p = sample_profile();
+    p.save(dir / "x.data");
+    const auto q = fperf::Profile::load(dir / "x.data");
+    EXPECT_EQ(q.meta, p.meta);
+    ASSERT_EQ(q.events.size(), 2u);
+    EXPECT_FALSE(q.events[1].measured);
+    EXPECT_EQ(q.events[1].reason, "no PMU");
+    ASSERT_EQ(q.functions.size(), 3u);
+    EXPECT_EQ(q.functions[1].name, "cold <a&b>");
+    EXPECT_EQ(q.functions[0].calls, 1'000'000u);
+    EXPECT_EQ(q.functions[0].events, (std::vector<std::uint64_t>{20, 0}));
+    EXPECT_THROW(fperf::Profile::load(bin("fperf")), iprobe::Error);
+}
+
+TEST(FperfProfile, ReportsMeansSharesAndNeverShowsUnavailableEventsAsValues) {
+    const auto p = sample_profile();
+    const auto metrics = fperf::report_metrics(p);
+    ASSERT_EQ(metrics.size(), 3u);  // wall, cpu, the one measured event
+    EXPECT_EQ(metrics[2].name, "perf::PAGE-FAULTS");
+    EXPECT_DOUBLE_EQ(fperf::metric_mean(p.functions[0], metrics[0]), 100.0);
+    EXPECT_DOUBLE_EQ(fperf::metric_estimated_total(p.functions[0], metrics[0]), 100.0 * 1'000'000);
+    const auto json = fperf::render_json(p);
+    EXPECT_NE(json.find("\"name\":\"PAPI_TOT_CYC\",\"measured\":false,\"reason\":\"no PMU\""), std::string::npos) << json;
+    EXPECT_EQ(json.find("\"PAPI_TOT_CYC\":{"), std::string::npos) << "no values for an unavailable event";
+    const auto csv = fperf::render_csv(p);
+    EXPECT_EQ(csv.find("PAPI_TOT_CYC"), std::string::npos);
+    EXPECT_NE(csv.find("\"hot\",\"/bin/x\",1000000,10,100.000,100000000,"), std::string::npos) << csv;
+    const auto table = fperf::render_table(p, 0);
+    EXPECT_NE(table.find("PAPI_TOT_CYC: no PMU"), std::string::npos) << table;
+    const auto svg = fperf::render_svg(p, 5);
+    EXPECT_EQ(svg.rfind("<svg", 0), 0u);
+    EXPECT_NE(svg.find("cold &lt;a&amp;b&gt;"), std::string::npos);
+    EXPECT_NE(svg.find("not measured (unavailable here): PAPI_TOT_CYC"), std::string::npos);
+}
+
+// ------------------------------------------------------- the whole tool --
+
+std::string callgraph() { return build_dir() + "/tests/fperf/callgraph"; }
+std::string handler_library() { return build_dir() + "/lib/libfperf-handler.so"; }
+
+const std::map<std::string, std::uint64_t> kExpectedCalls = {
+    {"main", 1}, {"hot_loop", 1}, {"hot_leaf", 1'000'000}, {"once_a", 1},
+    {"once_b", 1}, {"fib", 21891}, {"thread_main", 2}, {"thread_work", 2000}};
+
+std::map<std::string, const fperf::FunctionProfile*> by_name(const fperf::Profile& p) {
+    std::map<std::string, const fperf::FunctionProfile*> out;
+    for (const auto& f : p.functions) out[f.name] = &f;
+    return out;
+}
+
+fperf::Profile record_program(const std::vector<std::string>& options, const std::string& program,
+                              const TempDir& dir, std::string* err = nullptr) {
+    std::vector<std::string> argv = {bin("fperf"), "record", "-o", dir / "fperf.data"};
+    argv.insert(argv.end(), options.begin(), options.end());
+    argv.insert(argv.end(), {"--", program});
+    const auto r = run(argv, {}, 240s);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find("fib 6765"), std::string::npos) << "the program ran to its normal end: " << r.out;
+    if (err) *err = r.err;
+    return fperf::Profile::load(dir / "fperf.data");
+}
+
+void expect_exact_calls_all_sampled(const fperf::Profile& p) {
+    const auto f = by_name(p);
+    for (const auto& [name, calls] : kExpectedCalls) {
+        ASSERT_TRUE(f.count(name)) << name << " missing from the profile";
+        EXPECT_EQ(f.at(name)->calls, calls) << name;
+        EXPECT_EQ(f.at(name)->samples, calls) << name << ": no budget samples every call";
+    }
+    // a sample has real deltas: once_b loops 200k times
+    EXPECT_GT(f.at("once_b")->cpu_ns, 10'000u);
+    EXPECT_GT(f.at("main")->wall_ns, f.at("hot_loop")->wall_ns);
+}
+
+TEST(FperfRecord, NoBudgetCapturesEveryFunctionWithExactCallCounts) {
+    TempDir dir;
+    const auto p = record_program({"--budget", "none", "--events", "perf::PAGE-FAULTS"}, callgraph(), dir);
+    expect_exact_calls_all_sampled(p);
+    EXPECT_EQ(p.get("budget"), "none");
+    ASSERT_EQ(p.events.size(), 1u);
+    EXPECT_TRUE(p.events[0].measured);
+    EXPECT_EQ(p.get("handler_threads"), "3");
+    EXPECT_EQ(p.get("unmatched_exits"), "0");
+}
+
+TEST(FperfRecord, TightBudgetSamplesEveryFunctionOnceAndFarFewerCalls) {
+    TempDir dir;
+    const auto p = record_program({"--budget", "0.01%", "--interval", "10ms"}, callgraph(), dir);
+    const auto f = by_name(p);
+    std::uint64_t samples = 0, calls = 0;
+    for (const auto& [name, expected] : kExpectedCalls) {
+        ASSERT_TRUE(f.count(name)) << name;
+        EXPECT_EQ(f.at(name)->calls, expected) << name;
+        EXPECT_GE(f.at(name)->samples, 1u) << name << " must be sampled at least once";
+        samples += f.at(name)->samples;
+        calls += f.at(name)->calls;
+    }
+    EXPECT_LT(samples * 100, calls) << samples << " samples of " << calls << " calls";
+    EXPECT_EQ(p.get("functions_called"), p.get("functions_sampled"));
+}
+
+TEST(FperfRecord, FunctionGlobSelectsOnlyMatchingFunctions) {
+    TempDir dir;
+    const auto p = record_program({"--budget", "none", "--functions", "once_*,fib"}, callgraph(), dir);
+    const auto f = by_name(p);
+    EXPECT_EQ(f.size(), 3u);
+    ASSERT_TRUE(f.count("fib"));
+    EXPECT_EQ(f.at("fib")->calls, 21891u);
+    EXPECT_EQ(f.count("hot_leaf"), 0u);
+}
+
+TEST(FperfRecord, UnavailableEventIsReportedAndTheRestMeasured) {
+    TempDir dir;
+    std::string err;
+    const auto p = record_program({"--events", "PAPI_TOT_CYC,perf::CONTEXT-SWITCHES,NO_SUCH_EVENT", "--budget", "none"},
+                                  callgraph(), dir, &err);
+    // On this machine (no PMU) cycles are unavailable; on one with a PMU they are measured.
+    std::map<std::string, const fperf::EventColumn*> ev;
+    for (const auto& e : p.events) ev[e.name] = &e;
+    ASSERT_EQ(ev.size(), 3u);
+    EXPECT_TRUE(ev.at("perf::CONTEXT-SWITCHES")->measured);
+    EXPECT_FALSE(ev.at("NO_SUCH_EVENT")->measured);
+    EXPECT_NE(err.find("warning: event NO_SUCH_EVENT is unavailable: PAPI knows no event by this name"),
+              std::string::npos) << err;
+    if (!ev.at("PAPI_TOT_CYC")->measured) {
+        EXPECT_NE(err.find("event PAPI_TOT_CYC is unavailable"), std::string::npos) << err;
+    }
+    const auto report = run({bin("fperf"), "report", "-i", dir / "fperf.data", "--csv"});
+    ASSERT_EQ(report.exit_code, 0) << report.err;
+    EXPECT_EQ(report.out.find("NO_SUCH_EVENT"), std::string::npos) << "no column of zeros for it";
+    EXPECT_NE(report.out.find("mean_perf::CONTEXT-SWITCHES"), std::string::npos);
+    const auto table = run({bin("fperf"), "report", "-i", dir / "fperf.data"});
+    EXPECT_NE(table.out.find("unavailable events"), std::string::npos);
+    EXPECT_NE(table.out.find("NO_SUCH_EVENT: PAPI knows no event"), std::string::npos) << table.out;
+}
+
+TEST(FperfRecord, StrictWithUnavailableEventFailsAndRecordsNothing) {
+    TempDir dir;
+    const auto r = run({bin("fperf"), "record", "--strict", "--events", "NO_SUCH_EVENT,perf::PAGE-FAULTS", "-o",
+                        dir / "fperf.data", "--", callgraph()});
+    EXPECT_EQ(r.exit_code, 7) << r.err;
+    EXPECT_NE(r.err.find("error: event NO_SUCH_EVENT is unavailable"), std::string::npos) << r.err;
+    EXPECT_TRUE(r.out.empty()) << "the program was not started";
+    EXPECT_FALSE(std::filesystem::exists(dir / "fperf.data"));
+}
+
+TEST(FperfRecord, BadUsageIsExitTwo) {
+    EXPECT_EQ(run({bin("fperf"), "record"}).exit_code, 2);
+    EXPECT_EQ(run({bin("fperf"), "record", "--budget", "lots", "--", "true"}).exit_code, 2);
+    EXPECT_EQ(run({bin("fperf"), "record", "--pid", "1", "--", "true"}).exit_code, 2);
+    EXPECT_EQ(run({bin("fperf"), "report", "-i", "/nonexistent/fperf.data"}).exit_code, 5);
+    const auto missing = run({bin("fperf"), "record", "--", "/nonexistent/program"});
+    EXPECT_EQ(missing.exit_code, 5) << missing.err;
+}
+
+TEST(FperfRecord, ReportRendersTableJsonCsvAndSvg) {
+    TempDir dir;
+    record_program({"--budget", "5%"}, callgraph(), dir);
+    const auto table = run({bin("fperf"), "report", "-i", dir / "fperf.data", "--svg", dir / "out.svg"});
+    ASSERT_EQ(table.exit_code, 0) << table.err;
+    EXPECT_NE(table.out.find("hot_leaf"), std::string::npos) << table.out;
+    EXPECT_NE(table.out.find("estimated overhead"), std::string::npos);
+    const auto svg = iprobe::test::file_text(dir / "out.svg");
+    EXPECT_NE(svg.find("thread CPU time"), std::string::npos);
+    EXPECT_NE(svg.find(">fib<"), std::string::npos);
+    const auto json = run({bin("fperf"), "report", "-i", dir / "fperf.data", "--json"});
+    EXPECT_EQ(json.out.front(), '{');
+    EXPECT_NE(json.out.find("\"name\":\"hot_leaf\""), std::string::npos);
+}
+
+// --------------------------------------------- attach mode, robustness --
+
+// The handler half, preloaded into a program that runs for a while.
+Child start_served(const TempDir& dir, const std::string& seconds) {
+    return Child({callgraph(), "serve", seconds}, dir / "target.out", {"LD_PRELOAD=" + handler_library()});
+}
+
+struct MappedRegion {
+    void* base = MAP_FAILED;
+    std::size_t size = 0;
+    ~MappedRegion() {
+        if (base != MAP_FAILED) ::munmap(base, size);
+    }
+    const fperf_shm_header* header() const { return static_cast<const fperf_shm_header*>(base); }
+    std::pair<std::uint64_t, std::uint64_t> calls_and_samples() const {
+        const auto* h = header();
+        const auto* slots = reinterpret_cast<const fperf_function_slot*>(static_cast<const char*>(base) + h->header_size);
+        std::uint64_t calls = 0, samples = 0;
+        for (std::uint32_t i = 0; i < h->slot_count; i++) {
+            calls += slots[i].calls.load();
+            samples += slots[i].samples.load();
+        }
+        return {calls, samples};
+    }
+};
+
+bool map_region(pid_t pid, MappedRegion& region) {
+    const int fd = ::open(fperf::shm_path(pid).c_str(), O_RDONLY);
+    if (fd < 0) return false;
+    struct stat sb{};
+    ::fstat(fd, &sb);
+    region.size = static_cast<std::size_t>(sb.st_size);
+    region.base = region.size ? ::mmap(nullptr, region.size, PROT_READ, MAP_SHARED, fd, 0) : MAP_FAILED;
+    ::close(fd);
+    return region.base != MAP_FAILED && region.header()->magic == FPERF_SHM_MAGIC;
+}
+
+bool wait_until(const std::function<bool()>& ok, std::chrono::milliseconds limit) {
+    const auto end = std::chrono::steady_clock::now() + limit;
+    while (std::chrono::steady_clock::now() < end) {
+        if (ok()) return true;
+        std::this_thread::sleep_for(20ms);
+    }
+    return ok();
+}
+
+TEST(FperfRobustness, DaemonAndHandlerSurviveTheTargetExiting) {
+    TempDir dir;
+    auto target = start_served(dir, "1.5");
+    const auto r = run({bin("fperf"), "record", "--pid", std::to_string(target.pid()), "--budget", "5%", "-o",
+                        dir / "fperf.data"},
+                       {}, 60s);
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.err.find("exited"), std::string::npos) << r.err;
+    EXPECT_EQ(target.wait(10s), 0) << "the target ends normally";
+    EXPECT_NE(iprobe::test::file_text(dir / "target.out").find(" ok"), std::string::npos);
+    const auto p = fperf::Profile::load(dir / "fperf.data");
+    const auto f = by_name(p);
+    ASSERT_TRUE(f.count("hot_leaf")) << "names resolved after the target is gone";
+    EXPECT_GT(f.at("hot_leaf")->calls, 100'000u);
+    EXPECT_GE(f.at("hot_leaf")->samples, 1u);
+    EXPECT_NE(::access(fperf::shm_path(target.pid()).c_str(), F_OK), 0) << "region removed";
+}
+
+TEST(FperfRobustness, TargetSurvivesDaemonSigkillAndSamplingFreezes) {
+    TempDir dir;
+    auto target = start_served(dir, "6");
+    Child daemon({bin("fperf"), "record", "--pid", std::to_string(target.pid()), "--budget", "none", "--interval",
+                  "50ms", "-o", dir / "fperf.data"},
+                 dir / "daemon.out");
+    MappedRegion region;
+    ASSERT_TRUE(wait_until([&] { return map_region(target.pid(), region); }, 5s));
+    ASSERT_TRUE(wait_until([&] { return region.header()->state.load() == FPERF_STATE_ACTIVE &&
+                                        region.calls_and_samples().second > 1000; }, 5s));
+    daemon.kill(SIGKILL);
+    daemon.wait(5s);
+    // The heartbeat goes stale after max(1 s, 20 intervals); then the handler
+    // stops sampling while calls go on being counted.
+    std::this_thread::sleep_for(1500ms);
+    const auto before = region.calls_and_samples();
+    std::this_thread::sleep_for(1000ms);
+    const auto after = region.calls_and_samples();
+    EXPECT_GT(after.first, before.first) << "the target keeps running and is counted";
+    EXPECT_EQ(after.second, before.second) << "no sample without a live daemon";
+    EXPECT_GT(region.header()->stale_skips.load(), 0u);
+    EXPECT_EQ(target.wait(20s), 0) << "the target exits normally";
+    EXPECT_NE(iprobe::test::file_text(dir / "target.out").find(" ok"), std::string::npos);
+    ::unlink(fperf::shm_path(target.pid()).c_str());  // a killed daemon cannot clean up
+}
+
+TEST(FperfRobustness, SecondRecordingOfTheSameProcessTakesOver) {
+    TempDir dir;
+    auto target = start_served(dir, "4");
+    const std::string pid = std::to_string(target.pid());
+    for (int round = 0; round < 2; round++) {
+        const auto r = run({bin("fperf"), "record", "--pid", pid, "--duration", "0.8", "--budget", "none", "-o",
+                            dir / "fperf.data"},
+                           {}, 30s);
+        ASSERT_EQ(r.exit_code, 0) << r.err;
+        const auto f = by_name(fperf::Profile::load(dir / "fperf.data"));
+        ASSERT_TRUE(f.count("hot_leaf")) << "round " << round;
+        EXPECT_GT(f.at("hot_leaf")->samples, 1000u) << "round " << round;
+    }
+    EXPECT_EQ(target.wait(20s), 0);
+}
+
+#ifdef FPERF_TEST_HOTPATCH
+std::string coldpatched_callgraph() { return build_dir() + "/tests/fperf/iprobe/callgraph"; }
+
+TEST(FperfHotpatch, ColdpatchedProgramGetsProbesRoutedWithExactCounts) {
+    TempDir dir;
+    const auto p = record_program({"--budget", "none"}, coldpatched_callgraph(), dir);
+    expect_exact_calls_all_sampled(p);
+}
+
+TEST(FperfHotpatch, AttachToRunningColdpatchedProcessInjectsTheHandler) {
+    TempDir dir;
+    Child target({coldpatched_callgraph(), "serve", "3"}, dir / "target.out");
+    std::this_thread::sleep_for(200ms);
+    const auto r = run({bin("fperf"), "record", "--pid", std::to_string(target.pid()), "--duration", "1", "-o",
+                        dir / "fperf.data"},
+                       {}, 60s);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const auto f = by_name(fperf::Profile::load(dir / "fperf.data"));
+    ASSERT_TRUE(f.count("hot_leaf"));
+    EXPECT_GT(f.at("hot_leaf")->calls, 10'000u);
+    EXPECT_GE(f.at("hot_leaf")->samples, 1u);
+    EXPECT_EQ(target.wait(20s), 0) << "probes removed, target ends normally";
+    EXPECT_NE(iprobe::test::file_text(dir / "target.out").find(" ok"), std::string::npos);
+}
+#endif
+
+}  // namespace

@@ -1,0 +1,103 @@
+#include "hotpatch_fixture.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <regex>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+
+namespace iprobe::test {
+
+std::string targets_dir() { return HP_TARGETS; }
+std::string iprobe_bin() { return bin("iprobe"); }
+
+CommandResult iprobe(const std::vector<std::string>& args, std::chrono::milliseconds timeout) {
+    std::vector<std::string> argv{iprobe_bin()};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return run(argv, {}, timeout);
+}
+
+HpTarget::HpTarget(int threads, const std::string& binary) {
+    fifo_ = dir_ / "commands";
+    out_ = dir_ / "out";
+    if (::mkfifo(fifo_.c_str(), 0600) != 0) throw std::runtime_error("mkfifo");
+    child_ = Child({binary, std::to_string(threads), fifo_}, out_);
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    while (output().find("ready") == std::string::npos) {
+        if (std::chrono::steady_clock::now() > deadline || !child_.running())
+            throw std::runtime_error("hp_target did not start");
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+}
+
+std::string HpTarget::output() const { return file_text(out_); }
+
+long HpTarget::command(const std::string& line, std::chrono::milliseconds timeout) {
+    {
+        const int fd = ::open(fifo_.c_str(), O_WRONLY);
+        if (fd < 0) throw std::runtime_error("open fifo");
+        const std::string text = line + "\n";
+        if (::write(fd, text.data(), text.size()) != static_cast<ssize_t>(text.size())) throw std::runtime_error("write fifo");
+        ::close(fd);
+    }
+    answers_++;
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    for (;;) {
+        const std::string out = output();
+        std::istringstream lines(out);
+        std::string l;
+        std::size_t seen = 0;
+        long value = 0;
+        while (std::getline(lines, l))
+            if (l.rfind("ok ", 0) == 0) {
+                seen++;
+                value = std::stol(l.substr(l.rfind(' ') + 1));
+            }
+        if (seen >= answers_) return value;
+        if (std::chrono::steady_clock::now() > deadline || !child_.running())
+            throw std::runtime_error("no answer to '" + line + "'");
+        std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+}
+
+std::vector<std::uint8_t> text_of(pid_t pid, const std::string& path_suffix) {
+    std::ifstream maps("/proc/" + std::to_string(pid) + "/maps");
+    std::string line;
+    std::vector<std::uint8_t> bytes;
+    const int mem = ::open(("/proc/" + std::to_string(pid) + "/mem").c_str(), O_RDONLY);
+    while (std::getline(maps, line)) {
+        std::istringstream f(line);
+        std::string range, perms, off, dev, inode, path;
+        f >> range >> perms >> off >> dev >> inode >> path;
+        if (perms.size() < 3 || perms[2] != 'x' || path.size() < path_suffix.size() ||
+            path.compare(path.size() - path_suffix.size(), path_suffix.size(), path_suffix) != 0)
+            continue;
+        const auto dash = range.find('-');
+        const std::uint64_t lo = std::stoull(range.substr(0, dash), nullptr, 16);
+        const std::uint64_t hi = std::stoull(range.substr(dash + 1), nullptr, 16);
+        std::vector<std::uint8_t> chunk(hi - lo);
+        if (::pread(mem, chunk.data(), chunk.size(), static_cast<off_t>(lo)) != static_cast<ssize_t>(chunk.size()))
+            chunk.clear();
+        bytes.insert(bytes.end(), chunk.begin(), chunk.end());
+    }
+    ::close(mem);
+    return bytes;
+}
+
+long long json_calls(const std::string& json, const std::string& function) {
+    const std::regex re("\"name\":\"" + function + "\",\"calls\":([0-9]+)");
+    std::smatch m;
+    return std::regex_search(json, m, re) ? std::stoll(m[1]) : -1;
+}
+
+long long json_number(const std::string& json, const std::string& key) {
+    const std::regex re("\"" + key + "\":([0-9]+)");
+    std::smatch m;
+    return std::regex_search(json, m, re) ? std::stoll(m[1]) : -1;
+}
+
+}  // namespace iprobe::test

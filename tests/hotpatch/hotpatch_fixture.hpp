@@ -1,0 +1,44 @@
+// A running hp_target (or any program) driven through a FIFO, and helpers
+// to run `iprobe` subcommands against it.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "testutil.h"
+
+namespace iprobe::test {
+
+std::string targets_dir();
+std::string iprobe_bin();
+
+CommandResult iprobe(const std::vector<std::string>& args,
+                     std::chrono::milliseconds timeout = std::chrono::seconds(60));
+
+class HpTarget {
+public:
+    explicit HpTarget(int threads, const std::string& binary = targets_dir() + "/hp_target");
+    pid_t pid() const { return child_.pid(); }
+    Child& child() { return child_; }
+    // Sends a command line and waits for its "ok <word> <value>" answer.
+    long command(const std::string& line, std::chrono::milliseconds timeout = std::chrono::seconds(60));
+    std::string output() const;
+
+private:
+    TempDir dir_;
+    std::string fifo_, out_;
+    std::size_t answers_ = 0;
+    Child child_;
+};
+
+// Bytes of every executable file mapping of `path` in `pid` (the code).
+std::vector<std::uint8_t> text_of(pid_t pid, const std::string& path_suffix);
+
+// "calls" of `function` in a `report --json` output, -1 when absent.
+long long json_calls(const std::string& json, const std::string& function);
+long long json_number(const std::string& json, const std::string& key);
+
+}  // namespace iprobe::test

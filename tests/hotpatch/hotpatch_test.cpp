@@ -1,0 +1,247 @@
+// iprobe attach/trace/report/detach on a live, coldpatched, multi-threaded
+// target (tests/hotpatch/targets/hp_target.c, built with iprobe-cc).
+#include <fcntl.h>
+#include <sys/file.h>
+#include <sys/ptrace.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <random>
+#include <thread>
+
+#include "hotpatch_fixture.hpp"
+
+namespace iprobe::test {
+namespace {
+
+constexpr int kThreads = 8;
+constexpr long kBurst = 100000;
+const std::string kBigRing = "262144";  // records per thread: one burst (entry + exit) fits
+
+std::string pid_of(HpTarget& t) { return std::to_string(t.pid()); }
+
+class HotpatchTest : public ::testing::Test {
+protected:
+    void SetUp() override {
+        if (!is_root()) GTEST_SKIP() << "needs root (ptrace of any process, /run/iprobe)";
+    }
+};
+
+TEST_F(HotpatchTest, InjectsRuntimeTracesExactCountsAndDetachesToIdenticalText) {
+    HpTarget target(kThreads);
+    const auto text_before = text_of(target.pid(), "/hp_target");
+    ASSERT_FALSE(text_before.empty());
+    // started without any preload: the runtime is not there yet
+    EXPECT_EQ(file_text("/proc/" + pid_of(target) + "/maps").find("libiprobe-rt"), std::string::npos);
+
+    auto a = iprobe({"attach", pid_of(target), "--functions", "counted", "--ring-records", kBigRing});
+    ASSERT_EQ(a.exit_code, 0) << a.err;
+    EXPECT_NE(a.out.find("enabled 2 probes"), std::string::npos) << a.out;  // entry + exit
+    EXPECT_NE(a.out.find("runtime injected"), std::string::npos) << a.out;
+    EXPECT_NE(file_text("/proc/" + pid_of(target) + "/maps").find("libiprobe-rt"), std::string::npos);
+
+    EXPECT_EQ(target.command("burst " + std::to_string(kBurst)), kThreads * kBurst);
+    auto r = iprobe({"report", pid_of(target), "--json"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(json_calls(r.out, "counted"), kThreads * kBurst) << r.out;
+    EXPECT_EQ(json_number(r.out, "dropped"), 0) << r.out;
+    EXPECT_EQ(json_calls(r.out, "work"), -1) << "work() was not selected";
+
+    auto d = iprobe({"detach", pid_of(target)});
+    ASSERT_EQ(d.exit_code, 0) << d.err;
+    EXPECT_NE(d.out.find("disabled 2 probes"), std::string::npos) << d.out;
+    EXPECT_EQ(text_of(target.pid(), "/hp_target"), text_before) << "code differs after detach";
+
+    // after detach nothing is logged any more
+    target.command("burst 1000");
+    r = iprobe({"report", pid_of(target), "--json"});
+    EXPECT_EQ(json_calls(r.out, "counted"), -1) << r.out;
+    EXPECT_TRUE(target.child().running());
+}
+
+TEST_F(HotpatchTest, Survives200AttachDetachCyclesUnderLoadThenCountsExactly) {
+    HpTarget target(kThreads);
+    const auto text_before = text_of(target.pid(), "/hp_target");
+    const std::string pid = pid_of(target);
+    auto first = iprobe({"attach", pid, "--functions", "work,leaf", "--ring-records", kBigRing});
+    ASSERT_EQ(first.exit_code, 0) << first.err;
+    ASSERT_EQ(iprobe({"detach", pid}).exit_code, 0);
+    for (int cycle = 0; cycle < 200; cycle++) {
+        const bool count = cycle % 3 == 1;
+        auto a = iprobe({"attach", pid, "--functions", cycle % 2 ? "work" : "work,leaf,counted", "--handler",
+                         count ? "count" : "trace"});
+        ASSERT_EQ(a.exit_code, 0) << "cycle " << cycle << ": " << a.err;
+        if (cycle % 20 == 0) {
+            ASSERT_EQ(iprobe({"report", pid, "--json"}).exit_code, 0);
+        }
+        auto d = iprobe({"detach", pid});
+        ASSERT_EQ(d.exit_code, 0) << "cycle " << cycle << ": " << d.err;
+        ASSERT_TRUE(target.child().running()) << "target died in cycle " << cycle;
+    }
+    EXPECT_EQ(text_of(target.pid(), "/hp_target"), text_before);
+
+    // exact phase: drain what the cycles left, then one known burst
+    ASSERT_EQ(iprobe({"report", pid, "--json"}).exit_code, 0);
+    ASSERT_EQ(iprobe({"attach", pid, "--functions", "counted"}).exit_code, 0);
+    EXPECT_EQ(target.command("burst " + std::to_string(kBurst)), kThreads * kBurst);
+    auto r = iprobe({"report", pid, "--json"});
+    EXPECT_EQ(json_calls(r.out, "counted"), kThreads * kBurst) << r.out;
+    EXPECT_EQ(json_number(r.out, "dropped"), 0) << r.out;
+    ASSERT_EQ(iprobe({"detach", pid}).exit_code, 0);
+    EXPECT_EQ(text_of(target.pid(), "/hp_target"), text_before);
+}
+
+TEST_F(HotpatchTest, CountHandlerCountsExactly) {
+    HpTarget target(kThreads);
+    const std::string pid = pid_of(target);
+    ASSERT_EQ(iprobe({"attach", pid, "--functions", "counted", "--entry-only", "--handler", "count"}).exit_code, 0);
+    EXPECT_EQ(target.command("burst 50000"), kThreads * 50000);
+    auto r = iprobe({"report", pid, "--json"});
+    EXPECT_EQ(json_calls(r.out, "counted"), kThreads * 50000) << r.out;
+}
+
+TEST_F(HotpatchTest, ProbesInASharedLibraryAndTraceFormats) {
+    HpTarget target(2);
+    const std::string pid = pid_of(target);
+    auto a = iprobe({"attach", pid, "--probes", targets_dir() + "/libhp_lib.so", "--ring-records", kBigRing});
+    ASSERT_EQ(a.exit_code, 0) << a.err;
+    EXPECT_NE(a.out.find("enabled 2 probes"), std::string::npos) << a.out;
+    EXPECT_EQ(target.command("burst 1000"), 2000);
+    auto t = iprobe({"trace", pid, "--format", "json", "--duration", "0"});
+    ASSERT_EQ(t.exit_code, 0) << t.err;
+    std::size_t entries = 0, exits = 0;
+    for (std::size_t at = 0; (at = t.out.find("\"kind\":\"entry\",\"function\":\"lib_counted\"", at)) != std::string::npos; at++) entries++;
+    for (std::size_t at = 0; (at = t.out.find("\"kind\":\"exit\",\"function\":\"lib_counted\"", at)) != std::string::npos; at++) exits++;
+    EXPECT_EQ(entries, 2000u);
+    EXPECT_EQ(exits, 2000u);
+
+    target.command("burst 10");
+    auto c = iprobe({"trace", pid, "--format", "chrome", "--duration", "0"});
+    ASSERT_EQ(c.exit_code, 0);
+    EXPECT_EQ(c.out.rfind("{\"traceEvents\":[", 0), 0u) << c.out.substr(0, 200);
+    EXPECT_NE(c.out.find("\"ph\":\"B\""), std::string::npos);
+    EXPECT_NE(c.out.find("]}"), std::string::npos);
+
+    target.command("burst 10");
+    auto x = iprobe({"trace", pid, "--duration", "0"});
+    EXPECT_NE(x.out.find("-> lib_counted"), std::string::npos) << x.out.substr(0, 300);
+    EXPECT_NE(x.out.find("<- lib_counted"), std::string::npos);
+
+    // the main executable added to the same region
+    ASSERT_EQ(iprobe({"attach", pid, "--functions", "counted"}).exit_code, 0);
+    target.command("burst 10");
+    auto r = iprobe({"report", pid, "--json"});
+    EXPECT_EQ(json_calls(r.out, "counted"), 20) << r.out;
+    EXPECT_EQ(json_calls(r.out, "lib_counted"), 20) << r.out;
+    auto folded = iprobe({"report", pid, "--folded"});
+    EXPECT_EQ(folded.exit_code, 0);
+    ASSERT_EQ(iprobe({"detach", pid}).exit_code, 0);
+}
+
+// ---- refusals: clear message, exit code, target untouched ----
+
+TEST_F(HotpatchTest, RefusesNoSuchProcess) {
+    auto r = iprobe({"attach", "999999"});
+    EXPECT_EQ(r.exit_code, 5) << r.err;
+    EXPECT_NE(r.err.find("no such process"), std::string::npos) << r.err;
+}
+
+TEST_F(HotpatchTest, RefusesWithoutPermission) {
+    HpTarget target(1);
+    auto r = run({"setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", iprobe_bin(), "attach",
+                  pid_of(target), "--probes", targets_dir() + "/hp_target.probes"});
+    EXPECT_EQ(r.exit_code, 4) << r.out << r.err;
+    EXPECT_NE(r.err.find("not permitted"), std::string::npos) << r.err;
+}
+
+TEST_F(HotpatchTest, RefusesANotColdpatchedProgram) {
+    HpTarget target(1, targets_dir() + "/hp_target_plain");
+    const auto before = text_of(target.pid(), "/hp_target_plain");
+    auto r = iprobe({"attach", pid_of(target)});
+    EXPECT_EQ(r.exit_code, 3) << r.err;
+    EXPECT_NE(r.err.find("no probes"), std::string::npos) << r.err;
+    EXPECT_EQ(text_of(target.pid(), "/hp_target_plain"), before);
+}
+
+TEST_F(HotpatchTest, RefusesAProbeListOfAnotherBuild) {
+    HpTarget target(1);
+    const auto before = text_of(target.pid(), "/hp_target");
+    auto r = iprobe({"attach", pid_of(target), "--probes", targets_dir() + "/hp_target_other.probes"});
+    EXPECT_EQ(r.exit_code, 3) << r.err;
+    EXPECT_NE(r.err.find("build-id"), std::string::npos) << r.err;
+    EXPECT_EQ(text_of(target.pid(), "/hp_target"), before);
+}
+
+TEST_F(HotpatchTest, RefusesAGlobMatchingNothing) {
+    HpTarget target(1);
+    auto r = iprobe({"attach", pid_of(target), "--functions", "no_such_function*"});
+    EXPECT_EQ(r.exit_code, 5) << r.err;
+    EXPECT_NE(r.err.find("no probe matches"), std::string::npos) << r.err;
+    EXPECT_EQ(file_text("/proc/" + pid_of(target) + "/maps").find("libiprobe-rt"), std::string::npos)
+        << "nothing may be injected for a refused attach";
+}
+
+TEST_F(HotpatchTest, RefusesWhileAnotherSessionHoldsTheTarget) {
+    HpTarget target(2);
+    ::mkdir("/run/iprobe", 0700);
+    const int fd = ::open(("/run/iprobe/" + pid_of(target) + ".lock").c_str(), O_RDWR | O_CREAT, 0600);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(::flock(fd, LOCK_EX), 0);
+    auto r = iprobe({"attach", pid_of(target)});
+    EXPECT_EQ(r.exit_code, 6) << r.err;
+    EXPECT_NE(r.err.find("another iprobe session"), std::string::npos) << r.err;
+    ::close(fd);
+    // a debugger (any other tracer) holding it
+    ASSERT_EQ(::ptrace(PTRACE_SEIZE, target.pid(), nullptr, nullptr), 0);
+    r = iprobe({"attach", pid_of(target)});
+    EXPECT_EQ(r.exit_code, 6) << r.err;
+    EXPECT_NE(r.err.find("already traced"), std::string::npos) << r.err;
+    ::ptrace(PTRACE_INTERRUPT, target.pid(), nullptr, nullptr);
+    int status = 0;
+    ::waitpid(target.pid(), &status, __WALL);
+    ASSERT_EQ(::ptrace(PTRACE_DETACH, target.pid(), nullptr, nullptr), 0);
+    EXPECT_EQ(iprobe({"attach", pid_of(target)}).exit_code, 0);
+}
+
+TEST_F(HotpatchTest, ConcurrentAttachesNeverCorrupt) {
+    HpTarget target(4);
+    const std::string pid = pid_of(target);
+    const auto before = text_of(target.pid(), "/hp_target");
+    for (int round = 0; round < 10; round++) {
+        CommandResult a, b;
+        std::thread ta([&] { a = iprobe({"attach", pid, "--functions", "work"}); });
+        std::thread tb([&] { b = iprobe({"attach", pid, "--functions", "leaf"}); });
+        ta.join();
+        tb.join();
+        for (auto* r : {&a, &b}) EXPECT_TRUE(r->exit_code == 0 || r->exit_code == 6) << r->err;
+        if (a.exit_code == 6) {
+            EXPECT_NE(a.err.find("another iprobe session"), std::string::npos);
+        }
+        ASSERT_EQ(iprobe({"detach", pid}).exit_code, 0);
+        ASSERT_TRUE(target.child().running());
+    }
+    EXPECT_EQ(text_of(target.pid(), "/hp_target"), before);
+}
+
+TEST_F(HotpatchTest, TargetKilledMidAttachFailsCleanly) {
+    std::mt19937 rng(42);
+    for (int round = 0; round < 12; round++) {
+        auto target = std::make_unique<HpTarget>(8);
+        const std::string pid = pid_of(*target);
+        CommandResult a;
+        std::thread t([&] { a = iprobe({"attach", pid}, std::chrono::seconds(30)); });
+        std::this_thread::sleep_for(std::chrono::microseconds(rng() % 40000));
+        target->child().kill(SIGKILL);
+        t.join();
+        EXPECT_NE(a.exit_code, -1) << "attach must not crash or hang";
+        if (a.exit_code != 0) {
+            EXPECT_TRUE(a.exit_code == 1 || a.exit_code == 5) << a.err;
+            EXPECT_FALSE(a.err.empty());
+        }
+    }
+}
+
+}  // namespace
+}  // namespace iprobe::test

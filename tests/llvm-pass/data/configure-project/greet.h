@@ -1,0 +1,3 @@
+#pragma once
+int measure(const char* who);
+void greet(const char* who);
