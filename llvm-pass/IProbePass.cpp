@@ -100,7 +100,7 @@ bool read_selection(Module& M, Selection& selection) {
     } else if (const char* text = std::getenv("IPROBE_MIN_SIZE"); text && *text) {
         char* end = nullptr;
         const unsigned long value = std::strtoul(text, &end, 10);
-        if (*end != '\0') {
+        if (*end != '\0' || text[0] < '0' || text[0] > '9') {
             M.getContext().emitError(Twine("iprobe: IPROBE_MIN_SIZE='") + text +
                                      "' is not a non-negative integer");
             ok = false;
@@ -158,11 +158,12 @@ bool selected(const Function& F, const Selection& selection) {
     if (selection.never.contains(&F)) return false;
     if (selection.always.contains(&F)) return true;
     if (selection.only_annotated) return false;
+    if (F.getInstructionCount() < selection.min_size) return false;
+    if (!selection.include && !selection.exclude) return true;
     const StringRef raw = raw_name(F);
     const std::string demangled = demangle(raw.str());
     if (selection.include && !matches(*selection.include, raw, demangled)) return false;
-    if (selection.exclude && matches(*selection.exclude, raw, demangled)) return false;
-    return F.getInstructionCount() >= selection.min_size;
+    return !(selection.exclude && matches(*selection.exclude, raw, demangled));
 }
 
 // The name as an .asciz operand inside an LLVM inline-asm template, where

@@ -1,8 +1,16 @@
 #!/usr/bin/env bash
 # Clone freeze benchmark (DESIGN.md §9.6): production freeze time and the
-# worst latency a running redis-benchmark client sees while `iprobe clone`
-# checkpoints a redis holding 10 MB ... 1 GB.  Side by side in one run: the
-# same client against the same server without a clone (baseline).
+# worst latency a running redis-benchmark client sees while its redis is
+# checkpointed, for redis holding 10 MB ... 1 GB.  Side by side in one run,
+# on the same server:
+#   base      the client alone (its own worst latency, no checkpoint)
+#   criu-tcp  a plain `criu dump --leave-running --tcp-established` (CRIU's
+#             live-migration mode: established connections are dumped and
+#             the network is locked with iptables while frozen)
+#   iprobe    `iprobe clone` (dump --leave-running --tcp-close: production's
+#             connections are neither dumped nor blocked; restore included)
+#   fork      what a copy-on-write snapshot would freeze production for: the
+#             fork() of the same redis (BGSAVE; redis' latest_fork_usec)
 #
 #   sudo bench/clone/run.sh                 # sizes 10 100 1000 (MB)
 #   sudo bench/clone/run.sh 10 100          # chosen sizes
@@ -14,6 +22,7 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 build="${IPROBE_BUILD_DIR:-$root/build}"
 iprobe="$build/bin/iprobe"
+criu="${IPROBE_CRIU:-$root/third_party/cache/criu/bin/criu}"
 sizes=("$@")
 ((${#sizes[@]})) || sizes=(10 100 1000)
 value_size=1000          # bytes per value; keys = MB * 1000
@@ -21,6 +30,8 @@ clients=4
 
 [[ $(id -u) -eq 0 ]] || { echo "run as root (CRIU, namespaces)" >&2; exit 4; }
 [[ -x $iprobe ]] || { echo "no $iprobe: build first (scripts/build)" >&2; exit 5; }
+[[ -x $criu ]] || criu="$(command -v criu || true)"
+[[ -n $criu ]] || { echo "no CRIU: run scripts/setup" >&2; exit 7; }
 
 ns="iprobe-bench-$$"
 clone="iprobe-bench-clone-$$"
@@ -31,7 +42,7 @@ cleanup() {
   "$iprobe" clone --destroy "$clone" >/dev/null 2>&1 || true
   [[ -n $redis_pid ]] && kill "$redis_pid" 2>/dev/null || true
   ip netns delete "$ns" 2>/dev/null || true
-  rm -rf "$work"
+  rm -rf "$work" /dev/shm/iprobe-bench-images-$$
 }
 trap cleanup EXIT
 
@@ -41,42 +52,99 @@ in_ns() { nsenter --net="/run/netns/$ns" "$@"; }
 cli() { in_ns redis-cli -p "$port" "$@"; }
 
 # redis-benchmark's CSV: "test","rps","avg","min","p50","p95","p99","max"
-bench_max() { awk -F'"' '/^"GET"/ { print $16 }' "$1"; }
+# redis-benchmark's latency histogram stops at 3 s: larger values read 3000.x.
+bench_max() { awk -F'"' '/^"GET"/ { if ($16 + 0 >= 3000) print ">=3000"; else print $16 }' "$1"; }
 bench_rps() { awk -F'"' '/^"GET"/ { print $4 }' "$1"; }
 
-printf '%-8s %-10s %10s %10s %10s %10s %12s %12s %8s\n' \
-  "size_MB" "used_MB" "freeze_ms" "stop_ms" "dump_ms" "total_ms" "max_lat_ms" "base_max_ms" "errors"
+# frozen_time and freezing_time (ms) from CRIU's stats-dump image.
+dump_stats() {
+  python3 - "$1" <<'PY'
+import struct, sys
+b = open(sys.argv[1], "rb").read()
+(n,) = struct.unpack_from("<I", b, 8)
+msg = b[12:12 + n]
+def fields(m):
+    i = 0
+    while i < len(m):
+        def varint():
+            nonlocal i
+            v = s = 0
+            while True:
+                c = m[i]; i += 1; v |= (c & 0x7f) << s; s += 7
+                if c < 0x80: return v
+        t = varint(); f, w = t >> 3, t & 7
+        if w == 0: yield f, varint()
+        elif w == 2:
+            l = varint(); yield f, m[i:i + l]; i += l
+        elif w == 1: i += 8
+        elif w == 5: i += 4
+d = dict(fields(dict(fields(msg))[1]))
+print("%.1f %.1f" % (d.get(2, 0) / 1000, d.get(1, 0) / 1000))
+PY
+}
+
+# Runs redis-benchmark around command "$@" and prints its worst latency (ms).
+max_latency_around() {
+  in_ns redis-benchmark -p "$port" -t get -r "$keys" -n "$requests" -c "$clients" --csv \
+    >"$work/during.csv" 2>"$work/during.err" &
+  local bench=$!
+  sleep 1
+  "$@"
+  wait "$bench"
+  if grep -qi error "$work/during.err"; then echo "client error: $(head -n1 "$work/during.err")" >&2; fi
+  bench_max "$work/during.csv"
+}
+
+criu_tcp_dump() {
+  rm -rf "/dev/shm/iprobe-bench-images-$$"; mkdir -p "/dev/shm/iprobe-bench-images-$$"
+  in_ns "$criu" dump -t "$redis_pid" -D "/dev/shm/iprobe-bench-images-$$" --leave-running --tcp-established \
+    -o dump.log >/dev/null 2>&1 || { echo "criu dump failed" >&2; return 1; }
+  dump_stats "/dev/shm/iprobe-bench-images-$$/stats-dump" >"$work/criu.stats"
+  rm -rf "/dev/shm/iprobe-bench-images-$$"
+}
+
+iprobe_clone() {
+  "$iprobe" clone "$redis_pid" --netns "$clone" --no-default-snapshots --json >"$work/clone.json"
+}
+
+printf '%-7s %-7s | %-9s | %-21s | %-32s | %-8s\n' "" "" "base" "criu-tcp (dump only)" "iprobe clone (dump+restore)" "fork"
+printf '%-7s %-7s | %9s | %10s %10s | %10s %10s %10s | %8s\n' \
+  "size_MB" "used_MB" "max_ms" "freeze_ms" "max_ms" "freeze_ms" "total_ms" "max_ms" "fork_ms"
 for mb in "${sizes[@]}"; do
+  keys=$((mb * 1000))
   setsid nsenter --net="/run/netns/$ns" /usr/bin/redis-server --port "$port" --save '' --appendonly no \
     --daemonize no --dir "$work" --logfile "$work/redis.log" --enable-debug-command yes </dev/null >/dev/null 2>&1 &
   redis_pid=$!
   for _ in $(seq 100); do [[ $(cli PING 2>/dev/null) == PONG ]] && break; sleep 0.05; done
-  cli DEBUG POPULATE $((mb * 1000)) key "$value_size" >/dev/null
+  cli DEBUG POPULATE "$keys" key "$value_size" >/dev/null
   used=$(cli INFO memory | awk -F: '/^used_memory:/ { printf "%.0f", $2 / 1048576 }')
 
   # Baseline: calibrate the request rate and the client's own worst latency.
-  in_ns redis-benchmark -p "$port" -t get -r $((mb * 1000)) -n 100000 -c "$clients" --csv >"$work/base.csv" 2>/dev/null
+  in_ns redis-benchmark -p "$port" -t get -r "$keys" -n 100000 -c "$clients" --csv >"$work/base.csv" 2>/dev/null
   rps=$(bench_rps "$work/base.csv"); base_max=$(bench_max "$work/base.csv")
-  # Long enough to cover the clone (about 1 s per 100 MB here, plus margin).
+  # Long enough to cover the checkpoint (about 1 s per 100 MB here, plus margin).
   requests=$(awk -v r="$rps" -v mb="$mb" 'BEGIN { printf "%d", r * (3 + mb / 50) }')
 
-  in_ns redis-benchmark -p "$port" -t get -r $((mb * 1000)) -n "$requests" -c "$clients" --csv \
-    >"$work/during.csv" 2>"$work/during.err" &
-  bench=$!
-  sleep 1
-  "$iprobe" clone "$redis_pid" --netns "$clone" --no-default-snapshots --json >"$work/clone.json"
-  wait "$bench"
-  max=$(bench_max "$work/during.csv")
-  errors=$(grep -ci error "$work/during.err" || true)
-  read -r freeze stop dump total < <(python3 -c '
+  criu_max=$(max_latency_around criu_tcp_dump)
+  read -r criu_freeze _ <"$work/criu.stats"
+
+  iprobe_max=$(max_latency_around iprobe_clone)
+  read -r freeze total < <(python3 -c '
 import json, sys
 j = json.load(open(sys.argv[1]))
-print(*("%.1f" % (j[k] / 1000) for k in ("freeze_us", "freezing_us", "dump_us", "total_us")))' "$work/clone.json")
-  # The clone must really hold the data.
+print("%.1f %.1f" % (j["freeze_us"] / 1000, j["total_us"] / 1000))' "$work/clone.json")
   clone_keys=$(nsenter --net="/run/netns/$clone" redis-cli -p "$port" DBSIZE)
-  [[ $clone_keys == $((mb * 1000)) ]] || echo "warning: clone has $clone_keys keys, expected $((mb * 1000))" >&2
-  printf '%-8s %-10s %10s %10s %10s %10s %12s %12s %8s\n' \
-    "$mb" "$used" "$freeze" "$stop" "$dump" "$total" "$max" "$base_max" "$errors"
+  [[ $clone_keys == "$keys" ]] || echo "warning: clone has $clone_keys keys, expected $keys" >&2
   "$iprobe" clone --destroy "$clone" >/dev/null
+
+  cli BGSAVE >/dev/null
+  for _ in $(seq 600); do
+    [[ $(cli INFO persistence | tr -d '\r' | awk -F: '/^rdb_bgsave_in_progress:/ { print $2 }') == 0 ]] && break
+    sleep 0.1
+  done
+  fork_ms=$(cli INFO stats | tr -d '\r' | awk -F: '/^latest_fork_usec:/ { printf "%.1f", $2 / 1000 }')
+
+  printf '%-7s %-7s | %9s | %10s %10s | %10s %10s %10s | %8s\n' \
+    "$mb" "$used" "$base_max" "$criu_freeze" "$criu_max" "$freeze" "$total" "$iprobe_max" "$fork_ms"
   kill "$redis_pid"; wait "$redis_pid" 2>/dev/null || true; redis_pid=
 done

@@ -9,7 +9,8 @@
 #
 #   bench/llvm/run.sh [--calls N] [--rounds R] [--requests N] [--no-redis]
 #
-# Variants run interleaved, round after round; the table shows the median.
+# Variants run interleaved, round after round.  The table shows the best
+# round (least disturbed by other load on the machine) and the median.
 # Server pinned to CPU 0 and client to CPU 1 when there are two CPUs.
 # Needs a build with targets iprobe-cc, IProbePass, iprobe-probes ($IPROBE_BUILD_DIR, default build/).
 set -euo pipefail
@@ -43,6 +44,9 @@ server_cpu=() client_cpu=()
 if (($(nproc) >= 2)); then server_cpu=(taskset -c 0); client_cpu=(taskset -c 1); fi
 
 median() { sort -g | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+lowest() { sort -g | head -1; }
+highest() { sort -g | tail -1; }
+samples() { tr ' ' '\n' <<<"$1" | grep .; }
 
 variants=(native-gcc native-clang finstrument-coldpatched llvm-pass xray)
 
@@ -65,14 +69,30 @@ for ((r = 1; r <= rounds; r++)); do
   done
 done
 echo
-echo "empty-function micro-benchmark: $calls calls, median of $rounds rounds (ns per call)"
-printf '%-26s %10s %12s\n' variant ns/call "vs native"
-base_gcc=$(tr ' ' '\n' <<<"${mb_samples[native-gcc]}" | grep . | median)
-base_clang=$(tr ' ' '\n' <<<"${mb_samples[native-clang]}" | grep . | median)
+echo "empty-function micro-benchmark: $calls calls, $rounds rounds (ns per call; best round, and median)"
+printf '%-26s %9s %12s %9s %12s\n' variant best "vs native" median "vs native"
+# Instructions executed per call, exact and immune to machine load:
+# callgrind's Ir for 2M calls minus 1M calls, over 1M.
+declare -A mb_ir
+if command -v valgrind >/dev/null; then
+  ir() { valgrind --tool=callgrind --callgrind-out-file=/dev/null "$1" "$2" 2>&1 | sed -n 's/.*Collected : //p'; }
+  for v in "${variants[@]}"; do
+    mb_ir[$v]=$(( ($(ir "$mb/$v" 2000000) - $(ir "$mb/$v" 1000000)) / 1000000 ))
+  done
+fi
+echo "instructions per loop iteration (call + loop), exact (valgrind callgrind):"
 for v in "${variants[@]}"; do
-  m=$(tr ' ' '\n' <<<"${mb_samples[$v]}" | grep . | median)
-  case $v in native-gcc|finstrument-coldpatched) base=$base_gcc; ref=gcc ;; *) base=$base_clang; ref=clang ;; esac
-  printf '%-26s %10.3f %+10.3f ns (%s)\n' "$v" "$m" "$(awk -v a="$m" -v b="$base" 'BEGIN { print a - b }')" "$ref"
+  case $v in native-gcc|finstrument-coldpatched) b=native-gcc ;; *) b=native-clang ;; esac
+  [[ -n ${mb_ir[$v]:-} ]] && printf '  %-24s %3d  (%+d vs %s)\n' "$v" "${mb_ir[$v]}" $((mb_ir[$v] - mb_ir[$b])) "$b"
+done
+echo
+for v in "${variants[@]}"; do
+  case $v in native-gcc|finstrument-coldpatched) b=native-gcc ;; *) b=native-clang ;; esac
+  best=$(samples "${mb_samples[$v]}" | lowest); best_base=$(samples "${mb_samples[$b]}" | lowest)
+  med=$(samples "${mb_samples[$v]}" | median); med_base=$(samples "${mb_samples[$b]}" | median)
+  printf '%-26s %9.3f %+9.3f ns %9.3f %+9.3f ns  (vs %s)\n' "$v" "$best" \
+    "$(awk -v a="$best" -v b="$best_base" 'BEGIN { print a - b }')" "$med" \
+    "$(awk -v a="$med" -v b="$med_base" 'BEGIN { print a - b }')" "$b"
 done
 
 ((redis)) || exit 0
@@ -116,18 +136,19 @@ for ((r = 1; r <= rounds; r++)); do
   done
 done
 echo
-echo "redis-benchmark -n $requests -c 50 -P 16: median of $rounds rounds (requests/s; % vs native of the same compiler)"
+echo "redis-benchmark -n $requests -c 50 -P 16 -t $tests: $rounds rounds; requests/s of the best round, % vs native of the same compiler (median in brackets)"
 printf '%-26s' variant
 IFS=, read -ra names <<<"${tests^^}"
-for t in "${names[@]}"; do printf '%18s' "$t"; done
+for t in "${names[@]}"; do printf '%26s' "$t"; done
 echo
 for v in "${variants[@]}"; do
   printf '%-26s' "$v"
+  case $v in native-gcc|finstrument-coldpatched) b=native-gcc ;; *) b=native-clang ;; esac
   for t in "${names[@]}"; do
-    m=$(tr ' ' '\n' <<<"${rps[$v,$t]}" | grep . | median)
-    case $v in native-gcc|finstrument-coldpatched) b=native-gcc ;; *) b=native-clang ;; esac
-    base=$(tr ' ' '\n' <<<"${rps[$b,$t]}" | grep . | median)
-    printf '%10.0f %+6.1f%%' "$m" "$(awk -v a="$m" -v b="$base" 'BEGIN { print (a / b - 1) * 100 }')"
+    best=$(samples "${rps[$v,$t]}" | highest); best_base=$(samples "${rps[$b,$t]}" | highest)
+    med=$(samples "${rps[$v,$t]}" | median); med_base=$(samples "${rps[$b,$t]}" | median)
+    printf '%9.0f %+6.1f%% (%+6.1f%%)' "$best" "$(awk -v a="$best" -v b="$best_base" 'BEGIN { print (a / b - 1) * 100 }')" \
+      "$(awk -v a="$med" -v b="$med_base" 'BEGIN { print (a / b - 1) * 100 }')"
   done
   echo
 done

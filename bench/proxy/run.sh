@@ -5,12 +5,12 @@
 # per-connection buffer size with a stopped and a slowed debug copy.
 #
 # usage: bench/proxy/run.sh [BUILD_DIR]      (default: ./build)
-# env:   REQUESTS (default 200000), CLIENTS (50), ROUNDS (3), PIPELINE (16)
+# env:   REQUESTS (default 100000), CLIENTS (50), ROUNDS (3), PIPELINE (16)
 set -euo pipefail
 
 BUILD=${1:-build}
 MIRROR="$BUILD/libexec/iprobe/iprobe-mirror"
-REQUESTS=${REQUESTS:-200000}
+REQUESTS=${REQUESTS:-100000}
 CLIENTS=${CLIENTS:-50}
 ROUNDS=${ROUNDS:-3}
 PIPELINE=${PIPELINE:-16}
@@ -18,32 +18,37 @@ PIPELINE=${PIPELINE:-16}
 command -v redis-benchmark >/dev/null || { echo "redis-benchmark missing (scripts/setup installs it)" >&2; exit 7; }
 
 WORK=$(mktemp -d)
-PIDS=()
+# Every background process goes into $WORK/pids (run_mode runs in subshells,
+# so a shell array would not see them); cleanup ends exactly those.
+track() { echo "$1" >> "$WORK/pids"; }
 cleanup() {
-    for p in "${PIDS[@]}"; do kill -CONT "$p" 2>/dev/null || true; kill "$p" 2>/dev/null || true; done
+    [ -f "$WORK/pids" ] && while read -r p; do kill -CONT "$p" 2>/dev/null || true; kill "$p" 2>/dev/null || true; done < "$WORK/pids"
     wait 2>/dev/null || true
     rm -rf "$WORK"
 }
 trap cleanup EXIT
+trap "exit 130" INT TERM
 
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_port() { for _ in $(seq 200); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.02; done; return 1; }
+wait_port() { for _ in $(seq 1000); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.02; done; return 1; }
 
 start_redis() {  # -> port in REDIS_PORT, pid in REDIS_PID
     REDIS_PORT=$(free_port)
     redis-server --port "$REDIS_PORT" --save '' --appendonly no --daemonize no >/dev/null 2>&1 &
     REDIS_PID=$!
-    PIDS+=("$REDIS_PID")
+    track "$REDIS_PID"
     wait_port "$REDIS_PORT"
 }
 
 start_mirror() {  # args... -> MIRROR_PORT, STATS_PORT, MIRROR_PID
-    "$MIRROR" mirror --listen 127.0.0.1:0 --stats 127.0.0.1:0 --json --quiet "$@" > "$WORK/mirror.out" 2>&1 &
+    local out; out=$(mktemp -p "$WORK")
+    "$MIRROR" mirror --listen 127.0.0.1:0 --stats 127.0.0.1:0 --json --quiet "$@" > "$out" 2>&1 &
     MIRROR_PID=$!
-    PIDS+=("$MIRROR_PID")
-    for _ in $(seq 200); do grep -q '"listen"' "$WORK/mirror.out" 2>/dev/null && break; sleep 0.02; done
-    MIRROR_PORT=$(sed -n 's/.*"listen":"[^"]*:\([0-9]*\)".*/\1/p' "$WORK/mirror.out" | head -1)
-    STATS_PORT=$(sed -n 's/.*"stats":"[^"]*:\([0-9]*\)".*/\1/p' "$WORK/mirror.out" | head -1)
+    track "$MIRROR_PID"
+    for _ in $(seq 1000); do grep -q '"listen"' "$out" 2>/dev/null && break; sleep 0.02; done
+    MIRROR_PORT=$(sed -n 's/.*"listen":"[^"]*:\([0-9]*\)".*/\1/p' "$out" | head -1)
+    STATS_PORT=$(sed -n 's/.*"stats":"[^"]*:\([0-9]*\)".*/\1/p' "$out" | head -1)
+    [ -n "$MIRROR_PORT" ] || { echo "iprobe mirror did not start: $(cat "$out")" >&2; exit 1; }
 }
 
 stop_pid() { kill -CONT "$1" 2>/dev/null || true; kill "$1" 2>/dev/null || true; wait "$1" 2>/dev/null || true; }
@@ -59,7 +64,7 @@ slow_down() {  # pid factor
           kill -STOP "$pid" 2>/dev/null; sleep "$stopped_s"
       done ) &
     SLOWER_PID=$!
-    PIDS+=("$SLOWER_PID")
+    track "$SLOWER_PID"
 }
 
 # redis-benchmark -> "rps p50 p99" (SET test)
@@ -82,9 +87,14 @@ run_mode() {  # mode pipeline
     local debug_pid=""
     case $mode in
         direct)
-            bench "$prod" "$pipeline"; stop_pid "$prod_pid"; return ;;
+            echo "$(bench "$prod" "$pipeline") - -"; stop_pid "$prod_pid"; return ;;
         proxy)
             start_mirror --production "127.0.0.1:$prod" ;;
+        dup-sink)
+            local sink_port; sink_port=$(free_port)
+            python3 "$(dirname "$0")/sink.py" "$sink_port" & debug_pid=$!; track "$debug_pid"
+            wait_port "$sink_port"
+            start_mirror --production "127.0.0.1:$prod" --debug "127.0.0.1:$sink_port" --buffer 4M ;;
         dup|dup-resp|dup-stopped|dup-slow10|dup-slow100)
             start_redis; debug_pid=$REDIS_PID
             local extra=()
@@ -97,34 +107,43 @@ run_mode() {  # mode pipeline
             esac ;;
     esac
     local result; result=$(bench "$MIRROR_PORT" "$pipeline")
+    # CPU the proxy spent on the run: robust to other load on the machine
+    local cpu_ms; cpu_ms=$(awk -v hz="$(getconf CLK_TCK)" '{print ($14+$15)*1000/hz}' "/proc/$MIRROR_PID/stat")
     local overflows; overflows=$(stats | python3 -c 'import json,sys; print(json.load(sys.stdin)["buffer"]["overflows"])')
-    echo "$result $overflows"
+    echo "$result $overflows $cpu_ms"
     [ -n "${SLOWER_PID:-}" ] && { kill "$SLOWER_PID" 2>/dev/null || true; wait "$SLOWER_PID" 2>/dev/null || true; SLOWER_PID=""; }
     stop_pid "$MIRROR_PID"; stop_pid "$prod_pid"; [ -n "$debug_pid" ] && stop_pid "$debug_pid"
     return 0
 }
 
+echo "# modes: direct = redis-benchmark -> redis; proxy = through iprobe mirror without --debug;"
+echo "#   dup-sink = duplication to a debug copy that only discards (isolates the proxy's cost);"
+echo "#   dup = duplication to a second redis (on the same cores: it competes for CPU);"
+echo "#   dup-resp = dup + --divergence resp; dup-stopped = debug redis SIGSTOPped;"
+echo "#   dup-slowN = debug redis running 1/N of the time (SIGSTOP duty cycle, 10 ms slices)"
 echo "# proxy benchmark: redis-benchmark -t set -n $REQUESTS -c $CLIENTS -r 100000 -d 64, median of $ROUNDS rounds (modes interleaved)"
 echo "# $(nproc) cores, $(uname -r), $(redis-server --version | cut -d' ' -f1-3)"
-MODES=(direct proxy dup dup-resp dup-stopped dup-slow10 dup-slow100)
+MODES=(direct proxy dup-sink dup dup-resp dup-stopped dup-slow10 dup-slow100)
 for pipeline in 1 "$PIPELINE"; do
-    declare -A RPS=() P50=() P99=() OVF=()
+    declare -A RPS=() P50=() P99=() OVF=() CPU=()
     for round in $(seq "$ROUNDS"); do
         for mode in "${MODES[@]}"; do
-            read -r rps p50 p99 ovf < <(run_mode "$mode" "$pipeline")
-            RPS[$mode]+="$rps "; P50[$mode]+="$p50 "; P99[$mode]+="$p99 "; OVF[$mode]+="${ovf:-} "
+            read -r rps p50 p99 ovf cpu < <(run_mode "$mode" "$pipeline")
+            RPS[$mode]+="$rps "; P50[$mode]+="$p50 "; P99[$mode]+="$p99 "; OVF[$mode]+="$ovf "; CPU[$mode]+="$cpu "
         done
     done
     proxy_rps=$(median ${RPS[proxy]})
     printf '\n## pipeline %s\n' "$pipeline"
-    printf '%-12s %12s %10s %10s %14s %12s\n' mode "req/s" "p50 ms" "p99 ms" "vs proxy-only" "overflows"
+    printf '%-12s %10s %9s %9s %14s %10s %14s\n' mode "req/s" "p50 ms" "p99 ms" "vs proxy-only" "overflows" "proxy CPU ms"
     for mode in "${MODES[@]}"; do
         rps=$(median ${RPS[$mode]}); p50=$(median ${P50[$mode]}); p99=$(median ${P99[$mode]})
         rel=$(python3 -c "print(f'{($rps/$proxy_rps-1)*100:+.1f}%')")
         ovf=$(echo "${OVF[$mode]}" | awk '{print $NF}')
-        printf '%-12s %12.0f %10.3f %10.3f %14s %12s\n' "$mode" "$rps" "$p50" "$p99" "$rel" "${ovf:--}"
+        cpu=$(echo "${CPU[$mode]}" | awk '{print $NF}')
+        [ "$cpu" != - ] && cpu=$(median ${CPU[$mode]})
+        printf '%-12s %10.0f %9.3f %9.3f %14s %10s %14s\n' "$mode" "$rps" "$p50" "$p99" "$rel" "$ovf" "$cpu"
     done
-    unset RPS P50 P99 OVF
+    unset RPS P50 P99 OVF CPU
 done
 
 # Debug window vs buffer size: 10 pipelined connections writing SETs (~100 B

@@ -11,8 +11,9 @@ namespace {
 
 const char* const kUsage =
     "usage: iprobe debug PID --listen ADDR:PORT --production ADDR:PORT\n"
-    "                    [--probes LIST [--functions GLOB]] [--buffer SIZE]\n"
-    "                    [--recloning off|on-overflow|periodic:SECONDS] [--name NAME] [--json]\n"
+    "                    [--probes LIST [--functions GLOB]] [--buffer SIZE] [--divergence MODE]\n"
+    "                    [--recloning off|on-overflow|on-divergence|periodic:SECONDS]\n"
+    "                    [--name NAME] [--json]\n"
     "\n"
     "Debugs a running service on a live copy of it, with production's traffic:\n"
     "  1. clones PID with CRIU (`iprobe clone`) into its own network and PID\n"
@@ -30,6 +31,10 @@ const char* const kUsage =
     "  --buffer SIZE            mirror's per-connection buffer toward the clone\n"
     "  --recloning on-overflow  re-clone when a connection's copy overflowed its\n"
     "                           buffer (the clone has diverged from production)\n"
+    "  --divergence MODE        the mirror compares the clone's replies with\n"
+    "                           production's: stream, resp (redis), http\n"
+    "  --recloning on-divergence  re-clone when a connection's replies differed\n"
+    "                           (--divergence, default stream)\n"
     "  --recloning periodic:N   re-clone every N seconds\n"
     "  --name NAME              clone/namespace name (default iprobe-debug-PID)\n"
     "  --json                   events as JSON lines on stdout\n"
@@ -60,6 +65,11 @@ int debug_main(const std::vector<std::string>& args) {
             o.functions = value(i);
         } else if (a == "--buffer") {
             o.buffer = value(i);
+        } else if (a == "--divergence") {
+            o.divergence = value(i);
+            if (o.divergence != "stream" && o.divergence != "resp" && o.divergence != "http" && o.divergence != "off")
+                throw Error("--divergence wants stream, resp, http or off", ExitCode::usage);
+            if (o.divergence == "off") o.divergence.clear();
         } else if (a == "--name") {
             o.name = value(i);
         } else if (a == "--json") {
@@ -70,6 +80,8 @@ int debug_main(const std::vector<std::string>& args) {
                 o.recloning = DebugOptions::Recloning::off;
             } else if (v == "on-overflow") {
                 o.recloning = DebugOptions::Recloning::on_overflow;
+            } else if (v == "on-divergence") {
+                o.recloning = DebugOptions::Recloning::on_divergence;
             } else if (v.rfind("periodic:", 0) == 0) {
                 o.recloning = DebugOptions::Recloning::periodic;
                 try {
@@ -79,7 +91,7 @@ int debug_main(const std::vector<std::string>& args) {
                 }
                 if (o.period_s <= 0) throw Error("--recloning periodic:N wants N > 0 seconds", ExitCode::usage);
             } else {
-                throw Error("--recloning wants off, on-overflow or periodic:SECONDS", ExitCode::usage);
+                throw Error("--recloning wants off, on-overflow, on-divergence or periodic:SECONDS", ExitCode::usage);
             }
         } else if (!a.empty() && a[0] == '-') {
             throw Error("unknown option " + a + "\n" + kUsage, ExitCode::usage);

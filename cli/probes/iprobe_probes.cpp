@@ -43,7 +43,7 @@ constexpr char kListHelp[] =
     "Shows the probes of a probe list, of a coldpatched binary (its FILE.probes)\n"
     "or of a binary carrying an embedded probe section (LLVM flow).\n"
     "\n"
-    "      --functions GLOB  only functions matching GLOB (demangled or raw name);\n"
+    "      --functions GLOB[,GLOB]  only functions matching a GLOB (demangled or raw);\n"
     "                        repeatable\n"
     "      --file GLOB       only probes whose source path or its basename match\n"
     "      --kind K[,K]      only these kinds: entry, exit, point\n"
@@ -173,9 +173,9 @@ int run_list(int argc, char** argv) {
             std::fputs(kListHelp, stdout);
             return 0;
         } else if (a == "--functions" || a == "--function" || a == "-f") {
-            selector.function_globs.push_back(value());
+            for (auto& g : iprobe::split_list(value())) selector.function_globs.push_back(std::move(g));
         } else if (a == "--file") {
-            selector.file_globs.push_back(value());
+            for (auto& g : iprobe::split_list(value())) selector.file_globs.push_back(std::move(g));
         } else if (a == "--kind" || a == "-k") {
             for (const auto& k : iprobe::split_list(value())) selector.kinds.push_back(iprobe::parse_probe_kind(k));
         } else if (a == "--json") {

@@ -4,12 +4,14 @@
 #include <capstone/capstone.h>
 
 #include <algorithm>
+#include <array>
 #include <cstring>
 #include <optional>
 #include <set>
 
 #include "iprobe/coldpatch.hpp"
 #include "iprobe/support/error.h"
+#include "landing_pads.hpp"
 #include "source_lines.hpp"
 
 namespace iprobe {
@@ -49,9 +51,27 @@ struct RegEffect {
     enum Op : std::uint8_t { other, load_constant, copy_register, call } op = other;
     std::int8_t dst = -1;
     std::int8_t src = -1;
+    bool falls_through = true;  // false after jmp, ret, ud2
+    enum Cond : std::uint8_t { no_cond, jump_if_equal, jump_if_not_equal } cond = no_cond;
+    std::int8_t compared[2] = {-1, -1};  // `cmp reg, reg`: both registers
     std::uint16_t written = 0;  // bit per gp_index
     std::uint64_t constant = 0;
     std::uint64_t address = 0;
+};
+
+// What a register holds on the paths reaching an instruction.
+struct Reaching {
+    enum State : std::uint8_t { none, unknown, known } state = none;  // none: no path seen (yet)
+    std::uint64_t value = 0;
+
+    static Reaching of(std::uint64_t v) { return {known, v}; }
+    static Reaching not_known() { return {unknown, 0}; }
+    Reaching merged(const Reaching& other) const {
+        if (state == none) return other;
+        if (other.state == none) return *this;
+        if (state == known && other.state == known && value == other.value) return *this;
+        return not_known();
+    }
 };
 
 struct HookTargets {
@@ -107,7 +127,8 @@ HookTargets find_hook_targets(const ElfFile& elf, ProbeList& list) {
 
 class Scanner {
 public:
-    Scanner(const ElfFile& elf, const HookTargets& targets) : elf_(elf), targets_(targets) {
+    Scanner(const ElfFile& elf, const HookTargets& targets)
+        : elf_(elf), targets_(targets), landing_edges_(landing_edges(elf)) {
         if (cs_open(CS_ARCH_X86, CS_MODE_64, &cs_) != CS_ERR_OK)
             throw Error("capstone: cannot open an x86-64 disassembler", ExitCode::unavailable);
         cs_option(cs_, CS_OPT_DETAIL, CS_OPT_ON);
@@ -130,12 +151,18 @@ public:
         std::size_t left = code.size();
         std::uint64_t address = section.address;
         history_.clear();
+        branches_.clear();
+        std::vector<PendingSite> pending;
         while (left > 0) {
             if (!cs_disasm_iter(cs_, &p, &left, &address, insn_)) {
-                ++p, --left, ++address;  // data or padding in code: resynchronise
-                history_.push_back({});
+                RegEffect undecodable;  // data or padding in code: resynchronise
+                undecodable.address = address;
+                undecodable.written = 0xffff;
+                history_.push_back(undecodable);
+                ++p, --left, ++address;
                 continue;
             }
+            record_branch(*insn_);
             history_.push_back(effect_of(*insn_));
             const auto [hook, form] = hook_called(*insn_);
             if (hook == Hook::none) continue;
@@ -143,8 +170,16 @@ public:
                 ++tail_jumps;
                 continue;
             }
-            if (is_aliased(*insn_)) aliased.push_back(out.size());
-            out.push_back(make_probe(*insn_, hook, form));
+            PendingSite site{history_.size() - 1, hook, form, is_aliased(*insn_),
+                             static_cast<std::uint8_t>(insn_->size), {}};
+            std::copy(insn_->bytes, insn_->bytes + insn_->size, site.bytes.begin());
+            pending.push_back(site);
+        }
+        add_landing_edges(section);
+        std::sort(branches_.begin(), branches_.end());
+        for (const auto& site : pending) {
+            if (site.aliased) aliased.push_back(out.size());
+            out.push_back(make_probe(site));
         }
     }
 
@@ -181,9 +216,20 @@ private:
     RegEffect effect_of(const cs_insn& insn) const {
         RegEffect e;
         e.address = insn.address;
+        e.falls_through = !(insn.id == X86_INS_JMP || insn.id == X86_INS_LJMP || insn.id == X86_INS_RET ||
+                            insn.id == X86_INS_UD2);
+        if (insn.id == X86_INS_JE) e.cond = RegEffect::jump_if_equal;
+        if (insn.id == X86_INS_JNE) e.cond = RegEffect::jump_if_not_equal;
+        if (insn.id == X86_INS_CMP && insn.detail->x86.op_count == 2 &&
+            insn.detail->x86.operands[0].type == X86_OP_REG && insn.detail->x86.operands[1].type == X86_OP_REG &&
+            insn.detail->x86.operands[0].size == 8) {
+            e.compared[0] = static_cast<std::int8_t>(gp_index(insn.detail->x86.operands[0].reg));
+            e.compared[1] = static_cast<std::int8_t>(gp_index(insn.detail->x86.operands[1].reg));
+        }
         if (insn.id == X86_INS_CALL) {
             e.op = RegEffect::call;
             e.written = kCallClobbered;
+            e.falls_through = !calls_noreturn(insn);
             return e;
         }
         const cs_x86& x86 = insn.detail->x86;
@@ -221,57 +267,180 @@ private:
         return e;
     }
 
-    // The constant the hook call receives in %rdi (this_fn): gcc passes the
-    // address of the instrumented function, which for a function inlined
-    // here is not the enclosing one.  Walks back through register copies
-    // within the enclosing function; nullopt when it cannot tell.
-    std::optional<std::uint64_t> first_argument(std::uint64_t function_start) const {
-        int reg = kRdi;
-        constexpr std::size_t kMaxLookback = 8192;
-        // history_.back() is the call itself.
-        for (std::size_t i = history_.size() - 1, n = 0; i-- > 0 && n < kMaxLookback; ++n) {
-            const RegEffect& e = history_[i];
-            if (e.address == 0 && e.op == RegEffect::other && e.written == 0) return std::nullopt;  // undecodable
-            if (e.address < function_start) return std::nullopt;
-            if (!(e.written & (1u << reg))) continue;
-            if (e.op == RegEffect::load_constant && e.dst == reg) return e.constant;
-            if (e.op == RegEffect::copy_register && e.dst == reg) {
-                reg = e.src;
-                continue;
-            }
-            return std::nullopt;
+    struct PendingSite {
+        std::size_t index;  // in history_
+        Hook hook;
+        SiteForm form;
+        bool aliased;
+        std::uint8_t size;
+        std::array<std::uint8_t, IPROBE_PL_SITE_MAX> bytes;
+    };
+
+    struct Search {
+        std::set<std::pair<std::size_t, int>> visited;
+        std::size_t budget = 200000;
+        int depth = 0;
+    };
+
+    // Calls that never return (throw, unwind, abort): the next instruction
+    // starts a block of its own, not reached from here.
+    bool calls_noreturn(const cs_insn& insn) const {
+        const cs_x86& x86 = insn.detail->x86;
+        if (x86.op_count != 1 || x86.operands[0].type != X86_OP_IMM) return false;
+        const auto target = static_cast<std::uint64_t>(x86.operands[0].imm);
+        std::string_view name;
+        if (const PltEntry* plt = elf_.plt_entry_at(target)) name = plt->symbol;
+        else if (const ElfSymbol* f = elf_.function_starting_at(target)) name = f->name;
+        static constexpr std::string_view kNoreturn[] = {
+            "_Unwind_Resume", "__cxa_throw", "__cxa_rethrow", "__cxa_bad_cast", "__cxa_bad_typeid",
+            "__cxa_throw_bad_array_new_length", "abort", "exit", "_exit", "_Exit", "quick_exit",
+            "__stack_chk_fail", "__assert_fail", "__fortify_fail", "__chk_fail", "pthread_exit",
+            "longjmp", "siglongjmp", "__longjmp_chk", "err", "errx", "verr", "verrx"};
+        for (const auto n : kNoreturn)
+            if (name == n) return true;
+        return name.starts_with("_ZSt") && name.find("__throw_") != std::string_view::npos;
+    }
+
+    // The calls a landing pad is entered from, as predecessors of the pad.
+    void add_landing_edges(const ElfSection& section) {
+        for (const auto& edge : landing_edges_) {
+            if (!section.contains(edge.landing_pad)) continue;
+            auto it = std::lower_bound(history_.begin(), history_.end(), edge.call_begin,
+                                       [](const RegEffect& e, std::uint64_t a) { return e.address < a; });
+            for (; it != history_.end() && it->address < edge.call_end; ++it)
+                if (it->op == RegEffect::call)
+                    branches_.emplace_back(edge.landing_pad, std::size_t(it - history_.begin()));
         }
+    }
+
+    // On this edge of a je/jne after `cmp a, b`, `reg` equals the other register.
+    std::optional<int> equal_register(std::size_t branch, bool taken, int reg) const {
+        const RegEffect& b = history_[branch];
+        const auto wanted = taken ? RegEffect::jump_if_equal : RegEffect::jump_if_not_equal;
+        if (b.cond != wanted || branch == 0) return std::nullopt;
+        const RegEffect& cmp = history_[branch - 1];
+        if (cmp.compared[0] == reg && cmp.compared[1] >= 0) return cmp.compared[1];
+        if (cmp.compared[1] == reg && cmp.compared[0] >= 0) return cmp.compared[0];
         return std::nullopt;
     }
 
-    // gcc moves unlikely blocks of `f` into a separate `f.cold` symbol; the
-    // function those blocks belong to is `f`.
-    const ElfSymbol* hot_part_of(const ElfSymbol& symbol) const {
-        const auto cold = symbol.name.find(".cold");
-        if (cold == std::string::npos || cold == 0) return nullptr;
-        const ElfSymbol* hot = elf_.symbol_named(std::string_view(symbol.name).substr(0, cold));
-        return hot && hot->is_function() ? hot : nullptr;
+    // The value `reg` has when control leaves instruction `j` along an edge
+    // (taken branch or fall-through).
+    Reaching value_on_edge(std::size_t j, bool taken, int reg, Search& search) const {
+        if (auto other = equal_register(j, taken, reg)) {
+            const Reaching r = value_before(j - 1, *other, search);
+            if (r.state == Reaching::known) return r;
+        }
+        return value_after(j, reg, search);
     }
 
-    Probe make_probe(const cs_insn& insn, Hook hook, SiteForm form) const {
+    void record_branch(const cs_insn& insn) {
+        if (!cs_insn_group(cs_, &insn, X86_GRP_JUMP)) return;
+        const cs_x86& x86 = insn.detail->x86;
+        if (x86.op_count == 1 && x86.operands[0].type == X86_OP_IMM)
+            branches_.emplace_back(static_cast<std::uint64_t>(x86.operands[0].imm), history_.size());
+    }
+
+    std::size_t index_of(std::uint64_t address) const {
+        auto it = std::lower_bound(history_.begin(), history_.end(), address,
+                                   [](const RegEffect& e, std::uint64_t a) { return e.address < a; });
+        return it != history_.end() && it->address == address ? std::size_t(it - history_.begin()) : history_.size();
+    }
+
+    // The constant the hook call receives in %rdi (this_fn): gcc passes the
+    // address of the instrumented function, which for a function inlined
+    // here is not the enclosing one.  A reaching-definition search backwards
+    // through fall-through and direct-branch predecessors (register copies
+    // followed); known only when every path agrees on one constant.
+    Reaching value_after(std::size_t j, int reg, Search& search) const {
+        const RegEffect& e = history_[j];
+        if (!(e.written & (1u << reg))) return value_before(j, reg, search);
+        if (e.op == RegEffect::load_constant && e.dst == reg) return Reaching::of(e.constant);
+        if (e.op == RegEffect::copy_register && e.dst == reg) return value_before(j, e.src, search);
+        return Reaching::not_known();
+    }
+
+    Reaching value_before(std::size_t k, int reg, Search& search) const {
+        if (++search.depth > 4096) return Reaching::not_known();
+        struct DepthGuard {
+            int& d;
+            ~DepthGuard() { --d; }
+        } guard{search.depth};
+        for (;;) {
+            if (search.budget-- == 0) return Reaching::not_known();
+            const std::uint64_t here = history_[k].address;
+            // A function's entry: %rdi & co. are its arguments.  A `f.cold`
+            // piece is entered only by jumps from `f`.
+            bool piece_start = false;
+            if (const ElfSymbol* f = elf_.function_starting_at(here)) {
+                if (f->name.find(".cold") == std::string::npos) return Reaching::not_known();
+                piece_start = true;
+            }
+            auto first = std::lower_bound(branches_.begin(), branches_.end(), std::make_pair(here, std::size_t(0)));
+            const bool join = first != branches_.end() && first->first == here;
+            const bool fall_in = k > 0 && history_[k - 1].falls_through && !piece_start;
+            if (!join) {
+                // A block no direct branch reaches (a jump-table case, a pad
+                // without LSDA) keeps the registers of the code laid out
+                // before it in gcc's output; follow that as if it fell through.
+                if (k == 0 || piece_start) return Reaching::not_known();
+                const RegEffect& prev = history_[k - 1];
+                if (auto other = equal_register(k - 1, false, reg)) {
+                    const Reaching r = value_before(k - 2, *other, search);
+                    if (r.state == Reaching::known) return r;
+                }
+                if (prev.written & (1u << reg)) return value_after(k - 1, reg, search);
+                --k;
+                continue;
+            }
+            if (!search.visited.emplace(k, reg).second) return {};  // around a loop: nothing new
+            Reaching result;
+            for (auto it = first; it != branches_.end() && it->first == here; ++it) {
+                result = result.merged(value_on_edge(it->second, true, reg, search));
+                if (result.state == Reaching::unknown) return result;
+            }
+            if (fall_in) result = result.merged(value_on_edge(k - 1, false, reg, search));
+            return result;
+        }
+    }
+
+    std::optional<std::uint64_t> first_argument(std::size_t call_index) const {
+        Search search;
+        const Reaching r = value_before(call_index, kRdi, search);
+        if (r.state == Reaching::known) return r.value;
+        return std::nullopt;
+    }
+
+    // Code gcc moved out of `f` (`f.cold`, `f.part.0`) or specialised
+    // (`f.isra.0`, `f.constprop.0`) belongs to `f`, when `f` itself exists.
+    const ElfSymbol* original_of(const ElfSymbol& symbol) const {
+        std::size_t cut = std::string::npos;
+        for (const char* suffix : {".cold", ".part.", ".isra.", ".constprop.", ".lto_priv."})
+            cut = std::min(cut, symbol.name.find(suffix));
+        if (cut == std::string::npos || cut == 0) return nullptr;
+        const ElfSymbol* original = elf_.symbol_named(std::string_view(symbol.name).substr(0, cut));
+        return original && original->is_function() ? original : nullptr;
+    }
+
+    Probe make_probe(const PendingSite& site) const {
         Probe p;
-        p.kind = hook == Hook::enter ? ProbeKind::entry : ProbeKind::exit;
-        p.form = form;
-        p.size = static_cast<std::uint8_t>(insn.size);
-        p.site = insn.address;
-        std::copy(insn.bytes, insn.bytes + insn.size, p.original.begin());
-        if (form == SiteForm::call_rel32)
+        p.kind = site.hook == Hook::enter ? ProbeKind::entry : ProbeKind::exit;
+        p.form = site.form;
+        p.size = site.size;
+        p.site = history_[site.index].address;
+        std::copy(site.bytes.begin(), site.bytes.begin() + site.size, p.original.begin());
+        if (site.form == SiteForm::call_rel32)
             std::copy(std::begin(kNop5), std::end(kNop5), p.placeholder.begin());
         else
             std::copy(std::begin(kNop6), std::end(kNop6), p.placeholder.begin());
 
-        const ElfSymbol* enclosing = elf_.function_at(insn.address);
+        const ElfSymbol* enclosing = elf_.function_at(p.site);
         const ElfSymbol* named = nullptr;
-        if (auto fn = first_argument(enclosing ? enclosing->address : 0)) {
+        if (auto fn = first_argument(site.index)) {
             named = elf_.function_starting_at(*fn);
             p.function_address = *fn;
         }
-        if (!named && enclosing) named = hot_part_of(*enclosing);
+        if (!named && enclosing) named = original_of(*enclosing);
         if (!named) named = enclosing;
         if (named) p.function_address = named->address;
         if (named) {
@@ -287,9 +456,11 @@ private:
 
     const ElfFile& elf_;
     const HookTargets& targets_;
+    std::vector<LandingEdge> landing_edges_;
     csh cs_ = 0;
     cs_insn* insn_ = nullptr;
-    std::vector<RegEffect> history_;
+    std::vector<RegEffect> history_;                               // one section, by address
+    std::vector<std::pair<std::uint64_t, std::size_t>> branches_;  // (target, index of the branch)
 };
 
 // Calls to a target that is both hooks carry no kind.  gcc places the entry

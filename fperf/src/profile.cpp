@@ -217,8 +217,9 @@ std::string render_table(const Profile& p, std::size_t limit) {
         << human_ns(p.number("wall_floor_ns")) << ", cpu " << human_ns(p.number("cpu_floor_ns")) << ")\n";
     out << "calls seen " << p.get("total_calls") << ", samples taken " << p.get("total_samples")
         << ", functions called " << p.get("functions_called") << ", sampled " << p.get("functions_sampled") << "\n";
-    out << "estimated overhead " << fmt(p.number("overhead_estimate") * 100, 2) << "% of the recording's wall time ("
-        << "samples x cost + calls x count cost)\n";
+    out << "estimated overhead " << fmt(p.number("overhead_estimate") * 100, 2) << "% of the "
+        << p.get("overhead_base", "wall time") << " (samples x cost + calls x count cost; "
+        << fmt(p.number("overhead_of_wall") * 100, 2) << "% of wall time)\n";
     bool any_unavailable = false;
     for (const auto& e : p.events)
         if (!e.measured) {

@@ -8,7 +8,7 @@ namespace fperf {
 
 std::uint64_t sample_allowance(const Budget& budget, std::uint64_t calls_in_interval) {
     if (budget.unlimited) return UINT64_MAX;
-    const double allowed_ns = budget.fraction * static_cast<double>(budget.interval_ns);
+    const double allowed_ns = budget.fraction * static_cast<double>(budget.work_ns);
     const double counting_ns = static_cast<double>(calls_in_interval) * budget.count_cost_ns;
     const double left_ns = allowed_ns - counting_ns;
     if (left_ns <= 0 || budget.sample_cost_ns <= 0) return 0;

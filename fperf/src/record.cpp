@@ -14,6 +14,7 @@
 #include <cstdarg>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <optional>
@@ -365,6 +366,9 @@ struct DaemonResult {
     std::uint64_t intervals = 0;
     std::uint64_t last_allowance = 0;
     std::uint64_t calls = 0, samples = 0, functions = 0;  // as of the last refill
+    std::uint64_t work_ns = 0;  // the target's own work, summed over intervals
+    double overhead_ns = 0;     // our estimated cost, summed over intervals
+    bool cpu_known = true;      // work came from the target's CPU time
 };
 
 class Daemon {
@@ -376,7 +380,8 @@ public:
     }
 
     // One refill: see what ran, give out the next interval's quotas.
-    void refill(std::uint64_t elapsed_ns) {
+    // `cpu_ns`: CPU time the target used in the interval, when known.
+    void refill(std::uint64_t elapsed_ns, std::optional<std::uint64_t> cpu_ns) {
         session_.heartbeat();
         if (!handler_costs_ && session_.handler_ready() && session_.header().sample_cost_ns) {
             costs_ = costs_from_handler(session_.header());
@@ -384,10 +389,21 @@ public:
             budget_.count_cost_ns = costs_.count_ns;
             handler_costs_ = true;
         }
+        // Once enough real samples were timed in the target, budget with them.
+        const auto& hdr = session_.header();
+        const std::uint64_t timed = hdr.sampling_count.load(std::memory_order_relaxed);
+        if (timed >= 100) {
+            budget_.sample_cost_ns = static_cast<double>(hdr.sampling_ns.load(std::memory_order_relaxed)) /
+                                     static_cast<double>(timed);
+            if (!live_costs_) costs_.source += "; then timed live on real samples";
+            live_costs_ = true;
+            costs_.sample_ns = budget_.sample_cost_ns;
+        }
         const auto snap = session_.snapshot();
         std::vector<FunctionActivity> activity;
         activity.reserve(snap.size());
-        std::uint64_t calls_interval = 0;
+        std::uint64_t calls_interval = 0, samples_interval = 0;
+        const std::uint64_t samples_before = result_.samples;
         result_.calls = result_.samples = 0;
         result_.functions = snap.size();
         for (const auto& s : snap) {
@@ -399,8 +415,17 @@ public:
             activity.push_back({s.calls, delta, s.samples});
             calls_interval += delta;
         }
+        samples_interval = result_.samples >= samples_before ? result_.samples - samples_before : 0;
+        // The target's own work: its CPU time less what we cost it.  A
+        // target that waits does little work, and gets few samples.
+        const double spent = overhead_ns(budget_, samples_interval, calls_interval);
+        const double used = cpu_ns ? static_cast<double>(*cpu_ns) : static_cast<double>(elapsed_ns);
+        const std::uint64_t work = used > spent ? static_cast<std::uint64_t>(used - spent) : 0;
+        result_.work_ns += work;
+        result_.overhead_ns += spent;
+        result_.cpu_known = result_.cpu_known && cpu_ns.has_value();
         Budget b = budget_;
-        b.interval_ns = elapsed_ns;
+        b.work_ns = work;
         result_.last_allowance = sample_allowance(b, calls_interval);
         const auto quotas = allocate_quotas(activity, result_.last_allowance);
         for (std::size_t i = 0; i < snap.size(); i++) session_.set_quota(snap[i].slot, quotas[i]);
@@ -417,6 +442,7 @@ private:
     Costs costs_;
     std::vector<std::string> events_;
     bool handler_costs_ = false;
+    bool live_costs_ = false;
     std::map<std::uint32_t, std::uint64_t> previous_calls_;
     DaemonResult result_;
 };
@@ -483,8 +509,16 @@ Profile build_profile(const RecordOptions& o, SharedSession& session, const Daem
     p.meta["total_samples"] = std::to_string(samples);
     p.meta["functions_called"] = std::to_string(called);
     p.meta["functions_sampled"] = std::to_string(sampled);
-    const double overhead = duration_ns ? overhead_ns(daemon.budget(), samples, calls) / static_cast<double>(duration_ns) : 0;
-    p.meta["overhead_estimate"] = num(overhead);
+    // Against the target's own work when its CPU time was known (what the
+    // budget is about), else against wall time.
+    const double overhead = overhead_ns(daemon.budget(), samples, calls);
+    const auto& r = daemon.result();
+    const bool per_work = r.cpu_known && r.intervals > 0 && r.work_ns > 0;
+    const double work = per_work ? static_cast<double>(r.work_ns) : static_cast<double>(duration_ns);
+    p.meta["overhead_estimate"] = num(work > 0 ? (per_work ? r.overhead_ns : overhead) / work : 0);
+    p.meta["overhead_base"] = per_work ? "target CPU work" : "wall time";
+    p.meta["target_work_ns"] = std::to_string(per_work ? r.work_ns : duration_ns);
+    p.meta["overhead_of_wall"] = num(duration_ns ? overhead / static_cast<double>(duration_ns) : 0);
     p.meta["handler_threads"] = std::to_string(h.threads.load());
     p.meta["thread_failures"] = std::to_string(h.thread_failures.load());
     p.meta["table_full"] = std::to_string(h.table_full.load());
@@ -494,6 +528,24 @@ Profile build_profile(const RecordOptions& o, SharedSession& session, const Daem
     p.meta["unmatched_exits"] = std::to_string(h.unmatched_exits.load());
     if (h.handler_message[0]) p.meta["handler_message"] = std::string(h.handler_message, strnlen(h.handler_message, sizeof h.handler_message));
     return p;
+}
+
+// CPU time of all the target's threads (schedstat: ns, unlike /proc/PID/stat's ticks).
+std::optional<std::uint64_t> target_cpu_ns(pid_t pid) {
+    const std::string dir = "/proc/" + std::to_string(pid) + "/task";
+    std::error_code ec;
+    std::uint64_t total = 0;
+    bool any = false;
+    for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
+        std::ifstream in(entry.path() / "schedstat");
+        unsigned long long on_cpu = 0;
+        if (in >> on_cpu) {
+            total += on_cpu;
+            any = true;
+        }
+    }
+    if (!any) return std::nullopt;
+    return total;
 }
 
 void sleep_ns(std::uint64_t ns) {
@@ -526,18 +578,25 @@ int record(const RecordOptions& o) {
         throw Error("handler library " + handler + " not found (build target fperf-handler, or set FPERF_HANDLER)",
                     ExitCode::not_found);
 
+    if (o.pid != 0 && ::kill(o.pid, 0) != 0 && errno == ESRCH)
+        throw Error("no process " + std::to_string(o.pid), ExitCode::not_found);
     // Events first: a bad --strict request changes nothing.
     const auto requested = o.events_given ? o.events : default_events();
     const auto choice = resolve_events(requested);
+    std::string defaults_missing;
     for (const auto& u : choice.unavailable) {
         if (o.events_given)
             std::fprintf(stderr, "fperf: %s: event %s is unavailable: %s\n", o.strict ? "error" : "warning",
                          u.name.c_str(), u.reason.c_str());
         else
-            log("default event %s is not available here (%s); not measured", u.name.c_str(), u.reason.c_str());
+            defaults_missing += (defaults_missing.empty() ? "" : ", ") + u.name;
     }
+    if (!defaults_missing.empty())
+        log("not countable here, so not measured: %s (%s)", defaults_missing.c_str(),
+            choice.unavailable.front().reason.c_str());
     if (o.strict && !choice.unavailable.empty())
-        throw Error("unavailable events asked for with --strict; nothing recorded (see `fperf record --list-events`)",
+        throw Error("unavailable events asked for with --strict; nothing recorded (`fperf events` lists what "
+                    "this machine can count)",
                     ExitCode::unavailable);
     if (o.events_given && !choice.unavailable.empty())
         log("measuring %s plus wall and CPU time per call",
@@ -646,7 +705,7 @@ int record(const RecordOptions& o) {
     Budget budget;
     budget.unlimited = o.unlimited;
     budget.fraction = o.budget;
-    budget.interval_ns = o.interval_ns;
+    budget.work_ns = o.interval_ns;
     Costs costs = session.handler_ready() ? costs_from_handler(session.header()) : estimate_costs_in_process(choice.measured);
     Daemon daemon(session, budget, costs, choice.measured);
     log("cost per sample %.0f ns, per counted call %.1f ns (%s); budget %s", costs.sample_ns, costs.count_ns,
@@ -663,11 +722,14 @@ int record(const RecordOptions& o) {
     const std::uint64_t poll_ns = std::min<std::uint64_t>(o.interval_ns, 10'000'000);
     const bool progress = !o.quiet && ::isatty(STDERR_FILENO);
     std::uint64_t last_progress = start;
+    std::optional<std::uint64_t> last_cpu = target_cpu_ns(pid);
     while (!g_stop_signal && target->alive()) {
         const std::uint64_t now = monotonic_ns();
         if (deadline && now >= deadline) break;
         if (now - last_refill >= o.interval_ns) {
-            daemon.refill(now - last_refill);
+            const auto cpu = target_cpu_ns(pid);
+            daemon.refill(now - last_refill, cpu && last_cpu ? std::optional(*cpu - *last_cpu) : std::nullopt);
+            last_cpu = cpu;
             last_refill = now;
         }
         if (progress && now - last_progress >= 1'000'000'000ull) {

@@ -1,8 +1,6 @@
 #include "iprobe/launcher/clone.h"
 
-#include <dirent.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
@@ -19,7 +17,6 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <set>
 #include <sstream>
 #include <thread>
 
@@ -35,6 +32,7 @@ namespace fs = std::filesystem;
 namespace iprobe::launcher {
 namespace {
 
+const char* const kStateRootParent = "/run/iprobe";
 const char* const kStateRoot = "/run/iprobe/clones";
 // Snapshotting a working directory by default is skipped above this size;
 // --fs-snapshot still copies it.
@@ -354,6 +352,10 @@ void write_int(int fd, int v) { (void)!::write(fd, &v, sizeof v); }
     while (::waitpid(criu, &status, 0) < 0 && errno == EINTR) {
     }
     int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    // iprobe's own per-PID state (locks of attach and trace) must not meet
+    // production's: the clone has production's PID.  Mounted after the
+    // restore, which still needed the clone's state directory under it.
+    if (code == 0 && ::mount("tmpfs", kStateRootParent, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0700") != 0) fail(-8);
     write_int(status_fd, code);
     write_int(status_fd, 0);
     ::close(status_fd);
@@ -426,6 +428,7 @@ pid_t start_keeper(const KeeperPlan& plan, const std::string& netns_path) {
                                : stage == -3 ? "bind-mounting the file snapshots"
                                : stage == -6 ? "mounting a private /dev/shm"
                                : stage == -7 ? "binding the checkpoint images"
+                               : stage == -8 ? "mounting a private /run/iprobe"
                                              : "starting criu";
             throw Error(std::string("preparing the clone failed while ") + what + ": " + std::strerror(err));
         }
@@ -468,10 +471,37 @@ std::string fmt_ms(double v) {
     return buf;
 }
 
-bool same_netns(pid_t pid) {
-    struct stat a, b;
-    return ::stat(("/proc/" + std::to_string(pid) + "/ns/net").c_str(), &a) == 0 &&
-           ::stat("/proc/self/ns/net", &b) == 0 && a.st_ino == b.st_ino && a.st_dev == b.st_dev;
+
+
+// Non-loopback addresses of production's network namespace (ip -o addr
+// lines: "2: eth0    inet 192.0.2.10/24 ..."), without their prefix.
+std::vector<std::string> production_addresses(pid_t pid) {
+    std::string ns = "--net=/proc/" + std::to_string(pid) + "/ns/net";
+    RunResult r = run({"nsenter", ns, "ip", "-o", "addr", "show"});
+    std::vector<std::string> out;
+    std::istringstream lines(r.out);
+    std::string line;
+    while (std::getline(lines, line)) {
+        std::istringstream f(line);
+        std::string index, ifname, family, cidr;
+        f >> index >> ifname >> family >> cidr;
+        if ((family != "inet" && family != "inet6") || ifname == "lo") continue;
+        std::string addr = cidr.substr(0, cidr.find('/'));
+        if (addr.rfind("fe80:", 0) == 0) continue;  // link-local: per interface, never bound to by services
+        out.push_back(addr);
+    }
+    return out;
+}
+
+// The clone's namespace has only loopback: give it production's addresses
+// there (host routes), so listening sockets bound to them restore.
+void add_addresses_to_loopback(const std::string& netns, const std::vector<std::string>& addrs) {
+    for (const auto& a : addrs) {
+        bool v6 = a.find(':') != std::string::npos;
+        std::vector<std::string> cmd = {"ip", "-n", netns, "addr", "add", a + (v6 ? "/128" : "/32"), "dev", "lo"};
+        if (v6) cmd.push_back("nodad");
+        run(cmd);
+    }
 }
 
 // Undoes what clone_process did so far when a later step fails.
@@ -487,6 +517,92 @@ struct Rollback {
         if (!state.empty()) remove_tree(state);
     }
 };
+
+bool same_ns(pid_t pid, const char* type) {
+    struct stat a, b;
+    std::string mine = std::string("/proc/self/ns/") + type;
+    return ::stat(("/proc/" + std::to_string(pid) + "/ns/" + type).c_str(), &a) == 0 &&
+           ::stat(mine.c_str(), &b) == 0 && a.st_ino == b.st_ino && a.st_dev == b.st_dev;
+}
+
+// What the user can do about the usual causes of a failed dump.
+std::string dump_failure_hint(pid_t pid, const std::string& reasons) {
+    if (!same_ns(pid, "mnt"))
+        return "\n  hint: the service runs in a mount namespace of its own (e.g. started with `ip netns exec`), "
+               "which CRIU must checkpoint too; start it with `nsenter --net=/run/netns/NAME ...` instead";
+    if (reasons.find("kerndat") != std::string::npos && reasons.find("unreachable") != std::string::npos)
+        return "\n  hint: loopback is down in the service's network namespace; CRIU needs it up "
+               "(ip link set lo up)";
+    return {};
+}
+
+// Checkpoints production with `criu dump --leave-running`; returns the wall
+// time.  On failure CRIU has resumed production; the error says so and
+// keeps CRIU's log.
+double dump_production(const CloneOptions& o, const Criu& criu, const std::string& name, size_t processes,
+                       const std::string& images, const std::string& dump_log, bool& shell_job) {
+    // Dump from inside production's network namespace: CRIU then treats it
+    // as its own (no netns image) and the clone can be restored into any.
+    std::vector<std::string> dump_args = {criu.path, "dump", "-t", std::to_string(o.pid), "-D", images,
+                                          "--leave-running", "--tcp-close", "--ext-unix-sk",
+                                          "--file-locks", "-v2", "-o", dump_log};
+    // A service started from a shell or a supervisor that did not make it a
+    // session leader shares its session with processes outside the tree;
+    // CRIU checkpoints such a tree only as a "shell job" (the clone then
+    // joins the keeper's session).
+    shell_job = session_of(o.pid) != o.pid;
+    if (shell_job) dump_args.push_back("--shell-job");
+    UniqueFd prod_netns;
+    if (!same_ns(o.pid, "net")) {
+        prod_netns.reset(::open(("/proc/" + std::to_string(o.pid) + "/ns/net").c_str(), O_RDONLY | O_CLOEXEC));
+        if (!prod_netns) throw_errno("open production's network namespace");
+    }
+    int netns_fd = prod_netns.get();
+    progress(o, "checkpointing PID " + std::to_string(o.pid) + " (" + std::to_string(processes) +
+                    " process(es)) with CRIU " + criu.version + ", production keeps running");
+    double dump_start = now_ms();
+    RunResult dump = run(dump_args, [netns_fd] { return netns_fd < 0 || ::setns(netns_fd, CLONE_NEWNET) == 0; });
+    double dump_ms = now_ms() - dump_start;
+    if (!dump.ok()) {
+        bool still_running = alive(o.pid);
+        std::string reasons = criu_log_errors(dump_log);
+        if (reasons.empty()) reasons = "\n  " + dump.err;
+        reasons += dump_failure_hint(o.pid, reasons);
+        // Keep the log for the user: move it out of the state dir we remove.
+        std::string kept_log = "/tmp/iprobe-clone-" + name + "-dump.log";
+        std::error_code ec;
+        fs::copy_file(dump_log, kept_log, fs::copy_options::overwrite_existing, ec);
+        throw Error("criu dump of PID " + std::to_string(o.pid) + " failed; " +
+                        (still_running ? "production was resumed and keeps running"
+                                       : "production is NOT running any more") +
+                        ". CRIU says:" + reasons + (ec ? "" : "\n  full log: " + kept_log),
+                    ExitCode::failure);
+    }
+    return dump_ms;
+}
+
+void record_state(const CloneResult& r, bool created_netns, const std::string& keeper_started, pid_t source) {
+    State st;
+    st["name"] = r.name;
+    st["netns"] = r.netns_path;
+    st["created_netns"] = created_netns ? "1" : "0";
+    st["keeper_pid"] = std::to_string(r.keeper_pid);
+    st["keeper_start"] = keeper_started;
+    st["clone_pid"] = std::to_string(r.clone_pid);
+    st["clone_pid_in_ns"] = std::to_string(source);
+    st["source_pid"] = std::to_string(source);
+    st["freeze_ms"] = fmt_ms(r.freeze_ms);
+    st["freezing_ms"] = fmt_ms(r.freezing_ms);
+    st["dump_ms"] = fmt_ms(r.dump_ms);
+    st["restore_ms"] = fmt_ms(r.restore_ms);
+    st["total_ms"] = fmt_ms(r.total_ms);
+    st["pages_written"] = std::to_string(r.pages_written);
+    std::string snaps;
+    for (const auto& s : r.snapshots) snaps += (snaps.empty() ? "" : ":") + s;
+    st["snapshots"] = snaps;
+    st["images"] = r.images_dir;
+    save_state(r.name, st);
+}
 
 }  // namespace
 
@@ -509,7 +625,7 @@ CloneResult clone_process(const CloneOptions& o) {
     std::string state = state_dir(name);
     fs::create_directories(state);
     rollback.state = state;
-    std::string images = o.keep_images;
+    std::string images = o.keep_images.empty() ? std::string() : fs::absolute(o.keep_images).string();
     if (images.empty()) {
         images = (fs::is_directory("/dev/shm") ? std::string("/dev/shm") : state) + "/iprobe-images-" + name;
         remove_tree(images);
@@ -521,43 +637,8 @@ CloneResult clone_process(const CloneOptions& o) {
     }
     fs::create_directories(images);
 
-    // Dump from inside production's network namespace: CRIU then treats it
-    // as its own (no netns image) and the clone can be restored into any.
-    std::string dump_log = state + "/dump.log";
-    std::vector<std::string> dump_args = {criu.path, "dump", "-t", std::to_string(o.pid), "-D", images,
-                                          "--leave-running", "--tcp-close", "--ext-unix-sk",
-                                          "--file-locks", "-v2", "-o", dump_log};
-    // A service started from a shell or a supervisor that did not make it a
-    // session leader shares its session with processes outside the tree;
-    // CRIU checkpoints such a tree only as a "shell job" (the clone then
-    // joins the keeper's session).
-    bool shell_job = session_of(o.pid) != o.pid;
-    if (shell_job) dump_args.push_back("--shell-job");
-    UniqueFd prod_netns;
-    if (!same_netns(o.pid)) {
-        prod_netns.reset(::open(("/proc/" + std::to_string(o.pid) + "/ns/net").c_str(), O_RDONLY | O_CLOEXEC));
-        if (!prod_netns) throw_errno("open production's network namespace");
-    }
-    int netns_fd = prod_netns.get();
-    progress(o, "checkpointing PID " + std::to_string(o.pid) + " (" + std::to_string(tree.size()) +
-                    " process(es)) with CRIU " + criu.version + ", production keeps running");
-    double dump_start = now_ms();
-    RunResult dump = run(dump_args, [netns_fd] { return netns_fd < 0 || ::setns(netns_fd, CLONE_NEWNET) == 0; });
-    double dump_ms = now_ms() - dump_start;
-    if (!dump.ok()) {
-        bool still_running = alive(o.pid);
-        std::string reasons = criu_log_errors(dump_log);
-        if (reasons.empty()) reasons = "\n  " + dump.err;
-        // Keep the log for the user: move it out of the state dir we remove.
-        std::string kept_log = "/tmp/iprobe-clone-" + name + "-dump.log";
-        std::error_code ec;
-        fs::copy_file(dump_log, kept_log, fs::copy_options::overwrite_existing, ec);
-        throw Error("criu dump of PID " + std::to_string(o.pid) + " failed; " +
-                        (still_running ? "production was resumed and keeps running"
-                                       : "production is NOT running any more") +
-                        ". CRIU says:" + reasons + (ec ? "" : "\n  full log: " + kept_log),
-                    ExitCode::failure);
-    }
+    bool shell_job = false;
+    double dump_ms = dump_production(o, criu, name, tree.size(), images, state + "/dump.log", shell_job);
     DumpStats stats = read_dump_stats(images);
     progress(o, "production frozen for " + fmt_ms(static_cast<double>(stats.frozen_us) / 1e3) + " ms");
 
@@ -573,7 +654,11 @@ CloneResult clone_process(const CloneOptions& o) {
 
     std::string netns_path = netns_path_of(name);
     bool created_netns = ensure_netns(name);
-    if (created_netns) rollback.netns = name;
+    if (created_netns) {
+        rollback.netns = name;
+        // Sockets bound to production's own addresses must find them.
+        add_addresses_to_loopback(name, production_addresses(o.pid));
+    }
 
     double restore_start = now_ms();
     progress(o, "restoring the clone into network namespace " + name + " and a new PID namespace");
@@ -601,26 +686,7 @@ CloneResult clone_process(const CloneOptions& o) {
     if (!o.keep_images.empty()) r.images_dir = images;
     r.total_ms = now_ms() - t0;
 
-    State st;
-    st["name"] = name;
-    st["netns"] = netns_path;
-    st["created_netns"] = created_netns ? "1" : "0";
-    st["keeper_pid"] = std::to_string(keeper);
-    st["keeper_start"] = keeper_started;
-    st["clone_pid"] = std::to_string(clone_pid);
-    st["clone_pid_in_ns"] = std::to_string(o.pid);
-    st["source_pid"] = std::to_string(o.pid);
-    st["freeze_ms"] = fmt_ms(r.freeze_ms);
-    st["freezing_ms"] = fmt_ms(r.freezing_ms);
-    st["dump_ms"] = fmt_ms(r.dump_ms);
-    st["restore_ms"] = fmt_ms(r.restore_ms);
-    st["total_ms"] = fmt_ms(r.total_ms);
-    st["pages_written"] = std::to_string(r.pages_written);
-    std::string snaps;
-    for (const auto& s : snapshots) snaps += (snaps.empty() ? "" : ":") + s;
-    st["snapshots"] = snaps;
-    st["images"] = r.images_dir;
-    save_state(name, st);
+    record_state(r, created_netns, keeper_started, o.pid);
     rollback.armed = false;
     if (o.keep_images.empty()) remove_tree(images);
     return r;

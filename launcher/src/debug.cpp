@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
@@ -109,6 +110,12 @@ public:
     explicit DebugSession(DebugOptions o) : o_(std::move(o)) {
         name_ = o_.name.empty() ? "iprobe-debug-" + std::to_string(o_.pid) : o_.name;
         port_ = port_of(o_.production, "--production");
+        service_ip_ = o_.production.substr(0, o_.production.rfind(':'));
+        if (service_ip_.empty() || service_ip_ == "0.0.0.0" || service_ip_ == "*" || service_ip_ == "localhost")
+            service_ip_ = "127.0.0.1";
+        in_addr probe{};
+        if (inet_pton(AF_INET, service_ip_.c_str(), &probe) != 1)
+            throw Error("--production wants an IPv4 ADDR:PORT, got '" + o_.production + "'", ExitCode::usage);
         port_of(o_.listen, "--listen");
         mirror_tool_ = libexec_tool("iprobe-mirror");
         if (!o_.probes.empty() || !o_.functions.empty()) hotpatch_tool_ = libexec_tool("iprobe-hotpatch");
@@ -142,6 +149,7 @@ private:
 
     DebugOptions o_;
     std::string name_, veth_, mirror_tool_, hotpatch_tool_;
+    std::string service_ip_;  // production's listening address, as the clone has it too
     int port_ = 0, subnet_ = 0, stats_port_ = 0;
     bool have_clone_ = false;
     CloneResult clone_;
@@ -166,19 +174,25 @@ void DebugSession::make_clone() {
     // The clone may listen on loopback only (as production may): forward
     // what arrives on its veth to 127.0.0.1 inside its namespace.
     const std::string ns = "--net=" + clone_.netns_path;
-    run_checked({"nsenter", ns, "sysctl", "-q", "-w", "net.ipv4.conf.eth0.route_localnet=1"},
-                "allowing loopback forwarding in the clone");
+    const std::string target = service_ip_;
+    const bool loopback = target.rfind("127.", 0) == 0;
+    if (loopback)
+        run_checked({"nsenter", ns, "sysctl", "-q", "-w", "net.ipv4.conf.eth0.route_localnet=1"},
+                    "allowing loopback forwarding in the clone");
+    // Forward what arrives on the veth to the address the service listens
+    // on inside the clone (production's own, see clone_process) ...
     run_checked({"nsenter", ns, "iptables", "-t", "nat", "-A", "PREROUTING", "-i", "eth0", "-p", "tcp", "--dport",
-                 std::to_string(port_), "-j", "DNAT", "--to-destination", "127.0.0.1:" + std::to_string(port_)},
-                "forwarding the clone's port to its loopback");
+                 std::to_string(port_), "-j", "DNAT", "--to-destination", target + ":" + std::to_string(port_)},
+                "forwarding the clone's port to the service address");
     // ... and make the mirror's connections look local there too, or a
     // service that trusts only loopback (redis' protected mode) refuses them.
-    run_checked({"nsenter", ns, "iptables", "-t", "nat", "-A", "INPUT", "-p", "tcp", "-s", host_ip, "-d", "127.0.0.1",
-                 "--dport", std::to_string(port_), "-j", "SNAT", "--to-source", "127.0.0.1"},
-                "making the mirror's connections local in the clone");
+    if (loopback)
+        run_checked({"nsenter", ns, "iptables", "-t", "nat", "-A", "INPUT", "-p", "tcp", "-s", host_ip, "-d", target,
+                     "--dport", std::to_string(port_), "-j", "SNAT", "--to-source", "127.0.0.1"},
+                    "making the mirror's connections local in the clone");
     event("clone",
           "clone " + name_ + " running: PID " + std::to_string(clone_.clone_pid) + ", reachable at " + clone_ip + ":" +
-              std::to_string(port_) + "; production frozen " + std::to_string(clone_.freeze_ms) + " ms",
+              std::to_string(port_) + "; production frozen " + std::to_string(std::lround(clone_.freeze_ms)) + " ms",
           [&](JsonWriter& w) {
               w.field("name", name_)
                   .field("clone_pid", static_cast<std::int64_t>(clone_.clone_pid))
@@ -258,6 +272,12 @@ void DebugSession::start_mirror() {
         argv.push_back("--buffer");
         argv.push_back(o_.buffer);
     }
+    std::string divergence = o_.divergence;
+    if (divergence.empty() && o_.recloning == DebugOptions::Recloning::on_divergence) divergence = "stream";
+    if (!divergence.empty()) {
+        argv.push_back("--divergence");
+        argv.push_back(divergence);
+    }
     mirror_ = spawn(argv, wr.get(), 2);
     wr.reset();
     std::string line;
@@ -268,7 +288,14 @@ void DebugSession::start_mirror() {
         if (left <= 0 || ::poll(&p, 1, left) <= 0) throw Error("iprobe mirror did not report ready within 10 s");
         char buf[256];
         ssize_t n = ::read(rd.get(), buf, sizeof buf);
-        if (n <= 0) throw Error("iprobe mirror exited before it was ready (see its message above)");
+        if (n <= 0) {
+            int status = 0;
+            ::waitpid(mirror_, &status, 0);
+            mirror_ = -1;
+            int code = WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+            throw Error("iprobe mirror exited before it was ready (see its message above)",
+                        code > 0 && code <= 7 ? static_cast<ExitCode>(code) : ExitCode::failure);
+        }
         line.append(buf, static_cast<size_t>(n));
     }
     mirror_out_ = std::move(rd);
@@ -296,7 +323,7 @@ int DebugSession::run() {
     make_clone();
     start_mirror();
     double last_clone = now_ms();
-    long long overflows_seen = 0;
+    long long overflows_seen = 0, diverged_seen = 0;
     int exit_code = 0;
     for (;;) {
         pollfd p[2] = {{sigfd.get(), POLLIN, 0}, {mirror_out_.get(), POLLIN, 0}};
@@ -332,6 +359,13 @@ int DebugSession::run() {
                 overflows_seen = overflows;
                 reclone = true;
                 why = "a connection's debug buffer overflowed";
+            }
+        } else if (o_.recloning == DebugOptions::Recloning::on_divergence) {
+            long long diverged = stats_counter(stats_port_, "diverged_connections");
+            if (diverged > diverged_seen) {
+                diverged_seen = diverged;
+                reclone = true;
+                why = "the clone's replies diverged from production's";
             }
         }
         if (reclone) {

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -123,6 +124,8 @@ pid_t spawn(const std::vector<std::string>& argv, int stdout_fd, int stderr_fd, 
     if (pid < 0) throw_errno("fork");
     if (pid == 0) {
         if (own_group) setpgid(0, 0);
+        // Session helpers (mirror, trace) must not outlive a killed launcher.
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
         reset_signals();
         int devnull = ::open("/dev/null", O_RDWR);
         dup2(devnull, 0);

@@ -24,7 +24,7 @@ RunResult run(const std::vector<std::string>& argv, const std::function<bool()>&
 std::string run_checked(const std::vector<std::string>& argv, const std::string& what);
 
 // Starts argv in the background with stdout/stderr to the given fds (-1:
-// /dev/null) and returns its PID.
+// /dev/null) and returns its PID.  It gets SIGTERM if the caller dies.
 // With `own_group` it leads a new process group, so that signalling -PID
 // reaches helpers it forks (nsenter --pid runs the tool as its child).
 pid_t spawn(const std::vector<std::string>& argv, int stdout_fd = -1, int stderr_fd = -1, bool own_group = false);

@@ -2,6 +2,7 @@
 
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/epoll.h>
 #include <sys/resource.h>
@@ -41,6 +42,19 @@ constexpr int kDebugSendBuffer = 64 * 1024;  // the kernel doubles it
 
 double ms_since(Clock::time_point t) {
     return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+}
+
+// Log lines must never stall the event loop (and with it production) when
+// whoever holds our stderr pipe stops reading it: write only what the fd takes
+// now, drop the rest.
+void write_stderr_now(std::string_view text) {
+    while (!text.empty()) {
+        pollfd p{STDERR_FILENO, POLLOUT, 0};
+        if (::poll(&p, 1, 0) != 1 || !(p.revents & POLLOUT)) return;
+        const ssize_t w = ::write(STDERR_FILENO, text.data(), std::min<std::size_t>(text.size(), 4096));
+        if (w <= 0) return;
+        text.remove_prefix(static_cast<std::size_t>(w));
+    }
 }
 
 struct Handler {
@@ -193,7 +207,8 @@ private:
     void production_connected();
     void mirror_to_debug(const std::uint8_t* p, std::size_t n);
     void overflow();
-    void close_debug(const char* why);
+    void close_debug(const char* why, bool copy_finished = false);
+    void finish_checking();
     void close_pair();
     void update();
     void maybe_finish_pair();
@@ -324,6 +339,7 @@ private:
     std::uint64_t next_production_ordinal_ = 0, next_debug_ordinal_ = 0;
     std::uint32_t next_id_ = 1;
     bool accept_paused_ = false;
+    Clock::time_point last_tick_{};
 };
 
 // ---------------------------------------------------------------- Connection
@@ -627,45 +643,47 @@ void Connection::read_debug() {
             for (auto& m : scratch_) replies_[1].push_back(std::move(m));
             compare_messages();
         }
-        if (debug_shut_ && dbuf_.empty()) {
-            ++px_.stats.debug_completed;
-            close_debug(nullptr);
-        } else {
-            ++px_.stats.debug_closed_early;
-            px_.rate_limited_log(px_.stats.debug_closed_early,
-                                 "connection %u: debug copy closed the connection before the client did", id_);
-            close_debug(nullptr);
-        }
+        // Servers that close after answering (HTTP/1.0) end here too: the
+        // replies they sent are still compared as production's arrive.
+        if (debug_shut_ && dbuf_.empty()) ++px_.stats.debug_completed; else ++px_.stats.debug_closed_early;
+        close_debug(nullptr, true);
         return;
     }
     px_.stats.bytes_from_debug += static_cast<std::size_t>(n);
     if (checking_) check_replies(1, px_.scratch, static_cast<std::size_t>(n));
 }
 
-void Connection::close_debug(const char* why) {
+void Connection::close_debug(const char* why, bool copy_finished) {
     if (debug_state_ == DebugState::none || debug_state_ == DebugState::done) return;
     if (why) px_.log("connection %u: %s (production unaffected)", id_, why);
-    if (checking_ && !overflowed_ && !reported_ && why == nullptr && debug_shut_ && pair_closed_) {
-        // The streams ended: any reply production sent that the debug copy never did is a divergence.
-        if (reply_framer_[0] && replies_[0].size() != replies_[1].size()) {
-            report(compared_index_, requests_.empty() ? std::string() : requests_.front().summary,
-                   replies_[0].empty() ? "(no reply)" : replies_[0].front().excerpt,
-                   replies_[1].empty() ? "(no reply)" : replies_[1].front().excerpt);
-        } else if (stream_ && stream_->unmatched(0) != stream_->unmatched(1)) {
-            report(stream_->matched(), "", stream_->unmatched(0) ? "(more bytes)" : "(end of stream)",
-                   stream_->unmatched(1) ? "(more bytes)" : "(end of stream)");
-        }
-    }
     debug_.w.close();
     debug_state_ = DebugState::done;
     px_.note_buffered(-static_cast<std::ptrdiff_t>(dbuf_.size()));
     dbuf_.clear();
-    checking_ = false;
-    requests_.clear();
-    replies_[0].clear();
-    replies_[1].clear();
-    stream_.reset();
-    if (pair_closed_) --px_.stats.lingering;
+    // A copy cut off by us (overflow, error) is behind, not different: stop
+    // comparing.  One that closed by itself said all it had to say.
+    if (!copy_finished) stop_checking("");
+    if (pair_closed_) {
+        --px_.stats.lingering;
+        finish_checking();
+    }
+}
+
+// Both streams have ended: any reply production sent that the debug copy
+// never did (or the reverse) is a divergence.
+void Connection::finish_checking() {
+    if (!checking_) return;
+    if (!reported_) {
+        if (stream_ && stream_->unmatched(0) != stream_->unmatched(1)) {
+            report(stream_->matched(), "", stream_->unmatched(0) ? "(more bytes)" : "(end of stream)",
+                   stream_->unmatched(1) ? "(more bytes)" : "(end of stream)");
+        } else if (!stream_ && replies_[0].size() != replies_[1].size()) {
+            report(compared_index_, requests_.empty() ? std::string() : requests_.front().summary,
+                   replies_[0].empty() ? "(no reply)" : replies_[0].front().excerpt,
+                   replies_[1].empty() ? "(no reply)" : replies_[1].front().excerpt);
+        }
+    }
+    stop_checking("");
 }
 
 void Connection::close_pair() {
@@ -688,6 +706,8 @@ void Connection::close_pair() {
         ++px_.stats.lingering;
         linger_deadline_ = Clock::now() + std::chrono::milliseconds(static_cast<long>(px_.opt.debug_linger_s * 1000));
         if (debug_state_ == DebugState::open) flush_debug();
+    } else {
+        finish_checking();
     }
 }
 
@@ -800,6 +820,7 @@ void Connection::stop_checking(const std::string& why) {
     requests_.clear();
     replies_[0].clear();
     replies_[1].clear();
+    stream_.reset();
 }
 
 void Connection::describe(JsonWriter& j) const {
@@ -986,7 +1007,7 @@ void Proxy::log(const char* fmt, ...) {
     va_start(ap, fmt);
     std::vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
-    std::fprintf(stderr, "iprobe mirror: %s\n", line);
+    write_stderr_now(std::string("iprobe mirror: ") + line + "\n");
 }
 
 void Proxy::rate_limited_log(std::uint64_t count, const char* fmt, ...) {
@@ -997,8 +1018,8 @@ void Proxy::rate_limited_log(std::uint64_t count, const char* fmt, ...) {
     va_start(ap, fmt);
     std::vsnprintf(line, sizeof line, fmt, ap);
     va_end(ap);
-    std::fprintf(stderr, "iprobe mirror: %s%s\n", line,
-                 count == 10 ? " (further messages like this one: every 1000th)" : "");
+    write_stderr_now(std::string("iprobe mirror: ") + line +
+                     (count == 10 ? " (further messages like this one: every 1000th)" : "") + "\n");
 }
 
 void Proxy::run() {
@@ -1035,6 +1056,8 @@ void Proxy::reap() {
 
 void Proxy::tick() {
     const auto now = Clock::now();
+    if (now - last_tick_ < std::chrono::milliseconds(100)) return;  // timeouts are coarse; the scan is O(connections)
+    last_tick_ = now;
     for (auto& [id, c] : connections_)
         if (c->lingering() && now >= c->linger_deadline()) c->linger_timeout();
     for (auto it = slots_.begin(); it != slots_.end();) {
@@ -1186,8 +1209,7 @@ void SignalHandler::on_event(std::uint32_t) {
 void Proxy::on_signal(int sig) {
     if (sig == SIGUSR1) {
         const std::string s = stats_json(true);
-        std::fprintf(stderr, "%s\n", s.c_str());
-        std::fflush(stderr);
+        write_stderr_now(s + "\n");
         return;
     }
     stopping = true;

@@ -33,6 +33,7 @@ EXPORT struct iprobe_rt_state iprobe_rt_state = {
 static struct iprobe_rt_control* g_control;
 static int g_forked_child;
 static pthread_key_t g_ring_key;
+static char g_region_path[IPROBE_RT_PATH_MAX];
 static int g_ring_key_ok;
 
 /* Per-thread producer state; initial-exec so access is one %fs-relative load. */
@@ -49,6 +50,19 @@ struct thread_producer {
 };
 
 static __thread struct thread_producer t_producer __attribute__((tls_model("initial-exec")));
+
+/* Not locked: atomic only against signal handlers of the same thread,
+ * which is all a per-thread ring needs. */
+static inline uint64_t xadd_local(uint64_t* p, uint64_t v) {
+    __asm__ __volatile__("xaddq %0, %1" : "+r"(v), "+m"(*p) : : "memory");
+    return v;
+}
+
+static inline int cas_local(uint64_t* p, uint64_t expected, uint64_t desired) {
+    uint64_t prev;
+    __asm__ __volatile__("cmpxchgq %2, %1" : "=a"(prev), "+m"(*p) : "r"(desired), "0"(expected) : "memory", "cc");
+    return prev == expected;
+}
 
 static inline struct iprobe_rt_control* control(void) {
     return __atomic_load_n(&g_control, __ATOMIC_ACQUIRE);
@@ -107,12 +121,6 @@ static int claim_ring(struct thread_producer* t, struct iprobe_rt_control* cb) {
     for (uint32_t i = 0; i < cb->ring_count; i++) {
         struct iprobe_rt_ring* ring = ring_at(cb, i);
         if (!try_take_ring(ring)) continue;
-        /* Reserve the ring's pages now: a full tmpfs must fail here, not
-         * SIGBUS the application on a later store. */
-        if (madvise(ring, cb->ring_stride, MADV_POPULATE_WRITE) != 0 && errno != EINVAL) {
-            __atomic_store_n(&ring->state, IPROBE_RT_RING_FREE, __ATOMIC_RELEASE);
-            break;
-        }
         ring->tid = (uint32_t)syscall(SYS_gettid);
         ring->owner_pid = (uint32_t)getpid();
         t->tid = ring->tid;
@@ -124,6 +132,9 @@ static int claim_ring(struct thread_producer* t, struct iprobe_rt_control* cb) {
         BARRIER();
         t->ring = ring;
         t->claiming = 0;
+        /* Fault the ring's pages in now rather than one by one on the hot
+         * path (signal handlers may already log into it meanwhile). */
+        madvise(ring, cb->ring_stride, MADV_POPULATE_WRITE);
         return 1;
     }
     t->no_ring = 1;
@@ -161,6 +172,7 @@ static inline __attribute__((always_inline)) void emit(uintptr_t return_address,
         }
         if (t->claiming) {
             __atomic_fetch_add(&iprobe_rt_state.nested_drops, 1, __ATOMIC_RELAXED);
+            __atomic_fetch_add(&cb->no_ring_events, 1, __ATOMIC_RELAXED);
             return;
         }
         if (!claim_ring(t, cb)) return;
@@ -168,16 +180,19 @@ static inline __attribute__((always_inline)) void emit(uintptr_t return_address,
     const uint64_t need = args ? 2 : 1;
     t->depth++;
     BARRIER();
-    const uint64_t index = t->reserve;
+    /* One instruction, so a signal handler probing in this thread sees the
+     * reservation either whole or not at all. */
+    const uint64_t index = xadd_local(&t->reserve, need);
     if (UNLIKELY(index + need - t->tail_seen > t->mask + 1)) {
         t->tail_seen = __atomic_load_n(&t->ring->tail, __ATOMIC_ACQUIRE);
-        if (index + need - t->tail_seen > t->mask + 1) {
+        /* Handlers nest LIFO: any nested reservation made after ours has
+         * been rolled back already, unless the reader freed room meanwhile,
+         * in which case our slots fit too. */
+        if (index + need - t->tail_seen > t->mask + 1 && cas_local(&t->reserve, index + need, index)) {
             __atomic_fetch_add(&t->ring->dropped, need, __ATOMIC_RELAXED);
             goto out;
         }
     }
-    t->reserve = index + need;
-    BARRIER();
     struct iprobe_rt_record* record = &t->records[index & t->mask];
     record->tsc = __builtin_ia32_rdtsc();
     record->probe = (uint32_t)probe;
@@ -192,10 +207,18 @@ static inline __attribute__((always_inline)) void emit(uintptr_t return_address,
 out:
     BARRIER();
     /* Only the outermost handler publishes, so a signal handler's records
-     * never become visible before the interrupted one's.  A nested publish
-     * can race this store and make head step back briefly; the reader
-     * ignores a head below its tail. */
-    if (--t->depth == 0) __atomic_store_n(&t->ring->head, t->reserve, __ATOMIC_RELEASE);
+     * never become visible before the interrupted one's.  A signal between
+     * reading reserve and storing head may publish more and then see head
+     * stepped back by our store: store again until reserve is unchanged
+     * (the reader ignores a head below its tail meanwhile). */
+    if (--t->depth == 0) {
+        uint64_t published;
+        do {
+            published = *(volatile uint64_t*)&t->reserve;
+            __atomic_store_n(&t->ring->head, published, __ATOMIC_RELEASE);
+            BARRIER();
+        } while (*(volatile uint64_t*)&t->reserve != published);
+    }
 }
 
 static inline __attribute__((always_inline)) void count(uintptr_t return_address) {
@@ -288,6 +311,7 @@ EXPORT int iprobe_rt_map_region(const char* shm_name) {
         munmap(base, (size_t)st.st_size);
         return -EINVAL;
     }
+    memcpy(g_region_path, path, sizeof g_region_path);
     iprobe_rt_state.region_size = (uint64_t)st.st_size;
     iprobe_rt_state.mapped_pid = (uint32_t)getpid();
     iprobe_rt_state.control = (uint64_t)(uintptr_t)base;
@@ -309,6 +333,14 @@ static void after_fork_in_child(void) {
     iprobe_rt_state.control = 0;
     iprobe_rt_state.region_size = 0;
     iprobe_rt_state.mapped_pid = 0;
+    g_region_path[0] = 0;
+}
+
+/* A normal exit removes the region (a reader that has it mapped keeps
+ * reading); a killed process leaves /dev/shm/iprobe.<pid> for post-mortem
+ * `iprobe report`, removed by the user or the next attach to that pid. */
+__attribute__((destructor)) static void runtime_fini(void) {
+    if (control() && iprobe_rt_state.mapped_pid == (uint32_t)getpid() && g_region_path[0]) unlink(g_region_path);
 }
 
 __attribute__((constructor)) static void runtime_init(void) {

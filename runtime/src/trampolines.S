@@ -32,6 +32,18 @@
     push %rdi
     mov %rsp, %rsi           /* saved rdi, rsi, rdx, rcx in argument order */
     and $-16, %rsp
+.if \with_flags
+    /* mid-function points: every vector register may be live */
+    sub $128, %rsp
+    movdqa %xmm8, 0(%rsp)
+    movdqa %xmm9, 16(%rsp)
+    movdqa %xmm10, 32(%rsp)
+    movdqa %xmm11, 48(%rsp)
+    movdqa %xmm12, 64(%rsp)
+    movdqa %xmm13, 80(%rsp)
+    movdqa %xmm14, 96(%rsp)
+    movdqa %xmm15, 112(%rsp)
+.endif
     sub $128, %rsp
     movdqa %xmm0, 0(%rsp)
     movdqa %xmm1, 16(%rsp)
@@ -51,6 +63,16 @@
     movdqa 80(%rsp), %xmm5
     movdqa 96(%rsp), %xmm6
     movdqa 112(%rsp), %xmm7
+.if \with_flags
+    movdqa 128(%rsp), %xmm8
+    movdqa 144(%rsp), %xmm9
+    movdqa 160(%rsp), %xmm10
+    movdqa 176(%rsp), %xmm11
+    movdqa 192(%rsp), %xmm12
+    movdqa 208(%rsp), %xmm13
+    movdqa 224(%rsp), %xmm14
+    movdqa 240(%rsp), %xmm15
+.endif
 .if \with_flags
     lea -80(%rbp), %rsp
 .else

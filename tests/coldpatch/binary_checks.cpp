@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdio>
 #include <regex>
 #include <sstream>
 
@@ -60,6 +62,120 @@ std::map<std::uint64_t, std::string> disassembly(const std::string& binary) {
 void compile(const std::string& dir, const std::string& command_line) {
     const auto r = sh("cd '" + dir + "' && " + command_line, std::chrono::seconds(300));
     ASSERT_EQ(r.exit_code, 0) << command_line << "\n" << r.out << r.err;
+}
+
+namespace {
+
+// The unqualified name of a function, without template arguments or
+// parameters: DWARF names inlined C++ functions briefly ("Circle",
+// "summarize<...>"), symbols fully ("geometry::Circle::Circle(double)").
+std::string simple_name(const std::string& name) {
+    std::string last, current;
+    int depth = 0;
+    for (std::size_t i = 0; i < name.size(); ++i) {
+        const char c = name[i];
+        if (c == '<' || c == '(' || c == '[' || c == '{') {
+            if (depth == 0 && name.compare(i, 2, "()") == 0 && current == "operator") {
+                current += "()";
+                ++i;
+                continue;
+            }
+            ++depth;
+        } else if (c == '>' || c == ')' || c == ']' || c == '}') {
+            --depth;
+        } else if (depth == 0 && c == ':' ) {
+            if (!current.empty()) last = current;
+            current.clear();
+        } else if (depth == 0 && c == ' ') {
+            current.clear();  // return type ("auto f") or qualifiers
+        } else if (depth == 0) {
+            current += c;
+        }
+    }
+    return current.empty() ? last : current;
+}
+
+}  // namespace
+
+std::vector<std::string> probes_misnamed(const std::string& binary, const ProbeList& list) {
+    std::string addresses;
+    std::vector<const Probe*> located;
+    for (const auto& p : list.probes) {
+        if (p.file.empty()) continue;
+        located.push_back(&p);
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "0x%llx\n", static_cast<unsigned long long>(p.site));
+        addresses += buf;
+    }
+    const auto r = run({"addr2line", "-a", "-i", "-f", "-C", "-e", binary}, addresses, std::chrono::seconds(300));
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    // Output per address: "0x<16 hex>" then (function, file:line) pairs.
+    std::vector<std::vector<std::string>> chains;
+    std::istringstream lines(r.out);
+    std::string line;
+    bool function_line = false;
+    while (std::getline(lines, line)) {
+        if (line.size() == 18 && line.rfind("0x", 0) == 0) {
+            chains.emplace_back();
+            function_line = true;
+            continue;
+        }
+        if (function_line && !chains.empty())
+            chains.back().push_back(line.substr(0, std::min(line.find(".cold"), line.find(" [clone"))));
+        function_line = !function_line;
+    }
+    std::vector<std::string> wrong;
+    for (std::size_t i = 0; i < located.size() && i < chains.size(); ++i) {
+        const auto& chain = chains[i];
+        if (std::find(chain.begin(), chain.end(), located[i]->function) != chain.end()) continue;
+        const std::string wanted = simple_name(located[i]->demangled);
+        if (std::any_of(chain.begin(), chain.end(), [&](const std::string& f) { return simple_name(f) == wanted; }))
+            continue;
+        std::string text = std::to_string(located[i]->site) + " " + located[i]->demangled + " (" + wanted + ") not in [";
+        for (const auto& f : chain) text += f + " | ";
+        wrong.push_back(text + "]");
+    }
+    EXPECT_EQ(chains.size(), located.size());
+    return wrong;
+}
+
+std::string hook_recorder() {
+    static TempDir* dir = new TempDir;  // lives for the whole test program
+    const std::string so = *dir / "hook_recorder.so";
+    if (!file_bytes(so).empty()) return so;
+    const auto r = run({"gcc", "-O2", "-shared", "-fPIC", "-o", so,
+                        source_dir() + "/tests/coldpatch/data/hook_recorder.c"});
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return so;
+}
+
+std::vector<std::string> recorder_env(const std::string& log_path) {
+    return {"LD_PRELOAD=" + hook_recorder(), "IPROBE_HOOK_LOG=" + log_path};
+}
+
+RecordedCheck check_recorded(const std::string& log_path, const ProbeList& list) {
+    std::map<std::uint64_t, const Probe*> by_return;
+    for (const auto& p : list.probes) by_return[p.site + p.size] = &p;
+    RecordedCheck check;
+    std::istringstream lines(file_text(log_path));
+    char kind = 0;
+    std::string ret_hex, fn_hex;
+    while (lines >> kind >> ret_hex >> fn_hex) {
+        ++check.sites;
+        const auto ret = std::stoull(ret_hex, nullptr, 16), fn = std::stoull(fn_hex, nullptr, 16);
+        const auto it = by_return.find(ret);
+        if (it == by_return.end()) {
+            check.problems.push_back("hook called from " + ret_hex + " where no probe is listed");
+            continue;
+        }
+        const Probe& p = *it->second;
+        if ((kind == 'E') != (p.kind == ProbeKind::entry))
+            check.problems.push_back("probe " + std::to_string(p.id) + " (" + p.demangled + ") has the wrong kind");
+        if (p.function_address != fn)
+            check.problems.push_back("probe " + std::to_string(p.id) + " names " + p.demangled +
+                                     " but the hook received this_fn 0x" + fn_hex);
+    }
+    return check;
 }
 
 std::uint64_t file_offset_of(const std::string& binary, std::uint64_t vaddr) {

@@ -34,6 +34,24 @@ void compile(const std::string& dir, const std::string& command_line);
 // placeholder is in the patched file and objdump decodes it as one NOP.
 void expect_only_sites_changed(const std::string& unpatched, const std::string& patched, const ProbeList& list);
 
+// Probes with a source location whose function is not in binutils' view of
+// the site (addr2line -i: the function and every function inlined there).
+// Returns "site function [chain]" lines; empty when all agree.
+std::vector<std::string> probes_misnamed(const std::string& binary, const ProbeList& list);
+
+// An LD_PRELOAD library (data/hook_recorder.c) recording, per hook call
+// site actually executed, the function the compiler passed to the hook.
+// Run an *unpatched* binary with recorder_env(log) added to its environment.
+std::string hook_recorder();
+std::vector<std::string> recorder_env(const std::string& log_path);
+
+struct RecordedCheck {
+    std::size_t sites = 0;              // distinct executed hook call sites
+    std::vector<std::string> problems;  // a site without probe, wrong kind or function
+};
+// Compares what the hooks received with the probe list of the same layout.
+RecordedCheck check_recorded(const std::string& log_path, const ProbeList& list);
+
 std::uint64_t file_offset_of(const std::string& binary, std::uint64_t vaddr);
 
 }  // namespace iprobe::test

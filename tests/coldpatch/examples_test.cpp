@@ -3,6 +3,7 @@
 // many probes as the compiler emitted placeholders.
 #include <gtest/gtest.h>
 
+#include <functional>
 #include <thread>
 
 #include "binary_checks.h"
@@ -16,22 +17,25 @@ std::string example(const std::string& name, const std::string& flavour) {
     return build_dir() + "/examples/" + name + "/" + flavour + "/" + name;
 }
 
-// The same compile iprobe-cc did, without the coldpatch: what the compiler emitted.
-HookCalls emitted_by_compiler(const std::string& name, const std::string& source, const std::string& wrapper,
-                              const std::string& extra) {
-    TempDir dir;
-    const std::string out = dir / name;
-    const auto r = sh("IPROBE_COLDPATCH=0 " + bin(wrapper) + " -O2 -g " + extra + " " + source_dir() +
-                      "/examples/" + source + " -o " + out);
-    EXPECT_EQ(r.exit_code, 0) << r.err;
-    return count_hook_calls(out);
-}
+// Runs a binary with some workload; `env` must reach its environment.
+using Workload = std::function<void(const std::string& binary, const std::vector<std::string>& env)>;
 
+// Checks the iprobe build of an example against the same compile without
+// the coldpatch (what the compiler emitted): only the sites differ, one probe
+// per hook call, no call left, and at run time each hook call site that
+// executes names the function the compiler passed to the hook.
 void expect_coldpatched(const std::string& name, const std::string& source, const std::string& wrapper,
-                        const std::string& extra) {
+                        const std::string& std, const std::string& libs, const Workload& workload) {
     const std::string binary = example(name, "iprobe");
     const ProbeList list = ProbeList::load(binary + ".probes");
-    const HookCalls emitted = emitted_by_compiler(name, source, wrapper, extra);
+    TempDir dir;
+    const std::string unpatched = dir / name;
+    // The same command and directory as examples/CMakeLists.txt.
+    const auto r = sh("cd " + build_dir() + "/examples/" + name + " && IPROBE_COLDPATCH=0 " + bin(wrapper) + " " + std +
+                      " -O2 -g -Wall -Wextra -Werror " + source_dir() + "/examples/" + source + " -o " + unpatched +
+                      " " + libs);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const HookCalls emitted = count_hook_calls(unpatched);
     EXPECT_GT(emitted.total(), 0);
     EXPECT_EQ(list.probes.size(), static_cast<std::size_t>(emitted.total()));
     std::size_t entries = 0;
@@ -40,12 +44,13 @@ void expect_coldpatched(const std::string& name, const std::string& source, cons
     const HookCalls left = count_hook_calls(binary);
     EXPECT_EQ(left.total(), 0);
     EXPECT_EQ(left.tail_jumps, 0);
-    const auto insns = disassembly(binary);
-    for (const auto& p : list.probes) {
-        const auto it = insns.find(p.site);
-        ASSERT_NE(it, insns.end());
-        EXPECT_EQ(it->second.rfind("nop", 0), 0u) << it->second;
-    }
+    expect_only_sites_changed(unpatched, binary, list);
+
+    const std::string log = dir / "hooks.log";
+    workload(unpatched, recorder_env(log));
+    const RecordedCheck recorded = check_recorded(log, list);
+    EXPECT_GE(recorded.sites, 4u) << "the workload ran instrumented code";
+    for (const auto& problem : recorded.problems) ADD_FAILURE() << problem;
 }
 
 TEST(Examples, ShapesPrintsTheSame) {
@@ -57,7 +62,10 @@ TEST(Examples, ShapesPrintsTheSame) {
     EXPECT_NE(native.out.find("caught: mean of nothing"), std::string::npos);
     const auto more_native = run({example("shapes", "native"), "40"});
     EXPECT_EQ(run({example("shapes", "iprobe"), "40"}).out, more_native.out);
-    expect_coldpatched("shapes", "shapes/shapes.cpp", "iprobe-c++", "-std=c++20");
+    expect_coldpatched("shapes", "shapes/shapes.cpp", "iprobe-c++", "-std=c++20", "",
+                       [](const std::string& b, const std::vector<std::string>& env) {
+                           EXPECT_EQ(run({b, "40"}, {}, std::chrono::seconds(60), env).exit_code, 0);
+                       });
     const auto demangled = run({bin("iprobe"), "list", example("shapes", "iprobe"), "--count", "--functions",
                                 "geometry::Triangle::area() const"});
     EXPECT_GE(std::stoi(demangled.out), 2) << "entry and exit, plus copies inlined elsewhere";
@@ -70,7 +78,10 @@ TEST(Examples, MicrobenchRunsTheSame) {
         EXPECT_EQ(r.out.rfind("calls=1000 total_ns=", 0), 0u) << r.out;
         EXPECT_EQ(run({example("microbench", flavour)}).exit_code, 2);
     }
-    expect_coldpatched("microbench", "microbench/microbench.c", "iprobe-cc", "-std=gnu11");
+    expect_coldpatched("microbench", "microbench/microbench.c", "iprobe-cc", "-std=gnu11", "",
+                       [](const std::string& b, const std::vector<std::string>& env) {
+                           EXPECT_EQ(run({b, "10"}, {}, std::chrono::seconds(60), env).exit_code, 0);
+                       });
     EXPECT_EQ(run({bin("iprobe"), "list", example("microbench", "iprobe"), "--count", "--functions",
                    "empty_function"})
                   .out,
@@ -85,10 +96,11 @@ std::string session(int port, const std::string& requests) {
     return r.out;
 }
 
-std::string run_echo_service(const std::string& binary, std::string& final_output) {
+std::string run_echo_service(const std::string& binary, std::string& final_output,
+                             const std::vector<std::string>& env = {}) {
     TempDir dir;
     const int port = free_port();
-    Child service({binary, "--port", std::to_string(port), "--threads", "3"}, dir / "out.txt");
+    Child service({binary, "--port", std::to_string(port), "--threads", "3"}, dir / "out.txt", env);
     EXPECT_TRUE(wait_for_port(port)) << binary;  // one connection, counted by the service
     std::string replies;
     replies += session(port, "ECHO hello world\\nUPPER mixed Case\\nREV abcdef\\nSUM 1 2 3 -4\\nNOPE\\nQUIT\\n");
@@ -115,7 +127,11 @@ TEST(Examples, EchoServiceRepliesTheSame) {
     EXPECT_EQ(probed, native);
     EXPECT_EQ(native_tail, "echo-service stopped: 7 connections, 16 requests\n");
     EXPECT_EQ(probed_tail, native_tail);
-    expect_coldpatched("echo-service", "echo-service/echo_service.c", "iprobe-cc", "-std=gnu11 -pthread");
+    expect_coldpatched("echo-service", "echo-service/echo_service.c", "iprobe-cc", "-std=gnu11", "-pthread",
+                       [&](const std::string& b, const std::vector<std::string>& env) {
+                           std::string tail;
+                           EXPECT_EQ(run_echo_service(b, tail, env), native);
+                       });
 }
 
 }  // namespace

@@ -114,6 +114,10 @@ TEST(Redis, BuiltWithIprobeCcBehavesLikeTheNativeBuild) {
     }
     const ProbeList server = ProbeList::load(probed + "/redis-server.probes");
     EXPECT_NE(server.flags & IPROBE_PL_FLAG_DWARF, 0u);
+    // Each probe is named by the function it instruments, inlined or not.
+    const auto misnamed = probes_misnamed(probed + "/redis-server", server);
+    EXPECT_LE(misnamed.size(), server.probes.size() / 1000)
+        << "e.g. " << (misnamed.empty() ? "" : misnamed.front());
     const auto lookup = run({bin("iprobe"), "list", probed + "/redis-server", "--count", "--functions", "processCommand",
                              "--kind", "entry"});
     EXPECT_EQ(lookup.out, "1\n");
@@ -131,6 +135,27 @@ TEST(Redis, BuiltWithIprobeCcBehavesLikeTheNativeBuild) {
     EXPECT_EQ(replies(native + "/redis-cli", probed_server.port()), expected);
     ASSERT_EQ(run({native + "/redis-cli", "-p", std::to_string(probed_server.port()), "FLUSHALL"}).out, "OK\n");
     EXPECT_EQ(replies(probed + "/redis-cli", probed_server.port()), expected);
+
+    // Ground truth for the names: the unpatched build, run with a recorder of
+    // what its hooks receive, against the probe list of the same bytes.
+    const std::string copy = tmp / "redis-server-patched";
+    ASSERT_EQ(run({bin("iprobe"), "coldpatch", "-q", unpatched + "/redis-server", "-o", copy}).exit_code, 0);
+    const ProbeList same_layout = ProbeList::load(copy + ".probes");
+    {
+        const int port = free_port();
+        const std::string log = tmp / "hooks.log";
+        Child recorded({unpatched + "/redis-server", "--port", std::to_string(port), "--bind", "127.0.0.1", "--save",
+                        "", "--appendonly", "no", "--dir", tmp.path(), "--daemonize", "no"},
+                       "/dev/null", recorder_env(log));
+        ASSERT_TRUE(wait_for_port(port, std::chrono::seconds(20)));
+        EXPECT_EQ(replies(native + "/redis-cli", port), expected);
+        run({native + "/redis-cli", "-p", std::to_string(port), "SHUTDOWN", "NOSAVE"});
+        recorded.wait(std::chrono::seconds(20));
+        const RecordedCheck check = check_recorded(log, same_layout);
+        EXPECT_GT(check.sites, 1000u);
+        EXPECT_TRUE(check.problems.empty()) << check.problems.size() << " of " << check.sites << ", e.g. "
+                                            << (check.problems.empty() ? "" : check.problems.front());
+    }
 
     const auto bench = run({probed + "/redis-benchmark", "-p", std::to_string(probed_server.port()), "-n", "2000", "-q"},
                            {}, std::chrono::minutes(5));

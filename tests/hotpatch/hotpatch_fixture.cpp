@@ -1,6 +1,7 @@
 #include "hotpatch_fixture.hpp"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -32,6 +33,13 @@ HpTarget::HpTarget(int threads, const std::string& binary) {
             throw std::runtime_error("hp_target did not start");
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
+}
+
+HpTarget::~HpTarget() {
+    const pid_t pid = child_.pid();
+    child_.kill(SIGKILL);
+    child_.wait(std::chrono::seconds(10));
+    if (pid > 0) ::unlink(("/dev/shm/iprobe." + std::to_string(pid)).c_str());
 }
 
 std::string HpTarget::output() const { return file_text(out_); }

@@ -1,6 +1,9 @@
 // iprobe attach to a real redis-server built with iprobe-cc while
 // redis-benchmark runs against it: no client errors, the trace shows the
 // command handlers, detach, the benchmark carries on to a clean finish.
+#include <signal.h>
+#include <unistd.h>
+
 #include <gtest/gtest.h>
 
 #include <thread>
@@ -60,6 +63,8 @@ TEST(HotpatchRedis, AttachTraceDetachWhileBenchmarkRuns) {
     EXPECT_EQ(out.find("rror"), std::string::npos) << out;
     auto ping = run({dir + "/redis-cli", "-p", std::to_string(port), "ping"});
     EXPECT_EQ(ping.out, "PONG\n");
+    redis.kill(SIGKILL);
+    ::unlink(("/dev/shm/iprobe." + pid).c_str());
 }
 
 }  // namespace

@@ -140,6 +140,32 @@ TEST_F(HotpatchTest, ProbesInASharedLibraryAndTraceFormats) {
     ASSERT_EQ(iprobe({"detach", pid}).exit_code, 0);
 }
 
+TEST_F(HotpatchTest, LlvmPassNopSitesAndPointArguments) {
+    const std::string binary = targets_dir() + "/hp_target_llvm";
+    if (::access(binary.c_str(), X_OK) != 0) GTEST_SKIP() << "the LLVM pass (llvm-14-dev) is not built";
+    HpTarget target(kThreads, binary);
+    const std::string pid = pid_of(target);
+    const auto text_before = text_of(target.pid(), "/hp_target_llvm");
+    auto a = iprobe({"attach", pid, "--functions", "burst_started", "--ring-records", kBigRing});
+    ASSERT_EQ(a.exit_code, 0) << a.err;
+    EXPECT_EQ(target.command("burst 10"), kThreads * 10);
+    auto t = iprobe({"trace", pid, "--format", "json", "--duration", "0"});
+    EXPECT_NE(t.out.find("\"kind\":\"point\",\"function\":\"burst_started\""), std::string::npos) << t.out;
+    EXPECT_NE(t.out.find("\"args\":[10,8,42,43]"), std::string::npos) << t.out;
+
+    // NOP-form entry/exit: trampolines must preserve every register
+    ASSERT_EQ(iprobe({"attach", pid, "--functions", "counted,leaf,work"}).exit_code, 0);
+    ASSERT_EQ(iprobe({"detach", pid, "--functions", "leaf,work"}).exit_code, 0);
+    iprobe({"report", pid});
+    EXPECT_EQ(target.command("burst " + std::to_string(kBurst)), kThreads * kBurst);
+    auto r = iprobe({"report", pid, "--json"});
+    EXPECT_EQ(json_calls(r.out, "counted"), kThreads * kBurst) << r.out;
+    EXPECT_EQ(json_number(r.out, "dropped"), 0) << r.out;
+    ASSERT_EQ(iprobe({"detach", pid}).exit_code, 0);
+    EXPECT_EQ(text_of(target.pid(), "/hp_target_llvm"), text_before);
+    EXPECT_TRUE(target.child().running());
+}
+
 // ---- refusals: clear message, exit code, target untouched ----
 
 TEST_F(HotpatchTest, RefusesNoSuchProcess) {

@@ -192,6 +192,64 @@ TEST_F(LauncherClone, NoSuchProcess) {
     EXPECT_EQ(u.exit_code, 2) << u.err;
 }
 
+// A service bound to one of production's own addresses (not loopback, not
+// the wildcard): the clone's namespace gets that address, the socket restores.
+TEST(LauncherCloneAddress, ServiceBoundToASpecificAddressIsClonedWithIt) {
+    if (!is_root()) GTEST_SKIP() << "iprobe clone needs root";
+    Netns ns("ipt-addr-" + std::to_string(getpid()));
+    // (a veth pair inside the namespace: this kernel has no dummy driver)
+    ASSERT_EQ(run({"ip", "-n", ns.name(), "link", "add", "d0", "type", "veth", "peer", "name", "d1"}).exit_code, 0);
+    ASSERT_EQ(run({"ip", "-n", ns.name(), "addr", "add", "192.0.2.10/24", "dev", "d0"}).exit_code, 0);
+    ASSERT_EQ(run({"ip", "-n", ns.name(), "link", "set", "d0", "up"}).exit_code, 0);
+    ASSERT_EQ(run({"ip", "-n", ns.name(), "link", "set", "d1", "up"}).exit_code, 0);
+    TempDir dir;
+    int port = free_port();
+    Redis redis(ns.path(), port, dir.path(), "/usr/bin/redis-server", {"--bind", "192.0.2.10", "--protected-mode", "no"});
+    auto cli = [&](const std::string& netns, const std::vector<std::string>& args) {
+        std::vector<std::string> argv = {"nsenter", "--net=" + netns, "redis-cli", "-h", "192.0.2.10", "-p",
+                                         std::to_string(port)};
+        argv.insert(argv.end(), args.begin(), args.end());
+        return trim(run(argv).out);
+    };
+    for (int i = 0; i < 100 && cli(ns.path(), {"PING"}) != "PONG"; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    ASSERT_EQ(cli(ns.path(), {"SET", "where", "production"}), "OK");
+    std::string name = "ipt-addrclone-" + std::to_string(getpid());
+    auto r = run({bin("iprobe"), "clone", std::to_string(redis.pid()), "--netns", name});
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(cli("/run/netns/" + name, {"GET", "where"}), "production");
+    EXPECT_EQ(run({bin("iprobe"), "clone", "--destroy", name}).exit_code, 0);
+    EXPECT_EQ(cli(ns.path(), {"PING"}), "PONG");
+}
+
+// `ip netns exec` gives the service a mount namespace of its own, which CRIU
+// then has to checkpoint and cannot here: the error says what to do instead.
+TEST(LauncherCloneFailure, ServiceInItsOwnMountNamespaceGetsAHintAndKeepsServing) {
+    if (!is_root()) GTEST_SKIP() << "iprobe clone needs root";
+    Netns ns("ipt-mnt-" + std::to_string(getpid()));
+    TempDir dir;
+    int port = free_port();
+    Child redis({"ip", "netns", "exec", ns.name(), "/usr/bin/redis-server", "--port", std::to_string(port), "--save",
+                 "", "--appendonly", "no", "--daemonize", "no", "--dir", dir.path()});
+    for (int i = 0; i < 100 && redis_cli(ns.path(), port, {"PING"}) != "PONG"; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    ASSERT_EQ(redis_cli(ns.path(), port, {"SET", "k", "v"}), "OK");
+    std::string name = "ipt-mntclone-" + std::to_string(getpid());
+    auto r = run({bin("iprobe"), "clone", std::to_string(redis.pid()), "--netns", name});
+    if (r.exit_code == 0) {
+        // A CRIU that can checkpoint the mount namespace: then the clone must work.
+        EXPECT_EQ(redis_cli("/run/netns/" + name, port, {"GET", "k"}), "v");
+        EXPECT_EQ(run({bin("iprobe"), "clone", "--destroy", name}).exit_code, 0);
+        EXPECT_EQ(redis_cli(ns.path(), port, {"GET", "k"}), "v");
+        return;
+    }
+    EXPECT_EQ(r.exit_code, 1) << r.err;
+    EXPECT_NE(r.err.find("nsenter --net="), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("keeps running"), std::string::npos) << r.err;
+    EXPECT_FALSE(netns_exists(name));
+    EXPECT_EQ(redis_cli(ns.path(), port, {"GET", "k"}), "v");
+}
+
 TEST(LauncherCloneFailure, ServiceCriuCannotDumpKeepsServing) {
     if (!is_root()) GTEST_SKIP() << "iprobe clone needs root";
     Netns ns("ipt-perf-" + std::to_string(getpid()));

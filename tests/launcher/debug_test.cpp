@@ -85,6 +85,8 @@ protected:
             debug_->wait(std::chrono::seconds(30));
         }
         debug_.reset();
+        // A test that failed half-way may leave its own clone behind.
+        run({bin("iprobe"), "clone", "--destroy", "ipt-probed-" + std::to_string(getpid())});
         redis_.reset();
         prod_ns_.reset();
     }
@@ -242,6 +244,38 @@ TEST_F(LauncherDebug, ProbeTraceComesFromTheCloneAndProductionIsNotPatched) {
     EXPECT_EQ(text_bytes(redis_->pid()), text_before);
 }
 
+// Production already probed: the clone inherits the runtime and its shared
+// memory mapping, and must log into a private copy, never into production's.
+TEST_F(LauncherDebug, CloneOfAProbedProductionLogsIntoItsOwnRegion) {
+    const std::string hotpatch = build_dir() + "/libexec/iprobe/iprobe-hotpatch";
+    if (!fs::exists(hotpatch)) FAIL() << "iprobe-hotpatch is not built (target iprobe-hotpatch)";
+    std::string server = finstrument_redis();
+    ASSERT_FALSE(server.empty()) << "scripts/build-redis --mode finstrument failed";
+    start_redis(server);
+    const std::string pid = std::to_string(redis_->pid());
+    auto a = run({hotpatch, "attach", pid, "--probes", server + ".probes", "--functions", "processCommand"});
+    ASSERT_EQ(a.exit_code, 0) << a.err;
+    const std::string name = "ipt-probed-" + std::to_string(getpid());
+    auto c = run({bin("iprobe"), "clone", pid, "--netns", name, "--json"});
+    ASSERT_EQ(c.exit_code, 0) << c.err;
+    EXPECT_NE(c.out.find("/dev/shm/iprobe." + pid), std::string::npos) << "runtime region not snapshotted: " << c.out;
+    const std::string keeper = std::to_string(json_number(c.out, "keeper_pid"));
+
+    Child prod_trace({hotpatch, "trace", pid, "--duration", "4"}, dir_ / "prod.trace");
+    Child clone_trace({"nsenter", "--target", keeper, "--pid", "--mount", "--", hotpatch, "trace", pid, "--duration", "4"},
+                      dir_ / "clone.trace");
+    std::this_thread::sleep_for(std::chrono::milliseconds(700));
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(redis_cli("/run/netns/" + name, port_, {"PING"}), "PONG");
+    EXPECT_EQ(redis_->cli({"PING"}), "PONG");
+    EXPECT_EQ(prod_trace.wait(std::chrono::seconds(20)), 0);
+    EXPECT_EQ(clone_trace.wait(std::chrono::seconds(20)), 0);
+    std::string prod_events = file_text(dir_ / "prod.trace"), clone_events = file_text(dir_ / "clone.trace");
+    EXPECT_EQ(count_lines_with(prod_events, "-> processCommand"), 1u) << prod_events;
+    EXPECT_EQ(count_lines_with(clone_events, "-> processCommand"), 3u) << clone_events;
+    EXPECT_EQ(run({bin("iprobe"), "clone", "--destroy", name}).exit_code, 0);
+    EXPECT_EQ(run({hotpatch, "detach", pid}).exit_code, 0);
+}
+
 TEST_F(LauncherDebug, PeriodicRecloningPicksUpProductionsCurrentState) {
     start_redis();
     start_debug({"--recloning", "periodic:2"});
@@ -279,6 +313,26 @@ TEST_F(LauncherDebug, OverflowRecloningReplacesADivergedClone) {
     stop_debug_and_check_clean();
 }
 
+TEST_F(LauncherDebug, DivergenceRecloningReplacesACloneThatAnswersDifferently) {
+    start_redis();
+    start_debug({"--divergence", "resp", "--recloning", "on-divergence"});
+    // Make the clone's state differ, then ask both the same question.
+    EXPECT_EQ(clone_cli({"SET", "x", "clone-only"}), "OK");
+    EXPECT_EQ(redis_->cli({"SET", "x", "production"}), "OK");
+    EXPECT_EQ(via_mirror({"GET", "x"}), "production");
+    ASSERT_TRUE(wait_for_event(out_path(), "reclone", 1, *debug_, std::chrono::seconds(30))) << file_text(out_path());
+    ASSERT_TRUE(wait_for_event(out_path(), "clone", 2, *debug_, std::chrono::seconds(30))) << file_text(out_path());
+    auto clones = events(out_path(), "clone");
+    clone_netns_ = json_string(clones.back(), "netns");
+    clone_pid_ = json_number(clones.back(), "clone_pid");
+    EXPECT_EQ(clone_cli({"GET", "x"}), "production");
+    // Identical replies do not re-clone.
+    EXPECT_EQ(via_mirror({"GET", "x"}), "production");
+    std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+    EXPECT_EQ(events(out_path(), "reclone").size(), 1u) << file_text(out_path());
+    stop_debug_and_check_clean();
+}
+
 TEST_F(LauncherDebug, MissingCriuFailsCleanlyAndProductionServes) {
     start_redis();
     std::vector<std::string> argv = {"nsenter", "--net=" + prod_ns_->path(), bin("iprobe"), "debug",
@@ -290,6 +344,17 @@ TEST_F(LauncherDebug, MissingCriuFailsCleanlyAndProductionServes) {
     EXPECT_NE(r.err.find("scripts/setup"), std::string::npos) << r.err;
     EXPECT_FALSE(netns_exists("iprobe-debug-" + std::to_string(redis_->pid())));
     EXPECT_LT(connect_in_netns(prod_ns_->path(), listen_port_), 0);
+    EXPECT_EQ(redis_->cli({"GET", "before"}), "debug");
+}
+
+TEST_F(LauncherDebug, NotRootIsRefusedAndNothingStarts) {
+    start_redis();
+    auto r = run({"setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", bin("iprobe"), "debug",
+                  std::to_string(redis_->pid()), "--listen", "127.0.0.1:" + std::to_string(listen_port_),
+                  "--production", "127.0.0.1:" + std::to_string(port_)});
+    EXPECT_EQ(r.exit_code, 4) << r.err;
+    EXPECT_NE(r.err.find("root"), std::string::npos) << r.err;
+    EXPECT_FALSE(netns_exists("iprobe-debug-" + std::to_string(redis_->pid())));
     EXPECT_EQ(redis_->cli({"GET", "before"}), "debug");
 }
 

@@ -515,6 +515,47 @@ TEST(LlvmPassHotpatch, AttachCountsExactlyAndPointArgsArrive) {
     must(run({bin("iprobe"), "detach", pid}));
 }
 
+// ----------------------------------------------------------------- install
+
+// `cmake --install` gives other builds the header, the plugin and the
+// wrapper through a CMake package and a (relocatable) pkg-config file.
+TEST(LlvmPassInstall, PackageServesCMakeAndPkgConfigBuilds) {
+    TempDir dir;
+    const std::string prefix = dir / "prefix";
+    must(run({"cmake", "--install", build_dir(), "--prefix", prefix}, {}, std::chrono::seconds(120)));
+    for (const char* file : {"include/iprobe/iprobe.h", "include/iprobe/probe_list.h", "lib/IProbePass.so",
+                             "lib/cmake/iprobe/iprobeConfig.cmake", "lib/cmake/iprobe/iprobeConfigVersion.cmake",
+                             "lib/pkgconfig/iprobe.pc", "bin/iprobe-cc", "bin/iprobe"})
+        EXPECT_TRUE(std::filesystem::exists(prefix + "/" + file)) << file;
+
+    // CMake: find_package, and the installed wrapper finds the installed plugin.
+    const std::string consumer = dir / "consumer";
+    must(run({"cmake", "-S", data("consumer"), "-B", consumer, "-DCMAKE_PREFIX_PATH=" + prefix,
+              "-DCMAKE_C_COMPILER=" + prefix + "/bin/iprobe-cc"},
+             {}, std::chrono::seconds(120), {"IPROBE_MODE=llvm", "IPROBE_PASS_PLUGIN="}));
+    must(run({"cmake", "--build", consumer}, {}, std::chrono::seconds(120), {"IPROBE_MODE=llvm", "IPROBE_PASS_PLUGIN="}));
+    EXPECT_EQ(file_text(consumer + "/iprobe-vars.txt"),
+              prefix + "/lib/IProbePass.so\n" + prefix + "/bin/iprobe-cc\nTRUE\n");
+    EXPECT_EQ(run({consumer + "/app"}).out, "42\n");
+    const ProbeList list = load_probes(consumer + "/app");
+    EXPECT_EQ(count_by_function(list, ProbeKind::entry), (std::map<std::string, int>{{"main", 1}, {"twice", 1}}));
+    EXPECT_EQ(count_by_function(list, ProbeKind::point), (std::map<std::string, int>{{"consumer_twice", 1}}));
+
+    // pkg-config, from wherever the prefix was installed.
+    const std::vector<std::string> env = {"PKG_CONFIG_PATH=" + prefix + "/lib/pkgconfig"};
+    const auto cflags = run({"pkg-config", "--cflags", "iprobe"}, {}, std::chrono::seconds(30), env);
+    must(cflags);
+    const auto plugin_path = run({"pkg-config", "--variable=pass_plugin", "iprobe"}, {}, std::chrono::seconds(30), env);
+    must(plugin_path);
+    EXPECT_TRUE(std::filesystem::equivalent(plugin_path.out.substr(0, plugin_path.out.find('\n')),
+                                            prefix + "/lib/IProbePass.so"))
+        << plugin_path.out;
+    const std::string app = dir / "app-pc";
+    std::string flags = cflags.out.substr(0, cflags.out.find('\n'));
+    must(sh("gcc -O2 " + flags + " '" + data("consumer/app.c") + "' -o '" + app + "'"));
+    EXPECT_EQ(run({app}).out, "42\n");
+}
+
 // ------------------------------------------------------------------- redis
 
 std::string build_redis(const std::string& mode) {

@@ -531,7 +531,38 @@ TEST(Mirror, CommandLineErrors) {
     EXPECT_EQ(r.exit_code, 2);
 }
 
-TEST(Aggregator, DebugCopyGetsProductionsRepliesAndNeverReachesTheBackend) {
+TEST(Mirror, HttpDivergenceNamesTheRequestAndHonoursHeaderRules) {
+    if (::access("/usr/bin/python3", X_OK) != 0 || ::access("/usr/bin/curl", X_OK) != 0)
+        GTEST_SKIP() << "needs /usr/bin/python3 (http.server) and /usr/bin/curl";
+    TempDir dir;
+    sh("mkdir -p " + dir / "prod" + " " + dir / "debug");
+    std::ofstream(dir / "prod/a.txt") << "same everywhere\n";
+    std::ofstream(dir / "prod/b.txt") << "production's b\n";
+    std::ofstream(dir / "debug/b.txt") << "the copy's b!\n";
+    sh("sleep 1.1; echo 'same everywhere' > " + dir / "debug/a.txt");  // a later Last-Modified
+    const int prod_port = free_port(), debug_port = free_port();
+    Child prod({"/usr/bin/python3", "-m", "http.server", std::to_string(prod_port), "--bind", "127.0.0.1",
+                "--directory", dir / "prod"});
+    Child debug({"/usr/bin/python3", "-m", "http.server", std::to_string(debug_port), "--bind", "127.0.0.1",
+                 "--directory", dir / "debug"});
+    ASSERT_TRUE(wait_for_port(prod_port) && wait_for_port(debug_port));
+    std::ofstream(dir / "rules") << "http.ignore-header Last-Modified\n";
+    Mirror m({"--production", "127.0.0.1:" + std::to_string(prod_port), "--debug",
+              "127.0.0.1:" + std::to_string(debug_port), "--divergence", "http", "--divergence-rules", dir / "rules"},
+             dir.path());
+    const std::string base = "http://127.0.0.1:" + std::to_string(m.port());
+    for (const char* path : {"/a.txt", "/a.txt", "/b.txt", "/a.txt"}) {
+        const auto r = run({"/usr/bin/curl", "-s", base + path});
+        EXPECT_NE(r.out.find(std::string(path) == "/b.txt" ? "production's b" : "same everywhere"), std::string::npos);
+    }
+    ASSERT_TRUE(m.wait_stats(idle)) << m.stats();
+    const std::string s = m.stats();
+    EXPECT_EQ(json_number(s, "divergence", "compared"), 4.0) << s;
+    EXPECT_EQ(json_number(s, "divergence", "mismatches"), 1.0) << s;
+    EXPECT_NE(s.find("\"request\":\"GET /b.txt HTTP/1.1\""), std::string::npos) << s;
+}
+
+TEST(MirrorAggregator, DebugCopyGetsProductionsRepliesAndNeverReachesTheBackend) {
     REQUIRE_REDIS();
     TempDir dir;
     Redis backend;

@@ -49,7 +49,7 @@ const std::string kRespReplies =
 
 }  // namespace
 
-TEST(RespFramer, RequestsAtEverySplitPoint) {
+TEST(ProxyRespFramer, RequestsAtEverySplitPoint) {
     for (std::size_t step : {1u, 2u, 3u, 7u, 1000u}) {
         const auto m = frame(Protocol::resp, Role::request, kRespRequests, step);
         ASSERT_EQ(m.size(), 4u) << "step " << step;
@@ -65,7 +65,7 @@ TEST(RespFramer, RequestsAtEverySplitPoint) {
     }
 }
 
-TEST(RespFramer, RepliesIncludingNestedAndResp3) {
+TEST(ProxyRespFramer, RepliesIncludingNestedAndResp3) {
     const auto whole = frame(Protocol::resp, Role::response, kRespReplies, 10000);
     ASSERT_EQ(whole.size(), 6u);
     for (std::size_t step : {1u, 4u, 5u}) {
@@ -77,7 +77,7 @@ TEST(RespFramer, RepliesIncludingNestedAndResp3) {
     EXPECT_NE(whole[0].hash, whole[1].hash);
 }
 
-TEST(RespFramer, SameValueSameHashDifferentValueDifferentHash) {
+TEST(ProxyRespFramer, SameValueSameHashDifferentValueDifferentHash) {
     const auto a = frame(Protocol::resp, Role::response, "$5\r\nalice\r\n", 3);
     const auto b = frame(Protocol::resp, Role::response, "$5\r\nalice\r\n", 1);
     const auto c = frame(Protocol::resp, Role::response, "$5\r\nalicf\r\n", 1);
@@ -85,7 +85,7 @@ TEST(RespFramer, SameValueSameHashDifferentValueDifferentHash) {
     EXPECT_NE(a[0].hash, c[0].hash);
 }
 
-TEST(RespFramer, BigBulkStringIsOneMessage) {
+TEST(ProxyRespFramer, BigBulkStringIsOneMessage) {
     const std::string value(1 << 20, 'x');
     const std::string reply = "$" + std::to_string(value.size()) + "\r\n" + value + "\r\n:7\r\n";
     const auto m = frame(Protocol::resp, Role::response, reply, 4096);
@@ -93,7 +93,7 @@ TEST(RespFramer, BigBulkStringIsOneMessage) {
     EXPECT_EQ(m[0].size, value.size() + 12);  // "$1048576\r\n" + value + "\r\n"
 }
 
-TEST(RespFramer, GarbageStopsTheFramer) {
+TEST(ProxyRespFramer, GarbageStopsTheFramer) {
     auto f = Framer::create(Protocol::resp, Role::response, DivergenceRules::defaults());
     std::vector<Message> out;
     f->feed(bytes("+OK\r\n?what\r\n+OK\r\n"), out);
@@ -101,7 +101,7 @@ TEST(RespFramer, GarbageStopsTheFramer) {
     EXPECT_EQ(out.size(), 1u);
 }
 
-TEST(HttpFramer, ContentLengthChunkedAndClose) {
+TEST(ProxyHttpFramer, ContentLengthChunkedAndClose) {
     const std::string requests =
         "GET /a HTTP/1.1\r\nHost: x\r\n\r\n"
         "POST /b HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello"
@@ -129,7 +129,7 @@ TEST(HttpFramer, ContentLengthChunkedAndClose) {
     }
 }
 
-TEST(HttpFramer, IgnoredHeadersAndBodiesDoNotChangeTheHash) {
+TEST(ProxyHttpFramer, IgnoredHeadersAndBodiesDoNotChangeTheHash) {
     const auto rules = DivergenceRules::parse("http.ignore-header X-Request-Id\nhttp.ignore-body /random*\n", "rules");
     auto with_defaults = rules;
     with_defaults.ignore_headers.push_back("date");
@@ -149,7 +149,7 @@ TEST(HttpFramer, IgnoredHeadersAndBodiesDoNotChangeTheHash) {
     EXPECT_EQ(h(a, get_random), h(c, get_random));
 }
 
-TEST(HttpFramer, ChunkBoundariesDoNotMatter) {
+TEST(ProxyHttpFramer, ChunkBoundariesDoNotMatter) {
     Message get;
     get.verb = "GET";
     const std::string one = "HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n6\r\nabcdef\r\n0\r\n\r\n";
@@ -158,7 +158,7 @@ TEST(HttpFramer, ChunkBoundariesDoNotMatter) {
               frame(Protocol::http, Role::response, two, 1, {}, {get}).at(0).hash);
 }
 
-TEST(DivergenceRules, ParsesAndRejects) {
+TEST(ProxyDivergenceRules, ParsesAndRejects) {
     const auto r = DivergenceRules::parse("# noise\n\nresp.ignore-command time  # clock\nhttp.ignore-header Server\n", "f");
     EXPECT_TRUE(r.ignores_command("TIME"));
     EXPECT_TRUE(r.ignores_header("server"));
@@ -174,7 +174,7 @@ TEST(DivergenceRules, ParsesAndRejects) {
     EXPECT_THROW(DivergenceRules::parse("resp.ignore-command A B\n", "f"), Error);
 }
 
-TEST(DebugBuffer, OverflowIsAllOrNothing) {
+TEST(ProxyDebugBuffer, OverflowIsAllOrNothing) {
     DebugBuffer b(40000);
     const std::string a(30000, 'a'), c(20000, 'c'), d(10000, 'd');
     EXPECT_TRUE(b.append(a.data(), a.size()));
@@ -197,7 +197,7 @@ TEST(DebugBuffer, OverflowIsAllOrNothing) {
     EXPECT_EQ(b.high_water(), 40000u);
 }
 
-TEST(StreamComparer, FindsFirstDifferenceWhicheverSideLeads) {
+TEST(ProxyStreamComparer, FindsFirstDifferenceWhicheverSideLeads) {
     StreamComparer s(1000);
     EXPECT_EQ(s.feed(0, bytes("hello wor")), StreamComparer::Result::same);
     EXPECT_EQ(s.feed(1, bytes("hel")), StreamComparer::Result::same);
@@ -211,7 +211,7 @@ TEST(StreamComparer, FindsFirstDifferenceWhicheverSideLeads) {
     EXPECT_EQ(small.feed(0, bytes("e")), StreamComparer::Result::too_far_apart);
 }
 
-TEST(Endpoint, ParsesAndExplainsBadInput) {
+TEST(ProxyEndpoint, ParsesAndExplainsBadInput) {
     EXPECT_EQ(parse_endpoint("127.0.0.1:7000", "--listen").str(), "127.0.0.1:7000");
     EXPECT_EQ(parse_endpoint("[::1]:7000", "--listen").str(), "[::1]:7000");
     EXPECT_EQ(parse_endpoint("localhost:6379", "--listen").port(), 6379);

@@ -12,8 +12,11 @@ inline constexpr std::int64_t kUnlimitedQuota = INT64_MAX;
 
 struct Budget {
     bool unlimited = false;        // "no budget": sample every call
-    double fraction = 0.05;        // allowed overhead, share of wall time
-    std::uint64_t interval_ns = 100'000'000;
+    double fraction = 0.05;        // allowed overhead relative to the target's own work
+    // The target's own work in the last interval: CPU time its threads used,
+    // less the profiler's estimated share of it.  (For one busy thread this
+    // is the interval's wall time.)
+    std::uint64_t work_ns = 100'000'000;
     double sample_cost_ns = 1000;  // extra time of one sampled call
     double count_cost_ns = 5;      // extra time of one counted-only call
 };
@@ -25,8 +28,9 @@ struct FunctionActivity {
     std::uint64_t samples_total = 0;
 };
 
-// Samples the next interval may take: the budget minus what the calls cost
-// anyway on the count-only path, divided by the cost of one sample.
+// Samples the next interval may take: budget × work, minus what the calls
+// cost anyway on the count-only path, divided by the cost of one sample.
+// Overhead ≤ budget × work is slowdown ≤ 1 + budget.
 std::uint64_t sample_allowance(const Budget& budget, std::uint64_t calls_in_interval);
 
 // Quotas for the next interval.  Rules, in order:

@@ -107,6 +107,10 @@ struct fperf_shm_header {
     FPERF_ATOMIC(uint64_t) unmatched_exits; /* sampled entries whose exit never came (longjmp) */
     FPERF_ATOMIC(uint64_t) threads;         /* threads that registered with PAPI */
     FPERF_ATOMIC(uint64_t) thread_failures; /* threads PAPI could not count */
+    /* The handler's own time in completed samples, measured live: what the
+     * daemon budgets with once there are enough of them. */
+    FPERF_ATOMIC(uint64_t) sampling_ns;
+    FPERF_ATOMIC(uint64_t) sampling_count;
 };
 
 struct fperf_function_slot {

@@ -19,6 +19,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "iprobe/iprobe.h"
+
 void lib_counted(long i);
 
 static volatile long sink;
@@ -94,6 +96,9 @@ int main(int argc, char** argv) {
         while (fgets(line, sizeof line, in)) {
             long a = 0, b = 0;
             if (sscanf(line, "burst %ld", &a) == 1) {
+#ifndef HP_PLAIN /* the never-instrumented build carries no probes at all */
+                IPROBE_POINT_ARGS(burst_started, a, threads, 42, 43);
+#endif
                 burst_done = 0;
                 burst_calls = a;
                 __atomic_fetch_add(&burst_generation, 1, __ATOMIC_SEQ_CST);

@@ -16,7 +16,8 @@ struct DebugOptions {
     std::string functions;       // function glob for attach
     std::string buffer;          // mirror's per-connection buffer ("4M"); empty: mirror's default
     std::string name;            // clone name; default iprobe-debug-PID
-    enum class Recloning { off, on_overflow, periodic } recloning = Recloning::off;
+    std::string divergence;      // mirror's reply comparison: stream|resp|http (empty: off)
+    enum class Recloning { off, on_overflow, on_divergence, periodic } recloning = Recloning::off;
     int period_s = 0;            // periodic re-cloning interval
     bool json = false;           // machine-readable events on stdout (the trace stays as `iprobe trace` prints it)
 };

@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# Hotpatch benchmarks (DESIGN.md §9.2-9.4), side by side in one run:
+#   1. enabled cost per call of an empty function, 10^1..10^8 calls:
+#      native, coldpatched NOPs (disabled), iprobe count handler, iprobe trace
+#      handler, the same count handler compiled in (-finstrument-functions hooks
+#      served by libiprobe-rt-hooks.so = the floor), XRay patched, bpftrace uprobe
+#   2. stop-the-world pause to enable/disable 1k, 10k, 100k probes (8 threads)
+#   3. logger throughput, 1 and 2 threads, with drops
+# usage: bench/hotpatch/run.sh [BUILD_DIR]   (as root; builds what it needs)
+# env: MAX_EXP (default 8), PAUSE_SIZES (default "1000 10000 100000"), SKIP_BPF=1
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+build="$(cd "${1:-${IPROBE_BUILD_DIR:-$root/build}}" && pwd)"
+here="$root/bench/hotpatch"
+max_exp=${MAX_EXP:-8}
+pause_sizes=${PAUSE_SIZES:-"1000 10000 100000"}
+iprobe="$build/bin/iprobe"
+work="$build/bench-hotpatch"
+mkdir -p "$work"
+cmake --build "$build" --target iprobe iprobe-hotpatch iprobe-probes iprobe-cc iprobe_rt iprobe_rt_hooks >/dev/null
+
+log() { printf '%s\n' "$*" >&2; }
+
+# ---- builds ----
+export IPROBE_CC_QUIET=1
+gcc -O2 -o "$work/loop_native" "$here/loop.c" -lpthread
+"$build/bin/iprobe-cc" -O2 -o "$work/loop_iprobe" "$here/loop.c" -lpthread
+gcc -O2 -finstrument-functions -fno-optimize-sibling-calls -o "$work/loop_floor" "$here/loop.c" \
+  -L"$build/lib" -liprobe-rt-hooks -Wl,-rpath,"$build/lib" -lpthread
+# the floor's probe list: coldpatch a copy (same build-id), run the original
+cp "$work/loop_floor" "$work/loop_floor_list"
+"$iprobe" coldpatch "$work/loop_floor_list" >/dev/null 2>&1
+clang-14 -O2 -fxray-instrument -fxray-instruction-threshold=1 -DWITH_XRAY -o "$work/loop_xray" "$here/loop.c" -lpthread
+
+# start BINARY ARGS... : runs it in the background, waits for "ready"; sets $pid, $out
+start() {
+  out="$work/out.$RANDOM"
+  "$@" >"$out" 2>&1 &
+  pid=$!
+  for _ in $(seq 1 500); do grep -q ready "$out" 2>/dev/null && return 0; sleep 0.01; done
+  log "$1 did not start"; cat "$out" >&2; exit 1
+}
+finish() { kill -USR1 "$pid"; wait "$pid"; rm -f "/dev/shm/iprobe.$pid"; }
+ns_at() { awk -v n="$2" '$1 == n { print $2 }' "$1"; }
+
+declare -A result
+run_variant() {  # name binary [attach args...]
+  local name=$1 binary=$2
+  shift 2
+  start "$binary" "$max_exp"
+  if (($#)); then "$iprobe" attach "$pid" "$@" >/dev/null; fi
+  finish
+  cp "$out" "$work/result.$name"
+}
+
+log "1. enabled cost per call (each call = an entry and an exit event where instrumented)"
+run_variant native "$work/loop_native"
+run_variant disabled "$work/loop_iprobe"
+run_variant count "$work/loop_iprobe" --functions empty --handler count
+run_variant trace "$work/loop_iprobe" --functions empty --ring-records 8388608
+run_variant floor "$work/loop_floor" --functions empty --handler count \
+  --probes "$work/loop_floor_list.probes" --runtime "$build/lib/libiprobe-rt-hooks.so"
+run_variant xray "$work/loop_xray"
+if [[ -z ${SKIP_BPF:-} ]] && command -v bpftrace >/dev/null; then
+  bpf_exp=$((max_exp < 5 ? max_exp : 5))
+  bpftrace -e "uprobe:$work/loop_native:empty { @c = count(); }" >"$work/bpftrace.out" 2>&1 &
+  bpf=$!
+  sleep 4
+  start "$work/loop_native" "$bpf_exp"
+  finish
+  cp "$out" "$work/result.bpftrace"
+  kill -INT "$bpf"; wait "$bpf" || true
+fi
+
+printf '\n| calls | native | NOPs (disabled) | iprobe count | iprobe trace | floor (count, compiled in) | XRay patched | bpftrace uprobe | count / floor |\n'
+printf '|---|---|---|---|---|---|---|---|---|\n'
+n=1
+for ((e = 1; e <= max_exp; e++)); do
+  n=$((n * 10))
+  row="| 10^$e"
+  for v in native disabled count trace floor xray bpftrace; do
+    x=$(ns_at "$work/result.$v" "$n" 2>/dev/null || true)
+    row+=" | ${x:--}"
+  done
+  c=$(ns_at "$work/result.count" "$n"); f=$(ns_at "$work/result.floor" "$n")
+  row+=" | $(awk -v c="$c" -v f="$f" 'BEGIN { printf "%.2f", c / f }') |"
+  echo "$row"
+done
+echo "(ns per call of empty(); instrumented variants fire an entry and an exit event per call)"
+echo "trace ring: 2^23 records per thread (its pages are faulted in at the first event: the 10^1 row carries that one-time cost); events beyond it in the largest runs are dropped (counted), not blocking"
+
+log "2. stop-the-world pause"
+printf '\n| probes | functions | threads | enable pause (us) | disable pause (us) |\n|---|---|---|---|---|\n'
+for probes in $pause_sizes; do
+  fns=$((probes / 2))
+  src="$work/many_$fns.c"
+  [[ -x $work/many_$fns ]] || { python3 "$here/gen_functions.py" "$fns" >"$src";
+    "$build/bin/iprobe-cc" -O1 -o "$work/many_$fns" "$src" -lpthread; }
+  start "$work/many_$fns"
+  sleep 0.5
+  on=$("$iprobe" attach "$pid" --handler count --json)
+  off=$("$iprobe" detach "$pid" --json)
+  on2=$("$iprobe" attach "$pid" --handler count --json)
+  off2=$("$iprobe" detach "$pid" --json)
+  kill "$pid"; wait "$pid" 2>/dev/null || true
+  rm -f "/dev/shm/iprobe.$pid"
+  get() { sed -n "s/.*\"$1\":\([0-9]*\).*/\1/p" <<<"$2"; }
+  echo "| $(get total_enabled "$on") | $fns | 9 | $(get pause_us "$on") (first, injects runtime) / $(get pause_us "$on2") | $(get pause_us "$off") / $(get pause_us "$off2") |"
+done
+
+log "3. logger throughput"
+printf '\n| threads | events | ns per call per thread | events/s (all threads) | dropped | live reader |\n|---|---|---|---|---|---|\n'
+for threads in 1 2; do
+  start "$work/loop_iprobe" 7 "$threads"
+  "$iprobe" attach "$pid" --functions empty >/dev/null
+  "$iprobe" trace "$pid" --format json >/dev/null 2>"$work/trace.err" &
+  reader=$!
+  sleep 0.2
+  finish
+  wait "$reader" || true
+  read -r events ns < <(tail -n 1 "$out")
+  events=$((events * 2))
+  dropped=$(sed -n 's/.*: \([0-9]*\) events dropped.*/\1/p' "$work/trace.err"); dropped=${dropped:-0}
+  rate=$(awk -v e="$events" -v ns="$ns" -v n="$((events / 2 / threads))" 'BEGIN { printf "%.1fM", e / (ns * n / 1e9) / 1e6 }')
+  echo "| $threads | $events | $ns | $rate | $dropped | iprobe trace --format json |"
+done

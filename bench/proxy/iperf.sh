@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Raw TCP throughput through iprobe mirror (iperf3, one stream, loopback):
+# direct vs proxy-only vs duplication to a discarding debug copy vs
+# duplication to a stopped debug copy (its connections overflow, production
+# goes on).  Median of ROUNDS runs per mode, modes interleaved.
+#
+# usage: bench/proxy/iperf.sh [BUILD_DIR]   env: SECONDS_PER_RUN (5), ROUNDS (3)
+set -euo pipefail
+BUILD=${1:-build}
+MIRROR="$BUILD/libexec/iprobe/iprobe-mirror"
+SECS=${SECONDS_PER_RUN:-5}
+ROUNDS=${ROUNDS:-3}
+HERE=$(cd "$(dirname "$0")" && pwd)
+command -v iperf3 >/dev/null || { echo "iperf3 not installed (scripts/setup.d/proxy-bench)" >&2; exit 7; }
+[ -x "$MIRROR" ] || { echo "no $MIRROR: build the iprobe-mirror target first" >&2; exit 7; }
+
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill -CONT "$p" 2>/dev/null || true; kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+trap cleanup EXIT
+trap "exit 130" INT TERM
+free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+wait_port() { for _ in $(seq 1000); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.02; done; return 1; }
+
+SERVER=$(free_port)
+iperf3 -s -p "$SERVER" >/dev/null 2>&1 & PIDS+=("$!"); wait_port "$SERVER"
+SINK=$(free_port)
+python3 "$HERE/sink.py" "$SINK" & SINK_PID=$!; PIDS+=("$SINK_PID"); wait_port "$SINK"
+STOPPED=$(free_port)
+python3 "$HERE/sink.py" "$STOPPED" & STOPPED_PID=$!; PIDS+=("$STOPPED_PID"); wait_port "$STOPPED"
+kill -STOP "$STOPPED_PID"
+
+start_mirror() {
+    local port; port=$(free_port)
+    "$MIRROR" mirror --listen "127.0.0.1:$port" --production "127.0.0.1:$SERVER" --quiet "$@" >/dev/null 2>&1 &
+    PIDS+=("$!"); wait_port "$port"; echo "$port"
+}
+PROXY=$(start_mirror)
+DUP=$(start_mirror --debug "127.0.0.1:$SINK")
+DUP_STOPPED=$(start_mirror --debug "127.0.0.1:$STOPPED" --buffer 4M)
+
+gbps() { iperf3 -c 127.0.0.1 -p "$1" -t "$SECS" -J 2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin)["end"]["sum_received"]["bits_per_second"]/1e9)'; }
+median() { python3 -c 'import sys,statistics; print("%.2f" % statistics.median(float(x) for x in sys.argv[1:]))' "$@"; }
+
+declare -A R=()
+MODES=(direct proxy dup-sink dup-stopped)
+for _ in $(seq "$ROUNDS"); do
+    R[direct]+="$(gbps "$SERVER") "
+    R[proxy]+="$(gbps "$PROXY") "
+    R[dup-sink]+="$(gbps "$DUP") "
+    R[dup-stopped]+="$(gbps "$DUP_STOPPED") "
+done
+echo "# iperf3 -t $SECS, 1 stream, loopback, median of $ROUNDS"
+printf '%-12s %10s %14s\n' mode Gbit/s "vs proxy-only"
+p=$(median ${R[proxy]})
+for m in "${MODES[@]}"; do
+    v=$(median ${R[$m]})
+    printf '%-12s %10s %14s\n' "$m" "$v" "$(python3 -c "print(f'{($v/$p-1)*100:+.1f}%')")"
+done

@@ -1,0 +1,172 @@
+// iprobe_elf (ElfFile) against binutils' view of the same files.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include "iprobe/elf_file.hpp"
+#include "iprobe/support/error.h"
+#include "testutil.h"
+
+namespace iprobe::test {
+namespace {
+
+constexpr char kProgram[] = R"(#include <stdio.h>
+#include <stdlib.h>
+__attribute__((noinline)) int twice(int x) { return 2 * x; }
+int main(int argc, char **argv) { printf("%d\n", twice(argc)); return argv[1] ? atoi(argv[1]) : 0; }
+)";
+
+class ElfFileTest : public ::testing::Test {
+protected:
+    void SetUp() override {
+        std::ofstream(dir_ / "prog.c") << kProgram;
+        build("pie", "-O2");
+        build("nopie", "-O2 -no-pie");
+        build("noplt", "-O2 -fno-plt");
+        build("ibt", "-O2 -fcf-protection=full");
+        build("lib.so", "-O2 -fPIC -shared -Wl,-soname,libprog.so.1");
+    }
+    void build(const std::string& out, const std::string& flags) {
+        const auto r = sh("cd '" + dir_.path() + "' && gcc " + flags + " prog.c -o " + out);
+        ASSERT_EQ(r.exit_code, 0) << r.err;
+    }
+    TempDir dir_;
+};
+
+// name@plt -> address, from objdump.
+std::map<std::string, std::uint64_t> plt_by_objdump(const std::string& path) {
+    std::map<std::string, std::uint64_t> out;
+    const auto r = run({"objdump", "-d", path});
+    static const std::regex re(R"(^([0-9a-f]+) <([^@>]+)@plt>:)");
+    std::istringstream lines(r.out);
+    std::string line;
+    std::smatch m;
+    while (std::getline(lines, line))
+        if (std::regex_search(line, m, re)) out[m[2]] = std::stoull(m[1], nullptr, 16);
+    return out;
+}
+
+// symbol -> GOT slot, from readelf -r.
+std::map<std::string, std::uint64_t> slots_by_readelf(const std::string& path) {
+    std::map<std::string, std::uint64_t> out;
+    const auto r = run({"readelf", "-rW", path});
+    static const std::regex re(R"(^([0-9a-f]+)\s+[0-9a-f]+\s+R_X86_64_(JUMP_SLOT|GLOB_DAT)\s+[0-9a-f]+\s+([^@\s]+))");
+    std::istringstream lines(r.out);
+    std::string line;
+    std::smatch m;
+    while (std::getline(lines, line))
+        if (std::regex_search(line, m, re)) out[m[3]] = std::stoull(m[1], nullptr, 16);
+    return out;
+}
+
+TEST_F(ElfFileTest, BuildIdMatchesReadelf) {
+    const auto r = run({"readelf", "-n", dir_ / "pie"});
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(r.out, m, std::regex("Build ID: ([0-9a-f]+)")));
+    const ElfFile elf(dir_ / "pie");
+    EXPECT_EQ(elf.build_id_hex(), m[1].str());
+    EXPECT_EQ(elf.build_id().size() * 2, m[1].str().size());
+}
+
+TEST_F(ElfFileTest, TypesAndFlags) {
+    const ElfFile pie(dir_ / "pie"), nopie(dir_ / "nopie"), lib(dir_ / "lib.so");
+    EXPECT_TRUE(pie.is_x86_64());
+    EXPECT_TRUE(pie.is_position_independent());
+    EXPECT_FALSE(pie.is_shared_library());
+    EXPECT_FALSE(nopie.is_position_independent());
+    EXPECT_FALSE(nopie.is_shared_library());
+    EXPECT_TRUE(lib.is_shared_library());
+    EXPECT_EQ(lib.soname(), "libprog.so.1");
+    EXPECT_EQ(pie.soname(), "");
+    EXPECT_EQ(pie.first_load_vaddr(), 0u);
+    EXPECT_EQ(nopie.first_load_vaddr(), 0x400000u);
+    EXPECT_FALSE(pie.load_segments().empty());
+    const auto text = pie.section(".text");
+    ASSERT_NE(text, nullptr);
+    EXPECT_TRUE(text->executable());
+    EXPECT_EQ(pie.file_offset(text->address), text->offset);
+    EXPECT_EQ(pie.section_bytes(*text).size(), text->size);
+    EXPECT_EQ(pie.section(".no-such-section"), nullptr);
+}
+
+TEST_F(ElfFileTest, SymbolsByNameAndAddress) {
+    const ElfFile elf(dir_ / "pie");
+    const auto* twice = elf.symbol_named("twice");
+    ASSERT_NE(twice, nullptr);
+    EXPECT_TRUE(twice->is_function());
+    EXPECT_EQ(elf.function_at(twice->address), twice);
+    EXPECT_EQ(elf.function_at(twice->address + 1), twice);
+    EXPECT_EQ(elf.function_starting_at(twice->address), twice);
+    EXPECT_EQ(elf.function_starting_at(twice->address + 1), nullptr);
+    const auto nm = run({"nm", dir_ / "pie"});
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(nm.out, m, std::regex("([0-9a-f]+) T twice")));
+    EXPECT_EQ(twice->address, std::stoull(m[1], nullptr, 16));
+    // Dynamic symbols are there too, also in a stripped copy.
+    ASSERT_EQ(sh("cd '" + dir_.path() + "' && strip -o lib.stripped lib.so").exit_code, 0);
+    const ElfFile stripped(dir_ / "lib.stripped");
+    const auto* exported = stripped.symbol_named("twice");
+    ASSERT_NE(exported, nullptr);
+    EXPECT_TRUE(exported->dynamic);
+    EXPECT_EQ(stripped.function_at(exported->address + 2), exported);
+    EXPECT_EQ(stripped.section(".symtab"), nullptr);
+}
+
+TEST_F(ElfFileTest, PltAndGotAgreeWithBinutils) {
+    for (const char* f : {"pie", "nopie", "ibt", "lib.so"}) {
+        SCOPED_TRACE(f);
+        const ElfFile elf(dir_ / f);
+        const auto plt = plt_by_objdump(dir_ / f);
+        const auto slots = slots_by_readelf(dir_ / f);
+        ASSERT_FALSE(plt.empty());
+        for (const auto& [name, address] : plt) {
+            const PltEntry* e = elf.plt_entry_at(address);
+            ASSERT_NE(e, nullptr) << name << "@plt";
+            EXPECT_EQ(e->symbol, name);
+            ASSERT_TRUE(slots.count(name));
+            EXPECT_EQ(e->got_slot, slots.at(name));
+        }
+        for (const auto& [name, slot] : slots) {
+            const GotSlot* g = elf.got_slot_at(slot);
+            ASSERT_NE(g, nullptr) << name;
+            EXPECT_EQ(g->symbol, name);
+        }
+    }
+    const ElfFile noplt(dir_ / "noplt");
+    const auto slots = slots_by_readelf(dir_ / "noplt");
+    ASSERT_TRUE(slots.count("printf"));
+    EXPECT_EQ(noplt.got_slot_at(slots.at("printf"))->reloc_type, 6u) << "R_X86_64_GLOB_DAT";
+}
+
+TEST_F(ElfFileTest, RefusesWhatIsNotElf) {
+    std::ofstream(dir_ / "text") << "hello\n";
+    try {
+        ElfFile bad(dir_ / "text");
+        FAIL() << "accepted a text file";
+    } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ExitCode::bad_input);
+        EXPECT_NE(std::string(e.what()).find("not an ELF file"), std::string::npos);
+    }
+    try {
+        ElfFile missing(dir_ / "missing");
+        FAIL() << "opened a missing file";
+    } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ExitCode::not_found);
+    }
+    auto bytes = file_bytes(dir_ / "pie");
+    bytes[18] = 183;  // EM_AARCH64
+    const ElfFile arm(bytes, "arm");
+    EXPECT_FALSE(arm.is_x86_64());
+    EXPECT_THROW(arm.require_x86_64_executable_or_library(), Error);
+}
+
+TEST(Demangle, CxxAndC) {
+    EXPECT_EQ(demangle("_ZNK2ns3BoxIiE3getEv"), "ns::Box<int>::get() const");
+    EXPECT_EQ(demangle("main"), "main");
+    EXPECT_EQ(demangle("_Znot_valid"), "_Znot_valid");
+}
+
+}  // namespace
+}  // namespace iprobe::test
