@@ -63,6 +63,8 @@ int main(int argc, char** argv) {
         for (int i = 0; i < threads; i++) pthread_join(t[i], 0);
         const double t1 = now_ns();
         printf("%ld %.3f\n", n * threads, (t1 - t0) / (double)(n));
+        fflush(stdout);
+        sigwait(&set, &sig); /* stay alive for `iprobe report` */
         return 0;
     }
     long n = 1;

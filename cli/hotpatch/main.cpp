@@ -141,6 +141,7 @@ int cmd_attach(const Args& args) {
             .field("total_enabled", static_cast<std::uint64_t>(st.total_enabled))
             .field("threads", static_cast<std::uint64_t>(st.threads))
             .field("pause_us", st.pause_us)
+            .field("stop_us", st.stop_us)
             .field("runtime_injected", st.runtime_injected)
             .end_object();
         std::cout << j.str() << "\n";
@@ -166,6 +167,7 @@ int cmd_detach(const Args& args) {
             .field("still_enabled", static_cast<std::uint64_t>(st.still_enabled))
             .field("threads", static_cast<std::uint64_t>(st.threads))
             .field("pause_us", st.pause_us)
+            .field("stop_us", st.stop_us)
             .end_object();
         std::cout << j.str() << "\n";
     } else {

@@ -52,7 +52,10 @@ struct RegEffect {
     std::int8_t dst = -1;
     std::int8_t src = -1;
     bool falls_through = true;  // false after jmp, ret, ud2
-    enum Cond : std::uint8_t { no_cond, jump_if_equal, jump_if_not_equal } cond = no_cond;
+    enum Cond : std::uint8_t { no_cond, jump_if_equal, jump_if_not_equal, jump_if_above } cond = no_cond;
+    bool is_nop = false;           // padding between blocks
+    bool compares_immediate = false;  // `cmp $imm, reg`
+    std::int64_t immediate = 0;
     std::int8_t compared[2] = {-1, -1};  // `cmp reg, reg`: both registers
     std::uint16_t written = 0;  // bit per gp_index
     std::uint64_t constant = 0;
@@ -61,14 +64,18 @@ struct RegEffect {
 
 // What a register holds on the paths reaching an instruction.
 struct Reaching {
-    enum State : std::uint8_t { none, unknown, known } state = none;  // none: no path seen (yet)
+    // none: no path seen (yet); orphan: only code no branch is known to
+    // reach (padding, a jump-table case), which real paths override.
+    enum State : std::uint8_t { none, unknown, known, orphan } state = none;
     std::uint64_t value = 0;
 
     static Reaching of(std::uint64_t v) { return {known, v}; }
     static Reaching not_known() { return {unknown, 0}; }
     Reaching merged(const Reaching& other) const {
-        if (state == none) return other;
         if (other.state == none) return *this;
+        if (state == none) return other;
+        if (state == orphan) return other;
+        if (other.state == orphan) return *this;
         if (state == known && other.state == known && value == other.value) return *this;
         return not_known();
     }
@@ -164,6 +171,7 @@ public:
             }
             record_branch(*insn_);
             history_.push_back(effect_of(*insn_));
+            record_jump_table(*insn_, section);
             const auto [hook, form] = hook_called(*insn_);
             if (hook == Hook::none) continue;
             if (is_jump(*insn_)) {
@@ -218,6 +226,12 @@ private:
         e.address = insn.address;
         e.falls_through = !(insn.id == X86_INS_JMP || insn.id == X86_INS_LJMP || insn.id == X86_INS_RET ||
                             insn.id == X86_INS_UD2);
+        e.is_nop = insn.id == X86_INS_NOP || insn.id == X86_INS_INT3;
+        if (insn.id == X86_INS_JA) e.cond = RegEffect::jump_if_above;
+        if (insn.id == X86_INS_CMP && insn.detail->x86.op_count == 2 && insn.detail->x86.operands[1].type == X86_OP_IMM) {
+            e.compares_immediate = true;
+            e.immediate = insn.detail->x86.operands[1].imm;
+        }
         if (insn.id == X86_INS_JE) e.cond = RegEffect::jump_if_equal;
         if (insn.id == X86_INS_JNE) e.cond = RegEffect::jump_if_not_equal;
         if (insn.id == X86_INS_CMP && insn.detail->x86.op_count == 2 &&
@@ -334,6 +348,48 @@ private:
         return value_after(j, reg, search);
     }
 
+    // gcc's switch tables: `cmp $N, r; ja default; ...; jmp *` through N+1
+    // entries, either int32 offsets from a `lea table(%rip)` base (PIC) or
+    // absolute 8-byte addresses (`jmp *table(,%r,8)`).  Their cases become
+    // branch targets of the jmp.
+    void record_jump_table(const cs_insn& insn, const ElfSection& section) {
+        if (insn.id != X86_INS_JMP) return;
+        const cs_x86& x86 = insn.detail->x86;
+        if (x86.op_count != 1) return;
+        const cs_x86_op& op = x86.operands[0];
+        const std::size_t jmp = history_.size() - 1;
+        std::optional<std::uint64_t> count;
+        std::optional<std::uint64_t> base;
+        for (std::size_t i = jmp; i-- > 0 && jmp - i <= 12;) {
+            const RegEffect& e = history_[i];
+            if (!base && e.op == RegEffect::load_constant && op.type == X86_OP_REG) base = e.constant;
+            if (e.cond == RegEffect::jump_if_above && i > 0 && history_[i - 1].compares_immediate &&
+                history_[i - 1].immediate >= 0 && history_[i - 1].immediate < 4096) {
+                count = static_cast<std::uint64_t>(history_[i - 1].immediate) + 1;
+                break;
+            }
+        }
+        if (!count) return;
+        std::size_t entry_size = 4;
+        if (op.type == X86_OP_MEM && op.mem.base == X86_REG_INVALID && op.mem.scale == 8) {
+            base = static_cast<std::uint64_t>(op.mem.disp);
+            entry_size = 8;
+        }
+        if (!base) return;
+        const ElfSection* table = elf_.section_containing(*base);
+        if (!table || !table->has_file_bytes()) return;
+        const auto bytes = elf_.section_bytes(*table);
+        for (std::uint64_t n = 0; n < *count; ++n) {
+            const std::uint64_t at = *base - table->address + n * entry_size;
+            if (at + entry_size > bytes.size()) return;
+            std::uint64_t raw = 0;
+            std::memcpy(&raw, bytes.data() + at, entry_size);
+            const std::uint64_t target =
+                entry_size == 4 ? *base + static_cast<std::uint64_t>(std::int64_t(std::int32_t(raw))) : raw;
+            if (section.contains(target)) branches_.emplace_back(target, jmp);
+        }
+    }
+
     void record_branch(const cs_insn& insn) {
         if (!cs_insn_group(cs_, &insn, X86_GRP_JUMP)) return;
         const cs_x86& x86 = insn.detail->x86;
@@ -380,10 +436,11 @@ private:
             const bool join = first != branches_.end() && first->first == here;
             const bool fall_in = k > 0 && history_[k - 1].falls_through && !piece_start;
             if (!join) {
-                // A block no direct branch reaches (a jump-table case, a pad
-                // without LSDA) keeps the registers of the code laid out
-                // before it in gcc's output; follow that as if it fell through.
                 if (k == 0 || piece_start) return Reaching::not_known();
+                if (!fall_in) {
+                    if (history_[k].is_nop) return {};  // padding after a jump: never runs
+                    return {Reaching::orphan, 0};
+                }
                 const RegEffect& prev = history_[k - 1];
                 if (auto other = equal_register(k - 1, false, reg)) {
                     const Reaching r = value_before(k - 2, *other, search);
@@ -408,6 +465,24 @@ private:
         Search search;
         const Reaching r = value_before(call_index, kRdi, search);
         if (r.state == Reaching::known) return r.value;
+        if (r.state == Reaching::orphan) return last_definition(call_index);
+        return std::nullopt;
+    }
+
+    // For code no known branch reaches (a jump-table case, a landing pad
+    // without LSDA): gcc lays such blocks out after code of the same
+    // function, whose registers they usually inherit.  Walks straight back
+    // through the listing, copies followed, to the function's start.
+    std::optional<std::uint64_t> last_definition(std::size_t call_index) const {
+        int reg = kRdi;
+        for (std::size_t i = call_index; i-- > 0 && call_index - i < 8192;) {
+            const RegEffect& e = history_[i];
+            if (i + 1 < history_.size() && elf_.function_starting_at(history_[i + 1].address)) break;
+            if (!(e.written & (1u << reg))) continue;
+            if (e.op == RegEffect::load_constant && e.dst == reg) return e.constant;
+            if (e.op != RegEffect::copy_register || e.dst != reg) break;
+            reg = e.src;
+        }
         return std::nullopt;
     }
 

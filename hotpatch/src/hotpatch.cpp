@@ -516,7 +516,8 @@ std::uint32_t find_or_add_module(Region& region, const RunningModule& running, c
     iprobe_rt_control* cb = region.control();
     iprobe_rt_module* mods = region.modules();
     for (std::uint32_t i = 0; i < cb->module_count; i++)
-        if (mods[i].load_bias == running.load_bias && running.path == mods[i].path &&
+        if (mods[i].load_bias == running.load_bias &&
+            running.path == std::string(mods[i].path, ::strnlen(mods[i].path, sizeof mods[i].path)) &&
             mods[i].probe_count == s.list.probes.size())
             return i;
     if (cb->module_count >= cb->module_capacity) throw Error("too many modules attached in this process");
@@ -670,9 +671,7 @@ auto with_world_stopped(pid_t pid, std::chrono::milliseconds timeout, Body&& bod
         {
             const auto started = Clock::now();
             StoppedProcess process(pid);
-            if (std::getenv("IPROBE_DEBUG_TIMING"))
-                std::fprintf(stderr, "iprobe: %zu threads stopped in %llu us\n", process.threads().size(),
-                             static_cast<unsigned long long>(elapsed_us(started)));
+            process.stop_us = elapsed_us(started);
             try {
                 return body(process, started, deadline);
             } catch (const Error&) {
@@ -859,6 +858,7 @@ AttachStats attach(const AttachOptions& options) {
         for (std::uint32_t i = 0; i < region.control()->probe_count; i++)
             stats.total_enabled += region.probes()[i].enabled;
         stats.modules.assign(touched.begin(), touched.end());
+        stats.stop_us = process.stop_us;
         process.release();
         stats.pause_us = elapsed_us(started);
         return stats;
@@ -872,7 +872,10 @@ DetachStats detach(const DetachOptions& options) {
     // Probe lists by module, to match the selector against names.
     std::vector<ProbeList> lists;
     const auto* cb = region.control();
-    for (std::uint32_t i = 0; i < cb->module_count; i++) lists.push_back(load_probes(region.modules()[i].probes_path));
+    for (std::uint32_t i = 0; i < cb->module_count; i++) {
+        const auto& m = region.modules()[i];
+        lists.push_back(load_probes(std::string(m.probes_path, ::strnlen(m.probes_path, sizeof m.probes_path))));
+    }
 
     return with_world_stopped(options.pid, options.safe_point_timeout, [&](StoppedProcess& process,
                                                                             Clock::time_point started,
@@ -913,6 +916,7 @@ DetachStats detach(const DetachOptions& options) {
         region.control()->generation++;
         stats.disabled = disabled.size();
         for (std::uint32_t i = 0; i < cb->probe_count; i++) stats.still_enabled += probes[i].enabled;
+        stats.stop_us = process.stop_us;
         process.release();
         stats.pause_us = elapsed_us(started);
         return stats;
@@ -939,8 +943,8 @@ Status status(pid_t pid) {
     for (std::uint32_t i = 0; i < cb->module_count; i++) {
         const auto& m = region.modules()[i];
         ModuleStatus ms;
-        ms.path = m.path;
-        ms.probes_path = m.probes_path;
+        ms.path.assign(m.path, ::strnlen(m.path, sizeof m.path));
+        ms.probes_path.assign(m.probes_path, ::strnlen(m.probes_path, sizeof m.probes_path));
         ms.build_id = hex(std::span<const std::uint8_t>(m.build_id, m.build_id_size));
         ms.load_bias = m.load_bias;
         ms.stub_page = m.stub_page;

@@ -42,6 +42,7 @@ public:
     StoppedProcess& operator=(const StoppedProcess&) = delete;
 
     pid_t pid() const { return pid_; }
+    std::uint64_t stop_us = 0;  // how long stopping every thread took
     const std::vector<StoppedThread>& threads() const { return threads_; }
 
     void read(std::uint64_t address, void* out, std::size_t size) const;

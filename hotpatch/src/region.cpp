@@ -132,6 +132,26 @@ Region Region::open(pid_t pid) {
     if (std::memcmp(cb->magic, IPROBE_RT_MAGIC, 8) != 0 || cb->version != IPROBE_RT_VERSION ||
         cb->region_size != static_cast<std::uint64_t>(st.st_size))
         throw Error(file + " is not an iprobe region of this version", ExitCode::bad_input);
+    // The target can write its region: never trust the layout blindly.
+    const std::uint64_t size = cb->region_size;
+    auto fits = [size](std::uint64_t offset, std::uint64_t count, std::uint64_t each) {
+        return offset <= size && count <= (size - offset) / (each ? each : 1);
+    };
+    const bool sane = cb->hash_bits >= 4 && cb->hash_bits < 40 && cb->ring_records != 0 &&
+                      (cb->ring_records & (cb->ring_records - 1)) == 0 &&
+                      cb->ring_stride >= sizeof(iprobe_rt_ring) + sizeof(iprobe_rt_record) * cb->ring_records &&
+                      cb->module_count <= cb->module_capacity && cb->probe_count <= cb->probe_capacity &&
+                      fits(cb->modules_offset, cb->module_capacity, sizeof(iprobe_rt_module)) &&
+                      fits(cb->probes_offset, cb->probe_capacity, sizeof(iprobe_rt_probe)) &&
+                      fits(cb->counts_offset, cb->probe_capacity, sizeof(std::uint64_t)) &&
+                      fits(cb->hash_offset, 1ull << cb->hash_bits, sizeof(iprobe_rt_site)) &&
+                      fits(cb->rings_offset, cb->ring_count, cb->ring_stride);
+    if (!sane) throw Error(file + " has an inconsistent layout (corrupted?)", ExitCode::bad_input);
+    for (std::uint32_t i = 0; i < cb->module_count; i++) {
+        const auto& m = region.modules()[i];
+        if (m.first_probe > cb->probe_capacity || m.probe_count > cb->probe_capacity - m.first_probe)
+            throw Error(file + " has an inconsistent module table (corrupted?)", ExitCode::bad_input);
+    }
     return region;
 }
 

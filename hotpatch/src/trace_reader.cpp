@@ -24,15 +24,18 @@ struct TraceReader::Impl {
 
     void load_new_modules() {
         const auto* cb = region.control();
-        for (; modules_loaded < cb->module_count; modules_loaded++) {
+        for (; modules_loaded < cb->module_count && modules_loaded < cb->module_capacity; modules_loaded++) {
             const iprobe_rt_module& m = region.modules()[modules_loaded];
+            if (m.first_probe > cb->probe_capacity || m.probe_count > cb->probe_capacity - m.first_probe) continue;
+            const std::string probes_path(m.probes_path, ::strnlen(m.probes_path, sizeof m.probes_path));
+            const std::string module_path(m.path, ::strnlen(m.path, sizeof m.path));
             if (probes.size() < m.first_probe + m.probe_count) probes.resize(m.first_probe + m.probe_count, unknown);
             try {
-                const ProbeList list = load_probes(m.probes_path);
+                const ProbeList list = load_probes(probes_path);
                 for (const auto& p : list.probes) {
                     if (p.id >= m.probe_count) continue;
                     probes[m.first_probe + p.id] = {p.demangled.empty() ? p.function : p.demangled, p.file, p.line,
-                                                    p.kind, m.path};
+                                                    p.kind, module_path};
                 }
             } catch (const Error&) {
                 // The list moved away: events stay numbered, not named.

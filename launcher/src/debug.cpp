@@ -142,6 +142,8 @@ private:
         }
     }
     void make_clone();
+    void connect_clone();
+    void attach_probes();
     void drop_clone();
     void start_mirror();
     void teardown();
@@ -168,11 +170,29 @@ void DebugSession::make_clone() {
     clone_ = clone_process(co);
     have_clone_ = true;
     ++clones_made_;
-    std::string host_ip = subnet_addr(subnet_, 1), clone_ip = subnet_addr(subnet_, 2);
+    const std::string clone_ip = subnet_addr(subnet_, 2);
+    connect_clone();
+    event("clone",
+          "clone " + name_ + " running: PID " + std::to_string(clone_.clone_pid) + ", reachable at " + clone_ip + ":" +
+              std::to_string(port_) + "; production frozen " + std::to_string(std::lround(clone_.freeze_ms)) + " ms",
+          [&](JsonWriter& w) {
+              w.field("name", name_)
+                  .field("clone_pid", static_cast<std::int64_t>(clone_.clone_pid))
+                  .field("netns", clone_.netns_path)
+                  .field("debug_address", clone_ip + ":" + std::to_string(port_))
+                  .field("freeze_us", static_cast<std::int64_t>(clone_.freeze_ms * 1e3))
+                  .field("total_us", static_cast<std::int64_t>(clone_.total_ms * 1e3))
+                  .field("generation", clones_made_);
+          });
+    if (!o_.probes.empty() || !o_.functions.empty()) attach_probes();
+}
+
+// The veth pair between here and the clone, and the NAT inside the clone
+// that lets the mirror reach the service where it listens.
+void DebugSession::connect_clone() {
+    const std::string host_ip = subnet_addr(subnet_, 1), clone_ip = subnet_addr(subnet_, 2);
     create_veth(name_, veth_, host_ip + "/30", clone_ip + "/30");
     record_clone_veth(name_, veth_);
-    // The clone may listen on loopback only (as production may): forward
-    // what arrives on its veth to 127.0.0.1 inside its namespace.
     const std::string ns = "--net=" + clone_.netns_path;
     const std::string target = service_ip_;
     const bool loopback = target.rfind("127.", 0) == 0;
@@ -190,19 +210,9 @@ void DebugSession::make_clone() {
         run_checked({"nsenter", ns, "iptables", "-t", "nat", "-A", "INPUT", "-p", "tcp", "-s", host_ip, "-d", target,
                      "--dport", std::to_string(port_), "-j", "SNAT", "--to-source", "127.0.0.1"},
                     "making the mirror's connections local in the clone");
-    event("clone",
-          "clone " + name_ + " running: PID " + std::to_string(clone_.clone_pid) + ", reachable at " + clone_ip + ":" +
-              std::to_string(port_) + "; production frozen " + std::to_string(std::lround(clone_.freeze_ms)) + " ms",
-          [&](JsonWriter& w) {
-              w.field("name", name_)
-                  .field("clone_pid", static_cast<std::int64_t>(clone_.clone_pid))
-                  .field("netns", clone_.netns_path)
-                  .field("debug_address", clone_ip + ":" + std::to_string(port_))
-                  .field("freeze_us", static_cast<std::int64_t>(clone_.freeze_ms * 1e3))
-                  .field("total_us", static_cast<std::int64_t>(clone_.total_ms * 1e3))
-                  .field("generation", clones_made_);
-          });
-    if (o_.probes.empty() && o_.functions.empty()) return;
+}
+
+void DebugSession::attach_probes() {
     // The probe tools run inside the clone's PID and mount namespaces: there
     // the clone has production's PID, and its runtime's shared memory lives
     // in the clone's own /dev/shm.

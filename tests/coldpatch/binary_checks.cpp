@@ -172,7 +172,7 @@ RecordedCheck check_recorded(const std::string& log_path, const ProbeList& list)
         if ((kind == 'E') != (p.kind == ProbeKind::entry))
             check.problems.push_back("probe " + std::to_string(p.id) + " (" + p.demangled + ") has the wrong kind");
         if (p.function_address != fn)
-            check.problems.push_back("probe " + std::to_string(p.id) + " names " + p.demangled +
+            check.misnamed.push_back("probe " + std::to_string(p.id) + " names " + p.demangled +
                                      " but the hook received this_fn 0x" + fn_hex);
     }
     return check;

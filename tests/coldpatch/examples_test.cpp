@@ -51,6 +51,7 @@ void expect_coldpatched(const std::string& name, const std::string& source, cons
     const RecordedCheck recorded = check_recorded(log, list);
     EXPECT_GE(recorded.sites, 4u) << "the workload ran instrumented code";
     for (const auto& problem : recorded.problems) ADD_FAILURE() << problem;
+    for (const auto& problem : recorded.misnamed) ADD_FAILURE() << problem;
 }
 
 TEST(Examples, ShapesPrintsTheSame) {

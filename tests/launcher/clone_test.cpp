@@ -250,6 +250,45 @@ TEST(LauncherCloneFailure, ServiceInItsOwnMountNamespaceGetsAHintAndKeepsServing
     EXPECT_EQ(redis_cli(ns.path(), port, {"GET", "k"}), "v");
 }
 
+std::vector<long long> children_of(long long pid) {
+    std::vector<long long> out;
+    for (const auto& task : fs::directory_iterator("/proc/" + std::to_string(pid) + "/task")) {
+        std::ifstream in(task.path() / "children");
+        long long c;
+        while (in >> c) out.push_back(c);
+    }
+    return out;
+}
+
+// The whole process tree is cloned: a shell supervising a redis-server.
+TEST(LauncherCloneTree, ParentAndChildAreClonedTogether) {
+    if (!is_root()) GTEST_SKIP() << "iprobe clone needs root";
+    Netns ns("ipt-tree-" + std::to_string(getpid()));
+    TempDir dir;
+    int port = free_port();
+    Child tree({"nsenter", "--net=" + ns.path(), "sh", "-c",
+                "/usr/bin/redis-server --port " + std::to_string(port) + " --save '' --appendonly no --dir " +
+                    dir.path() + " & wait"});
+    for (int i = 0; i < 100 && redis_cli(ns.path(), port, {"PING"}) != "PONG"; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    ASSERT_EQ(redis_cli(ns.path(), port, {"SET", "k", "tree"}), "OK");
+    ASSERT_EQ(children_of(tree.pid()).size(), 1u);
+    std::string name = "ipt-treeclone-" + std::to_string(getpid());
+    auto r = run({bin("iprobe"), "clone", std::to_string(tree.pid()), "--netns", name, "--json"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    long long clone_root = json_number(r.out, "clone_pid");
+    EXPECT_EQ(fs::read_symlink("/proc/" + std::to_string(clone_root) + "/exe"),
+              fs::read_symlink("/proc/" + std::to_string(tree.pid()) + "/exe"));
+    auto clone_children = children_of(clone_root);
+    ASSERT_EQ(clone_children.size(), 1u);
+    EXPECT_NE(file_text("/proc/" + std::to_string(clone_children[0]) + "/cmdline").find("redis-server"),
+              std::string::npos);
+    EXPECT_EQ(redis_cli("/run/netns/" + name, port, {"GET", "k"}), "tree");
+    EXPECT_EQ(run({bin("iprobe"), "clone", "--destroy", name}).exit_code, 0);
+    EXPECT_EQ(redis_cli(ns.path(), port, {"GET", "k"}), "tree");
+    for (long long c : children_of(tree.pid())) ::kill(static_cast<pid_t>(c), SIGTERM);
+}
+
 TEST(LauncherCloneFailure, ServiceCriuCannotDumpKeepsServing) {
     if (!is_root()) GTEST_SKIP() << "iprobe clone needs root";
     Netns ns("ipt-perf-" + std::to_string(getpid()));
