@@ -5,8 +5,10 @@
 #   finstrument   iprobe-cc's flags, hooks NOT patched: glibc's no-op
 #                 __cyg_profile_func_enter/exit are called (IPROBE_COLDPATCH=0)
 #   coldpatched   iprobe-cc: the hook calls are 5-byte NOPs
-# on (a) the paper's micro-benchmark (ns per call of an empty function) and
-# (b) redis-server throughput (redis-benchmark, SET/GET, plain and pipelined).
+# on (a) the paper's micro-benchmark (ns per call of an empty function, thread
+# CPU time) and (b) redis-server throughput (redis-benchmark, SET/GET, plain
+# and pipelined) and the server's CPU time per request (/proc/PID/schedstat),
+# which stays meaningful when other work shares the machine.
 #
 #   bench/coldpatch/disabled_cost.sh [--reps N] [--calls N] [--requests N] [--no-redis]
 #
@@ -93,7 +95,13 @@ for v in "${variants[@]}"; do
   for _ in $(seq 50); do "${dir[native]}/redis-cli" -p "${port[$v]}" PING >/dev/null 2>&1 && break; sleep 0.1; done
 done
 
-declare -A rps
+declare -A rps cpu
+# CPU time the server's main thread spent (ns), from the scheduler: robust to
+# other load on the machine, unlike throughput.
+server_cpu_ns() { awk '{ print $1 }' "/proc/$1/schedstat"; }
+declare -A pid_of
+i=0
+for v in "${variants[@]}"; do pid_of[$v]=${pids[$i]}; i=$((i + 1)); done
 run_bench() {  # variant pipeline
   "$client" -p "${port[$1]}" -n "$requests" -t set,get -P "$2" -q 2>/dev/null | tr '\r' '\n' |
     awk -v v="$1" -v P="$2" '/requests per second/ { gsub(":", "", $1); print v, $1, P, $2 }'
@@ -101,17 +109,20 @@ run_bench() {  # variant pipeline
 for ((r = 1; r <= reps; r++)); do
   for v in "${variants[@]}"; do
     for P in 1 16; do
+      before=$(server_cpu_ns "${pid_of[$v]}")
       while read -r var test pipe value; do
         rps[$var/$test/$pipe]+="$value "
       done < <(run_bench "$v" "$P")
+      after=$(server_cpu_ns "${pid_of[$v]}")
+      cpu[$v/$P]+="$(awk -v a="$after" -v b="$before" -v n="$requests" 'BEGIN { printf "%.1f", (a - b) / (2 * n) }') "
     done
   done
 done
 
 echo "### redis-server throughput: redis-benchmark -n $requests -t set,get (-P 1 and -P 16), median of $reps interleaved runs"
 echo
-echo "| build | SET rps | GET rps | SET -P16 rps | GET -P16 rps | vs native (mean of 4) |"
-echo "|---|---:|---:|---:|---:|---:|"
+echo "| build | SET rps | GET rps | SET -P16 rps | GET -P16 rps | throughput vs native (mean of 4) | server CPU ns/request | -P16 | CPU vs native | -P16 |"
+echo "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
 for v in "${variants[@]}"; do
   row="| $v"
   sum=0
@@ -123,7 +134,16 @@ for v in "${variants[@]}"; do
     row+=" | $m"
     sum=$(awk -v s="$sum" -v m="$m" -v b="$b" 'BEGIN { print s + (m / b - 1) * 100 / 4 }')
   done
-  echo "$row | $(awk -v s="$sum" 'BEGIN { printf "%+.1f%%", s }') |"
+  row+=" | $(awk -v s="$sum" 'BEGIN { printf "%+.1f%%", s }')"
+  for P in 1 16; do
+    row+=" | $(tr ' ' '\n' <<<"${cpu[$v/$P]}" | grep . | median)"
+  done
+  for P in 1 16; do
+    m=$(tr ' ' '\n' <<<"${cpu[$v/$P]}" | grep . | median)
+    b=$(tr ' ' '\n' <<<"${cpu[native/$P]}" | grep . | median)
+    row+=" | $(pct "$m" "$b")"
+  done
+  echo "$row |"
 done
 echo
 probes=$("$build/bin/iprobe" list "${dir[coldpatched]}/redis-server" --count)

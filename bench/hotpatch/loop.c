@@ -32,8 +32,11 @@ static double now_ns(void) {
 }
 
 static long calls_per_thread;
+static pthread_barrier_t start_line;
 static void* run(void* arg) {
     (void)arg;
+    empty(); /* claims this thread's ring before the clock starts */
+    pthread_barrier_wait(&start_line);
     for (long i = 0; i < calls_per_thread; i++) empty();
     return 0;
 }
@@ -58,8 +61,10 @@ int main(int argc, char** argv) {
         for (int e = 0; e < max_exp; e++) n *= 10;
         calls_per_thread = n;
         pthread_t t[64];
-        const double t0 = now_ns();
+        pthread_barrier_init(&start_line, 0, (unsigned)threads + 1);
         for (int i = 0; i < threads; i++) pthread_create(&t[i], 0, run, 0);
+        pthread_barrier_wait(&start_line);
+        const double t0 = now_ns();
         for (int i = 0; i < threads; i++) pthread_join(t[i], 0);
         const double t1 = now_ns();
         printf("%ld %.3f\n", n * threads, (t1 - t0) / (double)(n));

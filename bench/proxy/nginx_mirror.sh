@@ -79,8 +79,8 @@ PIDS+=("$!"); wait_port "$IPROBE"
 # One keep-alive connection, REQUESTS sequential GETs: per-request seconds.
 client() {
     local urls=()
-    for i in $(seq "$REQUESTS"); do urls+=("http://127.0.0.1:$1/item/$i"); done
-    curl -s --max-time 600 -o /dev/null -w '%{time_total}\n' "${urls[@]}" |
+    for i in $(seq "$REQUESTS"); do urls+=(-o /dev/null "http://127.0.0.1:$1/item/$i"); done
+    curl -s --max-time 600 -w '%{time_total}\n' "${urls[@]}" |
         python3 -c '
 import sys, statistics
 t = [float(x) for x in sys.stdin.read().split()]

@@ -231,7 +231,8 @@ int coldpatch_output(const std::string& output) {
     iprobe::ColdpatchOptions options;
     options.allow_no_placeholders = true;
     const auto result = iprobe::coldpatch(output, options);
-    if (result.outcome == iprobe::ColdpatchOutcome::no_placeholders) {
+    if (result.outcome == iprobe::ColdpatchOutcome::no_placeholders ||
+        result.outcome == iprobe::ColdpatchOutcome::embedded) {
         if (verbose()) note(output + ": no placeholders (nothing instrumented); left unchanged");
         return 0;
     }

@@ -132,7 +132,9 @@ int run_coldpatch(int argc, char** argv) {
         j.begin_object();
         j.field("binary", result.binary_path);
         j.field("probes_file", result.probes_path);
-        j.field("outcome", result.outcome == iprobe::ColdpatchOutcome::patched ? "patched" : "already_patched");
+        j.field("outcome", result.outcome == iprobe::ColdpatchOutcome::patched           ? "patched"
+                           : result.outcome == iprobe::ColdpatchOutcome::already_patched ? "already_patched"
+                                                                                         : "embedded");
         j.field("probes", static_cast<std::uint64_t>(result.list.probes.size()));
         j.field("entry", static_cast<std::uint64_t>(result.entries));
         j.field("exit", static_cast<std::uint64_t>(result.exits));

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <optional>
 #include <cstdio>
 #include <cstring>
 #include <set>
@@ -48,14 +49,18 @@ bool already_coldpatched(const ElfFile& elf, const std::string& probes_path) {
 }
 
 // Developer-marked sites (IPROBE_POINT) the binary describes itself.
-void merge_marked_sites(const std::string& path, ProbeList& list) {
-    const auto marked = read_site_section(path);
-    if (!marked) return;
+void merge_marked_sites(const ProbeList& marked, ProbeList& list) {
     std::set<std::uint64_t> sites;
     for (const auto& p : list.probes) sites.insert(p.site);
-    for (const auto& p : marked->probes)
-        if (sites.insert(p.site).second) list.probes.push_back(p);
+    for (const auto& p : marked.probes)
+        if (p.kind == ProbeKind::point && sites.insert(p.site).second) list.probes.push_back(p);
     list.normalize();
+}
+
+// Built by the LLVM flow: entry/exit placeholders are described in the binary.
+bool has_embedded_functions(const std::optional<ProbeList>& marked) {
+    return marked && std::any_of(marked->probes.begin(), marked->probes.end(),
+                                 [](const Probe& p) { return p.kind != ProbeKind::point; });
 }
 
 void count_kinds(ColdpatchResult& r) {
@@ -121,7 +126,8 @@ ColdpatchResult coldpatch(const std::string& path, const ColdpatchOptions& optio
     result.hook_tail_jumps = scan.hook_tail_jumps;
     result.kinds_inferred = scan.kinds_inferred;
     const bool found_calls = !scan.list.probes.empty();
-    merge_marked_sites(path, scan.list);
+    const auto marked = read_site_section(path);
+    if (marked) merge_marked_sites(*marked, scan.list);
     result.list = std::move(scan.list);
     auto finish = [&] {
         count_kinds(result);
@@ -130,6 +136,11 @@ ColdpatchResult coldpatch(const std::string& path, const ColdpatchOptions& optio
         return result;
     };
 
+    if (!found_calls && has_embedded_functions(marked)) {
+        result.list = *marked;
+        result.outcome = ColdpatchOutcome::embedded;
+        return finish();
+    }
     if (!found_calls && result.binary_path == path && already_coldpatched(elf, result.probes_path)) {
         result.list = ProbeList::load(result.probes_path);
         result.outcome = ColdpatchOutcome::already_patched;
@@ -159,6 +170,9 @@ std::string summary_line(const ColdpatchResult& r) {
                    " probes in " + r.probes_path + "); nothing to do";
         case ColdpatchOutcome::no_placeholders:
             return name + ": no placeholders; left unchanged";
+        case ColdpatchOutcome::embedded:
+            return name + ": built with the LLVM flow, its " + std::to_string(r.list.probes.size()) +
+                   " probes are embedded (see 'iprobe list'); nothing to coldpatch";
         case ColdpatchOutcome::patched: break;
     }
     std::string line = "coldpatched " + name + ": " + std::to_string(r.list.probes.size()) + " probes (" +

@@ -69,6 +69,7 @@ struct tls {
     struct thread_state* state;
     int64_t depth;        /* enters minus exits seen by this thread */
     uint32_t open_frames; /* sampled calls waiting for their exit */
+    int64_t top_depth;    /* depth of the innermost of them: exits deeper than it are not ours */
     uint32_t busy;        /* inside the handler's slow path */
     uint32_t dead;        /* thread is being torn down */
     uint32_t reattach_countdown;
@@ -255,6 +256,7 @@ static void sample_enter(struct fperf_shm_header* h, struct fperf_function_slot*
     }
     struct frame* f = &st->frames[st->top++];
     t_tls.open_frames = st->top;
+    t_tls.top_depth = t_tls.depth;
     f->function = function;
     f->slot = slot;
     f->depth = t_tls.depth;
@@ -279,7 +281,6 @@ static void sample_exit(uint64_t function)
         return;
     }
     t_tls.busy = 1;
-    uint64_t wall1 = clock_ns(CLOCK_MONOTONIC);
     /* Frames deeper than where we are now were left by longjmp or an
      * exception: their exits will never come. */
     while (st->top && st->frames[st->top - 1].depth > t_tls.depth) {
@@ -289,6 +290,7 @@ static void sample_exit(uint64_t function)
     }
     if (st->top && st->frames[st->top - 1].depth == t_tls.depth &&
         st->frames[st->top - 1].function == function) {
+        uint64_t wall1 = clock_ns(CLOCK_MONOTONIC);
         struct frame* f = &st->frames[--st->top];
         uint64_t cpu1 = clock_ns(CLOCK_THREAD_CPUTIME_ID);
         long long events1[FPERF_MAX_EVENTS];
@@ -321,6 +323,7 @@ static void sample_exit(uint64_t function)
         }
     }
     t_tls.open_frames = st->top;
+    t_tls.top_depth = st->top ? st->frames[st->top - 1].depth : 0;
     t_tls.busy = 0;
 }
 
@@ -398,8 +401,11 @@ static inline void on_function_enter(uint64_t function)
 
 static inline void on_function_exit(uint64_t function)
 {
-    /* depth is still the exiting call's own, as its frame recorded it */
-    if (UNLIKELY(t_tls.open_frames != 0)) sample_exit(function);
+    /* depth is still the exiting call's own, as its frame recorded it.
+     * Calls nested deeper than the innermost sampled one leave at once: a
+     * long-lived sampled caller (main, an event loop) must not put every
+     * exit below it on the slow path. */
+    if (UNLIKELY(t_tls.open_frames != 0) && t_tls.depth <= t_tls.top_depth) sample_exit(function);
     t_tls.depth--;
 }
 

@@ -325,19 +325,30 @@ std::uint64_t called_stub(std::uint64_t site, const std::uint8_t* bytes, std::ui
     return site + at + 5 + static_cast<std::int64_t>(rel);
 }
 
-// Does `site` call into one of our jump stubs (ours, or one inherited from a
-// parent process across fork)?
-bool calls_a_stub(const StoppedProcess& process, std::uint64_t site, const std::uint8_t* bytes, std::uint8_t size) {
-    const std::uint64_t target = called_stub(site, bytes, size);
-    if (target == 0) return false;
-    std::uint8_t stub[kStubSize];
-    try {
-        process.read(target, stub, sizeof stub);
-    } catch (const Error&) {
-        return false;
+// Does a site call into one of our jump stubs (ours, or one inherited from a
+// parent process across fork)?  Stubs are few: each is read once.
+class StubChecker {
+public:
+    explicit StubChecker(const StoppedProcess& process) : process_(process) {}
+    bool calls_a_stub(std::uint64_t site, const std::uint8_t* bytes, std::uint8_t size) {
+        const std::uint64_t target = called_stub(site, bytes, size);
+        if (target == 0) return false;
+        auto [it, fresh] = known_.try_emplace(target, false);
+        if (fresh) {
+            std::uint8_t stub[kStubSize];
+            try {
+                process_.read(target, stub, sizeof stub);
+                it->second = stub_target(stub) != 0;
+            } catch (const Error&) {
+            }
+        }
+        return it->second;
     }
-    return stub_target(stub) != 0;
-}
+
+private:
+    const StoppedProcess& process_;
+    std::map<std::uint64_t, bool> known_;
+};
 
 struct Patch {
     std::uint64_t address = 0;
@@ -775,6 +786,7 @@ AttachStats attach(const AttachOptions& options) {
             region = Region::open(options.pid);
         }
         std::vector<Patch> patches;
+        StubChecker stubs_seen(process);
         struct Enable {
             std::uint32_t global;
             std::uint64_t return_address;
@@ -820,7 +832,7 @@ AttachStats attach(const AttachOptions& options) {
                     Patch patch{site, {now, now + p->size}, call_bytes(site, p->size, stub)};
                     patches.push_back(std::move(patch));
                     enables.push_back({global, ret});
-                } else if (calls_a_stub(process, site, now, p->size)) {
+                } else if (stubs_seen.calls_a_stub(site, now, p->size)) {
                     stats.already_enabled++;
                     enables.push_back({global, ret});
                 } else if (std::memcmp(now, p->original.data(), p->size) == 0 && p->form != SiteForm::nop) {
@@ -884,6 +896,7 @@ DetachStats detach(const DetachOptions& options) {
         stats.threads = process.threads().size();
         std::vector<Patch> patches;
         std::vector<std::uint32_t> disabled;
+        StubChecker stubs_seen(process);
         iprobe_rt_probe* probes = region.probes();
         for (std::uint32_t mi = 0; mi < cb->module_count; mi++) {
             const iprobe_rt_module& module = region.modules()[mi];
@@ -905,7 +918,7 @@ DetachStats detach(const DetachOptions& options) {
                 const std::uint8_t* now = text.data() + (site - lo);
                 disabled.push_back(global);
                 if (std::memcmp(now, p->placeholder.data(), p->size) == 0) continue;
-                if (!calls_a_stub(process, site, now, p->size)) continue;  // a live hook: nothing written
+                if (!stubs_seen.calls_a_stub(site, now, p->size)) continue;  // a live hook: nothing written
                 patches.push_back({site, {now, now + p->size}, {p->placeholder.begin(), p->placeholder.begin() + p->size}});
             }
         }

@@ -655,7 +655,7 @@ void Connection::read_debug() {
 
 void Connection::close_debug(const char* why, bool copy_finished) {
     if (debug_state_ == DebugState::none || debug_state_ == DebugState::done) return;
-    if (why) px_.log("connection %u: %s (production unaffected)", id_, why);
+    if (why) px_.rate_limited_log(px_.stats.debug_errors, "connection %u: %s (production unaffected)", id_, why);
     debug_.w.close();
     debug_state_ = DebugState::done;
     px_.note_buffered(-static_cast<std::ptrdiff_t>(dbuf_.size()));
@@ -713,7 +713,7 @@ void Connection::close_pair() {
 
 void Connection::linger_timeout() {
     ++px_.stats.debug_linger_timeouts;
-    px_.log("connection %u: debug copy did not finish within %.0f s after the client left; %zu bytes undelivered",
+    px_.rate_limited_log(px_.stats.debug_linger_timeouts, "connection %u: debug copy did not finish within %.0f s after the client left; %zu bytes undelivered",
             id_, px_.opt.debug_linger_s, dbuf_.size());
     close_debug(nullptr);
     px_.retire(this);
@@ -803,7 +803,7 @@ void Connection::report(std::uint64_t index, const std::string& request, const s
     reported_ = true;
     ++px_.stats.diverged_connections;
     const char* unit = stream_ ? "byte offset" : "reply";
-    px_.log("divergence on connection %u, %s %llu%s%s%s: production \"%s\", debug copy \"%s\"", id_, unit,
+    px_.rate_limited_log(px_.stats.diverged_connections, "divergence on connection %u, %s %llu%s%s%s: production \"%s\", debug copy \"%s\"", id_, unit,
             static_cast<unsigned long long>(index), request.empty() ? "" : " to '", printable(request).c_str(),
             request.empty() ? "" : "'", printable(prod, 80).c_str(), printable(dbg, 80).c_str());
     if (px_.stats.reports.size() < kMaxReports)
@@ -815,7 +815,8 @@ void Connection::stop_checking(const std::string& why) {
     checking_ = false;
     if (!why.empty()) {
         ++px_.stats.unchecked_connections;
-        px_.log("connection %u: divergence checking stopped: %s", id_, why.c_str());
+        px_.rate_limited_log(px_.stats.unchecked_connections, "connection %u: divergence checking stopped: %s", id_,
+                             why.c_str());
     }
     requests_.clear();
     replies_[0].clear();
@@ -864,7 +865,8 @@ void Slot::production_request(const std::uint8_t* p, std::size_t n) {
             reported = true;
             ++px->stats.mismatches;
             ++px->stats.diverged_connections;
-            px->log("divergence: the debug copy's upstream connection %llu sent different requests at byte %llu: "
+            px->rate_limited_log(px->stats.diverged_connections,
+                    "divergence: the debug copy's upstream connection %llu sent different requests at byte %llu: "
                     "production \"%s\", debug copy \"%s\"", static_cast<unsigned long long>(ordinal),
                     static_cast<unsigned long long>(requests->mismatch_offset()),
                     printable(requests->reference_excerpt(), 80).c_str(), printable(requests->copy_excerpt(), 80).c_str());
@@ -912,7 +914,8 @@ void Slot::on_event(std::uint32_t events) {
                     reported = true;
                     ++px->stats.mismatches;
                     ++px->stats.diverged_connections;
-                    px->log("divergence: the debug copy's upstream connection %llu sent different requests at byte %llu",
+                    px->rate_limited_log(px->stats.diverged_connections,
+                            "divergence: the debug copy's upstream connection %llu sent different requests at byte %llu",
                             static_cast<unsigned long long>(ordinal), static_cast<unsigned long long>(requests->mismatch_offset()));
                     if (px->stats.reports.size() < kMaxReports)
                         px->stats.reports.push_back({production_id, requests->mismatch_offset(), "(upstream request stream)",
@@ -1129,7 +1132,8 @@ void Proxy::accept_debug_client(Acceptor& a) {
         if (slots_.find(ordinal) == slots_.end() && ordinal < next_production_ordinal_) {
             // production's connection of this number came and went unclaimed
             ++stats.aggregator_debug_unmatched;
-            log("the debug copy's upstream connection %llu has no production counterpart left; closing it",
+            rate_limited_log(stats.aggregator_debug_unmatched,
+                             "the debug copy's upstream connection %llu has no production counterpart left; closing it",
                 static_cast<unsigned long long>(ordinal));
             continue;
         }

@@ -122,6 +122,16 @@ TEST_P(CallSites, EveryHookCallBecomesANopAndIsListed) {
     const auto patched = run({dir / "patched"});
     EXPECT_EQ(patched.exit_code, native.exit_code);
     EXPECT_EQ(patched.out, native.out);
+
+    // What the hooks receive at run time names each executed probe.
+    if (!v.aliased_hooks) {  // a static program cannot be given an LD_PRELOAD recorder
+        const auto recorded_run = run({dir / "raw"}, {}, std::chrono::seconds(60), recorder_env(dir / "hooks.log"));
+        EXPECT_EQ(recorded_run.out, native.out);
+        const RecordedCheck check = check_recorded(dir / "hooks.log", list);
+        EXPECT_GE(check.sites, 6u) << "main, say and twice (with square) ran";
+        for (const auto& problem : check.problems) ADD_FAILURE() << problem;
+        for (const auto& problem : check.misnamed) ADD_FAILURE() << problem;
+    }
 }
 
 INSTANTIATE_TEST_SUITE_P(

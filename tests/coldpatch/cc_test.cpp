@@ -182,6 +182,33 @@ TEST_F(Wrapper, FailuresPassThrough) {
     EXPECT_NE(loop.err.find("real compiler"), std::string::npos) << loop.err;
 }
 
+// Developer-marked points (include/iprobe/iprobe.h) join the probes of the
+// -finstrument-functions flow in one list.
+TEST_F(Wrapper, MarkedPointsAreListedWithFunctionProbes) {
+    std::ofstream(dir_ / "points.c") << R"(#include <stdio.h>
+#include "iprobe/iprobe.h"
+__attribute__((noinline)) static int lookup(int key) {
+    if (key % 2) IPROBE_POINT(cache_miss);
+    IPROBE_POINT_ARGS(lookup_done, key, key * 2);
+    return key * 3;
+}
+int main(void) { printf("%d\n", lookup(3) + lookup(4)); return 0; }
+)";
+    const auto r = in_dir(cc() + " -O2 -I" + source_dir() + "/include points.c -o points");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(run({dir_ / "points"}).out, "21\n");
+    const ProbeList list = ProbeList::load(dir_ / "points.probes");
+    std::multiset<std::pair<std::string, int>> kinds;
+    for (const auto& p : list.probes) kinds.emplace(p.function, static_cast<int>(p.kind));
+    EXPECT_EQ(kinds.count({"cache_miss", IPROBE_KIND_POINT}), 1u);
+    EXPECT_EQ(kinds.count({"lookup_done", IPROBE_KIND_POINT}), 1u);
+    EXPECT_EQ(kinds.count({"lookup", IPROBE_KIND_ENTRY}), 1u);
+    EXPECT_EQ(kinds.count({"main", IPROBE_KIND_EXIT}), 1u);
+    for (std::size_t i = 0; i < list.probes.size(); ++i) EXPECT_EQ(list.probes[i].id, i);
+    EXPECT_EQ(run({bin("iprobe"), "list", dir_ / "points", "--count", "--kind", "point"}).out, "2\n");
+    EXPECT_EQ(count_hook_calls(dir_ / "points").total(), 0);
+}
+
 TEST_F(Wrapper, ClangAsTheRealCompiler) {
     const auto r = in_dir("IPROBE_CC=clang-14 " + cc() + " -O2 main.c helper.c -o app");
     ASSERT_EQ(r.exit_code, 0) << r.err;

@@ -2,6 +2,8 @@
 // redis-cli and redis-benchmark on loopback ports.
 #include <arpa/inet.h>
 #include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -483,6 +485,34 @@ TEST(Mirror, SignalsDumpStatsAndStopCleanly) {
     EXPECT_NE(m.log().find("\"accepted\":1"), std::string::npos) << m.log();
     EXPECT_EQ(m.stop(), 0);
     EXPECT_NE(m.log().find("{\"event\":\"stopped\""), std::string::npos) << m.log();
+}
+
+// Whoever runs the mirror may hold its stderr pipe without reading it: the
+// proxy drops log lines rather than stall (and stall production with it).
+TEST(Mirror, UnreadStderrNeverStallsProduction) {
+    REQUIRE_REDIS();
+    TempDir dir;
+    Redis production;
+    const std::string fifo = dir / "stderr.fifo";
+    ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+    const int reader = ::open(fifo.c_str(), O_RDONLY | O_NONBLOCK);  // held open, never read
+    ASSERT_GE(reader, 0);
+    const int port = free_port();
+    Child m({mirror_tool(), "mirror", "--listen", "127.0.0.1:" + std::to_string(port), "--production",
+             production.addr()}, fifo);
+    ASSERT_TRUE(wait_for_port(port));
+    // ~1 KiB of JSON per SIGUSR1 (spaced: pending signals coalesce); the 64 KiB pipe fills.
+    for (int i = 0; i < 1000; ++i) {
+        ::kill(m.pid(), SIGUSR1);
+        std::this_thread::sleep_for(2ms);
+    }
+    const auto r = run({"/usr/bin/redis-cli", "-p", std::to_string(port), "PING"}, {}, 10s);
+    EXPECT_EQ(r.out, "PONG\n") << r.err;
+    m.kill(SIGTERM);
+    char buf[65536];
+    while (::read(reader, buf, sizeof buf) > 0) {}  // let the final stats out
+    EXPECT_EQ(m.wait(10s), 0);
+    ::close(reader);
 }
 
 TEST(Mirror, CommandLineErrors) {

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <thread>
+
 #include "hotpatch_fixture.hpp"
 #include "iprobe/rt.h"
 
@@ -57,6 +59,27 @@ TEST_F(RuntimeTest, RingsOfExitedThreadsAreReclaimed) {
     }
     auto s = iprobe({"status", pid, "--json"});
     EXPECT_EQ(s.out.find("\"state\":\"retired\""), std::string::npos) << "drained rings are freed: " << s.out;
+}
+
+TEST_F(RuntimeTest, ExecReplacesTheImageAndANewAttachStartsAfresh) {
+    HpTarget target(2);
+    const std::string pid = std::to_string(target.pid());
+    ASSERT_EQ(iprobe({"attach", pid, "--functions", "counted"}).exit_code, 0);
+    EXPECT_EQ(target.command("burst 10"), 20);
+    target.command("exec");
+    for (int i = 0; i < 500; i++) {
+        const std::string out = target.output();
+        if (out.find("ready", out.find("ok exec")) != std::string::npos) break;
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    // the new image has neither the runtime nor enabled sites; the old region is stale
+    EXPECT_EQ(file_text("/proc/" + pid + "/maps").find("libiprobe-rt"), std::string::npos);
+    auto a = iprobe({"attach", pid, "--functions", "counted"});
+    ASSERT_EQ(a.exit_code, 0) << a.err;
+    EXPECT_NE(a.out.find("runtime injected"), std::string::npos) << a.out;
+    EXPECT_EQ(target.command("burst 100"), 200);
+    auto r = iprobe({"report", pid, "--json"});
+    EXPECT_EQ(json_calls(r.out, "counted"), 200) << r.out;
 }
 
 TEST(RuntimeInProcess, EventsBeforeARegionIsMappedAreCountedNotFatal) {

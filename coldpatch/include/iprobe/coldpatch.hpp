@@ -46,6 +46,7 @@ enum class ColdpatchOutcome {
     patched,          // NOPs written, probe list written
     already_patched,  // FILE.probes matches the build-id and every site is a NOP: nothing to do
     no_placeholders,  // only with allow_no_placeholders; nothing written
+    embedded,         // LLVM flow: the binary carries its probe records; nothing written
 };
 
 struct ColdpatchResult {

@@ -8,6 +8,7 @@
  *               the handler calls in_signal(); prints how many handlers ran
  *   fork N      a forked child calls counted() N times and exits
  *   churn T N   T short-lived threads, one after another, each call counted() N times
+ *   exec        re-executes itself (same pid, fresh image, same FIFO)
  *   quit
  */
 #define _GNU_SOURCE
@@ -127,6 +128,11 @@ int main(int argc, char** argv) {
                     pthread_join(th, 0);
                 }
                 printf("ok churn %ld\n", a * b);
+            } else if (strncmp(line, "exec", 4) == 0) {
+                printf("ok exec 0\n");
+                fclose(in);
+                execv("/proc/self/exe", argv);
+                return 1;
             } else if (strncmp(line, "quit", 4) == 0) {
                 printf("ok quit 0\n");
                 return 0;
