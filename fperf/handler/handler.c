@@ -458,6 +458,54 @@ static uint64_t time_rounds(struct fperf_shm_header* h, struct fperf_function_sl
     return time_rounds_n(h, slot, quota, CALIBRATION_ROUNDS);
 }
 
+/* The count-only path as an enabled probe runs it: out of line and reached
+ * through a pointer, so the call and return are paid as at a real site. */
+static __attribute__((noinline)) void count_only_enter(struct fperf_shm_header* h, uint64_t function)
+{
+    t_tls.depth++;
+    t_tls.calls++;
+    if (atomic_load_explicit(&h->state, memory_order_relaxed) == FPERF_STATE_CLOSED) return;
+    struct fperf_function_slot* slot = find_slot(h, function);
+    if (!slot) return;
+    atomic_fetch_add_explicit(&slot->calls, 1, memory_order_relaxed);
+    (void)atomic_load_explicit(&slot->quota, memory_order_relaxed);
+}
+
+static __attribute__((noinline)) void count_only_exit(uint64_t function) { on_function_exit(function); }
+
+#define COUNT_ROUNDS 2000
+/* ns per counted call (entry and exit), on a private two-slot table holding
+ * one function, so the real table is never touched. */
+static uint64_t measure_count_cost(void)
+{
+    const size_t header_size = (sizeof(struct fperf_shm_header) + FPERF_HEADER_ALIGN - 1) / FPERF_HEADER_ALIGN *
+                               FPERF_HEADER_ALIGN;
+    const size_t size = header_size + 2 * sizeof(struct fperf_function_slot);
+    struct fperf_shm_header* fake = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (fake == MAP_FAILED) return 0;
+    fake->header_size = (uint32_t)header_size;
+    fake->slot_count = 2;
+    fake->slot_shift = 63;
+    fake->table_mode = FPERF_TABLE_REGISTERED_ONLY;
+    atomic_store(&fake->state, FPERF_STATE_ACTIVE);
+    const uint64_t fn = (uint64_t)(uintptr_t)&calibration_target;
+    atomic_store(&slots_of(fake)[fperf_home_slot(fn, 63)].address, fn);
+    void (*volatile enter)(struct fperf_shm_header*, uint64_t) = count_only_enter;
+    void (*volatile leave)(uint64_t) = count_only_exit;
+    uint64_t best = UINT64_MAX;
+    for (int t = 0; t < CALIBRATION_TRIES; t++) {
+        uint64_t t0 = clock_ns(CLOCK_MONOTONIC);
+        for (int i = 0; i < COUNT_ROUNDS; i++) {
+            enter(fake, fn);
+            leave(fn);
+        }
+        uint64_t elapsed = clock_ns(CLOCK_MONOTONIC) - t0;
+        if (elapsed < best) best = elapsed;
+    }
+    munmap(fake, size);
+    return best / COUNT_ROUNDS;
+}
+
 /* Runs sampled and count-only calls of an empty function on a private slot
  * with the session's events: their time per call is what the daemon
  * multiplies by the samples and calls it allows.  The daemon keeps the
@@ -527,8 +575,9 @@ static void calibrate(struct fperf_shm_header* h)
     measure_nested_cost(h);
     uint64_t sample_cost = sampled / CALIBRATION_ROUNDS;
     uint64_t count_cost = counted / CALIBRATION_ROUNDS;
+    const uint64_t real_count_cost = measure_count_cost();
     h->sample_cost_ns = sample_cost > count_cost ? sample_cost - count_cost : 1;
-    h->count_cost_ns = count_cost ? count_cost : 1;
+    h->count_cost_ns = real_count_cost ? real_count_cost : 1;
     g_count_ns = count_cost;
     if (!g_papi_ok)
         snprintf(h->handler_message, sizeof h->handler_message,

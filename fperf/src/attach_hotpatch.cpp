@@ -32,14 +32,16 @@ RoutingResult route_probes(const ProbeRouting& routing) {
     return {stats.total_enabled, stats.handler_injected, stats.pause_us};
 }
 
-void unroute_probes(const ProbeRouting& routing) noexcept {
+bool unroute_probes(const ProbeRouting& routing) noexcept {
     try {
         iprobe::hotpatch::DetachOptions options;
         options.pid = routing.pid;
         options.selector = selector_of(routing);
         iprobe::hotpatch::detach(options);
+        return true;
     } catch (...) {
         // The target exited or was never patched: nothing left to undo.
+        return false;
     }
 }
 

@@ -15,6 +15,6 @@ RoutingResult route_probes(const ProbeRouting&) {
                         iprobe::ExitCode::unavailable);
 }
 
-void unroute_probes(const ProbeRouting&) noexcept {}
+bool unroute_probes(const ProbeRouting&) noexcept { return false; }
 
 }  // namespace fperf

@@ -157,6 +157,16 @@ Profile Profile::load(const std::string& path) {
     if (!std::getline(in, line) || line != kMagicLine)
         throw Error(path + " is not an fperf data file (record one with `fperf record`)", ExitCode::bad_input);
     Profile p;
+    struct Finish {
+        Profile& p;
+        // Which functions lost their probes is a meta entry, so the line
+        // format stays the same.
+        void operator()() const {
+            for (const auto& a : iprobe::split_list(p.get("probes_removed")))
+                for (auto& f : p.functions)
+                    if (f.address == to_u64(a, 16)) f.probes_removed = true;
+        }
+    } finish{p};
     while (std::getline(in, line)) {
         if (line.empty()) continue;
         const auto f = split_tabs(line);
@@ -179,6 +189,7 @@ Profile Profile::load(const std::string& path) {
             throw Error(path + ": malformed line: " + line.substr(0, 80), ExitCode::bad_input);
         }
     }
+    finish();
     return p;
 }
 
@@ -246,7 +257,7 @@ std::string render_table(const Profile& p, std::size_t limit) {
         std::string name = f->name.size() > 32 ? f->name.substr(0, 31) + "~" : f->name;
         const double share = cpu_sum > 0 ? metric_estimated_total(*f, metrics[1]) / cpu_sum * 100 : NAN;
         std::snprintf(line, sizeof line, "%-32s %10s %9s %10s %10s %7s", name.c_str(),
-                      std::to_string(f->calls).c_str(), std::to_string(f->samples).c_str(),
+                      (std::to_string(f->calls) + (f->probes_removed ? "+" : "")).c_str(), std::to_string(f->samples).c_str(),
                       human_ns(metric_mean(*f, metrics[0])).c_str(), human_ns(metric_mean(*f, metrics[1])).c_str(),
                       fmt(share, 1).c_str());
         out << line;
@@ -260,6 +271,9 @@ std::string render_table(const Profile& p, std::size_t limit) {
     }
     if (limit && p.functions.size() > limit)
         out << "... " << p.functions.size() - limit << " more (--limit 0 shows all)\n";
+    if (!p.get("probes_removed").empty())
+        out << "calls+ : probes removed while recording (counting them alone would break the budget); "
+               "calls seen until then\n";
     return out.str();
 }
 
@@ -285,7 +299,7 @@ std::string render_json(const Profile& p) {
         char addr[32];
         std::snprintf(addr, sizeof addr, "0x%" PRIx64, f->address);
         j.begin_object().field("name", f->name).field("module", f->module).field("address", addr);
-        j.field("calls", f->calls).field("samples", f->samples);
+        j.field("calls", f->calls).field("samples", f->samples).field("probes_removed", f->probes_removed);
         j.key("metrics").begin_object();
         for (std::size_t i = 0; i < metrics.size(); i++) {
             const auto& m = metrics[i];

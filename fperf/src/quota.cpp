@@ -61,6 +61,28 @@ std::vector<std::int64_t> allocate_quotas(std::span<const FunctionActivity> func
     return quotas;
 }
 
+std::vector<std::size_t> probes_to_remove(std::span<const FunctionActivity> functions, const Budget& budget,
+                                          double share, std::uint64_t min_samples) {
+    std::vector<std::size_t> out;
+    if (budget.unlimited) return out;
+    double counting = 0;
+    std::vector<std::size_t> order;
+    for (std::size_t i = 0; i < functions.size(); i++) {
+        counting += static_cast<double>(functions[i].calls_interval) * budget.count_cost_ns;
+        if (functions[i].calls_interval > 0 && functions[i].samples_total >= min_samples) order.push_back(i);
+    }
+    const double allowed = share * budget.fraction * static_cast<double>(budget.work_ns);
+    std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+        return functions[a].calls_interval > functions[b].calls_interval;
+    });
+    for (const std::size_t i : order) {
+        if (counting <= allowed) break;
+        out.push_back(i);
+        counting -= static_cast<double>(functions[i].calls_interval) * budget.count_cost_ns;
+    }
+    return out;
+}
+
 double overhead_ns(const Budget& budget, std::uint64_t samples, std::uint64_t calls) {
     return static_cast<double>(samples) * budget.sample_cost_ns +
            static_cast<double>(calls) * budget.count_cost_ns;

@@ -18,6 +18,7 @@
 #include <fstream>
 #include <map>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -381,7 +382,9 @@ public:
 
     // One refill: see what ran, give out the next interval's quotas.
     // `cpu_ns`: CPU time the target used in the interval, when known.
-    void refill(std::uint64_t elapsed_ns, std::optional<std::uint64_t> cpu_ns) {
+    // Returns the run-time addresses of functions too hot to keep counting
+    // (only when `removable`, i.e. their probes can be taken out).
+    std::vector<std::uint64_t> refill(std::uint64_t elapsed_ns, std::optional<std::uint64_t> cpu_ns, bool removable) {
         session_.heartbeat();
         if (!handler_costs_ && session_.handler_ready() && session_.header().sample_cost_ns) {
             costs_ = costs_from_handler(session_.header());
@@ -430,6 +433,10 @@ public:
         const auto quotas = allocate_quotas(activity, result_.last_allowance);
         for (std::size_t i = 0; i < snap.size(); i++) session_.set_quota(snap[i].slot, quotas[i]);
         result_.intervals++;
+        std::vector<std::uint64_t> hot;
+        if (removable)
+            for (const auto i : probes_to_remove(activity, b)) hot.push_back(snap[i].address);
+        return hot;
     }
 
     const Costs& costs() const { return costs_; }
@@ -546,6 +553,31 @@ std::optional<std::uint64_t> target_cpu_ns(pid_t pid) {
     }
     if (!any) return std::nullopt;
     return total;
+}
+
+// Takes the probes of functions whose counting alone would break the
+// budget out of the target (they keep the samples they have).
+void remove_hot_probes(const ProbeRouting& routing, const std::vector<std::uint64_t>& hot,
+                       const std::map<std::uint64_t, std::string>& raw_names, std::set<std::uint64_t>& removed,
+                       const Log& log) {
+    ProbeRouting these = routing;
+    these.function_globs.clear();
+    std::vector<std::uint64_t> addresses;
+    for (const auto a : hot) {
+        const auto it = raw_names.find(a);
+        if (it == raw_names.end() || removed.count(a)) continue;
+        these.function_globs.push_back(it->second);
+        addresses.push_back(a);
+    }
+    if (addresses.empty()) return;
+    if (!unroute_probes(these)) return;
+    removed.insert(addresses.begin(), addresses.end());
+    std::string names;
+    for (std::size_t i = 0; i < these.function_globs.size() && i < 5; i++)
+        names += (i ? ", " : "") + these.function_globs[i];
+    if (these.function_globs.size() > 5) names += ", ...";
+    log("removed the probes of %zu hot functions (%s): counting them alone would exceed the budget",
+        addresses.size(), names.c_str());
 }
 
 void sleep_ns(std::uint64_t ns) {
@@ -680,6 +712,13 @@ int record(const RecordOptions& o) {
             log("%zu functions selected", registered);
         }
     }
+    // Raw symbol per run-time address: what hotpatch selects probes by.
+    std::map<std::uint64_t, std::string> raw_names;
+    std::set<std::uint64_t> removed;
+    if (probes)
+        if (const auto bias = load_bias(pid, exe))
+            for (const auto& p : probes->probes)
+                if (p.kind == iprobe::ProbeKind::entry) raw_names.emplace(*bias + p.function_address, p.function);
     if (probes) {
         ProbeRouting routing;
         routing.pid = pid;
@@ -728,9 +767,12 @@ int record(const RecordOptions& o) {
         if (deadline && now >= deadline) break;
         if (now - last_refill >= o.interval_ns) {
             const auto cpu = target_cpu_ns(pid);
-            daemon.refill(now - last_refill, cpu && last_cpu ? std::optional(*cpu - *last_cpu) : std::nullopt);
+            const auto hot = daemon.refill(now - last_refill,
+                                           cpu && last_cpu ? std::optional(*cpu - *last_cpu) : std::nullopt,
+                                           routed.has_value() && !o.unlimited);
             last_cpu = cpu;
-            last_refill = now;
+            if (!hot.empty()) remove_hot_probes(*routed, hot, raw_names, removed, log);
+            last_refill = monotonic_ns();
         }
         if (progress && now - last_progress >= 1'000'000'000ull) {
             const auto& r = daemon.result();
@@ -752,6 +794,16 @@ int record(const RecordOptions& o) {
     if (routed && !target_gone) unroute_probes(*routed);
     learn_modules_from_handler(session.header(), symbolizer);
     auto profile = build_profile(o, session, daemon, symbolizer, choice.measured, choice.unavailable, pid, duration);
+    if (!removed.empty()) {
+        std::string list;
+        for (const auto a : removed) {
+            char buf[32];
+            std::snprintf(buf, sizeof buf, "%s%" PRIx64, list.empty() ? "" : ",", a);
+            list += buf;
+        }
+        profile.meta["probes_removed"] = list;
+        for (auto& f : profile.functions) f.probes_removed = removed.count(f.address) > 0;
+    }
     if (target_gone && target->is_child()) profile.meta["exit"] = describe_status(target->exit_status());
     session.close();
     profile.save(o.output);

@@ -1145,6 +1145,8 @@ void Proxy::accept_debug_client(Acceptor& a) {
             continue;  // its replies were lost to an overflow: the debug copy gets a closed connection
         }
         ++stats.debug_connections;
+        const int sndbuf = kDebugSendBuffer;  // as for duplicated connections: --buffer is the bound
+        ::setsockopt(fd.get(), SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf);
         s.debug = Watched(epfd, std::move(fd), &s);
         s.flush();
     }

@@ -233,6 +233,20 @@ TEST_F(Wrapper, LlvmModeLoadsThePassPlugin) {
     EXPECT_EQ(in_dir("IPROBE_MODE=llvm IPROBE_PASS_PLUGIN=/nonexistent " + cc() + " -E main.c").exit_code, 0);
 }
 
+// A binary of the LLVM flow describes its own probes: coldpatch leaves it be.
+TEST_F(Wrapper, LlvmFlowBinaryNeedsNoColdpatch) {
+    const auto r = in_dir(cc() + " --mode=llvm -O2 main.c helper.c -o app-llvm");
+    ASSERT_EQ(r.exit_code, 0) << r.err << " (is the IProbePass target built?)";
+    EXPECT_FALSE(exists(dir_ / "app-llvm.probes")) << "links are not coldpatched in llvm mode";
+    const auto before = file_bytes(dir_ / "app-llvm");
+    const auto again = run({bin("iprobe"), "coldpatch", dir_ / "app-llvm"});
+    EXPECT_EQ(again.exit_code, 0) << again.err;
+    EXPECT_NE(again.out.find("built with the LLVM flow"), std::string::npos) << again.out;
+    EXPECT_EQ(file_bytes(dir_ / "app-llvm"), before);
+    EXPECT_FALSE(exists(dir_ / "app-llvm.probes"));
+    EXPECT_EQ(run({dir_ / "app-llvm"}).out, "42\n");
+}
+
 // The shape of autoconf's probes: each must give the same answer as with gcc.
 TEST_F(Wrapper, ConfigureStyleProbes) {
     std::ofstream(dir_ / "configure") << R"SH(#!/bin/sh

@@ -130,6 +130,27 @@ TEST(FperfQuota, TightBudgetSimulationSamplesEveryFunctionAndStaysInAllowance) {
     EXPECT_EQ(state[4].samples_total, 1u);
 }
 
+TEST(FperfQuota, HottestSampledFunctionsLoseTheirProbesUntilCountingFitsHalfTheBudget) {
+    fperf::Budget b;
+    b.fraction = 0.05;
+    b.work_ns = 100'000'000;  // 5 ms budget, 2.5 ms for counting
+    b.count_cost_ns = 10;
+    // counting cost per function: 4 ms, 1 ms, 0.3 ms, 2 ms (never sampled), 0
+    std::vector<FunctionActivity> f = {
+        {400'000, 400'000, 3}, {100'000, 100'000, 1}, {30'000, 30'000, 9}, {200'000, 200'000, 0}, {5, 0, 1}};
+    // 7.3 ms: the busiest sampled one goes (3.3 ms), then the next (2.3 ms <= 2.5)
+    EXPECT_EQ(fperf::probes_to_remove(f, b), (std::vector<std::size_t>{0, 1}));
+    // with no sampled candidate left nothing more can go
+    f[0].samples_total = f[1].samples_total = f[2].samples_total = 0;
+    EXPECT_TRUE(fperf::probes_to_remove(f, b).empty());
+    b.unlimited = true;
+    EXPECT_TRUE(fperf::probes_to_remove(f, b).empty());
+    b.unlimited = false;
+    b.count_cost_ns = 1;  // 0.73 ms: within budget
+    f[0].samples_total = 3;
+    EXPECT_TRUE(fperf::probes_to_remove(f, b).empty());
+}
+
 // ------------------------------------------------------- shared memory --
 
 TEST(FperfSession, CreatesOwnerOnlyRegionReplacesOldOneAndRemovesItOnClose) {
@@ -482,6 +503,30 @@ TEST(FperfHotpatch, AttachToRunningColdpatchedProcessInjectsTheHandler) {
     EXPECT_GT(f.at("hot_leaf")->calls, 10'000u);
     EXPECT_GE(f.at("hot_leaf")->samples, 1u);
     EXPECT_EQ(target.wait(20s), 0) << "probes removed, target ends normally";
+    EXPECT_NE(iprobe::test::file_text(dir / "target.out").find(" ok"), std::string::npos);
+}
+
+TEST(FperfHotpatch, TightBudgetRemovesProbesOfFunctionsTooHotToCount) {
+    // hot_leaf runs ~10^7 times a second: counting it alone costs far more
+    // than 1% of the work, so its probes come out after its first samples.
+    TempDir dir;
+    Child target({coldpatched_callgraph(), "serve", "3"}, dir / "target.out");
+    std::this_thread::sleep_for(200ms);
+    const auto r = run({bin("fperf"), "record", "--pid", std::to_string(target.pid()), "--budget", "1%",
+                        "--duration", "1.5", "-o", dir / "fperf.data"},
+                       {}, 60s);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.err.find("removed the probes of"), std::string::npos) << r.err;
+    const auto p = fperf::Profile::load(dir / "fperf.data");
+    const auto f = by_name(p);
+    ASSERT_TRUE(f.count("hot_leaf"));
+    EXPECT_TRUE(f.at("hot_leaf")->probes_removed);
+    EXPECT_GE(f.at("hot_leaf")->samples, 1u);
+    ASSERT_TRUE(f.count("hot_loop"));
+    EXPECT_FALSE(f.at("hot_loop")->probes_removed) << "a few hundred calls a second are cheap to count";
+    const auto table = run({bin("fperf"), "report", "-i", dir / "fperf.data"});
+    EXPECT_NE(table.out.find("calls+ : probes removed"), std::string::npos) << table.out;
+    EXPECT_EQ(target.wait(20s), 0);
     EXPECT_NE(iprobe::test::file_text(dir / "target.out").find(" ok"), std::string::npos);
 }
 #endif

@@ -30,7 +30,8 @@ bool hotpatch_available();
 // program (it stops inside the dynamic loader, where injection is refused).
 std::vector<std::string> libraries_to_preload();
 RoutingResult route_probes(const ProbeRouting& routing);
-// Best effort (the target may be gone): disables the probes of `routing`.
-void unroute_probes(const ProbeRouting& routing) noexcept;
+// Disables the probes of `routing` (its globs select which); false when that
+// failed (the target may be gone).  Never throws.
+bool unroute_probes(const ProbeRouting& routing) noexcept;
 
 }  // namespace fperf

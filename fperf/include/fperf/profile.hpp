@@ -24,6 +24,7 @@ struct FunctionProfile {
     std::uint64_t wall_ns = 0;  // summed over samples
     std::uint64_t cpu_ns = 0;
     std::vector<std::uint64_t> events;  // one per EventColumn, summed over samples
+    bool probes_removed = false;  // too hot to count: calls counted only until then
 };
 
 struct Profile {

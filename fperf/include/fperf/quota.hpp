@@ -44,6 +44,14 @@ std::uint64_t sample_allowance(const Budget& budget, std::uint64_t calls_in_inte
 std::vector<std::int64_t> allocate_quotas(std::span<const FunctionActivity> functions,
                                           std::uint64_t allowance);
 
+// Functions whose probes should be removed because counting their calls
+// alone costs too much: while the count-only cost of the last interval is
+// above `share` of the budget, the busiest function that has at least
+// `min_samples` samples goes (its calls are no longer counted after that).
+// Deterministic: by calls in the interval, then by position.
+std::vector<std::size_t> probes_to_remove(std::span<const FunctionActivity> functions, const Budget& budget,
+                                          double share = 0.5, std::uint64_t min_samples = 1);
+
 // Estimated overhead in ns of `samples` sampled and `calls` counted calls.
 double overhead_ns(const Budget& budget, std::uint64_t samples, std::uint64_t calls);
 
