@@ -469,11 +469,11 @@ void Connection::read_client() {
     const ssize_t n = ::recv(client_.w.fd(), px_.scratch, sizeof px_.scratch, MSG_DONTWAIT);
     if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
     if (n <= 0) {
-        client_eof_ = true;
         if (n < 0) {  // reset: nothing more will come; production gets what arrived
             close_pair();
             return;
         }
+        client_eof_ = true;
         if (px_.recorder) px_.recorder->add(RecordKind::close, id_, px_.now_ns());
         if (to_prod_.empty() && !prod_connecting_ && !prod_shut_) {
             ::shutdown(prod_.w.fd(), SHUT_WR);
