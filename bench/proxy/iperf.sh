@@ -14,25 +14,32 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 command -v iperf3 >/dev/null || { echo "iperf3 not installed (scripts/setup.d/proxy-bench)" >&2; exit 7; }
 [ -x "$MIRROR" ] || { echo "no $MIRROR: build the iprobe-mirror target first" >&2; exit 7; }
 
-PIDS=()
-cleanup() { for p in "${PIDS[@]}"; do kill -CONT "$p" 2>/dev/null || true; kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+# Background processes are listed in $PIDFILE (start_mirror runs in a
+# command substitution, a subshell); cleanup ends exactly those.
+PIDFILE=$(mktemp)
+track() { echo "$1" >> "$PIDFILE"; }
+cleanup() {
+    while read -r p; do kill -CONT "$p" 2>/dev/null || true; kill "$p" 2>/dev/null || true; done < "$PIDFILE"
+    wait 2>/dev/null || true
+    rm -f "$PIDFILE"
+}
 trap cleanup EXIT
 trap "exit 130" INT TERM
 free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 wait_port() { for _ in $(seq 1000); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.02; done; return 1; }
 
 SERVER=$(free_port)
-iperf3 -s -p "$SERVER" >/dev/null 2>&1 & PIDS+=("$!"); wait_port "$SERVER"
+iperf3 -s -p "$SERVER" >/dev/null 2>&1 & track "$!"; wait_port "$SERVER"
 SINK=$(free_port)
-python3 "$HERE/sink.py" "$SINK" & SINK_PID=$!; PIDS+=("$SINK_PID"); wait_port "$SINK"
+python3 "$HERE/sink.py" "$SINK" & track "$!"; wait_port "$SINK"
 STOPPED=$(free_port)
-python3 "$HERE/sink.py" "$STOPPED" & STOPPED_PID=$!; PIDS+=("$STOPPED_PID"); wait_port "$STOPPED"
+python3 "$HERE/sink.py" "$STOPPED" & STOPPED_PID=$!; track "$STOPPED_PID"; wait_port "$STOPPED"
 kill -STOP "$STOPPED_PID"
 
 start_mirror() {
     local port; port=$(free_port)
     "$MIRROR" mirror --listen "127.0.0.1:$port" --production "127.0.0.1:$SERVER" --quiet "$@" >/dev/null 2>&1 &
-    PIDS+=("$!"); wait_port "$port"; echo "$port"
+    track "$!"; wait_port "$port"; echo "$port"
 }
 PROXY=$(start_mirror)
 DUP=$(start_mirror --debug "127.0.0.1:$SINK")
