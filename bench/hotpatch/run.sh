@@ -7,13 +7,16 @@
 #   2. stop-the-world pause to enable/disable 1k, 10k, 100k probes (8 threads)
 #   3. logger throughput, 1 and 2 threads, with drops
 # usage: bench/hotpatch/run.sh [BUILD_DIR]   (as root; builds what it needs)
-# env: MAX_EXP (default 8), PAUSE_SIZES (default "1000 10000 100000"), SKIP_BPF=1
+# env: MAX_EXP (default 8), PAUSE_SIZES (default "1000 10000 100000"), SKIP_BPF=1,
+#      REPEATS (default 3, fastest kept), SECTIONS (default "1 2 3")
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 build="$(cd "${1:-${IPROBE_BUILD_DIR:-$root/build}}" && pwd)"
 here="$root/bench/hotpatch"
 max_exp=${MAX_EXP:-8}
 pause_sizes=${PAUSE_SIZES:-"1000 10000 100000"}
+sections=" ${SECTIONS:-1 2 3} "
+want() { [[ $sections == *" $1 "* ]]; }
 iprobe="$build/bin/iprobe"
 work="$build/bench-hotpatch"
 mkdir -p "$work"
@@ -60,6 +63,7 @@ run_variant() {  # name binary [attach args...]
     sort -n >"$work/result.$name"
 }
 
+if want 1; then
 log "1. enabled cost per call (each call = an entry and an exit event where instrumented)"
 run_variant native "$work/loop_native"
 run_variant disabled "$work/loop_iprobe"
@@ -93,9 +97,12 @@ for ((e = 1; e <= max_exp; e++)); do
   row+=" | $(awk -v c="$c" -v f="$f" 'BEGIN { printf "%.2f", c / f }') |"
   echo "$row"
 done
-echo "(ns per call of empty(); instrumented variants fire an entry and an exit event per call)"
+echo "(CPU ns per call of empty(), fastest of $repeats runs; instrumented variants fire an entry and an exit event per call)"
 echo "trace ring: 2^23 records per thread (its pages are faulted in at the first event: the 10^1 row carries that one-time cost); events beyond it in the largest runs are dropped (counted), not blocking"
 
+fi
+
+if want 2; then
 log "2. stop-the-world pause"
 printf '\n| probes | functions | threads | enable pause, first (injects runtime) | enable pause | disable pause | of which stopping threads (enable / disable) |\n|---|---|---|---|---|---|---|\n'
 for probes in $pause_sizes; do
@@ -115,8 +122,11 @@ for probes in $pause_sizes; do
   echo "| $(get total_enabled "$on") | $fns | 9 | $(get pause_us "$on") us | $(get pause_us "$on2") us | $(get pause_us "$off2") us | $(get stop_us "$on2") / $(get stop_us "$off2") us |"
 done
 
+fi
+
+if want 3; then
 log "3. logger throughput"
-printf '\n| threads | calls per thread | ring (records/thread) | reader | ns per event per thread | events/s (all threads) | recorded | dropped |\n|---|---|---|---|---|---|---|---|\n'
+printf '\n| threads | calls per thread | ring (records/thread) | reader | CPU ns per event per thread | events/s per thread (CPU) | events/s, all threads | recorded | dropped |\n|---|---|---|---|---|---|---|---|---|\n'
 throughput() {  # threads exponent ring reader(none|trace)
   local threads=$1 exp=$2 ring=$3 reader=$4
   start "$work/loop_iprobe" "$exp" "$threads"
@@ -141,7 +151,7 @@ throughput() {  # threads exponent ring reader(none|trace)
     recorded="(streamed)"
   fi
   awk -v t="$threads" -v n="$per_thread" -v ns="$ns" -v ring="$ring" -v rd="$reader" -v rec="$recorded" -v dr="$dropped" \
-    'BEGIN { printf "| %d | %d | %d | %s | %.2f | %.1fM | %s | %s |\n", t, n, ring, rd, ns / 2, 2 * n * t / (ns * n / 1e9) / 1e6, rec, dr }'
+    'BEGIN { printf "| %d | %d | %d | %s | %.2f | %.1fM | %.1fM | %s | %s |\n", t, n, ring, rd, ns / 2, 2e3 / ns, 2e3 * t / ns, rec, dr }'
 }
 throughput 1 6 4194304 none
 throughput 2 6 4194304 none
@@ -149,3 +159,4 @@ throughput 1 7 65536 none
 throughput 2 7 65536 none
 throughput 1 7 65536 trace
 throughput 2 7 65536 trace
+fi

@@ -7,7 +7,11 @@
 # on the empty-function micro-benchmark (examples/microbench) and on redis
 # (redis-benchmark throughput).  Prints a table per benchmark.
 #
-#   bench/llvm/run.sh [--calls N] [--rounds R] [--requests N] [--no-redis]
+#   bench/llvm/run.sh [--calls N] [--rounds R] [--requests N] [--no-redis] [--enabled]
+#
+# --enabled also measures the enabled cost per call (iprobe attach, count and
+# trace handlers) of the LLVM flow next to the -finstrument-functions flow,
+# on bench/hotpatch/loop.c (as root; 10^7 calls, best of 3).
 #
 # Variants run interleaved, round after round.  The table shows the best
 # round (least disturbed by other load on the machine) and the median.
@@ -19,12 +23,14 @@ calls=100000000
 rounds=5
 requests=200000
 redis=1
+enabled=0
 while (($#)); do
   case $1 in
     --calls) calls=$2; shift 2 ;;
     --rounds) rounds=$2; shift 2 ;;
     --requests) requests=$2; shift 2 ;;
     --no-redis) redis=0; shift ;;
+    --enabled) enabled=1; shift ;;
     -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) echo "usage: bench/llvm/run.sh [--calls N] [--rounds R] [--requests N] [--no-redis]" >&2; exit 2 ;;
   esac
@@ -69,23 +75,24 @@ for ((r = 1; r <= rounds; r++)); do
   done
 done
 echo
-echo "empty-function micro-benchmark: $calls calls, $rounds rounds (ns per call; best round, and median)"
-printf '%-26s %9s %12s %9s %12s\n' variant best "vs native" median "vs native"
 # Instructions executed per call, exact and immune to machine load:
 # callgrind's Ir for 2M calls minus 1M calls, over 1M.
 declare -A mb_ir
 if command -v valgrind >/dev/null; then
   ir() { valgrind --tool=callgrind --callgrind-out-file=/dev/null "$1" "$2" 2>&1 | sed -n 's/.*Collected : //p'; }
   for v in "${variants[@]}"; do
-    mb_ir[$v]=$(( ($(ir "$mb/$v" 2000000) - $(ir "$mb/$v" 1000000)) / 1000000 ))
+    mb_ir[$v]=$(awk -v a="$(ir "$mb/$v" 1000000)" -v b="$(ir "$mb/$v" 2000000)" 'BEGIN { printf "%.2f", (b - a) / 1000000 }')
   done
 fi
 echo "instructions per loop iteration (call + loop), exact (valgrind callgrind):"
 for v in "${variants[@]}"; do
   case $v in native-gcc|finstrument-coldpatched) b=native-gcc ;; *) b=native-clang ;; esac
-  [[ -n ${mb_ir[$v]:-} ]] && printf '  %-24s %3d  (%+d vs %s)\n' "$v" "${mb_ir[$v]}" $((mb_ir[$v] - mb_ir[$b])) "$b"
+  [[ -n ${mb_ir[$v]:-} ]] && printf '  %-24s %6.2f  (%+.2f vs %s)\n' "$v" "${mb_ir[$v]}" \
+    "$(awk -v a="${mb_ir[$v]}" -v b="${mb_ir[$b]}" 'BEGIN { print a - b }')" "$b"
 done
 echo
+echo "empty-function micro-benchmark: $calls calls, $rounds rounds (ns per call; best round, and median)"
+printf '%-26s %9s %12s %9s %12s\n' variant best "vs native" median "vs native"
 for v in "${variants[@]}"; do
   case $v in native-gcc|finstrument-coldpatched) b=native-gcc ;; *) b=native-clang ;; esac
   best=$(samples "${mb_samples[$v]}" | lowest); best_base=$(samples "${mb_samples[$b]}" | lowest)
@@ -94,6 +101,37 @@ for v in "${variants[@]}"; do
     "$(awk -v a="$best" -v b="$best_base" 'BEGIN { print a - b }')" "$med" \
     "$(awk -v a="$med" -v b="$med_base" 'BEGIN { print a - b }')" "$b"
 done
+
+# ------------------------------------------------------------ enabled cost
+if ((enabled)); then
+  loop="$root/bench/hotpatch/loop.c"
+  IPROBE_CC_QUIET=1 "$build/bin/iprobe-cc" -O2 -o "$mb/loop-finstrument" "$loop" -lpthread
+  "$build/bin/iprobe-cc" --mode=llvm -O2 -Wno-unknown-attributes -o "$mb/loop-llvm" "$loop" -lpthread
+  enabled_ns() {  # binary handler|disabled -> ns per call at 10^7 calls, best of 3
+    local best= out pid ns
+    for _ in 1 2 3; do
+      out="$mb/loop.out.$RANDOM"
+      "${server_cpu[@]}" "$1" 7 >"$out" 2>&1 &
+      pid=$!
+      for _ in $(seq 500); do grep -q ready "$out" 2>/dev/null && break; sleep 0.01; done
+      if [[ $2 != disabled ]]; then
+        "$build/bin/iprobe" attach "$pid" --functions empty --handler "$2" --ring-records 8388608 >/dev/null
+      fi
+      kill -USR1 "$pid"; wait "$pid" || true
+      rm -f "/dev/shm/iprobe.$pid"
+      ns=$(awk '$1 == 10000000 { print $2 }' "$out"); rm -f "$out"
+      [[ -z $best ]] || awk -v a="$ns" -v b="$best" 'BEGIN { exit !(a < b) }' && best=$ns
+    done
+    echo "$best"
+  }
+  echo
+  echo "enabled cost: bench/hotpatch/loop.c, 10^7 calls of empty(), best of 3 (ns per call = entry + exit event)"
+  printf '%-26s %10s %10s %10s\n' flow disabled count trace
+  for flow in finstrument llvm; do
+    printf '%-26s %10s %10s %10s\n' "$flow" "$(enabled_ns "$mb/loop-$flow" disabled)" \
+      "$(enabled_ns "$mb/loop-$flow" count)" "$(enabled_ns "$mb/loop-$flow" trace)"
+  done
+fi
 
 ((redis)) || exit 0
 

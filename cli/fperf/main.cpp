@@ -54,6 +54,8 @@ constexpr const char* kRecordHelp =
     "  --duration S        stop after S seconds (default: when the target exits or on Ctrl-C)\n"
     "  -o FILE             output (default fperf.data)\n"
     "  --table-slots N     function table size (default 65536)\n"
+    "  --keep-probes       never remove the probes of functions too hot to count\n"
+    "                      within the budget (exact call counts; higher overhead)\n"
     "  -q, --quiet         no progress messages\n";
 
 constexpr const char* kReportHelp =
@@ -150,6 +152,8 @@ int cmd_record(int argc, char** argv) {
             if (o.table_slots < 2 || o.table_slots > (1u << 24)) usage_error("--table-slots must be 2..16777216");
         } else if (a == "-q" || a == "--quiet") {
             o.quiet = true;
+        } else if (a == "--keep-probes") {
+            o.keep_probes = true;
         } else {
             usage_error("unknown option '" + std::string(a) + "'");
         }

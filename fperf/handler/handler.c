@@ -46,6 +46,7 @@ struct frame {
     uint64_t function;
     struct fperf_function_slot* slot;
     int64_t depth;
+    uintptr_t sp;      /* the handler's frame at the entry probe */
     uint64_t calls0;   /* this thread's calls and samples when the frame opened */
     uint64_t samples0;
     uint64_t handler_in; /* when sample_enter began, to measure our own cost */
@@ -70,6 +71,7 @@ struct tls {
     int64_t depth;        /* enters minus exits seen by this thread */
     uint32_t open_frames; /* sampled calls waiting for their exit */
     int64_t top_depth;    /* depth of the innermost of them: exits deeper than it are not ours */
+    uintptr_t top_sp;     /* and its stack position */
     uint32_t busy;        /* inside the handler's slow path */
     uint32_t dead;        /* thread is being torn down */
     uint32_t reattach_countdown;
@@ -230,7 +232,7 @@ static inline void read_events(struct thread_state* st, long long* out)
 /* ---- sampling ---- */
 
 static void sample_enter(struct fperf_shm_header* h, struct fperf_function_slot* slot,
-                         uint64_t function)
+                         uint64_t function, uintptr_t sp)
 {
     if (t_tls.busy) {
         atomic_fetch_add_explicit(&h->reentrant_skips, 1, memory_order_relaxed);
@@ -257,9 +259,11 @@ static void sample_enter(struct fperf_shm_header* h, struct fperf_function_slot*
     struct frame* f = &st->frames[st->top++];
     t_tls.open_frames = st->top;
     t_tls.top_depth = t_tls.depth;
+    t_tls.top_sp = sp;
     f->function = function;
     f->slot = slot;
     f->depth = t_tls.depth;
+    f->sp = sp;
     f->calls0 = t_tls.calls;
     f->samples0 = t_tls.samples_done;
     f->handler_in = now;
@@ -272,7 +276,7 @@ out:
     t_tls.busy = 0;
 }
 
-static void sample_exit(uint64_t function)
+static void sample_exit(uint64_t function, uintptr_t sp)
 {
     if (t_tls.busy) return;
     struct thread_state* st = t_tls.state;
@@ -283,13 +287,21 @@ static void sample_exit(uint64_t function)
     t_tls.busy = 1;
     /* Frames deeper than where we are now were left by longjmp or an
      * exception: their exits will never come. */
-    while (st->top && st->frames[st->top - 1].depth > t_tls.depth) {
+    /* An exit above a frame's stack position whose function differs also
+     * means that frame's activation is gone. */
+    while (st->top && (st->frames[st->top - 1].depth > t_tls.depth ||
+                       (sp > st->frames[st->top - 1].sp && st->frames[st->top - 1].function != function))) {
         st->top--;
         struct fperf_shm_header* h = atomic_load_explicit(&g_session, memory_order_relaxed);
         if (h) atomic_fetch_add_explicit(&h->unmatched_exits, 1, memory_order_relaxed);
     }
-    if (st->top && st->frames[st->top - 1].depth == t_tls.depth &&
-        st->frames[st->top - 1].function == function) {
+    /* The frame's own exit: at its depth, or, when an exit inside it was
+     * missed (a probe removed while its function ran) and the depth count is
+     * off, recognised by an exit above the frame's stack position; the
+     * count is then put right. */
+    if (st->top && st->frames[st->top - 1].function == function &&
+        (st->frames[st->top - 1].depth == t_tls.depth || sp > st->frames[st->top - 1].sp)) {
+        t_tls.depth = st->frames[st->top - 1].depth;
         uint64_t wall1 = clock_ns(CLOCK_MONOTONIC);
         struct frame* f = &st->frames[--st->top];
         uint64_t cpu1 = clock_ns(CLOCK_THREAD_CPUTIME_ID);
@@ -324,6 +336,7 @@ static void sample_exit(uint64_t function)
     }
     t_tls.open_frames = st->top;
     t_tls.top_depth = st->top ? st->frames[st->top - 1].depth : 0;
+    t_tls.top_sp = st->top ? st->frames[st->top - 1].sp : 0;
     t_tls.busy = 0;
 }
 
@@ -386,7 +399,7 @@ static inline struct fperf_shm_header* current_session(void)
 
 /* ---- the entry points ---- */
 
-static inline void on_function_enter(uint64_t function)
+static inline void on_function_enter(uint64_t function, uintptr_t sp)
 {
     t_tls.depth++;
     t_tls.calls++;
@@ -396,29 +409,32 @@ static inline void on_function_enter(uint64_t function)
     if (UNLIKELY(!slot)) return;
     atomic_fetch_add_explicit(&slot->calls, 1, memory_order_relaxed);
     if (LIKELY(atomic_load_explicit(&slot->quota, memory_order_relaxed) <= 0)) return;
-    sample_enter(h, slot, function);
+    sample_enter(h, slot, function, sp);
 }
 
-static inline void on_function_exit(uint64_t function)
+static inline void on_function_exit(uint64_t function, uintptr_t sp)
 {
     /* depth is still the exiting call's own, as its frame recorded it.
      * Calls nested deeper than the innermost sampled one leave at once: a
      * long-lived sampled caller (main, an event loop) must not put every
      * exit below it on the slow path. */
-    if (UNLIKELY(t_tls.open_frames != 0) && t_tls.depth <= t_tls.top_depth) sample_exit(function);
+    if (UNLIKELY(t_tls.open_frames != 0) && (t_tls.depth <= t_tls.top_depth || sp > t_tls.top_sp))
+        sample_exit(function, sp);
     t_tls.depth--;
 }
 
+/* Both entry points have the same frame layout, so their frame addresses
+ * compare the stack positions of the probes that called them. */
 FPERF_API void fperf_enter(void* this_fn, void* call_site)
 {
     (void)call_site;
-    on_function_enter((uint64_t)(uintptr_t)this_fn);
+    on_function_enter((uint64_t)(uintptr_t)this_fn, (uintptr_t)__builtin_frame_address(0));
 }
 
 FPERF_API void fperf_exit(void* this_fn, void* call_site)
 {
     (void)call_site;
-    on_function_exit((uint64_t)(uintptr_t)this_fn);
+    on_function_exit((uint64_t)(uintptr_t)this_fn, (uintptr_t)__builtin_frame_address(0));
 }
 
 /* Under LD_PRELOAD these interpose glibc's no-op hooks, so a program built
@@ -431,6 +447,11 @@ FPERF_API void __cyg_profile_func_exit(void* this_fn, void* call_site)
 /* ---- calibration: the cost the daemon budgets with, measured here ---- */
 
 static void __attribute__((noinline)) calibration_target(void) { __asm__ volatile(""); }
+
+/* Stack positions for calibration frames: below any real one, so they nest
+ * inside whatever the thread has open. */
+#define CALIBRATION_SP_OUTER ((uintptr_t)0x2000)
+#define CALIBRATION_SP_INNER ((uintptr_t)0x1000)
 
 static uint64_t time_rounds_n(struct fperf_shm_header* h, struct fperf_function_slot* slot,
                               int64_t quota, int rounds)
@@ -446,9 +467,10 @@ static uint64_t time_rounds_n(struct fperf_shm_header* h, struct fperf_function_
         (void)atomic_load_explicit(&home->address, memory_order_acquire);
         atomic_fetch_add_explicit(&slot->calls, 1, memory_order_relaxed);
         atomic_store_explicit(&slot->quota, quota, memory_order_relaxed);
-        if (atomic_load_explicit(&slot->quota, memory_order_relaxed) > 0) sample_enter(h, slot, fn);
+        if (atomic_load_explicit(&slot->quota, memory_order_relaxed) > 0)
+            sample_enter(h, slot, fn, CALIBRATION_SP_INNER);
         calibration_target();
-        on_function_exit(fn);
+        on_function_exit(fn, CALIBRATION_SP_INNER);
     }
     return clock_ns(CLOCK_MONOTONIC) - t0;
 }
@@ -471,7 +493,10 @@ static __attribute__((noinline)) void count_only_enter(struct fperf_shm_header* 
     (void)atomic_load_explicit(&slot->quota, memory_order_relaxed);
 }
 
-static __attribute__((noinline)) void count_only_exit(uint64_t function) { on_function_exit(function); }
+static __attribute__((noinline)) void count_only_exit(uint64_t function)
+{
+    on_function_exit(function, CALIBRATION_SP_INNER);
+}
 
 #define COUNT_ROUNDS 2000
 /* ns per counted call (entry and exit), on a private two-slot table holding
@@ -523,9 +548,9 @@ static void measure_nested_cost_once(struct fperf_shm_header* h, uint64_t* wall,
     t_tls.depth++;
     t_tls.calls++;
     atomic_store(&outer.quota, 1);
-    sample_enter(h, &outer, outer_fn);
+    sample_enter(h, &outer, outer_fn, CALIBRATION_SP_OUTER);
     time_rounds_n(h, &inner, 1, NESTED_ROUNDS);
-    sample_exit(outer_fn);
+    sample_exit(outer_fn, CALIBRATION_SP_OUTER);
     t_tls.depth--;
     if (atomic_load(&outer.samples) != 1 || atomic_load(&inner.samples) != NESTED_ROUNDS) return;
     uint64_t w = atomic_load(&outer.wall_ns) / NESTED_ROUNDS;

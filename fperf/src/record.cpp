@@ -769,7 +769,7 @@ int record(const RecordOptions& o) {
             const auto cpu = target_cpu_ns(pid);
             const auto hot = daemon.refill(now - last_refill,
                                            cpu && last_cpu ? std::optional(*cpu - *last_cpu) : std::nullopt,
-                                           routed.has_value() && !o.unlimited);
+                                           routed.has_value() && !o.unlimited && !o.keep_probes);
             last_cpu = cpu;
             if (!hot.empty()) remove_hot_probes(*routed, hot, raw_names, removed, log);
             last_refill = monotonic_ns();

@@ -28,6 +28,7 @@ struct RecordOptions {
     std::string handler_library;          // empty = next to this program
     std::uint32_t table_slots = 1u << 16;
     bool quiet = false;
+    bool keep_probes = false;             // never remove probes of functions too hot to count
 };
 
 // Returns the process exit code; throws iprobe::Error for failures.
