@@ -27,6 +27,7 @@ using namespace iprobe::hotpatch;
 namespace {
 
 volatile sig_atomic_t g_stop = 0;
+std::string g_command = "attach";
 
 const char* const kUsage =
     "usage: iprobe attach PID [--probes LIST[,LIST…]] [--functions GLOB,…] [--files GLOB,…]\n"
@@ -54,7 +55,7 @@ const char* const kUsage =
     "exit codes: 0 ok, 1 failed, 2 usage, 3 bad input, 4 permission, 5 not found, 6 busy, 7 unavailable\n";
 
 [[noreturn]] void usage_error(const std::string& message) {
-    throw Error(message + "\n(see 'iprobe " + "attach --help')", ExitCode::usage);
+    throw Error(message + "\n(see 'iprobe " + g_command + " --help')", ExitCode::usage);
 }
 
 struct Args {
@@ -422,6 +423,7 @@ int main(int argc, char** argv) {
     ::signal(SIGPIPE, SIG_IGN);
     try {
         const std::string command = argv[1];
+        g_command = command;
         if (command != "attach" && command != "detach" && command != "status" && command != "trace" &&
             command != "report")
             usage_error("unknown command '" + command + "'");

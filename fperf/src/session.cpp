@@ -1,12 +1,15 @@
 #include "fperf/session.hpp"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
 #include <bit>
+#include <cerrno>
+#include <filesystem>
 #include <cstring>
 #include <utility>
 
@@ -43,6 +46,19 @@ void close_previous(const std::string& path) {
     ::unlink(path.c_str());
 }
 
+// Regions of processes that are gone, left by a daemon that was killed.
+void remove_orphans() {
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator("/dev/shm", ec)) {
+        const std::string name = entry.path().filename().string();
+        if (!name.starts_with("fperf.")) continue;
+        const std::string digits = name.substr(6);
+        if (digits.empty() || digits.find_first_not_of("0123456789") != std::string::npos) continue;
+        const pid_t owner = static_cast<pid_t>(std::stol(digits));
+        if (::kill(owner, 0) != 0 && errno == ESRCH) ::unlink(entry.path().c_str());
+    }
+}
+
 }  // namespace
 
 SharedSession SharedSession::create(pid_t pid, const SessionConfig& config) {
@@ -50,6 +66,7 @@ SharedSession SharedSession::create(pid_t pid, const SessionConfig& config) {
         throw Error("at most " + std::to_string(FPERF_MAX_EVENTS) + " events per recording", ExitCode::usage);
     SharedSession s;
     s.path_ = shm_path(pid);
+    remove_orphans();
     close_previous(s.path_);
 
     const std::uint32_t slots = std::bit_ceil(std::max<std::uint32_t>(config.slot_count, 2));
