@@ -356,7 +356,7 @@ std::string render_csv(const Profile& p) {
 // horizontal bars, labelled with the share and the mean per call.
 std::string render_svg(const Profile& p, std::size_t top) {
     const auto metrics = report_metrics(p);
-    const int width = 960, bar_left = 300, bar_max = 440, row = 22, panel_gap = 36;
+    const int width = 1000, bar_left = 340, bar_max = 440, row = 22, panel_gap = 36;
     std::vector<std::vector<std::pair<const FunctionProfile*, double>>> panels;
     std::vector<double> sums;
     for (const auto& m : metrics) {
