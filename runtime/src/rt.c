@@ -153,17 +153,25 @@ static void retire_ring(void* value) {
     if (ring) __atomic_store_n(&ring->state, IPROBE_RT_RING_RETIRED, __ATOMIC_RELEASE);
 }
 
-static inline __attribute__((always_inline)) void emit(uintptr_t return_address, uint8_t kind, const uint64_t* args) {
+/* The probe a handler was entered for; -1 (and counted) when the runtime
+ * has no control block yet or the call came from a site it does not know. */
+static inline __attribute__((always_inline)) int32_t probe_for(uintptr_t return_address,
+                                                               struct iprobe_rt_control** cb_out) {
     struct iprobe_rt_control* cb = control();
     if (UNLIKELY(!cb)) {
         count_unserved();
-        return;
+        return -1;
     }
     const int32_t probe = lookup_site(cb, return_address);
-    if (UNLIKELY(probe < 0)) {
-        __atomic_fetch_add(&cb->unknown_site_events, 1, __ATOMIC_RELAXED);
-        return;
-    }
+    if (UNLIKELY(probe < 0)) __atomic_fetch_add(&cb->unknown_site_events, 1, __ATOMIC_RELAXED);
+    *cb_out = cb;
+    return probe;
+}
+
+static inline __attribute__((always_inline)) void emit(uintptr_t return_address, uint8_t kind, const uint64_t* args) {
+    struct iprobe_rt_control* cb;
+    const int32_t probe = probe_for(return_address, &cb);
+    if (UNLIKELY(probe < 0)) return;
     struct thread_producer* t = &t_producer;
     if (UNLIKELY(!t->ring)) {
         if (t->no_ring) {
@@ -222,16 +230,9 @@ out:
 }
 
 static inline __attribute__((always_inline)) void count(uintptr_t return_address) {
-    struct iprobe_rt_control* cb = control();
-    if (UNLIKELY(!cb)) {
-        count_unserved();
-        return;
-    }
-    const int32_t probe = lookup_site(cb, return_address);
-    if (UNLIKELY(probe < 0)) {
-        __atomic_fetch_add(&cb->unknown_site_events, 1, __ATOMIC_RELAXED);
-        return;
-    }
+    struct iprobe_rt_control* cb;
+    const int32_t probe = probe_for(return_address, &cb);
+    if (UNLIKELY(probe < 0)) return;
     uint64_t* counts = (uint64_t*)((char*)cb + cb->counts_offset);
     __atomic_fetch_add(&counts[probe], 1, __ATOMIC_RELAXED);
 }
