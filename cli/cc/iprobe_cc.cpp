@@ -282,13 +282,5 @@ int wrap(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    try {
-        return wrap(argc, argv);
-    } catch (const iprobe::Error& e) {
-        std::fprintf(stderr, "%s: %s\n", kSelf, e.what());
-        return static_cast<int>(e.code());
-    } catch (const std::exception& e) {
-        std::fprintf(stderr, "%s: %s\n", kSelf, e.what());
-        return 1;
-    }
+    return iprobe::run_reporting_errors(kSelf, [&] { return wrap(argc, argv); });
 }

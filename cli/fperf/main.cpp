@@ -210,7 +210,7 @@ int cmd_events() {
 }  // namespace
 
 int main(int argc, char** argv) {
-    try {
+    return iprobe::run_reporting_errors("fperf", [&] {
         if (argc < 2) {
             std::fputs(kUsage, stderr);
             return static_cast<int>(ExitCode::usage);
@@ -224,11 +224,5 @@ int main(int argc, char** argv) {
         if (cmd == "report") return cmd_report(argc, argv);
         if (cmd == "events") return cmd_events();
         usage_error("unknown command '" + std::string(cmd) + "'");
-    } catch (const Error& e) {
-        std::fprintf(stderr, "fperf: %s\n", e.what());
-        return static_cast<int>(e.code());
-    } catch (const std::exception& e) {
-        std::fprintf(stderr, "fperf: %s\n", e.what());
-        return static_cast<int>(ExitCode::failure);
-    }
+    });
 }

@@ -421,7 +421,7 @@ int main(int argc, char** argv) {
     ::sigaction(SIGINT, &sa, nullptr);
     ::sigaction(SIGTERM, &sa, nullptr);
     ::signal(SIGPIPE, SIG_IGN);
-    try {
+    return run_reporting_errors(std::string("iprobe ") + argv[1], [&] {
         const std::string command = argv[1];
         g_command = command;
         if (command != "attach" && command != "detach" && command != "status" && command != "trace" &&
@@ -433,11 +433,5 @@ int main(int argc, char** argv) {
         if (command == "status") return cmd_status(args);
         if (command == "trace") return cmd_trace(args);
         return cmd_report(args);
-    } catch (const Error& e) {
-        std::cerr << "iprobe " << argv[1] << ": " << e.what() << "\n";
-        return static_cast<int>(e.code());
-    } catch (const std::exception& e) {
-        std::cerr << "iprobe " << argv[1] << ": " << e.what() << "\n";
-        return 1;
-    }
+    });
 }

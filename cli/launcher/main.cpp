@@ -32,16 +32,10 @@ int main(int argc, char** argv) {
     }
     std::string cmd = argv[1];
     std::vector<std::string> args(argv + 2, argv + argc);
-    try {
+    return run_reporting_errors("iprobe " + cmd, [&] {
         if (cmd == "clone") return launcher::cli::clone_main(args);
         if (cmd == "debug") return launcher::cli::debug_main(args);
         std::fprintf(stderr, "iprobe-launcher: unknown subcommand '%s' (clone or debug)\n", cmd.c_str());
         return static_cast<int>(ExitCode::usage);
-    } catch (const Error& e) {
-        std::fprintf(stderr, "iprobe %s: %s\n", cmd.c_str(), e.what());
-        return static_cast<int>(e.code());
-    } catch (const std::exception& e) {
-        std::fprintf(stderr, "iprobe %s: %s\n", cmd.c_str(), e.what());
-        return static_cast<int>(ExitCode::failure);
-    }
+    });
 }

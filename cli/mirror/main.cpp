@@ -238,16 +238,10 @@ int replay_main(int argc, char** argv) {
 int main(int argc, char** argv) {
     const std::string_view cmd = argc > 1 ? argv[1] : "";
     const char* prog = cmd == "replay" ? "iprobe replay" : "iprobe mirror";
-    try {
+    return run_reporting_errors(prog, [&] {
         if (cmd == "mirror") return mirror_main(argc, argv);
         if (cmd == "replay") return replay_main(argc, argv);
         std::fprintf(stderr, "iprobe-mirror: run as `iprobe mirror` or `iprobe replay` (argv[1] = mirror|replay)\n");
         return static_cast<int>(ExitCode::usage);
-    } catch (const Error& e) {
-        std::fprintf(stderr, "%s: %s\n", prog, e.what());
-        return static_cast<int>(e.code());
-    } catch (const std::exception& e) {
-        std::fprintf(stderr, "%s: %s\n", prog, e.what());
-        return static_cast<int>(ExitCode::failure);
-    }
+    });
 }

@@ -231,16 +231,10 @@ int run_list(int argc, char** argv) {
 
 int main(int argc, char** argv) {
     const char* command = argc > 1 ? argv[1] : "";
-    try {
+    return iprobe::run_reporting_errors(std::string("iprobe ") + command, [&] {
         if (std::strcmp(command, "coldpatch") == 0) return run_coldpatch(argc, argv);
         if (std::strcmp(command, "list") == 0) return run_list(argc, argv);
         std::fprintf(stderr, "iprobe-probes: run as 'iprobe coldpatch' or 'iprobe list'\n");
         return static_cast<int>(ExitCode::usage);
-    } catch (const Error& e) {
-        std::fprintf(stderr, "iprobe %s: %s\n", command, e.what());
-        return static_cast<int>(e.code());
-    } catch (const std::exception& e) {
-        std::fprintf(stderr, "iprobe %s: %s\n", command, e.what());
-        return static_cast<int>(ExitCode::failure);
-    }
+    });
 }

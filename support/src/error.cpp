@@ -1,6 +1,7 @@
 #include "iprobe/support/error.h"
 
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 
 namespace iprobe {
@@ -10,6 +11,18 @@ void throw_errno(const std::string& what, ExitCode code) {
     if (err == EPERM || err == EACCES) code = ExitCode::permission;
     if (err == ENOENT || err == ESRCH) code = ExitCode::not_found;
     throw Error(what + ": " + std::strerror(err), code);
+}
+
+int run_reporting_errors(const std::string& who, const std::function<int()>& body) {
+    try {
+        return body();
+    } catch (const Error& e) {
+        std::fprintf(stderr, "%s: %s\n", who.c_str(), e.what());
+        return static_cast<int>(e.code());
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "%s: %s\n", who.c_str(), e.what());
+        return static_cast<int>(ExitCode::failure);
+    }
 }
 
 }  // namespace iprobe

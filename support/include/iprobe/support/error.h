@@ -2,6 +2,7 @@
 // code the CLI returns for it.
 #pragma once
 
+#include <functional>
 #include <stdexcept>
 #include <string>
 
@@ -31,5 +32,10 @@ private:
 
 // strerror(errno) appended to `what`, as an Error.
 [[noreturn]] void throw_errno(const std::string& what, ExitCode code = ExitCode::failure);
+
+// Runs a tool's body and turns what it throws into the exit-code contract:
+// "<who>: <message>" on stderr, then the Error's code (1 for any other
+// exception).  Every CLI's main() goes through here.
+int run_reporting_errors(const std::string& who, const std::function<int()>& body);
 
 }  // namespace iprobe
