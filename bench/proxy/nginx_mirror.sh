@@ -27,8 +27,7 @@ cleanup() {
 }
 trap cleanup EXIT
 trap "exit 130" INT TERM
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
-wait_port() { for _ in $(seq 1000); do (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null && return 0; sleep 0.02; done; return 1; }
+. "$(dirname "${BASH_SOURCE[0]}")/ports.sh"
 
 PROD=$(free_port); FRONT=$(free_port); DEBUG=$(free_port); IPROBE=$(free_port)
 mkdir -p "$WORK/tmp"
