@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -101,6 +102,34 @@ std::string start_time(pid_t pid) {
 pid_t session_of(pid_t pid) {
     pid_t sid = ::getsid(pid);
     return sid < 0 ? pid : sid;
+}
+
+// The session ID as the process itself sees it (the last NSsid field): 0
+// when its session leader lives in an ancestor PID namespace.  -1: unknown.
+pid_t session_seen_by(pid_t pid) {
+    std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+    std::string line;
+    while (std::getline(in, line)) {
+        if (line.rfind("NSsid:", 0) != 0) continue;
+        auto last = line.find_last_of(" \t");
+        return static_cast<pid_t>(std::atol(line.c_str() + (last == std::string::npos ? 6 : last + 1)));
+    }
+    return -1;
+}
+
+// CRIU refuses such a tree only after freezing it, so it is refused here,
+// before production is touched.
+void require_visible_session_leaders(const std::vector<pid_t>& tree) {
+    for (pid_t pid : tree) {
+        if (session_seen_by(pid) != 0) continue;
+        throw Error("PID " + std::to_string(pid) +
+                        " cannot be checkpointed: its session leader is outside its PID namespace (it was "
+                        "started without setsid by a process in a parent namespace, such as a container "
+                        "runtime or a CI runner), and CRIU cannot dump such a session. Production is "
+                        "untouched. Start the service as the leader of its own session (`setsid SERVICE "
+                        "...`, a daemonizing service, or a systemd unit) and clone it again",
+                    ExitCode::unavailable);
+    }
 }
 
 // Running, not a zombie waiting for a parent (the keeper's is init, which
@@ -619,6 +648,7 @@ CloneResult clone_process(const CloneOptions& o) {
                     ExitCode::busy);
 
     std::vector<pid_t> tree = process_tree(o.pid);
+    require_visible_session_leaders(tree);
     std::vector<std::string> snapshots = snapshot_paths(o, tree);
 
     Rollback rollback;

@@ -230,7 +230,8 @@ TEST(LauncherCloneFailure, ServiceInItsOwnMountNamespaceGetsAHintAndKeepsServing
     TempDir dir;
     int port = free_port();
     Child redis({"ip", "netns", "exec", ns.name(), "/usr/bin/redis-server", "--port", std::to_string(port), "--save",
-                 "", "--appendonly", "no", "--daemonize", "no", "--dir", dir.path()});
+                 "", "--appendonly", "no", "--daemonize", "no", "--dir", dir.path()},
+                "/dev/null", {}, Session::own);
     for (int i = 0; i < 100 && redis_cli(ns.path(), port, {"PING"}) != "PONG"; ++i)
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
     ASSERT_EQ(redis_cli(ns.path(), port, {"SET", "k", "v"}), "OK");
@@ -268,7 +269,8 @@ TEST(LauncherCloneTree, ParentAndChildAreClonedTogether) {
     int port = free_port();
     Child tree({"nsenter", "--net=" + ns.path(), "sh", "-c",
                 "/usr/bin/redis-server --port " + std::to_string(port) + " --save '' --appendonly no --dir " +
-                    dir.path() + " & wait"});
+                    dir.path() + " & wait"},
+                "/dev/null", {}, Session::own);
     for (int i = 0; i < 100 && redis_cli(ns.path(), port, {"PING"}) != "PONG"; ++i)
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
     ASSERT_EQ(redis_cli(ns.path(), port, {"SET", "k", "tree"}), "OK");
@@ -286,7 +288,60 @@ TEST(LauncherCloneTree, ParentAndChildAreClonedTogether) {
     EXPECT_EQ(redis_cli("/run/netns/" + name, port, {"GET", "k"}), "tree");
     EXPECT_EQ(run({bin("iprobe"), "clone", "--destroy", name}).exit_code, 0);
     EXPECT_EQ(redis_cli(ns.path(), port, {"GET", "k"}), "tree");
-    for (long long c : children_of(tree.pid())) ::kill(static_cast<pid_t>(c), SIGTERM);
+}
+
+// A service started without setsid from a parent PID namespace (as under a
+// container runtime or a CI runner) sees no session leader; CRIU would freeze
+// it and then fail, so the clone is refused before production is touched.
+TEST(LauncherCloneSession, SessionLeaderOutsideThePidNamespaceIsRefusedUntouched) {
+    if (!is_root()) GTEST_SKIP() << "iprobe clone needs root";
+    Netns ns("ipt-sess-" + std::to_string(getpid()));
+    TempDir dir;
+    int port = free_port();
+    Child unshare({"unshare", "--pid", "--fork", "--kill-child", "nsenter", "--net=" + ns.path(),
+                   "/usr/bin/redis-server", "--port", std::to_string(port), "--save", "", "--appendonly", "no",
+                   "--dir", dir.path()});
+    for (int i = 0; i < 100 && redis_cli(ns.path(), port, {"PING"}) != "PONG"; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    ASSERT_EQ(redis_cli(ns.path(), port, {"SET", "k", "v"}), "OK");
+    auto service = children_of(unshare.pid());
+    ASSERT_EQ(service.size(), 1u);
+    std::string name = "ipt-sessclone-" + std::to_string(getpid());
+    auto r = run({bin("iprobe"), "clone", std::to_string(service[0]), "--netns", name});
+    EXPECT_EQ(r.exit_code, 7) << r.err;
+    EXPECT_NE(r.err.find("session leader is outside its PID namespace"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("setsid"), std::string::npos) << r.err;
+    EXPECT_FALSE(netns_exists(name));
+    EXPECT_FALSE(fs::exists("/run/iprobe/clones/" + name));
+    EXPECT_EQ(redis_cli(ns.path(), port, {"GET", "k"}), "v");
+    // Refused before CRIU ran: nothing is attached to production.
+    EXPECT_NE(file_text("/proc/" + std::to_string(service[0]) + "/status").find("TracerPid:\t0\n"), std::string::npos);
+}
+
+// A service that is a member of another process's session (a shell job):
+// CRIU dumps it as one, and the clone joins the keeper's session.
+TEST(LauncherCloneSession, MemberOfAShellsSessionIsClonedAsAShellJob) {
+    if (!is_root()) GTEST_SKIP() << "iprobe clone needs root";
+    Netns ns("ipt-job-" + std::to_string(getpid()));
+    TempDir dir;
+    int port = free_port();
+    Child shell({"nsenter", "--net=" + ns.path(), "sh", "-c",
+                 "/usr/bin/redis-server --port " + std::to_string(port) + " --save '' --appendonly no --dir " +
+                     dir.path() + " & wait"},
+                "/dev/null", {}, Session::own);
+    for (int i = 0; i < 100 && redis_cli(ns.path(), port, {"PING"}) != "PONG"; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    ASSERT_EQ(redis_cli(ns.path(), port, {"SET", "k", "job"}), "OK");
+    auto service = children_of(shell.pid());
+    ASSERT_EQ(service.size(), 1u);
+    ASSERT_EQ(getsid(static_cast<pid_t>(service[0])), shell.pid());
+    std::string name = "ipt-jobclone-" + std::to_string(getpid());
+    auto r = run({bin("iprobe"), "clone", std::to_string(service[0]), "--netns", name});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(redis_cli("/run/netns/" + name, port, {"GET", "k"}), "job");
+    EXPECT_EQ(redis_cli("/run/netns/" + name, port, {"SET", "k", "clone"}), "OK");
+    EXPECT_EQ(run({bin("iprobe"), "clone", "--destroy", name}).exit_code, 0);
+    EXPECT_EQ(redis_cli(ns.path(), port, {"GET", "k"}), "job");
 }
 
 TEST(LauncherCloneFailure, ServiceCriuCannotDumpKeepsServing) {
@@ -294,7 +349,8 @@ TEST(LauncherCloneFailure, ServiceCriuCannotDumpKeepsServing) {
     Netns ns("ipt-perf-" + std::to_string(getpid()));
     int port = free_port();
     Child service({"nsenter", "--net=" + ns.path(), build_dir() + "/tests/launcher_perf_fd_service",
-                   std::to_string(port)});
+                   std::to_string(port)},
+                  "/dev/null", {}, Session::own);
     int fd = -1;
     for (int i = 0; i < 100 && fd < 0; ++i) {
         fd = connect_in_netns(ns.path(), port);

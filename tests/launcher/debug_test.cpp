@@ -108,6 +108,7 @@ protected:
         clone_netns_ = json_string(clone.back(), "netns");
         clone_pid_ = json_number(clone.back(), "clone_pid");
         ASSERT_FALSE(clone_netns_.empty());
+        ASSERT_GT(clone_pid_, 1) << clone.back();
     }
     std::string out_path() const { return dir_ / "debug.out"; }
     std::string via_mirror(const std::vector<std::string>& args) {
@@ -148,10 +149,10 @@ protected:
 };
 
 TEST_F(LauncherDebug, ClientsReachProductionThroughListenAndTheCloneTracksIt) {
-    start_redis();
+    ASSERT_NO_FATAL_FAILURE(start_redis());
     std::string text_before = text_bytes(redis_->pid());
     ASSERT_FALSE(text_before.empty());
-    start_debug();
+    ASSERT_NO_FATAL_FAILURE(start_debug());
     EXPECT_EQ(clone_cli({"GET", "before"}), "debug");  // cloned state
 
     EXPECT_EQ(via_mirror({"SET", "k1", "v1"}), "OK");
@@ -201,10 +202,10 @@ TEST_F(LauncherDebug, ProbeTraceComesFromTheCloneAndProductionIsNotPatched) {
         FAIL() << "iprobe-hotpatch is not built (target iprobe-hotpatch)";
     std::string server = finstrument_redis();
     ASSERT_FALSE(server.empty()) << "scripts/build-redis --mode finstrument failed";
-    start_redis(server);
+    ASSERT_NO_FATAL_FAILURE(start_redis(server));
     const std::string text_before = text_bytes(redis_->pid());
     ASSERT_FALSE(text_before.empty());
-    start_debug({"--probes", server + ".probes", "--functions", "processCommand"});
+    ASSERT_NO_FATAL_FAILURE(start_debug({"--probes", server + ".probes", "--functions", "processCommand"}));
     ASSERT_TRUE(wait_for_event(out_path(), "attached", 1, *debug_)) << file_text(out_path());
 
     // Five commands on one client connection through --listen.
@@ -251,7 +252,7 @@ TEST_F(LauncherDebug, CloneOfAProbedProductionLogsIntoItsOwnRegion) {
     if (!fs::exists(hotpatch)) FAIL() << "iprobe-hotpatch is not built (target iprobe-hotpatch)";
     std::string server = finstrument_redis();
     ASSERT_FALSE(server.empty()) << "scripts/build-redis --mode finstrument failed";
-    start_redis(server);
+    ASSERT_NO_FATAL_FAILURE(start_redis(server));
     const std::string pid = std::to_string(redis_->pid());
     auto a = run({hotpatch, "attach", pid, "--probes", server + ".probes", "--functions", "processCommand"});
     ASSERT_EQ(a.exit_code, 0) << a.err;
@@ -277,8 +278,8 @@ TEST_F(LauncherDebug, CloneOfAProbedProductionLogsIntoItsOwnRegion) {
 }
 
 TEST_F(LauncherDebug, PeriodicRecloningPicksUpProductionsCurrentState) {
-    start_redis();
-    start_debug({"--recloning", "periodic:2"});
+    ASSERT_NO_FATAL_FAILURE(start_redis());
+    ASSERT_NO_FATAL_FAILURE(start_debug({"--recloning", "periodic:2"}));
     // Written straight to production: the first clone never sees it.
     EXPECT_EQ(redis_->cli({"SET", "direct", "after-first-clone"}), "OK");
     EXPECT_EQ(clone_cli({"EXISTS", "direct"}), "0");
@@ -295,9 +296,11 @@ TEST_F(LauncherDebug, PeriodicRecloningPicksUpProductionsCurrentState) {
 }
 
 TEST_F(LauncherDebug, OverflowRecloningReplacesADivergedClone) {
-    start_redis();
-    start_debug({"--buffer", "64K", "--recloning", "on-overflow"});
+    ASSERT_NO_FATAL_FAILURE(start_redis());
+    ASSERT_NO_FATAL_FAILURE(start_debug({"--buffer", "64K", "--recloning", "on-overflow"}));
     // A clone that stops reading: its copy of the stream backs up.
+    // (kill(-1) or kill(0) would stop the test runner itself)
+    ASSERT_GT(clone_pid_, 1);
     ASSERT_EQ(::kill(static_cast<pid_t>(clone_pid_), SIGSTOP), 0);
     const std::string big(512 * 1024, 'x');
     for (int i = 0; i < 8; ++i) EXPECT_EQ(redis_cli_x(prod_ns_->path(), listen_port_, {"SET", "big" + std::to_string(i)}, big), "OK");
@@ -314,8 +317,8 @@ TEST_F(LauncherDebug, OverflowRecloningReplacesADivergedClone) {
 }
 
 TEST_F(LauncherDebug, DivergenceRecloningReplacesACloneThatAnswersDifferently) {
-    start_redis();
-    start_debug({"--divergence", "resp", "--recloning", "on-divergence"});
+    ASSERT_NO_FATAL_FAILURE(start_redis());
+    ASSERT_NO_FATAL_FAILURE(start_debug({"--divergence", "resp", "--recloning", "on-divergence"}));
     // Make the clone's state differ, then ask both the same question.
     EXPECT_EQ(clone_cli({"SET", "x", "clone-only"}), "OK");
     EXPECT_EQ(redis_->cli({"SET", "x", "production"}), "OK");
@@ -334,7 +337,7 @@ TEST_F(LauncherDebug, DivergenceRecloningReplacesACloneThatAnswersDifferently) {
 }
 
 TEST_F(LauncherDebug, MissingCriuFailsCleanlyAndProductionServes) {
-    start_redis();
+    ASSERT_NO_FATAL_FAILURE(start_redis());
     std::vector<std::string> argv = {"nsenter", "--net=" + prod_ns_->path(), bin("iprobe"), "debug",
                                      std::to_string(redis_->pid()), "--listen",
                                      "127.0.0.1:" + std::to_string(listen_port_), "--production",
@@ -348,7 +351,7 @@ TEST_F(LauncherDebug, MissingCriuFailsCleanlyAndProductionServes) {
 }
 
 TEST_F(LauncherDebug, NotRootIsRefusedAndNothingStarts) {
-    start_redis();
+    ASSERT_NO_FATAL_FAILURE(start_redis());
     auto r = run({"setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", bin("iprobe"), "debug",
                   std::to_string(redis_->pid()), "--listen", "127.0.0.1:" + std::to_string(listen_port_),
                   "--production", "127.0.0.1:" + std::to_string(port_)});

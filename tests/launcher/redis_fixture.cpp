@@ -76,7 +76,9 @@ Redis::Redis(const std::string& netns_path, int port, const std::string& dir, co
                                      "--dir", dir, "--logfile", dir + "/redis.log",
                                      "--enable-debug-command", "yes"};
     argv.insert(argv.end(), extra.begin(), extra.end());
-    child_ = Child(argv);
+    // Led by itself, as a daemon or a systemd service is: CRIU cannot dump a
+    // process whose session leader is outside its PID namespace.
+    child_ = Child(argv, "/dev/null", {}, Session::own);
 }
 
 bool Redis::ready(std::chrono::milliseconds timeout) {

@@ -41,6 +41,10 @@ void apply_env(const std::vector<std::string>& extra_env) {
     for (const auto& kv : extra_env) ::putenv(const_cast<char*>(kv.c_str()));
 }
 
+// ctest hands tests its log file and a pipe it waits on; a service that
+// outlived its test while holding them would keep ctest waiting.
+void close_inherited_fds() { ::close_range(3, ~0U, 0); }
+
 }  // namespace
 
 std::string build_dir() { return env_or("IPROBE_BUILD_DIR", IPROBE_TEST_BUILD_DIR); }
@@ -59,6 +63,7 @@ CommandResult run(const std::vector<std::string>& argv, const std::string& input
         ::dup2(in_pipe[0], 0);
         ::dup2(out_pipe[1], 1);
         ::dup2(err_pipe[1], 2);
+        close_inherited_fds();
         apply_env(extra_env);
         ::execvp(args[0], args.data());
         std::fprintf(stderr, "exec %s: %s\n", args[0], std::strerror(errno));
@@ -140,11 +145,13 @@ TempDir::~TempDir() {
 }
 
 Child::Child(const std::vector<std::string>& argv, const std::string& stdout_path,
-             const std::vector<std::string>& extra_env) {
+             const std::vector<std::string>& extra_env, Session session) {
     const auto args = c_argv(argv);
+    own_group_ = session == Session::own;
     pid_ = ::fork();
     if (pid_ < 0) throw std::runtime_error("fork failed");
     if (pid_ == 0) {
+        if (session == Session::own) ::setsid();
         const int fd = ::open(stdout_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
         if (fd >= 0) {
             ::dup2(fd, 1);
@@ -152,6 +159,7 @@ Child::Child(const std::vector<std::string>& argv, const std::string& stdout_pat
         }
         const int null_fd = ::open("/dev/null", O_RDONLY);
         if (null_fd >= 0) ::dup2(null_fd, 0);
+        close_inherited_fds();
         apply_env(extra_env);
         ::execvp(args[0], args.data());
         ::_exit(127);
@@ -159,7 +167,8 @@ Child::Child(const std::vector<std::string>& argv, const std::string& stdout_pat
 }
 
 Child::Child(Child&& other) noexcept
-    : pid_(std::exchange(other.pid_, -1)), reaped_(other.reaped_), status_(other.status_) {}
+    : pid_(std::exchange(other.pid_, -1)), reaped_(other.reaped_), status_(other.status_),
+      own_group_(other.own_group_) {}
 
 Child& Child::operator=(Child&& other) noexcept {
     if (this != &other) {
@@ -167,6 +176,7 @@ Child& Child::operator=(Child&& other) noexcept {
         pid_ = std::exchange(other.pid_, -1);
         reaped_ = other.reaped_;
         status_ = other.status_;
+        own_group_ = other.own_group_;
     }
     return *this;
 }
@@ -192,6 +202,9 @@ int Child::wait(std::chrono::milliseconds timeout) {
 
 void Child::kill(int sig) {
     if (pid_ <= 0 || reaped_) return;
+    // A session leader also leads its process group: what it started there
+    // (a shell's background jobs) goes with it.
+    if (own_group_) ::kill(-pid_, sig);
     ::kill(pid_, sig);
     if (sig == SIGKILL) {
         ::waitpid(pid_, &status_, 0);

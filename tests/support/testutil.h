@@ -45,24 +45,30 @@ private:
     std::string path_;
 };
 
+// Whether a Child leads a session of its own, as daemons and systemd
+// services do, or joins the test's (whose leader may sit outside the test's
+// PID namespace, e.g. under a CI runner).
+enum class Session { inherit, own };
+
 // A background child process; killed (SIGKILL) and reaped on destruction.
 class Child {
 public:
     Child() = default;
     explicit Child(const std::vector<std::string>& argv, const std::string& stdout_path = "/dev/null",
-                   const std::vector<std::string>& extra_env = {});
+                   const std::vector<std::string>& extra_env = {}, Session session = Session::inherit);
     Child(Child&& other) noexcept;
     Child& operator=(Child&& other) noexcept;
     ~Child();
     pid_t pid() const { return pid_; }
     bool running();                       // not yet exited
     int wait(std::chrono::milliseconds timeout = std::chrono::seconds(30));  // exit code, -1 on timeout/signal
-    void kill(int sig = 9);
+    void kill(int sig = 9);               // with Session::own, its whole process group
 
 private:
     pid_t pid_ = -1;
     bool reaped_ = false;
     int status_ = 0;
+    bool own_group_ = false;
 };
 
 // Polls until a TCP port on 127.0.0.1 accepts connections.
