@@ -3,6 +3,7 @@
 #include <dlfcn.h>
 #include <elfutils/libdwfl.h>
 #include <fcntl.h>
+#include <sched.h>
 #include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -10,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <climits>
 #include <cstring>
 #include <filesystem>
@@ -295,20 +297,33 @@ std::uint64_t stub_target(const std::uint8_t* stub) {
     return target;
 }
 
+// The few bytes of one site, kept inline: a 10k-probe attach builds 10k of
+// these while the target is stopped, so no heap allocation per site.
+struct SiteBytes {
+    std::array<std::uint8_t, IPROBE_PL_SITE_MAX> bytes{};
+    std::uint8_t size = 0;
+
+    SiteBytes() = default;
+    SiteBytes(const std::uint8_t* from, std::uint8_t n) : size(n) { std::memcpy(bytes.data(), from, n); }
+    const std::uint8_t* begin() const { return bytes.data(); }
+    const std::uint8_t* end() const { return bytes.data() + size; }
+};
+
 // The bytes an enabled site holds: call rel32 to the stub; a 6-byte site
 // gets its 1-byte NOP first so the call returns to the site's end, which is
 // an instruction boundary in both forms.
-std::vector<std::uint8_t> call_bytes(std::uint64_t site, std::uint8_t size, std::uint64_t stub) {
+SiteBytes call_bytes(std::uint64_t site, std::uint8_t size, std::uint64_t stub) {
     const std::uint64_t call_at = size == 6 ? site + 1 : site;
     const std::int64_t rel = static_cast<std::int64_t>(stub) - static_cast<std::int64_t>(call_at + 5);
     if (rel < INT32_MIN || rel > INT32_MAX)
         throw Error("stub at " + hex_address(stub) + " is out of call rel32 reach of site " + hex_address(site));
     const auto rel32 = static_cast<std::uint32_t>(static_cast<std::int32_t>(rel));
-    std::vector<std::uint8_t> b(size == 6 ? 6 : 5);
+    SiteBytes b;
+    b.size = size == 6 ? 6 : 5;
     std::size_t at = 0;
-    if (size == 6) b[at++] = 0x90;
-    b[at++] = 0xe8;
-    for (int i = 0; i < 4; i++) b[at++] = static_cast<std::uint8_t>(rel32 >> (8 * i));
+    if (size == 6) b.bytes[at++] = 0x90;
+    b.bytes[at++] = 0xe8;
+    for (int i = 0; i < 4; i++) b.bytes[at++] = static_cast<std::uint8_t>(rel32 >> (8 * i));
     return b;
 }
 
@@ -329,7 +344,7 @@ std::uint64_t called_stub(std::uint64_t site, const std::uint8_t* bytes, std::ui
 // parent process across fork)?  Stubs are few: each is read once.
 class StubChecker {
 public:
-    explicit StubChecker(const StoppedProcess& process) : process_(process) {}
+    explicit StubChecker(const ProcessMemory& memory) : memory_(memory) {}
     bool calls_a_stub(std::uint64_t site, const std::uint8_t* bytes, std::uint8_t size) {
         const std::uint64_t target = called_stub(site, bytes, size);
         if (target == 0) return false;
@@ -337,7 +352,7 @@ public:
         if (fresh) {
             std::uint8_t stub[kStubSize];
             try {
-                process_.read(target, stub, sizeof stub);
+                memory_.read(target, stub, sizeof stub);
                 it->second = stub_target(stub) != 0;
             } catch (const Error&) {
             }
@@ -346,19 +361,23 @@ public:
     }
 
 private:
-    const StoppedProcess& process_;
+    const ProcessMemory& memory_;
     std::map<std::uint64_t, bool> known_;
 };
 
 struct Patch {
     std::uint64_t address = 0;
-    std::vector<std::uint8_t> before, after;
+    SiteBytes before, after;
 };
 
 // Writes all patches page-run by page-run through /proc/PID/mem, reads them
 // back; on any failure puts back what was written and rethrows.
-void apply_patches(StoppedProcess& process, std::vector<Patch>& patches) {
+void sort_by_address(std::vector<Patch>& patches) {
     std::sort(patches.begin(), patches.end(), [](auto& a, auto& b) { return a.address < b.address; });
+}
+
+// `patches` sorted by address.
+void apply_patches(StoppedProcess& process, const std::vector<Patch>& patches) {
     struct Run {
         std::uint64_t low, high;
         std::vector<std::uint8_t> before, after;
@@ -366,13 +385,13 @@ void apply_patches(StoppedProcess& process, std::vector<Patch>& patches) {
     std::vector<Run> runs;
     for (std::size_t i = 0; i < patches.size();) {
         std::size_t j = i;
-        std::uint64_t high = patches[i].address + patches[i].after.size();
+        std::uint64_t high = patches[i].address + patches[i].after.size;
         // One read-modify-write per span of nearby sites: unchanged bytes in
         // between are rewritten as they are (every thread is stopped), and a
         // page holding a site is copied-on-write anyway.
         while (j + 1 < patches.size() && patches[j + 1].address < high + kPage) {
             j++;
-            high = std::max<std::uint64_t>(high, patches[j].address + patches[j].after.size());
+            high = std::max<std::uint64_t>(high, patches[j].address + patches[j].after.size);
         }
         Run run{patches[i].address, high, {}, {}};
         run.before.resize(high - run.low);
@@ -407,7 +426,8 @@ void apply_patches(StoppedProcess& process, std::vector<Patch>& patches) {
     }
 }
 
-// No thread may be stopped strictly inside a range about to change.
+// No thread may be stopped strictly inside a range about to change
+// (`patches` sorted by address).
 std::string unsafe_pcs(const StoppedProcess& process, const std::vector<Patch>& patches) {
     for (const auto& t : process.threads()) {
         const std::uint64_t pc = t.regs.rip;
@@ -415,7 +435,7 @@ std::string unsafe_pcs(const StoppedProcess& process, const std::vector<Patch>& 
                                    [](std::uint64_t v, const Patch& p) { return v < p.address; });
         if (it == patches.begin()) continue;
         --it;
-        if (pc > it->address && pc < it->address + it->after.size())
+        if (pc > it->address && pc < it->address + it->after.size)
             return "thread " + std::to_string(t.tid) + " is inside site " + hex_address(it->address);
     }
     return {};
@@ -657,21 +677,34 @@ Injected ensure_library(StoppedProcess& process, std::vector<Mapping>& maps, std
 // Runs `body` with the world stopped; a body that throws std::runtime_error
 // "retry" (an unsafe moment) is run again after letting the target go briefly.
 // While the target is stopped, this process is the only one making progress
-// for it: ask for the CPU first (root only; restored afterwards).
+// for it, and once it lets the first thread go, that thread must not take the
+// CPU from the detaching of the others: run as a real-time task for the
+// duration (root only; SCHED_FIFO at the lowest priority outranks every normal
+// task, and the kernel's RT throttling still bounds it), else at nice -20.
 class UrgentPriority {
 public:
     UrgentPriority() {
+        saved_policy_ = ::sched_getscheduler(0);
+        ::sched_getparam(0, &saved_param_);
+        const sched_param rt{1};
+        realtime_ = saved_policy_ == SCHED_OTHER && ::sched_setscheduler(0, SCHED_FIFO, &rt) == 0;
+        if (realtime_) return;
         errno = 0;
-        saved_ = ::getpriority(PRIO_PROCESS, 0);
-        raised_ = errno == 0 && ::setpriority(PRIO_PROCESS, 0, -20) == 0;
+        saved_nice_ = ::getpriority(PRIO_PROCESS, 0);
+        niced_ = errno == 0 && ::setpriority(PRIO_PROCESS, 0, -20) == 0;
     }
     ~UrgentPriority() {
-        if (raised_) ::setpriority(PRIO_PROCESS, 0, saved_);
+        if (realtime_) ::sched_setscheduler(0, saved_policy_, &saved_param_);
+        if (niced_) ::setpriority(PRIO_PROCESS, 0, saved_nice_);
     }
+    UrgentPriority(const UrgentPriority&) = delete;
+    UrgentPriority& operator=(const UrgentPriority&) = delete;
 
 private:
-    int saved_ = 0;
-    bool raised_ = false;
+    int saved_policy_ = SCHED_OTHER;
+    sched_param saved_param_{};
+    int saved_nice_ = 0;
+    bool realtime_ = false, niced_ = false;
 };
 
 template <typename Body>
@@ -786,7 +819,7 @@ AttachStats attach(const AttachOptions& options) {
             region = Region::open(options.pid);
         }
         std::vector<Patch> patches;
-        StubChecker stubs_seen(process);
+        StubChecker stubs_seen(process.memory());
         struct Enable {
             std::uint32_t global;
             std::uint64_t return_address;
@@ -809,7 +842,10 @@ AttachStats attach(const AttachOptions& options) {
             std::vector<std::uint8_t> text(hi - lo);
             process.read(lo, text.data(), text.size());
             ensure_stub_page(process, maps, libc, running, module);
-            std::map<std::string, std::uint64_t> stubs;
+            // Keyed by the handler symbol's identity: one of the six in `handlers`.
+            std::map<const std::string*, std::uint64_t> stubs;
+            patches.reserve(patches.size() + s.selected.size());
+            enables.reserve(enables.size() + s.selected.size());
             for (const Probe* p : s.selected) {
                 const std::uint64_t site = running.load_bias + p->site;
                 const std::uint8_t* now = text.data() + (site - lo);
@@ -822,15 +858,14 @@ AttachStats attach(const AttachOptions& options) {
                         throw Error("the handler library has no entry point for " + std::string(to_string(p->kind)) +
                                         (p->form == SiteForm::nop ? " NOP-form" : "") + " sites (" + p->demangled + ")",
                                     ExitCode::unavailable);
-                    auto& stub = stubs[symbol];
+                    auto& stub = stubs[&symbol];
                     if (!stub) {
                         const auto target = handler_lib.library.symbol(symbol);
                         if (!target)
                             throw Error(handler_lib.library.path + " has no symbol " + symbol, ExitCode::bad_input);
                         stub = stub_for(process, module, *target);
                     }
-                    Patch patch{site, {now, now + p->size}, call_bytes(site, p->size, stub)};
-                    patches.push_back(std::move(patch));
+                    patches.push_back({site, SiteBytes(now, p->size), call_bytes(site, p->size, stub)});
                     enables.push_back({global, ret});
                 } else if (stubs_seen.calls_a_stub(site, now, p->size)) {
                     stats.already_enabled++;
@@ -850,8 +885,8 @@ AttachStats attach(const AttachOptions& options) {
                 }
             }
         }
-        const std::string unsafe = unsafe_pcs(process, patches);
-        if (!unsafe.empty()) throw std::runtime_error("retry");
+        sort_by_address(patches);
+        if (!unsafe_pcs(process, patches).empty()) throw std::runtime_error("retry");
 
         // Table first, code second: a site only becomes live once its
         // return address resolves.
@@ -889,49 +924,53 @@ DetachStats detach(const DetachOptions& options) {
         lists.push_back(load_probes(std::string(m.probes_path, ::strnlen(m.probes_path, sizeof m.probes_path))));
     }
 
+    // Planned while the target runs (only we rewrite its sites, under the
+    // session lock); apply_patches() checks every site again once stopped.
+    ProcessMemory memory(options.pid);
+    std::vector<Patch> patches;
+    std::vector<std::uint32_t> disabled;
+    StubChecker stubs_seen(memory);
+    iprobe_rt_probe* probes = region.probes();
+    for (std::uint32_t mi = 0; mi < cb->module_count; mi++) {
+        const iprobe_rt_module& module = region.modules()[mi];
+        std::vector<const Probe*> chosen;
+        std::uint64_t lo = ~0ull, hi = 0;
+        for (const auto& p : lists[mi].probes) {
+            const std::uint32_t global = module.first_probe + p.id;
+            if (!probes[global].enabled || !options.selector.matches(p)) continue;
+            chosen.push_back(&p);
+            lo = std::min(lo, probes[global].site);
+            hi = std::max(hi, probes[global].site + IPROBE_PL_SITE_MAX);
+        }
+        if (chosen.empty()) continue;
+        std::vector<std::uint8_t> text(hi - lo);
+        memory.read(lo, text.data(), text.size());
+        for (const Probe* p : chosen) {
+            const std::uint32_t global = module.first_probe + p->id;
+            const std::uint64_t site = probes[global].site;
+            const std::uint8_t* now = text.data() + (site - lo);
+            disabled.push_back(global);
+            if (std::memcmp(now, p->placeholder.data(), p->size) == 0) continue;
+            if (!stubs_seen.calls_a_stub(site, now, p->size)) continue;  // a live hook: nothing written
+            patches.push_back({site, SiteBytes(now, p->size), SiteBytes(p->placeholder.data(), p->size)});
+        }
+    }
+    sort_by_address(patches);
+
     return with_world_stopped(options.pid, options.safe_point_timeout, [&](StoppedProcess& process,
                                                                             Clock::time_point started,
                                                                             Clock::time_point) {
         DetachStats stats;
         stats.threads = process.threads().size();
-        std::vector<Patch> patches;
-        std::vector<std::uint32_t> disabled;
-        StubChecker stubs_seen(process);
-        iprobe_rt_probe* probes = region.probes();
-        for (std::uint32_t mi = 0; mi < cb->module_count; mi++) {
-            const iprobe_rt_module& module = region.modules()[mi];
-            std::vector<const Probe*> chosen;
-            std::uint64_t lo = ~0ull, hi = 0;
-            for (const auto& p : lists[mi].probes) {
-                const std::uint32_t global = module.first_probe + p.id;
-                if (!probes[global].enabled || !options.selector.matches(p)) continue;
-                chosen.push_back(&p);
-                lo = std::min(lo, probes[global].site);
-                hi = std::max(hi, probes[global].site + IPROBE_PL_SITE_MAX);
-            }
-            if (chosen.empty()) continue;
-            std::vector<std::uint8_t> text(hi - lo);
-            process.read(lo, text.data(), text.size());
-            for (const Probe* p : chosen) {
-                const std::uint32_t global = module.first_probe + p->id;
-                const std::uint64_t site = probes[global].site;
-                const std::uint8_t* now = text.data() + (site - lo);
-                disabled.push_back(global);
-                if (std::memcmp(now, p->placeholder.data(), p->size) == 0) continue;
-                if (!stubs_seen.calls_a_stub(site, now, p->size)) continue;  // a live hook: nothing written
-                patches.push_back({site, {now, now + p->size}, {p->placeholder.begin(), p->placeholder.begin() + p->size}});
-            }
-        }
-        std::sort(patches.begin(), patches.end(), [](auto& a, auto& b) { return a.address < b.address; });
         if (!unsafe_pcs(process, patches).empty()) throw std::runtime_error("retry");
         apply_patches(process, patches);
         for (auto g : disabled) probes[g].enabled = 0;
         region.control()->generation++;
-        stats.disabled = disabled.size();
-        for (std::uint32_t i = 0; i < cb->probe_count; i++) stats.still_enabled += probes[i].enabled;
         stats.stop_us = process.stop_us;
         process.release();
         stats.pause_us = elapsed_us(started);
+        stats.disabled = disabled.size();
+        for (std::uint32_t i = 0; i < cb->probe_count; i++) stats.still_enabled += probes[i].enabled;
         return stats;
     });
 }

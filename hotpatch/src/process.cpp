@@ -107,10 +107,11 @@ StoppedProcess::StoppedProcess(pid_t pid) : pid_(pid) {
         release();
         throw;
     }
-    mem_.reset(::open(proc_path(pid, "mem").c_str(), O_RDWR | O_CLOEXEC));
-    if (!mem_) {
+    try {
+        memory_ = ProcessMemory(pid);
+    } catch (...) {
         release();
-        throw_errno("cannot open /proc/" + std::to_string(pid) + "/mem", ExitCode::permission);
+        throw;
     }
 }
 
@@ -206,7 +207,12 @@ void StoppedProcess::release() {
     new_threads_.clear();
 }
 
-void StoppedProcess::read(std::uint64_t address, void* out, std::size_t size) const {
+ProcessMemory::ProcessMemory(pid_t pid) : pid_(pid) {
+    mem_.reset(::open(proc_path(pid, "mem").c_str(), O_RDWR | O_CLOEXEC));
+    if (!mem_) throw_errno("cannot open /proc/" + std::to_string(pid) + "/mem", ExitCode::permission);
+}
+
+void ProcessMemory::read(std::uint64_t address, void* out, std::size_t size) const {
     auto* p = static_cast<char*>(out);
     while (size > 0) {
         const ssize_t n = ::pread(mem_.get(), p, size, static_cast<off_t>(address));
@@ -223,7 +229,7 @@ void StoppedProcess::read(std::uint64_t address, void* out, std::size_t size) co
     }
 }
 
-void StoppedProcess::write(std::uint64_t address, const void* data, std::size_t size) {
+void ProcessMemory::write(std::uint64_t address, const void* data, std::size_t size) {
     const auto* p = static_cast<const char*>(data);
     while (size > 0) {
         const ssize_t n = ::pwrite(mem_.get(), p, size, static_cast<off_t>(address));

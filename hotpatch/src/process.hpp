@@ -28,6 +28,28 @@ bool process_exists(pid_t pid);
 // Throws Error(not_found / permission) when the pid cannot be a target.
 void check_target(pid_t pid);
 
+// /proc/PID/mem of a process, stopped or running.  Reads of a running
+// process race with its own writes: whatever is planned from them is checked
+// again once it is stopped.
+class ProcessMemory {
+public:
+    ProcessMemory() = default;
+    explicit ProcessMemory(pid_t pid);  // throws Error(permission) when it cannot be opened
+
+    void read(std::uint64_t address, void* out, std::size_t size) const;
+    void write(std::uint64_t address, const void* data, std::size_t size);
+    template <typename T>
+    T read_value(std::uint64_t address) const {
+        T value{};
+        read(address, &value, sizeof value);
+        return value;
+    }
+
+private:
+    pid_t pid_ = 0;
+    UniqueFd mem_;
+};
+
 struct StoppedThread {
     pid_t tid = 0;
     user_regs_struct regs{};
@@ -45,13 +67,12 @@ public:
     std::uint64_t stop_us = 0;  // how long stopping every thread took
     const std::vector<StoppedThread>& threads() const { return threads_; }
 
-    void read(std::uint64_t address, void* out, std::size_t size) const;
-    void write(std::uint64_t address, const void* data, std::size_t size);
+    const ProcessMemory& memory() const { return memory_; }
+    void read(std::uint64_t address, void* out, std::size_t size) const { memory_.read(address, out, size); }
+    void write(std::uint64_t address, const void* data, std::size_t size) { memory_.write(address, data, size); }
     template <typename T>
     T read_value(std::uint64_t address) const {
-        T value{};
-        read(address, &value, sizeof value);
-        return value;
+        return memory_.read_value<T>(address);
     }
 
     // Calls `function(args...)` in one stopped thread and returns rax.  A
@@ -71,7 +92,7 @@ private:
     void absorb_new_threads();
 
     pid_t pid_;
-    UniqueFd mem_;
+    ProcessMemory memory_;
     std::vector<StoppedThread> threads_;
     std::vector<pid_t> new_threads_;  // auto-attached by TRACECLONE, not yet waited for
     bool released_ = false;
