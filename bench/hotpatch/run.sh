@@ -8,7 +8,8 @@
 #   3. logger throughput, 1 and 2 threads, with drops
 # usage: bench/hotpatch/run.sh [BUILD_DIR]   (as root; builds what it needs)
 # env: MAX_EXP (default 8), PAUSE_SIZES (default "1000 10000 100000"), SKIP_BPF=1,
-#      REPEATS (default 3, fastest kept), SECTIONS (default "1 2 3")
+#      REPEATS (default 3, fastest kept), SECTIONS (default "1 2 3"),
+#      BASELINE=BUILD_DIR and LOAD=N for section 2 (see there)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 build="$(cd "${1:-${IPROBE_BUILD_DIR:-$root/build}}" && pwd)"
@@ -104,24 +105,36 @@ fi
 
 if want 2; then
 log "2. stop-the-world pause"
-printf '\n| probes | functions | threads | enable pause, first (injects runtime) | enable pause | disable pause | of which stopping threads (enable / disable) |\n|---|---|---|---|---|---|---|\n'
+# BASELINE=DIR measures another build's iprobe (e.g. the previous commit's) on
+# the same target processes, interleaved; LOAD=N keeps N busy loops running.
+tools=("$iprobe")
+[[ -n ${BASELINE:-} ]] && tools=("$(cd "$BASELINE" && pwd)/bin/iprobe" "$iprobe")
+load_pids=()
+for ((l = 0; l < ${LOAD:-0}; l++)); do (while :; do :; done) & load_pids+=($!); done
+trap '((${#load_pids[@]})) && kill "${load_pids[@]}" 2>/dev/null' EXIT
+printf '\n(load: %s busy loops; %s)\n' "${LOAD:-0}" "$(cut -d' ' -f1-3 /proc/loadavg)"
+printf '\n| iprobe | probes | functions | threads | enable pause, first (injects runtime) | enable pause | disable pause | of which stopping threads (enable / disable) |\n|---|---|---|---|---|---|---|---|\n'
+get() { sed -n "s/.*\"$1\":\([0-9]*\).*/\1/p" <<<"$2"; }
 for probes in $pause_sizes; do
   fns=$((probes / 2))
   src="$work/many_$fns.c"
   [[ -x $work/many_$fns ]] || { python3 "$here/gen_functions.py" "$fns" >"$src";
     "$build/bin/iprobe-cc" -O1 -o "$work/many_$fns" "$src" -lpthread; }
-  start "$work/many_$fns"
-  sleep 0.5
-  on=$("$iprobe" attach "$pid" --handler count --json)
-  off=$("$iprobe" detach "$pid" --json)
-  on2=$("$iprobe" attach "$pid" --handler count --json)
-  off2=$("$iprobe" detach "$pid" --json)
-  kill "$pid"; wait "$pid" 2>/dev/null || true
-  rm -f "/dev/shm/iprobe.$pid"
-  get() { sed -n "s/.*\"$1\":\([0-9]*\).*/\1/p" <<<"$2"; }
-  echo "| $(get total_enabled "$on") | $fns | 9 | $(get pause_us "$on") us | $(get pause_us "$on2") us | $(get pause_us "$off2") us | $(get stop_us "$on2") / $(get stop_us "$off2") us |"
+  for tool in "${tools[@]}"; do
+    start "$work/many_$fns"
+    sleep 0.5
+    on=$("$tool" attach "$pid" --handler count --json)
+    off=$("$tool" detach "$pid" --json)
+    on2=$("$tool" attach "$pid" --handler count --json)
+    off2=$("$tool" detach "$pid" --json)
+    kill "$pid"; wait "$pid" 2>/dev/null || true
+    rm -f "/dev/shm/iprobe.$pid"
+    label=$([[ $tool == "$iprobe" ]] && echo "this build" || echo "baseline")
+    echo "| $label | $(get total_enabled "$on") | $fns | 9 | $(get pause_us "$on") us | $(get pause_us "$on2") us | $(get pause_us "$off2") us | $(get stop_us "$on2") / $(get stop_us "$off2") us |"
+  done
 done
-
+((${#load_pids[@]})) && kill "${load_pids[@]}" 2>/dev/null
+load_pids=()
 fi
 
 if want 3; then

@@ -5,16 +5,21 @@
 # per-connection buffer size with a stopped and a slowed debug copy.
 #
 # usage: bench/proxy/run.sh [BUILD_DIR]      (default: ./build)
-# env:   REQUESTS (default 100000), CLIENTS (50), ROUNDS (3), PIPELINE (16)
+# env:   REQUESTS (default 100000), CLIENTS (50), ROUNDS (3), PIPELINE (16),
+#        MODES (default: all below), WINDOWS=0 (skip the debug-window part),
+#        BASELINE=BUILD_DIR: also run every mirrored mode with that build's
+#        mirror (rows "MODE@base"), interleaved with this build's
 set -euo pipefail
 
 BUILD=${1:-build}
 MIRROR="$BUILD/libexec/iprobe/iprobe-mirror"
+BASE_MIRROR=${BASELINE:+$BASELINE/libexec/iprobe/iprobe-mirror}
 REQUESTS=${REQUESTS:-100000}
 CLIENTS=${CLIENTS:-50}
 ROUNDS=${ROUNDS:-3}
 PIPELINE=${PIPELINE:-16}
 [ -x "$MIRROR" ] || { echo "no $MIRROR: build the iprobe-mirror target first" >&2; exit 7; }
+[ -z "$BASE_MIRROR" ] || [ -x "$BASE_MIRROR" ] || { echo "no $BASE_MIRROR (BASELINE)" >&2; exit 7; }
 command -v redis-benchmark >/dev/null || { echo "redis-benchmark missing (scripts/setup installs it)" >&2; exit 7; }
 
 WORK=$(mktemp -d)
@@ -41,7 +46,7 @@ start_redis() {  # -> port in REDIS_PORT, pid in REDIS_PID
 
 start_mirror() {  # args... -> MIRROR_PORT, STATS_PORT, MIRROR_PID
     local out; out=$(mktemp -p "$WORK")
-    "$MIRROR" mirror --listen 127.0.0.1:0 --stats 127.0.0.1:0 --json --quiet "$@" > "$out" 2>&1 &
+    "${USE_MIRROR:-$MIRROR}" mirror --listen 127.0.0.1:0 --stats 127.0.0.1:0 --json --quiet "$@" > "$out" 2>&1 &
     MIRROR_PID=$!
     track "$MIRROR_PID"
     for _ in $(seq 1000); do grep -q '"listen"' "$out" 2>/dev/null && break; sleep 0.02; done
@@ -80,8 +85,10 @@ median() { python3 -c 'import sys,statistics; v=[float(x) for x in sys.argv[1:]]
 
 # One measurement of a mode; prints "rps p50 p99" and, for mirrored modes,
 # the mirror's overflow count.
-run_mode() {  # mode pipeline
-    local mode=$1 pipeline=$2
+run_mode() {  # mode[@base] pipeline
+    local mode=${1%@base} pipeline=$2
+    local USE_MIRROR=$MIRROR
+    [[ $1 == *@base ]] && USE_MIRROR=$BASE_MIRROR
     start_redis; local prod=$REDIS_PORT prod_pid=$REDIS_PID
     local debug_pid=""
     case $mode in
@@ -122,7 +129,12 @@ echo "#   dup-resp = dup + --divergence resp; dup-stopped = debug redis SIGSTOPp
 echo "#   dup-slowN = debug redis running 1/N of the time (SIGSTOP duty cycle, 10 ms slices)"
 echo "# proxy benchmark: redis-benchmark -t set -n $REQUESTS -c $CLIENTS -r 100000 -d 64, median of $ROUNDS rounds (modes interleaved)"
 echo "# $(nproc) cores, $(uname -r), $(redis-server --version | cut -d' ' -f1-3)"
-MODES=(direct proxy dup-sink dup dup-resp dup-stopped dup-slow10 dup-slow100)
+read -r -a MODES <<<"${MODES:-direct proxy dup-sink dup dup-resp dup-stopped dup-slow10 dup-slow100}"
+if [ -n "$BASE_MIRROR" ]; then
+    with_base=()
+    for m in "${MODES[@]}"; do with_base+=("$m"); [ "$m" != direct ] && with_base+=("$m@base"); done
+    MODES=("${with_base[@]}")
+fi
 for pipeline in 1 "$PIPELINE"; do
     declare -A RPS=() P50=() P99=() OVF=() CPU=()
     for round in $(seq "$ROUNDS"); do
@@ -133,14 +145,14 @@ for pipeline in 1 "$PIPELINE"; do
     done
     proxy_rps=$(median ${RPS[proxy]})
     printf '\n## pipeline %s\n' "$pipeline"
-    printf '%-12s %10s %9s %9s %14s %10s %14s\n' mode "req/s" "p50 ms" "p99 ms" "vs proxy-only" "overflows" "proxy CPU ms"
+    printf '%-16s %10s %9s %9s %14s %10s %14s\n' mode "req/s" "p50 ms" "p99 ms" "vs proxy-only" "overflows" "proxy CPU ms"
     for mode in "${MODES[@]}"; do
         rps=$(median ${RPS[$mode]}); p50=$(median ${P50[$mode]}); p99=$(median ${P99[$mode]})
         rel=$(python3 -c "print(f'{($rps/$proxy_rps-1)*100:+.1f}%')")
         ovf=$(echo "${OVF[$mode]}" | awk '{print $NF}')
         cpu=$(echo "${CPU[$mode]}" | awk '{print $NF}')
         [ "$cpu" != - ] && cpu=$(median ${CPU[$mode]})
-        printf '%-12s %10.0f %9.3f %9.3f %14s %10s %14s\n' "$mode" "$rps" "$p50" "$p99" "$rel" "$ovf" "$cpu"
+        printf '%-16s %10.0f %9.3f %9.3f %14s %10s %14s\n' "$mode" "$rps" "$p50" "$p99" "$rel" "$ovf" "$cpu"
     done
     unset RPS P50 P99 OVF CPU
 done
@@ -163,6 +175,7 @@ print("%9d %12.1f %12.1f %12.1f %10.1f" % (w["count"], w["min"], w["mean"], w["m
     stop_pid "$MIRROR_PID"; stop_pid "$prod_pid"; stop_pid "$debug_pid"
 }
 
+[ "${WINDOWS:-1}" = 0 ] && exit 0
 printf '\n## debug window vs buffer (10 connections, -P 16, 1M SETs of 100 B; window = connection start to overflow)\n'
 printf '%-8s %-9s %9s %12s %12s %12s %10s\n' buffer debug overflows "min ms" "mean ms" "max ms" "MB sent"
 for slow in stopped 10 100; do

@@ -39,6 +39,13 @@ constexpr std::size_t kMaxPendingMessages = 65536;  // per connection, for the d
 constexpr std::size_t kMaxReports = 100;
 constexpr std::size_t kMaxWindows = 1000;
 constexpr int kDebugSendBuffer = 64 * 1024;  // the kernel doubles it
+// The debug copy's leg is served in batches: bytes for it are sent, and its
+// replies read, once per kDebugBatch (or as soon as kDebugFlushNow bytes wait),
+// so duplicating a request costs a fraction of a syscall instead of two, and
+// the debug side never wakes the production path.  The copy lags by at most
+// this much, which no debugging session notices.
+constexpr auto kDebugBatch = std::chrono::milliseconds(5);
+constexpr std::size_t kDebugFlushNow = 32 * 1024;
 
 double ms_since(Clock::time_point t) {
     return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
@@ -189,6 +196,10 @@ public:
     std::uint32_t id() const { return id_; }
     std::size_t debug_buffered() const { return dbuf_.size(); }
     void describe(JsonWriter& j) const;
+    // Called by the proxy's debug pass for connections marked with
+    // Proxy::debug_pending().
+    void flush_debug_batch();
+    bool debug_pending_ = false;
 
 private:
     struct Leg final : Handler {
@@ -229,6 +240,7 @@ private:
     bool pair_closed_ = false;
     DebugState debug_state_ = DebugState::none;
     DebugBuffer dbuf_;
+    bool debug_backlogged_ = false;  // the debug socket refused bytes: wait for EPOLLOUT
     bool overflowed_ = false;
     Clock::time_point linger_deadline_{};
     std::optional<std::uint64_t> slot_;
@@ -297,6 +309,7 @@ public:
 
     const MirrorOptions& opt;
     int epfd = -1;
+    int debug_epfd = -1;  // debug legs of duplicated connections, polled once per kDebugBatch
     Stats stats;
     std::unique_ptr<Recorder> recorder;
     std::uint8_t scratch[kReadChunk];
@@ -306,6 +319,11 @@ public:
     void accept_debug_client(Acceptor& a);
     void accept_stats(Acceptor& a);
     void retire(Connection* c) { retired_.insert(c); }
+    void debug_pending(Connection* c) {
+        if (c->debug_pending_) return;
+        c->debug_pending_ = true;
+        debug_pending_.push_back(c);
+    }
     void retire(StatsClient* s) { retired_stats_.insert(s); }
     void log(const char* fmt, ...) __attribute__((format(printf, 2, 3)));
     std::uint64_t now_ns() const {
@@ -326,8 +344,12 @@ public:
 private:
     void tick();
     void reap();
+    void debug_pass();
+    int wait_timeout_ms() const;
 
-    UniqueFd ep_;
+    UniqueFd ep_, debug_ep_;
+    std::vector<Connection*> debug_pending_;
+    Clock::time_point last_debug_pass_{};
     Acceptor clients_, debug_clients_, stats_listener_;
     SignalHandler signals_;
     std::map<std::uint32_t, std::unique_ptr<Connection>> connections_;
@@ -387,7 +409,7 @@ void Connection::start(std::optional<std::uint64_t> aggregator_slot) {
             // megabytes and would hide a stalled debug copy from --buffer.
             const int sndbuf = kDebugSendBuffer;
             ::setsockopt(d.get(), SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf);
-            debug_.w = Watched(px_.epfd, std::move(d), &debug_);
+            debug_.w = Watched(px_.debug_epfd, std::move(d), &debug_);
             debug_state_ = DebugState::connecting;
             if (px_.opt.divergence == Protocol::stream) {
                 stream_ = std::make_unique<StreamComparer>(px_.opt.buffer);
@@ -450,7 +472,10 @@ void Connection::on_event(Side side, std::uint32_t events) {
             const int one = 1;
             ::setsockopt(debug_.w.fd(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
         }
-        if (debug_state_ == DebugState::open && (events & EPOLLOUT)) flush_debug();
+        if (debug_state_ == DebugState::open && (events & EPOLLOUT)) {
+            debug_backlogged_ = false;
+            flush_debug();
+        }
         if (debug_state_ == DebugState::open && (events & (EPOLLIN | EPOLLHUP | EPOLLERR))) read_debug();
         break;
     }
@@ -592,7 +617,19 @@ void Connection::mirror_to_debug(const std::uint8_t* p, std::size_t n) {
     }
     px_.note_buffered(static_cast<std::ptrdiff_t>(n));
     px_.stats.connection_high_water = std::max(px_.stats.connection_high_water, dbuf_.size());
-    if (debug_state_ == DebugState::open) flush_debug();
+    if (debug_state_ != DebugState::open || debug_backlogged_) return;
+    if (dbuf_.size() >= std::min(kDebugFlushNow, dbuf_.capacity() / 4))
+        flush_debug();
+    else
+        px_.debug_pending(this);
+}
+
+void Connection::flush_debug_batch() {
+    debug_pending_ = false;
+    if (debug_state_ != DebugState::open || debug_backlogged_) return;
+    flush_debug();
+    if (!finished()) update();
+    if (finished()) px_.retire(this);
 }
 
 void Connection::overflow() {
@@ -620,7 +657,10 @@ void Connection::flush_debug() {
             close_debug("write to debug copy failed");
             return;
         }
-        if (r == SendResult::again) return;
+        if (r == SendResult::again) {
+            debug_backlogged_ = true;
+            return;
+        }
     }
     if ((client_eof_ || pair_closed_) && !debug_shut_) {
         ::shutdown(debug_.w.fd(), SHUT_WR);
@@ -737,7 +777,7 @@ void Connection::update() {
     if (debug_state_ == DebugState::connecting) {
         debug_.w.want(EPOLLOUT);
     } else if (debug_state_ == DebugState::open) {
-        debug_.w.want(EPOLLIN | (dbuf_.empty() ? 0u : static_cast<std::uint32_t>(EPOLLOUT)));
+        debug_.w.want(EPOLLIN | (debug_backlogged_ ? static_cast<std::uint32_t>(EPOLLOUT) : 0u));
     }
 }
 
@@ -943,8 +983,10 @@ void Slot::close_debug() {
 
 Proxy::Proxy(const MirrorOptions& options) : opt(options) {
     ep_.reset(::epoll_create1(EPOLL_CLOEXEC));
-    if (!ep_) throw_errno("epoll_create1");
+    debug_ep_.reset(::epoll_create1(EPOLL_CLOEXEC));
+    if (!ep_ || !debug_ep_) throw_errno("epoll_create1");
     epfd = ep_.get();
+    debug_epfd = debug_ep_.get();
 
     rlimit lim{};
     if (::getrlimit(RLIMIT_NOFILE, &lim) == 0 && lim.rlim_cur < lim.rlim_max) {
@@ -1028,17 +1070,42 @@ void Proxy::rate_limited_log(std::uint64_t count, const char* fmt, ...) {
 void Proxy::run() {
     epoll_event events[256];
     while (!stopping) {
-        const int n = ::epoll_wait(epfd, events, 256, 200);
+        const int n = ::epoll_wait(epfd, events, 256, wait_timeout_ms());
         if (n < 0 && errno != EINTR) throw_errno("epoll_wait");
         for (int i = 0; i < n; ++i) {
             static_cast<Handler*>(events[i].data.ptr)->on_event(events[i].events);
         }
+        if (Clock::now() - last_debug_pass_ >= kDebugBatch) debug_pass();
         reap();
         tick();
+    }
+    debug_pass();  // what was queued for the debug copy still goes out
+}
+
+// While debug legs exist the loop wakes at least once per batch for them.
+int Proxy::wait_timeout_ms() const {
+    if (!opt.debug || connections_.empty()) return 200;
+    const auto due = last_debug_pass_ + kDebugBatch - Clock::now();
+    return static_cast<int>(std::clamp<long>(
+        std::chrono::ceil<std::chrono::milliseconds>(due).count(), 0, kDebugBatch.count()));
+}
+
+void Proxy::debug_pass() {
+    last_debug_pass_ = Clock::now();
+    std::vector<Connection*> pending;
+    pending.swap(debug_pending_);
+    for (Connection* c : pending) c->flush_debug_batch();
+    epoll_event events[256];
+    for (int round = 0; round < 64; ++round) {
+        const int n = ::epoll_wait(debug_epfd, events, 256, 0);
+        for (int i = 0; i < n; ++i) static_cast<Handler*>(events[i].data.ptr)->on_event(events[i].events);
+        if (n < 256) break;
     }
 }
 
 void Proxy::reap() {
+    if (!retired_.empty())
+        std::erase_if(debug_pending_, [&](Connection* c) { return retired_.count(c) != 0; });
     for (Connection* c : retired_) connections_.erase(c->id());
     retired_.clear();
     for (StatsClient* s : retired_stats_) {
