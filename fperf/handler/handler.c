@@ -286,22 +286,23 @@ static void sample_exit(uint64_t function, uintptr_t sp)
         return;
     }
     t_tls.busy = 1;
-    /* Frames deeper than where we are now were left by longjmp or an
-     * exception: their exits will never come. */
-    /* An exit above a frame's stack position whose function differs also
-     * means that frame's activation is gone. */
-    while (st->top && (st->frames[st->top - 1].depth > t_tls.depth ||
-                       (sp > st->frames[st->top - 1].sp && st->frames[st->top - 1].function != function))) {
+    /* An exit above a frame's stack position whose function differs means
+     * that frame's activation is gone (longjmp, an exception, or its exit
+     * probe removed while it ran): its exit will never come.  The call depth
+     * cannot tell: a site gcc shares between two inlined functions (one exit
+     * call, this_fn in a register) stays live when the probes of one of them
+     * are removed, and its stray exits pull the depth below a live frame's. */
+    while (st->top && sp > st->frames[st->top - 1].sp && st->frames[st->top - 1].function != function) {
         st->top--;
         struct fperf_shm_header* h = atomic_load_explicit(&g_session, memory_order_relaxed);
         if (h) atomic_fetch_add_explicit(&h->unmatched_exits, 1, memory_order_relaxed);
     }
-    /* The frame's own exit: at its depth, or, when an exit inside it was
-     * missed (a probe removed while its function ran) and the depth count is
-     * off, recognised by an exit above the frame's stack position; the
-     * count is then put right. */
+    /* The frame's own exit: the same function at the frame's stack position
+     * or above it (whatever the depth count says, which stray or missed
+     * exits may have moved; it is put right), or at the frame's depth (a
+     * function whose stack pointer moved, alloca). */
     if (st->top && st->frames[st->top - 1].function == function &&
-        (st->frames[st->top - 1].depth == t_tls.depth || sp > st->frames[st->top - 1].sp)) {
+        (sp >= st->frames[st->top - 1].sp || st->frames[st->top - 1].depth == t_tls.depth)) {
         t_tls.depth = st->frames[st->top - 1].depth;
         uint64_t wall1 = clock_ns(CLOCK_MONOTONIC);
         struct frame* f = &st->frames[--st->top];
@@ -446,7 +447,7 @@ static inline void on_function_exit(uint64_t function, uintptr_t sp)
      * Calls nested deeper than the innermost sampled one leave at once: a
      * long-lived sampled caller (main, an event loop) must not put every
      * exit below it on the slow path. */
-    if (UNLIKELY(t_tls.open_frames != 0) && (t_tls.depth <= t_tls.top_depth || sp > t_tls.top_sp))
+    if (UNLIKELY(t_tls.open_frames != 0) && (t_tls.depth <= t_tls.top_depth || sp >= t_tls.top_sp))
         sample_exit(function, sp);
     t_tls.depth--;
 }

@@ -10,7 +10,7 @@ std::uint64_t sample_allowance(const Budget& budget, std::uint64_t calls_in_inte
     if (budget.unlimited) return UINT64_MAX;
     const double allowed_ns = budget.fraction * static_cast<double>(budget.work_ns);
     const double counting_ns = static_cast<double>(calls_in_interval) * budget.count_cost_ns;
-    const double left_ns = allowed_ns - counting_ns;
+    const double left_ns = allowed_ns - counting_ns - std::max(0.0, budget.debt_ns);
     if (left_ns <= 0 || budget.sample_cost_ns <= 0) return 0;
     return static_cast<std::uint64_t>(std::floor(left_ns / budget.sample_cost_ns));
 }

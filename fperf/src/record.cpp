@@ -381,10 +381,11 @@ public:
         budget_.count_cost_ns = costs_.count_ns;
     }
 
-    // One refill: see what ran, give out the next interval's quotas.
-    // `cpu_ns`: CPU time the target used in the interval, when known.
-    // Returns the run-time addresses of functions too hot to keep counting
-    // (only when `removable`, i.e. their probes can be taken out).
+    // One refill: see what ran, work out the next interval's quotas (handed
+    // out by publish_quotas()).  `cpu_ns`: CPU time the target used in the
+    // interval, when known.  Returns the run-time addresses of functions too
+    // hot to keep counting (only when `removable`, i.e. their probes can be
+    // taken out).
     std::vector<std::uint64_t> refill(std::uint64_t elapsed_ns, std::optional<std::uint64_t> cpu_ns, bool removable) {
         session_.heartbeat();
         if (!handler_costs_ && session_.handler_ready() && session_.header().sample_cost_ns) {
@@ -442,14 +443,48 @@ public:
         result_.cpu_known = result_.cpu_known && cpu_ns.has_value();
         Budget b = budget_;
         b.work_ns = work;
+        b.debt_ns = result_.overhead_ns - budget_.fraction * static_cast<double>(result_.work_ns);
         result_.last_allowance = sample_allowance(b, calls_interval);
         const auto quotas = allocate_quotas(activity, result_.last_allowance);
-        for (std::size_t i = 0; i < snap.size(); i++) session_.set_quota(snap[i].slot, quotas[i]);
+        pending_quotas_.clear();
+        for (std::size_t i = 0; i < snap.size(); i++) pending_quotas_.emplace_back(snap[i].slot, quotas[i]);
         result_.intervals++;
         std::vector<std::uint64_t> hot;
         if (removable)
             for (const auto i : probes_to_remove(activity, b)) hot.push_back(snap[i].address);
         return hot;
+    }
+
+    // Between refills, every poll: functions that turned hot since the last
+    // look (the target entered a new phase) are shed now rather than counted
+    // at full cost until the next refill.  Work is estimated as in refill().
+    std::vector<std::uint64_t> newly_hot(std::uint64_t elapsed_ns, std::optional<std::uint64_t> cpu_ns) {
+        const auto snap = session_.snapshot();
+        std::vector<FunctionActivity> activity;
+        activity.reserve(snap.size());
+        std::uint64_t calls = 0;
+        for (const auto& s : snap) {
+            auto& prev = polled_calls_[s.slot];
+            const std::uint64_t delta = s.calls >= prev ? s.calls - prev : s.calls;
+            prev = s.calls;
+            activity.push_back({s.calls, delta, s.samples});
+            calls += delta;
+        }
+        const double spent = overhead_ns(budget_, 0, calls);
+        const double used = cpu_ns ? static_cast<double>(*cpu_ns) : static_cast<double>(elapsed_ns);
+        Budget b = budget_;
+        b.work_ns = used > spent ? static_cast<std::uint64_t>(used - spent) : 0;
+        std::vector<std::uint64_t> hot;
+        for (const auto i : probes_to_remove(activity, b)) hot.push_back(snap[i].address);
+        return hot;
+    }
+
+    // After the hot functions' probes are gone: removing them stops the
+    // target, and a sample opened on a fresh quota just before would lose
+    // its exit (a function never sampled would then stay unsampled).
+    void publish_quotas() {
+        for (const auto& [slot, quota] : pending_quotas_) session_.set_quota(slot, quota);
+        pending_quotas_.clear();
     }
 
     const Costs& costs() const { return costs_; }
@@ -464,7 +499,8 @@ private:
     bool handler_costs_ = false;
     bool live_costs_ = false;
     bool live_count_costs_ = false;
-    std::map<std::uint32_t, std::uint64_t> previous_calls_;
+    std::map<std::uint32_t, std::uint64_t> previous_calls_, polled_calls_;
+    std::vector<std::pair<std::uint32_t, std::int64_t>> pending_quotas_;
     DaemonResult result_;
 };
 
@@ -772,21 +808,35 @@ int record(const RecordOptions& o) {
     const std::uint64_t start = monotonic_ns();
     const std::uint64_t deadline = o.duration_s > 0 ? start + static_cast<std::uint64_t>(o.duration_s * 1e9) : 0;
     std::uint64_t last_refill = start;
-    const std::uint64_t poll_ns = std::min<std::uint64_t>(o.interval_ns, 10'000'000);
+    // Until the first refill every function is counted, the hottest ones at
+    // a cost far above the budget: the first intervals are short (10 ms,
+    // doubling up to --interval) so those are found and shed at once.
+    std::uint64_t interval_ns = std::min<std::uint64_t>(o.interval_ns, 10'000'000);
     const bool progress = !o.quiet && ::isatty(STDERR_FILENO);
     std::uint64_t last_progress = start;
     std::optional<std::uint64_t> last_cpu = target_cpu_ns(pid);
+    std::uint64_t last_poll = start;
+    std::optional<std::uint64_t> last_poll_cpu = last_cpu;
+    const bool removable = routed.has_value() && !o.unlimited && !o.keep_probes;
     while (!g_stop_signal && target->alive()) {
         const std::uint64_t now = monotonic_ns();
         if (deadline && now >= deadline) break;
-        if (now - last_refill >= o.interval_ns) {
+        if (now - last_refill >= interval_ns) {
             const auto cpu = target_cpu_ns(pid);
             const auto hot = daemon.refill(now - last_refill,
-                                           cpu && last_cpu ? std::optional(*cpu - *last_cpu) : std::nullopt,
-                                           routed.has_value() && !o.unlimited && !o.keep_probes);
+                                           cpu && last_cpu ? std::optional(*cpu - *last_cpu) : std::nullopt, removable);
             last_cpu = cpu;
             if (!hot.empty()) remove_hot_probes(*routed, hot, raw_names, removed, log);
+            daemon.publish_quotas();
             last_refill = monotonic_ns();
+            interval_ns = std::min(o.interval_ns, 2 * interval_ns);
+        } else if (removable && now - last_poll >= 5'000'000) {
+            const auto cpu = target_cpu_ns(pid);
+            const auto hot = daemon.newly_hot(now - last_poll,
+                                              cpu && last_poll_cpu ? std::optional(*cpu - *last_poll_cpu) : std::nullopt);
+            last_poll = now;
+            last_poll_cpu = cpu;
+            if (!hot.empty()) remove_hot_probes(*routed, hot, raw_names, removed, log);
         }
         if (progress && now - last_progress >= 1'000'000'000ull) {
             const auto& r = daemon.result();
@@ -796,7 +846,7 @@ int record(const RecordOptions& o) {
                          100.0 * overhead_ns(daemon.budget(), r.samples, r.calls) / static_cast<double>(now - start));
             last_progress = now;
         }
-        sleep_ns(poll_ns);
+        sleep_ns(std::min<std::uint64_t>(interval_ns, 10'000'000));
     }
     if (progress && last_progress != start) std::fputc('\n', stderr);
     const std::uint64_t duration = monotonic_ns() - start;

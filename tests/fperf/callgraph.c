@@ -1,7 +1,7 @@
 /* A program with a known call structure, for fperf's tests.  Built with
  * -finstrument-functions.  Exact call counts per run (mode "once"):
  *   main 1, hot_loop 1, hot_leaf 1000000, once_a 1, once_b 1,
- *   fib 21891 (fib(20)), thread_main 2, thread_work 2000.
+ *   fib 21891 (fib(20)), thread_main 2, thread_work 2000, stray_exit_caller 1.
  * Mode "serve SECONDS": repeats hot_leaf in rounds with short sleeps, so a
  * profiler can attach while it runs; prints the checksum and exits 0. */
 #include <pthread.h>
@@ -24,6 +24,17 @@ __attribute__((noinline)) void once_b(void)
 {
     /* long enough to stand out per call */
     for (int i = 0; i < 200000; i++) sink += (unsigned long)i;
+}
+
+/* gcc can merge the exit hook calls of functions inlined into one caller
+ * into one call; when the probes of one of them are removed, the others'
+ * exits arrive with no entry.  This caller delivers such a stray exit (of
+ * once_a) while its own sample is open. */
+void __cyg_profile_func_exit(void* this_fn, void* call_site);
+__attribute__((noinline)) void stray_exit_caller(void)
+{
+    __cyg_profile_func_exit((void*)once_a, __builtin_return_address(0));
+    sink += 1;
 }
 
 __attribute__((noinline)) unsigned long fib(unsigned n) { return n < 2 ? n : fib(n - 1) + fib(n - 2); }
@@ -63,6 +74,7 @@ int main(int argc, char** argv)
     hot_loop(1000000);
     once_a();
     once_b();
+    stray_exit_caller();
     unsigned long f = fib(20);
     for (int t = 0; t < 2; t++) pthread_join(threads[t], NULL);
     printf("fib %lu\n", f);

@@ -47,6 +47,21 @@ TEST(FperfQuota, AllowanceIsBudgetMinusCountingCostOverSampleCost) {
     EXPECT_EQ(fperf::sample_allowance(b, 2'000'000), UINT64_MAX);
 }
 
+TEST(FperfQuota, OverspendingIsPaidBackBeforeSampling) {
+    fperf::Budget b;
+    b.fraction = 0.05;
+    b.work_ns = 100'000'000;  // 5 ms of overhead allowed
+    b.sample_cost_ns = 1000;
+    b.count_cost_ns = 5;
+    b.debt_ns = 2'000'000;  // 2 ms over budget so far
+    EXPECT_EQ(fperf::sample_allowance(b, 0), 3000u);
+    EXPECT_EQ(fperf::sample_allowance(b, 100'000), 2500u);
+    b.debt_ns = 6'000'000;
+    EXPECT_EQ(fperf::sample_allowance(b, 0), 0u);
+    b.debt_ns = -3'000'000;  // under budget so far: no credit, no bursts
+    EXPECT_EQ(fperf::sample_allowance(b, 0), 5000u);
+}
+
 TEST(FperfQuota, NoBudgetMeansUnlimitedQuotas) {
     std::vector<FunctionActivity> f = {{0, 0, 0}, {10, 10, 10}};
     const auto q = fperf::allocate_quotas(f, UINT64_MAX);
@@ -247,7 +262,7 @@ std::string handler_library() { return build_dir() + "/lib/libfperf-handler.so";
 
 const std::map<std::string, std::uint64_t> kExpectedCalls = {
     {"main", 1}, {"hot_loop", 1}, {"hot_leaf", 1'000'000}, {"once_a", 1},
-    {"once_b", 1}, {"fib", 21891}, {"thread_main", 2}, {"thread_work", 2000}};
+    {"once_b", 1}, {"fib", 21891}, {"thread_main", 2}, {"thread_work", 2000}, {"stray_exit_caller", 1}};
 
 std::map<std::string, const fperf::FunctionProfile*> by_name(const fperf::Profile& p) {
     std::map<std::string, const fperf::FunctionProfile*> out;

@@ -19,6 +19,11 @@ struct Budget {
     std::uint64_t work_ns = 100'000'000;
     double sample_cost_ns = 1000;  // extra time of one sampled call
     double count_cost_ns = 5;      // extra time of one counted-only call
+    // Estimated overhead spent so far beyond budget × work so far (quotas
+    // are set from the last interval, so they overshoot when the target
+    // speeds up, and new functions' first samples are not budgeted): the
+    // next interval pays it back before it samples.
+    double debt_ns = 0;
 };
 
 // What the daemon saw of one function.
@@ -29,7 +34,8 @@ struct FunctionActivity {
 };
 
 // Samples the next interval may take: budget × work, minus what the calls
-// cost anyway on the count-only path, divided by the cost of one sample.
+// cost anyway on the count-only path and the debt, divided by the cost of one
+// sample.
 // Overhead ≤ budget × work is slowdown ≤ 1 + budget.
 std::uint64_t sample_allowance(const Budget& budget, std::uint64_t calls_in_interval);
 
