@@ -33,12 +33,18 @@ using iprobe::test::TempDir;
 
 // ---------------------------------------------------------------- quotas --
 
-TEST(FperfQuota, AllowanceIsBudgetMinusCountingCostOverSampleCost) {
+// 5% of 100 ms: 5 ms of overhead allowed; 1 us a sample, 5 ns a counted call.
+fperf::Budget five_ms_budget() {
     fperf::Budget b;
     b.fraction = 0.05;
-    b.work_ns = 100'000'000;  // 5 ms of overhead allowed
+    b.work_ns = 100'000'000;
     b.sample_cost_ns = 1000;
     b.count_cost_ns = 5;
+    return b;
+}
+
+TEST(FperfQuota, AllowanceIsBudgetMinusCountingCostOverSampleCost) {
+    fperf::Budget b = five_ms_budget();
     EXPECT_EQ(fperf::sample_allowance(b, 0), 5000u);
     EXPECT_EQ(fperf::sample_allowance(b, 100'000), 4500u);   // 0.5 ms spent counting
     EXPECT_EQ(fperf::sample_allowance(b, 1'000'000), 0u);    // counting alone uses it all
@@ -48,11 +54,7 @@ TEST(FperfQuota, AllowanceIsBudgetMinusCountingCostOverSampleCost) {
 }
 
 TEST(FperfQuota, OverspendingIsPaidBackBeforeSampling) {
-    fperf::Budget b;
-    b.fraction = 0.05;
-    b.work_ns = 100'000'000;  // 5 ms of overhead allowed
-    b.sample_cost_ns = 1000;
-    b.count_cost_ns = 5;
+    fperf::Budget b = five_ms_budget();
     b.debt_ns = 2'000'000;  // 2 ms over budget so far
     EXPECT_EQ(fperf::sample_allowance(b, 0), 3000u);
     EXPECT_EQ(fperf::sample_allowance(b, 100'000), 2500u);

@@ -261,18 +261,25 @@ std::vector<long long> children_of(long long pid) {
     return out;
 }
 
+// A shell leading its own session, running redis-server in `ns` as a
+// background job, once redis answers.
+Child shell_running_redis(const Netns& ns, int port, const TempDir& dir) {
+    Child shell({"nsenter", "--net=" + ns.path(), "sh", "-c",
+                 "/usr/bin/redis-server --port " + std::to_string(port) + " --save '' --appendonly no --dir " +
+                     dir.path() + " & wait"},
+                "/dev/null", {}, Session::own);
+    for (int i = 0; i < 100 && redis_cli(ns.path(), port, {"PING"}) != "PONG"; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    return shell;
+}
+
 // The whole process tree is cloned: a shell supervising a redis-server.
 TEST(LauncherCloneTree, ParentAndChildAreClonedTogether) {
     if (!is_root()) GTEST_SKIP() << "iprobe clone needs root";
     Netns ns("ipt-tree-" + std::to_string(getpid()));
     TempDir dir;
     int port = free_port();
-    Child tree({"nsenter", "--net=" + ns.path(), "sh", "-c",
-                "/usr/bin/redis-server --port " + std::to_string(port) + " --save '' --appendonly no --dir " +
-                    dir.path() + " & wait"},
-                "/dev/null", {}, Session::own);
-    for (int i = 0; i < 100 && redis_cli(ns.path(), port, {"PING"}) != "PONG"; ++i)
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    Child tree = shell_running_redis(ns, port, dir);
     ASSERT_EQ(redis_cli(ns.path(), port, {"SET", "k", "tree"}), "OK");
     ASSERT_EQ(children_of(tree.pid()).size(), 1u);
     std::string name = "ipt-treeclone-" + std::to_string(getpid());
@@ -325,12 +332,7 @@ TEST(LauncherCloneSession, MemberOfAShellsSessionIsClonedAsAShellJob) {
     Netns ns("ipt-job-" + std::to_string(getpid()));
     TempDir dir;
     int port = free_port();
-    Child shell({"nsenter", "--net=" + ns.path(), "sh", "-c",
-                 "/usr/bin/redis-server --port " + std::to_string(port) + " --save '' --appendonly no --dir " +
-                     dir.path() + " & wait"},
-                "/dev/null", {}, Session::own);
-    for (int i = 0; i < 100 && redis_cli(ns.path(), port, {"PING"}) != "PONG"; ++i)
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    Child shell = shell_running_redis(ns, port, dir);
     ASSERT_EQ(redis_cli(ns.path(), port, {"SET", "k", "job"}), "OK");
     auto service = children_of(shell.pid());
     ASSERT_EQ(service.size(), 1u);
