@@ -298,6 +298,7 @@ struct KeeperPlan {
     bool shell_job = false;
     std::string name;
     std::string images_mount;  // where the keeper binds `images` (in the state directory)
+    int lifeline_fd = -1;      // CloneOptions::lifeline_fd
 };
 
 // So that ps shows "iprobe-keeper NAME" rather than the launcher's command
@@ -317,6 +318,26 @@ void name_keeper_cmdline(const std::string& name) {
 
 void write_int(int fd, int v) { (void)!::write(fd, &v, sizeof v); }
 
+// Reaps the clone's orphans until none is left.  With a lifeline, also
+// leaves when its caller is gone: PID 1 exiting ends the whole PID
+// namespace, so the clone goes with it.
+[[noreturn]] void reap_until_gone(int lifeline) {
+    int status = 0;
+    if (lifeline < 0) {
+        for (;;)
+            if (::wait(&status) < 0 && errno == ECHILD) _exit(0);
+    }
+    for (;;) {
+        pollfd p{lifeline, POLLIN, 0};
+        const int ready = ::poll(&p, 1, 200);
+        pid_t r;
+        while ((r = ::waitpid(-1, &status, WNOHANG)) > 0) {
+        }
+        if (r < 0 && errno == ECHILD) _exit(0);
+        if (ready > 0) _exit(0);  // EOF (or stray bytes): the caller is gone
+    }
+}
+
 // Runs as PID 1 of the new PID namespace, in a private mount namespace:
 // gives CRIU a /proc of that namespace and the snapshot copies in place of
 // the originals, restores, then reaps until the clone is gone.
@@ -330,13 +351,20 @@ void write_int(int fd, int v) { (void)!::write(fd, &v, sizeof v); }
     ::prctl(PR_SET_NAME, "iprobe-keeper", 0, 0, 0);
     name_keeper_cmdline(plan.name);
     ::prctl(PR_SET_PDEATHSIG, 0, 0, 0, 0);
+    // Out of the way of the descriptors rearranged below.
+    const int lifeline_high = plan.lifeline_fd >= 0 ? ::fcntl(plan.lifeline_fd, F_DUPFD, 10) : -1;
     int devnull = ::open("/dev/null", O_RDWR);
     ::dup2(devnull, 0);
     ::dup2(devnull, 1);
     ::dup2(devnull, 2);
     ::dup2(status_fd, 3);
-    ::close_range(4, ~0U, 0);
     status_fd = 3;
+    int lifeline = -1;
+    if (lifeline_high >= 0) {
+        ::dup2(lifeline_high, 4);
+        lifeline = 4;
+    }
+    ::close_range(lifeline < 0 ? 4 : 5, ~0U, 0);
     auto fail = [&](int stage) {
         write_int(status_fd, stage);
         write_int(status_fd, errno);
@@ -373,7 +401,7 @@ void write_int(int fd, int v) { (void)!::write(fd, &v, sizeof v); }
     pid_t criu = ::fork();
     if (criu < 0) fail(-4);
     if (criu == 0) {
-        ::close(status_fd);
+        ::close_range(3, ~0U, 0);
         ::execv(argv[0], argv.data());
         _exit(127);
     }
@@ -389,10 +417,7 @@ void write_int(int fd, int v) { (void)!::write(fd, &v, sizeof v); }
     write_int(status_fd, 0);
     ::close(status_fd);
     if (code != 0) _exit(1);
-    for (;;) {
-        pid_t r = ::wait(&status);
-        if (r < 0 && errno == ECHILD) _exit(0);
-    }
+    reap_until_gone(lifeline);
 }
 
 bool read_int(int fd, int& v, int timeout_ms) {
@@ -643,9 +668,13 @@ CloneResult clone_process(const CloneOptions& o) {
     Criu criu = find_criu();
     std::string name = o.name.empty() ? "iprobe-clone-" + std::to_string(o.pid) : o.name;
     validate_name(name);
-    if (fs::exists(state_dir(name) + "/state"))
-        throw Error("a clone named '" + name + "' exists; remove it with `iprobe clone --destroy " + name + "`",
-                    ExitCode::busy);
+    if (fs::exists(state_dir(name) + "/state")) {
+        if (load_clone(name).keeper_pid > 0)
+            throw Error("a clone named '" + name + "' exists; remove it with `iprobe clone --destroy " + name + "`",
+                        ExitCode::busy);
+        progress(o, "removing the remains of clone " + name + " (its processes are gone)");
+        destroy_clone(name);
+    }
 
     std::vector<pid_t> tree = process_tree(o.pid);
     require_visible_session_leaders(tree);
@@ -674,7 +703,7 @@ CloneResult clone_process(const CloneOptions& o) {
 
     // Copies are taken right after the dump, production running on: the
     // clone's files can be slightly ahead of its memory, never behind it.
-    KeeperPlan plan{criu.path, images, state + "/restore.log", {}, shell_job, name, state + "/images"};
+    KeeperPlan plan{criu.path, images, state + "/restore.log", {}, shell_job, name, state + "/images", o.lifeline_fd};
     fs::create_directories(state + "/fs");
     for (size_t i = 0; i < snapshots.size(); ++i) {
         std::string copy = state + "/fs/" + std::to_string(i);

@@ -122,6 +122,10 @@ public:
         subnet_ = pick_subnet();
         // Short and unique per session: interface names stop at 15 bytes.
         veth_ = "ipd" + std::to_string(getpid());
+        int lifeline[2];
+        if (::pipe2(lifeline, O_CLOEXEC) < 0) throw_errno("pipe");
+        lifeline_read_.reset(lifeline[0]);
+        lifeline_write_.reset(lifeline[1]);
     }
     ~DebugSession() { teardown(); }
 
@@ -157,6 +161,9 @@ private:
     CloneResult clone_;
     pid_t mirror_ = -1, trace_ = -1;
     UniqueFd mirror_out_;
+    // Only this process holds the write end (close-on-exec: not the mirror
+    // or the tracer): if it is killed, even with SIGKILL, the clone ends.
+    UniqueFd lifeline_read_, lifeline_write_;
     int clones_made_ = 0;
 };
 
@@ -164,6 +171,7 @@ void DebugSession::make_clone() {
     CloneOptions co;
     co.pid = o_.pid;
     co.name = name_;
+    co.lifeline_fd = lifeline_read_.get();
     co.progress = [this](const std::string& line) {
         if (!o_.json) std::fprintf(stderr, "iprobe debug: %s\n", line.c_str());
     };

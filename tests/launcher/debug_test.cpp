@@ -110,7 +110,7 @@ protected:
         ASSERT_FALSE(clone_netns_.empty());
         ASSERT_GT(clone_pid_, 1) << clone.back();
     }
-    std::string out_path() const { return dir_ / "debug.out"; }
+    std::string out_path() const { return dir_ / out_name_; }
     std::string via_mirror(const std::vector<std::string>& args) {
         return redis_cli(prod_ns_->path(), listen_port_, args);
     }
@@ -140,6 +140,7 @@ protected:
     }
 
     TempDir dir_;
+    std::string out_name_ = "debug.out";  // the session's stdout, under dir_
     std::unique_ptr<Netns> prod_ns_;
     int port_ = 0, listen_port_ = 0;
     std::unique_ptr<Redis> redis_;
@@ -333,6 +334,34 @@ TEST_F(LauncherDebug, DivergenceRecloningReplacesACloneThatAnswersDifferently) {
     EXPECT_EQ(via_mirror({"GET", "x"}), "production");
     std::this_thread::sleep_for(std::chrono::milliseconds(2500));
     EXPECT_EQ(events(out_path(), "reclone").size(), 1u) << file_text(out_path());
+    stop_debug_and_check_clean();
+}
+
+// A session killed outright (SIGKILL: no teardown runs) takes its clone
+// along, and the next session with the same clone name starts clean.
+TEST_F(LauncherDebug, KilledSessionTakesItsCloneAlongAndTheNextStartsClean) {
+    ASSERT_NO_FATAL_FAILURE(start_redis());
+    ASSERT_NO_FATAL_FAILURE(start_debug());
+    const auto clone_alive = [](long long pid) {
+        const std::string stat = "/proc/" + std::to_string(pid) + "/stat";
+        return fs::exists(stat) && file_text(stat).find(") Z") == std::string::npos;
+    };
+    ASSERT_TRUE(clone_alive(clone_pid_));
+    debug_->kill(SIGKILL);
+    bool gone = false;
+    for (int i = 0; i < 100 && !(gone = !clone_alive(clone_pid_)); ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_TRUE(gone) << "clone PID " << clone_pid_ << " outlived its session";
+    EXPECT_EQ(redis_->cli({"PING"}), "PONG");
+    // The killed session's mirror follows it (parent-death signal): wait
+    // until --listen is free again.
+    for (int i = 0; i < 100 && connect_in_netns(prod_ns_->path(), listen_port_) >= 0; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    out_name_ = "second-session.out";
+    ASSERT_NO_FATAL_FAILURE(start_debug());
+    EXPECT_EQ(clone_cli({"GET", "before"}), "debug");
+    EXPECT_EQ(via_mirror({"SET", "k", "v"}), "OK");
+    EXPECT_EQ(clone_eventually({"GET", "k"}, "v"), "v");
     stop_debug_and_check_clean();
 }
 

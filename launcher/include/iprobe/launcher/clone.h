@@ -29,6 +29,10 @@ struct CloneOptions {
     bool default_snapshots = true;          // also files open for writing and working directories
     std::string keep_images;                // keep CRIU's images here (default: removed after restore)
     std::function<void(const std::string&)> progress;  // one line per step, may be empty
+    // The read end of a pipe whose write end only the caller holds: when
+    // every write end is closed (the caller exited or was killed), the clone
+    // ends itself.  -1: the clone lives until `iprobe clone --destroy`.
+    int lifeline_fd = -1;
 };
 
 // Timings are milliseconds.
@@ -49,7 +53,9 @@ struct CloneResult {
 };
 
 // Clones `options.pid`.  Production keeps running throughout; on any failure
-// nothing is left behind and production is as it was (CRIU resumes it).
+// nothing is left behind and production is as it was (CRIU resumes it).  A
+// clone of the same name whose processes are gone (its caller's lifeline
+// closed) is removed first.
 CloneResult clone_process(const CloneOptions& options);
 
 // Kills the clone's process tree and removes its namespace and copies.
