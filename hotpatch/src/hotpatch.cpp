@@ -27,6 +27,7 @@
 #include "iprobe/rt.h"
 #include "iprobe/support/error.h"
 #include "iprobe/support/fd.h"
+#include "iprobe/support/lock_file.h"
 #include "modules.hpp"
 #include "process.hpp"
 #include "region.hpp"
@@ -59,28 +60,15 @@ std::string canonical_or_same(const std::string& path) {
 }
 
 // One iprobe session per target at a time: the second gets ExitCode::busy.
+// One attach or detach per target at a time.
 class SessionLock {
 public:
-    explicit SessionLock(pid_t pid) {
-        std::string dir = "/run/iprobe";
-        if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) {
-            dir = "/tmp/iprobe-" + std::to_string(::getuid());
-            ::mkdir(dir.c_str(), 0700);
-        }
-        const std::string path = dir + "/" + std::to_string(pid) + ".lock";
-        fd_.reset(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
-        if (!fd_) throw_errno("cannot open lock file " + path);
-        if (::flock(fd_.get(), LOCK_EX | LOCK_NB) != 0) {
-            if (errno == EWOULDBLOCK)
-                throw Error("another iprobe session is attaching to or detaching from process " + std::to_string(pid) +
-                                "; wait for it to finish and retry",
-                            ExitCode::busy);
-            throw_errno("cannot lock " + path);
-        }
-    }
+    explicit SessionLock(pid_t pid)
+        : lock_(std::to_string(pid) + ".lock", "another iprobe session is attaching to or detaching from process " +
+                                                   std::to_string(pid) + "; wait for it to finish and retry") {}
 
 private:
-    UniqueFd fd_;
+    LockFile lock_;
 };
 
 struct LoadedLibrary {

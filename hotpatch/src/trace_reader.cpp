@@ -1,21 +1,17 @@
 #include "iprobe/trace_reader.hpp"
 
-#include <fcntl.h>
-#include <sys/file.h>
-#include <sys/stat.h>
-
-#include <cerrno>
 #include <cstring>
+#include <optional>
 
 #include "iprobe/probe_source.hpp"
 #include "iprobe/support/error.h"
-#include "iprobe/support/fd.h"
+#include "iprobe/support/lock_file.h"
 #include "region.hpp"
 
 namespace iprobe::hotpatch {
 
 struct TraceReader::Impl {
-    UniqueFd reader_lock;
+    std::optional<LockFile> reader_lock;
     pid_t pid = 0;
     Region region;
     std::vector<ProbeInfo> probes;
@@ -48,14 +44,9 @@ TraceReader::TraceReader(pid_t pid) : impl_(std::make_unique<Impl>()) {
     impl_->pid = pid;
     impl_->region = Region::open(pid);
     // Readers consume: two at once would split (or repeat) the events.
-    std::string dir = "/run/iprobe";
-    if (::mkdir(dir.c_str(), 0700) != 0 && errno != EEXIST) dir = "/tmp";
-    const std::string path = dir + "/" + std::to_string(pid) + ".reader.lock";
-    impl_->reader_lock.reset(::open(path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600));
-    if (impl_->reader_lock && ::flock(impl_->reader_lock.get(), LOCK_EX | LOCK_NB) != 0 && errno == EWOULDBLOCK)
-        throw Error("another iprobe trace or report is reading process " + std::to_string(pid) +
-                        "; events are consumed once, so stop it first",
-                    ExitCode::busy);
+    impl_->reader_lock.emplace(std::to_string(pid) + ".reader.lock",
+                               "another iprobe trace or report is reading process " + std::to_string(pid) +
+                                   "; events are consumed once, so stop it first");
     impl_->load_new_modules();
 }
 

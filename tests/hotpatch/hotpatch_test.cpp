@@ -59,6 +59,9 @@ TEST_F(HotpatchTest, InjectsRuntimeTracesExactCountsAndDetachesToIdenticalText) 
     r = iprobe({"report", pid_of(target), "--json"});
     EXPECT_EQ(json_calls(r.out, "counted"), -1) << r.out;
     EXPECT_TRUE(target.child().running());
+    // Session and reader locks go with their sessions.
+    EXPECT_NE(::access(("/run/iprobe/" + pid_of(target) + ".lock").c_str(), F_OK), 0);
+    EXPECT_NE(::access(("/run/iprobe/" + pid_of(target) + ".reader.lock").c_str(), F_OK), 0);
 }
 
 TEST_F(HotpatchTest, Survives200AttachDetachCyclesUnderLoadThenCountsExactly) {
