@@ -12,6 +12,7 @@
  * once per thread, on its first sampled call (PAPI allocates then).
  */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <link.h>
@@ -348,6 +349,22 @@ static void calibrate(struct fperf_shm_header* h);
 
 /* Maps /dev/shm/fperf.<pid> when the daemon has set one up.  Old mappings are
  * never unmapped: another thread may still be writing a sample into one. */
+/* NOP-form sites (the LLVM flow) pass no function address; the iprobe
+ * runtime's site table knows it.  Looked up on the attach path, never on the
+ * hot one (dlopen of an already loaded library, by soname). */
+static uint64_t (*_Atomic g_function_at)(uintptr_t);
+
+static void find_site_table(void)
+{
+    if (atomic_load(&g_function_at)) return;
+    void* rt = dlopen("libiprobe-rt.so", RTLD_NOW | RTLD_NOLOAD);
+    if (!rt) return;
+    uint64_t (*f)(uintptr_t);
+    *(void**)&f = dlsym(rt, "iprobe_rt_function_at");
+    atomic_store(&g_function_at, f);
+    dlclose(rt); /* the runtime stays loaded (-z nodelete) */
+}
+
 static void try_attach(void)
 {
     if (atomic_flag_test_and_set(&g_attaching)) return;
@@ -374,6 +391,7 @@ static void try_attach(void)
     }
     h->module_count = 0;
     dl_iterate_phdr(record_module, h);
+    find_site_table();
     h->papi_status = g_papi_ok ? PAPI_OK : PAPI_ENOINIT;
     calibrate(h);
     atomic_store(&g_session, h);
@@ -464,6 +482,26 @@ FPERF_API void fperf_exit(void* this_fn, void* call_site)
 {
     (void)call_site;
     on_function_exit((uint64_t)(uintptr_t)this_fn, (uintptr_t)__builtin_frame_address(0));
+}
+
+/* Called by the NOP-form entry points (trampolines.S) with the site's
+ * return address and stack pointer.  The stack position is put on the scale
+ * of fperf_enter's frame address (the caller's stack pointer less the return
+ * address and saved frame pointer), so that both kinds of sites compare. */
+FPERF_API void fperf_enter_at(uintptr_t return_address, const uint64_t* saved, uintptr_t site_sp)
+{
+    (void)saved;
+    uint64_t (*function_at)(uintptr_t) = atomic_load_explicit(&g_function_at, memory_order_relaxed);
+    const uint64_t function = function_at ? function_at(return_address) : 0;
+    if (LIKELY(function)) on_function_enter(function, site_sp - 16);
+}
+
+FPERF_API void fperf_exit_at(uintptr_t return_address, const uint64_t* saved, uintptr_t site_sp)
+{
+    (void)saved;
+    uint64_t (*function_at)(uintptr_t) = atomic_load_explicit(&g_function_at, memory_order_relaxed);
+    const uint64_t function = function_at ? function_at(return_address) : 0;
+    if (LIKELY(function)) on_function_exit(function, site_sp - 16);
 }
 
 /* Under LD_PRELOAD these interpose glibc's no-op hooks, so a program built

@@ -28,6 +28,8 @@ RoutingResult route_probes(const ProbeRouting& routing) {
     options.handlers.library = routing.handler_library;
     options.handlers.enter = "fperf_enter";
     options.handlers.exit = "fperf_exit";
+    options.handlers.enter_nop = "fperf_enter_nop";  // the LLVM flow's sites
+    options.handlers.exit_nop = "fperf_exit_nop";
     const auto stats = iprobe::hotpatch::attach(options);
     return {stats.total_enabled, stats.handler_injected, stats.pause_us};
 }

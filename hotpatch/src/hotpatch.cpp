@@ -563,6 +563,7 @@ std::uint32_t find_or_add_module(Region& region, const RunningModule& running, c
         rp.kind = static_cast<std::uint8_t>(p.kind);
         rp.form = static_cast<std::uint8_t>(p.form);
         rp.size = p.size;
+        rp.function = p.function_address <= UINT32_MAX ? static_cast<std::uint32_t>(p.function_address) : 0;
         rp.site = running.load_bias + p.site;
     }
     cb->probe_count += m.probe_count;

@@ -89,6 +89,18 @@ EXPORT int32_t iprobe_rt_probe_at(uintptr_t return_address) {
 
 EXPORT const struct iprobe_rt_control* iprobe_rt_get_control(void) { return control(); }
 
+EXPORT uint64_t iprobe_rt_function_at(uintptr_t return_address) {
+    const struct iprobe_rt_control* cb = control();
+    const int32_t probe = cb ? lookup_site(cb, return_address) : -1;
+    if (probe < 0 || (uint32_t)probe >= cb->probe_count) return 0;
+    const struct iprobe_rt_probe* p =
+        (const struct iprobe_rt_probe*)((const char*)cb + cb->probes_offset) + probe;
+    if (!p->function || p->module >= cb->module_count) return 0;
+    const struct iprobe_rt_module* m =
+        (const struct iprobe_rt_module*)((const char*)cb + cb->modules_offset) + p->module;
+    return m->load_bias + p->function;
+}
+
 static void count_unserved(void) {
     if (g_forked_child)
         __atomic_fetch_add(&iprobe_rt_state.fork_child_events, 1, __ATOMIC_RELAXED);

@@ -507,6 +507,28 @@ TEST(FperfHotpatch, ColdpatchedProgramGetsProbesRoutedWithExactCounts) {
     expect_exact_calls_all_sampled(p);
 }
 
+#ifdef FPERF_TEST_LLVM
+// iprobe-cc --mode=llvm: NOP-form sites carry no function address; the
+// handler's NOP entry points look it up in the runtime's site table.
+TEST(FperfHotpatch, LlvmFlowProgramGetsExactCountsThroughNopSites) {
+    TempDir dir;
+    const auto p = record_program({"--budget", "none"}, build_dir() + "/tests/fperf/llvm/callgraph", dir);
+    const auto f = by_name(p);
+    for (const auto& [name, calls] : kExpectedCalls) {
+        ASSERT_TRUE(f.count(name)) << name << " missing from the profile";
+        // clang turns one of fib's two recursive calls into a loop
+        if (name != "fib") {
+            EXPECT_EQ(f.at(name)->calls, calls) << name;
+        }
+        EXPECT_EQ(f.at(name)->samples, f.at(name)->calls) << name << ": no budget samples every call";
+    }
+    EXPECT_GT(f.at("fib")->calls, 1000u);
+    EXPECT_GT(f.at("once_b")->cpu_ns, 10'000u);
+    EXPECT_GE(f.at("main")->wall_ns, f.at("hot_loop")->wall_ns) << "inclusive: a caller covers its callee";
+    EXPECT_EQ(p.get("unmatched_exits"), "0");
+}
+#endif
+
 TEST(FperfHotpatch, AttachToRunningColdpatchedProcessInjectsTheHandler) {
     TempDir dir;
     Child target({coldpatched_callgraph(), "serve", "3"}, dir / "target.out");

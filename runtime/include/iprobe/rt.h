@@ -55,6 +55,11 @@ int32_t iprobe_rt_probe_at(uintptr_t return_address);
 /* The mapped control block, or 0 (not attached, or in a forked child). */
 const struct iprobe_rt_control* iprobe_rt_get_control(void);
 
+/* The run-time address of the function a site (by its return address)
+ * belongs to, for handlers that key on functions (fperf's NOP-form entry
+ * points); 0 when unknown.  Lock-free, async-signal-safe. */
+uint64_t iprobe_rt_function_at(uintptr_t return_address);
+
 void iprobe_rt_trace_enter(void* fn, void* call_site);
 void iprobe_rt_trace_exit(void* fn, void* call_site);
 void iprobe_rt_trace_point(uint64_t a0, uint64_t a1, uint64_t a2, uint64_t a3);

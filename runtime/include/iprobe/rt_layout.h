@@ -97,7 +97,8 @@ struct iprobe_rt_probe {
     uint8_t enabled;     /* site currently holds the call */
     uint8_t form;        /* enum iprobe_site_form */
     uint8_t size;
-    uint32_t pad;
+    uint32_t function;   /* link-time address of the probed function (0: unknown,
+                          * or beyond 4 GiB); add the module's load_bias */
     uint64_t site;       /* absolute address in the target */
 };
 
