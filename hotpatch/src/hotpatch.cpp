@@ -59,8 +59,7 @@ std::string canonical_or_same(const std::string& path) {
     return ec ? path : c.string();
 }
 
-// One iprobe session per target at a time: the second gets ExitCode::busy.
-// One attach or detach per target at a time.
+// One attach or detach per target at a time: the second gets ExitCode::busy.
 class SessionLock {
 public:
     explicit SessionLock(pid_t pid)
@@ -358,13 +357,13 @@ struct Patch {
     SiteBytes before, after;
 };
 
-// Writes all patches page-run by page-run through /proc/PID/mem, reads them
-// back; on any failure puts back what was written and rethrows.
 void sort_by_address(std::vector<Patch>& patches) {
     std::sort(patches.begin(), patches.end(), [](auto& a, auto& b) { return a.address < b.address; });
 }
 
-// `patches` sorted by address.
+// Writes all patches (sorted by address) page-run by page-run through
+// /proc/PID/mem, reads them back; on any failure puts back what was written
+// and rethrows.
 void apply_patches(StoppedProcess& process, const std::vector<Patch>& patches) {
     struct Run {
         std::uint64_t low, high;

@@ -196,10 +196,10 @@ public:
     std::uint32_t id() const { return id_; }
     std::size_t debug_buffered() const { return dbuf_.size(); }
     void describe(JsonWriter& j) const;
-    // Called by the proxy's debug pass for connections marked with
-    // Proxy::debug_pending().
+    // Called by the proxy's debug pass for connections queued with
+    // Proxy::queue_debug_flush().
     void flush_debug_batch();
-    bool debug_pending_ = false;
+    bool in_debug_queue = false;
 
 private:
     struct Leg final : Handler {
@@ -319,10 +319,10 @@ public:
     void accept_debug_client(Acceptor& a);
     void accept_stats(Acceptor& a);
     void retire(Connection* c) { retired_.insert(c); }
-    void debug_pending(Connection* c) {
-        if (c->debug_pending_) return;
-        c->debug_pending_ = true;
-        debug_pending_.push_back(c);
+    void queue_debug_flush(Connection* c) {
+        if (c->in_debug_queue) return;
+        c->in_debug_queue = true;
+        debug_queue_.push_back(c);
     }
     void retire(StatsClient* s) { retired_stats_.insert(s); }
     void log(const char* fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -348,7 +348,7 @@ private:
     int wait_timeout_ms() const;
 
     UniqueFd ep_, debug_ep_;
-    std::vector<Connection*> debug_pending_;
+    std::vector<Connection*> debug_queue_;  // bytes waiting for the next debug pass
     Clock::time_point last_debug_pass_{};
     Acceptor clients_, debug_clients_, stats_listener_;
     SignalHandler signals_;
@@ -621,11 +621,11 @@ void Connection::mirror_to_debug(const std::uint8_t* p, std::size_t n) {
     if (dbuf_.size() >= std::min(kDebugFlushNow, dbuf_.capacity() / 4))
         flush_debug();
     else
-        px_.debug_pending(this);
+        px_.queue_debug_flush(this);
 }
 
 void Connection::flush_debug_batch() {
-    debug_pending_ = false;
+    in_debug_queue = false;
     if (debug_state_ != DebugState::open || debug_backlogged_) return;
     flush_debug();
     if (!finished()) update();
@@ -1092,9 +1092,9 @@ int Proxy::wait_timeout_ms() const {
 
 void Proxy::debug_pass() {
     last_debug_pass_ = Clock::now();
-    std::vector<Connection*> pending;
-    pending.swap(debug_pending_);
-    for (Connection* c : pending) c->flush_debug_batch();
+    std::vector<Connection*> queued;
+    queued.swap(debug_queue_);
+    for (Connection* c : queued) c->flush_debug_batch();
     epoll_event events[256];
     for (int round = 0; round < 64; ++round) {
         const int n = ::epoll_wait(debug_epfd, events, 256, 0);
@@ -1105,7 +1105,7 @@ void Proxy::debug_pass() {
 
 void Proxy::reap() {
     if (!retired_.empty())
-        std::erase_if(debug_pending_, [&](Connection* c) { return retired_.count(c) != 0; });
+        std::erase_if(debug_queue_, [&](Connection* c) { return retired_.count(c) != 0; });
     for (Connection* c : retired_) connections_.erase(c->id());
     retired_.clear();
     for (StatsClient* s : retired_stats_) {
