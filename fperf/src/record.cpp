@@ -417,20 +417,14 @@ public:
             costs_.count_ns = budget_.count_cost_ns;
         }
         const auto snap = session_.snapshot();
-        std::vector<FunctionActivity> activity;
-        activity.reserve(snap.size());
         std::uint64_t calls_interval = 0, samples_interval = 0;
+        const auto activity = activity_since(snap, previous_calls_, calls_interval);
         const std::uint64_t samples_before = result_.samples;
         result_.calls = result_.samples = 0;
         result_.functions = snap.size();
         for (const auto& s : snap) {
             result_.calls += s.calls;
             result_.samples += s.samples;
-            auto& prev = previous_calls_[s.slot];
-            const std::uint64_t delta = s.calls >= prev ? s.calls - prev : s.calls;
-            prev = s.calls;
-            activity.push_back({s.calls, delta, s.samples});
-            calls_interval += delta;
         }
         samples_interval = result_.samples >= samples_before ? result_.samples - samples_before : 0;
         // The target's own work: its CPU time less what we cost it.  A
@@ -460,16 +454,8 @@ public:
     // at full cost until the next refill.  Work is estimated as in refill().
     std::vector<std::uint64_t> newly_hot(std::uint64_t elapsed_ns, std::optional<std::uint64_t> cpu_ns) {
         const auto snap = session_.snapshot();
-        std::vector<FunctionActivity> activity;
-        activity.reserve(snap.size());
         std::uint64_t calls = 0;
-        for (const auto& s : snap) {
-            auto& prev = polled_calls_[s.slot];
-            const std::uint64_t delta = s.calls >= prev ? s.calls - prev : s.calls;
-            prev = s.calls;
-            activity.push_back({s.calls, delta, s.samples});
-            calls += delta;
-        }
+        const auto activity = activity_since(snap, polled_calls_, calls);
         const double spent = overhead_ns(budget_, 0, calls);
         const double used = cpu_ns ? static_cast<double>(*cpu_ns) : static_cast<double>(elapsed_ns);
         Budget b = budget_;
@@ -492,6 +478,23 @@ public:
     const DaemonResult& result() const { return result_; }
 
 private:
+    // What each function did since `previous` was last updated (calls per
+    // slot); `calls` gets their sum.
+    static std::vector<FunctionActivity> activity_since(const std::vector<SlotSnapshot>& snap,
+                                                        std::map<std::uint32_t, std::uint64_t>& previous,
+                                                        std::uint64_t& calls) {
+        std::vector<FunctionActivity> activity;
+        activity.reserve(snap.size());
+        for (const auto& s : snap) {
+            auto& prev = previous[s.slot];
+            const std::uint64_t delta = s.calls >= prev ? s.calls - prev : s.calls;
+            prev = s.calls;
+            activity.push_back({s.calls, delta, s.samples});
+            calls += delta;
+        }
+        return activity;
+    }
+
     SharedSession& session_;
     Budget budget_;
     Costs costs_;
