@@ -87,6 +87,7 @@ void write_probe_json(iprobe::JsonWriter& j, const iprobe::Probe& p) {
     j.field("size", static_cast<unsigned>(p.size));
     j.field("site", p.site);
     j.field("function_address", p.function_address);
+    j.field("shared_site", p.shared_site);
     j.field("function", p.function);
     j.field("demangled", p.demangled);
     j.field("file", p.file);

@@ -514,6 +514,8 @@ private:
         if (auto fn = first_argument(site.index)) {
             named = elf_.function_starting_at(*fn);
             p.function_address = *fn;
+        } else {
+            p.shared_site = true;
         }
         if (!named && enclosing) named = original_of(*enclosing);
         if (!named) named = enclosing;

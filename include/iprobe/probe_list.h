@@ -85,12 +85,20 @@ struct iprobe_pl_header {
     uint64_t reserved[4];
 };
 
+enum iprobe_pl_record_flags {
+    /* The hook call's this_fn is not one constant: gcc merged the hook calls
+     * of several functions inlined into one caller into this single call.
+     * The probe is named after the enclosing function, but fires for the
+     * inlined ones too. */
+    IPROBE_PL_RECORD_SHARED_SITE = 1u << 0
+};
+
 struct iprobe_pl_record {
     uint32_t id;             /* stable within a build: index in site order */
     uint8_t kind;            /* enum iprobe_probe_kind */
     uint8_t site_form;       /* enum iprobe_site_form */
     uint8_t site_size;       /* bytes at the site: 5 or 6 */
-    uint8_t reserved0;
+    uint8_t flags;           /* enum iprobe_pl_record_flags */
     uint64_t site_address;   /* link-time vaddr of the placeholder */
     uint64_t function_address; /* link-time vaddr of the enclosing function */
     uint32_t function_name;  /* string offset: raw (mangled) symbol */

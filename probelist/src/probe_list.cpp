@@ -104,6 +104,7 @@ std::vector<std::uint8_t> ProbeList::serialize() const {
         r.kind = static_cast<std::uint8_t>(p.kind);
         r.site_form = static_cast<std::uint8_t>(p.form);
         r.site_size = p.size;
+        r.flags = p.shared_site ? IPROBE_PL_RECORD_SHARED_SITE : 0;
         r.site_address = p.site;
         r.function_address = p.function_address;
         r.function_name = strings.add(p.function);
@@ -170,6 +171,7 @@ ProbeList ProbeList::deserialize(std::span<const std::uint8_t> bytes, const std:
         p.kind = static_cast<ProbeKind>(r.kind);
         p.form = static_cast<SiteForm>(r.site_form);
         p.size = r.site_size;
+        p.shared_site = (r.flags & IPROBE_PL_RECORD_SHARED_SITE) != 0;
         p.site = r.site_address;
         p.function_address = r.function_address;
         p.function = string_at(strings, r.function_name, origin);

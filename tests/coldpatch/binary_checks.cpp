@@ -171,9 +171,11 @@ RecordedCheck check_recorded(const std::string& log_path, const ProbeList& list)
         const Probe& p = *it->second;
         if ((kind == 'E') != (p.kind == ProbeKind::entry))
             check.problems.push_back("probe " + std::to_string(p.id) + " (" + p.demangled + ") has the wrong kind");
-        if (p.function_address != fn)
+        if (p.function_address != fn) {
             check.misnamed.push_back("probe " + std::to_string(p.id) + " names " + p.demangled +
                                      " but the hook received this_fn 0x" + fn_hex);
+            if (!p.shared_site) check.misnamed_unflagged.push_back(check.misnamed.back());
+        }
     }
     return check;
 }

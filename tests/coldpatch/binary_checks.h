@@ -49,6 +49,7 @@ struct RecordedCheck {
     std::size_t sites = 0;              // distinct executed hook call sites
     std::vector<std::string> problems;  // a site without probe, or of the wrong kind
     std::vector<std::string> misnamed;  // the probe names another function than the hook received
+    std::vector<std::string> misnamed_unflagged;  // ... and is not flagged as a shared site
 };
 // Compares what the hooks received with the probe list of the same layout.
 RecordedCheck check_recorded(const std::string& log_path, const ProbeList& list);

@@ -160,6 +160,9 @@ TEST(Redis, BuiltWithIprobeCcBehavesLikeTheNativeBuild) {
         // with its own this_fn; those are named by the enclosing function.
         EXPECT_LE(check.misnamed.size(), check.sites / 100)
             << "e.g. " << (check.misnamed.empty() ? "" : check.misnamed.front());
+        // ... and every one of those is flagged as such (IPROBE_PL_RECORD_SHARED_SITE).
+        EXPECT_TRUE(check.misnamed_unflagged.empty())
+            << check.misnamed_unflagged.size() << ", e.g. " << (check.misnamed_unflagged.empty() ? "" : check.misnamed_unflagged.front());
     }
 
     const auto bench = run({probed + "/redis-benchmark", "-p", std::to_string(probed_server.port()), "-n", "2000", "-q"},

@@ -38,6 +38,7 @@ ProbeList sample_list() {
     rip.function = rip.demangled = "plain_c";
     rip.file.clear();
     rip.line = 0;
+    rip.shared_site = true;
     list.probes = {exit_probe, rip, entry_probe};
     list.normalize();
     return list;
@@ -69,6 +70,8 @@ TEST(ProbeList, RoundTripIsExact) {
     EXPECT_EQ(back.probes[1].line, 42u);
     EXPECT_EQ(back.probes[1].kind, ProbeKind::exit);
     EXPECT_EQ(back.probes[2].form, SiteForm::call_rip_indirect);
+    EXPECT_TRUE(back.probes[2].shared_site);
+    EXPECT_FALSE(back.probes[1].shared_site);
     EXPECT_EQ(back.probes[2].size, 6);
     EXPECT_EQ(back.probes[2].file, "");
     EXPECT_EQ(back.probes[0].placeholder[0], 0x0f);

@@ -35,6 +35,7 @@ struct Probe {
     ProbeKind kind = ProbeKind::entry;
     SiteForm form = SiteForm::call_rel32;
     std::uint8_t size = 5;
+    bool shared_site = false;         // IPROBE_PL_RECORD_SHARED_SITE
     std::uint64_t site = 0;           // link-time vaddr
     std::uint64_t function_address = 0;
     std::string function;             // raw symbol
