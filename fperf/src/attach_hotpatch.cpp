@@ -34,12 +34,11 @@ RoutingResult route_probes(const ProbeRouting& routing) {
     return {stats.total_enabled, stats.handler_injected, stats.pause_us};
 }
 
-bool unroute_probes(const ProbeRouting& routing, bool keep_shared_sites) noexcept {
+bool unroute_probes(const ProbeRouting& routing) noexcept {
     try {
         iprobe::hotpatch::DetachOptions options;
         options.pid = routing.pid;
         options.selector = selector_of(routing);
-        options.keep_shared_sites = keep_shared_sites;
         iprobe::hotpatch::detach(options);
         return true;
     } catch (...) {

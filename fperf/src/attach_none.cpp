@@ -15,6 +15,6 @@ RoutingResult route_probes(const ProbeRouting&) {
                         iprobe::ExitCode::unavailable);
 }
 
-bool unroute_probes(const ProbeRouting&, bool) noexcept { return false; }
+bool unroute_probes(const ProbeRouting&) noexcept { return false; }
 
 }  // namespace fperf

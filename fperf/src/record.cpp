@@ -623,7 +623,7 @@ void remove_hot_probes(const ProbeRouting& routing, const std::vector<std::uint6
         addresses.push_back(a);
     }
     if (addresses.empty()) return;
-    if (!unroute_probes(these, true)) return;
+    if (!unroute_probes(these)) return;
     removed.insert(addresses.begin(), addresses.end());
     std::string names;
     for (std::size_t i = 0; i < these.function_globs.size() && i < 5; i++)

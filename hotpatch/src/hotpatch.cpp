@@ -926,7 +926,6 @@ DetachStats detach(const DetachOptions& options) {
         for (const auto& p : lists[mi].probes) {
             const std::uint32_t global = module.first_probe + p.id;
             if (!probes[global].enabled || !options.selector.matches(p)) continue;
-            if (options.keep_shared_sites && p.shared_site) continue;
             chosen.push_back(&p);
             lo = std::min(lo, probes[global].site);
             hi = std::max(hi, probes[global].site + IPROBE_PL_SITE_MAX);

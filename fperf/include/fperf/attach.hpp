@@ -31,8 +31,7 @@ bool hotpatch_available();
 std::vector<std::string> libraries_to_preload();
 RoutingResult route_probes(const ProbeRouting& routing);
 // Disables the probes of `routing` (its globs select which); false when that
-// failed (the target may be gone).  Never throws.  `keep_shared_sites`: the
-// hot functions' removal leaves sites they share with inlined functions on.
-bool unroute_probes(const ProbeRouting& routing, bool keep_shared_sites = false) noexcept;
+// failed (the target may be gone).  Never throws.
+bool unroute_probes(const ProbeRouting& routing) noexcept;
 
 }  // namespace fperf

@@ -70,10 +70,6 @@ AttachStats attach(const AttachOptions& options);
 struct DetachOptions {
     pid_t pid = 0;
     ProbeSelector selector;  // empty = every enabled probe
-    // Leave shared sites (IPROBE_PL_RECORD_SHARED_SITE) on: they also fire
-    // for functions inlined into the selected ones, which would otherwise
-    // lose their exits (fperf's removal of hot functions).
-    bool keep_shared_sites = false;
     std::chrono::milliseconds safe_point_timeout{3000};
 };
 
