@@ -13,11 +13,22 @@ namespace iprobe {
 
 namespace {
 
+// A directory only we can write to: an existing one made by someone else
+// (or a symlink planted in /tmp) could hand our locks to them.
+bool ours(const std::string& dir) {
+    struct stat st {};
+    return ::lstat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode) && st.st_uid == ::geteuid() &&
+           (st.st_mode & 022) == 0;
+}
+
 std::string lock_dir() {
     const std::string run = "/run/iprobe";
-    if (::mkdir(run.c_str(), 0700) == 0 || errno == EEXIST) return run;
-    const std::string tmp = "/tmp/iprobe-" + std::to_string(::getuid());
+    if ((::mkdir(run.c_str(), 0700) == 0 || errno == EEXIST) && ours(run)) return run;
+    const std::string tmp = "/tmp/iprobe-" + std::to_string(::geteuid());
     if (::mkdir(tmp.c_str(), 0700) != 0 && errno != EEXIST) throw_errno("cannot create " + tmp);
+    if (!ours(tmp))
+        throw Error(tmp + " is not a directory of this user's with mode 0700; remove it and retry",
+                    ExitCode::permission);
     return tmp;
 }
 
