@@ -347,8 +347,6 @@ static void sample_exit(uint64_t function, uintptr_t sp)
 
 static void calibrate(struct fperf_shm_header* h);
 
-/* Maps /dev/shm/fperf.<pid> when the daemon has set one up.  Old mappings are
- * never unmapped: another thread may still be writing a sample into one. */
 /* NOP-form sites (the LLVM flow) pass no function address; the iprobe
  * runtime's site table knows it.  Looked up on the attach path, never on the
  * hot one (dlopen of an already loaded library, by soname). */
@@ -365,6 +363,16 @@ static void find_site_table(void)
     dlclose(rt); /* the runtime stays loaded (-z nodelete) */
 }
 
+/* The function a NOP-form site belongs to, by the site's return address; 0
+ * before the runtime was found or for a site it does not know. */
+static inline uint64_t function_at_site(uintptr_t return_address)
+{
+    uint64_t (*function_at)(uintptr_t) = atomic_load_explicit(&g_function_at, memory_order_relaxed);
+    return function_at ? function_at(return_address) : 0;
+}
+
+/* Maps /dev/shm/fperf.<pid> when the daemon has set one up.  Old mappings are
+ * never unmapped: another thread may still be writing a sample into one. */
 static void try_attach(void)
 {
     if (atomic_flag_test_and_set(&g_attaching)) return;
@@ -491,16 +499,14 @@ FPERF_API void fperf_exit(void* this_fn, void* call_site)
 FPERF_API void fperf_enter_at(uintptr_t return_address, const uint64_t* saved, uintptr_t site_sp)
 {
     (void)saved;
-    uint64_t (*function_at)(uintptr_t) = atomic_load_explicit(&g_function_at, memory_order_relaxed);
-    const uint64_t function = function_at ? function_at(return_address) : 0;
+    const uint64_t function = function_at_site(return_address);
     if (LIKELY(function)) on_function_enter(function, site_sp - 16);
 }
 
 FPERF_API void fperf_exit_at(uintptr_t return_address, const uint64_t* saved, uintptr_t site_sp)
 {
     (void)saved;
-    uint64_t (*function_at)(uintptr_t) = atomic_load_explicit(&g_function_at, memory_order_relaxed);
-    const uint64_t function = function_at ? function_at(return_address) : 0;
+    const uint64_t function = function_at_site(return_address);
     if (LIKELY(function)) on_function_exit(function, site_sp - 16);
 }
 

@@ -430,8 +430,7 @@ public:
         // The target's own work: its CPU time less what we cost it.  A
         // target that waits does little work, and gets few samples.
         const double spent = overhead_ns(budget_, samples_interval, calls_interval);
-        const double used = cpu_ns ? static_cast<double>(*cpu_ns) : static_cast<double>(elapsed_ns);
-        const std::uint64_t work = used > spent ? static_cast<std::uint64_t>(used - spent) : 0;
+        const std::uint64_t work = own_work(elapsed_ns, cpu_ns, spent);
         result_.work_ns += work;
         result_.overhead_ns += spent;
         result_.cpu_known = result_.cpu_known && cpu_ns.has_value();
@@ -451,15 +450,13 @@ public:
 
     // Between refills, every poll: functions that turned hot since the last
     // look (the target entered a new phase) are shed now rather than counted
-    // at full cost until the next refill.  Work is estimated as in refill().
+    // at full cost until the next refill.
     std::vector<std::uint64_t> newly_hot(std::uint64_t elapsed_ns, std::optional<std::uint64_t> cpu_ns) {
         const auto snap = session_.snapshot();
         std::uint64_t calls = 0;
         const auto activity = activity_since(snap, polled_calls_, calls);
-        const double spent = overhead_ns(budget_, 0, calls);
-        const double used = cpu_ns ? static_cast<double>(*cpu_ns) : static_cast<double>(elapsed_ns);
         Budget b = budget_;
-        b.work_ns = used > spent ? static_cast<std::uint64_t>(used - spent) : 0;
+        b.work_ns = own_work(elapsed_ns, cpu_ns, overhead_ns(budget_, 0, calls));
         std::vector<std::uint64_t> hot;
         for (const auto i : probes_to_remove(activity, b)) hot.push_back(snap[i].address);
         return hot;
@@ -478,6 +475,13 @@ public:
     const DaemonResult& result() const { return result_; }
 
 private:
+    // The target's own work over a stretch: its CPU time (wall time when
+    // unknown) less what we are estimated to have cost it.
+    static std::uint64_t own_work(std::uint64_t elapsed_ns, std::optional<std::uint64_t> cpu_ns, double spent_ns) {
+        const double used = cpu_ns ? static_cast<double>(*cpu_ns) : static_cast<double>(elapsed_ns);
+        return used > spent_ns ? static_cast<std::uint64_t>(used - spent_ns) : 0;
+    }
+
     // What each function did since `previous` was last updated (calls per
     // slot); `calls` gets their sum.
     static std::vector<FunctionActivity> activity_since(const std::vector<SlotSnapshot>& snap,

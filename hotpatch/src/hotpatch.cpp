@@ -4,7 +4,6 @@
 #include <elfutils/libdwfl.h>
 #include <fcntl.h>
 #include <sched.h>
-#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>

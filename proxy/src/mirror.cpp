@@ -222,6 +222,7 @@ private:
     void finish_checking();
     void close_pair();
     void update();
+    void settle();
     void maybe_finish_pair();
     void check_requests(const std::uint8_t* p, std::size_t n);
     void check_replies(int side, const std::uint8_t* p, std::size_t n);
@@ -479,8 +480,7 @@ void Connection::on_event(Side side, std::uint32_t events) {
         if (debug_state_ == DebugState::open && (events & (EPOLLIN | EPOLLHUP | EPOLLERR))) read_debug();
         break;
     }
-    if (!finished()) update();
-    if (finished()) px_.retire(this);
+    settle();
 }
 
 void Connection::production_connected() {
@@ -628,8 +628,7 @@ void Connection::flush_debug_batch() {
     in_debug_queue = false;
     if (debug_state_ != DebugState::open || debug_backlogged_) return;
     flush_debug();
-    if (!finished()) update();
-    if (finished()) px_.retire(this);
+    settle();
 }
 
 void Connection::overflow() {
@@ -762,6 +761,13 @@ void Connection::linger_timeout() {
 void Connection::abort_all() {
     if (!pair_closed_) close_pair();
     if (debug_state_ == DebugState::connecting || debug_state_ == DebugState::open) close_debug(nullptr);
+}
+
+// After any I/O: watch what is still wanted, or hand a finished connection
+// to the proxy for removal.
+void Connection::settle() {
+    if (!finished()) update();
+    if (finished()) px_.retire(this);
 }
 
 void Connection::update() {

@@ -232,8 +232,7 @@ TEST(LauncherCloneFailure, ServiceInItsOwnMountNamespaceGetsAHintAndKeepsServing
     Child redis({"ip", "netns", "exec", ns.name(), "/usr/bin/redis-server", "--port", std::to_string(port), "--save",
                  "", "--appendonly", "no", "--daemonize", "no", "--dir", dir.path()},
                 "/dev/null", {}, Session::own);
-    for (int i = 0; i < 100 && redis_cli(ns.path(), port, {"PING"}) != "PONG"; ++i)
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    ASSERT_TRUE(redis_answers(ns.path(), port)) << "redis-server did not start";
     ASSERT_EQ(redis_cli(ns.path(), port, {"SET", "k", "v"}), "OK");
     std::string name = "ipt-mntclone-" + std::to_string(getpid());
     auto r = run({bin("iprobe"), "clone", std::to_string(redis.pid()), "--netns", name});
@@ -262,14 +261,12 @@ std::vector<long long> children_of(long long pid) {
 }
 
 // A shell leading its own session, running redis-server in `ns` as a
-// background job, once redis answers.
+// background job.
 Child shell_running_redis(const Netns& ns, int port, const TempDir& dir) {
     Child shell({"nsenter", "--net=" + ns.path(), "sh", "-c",
                  "/usr/bin/redis-server --port " + std::to_string(port) + " --save '' --appendonly no --dir " +
                      dir.path() + " & wait"},
                 "/dev/null", {}, Session::own);
-    for (int i = 0; i < 100 && redis_cli(ns.path(), port, {"PING"}) != "PONG"; ++i)
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
     return shell;
 }
 
@@ -280,6 +277,7 @@ TEST(LauncherCloneTree, ParentAndChildAreClonedTogether) {
     TempDir dir;
     int port = free_port();
     Child tree = shell_running_redis(ns, port, dir);
+    ASSERT_TRUE(redis_answers(ns.path(), port)) << "redis-server did not start";
     ASSERT_EQ(redis_cli(ns.path(), port, {"SET", "k", "tree"}), "OK");
     ASSERT_EQ(children_of(tree.pid()).size(), 1u);
     std::string name = "ipt-treeclone-" + std::to_string(getpid());
@@ -308,8 +306,7 @@ TEST(LauncherCloneSession, SessionLeaderOutsideThePidNamespaceIsRefusedUntouched
     Child unshare({"unshare", "--pid", "--fork", "--kill-child", "nsenter", "--net=" + ns.path(),
                    "/usr/bin/redis-server", "--port", std::to_string(port), "--save", "", "--appendonly", "no",
                    "--dir", dir.path()});
-    for (int i = 0; i < 100 && redis_cli(ns.path(), port, {"PING"}) != "PONG"; ++i)
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    ASSERT_TRUE(redis_answers(ns.path(), port)) << "redis-server did not start";
     ASSERT_EQ(redis_cli(ns.path(), port, {"SET", "k", "v"}), "OK");
     auto service = children_of(unshare.pid());
     ASSERT_EQ(service.size(), 1u);
@@ -333,6 +330,7 @@ TEST(LauncherCloneSession, MemberOfAShellsSessionIsClonedAsAShellJob) {
     TempDir dir;
     int port = free_port();
     Child shell = shell_running_redis(ns, port, dir);
+    ASSERT_TRUE(redis_answers(ns.path(), port)) << "redis-server did not start";
     ASSERT_EQ(redis_cli(ns.path(), port, {"SET", "k", "job"}), "OK");
     auto service = children_of(shell.pid());
     ASSERT_EQ(service.size(), 1u);

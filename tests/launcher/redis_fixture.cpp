@@ -81,14 +81,16 @@ Redis::Redis(const std::string& netns_path, int port, const std::string& dir, co
     child_ = Child(argv, "/dev/null", {}, Session::own);
 }
 
-bool Redis::ready(std::chrono::milliseconds timeout) {
+bool redis_answers(const std::string& netns_path, int port, std::chrono::milliseconds timeout) {
     auto deadline = std::chrono::steady_clock::now() + timeout;
     while (std::chrono::steady_clock::now() < deadline) {
-        if (cli({"PING"}) == "PONG") return true;
+        if (redis_cli(netns_path, port, {"PING"}) == "PONG") return true;
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
     }
     return false;
 }
+
+bool Redis::ready(std::chrono::milliseconds timeout) { return redis_answers(netns_path_, port_, timeout); }
 
 IncrLoop::IncrLoop(const std::string& netns_path, int port, std::string key) : key_(std::move(key)) {
     fd_ = connect_in_netns(netns_path, port);

@@ -39,6 +39,10 @@ int connect_in_netns(const std::string& netns_path, int port);
 // One RESP command, reply as redis-cli prints it (--no-raw off: raw strings).
 std::string redis_cli(const std::string& netns_path, int port, const std::vector<std::string>& args);
 
+// Polls until the redis on `port` in the namespace answers PING.
+bool redis_answers(const std::string& netns_path, int port,
+                   std::chrono::milliseconds timeout = std::chrono::seconds(10));
+
 // The same with stdin as the command's last argument (redis-cli -x), for
 // values larger than an exec argument may be.
 std::string redis_cli_x(const std::string& netns_path, int port, const std::vector<std::string>& args,

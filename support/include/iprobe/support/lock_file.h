@@ -9,7 +9,7 @@
 namespace iprobe {
 
 // An exclusive flock on /run/iprobe/NAME (/tmp/iprobe-UID/NAME where
-// /run/iprobe cannot be made), held for the object's life.  The file is
+// /run/iprobe is not this user's own), held for the object's life.  The file is
 // removed on release, so locks do not pile up one per process ever probed;
 // a locker that opened a file just being removed notices (the path no longer
 // names what it locked) and tries again.
@@ -20,8 +20,6 @@ public:
     ~LockFile();
     LockFile(const LockFile&) = delete;
     LockFile& operator=(const LockFile&) = delete;
-
-    const std::string& path() const { return path_; }
 
 private:
     std::string path_;
