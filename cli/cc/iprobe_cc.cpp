@@ -28,14 +28,14 @@ constexpr bool kCxx = IPROBE_CC_CXX;
 constexpr const char* kSelf = kCxx ? "iprobe-c++" : "iprobe-cc";
 
 constexpr char kHelp[] =
-    "usage: %1$s [--mode=finstrument|llvm] COMPILER-ARGS...\n"
+    "usage: %1$s [--flow=finstrument|entry|llvm] COMPILER-ARGS...\n"
     "       %1$s --iprobe-help\n"
     "\n"
     "A drop-in C%2$s compiler: use it as CC/CXX (./configure CC=iprobe-cc, make CC=iprobe-cc,\n"
     "cmake -DCMAKE_C_COMPILER=iprobe-cc).  Every argument goes to the real compiler;\n"
     "--help, --version, -E, -M, -S, -c and the like behave exactly as the real compiler's.\n"
     "\n"
-    "finstrument mode (default):\n"
+    "finstrument flow (default):\n"
     "  compile steps add -finstrument-functions -fno-optimize-sibling-calls (so a void\n"
     "  function's exit hook stays a call, not a tail jump) and an exclusion of system headers\n"
     "  (gcc: -finstrument-functions-exclude-file-list=/usr/include,/usr/lib; clang has no\n"
@@ -44,12 +44,18 @@ constexpr char kHelp[] =
     "  the output, done in-process: the placeholder calls become NOPs and OUTPUT.probes\n"
     "  lists them.  Static links get distinct no-op hooks (glibc's are one function).\n"
     "  A link without placeholders (configure's conftest) is left as it is.\n"
-    "llvm mode (--mode=llvm or IPROBE_MODE=llvm):\n"
+    "entry flow (--flow=entry or IPROBE_FLOW=entry; gcc):\n"
+    "  compile steps add -fpatchable-function-entry=5,0: five 1-byte NOPs at the start of\n"
+    "  every function compiled out of line, nothing in inlined copies.  Link steps are\n"
+    "  followed by a coldpatch that merges each pad into one 5-byte NOP and lists it\n"
+    "  (from __patchable_function_entries) as the function's entry probe.\n"
+    "llvm flow (--flow=llvm or IPROBE_FLOW=llvm):\n"
     "  compile steps load the iprobe LLVM pass plugin instead; links are not coldpatched.\n"
+    "  (--mode=M and IPROBE_MODE are older spellings of --flow=M and IPROBE_FLOW.)\n"
     "\n"
     "environment:\n"
-    "  IPROBE_CC, IPROBE_CXX   real compiler (default gcc / g++; clang-14 / clang++-14 in llvm mode)\n"
-    "  IPROBE_MODE             finstrument (default) or llvm\n"
+    "  IPROBE_CC, IPROBE_CXX   real compiler (default gcc / g++; clang-14 / clang++-14 in llvm flow)\n"
+    "  IPROBE_FLOW             finstrument (default), entry or llvm\n"
     "  IPROBE_EXCLUDE          comma-separated path fragments excluded from instrumentation\n"
     "                          (gcc only; default /usr/include,/usr/lib; empty: exclude nothing)\n"
     "  IPROBE_CFLAGS           replaces all flags added to compile steps (space-separated)\n"
@@ -62,7 +68,16 @@ constexpr char kHelp[] =
     "\n"
     "The wrapper's own help is --iprobe-help: --help belongs to the real compiler.\n";
 
-enum class Mode { finstrument, llvm };
+enum class Mode { finstrument, entry, llvm };
+
+// "finstrument" | "entry" | "llvm"; anything else is a usage error.
+Mode parse_flow(std::string_view text) {
+    if (text == "finstrument") return Mode::finstrument;
+    if (text == "entry") return Mode::entry;
+    if (text == "llvm") return Mode::llvm;
+    throw iprobe::Error("unknown flow '" + std::string(text) + "' (expected finstrument, entry or llvm)",
+                        iprobe::ExitCode::usage);
+}
 
 struct Invocation {
     std::vector<std::string> args;  // compiler arguments, without ours
@@ -107,15 +122,12 @@ bool takes_separate_value(std::string_view a) {
 
 Invocation parse(int argc, char** argv) {
     Invocation inv;
-    if (const char* m = std::getenv("IPROBE_MODE"); m && std::string_view(m) == "llvm") inv.mode = Mode::llvm;
+    for (const char* name : {"IPROBE_MODE", "IPROBE_FLOW"})
+        if (const char* m = std::getenv(name); m && *m) inv.mode = parse_flow(m);
     for (int i = 1; i < argc; ++i) {
         const std::string_view a = argv[i];
-        if (a == "--mode=llvm") {
-            inv.mode = Mode::llvm;
-            continue;
-        }
-        if (a == "--mode=finstrument") {
-            inv.mode = Mode::finstrument;
+        if (a.starts_with("--flow=") || a.starts_with("--mode=")) {
+            inv.mode = parse_flow(a.substr(7));
             continue;
         }
         inv.args.emplace_back(a);
@@ -173,6 +185,14 @@ std::vector<std::string> finstrument_flags(const std::string& compiler) {
     const std::string list = exclude ? exclude : "/usr/include,/usr/lib";
     if (!list.empty()) flags.push_back("-finstrument-functions-exclude-file-list=" + list);
     return flags;
+}
+
+// gcc pads each out-of-line function with 5 single-byte NOPs at its entry
+// (after endbr64 under -fcf-protection), none before it (M=0): coldpatch
+// merges them into the 5-byte NOP an enabled entry turns into a call.
+std::vector<std::string> entry_flags() {
+    if (const char* custom = std::getenv("IPROBE_CFLAGS")) return split_words(custom);
+    return {"-fpatchable-function-entry=5,0"};
 }
 
 // Everything the LLVM flow needs from the wrapper lives here (the LLVM area
@@ -264,14 +284,17 @@ int wrap(int argc, char** argv) {
 
     std::vector<std::string> args;
     if (compiles) {
-        const auto extra = inv.mode == Mode::llvm ? llvm_flags() : finstrument_flags(compiler);
+        const auto extra = inv.mode == Mode::llvm    ? llvm_flags()
+                           : inv.mode == Mode::entry ? entry_flags()
+                                                     : finstrument_flags(compiler);
         args.insert(args.end(), extra.begin(), extra.end());
     }
     args.insert(args.end(), inv.args.begin(), inv.args.end());
     const char* coldpatch_env = std::getenv("IPROBE_COLDPATCH");
     const bool coldpatch_wanted = !(coldpatch_env && std::string_view(coldpatch_env) == "0");
-    const bool coldpatch_after = links && inv.mode == Mode::finstrument && inv.output != "-" && coldpatch_wanted;
-    if (coldpatch_after && inv.is_static && file_exists(static_hooks_object())) args.push_back(static_hooks_object());
+    const bool coldpatch_after = links && inv.mode != Mode::llvm && inv.output != "-" && coldpatch_wanted;
+    if (coldpatch_after && inv.mode == Mode::finstrument && inv.is_static && file_exists(static_hooks_object()))
+        args.push_back(static_hooks_object());
     if (!coldpatch_after) return run_compiler(compiler, args, true);
 
     const int status = run_compiler(compiler, args, false);

@@ -22,7 +22,10 @@ constexpr char kColdpatchHelp[] =
     "Turns every call to __cyg_profile_func_enter/exit in FILE (an x86-64\n"
     "executable or shared library built with -finstrument-functions, e.g. by\n"
     "iprobe-cc) into a NOP of the same length, and writes the probe list to\n"
-    "FILE.probes.  Both files are replaced atomically; on any error neither changes.\n"
+    "FILE.probes.  A binary built with -fpatchable-function-entry=5,0 (iprobe-cc\n"
+    "--flow=entry) has the five 1-byte NOPs at each function's entry merged into one\n"
+    "5-byte NOP instead, one entry probe per function.  Both files are replaced\n"
+    "atomically; on any error neither changes.\n"
     "\n"
     "  -o, --output OUT   write the patched binary to OUT (FILE stays as it is)\n"
     "      --probes PATH  write the probe list to PATH (default: <binary>.probes)\n"
@@ -65,7 +68,7 @@ std::string hex_address(std::uint64_t a) {
 void write_list_header_json(iprobe::JsonWriter& j, const iprobe::ProbeList& list) {
     j.field("module", list.module);
     j.field("build_id", list.build_id_hex());
-    j.field("flow", list.flow == IPROBE_FLOW_LLVM ? "llvm" : "finstrument");
+    j.field("flow", iprobe::flow_name(list.flow));
     j.key("flags").begin_array();
     if (list.flags & IPROBE_PL_FLAG_PIE) j.value("pie");
     if (list.flags & IPROBE_PL_FLAG_SHARED) j.value("shared");
@@ -217,7 +220,7 @@ int run_list(int argc, char** argv) {
     }
     std::printf("# module %s  build-id %s  flow %s  %zu of %zu probes\n", list.module.c_str(),
                 list.build_id.empty() ? "(none)" : list.build_id_hex().c_str(),
-                list.flow == IPROBE_FLOW_LLVM ? "llvm" : "finstrument", selected.size(), list.probes.size());
+                std::string(iprobe::flow_name(list.flow)).c_str(), selected.size(), list.probes.size());
     std::printf("%-6s %-5s %-18s %-40s %s\n", "ID", "KIND", "ADDRESS", "FUNCTION", "SOURCE");
     std::string line;
     for (const auto* p : selected) {

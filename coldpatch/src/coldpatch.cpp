@@ -43,7 +43,9 @@ bool already_coldpatched(const ElfFile& elf, const std::string& probes_path) {
     } catch (const Error&) {
         return false;
     }
-    if (previous.flow != IPROBE_FLOW_FINSTRUMENT || previous.build_id != elf.build_id()) return false;
+    if ((previous.flow != IPROBE_FLOW_FINSTRUMENT && previous.flow != IPROBE_FLOW_PATCHABLE_ENTRY) ||
+        previous.build_id != elf.build_id())
+        return false;
     return std::all_of(previous.probes.begin(), previous.probes.end(),
                        [&](const Probe& p) { return site_holds(elf, p, p.placeholder.data()); });
 }
@@ -74,9 +76,9 @@ void count_kinds(ColdpatchResult& r) {
 std::vector<std::uint8_t> patched_image(const ElfFile& elf, const ProbeList& list) {
     std::vector<std::uint8_t> image(elf.bytes().begin(), elf.bytes().end());
     for (const auto& p : list.probes) {
-        if (p.form == SiteForm::nop) continue;
         const auto offset = elf.file_offset(p.site);
-        // Marked sites the compiler already emitted as their placeholder.
+        // Marked sites the compiler already emitted as their placeholder, pads
+        // of an earlier coldpatch.
         if (offset && *offset + p.size <= image.size() &&
             std::memcmp(image.data() + *offset, p.placeholder.data(), p.size) == 0)
             continue;
@@ -125,7 +127,17 @@ ColdpatchResult coldpatch(const std::string& path, const ColdpatchOptions& optio
     PlaceholderScan scan = scan_placeholders(elf, module);
     result.hook_tail_jumps = scan.hook_tail_jumps;
     result.kinds_inferred = scan.kinds_inferred;
-    const bool found_calls = !scan.list.probes.empty();
+    bool found_calls = !scan.list.probes.empty();
+    if (has_patchable_entries(elf)) {
+        auto entries = scan_patchable_entries(elf, result.foreign_pads);
+        const bool any_pad_left = std::any_of(entries.begin(), entries.end(), [&](const Probe& p) {
+            return site_holds(elf, p, p.original.data());
+        });
+        if (!found_calls && !entries.empty()) scan.list.flow = IPROBE_FLOW_PATCHABLE_ENTRY;
+        found_calls = found_calls || any_pad_left;
+        for (auto& p : entries) scan.list.probes.push_back(std::move(p));
+        scan.list.normalize();
+    }
     const auto marked = read_site_section(path);
     if (marked) merge_marked_sites(*marked, scan.list);
     result.list = std::move(scan.list);
@@ -149,7 +161,9 @@ ColdpatchResult coldpatch(const std::string& path, const ColdpatchOptions& optio
     if (result.list.probes.empty()) {
         if (!options.allow_no_placeholders)
             throw Error(path + ": no placeholders: no calls to " + kEnterHook + "/" + kExitHook +
-                            " found; compile with -finstrument-functions (e.g. CC=iprobe-cc)",
+                            " and no " + kPatchableEntriesSection +
+                            " found; compile with iprobe-cc (-fpatchable-function-entry=5,0 or "
+                            "-finstrument-functions)",
                         ExitCode::bad_input);
         result.outcome = ColdpatchOutcome::no_placeholders;
         return finish();

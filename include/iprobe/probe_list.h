@@ -49,7 +49,11 @@ enum iprobe_site_form {
 /* Which compiler flow produced the module's placeholders. */
 enum iprobe_flow {
     IPROBE_FLOW_FINSTRUMENT = 1, /* -finstrument-functions + coldpatch */
-    IPROBE_FLOW_LLVM = 2         /* our LLVM pass */
+    IPROBE_FLOW_LLVM = 2,        /* our LLVM pass */
+    /* gcc -fpatchable-function-entry=5,0 + coldpatch: one 5-byte NOP entry
+     * site per out-of-line function (original_bytes: the five 1-byte NOPs
+     * gcc emitted), listed by __patchable_function_entries */
+    IPROBE_FLOW_PATCHABLE_ENTRY = 3
 };
 
 enum iprobe_pl_flags {

@@ -19,6 +19,15 @@ std::string_view to_string(ProbeKind kind) {
     return "unknown";
 }
 
+std::string_view flow_name(std::uint32_t flow) {
+    switch (flow) {
+        case IPROBE_FLOW_FINSTRUMENT: return "finstrument";
+        case IPROBE_FLOW_LLVM: return "llvm";
+        case IPROBE_FLOW_PATCHABLE_ENTRY: return "entry";
+    }
+    return "unknown";
+}
+
 ProbeKind parse_probe_kind(std::string_view text) {
     if (text == "entry") return ProbeKind::entry;
     if (text == "exit") return ProbeKind::exit;

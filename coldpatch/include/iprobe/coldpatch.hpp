@@ -1,6 +1,7 @@
 // Coldpatch: turn the placeholder calls a compiler emitted for
 // -finstrument-functions (`call __cyg_profile_func_enter/exit`) into NOPs of
-// the same length and record where they were in a probe list.
+// the same length, or the five 1-byte NOPs of -fpatchable-function-entry=5,0
+// into one 5-byte NOP, and record where they were in a probe list.
 #pragma once
 
 #include <cstddef>
@@ -34,6 +35,17 @@ struct PlaceholderScan {
 // must be x86-64) and describes it as a probe.  `module_name` goes into the list.
 PlaceholderScan scan_placeholders(const ElfFile& elf, const std::string& module_name);
 
+// The section gcc's -fpatchable-function-entry lists each function's pad in.
+inline constexpr char kPatchableEntriesSection[] = "__patchable_function_entries";
+
+bool has_patchable_entries(const ElfFile& elf);
+
+// The entry-NOP flow: one NOP-form entry probe per function pad recorded in
+// __patchable_function_entries that holds the =5,0 pad (five 1-byte NOPs) or
+// its coldpatched 5-byte NOP.  Pads of another size, or outside any function
+// symbol, are counted in `foreign_pads` and left alone.
+std::vector<Probe> scan_patchable_entries(const ElfFile& elf, std::size_t& foreign_pads);
+
 struct ColdpatchOptions {
     std::string output;       // patched binary; default: the input, in place
     std::string probes_path;  // default: <output>.probes
@@ -57,6 +69,7 @@ struct ColdpatchResult {
     std::size_t entries = 0, exits = 0, points = 0;
     std::size_t hook_tail_jumps = 0;
     std::size_t kinds_inferred = 0;
+    std::size_t foreign_pads = 0;   // patchable entries not of iprobe's =5,0 form
     double elapsed_ms = 0;
 };
 

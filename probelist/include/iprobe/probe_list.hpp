@@ -27,6 +27,8 @@ enum class SiteForm : std::uint8_t {
 };
 
 std::string_view to_string(ProbeKind kind);
+// enum iprobe_flow as users spell it (iprobe-cc --flow=): "finstrument" | "entry" | "llvm".
+std::string_view flow_name(std::uint32_t flow);
 // "entry" | "exit" | "point"; throws Error(usage) otherwise.
 ProbeKind parse_probe_kind(std::string_view text);
 

@@ -1,0 +1,69 @@
+// The entry-NOP flow end to end: hp_target built with iprobe-cc --flow=entry
+// (gcc -fpatchable-function-entry=5,0, pads merged into one 5-byte NOP by
+// coldpatch) is attached, counted, traced, reported and detached like any
+// other coldpatched program.
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include "hotpatch_fixture.hpp"
+
+namespace iprobe::test {
+namespace {
+
+constexpr int kThreads = 4;
+constexpr long kBurst = 100000;
+
+class EntryFlowTest : public ::testing::Test {
+protected:
+    void SetUp() override {
+        if (!is_root()) GTEST_SKIP() << "needs root (ptrace of any process, /run/iprobe)";
+    }
+    const std::string binary_ = targets_dir() + "/hp_target_entry";
+};
+
+TEST_F(EntryFlowTest, ListsOneEntryProbePerOutOfLineFunction) {
+    auto r = iprobe({"list", binary_, "--json"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find("\"flow\":\"entry\""), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("\"function\":\"counted\""), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("\"kind\":\"exit\""), std::string::npos) << "the entry flow has no exit sites";
+    EXPECT_NE(r.out.find("\"kind\":\"point\""), std::string::npos) << "IPROBE_POINT sites are merged in";
+}
+
+TEST_F(EntryFlowTest, CountsAndTracesExactlyThenDetachesToIdenticalText) {
+    HpTarget target(kThreads, binary_);
+    const std::string pid = std::to_string(target.pid());
+    const auto text_before = text_of(target.pid(), "/hp_target_entry");
+    ASSERT_FALSE(text_before.empty());
+
+    auto a = iprobe({"attach", pid, "--functions", "counted", "--handler", "count"});
+    ASSERT_EQ(a.exit_code, 0) << a.err;
+    EXPECT_NE(a.out.find("enabled 1 probe"), std::string::npos) << a.out;
+    EXPECT_EQ(target.command("burst " + std::to_string(kBurst)), kThreads * kBurst);
+    auto r = iprobe({"report", pid, "--json"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(json_calls(r.out, "counted"), kThreads * kBurst) << r.out;
+    ASSERT_EQ(iprobe({"detach", pid}).exit_code, 0);
+    EXPECT_EQ(text_of(target.pid(), "/hp_target_entry"), text_before) << "code differs after detach";
+
+    a = iprobe({"attach", pid, "--functions", "counted", "--ring-records", "262144"});
+    ASSERT_EQ(a.exit_code, 0) << a.err;
+    EXPECT_EQ(target.command("burst 1000"), kThreads * 1000);
+    auto t = iprobe({"trace", pid, "--format", "json", "--duration", "0"});
+    ASSERT_EQ(t.exit_code, 0) << t.err;
+    std::size_t events = 0;
+    for (auto at = t.out.find("\"function\":\"counted\""); at != std::string::npos;
+         at = t.out.find("\"function\":\"counted\"", at + 1))
+        ++events;
+    EXPECT_EQ(events, static_cast<std::size_t>(kThreads * 1000));
+    ASSERT_EQ(iprobe({"detach", pid}).exit_code, 0);
+    EXPECT_EQ(text_of(target.pid(), "/hp_target_entry"), text_before);
+
+    // every register the function's caller left live survives the probe
+    target.command("burst 1000");
+    EXPECT_TRUE(target.child().running());
+}
+
+}  // namespace
+}  // namespace iprobe::test
