@@ -2,6 +2,7 @@
 // (gcc -fpatchable-function-entry=5,0, pads merged into one 5-byte NOP by
 // coldpatch) is attached, counted, traced, reported and detached like any
 // other coldpatched program.
+#include <signal.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -60,9 +61,45 @@ TEST_F(EntryFlowTest, CountsAndTracesExactlyThenDetachesToIdenticalText) {
     ASSERT_EQ(iprobe({"detach", pid}).exit_code, 0);
     EXPECT_EQ(text_of(target.pid(), "/hp_target_entry"), text_before);
 
-    // every register the function's caller left live survives the probe
-    target.command("burst 1000");
+    // detached: the program still computes what it did
+    EXPECT_EQ(target.command("burst 1000"), kThreads * 1000);
     EXPECT_TRUE(target.child().running());
+}
+
+// A real service built the way users build it: redis from Debian source with
+// CC="iprobe-cc --flow=entry".  Every SET the client sends is counted once.
+TEST_F(EntryFlowTest, RedisCommandsCountedExactlyWhileServing) {
+    const std::string out = build_dir() + "/redis/entry";
+    auto b = run({source_dir() + "/scripts/build-redis", "--mode", "entry", out}, {}, std::chrono::minutes(14),
+                 {"IPROBE_BUILD_DIR=" + build_dir()});
+    ASSERT_EQ(b.exit_code, 0) << b.err;
+    const std::string server = b.out.substr(0, b.out.find('\n'));
+    const std::string dir = server.substr(0, server.rfind('/'));
+    TempDir tmp;
+    const int port = free_port();
+    Child redis({server, "--port", std::to_string(port), "--save", "", "--appendonly", "no", "--dir", tmp.path()},
+                tmp / "redis.log");
+    ASSERT_TRUE(wait_for_port(port, std::chrono::seconds(20)));
+    const std::string pid = std::to_string(redis.pid());
+    const auto text_before = text_of(redis.pid(), "/redis-server");
+
+    auto a = iprobe({"attach", pid, "--functions", "setCommand,getCommand", "--handler", "count"});
+    ASSERT_EQ(a.exit_code, 0) << a.err;
+    EXPECT_NE(a.out.find("enabled 2 probes"), std::string::npos) << a.out;
+    constexpr int kRequests = 5000;
+    auto bench = run({dir + "/redis-benchmark", "-p", std::to_string(port), "-t", "set,get", "-n",
+                      std::to_string(kRequests), "-c", "4", "-P", "8", "-q"});
+    ASSERT_EQ(bench.exit_code, 0) << bench.err;
+    auto r = iprobe({"report", pid, "--json"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(json_calls(r.out, "setCommand"), kRequests) << r.out;
+    EXPECT_EQ(json_calls(r.out, "getCommand"), kRequests) << r.out;
+    ASSERT_EQ(iprobe({"detach", pid}).exit_code, 0);
+    EXPECT_EQ(text_of(redis.pid(), "/redis-server"), text_before) << "code differs after detach";
+    EXPECT_TRUE(redis.running());
+    redis.kill(SIGKILL);
+    redis.wait();
+    ::unlink(("/dev/shm/iprobe." + pid).c_str());
 }
 
 }  // namespace
