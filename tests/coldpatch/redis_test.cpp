@@ -11,13 +11,10 @@
 namespace iprobe::test {
 namespace {
 
-std::string build_redis(const std::string& mode) {
-    const auto r = run({source_dir() + "/scripts/build-redis", "--mode", mode, build_dir() + "/redis/" + mode}, {},
-                       std::chrono::minutes(20), {"IPROBE_BUILD_DIR=" + build_dir()});
-    EXPECT_EQ(r.exit_code, 0) << r.err;
-    std::string path = r.out;
-    while (!path.empty() && path.back() == '\n') path.pop_back();
-    return path.substr(0, path.rfind('/'));  // the directory with redis-server, -cli, -benchmark
+// The directory with redis-server, -cli and -benchmark.
+std::string redis_dir(const std::string& mode) {
+    const std::string server = build_redis(mode);
+    return server.substr(0, server.rfind('/'));
 }
 
 class RedisServer {
@@ -91,9 +88,9 @@ std::string replies(const std::string& cli, int port) {
 }
 
 TEST(Redis, BuiltWithIprobeCcBehavesLikeTheNativeBuild) {
-    const std::string native = build_redis("native");
-    const std::string probed = build_redis("finstrument");
-    const std::string unpatched = build_redis("finstrument-unpatched");
+    const std::string native = redis_dir("native");
+    const std::string probed = redis_dir("finstrument");
+    const std::string unpatched = redis_dir("finstrument-unpatched");
     ASSERT_FALSE(native.empty());
     ASSERT_FALSE(probed.empty());
     ASSERT_FALSE(unpatched.empty());

@@ -69,11 +69,8 @@ TEST_F(EntryFlowTest, CountsAndTracesExactlyThenDetachesToIdenticalText) {
 // A real service built the way users build it: redis from Debian source with
 // CC="iprobe-cc --flow=entry".  Every SET the client sends is counted once.
 TEST_F(EntryFlowTest, RedisCommandsCountedExactlyWhileServing) {
-    const std::string out = build_dir() + "/redis/entry";
-    auto b = run({source_dir() + "/scripts/build-redis", "--mode", "entry", out}, {}, std::chrono::minutes(14),
-                 {"IPROBE_BUILD_DIR=" + build_dir()});
-    ASSERT_EQ(b.exit_code, 0) << b.err;
-    const std::string server = b.out.substr(0, b.out.find('\n'));
+    const std::string server = build_redis("entry");
+    ASSERT_FALSE(server.empty());
     const std::string dir = server.substr(0, server.rfind('/'));
     TempDir tmp;
     const int port = free_port();

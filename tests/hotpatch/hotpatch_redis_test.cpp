@@ -13,18 +13,9 @@
 namespace iprobe::test {
 namespace {
 
-std::string build_redis() {
-    const std::string out = build_dir() + "/redis/finstrument";
-    auto r = run({source_dir() + "/scripts/build-redis", "--mode", "finstrument", out}, {}, std::chrono::minutes(14),
-                 {"IPROBE_BUILD_DIR=" + build_dir()});
-    if (r.exit_code != 0) return {};
-    std::string path = r.out.substr(0, r.out.find('\n'));
-    return path;
-}
-
 TEST(HotpatchRedis, AttachTraceDetachWhileBenchmarkRuns) {
     if (!is_root()) GTEST_SKIP() << "needs root";
-    const std::string server = build_redis();
+    const std::string server = build_redis("finstrument");
     ASSERT_FALSE(server.empty()) << "scripts/build-redis --mode finstrument failed";
     const std::string dir = server.substr(0, server.rfind('/'));
     TempDir tmp;

@@ -558,15 +558,6 @@ TEST(LlvmPassInstall, PackageServesCMakeAndPkgConfigBuilds) {
 
 // ------------------------------------------------------------------- redis
 
-std::string build_redis(const std::string& mode) {
-    const auto r = run({source_dir() + "/scripts/build-redis", "--mode", mode, build_dir() + "/redis/" + mode}, {},
-                       std::chrono::minutes(20), {"IPROBE_BUILD_DIR=" + build_dir()});
-    EXPECT_EQ(r.exit_code, 0) << describe(r);
-    std::string server = r.out;
-    while (!server.empty() && server.back() == '\n') server.pop_back();
-    return server;
-}
-
 // Replies of one redis-server to a fixed command set (no set iteration
 // order, no timing: identical for identical behaviour).
 std::string redis_session(const std::string& server) {

@@ -1,5 +1,7 @@
 #include "testutil.h"
 
+#include <gtest/gtest.h>
+
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
@@ -253,5 +255,15 @@ std::string file_text(const std::string& path) {
 }
 
 bool is_root() { return ::geteuid() == 0; }
+
+std::string build_redis(const std::string& mode) {
+    const auto r = run({source_dir() + "/scripts/build-redis", "--mode", mode, build_dir() + "/redis/" + mode}, {},
+                       std::chrono::minutes(20), {"IPROBE_BUILD_DIR=" + build_dir()});
+    if (r.exit_code != 0) {
+        ADD_FAILURE() << "scripts/build-redis --mode " << mode << " failed (exit " << r.exit_code << "):\n" << r.err;
+        return {};
+    }
+    return r.out.substr(0, r.out.find('\n'));
+}
 
 }  // namespace iprobe::test

@@ -76,6 +76,11 @@ bool wait_for_port(int port, std::chrono::milliseconds timeout = std::chrono::se
 // A port number that was free a moment ago.
 int free_port();
 
+// redis-server built from Debian source by scripts/build-redis --mode MODE
+// into <build>/redis/MODE (reused when already built); "" after a failed
+// build, which is reported as a test failure with the build's stderr.
+std::string build_redis(const std::string& mode);
+
 std::vector<std::uint8_t> file_bytes(const std::string& path);
 std::string file_text(const std::string& path);
 bool is_root();
