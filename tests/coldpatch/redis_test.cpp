@@ -17,23 +17,6 @@ std::string redis_dir(const std::string& mode) {
     return server.substr(0, server.rfind('/'));
 }
 
-class RedisServer {
-public:
-    RedisServer(const std::string& dir, const TempDir& tmp, const std::string& name) : port_(free_port()) {
-        child_ = Child({dir + "/redis-server", "--port", std::to_string(port_), "--bind", "127.0.0.1", "--save", "",
-                        "--appendonly", "no", "--dir", tmp.path(), "--daemonize", "no", "--logfile",
-                        tmp / (name + ".log")});
-        ready_ = wait_for_port(port_, std::chrono::seconds(20));
-    }
-    int port() const { return port_; }
-    bool ready() const { return ready_; }
-
-private:
-    int port_;
-    Child child_;
-    bool ready_ = false;
-};
-
 // The replies to a fixed command set, one redis-cli call per command.
 std::string replies(const std::string& cli, int port) {
     static const std::vector<std::vector<std::string>> commands = {
@@ -120,8 +103,8 @@ TEST(Redis, BuiltWithIprobeCcBehavesLikeTheNativeBuild) {
     EXPECT_GE(std::stoi(lookup.out), 1) << "its own entry, plus copies inlined elsewhere";
 
     TempDir tmp;
-    RedisServer native_server(native, tmp, "native");
-    RedisServer probed_server(probed, tmp, "probed");
+    RedisServer native_server(native + "/redis-server", tmp, "native");
+    RedisServer probed_server(probed + "/redis-server", tmp, "probed");
     ASSERT_TRUE(native_server.ready());
     ASSERT_TRUE(probed_server.ready());
     // The same client (the native redis-cli) against both servers, then the

@@ -2,7 +2,6 @@
 // (gcc -fpatchable-function-entry=5,0, pads merged into one 5-byte NOP by
 // coldpatch) is attached, counted, traced, reported and detached like any
 // other coldpatched program.
-#include <signal.h>
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -73,10 +72,9 @@ TEST_F(EntryFlowTest, RedisCommandsCountedExactlyWhileServing) {
     ASSERT_FALSE(server.empty());
     const std::string dir = server.substr(0, server.rfind('/'));
     TempDir tmp;
-    const int port = free_port();
-    Child redis({server, "--port", std::to_string(port), "--save", "", "--appendonly", "no", "--dir", tmp.path()},
-                tmp / "redis.log");
-    ASSERT_TRUE(wait_for_port(port, std::chrono::seconds(20)));
+    RedisServer redis(server, tmp);
+    ASSERT_TRUE(redis.ready());
+    const int port = redis.port();
     const std::string pid = std::to_string(redis.pid());
     const auto text_before = text_of(redis.pid(), "/redis-server");
 
@@ -94,9 +92,6 @@ TEST_F(EntryFlowTest, RedisCommandsCountedExactlyWhileServing) {
     ASSERT_EQ(iprobe({"detach", pid}).exit_code, 0);
     EXPECT_EQ(text_of(redis.pid(), "/redis-server"), text_before) << "code differs after detach";
     EXPECT_TRUE(redis.running());
-    redis.kill(SIGKILL);
-    redis.wait();
-    ::unlink(("/dev/shm/iprobe." + pid).c_str());
 }
 
 }  // namespace

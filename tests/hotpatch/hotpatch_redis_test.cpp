@@ -19,10 +19,9 @@ TEST(HotpatchRedis, AttachTraceDetachWhileBenchmarkRuns) {
     ASSERT_FALSE(server.empty()) << "scripts/build-redis --mode finstrument failed";
     const std::string dir = server.substr(0, server.rfind('/'));
     TempDir tmp;
-    const int port = free_port();
-    Child redis({server, "--port", std::to_string(port), "--save", "", "--appendonly", "no", "--dir", tmp.path()},
-                tmp / "redis.log");
-    ASSERT_TRUE(wait_for_port(port, std::chrono::seconds(20)));
+    RedisServer redis(server, tmp);
+    ASSERT_TRUE(redis.ready());
+    const int port = redis.port();
     const std::string pid = std::to_string(redis.pid());
     const auto text_before = text_of(redis.pid(), "/redis-server");
 
@@ -54,8 +53,6 @@ TEST(HotpatchRedis, AttachTraceDetachWhileBenchmarkRuns) {
     EXPECT_EQ(out.find("rror"), std::string::npos) << out;
     auto ping = run({dir + "/redis-cli", "-p", std::to_string(port), "ping"});
     EXPECT_EQ(ping.out, "PONG\n");
-    redis.kill(SIGKILL);
-    ::unlink(("/dev/shm/iprobe." + pid).c_str());
 }
 
 }  // namespace

@@ -266,4 +266,18 @@ std::string build_redis(const std::string& mode) {
     return r.out.substr(0, r.out.find('\n'));
 }
 
+RedisServer::RedisServer(const std::string& server, const TempDir& tmp, const std::string& name)
+    : port_(free_port()) {
+    child_ = Child({server, "--port", std::to_string(port_), "--bind", "127.0.0.1", "--save", "", "--appendonly",
+                    "no", "--dir", tmp.path(), "--daemonize", "no", "--logfile", tmp / (name + ".log")});
+    ready_ = wait_for_port(port_, std::chrono::seconds(20));
+}
+
+RedisServer::~RedisServer() {
+    const pid_t pid = child_.pid();
+    child_.kill(SIGKILL);
+    child_.wait();
+    ::unlink(("/dev/shm/iprobe." + std::to_string(pid)).c_str());
+}
+
 }  // namespace iprobe::test

@@ -81,6 +81,26 @@ int free_port();
 // build, which is reported as a test failure with the build's stderr.
 std::string build_redis(const std::string& mode);
 
+// A redis-server (path from build_redis) on a free port of 127.0.0.1, no
+// persistence, working directory `tmp`, log tmp/NAME.log.  Killed on
+// destruction, and the iprobe region a probe session left for it removed.
+class RedisServer {
+public:
+    RedisServer(const std::string& server, const TempDir& tmp, const std::string& name = "redis");
+    ~RedisServer();
+    RedisServer(const RedisServer&) = delete;
+    RedisServer& operator=(const RedisServer&) = delete;
+    int port() const { return port_; }
+    bool ready() const { return ready_; }  // accepted a connection within 20 s
+    pid_t pid() const { return child_.pid(); }
+    bool running() { return child_.running(); }
+
+private:
+    int port_;
+    Child child_;
+    bool ready_ = false;
+};
+
 std::vector<std::uint8_t> file_bytes(const std::string& path);
 std::string file_text(const std::string& path);
 bool is_root();
