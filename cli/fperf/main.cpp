@@ -14,6 +14,7 @@
 #include "iprobe/support/error.h"
 #include "iprobe/support/file.h"
 #include "iprobe/support/glob.h"
+#include "iprobe/support/json.h"
 
 namespace {
 
@@ -24,11 +25,16 @@ constexpr const char* kUsage =
     "usage: fperf record [options] --pid PID\n"
     "       fperf record [options] -- PROGRAM [ARGS...]\n"
     "       fperf report [-i fperf.data] [--json|--csv] [--svg OUT.svg] [--limit N]\n"
-    "       fperf events          list the events this machine can count\n"
+    "       fperf events [--json] list the events this machine can count, and who counts each\n"
     "\n"
     "Counts every call of the selected functions and samples counter deltas\n"
-    "(wall time, thread CPU time, PAPI events) over as many calls as the\n"
-    "overhead budget allows; every function that runs gets at least one sample.\n";
+    "(wall time, thread CPU time, counter events) over as many calls as the\n"
+    "overhead budget allows; every function that runs gets at least one sample.\n"
+    "\n"
+    "Events are counted by PAPI where it can, and by the kernel (perf_event_open)\n"
+    "where it cannot: the kernel's software events (page faults, context switches,\n"
+    "migrations, task clock) always, hardware events wherever the kernel has a PMU,\n"
+    "even one libpfm4 does not know.  FPERF_PAPI=off leaves PAPI out entirely.\n";
 
 constexpr const char* kRecordHelp =
     "usage: fperf record [options] --pid PID\n"
@@ -43,7 +49,8 @@ constexpr const char* kRecordHelp =
     "  --probes LIST       probe list or coldpatched binary (default: the target's\n"
     "                      executable and its FILE.probes)\n"
     "  --functions GLOB    only functions matching GLOB (comma list, repeatable)\n"
-    "  --events E1,E2      PAPI preset or native names (default: PAPI_TOT_CYC,\n"
+    "  --events E1,E2      PAPI preset or native names, perf's names (page-faults,\n"
+    "                      cs, cycles, ...) or raw codes (r01c2) (default: PAPI_TOT_CYC,\n"
     "                      PAPI_TOT_INS, PAPI_L1_DCM, perf::PAGE-FAULTS,\n"
     "                      perf::CONTEXT-SWITCHES); wall and CPU time are always measured\n"
     "  --strict            an unavailable --events entry is an error (exit 7); without\n"
@@ -202,8 +209,24 @@ int cmd_report(int argc, char** argv) {
     return 0;
 }
 
-int cmd_events() {
-    for (const auto& e : fperf::available_events()) std::printf("%s\n", e.c_str());
+int cmd_events(int argc, char** argv) {
+    bool json = false;
+    for (int i = 2; i < argc; i++) {
+        const std::string a = argv[i];
+        if (a == "--json") json = true;
+        else usage_error("unknown option " + a + " for fperf events");
+    }
+    const auto events = fperf::available_events();
+    if (!json) {
+        for (const auto& e : events) std::printf("%-40s %s\n", e.name.c_str(), fperf::backend_name(e.source.backend));
+        return 0;
+    }
+    iprobe::JsonWriter j;
+    j.begin_array();
+    for (const auto& e : events)
+        j.begin_object().field("name", e.name).field("backend", fperf::backend_name(e.source.backend)).end_object();
+    j.end_array();
+    std::printf("%s\n", j.str().c_str());
     return 0;
 }
 
@@ -222,7 +245,7 @@ int main(int argc, char** argv) {
         }
         if (cmd == "record") return cmd_record(argc, argv);
         if (cmd == "report") return cmd_report(argc, argv);
-        if (cmd == "events") return cmd_events();
+        if (cmd == "events") return cmd_events(argc, argv);
         usage_error("unknown command '" + std::string(cmd) + "'");
     });
 }

@@ -29,6 +29,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "fperf/kernel_counter.h"
 #include "fperf/shm_layout.h"
 
 #define FPERF_API __attribute__((visibility("default")))
@@ -58,9 +59,12 @@ struct frame {
 
 struct thread_state {
     const struct fperf_shm_header* session; /* event set built for this session */
-    int event_set;                          /* PAPI_NULL when no event is counted */
-    int event_index[FPERF_MAX_EVENTS];      /* event-set position -> header event index */
-    int counted;                            /* events in event_set */
+    int event_set;                          /* PAPI_NULL when no PAPI event is counted */
+    int kernel_fds[FPERF_MAX_EVENTS];       /* kernel-backend counters, [0] leads the group */
+    int papi_counted;                       /* events in event_set: positions [0, papi_counted) */
+    int kernel_counted;                     /* then the kernel group's, in its order */
+    int counted;                            /* papi_counted + kernel_counted */
+    int event_index[FPERF_MAX_EVENTS];      /* position -> header event index */
     uint32_t top;
     struct frame frames[SHADOW_STACK_DEPTH];
 };
@@ -163,41 +167,73 @@ static int record_module(struct dl_phdr_info* info, size_t size, void* data)
 
 static void release_event_set(struct thread_state* st)
 {
-    if (st->event_set == PAPI_NULL) return;
-    long long ignored[FPERF_MAX_EVENTS];
-    PAPI_stop(st->event_set, ignored);
-    PAPI_cleanup_eventset(st->event_set);
-    PAPI_destroy_eventset(&st->event_set);
-    st->event_set = PAPI_NULL;
-    st->counted = 0;
+    if (st->event_set != PAPI_NULL) {
+        long long ignored[FPERF_MAX_EVENTS];
+        PAPI_stop(st->event_set, ignored);
+        PAPI_cleanup_eventset(st->event_set);
+        PAPI_destroy_eventset(&st->event_set);
+        st->event_set = PAPI_NULL;
+    }
+    for (int i = st->kernel_counted - 1; i >= 0; i--) close(st->kernel_fds[i]);
+    st->papi_counted = st->kernel_counted = st->counted = 0;
+}
+
+static void settle_event_status(struct fperf_shm_header* h, uint32_t e, int measured)
+{
+    int untried = FPERF_EVENT_UNTRIED;
+    atomic_compare_exchange_strong(&h->event_status[e], &untried,
+                                   measured ? FPERF_EVENT_MEASURED : FPERF_EVENT_UNAVAILABLE);
+}
+
+static void build_papi_events(struct thread_state* st, struct fperf_shm_header* h)
+{
+    if (!g_papi_ok || PAPI_create_eventset(&st->event_set) != PAPI_OK) {
+        st->event_set = PAPI_NULL;
+        for (uint32_t e = 0; e < h->event_count; e++)
+            if (h->event_sources[e].backend == FPERF_BACKEND_PAPI) settle_event_status(h, e, 0);
+        return;
+    }
+    for (uint32_t e = 0; e < h->event_count; e++) {
+        if (h->event_sources[e].backend != FPERF_BACKEND_PAPI) continue;
+        int code;
+        int ok = PAPI_event_name_to_code(h->event_names[e], &code) == PAPI_OK &&
+                 PAPI_add_event(st->event_set, code) == PAPI_OK;
+        if (ok) st->event_index[st->papi_counted++] = (int)e;
+        settle_event_status(h, e, ok);
+    }
+    if (st->papi_counted == 0 || PAPI_start(st->event_set) != PAPI_OK) {
+        if (st->papi_counted) atomic_fetch_add(&h->thread_failures, 1);
+        PAPI_cleanup_eventset(st->event_set);
+        PAPI_destroy_eventset(&st->event_set);
+        st->event_set = PAPI_NULL;
+        st->papi_counted = 0;
+    }
+}
+
+/* One group per thread, so a sample reads every kernel counter in one read(). */
+static void build_kernel_events(struct thread_state* st, struct fperf_shm_header* h)
+{
+    for (uint32_t e = 0; e < h->event_count; e++) {
+        if (h->event_sources[e].backend != FPERF_BACKEND_KERNEL) continue;
+        int fd = fperf_open_kernel_counter(&h->event_sources[e], st->kernel_counted ? st->kernel_fds[0] : -1);
+        if (fd >= 0) {
+            st->kernel_fds[st->kernel_counted] = fd;
+            st->event_index[st->papi_counted + st->kernel_counted++] = (int)e;
+        } else {
+            h->event_errno[e] = -fd;
+        }
+        settle_event_status(h, e, fd >= 0);
+    }
 }
 
 static void build_event_set(struct thread_state* st, struct fperf_shm_header* h)
 {
     release_event_set(st);
     st->session = h;
-    if (!g_papi_ok || h->event_count == 0) return;
-    if (PAPI_create_eventset(&st->event_set) != PAPI_OK) {
-        st->event_set = PAPI_NULL;
-        atomic_fetch_add(&h->thread_failures, 1);
-        return;
-    }
-    for (uint32_t e = 0; e < h->event_count && e < FPERF_MAX_EVENTS; e++) {
-        int code;
-        int ok = PAPI_event_name_to_code(h->event_names[e], &code) == PAPI_OK &&
-                 PAPI_add_event(st->event_set, code) == PAPI_OK;
-        if (ok) st->event_index[st->counted++] = (int)e;
-        int untried = FPERF_EVENT_UNTRIED;
-        atomic_compare_exchange_strong(&h->event_status[e], &untried,
-                                       ok ? FPERF_EVENT_MEASURED : FPERF_EVENT_UNAVAILABLE);
-    }
-    if (st->counted == 0 || PAPI_start(st->event_set) != PAPI_OK) {
-        if (st->counted) atomic_fetch_add(&h->thread_failures, 1);
-        PAPI_cleanup_eventset(st->event_set);
-        PAPI_destroy_eventset(&st->event_set);
-        st->event_set = PAPI_NULL;
-        st->counted = 0;
-    }
+    if (h->event_count > FPERF_MAX_EVENTS) return;
+    build_papi_events(st, h);
+    build_kernel_events(st, h);
+    st->counted = st->papi_counted + st->kernel_counted;
 }
 
 static void thread_exit(void* arg)
@@ -228,7 +264,10 @@ static struct thread_state* thread_register(struct fperf_shm_header* h)
 
 static inline void read_events(struct thread_state* st, long long* out)
 {
-    if (st->counted) PAPI_read(st->event_set, out);
+    if (st->papi_counted) PAPI_read(st->event_set, out);
+    if (st->kernel_counted &&
+        fperf_read_kernel_group(st->kernel_fds[0], (uint64_t*)(out + st->papi_counted), (uint32_t)st->kernel_counted) != 0)
+        memset(out + st->papi_counted, 0, sizeof(long long) * (size_t)st->kernel_counted);
 }
 
 /* ---- sampling ---- */
@@ -693,9 +732,12 @@ static void calibrate(struct fperf_shm_header* h)
     h->sample_cost_ns = sample_cost > count_cost ? sample_cost - count_cost : 1;
     h->count_cost_ns = real_count_cost ? real_count_cost : 1;
     g_count_ns = count_cost;
-    if (!g_papi_ok)
+    int papi_events = 0;
+    for (uint32_t e = 0; e < h->event_count && e < FPERF_MAX_EVENTS; e++)
+        papi_events += h->event_sources[e].backend == FPERF_BACKEND_PAPI;
+    if (!g_papi_ok && papi_events)
         snprintf(h->handler_message, sizeof h->handler_message,
-                 "PAPI could not be initialised in the target; only wall and CPU time are measured");
+                 "PAPI could not be initialised in the target; its events are not measured");
 }
 
 /* ---- life cycle ---- */
@@ -705,6 +747,11 @@ static void after_fork_in_child(void)
     /* The child shares the parent's mapping and inherited the parent
      * thread's counters: it must not write into the parent's table. */
     atomic_store(&g_session, NULL);
+    struct thread_state* st = t_tls.state;
+    if (st) {
+        for (int i = st->kernel_counted - 1; i >= 0; i--) close(st->kernel_fds[i]);
+        st->kernel_counted = 0;
+    }
     t_tls.state = NULL;
     t_tls.open_frames = 0;
     t_tls.reattach_countdown = REATTACH_EVERY_CALLS;

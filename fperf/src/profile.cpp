@@ -138,7 +138,7 @@ void Profile::save(const std::string& path) const {
     for (const auto& [k, v] : meta) out << "meta\t" << clean(k) << '\t' << clean(v) << '\n';
     for (const auto& e : events)
         out << "event\t" << clean(e.name) << '\t' << (e.measured ? "measured" : "unavailable") << '\t'
-            << clean(e.reason) << '\n';
+            << clean(e.reason) << '\t' << clean(e.backend) << '\n';
     for (const auto& f : functions) {
         char addr[32];
         std::snprintf(addr, sizeof addr, "%" PRIx64, f.address);
@@ -172,8 +172,8 @@ Profile Profile::load(const std::string& path) {
         const auto f = split_tabs(line);
         if (f[0] == "meta" && f.size() == 3) {
             p.meta[f[1]] = f[2];
-        } else if (f[0] == "event" && f.size() == 4) {
-            p.events.push_back({f[1], f[2] == "measured", f[3]});
+        } else if (f[0] == "event" && (f.size() == 4 || f.size() == 5)) {  // 4: before backends were named
+            p.events.push_back({f[1], f[2] == "measured", f[3], f.size() == 5 ? f[4] : "papi"});
         } else if (f[0] == "function" && f.size() == 8 + p.events.size()) {
             FunctionProfile fp;
             fp.address = to_u64(f[1], 16);
@@ -240,7 +240,7 @@ std::string render_table(const Profile& p, std::size_t limit) {
         }
     out << "measured per sampled call: wall, cpu";
     for (const auto& m : metrics)
-        if (m.event >= 0) out << ", " << m.name;
+        if (m.event >= 0) out << ", " << m.name << " (" << p.events[m.event].backend << ")";
     out << "\n\n";
 
     const double cpu_sum = sum_estimated(p, metrics[1]);
@@ -288,6 +288,7 @@ std::string render_json(const Profile& p) {
     j.key("events").begin_array();
     for (const auto& e : p.events) {
         j.begin_object().field("name", e.name).field("measured", e.measured);
+        if (e.measured) j.field("backend", e.backend);
         if (!e.measured) j.field("reason", e.reason);
         j.end_object();
     }

@@ -69,7 +69,8 @@ std::vector<std::size_t> probes_to_remove(std::span<const FunctionActivity> func
     std::vector<std::size_t> order;
     for (std::size_t i = 0; i < functions.size(); i++) {
         counting += static_cast<double>(functions[i].calls_interval) * budget.count_cost_ns;
-        if (functions[i].calls_interval > 0 && functions[i].samples_total >= min_samples) order.push_back(i);
+        if (functions[i].calls_interval >= kMinCallsToJudgeHot && functions[i].samples_total >= min_samples)
+            order.push_back(i);
     }
     const double allowed = share * budget.fraction * static_cast<double>(budget.work_ns);
     std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {

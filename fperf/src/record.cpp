@@ -2,7 +2,6 @@
 
 #include <fcntl.h>
 #include <limits.h>
-#include <papi.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -283,30 +282,18 @@ struct Costs {
 };
 
 // Until the handler reports its own measurement: the same reads timed here.
-Costs estimate_costs_in_process(const std::vector<std::string>& events) {
-    int set = PAPI_NULL;
-    bool counting = PAPI_create_eventset(&set) == PAPI_OK;
-    for (const auto& e : events) {
-        int code = 0;
-        if (counting && PAPI_event_name_to_code(e.c_str(), &code) == PAPI_OK) PAPI_add_event(set, code);
-    }
-    counting = counting && PAPI_num_events(set) > 0 && PAPI_start(set) == PAPI_OK;
-    long long values[FPERF_MAX_EVENTS + 1];
+Costs estimate_costs_in_process(const std::vector<MeasuredEvent>& events) {
+    EventReader counters(events);
     timespec ts{};
     const int rounds = 2000;
     const auto t0 = monotonic_ns();
     for (int i = 0; i < rounds; i++)
         for (int side = 0; side < 2; side++) {
-            if (counting) PAPI_read(set, values);
+            counters.read();
             ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
             ::clock_gettime(CLOCK_MONOTONIC, &ts);
         }
     const auto elapsed = monotonic_ns() - t0;
-    if (counting) PAPI_stop(set, values);
-    if (set != PAPI_NULL) {
-        PAPI_cleanup_eventset(set);
-        PAPI_destroy_eventset(&set);
-    }
     return {static_cast<double>(elapsed) / rounds, 5.0, "estimated in the fperf process: the handler has not attached"};
 }
 
@@ -375,7 +362,7 @@ struct DaemonResult {
 
 class Daemon {
 public:
-    Daemon(SharedSession& session, Budget budget, Costs costs, const std::vector<std::string>& events)
+    Daemon(SharedSession& session, Budget budget, Costs costs, const std::vector<MeasuredEvent>& events)
         : session_(session), budget_(budget), costs_(std::move(costs)), events_(events) {
         budget_.sample_cost_ns = costs_.sample_ns;
         budget_.count_cost_ns = costs_.count_ns;
@@ -502,7 +489,7 @@ private:
     SharedSession& session_;
     Budget budget_;
     Costs costs_;
-    std::vector<std::string> events_;
+    std::vector<MeasuredEvent> events_;
     bool handler_costs_ = false;
     bool live_costs_ = false;
     bool live_count_costs_ = false;
@@ -519,7 +506,7 @@ std::string format_budget(const RecordOptions& o) {
 }
 
 Profile build_profile(const RecordOptions& o, SharedSession& session, const Daemon& daemon, Symbolizer& symbolizer,
-                      const std::vector<std::string>& measured, const std::vector<UnavailableEvent>& unavailable,
+                      const std::vector<MeasuredEvent>& measured, const std::vector<UnavailableEvent>& unavailable,
                       pid_t pid, std::uint64_t duration_ns) {
     Profile p;
     const auto& h = session.header();
@@ -527,12 +514,18 @@ Profile build_profile(const RecordOptions& o, SharedSession& session, const Daem
     // Events: asked-for order, measured ones first as they sit in the table.
     for (std::size_t e = 0; e < measured.size(); e++) {
         const int status = h.event_status[e].load();
-        EventColumn c{measured[e], status == FPERF_EVENT_MEASURED, ""};
-        if (status == FPERF_EVENT_UNAVAILABLE) c.reason = "PAPI refused it inside the target";
+        const auto backend = measured[e].source.backend;
+        EventColumn c{measured[e].name, status == FPERF_EVENT_MEASURED, "", backend_name(backend)};
+        if (status == FPERF_EVENT_UNAVAILABLE)
+            c.reason = backend == FPERF_BACKEND_KERNEL && h.event_errno[e]
+                           ? std::string("the kernel refused it inside the target (perf_event_open: ") +
+                                 std::strerror(h.event_errno[e]) + ")"
+                           : std::string(backend == FPERF_BACKEND_KERNEL ? "the kernel" : "PAPI") +
+                                 " refused it inside the target";
         if (status == FPERF_EVENT_UNTRIED) c.reason = "no sample was taken in the target";
         p.events.push_back(c);
     }
-    for (const auto& u : unavailable) p.events.push_back({u.name, false, u.reason});
+    for (const auto& u : unavailable) p.events.push_back({u.name, false, u.reason, ""});
 
     std::uint64_t calls = 0, samples = 0, called = 0, sampled = 0;
     for (const auto& s : session.snapshot()) {
@@ -689,7 +682,7 @@ int record(const RecordOptions& o) {
                     ExitCode::unavailable);
     if (o.events_given && !choice.unavailable.empty())
         log("measuring %s plus wall and CPU time per call",
-            choice.measured.empty() ? "no PAPI event" : ("the available events (" + std::to_string(choice.measured.size()) + ")").c_str());
+            choice.measured.empty() ? "no counter event" : ("the available events (" + std::to_string(choice.measured.size()) + ")").c_str());
 
     SessionConfig config;
     config.slot_count = o.table_slots;

@@ -102,8 +102,10 @@ SharedSession SharedSession::create(pid_t pid, const SessionConfig& config) {
     h.table_mode = config.table_mode;
     h.target_pid = static_cast<std::uint32_t>(pid);
     h.event_count = static_cast<std::uint32_t>(config.events.size());
-    for (std::size_t i = 0; i < config.events.size(); i++)
-        std::snprintf(h.event_names[i], FPERF_EVENT_NAME_MAX, "%s", config.events[i].c_str());
+    for (std::size_t i = 0; i < config.events.size(); i++) {
+        std::snprintf(h.event_names[i], FPERF_EVENT_NAME_MAX, "%s", config.events[i].name.c_str());
+        h.event_sources[i] = config.events[i].source;
+    }
     h.heartbeat_timeout_ns = config.heartbeat_timeout_ns;
     h.heartbeat_ns.store(monotonic_ns());
     auto* slot = s.slots();

@@ -1,13 +1,16 @@
 /* A program with a known call structure, for fperf's tests.  Built with
  * -finstrument-functions.  Exact call counts per run (mode "once"):
  *   main 1, hot_loop 1, hot_leaf 1000000, once_a 1, once_b 1,
- *   fib 21891 (fib(20)), thread_main 2, thread_work 2000, stray_exit_caller 1.
+ *   fib 21891 (fib(20)), thread_main 2, thread_work 2000, stray_exit_caller 1,
+ *   fault_pages 1 (takes at least FAULTED_PAGES page faults), nap 1 (sleeps:
+ *   at least one context switch).
  * Mode "serve SECONDS": repeats hot_leaf in rounds with short sleeps, so a
  * profiler can attach while it runs; prints the checksum and exits 0. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 static volatile unsigned long sink;
@@ -48,6 +51,22 @@ void* thread_main(void* arg)
     return NULL;
 }
 
+#define FAULTED_PAGES 64
+__attribute__((noinline)) void fault_pages(void)
+{
+    const size_t page = 4096;
+    volatile char* p = mmap(NULL, FAULTED_PAGES * page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) abort();
+    for (size_t i = 0; i < FAULTED_PAGES; i++) p[i * page] = 1;
+    munmap((void*)p, FAULTED_PAGES * page);
+}
+
+__attribute__((noinline)) void nap(void)
+{
+    struct timespec pause = {0, 2000000};
+    nanosleep(&pause, NULL);
+}
+
 static double now_s(void)
 {
     struct timespec ts;
@@ -75,6 +94,8 @@ int main(int argc, char** argv)
     once_a();
     once_b();
     stray_exit_caller();
+    fault_pages();
+    nap();
     unsigned long f = fib(20);
     for (int t = 0; t < 2; t++) pthread_join(threads[t], NULL);
     printf("fib %lu\n", f);

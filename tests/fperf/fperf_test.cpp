@@ -14,6 +14,11 @@
 #include <numeric>
 #include <thread>
 
+#include <linux/perf_event.h>
+
+#include <cstdlib>
+
+#include "fperf/events.hpp"
 #include "fperf/profile.hpp"
 #include "fperf/quota.hpp"
 #include "fperf/session.hpp"
@@ -157,6 +162,11 @@ TEST(FperfQuota, HottestSampledFunctionsLoseTheirProbesUntilCountingFitsHalfTheB
         {400'000, 400'000, 3}, {100'000, 100'000, 1}, {30'000, 30'000, 9}, {200'000, 200'000, 0}, {5, 0, 1}};
     // 7.3 ms: the busiest sampled one goes (3.3 ms), then the next (2.3 ms <= 2.5)
     EXPECT_EQ(fperf::probes_to_remove(f, b), (std::vector<std::size_t>{0, 1}));
+    // a stretch in which the target hardly ran: a few calls are never "too hot"
+    const std::vector<FunctionActivity> idle = {{fperf::kMinCallsToJudgeHot - 1, fperf::kMinCallsToJudgeHot - 1, 1}};
+    fperf::Budget asleep = b;
+    asleep.work_ns = 1;
+    EXPECT_TRUE(fperf::probes_to_remove(idle, asleep).empty());
     // with no sampled candidate left nothing more can go
     f[0].samples_total = f[1].samples_total = f[2].samples_total = 0;
     EXPECT_TRUE(fperf::probes_to_remove(f, b).empty());
@@ -174,7 +184,7 @@ TEST(FperfSession, CreatesOwnerOnlyRegionReplacesOldOneAndRemovesItOnClose) {
     const pid_t self = ::getpid();
     fperf::SessionConfig config;
     config.slot_count = 1000;  // rounded to 1024
-    config.events = {"perf::PAGE-FAULTS"};
+    config.events = {{"perf::PAGE-FAULTS", *fperf::kernel_event("perf::PAGE-FAULTS")}};
     config.initial_quota = 1;
     auto first = fperf::SharedSession::create(self, config);
     const auto path = fperf::shm_path(self);
@@ -213,7 +223,7 @@ fperf::Profile sample_profile() {
     p.meta = {{"pid", "42"}, {"budget", "5%"}, {"total_calls", "1000010"}, {"total_samples", "12"},
               {"functions_called", "3"}, {"functions_sampled", "2"}, {"overhead_estimate", "0.0123"},
               {"duration_ns", "1000000000"}, {"interval_ns", "100000000"}};
-    p.events = {{"perf::PAGE-FAULTS", true, ""}, {"PAPI_TOT_CYC", false, "no PMU"}};
+    p.events = {{"perf::PAGE-FAULTS", true, "", "perf_event"}, {"PAPI_TOT_CYC", false, "no PMU", ""}};
     p.functions = {{0x1000, "hot", "/bin/x", 1'000'000, 10, 1000, 800, {20, 0}},
                    {0x2000, "cold <a&b>", "/bin/x", 10, 2, 4000, 4000, {2, 0}},
                    {0x3000, "never_sampled", "/bin/x", 0, 0, 0, 0, {0, 0}}};
@@ -229,6 +239,7 @@ TEST(FperfProfile, SavesAndLoadsExactly) {
     ASSERT_EQ(q.events.size(), 2u);
     EXPECT_FALSE(q.events[1].measured);
     EXPECT_EQ(q.events[1].reason, "no PMU");
+    EXPECT_EQ(q.events[0].backend, "perf_event");
     ASSERT_EQ(q.functions.size(), 3u);
     EXPECT_EQ(q.functions[1].name, "cold <a&b>");
     EXPECT_EQ(q.functions[0].calls, 1'000'000u);
@@ -264,7 +275,8 @@ std::string handler_library() { return build_dir() + "/lib/libfperf-handler.so";
 
 const std::map<std::string, std::uint64_t> kExpectedCalls = {
     {"main", 1}, {"hot_loop", 1}, {"hot_leaf", 1'000'000}, {"once_a", 1},
-    {"once_b", 1}, {"fib", 21891}, {"thread_main", 2}, {"thread_work", 2000}, {"stray_exit_caller", 1}};
+    {"once_b", 1}, {"fib", 21891}, {"thread_main", 2}, {"thread_work", 2000}, {"stray_exit_caller", 1},
+    {"fault_pages", 1}, {"nap", 1}};
 
 std::map<std::string, const fperf::FunctionProfile*> by_name(const fperf::Profile& p) {
     std::map<std::string, const fperf::FunctionProfile*> out;
@@ -304,13 +316,29 @@ void expect_exact_calls_all_sampled(const fperf::Profile& p) {
     expect_caller_covers_callee(*f.at("main"), *f.at("hot_loop"));
 }
 
+// Who must count the kernel's own events: PAPI where its perf_event
+// component works, fperf's kernel backend where it does not (FPERF_PAPI=off,
+// which the suite's nopapi run sets, stands in for a CPU libpfm4 does not know).
+bool papi_turned_off() {
+    const char* v = std::getenv("FPERF_PAPI");
+    return v && std::string(v) == "off";
+}
+
+void expect_counted_by_a_backend(const fperf::EventColumn& e) {
+    EXPECT_TRUE(e.measured) << e.name << ": " << e.reason;
+    if (papi_turned_off()) EXPECT_EQ(e.backend, "perf_event") << e.name;
+    else EXPECT_TRUE(e.backend == "papi" || e.backend == "perf_event") << e.name << ": " << e.backend;
+}
+
 TEST(FperfRecord, NoBudgetCapturesEveryFunctionWithExactCallCounts) {
     TempDir dir;
     const auto p = record_program({"--budget", "none", "--events", "perf::PAGE-FAULTS"}, callgraph(), dir);
     expect_exact_calls_all_sampled(p);
     EXPECT_EQ(p.get("budget"), "none");
     ASSERT_EQ(p.events.size(), 1u);
-    EXPECT_TRUE(p.events[0].measured);
+    expect_counted_by_a_backend(p.events[0]);
+    // fault_pages touches 64 fresh pages: each one is a fault, in that function
+    EXPECT_GE(by_name(p).at("fault_pages")->events.at(0), 64u);
     EXPECT_EQ(p.get("handler_threads"), "3");
     EXPECT_EQ(p.get("unmatched_exits"), "0");
 }
@@ -350,10 +378,15 @@ TEST(FperfRecord, UnavailableEventIsReportedAndTheRestMeasured) {
     std::map<std::string, const fperf::EventColumn*> ev;
     for (const auto& e : p.events) ev[e.name] = &e;
     ASSERT_EQ(ev.size(), 3u);
-    EXPECT_TRUE(ev.at("perf::CONTEXT-SWITCHES")->measured);
+    expect_counted_by_a_backend(*ev.at("perf::CONTEXT-SWITCHES"));
     EXPECT_FALSE(ev.at("NO_SUCH_EVENT")->measured);
-    EXPECT_NE(err.find("warning: event NO_SUCH_EVENT is unavailable: PAPI knows no event by this name"),
-              std::string::npos) << err;
+    EXPECT_NE(err.find("warning: event NO_SUCH_EVENT is unavailable: no event by this name"), std::string::npos)
+        << err;
+    for (std::size_t e = 0; e < p.events.size(); e++) {
+        if (p.events[e].name == "perf::CONTEXT-SWITCHES") {
+            EXPECT_GE(by_name(p).at("nap")->events.at(e), 1u) << "nap sleeps: it is switched out at least once";
+        }
+    }
     if (!ev.at("PAPI_TOT_CYC")->measured) {
         EXPECT_NE(err.find("event PAPI_TOT_CYC is unavailable"), std::string::npos) << err;
     }
@@ -363,7 +396,69 @@ TEST(FperfRecord, UnavailableEventIsReportedAndTheRestMeasured) {
     EXPECT_NE(report.out.find("mean_perf::CONTEXT-SWITCHES"), std::string::npos);
     const auto table = run({bin("fperf"), "report", "-i", dir / "fperf.data"});
     EXPECT_NE(table.out.find("unavailable events"), std::string::npos);
-    EXPECT_NE(table.out.find("NO_SUCH_EVENT: PAPI knows no event"), std::string::npos) << table.out;
+    EXPECT_NE(table.out.find("NO_SUCH_EVENT: no event by this name"), std::string::npos) << table.out;
+}
+
+TEST(FperfEvents, KernelBackendKnowsPerfNamesPapiPresetsAndRawCodes) {
+    const auto faults = fperf::kernel_event("perf::PAGE-FAULTS");
+    ASSERT_TRUE(faults);
+    EXPECT_EQ(faults->backend, FPERF_BACKEND_KERNEL);
+    EXPECT_EQ(faults->perf_type, PERF_TYPE_SOFTWARE);
+    EXPECT_EQ(faults->perf_config, PERF_COUNT_SW_PAGE_FAULTS);
+    for (const char* same : {"page-faults", "faults", "perf::page-faults", "PAGE-FAULTS"})
+        EXPECT_EQ(fperf::kernel_event(same)->perf_config, PERF_COUNT_SW_PAGE_FAULTS) << same;
+    EXPECT_EQ(fperf::kernel_event("cs")->perf_config, PERF_COUNT_SW_CONTEXT_SWITCHES);
+    EXPECT_EQ(fperf::kernel_event("perf::CPU-MIGRATIONS")->perf_config, PERF_COUNT_SW_CPU_MIGRATIONS);
+    EXPECT_EQ(fperf::kernel_event("task-clock")->perf_config, PERF_COUNT_SW_TASK_CLOCK);
+    const auto cycles = fperf::kernel_event("PAPI_TOT_CYC");
+    ASSERT_TRUE(cycles);
+    EXPECT_EQ(cycles->perf_type, PERF_TYPE_HARDWARE);
+    EXPECT_EQ(cycles->perf_config, PERF_COUNT_HW_CPU_CYCLES);
+    EXPECT_EQ(fperf::kernel_event("instructions")->perf_config, PERF_COUNT_HW_INSTRUCTIONS);
+    const auto raw = fperf::kernel_event("r01c2");
+    ASSERT_TRUE(raw);
+    EXPECT_EQ(raw->perf_type, PERF_TYPE_RAW);
+    EXPECT_EQ(raw->perf_config, 0x1c2u);
+    EXPECT_EQ(fperf::kernel_event("perf::rABCDEF")->perf_config, 0xabcdefu);
+    for (const char* unknown : {"NO_SUCH_EVENT", "r", "rxyz", "r12345678901234567", "PAPI_L3_TCM", ""})
+        EXPECT_FALSE(fperf::kernel_event(unknown)) << unknown;
+}
+
+// The issue's own check on a machine whose CPU libpfm4 does not know: with
+// PAPI out of the picture, fperf still counts the kernel's events, per call.
+TEST(FperfEvents, WithPapiOffTheKernelCountsPageFaultsAndContextSwitchesPerFunction) {
+    TempDir dir;
+    const auto r = run({bin("fperf"), "record", "--budget", "none", "--events", "perf::PAGE-FAULTS,perf::CONTEXT-SWITCHES",
+                        "-o", dir / "fperf.data", "--", callgraph()},
+                       {}, 240s, {"FPERF_PAPI=off"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(r.err.find("unavailable"), std::string::npos) << r.err;
+    const auto p = fperf::Profile::load(dir / "fperf.data");
+    ASSERT_EQ(p.events.size(), 2u);
+    for (const auto& e : p.events) {
+        EXPECT_TRUE(e.measured) << e.name << ": " << e.reason;
+        EXPECT_EQ(e.backend, "perf_event") << e.name;
+    }
+    const auto f = by_name(p);
+    EXPECT_GE(f.at("fault_pages")->events.at(0), 64u);
+    EXPECT_GE(f.at("nap")->events.at(1), 1u);
+    EXPECT_EQ(f.at("hot_leaf")->calls, 1'000'000u);
+    const auto json = run({bin("fperf"), "report", "-i", dir / "fperf.data", "--json"});
+    ASSERT_EQ(json.exit_code, 0) << json.err;
+    EXPECT_NE(json.out.find("{\"name\":\"perf::PAGE-FAULTS\",\"measured\":true,\"backend\":\"perf_event\"}"),
+              std::string::npos) << json.out.substr(0, 600);
+    const auto table = run({bin("fperf"), "report", "-i", dir / "fperf.data"});
+    EXPECT_NE(table.out.find("perf::CONTEXT-SWITCHES (perf_event)"), std::string::npos) << table.out;
+}
+
+TEST(FperfEvents, ListNamesTheBackendOfEachEventAndAlwaysHasTheKernelsSoftwareEvents) {
+    const auto r = run({bin("fperf"), "events", "--json"}, {}, 240s, {"FPERF_PAPI=off"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    for (const char* e : {"perf::PAGE-FAULTS", "perf::CONTEXT-SWITCHES", "perf::CPU-MIGRATIONS", "perf::TASK-CLOCK"})
+        EXPECT_NE(r.out.find(std::string("{\"name\":\"") + e + "\",\"backend\":\"perf_event\"}"), std::string::npos)
+            << e << " in " << r.out;
+    EXPECT_EQ(r.out.find("\"backend\":\"papi\""), std::string::npos) << "PAPI is off";
+    EXPECT_EQ(run({bin("fperf"), "events", "--bogus"}).exit_code, 2);
 }
 
 TEST(FperfRecord, StrictWithUnavailableEventFailsAndRecordsNothing) {

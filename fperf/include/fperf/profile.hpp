@@ -13,6 +13,7 @@ struct EventColumn {
     std::string name;
     bool measured = false;
     std::string reason;  // why not, when unavailable
+    std::string backend; // who counted it, when measured: "papi" or "perf_event"
 };
 
 struct FunctionProfile {

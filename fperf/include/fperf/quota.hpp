@@ -54,7 +54,11 @@ std::vector<std::int64_t> allocate_quotas(std::span<const FunctionActivity> func
 // alone costs too much: while the count-only cost of the last interval is
 // above `share` of the budget, the busiest function that has at least
 // `min_samples` samples goes (its calls are no longer counted after that).
-// Deterministic: by calls in the interval, then by position.
+// Deterministic: by calls in the interval, then by position.  A function
+// with fewer than kMinCallsToJudgeHot calls in the interval never goes: in a
+// stretch where the target hardly ran, a handful of calls would look like
+// the whole budget, yet counting them costs next to nothing in absolute terms.
+constexpr std::uint64_t kMinCallsToJudgeHot = 1000;
 std::vector<std::size_t> probes_to_remove(std::span<const FunctionActivity> functions, const Budget& budget,
                                           double share = 0.5, std::uint64_t min_samples = 1);
 

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "fperf/events.hpp"
 #include "fperf/shm_layout.h"
 
 namespace fperf {
@@ -15,7 +16,7 @@ namespace fperf {
 struct SessionConfig {
     std::uint32_t slot_count = 1u << 16;  // rounded up to a power of two
     std::uint32_t table_mode = FPERF_TABLE_OPEN;
-    std::vector<std::string> events;      // at most FPERF_MAX_EVENTS
+    std::vector<MeasuredEvent> events;    // at most FPERF_MAX_EVENTS
     std::int64_t initial_quota = 1;       // every function's first quota
     std::uint64_t heartbeat_timeout_ns = 2'000'000'000;
 };

@@ -29,7 +29,7 @@ extern "C" {
 #endif
 
 #define FPERF_SHM_MAGIC 0x31534d4652455046ull /* "FPERFMS1" */
-#define FPERF_SHM_VERSION 2u
+#define FPERF_SHM_VERSION 3u
 #define FPERF_SHM_PREFIX "/fperf."           /* shm_open name: /fperf.<pid> */
 #define FPERF_MAX_EVENTS 8
 #define FPERF_EVENT_NAME_MAX 64
@@ -49,7 +49,21 @@ enum fperf_session_state {
 enum fperf_event_status {
     FPERF_EVENT_UNTRIED = 0,
     FPERF_EVENT_MEASURED = 1,    /* in the handler's event set */
-    FPERF_EVENT_UNAVAILABLE = 2  /* PAPI refused it in the target */
+    FPERF_EVENT_UNAVAILABLE = 2  /* its backend refused it in the target */
+};
+
+/* Who counts an event.  PAPI where it can; the kernel's perf_event_open
+ * directly where PAPI cannot (libpfm4 does not know the CPU, or PAPI was
+ * made unavailable), which always covers the kernel's software events. */
+enum fperf_event_backend {
+    FPERF_BACKEND_PAPI = 0,
+    FPERF_BACKEND_KERNEL = 1
+};
+
+struct fperf_event_source {
+    uint32_t backend;      /* enum fperf_event_backend */
+    uint32_t perf_type;    /* FPERF_BACKEND_KERNEL: perf_event_attr.type */
+    uint64_t perf_config;  /* and .config */
 };
 
 enum fperf_table_mode {
@@ -76,6 +90,7 @@ struct fperf_shm_header {
     FPERF_ATOMIC(uint32_t) state; /* enum fperf_session_state */
     uint32_t event_count;
     char event_names[FPERF_MAX_EVENTS][FPERF_EVENT_NAME_MAX];
+    struct fperf_event_source event_sources[FPERF_MAX_EVENTS];
 
     /* Daemon liveness: CLOCK_MONOTONIC ns of its last refill.  The handler
      * checks it only before taking a sample; once it is older than the
@@ -87,6 +102,8 @@ struct fperf_shm_header {
     /* Written by the handler when it attaches. */
     FPERF_ATOMIC(uint32_t) handler_ready;
     int32_t papi_status;                /* PAPI_OK or the PAPI error at init */
+    /* The errno perf_event_open gave for each refused kernel-backend event. */
+    int32_t event_errno[FPERF_MAX_EVENTS];
     FPERF_ATOMIC(int32_t) event_status[FPERF_MAX_EVENTS]; /* enum fperf_event_status */
     uint64_t sample_cost_ns;  /* measured in the target: one sampled call's extra time */
     uint64_t count_cost_ns;   /* measured in the target: one count-only call's extra time */
