@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Clone freeze benchmark (DESIGN.md §9.6): production freeze time and the
+# Clone freeze benchmark (docs/design.md §9.6): production freeze time and the
 # worst latency a running redis-benchmark client sees while its redis is
 # checkpointed, for redis holding 10 MB ... 1 GB.  Side by side in one run,
 # on the same server:

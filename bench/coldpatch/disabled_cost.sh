@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Disabled cost of the -finstrument-functions flow (DESIGN.md §9.1), side by
+# Disabled cost of the -finstrument-functions flow (docs/design.md §9.1), side by
 # side in one run, repetitions interleaved:
 #   native        gcc, no instrumentation
 #   finstrument   iprobe-cc's flags, hooks NOT patched: glibc's no-op

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Hotpatch benchmarks (DESIGN.md §9.2-9.4), side by side in one run:
+# Hotpatch benchmarks (docs/design.md §9.2-9.4), side by side in one run:
 #   1. enabled cost per call of an empty function, 10^1..10^8 calls:
 #      native, coldpatched NOPs (disabled), iprobe count handler, iprobe trace
 #      handler, the same count handler compiled in (-finstrument-functions hooks

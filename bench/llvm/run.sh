@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Disabled cost of placeholders, side by side in one run (DESIGN.md §9.1):
+# Disabled cost of placeholders, side by side in one run (docs/design.md §9.1):
 #   native gcc / native clang-14
 #   finstrument+coldpatch   iprobe-cc (gcc -finstrument-functions, calls -> NOPs)
 #   llvm-pass               iprobe-cc --mode=llvm (clang-14 + IProbePass.so)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Proxy benchmark (DESIGN.md §9.7): redis-benchmark throughput and p50/p99
+# Proxy benchmark (docs/design.md §9.7): redis-benchmark throughput and p50/p99
 # latency direct vs proxy-only vs duplication, with the debug copy keeping up,
 # stopped, or slowed by a SIGSTOP duty cycle; then the debug window vs the
 # per-connection buffer size with a stopped and a slowed debug copy.

@@ -1,5 +1,5 @@
 // `iprobe clone` against a real redis-server running in its own network
-// namespace (started with nsenter, as DESIGN.md §8 asks).  Needs root.
+// namespace (started with nsenter, as docs/design.md §8 asks).  Needs root.
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>

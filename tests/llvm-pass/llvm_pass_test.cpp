@@ -100,7 +100,7 @@ class KnownProgram : public ::testing::TestWithParam<std::string> {};
 
 // Every selected function has exactly one entry probe and at least one exit
 // probe, the developer points are there, IPROBE_NEVER is honoured, and the
-// records carry what DESIGN.md §2 asks for.
+// records carry what docs/design.md §2 asks for.
 TEST_P(KnownProgram, ListsExactlyTheExpectedProbes) {
     TempDir dir;
     const std::string exe = dir / "known";

@@ -1,4 +1,4 @@
-// Enable and disable probes in a running process (DESIGN.md §4), and read the
+// Enable and disable probes in a running process (docs/design.md §4), and read the
 // events its runtime logs into shared memory (§5).
 //
 // attach(): stop every thread (ptrace), check it is safe, inject the runtime

@@ -1,4 +1,4 @@
-// Live clones of a running service (DESIGN.md §8): CRIU checkpoints the
+// Live clones of a running service (docs/design.md §8): CRIU checkpoints the
 // service's process tree while it keeps running and restores the copy into
 // its own network, PID and mount namespaces, with the files it writes
 // snapshotted, so the copy can be probed without touching production.

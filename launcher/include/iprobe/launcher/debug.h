@@ -1,5 +1,5 @@
 // `iprobe debug`: a live clone of production wired to a copy of its traffic,
-// with probes on in the clone only (DESIGN.md §1, §8).
+// with probes on in the clone only (docs/design.md §1, §8).
 #pragma once
 
 #include <sys/types.h>
