@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
@@ -129,6 +130,34 @@ void require_visible_session_leaders(const std::vector<pid_t>& tree) {
                         "untouched. Start the service as the leader of its own session (`setsid SERVICE "
                         "...`, a daemonizing service, or a systemd unit) and clone it again",
                     ExitCode::unavailable);
+    }
+}
+
+// A terminal open in the tree (a service started from an interactive shell
+// keeps its stdio on the shell's pty) makes CRIU's restore fail after the
+// freeze: the pty's index is taken on this host and its master is not in the
+// tree.  Refused before anything is frozen, with the way out.
+void require_no_terminal(const std::vector<pid_t>& tree) {
+    for (pid_t pid : tree) {
+        const std::string fd_dir = "/proc/" + std::to_string(pid) + "/fd";
+        std::error_code ec;
+        for (const auto& entry : fs::directory_iterator(fd_dir, ec)) {
+            std::error_code link_ec;
+            const std::string target = fs::read_symlink(entry.path(), link_ec).string();
+            const bool terminal = target.starts_with("/dev/pts/") || target == "/dev/tty" ||
+                                  target == "/dev/console" ||
+                                  (target.starts_with("/dev/tty") && target.size() > 8 &&
+                                   std::isdigit(static_cast<unsigned char>(target[8])));
+            if (!terminal) continue;
+            throw Error("PID " + std::to_string(pid) + " has a terminal open (" + target + " on fd " +
+                            entry.path().filename().string() +
+                            "): it was started from an interactive shell, and CRIU cannot restore a clone "
+                            "holding another session's terminal. Production is untouched. Start the service "
+                            "away from the terminal, in its own session: `setsid SERVICE ... </dev/null "
+                            ">>service.log 2>&1 &` (systemd units and daemonizing services already are), then "
+                            "clone it",
+                        ExitCode::unavailable);
+        }
     }
 }
 
@@ -678,6 +707,7 @@ CloneResult clone_process(const CloneOptions& o) {
 
     std::vector<pid_t> tree = process_tree(o.pid);
     require_visible_session_leaders(tree);
+    require_no_terminal(tree);
     std::vector<std::string> snapshots = snapshot_paths(o, tree);
 
     Rollback rollback;

@@ -344,6 +344,35 @@ TEST(LauncherCloneSession, MemberOfAShellsSessionIsClonedAsAShellJob) {
     EXPECT_EQ(redis_cli(ns.path(), port, {"GET", "k"}), "job");
 }
 
+// `redis-server &` typed into an interactive shell: its stdio is the shell's
+// pty.  Refused before anything is frozen, with how to start it instead.
+TEST(LauncherCloneSession, ServiceOnATerminalIsRefusedBeforeTheFreezeWithHowToStartIt) {
+    if (!is_root()) GTEST_SKIP() << "iprobe clone needs root";
+    Netns ns("ipt-pty-" + std::to_string(getpid()));
+    TempDir dir;
+    int port = free_port();
+    // script(1) runs the command on a new pty, as a terminal would
+    Child terminal({"script", "-qfc",
+                    "exec nsenter --net=" + ns.path() + " /usr/bin/redis-server --port " + std::to_string(port) +
+                        " --save '' --appendonly no --dir " + dir.path(),
+                    "/dev/null"},
+                   "/dev/null", {}, Session::own);
+    ASSERT_TRUE(redis_answers(ns.path(), port)) << "redis-server did not start";
+    ASSERT_EQ(redis_cli(ns.path(), port, {"SET", "k", "on-a-tty"}), "OK");
+    auto service = children_of(terminal.pid());
+    ASSERT_EQ(service.size(), 1u);
+    ASSERT_TRUE(fs::read_symlink("/proc/" + std::to_string(service[0]) + "/fd/1").string().starts_with("/dev/pts/"));
+    std::string name = "ipt-ptyclone-" + std::to_string(getpid());
+    auto r = run({bin("iprobe"), "clone", std::to_string(service[0]), "--netns", name});
+    EXPECT_EQ(r.exit_code, 7) << r.err;
+    EXPECT_NE(r.err.find("has a terminal open (/dev/pts/"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("setsid SERVICE ... </dev/null"), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("checkpointing"), std::string::npos) << "nothing may be frozen: " << r.err;
+    EXPECT_FALSE(fs::exists("/run/netns/" + name));
+    EXPECT_FALSE(fs::exists("/run/iprobe/clones/" + name));
+    EXPECT_EQ(redis_cli(ns.path(), port, {"GET", "k"}), "on-a-tty");
+}
+
 TEST(LauncherCloneFailure, ServiceCriuCannotDumpKeepsServing) {
     if (!is_root()) GTEST_SKIP() << "iprobe clone needs root";
     Netns ns("ipt-perf-" + std::to_string(getpid()));
