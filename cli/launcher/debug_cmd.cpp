@@ -32,12 +32,16 @@ const char* const kUsage =
     "  --recloning on-overflow  re-clone when a connection's copy overflowed its\n"
     "                           buffer (the clone has diverged from production)\n"
     "  --divergence MODE        the mirror compares the clone's replies with\n"
-    "                           production's: stream, resp (redis), http\n"
+    "                           production's: auto (default: resp for redis-like\n"
+    "                           services, http for web servers, off otherwise),\n"
+    "                           resp, http, stream, or off\n"
     "  --recloning on-divergence  re-clone when a connection's replies differed\n"
-    "                           (--divergence, default stream)\n"
+    "                           (with --divergence auto on an unknown protocol: stream)\n"
     "  --recloning periodic:N   re-clone every N seconds\n"
     "  --name NAME              clone/namespace name (default iprobe-debug-PID)\n"
-    "  --json                   events as JSON lines on stdout\n"
+    "  --json                   JSON lines on stdout: the session's events, the\n"
+    "                           clone's trace as {\"event\":\"trace\",...}, the\n"
+    "                           mirror's final stats in the \"stopping\" event\n"
     "\n"
     "Needs root. Exit codes as `iprobe clone`; 7 also when iprobe-mirror or\n"
     "iprobe-hotpatch is not built.\n";
@@ -67,9 +71,9 @@ int debug_main(const std::vector<std::string>& args) {
             o.buffer = value(i);
         } else if (a == "--divergence") {
             o.divergence = value(i);
-            if (o.divergence != "stream" && o.divergence != "resp" && o.divergence != "http" && o.divergence != "off")
-                throw Error("--divergence wants stream, resp, http or off", ExitCode::usage);
-            if (o.divergence == "off") o.divergence.clear();
+            if (o.divergence != "auto" && o.divergence != "stream" && o.divergence != "resp" &&
+                o.divergence != "http" && o.divergence != "off")
+                throw Error("--divergence wants auto, resp, http, stream or off", ExitCode::usage);
         } else if (a == "--name") {
             o.name = value(i);
         } else if (a == "--json") {
@@ -103,6 +107,8 @@ int debug_main(const std::vector<std::string>& args) {
     }
     if (o.pid < 0 || o.listen.empty() || o.production.empty())
         throw Error(std::string("PID, --listen and --production are required\n") + kUsage, ExitCode::usage);
+    if (o.divergence == "off" && o.recloning == DebugOptions::Recloning::on_divergence)
+        throw Error("--recloning on-divergence needs divergence checking; drop --divergence off", ExitCode::usage);
     return run_debug(o);
 }
 

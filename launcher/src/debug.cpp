@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <regex>
 #include <set>
 #include <thread>
@@ -85,7 +86,8 @@ std::string subnet_addr(int subnet, int host) {
     return "10.213." + std::to_string(subnet / 64) + "." + std::to_string((subnet % 64) * 4 + host);
 }
 
-long long stats_counter(int stats_port, const std::string& key) {
+// The mirror's stats document (JSON), empty when it does not answer.
+std::string fetch_stats(int stats_port) {
     UniqueFd s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
     sockaddr_in a{};
     a.sin_family = AF_INET;
@@ -93,16 +95,38 @@ long long stats_counter(int stats_port, const std::string& key) {
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     timeval tv{2, 0};
     ::setsockopt(s.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    if (::connect(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) return -1;
+    if (::connect(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) return {};
     const char req[] = "GET / HTTP/1.0\r\n\r\n";
-    if (::send(s.get(), req, sizeof req - 1, MSG_NOSIGNAL) < 0) return -1;
-    std::string body;
+    if (::send(s.get(), req, sizeof req - 1, MSG_NOSIGNAL) < 0) return {};
+    std::string response;
     char buf[4096];
     ssize_t n;
-    while ((n = ::recv(s.get(), buf, sizeof buf, 0)) > 0) body.append(buf, static_cast<size_t>(n));
+    while ((n = ::recv(s.get(), buf, sizeof buf, 0)) > 0) response.append(buf, static_cast<size_t>(n));
+    const auto body = response.find("\r\n\r\n");
+    if (body == std::string::npos) return {};
+    std::string doc = response.substr(body + 4);
+    while (!doc.empty() && (doc.back() == '\n' || doc.back() == '\r')) doc.pop_back();
+    return doc.starts_with("{") && doc.ends_with("}") ? doc : std::string();
+}
+
+long long stats_counter(int stats_port, const std::string& key) {
+    const std::string doc = fetch_stats(stats_port);
     std::smatch m;
-    if (!std::regex_search(body, m, std::regex("\"" + key + "\":([0-9]+)"))) return -1;
+    if (!std::regex_search(doc, m, std::regex("\"" + key + "\":([0-9]+)"))) return -1;
     return std::stoll(m[1]);
+}
+
+// The reply protocol of a service we know by its program, for divergence
+// checking by message; empty when unknown.
+std::string protocol_of_service(pid_t pid) {
+    std::ifstream in("/proc/" + std::to_string(pid) + "/comm");
+    std::string comm;
+    std::getline(in, comm);
+    for (const char* resp : {"redis-server", "keydb-server", "valkey-server", "redis-check-aof"})
+        if (comm == resp) return "resp";
+    for (const char* http : {"nginx", "httpd", "apache2", "lighttpd", "caddy", "h2o", "varnishd"})
+        if (comm == http) return "http";
+    return {};
 }
 
 class DebugSession {
@@ -152,6 +176,8 @@ private:
     void start_mirror();
     void teardown();
     void stop_child(pid_t& pid, int sig, bool group = false);
+    void relay_trace(bool drain);
+    std::string divergence_mode() const;
 
     DebugOptions o_;
     std::string name_, veth_, mirror_tool_, hotpatch_tool_;
@@ -161,6 +187,8 @@ private:
     CloneResult clone_;
     pid_t mirror_ = -1, trace_ = -1;
     UniqueFd mirror_out_;
+    UniqueFd trace_out_;         // --json: the clone's JSON trace, relayed as "trace" events
+    std::string trace_partial_;  // its last incomplete line
     // Only this process holds the write end (close-on-exec: not the mirror
     // or the tracer): if it is killed, even with SIGKILL, the clone ends.
     UniqueFd lifeline_read_, lifeline_write_;
@@ -181,8 +209,9 @@ void DebugSession::make_clone() {
     const std::string clone_ip = subnet_addr(subnet_, 2);
     connect_clone();
     event("clone",
-          "clone " + name_ + " running: PID " + std::to_string(clone_.clone_pid) + ", reachable at " + clone_ip + ":" +
-              std::to_string(port_) + "; production frozen " + std::to_string(std::lround(clone_.freeze_ms)) + " ms",
+          "clone " + name_ + " running as PID " + std::to_string(clone_.clone_pid) + " (PID " +
+              std::to_string(clone_.clone_pid_in_ns) + " inside its namespace), reachable at " + clone_ip + ":" +
+              std::to_string(port_),
           [&](JsonWriter& w) {
               w.field("name", name_)
                   .field("clone_pid", static_cast<std::int64_t>(clone_.clone_pid))
@@ -239,15 +268,62 @@ void DebugSession::attach_probes() {
     }
     RunResult a = launcher::run(attach);
     if (!a.ok())
-        throw Error("iprobe attach in the clone (PID " + std::to_string(clone_.clone_pid) + ") failed: " + a.err);
-    event("attached", "probes attached in the clone: " + std::string(a.out.substr(0, a.out.find('\n'))),
+        throw Error("iprobe attach in clone " + name_ + " (PID " + std::to_string(clone_.clone_pid) + ") failed: " + a.err);
+    // The tool ran inside the clone's PID namespace and names the PID there.
+    std::string summary = a.out.substr(0, a.out.find('\n'));
+    if (const auto at = summary.find(" in process " + pid_in_clone); at != std::string::npos)
+        summary.erase(at, 12 + pid_in_clone.size());
+    event("attached",
+          "probes attached in clone " + name_ + " (PID " + std::to_string(clone_.clone_pid) + "): " + summary,
           [&](JsonWriter& w) { w.field("clone_pid", static_cast<std::int64_t>(clone_.clone_pid)); });
     // Line-buffered so the trace streams through a pipe or file as it comes.
     std::vector<std::string> trace;
     if (!find_program("stdbuf").empty()) trace = {"stdbuf", "-oL"};
     trace.insert(trace.end(), in_clone.begin(), in_clone.end());
     trace.insert(trace.end(), {"trace", pid_in_clone});
-    trace_ = spawn(trace, 1, 2, true);
+    if (!o_.json) {
+        trace_ = spawn(trace, 1, 2, true);
+        return;
+    }
+    trace.insert(trace.end(), {"--format", "json"});
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC) < 0) throw_errno("pipe");
+    UniqueFd rd(fds[0]), wr(fds[1]);
+    trace_ = spawn(trace, wr.get(), 2, true);
+    trace_out_ = std::move(rd);
+    trace_partial_.clear();
+}
+
+// Each JSON line of the clone's trace becomes a "trace" event of ours, so
+// stdout stays one kind of JSON line.
+void DebugSession::relay_trace(bool drain) {
+    if (!trace_out_) return;
+    char buf[65536];
+    for (;;) {
+        if (!drain) {
+            pollfd p{trace_out_.get(), POLLIN, 0};
+            if (::poll(&p, 1, 0) <= 0) return;
+        }
+        const ssize_t n = ::read(trace_out_.get(), buf, sizeof buf);
+        if (n <= 0) {
+            trace_out_.reset();
+            return;
+        }
+        trace_partial_.append(buf, static_cast<size_t>(n));
+        std::string out;
+        std::size_t start = 0;
+        for (std::size_t nl; (nl = trace_partial_.find('\n', start)) != std::string::npos; start = nl + 1) {
+            const std::string_view line(trace_partial_.data() + start, nl - start);
+            if (line.size() < 2 || line.front() != '{') continue;
+            out += "{\"event\":\"trace\",";
+            out += line.substr(1);
+            out += '\n';
+        }
+        trace_partial_.erase(0, start);
+        std::fwrite(out.data(), 1, out.size(), stdout);
+        std::fflush(stdout);
+        if (!drain && static_cast<std::size_t>(n) < sizeof buf) return;
+    }
 }
 
 void DebugSession::stop_child(pid_t& pid, int sig, bool group) {
@@ -268,6 +344,7 @@ void DebugSession::stop_child(pid_t& pid, int sig, bool group) {
 
 void DebugSession::drop_clone() {
     stop_child(trace_, SIGINT, true);
+    relay_trace(true);
     if (have_clone_) {
         try {
             destroy_clone(name_);
@@ -290,9 +367,8 @@ void DebugSession::start_mirror() {
         argv.push_back("--buffer");
         argv.push_back(o_.buffer);
     }
-    std::string divergence = o_.divergence;
-    if (divergence.empty() && o_.recloning == DebugOptions::Recloning::on_divergence) divergence = "stream";
-    if (!divergence.empty()) {
+    const std::string divergence = divergence_mode();
+    if (divergence != "off") {
         argv.push_back("--divergence");
         argv.push_back(divergence);
     }
@@ -317,10 +393,24 @@ void DebugSession::start_mirror() {
         line.append(buf, static_cast<size_t>(n));
     }
     mirror_out_ = std::move(rd);
-    event("mirror", "clients -> " + o_.listen + " -> production " + o_.production + "; a copy of every stream goes to the clone",
+    const std::string stats = "127.0.0.1:" + std::to_string(stats_port_);
+    event("mirror",
+          "clients -> " + o_.listen + " -> production " + o_.production +
+              "; a copy of every stream goes to the clone; divergence checking " +
+              (divergence == "off" ? std::string("off") : "by " + divergence) + "; stats at http://" + stats + "/",
           [&](JsonWriter& w) {
-              w.field("listen", o_.listen).field("production", o_.production).field("stats_port", stats_port_);
+              w.field("listen", o_.listen)
+                  .field("production", o_.production)
+                  .field("stats_port", stats_port_)
+                  .field("stats", "http://" + stats + "/")
+                  .field("divergence", divergence);
           });
+}
+
+std::string DebugSession::divergence_mode() const {
+    if (o_.divergence != "auto") return o_.divergence;
+    if (std::string known = protocol_of_service(o_.pid); !known.empty()) return known;
+    return o_.recloning == DebugOptions::Recloning::on_divergence ? "stream" : "off";
 }
 
 void DebugSession::teardown() {
@@ -344,8 +434,9 @@ int DebugSession::run() {
     long long overflows_seen = 0, diverged_seen = 0;
     int exit_code = 0;
     for (;;) {
-        pollfd p[2] = {{sigfd.get(), POLLIN, 0}, {mirror_out_.get(), POLLIN, 0}};
-        ::poll(p, 2, 1000);
+        pollfd p[3] = {{sigfd.get(), POLLIN, 0}, {mirror_out_.get(), POLLIN, 0}, {trace_out_.get(), POLLIN, 0}};
+        ::poll(p, trace_out_ ? 3 : 2, 1000);
+        if (trace_out_ && p[2].revents) relay_trace(false);
         if (p[1].revents) {
             char buf[512];
             ssize_t n = ::read(mirror_out_.get(), buf, sizeof buf);
@@ -393,7 +484,14 @@ int DebugSession::run() {
             last_clone = now_ms();
         }
     }
-    event("stopping", "stopping: removing the clone and the mirror; production keeps running");
+    // The trace ends first, so "stopping" is the session's last line.
+    stop_child(trace_, SIGINT, true);
+    relay_trace(true);
+    const std::string final_stats = fetch_stats(stats_port_);
+    event("stopping", "stopping: removing the clone and the mirror; production keeps running", [&](JsonWriter& w) {
+        if (final_stats.empty()) w.key("stats").null();
+        else w.key("stats").raw(final_stats);
+    });
     teardown();
     return exit_code;
 }

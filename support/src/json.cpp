@@ -57,6 +57,12 @@ JsonWriter& JsonWriter::value(std::uint64_t v) { separate(); out_ += std::to_str
 JsonWriter& JsonWriter::value(bool v) { separate(); out_ += v ? "true" : "false"; return *this; }
 JsonWriter& JsonWriter::null() { separate(); out_ += "null"; return *this; }
 
+JsonWriter& JsonWriter::raw(std::string_view json) {
+    separate();
+    out_ += json;
+    return *this;
+}
+
 JsonWriter& JsonWriter::value(double v) {
     separate();
     if (!std::isfinite(v)) {

@@ -226,16 +226,19 @@ TEST_F(LauncherDebug, ProbeTraceComesFromTheCloneAndProductionIsNotPatched) {
     }
     ::close(fd);
 
-    // The clone ran exactly those five commands, each one traced.
+    // The clone ran exactly those five commands, each one traced, as JSON
+    // events of the session (--json: stdout is JSON lines only).
+    const std::string entry = R"("event":"trace","time_ns":)", entered = R"("kind":"entry","function":"processCommand")";
     size_t entries = 0;
     for (int i = 0; i < 100 && entries < 5; ++i) {
         std::this_thread::sleep_for(std::chrono::milliseconds(100));
-        entries = count_lines_with(file_text(out_path()), "-> processCommand");
+        entries = count_lines_with(file_text(out_path()), entered);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(500));
     std::string out = file_text(out_path());
-    EXPECT_EQ(count_lines_with(out, "-> processCommand"), 5u) << out;
-    EXPECT_EQ(count_lines_with(out, "<- processCommand"), 5u) << out;
+    EXPECT_EQ(count_lines_with(out, entered), 5u) << out;
+    EXPECT_EQ(count_lines_with(out, R"("kind":"exit","function":"processCommand")"), 5u) << out;
+    EXPECT_EQ(count_lines_with(out, entry), 10u) << out;
     EXPECT_EQ(clone_cli({"MGET", "t1", "t2", "t3"}), "a\nb\n1");
 
     // Production: served the commands, never patched, no runtime loaded.
@@ -244,6 +247,46 @@ TEST_F(LauncherDebug, ProbeTraceComesFromTheCloneAndProductionIsNotPatched) {
     EXPECT_EQ(file_text("/proc/" + std::to_string(redis_->pid()) + "/maps").find("iprobe-rt"), std::string::npos);
     stop_debug_and_check_clean();
     EXPECT_EQ(text_bytes(redis_->pid()), text_before);
+    // stdout is JSON events only (the file also holds stderr, where the
+    // tools' diagnostics go, each prefixed with its tool's name); the last
+    // event is "stopping", with the mirror's final stats.
+    out = file_text(out_path());
+    std::istringstream lines(out);
+    std::string line, last;
+    while (std::getline(lines, line)) {
+        if (line.starts_with("iprobe ")) continue;
+        EXPECT_TRUE(line.starts_with("{\"event\":\"") && line.ends_with("}")) << line;
+        last = line;
+    }
+    EXPECT_TRUE(last.starts_with(R"({"event":"stopping","stats":{)")) << last;
+    EXPECT_NE(last.find(R"("mode":"resp")"), std::string::npos) << "redis: divergence by RESP message by default: " << last;
+}
+
+// Without --json, a person reads: the clone by its own PID, the freeze once,
+// where the mirror's stats are, and how replies are compared.
+TEST_F(LauncherDebug, HumanOutputNamesTheCloneItsStatsAddressAndTheFreezeOnce) {
+    ASSERT_NO_FATAL_FAILURE(start_redis());
+    const std::string log = dir_ / "human.out";
+    Child debug({"sh", "-c",
+                 "exec nsenter --net=" + prod_ns_->path() + " " + bin("iprobe") + " debug " +
+                     std::to_string(redis_->pid()) + " --listen 127.0.0.1:" + std::to_string(listen_port_) +
+                     " --production 127.0.0.1:" + std::to_string(port_) + " 2>&1"},
+                log);
+    std::string text;
+    for (int i = 0; i < 600 && text.find("stats at http://127.0.0.1:") == std::string::npos; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        text = file_text(log);
+    }
+    debug.kill(SIGTERM);
+    EXPECT_EQ(debug.wait(std::chrono::seconds(30)), 0);
+    text = file_text(log);
+    EXPECT_EQ(count_lines_with(text, "frozen"), 1u) << text;
+    EXPECT_EQ(count_lines_with(text, "clone iprobe-debug-" + std::to_string(redis_->pid()) + " running as PID "), 1u)
+        << text;
+    EXPECT_EQ(count_lines_with(text, "running as PID " + std::to_string(redis_->pid()) + " "), 0u)
+        << "the clone is named by its own PID, not production's: " << text;
+    EXPECT_EQ(count_lines_with(text, "divergence checking by resp; stats at http://127.0.0.1:"), 1u) << text;
+    EXPECT_EQ(redis_->cli({"PING"}), "PONG");
 }
 
 // Production already probed: the clone inherits the runtime and its shared
@@ -395,6 +438,12 @@ TEST_F(LauncherDebug, BadArgumentsAreUsageErrors) {
     EXPECT_EQ(r.exit_code, 2) << r.err;
     auto p = run({bin("iprobe"), "debug", "1", "--listen", "x", "--production", "127.0.0.1:1", "--recloning", "sometimes"});
     EXPECT_EQ(p.exit_code, 2) << p.err;
+    auto d = run({bin("iprobe"), "debug", "1", "--listen", "127.0.0.1:1", "--production", "127.0.0.1:2",
+                  "--divergence", "off", "--recloning", "on-divergence"});
+    EXPECT_EQ(d.exit_code, 2) << d.err;
+    EXPECT_EQ(run({bin("iprobe"), "debug", "1", "--listen", "127.0.0.1:1", "--production", "127.0.0.1:2",
+                   "--divergence", "sometimes"}).exit_code,
+              2);
 }
 
 }  // namespace

@@ -16,10 +16,13 @@ struct DebugOptions {
     std::string functions;       // function glob for attach
     std::string buffer;          // mirror's per-connection buffer ("4M"); empty: mirror's default
     std::string name;            // clone name; default iprobe-debug-PID
-    std::string divergence;      // mirror's reply comparison: stream|resp|http (empty: off)
+    // The mirror's reply comparison: stream|resp|http|off, or auto: resp or
+    // http when the service is one whose protocol is known (redis, nginx, ...),
+    // else off (stream with --recloning on-divergence).
+    std::string divergence = "auto";
     enum class Recloning { off, on_overflow, on_divergence, periodic } recloning = Recloning::off;
     int period_s = 0;            // periodic re-cloning interval
-    bool json = false;           // machine-readable events on stdout (the trace stays as `iprobe trace` prints it)
+    bool json = false;           // JSON lines on stdout, the clone's trace included ({"event":"trace",...})
 };
 
 // Runs until SIGINT/SIGTERM (or the mirror exits), then removes the clone,

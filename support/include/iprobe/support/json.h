@@ -25,6 +25,8 @@ public:
     JsonWriter& value(double v);
     JsonWriter& value(bool v);
     JsonWriter& null();
+    // A value that is already JSON (another tool's document), inserted as is.
+    JsonWriter& raw(std::string_view json);
 
     template <typename T>
     JsonWriter& field(std::string_view k, const T& v) { key(k); return value(v); }
