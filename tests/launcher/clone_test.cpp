@@ -36,7 +36,7 @@ bool running_pid(long long pid) {
 class LauncherClone : public ::testing::Test {
 protected:
     void SetUp() override {
-        if (!is_root()) GTEST_SKIP() << "iprobe clone needs root (CRIU, namespaces)";
+        IPROBE_SKIP_UNLESS_CLONING_WORKS();
         tag_ = std::to_string(getpid()) + "-" + ::testing::UnitTest::GetInstance()->current_test_info()->name();
         tag_ = tag_.substr(0, 40);
         prod_ns_ = std::make_unique<Netns>("ipt-prod-" + std::to_string(getpid()));
@@ -195,7 +195,7 @@ TEST_F(LauncherClone, NoSuchProcess) {
 // A service bound to one of production's own addresses (not loopback, not
 // the wildcard): the clone's namespace gets that address, the socket restores.
 TEST(LauncherCloneAddress, ServiceBoundToASpecificAddressIsClonedWithIt) {
-    if (!is_root()) GTEST_SKIP() << "iprobe clone needs root";
+    IPROBE_SKIP_UNLESS_CLONING_WORKS();
     Netns ns("ipt-addr-" + std::to_string(getpid()));
     // (a veth pair inside the namespace: this kernel has no dummy driver)
     ASSERT_EQ(run({"ip", "-n", ns.name(), "link", "add", "d0", "type", "veth", "peer", "name", "d1"}).exit_code, 0);
@@ -225,7 +225,7 @@ TEST(LauncherCloneAddress, ServiceBoundToASpecificAddressIsClonedWithIt) {
 // `ip netns exec` gives the service a mount namespace of its own, which CRIU
 // then has to checkpoint and cannot here: the error says what to do instead.
 TEST(LauncherCloneFailure, ServiceInItsOwnMountNamespaceGetsAHintAndKeepsServing) {
-    if (!is_root()) GTEST_SKIP() << "iprobe clone needs root";
+    IPROBE_SKIP_UNLESS_CLONING_WORKS();
     Netns ns("ipt-mnt-" + std::to_string(getpid()));
     TempDir dir;
     int port = free_port();
@@ -272,7 +272,7 @@ Child shell_running_redis(const Netns& ns, int port, const TempDir& dir) {
 
 // The whole process tree is cloned: a shell supervising a redis-server.
 TEST(LauncherCloneTree, ParentAndChildAreClonedTogether) {
-    if (!is_root()) GTEST_SKIP() << "iprobe clone needs root";
+    IPROBE_SKIP_UNLESS_CLONING_WORKS();
     Netns ns("ipt-tree-" + std::to_string(getpid()));
     TempDir dir;
     int port = free_port();
@@ -299,7 +299,7 @@ TEST(LauncherCloneTree, ParentAndChildAreClonedTogether) {
 // container runtime or a CI runner) sees no session leader; CRIU would freeze
 // it and then fail, so the clone is refused before production is touched.
 TEST(LauncherCloneSession, SessionLeaderOutsideThePidNamespaceIsRefusedUntouched) {
-    if (!is_root()) GTEST_SKIP() << "iprobe clone needs root";
+    IPROBE_SKIP_UNLESS_CLONING_WORKS();
     Netns ns("ipt-sess-" + std::to_string(getpid()));
     TempDir dir;
     int port = free_port();
@@ -325,7 +325,7 @@ TEST(LauncherCloneSession, SessionLeaderOutsideThePidNamespaceIsRefusedUntouched
 // A service that is a member of another process's session (a shell job):
 // CRIU dumps it as one, and the clone joins the keeper's session.
 TEST(LauncherCloneSession, MemberOfAShellsSessionIsClonedAsAShellJob) {
-    if (!is_root()) GTEST_SKIP() << "iprobe clone needs root";
+    IPROBE_SKIP_UNLESS_CLONING_WORKS();
     Netns ns("ipt-job-" + std::to_string(getpid()));
     TempDir dir;
     int port = free_port();
@@ -347,7 +347,7 @@ TEST(LauncherCloneSession, MemberOfAShellsSessionIsClonedAsAShellJob) {
 // `redis-server &` typed into an interactive shell: its stdio is the shell's
 // pty.  Refused before anything is frozen, with how to start it instead.
 TEST(LauncherCloneSession, ServiceOnATerminalIsRefusedBeforeTheFreezeWithHowToStartIt) {
-    if (!is_root()) GTEST_SKIP() << "iprobe clone needs root";
+    IPROBE_SKIP_UNLESS_CLONING_WORKS();
     Netns ns("ipt-pty-" + std::to_string(getpid()));
     TempDir dir;
     int port = free_port();
@@ -374,7 +374,7 @@ TEST(LauncherCloneSession, ServiceOnATerminalIsRefusedBeforeTheFreezeWithHowToSt
 }
 
 TEST(LauncherCloneFailure, ServiceCriuCannotDumpKeepsServing) {
-    if (!is_root()) GTEST_SKIP() << "iprobe clone needs root";
+    IPROBE_SKIP_UNLESS_CLONING_WORKS();
     Netns ns("ipt-perf-" + std::to_string(getpid()));
     int port = free_port();
     Child service({"nsenter", "--net=" + ns.path(), build_dir() + "/tests/launcher_perf_fd_service",

@@ -71,7 +71,7 @@ bool wait_for_event(const std::string& path, const std::string& event, size_t co
 class LauncherDebug : public ::testing::Test {
 protected:
     void SetUp() override {
-        if (!is_root()) GTEST_SKIP() << "iprobe debug needs root (CRIU, namespaces)";
+        IPROBE_SKIP_UNLESS_CLONING_WORKS();
         if (!fs::exists(build_dir() + "/libexec/iprobe/iprobe-mirror"))
             FAIL() << "iprobe-mirror is not built (target iprobe-mirror)";
         prod_ns_ = std::make_unique<Netns>("ipt-dprod-" + std::to_string(getpid()));

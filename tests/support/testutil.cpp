@@ -256,6 +256,25 @@ std::string file_text(const std::string& path) {
 
 bool is_root() { return ::geteuid() == 0; }
 
+std::string cloning_unavailable() {
+    static const std::string why = [] {
+        if (!is_root()) return std::string("iprobe clone needs root (CRIU, namespaces)");
+        std::string criu;
+        if (const char* env = std::getenv("IPROBE_CRIU"); env && *env) criu = env;
+        else if (const auto own = source_dir() + "/third_party/cache/criu/bin/criu"; ::access(own.c_str(), X_OK) == 0)
+            criu = own;
+        else criu = "criu";
+        const auto r = run({criu, "check"}, {}, std::chrono::seconds(60));
+        if (r.exit_code == 127 || r.exit_code < 0) return std::string();  // not installed: not a reason to skip
+        if (r.exit_code == 0) return std::string();
+        std::string said = r.err.empty() ? r.out : r.err;
+        if (const auto nl = said.find('\n'); nl != std::string::npos) said.resize(nl);
+        return "CRIU cannot checkpoint on this kernel (`" + criu + " check` exit " + std::to_string(r.exit_code) +
+               ": " + said + ")";
+    }();
+    return why;
+}
+
 std::string build_redis(const std::string& mode) {
     const auto r = run({source_dir() + "/scripts/build-redis", "--mode", mode, build_dir() + "/redis/" + mode}, {},
                        std::chrono::minutes(20), {"IPROBE_BUILD_DIR=" + build_dir()});

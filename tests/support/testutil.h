@@ -105,4 +105,17 @@ std::vector<std::uint8_t> file_bytes(const std::string& path);
 std::string file_text(const std::string& path);
 bool is_root();
 
+// Why `iprobe clone` cannot work on this machine ("" when it can): not root,
+// or a kernel the installed CRIU cannot checkpoint on (`criu check` fails).
+// A CRIU that is missing is not a reason: installing it is scripts/setup's
+// job, and the tests then fail loudly.
+std::string cloning_unavailable();
+
 }  // namespace iprobe::test
+
+// Skips the test, with the reason, where cloning cannot work here.
+#define IPROBE_SKIP_UNLESS_CLONING_WORKS()                                              \
+    do {                                                                                \
+        if (const std::string why = ::iprobe::test::cloning_unavailable(); !why.empty()) \
+            GTEST_SKIP() << why;                                                        \
+    } while (0)
