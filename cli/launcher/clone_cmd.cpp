@@ -5,6 +5,7 @@
 
 #include "commands.h"
 #include "iprobe/launcher/clone.h"
+#include "iprobe/launcher/container.h"
 #include "iprobe/support/error.h"
 #include "iprobe/support/glob.h"
 #include "iprobe/support/json.h"
@@ -15,6 +16,7 @@ namespace {
 const char* const kUsage =
     "usage: iprobe clone PID [--netns NAME] [--fs-snapshot PATHS] [--no-default-snapshots]\n"
     "                        [--keep-images DIR] [--json]\n"
+    "       iprobe clone --container CONTAINER [--netns NAME] [--json]\n"
     "       iprobe clone --destroy NAME\n"
     "       iprobe clone --list [--json]\n"
     "\n"
@@ -30,6 +32,10 @@ const char* const kUsage =
     "directory (up to 256 MiB), and --fs-snapshot PATHS (comma-separated files or\n"
     "directories). It gets a /dev/shm of its own.\n"
     "\n"
+    "  --container CONTAINER   clone a podman container instead: podman's own\n"
+    "                          checkpoint (--leave-running) and restore as a new\n"
+    "                          container NAME (default CONTAINER-iprobe-clone) with\n"
+    "                          its own address, through iprobe's CRIU\n"
     "  --netns NAME            clone and namespace name\n"
     "  --fs-snapshot PATHS     more files/directories to copy for the clone\n"
     "  --no-default-snapshots  copy only --fs-snapshot paths\n"
@@ -40,7 +46,34 @@ const char* const kUsage =
     "\n"
     "Needs root and CRIU >= 4.2 (scripts/setup installs it; IPROBE_CRIU overrides).\n"
     "Exit codes: 0 ok, 1 CRIU failed (production untouched), 2 usage, 4 not root,\n"
-    "5 no such process/clone, 6 clone name in use, 7 CRIU missing.\n";
+    "5 no such process/container/clone, 6 clone name in use, 7 CRIU or podman missing.\n";
+
+void print_container_result(const ContainerCloneResult& r, bool json) {
+    if (json) {
+        JsonWriter w;
+        w.begin_object()
+            .field("name", r.name)
+            .field("container_id", r.id)
+            .field("source", r.source)
+            .field("address", r.address)
+            .field("clone_pid", static_cast<std::int64_t>(r.clone_pid))
+            .field("freeze_us", static_cast<std::int64_t>(r.freeze_ms * 1e3))
+            .field("freezing_us", static_cast<std::int64_t>(r.freezing_ms * 1e3))
+            .field("checkpoint_us", static_cast<std::int64_t>(r.checkpoint_ms * 1e3))
+            .field("restore_us", static_cast<std::int64_t>(r.restore_ms * 1e3))
+            .field("total_us", static_cast<std::int64_t>(r.total_ms * 1e3))
+            .field("pages_written", static_cast<std::uint64_t>(r.pages_written))
+            .end_object();
+        std::printf("%s\n", w.str().c_str());
+        return;
+    }
+    std::printf("clone %s (container %.12s) of container %s\n", r.name.c_str(), r.id.c_str(), r.source.c_str());
+    std::printf("  address      %s\n", r.address.c_str());
+    std::printf("  pid          %d (host)\n", r.clone_pid);
+    std::printf("  freeze       %.3f ms production frozen (+%.3f ms stopping it)\n", r.freeze_ms, r.freezing_ms);
+    std::printf("  time         checkpoint %.1f ms, restore %.1f ms, total %.1f ms\n", r.checkpoint_ms, r.restore_ms,
+                r.total_ms);
+}
 
 std::int64_t us(double ms) { return static_cast<std::int64_t>(ms * 1e3 + 0.5); }
 
@@ -83,7 +116,7 @@ void print_result(const CloneResult& r, bool json, bool alive_known = true) {
 int clone_main(const std::vector<std::string>& args) {
     CloneOptions o;
     bool json = false, list = false;
-    std::string destroy;
+    std::string destroy, container;
     auto value = [&](size_t& i) -> const std::string& {
         if (i + 1 >= args.size()) throw Error(args[i] + " needs a value\n" + kUsage, ExitCode::usage);
         return args[++i];
@@ -93,6 +126,8 @@ int clone_main(const std::vector<std::string>& args) {
         if (a == "-h" || a == "--help") {
             std::fputs(kUsage, stdout);
             return 0;
+        } else if (a == "--container") {
+            container = value(i);
         } else if (a == "--netns") {
             o.name = value(i);
         } else if (a == "--fs-snapshot") {
@@ -116,7 +151,8 @@ int clone_main(const std::vector<std::string>& args) {
         }
     }
     if (!destroy.empty()) {
-        destroy_clone(destroy);
+        if (is_container_clone(destroy)) destroy_container_clone(destroy);
+        else destroy_clone(destroy);
         if (json)
             std::printf("{\"destroyed\":\"%s\"}\n", destroy.c_str());
         else
@@ -131,6 +167,13 @@ int clone_main(const std::vector<std::string>& args) {
             print_result(load_clone(names[i]), json, false);
         }
         if (json) std::printf("]\n");
+        return 0;
+    }
+    if (!container.empty()) {
+        if (o.pid >= 0) throw Error(std::string("give a PID or --container, not both\n") + kUsage, ExitCode::usage);
+        ContainerCloneOptions c{container, o.name, {}};
+        if (!json) c.progress = [](const std::string& line) { std::fprintf(stderr, "iprobe clone: %s\n", line.c_str()); };
+        print_container_result(clone_container(c), json);
         return 0;
     }
     if (o.pid < 0) throw Error(std::string("missing PID\n") + kUsage, ExitCode::usage);

@@ -32,19 +32,6 @@
 namespace fs = std::filesystem;
 
 namespace iprobe::launcher {
-namespace {
-
-const char* const kStateRootParent = "/run/iprobe";
-const char* const kStateRoot = "/run/iprobe/clones";
-// Snapshotting a working directory by default is skipped above this size;
-// --fs-snapshot still copies it.
-constexpr std::uintmax_t kDefaultDirSnapshotLimit = 256ull << 20;
-
-void progress(const CloneOptions& o, const std::string& line) {
-    if (o.progress) o.progress(line);
-}
-
-std::string state_dir(const std::string& name) { return std::string(kStateRoot) + "/" + name; }
 
 void require_root(const char* what) {
     if (geteuid() != 0)
@@ -60,6 +47,20 @@ void validate_name(const std::string& name) {
         }))
         throw Error("bad clone name '" + name + "': use up to 64 letters, digits, '-', '_', '.'", ExitCode::usage);
 }
+
+namespace {
+
+const char* const kStateRootParent = "/run/iprobe";
+const char* const kStateRoot = "/run/iprobe/clones";
+// Snapshotting a working directory by default is skipped above this size;
+// --fs-snapshot still copies it.
+constexpr std::uintmax_t kDefaultDirSnapshotLimit = 256ull << 20;
+
+void progress(const CloneOptions& o, const std::string& line) {
+    if (o.progress) o.progress(line);
+}
+
+std::string state_dir(const std::string& name) { return std::string(kStateRoot) + "/" + name; }
 
 std::string readlink_str(const std::string& path) {
     char buf[PATH_MAX];

@@ -20,6 +20,13 @@ struct DumpStats {
 // Parses IMAGES/stats-dump; throws Error(failure) when absent or malformed.
 DumpStats read_dump_stats(const std::string& images_dir);
 
+// Throws Error(permission) naming `what` unless running as root.
+void require_root(const char* what);
+
+// Throws Error(usage) unless `name` is a usable clone name (letters, digits,
+// '-', '_', '.', at most 64, not starting with '.').
+void validate_name(const std::string& name);
+
 // The lines of a CRIU log that say why it failed ("Error (...)"), most
 // useful last, at most `max_lines`.
 std::string criu_log_errors(const std::string& log_path, std::size_t max_lines = 6);

@@ -1,0 +1,43 @@
+// Live clones of a running podman container: podman's own checkpoint
+// (`container checkpoint --leave-running --export`) and restore (`container
+// restore --import` under a new name), with iprobe's CRIU >= 4.2 put in
+// front of the OCI runtime, so the production container keeps running and
+// the clone is a container of its own with its own address.
+#pragma once
+
+#include <sys/types.h>
+
+#include <functional>
+#include <string>
+
+namespace iprobe::launcher {
+
+struct ContainerCloneOptions {
+    std::string container;  // production's container, name or ID
+    std::string name;       // the clone's container name; default <container>-iprobe-clone
+    std::function<void(const std::string&)> progress;  // one line per step, may be empty
+};
+
+struct ContainerCloneResult {
+    std::string name;       // the clone's container name
+    std::string id;         // and ID
+    std::string source;     // production's container
+    std::string address;    // the clone's IP address on its podman network
+    pid_t clone_pid = -1;   // the clone's main process, as the host sees it
+    double freeze_ms = 0;   // production frozen (CRIU frozen_time)
+    double freezing_ms = 0; // time CRIU took to stop it
+    double checkpoint_ms = 0, restore_ms = 0, total_ms = 0;
+    unsigned long long pages_written = 0;
+};
+
+// Clones `options.container`.  Production keeps running throughout; on any
+// failure nothing is left behind (no clone container, no checkpoint archive).
+ContainerCloneResult clone_container(const ContainerCloneOptions& options);
+
+// Whether NAME is a container clone made by clone_container.
+bool is_container_clone(const std::string& name);
+
+// Removes a container clone (and only one made by clone_container).
+void destroy_container_clone(const std::string& name);
+
+}  // namespace iprobe::launcher

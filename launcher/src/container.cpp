@@ -1,0 +1,181 @@
+#include "iprobe/launcher/container.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <sstream>
+
+#include "criu.h"
+#include "iprobe/launcher/clone.h"
+#include "iprobe/support/error.h"
+#include "process.h"
+
+namespace fs = std::filesystem;
+
+namespace iprobe::launcher {
+namespace {
+
+// Which clones are containers, and their IDs: so --destroy removes only
+// containers iprobe made.
+const char* const kContainerStateRoot = "/run/iprobe/container-clones";
+
+std::string state_file(const std::string& name) { return std::string(kContainerStateRoot) + "/" + name; }
+
+void progress(const ContainerCloneOptions& o, const std::string& line) {
+    if (o.progress) o.progress(line);
+}
+
+std::string podman_path() {
+    std::string podman = find_program("podman");
+    if (podman.empty())
+        throw Error("podman not found: cloning a container uses podman's checkpoint/restore (scripts/setup installs "
+                    "podman and runc)",
+                    ExitCode::unavailable);
+    return podman;
+}
+
+std::string trimmed(std::string s) {
+    while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+    return s;
+}
+
+// A scratch directory holding the checkpoint archive and a `criu` that is
+// iprobe's CRIU, first on the PATH the OCI runtime searches (runc and crun
+// both run `criu` from PATH; the system's may be too old for the kernel).
+// The archive holds production's memory: removed with the directory.
+class Workspace {
+public:
+    explicit Workspace(const Criu& criu) {
+        fs::create_directories(kContainerStateRoot);
+        char tmpl[] = "/run/iprobe/container-clones/.work-XXXXXX";
+        if (!::mkdtemp(tmpl)) throw_errno("creating a work directory under /run/iprobe");
+        dir_ = tmpl;
+        // Connections production has open are not dumped: the clone's come
+        // back closed, as with `iprobe clone`.  Set in the shim: podman
+        // gives the runtime an environment of its own making.
+        std::ofstream(dir_ + "/criu.conf") << "tcp-close\n";
+        {
+            std::ofstream shim(dir_ + "/criu");
+            shim << "#!/bin/sh\nCRIU_CONFIG_FILE='" << dir_ << "/criu.conf' exec '" << criu.path << "' \"$@\"\n";
+        }
+        fs::permissions(dir_ + "/criu", fs::perms::owner_all);
+    }
+    ~Workspace() {
+        std::error_code ec;
+        fs::remove_all(dir_, ec);
+    }
+    Workspace(const Workspace&) = delete;
+    Workspace& operator=(const Workspace&) = delete;
+
+    std::string archive() const { return dir_ + "/checkpoint.tar.gz"; }
+    // `podman ARGS` with iprobe's CRIU in front of the runtime's.
+    std::vector<std::string> podman(const std::string& podman, std::vector<std::string> args) const {
+        const char* path = std::getenv("PATH");
+        std::vector<std::string> argv = {"env", "PATH=" + dir_ + ":" + (path ? path : "/usr/sbin:/usr/bin:/sbin:/bin"),
+                                         podman};
+        argv.insert(argv.end(), args.begin(), args.end());
+        return argv;
+    }
+
+private:
+    std::string dir_;
+};
+
+double stat_us(const std::string& json, const std::string& key) {
+    std::smatch m;
+    if (!std::regex_search(json, m, std::regex("\"" + key + "\": *([0-9]+)"))) return 0;
+    return std::stod(m[1]);
+}
+
+std::string podman_errors(const RunResult& r) {
+    std::string said = trimmed(r.err.empty() ? r.out : r.err);
+    return said.empty() ? "exit " + std::to_string(r.exit_code) : said;
+}
+
+}  // namespace
+
+ContainerCloneResult clone_container(const ContainerCloneOptions& o) {
+    const double t0 = now_ms();
+    require_root("iprobe clone --container");
+    const std::string podman = podman_path();
+    const Criu criu = find_criu();
+    RunResult inspect = run({podman, "container", "inspect", "--format", "{{.Id}} {{.State.Running}}", o.container});
+    if (!inspect.ok()) throw Error("no podman container '" + o.container + "' (`podman ps` lists them)", ExitCode::not_found);
+    std::istringstream fields(inspect.out);
+    std::string source_id, running;
+    fields >> source_id >> running;
+    if (running != "true")
+        throw Error("container '" + o.container + "' is not running: there is nothing live to clone", ExitCode::bad_input);
+
+    ContainerCloneResult r;
+    r.source = o.container;
+    r.name = o.name.empty() ? o.container + "-iprobe-clone" : o.name;
+    validate_name(r.name);
+    if (run({podman, "container", "exists", r.name}).ok())
+        throw Error("a container named '" + r.name + "' exists; remove it with `iprobe clone --destroy " + r.name +
+                        "` (if iprobe made it) or pick another --netns name",
+                    ExitCode::busy);
+
+    Workspace work(criu);
+    progress(o, "checkpointing container " + o.container + " with podman and CRIU " + criu.version +
+                    ", production keeps running");
+    double t = now_ms();
+    RunResult dump = run(work.podman(podman, {"container", "checkpoint", "--leave-running", "--print-stats",
+                                              "--export", work.archive(), o.container}));
+    r.checkpoint_ms = now_ms() - t;
+    if (!dump.ok())
+        throw Error("podman could not checkpoint container '" + o.container +
+                        "'; production keeps running. podman says: " + podman_errors(dump),
+                    ExitCode::failure);
+    r.freeze_ms = stat_us(dump.out, "frozen_time") / 1e3;
+    r.freezing_ms = stat_us(dump.out, "freezing_time") / 1e3;
+    r.pages_written = static_cast<unsigned long long>(stat_us(dump.out, "pages_written"));
+    char frozen[64];
+    std::snprintf(frozen, sizeof frozen, "production frozen for %.1f ms", r.freeze_ms);
+    progress(o, frozen);
+
+    progress(o, "restoring the clone as container " + r.name + " with an address of its own");
+    t = now_ms();
+    RunResult restore = run(work.podman(podman, {"container", "restore", "--import", work.archive(), "--name", r.name,
+                                                 "--ignore-static-ip", "--ignore-static-mac"}));
+    r.restore_ms = now_ms() - t;
+    if (!restore.ok()) {
+        run({podman, "container", "rm", "--force", r.name});
+        throw Error("podman could not restore the clone; production is untouched. podman says: " +
+                        podman_errors(restore),
+                    ExitCode::failure);
+    }
+    RunResult clone = run({podman, "container", "inspect", "--format",
+                           "{{.Id}} {{.State.Pid}} {{.NetworkSettings.IPAddress}}", r.name});
+    std::istringstream cf(clone.out);
+    cf >> r.id >> r.clone_pid >> r.address;
+    if (!clone.ok() || r.id.empty()) {
+        run({podman, "container", "rm", "--force", r.name});
+        throw Error("the restored clone " + r.name + " cannot be inspected: " + podman_errors(clone));
+    }
+    std::ofstream(state_file(r.name)) << r.id << "\n";
+    r.total_ms = now_ms() - t0;
+    return r;
+}
+
+bool is_container_clone(const std::string& name) { return fs::exists(state_file(name)); }
+
+void destroy_container_clone(const std::string& name) {
+    require_root("iprobe clone --destroy");
+    validate_name(name);
+    std::ifstream in(state_file(name));
+    std::string id;
+    if (!(in >> id)) throw Error("no container clone named '" + name + "'", ExitCode::not_found);
+    const std::string podman = podman_path();
+    RunResult rm = run({podman, "container", "rm", "--force", "--time", "1", id});
+    if (!rm.ok() && run({podman, "container", "exists", id}).ok())
+        throw Error("podman could not remove clone " + name + ": " + podman_errors(rm));
+    std::error_code ec;
+    fs::remove(state_file(name), ec);
+}
+
+}  // namespace iprobe::launcher

@@ -1,0 +1,137 @@
+// `iprobe clone --container`: a live clone of a podman container running a
+// real redis-server, through podman's own checkpoint/restore.  The image is
+// built here from the host's files (redis-server and the libraries it links),
+// imported with `podman import`: no registry.  Needs root and podman.
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <regex>
+#include <sstream>
+#include <thread>
+
+#include "testutil.h"
+
+namespace fs = std::filesystem;
+using namespace iprobe::test;
+
+namespace {
+
+const char* const kImage = "localhost/iprobe-test-redis:host";
+
+std::string trimmed(std::string s) {
+    while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+    return s;
+}
+
+// A rootfs of redis-server and what `ldd` says it loads, as an image.
+std::string build_image(const TempDir& dir) {
+    if (run({"podman", "image", "exists", kImage}).exit_code == 0) return {};
+    const std::string root = dir / "rootfs";
+    std::string files = "/usr/bin/redis-server";
+    const auto ldd = run({"ldd", "/usr/bin/redis-server"});
+    const std::regex lib(R"((/[^ ]+) \(0x)");
+    for (std::sregex_iterator it(ldd.out.begin(), ldd.out.end(), lib), end; it != end; ++it) files += " " + (*it)[1].str();
+    const auto r = sh("set -e; mkdir -p " + root + "/tmp " + root + "/data; for f in " + files +
+                      "; do mkdir -p " + root + "$(dirname $f); cp -L $f " + root + "$f; done; tar -C " + root +
+                      " -cf " + dir.path() + "/rootfs.tar . && podman import " + dir.path() + "/rootfs.tar " + kImage);
+    return r.exit_code == 0 ? std::string() : "podman import failed: " + r.err;
+}
+
+// Limits no higher than this process's hard ones: podman's defaults for a
+// rootful container are above them, and raising needs CAP_SYS_RESOURCE,
+// which sandboxed machines (CI among them) do not give root.
+std::vector<std::string> ulimits_within_ours() {
+    rlimit files{}, procs{};
+    ::getrlimit(RLIMIT_NOFILE, &files);
+    ::getrlimit(RLIMIT_NPROC, &procs);
+    const auto cap = [](rlim_t hard, rlim_t want) { return std::to_string(hard == RLIM_INFINITY ? want : std::min(hard, want)); };
+    const std::string n = cap(files.rlim_max, 1048576), p = cap(procs.rlim_max, 32768);
+    return {"--ulimit", "nofile=" + n + ":" + n, "--ulimit", "nproc=" + p + ":" + p};
+}
+
+std::string redis_at(const std::string& address, const std::vector<std::string>& args) {
+    std::vector<std::string> argv = {"redis-cli", "-h", address};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return trimmed(run(argv).out);
+}
+
+class LauncherContainer : public ::testing::Test {
+protected:
+    void SetUp() override {
+        IPROBE_SKIP_UNLESS_CLONING_WORKS();
+        ASSERT_EQ(run({"podman", "--version"}).exit_code, 0) << "podman is not installed (scripts/setup installs it)";
+        const std::string built = build_image(dir_);
+        ASSERT_TRUE(built.empty()) << built;
+        prod_ = "ipt-prod-" + std::to_string(getpid());
+        clone_ = "ipt-clone-" + std::to_string(getpid());
+        // runc: crun 1.8 refuses hosts with cgroups v1 and v2 mixed.
+        std::vector<std::string> argv = {"podman", "--runtime", "runc", "run", "-d", "--name", prod_};
+        for (const auto& u : ulimits_within_ours()) argv.push_back(u);
+        argv.insert(argv.end(), {kImage, "/usr/bin/redis-server", "--save", "", "--appendonly", "no",
+                                 "--protected-mode", "no", "--dir", "/data"});
+        const auto started = run(argv, {}, std::chrono::seconds(120));
+        if (started.exit_code != 0) {
+            // podman itself works (the image was imported): what fails is
+            // the OCI runtime on this host's kernel or cgroup layout.
+            GTEST_SKIP() << "podman cannot run a container on this host: " << trimmed(started.err);
+        }
+        address_ = trimmed(run({"podman", "inspect", "--format", "{{.NetworkSettings.IPAddress}}", prod_}).out);
+        for (int i = 0; i < 100 && redis_at(address_, {"PING"}) != "PONG"; ++i)
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        ASSERT_EQ(redis_at(address_, {"PING"}), "PONG");
+    }
+    void TearDown() override {
+        if (!clone_.empty()) run({bin("iprobe"), "clone", "--destroy", clone_});
+        if (!prod_.empty()) run({"podman", "rm", "--force", "--time", "1", prod_}, {}, std::chrono::seconds(60));
+    }
+
+    TempDir dir_;
+    std::string prod_, clone_, address_;
+};
+
+TEST_F(LauncherContainer, CloneIsANewContainerWithProductionsDataAndItsOwnAddress) {
+    ASSERT_EQ(redis_at(address_, {"SET", "marker", "before-clone"}), "OK");
+    ASSERT_EQ(redis_at(address_, {"RPUSH", "list", "a", "b", "c"}), "3");
+    auto r = run({bin("iprobe"), "clone", "--container", prod_, "--netns", clone_, "--json"}, {},
+                 std::chrono::seconds(180));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(r.out, m, std::regex(R"re("address":"([0-9.]+)")re"))) << r.out;
+    const std::string clone_address = m[1];
+    EXPECT_NE(clone_address, address_);
+    EXPECT_NE(r.out.find("\"freeze_us\":"), std::string::npos) << r.out;
+    EXPECT_EQ(trimmed(run({"podman", "inspect", "--format", "{{.State.Running}}", clone_}).out), "true");
+
+    EXPECT_EQ(redis_at(clone_address, {"GET", "marker"}), "before-clone");
+    EXPECT_EQ(redis_at(clone_address, {"LRANGE", "list", "0", "-1"}), "a\nb\nc");
+    // Two services from here on: writes stay where they were made.
+    EXPECT_EQ(redis_at(clone_address, {"SET", "marker", "clone-wrote"}), "OK");
+    EXPECT_EQ(redis_at(address_, {"SET", "only-in-production", "1"}), "OK");
+    EXPECT_EQ(redis_at(address_, {"GET", "marker"}), "before-clone");
+    EXPECT_EQ(redis_at(clone_address, {"EXISTS", "only-in-production"}), "0");
+
+    auto d = run({bin("iprobe"), "clone", "--destroy", clone_});
+    EXPECT_EQ(d.exit_code, 0) << d.err;
+    EXPECT_NE(run({"podman", "container", "exists", clone_}).exit_code, 0) << "the clone container is gone";
+    EXPECT_FALSE(fs::exists("/run/iprobe/container-clones/" + clone_));
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator("/run/iprobe/container-clones", ec))
+        EXPECT_FALSE(e.path().filename().string().starts_with(".work-")) << "checkpoint archive left: " << e.path();
+    EXPECT_EQ(redis_at(address_, {"GET", "marker"}), "before-clone");
+    clone_.clear();
+}
+
+TEST_F(LauncherContainer, UnknownContainerAndNameInUseAreRefusedUntouched) {
+    auto missing = run({bin("iprobe"), "clone", "--container", "ipt-no-such-container"});
+    EXPECT_EQ(missing.exit_code, 5) << missing.err;
+    auto taken = run({bin("iprobe"), "clone", "--container", prod_, "--netns", prod_});
+    EXPECT_EQ(taken.exit_code, 6) << taken.err;
+    EXPECT_EQ(run({bin("iprobe"), "clone", "--container", prod_, "1"}).exit_code, 2);
+    EXPECT_EQ(redis_at(address_, {"PING"}), "PONG");
+    clone_.clear();
+}
+
+}  // namespace
