@@ -1,10 +1,14 @@
 // iprobe-hotpatch: `iprobe attach|detach|status|trace|report` (argv[1] is
 // the subcommand, set by the iprobe dispatcher).
+#include <poll.h>
 #include <signal.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cctype>
+#include <cerrno>
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
@@ -31,26 +35,36 @@ std::string g_command = "attach";
 
 const char* const kUsage =
     "usage: iprobe attach PID [--probes LIST[,LIST…]] [--functions GLOB,…] [--files GLOB,…]\n"
-    "                     [--entry-only|--exit-only] [--handler trace|count] [--ring-records N] [--json]\n"
+    "                     [--entry-only|--exit-only] [--handler trace|count] [--buffer SIZE] [--json]\n"
     "       iprobe detach PID [--functions GLOB,…] [--json]\n"
     "       iprobe status PID [--json]\n"
     "       iprobe trace  PID [--duration S] [--format text|json|chrome]\n"
-    "       iprobe report PID [--json|--folded] [--duration S]\n"
+    "       iprobe report PID [--json] [--since-last|--reset] [--duration S] [--at-exit]\n"
+    "       iprobe report PID --folded [--duration S]\n"
     "\n"
     "attach  turns the placeholder NOPs of a running, coldpatched process into calls to\n"
     "        the iprobe runtime (injected with dlopen if the process was not started\n"
     "        with it). LIST is a probe list, a coldpatched binary or shared library\n"
     "        (default: the process's executable). Attaching again adds probes.\n"
-    "        --handler trace (default) logs entry/exit records per thread in shared\n"
-    "        memory; count only counts calls per probe. --ring-records sets the\n"
-    "        per-thread ring size (power of two) when the first attach creates it.\n"
+    "        Every handler keeps exact per-function sums in each thread's own slot\n"
+    "        of the process's region. --handler trace (default) also times calls\n"
+    "        (inclusive/exclusive, latency histogram) and logs entry/exit events to a\n"
+    "        per-thread ring for 'iprobe trace'; count only counts calls.\n"
+    "        --buffer SIZE (bytes, K/M/G suffix; default 512K) sets each thread's\n"
+    "        event ring when the first attach creates the region.\n"
     "detach  puts the NOPs back (all probes, or those matching --functions).\n"
-    "status  shows the runtime, modules, enabled probes and rings of a process.\n"
+    "status  shows the runtime, modules, enabled probes, threads and event drops.\n"
     "trace   streams events live, symbolized (Ctrl-C or --duration ends it);\n"
     "        chrome writes Chrome trace-event JSON that Perfetto opens.\n"
-    "report  consumes the logged events and prints calls and inclusive/exclusive\n"
-    "        time per function; --folded prints folded stacks (exclusive ns) for\n"
-    "        flamegraph.pl; --duration collects for S seconds first.\n"
+    "report  prints calls, completed calls, inclusive/exclusive time and p50/p99/max\n"
+    "        latency per function since the first attach: exact at any event rate,\n"
+    "        changes nothing (two reports agree), still answers after detach.\n"
+    "        --duration S: only what happened during the next S seconds.\n"
+    "        --since-last: only what happened since the last --since-last or --reset.\n"
+    "        --reset: mark now as the start for the next --since-last.\n"
+    "        --at-exit: wait until the process exits, then report its totals.\n"
+    "        --folded: folded stacks (exclusive ns) for flamegraph.pl, from the event\n"
+    "        stream (consumes it, like trace).\n"
     "\n"
     "exit codes: 0 ok, 1 failed, 2 usage, 3 bad input, 4 permission, 5 not found, 6 busy, 7 unavailable\n";
 
@@ -76,7 +90,8 @@ Args parse(int argc, char** argv) {
     static const std::map<std::string, bool> takes_value = {
         {"--probes", true},   {"--functions", true}, {"--files", true},      {"--handler", true},
         {"--duration", true}, {"--format", true},    {"--ring-records", true}, {"--entry-only", false},
-        {"--exit-only", false}, {"--json", false},   {"--folded", false},    {"--runtime", true}};
+        {"--exit-only", false}, {"--json", false},   {"--folded", false},    {"--runtime", true},
+        {"--buffer", true},   {"--since-last", false}, {"--reset", false},  {"--at-exit", false}};
     for (int i = 2; i < argc; i++) {
         std::string a = argv[i];
         if (a == "-h" || a == "--help") {
@@ -120,6 +135,29 @@ ProbeSelector selector_of(const Args& args) {
     return s;
 }
 
+// Records per thread ring for a --buffer size: the largest power of two
+// that fits, at least 64 records.
+std::uint32_t ring_records_for(const std::string& text) {
+    char* end = nullptr;
+    errno = 0;
+    const unsigned long long n = std::strtoull(text.c_str(), &end, 10);
+    if (text.empty() || !std::isdigit(static_cast<unsigned char>(text[0])) || errno || end == text.c_str())
+        usage_error("--buffer must be a size such as 512K, 4M or 1G, not '" + text + "'");
+    const std::string unit(end);
+    const unsigned long long scale = unit.empty() || unit == "B"   ? 1ull
+                                     : unit == "K" || unit == "KiB" ? 1ull << 10
+                                     : unit == "M" || unit == "MiB" ? 1ull << 20
+                                     : unit == "G" || unit == "GiB" ? 1ull << 30
+                                                                    : 0;
+    if (!scale) usage_error("--buffer must be a size such as 512K, 4M or 1G, not '" + text + "'");
+    if (n > (1ull << 34) / scale) usage_error("--buffer " + text + " is too large (at most 16G per thread)");
+    const unsigned long long records = n * scale / sizeof(iprobe_rt_record);
+    if (records < 64) usage_error("--buffer " + text + " is too small (at least 2K per thread)");
+    std::uint32_t out = 64;
+    while (out < (1u << 29) && 2ull * out <= records) out *= 2;
+    return out;
+}
+
 int cmd_attach(const Args& args) {
     AttachOptions o;
     o.pid = args.pid;
@@ -129,7 +167,9 @@ int cmd_attach(const Args& args) {
     if (handler == "trace") o.mode = HandlerMode::trace;
     else if (handler == "count") o.mode = HandlerMode::count;
     else usage_error("--handler must be trace or count");
+    if (args.flag("--ring-records") && args.flag("--buffer")) usage_error("--ring-records and --buffer exclude each other");
     if (args.flag("--ring-records")) o.ring_records = static_cast<std::uint32_t>(std::stoul(args.value("--ring-records")));
+    if (args.flag("--buffer")) o.ring_records = ring_records_for(args.value("--buffer"));
     o.runtime_library = args.value("--runtime");
     const AttachStats st = attach(o);
     if (args.flag("--json")) {
@@ -196,7 +236,14 @@ int cmd_status(const Args& args) {
         j.end_array().key("rings").begin_array();
         for (const auto& r : st.rings)
             j.begin_object().field("tid", r.tid).field("state", r.state).field("pending", r.pending).field("dropped", r.dropped).end_object();
-        j.end_array().field("dropped", st.dropped).field("no_ring_events", st.no_ring_events).end_object();
+        j.end_array()
+            .field("threads", st.threads)
+            .field("region_bytes", st.region_bytes)
+            .field("trace_dropped", st.dropped)
+            .field("no_ring_events", st.no_ring_events)
+            .field("no_slot_events", st.no_slot_events)
+            .field("unknown_site_events", st.unknown_site_events)
+            .end_object();
         std::cout << j.str() << "\n";
         return 0;
     }
@@ -208,8 +255,10 @@ int cmd_status(const Args& args) {
     }
     for (const auto& m : st.modules)
         std::cout << "  " << m.path << ": " << m.enabled << "/" << m.probes << " probes enabled (" << m.probes_path << ")\n";
-    std::cout << "  rings: " << st.rings.size() << " in use of " << st.ring_count << " (" << st.ring_records
-              << " records each); dropped " << st.dropped << ", no ring " << st.no_ring_events << "\n";
+    std::cout << "  threads: " << st.threads << " slots used of " << st.ring_count << "; region " << st.region_bytes
+              << " bytes (sparse)\n";
+    std::cout << "  event rings: " << st.rings.size() << " in use (" << st.ring_records << " records each); dropped "
+              << st.dropped << " (trace stream only, never in reports), no ring " << st.no_ring_events << "\n";
     for (const auto& r : st.rings)
         std::cout << "    tid " << r.tid << " " << r.state << ": " << r.pending << " pending, " << r.dropped << " dropped\n";
     return 0;
@@ -298,17 +347,13 @@ int cmd_trace(const Args& args) {
     collect(reader, seconds, sink, true);
     if (format == "chrome") std::cout << "\n]}\n";
     std::fflush(stdout);
-    if (const std::uint64_t dropped = reader.take_dropped())
-        std::cerr << "iprobe: " << dropped << " events dropped (ring full)\n";
+    if (const std::uint64_t dropped = reader.take_dropped()) {
+        std::cerr << "iprobe: " << dropped << " events dropped (ring full; report's sums are unaffected):";
+        for (const auto& d : reader.drops_by_thread()) std::cerr << " tid " << d.tid << ": " << d.dropped;
+        std::cerr << " (since attach)\n";
+    }
     return 0;
 }
-
-struct FunctionStats {
-    std::uint64_t calls = 0;
-    std::vector<std::uint64_t> inclusive;  // ns per completed call
-    std::uint64_t exclusive = 0;
-    std::uint64_t inclusive_total = 0;
-};
 
 struct Frame {
     std::string function;
@@ -316,26 +361,19 @@ struct Frame {
     std::uint64_t children = 0;  // ticks
 };
 
-std::uint64_t percentile(std::vector<std::uint64_t>& v, double p) {
-    if (v.empty()) return 0;
-    const std::size_t k = static_cast<std::size_t>(p * static_cast<double>(v.size() - 1));
-    std::nth_element(v.begin(), v.begin() + static_cast<long>(k), v.end());
-    return v[k];
-}
-
-int cmd_report(const Args& args) {
-    if (args.flag("--json") && args.flag("--folded")) usage_error("--json and --folded exclude each other");
+// Folded stacks from the event stream (it has the call paths; the sums do not).
+int report_folded(const Args& args) {
+    if (args.flag("--json") || args.flag("--since-last") || args.flag("--reset") || args.flag("--at-exit"))
+        usage_error("--folded reads the event stream; it takes only --duration");
     const double seconds = parse_duration(args);
-    TraceReader reader(args.pid);
+    TraceReader reader(args.pid, TraceReader::Access::stream);
     const double ns_per_tick = 1e9 / reader.tsc_hz();
-    std::map<std::string, FunctionStats> stats;
     std::map<std::string, std::uint64_t> folded;
     std::unordered_map<std::uint32_t, std::vector<Frame>> stacks;
     auto sink = [&](const Event& e) {
         const ProbeInfo& info = reader.probe(e.probe);
         auto& stack = stacks[e.tid];
         if (e.kind == ProbeKind::entry) {
-            stats[info.function].calls++;
             stack.push_back({info.function, e.tsc, 0});
         } else if (e.kind == ProbeKind::exit) {
             // Unwind to the matching frame (events may have been dropped).
@@ -346,66 +384,96 @@ int cmd_report(const Args& args) {
             stack.pop_back();
             const std::uint64_t ticks = e.tsc > frame.tsc ? e.tsc - frame.tsc : 0;
             const std::uint64_t self = ticks > frame.children ? ticks - frame.children : 0;
-            auto& s = stats[info.function];
-            const auto incl_ns = static_cast<std::uint64_t>(static_cast<double>(ticks) * ns_per_tick);
-            const auto self_ns = static_cast<std::uint64_t>(static_cast<double>(self) * ns_per_tick);
-            s.inclusive.push_back(incl_ns);
-            s.inclusive_total += incl_ns;
-            s.exclusive += self_ns;
             if (!stack.empty()) stack.back().children += ticks;
             std::string path;
             for (const auto& f : stack) path += f.function + ";";
-            folded[path + info.function] += self_ns;
+            folded[path + info.function] += static_cast<std::uint64_t>(static_cast<double>(self) * ns_per_tick);
         }
     };
     collect(reader, seconds, sink, false);
-    // Count-handler counters (entry probes) add to the recorded calls.
-    for (std::uint32_t i = 0; i < reader.probe_count(); i++) {
-        const std::uint64_t c = reader.take_calls(i);
-        const ProbeInfo& info = reader.probe(i);
-        if (c && info.kind == ProbeKind::entry) stats[info.function].calls += c;
+    for (const auto& [path, ns] : folded)
+        if (ns) std::cout << path << " " << ns << "\n";
+    return 0;
+}
+
+// Blocks until `pid` exits (or Ctrl-C); the region stays readable meanwhile.
+void wait_for_exit(pid_t pid) {
+    const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, pid, 0));
+    if (pidfd < 0) return;
+    pollfd p{pidfd, POLLIN, 0};
+    while (!g_stop && ::poll(&p, 1, 200) == 0) {
     }
-    const std::uint64_t dropped = reader.take_dropped();
-    if (args.flag("--folded")) {
-        for (const auto& [path, ns] : folded)
-            if (ns) std::cout << path << " " << ns << "\n";
+    ::close(pidfd);
+}
+
+int cmd_report(const Args& args) {
+    if (args.flag("--folded")) return report_folded(args);
+    if (args.flag("--since-last") + args.flag("--reset") + args.flag("--duration") > 1)
+        usage_error("--since-last, --reset and --duration exclude each other");
+    const double seconds = parse_duration(args);
+    TraceReader reader(args.pid, TraceReader::Access::aggregates);
+    if (args.flag("--at-exit")) wait_for_exit(args.pid);
+    std::vector<iprobe_rt_fn_stats> since;
+    if (seconds > 0) {
+        since = reader.sums();
+        const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+        while (!g_stop && std::chrono::steady_clock::now() < end) std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    } else if (args.flag("--since-last")) {
+        since = reader.baseline();
+    }
+    const auto sums = reader.sums();
+    if (args.flag("--since-last") || args.flag("--reset")) reader.mark_baseline(sums);
+    if (args.flag("--reset")) {
+        if (args.flag("--json")) {
+            JsonWriter j;
+            j.begin_object().field("pid", static_cast<std::int64_t>(args.pid)).field("reset", true).end_object();
+            std::cout << j.str() << "\n";
+        } else {
+            std::cout << "reset: the next 'iprobe report " << args.pid << " --since-last' counts from now\n";
+        }
         return 0;
     }
-    std::vector<std::pair<std::string, FunctionStats*>> rows;
-    for (auto& [name, s] : stats) rows.emplace_back(name, &s);
-    std::sort(rows.begin(), rows.end(), [](auto& a, auto& b) {
-        return a.second->inclusive_total != b.second->inclusive_total ? a.second->inclusive_total > b.second->inclusive_total
-                                                                      : a.second->calls > b.second->calls;
+    auto rows = reader.functions(sums, since.empty() ? nullptr : &since);
+    std::sort(rows.begin(), rows.end(), [](const FunctionStats& a, const FunctionStats& b) {
+        return a.inclusive_ns != b.inclusive_ns ? a.inclusive_ns > b.inclusive_ns
+               : a.calls != b.calls             ? a.calls > b.calls
+                                                : a.function < b.function;
     });
     if (args.flag("--json")) {
         JsonWriter j;
         j.begin_object().field("pid", static_cast<std::int64_t>(args.pid)).key("functions").begin_array();
-        for (auto& [name, s] : rows) {
-            const std::uint64_t n = s->inclusive.size();
+        for (const auto& f : rows) {
             j.begin_object()
-                .field("name", name)
-                .field("calls", s->calls)
-                .field("completed", n)
-                .field("inclusive_ns", s->inclusive_total)
-                .field("exclusive_ns", s->exclusive)
-                .field("mean_ns", n ? s->inclusive_total / n : 0)
-                .field("p50_ns", percentile(s->inclusive, 0.50))
-                .field("p99_ns", percentile(s->inclusive, 0.99))
-                .end_object();
+                .field("name", f.function)
+                .field("calls", f.calls)
+                .field("completed", f.completed)
+                .field("timed", f.timed)
+                .field("inclusive_ns", f.inclusive_ns)
+                .field("exclusive_ns", f.exclusive_ns)
+                .field("mean_ns", f.timed ? f.inclusive_ns / f.timed : 0)
+                .field("p50_ns", f.p50_ns)
+                .field("p99_ns", f.p99_ns)
+                .field("max_ns", f.max_ns);
+            if (f.kind == ProbeKind::point) j.field("kind", "point");
+            j.end_object();
         }
-        j.end_array().field("dropped", dropped).field("lost", reader.lost_events()).end_object();
+        j.end_array()
+            .field("unmatched_exits", reader.unmatched_exits())
+            .field("lost", reader.lost_events())
+            .field("trace_dropped", reader.dropped())
+            .end_object();
         std::cout << j.str() << "\n";
         return 0;
     }
-    std::printf("%-40s %12s %14s %14s %12s %12s %12s\n", "function", "calls", "incl total ns", "excl total ns",
-                "mean ns", "p50 ns", "p99 ns");
-    for (auto& [name, s] : rows) {
-        const std::uint64_t n = s->inclusive.size();
-        std::printf("%-40s %12" PRIu64 " %14" PRIu64 " %14" PRIu64 " %12" PRIu64 " %12" PRIu64 " %12" PRIu64 "\n",
-                    name.c_str(), s->calls, s->inclusive_total, s->exclusive, n ? s->inclusive_total / n : 0,
-                    percentile(s->inclusive, 0.50), percentile(s->inclusive, 0.99));
-    }
-    std::printf("dropped events: %" PRIu64 "\n", dropped);
+    std::printf("%-40s %12s %12s %14s %14s %10s %10s %10s %10s\n", "function", "calls", "completed", "incl total ns",
+                "excl total ns", "mean ns", "p50 ns", "p99 ns", "max ns");
+    for (const auto& f : rows)
+        std::printf("%-40s %12" PRIu64 " %12" PRIu64 " %14" PRIu64 " %14" PRIu64 " %10" PRIu64 " %10" PRIu64
+                    " %10" PRIu64 " %10" PRIu64 "\n",
+                    f.function.c_str(), f.calls, f.completed, f.inclusive_ns, f.exclusive_ns,
+                    f.timed ? f.inclusive_ns / f.timed : 0, f.p50_ns, f.p99_ns, f.max_ns);
+    if (const std::uint64_t lost = reader.lost_events())
+        std::printf("lost: %" PRIu64 " calls (no thread slot free, or an unknown site)\n", lost);
     return 0;
 }
 

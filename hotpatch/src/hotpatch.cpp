@@ -7,6 +7,7 @@
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -529,16 +530,61 @@ const RunningModule& match_module(const SelectedList& s, const std::vector<Runni
                 ExitCode::not_found);
 }
 
+// Aggregate slots for a new module's probes: one per function (its entry and
+// exit probes share it), one per point.
+void assign_stats(Region& region, const RunningModule& running, const ProbeList& list, std::uint32_t first_probe) {
+    std::uint32_t next = region.stat_count();
+    std::map<std::string, std::uint32_t> by_function;
+    iprobe_rt_probe* probes = region.probes();
+    for (const auto& p : list.probes) {
+        std::uint32_t stat;
+        if (p.kind == ProbeKind::point) {
+            stat = next++;
+        } else {
+            const std::string key = p.function_address ? std::to_string(p.function_address) : p.function;
+            auto [it, fresh] = by_function.try_emplace(key, next);
+            if (fresh) next++;
+            stat = it->second;
+        }
+        if (stat >= region.stat_capacity())
+            throw Error("the iprobe region of this process has no aggregate slots left for " + running.path +
+                        "; restart the process to attach more modules");
+        probes[first_probe + p.id].stat = stat;
+    }
+    __atomic_store_n(&region.control()->stat_count, next, __ATOMIC_RELEASE);
+}
+
+// An entry probe is timed (pushes a frame) only while its function's exit
+// probe is enabled too: nothing else would pop the frame.
+void update_timed(Region& region) {
+    iprobe_rt_probe* probes = region.probes();
+    const std::uint32_t count = region.probe_count();
+    std::vector<std::uint8_t> exit_on(region.stat_capacity(), 0);
+    for (std::uint32_t i = 0; i < count; i++)
+        if (probes[i].enabled && probes[i].kind == static_cast<std::uint8_t>(ProbeKind::exit) &&
+            probes[i].stat < exit_on.size())
+            exit_on[probes[i].stat] = 1;
+    for (std::uint32_t i = 0; i < count; i++)
+        probes[i].timed = probes[i].kind == static_cast<std::uint8_t>(ProbeKind::entry) &&
+                          probes[i].stat < exit_on.size() && exit_on[probes[i].stat];
+}
+
 std::uint32_t find_or_add_module(Region& region, const RunningModule& running, const SelectedList& s) {
     iprobe_rt_control* cb = region.control();
     iprobe_rt_module* mods = region.modules();
-    for (std::uint32_t i = 0; i < cb->module_count; i++)
+    for (std::uint32_t i = 0; i < region.module_count(); i++)
         if (mods[i].load_bias == running.load_bias &&
             running.path == std::string(mods[i].path, ::strnlen(mods[i].path, sizeof mods[i].path)) &&
-            mods[i].probe_count == s.list.probes.size())
+            mods[i].probe_count == s.list.probes.size()) {
+            if (mods[i].first_probe > region.probe_capacity() ||
+                mods[i].probe_count > region.probe_capacity() - mods[i].first_probe)
+                throw Error("the iprobe region of process has an inconsistent module table (corrupted?)",
+                            ExitCode::bad_input);
             return i;
-    if (cb->module_count >= cb->module_capacity) throw Error("too many modules attached in this process");
-    if (cb->probe_count + s.list.probes.size() > cb->probe_capacity)
+        }
+    if (region.module_count() >= cb->module_capacity || cb->module_count >= cb->module_capacity)
+        throw Error("too many modules attached in this process");
+    if (region.probe_count() + s.list.probes.size() > region.probe_capacity())
         throw Error("the iprobe region of this process was sized for " + std::to_string(cb->probe_capacity) +
                     " probes at first attach; restart the process to attach more modules");
     const std::uint32_t index = cb->module_count;
@@ -549,7 +595,7 @@ std::uint32_t find_or_add_module(Region& region, const RunningModule& running, c
     std::strncpy(m.probes_path, probes_path.c_str(), sizeof m.probes_path - 1);
     m.build_id_size = static_cast<std::uint32_t>(std::min<std::size_t>(running.build_id.size(), sizeof m.build_id));
     std::memcpy(m.build_id, running.build_id.data(), m.build_id_size);
-    m.first_probe = cb->probe_count;
+    m.first_probe = region.probe_count();
     m.probe_count = static_cast<std::uint32_t>(s.list.probes.size());
     m.load_bias = running.load_bias;
     iprobe_rt_probe* probes = region.probes();
@@ -563,8 +609,10 @@ std::uint32_t find_or_add_module(Region& region, const RunningModule& running, c
         rp.size = p.size;
         rp.function = p.function_address <= UINT32_MAX ? static_cast<std::uint32_t>(p.function_address) : 0;
         rp.site = running.load_bias + p.site;
+        rp.stat = IPROBE_RT_NO_STAT;
     }
-    cb->probe_count += m.probe_count;
+    assign_stats(region, running, s.list, m.first_probe);
+    cb->probe_count = m.first_probe + m.probe_count;
     cb->module_count = index + 1;
     return index;
 }
@@ -727,8 +775,6 @@ HandlerSymbols HandlerSymbols::runtime(HandlerMode mode) {
             "iprobe_rt_" + m + "_enter_nop", "iprobe_rt_" + m + "_exit_nop", "iprobe_rt_" + m + "_point_nop"};
 }
 
-std::string region_name(pid_t pid) { return IPROBE_RT_SHM_PREFIX + std::to_string(pid); }
-
 std::string default_runtime_library() {
     if (const char* env = std::getenv("IPROBE_RUNTIME"); env && *env) return env;
     std::error_code ec;
@@ -745,7 +791,7 @@ std::string default_runtime_library() {
 
 AttachStats attach(const AttachOptions& options) {
     check_target(options.pid);
-    const Target owner = target_owner(options.pid);
+    target_owner(options.pid);  // not_found when it is gone
     std::vector<SelectedList> lists = load_lists(options);
     const HandlerSymbols handlers = resolve_handlers(options);
     const std::string runtime_path = runtime_path_of(options);
@@ -756,7 +802,8 @@ AttachStats attach(const AttachOptions& options) {
             elf_cache().preload(options.pid, m.path);
     elf_cache().preload(options.pid, runtime_path);
     elf_cache().preload(options.pid, handler_path);
-    const TscCalibration tsc = Region::exists(options.pid) ? TscCalibration{} : calibrate_tsc();
+    const auto before = runtime_state(options.pid);
+    const TscCalibration tsc = before && before->control ? TscCalibration{} : calibrate_tsc();
 
     std::uint32_t capacity = 4096;
     for (auto& s : lists) capacity += static_cast<std::uint32_t>(s.list.probes.size()) * 2;
@@ -791,19 +838,30 @@ AttachStats attach(const AttachOptions& options) {
                         ExitCode::bad_input);
 
         Region region;
-        bool fresh = false;
+        std::int64_t fresh_fd = -1;  // the new region's descriptor inside the target
         const pid_t own_pid = pid_in_own_namespace(options.pid);
-        if (state.control == 0 || state.mapped_pid != static_cast<std::uint32_t>(own_pid) ||
-            !Region::exists(options.pid)) {
+        std::optional<Region> existing;
+        if (state.control != 0 && state.mapped_pid == static_cast<std::uint32_t>(own_pid))
+            existing = Region::try_open(options.pid);
+        if (!existing) {
             RegionGeometry g;
             g.probe_capacity = capacity;
             g.ring_records = options.ring_records;
-            g.ring_count = options.max_threads;
-            region = Region::create(options.pid, owner.uid, owner.gid, g, tsc.hz ? tsc : calibrate_tsc());
-            region.control()->owner_pid = static_cast<std::uint32_t>(own_pid);
-            fresh = true;
+            g.thread_count = options.max_threads;
+            iprobe_rt_control layout = region_layout(g, tsc.hz ? tsc : calibrate_tsc());
+            layout.owner_pid = static_cast<std::uint32_t>(own_pid);
+            const auto create_at = runtime.library.symbol("iprobe_rt_create_region");
+            if (!create_at) throw Error(runtime.library.path + " is not the iprobe runtime of this version", ExitCode::bad_input);
+            fresh_fd = static_cast<std::int64_t>(process.call(*create_at, {layout.region_size}));
+            if (fresh_fd < 0)
+                throw Error("the runtime in process " + std::to_string(options.pid) + " could not create its region: " +
+                            std::strerror(static_cast<int>(-fresh_fd)));
+            UniqueFd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, options.pid, 0)));
+            UniqueFd fd(pidfd ? static_cast<int>(::syscall(SYS_pidfd_getfd, pidfd.get(), static_cast<int>(fresh_fd), 0)) : -1);
+            if (!fd) throw_errno("cannot take the new iprobe region of process " + std::to_string(options.pid));
+            region = Region::create(std::move(fd), layout);
         } else {
-            region = Region::open(options.pid);
+            region = std::move(*existing);
         }
         std::vector<Patch> patches;
         StubChecker stubs_seen(process.memory());
@@ -878,19 +936,18 @@ AttachStats attach(const AttachOptions& options) {
         // Table first, code second: a site only becomes live once its
         // return address resolves.
         for (const auto& e : enables) region.insert_site(e.return_address, e.global);
-        if (fresh) {
-            const std::string name = region_name(options.pid);
-            const auto rc = static_cast<std::int64_t>(process.call(*map_at, {}, &name));
+        if (fresh_fd >= 0) {
+            const auto rc = static_cast<std::int64_t>(process.call(*map_at, {static_cast<std::uint64_t>(fresh_fd)}));
             if (rc != 0)
-                throw Error("the runtime in process " + std::to_string(options.pid) + " could not map " +
-                            Region::path(options.pid) + ": " + std::strerror(static_cast<int>(-rc)));
+                throw Error("the runtime in process " + std::to_string(options.pid) + " could not map its region: " +
+                            std::strerror(static_cast<int>(-rc)));
         }
         apply_patches(process, patches);
         for (const auto& e : enables) region.probes()[e.global].enabled = 1;
+        update_timed(region);
         region.control()->generation++;
         stats.enabled = patches.size();
-        for (std::uint32_t i = 0; i < region.control()->probe_count; i++)
-            stats.total_enabled += region.probes()[i].enabled;
+        for (std::uint32_t i = 0; i < region.probe_count(); i++) stats.total_enabled += region.probes()[i].enabled;
         stats.modules.assign(touched.begin(), touched.end());
         stats.stop_us = process.stop_us;
         process.release();
@@ -905,10 +962,20 @@ DetachStats detach(const DetachOptions& options) {
     Region region = Region::open(options.pid);
     // Probe lists by module, to match the selector against names.
     std::vector<ProbeList> lists;
-    const auto* cb = region.control();
-    for (std::uint32_t i = 0; i < cb->module_count; i++) {
+    const std::uint32_t module_count = region.module_count();
+    for (std::uint32_t i = 0; i < module_count; i++) {
         const auto& m = region.modules()[i];
-        lists.push_back(load_probes(std::string(m.probes_path, ::strnlen(m.probes_path, sizeof m.probes_path))));
+        auto list = module_probe_list(m);
+        if (!list)
+            throw Error("cannot read the probe list " + std::string(m.probes_path, ::strnlen(m.probes_path, sizeof m.probes_path)) +
+                            " of " + std::string(m.path, ::strnlen(m.path, sizeof m.path)) +
+                            " (moved, replaced or not a regular file); nothing was detached",
+                        ExitCode::not_found);
+        if (m.first_probe > region.probe_capacity() || m.probe_count > region.probe_capacity() - m.first_probe)
+            throw Error("the iprobe region of process " + std::to_string(options.pid) +
+                            " has an inconsistent module table (corrupted?)",
+                        ExitCode::bad_input);
+        lists.push_back(std::move(*list));
     }
 
     // Planned while the target runs (only we rewrite its sites, under the
@@ -918,11 +985,12 @@ DetachStats detach(const DetachOptions& options) {
     std::vector<std::uint32_t> disabled;
     StubChecker stubs_seen(memory);
     iprobe_rt_probe* probes = region.probes();
-    for (std::uint32_t mi = 0; mi < cb->module_count; mi++) {
+    for (std::uint32_t mi = 0; mi < module_count; mi++) {
         const iprobe_rt_module& module = region.modules()[mi];
         std::vector<const Probe*> chosen;
         std::uint64_t lo = ~0ull, hi = 0;
         for (const auto& p : lists[mi].probes) {
+            if (p.id >= module.probe_count) continue;
             const std::uint32_t global = module.first_probe + p.id;
             if (!probes[global].enabled || !options.selector.matches(p)) continue;
             chosen.push_back(&p);
@@ -952,12 +1020,13 @@ DetachStats detach(const DetachOptions& options) {
         if (!unsafe_pcs(process, patches).empty()) throw std::runtime_error("retry");
         apply_patches(process, patches);
         for (auto g : disabled) probes[g].enabled = 0;
+        update_timed(region);
         region.control()->generation++;
         stats.stop_us = process.stop_us;
         process.release();
         stats.pause_us = elapsed_us(started);
         stats.disabled = disabled.size();
-        for (std::uint32_t i = 0; i < cb->probe_count; i++) stats.still_enabled += probes[i].enabled;
+        for (std::uint32_t i = 0; i < region.probe_count(); i++) stats.still_enabled += probes[i].enabled;
         return stats;
     });
 }
@@ -971,15 +1040,18 @@ Status status(pid_t pid) {
             st.runtime_loaded = true;
             st.runtime_path = m.path;
         }
-    if (!Region::exists(pid)) return st;
-    Region region = Region::open(pid);
+    auto opened = Region::try_open(pid);
+    if (!opened) return st;
+    Region& region = *opened;
     st.region = true;
     const auto* cb = region.control();
-    st.ring_records = cb->ring_records;
-    st.ring_count = cb->ring_count;
+    st.ring_records = region.ring_records();
+    st.ring_count = region.ring_count();
     st.no_ring_events = cb->no_ring_events;
+    st.no_slot_events = cb->no_slot_events;
     st.unknown_site_events = cb->unknown_site_events;
-    for (std::uint32_t i = 0; i < cb->module_count; i++) {
+    st.region_bytes = region.size();
+    for (std::uint32_t i = 0; i < region.module_count(); i++) {
         const auto& m = region.modules()[i];
         ModuleStatus ms;
         ms.path.assign(m.path, ::strnlen(m.path, sizeof m.path));
@@ -988,10 +1060,13 @@ Status status(pid_t pid) {
         ms.load_bias = m.load_bias;
         ms.stub_page = m.stub_page;
         ms.probes = m.probe_count;
-        for (std::uint32_t p = 0; p < m.probe_count; p++) ms.enabled += region.probes()[m.first_probe + p].enabled;
+        if (m.first_probe <= region.probe_capacity() && m.probe_count <= region.probe_capacity() - m.first_probe)
+            for (std::uint32_t p = 0; p < m.probe_count; p++) ms.enabled += region.probes()[m.first_probe + p].enabled;
         st.modules.push_back(ms);
     }
-    for (std::uint32_t i = 0; i < cb->ring_count; i++) {
+    for (std::uint32_t i = 0; i < region.thread_count(); i++)
+        if (__atomic_load_n(&region.thread(i)->state, __ATOMIC_ACQUIRE) != IPROBE_RT_RING_FREE) st.threads++;
+    for (std::uint32_t i = 0; i < region.ring_count(); i++) {
         const auto* r = region.ring(i);
         const std::uint32_t state = __atomic_load_n(&r->state, __ATOMIC_ACQUIRE);
         st.dropped += r->dropped;

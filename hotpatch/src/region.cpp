@@ -3,22 +3,30 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <thread>
 #include <utility>
 
+#include "iprobe/elf_file.hpp"
+#include "iprobe/probe_source.hpp"
 #include "iprobe/support/error.h"
-#include "iprobe/support/fd.h"
+#include "modules.hpp"
+#include "process.hpp"
 
 namespace iprobe::hotpatch {
 
 namespace {
 
 constexpr std::uint64_t kPage = 4096;
+// Far above any region we create (a few GiB of sparse address space).
+constexpr std::uint64_t kMaxRegion = 1ull << 40;
+constexpr const char* kRuntimeName = "libiprobe-rt.so";
 
 std::uint64_t round_up(std::uint64_t v, std::uint64_t to) { return (v + to - 1) / to * to; }
 
@@ -28,10 +36,37 @@ std::uint64_t now_ns(clockid_t clock) {
     return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(ts.tv_nsec);
 }
 
-// The TSC is invariant on the machines we support (constant_tsc): one
-// calibration against CLOCK_MONOTONIC serves every process.
+template <typename T>
+T* at(iprobe_rt_control* cb, std::uint64_t offset) {
+    return reinterpret_cast<T*>(reinterpret_cast<char*>(cb) + offset);
+}
+
+// Is every offset, capacity and stride of `cb` inside a region of `size` bytes?
+bool sound_layout(const iprobe_rt_control& cb, std::uint64_t size) {
+    auto fits = [size](std::uint64_t offset, std::uint64_t count, std::uint64_t each) {
+        return offset <= size && count <= (size - offset) / (each ? each : 1);
+    };
+    return cb.header_size == sizeof(iprobe_rt_control) && cb.region_size == size && cb.hash_bits >= 4 &&
+           cb.hash_bits < 40 && cb.ring_records != 0 && (cb.ring_records & (cb.ring_records - 1)) == 0 &&
+           cb.ring_records <= (1u << 30) &&
+           cb.ring_stride >= sizeof(iprobe_rt_ring) + sizeof(iprobe_rt_record) * std::uint64_t{cb.ring_records} &&
+           cb.thread_header_size >= sizeof(iprobe_rt_thread) && cb.thread_header_size % 8 == 0 &&
+           cb.thread_stride >= cb.thread_header_size + sizeof(iprobe_rt_fn_stats) * std::uint64_t{cb.stat_capacity} &&
+           fits(cb.modules_offset, cb.module_capacity, sizeof(iprobe_rt_module)) &&
+           fits(cb.probes_offset, cb.probe_capacity, sizeof(iprobe_rt_probe)) &&
+           fits(cb.hash_offset, 1ull << cb.hash_bits, sizeof(iprobe_rt_site)) &&
+           fits(cb.baseline_offset, cb.stat_capacity, sizeof(iprobe_rt_fn_stats)) &&
+           fits(cb.threads_offset, cb.thread_count, cb.thread_stride) &&
+           fits(cb.rings_offset, cb.ring_count, cb.ring_stride) && cb.modules_offset % 8 == 0 &&
+           cb.probes_offset % 8 == 0 && cb.hash_offset % 8 == 0 && cb.baseline_offset % 8 == 0 &&
+           cb.threads_offset % 8 == 0 && cb.thread_stride % 8 == 0 && cb.rings_offset % 8 == 0 &&
+           cb.ring_stride % 8 == 0;
+}
+
 }  // namespace
 
+// The TSC is invariant on the machines we support (constant_tsc): one
+// calibration against CLOCK_MONOTONIC serves every process.
 TscCalibration calibrate_tsc() {
     const std::uint64_t t0 = now_ns(CLOCK_MONOTONIC);
     const std::uint64_t c0 = __builtin_ia32_rdtsc();
@@ -45,23 +80,8 @@ TscCalibration calibrate_tsc() {
     return c;
 }
 
-namespace {
-
-}  // namespace
-
-static Region map_fd(int fd, std::size_t size);
-
-std::string Region::path(pid_t pid) { return "/dev/shm" IPROBE_RT_SHM_PREFIX + std::to_string(pid); }
-
-bool Region::exists(pid_t pid) {
-    struct stat st {};
-    return ::stat(path(pid).c_str(), &st) == 0;
-}
-
-void Region::remove(pid_t pid) { ::unlink(path(pid).c_str()); }
-
-Region Region::create(pid_t pid, uid_t uid, gid_t gid, const RegionGeometry& g, const TscCalibration& tsc) {
-    if (g.ring_records == 0 || (g.ring_records & (g.ring_records - 1)) != 0)
+iprobe_rt_control region_layout(const RegionGeometry& g, const TscCalibration& tsc) {
+    if (g.ring_records == 0 || (g.ring_records & (g.ring_records - 1)) != 0 || g.ring_records > (1u << 30))
         throw Error("ring size must be a power of two (records per thread)", ExitCode::usage);
     std::uint32_t hash_bits = 4;
     while ((1ull << hash_bits) < 2ull * g.probe_capacity) hash_bits++;
@@ -70,7 +90,6 @@ Region Region::create(pid_t pid, uid_t uid, gid_t gid, const RegionGeometry& g, 
     std::memcpy(cb.magic, IPROBE_RT_MAGIC, 8);
     cb.version = IPROBE_RT_VERSION;
     cb.header_size = sizeof cb;
-    cb.owner_pid = static_cast<std::uint32_t>(pid);
     std::uint64_t at = round_up(sizeof cb, kPage);
     cb.modules_offset = at;
     cb.module_capacity = g.module_capacity;
@@ -78,104 +97,125 @@ Region Region::create(pid_t pid, uid_t uid, gid_t gid, const RegionGeometry& g, 
     cb.probes_offset = at;
     cb.probe_capacity = g.probe_capacity;
     at = round_up(at + sizeof(iprobe_rt_probe) * g.probe_capacity, kPage);
-    cb.counts_offset = at;
-    at = round_up(at + sizeof(std::uint64_t) * g.probe_capacity, kPage);
     cb.hash_offset = at;
     cb.hash_bits = hash_bits;
     at = round_up(at + sizeof(iprobe_rt_site) * (1ull << hash_bits), kPage);
+    // One aggregate slot per function at most; entry and exit share one.
+    cb.stat_capacity = g.probe_capacity;
+    cb.baseline_offset = at;
+    at = round_up(at + sizeof(iprobe_rt_fn_stats) * cb.stat_capacity, kPage);
+    cb.threads_offset = at;
+    cb.thread_count = g.thread_count;
+    cb.thread_header_size = static_cast<std::uint32_t>(round_up(sizeof(iprobe_rt_thread), IPROBE_RT_CACHELINE));
+    cb.thread_stride = round_up(cb.thread_header_size + sizeof(iprobe_rt_fn_stats) * cb.stat_capacity, kPage);
+    at += cb.thread_stride * g.thread_count;
     cb.rings_offset = at;
-    cb.ring_count = g.ring_count;
+    cb.ring_count = g.thread_count;
     cb.ring_records = g.ring_records;
     cb.ring_stride = round_up(sizeof(iprobe_rt_ring) + sizeof(iprobe_rt_record) * g.ring_records, kPage);
-    at += cb.ring_stride * g.ring_count;
+    at += cb.ring_stride * cb.ring_count;
     cb.region_size = at;
     cb.tsc_hz = tsc.hz;
     cb.tsc_base = tsc.tsc_base;
     cb.realtime_ns_base = tsc.realtime_ns_base;
+    return cb;
+}
 
-    const std::string file = path(pid);
-    ::unlink(file.c_str());
-    UniqueFd fd(::open(file.c_str(), O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600));
-    if (!fd) throw_errno("cannot create " + file);
-    if (::fchown(fd.get(), uid, gid) != 0 && errno != EPERM) throw_errno("chown " + file);
-    if (::ftruncate(fd.get(), static_cast<off_t>(cb.region_size)) != 0) {
-        ::unlink(file.c_str());
-        throw_errno("cannot size " + file);
+std::optional<struct iprobe_rt_state> runtime_state(pid_t pid) {
+    for (const auto& m : read_maps(pid)) {
+        if (m.offset != 0 || m.path.size() < std::strlen(kRuntimeName) ||
+            m.path.compare(m.path.size() - std::strlen(kRuntimeName), std::string::npos, kRuntimeName) != 0 ||
+            (m.path.size() > std::strlen(kRuntimeName) && m.path[m.path.size() - std::strlen(kRuntimeName) - 1] != '/'))
+            continue;
+        const ElfFile elf(target_view(pid, m.path));
+        const ElfSymbol* symbol = elf.symbol_named("iprobe_rt_state");
+        if (!symbol || !symbol->defined()) return std::nullopt;
+        const std::uint64_t bias = m.start - elf.first_load_vaddr();
+        auto state = ProcessMemory(pid).read_value<struct iprobe_rt_state>(bias + symbol->address);
+        if (std::memcmp(state.magic, IPROBE_RT_STATE_MAGIC, 8) != 0) return std::nullopt;
+        return state;
     }
-    // Metadata pages are reserved now; ring pages when a thread claims one.
-    if (::posix_fallocate(fd.get(), 0, static_cast<off_t>(cb.rings_offset)) != 0) {
-        ::unlink(file.c_str());
-        throw Error("not enough room in /dev/shm for the iprobe control block of " + std::to_string(pid),
-                    ExitCode::unavailable);
-    }
-    Region region = map_fd(fd.get(), cb.region_size);
-    std::memcpy(region.control_, &cb, sizeof cb);
+    return std::nullopt;
+}
+
+Region Region::create(UniqueFd fd, const iprobe_rt_control& layout) {
+    struct stat st {};
+    if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) || static_cast<std::uint64_t>(st.st_size) != layout.region_size)
+        throw Error("the runtime's region memfd has the wrong size", ExitCode::failure);
+    // Sealed: neither the target nor anyone else can shrink it under a reader.
+    if (::fcntl(fd.get(), F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) != 0)
+        throw_errno("cannot seal the iprobe region");
+    Region region = map(std::move(fd), layout.region_size, layout);
+    std::memcpy(region.control_, &layout, sizeof layout);
     return region;
+}
+
+std::optional<Region> Region::try_open(pid_t pid) {
+    const auto state = runtime_state(pid);
+    if (!state || state->control == 0 || state->region_fd < 0) return std::nullopt;
+    UniqueFd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
+    if (!pidfd) {
+        if (errno == ESRCH) return std::nullopt;
+        throw_errno("pidfd_open(" + std::to_string(pid) + ")", errno == EPERM ? ExitCode::permission : ExitCode::failure);
+    }
+    // Duplicates what the target holds: nothing is opened, so whatever the
+    // target put at that number (a FIFO, a device) is never opened by us.
+    UniqueFd fd(static_cast<int>(::syscall(SYS_pidfd_getfd, pidfd.get(), state->region_fd, 0)));
+    if (!fd) {
+        if (errno == EBADF || errno == ESRCH) return std::nullopt;
+        throw_errno("cannot take the iprobe region of process " + std::to_string(pid) + " (pidfd_getfd)",
+                    errno == EPERM ? ExitCode::permission : ExitCode::failure);
+    }
+    const std::string what = "the iprobe region of process " + std::to_string(pid);
+    struct stat st {};
+    const int seals = ::fcntl(fd.get(), F_GET_SEALS);
+    if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) || seals < 0 || !(seals & F_SEAL_SHRINK) ||
+        static_cast<std::uint64_t>(st.st_size) < sizeof(iprobe_rt_control) ||
+        static_cast<std::uint64_t>(st.st_size) > kMaxRegion)
+        throw Error(what + " is not a sealed iprobe memfd", ExitCode::bad_input);
+    iprobe_rt_control head{};
+    if (::pread(fd.get(), &head, sizeof head, 0) != static_cast<ssize_t>(sizeof head) ||
+        std::memcmp(head.magic, IPROBE_RT_MAGIC, 8) != 0 || head.version != IPROBE_RT_VERSION)
+        throw Error(what + " is not an iprobe region of this version", ExitCode::bad_input);
+    if (!sound_layout(head, static_cast<std::uint64_t>(st.st_size)))
+        throw Error(what + " has an inconsistent layout (corrupted?)", ExitCode::bad_input);
+    return map(std::move(fd), static_cast<std::uint64_t>(st.st_size), head);
 }
 
 Region Region::open(pid_t pid) {
-    const std::string file = path(pid);
-    UniqueFd fd(::open(file.c_str(), O_RDWR | O_NOFOLLOW | O_CLOEXEC));
-    if (!fd) {
-        if (errno == ENOENT)
-            throw Error("process " + std::to_string(pid) + " has no iprobe region (" + file +
-                            "): attach to it first with 'iprobe attach " + std::to_string(pid) + "'",
-                        ExitCode::not_found);
-        throw_errno("cannot open " + file, errno == EACCES ? ExitCode::permission : ExitCode::failure);
-    }
-    struct stat st {};
-    ::fstat(fd.get(), &st);
-    if (static_cast<std::size_t>(st.st_size) < sizeof(iprobe_rt_control))
-        throw Error(file + " is not an iprobe region", ExitCode::bad_input);
-    Region region = map_fd(fd.get(), static_cast<std::size_t>(st.st_size));
-    const auto* cb = region.control();
-    if (std::memcmp(cb->magic, IPROBE_RT_MAGIC, 8) != 0 || cb->version != IPROBE_RT_VERSION ||
-        cb->region_size != static_cast<std::uint64_t>(st.st_size))
-        throw Error(file + " is not an iprobe region of this version", ExitCode::bad_input);
-    // The target can write its region: never trust the layout blindly.
-    const std::uint64_t size = cb->region_size;
-    auto fits = [size](std::uint64_t offset, std::uint64_t count, std::uint64_t each) {
-        return offset <= size && count <= (size - offset) / (each ? each : 1);
-    };
-    const bool sane = cb->hash_bits >= 4 && cb->hash_bits < 40 && cb->ring_records != 0 &&
-                      (cb->ring_records & (cb->ring_records - 1)) == 0 &&
-                      cb->ring_stride >= sizeof(iprobe_rt_ring) + sizeof(iprobe_rt_record) * cb->ring_records &&
-                      cb->module_count <= cb->module_capacity && cb->probe_count <= cb->probe_capacity &&
-                      fits(cb->modules_offset, cb->module_capacity, sizeof(iprobe_rt_module)) &&
-                      fits(cb->probes_offset, cb->probe_capacity, sizeof(iprobe_rt_probe)) &&
-                      fits(cb->counts_offset, cb->probe_capacity, sizeof(std::uint64_t)) &&
-                      fits(cb->hash_offset, 1ull << cb->hash_bits, sizeof(iprobe_rt_site)) &&
-                      fits(cb->rings_offset, cb->ring_count, cb->ring_stride);
-    if (!sane) throw Error(file + " has an inconsistent layout (corrupted?)", ExitCode::bad_input);
-    for (std::uint32_t i = 0; i < cb->module_count; i++) {
-        const auto& m = region.modules()[i];
-        if (m.first_probe > cb->probe_capacity || m.probe_count > cb->probe_capacity - m.first_probe)
-            throw Error(file + " has an inconsistent module table (corrupted?)", ExitCode::bad_input);
-    }
-    return region;
+    check_target(pid);
+    auto region = try_open(pid);
+    if (!region)
+        throw Error("process " + std::to_string(pid) + " has no iprobe region: attach to it first with 'iprobe attach " +
+                        std::to_string(pid) + "'",
+                    ExitCode::not_found);
+    return std::move(*region);
 }
 
-static Region map_fd(int fd, std::size_t size) {
-    void* base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+Region Region::map(UniqueFd fd, std::uint64_t size, const iprobe_rt_control& geometry) {
+    void* base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd.get(), 0);
     if (base == MAP_FAILED) throw_errno("cannot map the iprobe region");
-    return Region::adopt(static_cast<iprobe_rt_control*>(base), size);
-}
-
-Region Region::adopt(iprobe_rt_control* base, std::size_t size) {
     Region region;
-    region.control_ = base;
+    region.control_ = static_cast<iprobe_rt_control*>(base);
     region.size_ = size;
+    region.geometry_ = geometry;
+    region.fd_ = std::move(fd);
     return region;
 }
 
 Region::Region(Region&& other) noexcept
-    : control_(std::exchange(other.control_, nullptr)), size_(std::exchange(other.size_, 0)) {}
+    : control_(std::exchange(other.control_, nullptr)),
+      size_(std::exchange(other.size_, 0)),
+      geometry_(other.geometry_),
+      fd_(std::move(other.fd_)) {}
 
 Region& Region::operator=(Region&& other) noexcept {
     if (this != &other) {
         if (control_) ::munmap(control_, size_);
         control_ = std::exchange(other.control_, nullptr);
         size_ = std::exchange(other.size_, 0);
+        geometry_ = other.geometry_;
+        fd_ = std::move(other.fd_);
     }
     return *this;
 }
@@ -184,30 +224,68 @@ Region::~Region() {
     if (control_) ::munmap(control_, size_);
 }
 
-namespace {
-template <typename T>
-T* at(iprobe_rt_control* cb, std::uint64_t offset) {
-    return reinterpret_cast<T*>(reinterpret_cast<char*>(cb) + offset);
+std::uint32_t Region::module_count() const {
+    return std::min(__atomic_load_n(&control_->module_count, __ATOMIC_ACQUIRE), geometry_.module_capacity);
 }
-}  // namespace
+std::uint32_t Region::probe_count() const {
+    return std::min(__atomic_load_n(&control_->probe_count, __ATOMIC_ACQUIRE), geometry_.probe_capacity);
+}
+std::uint32_t Region::stat_count() const {
+    return std::min(__atomic_load_n(&control_->stat_count, __ATOMIC_ACQUIRE), geometry_.stat_capacity);
+}
 
-iprobe_rt_module* Region::modules() const { return at<iprobe_rt_module>(control_, control_->modules_offset); }
-iprobe_rt_probe* Region::probes() const { return at<iprobe_rt_probe>(control_, control_->probes_offset); }
-std::uint64_t* Region::counts() const { return at<std::uint64_t>(control_, control_->counts_offset); }
-iprobe_rt_site* Region::sites() const { return at<iprobe_rt_site>(control_, control_->hash_offset); }
+iprobe_rt_module* Region::modules() const { return at<iprobe_rt_module>(control_, geometry_.modules_offset); }
+iprobe_rt_probe* Region::probes() const { return at<iprobe_rt_probe>(control_, geometry_.probes_offset); }
+iprobe_rt_site* Region::sites() const { return at<iprobe_rt_site>(control_, geometry_.hash_offset); }
 iprobe_rt_ring* Region::ring(std::uint32_t index) const {
-    return at<iprobe_rt_ring>(control_, control_->rings_offset + control_->ring_stride * index);
+    return at<iprobe_rt_ring>(control_, geometry_.rings_offset + geometry_.ring_stride * index);
 }
 iprobe_rt_record* Region::records(std::uint32_t index) const {
     return reinterpret_cast<iprobe_rt_record*>(ring(index) + 1);
 }
+iprobe_rt_thread* Region::thread(std::uint32_t index) const {
+    return at<iprobe_rt_thread>(control_, geometry_.threads_offset + geometry_.thread_stride * index);
+}
+iprobe_rt_fn_stats* Region::thread_stats(std::uint32_t index) const {
+    return at<iprobe_rt_fn_stats>(control_, geometry_.threads_offset + geometry_.thread_stride * index +
+                                                geometry_.thread_header_size);
+}
+iprobe_rt_fn_stats* Region::baseline() const { return at<iprobe_rt_fn_stats>(control_, geometry_.baseline_offset); }
+
+bool Region::touched(const void* p, std::size_t size) const {
+    const auto base = reinterpret_cast<std::uintptr_t>(control_);
+    std::uintptr_t from = reinterpret_cast<std::uintptr_t>(p) & ~(kPage - 1);
+    const std::uintptr_t to = std::min<std::uintptr_t>(reinterpret_cast<std::uintptr_t>(p) + size, base + size_);
+    if (from < base || from >= to) return false;
+    unsigned char vec[256];
+    while (from < to) {
+        const std::size_t pages = std::min<std::size_t>((to - from + kPage - 1) / kPage, sizeof vec);
+        // A memfd page is resident from its first write until the region dies.
+        if (::mincore(reinterpret_cast<void*>(from), pages * kPage, vec) != 0) return true;
+        for (std::size_t i = 0; i < pages; i++)
+            if (vec[i] & 1) return true;
+        from += pages * kPage;
+    }
+    return false;
+}
+
+std::vector<unsigned char> Region::touched_pages(const void* p, std::size_t size) const {
+    const auto base = reinterpret_cast<std::uintptr_t>(control_);
+    const std::uintptr_t from = reinterpret_cast<std::uintptr_t>(p) & ~(kPage - 1);
+    const std::uintptr_t to = std::min<std::uintptr_t>(reinterpret_cast<std::uintptr_t>(p) + size, base + size_);
+    if (from < base || from >= to) return {};
+    std::vector<unsigned char> pages((to - from + kPage - 1) / kPage, 1);
+    if (::mincore(reinterpret_cast<void*>(from), pages.size() * kPage, pages.data()) != 0) return pages;
+    for (auto& v : pages) v &= 1;
+    return pages;
+}
 
 void Region::insert_site(std::uint64_t return_address, std::uint32_t probe) {
     iprobe_rt_site* table = sites();
-    const std::uint32_t bits = control_->hash_bits;
+    const std::uint32_t bits = geometry_.hash_bits;
     const std::uint64_t mask = (1ull << bits) - 1;
     std::uint64_t slot = (return_address * 0x9E3779B97F4A7C15ull) >> (64 - bits);
-    for (;;) {
+    for (std::uint64_t probed = 0; probed <= mask; probed++) {
         const std::uint64_t key = table[slot].return_address;
         if (key == return_address) return;
         if (key == 0) {
@@ -220,6 +298,49 @@ void Region::insert_site(std::uint64_t return_address, std::uint32_t probe) {
         }
         slot = (slot + 1) & mask;
     }
+    throw Error("the iprobe site table is full; restart the process to attach more probes");
+}
+
+namespace {
+
+// O_PATH opens nothing (no driver, no FIFO wait); only a regular file is
+// then read, through that very inode (/proc/self/fd/N).
+UniqueFd regular_file(const std::string& path) {
+    UniqueFd handle(::open(path.c_str(), O_PATH | O_CLOEXEC));
+    struct stat st {};
+    if (!handle || ::fstat(handle.get(), &st) != 0 || !S_ISREG(st.st_mode)) return {};
+    return handle;
+}
+
+std::string fd_path(const UniqueFd& fd) { return "/proc/self/fd/" + std::to_string(fd.get()); }
+
+}  // namespace
+
+std::optional<ProbeList> module_probe_list(const iprobe_rt_module& module) {
+    const std::string path(module.probes_path, ::strnlen(module.probes_path, sizeof module.probes_path));
+    if (path.empty() || path[0] != '/') return std::nullopt;
+    const UniqueFd file = regular_file(path);
+    if (!file) return std::nullopt;
+    // load_probes()'s order: a list file, the binary's side list, its section.
+    std::optional<ProbeList> list;
+    try {
+        list = ProbeList::load(fd_path(file));
+    } catch (const std::exception&) {
+    }
+    if (!list)
+        if (const UniqueFd side = regular_file(path + IPROBE_PL_SUFFIX)) try {
+                list = ProbeList::load(fd_path(side));
+            } catch (const std::exception&) {
+            }
+    if (!list) try {
+            list = load_probes(fd_path(file));
+        } catch (const std::exception&) {
+        }
+    if (!list) return std::nullopt;
+    const std::size_t id_size = std::min<std::size_t>(module.build_id_size, sizeof module.build_id);
+    if (list->build_id.size() != id_size || !std::equal(list->build_id.begin(), list->build_id.end(), module.build_id))
+        return std::nullopt;
+    return list;
 }
 
 }  // namespace iprobe::hotpatch

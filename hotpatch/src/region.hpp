@@ -1,21 +1,32 @@
-// The attacher's and reader's view of a process's shared-memory region
-// (layout: iprobe/rt_layout.h).
+// The attacher's and readers' view of a process's iprobe region (layout:
+// iprobe/rt_layout.h): a memfd the runtime creates inside the target, reached
+// from outside with pidfd_getfd, so nothing of it outlives the process.
+//
+// The target can write every byte of its region.  A Region therefore checks
+// the layout once, keeps its own copy of every offset, capacity and stride,
+// and clamps every live count to that copy: no value read from the region
+// can make a reader touch memory outside the mapping, and the mapping is
+// sealed against shrinking, so it can never fault.
 #pragma once
 
 #include <sys/types.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
+#include <vector>
 
-#include "iprobe/rt_layout.h"
+#include "iprobe/probe_list.hpp"
+#include "iprobe/rt.h"
+#include "iprobe/support/fd.h"
 
 namespace iprobe::hotpatch {
 
 struct RegionGeometry {
     std::uint32_t probe_capacity = 0;
     std::uint32_t module_capacity = 64;
-    std::uint32_t ring_count = 512;
-    std::uint32_t ring_records = 1u << 16;
+    std::uint32_t thread_count = 512;
+    std::uint32_t ring_records = 1u << 14;
 };
 
 struct TscCalibration {
@@ -24,17 +35,22 @@ struct TscCalibration {
 // Measures the TSC rate (20 ms): do it before stopping the target.
 TscCalibration calibrate_tsc();
 
+// The control block a region of this geometry starts with (sizes and offsets).
+iprobe_rt_control region_layout(const RegionGeometry& geometry, const TscCalibration& tsc);
+
+// The runtime's state in a process (read through /proc/PID/mem), or nullopt
+// when the runtime is not loaded.
+std::optional<struct iprobe_rt_state> runtime_state(pid_t pid);
+
 class Region {
 public:
-    // Creates /dev/shm/iprobe.<pid> (mode 0600, owned by the target's uid),
-    // replacing a stale one; fills the control block.
-    static Region create(pid_t pid, uid_t uid, gid_t gid, const RegionGeometry& geometry,
-                         const TscCalibration& tsc);
-    // Opens an existing region; throws Error(not_found) when absent.
+    // Takes `fd` (this process's copy of the memfd the runtime created),
+    // seals its size, maps it and writes `layout` into it.
+    static Region create(UniqueFd fd, const iprobe_rt_control& layout);
+    // The region of a running process: throws Error(not_found) when it has
+    // none, Error(bad_input) when what it offers is not a sound region.
     static Region open(pid_t pid);
-    static bool exists(pid_t pid);
-    static void remove(pid_t pid);
-    static std::string path(pid_t pid);
+    static std::optional<Region> try_open(pid_t pid);
 
     Region() = default;
     Region(Region&& other) noexcept;
@@ -42,21 +58,48 @@ public:
     ~Region();
 
     iprobe_rt_control* control() const { return control_; }
+    std::uint64_t size() const { return size_; }
+
+    // Live counts, clamped to the capacities checked at open.
+    std::uint32_t module_count() const;
+    std::uint32_t probe_count() const;
+    std::uint32_t stat_count() const;
+    std::uint32_t stat_capacity() const { return geometry_.stat_capacity; }
+    std::uint32_t thread_count() const { return geometry_.thread_count; }
+    std::uint32_t ring_count() const { return geometry_.ring_count; }
+    std::uint32_t ring_records() const { return geometry_.ring_records; }
+    std::uint32_t probe_capacity() const { return geometry_.probe_capacity; }
+
     iprobe_rt_module* modules() const;
     iprobe_rt_probe* probes() const;
-    std::uint64_t* counts() const;
     iprobe_rt_site* sites() const;
     iprobe_rt_ring* ring(std::uint32_t index) const;
     iprobe_rt_record* records(std::uint32_t index) const;
+    iprobe_rt_thread* thread(std::uint32_t index) const;
+    iprobe_rt_fn_stats* thread_stats(std::uint32_t index) const;
+    iprobe_rt_fn_stats* baseline() const;
+
+    // Has any page of [p, p + size) (inside the mapping) ever been written?
+    // Readers skip what was never touched rather than fault it in.
+    bool touched(const void* p, std::size_t size) const;
+    // Per page from the page holding p: was it ever written (1) or not (0)?
+    std::vector<unsigned char> touched_pages(const void* p, std::size_t size) const;
 
     // Insert-only: an existing key is left alone.
     void insert_site(std::uint64_t return_address, std::uint32_t probe);
 
-    static Region adopt(iprobe_rt_control* base, std::size_t size);
-
 private:
+    static Region map(UniqueFd fd, std::uint64_t size, const iprobe_rt_control& geometry);
+
     iprobe_rt_control* control_ = nullptr;
-    std::size_t size_ = 0;
+    std::uint64_t size_ = 0;
+    iprobe_rt_control geometry_{};  // validated copy: offsets, capacities, strides
+    UniqueFd fd_;
 };
+
+// The probe list a region's module was enabled from, opened only if it is a
+// regular file (never a FIFO or device a hostile target named) and only if
+// it describes the build-id the region records; nullopt otherwise.
+std::optional<ProbeList> module_probe_list(const iprobe_rt_module& module);
 
 }  // namespace iprobe::hotpatch

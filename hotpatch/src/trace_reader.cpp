@@ -3,12 +3,48 @@
 #include <cstring>
 #include <optional>
 
-#include "iprobe/probe_source.hpp"
 #include "iprobe/support/error.h"
 #include "iprobe/support/lock_file.h"
 #include "region.hpp"
 
 namespace iprobe::hotpatch {
+
+namespace {
+
+// The latency at quantile q of a log2 histogram of ticks, interpolated
+// inside its bucket and never above the largest call seen.
+std::uint64_t quantile_ticks(const iprobe_rt_fn_stats& s, double q) {
+    std::uint64_t total = 0;
+    for (auto n : s.histogram) total += n;
+    if (total == 0) return 0;
+    const double want = q * static_cast<double>(total);
+    std::uint64_t below = 0;
+    for (int b = 0; b < IPROBE_RT_HIST_BUCKETS; b++) {
+        const std::uint64_t n = s.histogram[b];
+        if (n && static_cast<double>(below + n) >= want) {
+            const double low = b == 0 ? 0.0 : static_cast<double>(1ull << b);
+            const double high = static_cast<double>(2ull << b);
+            const double at = low + (high - low) * (want - static_cast<double>(below)) / static_cast<double>(n);
+            return std::min<std::uint64_t>(static_cast<std::uint64_t>(at), s.max_ticks);
+        }
+        below += n;
+    }
+    return s.max_ticks;
+}
+
+void add(iprobe_rt_fn_stats& to, const iprobe_rt_fn_stats& s) {
+    to.calls += s.calls;
+    to.completed += s.completed;
+    to.timed += s.timed;
+    to.inclusive_ticks += s.inclusive_ticks;
+    to.exclusive_ticks += s.exclusive_ticks;
+    to.max_ticks = std::max(to.max_ticks, s.max_ticks);
+    for (int b = 0; b < IPROBE_RT_HIST_BUCKETS; b++) to.histogram[b] += s.histogram[b];
+}
+
+std::uint64_t minus(std::uint64_t a, std::uint64_t b) { return a > b ? a - b : 0; }
+
+}  // namespace
 
 struct TraceReader::Impl {
     std::optional<LockFile> reader_lock;
@@ -19,61 +55,64 @@ struct TraceReader::Impl {
     ProbeInfo unknown{"?", "", 0, ProbeKind::entry, ""};
 
     void load_new_modules() {
-        const auto* cb = region.control();
-        for (; modules_loaded < cb->module_count && modules_loaded < cb->module_capacity; modules_loaded++) {
-            const iprobe_rt_module& m = region.modules()[modules_loaded];
-            if (m.first_probe > cb->probe_capacity || m.probe_count > cb->probe_capacity - m.first_probe) continue;
-            const std::string probes_path(m.probes_path, ::strnlen(m.probes_path, sizeof m.probes_path));
+        const std::uint32_t count = region.module_count();
+        for (; modules_loaded < count; modules_loaded++) {
+            const iprobe_rt_module m = region.modules()[modules_loaded];
+            if (m.first_probe > region.probe_capacity() || m.probe_count > region.probe_capacity() - m.first_probe)
+                continue;
             const std::string module_path(m.path, ::strnlen(m.path, sizeof m.path));
             if (probes.size() < m.first_probe + m.probe_count) probes.resize(m.first_probe + m.probe_count, unknown);
-            try {
-                const ProbeList list = load_probes(probes_path);
-                for (const auto& p : list.probes) {
+            // A list that moved away or is not a regular file: events stay
+            // numbered, not named.
+            if (const auto list = module_probe_list(m))
+                for (const auto& p : list->probes) {
                     if (p.id >= m.probe_count) continue;
                     probes[m.first_probe + p.id] = {p.demangled.empty() ? p.function : p.demangled, p.file, p.line,
                                                     p.kind, module_path};
                 }
-            } catch (const Error&) {
-                // The list moved away: events stay numbered, not named.
-            }
         }
     }
 };
 
-TraceReader::TraceReader(pid_t pid) : impl_(std::make_unique<Impl>()) {
+TraceReader::TraceReader(pid_t pid, Access access) : impl_(std::make_unique<Impl>()) {
     impl_->pid = pid;
     impl_->region = Region::open(pid);
-    // Readers consume: two at once would split (or repeat) the events.
-    impl_->reader_lock.emplace(std::to_string(pid) + ".reader.lock",
-                               "another iprobe trace or report is reading process " + std::to_string(pid) +
-                                   "; events are consumed once, so stop it first");
+    // The stream is consumed: two readers at once would split (or repeat) it.
+    if (access == Access::stream)
+        impl_->reader_lock.emplace(std::to_string(pid) + ".reader.lock",
+                                   "another iprobe trace is reading the events of process " + std::to_string(pid) +
+                                       "; events are consumed once, so stop it first");
     impl_->load_new_modules();
 }
 
 TraceReader::~TraceReader() = default;
 
 std::size_t TraceReader::drain(const std::function<void(const Event&)>& sink) {
-    const auto* cb = impl_->region.control();
-    const std::uint64_t mask = cb->ring_records - 1;
-    const double ns_per_tick = 1e9 / static_cast<double>(cb->tsc_hz ? cb->tsc_hz : 1);
+    if (!impl_->reader_lock) throw Error("this reader does not consume the event stream");
+    const Region& region = impl_->region;
+    const auto* cb = region.control();
+    const std::uint64_t records_per_ring = region.ring_records();
+    const std::uint64_t mask = records_per_ring - 1;
+    const std::uint64_t hz = cb->tsc_hz, tsc_base = cb->tsc_base, realtime_base = cb->realtime_ns_base;
+    const double ns_per_tick = 1e9 / static_cast<double>(hz ? hz : 1);
     std::size_t events = 0;
-    for (std::uint32_t i = 0; i < cb->ring_count; i++) {
-        iprobe_rt_ring* ring = impl_->region.ring(i);
+    for (std::uint32_t i = 0; i < region.ring_count(); i++) {
+        iprobe_rt_ring* ring = region.ring(i);
+        if (!region.touched(ring, sizeof *ring)) continue;
         const std::uint32_t state = __atomic_load_n(&ring->state, __ATOMIC_ACQUIRE);
         if (state == IPROBE_RT_RING_FREE) continue;
         const std::uint64_t head = __atomic_load_n(&ring->head, __ATOMIC_ACQUIRE);
         std::uint64_t tail = ring->tail;
         // A nested publish may briefly leave head behind what was consumed.
         if (head > tail) {
-            if (head - tail > cb->ring_records) tail = head - cb->ring_records;  // never read unpublished slots
-            const iprobe_rt_record* records = impl_->region.records(i);
+            if (head - tail > records_per_ring) tail = head - records_per_ring;  // never read unpublished slots
+            const iprobe_rt_record* records = region.records(i);
             while (tail < head) {
                 const iprobe_rt_record& r = records[tail & mask];
                 Event e;
                 e.tsc = r.tsc;
-                e.time_ns = cb->realtime_ns_base +
-                            static_cast<std::uint64_t>(static_cast<double>(static_cast<std::int64_t>(r.tsc - cb->tsc_base)) *
-                                                       ns_per_tick);
+                e.time_ns = realtime_base + static_cast<std::uint64_t>(
+                                                static_cast<double>(static_cast<std::int64_t>(r.tsc - tsc_base)) * ns_per_tick);
                 e.probe = r.probe;
                 e.tid = r.tid;
                 e.depth = r.depth;
@@ -82,7 +121,7 @@ std::size_t TraceReader::drain(const std::function<void(const Event&)>& sink) {
                     e.kind = ProbeKind::point;
                     if (r.nargs && tail < head) {
                         const auto* more = reinterpret_cast<const iprobe_rt_args_record*>(&records[tail & mask]);
-                        e.nargs = r.nargs;
+                        e.nargs = std::min<std::uint8_t>(r.nargs, 4);
                         std::memcpy(e.args, more->args, sizeof e.args);
                         tail++;
                     }
@@ -113,44 +152,142 @@ const ProbeInfo& TraceReader::probe(std::uint32_t index) {
     return index < impl_->probes.size() ? impl_->probes[index] : impl_->unknown;
 }
 
-std::uint32_t TraceReader::probe_count() const { return impl_->region.control()->probe_count; }
+std::uint32_t TraceReader::probe_count() const { return impl_->region.probe_count(); }
+
+std::vector<iprobe_rt_fn_stats> TraceReader::sums() const {
+    const Region& region = impl_->region;
+    const std::uint32_t stats = region.stat_count();
+    std::vector<iprobe_rt_fn_stats> out(stats, iprobe_rt_fn_stats{});
+    for (std::uint32_t t = 0; t < region.thread_count(); t++) {
+        const iprobe_rt_thread* slot = region.thread(t);
+        if (!region.touched(slot, sizeof *slot) ||
+            __atomic_load_n(&slot->state, __ATOMIC_ACQUIRE) == IPROBE_RT_RING_FREE)
+            continue;
+        const iprobe_rt_fn_stats* own = region.thread_stats(t);
+        // Pages a thread never touched are skipped, not faulted in.
+        const auto page0 = reinterpret_cast<std::uintptr_t>(own) & ~std::uintptr_t{4095};
+        const auto pages = region.touched_pages(own, sizeof *own * stats);
+        for (std::uint32_t s = 0; s < stats; s++) {
+            const auto first = (reinterpret_cast<std::uintptr_t>(&own[s]) - page0) / 4096;
+            const auto last = (reinterpret_cast<std::uintptr_t>(&own[s + 1]) - 1 - page0) / 4096;
+            if (last >= pages.size() || (!pages[first] && !pages[last])) continue;
+            iprobe_rt_fn_stats copy;
+            std::memcpy(&copy, &own[s], sizeof copy);
+            add(out[s], copy);
+        }
+    }
+    return out;
+}
+
+std::vector<iprobe_rt_fn_stats> TraceReader::baseline() const {
+    const Region& region = impl_->region;
+    std::vector<iprobe_rt_fn_stats> out(region.stat_count(), iprobe_rt_fn_stats{});
+    if (region.touched(region.baseline(), sizeof(iprobe_rt_fn_stats) * out.size()))
+        std::memcpy(out.data(), region.baseline(), sizeof(iprobe_rt_fn_stats) * out.size());
+    return out;
+}
+
+void TraceReader::mark_baseline(const std::vector<iprobe_rt_fn_stats>& sums) {
+    const std::size_t n = std::min<std::size_t>(sums.size(), impl_->region.stat_capacity());
+    std::memcpy(impl_->region.baseline(), sums.data(), sizeof(iprobe_rt_fn_stats) * n);
+}
+
+std::vector<FunctionStats> TraceReader::functions(const std::vector<iprobe_rt_fn_stats>& sums,
+                                                  const std::vector<iprobe_rt_fn_stats>* since) {
+    impl_->load_new_modules();
+    // Name of each aggregate slot: any probe that feeds it.
+    std::vector<const ProbeInfo*> names(sums.size(), nullptr);
+    const Region& region = impl_->region;
+    for (std::uint32_t i = 0; i < region.probe_count() && i < impl_->probes.size(); i++) {
+        const std::uint32_t stat = region.probes()[i].stat;
+        if (stat < names.size() && !names[stat]) names[stat] = &impl_->probes[i];
+    }
+    const double ns_per_tick = 1e9 / tsc_hz();
+    auto ns = [&](std::uint64_t ticks) { return static_cast<std::uint64_t>(static_cast<double>(ticks) * ns_per_tick); };
+    std::vector<FunctionStats> out;
+    for (std::uint32_t i = 0; i < sums.size(); i++) {
+        iprobe_rt_fn_stats s = sums[i];
+        if (since && i < since->size()) {
+            const iprobe_rt_fn_stats& b = (*since)[i];
+            s.calls = minus(s.calls, b.calls);
+            s.completed = minus(s.completed, b.completed);
+            s.timed = minus(s.timed, b.timed);
+            s.inclusive_ticks = minus(s.inclusive_ticks, b.inclusive_ticks);
+            s.exclusive_ticks = minus(s.exclusive_ticks, b.exclusive_ticks);
+            for (int k = 0; k < IPROBE_RT_HIST_BUCKETS; k++) s.histogram[k] = minus(s.histogram[k], b.histogram[k]);
+        }
+        if (s.calls == 0 && s.completed == 0) continue;
+        FunctionStats f;
+        f.stat = i;
+        f.function = names[i] ? names[i]->function : "?";
+        f.kind = names[i] ? names[i]->kind : ProbeKind::entry;
+        f.calls = s.calls;
+        f.completed = s.completed;
+        f.timed = s.timed;
+        f.inclusive_ns = ns(s.inclusive_ticks);
+        f.exclusive_ns = ns(s.exclusive_ticks);
+        f.max_ns = ns(s.max_ticks);
+        f.p50_ns = ns(quantile_ticks(s, 0.50));
+        f.p99_ns = ns(quantile_ticks(s, 0.99));
+        out.push_back(std::move(f));
+    }
+    return out;
+}
+
+std::uint64_t TraceReader::unmatched_exits() const {
+    const Region& region = impl_->region;
+    std::uint64_t total = 0;
+    for (std::uint32_t t = 0; t < region.thread_count(); t++) {
+        const iprobe_rt_thread* slot = region.thread(t);
+        if (region.touched(slot, sizeof *slot)) total += __atomic_load_n(&slot->unmatched_exits, __ATOMIC_RELAXED);
+    }
+    return total;
+}
+
+std::vector<ThreadDrops> TraceReader::drops_by_thread() const {
+    const Region& region = impl_->region;
+    std::vector<ThreadDrops> out;
+    for (std::uint32_t i = 0; i < region.ring_count(); i++) {
+        const iprobe_rt_ring* r = region.ring(i);
+        if (!region.touched(r, sizeof *r)) continue;
+        const std::uint64_t dropped = __atomic_load_n(&r->dropped, __ATOMIC_RELAXED);
+        if (dropped) out.push_back({r->tid, dropped});
+    }
+    return out;
+}
 
 std::uint64_t TraceReader::dropped() const {
-    const auto* cb = impl_->region.control();
+    const Region& region = impl_->region;
     std::uint64_t total = 0;
-    for (std::uint32_t i = 0; i < cb->ring_count; i++) {
-        const iprobe_rt_ring* r = impl_->region.ring(i);
-        total += __atomic_load_n(&r->dropped, __ATOMIC_RELAXED) - r->dropped_seen;
+    for (std::uint32_t i = 0; i < region.ring_count(); i++) {
+        const iprobe_rt_ring* r = region.ring(i);
+        if (region.touched(r, sizeof *r)) total += __atomic_load_n(&r->dropped, __ATOMIC_RELAXED);
     }
     return total;
 }
 
 std::uint64_t TraceReader::take_dropped() {
-    const auto* cb = impl_->region.control();
+    const Region& region = impl_->region;
     std::uint64_t total = 0;
-    for (std::uint32_t i = 0; i < cb->ring_count; i++) {
-        iprobe_rt_ring* r = impl_->region.ring(i);
+    for (std::uint32_t i = 0; i < region.ring_count(); i++) {
+        iprobe_rt_ring* r = region.ring(i);
+        if (!region.touched(r, sizeof *r)) continue;
         const std::uint64_t now = __atomic_load_n(&r->dropped, __ATOMIC_RELAXED);
-        total += now - r->dropped_seen;
+        total += minus(now, r->dropped_seen);
         r->dropped_seen = now;
     }
     return total;
 }
 
-std::uint64_t TraceReader::take_calls(std::uint32_t index) {
-    return index < probe_count() ? __atomic_exchange_n(&impl_->region.counts()[index], 0, __ATOMIC_RELAXED) : 0;
-}
-
 std::uint64_t TraceReader::lost_events() const {
     const auto* cb = impl_->region.control();
-    return cb->no_ring_events + cb->unknown_site_events;
+    return cb->no_slot_events + cb->unknown_site_events;
 }
 
-std::uint64_t TraceReader::calls(std::uint32_t index) const {
-    return index < probe_count() ? __atomic_load_n(&impl_->region.counts()[index], __ATOMIC_RELAXED) : 0;
+double TraceReader::tsc_hz() const {
+    const std::uint64_t hz = impl_->region.control()->tsc_hz;
+    return static_cast<double>(hz ? hz : 1000000000ull);
 }
-
-double TraceReader::tsc_hz() const { return static_cast<double>(impl_->region.control()->tsc_hz); }
 
 pid_t TraceReader::pid() const { return impl_->pid; }
 

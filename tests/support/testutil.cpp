@@ -293,10 +293,8 @@ RedisServer::RedisServer(const std::string& server, const TempDir& tmp, const st
 }
 
 RedisServer::~RedisServer() {
-    const pid_t pid = child_.pid();
     child_.kill(SIGKILL);
     child_.wait();
-    ::unlink(("/dev/shm/iprobe." + std::to_string(pid)).c_str());
 }
 
 }  // namespace iprobe::test

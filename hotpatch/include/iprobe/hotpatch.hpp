@@ -47,8 +47,10 @@ struct AttachOptions {
     HandlerMode mode = HandlerMode::trace;
     HandlerSymbols handlers;            // empty enter = HandlerSymbols::runtime(mode)
     std::string runtime_library;        // empty = default_runtime_library()
-    std::uint32_t ring_records = 1u << 16;  // per-thread ring, when the region is created
-    std::uint32_t max_threads = 512;        // rings, when the region is created
+    // Per-thread event ring (trace stream), when the region is created:
+    // 512 KiB, so 64 threads cost 32 MiB of rings, claimed as threads log.
+    std::uint32_t ring_records = 1u << 14;
+    std::uint32_t max_threads = 512;        // thread slots and rings, when the region is created
     std::chrono::milliseconds safe_point_timeout{3000};
 };
 
@@ -99,10 +101,12 @@ struct Status {
     pid_t pid = 0;
     bool runtime_loaded = false;
     std::string runtime_path;
-    bool region = false;  // a shared-memory region exists for the pid
+    bool region = false;  // the process has an iprobe region
+    std::uint64_t region_bytes = 0;  // its (sparse) size
+    std::uint32_t threads = 0;       // thread slots used (by live or exited threads)
     std::vector<ModuleStatus> modules;
     std::vector<RingStatus> rings;
-    std::uint64_t dropped = 0, no_ring_events = 0, unknown_site_events = 0;
+    std::uint64_t dropped = 0, no_ring_events = 0, no_slot_events = 0, unknown_site_events = 0;
     std::uint32_t ring_records = 0, ring_count = 0;
 };
 
@@ -110,8 +114,5 @@ Status status(pid_t pid);
 
 // libiprobe-rt.so next to this program's build/install tree, or $IPROBE_RUNTIME.
 std::string default_runtime_library();
-
-// Name of the shared-memory object of a process ("/iprobe.<pid>").
-std::string region_name(pid_t pid);
 
 }  // namespace iprobe::hotpatch

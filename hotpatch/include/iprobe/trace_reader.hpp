@@ -1,6 +1,8 @@
-// Reads the events a process's runtime logged into its shared-memory region
-// (/dev/shm/iprobe.<pid>) from outside, while the writers are live, and
-// symbolizes them from the probe lists the attacher recorded.
+// Reads what a process's runtime keeps in its iprobe region from outside,
+// while the writers are live (and after the process exited, for as long as
+// the reader holds the region): the per-function aggregates, summed over the
+// threads' slots, and the per-thread event stream, symbolized from the probe
+// lists the attacher recorded.
 #pragma once
 
 #include <sys/types.h>
@@ -12,6 +14,7 @@
 #include <vector>
 
 #include "iprobe/probe_list.hpp"
+#include "iprobe/rt_layout.h"
 
 namespace iprobe::hotpatch {
 
@@ -34,27 +37,56 @@ struct ProbeInfo {
     std::string module;
 };
 
+// One function's aggregates (ticks converted to ns).
+struct FunctionStats {
+    std::uint32_t stat = 0;  // aggregate slot
+    std::string function;
+    ProbeKind kind = ProbeKind::entry;  // point: a point probe's hits
+    std::uint64_t calls = 0, completed = 0, timed = 0;
+    std::uint64_t inclusive_ns = 0, exclusive_ns = 0, max_ns = 0;
+    std::uint64_t p50_ns = 0, p99_ns = 0;
+};
+
+struct ThreadDrops {
+    std::uint32_t tid = 0;
+    std::uint64_t dropped = 0;  // records lost because the ring was full
+};
+
 class TraceReader {
 public:
+    // aggregates: report and status (any number at once, nothing consumed);
+    // stream: the one consumer of the event rings (a lock keeps it alone).
+    enum class Access { aggregates, stream };
+
     // Throws Error(not_found) when the process has no region (never attached).
-    explicit TraceReader(pid_t pid);
+    explicit TraceReader(pid_t pid, Access access = Access::stream);
     ~TraceReader();
     TraceReader(const TraceReader&) = delete;
     TraceReader& operator=(const TraceReader&) = delete;
 
-    // Consumes every published record of every ring, oldest first per thread.
+    // Consumes every published record of every ring, oldest first per thread
+    // (Access::stream only).
     std::size_t drain(const std::function<void(const Event&)>& sink);
 
     // Probe metadata by global index (re-reads the module table when it grew).
     const ProbeInfo& probe(std::uint32_t index);
     std::uint32_t probe_count() const;
 
-    // Records lost to full rings since the last take_dropped().
-    std::uint64_t dropped() const;
-    std::uint64_t take_dropped();                 // ...and marks them reported
-    std::uint64_t lost_events() const;            // no ring / unknown site (cumulative)
-    std::uint64_t calls(std::uint32_t index) const;  // count-handler counter
-    std::uint64_t take_calls(std::uint32_t index);   // ...read and reset to 0
+    // Sums over every thread slot, per function, now.
+    std::vector<iprobe_rt_fn_stats> sums() const;
+    // The sums marked by the last mark_baseline() (zero when never marked).
+    std::vector<iprobe_rt_fn_stats> baseline() const;
+    void mark_baseline(const std::vector<iprobe_rt_fn_stats>& sums);
+    // `sums` (minus `since`, when given) per function that was called, named.
+    std::vector<FunctionStats> functions(const std::vector<iprobe_rt_fn_stats>& sums,
+                                         const std::vector<iprobe_rt_fn_stats>* since = nullptr);
+    std::uint64_t unmatched_exits() const;  // exits whose entry came before the attach
+
+    // Event-stream drops (full rings), per thread and in all; never in the sums.
+    std::vector<ThreadDrops> drops_by_thread() const;
+    std::uint64_t dropped() const;                // since the first attach
+    std::uint64_t take_dropped();                 // not yet reported by a trace, and marks them
+    std::uint64_t lost_events() const;            // no slot / unknown site (cumulative)
     double tsc_hz() const;
     pid_t pid() const;
 

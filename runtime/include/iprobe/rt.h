@@ -39,14 +39,22 @@ struct iprobe_rt_state {
     uint64_t early_events;       /* handler ran before any region was mapped */
     uint64_t fork_child_events;  /* events in a forked child (dropped, counted here) */
     uint64_t nested_drops;       /* re-entrant event while claiming a ring (dropped) */
-    uint64_t reserved[4];
+    int32_t region_fd;           /* the region's memfd in this process, -1 when none */
+    uint32_t pad;
+    uint64_t reserved[3];
 };
 
 extern struct iprobe_rt_state iprobe_rt_state;
 
-/* Maps /dev/shm/<shm_name> (created and filled by the attacher) and starts
- * serving it.  Called by the attacher inside the target; returns 0 or -errno. */
-int iprobe_rt_map_region(const char* shm_name);
+/* Called by the attacher inside the stopped target, in this order:
+ * iprobe_rt_create_region makes the region's memfd (`size` bytes, sparse)
+ * and returns its descriptor or -errno; the attacher takes a copy of it
+ * (pidfd_getfd), seals its size and fills the control block; then
+ * iprobe_rt_map_region(fd) maps it and starts serving it (0 or -errno).
+ * The descriptor stays open (iprobe_rt_state.region_fd) so that readers can
+ * reach the region; nothing of it outlives the process. */
+int iprobe_rt_create_region(uint64_t size);
+int iprobe_rt_map_region(int fd);
 
 /* Global probe index of the enabled site whose call returns to
  * `return_address`, or -1.  Lock-free; safe in signal handlers. */

@@ -1,15 +1,27 @@
 /*
- * Layout of the per-process shared-memory region /dev/shm/iprobe.<pid>:
- * written by the attacher (control block, modules, probes, site hash), by the
- * in-process runtime (rings, counters) and read by `iprobe trace/report`.
+ * Layout of a process's iprobe region: an anonymous memfd created by the
+ * in-process runtime (so it dies with the process), sized and sealed against
+ * shrinking by the attacher, written by the attacher (control block, modules,
+ * probes, site hash), by the runtime (thread slots, rings) and read by
+ * `iprobe trace/report/status`, which reach it through the process
+ * (pidfd_getfd of iprobe_rt_state.region_fd).
  * This header is the single definition; C11 so the runtime can include it.
  *
  *   struct iprobe_rt_control                 at 0
  *   struct iprobe_rt_module  [module_capacity] at modules_offset
  *   struct iprobe_rt_probe   [probe_capacity]  at probes_offset   (global probe index)
- *   uint64_t                 [probe_capacity]  at counts_offset   (count handler)
  *   struct iprobe_rt_site    [1 << hash_bits]  at hash_offset     (return address -> probe)
+ *   struct iprobe_rt_fn_stats[stat_capacity]   at baseline_offset (reader's `--since-last` mark)
+ *   per thread: struct iprobe_rt_thread + struct iprobe_rt_fn_stats[stat_capacity]
+ *                                            at threads_offset + i * thread_stride
  *   per ring: struct iprobe_rt_ring + records  at rings_offset + i * ring_stride
+ *
+ * Aggregates (calls, times, latency histogram per function) live in the
+ * thread slots: each slot is written only by the thread that owns it, with
+ * plain stores, and readers sum the slots.  A slot keeps its sums when its
+ * thread exits and is reused, still summing, by a later thread.  Rings carry
+ * the event stream for `iprobe trace` only; their drops never touch the sums.
+ * Both are sparse: a slot's or ring's pages cost memory once a thread uses them.
  *
  * The site hash is insert-only open addressing keyed by the return address of
  * the enabled call (site + site size): an entry never moves or disappears, so
@@ -25,10 +37,13 @@ extern "C" {
 #endif
 
 #define IPROBE_RT_MAGIC "IPROBERT"
-#define IPROBE_RT_VERSION 1u
-#define IPROBE_RT_SHM_PREFIX "/iprobe." /* shm_open name: /iprobe.<pid> */
+#define IPROBE_RT_VERSION 2u
+#define IPROBE_RT_MEMFD_PREFIX "iprobe." /* memfd name iprobe.<pid>: /proc/PID/fd shows /memfd:iprobe.<pid> (deleted) */
 #define IPROBE_RT_PATH_MAX 256
 #define IPROBE_RT_CACHELINE 64
+#define IPROBE_RT_HIST_BUCKETS 48  /* completed calls by floor(log2(inclusive ticks)) */
+#define IPROBE_RT_STACK_DEPTH 120  /* timed frames per thread; deeper calls are counted, not timed */
+#define IPROBE_RT_NO_STAT 0xffffffffu
 
 enum iprobe_rt_record_kind {
     IPROBE_RT_REC_ENTRY = 1,
@@ -42,6 +57,8 @@ enum iprobe_rt_ring_state {
     IPROBE_RT_RING_OWNED = 1,     /* a live thread produces into it */
     IPROBE_RT_RING_RETIRED = 2    /* its thread exited; readable until drained, then reusable */
 };
+
+/* Thread slots use the same states; a retired slot keeps its sums. */
 
 /* One event; 32 bytes so records never straddle a cache line. */
 struct iprobe_rt_record {
@@ -100,6 +117,41 @@ struct iprobe_rt_probe {
     uint32_t function;   /* link-time address of the probed function (0: unknown,
                           * or beyond 4 GiB); add the module's load_bias */
     uint64_t site;       /* absolute address in the target */
+    uint32_t stat;       /* aggregate slot (one per function; entry and exit share it),
+                          * IPROBE_RT_NO_STAT when none */
+    uint8_t timed;       /* entry probe whose function's exit probe is enabled too:
+                          * its calls are timed (else only counted) */
+    uint8_t pad[3];
+};
+
+/* One function's sums in one thread (or summed by a reader). */
+struct iprobe_rt_fn_stats {
+    uint64_t calls;            /* entries (points: hits) */
+    uint64_t completed;        /* exits (timed when their entry was seen by this thread) */
+    uint64_t inclusive_ticks;  /* TSC ticks, timed completed calls */
+    uint64_t exclusive_ticks;  /* inclusive minus timed callees */
+    uint64_t timed;            /* completed calls with a time */
+    uint64_t max_ticks;
+    uint64_t reserved[2];
+    uint64_t histogram[IPROBE_RT_HIST_BUCKETS];
+};
+
+struct iprobe_rt_frame {
+    uint32_t stat;
+    uint32_t pad;
+    uint64_t start;            /* tsc at entry */
+    uint64_t children;         /* ticks spent in timed callees */
+};
+
+struct iprobe_rt_thread {
+    uint32_t state;            /* enum iprobe_rt_ring_state, CAS to claim */
+    uint32_t tid;              /* last owner */
+    uint32_t depth;            /* open frames, may exceed IPROBE_RT_STACK_DEPTH */
+    uint32_t pad;
+    uint64_t unmatched_exits;  /* exits whose entry this thread never saw (attached mid-call) */
+    uint8_t pad1[IPROBE_RT_CACHELINE - 24];
+    struct iprobe_rt_frame stack[IPROBE_RT_STACK_DEPTH];
+    /* struct iprobe_rt_fn_stats stats[stat_capacity] follows at thread_header_size */
 };
 
 struct iprobe_rt_site {
@@ -123,7 +175,6 @@ struct iprobe_rt_control {
     uint32_t module_capacity;
     uint32_t module_count;
     uint64_t probes_offset;
-    uint64_t counts_offset;
     uint32_t probe_capacity;
     uint32_t probe_count;
     uint64_t hash_offset;
@@ -133,9 +184,17 @@ struct iprobe_rt_control {
     uint64_t ring_stride;        /* bytes per ring incl. its header */
     uint32_t ring_count;
     uint32_t ring_records;       /* power of two */
+    uint64_t baseline_offset;    /* stat_capacity sums marked by `report --since-last` */
+    uint64_t threads_offset;
+    uint64_t thread_stride;      /* bytes per thread slot incl. its stats */
+    uint32_t thread_count;
+    uint32_t thread_header_size; /* offset of the stats in a slot */
+    uint32_t stat_capacity;
+    uint32_t stat_count;
 
     /* counted by the runtime, never blocking */
-    uint64_t no_ring_events;     /* a thread found no free ring */
+    uint64_t no_ring_events;     /* a thread found no free ring (trace stream only) */
+    uint64_t no_slot_events;     /* a thread found no free thread slot (not in the sums) */
     uint64_t unknown_site_events;/* return address not in the hash */
     uint64_t fork_child_events;  /* (in a forked child's copy, never here) */
     uint64_t reserved[8];
