@@ -2,13 +2,17 @@
 # Hotpatch benchmarks (docs/design.md §9.2-9.4), side by side in one run:
 #   1. enabled cost per call of an empty function, 10^1..10^8 calls:
 #      native, coldpatched NOPs (disabled), iprobe count handler, iprobe trace
-#      handler, the same count handler compiled in (-finstrument-functions hooks
-#      served by libiprobe-rt-hooks.so = the floor), XRay patched, bpftrace uprobe
+#      handler, the cheapest compiled-in hook (a plain global ++ in
+#      __cyg_profile_func_enter/exit, plain_hooks.c = the floor), the same count
+#      handler compiled in (hooks served by libiprobe-rt-hooks.so), XRay
+#      patched, bpftrace uprobe
 #   2. stop-the-world pause to enable/disable 1k, 10k, 100k probes (8 threads)
 #   3. logger throughput, 1 and 2 threads, with drops
+#   4. memory: resident cost of attaching (default handler and ring) to 8 and
+#      64 threads; and what a timestamp costs (clocks.c)
 # usage: bench/hotpatch/run.sh [BUILD_DIR]   (as root; builds what it needs)
 # env: MAX_EXP (default 8), PAUSE_SIZES (default "1000 10000 100000"), SKIP_BPF=1,
-#      REPEATS (default 3, fastest kept), SECTIONS (default "1 2 3"),
+#      REPEATS (default 3, fastest kept), SECTIONS (default "1 2 3 4"),
 #      BASELINE=BUILD_DIR and LOAD=N for section 2 (see there)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -16,7 +20,7 @@ build="$(cd "${1:-${IPROBE_BUILD_DIR:-$root/build}}" && pwd)"
 here="$root/bench/hotpatch"
 max_exp=${MAX_EXP:-8}
 pause_sizes=${PAUSE_SIZES:-"1000 10000 100000"}
-sections=" ${SECTIONS:-1 2 3} "
+sections=" ${SECTIONS:-1 2 3 4} "
 want() { [[ $sections == *" $1 "* ]]; }
 iprobe="$build/bin/iprobe"
 work="$build/bench-hotpatch"
@@ -31,7 +35,11 @@ gcc -O2 -o "$work/loop_native" "$here/loop.c" -lpthread
 "$build/bin/iprobe-cc" -O2 -o "$work/loop_iprobe" "$here/loop.c" -lpthread
 gcc -O2 -finstrument-functions -fno-optimize-sibling-calls -o "$work/loop_floor" "$here/loop.c" \
   -L"$build/lib" -liprobe-rt-hooks -Wl,-rpath,"$build/lib" -lpthread
-# the floor's probe list: coldpatch a copy (same build-id), run the original
+gcc -O2 -c -o "$work/plain_hooks.o" "$here/plain_hooks.c"
+gcc -O2 -finstrument-functions -fno-optimize-sibling-calls -o "$work/loop_plain" "$here/loop.c" \
+  "$work/plain_hooks.o" -lpthread
+gcc -O2 -o "$work/clocks" "$here/clocks.c"
+# the compiled-in handler's probe list: coldpatch a copy (same build-id), run the original
 cp "$work/loop_floor" "$work/loop_floor_list"
 "$iprobe" coldpatch "$work/loop_floor_list" >/dev/null 2>&1
 clang-14 -O2 -fxray-instrument -fxray-instruction-threshold=1 -DWITH_XRAY -o "$work/loop_xray" "$here/loop.c" -lpthread
@@ -44,7 +52,7 @@ start() {
   for _ in $(seq 1 500); do grep -q ready "$out" 2>/dev/null && return 0; sleep 0.01; done
   log "$1 did not start"; cat "$out" >&2; exit 1
 }
-finish() { kill -USR1 "$pid"; wait "$pid"; rm -f "/dev/shm/iprobe.$pid"; }
+finish() { kill -USR1 "$pid"; wait "$pid"; }
 ns_at() { awk -v n="$2" '$1 == n { print $2 }' "$1"; }
 
 repeats=${REPEATS:-3}
@@ -70,6 +78,7 @@ run_variant native "$work/loop_native"
 run_variant disabled "$work/loop_iprobe"
 run_variant count "$work/loop_iprobe" --functions empty --handler count
 run_variant trace "$work/loop_iprobe" --functions empty --ring-records 8388608
+run_variant plain "$work/loop_plain"
 run_variant floor "$work/loop_floor" --functions empty --handler count \
   --probes "$work/loop_floor_list.probes" --runtime "$build/lib/libiprobe-rt-hooks.so"
 run_variant xray "$work/loop_xray"
@@ -84,18 +93,18 @@ if [[ -z ${SKIP_BPF:-} ]] && command -v bpftrace >/dev/null; then
   kill -INT "$bpf"; wait "$bpf" || true
 fi
 
-printf '\n| calls | native | NOPs (disabled) | iprobe count | iprobe trace | floor (count, compiled in) | XRay patched | bpftrace uprobe | count / floor |\n'
-printf '|---|---|---|---|---|---|---|---|---|\n'
+printf '\n| calls | native | NOPs (disabled) | iprobe count | iprobe trace | plain ++ hook (floor) | iprobe count compiled in | XRay patched | bpftrace uprobe | count / floor | trace ns/event |\n'
+printf '|---|---|---|---|---|---|---|---|---|---|---|\n'
 n=1
 for ((e = 1; e <= max_exp; e++)); do
   n=$((n * 10))
   row="| 10^$e"
-  for v in native disabled count trace floor xray bpftrace; do
+  for v in native disabled count trace plain floor xray bpftrace; do
     x=$(ns_at "$work/result.$v" "$n" 2>/dev/null || true)
     row+=" | ${x:--}"
   done
-  c=$(ns_at "$work/result.count" "$n"); f=$(ns_at "$work/result.floor" "$n")
-  row+=" | $(awk -v c="$c" -v f="$f" 'BEGIN { printf "%.2f", c / f }') |"
+  c=$(ns_at "$work/result.count" "$n"); f=$(ns_at "$work/result.plain" "$n"); t=$(ns_at "$work/result.trace" "$n")
+  row+=" | $(awk -v c="$c" -v f="$f" 'BEGIN { printf "%.2f", c / f }') | $(awk -v t="$t" 'BEGIN { printf "%.1f", t / 2 }') |"
   echo "$row"
 done
 echo "(CPU ns per call of empty(), fastest of $repeats runs; instrumented variants fire an entry and an exit event per call)"
@@ -128,7 +137,6 @@ for probes in $pause_sizes; do
     on2=$("$tool" attach "$pid" --handler count --json)
     off2=$("$tool" detach "$pid" --json)
     kill "$pid"; wait "$pid" 2>/dev/null || true
-    rm -f "/dev/shm/iprobe.$pid"
     label=$([[ $tool == "$iprobe" ]] && echo "this build" || echo "baseline")
     echo "| $label | $(get total_enabled "$on") | $fns | 9 | $(get pause_us "$on") us | $(get pause_us "$on2") us | $(get pause_us "$off2") us | $(get stop_us "$on2") / $(get stop_us "$off2") us |"
   done
@@ -152,12 +160,11 @@ throughput() {  # threads exponent ring reader(none|trace)
   if [[ -n $rpid ]]; then kill -INT "$rpid"; wait "$rpid" || true; fi
   report=$("$iprobe" report "$pid" --json)
   kill "$pid"; wait "$pid" 2>/dev/null || true
-  rm -f "/dev/shm/iprobe.$pid"
   local calls ns
   read -r calls ns < <(grep -v ready "$out" | tail -n 1)
   local per_thread=$((calls / threads))
   local dropped recorded
-  dropped=$(sed -n 's/.*"dropped":\([0-9]*\).*/\1/p' <<<"$report")
+  dropped=$(sed -n 's/.*"trace_dropped":\([0-9]*\).*/\1/p' <<<"$report")
   recorded=$(sed -n 's/.*"name":"empty","calls":\([0-9]*\).*/\1/p' <<<"$report"); recorded=$((${recorded:-0} * 2))
   if [[ $reader == trace ]]; then
     local d; d=$(sed -n 's/.*: \([0-9]*\) events dropped.*/\1/p' "$work/trace.err"); dropped=$((dropped + ${d:-0}))
@@ -172,4 +179,27 @@ throughput 1 7 65536 none
 throughput 2 7 65536 none
 throughput 1 7 65536 trace
 throughput 2 7 65536 trace
+fi
+
+if want 4; then
+log "4. memory"
+# kB of a process's /proc status field
+status_kb() { awk -v k="$2:" '$1 == k { print $2 }' "/proc/$1/status"; }
+printf '\n| threads | calls per thread | RSS without iprobe | RSS attached (default handler and ring) | of which the region (RssShmem) | region per thread | region size (sparse) |\n|---|---|---|---|---|---|---|\n'
+for threads in 8 64; do
+  declare -A rss=()
+  for mode in plain attached; do
+    start "$work/loop_iprobe" 6 "$threads"
+    [[ $mode == attached ]] && "$iprobe" attach "$pid" --functions empty >/dev/null
+    kill -USR1 "$pid"
+    while ! grep -q '^[0-9]' <(grep -v ready "$out"); do sleep 0.05; done
+    rss[$mode]=$(status_kb "$pid" VmRSS); rss[$mode.shmem]=$(status_kb "$pid" RssShmem)
+    [[ $mode == attached ]] && rss[size]=$("$iprobe" status "$pid" --json | sed -n 's/.*"region_bytes":\([0-9]*\).*/\1/p')
+    kill "$pid"; wait "$pid" 2>/dev/null || true
+  done
+  awk -v t="$threads" -v a="${rss[plain]}" -v b="${rss[attached]}" -v s="${rss[attached.shmem]}" -v z="${rss[size]}" \
+    'BEGIN { printf "| %d | 10^6 | %.1f MiB | %.1f MiB | %.1f MiB | %.2f MiB | %.0f MiB |\n", t, a/1024, b/1024, s/1024, s/1024/t, z/1048576 }'
+done
+printf '\n'
+"$work/clocks"
 fi

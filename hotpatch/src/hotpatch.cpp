@@ -935,7 +935,7 @@ AttachStats attach(const AttachOptions& options) {
 
         // Table first, code second: a site only becomes live once its
         // return address resolves.
-        for (const auto& e : enables) region.insert_site(e.return_address, e.global);
+        for (const auto& e : enables) region.insert_site(e.return_address, e.global, region.probes()[e.global].stat);
         if (fresh_fd >= 0) {
             const auto rc = static_cast<std::int64_t>(process.call(*map_at, {static_cast<std::uint64_t>(fresh_fd)}));
             if (rc != 0)

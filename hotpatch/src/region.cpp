@@ -280,7 +280,7 @@ std::vector<unsigned char> Region::touched_pages(const void* p, std::size_t size
     return pages;
 }
 
-void Region::insert_site(std::uint64_t return_address, std::uint32_t probe) {
+void Region::insert_site(std::uint64_t return_address, std::uint32_t probe, std::uint32_t stat) {
     iprobe_rt_site* table = sites();
     const std::uint32_t bits = geometry_.hash_bits;
     const std::uint64_t mask = (1ull << bits) - 1;
@@ -292,6 +292,7 @@ void Region::insert_site(std::uint64_t return_address, std::uint32_t probe) {
             if (control_->hash_used + 1 > (mask + 1) / 2 + (mask + 1) / 4)
                 throw Error("the iprobe site table is full; restart the process to attach more probes");
             table[slot].probe = probe;
+            table[slot].stat = stat;
             __atomic_store_n(&table[slot].return_address, return_address, __ATOMIC_RELEASE);
             control_->hash_used++;
             return;

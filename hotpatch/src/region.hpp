@@ -86,7 +86,7 @@ public:
     std::vector<unsigned char> touched_pages(const void* p, std::size_t size) const;
 
     // Insert-only: an existing key is left alone.
-    void insert_site(std::uint64_t return_address, std::uint32_t probe);
+    void insert_site(std::uint64_t return_address, std::uint32_t probe, std::uint32_t stat);
 
 private:
     static Region map(UniqueFd fd, std::uint64_t size, const iprobe_rt_control& geometry);

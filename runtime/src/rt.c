@@ -79,18 +79,31 @@ static inline struct iprobe_rt_control* control(void) {
     return __atomic_load_n(&g_control, __ATOMIC_ACQUIRE);
 }
 
-static inline int32_t lookup_site(const struct iprobe_rt_control* cb, uint64_t return_address) {
-    const struct iprobe_rt_site* table =
-        (const struct iprobe_rt_site*)((const char*)cb + __atomic_load_n(&cb->hash_offset, __ATOMIC_ACQUIRE));
-    const uint32_t bits = cb->hash_bits;
-    const uint64_t mask = (1ull << bits) - 1;
-    uint64_t slot = (return_address * 0x9E3779B97F4A7C15ull) >> (64 - bits);
+/* The mapped region's fixed geometry, copied once at map time (before
+ * g_control is published) so the hot path does not chase it through the
+ * control block. */
+static struct {
+    const struct iprobe_rt_site* sites;
+    uint64_t mask;
+    uint32_t shift;
+    uint32_t stat_capacity;
+} g_geometry;
+
+static inline __attribute__((always_inline)) const struct iprobe_rt_site* find_site(uint64_t return_address) {
+    const struct iprobe_rt_site* table = g_geometry.sites;
+    uint64_t slot = (return_address * 0x9E3779B97F4A7C15ull) >> g_geometry.shift;
     for (;;) {
         const uint64_t key = __atomic_load_n(&table[slot].return_address, __ATOMIC_RELAXED);
-        if (key == return_address) return (int32_t)table[slot].probe;
-        if (key == 0) return -1;
-        slot = (slot + 1) & mask;
+        if (LIKELY(key == return_address)) return &table[slot];
+        if (key == 0) return 0;
+        slot = (slot + 1) & g_geometry.mask;
     }
+}
+
+static inline int32_t lookup_site(const struct iprobe_rt_control* cb, uint64_t return_address) {
+    (void)cb;
+    const struct iprobe_rt_site* site = find_site(return_address);
+    return site ? (int32_t)site->probe : -1;
 }
 
 EXPORT int32_t iprobe_rt_probe_at(uintptr_t return_address) {
@@ -251,9 +264,7 @@ static inline uint32_t log2_bucket(uint64_t ticks) {
  * reserved in one instruction, so a signal handler probing in between nests
  * above it. */
 static inline __attribute__((always_inline)) void enter_timed(struct iprobe_rt_control* cb, int32_t probe,
-                                                              uint64_t now) {
-    const uint32_t stat = stat_of(cb, probe);
-    if (UNLIKELY(stat == IPROBE_RT_NO_STAT)) return;
+                                                              uint32_t stat, uint64_t now) {
     struct iprobe_rt_fn_stats* stats = thread_stats(cb);
     if (UNLIKELY(!stats)) return;
     add_local(&stats[stat].calls, 1);
@@ -271,10 +282,8 @@ static inline __attribute__((always_inline)) void enter_timed(struct iprobe_rt_c
 
 /* Exit of a call: completed, timed against its frame when the frame on top
  * is this function's (frames skipped by longjmp are dropped on the way). */
-static inline __attribute__((always_inline)) void exit_timed(struct iprobe_rt_control* cb, int32_t probe,
+static inline __attribute__((always_inline)) void exit_timed(struct iprobe_rt_control* cb, uint32_t stat,
                                                              uint64_t now) {
-    const uint32_t stat = stat_of(cb, probe);
-    if (UNLIKELY(stat == IPROBE_RT_NO_STAT)) return;
     struct iprobe_rt_fn_stats* stats = thread_stats(cb);
     if (UNLIKELY(!stats)) return;
     struct iprobe_rt_fn_stats* s = &stats[stat];
@@ -304,37 +313,52 @@ static inline __attribute__((always_inline)) void exit_timed(struct iprobe_rt_co
 }
 
 static inline __attribute__((always_inline)) void aggregate(struct iprobe_rt_control* cb, int32_t probe,
-                                                            uint8_t kind, uint64_t now) {
+                                                            uint32_t stat, uint8_t kind, uint64_t now) {
+    if (UNLIKELY(stat >= g_geometry.stat_capacity)) return;
     if (kind == IPROBE_RT_REC_ENTRY) {
-        enter_timed(cb, probe, now);
+        enter_timed(cb, probe, stat, now);
     } else if (kind == IPROBE_RT_REC_EXIT) {
-        exit_timed(cb, probe, now);
+        exit_timed(cb, stat, now);
     } else {
-        const uint32_t stat = stat_of(cb, probe);
-        struct iprobe_rt_fn_stats* stats = stat == IPROBE_RT_NO_STAT ? 0 : thread_stats(cb);
+        struct iprobe_rt_fn_stats* stats = thread_stats(cb);
         if (LIKELY(stats != 0)) add_local(&stats[stat].calls, 1);
     }
 }
 
 /* The count handler: calls (entries, points) and completed calls (exits),
- * untimed. */
+ * untimed.  One hash probe gives the aggregate slot. */
 static inline __attribute__((always_inline)) void count(uintptr_t return_address, uint8_t kind) {
-    struct iprobe_rt_control* cb;
-    const int32_t probe = probe_for(return_address, &cb);
-    if (UNLIKELY(probe < 0)) return;
-    const uint32_t stat = stat_of(cb, probe);
-    if (UNLIKELY(stat == IPROBE_RT_NO_STAT)) return;
+    struct iprobe_rt_control* cb = control();
+    if (UNLIKELY(!cb)) {
+        count_unserved();
+        return;
+    }
+    const struct iprobe_rt_site* site = find_site(return_address);
+    if (UNLIKELY(!site)) {
+        __atomic_fetch_add(&cb->unknown_site_events, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    const uint32_t stat = site->stat;
+    if (UNLIKELY(stat >= g_geometry.stat_capacity)) return;
     struct iprobe_rt_fn_stats* stats = thread_stats(cb);
     if (UNLIKELY(!stats)) return;
     add_local(kind == IPROBE_RT_REC_EXIT ? &stats[stat].completed : &stats[stat].calls, 1);
 }
 
 static inline __attribute__((always_inline)) void emit(uintptr_t return_address, uint8_t kind, const uint64_t* args) {
-    struct iprobe_rt_control* cb;
-    const int32_t probe = probe_for(return_address, &cb);
-    if (UNLIKELY(probe < 0)) return;
+    struct iprobe_rt_control* cb = control();
+    if (UNLIKELY(!cb)) {
+        count_unserved();
+        return;
+    }
+    const struct iprobe_rt_site* site = find_site(return_address);
+    if (UNLIKELY(!site)) {
+        __atomic_fetch_add(&cb->unknown_site_events, 1, __ATOMIC_RELAXED);
+        return;
+    }
+    const int32_t probe = (int32_t)site->probe;
     const uint64_t now = __builtin_ia32_rdtsc();
-    aggregate(cb, probe, kind, now);
+    aggregate(cb, probe, site->stat, kind, now);
     struct thread_producer* t = &t_producer;
     if (UNLIKELY(!t->ring)) {
         if (t->no_ring) {
@@ -493,6 +517,10 @@ EXPORT int iprobe_rt_map_region(int fd) {
         return -EINVAL;
     }
     g_pending_fd = -1;
+    g_geometry.sites = (const struct iprobe_rt_site*)((const char*)cb + cb->hash_offset);
+    g_geometry.mask = (1ull << cb->hash_bits) - 1;
+    g_geometry.shift = 64 - cb->hash_bits;
+    g_geometry.stat_capacity = cb->stat_capacity;
     iprobe_rt_state.region_fd = fd;
     iprobe_rt_state.region_size = (uint64_t)st.st_size;
     iprobe_rt_state.mapped_pid = (uint32_t)getpid();

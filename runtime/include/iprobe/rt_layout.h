@@ -157,7 +157,7 @@ struct iprobe_rt_thread {
 struct iprobe_rt_site {
     uint64_t return_address;  /* 0 == empty slot */
     uint32_t probe;
-    uint32_t pad;
+    uint32_t stat;            /* the probe's aggregate slot: one lookup serves the count handler */
 };
 
 struct iprobe_rt_control {
