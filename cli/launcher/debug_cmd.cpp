@@ -10,7 +10,7 @@ namespace iprobe::launcher::cli {
 namespace {
 
 const char* const kUsage =
-    "usage: iprobe debug PID --listen ADDR:PORT --production ADDR:PORT\n"
+    "usage: iprobe debug PID|--container NAME --listen ADDR:PORT --production ADDR:PORT\n"
     "                    [--probes LIST [--functions GLOB]] [--buffer SIZE] [--divergence MODE]\n"
     "                    [--recloning off|on-overflow|on-divergence|periodic:SECONDS]\n"
     "                    [--name NAME] [--json]\n"
@@ -28,6 +28,9 @@ const char* const kUsage =
     "Ctrl-C (or SIGTERM) removes the clone, its namespace and the mirror;\n"
     "production is left as it was.\n"
     "\n"
+    "  --container NAME         production is podman container NAME: the clone is a\n"
+    "                           new container (`iprobe clone --container`), fed at its\n"
+    "                           own address (not yet with --probes or --recloning)\n"
     "  --buffer SIZE            mirror's per-connection buffer toward the clone\n"
     "  --recloning on-overflow  re-clone when a connection's copy overflowed its\n"
     "                           buffer (the clone has diverged from production)\n"
@@ -74,6 +77,8 @@ int debug_main(const std::vector<std::string>& args) {
             if (o.divergence != "auto" && o.divergence != "stream" && o.divergence != "resp" &&
                 o.divergence != "http" && o.divergence != "off")
                 throw Error("--divergence wants auto, resp, http, stream or off", ExitCode::usage);
+        } else if (a == "--container") {
+            o.container = value(i);
         } else if (a == "--name") {
             o.name = value(i);
         } else if (a == "--json") {
@@ -105,8 +110,9 @@ int debug_main(const std::vector<std::string>& args) {
             throw Error("unexpected argument " + a + "\n" + kUsage, ExitCode::usage);
         }
     }
-    if (o.pid < 0 || o.listen.empty() || o.production.empty())
-        throw Error(std::string("PID, --listen and --production are required\n") + kUsage, ExitCode::usage);
+    if ((o.pid < 0) == o.container.empty() || o.listen.empty() || o.production.empty())
+        throw Error(std::string("PID (or --container), --listen and --production are required\n") + kUsage,
+                    ExitCode::usage);
     if (o.divergence == "off" && o.recloning == DebugOptions::Recloning::on_divergence)
         throw Error("--recloning on-divergence needs divergence checking; drop --divergence off", ExitCode::usage);
     return run_debug(o);

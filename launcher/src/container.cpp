@@ -162,6 +162,13 @@ ContainerCloneResult clone_container(const ContainerCloneOptions& o) {
     return r;
 }
 
+pid_t container_main_pid(const std::string& container) {
+    RunResult r = run({podman_path(), "container", "inspect", "--format", "{{.State.Pid}}", container});
+    const pid_t pid = r.ok() ? static_cast<pid_t>(std::atol(r.out.c_str())) : 0;
+    if (pid <= 0) throw Error("no running podman container '" + container + "' (`podman ps` lists them)", ExitCode::not_found);
+    return pid;
+}
+
 bool is_container_clone(const std::string& name) { return fs::exists(state_file(name)); }
 
 void destroy_container_clone(const std::string& name) {

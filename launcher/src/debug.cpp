@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "iprobe/launcher/clone.h"
+#include "iprobe/launcher/container.h"
 #include "iprobe/support/error.h"
 #include "iprobe/support/fd.h"
 #include "iprobe/support/json.h"
@@ -132,7 +133,9 @@ std::string protocol_of_service(pid_t pid) {
 class DebugSession {
 public:
     explicit DebugSession(DebugOptions o) : o_(std::move(o)) {
-        name_ = o_.name.empty() ? "iprobe-debug-" + std::to_string(o_.pid) : o_.name;
+        name_ = !o_.name.empty()          ? o_.name
+                : o_.container.empty() ? "iprobe-debug-" + std::to_string(o_.pid)
+                                       : "iprobe-debug-" + o_.container;
         port_ = port_of(o_.production, "--production");
         service_ip_ = o_.production.substr(0, o_.production.rfind(':'));
         if (service_ip_.empty() || service_ip_ == "0.0.0.0" || service_ip_ == "*" || service_ip_ == "localhost")
@@ -185,6 +188,8 @@ private:
     int port_ = 0, subnet_ = 0, stats_port_ = 0;
     bool have_clone_ = false;
     CloneResult clone_;
+    ContainerCloneResult container_clone_;  // --container: the clone is a podman container
+    std::string debug_address_;             // where the mirror sends the copy: the clone's service
     pid_t mirror_ = -1, trace_ = -1;
     UniqueFd mirror_out_;
     UniqueFd trace_out_;         // --json: the clone's JSON trace, relayed as "trace" events
@@ -196,6 +201,28 @@ private:
 };
 
 void DebugSession::make_clone() {
+    if (!o_.container.empty()) {
+        ContainerCloneOptions co{o_.container, name_, [this](const std::string& line) {
+                                     if (!o_.json) std::fprintf(stderr, "iprobe debug: %s\n", line.c_str());
+                                 }};
+        container_clone_ = clone_container(co);
+        have_clone_ = true;
+        ++clones_made_;
+        debug_address_ = container_clone_.address + ":" + std::to_string(port_);
+        event("clone",
+              "clone " + name_ + " running: container " + container_clone_.id.substr(0, 12) + ", PID " +
+                  std::to_string(container_clone_.clone_pid) + ", reachable at " + debug_address_,
+              [&](JsonWriter& w) {
+                  w.field("name", name_)
+                      .field("container_id", container_clone_.id)
+                      .field("clone_pid", static_cast<std::int64_t>(container_clone_.clone_pid))
+                      .field("debug_address", debug_address_)
+                      .field("freeze_us", static_cast<std::int64_t>(container_clone_.freeze_ms * 1e3))
+                      .field("total_us", static_cast<std::int64_t>(container_clone_.total_ms * 1e3))
+                      .field("generation", clones_made_);
+              });
+        return;
+    }
     CloneOptions co;
     co.pid = o_.pid;
     co.name = name_;
@@ -207,6 +234,7 @@ void DebugSession::make_clone() {
     have_clone_ = true;
     ++clones_made_;
     const std::string clone_ip = subnet_addr(subnet_, 2);
+    debug_address_ = clone_ip + ":" + std::to_string(port_);
     connect_clone();
     event("clone",
           "clone " + name_ + " running as PID " + std::to_string(clone_.clone_pid) + " (PID " +
@@ -347,7 +375,8 @@ void DebugSession::drop_clone() {
     relay_trace(true);
     if (have_clone_) {
         try {
-            destroy_clone(name_);
+            if (o_.container.empty()) destroy_clone(name_);
+            else destroy_container_clone(name_);
         } catch (const Error& e) {
             std::fprintf(stderr, "iprobe debug: removing clone %s: %s\n", name_.c_str(), e.what());
         }
@@ -361,7 +390,7 @@ void DebugSession::start_mirror() {
     if (::pipe2(fds, O_CLOEXEC) < 0) throw_errno("pipe");
     UniqueFd rd(fds[0]), wr(fds[1]);
     std::vector<std::string> argv = {mirror_tool_, "mirror", "--listen", o_.listen, "--production", o_.production,
-                                     "--debug", subnet_addr(subnet_, 2) + ":" + std::to_string(port_),
+                                     "--debug", debug_address_,
                                      "--stats", "127.0.0.1:" + std::to_string(stats_port_)};
     if (!o_.buffer.empty()) {
         argv.push_back("--buffer");
@@ -501,9 +530,21 @@ int DebugSession::run() {
 int run_debug(const DebugOptions& options) {
     if (geteuid() != 0)
         throw Error("iprobe debug needs root (CRIU, namespaces, ptrace); run it with sudo", ExitCode::permission);
-    if (options.pid <= 0 || !fs::exists("/proc/" + std::to_string(options.pid)))
-        throw Error("no process with PID " + std::to_string(options.pid), ExitCode::not_found);
-    DebugSession session(options);
+    DebugOptions o = options;
+    if (!o.container.empty()) {
+        // Not yet: probes inside a container's mount namespace, and a mirror
+        // that follows a re-cloned container to its new address.
+        if (!o.probes.empty() || !o.functions.empty())
+            throw Error("--probes/--functions with --container are not supported yet: clone with --container, then "
+                        "attach to the clone's PID (see the clone event)",
+                        ExitCode::usage);
+        if (o.recloning != DebugOptions::Recloning::off)
+            throw Error("--recloning with --container is not supported yet", ExitCode::usage);
+        o.pid = container_main_pid(o.container);
+    }
+    if (o.pid <= 0 || !fs::exists("/proc/" + std::to_string(o.pid)))
+        throw Error("no process with PID " + std::to_string(o.pid), ExitCode::not_found);
+    DebugSession session(o);
     return session.run();
 }
 

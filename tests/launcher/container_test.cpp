@@ -2,6 +2,7 @@
 // real redis-server, through podman's own checkpoint/restore.  The image is
 // built here from the host's files (redis-server and the libraries it links),
 // imported with `podman import`: no registry.  Needs root and podman.
+#include <signal.h>
 #include <sys/resource.h>
 #include <unistd.h>
 
@@ -121,6 +122,50 @@ TEST_F(LauncherContainer, CloneIsANewContainerWithProductionsDataAndItsOwnAddres
     for (const auto& e : fs::directory_iterator("/run/iprobe/container-clones", ec))
         EXPECT_FALSE(e.path().filename().string().starts_with(".work-")) << "checkpoint archive left: " << e.path();
     EXPECT_EQ(redis_at(address_, {"GET", "marker"}), "before-clone");
+    clone_.clear();
+}
+
+// `iprobe debug --container`: clients talk to production through the mirror,
+// the clone container gets a copy of every request at its own address.
+TEST_F(LauncherContainer, DebugFeedsTheCloneContainerAndRemovesItWhenStopped) {
+    ASSERT_EQ(redis_at(address_, {"SET", "before", "debug"}), "OK");
+    const int listen = free_port();
+    const std::string out = dir_ / "debug.out";
+    Child debug({bin("iprobe"), "debug", "--container", prod_, "--name", clone_, "--listen",
+                 "127.0.0.1:" + std::to_string(listen), "--production", address_ + ":6379", "--json"},
+                out);
+    std::string text;
+    for (int i = 0; i < 1200 && text.find(R"("event":"mirror")") == std::string::npos && debug.running(); ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        text = file_text(out);
+    }
+    ASSERT_NE(text.find(R"("event":"mirror")"), std::string::npos) << text;
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(text, m, std::regex(R"re("debug_address":"([0-9.]+):6379")re"))) << text;
+    const std::string clone_address = m[1];
+    EXPECT_NE(text.find(R"("divergence":"resp")"), std::string::npos) << text;
+    EXPECT_EQ(redis_at(clone_address, {"GET", "before"}), "debug");
+
+    const auto via_mirror = [&](const std::vector<std::string>& args) {
+        std::vector<std::string> argv = {"redis-cli", "-p", std::to_string(listen)};
+        argv.insert(argv.end(), args.begin(), args.end());
+        return trimmed(run(argv).out);
+    };
+    EXPECT_EQ(via_mirror({"SET", "k1", "v1"}), "OK");
+    EXPECT_EQ(via_mirror({"INCRBY", "n", "5"}), "5");
+    EXPECT_EQ(redis_at(address_, {"GET", "k1"}), "v1");
+    std::string got;
+    for (int i = 0; i < 100 && got != "5"; ++i) {
+        got = redis_at(clone_address, {"GET", "n"});
+        if (got != "5") std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    EXPECT_EQ(got, "5");
+    EXPECT_EQ(redis_at(clone_address, {"GET", "k1"}), "v1");
+
+    debug.kill(SIGTERM);
+    EXPECT_EQ(debug.wait(std::chrono::seconds(60)), 0);
+    EXPECT_NE(run({"podman", "container", "exists", clone_}).exit_code, 0) << "the clone container is gone";
+    EXPECT_EQ(redis_at(address_, {"GET", "k1"}), "v1");
     clone_.clear();
 }
 

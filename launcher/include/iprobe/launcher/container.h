@@ -34,6 +34,9 @@ struct ContainerCloneResult {
 // failure nothing is left behind (no clone container, no checkpoint archive).
 ContainerCloneResult clone_container(const ContainerCloneOptions& options);
 
+// The host PID of a running container's main process; throws Error(not_found).
+pid_t container_main_pid(const std::string& container);
+
 // Whether NAME is a container clone made by clone_container.
 bool is_container_clone(const std::string& name);
 
