@@ -152,6 +152,11 @@ const ProbeInfo& TraceReader::probe(std::uint32_t index) {
     return index < impl_->probes.size() ? impl_->probes[index] : impl_->unknown;
 }
 
+const std::vector<ProbeInfo>& TraceReader::probes() {
+    impl_->load_new_modules();
+    return impl_->probes;
+}
+
 std::uint32_t TraceReader::probe_count() const { return impl_->region.probe_count(); }
 
 std::vector<iprobe_rt_fn_stats> TraceReader::sums() const {

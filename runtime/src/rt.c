@@ -223,19 +223,19 @@ static void retire_thread(void* value) {
     if (slot) __atomic_store_n(&slot->state, IPROBE_RT_RING_RETIRED, __ATOMIC_RELEASE);
 }
 
-/* The probe a handler was entered for; -1 (and counted) when the runtime
- * has no control block yet or the call came from a site it does not know. */
-static inline __attribute__((always_inline)) int32_t probe_for(uintptr_t return_address,
-                                                               struct iprobe_rt_control** cb_out) {
+/* The site a handler was entered from; 0 (and counted) when the runtime has
+ * no control block yet or the call came from a site it does not know. */
+static inline __attribute__((always_inline)) const struct iprobe_rt_site* site_for(uintptr_t return_address,
+                                                                                   struct iprobe_rt_control** cb_out) {
     struct iprobe_rt_control* cb = control();
     if (UNLIKELY(!cb)) {
         count_unserved();
-        return -1;
+        return 0;
     }
-    const int32_t probe = lookup_site(cb, return_address);
-    if (UNLIKELY(probe < 0)) __atomic_fetch_add(&cb->unknown_site_events, 1, __ATOMIC_RELAXED);
+    const struct iprobe_rt_site* site = find_site(return_address);
+    if (UNLIKELY(!site)) __atomic_fetch_add(&cb->unknown_site_events, 1, __ATOMIC_RELAXED);
     *cb_out = cb;
-    return probe;
+    return site;
 }
 
 /* This thread's sums, claiming a slot on first use; 0 when it has none. */
@@ -250,10 +250,6 @@ static inline __attribute__((always_inline)) const struct iprobe_rt_probe* probe
     return (const struct iprobe_rt_probe*)((const char*)cb + cb->probes_offset) + probe;
 }
 
-static inline __attribute__((always_inline)) uint32_t stat_of(struct iprobe_rt_control* cb, int32_t probe) {
-    const uint32_t stat = probe_of(cb, probe)->stat;
-    return stat < cb->stat_capacity ? stat : IPROBE_RT_NO_STAT;
-}
 
 static inline uint32_t log2_bucket(uint64_t ticks) {
     const uint32_t b = ticks ? 63u - (uint32_t)__builtin_clzll(ticks) : 0;
@@ -328,16 +324,9 @@ static inline __attribute__((always_inline)) void aggregate(struct iprobe_rt_con
 /* The count handler: calls (entries, points) and completed calls (exits),
  * untimed.  One hash probe gives the aggregate slot. */
 static inline __attribute__((always_inline)) void count(uintptr_t return_address, uint8_t kind) {
-    struct iprobe_rt_control* cb = control();
-    if (UNLIKELY(!cb)) {
-        count_unserved();
-        return;
-    }
-    const struct iprobe_rt_site* site = find_site(return_address);
-    if (UNLIKELY(!site)) {
-        __atomic_fetch_add(&cb->unknown_site_events, 1, __ATOMIC_RELAXED);
-        return;
-    }
+    struct iprobe_rt_control* cb;
+    const struct iprobe_rt_site* site = site_for(return_address, &cb);
+    if (UNLIKELY(!site)) return;
     const uint32_t stat = site->stat;
     if (UNLIKELY(stat >= g_geometry.stat_capacity)) return;
     struct iprobe_rt_fn_stats* stats = thread_stats(cb);
@@ -346,16 +335,9 @@ static inline __attribute__((always_inline)) void count(uintptr_t return_address
 }
 
 static inline __attribute__((always_inline)) void emit(uintptr_t return_address, uint8_t kind, const uint64_t* args) {
-    struct iprobe_rt_control* cb = control();
-    if (UNLIKELY(!cb)) {
-        count_unserved();
-        return;
-    }
-    const struct iprobe_rt_site* site = find_site(return_address);
-    if (UNLIKELY(!site)) {
-        __atomic_fetch_add(&cb->unknown_site_events, 1, __ATOMIC_RELAXED);
-        return;
-    }
+    struct iprobe_rt_control* cb;
+    const struct iprobe_rt_site* site = site_for(return_address, &cb);
+    if (UNLIKELY(!site)) return;
     const int32_t probe = (int32_t)site->probe;
     const uint64_t now = __builtin_ia32_rdtsc();
     aggregate(cb, probe, site->stat, kind, now);

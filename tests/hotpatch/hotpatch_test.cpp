@@ -148,6 +148,38 @@ TEST_F(HotpatchTest, ProbesInASharedLibraryAndTraceFormats) {
     ASSERT_EQ(iprobe({"detach", pid}).exit_code, 0);
 }
 
+TEST_F(HotpatchTest, TraceToABinaryFileConvertsToEveryFormat) {
+    HpTarget target(2);
+    const std::string pid = pid_of(target);
+    ASSERT_EQ(iprobe({"attach", pid, "--functions", "counted", "--ring-records", kBigRing}).exit_code, 0);
+    EXPECT_EQ(target.command("burst 1000"), 2000);
+    TempDir dir;
+    const std::string file = dir / "trace.iprobe";
+    auto w = iprobe({"trace", pid, "--duration", "0", "--output", file});
+    ASSERT_EQ(w.exit_code, 0) << w.err;
+    EXPECT_NE(w.err.find("4000 events written"), std::string::npos) << w.err;
+    // 20 bytes an event, plus a header, hp_target's probe names and a footer
+    EXPECT_GE(fs::file_size(file), 24u + 4000u * 20u + 20u);
+    EXPECT_LT(fs::file_size(file), 24u + 4000u * 20u + 2048u);
+    auto json = iprobe({"trace", "--input", file, "--format", "json"});
+    ASSERT_EQ(json.exit_code, 0) << json.err;
+    std::size_t entries = 0, exits = 0;
+    for (std::size_t at = 0; (at = json.out.find("\"kind\":\"entry\",\"function\":\"counted\"", at)) != std::string::npos; at++) entries++;
+    for (std::size_t at = 0; (at = json.out.find("\"kind\":\"exit\",\"function\":\"counted\"", at)) != std::string::npos; at++) exits++;
+    EXPECT_EQ(entries, 2000u);
+    EXPECT_EQ(exits, 2000u);
+    auto chrome = iprobe({"trace", "--input", file, "--format", "chrome"});
+    EXPECT_EQ(chrome.out.rfind("{\"traceEvents\":[", 0), 0u) << chrome.out.substr(0, 200);
+    EXPECT_NE(chrome.out.find("\"pid\":" + pid), std::string::npos);
+    auto text = iprobe({"trace", "--input", file});
+    EXPECT_NE(text.out.find("-> counted"), std::string::npos) << text.out.substr(0, 300);
+    // a file cut short is refused, not half-read
+    fs::resize_file(file, fs::file_size(file) - 3);
+    auto cut = iprobe({"trace", "--input", file});
+    EXPECT_EQ(cut.exit_code, 3) << cut.err;
+    EXPECT_NE(cut.err.find("ends early"), std::string::npos) << cut.err;
+}
+
 TEST_F(HotpatchTest, LlvmPassNopSitesAndPointArguments) {
     const std::string binary = targets_dir() + "/hp_target_llvm";
     if (::access(binary.c_str(), X_OK) != 0) GTEST_SKIP() << "the LLVM pass (llvm-14-dev) is not built";

@@ -70,6 +70,7 @@ public:
 
     // Probe metadata by global index (re-reads the module table when it grew).
     const ProbeInfo& probe(std::uint32_t index);
+    const std::vector<ProbeInfo>& probes();  // every probe known now, by global index
     std::uint32_t probe_count() const;
 
     // Sums over every thread slot, per function, now.

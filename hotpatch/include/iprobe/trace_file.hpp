@@ -1,0 +1,52 @@
+// The compact binary file `iprobe trace --output FILE` writes and
+// `iprobe trace --input FILE --format text|json|chrome` converts.
+//
+//   header   "IPRBTRC1", u32 version, u32 pid, u64 reserved
+//   events   per event: u64 time_ns (CLOCK_REALTIME), u32 probe, u32 tid,
+//            u8 kind (entry 0, exit 1, point 2), u8 nargs, u16 depth,
+//            then nargs u64 arguments                       (20 bytes + args)
+//   probes   u32 count, per probe: u8 kind, u16 name length, name bytes
+//   footer   u64 offset of the probe table, "IPRBEND1"
+// Little-endian, packed.  A file cut short (no footer) is refused.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "iprobe/trace_reader.hpp"
+
+namespace iprobe::hotpatch {
+
+class TraceFileWriter {
+public:
+    TraceFileWriter(const std::string& path, pid_t pid);  // throws Error
+    ~TraceFileWriter();
+    TraceFileWriter(const TraceFileWriter&) = delete;
+    TraceFileWriter& operator=(const TraceFileWriter&) = delete;
+
+    void write(const Event& event);
+    // Writes the probe names (index = global probe index) and the footer.
+    void finish(const std::vector<ProbeInfo>& probes);
+    std::uint64_t events() const { return events_; }
+
+private:
+    std::string path_;
+    std::FILE* file_ = nullptr;
+    std::uint64_t events_ = 0;
+};
+
+struct TraceFile {
+    pid_t pid = 0;
+    std::vector<ProbeInfo> probes;
+    std::vector<Event> events;
+};
+
+// Reads a whole trace file; throws Error(bad_input) on anything malformed.
+TraceFile read_trace_file(const std::string& path);
+
+}  // namespace iprobe::hotpatch
