@@ -9,7 +9,9 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
+#include <fstream>
 #include <thread>
 #include <utility>
 
@@ -67,7 +69,30 @@ bool sound_layout(const iprobe_rt_control& cb, std::uint64_t size) {
 
 // The TSC is invariant on the machines we support (constant_tsc): one
 // calibration against CLOCK_MONOTONIC serves every process.
+namespace {
+
+bool invariant_tsc() {
+    std::ifstream cpuinfo("/proc/cpuinfo");
+    std::string line;
+    while (std::getline(cpuinfo, line))
+        if (line.rfind("flags", 0) == 0) {
+            const std::string flags = line + " ";
+            return flags.find(" constant_tsc ") != std::string::npos && flags.find(" nonstop_tsc ") != std::string::npos;
+        }
+    return false;
+}
+
+}  // namespace
+
 TscCalibration calibrate_tsc() {
+    if (const char* clock = std::getenv("IPROBE_CLOCK"); (clock && std::string(clock) == "monotonic") || !invariant_tsc()) {
+        TscCalibration c;
+        c.monotonic = true;
+        c.hz = 1000000000ull;
+        c.tsc_base = now_ns(CLOCK_MONOTONIC);
+        c.realtime_ns_base = now_ns(CLOCK_REALTIME);
+        return c;
+    }
     const std::uint64_t t0 = now_ns(CLOCK_MONOTONIC);
     const std::uint64_t c0 = __builtin_ia32_rdtsc();
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -118,6 +143,7 @@ iprobe_rt_control region_layout(const RegionGeometry& g, const TscCalibration& t
     cb.tsc_hz = tsc.hz;
     cb.tsc_base = tsc.tsc_base;
     cb.realtime_ns_base = tsc.realtime_ns_base;
+    cb.clock = tsc.monotonic ? IPROBE_RT_CLOCK_MONOTONIC : IPROBE_RT_CLOCK_TSC;
     return cb;
 }
 

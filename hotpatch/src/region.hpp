@@ -31,8 +31,10 @@ struct RegionGeometry {
 
 struct TscCalibration {
     std::uint64_t hz = 0, tsc_base = 0, realtime_ns_base = 0;
+    bool monotonic = false;  // no invariant TSC (or IPROBE_CLOCK=monotonic): CLOCK_MONOTONIC ns
 };
-// Measures the TSC rate (20 ms): do it before stopping the target.
+// Measures the TSC rate (20 ms) where the TSC is invariant (constant_tsc and
+// nonstop_tsc), else picks CLOCK_MONOTONIC: do it before stopping the target.
 TscCalibration calibrate_tsc();
 
 // The control block a region of this geometry starts with (sizes and offsets).

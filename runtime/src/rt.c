@@ -12,6 +12,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "iprobe/rt.h"
@@ -87,7 +88,15 @@ static struct {
     uint64_t mask;
     uint32_t shift;
     uint32_t stat_capacity;
+    uint32_t monotonic; /* no invariant TSC: timestamps are CLOCK_MONOTONIC ns */
 } g_geometry;
+
+static inline __attribute__((always_inline)) uint64_t timestamp(void) {
+    if (LIKELY(!g_geometry.monotonic)) return __builtin_ia32_rdtsc();
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts); /* vDSO; async-signal-safe */
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
 
 static inline __attribute__((always_inline)) const struct iprobe_rt_site* find_site(uint64_t return_address) {
     const struct iprobe_rt_site* table = g_geometry.sites;
@@ -339,7 +348,7 @@ static inline __attribute__((always_inline)) void emit(uintptr_t return_address,
     const struct iprobe_rt_site* site = site_for(return_address, &cb);
     if (UNLIKELY(!site)) return;
     const int32_t probe = (int32_t)site->probe;
-    const uint64_t now = __builtin_ia32_rdtsc();
+    const uint64_t now = timestamp();
     aggregate(cb, probe, site->stat, kind, now);
     struct thread_producer* t = &t_producer;
     if (UNLIKELY(!t->ring)) {
@@ -503,6 +512,7 @@ EXPORT int iprobe_rt_map_region(int fd) {
     g_geometry.mask = (1ull << cb->hash_bits) - 1;
     g_geometry.shift = 64 - cb->hash_bits;
     g_geometry.stat_capacity = cb->stat_capacity;
+    g_geometry.monotonic = cb->clock == IPROBE_RT_CLOCK_MONOTONIC;
     iprobe_rt_state.region_fd = fd;
     iprobe_rt_state.region_size = (uint64_t)st.st_size;
     iprobe_rt_state.mapped_pid = (uint32_t)getpid();

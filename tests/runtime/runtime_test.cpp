@@ -4,6 +4,9 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
+#include <cstdlib>
+
 #include <thread>
 
 #include "hotpatch_fixture.hpp"
@@ -84,6 +87,26 @@ TEST_F(RuntimeTest, ExecReplacesTheImageAndANewAttachStartsAfresh) {
     EXPECT_EQ(target.command("burst 100"), 200);
     auto r = iprobe({"report", pid, "--json"});
     EXPECT_EQ(json_calls(r.out, "counted"), 200) << r.out;
+}
+
+// Without an invariant TSC (forced here) the runtime times with
+// CLOCK_MONOTONIC: sums and event times stay right.
+TEST_F(RuntimeTest, MonotonicClockWhereTheTscIsNotInvariant) {
+    HpTarget target(2);
+    const std::string pid = std::to_string(target.pid());
+    auto a = run({iprobe_bin(), "attach", pid, "--functions", "counted"}, {}, std::chrono::seconds(60),
+                 {"IPROBE_CLOCK=monotonic"});
+    ASSERT_EQ(a.exit_code, 0) << a.err;
+    const auto before = std::chrono::system_clock::now();
+    EXPECT_EQ(target.command("burst 1000"), 2000);
+    auto r = iprobe({"report", pid, "--json"});
+    EXPECT_NE(r.out.find("\"name\":\"counted\",\"calls\":2000,\"completed\":2000,\"timed\":2000"), std::string::npos)
+        << r.out;
+    EXPECT_GT(json_number(r.out, "inclusive_ns"), 0) << r.out;
+    auto t = iprobe({"trace", pid, "--duration", "0", "--format", "json"});
+    const long long at = json_number(t.out, "time_ns");
+    const long long expected = std::chrono::duration_cast<std::chrono::nanoseconds>(before.time_since_epoch()).count();
+    EXPECT_LT(std::llabs(at - expected), 5000000000ll) << "event times are wall-clock: " << t.out.substr(0, 200);
 }
 
 TEST(RuntimeInProcess, EventsBeforeARegionIsMappedAreCountedNotFatal) {

@@ -52,6 +52,13 @@ enum iprobe_rt_record_kind {
     IPROBE_RT_REC_ARGS = 4        /* continuation: the point's integer arguments */
 };
 
+/* The TSC where it is invariant (constant_tsc and nonstop_tsc: the cheapest
+ * correct clock, bench/hotpatch/clocks.c), else CLOCK_MONOTONIC in ns. */
+enum iprobe_rt_clock {
+    IPROBE_RT_CLOCK_TSC = 0,
+    IPROBE_RT_CLOCK_MONOTONIC = 1
+};
+
 enum iprobe_rt_ring_state {
     IPROBE_RT_RING_FREE = 0,
     IPROBE_RT_RING_OWNED = 1,     /* a live thread produces into it */
@@ -167,8 +174,8 @@ struct iprobe_rt_control {
     uint64_t region_size;
     uint32_t owner_pid;          /* process the region belongs to */
     uint32_t generation;         /* bumped by each attach/detach */
-    uint64_t tsc_hz;             /* calibrated by the attacher */
-    uint64_t tsc_base;           /* tsc at ... */
+    uint64_t tsc_hz;             /* calibrated by the attacher (1e9 with IPROBE_RT_CLOCK_MONOTONIC) */
+    uint64_t tsc_base;           /* tsc (or CLOCK_MONOTONIC ns) at ... */
     uint64_t realtime_ns_base;   /* ... this CLOCK_REALTIME instant */
 
     uint64_t modules_offset;
@@ -197,7 +204,9 @@ struct iprobe_rt_control {
     uint64_t no_slot_events;     /* a thread found no free thread slot (not in the sums) */
     uint64_t unknown_site_events;/* return address not in the hash */
     uint64_t fork_child_events;  /* (in a forked child's copy, never here) */
-    uint64_t reserved[8];
+    uint32_t clock;              /* enum iprobe_rt_clock: what "tsc" fields count */
+    uint32_t pad3;
+    uint64_t reserved[7];
 };
 
 #ifdef __cplusplus
