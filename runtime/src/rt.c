@@ -227,6 +227,7 @@ static void retire_thread(void* value) {
     t->no_slot = 1;
     t->ring = 0;
     t->slot = 0;
+    t->stats = 0;
     BARRIER();
     if (ring) __atomic_store_n(&ring->state, IPROBE_RT_RING_RETIRED, __ATOMIC_RELEASE);
     if (slot) __atomic_store_n(&slot->state, IPROBE_RT_RING_RETIRED, __ATOMIC_RELEASE);
@@ -333,6 +334,16 @@ static inline __attribute__((always_inline)) void aggregate(struct iprobe_rt_con
 /* The count handler: calls (entries, points) and completed calls (exits),
  * untimed.  One hash probe gives the aggregate slot. */
 static inline __attribute__((always_inline)) void count(uintptr_t return_address, uint8_t kind) {
+    /* A thread that has its slot has seen the region mapped (slots are only
+     * claimed then, and a forked child starts without one): skip g_control. */
+    struct iprobe_rt_fn_stats* own = t_producer.stats;
+    if (LIKELY(own != 0)) {
+        const struct iprobe_rt_site* site = find_site(return_address);
+        if (LIKELY(site != 0 && site->stat < g_geometry.stat_capacity)) {
+            add_local(kind == IPROBE_RT_REC_EXIT ? &own[site->stat].completed : &own[site->stat].calls, 1);
+            return;
+        }
+    }
     struct iprobe_rt_control* cb;
     const struct iprobe_rt_site* site = site_for(return_address, &cb);
     if (UNLIKELY(!site)) return;
