@@ -689,6 +689,30 @@ struct Injected {
     bool injected = false;
 };
 
+// A target in a mount namespace of its own (a container) has no `path`: the
+// library is put there, at the same path, for its dlopen.  Returns the copy
+// made ("" when the target already sees the library), for removal if the
+// injection fails.
+std::string make_visible_to(pid_t pid, const std::string& path) {
+    const std::string there = target_view(pid, path);
+    struct stat st {};
+    if (::stat(there.c_str(), &st) == 0) return {};
+    std::error_code ec;
+    std::filesystem::create_directories(std::filesystem::path(there).parent_path(), ec);
+    const std::string tmp = there + ".iprobe-tmp";
+    if (!ec) std::filesystem::copy_file(path, tmp, std::filesystem::copy_options::overwrite_existing, ec);
+    if (!ec) std::filesystem::permissions(tmp, std::filesystem::perms(0755), ec);
+    if (!ec) std::filesystem::rename(tmp, there, ec);
+    if (ec) {
+        std::filesystem::remove(tmp, ec);
+        throw Error("process " + std::to_string(pid) + " does not see " + path +
+                        " (it runs in another mount namespace, a container) and it cannot be copied there: " +
+                        ec.message() + "; make the library reachable at the same path inside it, or use --runtime",
+                    ExitCode::unavailable);
+    }
+    return there;
+}
+
 Injected ensure_library(StoppedProcess& process, std::vector<Mapping>& maps, std::vector<RunningModule>& modules,
                         const LoadedLibrary& libc, const std::string& path, Clock::time_point deadline) {
     if (auto lib = find_loaded(process.pid(), modules, path)) return {*lib, false};
@@ -701,7 +725,14 @@ Injected ensure_library(StoppedProcess& process, std::vector<Mapping>& maps, std
                         ExitCode::busy);
         throw std::runtime_error("retry");
     }
-    remote_dlopen(process, libc, path);
+    const std::string copied = make_visible_to(process.pid(), path);
+    try {
+        remote_dlopen(process, libc, path);
+    } catch (...) {
+        std::error_code ec;
+        if (!copied.empty()) std::filesystem::remove(copied, ec);
+        throw;
+    }
     maps = read_maps(process.pid());
     modules = running_modules(process, maps);
     auto lib = find_loaded(process.pid(), modules, path);

@@ -221,6 +221,7 @@ void DebugSession::make_clone() {
                       .field("total_us", static_cast<std::int64_t>(container_clone_.total_ms * 1e3))
                       .field("generation", clones_made_);
               });
+        if (!o_.probes.empty() || !o_.functions.empty()) attach_probes();
         return;
     }
     CloneOptions co;
@@ -278,12 +279,17 @@ void DebugSession::connect_clone() {
 }
 
 void DebugSession::attach_probes() {
-    // The probe tools run inside the clone's PID and mount namespaces: there
-    // the clone has production's PID, and its runtime's shared memory lives
-    // in the clone's own /dev/shm.
-    const std::vector<std::string> in_clone = {"nsenter", "--target", std::to_string(clone_.keeper_pid), "--pid",
-                                               "--mount", "--", hotpatch_tool_};
-    const std::string pid_in_clone = std::to_string(clone_.clone_pid_in_ns);
+    // A CRIU clone: the probe tools run inside its PID and mount namespaces,
+    // where it has production's PID and its own /dev/shm and /run/iprobe.  A
+    // container clone: they run here, on its host PID (attach puts the
+    // runtime inside the container's file system for its dlopen).
+    const bool container = !o_.container.empty();
+    const pid_t clone_pid = container ? container_clone_.clone_pid : clone_.clone_pid;
+    const std::vector<std::string> in_clone =
+        container ? std::vector<std::string>{hotpatch_tool_}
+                  : std::vector<std::string>{"nsenter", "--target", std::to_string(clone_.keeper_pid), "--pid",
+                                             "--mount", "--", hotpatch_tool_};
+    const std::string pid_in_clone = std::to_string(container ? clone_pid : clone_.clone_pid_in_ns);
     std::vector<std::string> attach = in_clone;
     attach.insert(attach.end(), {"attach", pid_in_clone});
     if (!o_.probes.empty()) {
@@ -296,14 +302,14 @@ void DebugSession::attach_probes() {
     }
     RunResult a = launcher::run(attach);
     if (!a.ok())
-        throw Error("iprobe attach in clone " + name_ + " (PID " + std::to_string(clone_.clone_pid) + ") failed: " + a.err);
+        throw Error("iprobe attach in clone " + name_ + " (PID " + std::to_string(clone_pid) + ") failed: " + a.err);
     // The tool ran inside the clone's PID namespace and names the PID there.
     std::string summary = a.out.substr(0, a.out.find('\n'));
     if (const auto at = summary.find(" in process " + pid_in_clone); at != std::string::npos)
         summary.erase(at, 12 + pid_in_clone.size());
     event("attached",
-          "probes attached in clone " + name_ + " (PID " + std::to_string(clone_.clone_pid) + "): " + summary,
-          [&](JsonWriter& w) { w.field("clone_pid", static_cast<std::int64_t>(clone_.clone_pid)); });
+          "probes attached in clone " + name_ + " (PID " + std::to_string(clone_pid) + "): " + summary,
+          [&](JsonWriter& w) { w.field("clone_pid", static_cast<std::int64_t>(clone_pid)); });
     // Line-buffered so the trace streams through a pipe or file as it comes.
     std::vector<std::string> trace;
     if (!find_program("stdbuf").empty()) trace = {"stdbuf", "-oL"};
@@ -532,12 +538,7 @@ int run_debug(const DebugOptions& options) {
         throw Error("iprobe debug needs root (CRIU, namespaces, ptrace); run it with sudo", ExitCode::permission);
     DebugOptions o = options;
     if (!o.container.empty()) {
-        // Not yet: probes inside a container's mount namespace, and a mirror
-        // that follows a re-cloned container to its new address.
-        if (!o.probes.empty() || !o.functions.empty())
-            throw Error("--probes/--functions with --container are not supported yet: clone with --container, then "
-                        "attach to the clone's PID (see the clone event)",
-                        ExitCode::usage);
+        // Not yet: a mirror that follows a re-cloned container to its new address.
         if (o.recloning != DebugOptions::Recloning::off)
             throw Error("--recloning with --container is not supported yet", ExitCode::usage);
         o.pid = container_main_pid(o.container);

@@ -27,17 +27,20 @@ std::string trimmed(std::string s) {
     return s;
 }
 
-// A rootfs of redis-server and what `ldd` says it loads, as an image.
-std::string build_image(const TempDir& dir) {
-    if (run({"podman", "image", "exists", kImage}).exit_code == 0) return {};
+// A rootfs of `server` (as /usr/bin/redis-server) and what `ldd` says it
+// loads, as an image.
+std::string build_image(const TempDir& dir, const std::string& image = kImage,
+                        const std::string& server = "/usr/bin/redis-server") {
+    if (run({"podman", "image", "exists", image}).exit_code == 0) return {};
     const std::string root = dir / "rootfs";
-    std::string files = "/usr/bin/redis-server";
-    const auto ldd = run({"ldd", "/usr/bin/redis-server"});
+    std::string files;
+    const auto ldd = run({"ldd", server});
     const std::regex lib(R"((/[^ ]+) \(0x)");
     for (std::sregex_iterator it(ldd.out.begin(), ldd.out.end(), lib), end; it != end; ++it) files += " " + (*it)[1].str();
-    const auto r = sh("set -e; mkdir -p " + root + "/tmp " + root + "/data; for f in " + files +
+    const auto r = sh("set -e; rm -rf " + root + "; mkdir -p " + root + "/tmp " + root + "/data " + root +
+                      "/usr/bin; cp " + server + " " + root + "/usr/bin/redis-server; for f in" + files +
                       "; do mkdir -p " + root + "$(dirname $f); cp -L $f " + root + "$f; done; tar -C " + root +
-                      " -cf " + dir.path() + "/rootfs.tar . && podman import " + dir.path() + "/rootfs.tar " + kImage);
+                      " -cf " + dir.path() + "/rootfs.tar . && podman import " + dir.path() + "/rootfs.tar " + image);
     return r.exit_code == 0 ? std::string() : "podman import failed: " + r.err;
 }
 
@@ -64,14 +67,14 @@ protected:
     void SetUp() override {
         IPROBE_SKIP_UNLESS_CLONING_WORKS();
         ASSERT_EQ(run({"podman", "--version"}).exit_code, 0) << "podman is not installed (scripts/setup installs it)";
-        const std::string built = build_image(dir_);
+        const std::string built = build_image(dir_, image_, server_);
         ASSERT_TRUE(built.empty()) << built;
         prod_ = "ipt-prod-" + std::to_string(getpid());
         clone_ = "ipt-clone-" + std::to_string(getpid());
         // runc: crun 1.8 refuses hosts with cgroups v1 and v2 mixed.
         std::vector<std::string> argv = {"podman", "--runtime", "runc", "run", "-d", "--name", prod_};
         for (const auto& u : ulimits_within_ours()) argv.push_back(u);
-        argv.insert(argv.end(), {kImage, "/usr/bin/redis-server", "--save", "", "--appendonly", "no",
+        argv.insert(argv.end(), {image_, "/usr/bin/redis-server", "--save", "", "--appendonly", "no",
                                  "--protected-mode", "no", "--dir", "/data"});
         const auto started = run(argv, {}, std::chrono::seconds(120));
         if (started.exit_code != 0) {
@@ -90,7 +93,22 @@ protected:
     }
 
     TempDir dir_;
+    std::string image_ = kImage, server_ = "/usr/bin/redis-server";
     std::string prod_, clone_, address_;
+};
+
+// Production runs redis built with iprobe-cc: probes go into the clone.
+class LauncherContainerProbed : public LauncherContainer {
+protected:
+    void SetUp() override {
+        IPROBE_SKIP_UNLESS_CLONING_WORKS();
+        server_ = build_redis("finstrument");
+        ASSERT_FALSE(server_.empty()) << "scripts/build-redis --mode finstrument failed";
+        // one image per build of that redis
+        image_ = "localhost/iprobe-test-redis:finstrument-" +
+                 std::to_string(fs::last_write_time(server_).time_since_epoch().count());
+        LauncherContainer::SetUp();
+    }
 };
 
 TEST_F(LauncherContainer, CloneIsANewContainerWithProductionsDataAndItsOwnAddress) {
@@ -166,6 +184,47 @@ TEST_F(LauncherContainer, DebugFeedsTheCloneContainerAndRemovesItWhenStopped) {
     EXPECT_EQ(debug.wait(std::chrono::seconds(60)), 0);
     EXPECT_NE(run({"podman", "container", "exists", clone_}).exit_code, 0) << "the clone container is gone";
     EXPECT_EQ(redis_at(address_, {"GET", "k1"}), "v1");
+    clone_.clear();
+}
+
+TEST_F(LauncherContainerProbed, DebugTracesExactlyTheMirroredCommandsInTheCloneContainerOnly) {
+    const int listen = free_port();
+    const std::string out = dir_ / "debug.out";
+    Child debug({bin("iprobe"), "debug", "--container", prod_, "--name", clone_, "--listen",
+                 "127.0.0.1:" + std::to_string(listen), "--production", address_ + ":6379", "--probes",
+                 server_ + ".probes", "--functions", "processCommand", "--json"},
+                out);
+    std::string text;
+    for (int i = 0; i < 1200 && text.find(R"("event":"mirror")") == std::string::npos && debug.running(); ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        text = file_text(out);
+    }
+    ASSERT_NE(text.find(R"("event":"attached")"), std::string::npos) << text;
+    for (const char* cmd : {"SET t1 a", "INCR t2", "GET t1"}) {
+        std::vector<std::string> argv = {"redis-cli", "-p", std::to_string(listen)};
+        std::istringstream words(cmd);
+        for (std::string w; words >> w;) argv.push_back(w);
+        EXPECT_EQ(run(argv).exit_code, 0);
+    }
+    const std::string entered = R"("kind":"entry","function":"processCommand")";
+    size_t traced = 0;
+    for (int i = 0; i < 100 && traced < 3; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        std::istringstream lines(file_text(out));
+        traced = 0;
+        for (std::string line; std::getline(lines, line);) traced += line.find(entered) != std::string::npos;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    std::istringstream lines(file_text(out));
+    traced = 0;
+    for (std::string line; std::getline(lines, line);) traced += line.find(entered) != std::string::npos;
+    EXPECT_EQ(traced, 3u) << file_text(out);
+    // production: never patched, no runtime loaded
+    const std::string prod_pid = trimmed(run({"podman", "inspect", "--format", "{{.State.Pid}}", prod_}).out);
+    EXPECT_EQ(file_text("/proc/" + prod_pid + "/maps").find("iprobe-rt"), std::string::npos);
+    debug.kill(SIGTERM);
+    EXPECT_EQ(debug.wait(std::chrono::seconds(60)), 0);
+    EXPECT_NE(run({"podman", "container", "exists", clone_}).exit_code, 0);
     clone_.clear();
 }
 
