@@ -71,7 +71,7 @@ public:
     Workspace(const Workspace&) = delete;
     Workspace& operator=(const Workspace&) = delete;
 
-    std::string archive() const { return dir_ + "/checkpoint.tar.gz"; }
+    std::string archive() const { return dir_ + "/checkpoint.tar"; }
     // `podman ARGS` with iprobe's CRIU in front of the runtime's.
     std::vector<std::string> podman(const std::string& podman, std::vector<std::string> args) const {
         const char* path = std::getenv("PATH");
@@ -124,8 +124,10 @@ ContainerCloneResult clone_container(const ContainerCloneOptions& o) {
     progress(o, "checkpointing container " + o.container + " with podman and CRIU " + criu.version +
                     ", production keeps running");
     double t = now_ms();
+    // Uncompressed: the archive lives only until the restore, and compressing
+    // it (podman's default, zstd) made a 1 GB clone serve after 12.4 s, not 9.9.
     RunResult dump = run(work.podman(podman, {"container", "checkpoint", "--leave-running", "--print-stats",
-                                              "--export", work.archive(), o.container}));
+                                              "--compress", "none", "--export", work.archive(), o.container}));
     r.checkpoint_ms = now_ms() - t;
     if (!dump.ok())
         throw Error("podman could not checkpoint container '" + o.container +
