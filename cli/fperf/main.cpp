@@ -15,6 +15,7 @@
 #include "iprobe/support/file.h"
 #include "iprobe/support/glob.h"
 #include "iprobe/support/json.h"
+#include "iprobe/support/number.h"
 
 namespace {
 
@@ -121,8 +122,7 @@ int cmd_record(int argc, char** argv) {
             return 0;
         } else if (a == "--pid" || a == "-p") {
             const auto v = need_value(i, argc, argv);
-            o.pid = static_cast<pid_t>(parse_number(v, "pid"));
-            if (o.pid <= 0) usage_error("bad pid '" + v + "'");
+            o.pid = iprobe::parse_pid_or_usage(v, "--pid");
         } else if (a == "--probes") {
             o.probe_sources.push_back(need_value(i, argc, argv));
         } else if (a == "--functions") {

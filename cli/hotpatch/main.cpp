@@ -24,6 +24,7 @@
 #include "iprobe/support/glob.h"
 #include "iprobe/support/json.h"
 #include "iprobe/trace_file.hpp"
+#include "iprobe/support/number.h"
 #include "iprobe/trace_reader.hpp"
 
 using namespace iprobe;
@@ -70,7 +71,8 @@ const char* const kUsage =
     "        --folded: folded stacks (exclusive ns) for flamegraph.pl, from the event\n"
     "        stream (consumes it, like trace).\n"
     "\n"
-    "exit codes: 0 ok, 1 failed, 2 usage, 3 bad input, 4 permission, 5 not found, 6 busy, 7 unavailable\n";
+    "exit codes: 0 ok, 1 failed, 2 usage, 3 bad input, 4 permission, 5 not found, 6 busy, 7 unavailable,\n"
+    "            130 interrupted (SIGINT/SIGTERM; an attach or detach in progress is undone first)\n";
 
 [[noreturn]] void usage_error(const std::string& message) {
     throw Error(message + "\n(see 'iprobe " + g_command + " --help')", ExitCode::usage);
@@ -121,10 +123,7 @@ Args parse(int argc, char** argv) {
             continue;
         }
         if (args.pid != 0) usage_error("unexpected argument " + a);
-        char* end = nullptr;
-        const long pid = std::strtol(a.c_str(), &end, 10);
-        if (!end || *end || pid <= 0) usage_error("PID must be a positive number, not '" + a + "'");
-        args.pid = static_cast<pid_t>(pid);
+        args.pid = parse_pid_or_usage(a);
     }
     if (args.pid == 0 && !(args.command == "trace" && args.flag("--input"))) usage_error("missing PID");
     if (args.pid != 0 && args.flag("--input")) usage_error("--input reads a file: give no PID");
@@ -174,7 +173,8 @@ int cmd_attach(const Args& args) {
     else if (handler == "count") o.mode = HandlerMode::count;
     else usage_error("--handler must be trace or count");
     if (args.flag("--ring-records") && args.flag("--buffer")) usage_error("--ring-records and --buffer exclude each other");
-    if (args.flag("--ring-records")) o.ring_records = static_cast<std::uint32_t>(std::stoul(args.value("--ring-records")));
+    if (args.flag("--ring-records"))
+        o.ring_records = static_cast<std::uint32_t>(parse_unsigned_or_usage(args.value("--ring-records"), "--ring-records", 1, 1u << 30));
     if (args.flag("--buffer")) o.ring_records = ring_records_for(args.value("--buffer"));
     o.runtime_library = args.value("--runtime");
     const AttachStats st = attach(o);
@@ -273,10 +273,7 @@ int cmd_status(const Args& args) {
 // No --duration: until Ctrl-C (trace) or a single drain (report); 0: one drain.
 double parse_duration(const Args& args) {
     if (!args.flag("--duration")) return -1;
-    char* end = nullptr;
-    const double d = std::strtod(args.value("--duration").c_str(), &end);
-    if (!end || *end || d < 0) usage_error("--duration must be a number of seconds");
-    return d;
+    return parse_decimal_or_usage(args.value("--duration"), "--duration (seconds)", 0, 1e9);
 }
 
 bool alive(pid_t pid) { return ::kill(pid, 0) == 0 || errno == EPERM; }
@@ -522,7 +519,10 @@ int main(int argc, char** argv) {
         return argc < 2 ? 2 : 0;
     }
     struct sigaction sa {};
-    sa.sa_handler = [](int) { g_stop = 1; };
+    sa.sa_handler = [](int) {
+        g_stop = 1;
+        interrupt();  // an attach or detach undoes what it did, then ends with ExitCode::interrupted
+    };
     ::sigaction(SIGINT, &sa, nullptr);
     ::sigaction(SIGTERM, &sa, nullptr);
     ::signal(SIGPIPE, SIG_IGN);

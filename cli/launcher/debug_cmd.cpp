@@ -5,6 +5,7 @@
 #include "commands.h"
 #include "iprobe/launcher/debug.h"
 #include "iprobe/support/error.h"
+#include "iprobe/support/number.h"
 
 namespace iprobe::launcher::cli {
 namespace {
@@ -94,12 +95,7 @@ int debug_main(const std::vector<std::string>& args) {
                 o.recloning = DebugOptions::Recloning::on_divergence;
             } else if (v.rfind("periodic:", 0) == 0) {
                 o.recloning = DebugOptions::Recloning::periodic;
-                try {
-                    o.period_s = std::stoi(v.substr(9));
-                } catch (...) {
-                    o.period_s = 0;
-                }
-                if (o.period_s <= 0) throw Error("--recloning periodic:N wants N > 0 seconds", ExitCode::usage);
+                o.period_s = static_cast<int>(parse_unsigned_or_usage(v.substr(9), "--recloning periodic:SECONDS", 1, 86400 * 365));
             } else {
                 throw Error("--recloning wants off, on-overflow, on-divergence or periodic:SECONDS", ExitCode::usage);
             }

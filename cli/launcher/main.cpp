@@ -6,21 +6,11 @@
 
 #include "commands.h"
 #include "iprobe/support/error.h"
+#include "iprobe/support/number.h"
 
 namespace iprobe::launcher::cli {
 
-int parse_pid(const std::string& text) {
-    size_t used = 0;
-    long v = 0;
-    try {
-        v = std::stol(text, &used);
-    } catch (...) {
-        used = 0;
-    }
-    if (used != text.size() || v <= 0 || v > (1 << 22))
-        throw Error("'" + text + "' is not a process ID", ExitCode::usage);
-    return static_cast<int>(v);
-}
+int parse_pid(const std::string& text) { return parse_pid_or_usage(text); }
 
 }  // namespace iprobe::launcher::cli
 

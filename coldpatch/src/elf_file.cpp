@@ -214,10 +214,13 @@ std::string ElfFile::soname() const {
 }
 
 void ElfFile::require_x86_64_executable_or_library() const {
-    if (!is_x86_64())
-        throw Error(path_ + ": is an ELF file for " + machine_name(machine_) +
+    if (!is_x86_64()) {
+        const bool wide = bytes_[EI_CLASS] == ELFCLASS64;
+        throw Error(path_ + ": is a " + (wide ? "64" : "32") + "-bit ELF file for " + machine_name(machine_) +
+                        (machine_ == EM_X86_64 && !wide ? " (its class byte says 32-bit: x32 or corrupt)" : "") +
                         "; iprobe handles x86-64 only",
                     ExitCode::bad_input);
+    }
     if (!is_executable_or_library())
         throw Error(path_ + ": is not a linked executable or shared library (ELF type " +
                         std::to_string(type_) + "); link it first",

@@ -137,19 +137,23 @@ LoadedLibrary libc_of(pid_t pid, const std::vector<RunningModule>& modules) {
 }
 
 // Return addresses of a stopped thread, innermost first, unwound with the
-// modules' CFI (libdw; the threads are already ptrace-stopped by us).
+// modules' CFI (libdw).  The threads are ours already: libdwfl gets their
+// registers and memory from us (dwfl_attach_state), never ptrace-attaches
+// itself.
 class StackWalker {
 public:
-    explicit StackWalker(pid_t pid) {
+    explicit StackWalker(const StoppedProcess& process) : process_(process) {
         // .eh_frame CFI is enough; never look for (or download) debuginfo.
         static const Dwfl_Callbacks callbacks = {
             dwfl_linux_proc_find_elf,
             [](Dwfl_Module*, void**, const char*, Dwarf_Addr, const char*, const char*, GElf_Word, char**) { return -1; },
             nullptr, nullptr};
+        static const Dwfl_Thread_Callbacks thread_callbacks = {next_thread, get_thread, memory_read,
+                                                               set_initial_registers, nullptr, nullptr};
         dwfl_ = dwfl_begin(&callbacks);
         if (!dwfl_) return;
-        if (dwfl_linux_proc_report(dwfl_, pid) != 0 || dwfl_report_end(dwfl_, nullptr, nullptr) != 0 ||
-            dwfl_linux_proc_attach(dwfl_, pid, true) != 0) {
+        if (dwfl_linux_proc_report(dwfl_, process.pid()) != 0 || dwfl_report_end(dwfl_, nullptr, nullptr) != 0 ||
+            !dwfl_attach_state(dwfl_, nullptr, process.pid(), &thread_callbacks, this)) {
             dwfl_end(dwfl_);
             dwfl_ = nullptr;
         }
@@ -183,6 +187,41 @@ public:
     }
 
 private:
+    static const StoppedProcess& process_of(void* arg) { return static_cast<StackWalker*>(arg)->process_; }
+
+    static pid_t next_thread(Dwfl*, void* arg, void** thread_arg) {
+        const auto& threads = process_of(arg).threads();
+        const auto* previous = static_cast<const StoppedThread*>(*thread_arg);
+        const std::size_t next = previous ? static_cast<std::size_t>(previous - threads.data()) + 1 : 0;
+        if (next >= threads.size()) return 0;
+        *thread_arg = const_cast<StoppedThread*>(&threads[next]);
+        return threads[next].tid;
+    }
+    static bool get_thread(Dwfl*, pid_t tid, void* arg, void** thread_arg) {
+        for (const auto& t : process_of(arg).threads())
+            if (t.tid == tid) {
+                *thread_arg = const_cast<StoppedThread*>(&t);
+                return true;
+            }
+        return false;
+    }
+    static bool memory_read(Dwfl*, Dwarf_Addr address, Dwarf_Word* result, void* arg) {
+        try {
+            process_of(arg).read(address, result, sizeof *result);
+            return true;
+        } catch (const Error&) {
+            return false;
+        }
+    }
+    // DWARF register numbers of x86-64: rax rdx rcx rbx rsi rdi rbp rsp r8..r15, then the return address (rip).
+    static bool set_initial_registers(Dwfl_Thread* thread, void* thread_arg) {
+        const user_regs_struct& r = static_cast<const StoppedThread*>(thread_arg)->regs;
+        const Dwarf_Word regs[17] = {r.rax, r.rdx, r.rcx, r.rbx, r.rsi, r.rdi, r.rbp, r.rsp, r.r8,
+                                     r.r9,  r.r10, r.r11, r.r12, r.r13, r.r14, r.r15, r.rip};
+        return dwfl_thread_state_registers(thread, 0, 17, regs) && (dwfl_thread_state_register_pc(thread, r.rip), true);
+    }
+
+    const StoppedProcess& process_;
     Dwfl* dwfl_ = nullptr;
 };
 
@@ -204,7 +243,7 @@ std::string unsafe_for_dlopen(const StoppedProcess& process, const std::vector<M
     auto inside = [&](std::uint64_t a) {
         return std::any_of(ranges.begin(), ranges.end(), [&](auto& r) { return a >= r.first && a < r.second; });
     };
-    StackWalker walker(process.pid());
+    StackWalker walker(process);
     for (const auto& t : process.threads()) {
         if (inside(t.regs.rip)) return "thread " + std::to_string(t.tid) + " is inside malloc or the dynamic loader";
         for (std::uint64_t pc : walker.frames(t.tid))
@@ -359,6 +398,32 @@ struct Patch {
 
 void sort_by_address(std::vector<Patch>& patches) {
     std::sort(patches.begin(), patches.end(), [](auto& a, auto& b) { return a.address < b.address; });
+}
+
+using SiteText = std::array<std::uint8_t, IPROBE_PL_SITE_MAX>;
+
+// The bytes at each address.  Sites close together share one read; far
+// apart ones are read apart, so no buffer ever spans the gap between the
+// lowest and the highest site (a bad address costs one failed read, not a
+// gigabyte).
+std::vector<SiteText> read_sites(const ProcessMemory& memory, const std::vector<std::uint64_t>& addresses) {
+    std::vector<std::size_t> order(addresses.size());
+    for (std::size_t i = 0; i < order.size(); i++) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](auto a, auto b) { return addresses[a] < addresses[b]; });
+    std::vector<SiteText> out(addresses.size());
+    std::vector<std::uint8_t> run;
+    for (std::size_t i = 0; i < order.size();) {
+        const std::uint64_t low = addresses[order[i]];
+        std::uint64_t high = low + IPROBE_PL_SITE_MAX;
+        std::size_t j = i + 1;
+        while (j < order.size() && addresses[order[j]] < high + kPage) high = addresses[order[j++]] + IPROBE_PL_SITE_MAX;
+        run.resize(high - low);
+        memory.read(low, run.data(), run.size());
+        for (std::size_t k = i; k < j; k++)
+            std::memcpy(out[order[k]].data(), run.data() + (addresses[order[k]] - low), IPROBE_PL_SITE_MAX);
+        i = j;
+    }
+    return out;
 }
 
 // Writes all patches (sorted by address) page-run by page-run through
@@ -567,6 +632,46 @@ void update_timed(Region& region) {
     for (std::uint32_t i = 0; i < count; i++)
         probes[i].timed = probes[i].kind == static_cast<std::uint8_t>(ProbeKind::entry) &&
                           probes[i].stat < exit_on.size() && exit_on[probes[i].stat];
+}
+
+// Every site of the list lies inside the module's executable segments, so no
+// write can land outside its code (the bytes at each selected site are
+// checked once the world is stopped).
+void check_sites_in_code(const SelectedList& s, const RunningModule& running) {
+    for (const auto& p : s.list.probes)
+        if (!running.holds_code(p.site, p.size))
+            throw Error(s.source + ": record " + std::to_string(p.id) + ": site_address " + hex_address(p.site) +
+                            " is outside the executable segments of " + running.path +
+                            "; the probe list is corrupt or not made for this build",
+                        ExitCode::bad_input);
+}
+
+// Throws Error(bad_input) unless the site holds its placeholder, a call into
+// one of our stubs, or (call forms) the compiler's original hook call.
+void check_site_bytes(const SelectedList& s, const RunningModule& running, const Probe& p, std::uint64_t site,
+                      const std::uint8_t* now, StubChecker& stubs_seen) {
+    if (std::memcmp(now, p.placeholder.data(), p.size) == 0 || stubs_seen.calls_a_stub(site, now, p.size) ||
+        (std::memcmp(now, p.original.data(), p.size) == 0 && p.form != SiteForm::nop))
+        return;
+    std::ostringstream bytes;
+    for (int i = 0; i < p.size; i++) bytes << (i ? " " : "") << std::hex << int(now[i]);
+    throw Error(s.source + ": record " + std::to_string(p.id) + ": site " + hex_address(site) + " in " + p.demangled +
+                    " holds [" + bytes.str() + "], neither its placeholder nor an iprobe call: " + running.path +
+                    " is not the coldpatched binary " + s.source + " describes",
+                ExitCode::bad_input);
+}
+
+// Before anything is injected or written: every selected site lies in the
+// module's code and holds what the list says.
+void check_selected_sites(const ProcessMemory& memory, const SelectedList& s, const RunningModule& running) {
+    check_sites_in_code(s, running);
+    std::vector<std::uint64_t> addresses;
+    addresses.reserve(s.selected.size());
+    for (const Probe* p : s.selected) addresses.push_back(running.load_bias + p->site);
+    const std::vector<SiteText> text = read_sites(memory, addresses);
+    StubChecker stubs_seen(memory);
+    for (std::size_t k = 0; k < s.selected.size(); k++)
+        check_site_bytes(s, running, *s.selected[k], addresses[k], text[k].data(), stubs_seen);
 }
 
 std::uint32_t find_or_add_module(Region& region, const RunningModule& running, const SelectedList& s) {
@@ -778,6 +883,7 @@ auto with_world_stopped(pid_t pid, std::chrono::milliseconds timeout, Body&& bod
     UrgentPriority urgent;
     const auto deadline = Clock::now() + timeout;
     for (int attempt = 0;; attempt++) {
+        throw_if_interrupted();
         {
             const auto started = Clock::now();
             StoppedProcess process(pid);
@@ -848,6 +954,7 @@ AttachStats attach(const AttachOptions& options) {
         auto modules = running_modules(process, maps);
         std::vector<const RunningModule*> targets;
         for (auto& s : lists) targets.push_back(&match_module(s, modules, options.pid));
+        for (std::size_t li = 0; li < lists.size(); li++) check_selected_sites(process.memory(), lists[li], *targets[li]);
         const LoadedLibrary libc = libc_of(options.pid, modules);
 
         Injected runtime = ensure_library(process, maps, modules, libc, runtime_path, deadline);
@@ -910,21 +1017,19 @@ AttachStats attach(const AttachOptions& options) {
             iprobe_rt_module& module = region.modules()[mi];
             touched.insert(running.path);
             if (s.selected.empty()) continue;
-            std::uint64_t lo = ~0ull, hi = 0;
-            for (const Probe* p : s.selected) {
-                lo = std::min(lo, running.load_bias + p->site);
-                hi = std::max(hi, running.load_bias + p->site + IPROBE_PL_SITE_MAX);
-            }
-            std::vector<std::uint8_t> text(hi - lo);
-            process.read(lo, text.data(), text.size());
+            std::vector<std::uint64_t> addresses;
+            addresses.reserve(s.selected.size());
+            for (const Probe* p : s.selected) addresses.push_back(running.load_bias + p->site);
+            const std::vector<SiteText> text = read_sites(process.memory(), addresses);
             ensure_stub_page(process, maps, libc, running, module);
             // Keyed by the handler symbol's identity: one of the six in `handlers`.
             std::map<const std::string*, std::uint64_t> stubs;
             patches.reserve(patches.size() + s.selected.size());
             enables.reserve(enables.size() + s.selected.size());
-            for (const Probe* p : s.selected) {
-                const std::uint64_t site = running.load_bias + p->site;
-                const std::uint8_t* now = text.data() + (site - lo);
+            for (std::size_t k = 0; k < s.selected.size(); k++) {
+                const Probe* p = s.selected[k];
+                const std::uint64_t site = addresses[k];
+                const std::uint8_t* now = text[k].data();
                 const std::uint32_t global = module.first_probe + p->id;
                 const std::uint64_t ret = site + p->size;
                 stats.selected++;
@@ -943,26 +1048,19 @@ AttachStats attach(const AttachOptions& options) {
                     }
                     patches.push_back({site, SiteBytes(now, p->size), call_bytes(site, p->size, stub)});
                     enables.push_back({global, ret});
-                } else if (stubs_seen.calls_a_stub(site, now, p->size)) {
-                    stats.already_enabled++;
-                    enables.push_back({global, ret});
-                } else if (std::memcmp(now, p->original.data(), p->size) == 0 && p->form != SiteForm::nop) {
-                    // A live compiler hook (binary not coldpatched, hooks served
-                    // by a linked runtime): register the site, write nothing.
-                    stats.already_enabled++;
-                    enables.push_back({global, ret});
                 } else {
-                    std::ostringstream bytes;
-                    for (int i = 0; i < p->size; i++) bytes << (i ? " " : "") << std::hex << int(now[i]);
-                    throw Error("site " + hex_address(site) + " in " + p->demangled + " holds [" + bytes.str() +
-                                    "], neither its placeholder nor an iprobe call: " + running.path +
-                                    " is not the coldpatched binary " + s.source + " describes",
-                                ExitCode::bad_input);
+                    // Enabled already, or a live compiler hook (binary not
+                    // coldpatched, hooks served by a linked runtime): register
+                    // the site, write nothing.
+                    check_site_bytes(s, running, *p, site, now, stubs_seen);
+                    stats.already_enabled++;
+                    enables.push_back({global, ret});
                 }
             }
         }
         sort_by_address(patches);
         if (!unsafe_pcs(process, patches).empty()) throw std::runtime_error("retry");
+        throw_if_interrupted();
 
         // Table first, code second: a site only becomes live once its
         // return address resolves.
@@ -1018,23 +1116,28 @@ DetachStats detach(const DetachOptions& options) {
     iprobe_rt_probe* probes = region.probes();
     for (std::uint32_t mi = 0; mi < module_count; mi++) {
         const iprobe_rt_module& module = region.modules()[mi];
+        if (lists[mi].probes.size() != module.probe_count || module.first_probe > region.probe_count() ||
+            module.probe_count > region.probe_count() - module.first_probe)
+            throw Error("the probe list of " + std::string(module.path, ::strnlen(module.path, sizeof module.path)) +
+                            " no longer matches what was attached (" + std::to_string(lists[mi].probes.size()) +
+                            " probes, " + std::to_string(module.probe_count) + " attached); nothing was changed",
+                        ExitCode::bad_input);
         std::vector<const Probe*> chosen;
-        std::uint64_t lo = ~0ull, hi = 0;
+        std::vector<std::uint64_t> addresses;
         for (const auto& p : lists[mi].probes) {
             if (p.id >= module.probe_count) continue;
             const std::uint32_t global = module.first_probe + p.id;
             if (!probes[global].enabled || !options.selector.matches(p)) continue;
             chosen.push_back(&p);
-            lo = std::min(lo, probes[global].site);
-            hi = std::max(hi, probes[global].site + IPROBE_PL_SITE_MAX);
+            addresses.push_back(probes[global].site);
         }
         if (chosen.empty()) continue;
-        std::vector<std::uint8_t> text(hi - lo);
-        memory.read(lo, text.data(), text.size());
-        for (const Probe* p : chosen) {
+        const std::vector<SiteText> text = read_sites(memory, addresses);
+        for (std::size_t k = 0; k < chosen.size(); k++) {
+            const Probe* p = chosen[k];
             const std::uint32_t global = module.first_probe + p->id;
-            const std::uint64_t site = probes[global].site;
-            const std::uint8_t* now = text.data() + (site - lo);
+            const std::uint64_t site = addresses[k];
+            const std::uint8_t* now = text[k].data();
             disabled.push_back(global);
             if (std::memcmp(now, p->placeholder.data(), p->size) == 0) continue;
             if (!stubs_seen.calls_a_stub(site, now, p->size)) continue;  // a live hook: nothing written
@@ -1049,6 +1152,7 @@ DetachStats detach(const DetachOptions& options) {
         DetachStats stats;
         stats.threads = process.threads().size();
         if (!unsafe_pcs(process, patches).empty()) throw std::runtime_error("retry");
+        throw_if_interrupted();
         apply_patches(process, patches);
         for (auto g : disabled) probes[g].enabled = 0;
         update_timed(region);

@@ -3,6 +3,7 @@
 #include <elf.h>
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <map>
 
@@ -43,6 +44,9 @@ bool inspect_image(const StoppedProcess& process, RunningModule& module) {
             if (ph.p_type == PT_LOAD) first_load = std::min<std::uint64_t>(first_load, ph.p_vaddr & ~0xfffull);
         if (first_load == ~0ull) return false;
         module.load_bias = module.base - first_load;
+        for (const auto& ph : phdrs)
+            if (ph.p_type == PT_LOAD && (ph.p_flags & PF_X) && ph.p_vaddr <= UINT64_MAX - ph.p_memsz)
+                module.code_segments.emplace_back(ph.p_vaddr, ph.p_vaddr + ph.p_memsz);
         for (const auto& ph : phdrs) {
             if (ph.p_type != PT_NOTE || ph.p_filesz > 65536) continue;
             std::vector<std::uint8_t> notes(ph.p_filesz);
@@ -80,6 +84,12 @@ std::vector<RunningModule> running_modules(const StoppedProcess& process, const 
         if (module.base != 0 && module.text_low != 0 && inspect_image(process, module))
             modules.push_back(std::move(module));
     return modules;
+}
+
+bool RunningModule::holds_code(std::uint64_t link_address, std::uint64_t size) const {
+    return std::any_of(code_segments.begin(), code_segments.end(), [&](const auto& s) {
+        return link_address >= s.first && link_address < s.second && size <= s.second - link_address;
+    });
 }
 
 const RunningModule* find_module_by_path(const std::vector<RunningModule>& modules, const std::string& path) {

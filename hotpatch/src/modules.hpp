@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "process.hpp"
@@ -18,6 +19,9 @@ struct RunningModule {
     std::uint64_t low = 0, high = 0;  // extent of all its mappings
     std::uint64_t text_low = 0, text_high = 0;  // executable mappings
     std::vector<std::uint8_t> build_id;
+    // Link-time [start, end) of its executable PT_LOAD segments: where probe sites may lie.
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> code_segments;
+    bool holds_code(std::uint64_t link_address, std::uint64_t size) const;
 };
 
 std::vector<RunningModule> running_modules(const StoppedProcess& process, const std::vector<Mapping>& maps);

@@ -1,6 +1,12 @@
 // A stopped process: every thread ptrace-seized and interrupted, memory
 // through /proc/PID/mem, function calls inside the target.  The destructor
 // always restores borrowed registers and detaches, whatever happened.
+//
+// The target may die at any moment, and the user may interrupt us: no wait
+// here blocks.  Every tracee is polled (WNOHANG, all of them in each sweep, so
+// a dying thread group's exits are collected in whatever order the kernel
+// delivers them), each wait has a deadline, and interrupt() makes the next
+// wait throw Error(interrupted).
 #pragma once
 
 #include <sys/types.h>
@@ -11,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "iprobe/hotpatch.hpp"
 #include "iprobe/support/fd.h"
 
 namespace iprobe::hotpatch {
@@ -50,6 +57,9 @@ private:
     UniqueFd mem_;
 };
 
+// Throws Error(interrupted) once interrupt() (iprobe/hotpatch.hpp) was called.
+void throw_if_interrupted();
+
 struct StoppedThread {
     pid_t tid = 0;
     user_regs_struct regs{};
@@ -86,15 +96,28 @@ public:
     void release();
 
 private:
+    struct Report {
+        pid_t tid = 0;
+        int status = 0;
+    };
+    using Deadline = std::chrono::steady_clock::time_point;
+
     void seize_all();
-    bool wait_stopped(StoppedThread& thread);
+    // The next status change of any of our tracees; false at the deadline.
+    // Throws Error(interrupted) after interrupt() when `interruptible`.
+    bool next_report(Report& report, Deadline deadline, bool interruptible = true);
+    // Folds a report into the thread lists; true when `report.tid` is now stopped.
+    bool absorb(const Report& report);
+    void forget(pid_t tid);
+    void wait_pending_stopped(Deadline deadline);
+    [[noreturn]] void throw_gone() const;
     StoppedThread& call_thread();
-    void absorb_new_threads();
 
     pid_t pid_;
     ProcessMemory memory_;
-    std::vector<StoppedThread> threads_;
-    std::vector<pid_t> new_threads_;  // auto-attached by TRACECLONE, not yet waited for
+    std::vector<StoppedThread> threads_;  // ptrace-stopped
+    std::vector<pid_t> pending_;          // seized or auto-attached, not stopped yet
+    bool leader_gone_ = false;            // the thread-group leader exited: the process is dying
     bool released_ = false;
 };
 

@@ -73,13 +73,17 @@ private:
     std::unordered_map<std::string, std::uint32_t> offsets_;
 };
 
-std::string string_at(std::span<const std::uint8_t> strings, std::uint32_t offset,
-                      const std::string& origin) {
+// `field` names the string for the error: "module_name", "record 7: source_file".
+std::string string_at(std::span<const std::uint8_t> strings, std::uint32_t offset, const std::string& origin,
+                      const std::string& field) {
     if (offset >= strings.size())
-        throw Error(origin + ": corrupt probe list (string offset out of range)", ExitCode::bad_input);
+        throw Error(origin + ": not a valid probe list (" + field + " " + std::to_string(offset) +
+                        " is past the string table's " + std::to_string(strings.size()) + " bytes)",
+                    ExitCode::bad_input);
     const auto* begin = reinterpret_cast<const char*>(strings.data()) + offset;
     const auto* nul = static_cast<const char*>(std::memchr(begin, '\0', strings.size() - offset));
-    if (!nul) throw Error(origin + ": corrupt probe list (unterminated string)", ExitCode::bad_input);
+    if (!nul)
+        throw Error(origin + ": not a valid probe list (" + field + ": unterminated string)", ExitCode::bad_input);
     return std::string(begin, nul);
 }
 
@@ -138,11 +142,17 @@ std::vector<std::uint8_t> ProbeList::serialize() const {
 }
 
 ProbeList ProbeList::deserialize(std::span<const std::uint8_t> bytes, const std::string& origin) {
-    auto corrupt = [&](const char* why) {
-        return Error(origin + ": not a valid probe list (" + why + ")", ExitCode::bad_input);
+    // Every count, offset and size is checked against the file's size before
+    // anything is allocated from it; every record is checked before the list
+    // is handed to anyone, so no reader ever acts on part of a bad list.
+    auto corrupt = [&](const std::string& why) {
+        return Error(origin + ": not a valid probe list (" + why + "); re-run coldpatch or rebuild with iprobe-cc",
+                     ExitCode::bad_input);
     };
     iprobe_pl_header header;
-    if (bytes.size() < sizeof header) throw corrupt("too short");
+    if (bytes.size() < sizeof header)
+        throw corrupt("too short: " + std::to_string(bytes.size()) + " bytes, the header alone is " +
+                      std::to_string(sizeof header));
     std::memcpy(&header, bytes.data(), sizeof header);
     if (std::memcmp(header.magic, IPROBE_PL_MAGIC, IPROBE_PL_MAGIC_SIZE) != 0) throw corrupt("bad magic");
     if (header.version != IPROBE_PL_VERSION)
@@ -150,20 +160,29 @@ ProbeList ProbeList::deserialize(std::span<const std::uint8_t> bytes, const std:
                         " is not supported (this iprobe reads version " +
                         std::to_string(IPROBE_PL_VERSION) + "); re-run coldpatch",
                     ExitCode::bad_input);
-    if (header.header_size < sizeof header || header.record_size < sizeof(iprobe_pl_record))
-        throw corrupt("header or record size too small");
-    if (header.build_id_size > IPROBE_PL_BUILD_ID_MAX) throw corrupt("build-id size");
-    const std::uint64_t records_end =
-        header.records_offset + std::uint64_t(header.probe_count) * header.record_size;
-    if (header.records_offset > bytes.size() || records_end > bytes.size() ||
-        header.strings_offset > bytes.size() || header.strings_size > bytes.size() - header.strings_offset)
-        throw corrupt("section out of range");
+    if (header.header_size < sizeof header || header.header_size > bytes.size())
+        throw corrupt("header_size " + std::to_string(header.header_size));
+    if (header.record_size < sizeof(iprobe_pl_record) || header.record_size > bytes.size())
+        throw corrupt("record_size " + std::to_string(header.record_size));
+    if (header.build_id_size > IPROBE_PL_BUILD_ID_MAX) throw corrupt("build_id_size " + std::to_string(header.build_id_size));
+    const std::uint64_t size = bytes.size();
+    // probe_count * record_size < 2^64: both are 32-bit.
+    const std::uint64_t records_size = std::uint64_t{header.probe_count} * header.record_size;
+    if (header.records_offset < header.header_size || header.records_offset > size ||
+        records_size > size - header.records_offset)
+        throw corrupt("records: " + std::to_string(header.probe_count) + " of " + std::to_string(header.record_size) +
+                      " bytes at offset " + std::to_string(header.records_offset) + " do not fit in the file's " +
+                      std::to_string(size) + " bytes");
+    if (header.strings_offset > size || header.strings_size > size - header.strings_offset)
+        throw corrupt("strings: " + std::to_string(header.strings_size) + " bytes at offset " +
+                      std::to_string(header.strings_offset) + " do not fit in the file's " + std::to_string(size) +
+                      " bytes");
     const auto strings = bytes.subspan(header.strings_offset, header.strings_size);
 
     ProbeList list;
     list.flags = header.flags;
     list.flow = header.flow;
-    list.module = string_at(strings, header.module_name, origin);
+    list.module = string_at(strings, header.module_name, origin, "module_name");
     list.build_id.assign(header.build_id, header.build_id + header.build_id_size);
     list.enter_target = header.enter_target;
     list.exit_target = header.exit_target;
@@ -173,8 +192,21 @@ ProbeList ProbeList::deserialize(std::span<const std::uint8_t> bytes, const std:
     for (std::uint32_t i = 0; i < header.probe_count; ++i) {
         iprobe_pl_record r;
         std::memcpy(&r, bytes.data() + header.records_offset + std::uint64_t(i) * header.record_size, sizeof r);
-        if (r.kind < IPROBE_KIND_ENTRY || r.kind > IPROBE_KIND_POINT) throw corrupt("bad probe kind");
-        if (r.site_size == 0 || r.site_size > IPROBE_PL_SITE_MAX) throw corrupt("bad site size");
+        auto bad = [&](const char* field, const std::string& why) {
+            return corrupt("record " + std::to_string(i) + ": " + field + " " + why);
+        };
+        if (r.id != i) throw bad("id", std::to_string(r.id) + " is not its index " + std::to_string(i));
+        if (r.kind < IPROBE_KIND_ENTRY || r.kind > IPROBE_KIND_POINT) throw bad("kind", std::to_string(r.kind) + " is unknown");
+        if (r.site_form < IPROBE_SITE_CALL_REL32 || r.site_form > IPROBE_SITE_NOP)
+            throw bad("site_form", std::to_string(r.site_form) + " is unknown");
+        if (r.site_size != 5 && r.site_size != 6) throw bad("site_size", std::to_string(r.site_size) + " is not 5 or 6");
+        if (r.site_address > UINT64_MAX - r.site_size) throw bad("site_address", "wraps around");
+        if (i > 0) {
+            const Probe& previous = list.probes[i - 1];
+            if (r.site_address < previous.site + previous.size)
+                throw bad("site_address", "overlaps record " + std::to_string(i - 1) +
+                                              " (records are sorted by site and sites are distinct)");
+        }
         Probe& p = list.probes[i];
         p.id = r.id;
         p.kind = static_cast<ProbeKind>(r.kind);
@@ -183,9 +215,10 @@ ProbeList ProbeList::deserialize(std::span<const std::uint8_t> bytes, const std:
         p.shared_site = (r.flags & IPROBE_PL_RECORD_SHARED_SITE) != 0;
         p.site = r.site_address;
         p.function_address = r.function_address;
-        p.function = string_at(strings, r.function_name, origin);
-        p.demangled = string_at(strings, r.function_demangled, origin);
-        p.file = string_at(strings, r.source_file, origin);
+        const std::string record = "record " + std::to_string(i) + ": ";
+        p.function = string_at(strings, r.function_name, origin, record + "function_name");
+        p.demangled = string_at(strings, r.function_demangled, origin, record + "function_demangled");
+        p.file = string_at(strings, r.source_file, origin, record + "source_file");
         p.line = r.source_line;
         std::copy(std::begin(r.original_bytes), std::end(r.original_bytes), p.original.begin());
         std::copy(std::begin(r.placeholder_bytes), std::end(r.placeholder_bytes), p.placeholder.begin());

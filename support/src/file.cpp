@@ -12,10 +12,16 @@
 namespace iprobe {
 
 std::vector<std::uint8_t> read_file(const std::string& path) {
-    UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    // O_NONBLOCK: opening a FIFO must not wait for a writer; only regular
+    // files are read.
+    UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY));
     if (!fd) throw_errno("cannot open " + path, ExitCode::not_found);
     struct stat st {};
     if (::fstat(fd.get(), &st) != 0) throw_errno("cannot stat " + path);
+    if (!S_ISREG(st.st_mode))
+        throw Error(path + ": not a regular file (" +
+                        (S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a FIFO" : "a device or socket") + ")",
+                    ExitCode::bad_input);
     std::vector<std::uint8_t> data(static_cast<std::size_t>(st.st_size));
     std::size_t done = 0;
     while (done < data.size()) {

@@ -1,6 +1,8 @@
 #include "iprobe/support/lock_file.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -8,6 +10,7 @@
 #include <cerrno>
 
 #include "iprobe/support/error.h"
+#include "iprobe/support/number.h"
 
 namespace iprobe {
 
@@ -38,9 +41,31 @@ bool names_same_file(const std::string& path, int fd) {
            opened.st_ino == named.st_ino;
 }
 
+// Locks of processes that no longer exist, left by a holder that was killed
+// (SIGKILL runs no destructor): flock died with the holder, so the file is
+// only clutter; removed under the lock, the same way a holder removes it.
+void remove_stale_locks(const std::string& dir) {
+    DIR* d = ::opendir(dir.c_str());
+    if (!d) return;
+    while (const dirent* entry = ::readdir(d)) {
+        const std::string name = entry->d_name;
+        const auto dot = name.find('.');
+        if (dot == 0 || dot == std::string::npos) continue;
+        const auto pid = parse_unsigned(std::string_view(name).substr(0, dot), 1, INT32_MAX);
+        if (!pid || ::kill(static_cast<pid_t>(*pid), 0) == 0 || errno != ESRCH) continue;
+        const std::string path = dir + "/" + name;
+        UniqueFd fd(::open(path.c_str(), O_RDWR | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK));
+        if (fd && ::flock(fd.get(), LOCK_EX | LOCK_NB) == 0 && names_same_file(path, fd.get())) ::unlink(path.c_str());
+    }
+    ::closedir(d);
+}
+
 }  // namespace
 
-LockFile::LockFile(const std::string& name, const std::string& busy_message) : path_(lock_dir() + "/" + name) {
+LockFile::LockFile(const std::string& name, const std::string& busy_message) {
+    const std::string dir = lock_dir();
+    remove_stale_locks(dir);
+    path_ = dir + "/" + name;
     for (int attempt = 0;; attempt++) {
         fd_.reset(::open(path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600));
         if (!fd_) throw_errno("cannot open lock file " + path_);

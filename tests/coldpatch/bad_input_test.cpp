@@ -92,6 +92,22 @@ TEST_F(BadInput, NotX86_64) {
     expect_refused(dir_ / "aarch64", 3, "aarch64; iprobe handles x86-64 only");
 }
 
+TEST_F(BadInput, ClassByteOf32BitIsDescribedAsSuch) {
+    auto bytes = file_bytes(dir_ / "instrumented");
+    bytes[4] = 1;  // EI_CLASS = ELFCLASS32, e_machine still x86-64
+    write_bytes(dir_ / "class32", bytes);
+    const auto r = run({bin("iprobe"), "coldpatch", dir_ / "class32"});
+    EXPECT_EQ(r.exit_code, 3) << r.err;
+    EXPECT_EQ(r.err.find("is an ELF file for x86-64"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("32-bit"), std::string::npos) << r.err;
+}
+
+TEST_F(BadInput, ADirectoryIsBadInput) {
+    const auto r = run({bin("iprobe"), "coldpatch", dir_.path()});
+    EXPECT_EQ(r.exit_code, 3) << r.err;
+    EXPECT_NE(r.err.find("a directory"), std::string::npos) << r.err;
+}
+
 TEST_F(BadInput, NoPlaceholders) { expect_refused(dir_ / "plain", 3, "no placeholders"); }
 
 TEST_F(BadInput, ObjectFileIsNotLinked) {

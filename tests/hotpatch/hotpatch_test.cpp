@@ -9,11 +9,16 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <sys/stat.h>
+
+#include <fstream>
+#include <functional>
 #include <random>
 #include <thread>
 
 #include "hotpatch_fixture.hpp"
 #include "iprobe/rt_layout.h"
+#include "iprobe/probe_list.h"
 
 namespace iprobe::test {
 namespace {
@@ -402,6 +407,81 @@ TEST_F(HotpatchTest, KilledTargetLeavesNothingButAnOpenReaderStillReports) {
     found.clear();
     EXPECT_FALSE(leftovers_of(pid, found)) << found;
     EXPECT_TRUE(region_holders(pid).empty()) << "nobody holds the region once its reader is done";
+}
+
+// A probe list is checked whole before the first byte is written: each bad
+// record is exit 3 naming it, quickly, with the target untouched (code,
+// runtime, region).
+TEST_F(HotpatchTest, CorruptProbeListsChangeNothing) {
+    HpTarget target(4);
+    const std::string pid = pid_of(target);
+    const auto before = text_of(target.pid(), "/hp_target");
+    const auto good = file_bytes(targets_dir() + "/hp_target.probes");
+    TempDir dir;
+    auto rec = [](std::vector<std::uint8_t>& b, std::size_t i) {
+        return reinterpret_cast<iprobe_pl_record*>(b.data() + sizeof(iprobe_pl_header) + i * sizeof(iprobe_pl_record));
+    };
+    const std::size_t count = reinterpret_cast<const iprobe_pl_header*>(good.data())->probe_count;
+    ASSERT_GE(count, 4u);
+    struct Case {
+        std::string name, says;
+        std::function<void(std::vector<std::uint8_t>&)> mutate;
+    };
+    const std::vector<Case> cases = {
+        {"id_max", "record 2: id 4294967295", [&](auto& b) { rec(b, 2)->id = 0xffffffff; }},
+        {"id_high", "record 2: id 2147483651", [&](auto& b) { rec(b, 2)->id = 0x80000003; }},
+        {"id_duplicate", "record 0: id 3", [&](auto& b) { rec(b, 0)->id = 3; }},
+        {"site_far", "record " + std::to_string(count - 1) + ": site_address 0x7fff00000000 is outside the executable",
+         [&](auto& b) { rec(b, count - 1)->site_address = 0x7fff00000000ull; }},
+        {"count_huge", "do not fit in the file",
+         [&](auto& b) { reinterpret_cast<iprobe_pl_header*>(b.data())->probe_count = 0x7fffffff; }},
+        {"wrong_bytes", "record 1: site", [&](auto& b) { rec(b, 1)->placeholder_bytes[0] ^= 0xff; }},
+    };
+    for (const auto& c : cases) {
+        auto bytes = good;
+        c.mutate(bytes);
+        const std::string list = dir / (c.name + ".probes");
+        std::ofstream(list, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+        const auto started = std::chrono::steady_clock::now();
+        auto r = iprobe({"attach", pid, "--probes", list});
+        const auto took = std::chrono::steady_clock::now() - started;
+        EXPECT_EQ(r.exit_code, 3) << c.name << ": " << r.err;
+        EXPECT_NE(r.err.find(c.says), std::string::npos) << c.name << ": " << r.err;
+        EXPECT_NE(r.err.find(list), std::string::npos) << c.name << ": the message names the file: " << r.err;
+        EXPECT_LT(took, std::chrono::seconds(2)) << c.name;
+        EXPECT_EQ(text_of(target.pid(), "/hp_target"), before) << c.name;
+        EXPECT_EQ(file_text("/proc/" + pid + "/maps").find("libiprobe-rt"), std::string::npos) << c.name;
+        EXPECT_NE(::access(("/dev/shm/iprobe." + pid).c_str(), F_OK), 0) << c.name << ": a region was left";
+    }
+    EXPECT_EQ(target.command("burst 10"), 4 * 10);
+}
+
+TEST_F(HotpatchTest, NumbersThatWouldWrapAreUsageErrors) {
+    HpTarget target(1);
+    for (const std::string& bad : {std::to_string(4294967296ll + target.pid()), std::string("99999999999"),
+                                  std::to_string(target.pid()) + "x", std::string("-") + pid_of(target)}) {
+        auto r = iprobe({"attach", bad});
+        EXPECT_EQ(r.exit_code, 2) << bad << ": " << r.err;
+        EXPECT_NE(r.err.find("PID must be a process ID"), std::string::npos) << r.err;
+    }
+    EXPECT_EQ(iprobe({"attach", pid_of(target), "--ring-records", "4294967297"}).exit_code, 2);
+    EXPECT_EQ(iprobe({"report", pid_of(target), "--duration", "inf"}).exit_code, 2);
+    EXPECT_EQ(file_text("/proc/" + pid_of(target) + "/maps").find("libiprobe-rt"), std::string::npos);
+}
+
+TEST_F(HotpatchTest, LocksOfDeadProcessesAreCleanedUp) {
+    HpTarget target(1);
+    ::mkdir("/run/iprobe", 0700);
+    // a process that existed and is gone, as a SIGKILLed session leaves it
+    Child gone({"/bin/true"});
+    gone.wait();
+    const std::string stale = "/run/iprobe/" + std::to_string(gone.pid()) + ".lock";
+    ::close(::open(stale.c_str(), O_RDWR | O_CREAT, 0600));
+    ASSERT_EQ(::access(stale.c_str(), F_OK), 0);
+    ASSERT_EQ(iprobe({"attach", pid_of(target), "--functions", "counted"}).exit_code, 0);
+    EXPECT_NE(::access(stale.c_str(), F_OK), 0) << stale << " was left";
+    EXPECT_NE(::access(("/run/iprobe/" + pid_of(target) + ".lock").c_str(), F_OK), 0);
+    ASSERT_EQ(iprobe({"detach", pid_of(target)}).exit_code, 0);
 }
 
 TEST_F(HotpatchTest, TargetKilledMidAttachFailsCleanly) {

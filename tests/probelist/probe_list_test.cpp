@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <cstring>
 
 #include "iprobe/probe_list.hpp"
@@ -102,6 +104,96 @@ TEST(ProbeList, RejectsCorruptInput) {
     auto truncated = bytes;
     truncated.resize(bytes.size() - 5);
     EXPECT_THROW(ProbeList::deserialize(truncated, "truncated"), Error);
+}
+
+// Each record field a reader acts on is checked before the list is used:
+// exit 3 naming the file, the record and the field.
+void expect_rejected(const std::vector<std::uint8_t>& bytes, const std::string& says) {
+    try {
+        ProbeList::deserialize(bytes, "app.probes");
+        FAIL() << "accepted; wanted: " << says;
+    } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ExitCode::bad_input) << e.what();
+        EXPECT_NE(std::string(e.what()).find("app.probes: "), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+    }
+}
+
+iprobe_pl_record* record(std::vector<std::uint8_t>& bytes, std::size_t i) {
+    return reinterpret_cast<iprobe_pl_record*>(bytes.data() + sizeof(iprobe_pl_header) + i * sizeof(iprobe_pl_record));
+}
+iprobe_pl_header* header(std::vector<std::uint8_t>& bytes) { return reinterpret_cast<iprobe_pl_header*>(bytes.data()); }
+
+TEST(ProbeList, RejectsBadRecordsNamingRecordAndField) {
+    const auto good = sample_list().serialize();
+    auto b = good;
+    record(b, 1)->id = 0xffffffff;
+    expect_rejected(b, "record 1: id 4294967295");
+    b = good;
+    record(b, 2)->id = 0x80000003;
+    expect_rejected(b, "record 2: id 2147483651");
+    b = good;
+    record(b, 0)->id = 1;  // a duplicate of record 1's
+    expect_rejected(b, "record 0: id 1 is not its index 0");
+    b = good;
+    record(b, 1)->kind = 9;
+    expect_rejected(b, "record 1: kind 9");
+    b = good;
+    record(b, 1)->site_form = 0;
+    expect_rejected(b, "record 1: site_form 0");
+    b = good;
+    record(b, 0)->site_size = 8;
+    expect_rejected(b, "record 0: site_size 8");
+    b = good;
+    record(b, 1)->site_address = record(b, 0)->site_address + 2;
+    expect_rejected(b, "record 1: site_address overlaps record 0");
+    b = good;
+    record(b, 2)->site_address = ~0ull - 2;
+    expect_rejected(b, "record 2: site_address wraps");
+    b = good;
+    record(b, 2)->source_file = 0xfffffff0;
+    expect_rejected(b, "record 2: source_file");
+}
+
+TEST(ProbeList, CountsAndSizesAreBoundedByTheFile) {
+    const auto good = sample_list().serialize();
+    auto b = good;
+    header(b)->probe_count = 0xffffffff;
+    expect_rejected(b, "do not fit in the file");
+    b = good;
+    // count * size + offset wraps around 2^64 to a small number
+    header(b)->probe_count = 0xffffffff;
+    header(b)->record_size = 0xffffffff;
+    expect_rejected(b, "record_size");
+    b = good;
+    header(b)->records_offset = ~0ull - 100;
+    expect_rejected(b, "do not fit in the file");
+    b = good;
+    header(b)->strings_size = ~0ull;
+    expect_rejected(b, "strings");
+    b = good;
+    header(b)->header_size = 0xffffffff;
+    expect_rejected(b, "header_size");
+}
+
+TEST(ProbeList, OnlyRegularFilesAreRead) {
+    test::TempDir dir;
+    try {
+        ProbeList::load(dir.path());
+        FAIL() << "a directory was read";
+    } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ExitCode::bad_input) << e.what();
+        EXPECT_NE(std::string(e.what()).find("a directory"), std::string::npos) << e.what();
+    }
+    const std::string fifo = dir / "fifo";
+    ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+    try {
+        ProbeList::load(fifo);  // must not wait for a writer
+        FAIL() << "a FIFO was read";
+    } catch (const Error& e) {
+        EXPECT_EQ(e.code(), ExitCode::bad_input) << e.what();
+        EXPECT_NE(std::string(e.what()).find("a FIFO"), std::string::npos) << e.what();
+    }
 }
 
 TEST(ProbeList, LoadsOneHundredThousandProbes) {

@@ -112,6 +112,12 @@ struct Status {
 
 Status status(pid_t pid);
 
+// Makes an attach or detach in progress stop at its next wait, undo what it
+// did, let the target go and throw Error(ExitCode::interrupted); a call made
+// later throws at once.  Async-signal-safe: for SIGINT/SIGTERM handlers.
+void interrupt() noexcept;
+bool interrupted() noexcept;
+
 // libiprobe-rt.so next to this program's build/install tree, or $IPROBE_RUNTIME.
 std::string default_runtime_library();
 

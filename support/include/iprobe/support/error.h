@@ -18,6 +18,7 @@ enum class ExitCode : int {
     not_found = 5,     // no such file / process / probe
     busy = 6,          // another iprobe session holds the target
     unavailable = 7,   // a needed facility (counter, kernel feature, CRIU) is absent
+    interrupted = 130, // SIGINT/SIGTERM: what was half done is undone (128 + SIGINT, as shells report it)
 };
 
 class Error : public std::runtime_error {

@@ -6,6 +6,8 @@
 
 namespace iprobe {
 
+// The whole of a regular file.  Anything else (a directory, a FIFO, a device)
+// is Error(bad_input), found without blocking.
 std::vector<std::uint8_t> read_file(const std::string& path);
 
 // Replaces `path` with `data` so that readers see either the old or the new

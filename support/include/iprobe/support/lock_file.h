@@ -12,7 +12,8 @@ namespace iprobe {
 // /run/iprobe is not this user's own), held for the object's life.  The file is
 // removed on release, so locks do not pile up one per process ever probed;
 // a locker that opened a file just being removed notices (the path no longer
-// names what it locked) and tries again.
+// names what it locked) and tries again.  Files named PID.* of processes that
+// no longer exist (their holder was SIGKILLed) are removed by the next locker.
 class LockFile {
 public:
     // Throws Error(busy) with `busy_message` when another holder has it.
