@@ -4,6 +4,7 @@
 #include <elfutils/libdwfl.h>
 #include <fcntl.h>
 #include <sched.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -11,6 +12,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <array>
 #include <climits>
 #include <cstring>
@@ -545,7 +547,13 @@ std::vector<SelectedList> load_lists(const AttachOptions& options) {
     if (sources.empty()) {
         std::error_code ec;
         const auto exe = std::filesystem::read_symlink("/proc/" + std::to_string(options.pid) + "/exe", ec);
-        if (ec) throw Error("cannot read the executable of process " + std::to_string(options.pid), ExitCode::permission);
+        if (ec) {
+            // The target died in the meantime (gone, or a zombie, which has
+            // no executable any more): that is "no such process".
+            if (ec == std::errc::no_such_file_or_directory || (::kill(options.pid, 0) != 0 && errno == ESRCH))
+                throw Error("no process " + std::to_string(options.pid) + " (it exited)", ExitCode::not_found);
+            throw Error("cannot read the executable of process " + std::to_string(options.pid), ExitCode::permission);
+        }
         sources.push_back(target_view(options.pid, exe.string()));
     }
     std::vector<SelectedList> lists;
