@@ -192,7 +192,10 @@ std::optional<Region> Region::try_open(pid_t pid) {
         throw_errno("cannot take the iprobe region of process " + std::to_string(pid) + " (pidfd_getfd)",
                     errno == EPERM ? ExitCode::permission : ExitCode::failure);
     }
-    const std::string what = "the iprobe region of process " + std::to_string(pid);
+    return adopt(std::move(fd), "the iprobe region of process " + std::to_string(pid));
+}
+
+Region Region::adopt(UniqueFd fd, const std::string& what) {
     struct stat st {};
     const int seals = ::fcntl(fd.get(), F_GET_SEALS);
     if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode) || seals < 0 || !(seals & F_SEAL_SHRINK) ||

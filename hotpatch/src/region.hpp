@@ -53,6 +53,9 @@ public:
     // none, Error(bad_input) when what it offers is not a sound region.
     static Region open(pid_t pid);
     static std::optional<Region> try_open(pid_t pid);
+    // Checks and maps a region held by `fd` (`what` names it in errors):
+    // Error(bad_input) unless it is a sealed memfd holding a sound layout.
+    static Region adopt(UniqueFd fd, const std::string& what);
 
     Region() = default;
     Region(Region&& other) noexcept;

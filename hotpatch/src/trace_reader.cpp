@@ -44,10 +44,28 @@ void add(iprobe_rt_fn_stats& to, const iprobe_rt_fn_stats& s) {
 
 std::uint64_t minus(std::uint64_t a, std::uint64_t b) { return a > b ? a - b : 0; }
 
+// CLOCK_REALTIME ns of a tick count.  Ticks before the calibration point (a
+// skewed TSC, or a region the target wrote) count backwards; the result
+// saturates instead of wrapping.
+// A non-negative double as a count, saturating where it does not fit (a
+// conversion out of range is undefined).
+std::uint64_t saturated(double v) {
+    constexpr double kLimit = 9.2e18;  // below 2^63
+    return v < kLimit ? static_cast<std::uint64_t>(v > 0 ? v : 0) : UINT64_MAX;
+}
+
+std::uint64_t wall_clock_ns(std::uint64_t tsc, std::uint64_t tsc_base, std::uint64_t realtime_base, double ns_per_tick) {
+    const double offset = static_cast<double>(static_cast<std::int64_t>(tsc - tsc_base)) * ns_per_tick;
+    if (offset < 0) return minus(realtime_base, saturated(-offset));
+    const std::uint64_t ahead = saturated(offset);
+    return ahead > UINT64_MAX - realtime_base ? UINT64_MAX : realtime_base + ahead;
+}
+
 }  // namespace
 
 struct TraceReader::Impl {
     std::optional<LockFile> reader_lock;
+    bool stream = false;  // the one consumer of the event rings
     pid_t pid = 0;
     Region region;
     std::vector<ProbeInfo> probes;
@@ -78,17 +96,24 @@ TraceReader::TraceReader(pid_t pid, Access access) : impl_(std::make_unique<Impl
     impl_->pid = pid;
     impl_->region = Region::open(pid);
     // The stream is consumed: two readers at once would split (or repeat) it.
-    if (access == Access::stream)
+    impl_->stream = access == Access::stream;
+    if (impl_->stream)
         impl_->reader_lock.emplace(std::to_string(pid) + ".reader.lock",
                                    "another iprobe trace is reading the events of process " + std::to_string(pid) +
                                        "; events are consumed once, so stop it first");
     impl_->load_new_modules();
 }
 
+TraceReader::TraceReader(UniqueFd region, Access access) : impl_(std::make_unique<Impl>()) {
+    impl_->region = Region::adopt(std::move(region), "the iprobe region handed over");
+    impl_->stream = access == Access::stream;
+    impl_->load_new_modules();
+}
+
 TraceReader::~TraceReader() = default;
 
 std::size_t TraceReader::drain(const std::function<void(const Event&)>& sink) {
-    if (!impl_->reader_lock) throw Error("this reader does not consume the event stream");
+    if (!impl_->stream) throw Error("this reader does not consume the event stream");
     const Region& region = impl_->region;
     const auto* cb = region.control();
     const std::uint64_t records_per_ring = region.ring_records();
@@ -111,8 +136,7 @@ std::size_t TraceReader::drain(const std::function<void(const Event&)>& sink) {
                 const iprobe_rt_record& r = records[tail & mask];
                 Event e;
                 e.tsc = r.tsc;
-                e.time_ns = realtime_base + static_cast<std::uint64_t>(
-                                                static_cast<double>(static_cast<std::int64_t>(r.tsc - tsc_base)) * ns_per_tick);
+                e.time_ns = wall_clock_ns(r.tsc, tsc_base, realtime_base, ns_per_tick);
                 e.probe = r.probe;
                 e.tid = r.tid;
                 e.depth = r.depth;
@@ -208,7 +232,7 @@ std::vector<FunctionStats> TraceReader::functions(const std::vector<iprobe_rt_fn
         if (stat < names.size() && !names[stat]) names[stat] = &impl_->probes[i];
     }
     const double ns_per_tick = 1e9 / tsc_hz();
-    auto ns = [&](std::uint64_t ticks) { return static_cast<std::uint64_t>(static_cast<double>(ticks) * ns_per_tick); };
+    auto ns = [&](std::uint64_t ticks) { return saturated(static_cast<double>(ticks) * ns_per_tick); };
     std::vector<FunctionStats> out;
     for (std::uint32_t i = 0; i < sums.size(); i++) {
         iprobe_rt_fn_stats s = sums[i];

@@ -15,6 +15,7 @@
 
 #include "iprobe/probe_list.hpp"
 #include "iprobe/rt_layout.h"
+#include "iprobe/support/fd.h"
 
 namespace iprobe::hotpatch {
 
@@ -60,6 +61,9 @@ public:
 
     // Throws Error(not_found) when the process has no region (never attached).
     explicit TraceReader(pid_t pid, Access access = Access::stream);
+    // A region handed over as a descriptor (a memfd, checked like any
+    // region): the caller keeps a stream reader alone.  pid() is 0.
+    TraceReader(UniqueFd region, Access access);
     ~TraceReader();
     TraceReader(const TraceReader&) = delete;
     TraceReader& operator=(const TraceReader&) = delete;

@@ -1,0 +1,18 @@
+// Coldpatch's ELF scanner (iprobe/coldpatch.hpp): the placeholder scan and
+// the patchable-entry scan over any bytes that pass for an ELF file.
+#include "fuzz_input.h"
+#include "iprobe/coldpatch.hpp"
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+    using namespace iprobe;
+    fuzz::refusal_allowed([&] {
+        const ElfFile elf(std::vector<std::uint8_t>(data, data + size), "fuzz input");
+        if (!elf.is_x86_64()) return;
+        fuzz::refusal_allowed([&] { (void)scan_placeholders(elf, "fuzz"); });
+        if (has_patchable_entries(elf)) {
+            std::size_t foreign = 0;
+            (void)scan_patchable_entries(elf, foreign);
+        }
+    });
+    return 0;
+}

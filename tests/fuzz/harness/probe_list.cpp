@@ -1,0 +1,15 @@
+// The probe-list reader (iprobe/probe_list.hpp), fed any bytes as a file:
+// it refuses them or yields a list that serializes back to itself.
+#include "fuzz_input.h"
+#include "iprobe/probe_list.hpp"
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+    using namespace iprobe;
+    fuzz::refusal_allowed([&] {
+        const ProbeList list = ProbeList::deserialize({data, size}, "fuzz input");
+        const std::vector<std::uint8_t> again = list.serialize();
+        const ProbeList reread = ProbeList::deserialize(again, "reserialized fuzz input");
+        fuzz::require(reread.serialize() == again);
+    });
+    return 0;
+}

@@ -1,0 +1,22 @@
+// The reader of a process's iprobe region (iprobe/trace_reader.hpp) over a
+// region whose every byte the target chose: report's aggregates, the event
+// stream and the drop counts.  Nothing may read outside the mapping, loop
+// without end or allocate beyond what the region's size allows.
+#include "fuzz_input.h"
+#include "iprobe/trace_reader.hpp"
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+    using namespace iprobe;
+    fuzz::refusal_allowed([&] {
+        hotpatch::TraceReader reader(fuzz::memfd_holding(data, size, true), hotpatch::TraceReader::Access::stream);
+        const auto sums = reader.sums();
+        (void)reader.functions(sums, nullptr);
+        std::size_t events = 0;
+        reader.drain([&](const hotpatch::Event&) { events++; });
+        (void)reader.drops_by_thread();
+        (void)reader.dropped();
+        (void)reader.lost_events();
+        (void)reader.unmatched_exits();
+    });
+    return 0;
+}
