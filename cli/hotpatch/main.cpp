@@ -212,6 +212,7 @@ int cmd_detach(const Args& args) {
             .field("pid", static_cast<std::int64_t>(args.pid))
             .field("disabled", static_cast<std::uint64_t>(st.disabled))
             .field("still_enabled", static_cast<std::uint64_t>(st.still_enabled))
+            .field("not_restored", static_cast<std::uint64_t>(st.not_restored))
             .field("threads", static_cast<std::uint64_t>(st.threads))
             .field("pause_us", st.pause_us)
             .field("stop_us", st.stop_us)
@@ -220,6 +221,11 @@ int cmd_detach(const Args& args) {
     } else {
         std::cout << "disabled " << st.disabled << " probes in process " << args.pid << " (" << st.still_enabled
                   << " still on); " << st.threads << " threads stopped for " << st.pause_us << " us\n";
+    }
+    if (st.not_restored) {
+        std::cerr << "iprobe detach: " << st.not_restored << " of the selected sites still hold a live call after detach; "
+                  << "see 'iprobe status " << args.pid << "'\n";
+        return static_cast<int>(ExitCode::failure);
     }
     return 0;
 }
@@ -238,6 +244,8 @@ int cmd_status(const Args& args) {
                 .field("build_id", m.build_id)
                 .field("probes", m.probes)
                 .field("enabled", m.enabled)
+                .field("live", m.live)
+                .field("foreign", m.foreign)
                 .end_object();
         j.end_array().key("rings").begin_array();
         for (const auto& r : st.rings)
@@ -249,6 +257,7 @@ int cmd_status(const Args& args) {
             .field("no_ring_events", st.no_ring_events)
             .field("no_slot_events", st.no_slot_events)
             .field("unknown_site_events", st.unknown_site_events)
+            .field("sites_unread", st.sites_unread)
             .end_object();
         std::cout << j.str() << "\n";
         return 0;
@@ -259,8 +268,14 @@ int cmd_status(const Args& args) {
         std::cout << "no iprobe region: never attached\n";
         return 0;
     }
-    for (const auto& m : st.modules)
-        std::cout << "  " << m.path << ": " << m.enabled << "/" << m.probes << " probes enabled (" << m.probes_path << ")\n";
+    for (const auto& m : st.modules) {
+        std::cout << "  " << m.path << ": " << m.enabled << "/" << m.probes << " probes enabled, ";
+        if (m.live < 0) std::cout << "live sites unknown";
+        else std::cout << m.live << " sites live in the code";
+        if (m.foreign) std::cout << ", " << m.foreign << " sites hold other code";
+        std::cout << " (" << m.probes_path << ")\n";
+    }
+    if (!st.sites_unread.empty()) std::cout << "  cannot read the live sites: " << st.sites_unread << "\n";
     std::cout << "  threads: " << st.threads << " slots used of " << st.ring_count << "; region " << st.region_bytes
               << " bytes (sparse)\n";
     std::cout << "  event rings: " << st.rings.size() << " in use (" << st.ring_records << " records each); dropped "

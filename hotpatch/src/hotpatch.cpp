@@ -33,22 +33,21 @@
 #include "modules.hpp"
 #include "process.hpp"
 #include "region.hpp"
+#include "live_sites.hpp"
+#include "stubs.hpp"
 
 namespace iprobe::hotpatch {
 
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// A thread was at a site about to change (or in code that must not be
+// interrupted): let the target run briefly and try again.
+struct RetryLater {};
 constexpr std::uint64_t kPage = 4096;
-constexpr std::size_t kStubSize = 16;
 constexpr std::int64_t kReach = (1ll << 31) - 2 * static_cast<std::int64_t>(kPage);
 constexpr const char* kRuntimeName = "libiprobe-rt.so";
-
-std::string hex_address(std::uint64_t v) {
-    std::ostringstream s;
-    s << "0x" << std::hex << v;
-    return s.str();
-}
 
 std::string basename_of(const std::string& path) {
     const auto slash = path.rfind('/');
@@ -286,19 +285,20 @@ std::uint64_t remote_dlopen(StoppedProcess& process, const LoadedLibrary& libc, 
 // A free, page-aligned address from which every byte of [low, high) is
 // within a rel32 call.  Prefers the gap just below the module; never the
 // room right after [heap], which brk grows into.
-std::optional<std::uint64_t> stub_address(const std::vector<Mapping>& maps, std::uint64_t low, std::uint64_t high) {
+std::optional<std::uint64_t> stub_address(const std::vector<Mapping>& maps, std::uint64_t low, std::uint64_t high,
+                                          std::uint64_t size = kPage) {
     std::optional<std::uint64_t> best;
     std::uint64_t best_distance = ~0ull;
     std::uint64_t prev_end = 0x10000;
     std::string prev_path;
     auto consider = [&](std::uint64_t gap_low, std::uint64_t gap_high, bool after_heap) {
-        if (gap_high <= gap_low || gap_high - gap_low < kPage) return;
+        if (gap_high <= gap_low || gap_high - gap_low < size) return;
         std::uint64_t candidate;
-        if (gap_high <= low) candidate = gap_high - kPage;
-        else if (after_heap) candidate = gap_high - kPage;
+        if (gap_high <= low) candidate = gap_high - size;
+        else if (after_heap) candidate = gap_high - size;
         else candidate = gap_low;
         const std::int64_t far = static_cast<std::int64_t>(std::max(
-            candidate > low ? candidate + kPage - low : high - candidate, high > candidate ? high - candidate : candidate + kPage - low));
+            candidate > low ? candidate + size - low : high - candidate, high > candidate ? high - candidate : candidate + size - low));
         if (far >= kReach) return;
         const std::uint64_t distance = candidate < low ? low - candidate : candidate - high;
         if (distance < best_distance) best = candidate, best_distance = distance;
@@ -312,87 +312,6 @@ std::optional<std::uint64_t> stub_address(const std::vector<Mapping>& maps, std:
     return best;
 }
 
-std::array<std::uint8_t, kStubSize> stub_bytes(std::uint64_t target) {
-    // jmp *2(%rip); int3 int3; .quad target
-    std::array<std::uint8_t, kStubSize> b{0xff, 0x25, 0x02, 0x00, 0x00, 0x00, 0xcc, 0xcc};
-    std::memcpy(b.data() + 8, &target, 8);
-    return b;
-}
-
-std::uint64_t stub_target(const std::uint8_t* stub) {
-    std::uint64_t target = 0;
-    if (stub[0] == 0xff && stub[1] == 0x25 && stub[2] == 0x02) std::memcpy(&target, stub + 8, 8);
-    return target;
-}
-
-// The few bytes of one site, kept inline: a 10k-probe attach builds 10k of
-// these while the target is stopped, so no heap allocation per site.
-struct SiteBytes {
-    std::array<std::uint8_t, IPROBE_PL_SITE_MAX> bytes{};
-    std::uint8_t size = 0;
-
-    SiteBytes() = default;
-    SiteBytes(const std::uint8_t* from, std::uint8_t n) : size(n) { std::memcpy(bytes.data(), from, n); }
-    const std::uint8_t* begin() const { return bytes.data(); }
-    const std::uint8_t* end() const { return bytes.data() + size; }
-};
-
-// The bytes an enabled site holds: call rel32 to the stub; a 6-byte site
-// gets its 1-byte NOP first so the call returns to the site's end, which is
-// an instruction boundary in both forms.
-SiteBytes call_bytes(std::uint64_t site, std::uint8_t size, std::uint64_t stub) {
-    const std::uint64_t call_at = size == 6 ? site + 1 : site;
-    const std::int64_t rel = static_cast<std::int64_t>(stub) - static_cast<std::int64_t>(call_at + 5);
-    if (rel < INT32_MIN || rel > INT32_MAX)
-        throw Error("stub at " + hex_address(stub) + " is out of call rel32 reach of site " + hex_address(site));
-    const auto rel32 = static_cast<std::uint32_t>(static_cast<std::int32_t>(rel));
-    SiteBytes b;
-    b.size = size == 6 ? 6 : 5;
-    std::size_t at = 0;
-    if (size == 6) b.bytes[at++] = 0x90;
-    b.bytes[at++] = 0xe8;
-    for (int i = 0; i < 4; i++) b.bytes[at++] = static_cast<std::uint8_t>(rel32 >> (8 * i));
-    return b;
-}
-
-// Where a call-form site placed by call_bytes() leads, or 0.
-std::uint64_t called_stub(std::uint64_t site, const std::uint8_t* bytes, std::uint8_t size) {
-    std::size_t at = 0;
-    if (size == 6) {
-        if (bytes[0] != 0x90) return 0;
-        at = 1;
-    }
-    if (bytes[at] != 0xe8) return 0;
-    std::int32_t rel;
-    std::memcpy(&rel, bytes + at + 1, 4);
-    return site + at + 5 + static_cast<std::int64_t>(rel);
-}
-
-// Does a site call into one of our jump stubs (ours, or one inherited from a
-// parent process across fork)?  Stubs are few: each is read once.
-class StubChecker {
-public:
-    explicit StubChecker(const ProcessMemory& memory) : memory_(memory) {}
-    bool calls_a_stub(std::uint64_t site, const std::uint8_t* bytes, std::uint8_t size) {
-        const std::uint64_t target = called_stub(site, bytes, size);
-        if (target == 0) return false;
-        auto [it, fresh] = known_.try_emplace(target, false);
-        if (fresh) {
-            std::uint8_t stub[kStubSize];
-            try {
-                memory_.read(target, stub, sizeof stub);
-                it->second = stub_target(stub) != 0;
-            } catch (const Error&) {
-            }
-        }
-        return it->second;
-    }
-
-private:
-    const ProcessMemory& memory_;
-    std::map<std::uint64_t, bool> known_;
-};
-
 struct Patch {
     std::uint64_t address = 0;
     SiteBytes before, after;
@@ -400,32 +319,6 @@ struct Patch {
 
 void sort_by_address(std::vector<Patch>& patches) {
     std::sort(patches.begin(), patches.end(), [](auto& a, auto& b) { return a.address < b.address; });
-}
-
-using SiteText = std::array<std::uint8_t, IPROBE_PL_SITE_MAX>;
-
-// The bytes at each address.  Sites close together share one read; far
-// apart ones are read apart, so no buffer ever spans the gap between the
-// lowest and the highest site (a bad address costs one failed read, not a
-// gigabyte).
-std::vector<SiteText> read_sites(const ProcessMemory& memory, const std::vector<std::uint64_t>& addresses) {
-    std::vector<std::size_t> order(addresses.size());
-    for (std::size_t i = 0; i < order.size(); i++) order[i] = i;
-    std::sort(order.begin(), order.end(), [&](auto a, auto b) { return addresses[a] < addresses[b]; });
-    std::vector<SiteText> out(addresses.size());
-    std::vector<std::uint8_t> run;
-    for (std::size_t i = 0; i < order.size();) {
-        const std::uint64_t low = addresses[order[i]];
-        std::uint64_t high = low + IPROBE_PL_SITE_MAX;
-        std::size_t j = i + 1;
-        while (j < order.size() && addresses[order[j]] < high + kPage) high = addresses[order[j++]] + IPROBE_PL_SITE_MAX;
-        run.resize(high - low);
-        memory.read(low, run.data(), run.size());
-        for (std::size_t k = i; k < j; k++)
-            std::memcpy(out[order[k]].data(), run.data() + (addresses[order[k]] - low), IPROBE_PL_SITE_MAX);
-        i = j;
-    }
-    return out;
 }
 
 // Writes all patches (sorted by address) page-run by page-run through
@@ -739,6 +632,24 @@ const std::string& handler_symbol(const HandlerSymbols& h, const Probe& p) {
     }
 }
 
+// Where a count stub's counter lies in a thread's sums (SiteId::counter);
+// past every slot for a probe without one, which the handler ignores.
+std::uint32_t counter_offset(std::uint32_t stat, ProbeKind kind) {
+    constexpr std::uint64_t kNone = UINT32_MAX & ~std::uint64_t{7};
+    if (stat == IPROBE_RT_NO_STAT) return kNone;
+    const std::uint64_t at = std::uint64_t{stat} * sizeof(iprobe_rt_fn_stats) +
+                             (kind == ProbeKind::exit ? offsetof(iprobe_rt_fn_stats, completed)
+                                                      : offsetof(iprobe_rt_fn_stats, calls));
+    return at < kNone ? static_cast<std::uint32_t>(at) : kNone;
+}
+
+// The per-site entry point for `p`, or empty where its site takes the shared stub.
+const std::string& id_symbol(const HandlerSymbols& h, const Probe& p) {
+    static const std::string none;
+    if (p.form == SiteForm::nop) return none;
+    return p.kind == ProbeKind::entry ? h.enter_id : p.kind == ProbeKind::exit ? h.exit_id : none;
+}
+
 // The stub in the module's stub page that jumps to `target`, created if needed.
 std::uint64_t stub_for(StoppedProcess& process, iprobe_rt_module& module, std::uint64_t target) {
     std::vector<std::uint8_t> page(kPage);
@@ -753,29 +664,43 @@ std::uint64_t stub_for(StoppedProcess& process, iprobe_rt_module& module, std::u
     return at;
 }
 
-void ensure_stub_page(StoppedProcess& process, const std::vector<Mapping>& maps, const LoadedLibrary& libc,
-                      const RunningModule& running, iprobe_rt_module& module) {
-    if (module.stub_page) return;
+// Maps `size` bytes of stubs, read-only and executable, where every byte of
+// the module is within a rel32 call of every byte of them.
+std::uint64_t map_stubs_near(StoppedProcess& process, const LoadedLibrary& libc, const RunningModule& running,
+                             std::uint64_t size) {
     const auto mmap_at = libc.symbol("mmap");
     if (!mmap_at) throw Error("libc of the target has no mmap symbol", ExitCode::unavailable);
     for (int attempt = 0; attempt < 4; attempt++) {
-        const auto want = stub_address(maps, running.low, running.high);
+        // Read afresh: stubs mapped a moment ago (for this or another module) are in it.
+        const auto want = stub_address(read_maps(process.pid()), running.low, running.high, size);
         if (!want)
             throw Error("no free address within ±2 GiB of " + running.path + " for the jump stubs; cannot enable its probes",
                         ExitCode::unavailable);
         const std::uint64_t got =
-            process.call(*mmap_at, {*want, kPage, PROT_READ | PROT_EXEC,
+            process.call(*mmap_at, {*want, size, PROT_READ | PROT_EXEC,
                                     MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED_NOREPLACE, static_cast<std::uint64_t>(-1), 0});
-        if (got == *want) {
-            module.stub_page = got;
-            module.stub_used = 0;
-            return;
-        }
+        if (got == *want) return got;
         if (got != static_cast<std::uint64_t>(-1) && got < 0xfffffffffffff000ull) {
-            if (auto munmap_at = libc.symbol("munmap")) process.call(*munmap_at, {got, kPage});
+            if (auto munmap_at = libc.symbol("munmap")) process.call(*munmap_at, {got, size});
         }
     }
-    throw Error("could not map a jump-stub page near " + running.path, ExitCode::unavailable);
+    throw Error("could not map jump stubs near " + running.path, ExitCode::unavailable);
+}
+
+void ensure_stub_page(StoppedProcess& process, const LoadedLibrary& libc, const RunningModule& running,
+                      iprobe_rt_module& module) {
+    if (module.stub_page) return;
+    module.stub_page = map_stubs_near(process, libc, running, kPage);
+    module.stub_used = 0;
+}
+
+// One site-stub slot per probe id of the module, mapped on first use.
+void ensure_site_stubs(StoppedProcess& process, const LoadedLibrary& libc, const RunningModule& running,
+                       iprobe_rt_module& module) {
+    if (module.site_stubs && module.site_stub_slots >= module.probe_count) return;
+    const std::uint64_t bytes = (std::uint64_t{module.probe_count} * kSiteStubSize + kPage - 1) / kPage * kPage;
+    module.site_stubs = map_stubs_near(process, libc, running, bytes);
+    module.site_stub_slots = module.probe_count;
 }
 
 HandlerSymbols resolve_handlers(const AttachOptions& options) {
@@ -836,7 +761,7 @@ Injected ensure_library(StoppedProcess& process, std::vector<Mapping>& maps, std
                             " now: " + unsafe + " (retried until the timeout); retry later or start it with LD_PRELOAD=" +
                             path,
                         ExitCode::busy);
-        throw std::runtime_error("retry");
+        throw RetryLater{};
     }
     const std::string copied = make_visible_to(process.pid(), path);
     try {
@@ -847,14 +772,14 @@ Injected ensure_library(StoppedProcess& process, std::vector<Mapping>& maps, std
         throw;
     }
     maps = read_maps(process.pid());
-    modules = running_modules(process, maps);
+    modules = running_modules(process.memory(), maps);
     auto lib = find_loaded(process.pid(), modules, path);
     if (!lib) throw Error("dlopen of " + path + " succeeded but it is not mapped in process " + std::to_string(process.pid()));
     return {*lib, true};
 }
 
-// Runs `body` with the world stopped; a body that throws std::runtime_error
-// "retry" (an unsafe moment) is run again after letting the target go briefly.
+// Runs `body` with the world stopped; a body that throws RetryLater (an
+// unsafe moment) is run again after letting the target go briefly.
 // While the target is stopped, this process is the only one making progress
 // for it, and once it lets the first thread go, that thread must not take the
 // CPU from the detaching of the others: run as a real-time task for the
@@ -898,10 +823,7 @@ auto with_world_stopped(pid_t pid, std::chrono::milliseconds timeout, Body&& bod
             process.stop_us = elapsed_us(started);
             try {
                 return body(process, started, deadline);
-            } catch (const Error&) {
-                throw;
-            } catch (const std::runtime_error& e) {
-                if (std::string_view(e.what()) != "retry") throw;
+            } catch (const RetryLater&) {
             }
         }
         if (Clock::now() > deadline)
@@ -916,8 +838,22 @@ auto with_world_stopped(pid_t pid, std::chrono::milliseconds timeout, Body&& bod
 
 HandlerSymbols HandlerSymbols::runtime(HandlerMode mode) {
     const std::string m = mode == HandlerMode::count ? "count" : "trace";
-    return {"", "iprobe_rt_" + m + "_enter", "iprobe_rt_" + m + "_exit", "iprobe_rt_" + m + "_point",
-            "iprobe_rt_" + m + "_enter_nop", "iprobe_rt_" + m + "_exit_nop", "iprobe_rt_" + m + "_point_nop"};
+    HandlerSymbols h;
+    h.enter = "iprobe_rt_" + m + "_enter";
+    h.exit = "iprobe_rt_" + m + "_exit";
+    h.point = "iprobe_rt_" + m + "_point";
+    h.enter_nop = h.enter + "_nop";
+    h.exit_nop = h.exit + "_nop";
+    h.point_nop = h.point + "_nop";
+    if (mode == HandlerMode::count) {
+        h.enter_id = h.exit_id = "iprobe_rt_count_counter";
+        h.site_id = SiteId::counter;
+    } else {
+        h.enter_id = "iprobe_rt_trace_enter_id";
+        h.exit_id = "iprobe_rt_trace_exit_id";
+        h.site_id = SiteId::probe;
+    }
+    return h;
 }
 
 std::string default_runtime_library() {
@@ -959,7 +895,7 @@ AttachStats attach(const AttachOptions& options) {
         AttachStats stats;
         stats.threads = process.threads().size();
         auto maps = read_maps(options.pid);
-        auto modules = running_modules(process, maps);
+        auto modules = running_modules(process.memory(), maps);
         std::vector<const RunningModule*> targets;
         for (auto& s : lists) targets.push_back(&match_module(s, modules, options.pid));
         for (std::size_t li = 0; li < lists.size(); li++) check_selected_sites(process.memory(), lists[li], *targets[li]);
@@ -1017,6 +953,11 @@ AttachStats attach(const AttachOptions& options) {
         };
         std::vector<Enable> enables;
         std::set<std::string> touched;
+        struct SiteStub {
+            std::uint64_t address;
+            std::array<std::uint8_t, kSiteStubSize> bytes;
+        };
+        std::vector<SiteStub> site_stubs;
 
         for (std::size_t li = 0; li < lists.size(); li++) {
             auto& s = lists[li];
@@ -1029,9 +970,14 @@ AttachStats attach(const AttachOptions& options) {
             addresses.reserve(s.selected.size());
             for (const Probe* p : s.selected) addresses.push_back(running.load_bias + p->site);
             const std::vector<SiteText> text = read_sites(process.memory(), addresses);
-            ensure_stub_page(process, maps, libc, running, module);
+            ensure_stub_page(process, libc, running, module);
             // Keyed by the handler symbol's identity: one of the six in `handlers`.
             std::map<const std::string*, std::uint64_t> stubs;
+            auto handler_address = [&](const std::string& symbol) {
+                const auto target = handler_lib.library.symbol(symbol);
+                if (!target) throw Error(handler_lib.library.path + " has no symbol " + symbol, ExitCode::bad_input);
+                return *target;
+            };
             patches.reserve(patches.size() + s.selected.size());
             enables.reserve(enables.size() + s.selected.size());
             for (std::size_t k = 0; k < s.selected.size(); k++) {
@@ -1047,14 +993,20 @@ AttachStats attach(const AttachOptions& options) {
                         throw Error("the handler library has no entry point for " + std::string(to_string(p->kind)) +
                                         (p->form == SiteForm::nop ? " NOP-form" : "") + " sites (" + p->demangled + ")",
                                     ExitCode::unavailable);
-                    auto& stub = stubs[&symbol];
-                    if (!stub) {
-                        const auto target = handler_lib.library.symbol(symbol);
-                        if (!target)
-                            throw Error(handler_lib.library.path + " has no symbol " + symbol, ExitCode::bad_input);
-                        stub = stub_for(process, module, *target);
+                    std::uint64_t callee = 0;
+                    if (const std::string& by_id = id_symbol(handlers, *p); !by_id.empty()) {
+                        ensure_site_stubs(process, libc, running, module);
+                        const std::uint32_t id = handlers.site_id == HandlerSymbols::SiteId::counter
+                                                     ? counter_offset(region.probes()[global].stat, p->kind)
+                                                     : global;
+                        callee = module.site_stubs + kSiteStubSize * p->id;
+                        site_stubs.push_back({callee, site_stub_bytes(id, handler_address(by_id))});
+                    } else {
+                        auto& stub = stubs[&symbol];
+                        if (!stub) stub = stub_for(process, module, handler_address(symbol));
+                        callee = stub;
                     }
-                    patches.push_back({site, SiteBytes(now, p->size), call_bytes(site, p->size, stub)});
+                    patches.push_back({site, SiteBytes(now, p->size), call_bytes(site, p->size, callee)});
                     enables.push_back({global, ret});
                 } else {
                     // Enabled already, or a live compiler hook (binary not
@@ -1067,8 +1019,19 @@ AttachStats attach(const AttachOptions& options) {
             }
         }
         sort_by_address(patches);
-        if (!unsafe_pcs(process, patches).empty()) throw std::runtime_error("retry");
+        if (!unsafe_pcs(process, patches).empty()) throw RetryLater{};
         throw_if_interrupted();
+
+        // A stub is rewritten only while its site is a NOP, but a thread
+        // may still be inside it from before a detach: wait until none is.
+        std::array<std::uint8_t, kSiteStubSize> current;
+        for (const SiteStub& stub : site_stubs) {
+            process.read(stub.address, current.data(), current.size());
+            if (current == stub.bytes) continue;
+            for (const auto& t : process.threads())
+                if (t.regs.rip >= stub.address && t.regs.rip < stub.address + kSiteStubSize) throw RetryLater{};
+            process.write(stub.address, stub.bytes.data(), stub.bytes.size());
+        }
 
         // Table first, code second: a site only becomes live once its
         // return address resolves.
@@ -1097,81 +1060,66 @@ DetachStats detach(const DetachOptions& options) {
     check_target(options.pid);
     SessionLock lock(options.pid);
     Region region = Region::open(options.pid);
-    // Probe lists by module, to match the selector against names.
-    std::vector<ProbeList> lists;
-    const std::uint32_t module_count = region.module_count();
-    for (std::uint32_t i = 0; i < module_count; i++) {
-        const auto& m = region.modules()[i];
-        auto list = module_probe_list(m);
-        if (!list)
-            throw Error("cannot read the probe list " + std::string(m.probes_path, ::strnlen(m.probes_path, sizeof m.probes_path)) +
-                            " of " + std::string(m.path, ::strnlen(m.path, sizeof m.path)) +
-                            " (moved, replaced or not a regular file); nothing was detached",
-                        ExitCode::not_found);
-        if (m.first_probe > region.probe_capacity() || m.probe_count > region.probe_capacity() - m.first_probe)
-            throw Error("the iprobe region of process " + std::to_string(options.pid) +
-                            " has an inconsistent module table (corrupted?)",
-                        ExitCode::bad_input);
-        lists.push_back(std::move(*list));
-    }
-
-    // Planned while the target runs (only we rewrite its sites, under the
-    // session lock); apply_patches() checks every site again once stopped.
     ProcessMemory memory(options.pid);
+    // Sites, lists and stubs come from the process's maps and code, never
+    // from its region (see live_sites.hpp).  Planned while the target runs:
+    // only we rewrite its sites, under the session lock, and apply_patches()
+    // checks every site again once it is stopped.
+    const std::vector<AttachedModule> modules = attached_modules(options.pid, region, memory);
+    StubChecker stubs(memory);
     std::vector<Patch> patches;
-    std::vector<std::uint32_t> disabled;
-    StubChecker stubs_seen(memory);
-    iprobe_rt_probe* probes = region.probes();
-    for (std::uint32_t mi = 0; mi < module_count; mi++) {
-        const iprobe_rt_module& module = region.modules()[mi];
-        if (lists[mi].probes.size() != module.probe_count || module.first_probe > region.probe_count() ||
-            module.probe_count > region.probe_count() - module.first_probe)
-            throw Error("the probe list of " + std::string(module.path, ::strnlen(module.path, sizeof module.path)) +
-                            " no longer matches what was attached (" + std::to_string(lists[mi].probes.size()) +
-                            " probes, " + std::to_string(module.probe_count) + " attached); nothing was changed",
-                        ExitCode::bad_input);
-        std::vector<const Probe*> chosen;
+    std::vector<std::uint32_t> flags_off;  // region probe flags to clear
+    std::vector<std::pair<const AttachedModule*, std::size_t>> selected;
+    for (const AttachedModule& m : modules) {
+        const iprobe_rt_module& rm = region.modules()[m.region_index];
+        const bool ids_match = m.list.probes.size() == rm.probe_count && rm.first_probe <= region.probe_capacity() &&
+                               rm.probe_count <= region.probe_capacity() - rm.first_probe;
         std::vector<std::uint64_t> addresses;
-        for (const auto& p : lists[mi].probes) {
-            if (p.id >= module.probe_count) continue;
-            const std::uint32_t global = module.first_probe + p.id;
-            if (!probes[global].enabled || !options.selector.matches(p)) continue;
-            chosen.push_back(&p);
-            addresses.push_back(probes[global].site);
-        }
-        if (chosen.empty()) continue;
+        std::vector<std::size_t> which;
+        for (std::size_t k = 0; k < m.list.probes.size(); k++)
+            if (m.sites[k] && options.selector.matches(m.list.probes[k])) {
+                addresses.push_back(m.sites[k]);
+                which.push_back(k);
+            }
         const std::vector<SiteText> text = read_sites(memory, addresses);
-        for (std::size_t k = 0; k < chosen.size(); k++) {
-            const Probe* p = chosen[k];
-            const std::uint32_t global = module.first_probe + p->id;
-            const std::uint64_t site = addresses[k];
-            const std::uint8_t* now = text[k].data();
-            disabled.push_back(global);
-            if (std::memcmp(now, p->placeholder.data(), p->size) == 0) continue;
-            if (!stubs_seen.calls_a_stub(site, now, p->size)) continue;  // a live hook: nothing written
-            patches.push_back({site, SiteBytes(now, p->size), SiteBytes(p->placeholder.data(), p->size)});
+        for (std::size_t j = 0; j < which.size(); j++) {
+            const Probe& p = m.list.probes[which[j]];
+            selected.emplace_back(&m, which[j]);
+            if (ids_match && p.id < rm.probe_count) flags_off.push_back(rm.first_probe + p.id);
+            if (site_state(p, addresses[j], text[j], stubs) != SiteState::live) continue;
+            patches.push_back({addresses[j], SiteBytes(text[j].data(), p.size), SiteBytes(p.placeholder.data(), p.size)});
         }
     }
     sort_by_address(patches);
 
-    return with_world_stopped(options.pid, options.safe_point_timeout, [&](StoppedProcess& process,
-                                                                            Clock::time_point started,
-                                                                            Clock::time_point) {
-        DetachStats stats;
-        stats.threads = process.threads().size();
-        if (!unsafe_pcs(process, patches).empty()) throw std::runtime_error("retry");
+    DetachStats stats = with_world_stopped(options.pid, options.safe_point_timeout, [&](StoppedProcess& process,
+                                                                                       Clock::time_point started,
+                                                                                       Clock::time_point) {
+        DetachStats st;
+        st.threads = process.threads().size();
+        if (!unsafe_pcs(process, patches).empty()) throw RetryLater{};
         throw_if_interrupted();
         apply_patches(process, patches);
-        for (auto g : disabled) probes[g].enabled = 0;
+        iprobe_rt_probe* probes = region.probes();
+        for (auto g : flags_off) probes[g].enabled = 0;
         update_timed(region);
         region.control()->generation++;
-        stats.stop_us = process.stop_us;
+        st.stop_us = process.stop_us;
         process.release();
-        stats.pause_us = elapsed_us(started);
-        stats.disabled = disabled.size();
-        for (std::uint32_t i = 0; i < region.probe_count(); i++) stats.still_enabled += probes[i].enabled;
-        return stats;
+        st.pause_us = elapsed_us(started);
+        st.disabled = patches.size();
+        return st;
     });
+    // What detach reports is what the code now holds, read back site by site.
+    StubChecker stubs_after(memory);
+    std::vector<std::vector<SiteState>> states;
+    for (const AttachedModule& m : modules) {
+        states.push_back(site_states(m, memory, stubs_after));
+        for (SiteState state : states.back()) stats.still_enabled += state == SiteState::live;
+    }
+    for (const auto& [m, k] : selected)
+        stats.not_restored += states[static_cast<std::size_t>(m - modules.data())][k] == SiteState::live;
+    return stats;
 }
 
 Status status(pid_t pid) {
@@ -1206,6 +1154,20 @@ Status status(pid_t pid) {
         if (m.first_probe <= region.probe_capacity() && m.probe_count <= region.probe_capacity() - m.first_probe)
             for (std::uint32_t p = 0; p < m.probe_count; p++) ms.enabled += region.probes()[m.first_probe + p].enabled;
         st.modules.push_back(ms);
+    }
+    try {
+        const ProcessMemory memory(pid);
+        StubChecker stubs(memory);
+        for (const AttachedModule& m : attached_modules(pid, region, memory)) {
+            ModuleStatus& ms = st.modules[m.region_index];
+            ms.live = 0;
+            for (SiteState state : site_states(m, memory, stubs)) {
+                ms.live += state == SiteState::live;
+                ms.foreign += state == SiteState::other;
+            }
+        }
+    } catch (const Error& e) {
+        st.sites_unread = e.what();
     }
     for (std::uint32_t i = 0; i < region.thread_count(); i++)
         if (__atomic_load_n(&region.thread(i)->state, __ATOMIC_ACQUIRE) != IPROBE_RT_RING_FREE) st.threads++;

@@ -30,7 +30,7 @@ std::vector<std::uint8_t> build_id_from_notes(const std::vector<std::uint8_t>& n
 }
 
 // ELF header, program headers and notes as loaded in the target.
-bool inspect_image(const StoppedProcess& process, RunningModule& module) {
+bool inspect_image(const ProcessMemory& process, RunningModule& module) {
     Elf64_Ehdr ehdr{};
     try {
         process.read(module.base, &ehdr, sizeof ehdr);
@@ -62,7 +62,7 @@ bool inspect_image(const StoppedProcess& process, RunningModule& module) {
 
 }  // namespace
 
-std::vector<RunningModule> running_modules(const StoppedProcess& process, const std::vector<Mapping>& maps) {
+std::vector<RunningModule> running_modules(const ProcessMemory& process, const std::vector<Mapping>& maps) {
     std::map<std::string, RunningModule> by_path;
     for (const auto& m : maps) {
         if (m.path.empty() || m.path[0] != '/') continue;

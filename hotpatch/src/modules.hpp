@@ -24,7 +24,9 @@ struct RunningModule {
     bool holds_code(std::uint64_t link_address, std::uint64_t size) const;
 };
 
-std::vector<RunningModule> running_modules(const StoppedProcess& process, const std::vector<Mapping>& maps);
+// Reads the target's memory, which may change under a running target:
+// planning only; what is written is checked again once it is stopped.
+std::vector<RunningModule> running_modules(const ProcessMemory& memory, const std::vector<Mapping>& maps);
 const RunningModule* find_module_by_path(const std::vector<RunningModule>& modules, const std::string& path);
 
 // Path of `path` as seen from inside the target's mount namespace.

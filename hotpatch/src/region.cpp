@@ -17,6 +17,7 @@
 
 #include "iprobe/elf_file.hpp"
 #include "iprobe/probe_source.hpp"
+#include "iprobe/site_section.hpp"
 #include "iprobe/support/error.h"
 #include "modules.hpp"
 #include "process.hpp"
@@ -346,26 +347,50 @@ std::string fd_path(const UniqueFd& fd) { return "/proc/self/fd/" + std::to_stri
 
 }  // namespace
 
+namespace {
+
+// A list file is read whole; anything larger than this is not taken for one
+// (the list of a binary with a million functions is about 200 MB).
+constexpr off_t kMaxProbeListBytes = off_t{256} << 20;
+
+std::optional<ProbeList> list_file(const UniqueFd& file) {
+    const UniqueFd readable(::open(fd_path(file).c_str(), O_RDONLY | O_CLOEXEC));
+    struct stat st {};
+    char magic[IPROBE_PL_MAGIC_SIZE];
+    if (!readable || ::fstat(readable.get(), &st) != 0 || st.st_size > kMaxProbeListBytes ||
+        ::pread(readable.get(), magic, sizeof magic, 0) != static_cast<ssize_t>(sizeof magic) ||
+        std::memcmp(magic, IPROBE_PL_MAGIC, sizeof magic) != 0)
+        return std::nullopt;
+    try {
+        return ProbeList::load(fd_path(readable));
+    } catch (const std::exception&) {
+        return std::nullopt;
+    }
+}
+
+}  // namespace
+
+std::optional<ProbeList> probe_list_at(const std::string& path) {
+    const UniqueFd file = regular_file(path);
+    if (!file) return std::nullopt;
+    if (auto list = list_file(file)) return list;
+    if (const UniqueFd side = regular_file(path + IPROBE_PL_SUFFIX))
+        if (auto list = list_file(side)) return list;
+    try {
+        return read_site_section(fd_path(file));
+    } catch (const std::exception&) {
+        return std::nullopt;
+    }
+}
+
 std::optional<ProbeList> module_probe_list(const iprobe_rt_module& module) {
     const std::string path(module.probes_path, ::strnlen(module.probes_path, sizeof module.probes_path));
     if (path.empty() || path[0] != '/') return std::nullopt;
-    const UniqueFd file = regular_file(path);
-    if (!file) return std::nullopt;
-    // load_probes()'s order: a list file, the binary's side list, its section.
-    std::optional<ProbeList> list;
-    try {
-        list = ProbeList::load(fd_path(file));
-    } catch (const std::exception&) {
-    }
-    if (!list)
-        if (const UniqueFd side = regular_file(path + IPROBE_PL_SUFFIX)) try {
-                list = ProbeList::load(fd_path(side));
-            } catch (const std::exception&) {
-            }
-    if (!list) try {
-            list = load_probes(fd_path(file));
-        } catch (const std::exception&) {
-        }
+    // The path is the target's word: only a file its owner cannot have
+    // planted (root's, or the caller's own) is opened.
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0 || (st.st_uid != 0 && st.st_uid != ::geteuid())) return std::nullopt;
+    auto list = probe_list_at(path);
     if (!list) return std::nullopt;
     const std::size_t id_size = std::min<std::size_t>(module.build_id_size, sizeof module.build_id);
     if (list->build_id.size() != id_size || !std::equal(list->build_id.begin(), list->build_id.end(), module.build_id))

@@ -3,6 +3,7 @@
 #include <sys/stat.h>
 
 #include <cstring>
+#include <fstream>
 
 #include "iprobe/site_section.hpp"
 #include "iprobe/support/error.h"
@@ -18,9 +19,9 @@ bool exists(const std::string& path) {
 }
 
 bool starts_with_magic(const std::string& path) {
-    const auto bytes = read_file(path);
-    return bytes.size() >= IPROBE_PL_MAGIC_SIZE &&
-           std::memcmp(bytes.data(), IPROBE_PL_MAGIC, IPROBE_PL_MAGIC_SIZE) == 0;
+    std::ifstream in(path, std::ios::binary);
+    char magic[IPROBE_PL_MAGIC_SIZE] = {};
+    return in.read(magic, sizeof magic) && std::memcmp(magic, IPROBE_PL_MAGIC, IPROBE_PL_MAGIC_SIZE) == 0;
 }
 
 }  // namespace

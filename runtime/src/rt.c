@@ -89,6 +89,8 @@ static struct {
     uint32_t shift;
     uint32_t stat_capacity;
     uint32_t monotonic; /* no invariant TSC: timestamps are CLOCK_MONOTONIC ns */
+    uint32_t probe_capacity;
+    uint64_t stat_bytes; /* a thread's sums: stat_capacity records */
 } g_geometry;
 
 static inline __attribute__((always_inline)) uint64_t timestamp(void) {
@@ -354,13 +356,10 @@ static inline __attribute__((always_inline)) void count(uintptr_t return_address
     add_local(kind == IPROBE_RT_REC_EXIT ? &stats[stat].completed : &stats[stat].calls, 1);
 }
 
-static inline __attribute__((always_inline)) void emit(uintptr_t return_address, uint8_t kind, const uint64_t* args) {
-    struct iprobe_rt_control* cb;
-    const struct iprobe_rt_site* site = site_for(return_address, &cb);
-    if (UNLIKELY(!site)) return;
-    const int32_t probe = (int32_t)site->probe;
+static inline __attribute__((always_inline)) void emit_probe(struct iprobe_rt_control* cb, int32_t probe, uint32_t stat,
+                                                             uint8_t kind, const uint64_t* args) {
     const uint64_t now = timestamp();
-    aggregate(cb, probe, site->stat, kind, now);
+    aggregate(cb, probe, stat, kind, now);
     struct thread_producer* t = &t_producer;
     if (UNLIKELY(!t->ring)) {
         if (t->no_ring) {
@@ -417,6 +416,53 @@ out:
         } while (*(volatile uint64_t*)&t->reserve != published);
     }
 }
+
+static inline __attribute__((always_inline)) void emit(uintptr_t return_address, uint8_t kind, const uint64_t* args) {
+    struct iprobe_rt_control* cb;
+    const struct iprobe_rt_site* site = site_for(return_address, &cb);
+    if (UNLIKELY(!site)) return;
+    emit_probe(cb, (int32_t)site->probe, site->stat, kind, args);
+}
+
+/* Per-site stubs (hotpatch/src/stubs.hpp) hand over the site's identity in
+ * edi, so these need no hash lookup.  The count handler gets the byte offset
+ * of the counter to bump in a thread's sums (slot * sizeof(struct
+ * iprobe_rt_fn_stats) + offsetof calls or completed): entry and exit are one
+ * handler, and its fast path is a TLS load, a bounds check and an add.  No
+ * frame: a leaf whose slow path is a tail call. */
+static __attribute__((noinline, cold)) void count_counter_slow(uint32_t offset) {
+    struct iprobe_rt_control* cb = control();
+    if (UNLIKELY(!cb)) {
+        count_unserved();
+        return;
+    }
+    const uint64_t bytes = (uint64_t)g_geometry.stat_capacity * sizeof(struct iprobe_rt_fn_stats);
+    if (UNLIKELY(offset % 8 != 0 || offset >= bytes)) return;
+    struct iprobe_rt_fn_stats* stats = thread_stats(cb);
+    if (LIKELY(stats != 0)) add_local((uint64_t*)((char*)stats + offset), 1);
+}
+
+EXPORT __attribute__((optimize("omit-frame-pointer"))) void iprobe_rt_count_counter(uint32_t offset) {
+    char* own = (char*)t_producer.stats;
+    if (LIKELY(own != 0 && offset < g_geometry.stat_bytes)) {
+        add_local((uint64_t*)(own + offset), 1);
+        return;
+    }
+    count_counter_slow(offset);
+}
+
+static inline __attribute__((always_inline)) void emit_id(uint32_t probe, uint8_t kind) {
+    struct iprobe_rt_control* cb = control();
+    if (UNLIKELY(!cb)) {
+        count_unserved();
+        return;
+    }
+    if (UNLIKELY(probe >= g_geometry.probe_capacity)) return;
+    emit_probe(cb, (int32_t)probe, probe_of(cb, (int32_t)probe)->stat, kind, 0);
+}
+
+EXPORT void iprobe_rt_trace_enter_id(uint32_t probe) { emit_id(probe, IPROBE_RT_REC_ENTRY); }
+EXPORT void iprobe_rt_trace_exit_id(uint32_t probe) { emit_id(probe, IPROBE_RT_REC_EXIT); }
 
 #define RETURN_ADDRESS() ((uintptr_t)__builtin_extract_return_addr(__builtin_return_address(0)))
 
@@ -523,6 +569,8 @@ EXPORT int iprobe_rt_map_region(int fd) {
     g_geometry.mask = (1ull << cb->hash_bits) - 1;
     g_geometry.shift = 64 - cb->hash_bits;
     g_geometry.stat_capacity = cb->stat_capacity;
+    g_geometry.probe_capacity = cb->probe_capacity;
+    g_geometry.stat_bytes = (uint64_t)cb->stat_capacity * sizeof(struct iprobe_rt_fn_stats);
     g_geometry.monotonic = cb->clock == IPROBE_RT_CLOCK_MONOTONIC;
     iprobe_rt_state.region_fd = fd;
     iprobe_rt_state.region_size = (uint64_t)st.st_size;

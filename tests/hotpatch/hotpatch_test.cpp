@@ -2,6 +2,7 @@
 // target (tests/hotpatch/targets/hp_target.c, built with iprobe-cc).
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/mman.h>
 #include <sys/ptrace.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -454,6 +455,78 @@ TEST_F(HotpatchTest, CorruptProbeListsChangeNothing) {
         EXPECT_NE(::access(("/dev/shm/iprobe." + pid).c_str(), F_OK), 0) << c.name << ": a region was left";
     }
     EXPECT_EQ(target.command("burst 10"), 4 * 10);
+}
+
+// The target's own iprobe region, opened for writing as its owner could:
+// the memfd it holds.
+struct WritableRegion {
+    int fd = -1;
+    void* base = nullptr;
+    std::size_t size = 0;
+    explicit WritableRegion(pid_t pid) {
+        const std::string memfd = "/memfd:" IPROBE_RT_MEMFD_PREFIX + std::to_string(pid) + " ";
+        for (const auto& entry : fs::directory_iterator("/proc/" + std::to_string(pid) + "/fd")) {
+            std::error_code ec;
+            if ((fs::read_symlink(entry.path(), ec).string() + " ").rfind(memfd, 0) != 0) continue;
+            fd = ::open(entry.path().c_str(), O_RDWR | O_CLOEXEC);
+            struct stat st {};
+            if (fd < 0 || ::fstat(fd, &st) != 0) break;
+            size = static_cast<std::size_t>(st.st_size);
+            base = ::mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+            break;
+        }
+    }
+    ~WritableRegion() {
+        if (base && base != MAP_FAILED) ::munmap(base, size);
+        if (fd >= 0) ::close(fd);
+    }
+    bool ok() const { return base && base != MAP_FAILED; }
+    iprobe_rt_control* control() const { return static_cast<iprobe_rt_control*>(base); }
+    template <typename T>
+    T* at(std::uint64_t offset) const { return reinterpret_cast<T*>(static_cast<char*>(base) + offset); }
+};
+
+// Root's detach and status take sites, lists and stubs from the process's
+// maps and code: a region its owner rewrote (sites moved, flags cleared,
+// the probe-list path a FIFO, the module path elsewhere) changes nothing.
+TEST_F(HotpatchTest, DetachAndStatusReadTheCodeNotARegionTheTargetRewrote) {
+    HpTarget target(2);
+    const std::string pid = pid_of(target);
+    const auto before = text_of(target.pid(), "/hp_target");
+    ASSERT_EQ(iprobe({"attach", pid, "--functions", "counted,work"}).exit_code, 0);
+    ASSERT_NE(text_of(target.pid(), "/hp_target"), before);
+
+    TempDir dir;
+    const std::string fifo = dir / "list.fifo";
+    ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+    {
+        WritableRegion region(target.pid());
+        ASSERT_TRUE(region.ok()) << "cannot open the region of " << pid;
+        iprobe_rt_control* cb = region.control();
+        auto* module = region.at<iprobe_rt_module>(cb->modules_offset);
+        std::snprintf(module->probes_path, sizeof module->probes_path, "%s", fifo.c_str());
+        std::snprintf(module->path, sizeof module->path, "/usr/bin/elsewhere");
+        auto* probes = region.at<iprobe_rt_probe>(cb->probes_offset);
+        for (std::uint32_t i = 0; i < cb->probe_count; i++) {
+            probes[i].site += 0x1000;
+            probes[i].enabled = 0;
+        }
+    }
+
+    auto st = iprobe({"status", pid, "--json"}, std::chrono::seconds(10));
+    ASSERT_EQ(st.exit_code, 0) << st.err;
+    EXPECT_EQ(json_number(st.out, "live"), 4) << "entry and exit of counted and work, read from the code: " << st.out;
+    EXPECT_EQ(json_number(st.out, "enabled"), 0) << st.out;
+
+    auto d = iprobe({"detach", pid, "--json"}, std::chrono::seconds(10));
+    ASSERT_EQ(d.exit_code, 0) << d.err;
+    EXPECT_EQ(json_number(d.out, "disabled"), 4) << d.out;
+    EXPECT_EQ(json_number(d.out, "still_enabled"), 0) << d.out;
+    EXPECT_EQ(json_number(d.out, "not_restored"), 0) << d.out;
+    EXPECT_EQ(text_of(target.pid(), "/hp_target"), before) << "code differs after detach";
+    st = iprobe({"status", pid, "--json"}, std::chrono::seconds(10));
+    EXPECT_EQ(json_number(st.out, "live"), 0) << st.out;
+    EXPECT_EQ(target.command("burst 10"), 2 * 10);
 }
 
 TEST_F(HotpatchTest, NumbersThatWouldWrapAreUsageErrors) {

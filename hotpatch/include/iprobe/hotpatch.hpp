@@ -34,6 +34,15 @@ struct HandlerSymbols {
     std::string library;  // .so injected if not loaded; empty = the runtime
     std::string enter, exit, point;
     std::string enter_nop, exit_nop, point_nop;
+    // Optional entry points for call-form sites reached through a per-site
+    // stub, which passes the site's identity in edi: its global probe index
+    // (SiteId::probe) or the byte offset of the counter it bumps in a
+    // thread's sums (SiteId::counter: aggregate slot * record size + offset
+    // of `calls` for entries, `completed` for exits).  Empty: the shared stub
+    // and the C-ABI entry points above.
+    enum class SiteId { probe, counter };
+    std::string enter_id, exit_id;
+    SiteId site_id = SiteId::probe;
 
     static HandlerSymbols runtime(HandlerMode mode);  // the runtime's own handlers
 };
@@ -75,9 +84,11 @@ struct DetachOptions {
     std::chrono::milliseconds safe_point_timeout{3000};
 };
 
+// Counts read back from the code after the change, not from bookkeeping.
 struct DetachStats {
-    std::size_t disabled = 0;
-    std::size_t still_enabled = 0;
+    std::size_t disabled = 0;       // sites turned from a live call back into their NOP
+    std::size_t still_enabled = 0;  // sites of the process still holding a live call
+    std::size_t not_restored = 0;   // of those, selected ones: detach failed for them
     std::size_t threads = 0;
     std::uint64_t pause_us = 0;
     std::uint64_t stop_us = 0;
@@ -88,7 +99,12 @@ DetachStats detach(const DetachOptions& options);
 struct ModuleStatus {
     std::string path, probes_path, build_id;
     std::uint64_t load_bias = 0, stub_page = 0;
-    std::uint32_t probes = 0, enabled = 0;
+    std::uint32_t probes = 0, enabled = 0;  // enabled: the region's bookkeeping
+    // Read from the code: sites holding a call into our stubs (-1: the code
+    // or the probe list could not be read, see Status::sites_unread), and
+    // sites holding neither that nor their NOP (another tool's patch?).
+    std::int64_t live = -1;
+    std::uint32_t foreign = 0;
 };
 
 struct RingStatus {
@@ -108,6 +124,7 @@ struct Status {
     std::vector<RingStatus> rings;
     std::uint64_t dropped = 0, no_ring_events = 0, no_slot_events = 0, unknown_site_events = 0;
     std::uint32_t ring_records = 0, ring_count = 0;
+    std::string sites_unread;  // why the code's live sites could not be read, if so
 };
 
 Status status(pid_t pid);

@@ -37,7 +37,7 @@ extern "C" {
 #endif
 
 #define IPROBE_RT_MAGIC "IPROBERT"
-#define IPROBE_RT_VERSION 2u
+#define IPROBE_RT_VERSION 3u
 #define IPROBE_RT_MEMFD_PREFIX "iprobe." /* memfd name iprobe.<pid>: /proc/PID/fd shows /memfd:iprobe.<pid> (deleted) */
 #define IPROBE_RT_PATH_MAX 256
 #define IPROBE_RT_CACHELINE 64
@@ -112,6 +112,9 @@ struct iprobe_rt_module {
     uint64_t stub_page;                   /* address of the jump stubs near the module, 0 if none */
     uint32_t stub_used;                   /* stubs written in the page */
     uint32_t pad2;
+    uint64_t site_stubs;                  /* per-site stubs near the module, one per probe id, 0 if none */
+    uint32_t site_stub_slots;             /* probe ids the area holds */
+    uint32_t pad3;
 };
 
 struct iprobe_rt_probe {

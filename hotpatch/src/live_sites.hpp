@@ -1,0 +1,47 @@
+// The probe sites of a process as its code holds them, found without
+// trusting its region, which the target can write: modules from the
+// kernel's maps, build-id and load bias from the target's own ELF headers,
+// each module's probe list found beside the mapped file first (the region's
+// recorded path only as module_probe_list() allows it) and accepted only if
+// it describes that very build, and every site's state read from the code.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "iprobe/probe_list.hpp"
+#include "modules.hpp"
+#include "process.hpp"
+#include "region.hpp"
+#include "stubs.hpp"
+
+namespace iprobe::hotpatch {
+
+struct AttachedModule {
+    std::uint32_t region_index = 0;  // in the region's module table
+    RunningModule running;
+    ProbeList list;
+    // Per list probe: its address in the target, 0 where the list's offset
+    // is not inside the module's executable segments (never read or written).
+    std::vector<std::uint64_t> sites;
+};
+
+// The region's modules that are still mapped, each with its probe list.
+// Throws Error(not_found) when a mapped module's list cannot be found.
+std::vector<AttachedModule> attached_modules(pid_t pid, const Region& region, const ProcessMemory& memory);
+
+enum class SiteState : std::uint8_t {
+    absent,       // no address (outside the module's code)
+    placeholder,  // the NOP the list records: off
+    live,         // a call into one of our stubs: on
+    other,        // anything else (someone else's patch, or a changed binary): left alone
+};
+
+SiteState site_state(const Probe& probe, std::uint64_t address, const SiteText& text, StubChecker& stubs);
+
+// The state of every site of `module`, per list probe.
+std::vector<SiteState> site_states(const AttachedModule& module, const ProcessMemory& memory, StubChecker& stubs);
+
+}  // namespace iprobe::hotpatch

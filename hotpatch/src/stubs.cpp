@@ -1,0 +1,113 @@
+#include "stubs.hpp"
+
+#include <algorithm>
+#include <climits>
+#include <sstream>
+
+#include "iprobe/support/error.h"
+
+namespace iprobe::hotpatch {
+
+namespace {
+constexpr std::uint64_t kPage = 4096;
+}  // namespace
+
+std::string hex_address(std::uint64_t v) {
+    std::ostringstream s;
+    s << "0x" << std::hex << v;
+    return s.str();
+}
+
+std::array<std::uint8_t, kStubSize> stub_bytes(std::uint64_t target) {
+    std::array<std::uint8_t, kStubSize> b{0xff, 0x25, 0x02, 0x00, 0x00, 0x00, 0xcc, 0xcc};
+    std::memcpy(b.data() + 8, &target, 8);
+    return b;
+}
+
+std::array<std::uint8_t, kSiteStubSize> site_stub_bytes(std::uint32_t id, std::uint64_t target) {
+    std::array<std::uint8_t, kSiteStubSize> b;
+    b.fill(0xcc);
+    b[0] = 0xbf;
+    std::memcpy(b.data() + 1, &id, 4);
+    const std::uint8_t jump[6] = {0xff, 0x25, 0x00, 0x00, 0x00, 0x00};
+    std::memcpy(b.data() + 5, jump, sizeof jump);
+    std::memcpy(b.data() + 11, &target, 8);
+    return b;
+}
+
+std::uint64_t stub_target(const std::uint8_t* stub, std::size_t size) {
+    std::uint64_t target = 0;
+    if (size >= kStubSize && stub[0] == 0xff && stub[1] == 0x25 && stub[2] == 0x02 && stub[3] == 0 && stub[4] == 0 &&
+        stub[5] == 0)
+        std::memcpy(&target, stub + 8, 8);
+    else if (size >= 19 && stub[0] == 0xbf && stub[5] == 0xff && stub[6] == 0x25 && stub[7] == 0 && stub[8] == 0 &&
+             stub[9] == 0 && stub[10] == 0)
+        std::memcpy(&target, stub + 11, 8);
+    return target;
+}
+
+SiteBytes call_bytes(std::uint64_t site, std::uint8_t size, std::uint64_t stub) {
+    const std::uint64_t call_at = size == 6 ? site + 1 : site;
+    const std::int64_t rel = static_cast<std::int64_t>(stub) - static_cast<std::int64_t>(call_at + 5);
+    if (rel < INT32_MIN || rel > INT32_MAX)
+        throw Error("stub at " + hex_address(stub) + " is out of call rel32 reach of site " + hex_address(site));
+    const auto rel32 = static_cast<std::uint32_t>(static_cast<std::int32_t>(rel));
+    SiteBytes b;
+    b.size = size == 6 ? 6 : 5;
+    std::size_t at = 0;
+    if (size == 6) b.bytes[at++] = 0x90;
+    b.bytes[at++] = 0xe8;
+    for (int i = 0; i < 4; i++) b.bytes[at++] = static_cast<std::uint8_t>(rel32 >> (8 * i));
+    return b;
+}
+
+std::uint64_t called_stub(std::uint64_t site, const std::uint8_t* bytes, std::uint8_t size) {
+    std::size_t at = 0;
+    if (size == 6) {
+        if (bytes[0] != 0x90) return 0;
+        at = 1;
+    }
+    if (bytes[at] != 0xe8) return 0;
+    std::int32_t rel;
+    std::memcpy(&rel, bytes + at + 1, 4);
+    return site + at + 5 + static_cast<std::int64_t>(rel);
+}
+
+bool StubChecker::calls_a_stub(std::uint64_t site, const std::uint8_t* bytes, std::uint8_t size) {
+    const std::uint64_t target = called_stub(site, bytes, size);
+    if (target == 0) return false;
+    auto [it, fresh] = known_.try_emplace(target, false);
+    if (fresh) {
+        // A shared stub may end its page; a site stub is longer.
+        std::uint8_t stub[kSiteStubSize];
+        for (std::size_t size : {kSiteStubSize, kStubSize}) try {
+                memory_.read(target, stub, size);
+                it->second = stub_target(stub, size) != 0;
+                break;
+            } catch (const Error&) {
+            }
+    }
+    return it->second;
+}
+
+std::vector<SiteText> read_sites(const ProcessMemory& memory, const std::vector<std::uint64_t>& addresses) {
+    std::vector<std::size_t> order(addresses.size());
+    for (std::size_t i = 0; i < order.size(); i++) order[i] = i;
+    std::sort(order.begin(), order.end(), [&](auto a, auto b) { return addresses[a] < addresses[b]; });
+    std::vector<SiteText> out(addresses.size());
+    std::vector<std::uint8_t> run;
+    for (std::size_t i = 0; i < order.size();) {
+        const std::uint64_t low = addresses[order[i]];
+        std::uint64_t high = low + IPROBE_PL_SITE_MAX;
+        std::size_t j = i + 1;
+        while (j < order.size() && addresses[order[j]] < high + kPage) high = addresses[order[j++]] + IPROBE_PL_SITE_MAX;
+        run.resize(high - low);
+        memory.read(low, run.data(), run.size());
+        for (std::size_t k = i; k < j; k++)
+            std::memcpy(out[order[k]].data(), run.data() + (addresses[order[k]] - low), IPROBE_PL_SITE_MAX);
+        i = j;
+    }
+    return out;
+}
+
+}  // namespace iprobe::hotpatch

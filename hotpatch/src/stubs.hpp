@@ -1,0 +1,78 @@
+// Jump stubs and the bytes of probe sites: how an enabled site is encoded
+// (a call to a stub near its module, the stub an absolute jump to the
+// handler), how to tell ours from any other code, and reading many sites
+// of a process at once.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "iprobe/probe_list.h"
+#include "process.hpp"
+
+namespace iprobe::hotpatch {
+
+constexpr std::size_t kStubSize = 16;
+
+std::string hex_address(std::uint64_t v);
+
+// A module's shared stub, one per handler: jmp *2(%rip); int3 int3; .quad target
+std::array<std::uint8_t, kStubSize> stub_bytes(std::uint64_t target);
+
+// A site's own stub, in an area near its module with one slot per probe id:
+// it hands the handler the site's identity in edi (free at a call-form site,
+// whose call may clobber it), so the handler finds its counters without
+// hashing the return address.
+//   mov $id, %edi; jmp *0(%rip); .quad target; int3 padding
+constexpr std::size_t kSiteStubSize = 32;
+std::array<std::uint8_t, kSiteStubSize> site_stub_bytes(std::uint32_t id, std::uint64_t target);
+
+// The handler a stub of either kind jumps to, or 0 when the `size` bytes at
+// `stub` are not one of ours.
+std::uint64_t stub_target(const std::uint8_t* stub, std::size_t size = kStubSize);
+
+// The few bytes of one site, kept inline: a 10k-probe attach builds 10k of
+// these while the target is stopped, so no heap allocation per site.
+struct SiteBytes {
+    std::array<std::uint8_t, IPROBE_PL_SITE_MAX> bytes{};
+    std::uint8_t size = 0;
+
+    SiteBytes() = default;
+    SiteBytes(const std::uint8_t* from, std::uint8_t n) : size(n) { std::memcpy(bytes.data(), from, n); }
+    const std::uint8_t* begin() const { return bytes.data(); }
+    const std::uint8_t* end() const { return bytes.data() + size; }
+};
+
+// The bytes an enabled site holds: call rel32 to the stub; a 6-byte site
+// gets its 1-byte NOP first so the call returns to the site's end, which is
+// an instruction boundary in both forms.
+SiteBytes call_bytes(std::uint64_t site, std::uint8_t size, std::uint64_t stub);
+// Where a call-form site placed by call_bytes() leads, or 0.
+std::uint64_t called_stub(std::uint64_t site, const std::uint8_t* bytes, std::uint8_t size);
+
+// Does a site call into one of our jump stubs (ours, or one inherited from a
+// parent process across fork)?  Stubs are few: each is read once.
+class StubChecker {
+public:
+    explicit StubChecker(const ProcessMemory& memory) : memory_(memory) {}
+    bool calls_a_stub(std::uint64_t site, const std::uint8_t* bytes, std::uint8_t size);
+
+private:
+    const ProcessMemory& memory_;
+    std::map<std::uint64_t, bool> known_;
+};
+
+using SiteText = std::array<std::uint8_t, IPROBE_PL_SITE_MAX>;
+
+// The bytes at each address.  Sites close together share one read; far
+// apart ones are read apart, so no buffer ever spans the gap between the
+// lowest and the highest site (a bad address costs one failed read, not a
+// gigabyte).
+std::vector<SiteText> read_sites(const ProcessMemory& memory, const std::vector<std::uint64_t>& addresses);
+
+}  // namespace iprobe::hotpatch
