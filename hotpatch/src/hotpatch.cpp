@@ -1000,7 +1000,13 @@ AttachStats attach(const AttachOptions& options) {
                                                      ? counter_offset(region.probes()[global].stat, p->kind)
                                                      : global;
                         callee = module.site_stubs + kSiteStubSize * p->id;
-                        site_stubs.push_back({callee, site_stub_bytes(id, handler_address(by_id))});
+                        const bool inline_count = handlers.site_id == HandlerSymbols::SiteId::counter &&
+                                                  state.stats_tpoff != 0 && state.stats_tpoff >= INT32_MIN &&
+                                                  state.stats_tpoff < 0 && id <= INT32_MAX;
+                        site_stubs.push_back(
+                            {callee, inline_count ? count_stub_bytes(static_cast<std::int32_t>(state.stats_tpoff), id,
+                                                                     handler_address(by_id))
+                                                  : site_stub_bytes(id, handler_address(by_id))});
                     } else {
                         auto& stub = stubs[&symbol];
                         if (!stub) stub = stub_for(process, module, handler_address(symbol));

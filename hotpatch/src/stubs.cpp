@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <initializer_list>
 #include <sstream>
 
 #include "iprobe/support/error.h"
@@ -35,8 +36,39 @@ std::array<std::uint8_t, kSiteStubSize> site_stub_bytes(std::uint32_t id, std::u
     return b;
 }
 
+namespace {
+constexpr std::uint8_t kLoadStatsFromFs[5] = {0x64, 0x48, 0x8b, 0x04, 0x25};  // mov %fs:disp32, %rax
+constexpr std::size_t kCountStubSlowPath = 23;
+}  // namespace
+
+std::array<std::uint8_t, kSiteStubSize> count_stub_bytes(std::int32_t stats_tpoff, std::uint32_t counter_offset,
+                                                         std::uint64_t slow_target) {
+    std::array<std::uint8_t, kSiteStubSize> b;
+    b.fill(0xcc);
+    std::size_t at = 0;
+    auto put = [&](std::initializer_list<std::uint8_t> bytes) {
+        for (auto v : bytes) b[at++] = v;
+    };
+    auto put32 = [&](std::uint32_t v) {
+        std::memcpy(b.data() + at, &v, 4);
+        at += 4;
+    };
+    for (auto v : kLoadStatsFromFs) b[at++] = v;
+    put32(static_cast<std::uint32_t>(stats_tpoff));
+    put({0x48, 0x85, 0xc0});                                           // test %rax, %rax
+    put({0x74, static_cast<std::uint8_t>(kCountStubSlowPath - 14)});   // je slow
+    put({0x48, 0x83, 0x80});                                           // addq $imm8, disp32(%rax)
+    put32(counter_offset);
+    put({0x01, 0xc3});                                                 // $1; ret
+    const auto slow = site_stub_bytes(counter_offset, slow_target);
+    std::memcpy(b.data() + kCountStubSlowPath, slow.data(), 19);
+    return b;
+}
+
 std::uint64_t stub_target(const std::uint8_t* stub, std::size_t size) {
     std::uint64_t target = 0;
+    if (size >= kCountStubSlowPath + 19 && std::memcmp(stub, kLoadStatsFromFs, sizeof kLoadStatsFromFs) == 0)
+        return stub_target(stub + kCountStubSlowPath, size - kCountStubSlowPath);
     if (size >= kStubSize && stub[0] == 0xff && stub[1] == 0x25 && stub[2] == 0x02 && stub[3] == 0 && stub[4] == 0 &&
         stub[5] == 0)
         std::memcpy(&target, stub + 8, 8);

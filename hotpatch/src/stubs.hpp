@@ -29,8 +29,18 @@ std::array<std::uint8_t, kStubSize> stub_bytes(std::uint64_t target);
 // whose call may clobber it), so the handler finds its counters without
 // hashing the return address.
 //   mov $id, %edi; jmp *0(%rip); .quad target; int3 padding
-constexpr std::size_t kSiteStubSize = 32;
+constexpr std::size_t kSiteStubSize = 64;
 std::array<std::uint8_t, kSiteStubSize> site_stub_bytes(std::uint32_t id, std::uint64_t target);
+
+// A count site's stub with the runtime's count handler inlined: a thread
+// that has its sums (a pointer at %fs:stats_tpoff, see iprobe_rt_state)
+// bumps the counter at `counter_offset` in them and returns; any other
+// passes the offset to `slow_target` (iprobe_rt_count_counter) as above.
+//   mov %fs:tpoff, %rax; test %rax, %rax; je slow; addq $1, off(%rax); ret
+//   slow: mov $off, %edi; jmp *0(%rip); .quad slow_target
+// One add instruction, so a signal handler in between never loses a count.
+std::array<std::uint8_t, kSiteStubSize> count_stub_bytes(std::int32_t stats_tpoff, std::uint32_t counter_offset,
+                                                         std::uint64_t slow_target);
 
 // The handler a stub of either kind jumps to, or 0 when the `size` bytes at
 // `stub` are not one of ours.

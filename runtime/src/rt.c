@@ -603,6 +603,9 @@ static void after_fork_in_child(void) {
 }
 
 __attribute__((constructor)) static void runtime_init(void) {
+    uintptr_t thread_pointer;
+    __asm__("mov %%fs:0, %0" : "=r"(thread_pointer));
+    iprobe_rt_state.stats_tpoff = (int64_t)((uintptr_t)&t_producer.stats - thread_pointer);
     g_thread_key_ok = pthread_key_create(&g_thread_key, retire_thread) == 0;
     pthread_atfork(0, 0, after_fork_in_child);
 }

@@ -49,6 +49,28 @@ TEST_F(RuntimeTest, ForkedChildNeverWritesIntoTheParentsRings) {
     EXPECT_EQ(json_calls(r.out, "counted"), 200) << r.out;
 }
 
+// The count handler is inlined into each site's stub: its one add must not
+// lose a count to a signal handler probing in between, and a forked child,
+// which inherits the stubs and its parent's thread state, must not count
+// into the parent's sums.
+TEST_F(RuntimeTest, InlinedCountStubsAreExactUnderSignalsAndSilentInAForkedChild) {
+    HpTarget target(2);
+    const std::string pid = std::to_string(target.pid());
+    ASSERT_EQ(iprobe({"attach", pid, "--handler", "count", "--functions", "counted,in_signal"}).exit_code, 0);
+    const long handlers = target.command("signals 300000");
+    ASSERT_GT(handlers, 100) << "the signal sender did not interrupt the loop";
+    auto r = iprobe({"report", pid, "--json"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find("\"name\":\"counted\",\"calls\":300000,\"completed\":300000"), std::string::npos) << r.out;
+    EXPECT_EQ(json_calls(r.out, "in_signal"), handlers) << r.out;
+    EXPECT_EQ(target.command("fork 20000"), 0) << "child must exit cleanly";
+    r = iprobe({"report", pid, "--json"});
+    EXPECT_EQ(json_calls(r.out, "counted"), 300000) << "the child counted into the parent: " << r.out;
+    EXPECT_EQ(target.command("burst 100"), 200);
+    r = iprobe({"report", pid, "--json"});
+    EXPECT_EQ(json_calls(r.out, "counted"), 300200) << r.out;
+}
+
 TEST_F(RuntimeTest, RingsOfExitedThreadsAreReclaimed) {
     HpTarget target(1);
     const std::string pid = std::to_string(target.pid());

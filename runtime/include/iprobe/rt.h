@@ -41,7 +41,11 @@ struct iprobe_rt_state {
     uint64_t nested_drops;       /* re-entrant event while claiming a ring (dropped) */
     int32_t region_fd;           /* the region's memfd in this process, -1 when none */
     uint32_t pad;
-    uint64_t reserved[3];
+    /* %fs offset of the calling thread's pointer to its sums (initial-exec
+     * TLS: the same in every thread), so count stubs can inline the count
+     * handler's fast path (hotpatch/src/stubs.hpp); 0 when unknown. */
+    int64_t stats_tpoff;
+    uint64_t reserved[2];
 };
 
 extern struct iprobe_rt_state iprobe_rt_state;
