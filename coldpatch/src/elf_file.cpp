@@ -42,7 +42,7 @@ bool fits(std::uint64_t offset, std::uint64_t size, std::uint64_t total) {
 }  // namespace
 
 bool ElfSection::executable() const { return (flags & SHF_EXECINSTR) != 0 && (flags & SHF_ALLOC) != 0; }
-bool ElfSection::has_file_bytes() const { return type != SHT_NOBITS; }
+bool ElfSection::has_file_bytes() const { return type != SHT_NOBITS && type != SHT_NULL; }
 bool ElfSymbol::is_function() const { return type == STT_FUNC || type == STT_GNU_IFUNC; }
 
 void ElfFile::ElfCloser::operator()(Elf* e) const { elf_end(e); }
@@ -268,7 +268,9 @@ const ElfSection* ElfFile::section_containing(std::uint64_t vaddr) const {
 }
 
 std::span<const std::uint8_t> ElfFile::section_bytes(const ElfSection& s) const {
-    if (!s.has_file_bytes()) return {};
+    // Sections with bytes were checked to lie inside the file when it was
+    // read; anything else has none (a hostile header never reads past it).
+    if (!s.has_file_bytes() || s.offset > bytes_.size() || s.size > bytes_.size() - s.offset) return {};
     return std::span<const std::uint8_t>(bytes_).subspan(s.offset, s.size);
 }
 

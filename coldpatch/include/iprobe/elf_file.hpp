@@ -29,7 +29,7 @@ struct ElfSection {
     std::uint64_t entry_size = 0;
 
     bool executable() const;
-    bool has_file_bytes() const;  // not SHT_NOBITS
+    bool has_file_bytes() const;  // not SHT_NOBITS or SHT_NULL
     bool contains(std::uint64_t vaddr) const { return vaddr >= address && vaddr - address < size; }
 };
 
