@@ -31,6 +31,7 @@ constexpr Subcommand kSubcommands[] = {
     {"mirror", "iprobe-mirror", "proxy that duplicates live traffic to a debug copy"},
     {"replay", "iprobe-mirror", "replay a recorded traffic file into a service"},
     {"clone", "iprobe-launcher", "live-clone a running service into a sandbox (CRIU)"},
+    {"clone-agent", "iprobe-launcher", "receive clones on a second host (clone --to)"},
     {"debug", "iprobe-launcher", "clone + mirror + probes in one command"},
 };
 

@@ -6,6 +6,7 @@
 #include "commands.h"
 #include "iprobe/launcher/clone.h"
 #include "iprobe/launcher/container.h"
+#include "iprobe/launcher/remote.h"
 #include "iprobe/support/error.h"
 #include "iprobe/support/glob.h"
 #include "iprobe/support/json.h"
@@ -16,8 +17,9 @@ namespace {
 const char* const kUsage =
     "usage: iprobe clone PID [--netns NAME] [--fs-snapshot PATHS] [--no-default-snapshots]\n"
     "                        [--keep-images DIR] [--json]\n"
+    "       iprobe clone PID --to HOST:PORT [--netns NAME] [--fs-snapshot PATHS] [--json]\n"
     "       iprobe clone --container CONTAINER [--netns NAME] [--json]\n"
-    "       iprobe clone --destroy NAME\n"
+    "       iprobe clone --destroy NAME [--to HOST:PORT]\n"
     "       iprobe clone --list [--json]\n"
     "\n"
     "Makes a live copy of a running service with CRIU: production is checkpointed\n"
@@ -36,6 +38,10 @@ const char* const kUsage =
     "                          checkpoint (--leave-running) and restore as a new\n"
     "                          container NAME (default CONTAINER-iprobe-clone) with\n"
     "                          its own address, through iprobe's CRIU\n"
+    "  --to HOST:PORT          clone onto another host, to the `iprobe clone-agent`\n"
+    "                          listening there: memory streams to a CRIU page server\n"
+    "                          on that host, the clone runs in that host's network\n"
+    "                          (PIDs printed are that host's)\n"
     "  --netns NAME            clone and namespace name\n"
     "  --fs-snapshot PATHS     more files/directories to copy for the clone\n"
     "  --no-default-snapshots  copy only --fs-snapshot paths\n"
@@ -103,7 +109,10 @@ void print_result(const CloneResult& r, bool json, bool alive_known = true) {
     }
     std::printf("clone %s\n", r.name.c_str());
     std::printf("  pid          %d (host), %d inside its PID namespace\n", r.clone_pid, r.clone_pid_in_ns);
-    std::printf("  netns        %s   (enter: nsenter --net=%s ...)\n", r.netns_path.c_str(), r.netns_path.c_str());
+    if (r.netns_path.rfind("agent ", 0) == 0)
+        std::printf("  host         %s (its network; these PIDs are that host's)\n", r.netns_path.c_str() + 6);
+    else
+        std::printf("  netns        %s   (enter: nsenter --net=%s ...)\n", r.netns_path.c_str(), r.netns_path.c_str());
     std::printf("  freeze       %.3f ms production frozen (+%.3f ms stopping it)\n", r.freeze_ms, r.freezing_ms);
     std::printf("  time         dump %.1f ms, restore %.1f ms, total %.1f ms\n", r.dump_ms, r.restore_ms, r.total_ms);
     for (const auto& s : r.snapshots) std::printf("  private copy %s\n", s.c_str());
@@ -116,7 +125,7 @@ void print_result(const CloneResult& r, bool json, bool alive_known = true) {
 int clone_main(const std::vector<std::string>& args) {
     CloneOptions o;
     bool json = false, list = false;
-    std::string destroy, container;
+    std::string destroy, container, to;
     auto value = [&](size_t& i) -> const std::string& {
         if (i + 1 >= args.size()) throw Error(args[i] + " needs a value\n" + kUsage, ExitCode::usage);
         return args[++i];
@@ -128,6 +137,8 @@ int clone_main(const std::vector<std::string>& args) {
             return 0;
         } else if (a == "--container") {
             container = value(i);
+        } else if (a == "--to") {
+            to = value(i);
         } else if (a == "--netns") {
             o.name = value(i);
         } else if (a == "--fs-snapshot") {
@@ -151,7 +162,8 @@ int clone_main(const std::vector<std::string>& args) {
         }
     }
     if (!destroy.empty()) {
-        if (is_container_clone(destroy)) destroy_container_clone(destroy);
+        if (!to.empty()) destroy_agent_clone(to, destroy);
+        else if (is_container_clone(destroy)) destroy_container_clone(destroy);
         else destroy_clone(destroy);
         if (json)
             std::printf("{\"destroyed\":\"%s\"}\n", destroy.c_str());
@@ -170,6 +182,7 @@ int clone_main(const std::vector<std::string>& args) {
         return 0;
     }
     if (!container.empty()) {
+        if (!to.empty()) throw Error("--to clones a process, not a container (--container)", ExitCode::usage);
         if (o.pid >= 0) throw Error(std::string("give a PID or --container, not both\n") + kUsage, ExitCode::usage);
         ContainerCloneOptions c{container, o.name, {}};
         if (!json) c.progress = [](const std::string& line) { std::fprintf(stderr, "iprobe clone: %s\n", line.c_str()); };
@@ -177,8 +190,10 @@ int clone_main(const std::vector<std::string>& args) {
         return 0;
     }
     if (o.pid < 0) throw Error(std::string("missing PID\n") + kUsage, ExitCode::usage);
+    if (!to.empty() && !o.keep_images.empty())
+        throw Error("--keep-images and --to exclude each other: the images are kept by the agent's host", ExitCode::usage);
     if (!json) o.progress = [](const std::string& line) { std::fprintf(stderr, "iprobe clone: %s\n", line.c_str()); };
-    print_result(clone_process(o), json);
+    print_result(to.empty() ? clone_process(o) : clone_to_agent(o, to), json);
     return 0;
 }
 

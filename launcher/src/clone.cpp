@@ -22,6 +22,7 @@
 #include <sstream>
 #include <thread>
 
+#include "clone_steps.h"
 #include "criu.h"
 #include "iprobe/support/error.h"
 #include "iprobe/support/fd.h"
@@ -48,7 +49,7 @@ void validate_name(const std::string& name) {
         throw Error("bad clone name '" + name + "': use up to 64 letters, digits, '-', '_', '.'", ExitCode::usage);
 }
 
-namespace {
+namespace clone_steps {
 
 const char* const kStateRootParent = "/run/iprobe";
 const char* const kStateRoot = "/run/iprobe/clones";
@@ -320,16 +321,6 @@ void remove_tree(const std::string& path) {
 
 // ---- the clone's PID 1 -----------------------------------------------------
 
-struct KeeperPlan {
-    std::string criu;
-    std::string images;
-    std::string restore_log;
-    std::vector<std::pair<std::string, std::string>> binds;  // copy -> original path
-    bool shell_job = false;
-    std::string name;
-    std::string images_mount;  // where the keeper binds `images` (in the state directory)
-    int lifeline_fd = -1;      // CloneOptions::lifeline_fd
-};
 
 // So that ps shows "iprobe-keeper NAME" rather than the launcher's command
 // line it was forked with (which names production's PID and would confuse
@@ -624,7 +615,8 @@ std::string dump_failure_hint(pid_t pid, const std::string& reasons) {
 // time.  On failure CRIU has resumed production; the error says so and
 // keeps CRIU's log.
 double dump_production(const CloneOptions& o, const Criu& criu, const std::string& name, size_t processes,
-                       const std::string& images, const std::string& dump_log, bool& shell_job) {
+                       const std::string& images, const std::string& dump_log, bool& shell_job,
+                       const std::vector<std::string>& extra_args) {
     // Dump from inside production's network namespace: CRIU then treats it
     // as its own (no netns image) and the clone can be restored into any.
     std::vector<std::string> dump_args = {criu.path, "dump", "-t", std::to_string(o.pid), "-D", images,
@@ -636,6 +628,7 @@ double dump_production(const CloneOptions& o, const Criu& criu, const std::strin
     // joins the keeper's session).
     shell_job = session_of(o.pid) != o.pid;
     if (shell_job) dump_args.push_back("--shell-job");
+    dump_args.insert(dump_args.end(), extra_args.begin(), extra_args.end());
     UniqueFd prod_netns;
     if (!same_ns(o.pid, "net")) {
         prod_netns.reset(::open(("/proc/" + std::to_string(o.pid) + "/ns/net").c_str(), O_RDONLY | O_CLOEXEC));
@@ -688,7 +681,9 @@ void record_state(const CloneResult& r, bool created_netns, const std::string& k
     save_state(r.name, st);
 }
 
-}  // namespace
+}  // namespace clone_steps
+
+using namespace clone_steps;
 
 CloneResult clone_process(const CloneOptions& o) {
     double t0 = now_ms();
@@ -728,7 +723,7 @@ CloneResult clone_process(const CloneOptions& o) {
     fs::create_directories(images);
 
     bool shell_job = false;
-    double dump_ms = dump_production(o, criu, name, tree.size(), images, state + "/dump.log", shell_job);
+    double dump_ms = dump_production(o, criu, name, tree.size(), images, state + "/dump.log", shell_job, {});
     DumpStats stats = read_dump_stats(images);
     progress(o, "production frozen for " + fmt_ms(static_cast<double>(stats.frozen_us) / 1e3) + " ms");
 

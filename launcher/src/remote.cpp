@@ -1,0 +1,515 @@
+#include "iprobe/launcher/remote.h"
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <thread>
+
+#include "clone_steps.h"
+#include "criu.h"
+#include "iprobe/proxy/address.h"
+#include "iprobe/support/error.h"
+#include "iprobe/support/fd.h"
+#include "iprobe/support/number.h"
+#include "process.h"
+
+namespace fs = std::filesystem;
+
+namespace iprobe::launcher {
+
+using namespace clone_steps;
+
+namespace {
+
+// The control protocol, one line per request or reply:
+//   client                                   agent
+//   CLONE NAME SHELL_JOB(0|1) SOURCE_PID  ->
+//                                         <- PAGESERVER PORT     (CRIU page server on the agent's address)
+//   (criu dump --page-server: pages go straight to the agent)
+//   FILE SIZE NAME + SIZE bytes           ->  an image CRIU kept local
+//   SNAPSHOT SIZE INDEX PATH + SIZE bytes ->  a tar of one file snapshot
+//   RESTORE                               ->
+//                                         <- RESTORED CLONE_PID KEEPER_PID RESTORE_US
+//   ABORT                                 ->  (the dump failed: the agent drops it all)
+//   DESTROY NAME                          ->
+//                                         <- DESTROYED
+// Any step may be answered with ERROR EXIT_CODE MESSAGE (newlines as \n).
+constexpr std::size_t kMaxLine = 64 * 1024;
+constexpr int kIoTimeoutMs = 30000;
+constexpr int kRestoreTimeoutMs = 600000;
+
+std::string escape_line(const std::string& text) {
+    std::string out;
+    for (char c : text) out += c == '\n' ? std::string("\\n") : std::string(1, c);
+    return out;
+}
+
+std::string unescape_line(const std::string& text) {
+    std::string out;
+    for (std::size_t i = 0; i < text.size(); i++) {
+        if (text[i] == '\\' && i + 1 < text.size() && text[i + 1] == 'n') {
+            out += '\n';
+            i++;
+        } else {
+            out += text[i];
+        }
+    }
+    return out;
+}
+
+// A blocking control connection where every wait has a deadline.
+class Channel {
+public:
+    explicit Channel(UniqueFd fd) : fd_(std::move(fd)) {}
+
+    void send_line(const std::string& line) {
+        const std::string framed = line + "\n";
+        write_all(framed.data(), framed.size());
+    }
+
+    std::string read_line(int timeout_ms = kIoTimeoutMs) {
+        for (;;) {
+            const auto newline = buffered_.find('\n');
+            if (newline != std::string::npos) {
+                std::string line = buffered_.substr(0, newline);
+                buffered_.erase(0, newline + 1);
+                return line;
+            }
+            if (buffered_.size() > kMaxLine) throw Error("the peer sent a line longer than 64 KiB", ExitCode::bad_input);
+            char chunk[4096];
+            buffered_.append(chunk, read_some(chunk, sizeof chunk, timeout_ms));
+        }
+    }
+
+    void send_file(const std::string& header_before_size, const std::string& header_after_size,
+                   const std::string& path) {
+        UniqueFd file(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+        if (!file) throw_errno("open " + path);
+        const auto size = fs::file_size(path);
+        send_line(header_before_size + " " + std::to_string(size) + " " + header_after_size);
+        char chunk[1 << 16];
+        for (std::uintmax_t sent = 0; sent < size;) {
+            const ssize_t n = ::read(file.get(), chunk, sizeof chunk);
+            if (n <= 0) throw_errno("read " + path);
+            write_all(chunk, static_cast<std::size_t>(n));
+            sent += static_cast<std::uintmax_t>(n);
+        }
+    }
+
+    void receive_file(const std::string& path, std::uint64_t size) {
+        UniqueFd file(::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0600));
+        if (!file) throw_errno("create " + path);
+        char chunk[1 << 16];
+        for (std::uint64_t got = 0; got < size;) {
+            const std::size_t want = static_cast<std::size_t>(std::min<std::uint64_t>(sizeof chunk, size - got));
+            const std::size_t n = read_some(chunk, want, kIoTimeoutMs);
+            if (::write(file.get(), chunk, n) != static_cast<ssize_t>(n)) throw_errno("write " + path);
+            got += n;
+        }
+    }
+
+private:
+    void write_all(const char* data, std::size_t size) {
+        while (size > 0) {
+            pollfd p{fd_.get(), POLLOUT, 0};
+            if (::poll(&p, 1, kIoTimeoutMs) <= 0) throw Error("the peer stopped reading for 30 s; giving up");
+            const ssize_t n = ::send(fd_.get(), data, size, MSG_NOSIGNAL);
+            if (n < 0 && errno == EINTR) continue;
+            if (n <= 0) throw_errno("the connection broke while sending");
+            data += n;
+            size -= static_cast<std::size_t>(n);
+        }
+    }
+
+    std::size_t read_some(char* out, std::size_t size, int timeout_ms) {
+        if (!buffered_.empty()) {
+            const std::size_t n = std::min(size, buffered_.size());
+            std::memcpy(out, buffered_.data(), n);
+            buffered_.erase(0, n);
+            return n;
+        }
+        for (;;) {
+            pollfd p{fd_.get(), POLLIN, 0};
+            const int ready = ::poll(&p, 1, timeout_ms);
+            if (ready < 0 && errno == EINTR) continue;
+            if (ready == 0) throw Error("no answer within " + std::to_string(timeout_ms / 1000) + " s");
+            const ssize_t n = ::recv(fd_.get(), out, size, 0);
+            if (n < 0 && errno == EINTR) continue;
+            if (n == 0) throw Error("the connection was closed by the other side");
+            if (n < 0) throw_errno("the connection broke while receiving");
+            return static_cast<std::size_t>(n);
+        }
+    }
+
+    UniqueFd fd_;
+    std::string buffered_;
+};
+
+std::vector<std::string> words(const std::string& line, std::size_t at_most) {
+    std::vector<std::string> out;
+    std::size_t at = 0;
+    while (at < line.size() && out.size() + 1 < at_most) {
+        const auto space = line.find(' ', at);
+        if (space == std::string::npos) break;
+        out.push_back(line.substr(at, space - at));
+        at = space + 1;
+    }
+    out.push_back(line.substr(at));
+    return out;
+}
+
+std::uint64_t number_in(const std::string& text, const std::string& what) {
+    const auto n = parse_unsigned(text);
+    if (!n) throw Error("bad " + what + " '" + text + "' in the clone protocol", ExitCode::bad_input);
+    return *n;
+}
+
+// A reply of the expected kind, or the agent's error as ours.
+std::vector<std::string> expect_reply(Channel& channel, const std::string& kind, std::size_t fields, int timeout_ms) {
+    const std::string line = channel.read_line(timeout_ms);
+    auto w = words(line, fields + 1);
+    if (line.rfind("ERROR ", 0) == 0) {
+        auto e = words(line, 3);
+        const auto code = e.size() == 3 ? parse_unsigned(e[1]) : std::nullopt;
+        throw Error("the clone agent says: " + unescape_line(e.size() == 3 ? e[2] : line),
+                    code && *code < 256 ? static_cast<ExitCode>(*code) : ExitCode::failure);
+    }
+    if (w[0] != kind || w.size() != fields + 1)
+        throw Error("the clone agent answered '" + line.substr(0, 200) + "', expected " + kind, ExitCode::bad_input);
+    return w;
+}
+
+std::string host_of(const proxy::Endpoint& at) {
+    const std::string s = at.str();
+    const auto colon = s.rfind(':');
+    std::string host = s.substr(0, colon);
+    if (host.size() > 2 && host.front() == '[') host = host.substr(1, host.size() - 2);
+    return host;
+}
+
+UniqueFd connect_to(const proxy::Endpoint& at, const std::string& agent) {
+    UniqueFd fd = proxy::start_connect(at);
+    int err = fd ? 0 : errno;
+    if (fd) {
+        pollfd p{fd.get(), POLLOUT, 0};
+        if (::poll(&p, 1, 5000) <= 0) {
+            err = ETIMEDOUT;
+        } else {
+            socklen_t len = sizeof err;
+            ::getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
+        }
+    }
+    if (err != 0)
+        throw Error("cannot reach the clone agent at " + agent + ": " + std::strerror(err) +
+                        "; start one on that host with `iprobe clone-agent --listen " + agent + " --state-dir DIR`",
+                    ExitCode::unavailable);
+    ::fcntl(fd.get(), F_SETFL, ::fcntl(fd.get(), F_GETFL) & ~O_NONBLOCK);
+    return fd;
+}
+
+// ---- the agent ---------------------------------------------------------------
+
+struct AgentClone {
+    std::string dir;
+    pid_t keeper = -1;
+    std::string keeper_started;
+};
+
+class Agent {
+public:
+    Agent(const AgentOptions& o, Criu criu) : options_(o), criu_(std::move(criu)) {}
+
+    ~Agent() {
+        for (auto& [name, clone] : clones_) {
+            kill_keeper(clone.keeper, clone.keeper_started);
+            remove_tree(clone.dir);
+            say("clone " + name + " destroyed (agent stopping)");
+        }
+    }
+
+    void serve(Channel& channel, const std::string& address) {
+        const std::string request = channel.read_line();
+        const auto w = words(request, 4);
+        if (w[0] == "CLONE" && w.size() == 4) return receive_clone(channel, address, w);
+        if (w[0] == "DESTROY" && w.size() == 2) return destroy(channel, w[1]);
+        throw Error("unknown request '" + request.substr(0, 100) + "'", ExitCode::usage);
+    }
+
+private:
+    void say(const std::string& line) const {
+        if (options_.progress) options_.progress(line);
+    }
+
+    void receive_clone(Channel& channel, const std::string& address, const std::vector<std::string>& w) {
+        const std::string name = w[1];
+        validate_name(name);
+        const bool shell_job = w[2] == "1";
+        const auto source = static_cast<pid_t>(number_in(w[3], "source PID"));
+        const std::string dir = options_.state_dir + "/" + name;
+        if (clones_.count(name) || fs::exists(dir))
+            throw Error("this agent already holds a clone named '" + name + "'", ExitCode::busy);
+        fs::create_directories(dir + "/images");
+        struct Partial {
+            std::string dir;
+            pid_t page_server = -1;
+            bool armed = true;
+            ~Partial() {
+                if (!armed) return;
+                if (page_server > 0) ::kill(page_server, SIGKILL);
+                remove_tree(dir);
+            }
+        } partial{dir};
+
+        const int port = free_port(address);
+        run_checked({criu_.path, "page-server", "--daemon", "--pidfile", dir + "/page-server.pid", "-D", dir + "/images",
+                     "--address", address, "--port", std::to_string(port), "-v2", "-o", dir + "/page-server.log"},
+                    "starting CRIU's page server");
+        partial.page_server = read_pid(dir + "/page-server.pid");
+        say("clone " + name + ": page server on " + address + ":" + std::to_string(port));
+        channel.send_line("PAGESERVER " + std::to_string(port));
+
+        std::vector<std::pair<std::string, std::string>> binds;
+        for (;;) {
+            const std::string line = channel.read_line(kRestoreTimeoutMs);
+            const auto f = words(line, 4);
+            if (f[0] == "FILE" && f.size() == 3) {
+                if (f[2].empty() || f[2].find('/') != std::string::npos || f[2] == "." || f[2] == "..")
+                    throw Error("bad image name '" + f[2] + "'", ExitCode::bad_input);
+                channel.receive_file(dir + "/images/" + f[2], number_in(f[1], "size"));
+            } else if (f[0] == "SNAPSHOT" && f.size() == 4) {
+                binds.push_back(receive_snapshot(channel, dir, number_in(f[1], "size"), number_in(f[2], "index"), f[3]));
+            } else if (line == "RESTORE") {
+                break;
+            } else if (line == "ABORT") {
+                say("clone " + name + ": the checkpoint failed on production's host; dropped");
+                return;
+            } else {
+                throw Error("unexpected '" + line.substr(0, 100) + "' while receiving a clone", ExitCode::bad_input);
+            }
+        }
+        wait_for_exit(partial.page_server, "CRIU's page server");
+        partial.page_server = -1;
+
+        KeeperPlan plan{criu_.path, dir + "/images", dir + "/restore.log", binds, shell_job, name,
+                        dir + "/images-mount", -1};
+        const double started = now_ms();
+        const pid_t keeper = start_keeper(plan, "/proc/self/ns/net");
+        const double restore_ms = now_ms() - started;
+        const std::string keeper_started = start_time(keeper);
+        const pid_t clone_pid = find_clone_root(keeper, source);
+        if (clone_pid < 0) {
+            kill_keeper(keeper, keeper_started);
+            throw Error("CRIU reported success but the clone's root process is not running; see " + plan.restore_log);
+        }
+        clones_[name] = {dir, keeper, keeper_started};
+        partial.armed = false;
+        say("clone " + name + ": restored as PID " + std::to_string(clone_pid) + " in " + fmt_ms(restore_ms) + " ms");
+        channel.send_line("RESTORED " + std::to_string(clone_pid) + " " + std::to_string(keeper) + " " +
+                          std::to_string(static_cast<long long>(restore_ms * 1e3)));
+    }
+
+    // A tar of one snapshot, unpacked beside the others and bound over the
+    // original path inside the clone's mount namespace.
+    std::pair<std::string, std::string> receive_snapshot(Channel& channel, const std::string& dir, std::uint64_t size,
+                                                         std::uint64_t index, const std::string& original) {
+        if (original.empty() || original[0] != '/' || original.find("/../") != std::string::npos)
+            throw Error("bad snapshot path '" + original + "'", ExitCode::bad_input);
+        // Bound over `original` inside the clone, it would hide the images
+        // being restored.
+        const std::string state = fs::weakly_canonical(options_.state_dir).string() + "/";
+        if (state.rfind(original + "/", 0) == 0 || original == "/")
+            throw Error("the clone needs a private copy of " + original + ", which holds this agent's --state-dir " +
+                            options_.state_dir + "; start the agent with a --state-dir outside it",
+                        ExitCode::bad_input);
+        const std::string into = dir + "/fs/" + std::to_string(index);
+        fs::create_directories(into);
+        const std::string tar = into + ".tar";
+        channel.receive_file(tar, size);
+        run_checked({"tar", "-xpf", tar, "-C", into}, "unpacking the snapshot of " + original);
+        fs::remove(tar);
+        return {into + "/" + fs::path(original).filename().string(), original};
+    }
+
+    void destroy(Channel& channel, const std::string& name) {
+        const auto it = clones_.find(name);
+        if (it == clones_.end()) throw Error("this agent holds no clone named '" + name + "'", ExitCode::not_found);
+        kill_keeper(it->second.keeper, it->second.keeper_started);
+        remove_tree(it->second.dir);
+        clones_.erase(it);
+        say("clone " + name + " destroyed");
+        channel.send_line("DESTROYED");
+    }
+
+    static int free_port(const std::string& address) {
+        const proxy::Endpoint at = proxy::parse_endpoint(address.find(':') != std::string::npos ? "[" + address + "]:0"
+                                                                                                 : address + ":0",
+                                                         "page server address");
+        UniqueFd s(::socket(at.family(), SOCK_STREAM | SOCK_CLOEXEC, 0));
+        if (!s || ::bind(s.get(), reinterpret_cast<const sockaddr*>(&at.addr), at.len) != 0)
+            throw_errno("cannot find a free port on " + address + " for CRIU's page server");
+        return proxy::local_endpoint(s.get()).port();
+    }
+
+    static pid_t read_pid(const std::string& path) {
+        std::ifstream in(path);
+        long long pid = -1;
+        in >> pid;
+        if (pid <= 0) throw Error("CRIU's page server did not write its PID to " + path);
+        return static_cast<pid_t>(pid);
+    }
+
+    // The page server ends once the dump has sent its last page.
+    static void wait_for_exit(pid_t pid, const std::string& what) {
+        for (int i = 0; i < 6000 && ::kill(pid, 0) == 0; i++) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        if (::kill(pid, 0) == 0) {
+            ::kill(pid, SIGKILL);
+            throw Error(what + " was still receiving 60 s after the checkpoint ended");
+        }
+    }
+
+    const AgentOptions& options_;
+    Criu criu_;
+    std::map<std::string, AgentClone> clones_;
+};
+
+}  // namespace
+
+void run_clone_agent(const AgentOptions& o) {
+    require_root("iprobe clone-agent");
+    Criu criu = find_criu();
+    const proxy::Endpoint at = proxy::parse_endpoint(o.listen, "--listen");
+    if (o.state_dir.empty()) throw Error("--state-dir is required", ExitCode::usage);
+    fs::create_directories(o.state_dir);
+    // The keeper gives each clone a private /run/iprobe over this directory.
+    fs::create_directories("/run/iprobe");
+    UniqueFd listener = proxy::listen_on(at, "--listen");
+    sigset_t stop;
+    sigemptyset(&stop);
+    sigaddset(&stop, SIGINT);
+    sigaddset(&stop, SIGTERM);
+    ::sigprocmask(SIG_BLOCK, &stop, nullptr);
+    UniqueFd signals(::signalfd(-1, &stop, SFD_CLOEXEC));
+    if (!signals) throw_errno("signalfd");
+    Agent agent(o, criu);
+    const std::string address = host_of(proxy::local_endpoint(listener.get()));
+    if (o.progress) o.progress("listening on " + proxy::local_endpoint(listener.get()).str() + ", CRIU " + criu.version);
+    for (;;) {
+        pollfd fds[2] = {{listener.get(), POLLIN, 0}, {signals.get(), POLLIN, 0}};
+        if (::poll(fds, 2, -1) < 0) {
+            if (errno == EINTR) continue;
+            throw_errno("poll");
+        }
+        if (fds[1].revents) break;
+        UniqueFd client(::accept4(listener.get(), nullptr, nullptr, SOCK_CLOEXEC));
+        if (!client) continue;
+        ::fcntl(client.get(), F_SETFL, ::fcntl(client.get(), F_GETFL) & ~O_NONBLOCK);
+        Channel channel(std::move(client));
+        try {
+            agent.serve(channel, address);
+        } catch (const Error& e) {
+            if (o.progress) o.progress(std::string("request failed: ") + e.what());
+            try {
+                channel.send_line("ERROR " + std::to_string(static_cast<int>(e.code())) + " " + escape_line(e.what()));
+            } catch (const Error&) {
+            }
+        } catch (const std::exception& e) {
+            if (o.progress) o.progress(std::string("request failed: ") + e.what());
+        }
+    }
+}
+
+CloneResult clone_to_agent(const CloneOptions& o, const std::string& agent) {
+    const double t0 = now_ms();
+    require_root("iprobe clone --to");
+    if (o.pid <= 0 || !fs::exists("/proc/" + std::to_string(o.pid)))
+        throw Error("no process with PID " + std::to_string(o.pid), ExitCode::not_found);
+    const Criu criu = find_criu();
+    const std::string name = o.name.empty() ? "iprobe-clone-" + std::to_string(o.pid) : o.name;
+    validate_name(name);
+    const proxy::Endpoint at = proxy::parse_endpoint(agent, "--to");
+    const std::vector<pid_t> tree = process_tree(o.pid);
+    require_visible_session_leaders(tree);
+    require_no_terminal(tree);
+    const std::vector<std::string> snapshots = snapshot_paths(o, tree);
+
+    Channel channel(connect_to(at, agent));
+    bool shell_job = session_of(o.pid) != o.pid;
+    channel.send_line("CLONE " + name + " " + (shell_job ? "1" : "0") + " " + std::to_string(o.pid));
+    const auto port = expect_reply(channel, "PAGESERVER", 1, kIoTimeoutMs)[1];
+
+    // Only the images CRIU keeps local (a few hundred KB at most) pass
+    // through here; the memory goes to the page server directly.
+    const std::string work = (fs::is_directory("/dev/shm") ? std::string("/dev/shm") : fs::temp_directory_path().string()) +
+                             "/iprobe-remote-" + name;
+    remove_tree(work);
+    fs::create_directories(work + "/images");
+    struct RemoveWork {
+        std::string dir;
+        ~RemoveWork() { remove_tree(dir); }
+    } remove_work{work};
+
+    progress(o, "memory goes to the page server at " + host_of(at) + ":" + port);
+    double dump_ms = 0;
+    try {
+        dump_ms = dump_production(o, criu, name, tree.size(), work + "/images", work + "/dump.log", shell_job,
+                                  {"--page-server", "--address", host_of(at), "--port", port});
+    } catch (const Error&) {
+        try {
+            channel.send_line("ABORT");
+        } catch (const Error&) {
+        }
+        throw;
+    }
+    const DumpStats stats = read_dump_stats(work + "/images");
+    progress(o, "production frozen for " + fmt_ms(static_cast<double>(stats.frozen_us) / 1e3) + " ms");
+
+    for (const auto& entry : fs::directory_iterator(work + "/images"))
+        if (entry.is_regular_file()) channel.send_file("FILE", entry.path().filename().string(), entry.path().string());
+    for (std::size_t i = 0; i < snapshots.size(); i++) {
+        const fs::path original(snapshots[i]);
+        const std::string tar = work + "/snapshot.tar";
+        run_checked({"tar", "-cpf", tar, "-C", original.parent_path().string(), original.filename().string()},
+                    "packing " + snapshots[i] + " for the clone");
+        channel.send_file("SNAPSHOT", std::to_string(i) + " " + snapshots[i], tar);
+        fs::remove(tar);
+    }
+    progress(o, "restoring the clone on " + agent);
+    channel.send_line("RESTORE");
+    const auto restored = expect_reply(channel, "RESTORED", 3, kRestoreTimeoutMs);
+
+    CloneResult r;
+    r.name = name;
+    r.netns_path = "agent " + agent;
+    r.clone_pid = static_cast<pid_t>(number_in(restored[1], "clone PID"));
+    r.clone_pid_in_ns = o.pid;
+    r.keeper_pid = static_cast<pid_t>(number_in(restored[2], "keeper PID"));
+    r.freeze_ms = static_cast<double>(stats.frozen_us) / 1e3;
+    r.freezing_ms = static_cast<double>(stats.freezing_us) / 1e3;
+    r.dump_ms = dump_ms;
+    r.restore_ms = static_cast<double>(number_in(restored[3], "restore time")) / 1e3;
+    r.pages_written = stats.pages_written;
+    r.snapshots = snapshots;
+    r.total_ms = now_ms() - t0;
+    return r;
+}
+
+void destroy_agent_clone(const std::string& agent, const std::string& name) {
+    validate_name(name);
+    const proxy::Endpoint at = proxy::parse_endpoint(agent, "--to");
+    Channel channel(connect_to(at, agent));
+    channel.send_line("DESTROY " + name);
+    expect_reply(channel, "DESTROYED", 0, kIoTimeoutMs);
+}
+
+}  // namespace iprobe::launcher

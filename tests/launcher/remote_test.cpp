@@ -1,0 +1,187 @@
+// `iprobe clone --to` onto a second host.  Two network namespaces joined by
+// a veth pair stand in for production's host (A) and the debug host (B),
+// each with its own state; `iprobe clone-agent` runs in B, the clone tool
+// and the mirror in A, and a real redis-server is the service.  Needs root.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <thread>
+
+#include "redis_fixture.h"
+
+namespace fs = std::filesystem;
+using namespace iprobe::test;
+
+namespace {
+
+std::string iprobe_bin() { return bin("iprobe"); }
+
+bool same_netns(long long pid, const std::string& netns_path) {
+    struct stat a {}, b {};
+    return ::stat(("/proc/" + std::to_string(pid) + "/ns/net").c_str(), &a) == 0 &&
+           ::stat(netns_path.c_str(), &b) == 0 && a.st_ino == b.st_ino && a.st_dev == b.st_dev;
+}
+
+bool gone(long long pid, std::chrono::milliseconds timeout = std::chrono::seconds(5)) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+        std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+        std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+        const auto paren = stat.rfind(')');
+        if (stat.empty() || (paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'Z'))
+            return true;
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return false;
+}
+
+class LauncherRemote : public ::testing::Test {
+protected:
+    void SetUp() override {
+        IPROBE_SKIP_UNLESS_CLONING_WORKS();
+        const std::string id = std::to_string(::getpid());
+        host_a_ = std::make_unique<Netns>("ipt-ha-" + id);
+        host_b_ = std::make_unique<Netns>("ipt-hb-" + id);
+        const std::string subnet = "10.231." + std::to_string(::getpid() % 250) + ".";
+        address_a_ = subnet + "1";
+        address_b_ = subnet + "2";
+        const std::string va = "iva" + id, vb = "ivb" + id;
+        for (const std::vector<std::string>& step : std::vector<std::vector<std::string>>{
+                 {"ip", "link", "add", va, "type", "veth", "peer", "name", vb},
+                 {"ip", "link", "set", va, "netns", host_a_->name()},
+                 {"ip", "link", "set", vb, "netns", host_b_->name()},
+                 {"ip", "-n", host_a_->name(), "addr", "add", address_a_ + "/24", "dev", va},
+                 {"ip", "-n", host_b_->name(), "addr", "add", address_b_ + "/24", "dev", vb},
+                 {"ip", "-n", host_a_->name(), "link", "set", va, "up"},
+                 {"ip", "-n", host_b_->name(), "link", "set", vb, "up"}}) {
+            auto r = run(step);
+            ASSERT_EQ(r.exit_code, 0) << step[0] << " " << step[1] << " " << step[2] << ": " << r.err;
+        }
+        port_ = free_port();
+        // Reachable from the other host: not only loopback.
+        redis_ = std::make_unique<Redis>(host_a_->path(), port_, service_dir_.path(), "/usr/bin/redis-server",
+                                         std::vector<std::string>{"--protected-mode", "no"});
+        ASSERT_TRUE(redis_->ready()) << "redis-server did not start";
+        ASSERT_EQ(redis_->cli({"DEBUG", "POPULATE", "5000", "key", "100"}), "OK");
+        ASSERT_EQ(redis_->cli({"SET", "marker", "before-clone"}), "OK");
+
+        agent_address_ = address_b_ + ":" + std::to_string(free_port());
+        agent_ = std::make_unique<Child>(std::vector<std::string>{"nsenter", "--net=" + host_b_->path(), iprobe_bin(),
+                                                                  "clone-agent", "--listen", agent_address_,
+                                                                  "--state-dir", agent_dir_.path()},
+                                         logs_ / "agent.log", std::vector<std::string>{},
+                                         Session::own);
+        // Listening once `clone --destroy` of an unknown name is refused by the agent (exit 5), not unreachable (7).
+        const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+        while (in_a({iprobe_bin(), "clone", "--destroy", "none", "--to", agent_address_}).exit_code != 5) {
+            ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "the clone agent never listened";
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        }
+    }
+
+    void TearDown() override {
+        if (agent_) {
+            agent_->kill(SIGTERM);
+            agent_->wait(std::chrono::seconds(20));
+        }
+        redis_.reset();
+        host_a_.reset();
+        host_b_.reset();
+    }
+
+    // A command run on host A.
+    CommandResult in_a(std::vector<std::string> argv, std::chrono::seconds timeout = std::chrono::seconds(120)) {
+        argv.insert(argv.begin(), {"nsenter", "--net=" + host_a_->path()});
+        return run(argv, {}, timeout);
+    }
+
+    CommandResult clone_to_b() {
+        return in_a({iprobe_bin(), "clone", std::to_string(redis_->pid()), "--to", agent_address_, "--netns", name_,
+                     "--json"});
+    }
+
+    std::string clone_cli(const std::vector<std::string>& args) { return redis_cli(host_b_->path(), port_, args); }
+
+    TempDir service_dir_, agent_dir_, logs_;
+    std::unique_ptr<Netns> host_a_, host_b_;
+    std::string address_a_, address_b_, agent_address_;
+    std::string name_ = "ipt-remote-" + std::to_string(::getpid());
+    int port_ = 0;
+    std::unique_ptr<Redis> redis_;
+    std::unique_ptr<Child> agent_;
+};
+
+TEST_F(LauncherRemote, CloneRunsOnTheSecondHostAndServesMirroredTraffic) {
+    auto r = clone_to_b();
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const long long clone_pid = json_number(r.out, "clone_pid");
+    ASSERT_GT(clone_pid, 1) << r.out;
+    EXPECT_TRUE(same_netns(clone_pid, host_b_->path())) << "the clone must run in the second host's network";
+    EXPECT_EQ(json_number(r.out, "clone_pid_in_ns"), redis_->pid());
+    EXPECT_GE(json_number(r.out, "freeze_us"), 0);
+    EXPECT_GT(json_number(r.out, "pages_written"), 0);
+    EXPECT_TRUE(fs::exists(agent_dir_ / (name_ + "/images"))) << "the agent keeps the clone's state in its own directory";
+
+    // Production's dataset on host B; production on host A unchanged.
+    EXPECT_EQ(clone_cli({"DBSIZE"}), "5001");
+    EXPECT_EQ(clone_cli({"GET", "marker"}), "before-clone");
+    EXPECT_EQ(clone_cli({"GET", "key:4321"}), redis_->cli({"GET", "key:4321"}));
+    EXPECT_EQ(redis_->cli({"DBSIZE"}), "5001");
+
+    // The mirror on host A feeds the clone on host B across the link.
+    const int mirror_port = free_port();
+    Child mirror({"nsenter", "--net=" + host_a_->path(), iprobe_bin(), "mirror", "--listen",
+                  "127.0.0.1:" + std::to_string(mirror_port), "--production", "127.0.0.1:" + std::to_string(port_),
+                  "--debug", address_b_ + ":" + std::to_string(port_)});
+    ASSERT_TRUE(redis_answers(host_a_->path(), mirror_port)) << "the mirror did not start";
+    for (int i = 0; i < 100; i++)
+        ASSERT_EQ(redis_cli(host_a_->path(), mirror_port, {"SET", "mirrored:" + std::to_string(i), "v"}), "OK");
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (clone_cli({"DBSIZE"}) != "5101" && std::chrono::steady_clock::now() < deadline)
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_EQ(clone_cli({"DBSIZE"}), "5101") << "every mirrored write reached the clone";
+    EXPECT_EQ(clone_cli({"GET", "mirrored:99"}), "v");
+    EXPECT_EQ(redis_->cli({"DBSIZE"}), "5101");
+    mirror.kill(SIGTERM);
+
+    // The clone's own writes stay on host B.
+    EXPECT_EQ(clone_cli({"SET", "only-in-clone", "1"}), "OK");
+    EXPECT_EQ(redis_->cli({"EXISTS", "only-in-clone"}), "0");
+
+    auto d = in_a({iprobe_bin(), "clone", "--destroy", name_, "--to", agent_address_});
+    EXPECT_EQ(d.exit_code, 0) << d.err;
+    EXPECT_TRUE(gone(clone_pid)) << "the clone outlived --destroy";
+    EXPECT_FALSE(fs::exists(agent_dir_ / name_)) << "the agent kept the destroyed clone's state";
+    EXPECT_EQ(redis_->cli({"GET", "marker"}), "before-clone");
+}
+
+TEST_F(LauncherRemote, StoppingTheAgentTakesItsClonesAlong) {
+    auto r = clone_to_b();
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const long long clone_pid = json_number(r.out, "clone_pid");
+    ASSERT_GT(clone_pid, 1) << r.out;
+    agent_->kill(SIGTERM);
+    EXPECT_EQ(agent_->wait(std::chrono::seconds(20)), 0);
+    agent_.reset();
+    EXPECT_TRUE(gone(clone_pid)) << "a clone outlived its agent";
+    EXPECT_FALSE(fs::exists(agent_dir_ / name_));
+    EXPECT_EQ(redis_->cli({"DBSIZE"}), "5001");
+}
+
+TEST_F(LauncherRemote, UnreachableAgentFailsBeforeProductionIsTouched) {
+    auto r = in_a({iprobe_bin(), "clone", std::to_string(redis_->pid()), "--to", address_b_ + ":1"});
+    EXPECT_EQ(r.exit_code, 7) << r.err;
+    EXPECT_NE(r.err.find("iprobe clone-agent --listen"), std::string::npos) << r.err;
+    EXPECT_EQ(redis_->cli({"GET", "marker"}), "before-clone");
+    // A name the agent does not hold is refused by the agent, and says so.
+    auto d = in_a({iprobe_bin(), "clone", "--destroy", "no-such-clone", "--to", agent_address_});
+    EXPECT_EQ(d.exit_code, 5) << d.err;
+    EXPECT_NE(d.err.find("no clone named 'no-such-clone'"), std::string::npos) << d.err;
+}
+
+}  // namespace
