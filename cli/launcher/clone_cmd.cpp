@@ -36,8 +36,9 @@ const char* const kUsage =
     "\n"
     "  --container CONTAINER   clone a podman container instead: podman's own\n"
     "                          checkpoint (--leave-running) and restore as a new\n"
-    "                          container NAME (default CONTAINER-iprobe-clone) with\n"
-    "                          its own address, through iprobe's CRIU\n"
+    "                          container NAME (default CONTAINER-iprobe-clone) alone\n"
+    "                          on an isolated podman network iprobe-NAME, through\n"
+    "                          iprobe's CRIU\n"
     "  --to HOST:PORT          clone onto another host, to the `iprobe clone-agent`\n"
     "                          listening there: memory streams to a CRIU page server\n"
     "                          on that host, the clone runs in that host's network\n"
@@ -62,6 +63,7 @@ void print_container_result(const ContainerCloneResult& r, bool json) {
             .field("container_id", r.id)
             .field("source", r.source)
             .field("address", r.address)
+            .field("network", r.network)
             .field("clone_pid", static_cast<std::int64_t>(r.clone_pid))
             .field("freeze_us", static_cast<std::int64_t>(r.freeze_ms * 1e3))
             .field("freezing_us", static_cast<std::int64_t>(r.freezing_ms * 1e3))
@@ -74,7 +76,7 @@ void print_container_result(const ContainerCloneResult& r, bool json) {
         return;
     }
     std::printf("clone %s (container %.12s) of container %s\n", r.name.c_str(), r.id.c_str(), r.source.c_str());
-    std::printf("  address      %s\n", r.address.c_str());
+    std::printf("  address      %s on network %s (the clone's alone, isolated)\n", r.address.c_str(), r.network.c_str());
     std::printf("  pid          %d (host)\n", r.clone_pid);
     std::printf("  freeze       %.3f ms production frozen (+%.3f ms stopping it)\n", r.freeze_ms, r.freezing_ms);
     std::printf("  time         checkpoint %.1f ms, restore %.1f ms, total %.1f ms\n", r.checkpoint_ms, r.restore_ms,

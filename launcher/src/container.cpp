@@ -98,6 +98,38 @@ std::string podman_errors(const RunResult& r) {
 
 }  // namespace
 
+namespace {
+
+// Podman 4.3 restores a checkpoint only onto the network it was taken on
+// (into a pod only if the source was in one): the clone is moved afterwards
+// onto a network of its own, isolated from every other podman network, so it
+// can neither be reached by production's clients nor reach its backends.
+// Returns the network's name; on failure removes the clone and the network.
+std::string move_to_own_network(const std::string& podman, const std::string& clone) {
+    const std::string network = "iprobe-" + clone;
+    run({podman, "network", "rm", "--force", network});  // a remnant of a clone that died with its host
+    RunResult networks = run({podman, "container", "inspect", "--format",
+                              "{{range $name, $_ := .NetworkSettings.Networks}}{{$name}} {{end}}", clone});
+    auto fail = [&](const std::string& what, const RunResult& why) {
+        run({podman, "container", "rm", "--force", clone});
+        run({podman, "network", "rm", "--force", network});
+        throw Error("could not give the clone a network of its own (" + what + "); production is untouched. podman says: " +
+                        podman_errors(why),
+                    ExitCode::failure);
+    };
+    if (!networks.ok()) fail("inspect", networks);
+    if (RunResult made = run({podman, "network", "create", "--opt", "isolate=true", network}); !made.ok())
+        fail("network create", made);
+    if (RunResult joined = run({podman, "network", "connect", network, clone}); !joined.ok()) fail("network connect", joined);
+    std::istringstream old_networks(networks.out);
+    for (std::string name; old_networks >> name;)
+        if (RunResult left = run({podman, "network", "disconnect", name, clone}); !left.ok())
+            fail("network disconnect " + name, left);
+    return network;
+}
+
+}  // namespace
+
 ContainerCloneResult clone_container(const ContainerCloneOptions& o) {
     const double t0 = now_ms();
     require_root("iprobe clone --container");
@@ -140,7 +172,7 @@ ContainerCloneResult clone_container(const ContainerCloneOptions& o) {
     std::snprintf(frozen, sizeof frozen, "production frozen for %.1f ms", r.freeze_ms);
     progress(o, frozen);
 
-    progress(o, "restoring the clone as container " + r.name + " with an address of its own");
+    progress(o, "restoring the clone as container " + r.name + " on a network of its own");
     t = now_ms();
     RunResult restore = run(work.podman(podman, {"container", "restore", "--import", work.archive(), "--name", r.name,
                                                  "--ignore-static-ip", "--ignore-static-mac"}));
@@ -151,15 +183,18 @@ ContainerCloneResult clone_container(const ContainerCloneOptions& o) {
                         podman_errors(restore),
                     ExitCode::failure);
     }
+    r.network = move_to_own_network(podman, r.name);
     RunResult clone = run({podman, "container", "inspect", "--format",
-                           "{{.Id}} {{.State.Pid}} {{.NetworkSettings.IPAddress}}", r.name});
+                           "{{.Id}} {{.State.Pid}} {{(index .NetworkSettings.Networks \"" + r.network + "\").IPAddress}}",
+                           r.name});
     std::istringstream cf(clone.out);
     cf >> r.id >> r.clone_pid >> r.address;
     if (!clone.ok() || r.id.empty()) {
         run({podman, "container", "rm", "--force", r.name});
+        run({podman, "network", "rm", "--force", r.network});
         throw Error("the restored clone " + r.name + " cannot be inspected: " + podman_errors(clone));
     }
-    std::ofstream(state_file(r.name)) << r.id << "\n";
+    std::ofstream(state_file(r.name)) << r.id << "\n" << r.network << "\n";
     r.total_ms = now_ms() - t0;
     return r;
 }
@@ -177,12 +212,14 @@ void destroy_container_clone(const std::string& name) {
     require_root("iprobe clone --destroy");
     validate_name(name);
     std::ifstream in(state_file(name));
-    std::string id;
+    std::string id, network;
     if (!(in >> id)) throw Error("no container clone named '" + name + "'", ExitCode::not_found);
+    in >> network;
     const std::string podman = podman_path();
     RunResult rm = run({podman, "container", "rm", "--force", "--time", "1", id});
     if (!rm.ok() && run({podman, "container", "exists", id}).ok())
         throw Error("podman could not remove clone " + name + ": " + podman_errors(rm));
+    if (!network.empty()) run({podman, "network", "rm", "--force", network});
     std::error_code ec;
     fs::remove(state_file(name), ec);
 }

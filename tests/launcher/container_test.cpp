@@ -123,6 +123,17 @@ TEST_F(LauncherContainer, CloneIsANewContainerWithProductionsDataAndItsOwnAddres
     EXPECT_NE(clone_address, address_);
     EXPECT_NE(r.out.find("\"freeze_us\":"), std::string::npos) << r.out;
     EXPECT_EQ(trimmed(run({"podman", "inspect", "--format", "{{.State.Running}}", clone_}).out), "true");
+    // Alone on an isolated network of its own: production is out of its reach.
+    const std::string network = "iprobe-" + clone_;
+    EXPECT_NE(r.out.find("\"network\":\"" + network + "\""), std::string::npos) << r.out;
+    EXPECT_EQ(trimmed(run({"podman", "inspect", "--format",
+                           "{{range $name, $_ := .NetworkSettings.Networks}}{{$name}} {{end}}", clone_})
+                          .out),
+              network);
+    const std::string clone_pid = trimmed(run({"podman", "inspect", "--format", "{{.State.Pid}}", clone_}).out);
+    EXPECT_NE(run({"nsenter", "--net=/proc/" + clone_pid + "/ns/net", "redis-cli", "-h", address_, "-t", "2", "PING"}).out,
+              "PONG\n")
+        << "the clone reached production at " << address_;
 
     EXPECT_EQ(redis_at(clone_address, {"GET", "marker"}), "before-clone");
     EXPECT_EQ(redis_at(clone_address, {"LRANGE", "list", "0", "-1"}), "a\nb\nc");
@@ -135,6 +146,7 @@ TEST_F(LauncherContainer, CloneIsANewContainerWithProductionsDataAndItsOwnAddres
     auto d = run({bin("iprobe"), "clone", "--destroy", clone_});
     EXPECT_EQ(d.exit_code, 0) << d.err;
     EXPECT_NE(run({"podman", "container", "exists", clone_}).exit_code, 0) << "the clone container is gone";
+    EXPECT_NE(run({"podman", "network", "exists", network}).exit_code, 0) << "the clone's network is gone";
     EXPECT_FALSE(fs::exists("/run/iprobe/container-clones/" + clone_));
     std::error_code ec;
     for (const auto& e : fs::directory_iterator("/run/iprobe/container-clones", ec))
@@ -183,6 +195,7 @@ TEST_F(LauncherContainer, DebugFeedsTheCloneContainerAndRemovesItWhenStopped) {
     debug.kill(SIGTERM);
     EXPECT_EQ(debug.wait(std::chrono::seconds(60)), 0);
     EXPECT_NE(run({"podman", "container", "exists", clone_}).exit_code, 0) << "the clone container is gone";
+    EXPECT_NE(run({"podman", "network", "exists", "iprobe-" + clone_}).exit_code, 0) << "the clone's network is gone";
     EXPECT_EQ(redis_at(address_, {"GET", "k1"}), "v1");
     clone_.clear();
 }

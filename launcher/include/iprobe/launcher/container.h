@@ -2,7 +2,7 @@
 // (`container checkpoint --leave-running --export`) and restore (`container
 // restore --import` under a new name), with iprobe's CRIU >= 4.2 put in
 // front of the OCI runtime, so the production container keeps running and
-// the clone is a container of its own with its own address.
+// the clone is a container of its own, alone on a podman network of its own.
 #pragma once
 
 #include <sys/types.h>
@@ -23,6 +23,7 @@ struct ContainerCloneResult {
     std::string id;         // and ID
     std::string source;     // production's container
     std::string address;    // the clone's IP address on its podman network
+    std::string network;    // that network, iprobe-NAME: the clone's alone, isolated from the others
     pid_t clone_pid = -1;   // the clone's main process, as the host sees it
     double freeze_ms = 0;   // production frozen (CRIU frozen_time)
     double freezing_ms = 0; // time CRIU took to stop it
