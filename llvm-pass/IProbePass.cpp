@@ -1,7 +1,7 @@
 // IProbePass: an LLVM 14 new-pass-manager plugin that puts a 5-byte NOP
 // placeholder at the entry of every selected function and before each of its
 // returns and tail calls, and records each placeholder in the iprobe_sites
-// section (struct iprobe_site_entry, include/iprobe/probe_list.h).  At run
+// section (struct iprobe_site_entry, include/iprobe/formats/probe_list.h).  At run
 // time `iprobe attach` turns chosen NOPs into calls; nothing rewrites the
 // binary after the link.  Design and trade-offs: docs/llvm-pass.md.
 //
@@ -39,7 +39,7 @@
 #include "llvm/Support/CommandLine.h"
 #include "llvm/Support/Regex.h"
 
-#include "iprobe/probe_list.h"
+#include "iprobe/formats/probe_list.h"
 
 using namespace llvm;
 

@@ -14,7 +14,7 @@
 #include <string_view>
 #include <vector>
 
-#include "iprobe/coldpatch.hpp"
+#include "iprobe/coldpatch/coldpatch.h"
 #include "iprobe/support/error.h"
 #include "iprobe/support/glob.h"
 

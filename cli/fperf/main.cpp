@@ -8,9 +8,9 @@
 #include <string_view>
 #include <vector>
 
-#include "fperf/events.hpp"
-#include "fperf/profile.hpp"
-#include "fperf/record.hpp"
+#include "iprobe/fperf/events.h"
+#include "iprobe/fperf/profile.h"
+#include "iprobe/fperf/record.h"
 #include "iprobe/support/error.h"
 #include "iprobe/support/file.h"
 #include "iprobe/support/glob.h"
@@ -109,7 +109,7 @@ std::uint64_t parse_interval_ns(std::string text) {
 }
 
 int cmd_record(int argc, char** argv) {
-    fperf::RecordOptions o;
+    iprobe::fperf::RecordOptions o;
     int i = 2;
     for (; i < argc; i++) {
         const std::string_view a = argv[i];
@@ -167,7 +167,7 @@ int cmd_record(int argc, char** argv) {
     }
     if (o.pid == 0 && o.command.empty()) usage_error("fperf record needs --pid PID or -- PROGRAM");
     if (o.events_given && o.events.empty()) usage_error("--events needs at least one name");
-    return fperf::record(o);
+    return iprobe::fperf::record(o);
 }
 
 int cmd_report(int argc, char** argv) {
@@ -196,14 +196,14 @@ int cmd_report(int argc, char** argv) {
             usage_error("unknown option '" + std::string(a) + "'");
         }
     }
-    const auto profile = fperf::Profile::load(input);
+    const auto profile = iprobe::fperf::Profile::load(input);
     if (!svg.empty()) {
-        const auto text = fperf::render_svg(profile, top);
+        const auto text = iprobe::fperf::render_svg(profile, top);
         iprobe::write_file_atomic(svg, text.data(), text.size());
     }
-    const std::string out = format == json  ? fperf::render_json(profile)
-                            : format == csv ? fperf::render_csv(profile)
-                                            : fperf::render_table(profile, limit);
+    const std::string out = format == json  ? iprobe::fperf::render_json(profile)
+                            : format == csv ? iprobe::fperf::render_csv(profile)
+                                            : iprobe::fperf::render_table(profile, limit);
     std::fputs(out.c_str(), stdout);
     if (!svg.empty() && format == table) std::printf("\nwrote %s\n", svg.c_str());
     return 0;
@@ -216,15 +216,15 @@ int cmd_events(int argc, char** argv) {
         if (a == "--json") json = true;
         else usage_error("unknown option " + a + " for fperf events");
     }
-    const auto events = fperf::available_events();
+    const auto events = iprobe::fperf::available_events();
     if (!json) {
-        for (const auto& e : events) std::printf("%-40s %s\n", e.name.c_str(), fperf::backend_name(e.source.backend));
+        for (const auto& e : events) std::printf("%-40s %s\n", e.name.c_str(), iprobe::fperf::backend_name(e.source.backend));
         return 0;
     }
     iprobe::JsonWriter j;
     j.begin_array();
     for (const auto& e : events)
-        j.begin_object().field("name", e.name).field("backend", fperf::backend_name(e.source.backend)).end_object();
+        j.begin_object().field("name", e.name).field("backend", iprobe::fperf::backend_name(e.source.backend)).end_object();
     j.end_array();
     std::printf("%s\n", j.str().c_str());
     return 0;

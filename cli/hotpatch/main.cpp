@@ -19,13 +19,13 @@
 #include <unordered_map>
 #include <vector>
 
-#include "iprobe/hotpatch.hpp"
+#include "iprobe/hotpatch/hotpatch.h"
 #include "iprobe/support/error.h"
 #include "iprobe/support/glob.h"
 #include "iprobe/support/json.h"
-#include "iprobe/trace_file.hpp"
+#include "iprobe/hotpatch/trace_file.h"
 #include "iprobe/support/number.h"
-#include "iprobe/trace_reader.hpp"
+#include "iprobe/hotpatch/trace_reader.h"
 
 using namespace iprobe;
 using namespace iprobe::hotpatch;

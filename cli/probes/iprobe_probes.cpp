@@ -5,8 +5,8 @@
 #include <string_view>
 #include <vector>
 
-#include "iprobe/coldpatch.hpp"
-#include "iprobe/probe_source.hpp"
+#include "iprobe/coldpatch/coldpatch.h"
+#include "iprobe/probelist/probe_source.h"
 #include "iprobe/support/error.h"
 #include "iprobe/support/glob.h"
 #include "iprobe/support/json.h"

@@ -1,4 +1,4 @@
-#include "iprobe/coldpatch.hpp"
+#include "iprobe/coldpatch/coldpatch.h"
 
 #include <sys/stat.h>
 
@@ -9,7 +9,7 @@
 #include <cstring>
 #include <set>
 
-#include "iprobe/site_section.hpp"
+#include "iprobe/probelist/site_section.h"
 #include "iprobe/support/error.h"
 #include "iprobe/support/file.h"
 

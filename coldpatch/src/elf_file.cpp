@@ -1,4 +1,4 @@
-#include "iprobe/elf_file.hpp"
+#include "iprobe/coldpatch/elf_file.h"
 
 #include <capstone/capstone.h>
 #include <cxxabi.h>

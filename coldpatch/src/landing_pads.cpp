@@ -2,7 +2,7 @@
 // .eh_frame (FDE -> LSDA pointer) and .gcc_except_table (call-site table).
 // Coldpatch needs them because the exit hooks gcc runs during unwinding sit
 // in landing pads, which no branch instruction reaches.
-#include "landing_pads.hpp"
+#include "landing_pads.h"
 
 #include <optional>
 

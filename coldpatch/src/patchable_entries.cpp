@@ -8,8 +8,8 @@
 #include <cstring>
 #include <map>
 
-#include "iprobe/coldpatch.hpp"
-#include "source_lines.hpp"
+#include "iprobe/coldpatch/coldpatch.h"
+#include "source_lines.h"
 
 namespace iprobe {
 

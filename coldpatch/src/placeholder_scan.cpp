@@ -9,10 +9,10 @@
 #include <optional>
 #include <set>
 
-#include "iprobe/coldpatch.hpp"
+#include "iprobe/coldpatch/coldpatch.h"
 #include "iprobe/support/error.h"
-#include "landing_pads.hpp"
-#include "source_lines.hpp"
+#include "landing_pads.h"
+#include "source_lines.h"
 
 namespace iprobe {
 

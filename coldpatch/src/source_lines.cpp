@@ -1,4 +1,4 @@
-#include "source_lines.hpp"
+#include "source_lines.h"
 
 #include <elfutils/libdw.h>
 

@@ -29,8 +29,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "fperf/kernel_counter.h"
-#include "fperf/shm_layout.h"
+#include "iprobe/fperf/kernel_counter.h"
+#include "iprobe/formats/fperf_region.h"
 
 #define FPERF_API __attribute__((visibility("default")))
 #define FPERF_TLS __thread __attribute__((tls_model("initial-exec")))

@@ -2,7 +2,7 @@
  * register saved around the C handler, which gets the site's return address. */
     .text
 
-#include "iprobe/save_call_restore.inc"
+#include "iprobe/runtime/save_call_restore.inc"
 
 SAVE_CALL_RESTORE fperf_enter_nop, fperf_enter_at, 0, 0
 SAVE_CALL_RESTORE fperf_exit_nop,  fperf_exit_at,  0, 0

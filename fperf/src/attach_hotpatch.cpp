@@ -1,9 +1,9 @@
-#include "fperf/attach.hpp"
+#include "iprobe/fperf/attach.h"
 
-#include "iprobe/hotpatch.hpp"
-#include "iprobe/probe_list.hpp"
+#include "iprobe/hotpatch/hotpatch.h"
+#include "iprobe/probelist/probe_list.h"
 
-namespace fperf {
+namespace iprobe::fperf {
 
 namespace {
 
@@ -47,4 +47,4 @@ bool unroute_probes(const ProbeRouting& routing) noexcept {
     }
 }
 
-}  // namespace fperf
+} // namespace iprobe::fperf

@@ -1,9 +1,9 @@
 // Built when the hotpatch library is not part of this build.
-#include "fperf/attach.hpp"
+#include "iprobe/fperf/attach.h"
 
 #include "iprobe/support/error.h"
 
-namespace fperf {
+namespace iprobe::fperf {
 
 bool hotpatch_available() { return false; }
 
@@ -17,4 +17,4 @@ RoutingResult route_probes(const ProbeRouting&) {
 
 bool unroute_probes(const ProbeRouting&) noexcept { return false; }
 
-}  // namespace fperf
+} // namespace iprobe::fperf

@@ -1,4 +1,4 @@
-#include "fperf/events.hpp"
+#include "iprobe/fperf/events.h"
 
 #include <papi.h>
 
@@ -8,9 +8,9 @@
 #include <cstring>
 #include <string_view>
 
-#include "fperf/kernel_counter.h"
+#include "iprobe/fperf/kernel_counter.h"
 
-namespace fperf {
+namespace iprobe::fperf {
 
 namespace {
 
@@ -346,4 +346,4 @@ void EventReader::read() {
     }
 }
 
-}  // namespace fperf
+} // namespace iprobe::fperf

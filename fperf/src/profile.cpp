@@ -1,4 +1,4 @@
-#include "fperf/profile.hpp"
+#include "iprobe/fperf/profile.h"
 
 #include <algorithm>
 #include <cinttypes>
@@ -11,7 +11,7 @@
 #include "iprobe/support/glob.h"
 #include "iprobe/support/json.h"
 
-namespace fperf {
+namespace iprobe::fperf {
 
 using iprobe::Error;
 using iprobe::ExitCode;
@@ -431,4 +431,4 @@ std::string render_svg(const Profile& p, std::size_t top) {
     return s.str();
 }
 
-}  // namespace fperf
+} // namespace iprobe::fperf

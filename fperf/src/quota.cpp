@@ -1,10 +1,10 @@
-#include "fperf/quota.hpp"
+#include "iprobe/fperf/quota.h"
 
 #include <algorithm>
 #include <cmath>
 #include <numeric>
 
-namespace fperf {
+namespace iprobe::fperf {
 
 std::uint64_t sample_allowance(const Budget& budget, std::uint64_t calls_in_interval) {
     if (budget.unlimited) return UINT64_MAX;
@@ -89,4 +89,4 @@ double overhead_ns(const Budget& budget, std::uint64_t samples, std::uint64_t ca
            static_cast<double>(calls) * budget.count_cost_ns;
 }
 
-}  // namespace fperf
+} // namespace iprobe::fperf

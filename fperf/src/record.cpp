@@ -1,4 +1,4 @@
-#include "fperf/record.hpp"
+#include "iprobe/fperf/record.h"
 
 #include <fcntl.h>
 #include <limits.h>
@@ -22,20 +22,20 @@
 #include <sstream>
 #include <thread>
 
-#include "fperf/attach.hpp"
-#include "fperf/events.hpp"
-#include "fperf/profile.hpp"
-#include "fperf/session.hpp"
-#include "fperf/symbols.hpp"
-#include "iprobe/probe_list.hpp"
-#include "iprobe/probe_source.hpp"
+#include "iprobe/fperf/attach.h"
+#include "iprobe/fperf/events.h"
+#include "iprobe/fperf/profile.h"
+#include "iprobe/fperf/session.h"
+#include "iprobe/fperf/symbols.h"
+#include "iprobe/probelist/probe_list.h"
+#include "iprobe/probelist/probe_source.h"
 #include "iprobe/support/error.h"
 #include "iprobe/support/fd.h"
 #include "iprobe/support/glob.h"
 
 extern char** environ;
 
-namespace fperf {
+namespace iprobe::fperf {
 
 using iprobe::Error;
 using iprobe::ExitCode;
@@ -890,4 +890,4 @@ int record(const RecordOptions& o) {
     return 0;
 }
 
-}  // namespace fperf
+} // namespace iprobe::fperf

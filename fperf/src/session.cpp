@@ -1,4 +1,4 @@
-#include "fperf/session.hpp"
+#include "iprobe/fperf/session.h"
 
 #include <fcntl.h>
 #include <signal.h>
@@ -16,7 +16,7 @@
 #include "iprobe/support/error.h"
 #include "iprobe/support/fd.h"
 
-namespace fperf {
+namespace iprobe::fperf {
 
 using iprobe::Error;
 using iprobe::ExitCode;
@@ -196,4 +196,4 @@ void SharedSession::close() {
     closed_ = true;
 }
 
-}  // namespace fperf
+} // namespace iprobe::fperf

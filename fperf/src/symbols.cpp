@@ -1,4 +1,4 @@
-#include "fperf/symbols.hpp"
+#include "iprobe/fperf/symbols.h"
 
 #include <cxxabi.h>
 #include <fcntl.h>
@@ -11,7 +11,7 @@
 
 #include "iprobe/support/fd.h"
 
-namespace fperf {
+namespace iprobe::fperf {
 
 std::string demangle(const std::string& name) {
     if (name.rfind("_Z", 0) != 0) return name;
@@ -77,4 +77,4 @@ const FunctionSymbol* find_symbol(const std::vector<FunctionSymbol>& symbols, st
     return nullptr;
 }
 
-}  // namespace fperf
+} // namespace iprobe::fperf

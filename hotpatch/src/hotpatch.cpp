@@ -1,4 +1,4 @@
-#include "iprobe/hotpatch.hpp"
+#include "iprobe/hotpatch/hotpatch.h"
 
 #include <dlfcn.h>
 #include <elfutils/libdwfl.h>
@@ -24,17 +24,17 @@
 #include <sstream>
 #include <thread>
 
-#include "iprobe/elf_file.hpp"
-#include "iprobe/probe_source.hpp"
-#include "iprobe/rt.h"
+#include "iprobe/coldpatch/elf_file.h"
+#include "iprobe/probelist/probe_source.h"
+#include "iprobe/runtime/rt.h"
 #include "iprobe/support/error.h"
 #include "iprobe/support/fd.h"
 #include "iprobe/support/lock_file.h"
-#include "modules.hpp"
-#include "process.hpp"
-#include "region.hpp"
-#include "live_sites.hpp"
-#include "stubs.hpp"
+#include "modules.h"
+#include "process.h"
+#include "region.h"
+#include "live_sites.h"
+#include "stubs.h"
 
 namespace iprobe::hotpatch {
 

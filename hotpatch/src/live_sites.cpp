@@ -1,4 +1,4 @@
-#include "live_sites.hpp"
+#include "live_sites.h"
 
 #include <cstring>
 #include <string>

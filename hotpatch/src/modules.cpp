@@ -1,4 +1,4 @@
-#include "modules.hpp"
+#include "modules.h"
 
 #include <elf.h>
 

@@ -1,4 +1,4 @@
-#include "process.hpp"
+#include "process.h"
 
 #include <dirent.h>
 #include <fcntl.h>

@@ -1,4 +1,4 @@
-#include "region.hpp"
+#include "region.h"
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -15,12 +15,12 @@
 #include <thread>
 #include <utility>
 
-#include "iprobe/elf_file.hpp"
-#include "iprobe/probe_source.hpp"
-#include "iprobe/site_section.hpp"
+#include "iprobe/coldpatch/elf_file.h"
+#include "iprobe/probelist/probe_source.h"
+#include "iprobe/probelist/site_section.h"
 #include "iprobe/support/error.h"
-#include "modules.hpp"
-#include "process.hpp"
+#include "modules.h"
+#include "process.h"
 
 namespace iprobe::hotpatch {
 

@@ -1,4 +1,4 @@
-#include "stubs.hpp"
+#include "stubs.h"
 
 #include <algorithm>
 #include <climits>

@@ -1,4 +1,4 @@
-#include "iprobe/trace_file.hpp"
+#include "iprobe/hotpatch/trace_file.h"
 
 #include <cstring>
 #include <fstream>

@@ -1,11 +1,11 @@
-#include "iprobe/trace_reader.hpp"
+#include "iprobe/hotpatch/trace_reader.h"
 
 #include <cstring>
 #include <optional>
 
 #include "iprobe/support/error.h"
 #include "iprobe/support/lock_file.h"
-#include "region.hpp"
+#include "region.h"
 
 namespace iprobe::hotpatch {
 

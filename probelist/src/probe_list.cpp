@@ -1,4 +1,4 @@
-#include "iprobe/probe_list.hpp"
+#include "iprobe/probelist/probe_list.h"
 
 #include <algorithm>
 #include <cstring>

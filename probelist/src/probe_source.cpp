@@ -1,11 +1,11 @@
-#include "iprobe/probe_source.hpp"
+#include "iprobe/probelist/probe_source.h"
 
 #include <sys/stat.h>
 
 #include <cstring>
 #include <fstream>
 
-#include "iprobe/site_section.hpp"
+#include "iprobe/probelist/site_section.h"
 #include "iprobe/support/error.h"
 #include "iprobe/support/file.h"
 

@@ -3,7 +3,7 @@
 // self-relative offsets the static linker already resolved, so the section
 // bytes plus its sh_addr give every address; the symbol table fills in what
 // the compiler could not record, DWARF gives file:line.
-#include "iprobe/site_section.hpp"
+#include "iprobe/probelist/site_section.h"
 
 #include <cxxabi.h>
 #include <elfutils/libdw.h>

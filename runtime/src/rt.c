@@ -15,7 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "iprobe/rt.h"
+#include "iprobe/runtime/rt.h"
 
 #define EXPORT __attribute__((visibility("default")))
 #define LIKELY(x) __builtin_expect(!!(x), 1)
@@ -424,7 +424,7 @@ static inline __attribute__((always_inline)) void emit(uintptr_t return_address,
     emit_probe(cb, (int32_t)site->probe, site->stat, kind, args);
 }
 
-/* Per-site stubs (hotpatch/src/stubs.hpp) hand over the site's identity in
+/* Per-site stubs (hotpatch/src/stubs.h) hand over the site's identity in
  * edi, so these need no hash lookup.  The count handler gets the byte offset
  * of the counter to bump in a thread's sums (slot * sizeof(struct
  * iprobe_rt_fn_stats) + offsetof calls or completed): entry and exit are one

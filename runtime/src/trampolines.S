@@ -1,7 +1,7 @@
 /* The runtime's NOP-form entry points (see save_call_restore.inc). */
     .text
 
-#include "iprobe/save_call_restore.inc"
+#include "iprobe/runtime/save_call_restore.inc"
 
 
 SAVE_CALL_RESTORE iprobe_rt_trace_enter_nop, iprobe_rt_trace_enter_at, 0, 0

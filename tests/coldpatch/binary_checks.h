@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "iprobe/probe_list.hpp"
+#include "iprobe/probelist/probe_list.h"
 
 namespace iprobe::test {
 

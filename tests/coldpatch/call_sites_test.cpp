@@ -9,8 +9,8 @@
 #include <set>
 
 #include "binary_checks.h"
-#include "iprobe/coldpatch.hpp"
-#include "iprobe/probe_list.hpp"
+#include "iprobe/coldpatch/coldpatch.h"
+#include "iprobe/probelist/probe_list.h"
 #include "testutil.h"
 
 namespace iprobe::test {

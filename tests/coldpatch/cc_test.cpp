@@ -8,7 +8,7 @@
 #include <set>
 
 #include "binary_checks.h"
-#include "iprobe/probe_list.hpp"
+#include "iprobe/probelist/probe_list.h"
 #include "testutil.h"
 
 namespace iprobe::test {

@@ -5,7 +5,7 @@
 #include <regex>
 #include <sstream>
 
-#include "iprobe/elf_file.hpp"
+#include "iprobe/coldpatch/elf_file.h"
 #include "iprobe/support/error.h"
 #include "testutil.h"
 

@@ -5,7 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "binary_checks.h"
-#include "iprobe/probe_list.hpp"
+#include "iprobe/probelist/probe_list.h"
 #include "testutil.h"
 
 namespace iprobe::test {

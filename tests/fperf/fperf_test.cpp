@@ -18,18 +18,18 @@
 
 #include <cstdlib>
 
-#include "fperf/events.hpp"
-#include "fperf/profile.hpp"
-#include "fperf/quota.hpp"
-#include "fperf/session.hpp"
-#include "fperf/shm_layout.h"
+#include "iprobe/fperf/events.h"
+#include "iprobe/fperf/profile.h"
+#include "iprobe/fperf/quota.h"
+#include "iprobe/fperf/session.h"
+#include "iprobe/formats/fperf_region.h"
 #include "iprobe/support/error.h"
 #include "testutil.h"
 
 namespace {
 
 using namespace std::chrono_literals;
-using fperf::FunctionActivity;
+using iprobe::fperf::FunctionActivity;
 using iprobe::test::bin;
 using iprobe::test::build_dir;
 using iprobe::test::Child;
@@ -39,8 +39,8 @@ using iprobe::test::TempDir;
 // ---------------------------------------------------------------- quotas --
 
 // 5% of 100 ms: 5 ms of overhead allowed; 1 us a sample, 5 ns a counted call.
-fperf::Budget five_ms_budget() {
-    fperf::Budget b;
+iprobe::fperf::Budget five_ms_budget() {
+    iprobe::fperf::Budget b;
     b.fraction = 0.05;
     b.work_ns = 100'000'000;
     b.sample_cost_ns = 1000;
@@ -49,42 +49,42 @@ fperf::Budget five_ms_budget() {
 }
 
 TEST(FperfQuota, AllowanceIsBudgetMinusCountingCostOverSampleCost) {
-    fperf::Budget b = five_ms_budget();
-    EXPECT_EQ(fperf::sample_allowance(b, 0), 5000u);
-    EXPECT_EQ(fperf::sample_allowance(b, 100'000), 4500u);   // 0.5 ms spent counting
-    EXPECT_EQ(fperf::sample_allowance(b, 1'000'000), 0u);    // counting alone uses it all
-    EXPECT_EQ(fperf::sample_allowance(b, 2'000'000), 0u);
+    iprobe::fperf::Budget b = five_ms_budget();
+    EXPECT_EQ(iprobe::fperf::sample_allowance(b, 0), 5000u);
+    EXPECT_EQ(iprobe::fperf::sample_allowance(b, 100'000), 4500u);   // 0.5 ms spent counting
+    EXPECT_EQ(iprobe::fperf::sample_allowance(b, 1'000'000), 0u);    // counting alone uses it all
+    EXPECT_EQ(iprobe::fperf::sample_allowance(b, 2'000'000), 0u);
     b.unlimited = true;
-    EXPECT_EQ(fperf::sample_allowance(b, 2'000'000), UINT64_MAX);
+    EXPECT_EQ(iprobe::fperf::sample_allowance(b, 2'000'000), UINT64_MAX);
 }
 
 TEST(FperfQuota, OverspendingIsPaidBackBeforeSampling) {
-    fperf::Budget b = five_ms_budget();
+    iprobe::fperf::Budget b = five_ms_budget();
     b.debt_ns = 2'000'000;  // 2 ms over budget so far
-    EXPECT_EQ(fperf::sample_allowance(b, 0), 3000u);
-    EXPECT_EQ(fperf::sample_allowance(b, 100'000), 2500u);
+    EXPECT_EQ(iprobe::fperf::sample_allowance(b, 0), 3000u);
+    EXPECT_EQ(iprobe::fperf::sample_allowance(b, 100'000), 2500u);
     b.debt_ns = 6'000'000;
-    EXPECT_EQ(fperf::sample_allowance(b, 0), 0u);
+    EXPECT_EQ(iprobe::fperf::sample_allowance(b, 0), 0u);
     b.debt_ns = -3'000'000;  // under budget so far: no credit, no bursts
-    EXPECT_EQ(fperf::sample_allowance(b, 0), 5000u);
+    EXPECT_EQ(iprobe::fperf::sample_allowance(b, 0), 5000u);
 }
 
 TEST(FperfQuota, NoBudgetMeansUnlimitedQuotas) {
     std::vector<FunctionActivity> f = {{0, 0, 0}, {10, 10, 10}};
-    const auto q = fperf::allocate_quotas(f, UINT64_MAX);
-    EXPECT_EQ(q, (std::vector<std::int64_t>{fperf::kUnlimitedQuota, fperf::kUnlimitedQuota}));
+    const auto q = iprobe::fperf::allocate_quotas(f, UINT64_MAX);
+    EXPECT_EQ(q, (std::vector<std::int64_t>{iprobe::fperf::kUnlimitedQuota, iprobe::fperf::kUnlimitedQuota}));
 }
 
 TEST(FperfQuota, NeverSampledFunctionsAlwaysGetOneSample) {
     // never seen, seen but never sampled, and sampled busy functions; no allowance at all
     std::vector<FunctionActivity> f = {{0, 0, 0}, {5, 5, 0}, {1'000'000, 1'000'000, 3}};
-    const auto q = fperf::allocate_quotas(f, 0);
+    const auto q = iprobe::fperf::allocate_quotas(f, 0);
     EXPECT_EQ(q, (std::vector<std::int64_t>{1, 1, 0}));
 }
 
 TEST(FperfQuota, SeenButUnsampledIsPaidFromTheAllowanceNeverSeenIsNot) {
     std::vector<FunctionActivity> f = {{0, 0, 0}, {0, 0, 0}, {7, 7, 0}, {100, 100, 1}};
-    const auto q = fperf::allocate_quotas(f, 10);
+    const auto q = iprobe::fperf::allocate_quotas(f, 10);
     EXPECT_EQ(q, (std::vector<std::int64_t>{1, 1, 1, 9}));
 }
 
@@ -92,18 +92,18 @@ TEST(FperfQuota, RareFunctionsGetAllTheyAskHotOnesShareTheRest) {
     // demands 1, 10, 10^6 (and a sampled idle function asking for 1)
     std::vector<FunctionActivity> f = {
         {1'000'000, 1'000'000, 5}, {10, 10, 1}, {1, 1, 1}, {50, 0, 2}};
-    const auto q = fperf::allocate_quotas(f, 100);
+    const auto q = iprobe::fperf::allocate_quotas(f, 100);
     EXPECT_EQ(q, (std::vector<std::int64_t>{88, 10, 1, 1}));
     EXPECT_EQ(std::accumulate(q.begin(), q.end(), std::int64_t{0}), 100);
 }
 
 TEST(FperfQuota, EqualShareRemainderGoesByPositionDeterministically) {
     std::vector<FunctionActivity> f = {{900, 900, 1}, {900, 900, 1}, {900, 900, 1}};
-    EXPECT_EQ(fperf::allocate_quotas(f, 10), (std::vector<std::int64_t>{4, 3, 3}));
-    EXPECT_EQ(fperf::allocate_quotas(f, 10), fperf::allocate_quotas(f, 10));
+    EXPECT_EQ(iprobe::fperf::allocate_quotas(f, 10), (std::vector<std::int64_t>{4, 3, 3}));
+    EXPECT_EQ(iprobe::fperf::allocate_quotas(f, 10), iprobe::fperf::allocate_quotas(f, 10));
     // nobody gets more than it asked for
     std::vector<FunctionActivity> g = {{3, 3, 1}, {4, 4, 1}};
-    EXPECT_EQ(fperf::allocate_quotas(g, 1000), (std::vector<std::int64_t>{3, 4}));
+    EXPECT_EQ(iprobe::fperf::allocate_quotas(g, 1000), (std::vector<std::int64_t>{3, 4}));
 }
 
 // Replays the handler's rule (a call is sampled while its function's quota
@@ -111,7 +111,7 @@ TEST(FperfQuota, EqualShareRemainderGoesByPositionDeterministically) {
 // the allowance plus the one-per-new-function guarantee, whatever the call
 // counts, and every function that runs is sampled at least once.
 TEST(FperfQuota, TightBudgetSimulationSamplesEveryFunctionAndStaysInAllowance) {
-    fperf::Budget b;
+    iprobe::fperf::Budget b;
     b.fraction = 0.001;
     b.work_ns = 100'000'000;  // 100 us per interval
     b.sample_cost_ns = 2000;
@@ -133,10 +133,10 @@ TEST(FperfQuota, TightBudgetSimulationSamplesEveryFunctionAndStaysInAllowance) {
             calls += n;
             calls_now += n;
         }
-        const auto allowance = fperf::sample_allowance(b, calls_now);
+        const auto allowance = iprobe::fperf::sample_allowance(b, calls_now);
         EXPECT_EQ(allowance, 50u);
         allowed += allowance;
-        quota = fperf::allocate_quotas(state, allowance);
+        quota = iprobe::fperf::allocate_quotas(state, allowance);
         std::int64_t given = 0;
         for (std::size_t i = 0; i < quota.size(); i++)
             if (state[i].samples_total > 0) given += quota[i];
@@ -153,7 +153,7 @@ TEST(FperfQuota, TightBudgetSimulationSamplesEveryFunctionAndStaysInAllowance) {
 }
 
 TEST(FperfQuota, HottestSampledFunctionsLoseTheirProbesUntilCountingFitsHalfTheBudget) {
-    fperf::Budget b;
+    iprobe::fperf::Budget b;
     b.fraction = 0.05;
     b.work_ns = 100'000'000;  // 5 ms budget, 2.5 ms for counting
     b.count_cost_ns = 10;
@@ -161,33 +161,33 @@ TEST(FperfQuota, HottestSampledFunctionsLoseTheirProbesUntilCountingFitsHalfTheB
     std::vector<FunctionActivity> f = {
         {400'000, 400'000, 3}, {100'000, 100'000, 1}, {30'000, 30'000, 9}, {200'000, 200'000, 0}, {5, 0, 1}};
     // 7.3 ms: the busiest sampled one goes (3.3 ms), then the next (2.3 ms <= 2.5)
-    EXPECT_EQ(fperf::probes_to_remove(f, b), (std::vector<std::size_t>{0, 1}));
+    EXPECT_EQ(iprobe::fperf::probes_to_remove(f, b), (std::vector<std::size_t>{0, 1}));
     // a stretch in which the target hardly ran: a few calls are never "too hot"
-    const std::vector<FunctionActivity> idle = {{fperf::kMinCallsToJudgeHot - 1, fperf::kMinCallsToJudgeHot - 1, 1}};
-    fperf::Budget asleep = b;
+    const std::vector<FunctionActivity> idle = {{iprobe::fperf::kMinCallsToJudgeHot - 1, iprobe::fperf::kMinCallsToJudgeHot - 1, 1}};
+    iprobe::fperf::Budget asleep = b;
     asleep.work_ns = 1;
-    EXPECT_TRUE(fperf::probes_to_remove(idle, asleep).empty());
+    EXPECT_TRUE(iprobe::fperf::probes_to_remove(idle, asleep).empty());
     // with no sampled candidate left nothing more can go
     f[0].samples_total = f[1].samples_total = f[2].samples_total = 0;
-    EXPECT_TRUE(fperf::probes_to_remove(f, b).empty());
+    EXPECT_TRUE(iprobe::fperf::probes_to_remove(f, b).empty());
     b.unlimited = true;
-    EXPECT_TRUE(fperf::probes_to_remove(f, b).empty());
+    EXPECT_TRUE(iprobe::fperf::probes_to_remove(f, b).empty());
     b.unlimited = false;
     b.count_cost_ns = 1;  // 0.73 ms: within budget
     f[0].samples_total = 3;
-    EXPECT_TRUE(fperf::probes_to_remove(f, b).empty());
+    EXPECT_TRUE(iprobe::fperf::probes_to_remove(f, b).empty());
 }
 
 // ------------------------------------------------------- shared memory --
 
 TEST(FperfSession, CreatesOwnerOnlyRegionReplacesOldOneAndRemovesItOnClose) {
     const pid_t self = ::getpid();
-    fperf::SessionConfig config;
+    iprobe::fperf::SessionConfig config;
     config.slot_count = 1000;  // rounded to 1024
-    config.events = {{"perf::PAGE-FAULTS", *fperf::kernel_event("perf::PAGE-FAULTS")}};
+    config.events = {{"perf::PAGE-FAULTS", *iprobe::fperf::kernel_event("perf::PAGE-FAULTS")}};
     config.initial_quota = 1;
-    auto first = fperf::SharedSession::create(self, config);
-    const auto path = fperf::shm_path(self);
+    auto first = iprobe::fperf::SharedSession::create(self, config);
+    const auto path = iprobe::fperf::shm_path(self);
     struct stat sb{};
     ASSERT_EQ(::stat(path.c_str(), &sb), 0);
     EXPECT_EQ(sb.st_mode & 0777, 0600u);
@@ -200,7 +200,7 @@ TEST(FperfSession, CreatesOwnerOnlyRegionReplacesOldOneAndRemovesItOnClose) {
     ASSERT_EQ(snap.size(), 2u);
     for (const auto& s : snap) EXPECT_EQ(first.slots()[s.slot].quota.load(), 1);
 
-    auto second = fperf::SharedSession::create(self, config);  // a new recording of the same pid
+    auto second = iprobe::fperf::SharedSession::create(self, config);  // a new recording of the same pid
     EXPECT_EQ(first.header().state.load(), FPERF_STATE_CLOSED);  // a resident handler lets go of it
     EXPECT_TRUE(second.snapshot().empty());
     second.close();
@@ -208,9 +208,9 @@ TEST(FperfSession, CreatesOwnerOnlyRegionReplacesOldOneAndRemovesItOnClose) {
 }
 
 TEST(FperfSession, FullTableRefusesRegistration) {
-    fperf::SessionConfig config;
+    iprobe::fperf::SessionConfig config;
     config.slot_count = 2;
-    auto s = fperf::SharedSession::create(::getpid(), config);
+    auto s = iprobe::fperf::SharedSession::create(::getpid(), config);
     EXPECT_TRUE(s.register_function(1));
     EXPECT_TRUE(s.register_function(2));
     EXPECT_FALSE(s.register_function(3));
@@ -218,8 +218,8 @@ TEST(FperfSession, FullTableRefusesRegistration) {
 
 // ------------------------------------------------ data file and report --
 
-fperf::Profile sample_profile() {
-    fperf::Profile p;
+iprobe::fperf::Profile sample_profile() {
+    iprobe::fperf::Profile p;
     p.meta = {{"pid", "42"}, {"budget", "5%"}, {"total_calls", "1000010"}, {"total_samples", "12"},
               {"functions_called", "3"}, {"functions_sampled", "2"}, {"overhead_estimate", "0.0123"},
               {"duration_ns", "1000000000"}, {"interval_ns", "100000000"}};
@@ -234,7 +234,7 @@ TEST(FperfProfile, SavesAndLoadsExactly) {
     TempDir dir;
     const auto p = sample_profile();
     p.save(dir / "x.data");
-    const auto q = fperf::Profile::load(dir / "x.data");
+    const auto q = iprobe::fperf::Profile::load(dir / "x.data");
     EXPECT_EQ(q.meta, p.meta);
     ASSERT_EQ(q.events.size(), 2u);
     EXPECT_FALSE(q.events[1].measured);
@@ -244,25 +244,25 @@ TEST(FperfProfile, SavesAndLoadsExactly) {
     EXPECT_EQ(q.functions[1].name, "cold <a&b>");
     EXPECT_EQ(q.functions[0].calls, 1'000'000u);
     EXPECT_EQ(q.functions[0].events, (std::vector<std::uint64_t>{20, 0}));
-    EXPECT_THROW(fperf::Profile::load(bin("fperf")), iprobe::Error);
+    EXPECT_THROW(iprobe::fperf::Profile::load(bin("fperf")), iprobe::Error);
 }
 
 TEST(FperfProfile, ReportsMeansSharesAndNeverShowsUnavailableEventsAsValues) {
     const auto p = sample_profile();
-    const auto metrics = fperf::report_metrics(p);
+    const auto metrics = iprobe::fperf::report_metrics(p);
     ASSERT_EQ(metrics.size(), 3u);  // wall, cpu, the one measured event
     EXPECT_EQ(metrics[2].name, "perf::PAGE-FAULTS");
-    EXPECT_DOUBLE_EQ(fperf::metric_mean(p.functions[0], metrics[0]), 100.0);
-    EXPECT_DOUBLE_EQ(fperf::metric_estimated_total(p.functions[0], metrics[0]), 100.0 * 1'000'000);
-    const auto json = fperf::render_json(p);
+    EXPECT_DOUBLE_EQ(iprobe::fperf::metric_mean(p.functions[0], metrics[0]), 100.0);
+    EXPECT_DOUBLE_EQ(iprobe::fperf::metric_estimated_total(p.functions[0], metrics[0]), 100.0 * 1'000'000);
+    const auto json = iprobe::fperf::render_json(p);
     EXPECT_NE(json.find("\"name\":\"PAPI_TOT_CYC\",\"measured\":false,\"reason\":\"no PMU\""), std::string::npos) << json;
     EXPECT_EQ(json.find("\"PAPI_TOT_CYC\":{"), std::string::npos) << "no values for an unavailable event";
-    const auto csv = fperf::render_csv(p);
+    const auto csv = iprobe::fperf::render_csv(p);
     EXPECT_EQ(csv.find("PAPI_TOT_CYC"), std::string::npos);
     EXPECT_NE(csv.find("\"hot\",\"/bin/x\",1000000,10,100.000,100000000,"), std::string::npos) << csv;
-    const auto table = fperf::render_table(p, 0);
+    const auto table = iprobe::fperf::render_table(p, 0);
     EXPECT_NE(table.find("PAPI_TOT_CYC: no PMU"), std::string::npos) << table;
-    const auto svg = fperf::render_svg(p, 5);
+    const auto svg = iprobe::fperf::render_svg(p, 5);
     EXPECT_EQ(svg.rfind("<svg", 0), 0u);
     EXPECT_NE(svg.find("cold &lt;a&amp;b&gt;"), std::string::npos);
     EXPECT_NE(svg.find("not measured (unavailable here): PAPI_TOT_CYC"), std::string::npos);
@@ -278,13 +278,13 @@ const std::map<std::string, std::uint64_t> kExpectedCalls = {
     {"once_b", 1}, {"fib", 21891}, {"thread_main", 2}, {"thread_work", 2000}, {"stray_exit_caller", 1},
     {"fault_pages", 1}, {"nap", 1}};
 
-std::map<std::string, const fperf::FunctionProfile*> by_name(const fperf::Profile& p) {
-    std::map<std::string, const fperf::FunctionProfile*> out;
+std::map<std::string, const iprobe::fperf::FunctionProfile*> by_name(const iprobe::fperf::Profile& p) {
+    std::map<std::string, const iprobe::fperf::FunctionProfile*> out;
     for (const auto& f : p.functions) out[f.name] = &f;
     return out;
 }
 
-fperf::Profile record_program(const std::vector<std::string>& options, const std::string& program,
+iprobe::fperf::Profile record_program(const std::vector<std::string>& options, const std::string& program,
                               const TempDir& dir, std::string* err = nullptr) {
     std::vector<std::string> argv = {bin("fperf"), "record", "-o", dir / "fperf.data"};
     argv.insert(argv.end(), options.begin(), options.end());
@@ -293,7 +293,7 @@ fperf::Profile record_program(const std::vector<std::string>& options, const std
     EXPECT_EQ(r.exit_code, 0) << r.err;
     EXPECT_NE(r.out.find("fib 6765"), std::string::npos) << "the program ran to its normal end: " << r.out;
     if (err) *err = r.err;
-    return fperf::Profile::load(dir / "fperf.data");
+    return iprobe::fperf::Profile::load(dir / "fperf.data");
 }
 
 // Inclusive times: a caller's wall time covers its callee's.  Both have the
@@ -303,12 +303,12 @@ fperf::Profile record_program(const std::vector<std::string>& options, const std
 // estimated cost swamps their own work (a few ns of calibration error each is
 // milliseconds): there the check is made on thread_main and thread_work,
 // whose correction is small against the caller's time.
-void expect_caller_covers_callee(const fperf::FunctionProfile& caller, const fperf::FunctionProfile& callee) {
+void expect_caller_covers_callee(const iprobe::fperf::FunctionProfile& caller, const iprobe::fperf::FunctionProfile& callee) {
     EXPECT_GE(caller.wall_ns + caller.wall_ns / 100, callee.wall_ns)
         << caller.name << " " << caller.wall_ns << " ns, " << callee.name << " " << callee.wall_ns << " ns";
 }
 
-void expect_exact_calls_all_sampled(const fperf::Profile& p) {
+void expect_exact_calls_all_sampled(const iprobe::fperf::Profile& p) {
     const auto f = by_name(p);
     for (const auto& [name, calls] : kExpectedCalls) {
         ASSERT_TRUE(f.count(name)) << name << " missing from the profile";
@@ -328,7 +328,7 @@ bool papi_turned_off() {
     return v && std::string(v) == "off";
 }
 
-void expect_counted_by_a_backend(const fperf::EventColumn& e) {
+void expect_counted_by_a_backend(const iprobe::fperf::EventColumn& e) {
     EXPECT_TRUE(e.measured) << e.name << ": " << e.reason;
     if (papi_turned_off()) EXPECT_EQ(e.backend, "perf_event") << e.name;
     else EXPECT_TRUE(e.backend == "papi" || e.backend == "perf_event") << e.name << ": " << e.backend;
@@ -381,7 +381,7 @@ TEST(FperfRecord, UnavailableEventIsReportedAndTheRestMeasured) {
     const auto p = record_program({"--events", "PAPI_TOT_CYC,perf::CONTEXT-SWITCHES,NO_SUCH_EVENT", "--budget", "none"},
                                   callgraph(), dir, &err);
     // On this machine (no PMU) cycles are unavailable; on one with a PMU they are measured.
-    std::map<std::string, const fperf::EventColumn*> ev;
+    std::map<std::string, const iprobe::fperf::EventColumn*> ev;
     for (const auto& e : p.events) ev[e.name] = &e;
     ASSERT_EQ(ev.size(), 3u);
     expect_counted_by_a_backend(*ev.at("perf::CONTEXT-SWITCHES"));
@@ -406,28 +406,28 @@ TEST(FperfRecord, UnavailableEventIsReportedAndTheRestMeasured) {
 }
 
 TEST(FperfEvents, KernelBackendKnowsPerfNamesPapiPresetsAndRawCodes) {
-    const auto faults = fperf::kernel_event("perf::PAGE-FAULTS");
+    const auto faults = iprobe::fperf::kernel_event("perf::PAGE-FAULTS");
     ASSERT_TRUE(faults);
     EXPECT_EQ(faults->backend, FPERF_BACKEND_KERNEL);
     EXPECT_EQ(faults->perf_type, PERF_TYPE_SOFTWARE);
     EXPECT_EQ(faults->perf_config, PERF_COUNT_SW_PAGE_FAULTS);
     for (const char* same : {"page-faults", "faults", "perf::page-faults", "PAGE-FAULTS"})
-        EXPECT_EQ(fperf::kernel_event(same)->perf_config, PERF_COUNT_SW_PAGE_FAULTS) << same;
-    EXPECT_EQ(fperf::kernel_event("cs")->perf_config, PERF_COUNT_SW_CONTEXT_SWITCHES);
-    EXPECT_EQ(fperf::kernel_event("perf::CPU-MIGRATIONS")->perf_config, PERF_COUNT_SW_CPU_MIGRATIONS);
-    EXPECT_EQ(fperf::kernel_event("task-clock")->perf_config, PERF_COUNT_SW_TASK_CLOCK);
-    const auto cycles = fperf::kernel_event("PAPI_TOT_CYC");
+        EXPECT_EQ(iprobe::fperf::kernel_event(same)->perf_config, PERF_COUNT_SW_PAGE_FAULTS) << same;
+    EXPECT_EQ(iprobe::fperf::kernel_event("cs")->perf_config, PERF_COUNT_SW_CONTEXT_SWITCHES);
+    EXPECT_EQ(iprobe::fperf::kernel_event("perf::CPU-MIGRATIONS")->perf_config, PERF_COUNT_SW_CPU_MIGRATIONS);
+    EXPECT_EQ(iprobe::fperf::kernel_event("task-clock")->perf_config, PERF_COUNT_SW_TASK_CLOCK);
+    const auto cycles = iprobe::fperf::kernel_event("PAPI_TOT_CYC");
     ASSERT_TRUE(cycles);
     EXPECT_EQ(cycles->perf_type, PERF_TYPE_HARDWARE);
     EXPECT_EQ(cycles->perf_config, PERF_COUNT_HW_CPU_CYCLES);
-    EXPECT_EQ(fperf::kernel_event("instructions")->perf_config, PERF_COUNT_HW_INSTRUCTIONS);
-    const auto raw = fperf::kernel_event("r01c2");
+    EXPECT_EQ(iprobe::fperf::kernel_event("instructions")->perf_config, PERF_COUNT_HW_INSTRUCTIONS);
+    const auto raw = iprobe::fperf::kernel_event("r01c2");
     ASSERT_TRUE(raw);
     EXPECT_EQ(raw->perf_type, PERF_TYPE_RAW);
     EXPECT_EQ(raw->perf_config, 0x1c2u);
-    EXPECT_EQ(fperf::kernel_event("perf::rABCDEF")->perf_config, 0xabcdefu);
+    EXPECT_EQ(iprobe::fperf::kernel_event("perf::rABCDEF")->perf_config, 0xabcdefu);
     for (const char* unknown : {"NO_SUCH_EVENT", "r", "rxyz", "r12345678901234567", "PAPI_L3_TCM", ""})
-        EXPECT_FALSE(fperf::kernel_event(unknown)) << unknown;
+        EXPECT_FALSE(iprobe::fperf::kernel_event(unknown)) << unknown;
 }
 
 // The issue's own check on a machine whose CPU libpfm4 does not know: with
@@ -439,7 +439,7 @@ TEST(FperfEvents, WithPapiOffTheKernelCountsPageFaultsAndContextSwitchesPerFunct
                        {}, 240s, {"FPERF_PAPI=off"});
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_EQ(r.err.find("unavailable"), std::string::npos) << r.err;
-    const auto p = fperf::Profile::load(dir / "fperf.data");
+    const auto p = iprobe::fperf::Profile::load(dir / "fperf.data");
     ASSERT_EQ(p.events.size(), 2u);
     for (const auto& e : p.events) {
         EXPECT_TRUE(e.measured) << e.name << ": " << e.reason;
@@ -528,7 +528,7 @@ struct MappedRegion {
 };
 
 bool map_region(pid_t pid, MappedRegion& region) {
-    const int fd = ::open(fperf::shm_path(pid).c_str(), O_RDONLY);
+    const int fd = ::open(iprobe::fperf::shm_path(pid).c_str(), O_RDONLY);
     if (fd < 0) return false;
     struct stat sb{};
     ::fstat(fd, &sb);
@@ -557,12 +557,12 @@ TEST(FperfRobustness, DaemonAndHandlerSurviveTheTargetExiting) {
     EXPECT_NE(r.err.find("exited"), std::string::npos) << r.err;
     EXPECT_EQ(target.wait(10s), 0) << "the target ends normally";
     EXPECT_NE(iprobe::test::file_text(dir / "target.out").find(" ok"), std::string::npos);
-    const auto p = fperf::Profile::load(dir / "fperf.data");
+    const auto p = iprobe::fperf::Profile::load(dir / "fperf.data");
     const auto f = by_name(p);
     ASSERT_TRUE(f.count("hot_leaf")) << "names resolved after the target is gone";
     EXPECT_GT(f.at("hot_leaf")->calls, 100'000u);
     EXPECT_GE(f.at("hot_leaf")->samples, 1u);
-    EXPECT_NE(::access(fperf::shm_path(target.pid()).c_str(), F_OK), 0) << "region removed";
+    EXPECT_NE(::access(iprobe::fperf::shm_path(target.pid()).c_str(), F_OK), 0) << "region removed";
 }
 
 TEST(FperfRobustness, TargetSurvivesDaemonSigkillAndSamplingFreezes) {
@@ -588,7 +588,7 @@ TEST(FperfRobustness, TargetSurvivesDaemonSigkillAndSamplingFreezes) {
     EXPECT_GT(region.header()->stale_skips.load(), 0u);
     EXPECT_EQ(target.wait(20s), 0) << "the target exits normally";
     EXPECT_NE(iprobe::test::file_text(dir / "target.out").find(" ok"), std::string::npos);
-    ::unlink(fperf::shm_path(target.pid()).c_str());  // a killed daemon cannot clean up
+    ::unlink(iprobe::fperf::shm_path(target.pid()).c_str());  // a killed daemon cannot clean up
 }
 
 TEST(FperfRobustness, SecondRecordingOfTheSameProcessTakesOver) {
@@ -600,7 +600,7 @@ TEST(FperfRobustness, SecondRecordingOfTheSameProcessTakesOver) {
                             dir / "fperf.data"},
                            {}, 30s);
         ASSERT_EQ(r.exit_code, 0) << r.err;
-        const auto f = by_name(fperf::Profile::load(dir / "fperf.data"));
+        const auto f = by_name(iprobe::fperf::Profile::load(dir / "fperf.data"));
         ASSERT_TRUE(f.count("hot_leaf")) << "round " << round;
         EXPECT_GT(f.at("hot_leaf")->samples, 1000u) << "round " << round;
     }
@@ -646,7 +646,7 @@ TEST(FperfHotpatch, AttachToRunningColdpatchedProcessInjectsTheHandler) {
                         dir / "fperf.data"},
                        {}, 60s);
     ASSERT_EQ(r.exit_code, 0) << r.err;
-    const auto f = by_name(fperf::Profile::load(dir / "fperf.data"));
+    const auto f = by_name(iprobe::fperf::Profile::load(dir / "fperf.data"));
     ASSERT_TRUE(f.count("hot_leaf"));
     EXPECT_GT(f.at("hot_leaf")->calls, 10'000u);
     EXPECT_GE(f.at("hot_leaf")->samples, 1u);
@@ -665,7 +665,7 @@ TEST(FperfHotpatch, TightBudgetRemovesProbesOfFunctionsTooHotToCount) {
                        {}, 60s);
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_NE(r.err.find("removed the probes of"), std::string::npos) << r.err;
-    const auto p = fperf::Profile::load(dir / "fperf.data");
+    const auto p = iprobe::fperf::Profile::load(dir / "fperf.data");
     const auto f = by_name(p);
     ASSERT_TRUE(f.count("hot_leaf"));
     EXPECT_TRUE(f.at("hot_leaf")->probes_removed);

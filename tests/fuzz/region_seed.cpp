@@ -11,7 +11,7 @@
 #include <cstring>
 #include <vector>
 
-#include "iprobe/rt_layout.h"
+#include "iprobe/formats/rt_layout.h"
 
 namespace {
 

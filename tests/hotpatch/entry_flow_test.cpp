@@ -6,7 +6,7 @@
 
 #include <gtest/gtest.h>
 
-#include "hotpatch_fixture.hpp"
+#include "hotpatch_fixture.h"
 
 namespace iprobe::test {
 namespace {

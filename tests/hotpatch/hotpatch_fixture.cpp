@@ -1,4 +1,4 @@
-#include "hotpatch_fixture.hpp"
+#include "hotpatch_fixture.h"
 
 #include <fcntl.h>
 #include <signal.h>

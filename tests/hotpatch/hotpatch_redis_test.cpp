@@ -8,7 +8,7 @@
 
 #include <thread>
 
-#include "hotpatch_fixture.hpp"
+#include "hotpatch_fixture.h"
 
 namespace iprobe::test {
 namespace {

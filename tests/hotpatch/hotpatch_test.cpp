@@ -17,9 +17,9 @@
 #include <random>
 #include <thread>
 
-#include "hotpatch_fixture.hpp"
-#include "iprobe/rt_layout.h"
-#include "iprobe/probe_list.h"
+#include "hotpatch_fixture.h"
+#include "iprobe/formats/rt_layout.h"
+#include "iprobe/formats/probe_list.h"
 
 namespace iprobe::test {
 namespace {

@@ -18,7 +18,7 @@
 #include <sstream>
 #include <thread>
 
-#include "hotpatch_fixture.hpp"
+#include "hotpatch_fixture.h"
 
 namespace iprobe::test {
 namespace {

@@ -18,8 +18,8 @@
 #include <set>
 #include <sstream>
 
-#include "iprobe/probe_source.hpp"
-#include "iprobe/site_section.hpp"
+#include "iprobe/probelist/probe_source.h"
+#include "iprobe/probelist/site_section.h"
 #include "iprobe/support/error.h"
 #include "testutil.h"
 
@@ -525,7 +525,7 @@ TEST(LlvmPassInstall, PackageServesCMakeAndPkgConfigBuilds) {
     TempDir dir;
     const std::string prefix = dir / "prefix";
     must(run({"cmake", "--install", build_dir(), "--prefix", prefix}, {}, std::chrono::seconds(120)));
-    for (const char* file : {"include/iprobe/iprobe.h", "include/iprobe/probe_list.h", "lib/IProbePass.so",
+    for (const char* file : {"include/iprobe/iprobe.h", "include/iprobe/formats/probe_list.h", "lib/IProbePass.so",
                              "lib/cmake/iprobe/iprobeConfig.cmake", "lib/cmake/iprobe/iprobeConfigVersion.cmake",
                              "lib/pkgconfig/iprobe.pc", "bin/iprobe-cc", "bin/iprobe"})
         EXPECT_TRUE(std::filesystem::exists(prefix + "/" + file)) << file;

@@ -4,7 +4,7 @@
 
 #include <cstring>
 
-#include "iprobe/probe_list.hpp"
+#include "iprobe/probelist/probe_list.h"
 #include "iprobe/support/error.h"
 #include "testutil.h"
 

@@ -9,8 +9,8 @@
 
 #include <thread>
 
-#include "hotpatch_fixture.hpp"
-#include "iprobe/rt.h"
+#include "hotpatch_fixture.h"
+#include "iprobe/runtime/rt.h"
 
 namespace iprobe::test {
 namespace {

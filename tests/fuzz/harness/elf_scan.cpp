@@ -1,7 +1,7 @@
-// Coldpatch's ELF scanner (iprobe/coldpatch.hpp): the placeholder scan and
+// Coldpatch's ELF scanner (iprobe/coldpatch/coldpatch.h): the placeholder scan and
 // the patchable-entry scan over any bytes that pass for an ELF file.
 #include "fuzz_input.h"
-#include "iprobe/coldpatch.hpp"
+#include "iprobe/coldpatch/coldpatch.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
     using namespace iprobe;

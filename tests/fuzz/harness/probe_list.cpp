@@ -1,7 +1,7 @@
-// The probe-list reader (iprobe/probe_list.hpp), fed any bytes as a file:
+// The probe-list reader (iprobe/probelist/probe_list.h), fed any bytes as a file:
 // it refuses them or yields a list that serializes back to itself.
 #include "fuzz_input.h"
-#include "iprobe/probe_list.hpp"
+#include "iprobe/probelist/probe_list.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
     using namespace iprobe;

@@ -1,9 +1,9 @@
-// The reader of a process's iprobe region (iprobe/trace_reader.hpp) over a
+// The reader of a process's iprobe region (iprobe/hotpatch/trace_reader.h) over a
 // region whose every byte the target chose: report's aggregates, the event
 // stream and the drop counts.  Nothing may read outside the mapping, loop
 // without end or allocate beyond what the region's size allows.
 #include "fuzz_input.h"
-#include "iprobe/trace_reader.hpp"
+#include "iprobe/hotpatch/trace_reader.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
     using namespace iprobe;

@@ -1,7 +1,7 @@
 // The reader of the probe records the LLVM pass embeds in a binary
-// (iprobe/site_section.hpp), fed any bytes as the ELF file.
+// (iprobe/probelist/site_section.h), fed any bytes as the ELF file.
 #include "fuzz_input.h"
-#include "iprobe/site_section.hpp"
+#include "iprobe/probelist/site_section.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
     using namespace iprobe;

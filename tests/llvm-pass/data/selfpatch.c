@@ -17,7 +17,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "iprobe/probe_list.h"
+#include "iprobe/formats/probe_list.h"
 
 #define MAX_SITES 8192
 #define MAX_POINT_EVENTS 4096

@@ -3,7 +3,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "iprobe/elf_file.hpp"
+#include "iprobe/coldpatch/elf_file.h"
 
 namespace iprobe {
 

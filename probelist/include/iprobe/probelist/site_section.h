@@ -6,7 +6,7 @@
 #include <optional>
 #include <string>
 
-#include "iprobe/probe_list.hpp"
+#include "iprobe/probelist/probe_list.h"
 
 namespace iprobe {
 

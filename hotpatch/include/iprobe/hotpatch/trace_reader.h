@@ -13,8 +13,8 @@
 #include <string>
 #include <vector>
 
-#include "iprobe/probe_list.hpp"
-#include "iprobe/rt_layout.h"
+#include "iprobe/probelist/probe_list.h"
+#include "iprobe/formats/rt_layout.h"
 #include "iprobe/support/fd.h"
 
 namespace iprobe::hotpatch {

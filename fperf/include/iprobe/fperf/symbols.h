@@ -6,7 +6,7 @@
 #include <string>
 #include <vector>
 
-namespace fperf {
+namespace iprobe::fperf {
 
 struct FunctionSymbol {
     std::uint64_t address = 0;  // link-time vaddr
@@ -27,4 +27,4 @@ std::string demangle(const std::string& name);
 // module's lowest mapping corresponds to (load bias = mapping start - this).
 std::optional<std::uint64_t> first_load_vaddr(const std::string& path);
 
-}  // namespace fperf
+} // namespace iprobe::fperf

@@ -18,7 +18,7 @@
 #include <string>
 #include <vector>
 
-#include "iprobe/trace_reader.hpp"
+#include "iprobe/hotpatch/trace_reader.h"
 
 namespace iprobe::hotpatch {
 

@@ -10,7 +10,7 @@
 #include <string_view>
 #include <vector>
 
-#include "iprobe/probe_list.h"
+#include "iprobe/formats/probe_list.h"
 
 namespace iprobe {
 

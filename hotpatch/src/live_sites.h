@@ -11,11 +11,11 @@
 #include <cstdint>
 #include <vector>
 
-#include "iprobe/probe_list.hpp"
-#include "modules.hpp"
-#include "process.hpp"
-#include "region.hpp"
-#include "stubs.hpp"
+#include "iprobe/probelist/probe_list.h"
+#include "modules.h"
+#include "process.h"
+#include "region.h"
+#include "stubs.h"
 
 namespace iprobe::hotpatch {
 

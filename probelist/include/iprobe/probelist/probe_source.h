@@ -2,7 +2,7 @@
 
 #include <string>
 
-#include "iprobe/probe_list.hpp"
+#include "iprobe/probelist/probe_list.h"
 
 namespace iprobe {
 

@@ -1,5 +1,5 @@
 // The attacher's and readers' view of a process's iprobe region (layout:
-// iprobe/rt_layout.h): a memfd the runtime creates inside the target, reached
+// iprobe/formats/rt_layout.h): a memfd the runtime creates inside the target, reached
 // from outside with pidfd_getfd, so nothing of it outlives the process.
 //
 // The target can write every byte of its region.  A Region therefore checks
@@ -16,8 +16,8 @@
 #include <string>
 #include <vector>
 
-#include "iprobe/probe_list.hpp"
-#include "iprobe/rt.h"
+#include "iprobe/probelist/probe_list.h"
+#include "iprobe/runtime/rt.h"
 #include "iprobe/support/fd.h"
 
 namespace iprobe::hotpatch {

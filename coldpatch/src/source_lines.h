@@ -5,7 +5,7 @@
 #include <optional>
 #include <string>
 
-#include "iprobe/elf_file.hpp"
+#include "iprobe/coldpatch/elf_file.h"
 
 typedef struct Dwarf Dwarf;
 

@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "fperf/quota.hpp"
+#include "iprobe/fperf/quota.h"
 
-namespace fperf {
+namespace iprobe::fperf {
 
 struct RecordOptions {
     pid_t pid = 0;                        // attach to this process, or
@@ -37,4 +37,4 @@ int record(const RecordOptions& options);
 // build/lib/libfperf-handler.so relative to this executable, or $FPERF_HANDLER.
 std::string default_handler_library();
 
-}  // namespace fperf
+} // namespace iprobe::fperf

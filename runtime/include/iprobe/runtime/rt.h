@@ -21,7 +21,7 @@
 
 #include <stdint.h>
 
-#include "iprobe/rt_layout.h"
+#include "iprobe/formats/rt_layout.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -43,7 +43,7 @@ struct iprobe_rt_state {
     uint32_t pad;
     /* %fs offset of the calling thread's pointer to its sums (initial-exec
      * TLS: the same in every thread), so count stubs can inline the count
-     * handler's fast path (hotpatch/src/stubs.hpp); 0 when unknown. */
+     * handler's fast path (hotpatch/src/stubs.h); 0 when unknown. */
     int64_t stats_tpoff;
     uint64_t reserved[2];
 };

@@ -6,7 +6,7 @@
 #include <span>
 #include <vector>
 
-namespace fperf {
+namespace iprobe::fperf {
 
 inline constexpr std::int64_t kUnlimitedQuota = INT64_MAX;
 
@@ -65,4 +65,4 @@ std::vector<std::size_t> probes_to_remove(std::span<const FunctionActivity> func
 // Estimated overhead in ns of `samples` sampled and `calls` counted calls.
 double overhead_ns(const Budget& budget, std::uint64_t samples, std::uint64_t calls);
 
-}  // namespace fperf
+} // namespace iprobe::fperf

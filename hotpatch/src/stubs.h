@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "iprobe/probe_list.h"
-#include "process.hpp"
+#include "iprobe/formats/probe_list.h"
+#include "process.h"
 
 namespace iprobe::hotpatch {
 

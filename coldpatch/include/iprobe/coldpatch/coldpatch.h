@@ -9,8 +9,8 @@
 #include <string>
 #include <vector>
 
-#include "iprobe/elf_file.hpp"
-#include "iprobe/probe_list.hpp"
+#include "iprobe/coldpatch/elf_file.h"
+#include "iprobe/probelist/probe_list.h"
 
 namespace iprobe {
 

@@ -8,7 +8,7 @@
 #include <utility>
 #include <vector>
 
-#include "process.hpp"
+#include "process.h"
 
 namespace iprobe::hotpatch {
 

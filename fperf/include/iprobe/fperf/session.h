@@ -1,4 +1,4 @@
-// The daemon's side of the shared memory (fperf/shm_layout.h): creates
+// The daemon's side of the shared memory (iprobe/formats/fperf_region.h): creates
 // /dev/shm/fperf.<pid>, registers functions, refills quotas, reads results.
 #pragma once
 
@@ -8,10 +8,10 @@
 #include <string>
 #include <vector>
 
-#include "fperf/events.hpp"
-#include "fperf/shm_layout.h"
+#include "iprobe/fperf/events.h"
+#include "iprobe/formats/fperf_region.h"
 
-namespace fperf {
+namespace iprobe::fperf {
 
 struct SessionConfig {
     std::uint32_t slot_count = 1u << 16;  // rounded up to a power of two
@@ -70,4 +70,4 @@ private:
     bool closed_ = false;
 };
 
-}  // namespace fperf
+} // namespace iprobe::fperf

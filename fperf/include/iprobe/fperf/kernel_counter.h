@@ -14,7 +14,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "fperf/shm_layout.h"
+#include "iprobe/formats/fperf_region.h"
 
 #ifdef __cplusplus
 extern "C" {

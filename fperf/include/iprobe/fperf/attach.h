@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-namespace fperf {
+namespace iprobe::fperf {
 
 struct ProbeRouting {
     pid_t pid = 0;
@@ -34,4 +34,4 @@ RoutingResult route_probes(const ProbeRouting& routing);
 // failed (the target may be gone).  Never throws.
 bool unroute_probes(const ProbeRouting& routing) noexcept;
 
-}  // namespace fperf
+} // namespace iprobe::fperf

@@ -1,6 +1,6 @@
 // Which counter events a recording measures, and who counts each: PAPI
 // (presets and native names) where it can, the kernel's perf_event_open
-// directly where it cannot (see fperf/shm_layout.h, fperf_event_backend).
+// directly where it cannot (see iprobe/formats/fperf_region.h, fperf_event_backend).
 #pragma once
 
 #include <cstdint>
@@ -8,9 +8,9 @@
 #include <string>
 #include <vector>
 
-#include "fperf/shm_layout.h"
+#include "iprobe/formats/fperf_region.h"
 
-namespace fperf {
+namespace iprobe::fperf {
 
 struct UnavailableEvent {
     std::string name;
@@ -70,4 +70,4 @@ private:
     std::vector<int> kernel_fds_;
 };
 
-}  // namespace fperf
+} // namespace iprobe::fperf

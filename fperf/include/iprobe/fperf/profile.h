@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-namespace fperf {
+namespace iprobe::fperf {
 
 struct EventColumn {
     std::string name;
@@ -61,4 +61,4 @@ std::string render_json(const Profile& profile);
 std::string render_csv(const Profile& profile);
 std::string render_svg(const Profile& profile, std::size_t top);
 
-}  // namespace fperf
+} // namespace iprobe::fperf

@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include "iprobe/hotpatch.hpp"
+#include "iprobe/hotpatch/hotpatch.h"
 #include "iprobe/support/fd.h"
 
 namespace iprobe::hotpatch {
@@ -57,7 +57,7 @@ private:
     UniqueFd mem_;
 };
 
-// Throws Error(interrupted) once interrupt() (iprobe/hotpatch.hpp) was called.
+// Throws Error(interrupted) once interrupt() (iprobe/hotpatch/hotpatch.h) was called.
 void throw_if_interrupted();
 
 struct StoppedThread {
