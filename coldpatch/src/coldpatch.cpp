@@ -27,7 +27,7 @@ std::string base_name(const std::string& path) {
     return slash == std::string::npos ? path : path.substr(slash + 1);
 }
 
-bool site_holds(const ElfFile& elf, const Probe& p, const std::uint8_t* expected) {
+bool site_holds(const elf::ElfFile& elf, const Probe& p, const std::uint8_t* expected) {
     const auto offset = elf.file_offset(p.site);
     if (!offset || *offset + p.size > elf.bytes().size()) return false;
     return std::memcmp(elf.bytes().data() + *offset, expected, p.size) == 0;
@@ -35,7 +35,7 @@ bool site_holds(const ElfFile& elf, const Probe& p, const std::uint8_t* expected
 
 // A previous coldpatch of this very build: its list is beside the binary,
 // names the same build-id and every site already holds its placeholder.
-bool already_coldpatched(const ElfFile& elf, const std::string& probes_path) {
+bool already_coldpatched(const elf::ElfFile& elf, const std::string& probes_path) {
     if (!exists(probes_path)) return false;
     ProbeList previous;
     try {
@@ -73,7 +73,7 @@ void count_kinds(ColdpatchResult& r) {
     }
 }
 
-std::vector<std::uint8_t> patched_image(const ElfFile& elf, const ProbeList& list) {
+std::vector<std::uint8_t> patched_image(const elf::ElfFile& elf, const ProbeList& list) {
     std::vector<std::uint8_t> image(elf.bytes().begin(), elf.bytes().end());
     for (const auto& p : list.probes) {
         const auto offset = elf.file_offset(p.site);
@@ -119,7 +119,7 @@ ColdpatchResult coldpatch(const std::string& path, const ColdpatchOptions& optio
     result.binary_path = options.output.empty() ? path : options.output;
     result.probes_path = options.probes_path.empty() ? result.binary_path + IPROBE_PL_SUFFIX : options.probes_path;
 
-    const ElfFile elf(path);
+    const elf::ElfFile elf(path);
     elf.require_x86_64_executable_or_library();
     std::string module = elf.is_shared_library() ? elf.soname() : std::string{};
     if (module.empty()) module = base_name(result.binary_path);

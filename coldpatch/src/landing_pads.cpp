@@ -119,8 +119,8 @@ std::optional<Cie> read_cie(Reader r) {
     return r.ok() ? std::optional(cie) : std::nullopt;
 }
 
-void read_lsda(const ElfFile& elf, std::uint64_t lsda, std::uint64_t function_start, std::vector<LandingEdge>& out) {
-    const ElfSection* table = elf.section_containing(lsda);
+void read_lsda(const elf::ElfFile& elf, std::uint64_t lsda, std::uint64_t function_start, std::vector<LandingEdge>& out) {
+    const elf::ElfSection* table = elf.section_containing(lsda);
     if (!table || !table->has_file_bytes()) return;
     Reader r(elf.section_bytes(*table), table->address);
     r.seek(lsda - table->address);
@@ -142,9 +142,9 @@ void read_lsda(const ElfFile& elf, std::uint64_t lsda, std::uint64_t function_st
 
 }  // namespace
 
-std::vector<LandingEdge> landing_edges(const ElfFile& elf) {
+std::vector<LandingEdge> landing_edges(const elf::ElfFile& elf) {
     std::vector<LandingEdge> edges;
-    const ElfSection* eh = elf.section(".eh_frame");
+    const elf::ElfSection* eh = elf.section(".eh_frame");
     if (!eh || !eh->has_file_bytes()) return edges;
     Reader r(elf.section_bytes(*eh), eh->address);
     while (r.ok() && !r.at_end()) {

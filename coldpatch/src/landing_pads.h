@@ -3,7 +3,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "iprobe/coldpatch/elf_file.h"
+#include "iprobe/elf/elf_file.h"
 
 namespace iprobe {
 
@@ -16,6 +16,6 @@ struct LandingEdge {
 
 // Every exception edge described by the module's .eh_frame LSDAs; empty
 // when there are none or they cannot be parsed.
-std::vector<LandingEdge> landing_edges(const ElfFile& elf);
+std::vector<LandingEdge> landing_edges(const elf::ElfFile& elf);
 
 }  // namespace iprobe

@@ -2,14 +2,15 @@
 // out-of-line function with five 1-byte NOPs and records their address in
 // __patchable_function_entries.  Each pad becomes one 5-byte NOP (one
 // instruction executed per call instead of five) and one entry probe.
-#include <gelf.h>
+#include <elf.h>
 
 #include <algorithm>
 #include <cstring>
 #include <map>
 
 #include "iprobe/coldpatch/coldpatch.h"
-#include "source_lines.h"
+#include "iprobe/elf/demangle.h"
+#include "iprobe/elf/source_lines.h"
 
 namespace iprobe {
 
@@ -17,28 +18,9 @@ namespace {
 
 constexpr std::uint8_t kPad[5] = {0x90, 0x90, 0x90, 0x90, 0x90};
 
-// A PIE's or library's section holds link-time addresses through
-// R_X86_64_RELATIVE relocations; GNU ld also writes them into the section,
-// lld (without --apply-dynamic-relocs) leaves zeros there.
-std::map<std::uint64_t, std::uint64_t> relative_addends(const ElfFile& elf, const ElfSection& table) {
-    std::map<std::uint64_t, std::uint64_t> addends;
-    for (const auto& s : elf.sections()) {
-        if (s.type != SHT_RELA || s.entry_size == 0) continue;
-        Elf_Data* data = elf_getdata(elf_getscn(elf.native_handle(), s.index), nullptr);
-        if (!data) continue;
-        for (std::size_t i = 0; i < s.size / s.entry_size; ++i) {
-            GElf_Rela rela;
-            if (!gelf_getrela(data, static_cast<int>(i), &rela)) break;
-            if (GELF_R_TYPE(rela.r_info) == R_X86_64_RELATIVE && table.contains(rela.r_offset))
-                addends[rela.r_offset] = static_cast<std::uint64_t>(rela.r_addend);
-        }
-    }
-    return addends;
-}
-
-std::vector<std::uint64_t> pad_addresses(const ElfFile& elf, const ElfSection& table) {
+std::vector<std::uint64_t> pad_addresses(const elf::ElfFile& elf, const elf::ElfSection& table) {
     const auto bytes = elf.section_bytes(table);
-    const auto addends = relative_addends(elf, table);
+    const auto addends = elf.relative_addends(table);
     std::vector<std::uint64_t> pads;
     for (std::size_t at = 0; at + 8 <= bytes.size(); at += 8) {
         std::uint64_t address = 0;
@@ -53,17 +35,17 @@ std::vector<std::uint64_t> pad_addresses(const ElfFile& elf, const ElfSection& t
 
 }  // namespace
 
-bool has_patchable_entries(const ElfFile& elf) { return elf.section(kPatchableEntriesSection) != nullptr; }
+bool has_patchable_entries(const elf::ElfFile& elf) { return elf.section(kPatchableEntriesSection) != nullptr; }
 
-std::vector<Probe> scan_patchable_entries(const ElfFile& elf, std::size_t& foreign_pads) {
+std::vector<Probe> scan_patchable_entries(const elf::ElfFile& elf, std::size_t& foreign_pads) {
     std::vector<Probe> probes;
     foreign_pads = 0;
-    const ElfSection* table = elf.section(kPatchableEntriesSection);
+    const elf::ElfSection* table = elf.section(kPatchableEntriesSection);
     if (!table || !table->has_file_bytes()) return probes;
-    SourceLines lines(elf);
+    elf::SourceLines lines(elf);
     for (const std::uint64_t site : pad_addresses(elf, *table)) {
         const auto offset = elf.file_offset(site);
-        const ElfSymbol* function = elf.function_at(site);
+        const elf::ElfSymbol* function = elf.function_at(site);
         if (!offset || *offset + sizeof kPad > elf.bytes().size() || !function) {
             ++foreign_pads;
             continue;
@@ -82,7 +64,7 @@ std::vector<Probe> scan_patchable_entries(const ElfFile& elf, std::size_t& forei
         p.site = site;
         p.function_address = function->address;
         p.function = function->name;
-        p.demangled = demangle(function->name);
+        p.demangled = elf::demangle(function->name);
         std::copy(std::begin(kPad), std::end(kPad), p.original.begin());
         std::copy(std::begin(kNop5), std::end(kNop5), p.placeholder.begin());
         if (auto where = lines.at(site)) {

@@ -10,9 +10,10 @@
 #include <set>
 
 #include "iprobe/coldpatch/coldpatch.h"
+#include "iprobe/elf/demangle.h"
 #include "iprobe/support/error.h"
 #include "landing_pads.h"
-#include "source_lines.h"
+#include "iprobe/elf/source_lines.h"
 
 namespace iprobe {
 
@@ -99,7 +100,7 @@ bool holds(const std::vector<std::uint64_t>& v, std::uint64_t a) {
     return std::find(v.begin(), v.end(), a) != v.end();
 }
 
-HookTargets find_hook_targets(const ElfFile& elf, ProbeList& list) {
+HookTargets find_hook_targets(const elf::ElfFile& elf, ProbeList& list) {
     HookTargets t;
     for (const auto& e : elf.plt_entries()) {
         const Hook h = hook_named(e.symbol);
@@ -134,7 +135,7 @@ HookTargets find_hook_targets(const ElfFile& elf, ProbeList& list) {
 
 class Scanner {
 public:
-    Scanner(const ElfFile& elf, const HookTargets& targets)
+    Scanner(const elf::ElfFile& elf, const HookTargets& targets)
         : elf_(elf), targets_(targets), landing_edges_(landing_edges(elf)) {
         if (cs_open(CS_ARCH_X86, CS_MODE_64, &cs_) != CS_ERR_OK)
             throw Error("capstone: cannot open an x86-64 disassembler", ExitCode::unavailable);
@@ -152,7 +153,7 @@ public:
     // __cyg_profile_func_exit as an alias of _enter): indexes into `out`.
     std::vector<std::size_t> aliased;
 
-    void scan_section(const ElfSection& section, std::vector<Probe>& out, std::size_t& tail_jumps) {
+    void scan_section(const elf::ElfSection& section, std::vector<Probe>& out, std::size_t& tail_jumps) {
         const auto code = elf_.section_bytes(section);
         const std::uint8_t* p = code.data();
         std::size_t left = code.size();
@@ -303,8 +304,8 @@ private:
         if (x86.op_count != 1 || x86.operands[0].type != X86_OP_IMM) return false;
         const auto target = static_cast<std::uint64_t>(x86.operands[0].imm);
         std::string_view name;
-        if (const PltEntry* plt = elf_.plt_entry_at(target)) name = plt->symbol;
-        else if (const ElfSymbol* f = elf_.function_starting_at(target)) name = f->name;
+        if (const elf::PltEntry* plt = elf_.plt_entry_at(target)) name = plt->symbol;
+        else if (const elf::ElfSymbol* f = elf_.function_starting_at(target)) name = f->name;
         static constexpr std::string_view kNoreturn[] = {
             "_Unwind_Resume", "__cxa_throw", "__cxa_rethrow", "__cxa_bad_cast", "__cxa_bad_typeid",
             "__cxa_throw_bad_array_new_length", "abort", "exit", "_exit", "_Exit", "quick_exit",
@@ -316,7 +317,7 @@ private:
     }
 
     // The calls a landing pad is entered from, as predecessors of the pad.
-    void add_landing_edges(const ElfSection& section) {
+    void add_landing_edges(const elf::ElfSection& section) {
         for (const auto& edge : landing_edges_) {
             if (!section.contains(edge.landing_pad)) continue;
             auto it = std::lower_bound(history_.begin(), history_.end(), edge.call_begin,
@@ -352,7 +353,7 @@ private:
     // entries, either int32 offsets from a `lea table(%rip)` base (PIC) or
     // absolute 8-byte addresses (`jmp *table(,%r,8)`).  Their cases become
     // branch targets of the jmp.
-    void record_jump_table(const cs_insn& insn, const ElfSection& section) {
+    void record_jump_table(const cs_insn& insn, const elf::ElfSection& section) {
         if (insn.id != X86_INS_JMP) return;
         const cs_x86& x86 = insn.detail->x86;
         if (x86.op_count != 1) return;
@@ -376,7 +377,7 @@ private:
             entry_size = 8;
         }
         if (!base) return;
-        const ElfSection* table = elf_.section_containing(*base);
+        const elf::ElfSection* table = elf_.section_containing(*base);
         if (!table || !table->has_file_bytes()) return;
         const auto bytes = elf_.section_bytes(*table);
         for (std::uint64_t n = 0; n < *count; ++n) {
@@ -428,7 +429,7 @@ private:
             // A function's entry: %rdi & co. are its arguments.  A `f.cold`
             // piece is entered only by jumps from `f`.
             bool piece_start = false;
-            if (const ElfSymbol* f = elf_.function_starting_at(here)) {
+            if (const elf::ElfSymbol* f = elf_.function_starting_at(here)) {
                 if (f->name.find(".cold") == std::string::npos) return Reaching::not_known();
                 piece_start = true;
             }
@@ -488,12 +489,12 @@ private:
 
     // Code gcc moved out of `f` (`f.cold`, `f.part.0`) or specialised
     // (`f.isra.0`, `f.constprop.0`) belongs to `f`, when `f` itself exists.
-    const ElfSymbol* original_of(const ElfSymbol& symbol) const {
+    const elf::ElfSymbol* original_of(const elf::ElfSymbol& symbol) const {
         std::size_t cut = std::string::npos;
         for (const char* suffix : {".cold", ".part.", ".isra.", ".constprop.", ".lto_priv."})
             cut = std::min(cut, symbol.name.find(suffix));
         if (cut == std::string::npos || cut == 0) return nullptr;
-        const ElfSymbol* original = elf_.symbol_named(std::string_view(symbol.name).substr(0, cut));
+        const elf::ElfSymbol* original = elf_.symbol_named(std::string_view(symbol.name).substr(0, cut));
         return original && original->is_function() ? original : nullptr;
     }
 
@@ -509,8 +510,8 @@ private:
         else
             std::copy(std::begin(kNop6), std::end(kNop6), p.placeholder.begin());
 
-        const ElfSymbol* enclosing = elf_.function_at(p.site);
-        const ElfSymbol* named = nullptr;
+        const elf::ElfSymbol* enclosing = elf_.function_at(p.site);
+        const elf::ElfSymbol* named = nullptr;
         if (auto fn = first_argument(site.index)) {
             named = elf_.function_starting_at(*fn);
             p.function_address = *fn;
@@ -522,7 +523,7 @@ private:
         if (named) p.function_address = named->address;
         if (named) {
             p.function = named->name;
-            p.demangled = demangle(named->name);
+            p.demangled = elf::demangle(named->name);
         } else {
             char buf[32];
             std::snprintf(buf, sizeof buf, "fn_%llx", static_cast<unsigned long long>(p.function_address));
@@ -531,7 +532,7 @@ private:
         return p;
     }
 
-    const ElfFile& elf_;
+    const elf::ElfFile& elf_;
     const HookTargets& targets_;
     std::vector<LandingEdge> landing_edges_;
     csh cs_ = 0;
@@ -545,24 +546,24 @@ private:
 // function (and enclosing function) the first call in address order is the
 // entry and the rest are exits.  A function inlined twice into one caller
 // defeats this; the result says how many kinds were inferred.
-void infer_aliased_kinds(const ElfFile& elf, std::vector<Probe>& probes, const std::vector<std::size_t>& aliased) {
+void infer_aliased_kinds(const elf::ElfFile& elf, std::vector<Probe>& probes, const std::vector<std::size_t>& aliased) {
     std::vector<std::size_t> order(aliased);
     std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return probes[a].site < probes[b].site; });
     std::set<std::pair<std::uint64_t, std::uint64_t>> seen;
     for (const std::size_t i : order) {
-        const ElfSymbol* enclosing = elf.function_at(probes[i].site);
+        const elf::ElfSymbol* enclosing = elf.function_at(probes[i].site);
         const auto key = std::make_pair(enclosing ? enclosing->address : 0, probes[i].function_address);
         probes[i].kind = seen.insert(key).second ? ProbeKind::entry : ProbeKind::exit;
     }
 }
 
-bool is_plt_section(const ElfSection& s) {
+bool is_plt_section(const elf::ElfSection& s) {
     return s.name == ".plt" || s.name == ".plt.sec" || s.name == ".plt.got";
 }
 
 }  // namespace
 
-PlaceholderScan scan_placeholders(const ElfFile& elf, const std::string& module_name) {
+PlaceholderScan scan_placeholders(const elf::ElfFile& elf, const std::string& module_name) {
     elf.require_x86_64_executable_or_library();
     PlaceholderScan scan;
     ProbeList& list = scan.list;
@@ -584,7 +585,7 @@ PlaceholderScan scan_placeholders(const ElfFile& elf, const std::string& module_
     scan.kinds_inferred = scanner.aliased.size();
 
     if (!list.probes.empty()) {
-        SourceLines lines(elf);
+        elf::SourceLines lines(elf);
         for (auto& p : list.probes) {
             if (auto where = lines.at(p.site)) {
                 p.file = where->file;

@@ -24,7 +24,7 @@
 #include <sstream>
 #include <thread>
 
-#include "iprobe/coldpatch/elf_file.h"
+#include "iprobe/elf/elf_file.h"
 #include "iprobe/probelist/probe_source.h"
 #include "iprobe/runtime/rt.h"
 #include "iprobe/support/error.h"
@@ -74,10 +74,10 @@ private:
 struct LoadedLibrary {
     std::string path;  // as mapped
     std::uint64_t bias = 0;
-    std::shared_ptr<ElfFile> elf;
+    std::shared_ptr<elf::ElfFile> elf;
 
     std::optional<std::uint64_t> symbol(const std::string& name) const {
-        const ElfSymbol* s = elf->symbol_named(name);
+        const elf::ElfSymbol* s = elf->symbol_named(name);
         if (!s || !s->defined()) return std::nullopt;
         return bias + s->address;
     }
@@ -86,9 +86,9 @@ struct LoadedLibrary {
 // ELF files parsed before the world stops: parsing libc takes milliseconds.
 class ElfCache {
 public:
-    std::shared_ptr<ElfFile> get(pid_t pid, const std::string& mapped_path) {
+    std::shared_ptr<elf::ElfFile> get(pid_t pid, const std::string& mapped_path) {
         auto& slot = files_[mapped_path];
-        if (!slot) slot = std::make_shared<ElfFile>(target_view(pid, mapped_path));
+        if (!slot) slot = std::make_shared<elf::ElfFile>(target_view(pid, mapped_path));
         return slot;
     }
     void preload(pid_t pid, const std::string& mapped_path) {
@@ -99,7 +99,7 @@ public:
     }
 
 private:
-    std::map<std::string, std::shared_ptr<ElfFile>> files_;
+    std::map<std::string, std::shared_ptr<elf::ElfFile>> files_;
 };
 
 ElfCache& elf_cache() {
@@ -236,7 +236,7 @@ std::string unsafe_for_dlopen(const StoppedProcess& process, const std::vector<M
                              "valloc", "pvalloc", "malloc_trim", "__libc_malloc", "__libc_free", "__libc_calloc",
                              "__libc_realloc", "__libc_memalign", "dl_iterate_phdr", "dlopen", "dlclose", "dlsym",
                              "fork", "_Fork"}) {
-        const ElfSymbol* s = libc.elf->symbol_named(name);
+        const elf::ElfSymbol* s = libc.elf->symbol_named(name);
         if (s && s->defined() && s->size) ranges.emplace_back(libc.bias + s->address, libc.bias + s->address + s->size);
     }
     for (const auto& m : maps)

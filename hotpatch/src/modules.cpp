@@ -1,63 +1,25 @@
 #include "modules.h"
 
-#include <elf.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
 #include <map>
 
+#include "iprobe/elf/loaded_image.h"
+
 namespace iprobe::hotpatch {
 
 namespace {
 
-std::vector<std::uint8_t> build_id_from_notes(const std::vector<std::uint8_t>& notes) {
-    std::size_t at = 0;
-    while (at + sizeof(Elf64_Nhdr) <= notes.size()) {
-        Elf64_Nhdr header;
-        std::memcpy(&header, notes.data() + at, sizeof header);
-        const std::size_t name_at = at + sizeof header;
-        const std::size_t desc_at = name_at + ((header.n_namesz + 3) & ~3u);
-        const std::size_t next = desc_at + ((header.n_descsz + 3) & ~3u);
-        if (next > notes.size()) break;
-        if (header.n_type == NT_GNU_BUILD_ID && header.n_namesz == 4 &&
-            std::memcmp(notes.data() + name_at, "GNU", 4) == 0)
-            return {notes.begin() + static_cast<long>(desc_at),
-                    notes.begin() + static_cast<long>(desc_at + header.n_descsz)};
-        at = next;
-    }
-    return {};
-}
-
 // ELF header, program headers and notes as loaded in the target.
 bool inspect_image(const ProcessMemory& process, RunningModule& module) {
-    Elf64_Ehdr ehdr{};
-    try {
-        process.read(module.base, &ehdr, sizeof ehdr);
-        if (std::memcmp(ehdr.e_ident, ELFMAG, SELFMAG) != 0 || ehdr.e_ident[EI_CLASS] != ELFCLASS64 ||
-            ehdr.e_phentsize != sizeof(Elf64_Phdr) || ehdr.e_phnum == 0 || ehdr.e_phnum > 256)
-            return false;
-        std::vector<Elf64_Phdr> phdrs(ehdr.e_phnum);
-        process.read(module.base + ehdr.e_phoff, phdrs.data(), phdrs.size() * sizeof(Elf64_Phdr));
-        std::uint64_t first_load = ~0ull;
-        for (const auto& ph : phdrs)
-            if (ph.p_type == PT_LOAD) first_load = std::min<std::uint64_t>(first_load, ph.p_vaddr & ~0xfffull);
-        if (first_load == ~0ull) return false;
-        module.load_bias = module.base - first_load;
-        for (const auto& ph : phdrs)
-            if (ph.p_type == PT_LOAD && (ph.p_flags & PF_X) && ph.p_vaddr <= UINT64_MAX - ph.p_memsz)
-                module.code_segments.emplace_back(ph.p_vaddr, ph.p_vaddr + ph.p_memsz);
-        for (const auto& ph : phdrs) {
-            if (ph.p_type != PT_NOTE || ph.p_filesz > 65536) continue;
-            std::vector<std::uint8_t> notes(ph.p_filesz);
-            process.read(module.load_bias + ph.p_vaddr, notes.data(), notes.size());
-            module.build_id = build_id_from_notes(notes);
-            if (!module.build_id.empty()) break;
-        }
-        return true;
-    } catch (...) {
-        return false;
-    }
+    const auto image = elf::read_loaded_image(
+        module.base, [&](std::uint64_t address, void* out, std::size_t size) { process.read(address, out, size); });
+    if (!image) return false;
+    module.load_bias = module.base - image->first_load_vaddr;
+    module.code_segments = image->code_segments;
+    module.build_id = image->build_id;
+    return true;
 }
 
 }  // namespace

@@ -15,7 +15,7 @@
 #include <thread>
 #include <utility>
 
-#include "iprobe/coldpatch/elf_file.h"
+#include "iprobe/elf/elf_file.h"
 #include "iprobe/probelist/probe_source.h"
 #include "iprobe/probelist/site_section.h"
 #include "iprobe/support/error.h"
@@ -154,8 +154,8 @@ std::optional<struct iprobe_rt_state> runtime_state(pid_t pid) {
             m.path.compare(m.path.size() - std::strlen(kRuntimeName), std::string::npos, kRuntimeName) != 0 ||
             (m.path.size() > std::strlen(kRuntimeName) && m.path[m.path.size() - std::strlen(kRuntimeName) - 1] != '/'))
             continue;
-        const ElfFile elf(target_view(pid, m.path));
-        const ElfSymbol* symbol = elf.symbol_named("iprobe_rt_state");
+        const elf::ElfFile elf(target_view(pid, m.path));
+        const elf::ElfSymbol* symbol = elf.symbol_named("iprobe_rt_state");
         if (!symbol || !symbol->defined()) return std::nullopt;
         const std::uint64_t bias = m.start - elf.first_load_vaddr();
         auto state = ProcessMemory(pid).read_value<struct iprobe_rt_state>(bias + symbol->address);

@@ -98,7 +98,7 @@ TEST_P(CallSites, EveryHookCallBecomesANopAndIsListed) {
     EXPECT_EQ((list.flags & IPROBE_PL_FLAG_DWARF) != 0, v.dwarf);
     EXPECT_EQ(list.flow, static_cast<std::uint32_t>(IPROBE_FLOW_FINSTRUMENT));
     EXPECT_EQ(list.module, "patched");
-    EXPECT_EQ(list.build_id, ElfFile(dir / "raw").build_id());
+    EXPECT_EQ(list.build_id, elf::ElfFile(dir / "raw").build_id());
     EXPECT_FALSE(list.build_id.empty());
     if (v.form == SiteForm::call_rel32) {
         EXPECT_NE(list.enter_target, 0u);

@@ -6,7 +6,7 @@
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
     using namespace iprobe;
     fuzz::refusal_allowed([&] {
-        const ElfFile elf(std::vector<std::uint8_t>(data, data + size), "fuzz input");
+        const elf::ElfFile elf(std::vector<std::uint8_t>(data, data + size), "fuzz input");
         if (!elf.is_x86_64()) return;
         fuzz::refusal_allowed([&] { (void)scan_placeholders(elf, "fuzz"); });
         if (has_patchable_entries(elf)) {

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "iprobe/coldpatch/elf_file.h"
+#include "iprobe/elf/elf_file.h"
 #include "iprobe/probelist/probe_list.h"
 
 namespace iprobe {
@@ -33,18 +33,18 @@ struct PlaceholderScan {
 
 // Finds every call to the hooks in the executable sections of `elf` (which
 // must be x86-64) and describes it as a probe.  `module_name` goes into the list.
-PlaceholderScan scan_placeholders(const ElfFile& elf, const std::string& module_name);
+PlaceholderScan scan_placeholders(const elf::ElfFile& elf, const std::string& module_name);
 
 // The section gcc's -fpatchable-function-entry lists each function's pad in.
 inline constexpr char kPatchableEntriesSection[] = "__patchable_function_entries";
 
-bool has_patchable_entries(const ElfFile& elf);
+bool has_patchable_entries(const elf::ElfFile& elf);
 
 // The entry-NOP flow: one NOP-form entry probe per function pad recorded in
 // __patchable_function_entries that holds the =5,0 pad (five 1-byte NOPs) or
 // its coldpatched 5-byte NOP.  Pads of another size, or outside any function
 // symbol, are counted in `foreign_pads` and left alone.
-std::vector<Probe> scan_patchable_entries(const ElfFile& elf, std::size_t& foreign_pads);
+std::vector<Probe> scan_patchable_entries(const elf::ElfFile& elf, std::size_t& foreign_pads);
 
 struct ColdpatchOptions {
     std::string output;       // patched binary; default: the input, in place

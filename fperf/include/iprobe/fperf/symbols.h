@@ -1,4 +1,5 @@
-// Function names for addresses: from the module's ELF symbol tables.
+// Function names for addresses: the module's ELF symbol tables (read with
+// iprobe_elf) in the shape fperf's sampler looks them up.
 #pragma once
 
 #include <cstdint>
@@ -20,8 +21,6 @@ std::vector<FunctionSymbol> read_function_symbols(const std::string& path);
 
 // The symbol at (or containing) a link-time address.
 const FunctionSymbol* find_symbol(const std::vector<FunctionSymbol>& symbols, std::uint64_t address);
-
-std::string demangle(const std::string& name);
 
 // Lowest p_vaddr of the PT_LOAD segments, rounded down to a page: what the
 // module's lowest mapping corresponds to (load bias = mapping start - this).

@@ -1,11 +1,12 @@
-// iprobe_elf (ElfFile) against binutils' view of the same files.
+// iprobe_elf (elf::ElfFile) against binutils' view of the same files.
 #include <gtest/gtest.h>
 
 #include <fstream>
 #include <regex>
 #include <sstream>
 
-#include "iprobe/coldpatch/elf_file.h"
+#include "iprobe/elf/elf_file.h"
+#include "iprobe/elf/demangle.h"
 #include "iprobe/support/error.h"
 #include "testutil.h"
 
@@ -65,13 +66,13 @@ TEST_F(ElfFileTest, BuildIdMatchesReadelf) {
     const auto r = run({"readelf", "-n", dir_ / "pie"});
     std::smatch m;
     ASSERT_TRUE(std::regex_search(r.out, m, std::regex("Build ID: ([0-9a-f]+)")));
-    const ElfFile elf(dir_ / "pie");
+    const elf::ElfFile elf(dir_ / "pie");
     EXPECT_EQ(elf.build_id_hex(), m[1].str());
     EXPECT_EQ(elf.build_id().size() * 2, m[1].str().size());
 }
 
 TEST_F(ElfFileTest, TypesAndFlags) {
-    const ElfFile pie(dir_ / "pie"), nopie(dir_ / "nopie"), lib(dir_ / "lib.so");
+    const elf::ElfFile pie(dir_ / "pie"), nopie(dir_ / "nopie"), lib(dir_ / "lib.so");
     EXPECT_TRUE(pie.is_x86_64());
     EXPECT_TRUE(pie.is_position_independent());
     EXPECT_FALSE(pie.is_shared_library());
@@ -92,7 +93,7 @@ TEST_F(ElfFileTest, TypesAndFlags) {
 }
 
 TEST_F(ElfFileTest, SymbolsByNameAndAddress) {
-    const ElfFile elf(dir_ / "pie");
+    const elf::ElfFile elf(dir_ / "pie");
     const auto* twice = elf.symbol_named("twice");
     ASSERT_NE(twice, nullptr);
     EXPECT_TRUE(twice->is_function());
@@ -106,7 +107,7 @@ TEST_F(ElfFileTest, SymbolsByNameAndAddress) {
     EXPECT_EQ(twice->address, std::stoull(m[1], nullptr, 16));
     // Dynamic symbols are there too, also in a stripped copy.
     ASSERT_EQ(sh("cd '" + dir_.path() + "' && strip -o lib.stripped lib.so").exit_code, 0);
-    const ElfFile stripped(dir_ / "lib.stripped");
+    const elf::ElfFile stripped(dir_ / "lib.stripped");
     const auto* exported = stripped.symbol_named("twice");
     ASSERT_NE(exported, nullptr);
     EXPECT_TRUE(exported->dynamic);
@@ -117,24 +118,24 @@ TEST_F(ElfFileTest, SymbolsByNameAndAddress) {
 TEST_F(ElfFileTest, PltAndGotAgreeWithBinutils) {
     for (const char* f : {"pie", "nopie", "ibt", "lib.so"}) {
         SCOPED_TRACE(f);
-        const ElfFile elf(dir_ / f);
+        const elf::ElfFile elf(dir_ / f);
         const auto plt = plt_by_objdump(dir_ / f);
         const auto slots = slots_by_readelf(dir_ / f);
         ASSERT_FALSE(plt.empty());
         for (const auto& [name, address] : plt) {
-            const PltEntry* e = elf.plt_entry_at(address);
+            const elf::PltEntry* e = elf.plt_entry_at(address);
             ASSERT_NE(e, nullptr) << name << "@plt";
             EXPECT_EQ(e->symbol, name);
             ASSERT_TRUE(slots.count(name));
             EXPECT_EQ(e->got_slot, slots.at(name));
         }
         for (const auto& [name, slot] : slots) {
-            const GotSlot* g = elf.got_slot_at(slot);
+            const elf::GotSlot* g = elf.got_slot_at(slot);
             ASSERT_NE(g, nullptr) << name;
             EXPECT_EQ(g->symbol, name);
         }
     }
-    const ElfFile noplt(dir_ / "noplt");
+    const elf::ElfFile noplt(dir_ / "noplt");
     const auto slots = slots_by_readelf(dir_ / "noplt");
     ASSERT_TRUE(slots.count("printf"));
     EXPECT_EQ(noplt.got_slot_at(slots.at("printf"))->reloc_type, 6u) << "R_X86_64_GLOB_DAT";
@@ -143,29 +144,29 @@ TEST_F(ElfFileTest, PltAndGotAgreeWithBinutils) {
 TEST_F(ElfFileTest, RefusesWhatIsNotElf) {
     std::ofstream(dir_ / "text") << "hello\n";
     try {
-        ElfFile bad(dir_ / "text");
+        elf::ElfFile bad(dir_ / "text");
         FAIL() << "accepted a text file";
     } catch (const Error& e) {
         EXPECT_EQ(e.code(), ExitCode::bad_input);
         EXPECT_NE(std::string(e.what()).find("not an ELF file"), std::string::npos);
     }
     try {
-        ElfFile missing(dir_ / "missing");
+        elf::ElfFile missing(dir_ / "missing");
         FAIL() << "opened a missing file";
     } catch (const Error& e) {
         EXPECT_EQ(e.code(), ExitCode::not_found);
     }
     auto bytes = file_bytes(dir_ / "pie");
     bytes[18] = 183;  // EM_AARCH64
-    const ElfFile arm(bytes, "arm");
+    const elf::ElfFile arm(bytes, "arm");
     EXPECT_FALSE(arm.is_x86_64());
     EXPECT_THROW(arm.require_x86_64_executable_or_library(), Error);
 }
 
 TEST(Demangle, CxxAndC) {
-    EXPECT_EQ(demangle("_ZNK2ns3BoxIiE3getEv"), "ns::Box<int>::get() const");
-    EXPECT_EQ(demangle("main"), "main");
-    EXPECT_EQ(demangle("_Znot_valid"), "_Znot_valid");
+    EXPECT_EQ(elf::demangle("_ZNK2ns3BoxIiE3getEv"), "ns::Box<int>::get() const");
+    EXPECT_EQ(elf::demangle("main"), "main");
+    EXPECT_EQ(elf::demangle("_Znot_valid"), "_Znot_valid");
 }
 
 }  // namespace

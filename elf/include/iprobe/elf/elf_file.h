@@ -1,11 +1,13 @@
 // Read-only view of an x86-64 (or any) ELF file through libelf: validity
 // checks, GNU build-id, sections, symbols (static and dynamic), PT_LOAD
-// segments and where PLT entries and GOT slots lead.  Shared by coldpatch
-// (finds placeholder calls) and hotpatch (checks a running module's build-id,
-// symbolizes, routes enabled probes).
+// segments, relocations, and where PLT entries and GOT slots lead.  The one
+// ELF reader of the tree: coldpatch (finds placeholder calls), probelist (the
+// LLVM flow's site section), hotpatch (build-ids, routing) and fperf
+// (symbolizing) all read files through it.
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <optional>
 #include <span>
@@ -15,7 +17,7 @@
 
 struct Elf;
 
-namespace iprobe {
+namespace iprobe::elf {
 
 struct ElfSection {
     std::size_t index = 0;
@@ -128,6 +130,9 @@ public:
     const std::vector<PltEntry>& plt_entries() const;
     const GotSlot* got_slot_at(std::uint64_t vaddr) const;
     const PltEntry* plt_entry_at(std::uint64_t vaddr) const;
+    // R_X86_64_RELATIVE addends of the slots inside `within`, by slot address:
+    // a PIE's link-time pointers where the linker left zeros in the section.
+    std::map<std::uint64_t, std::uint64_t> relative_addends(const ElfSection& within) const;
 
 private:
     void load(std::string origin);
@@ -156,7 +161,4 @@ private:
     mutable std::vector<PltEntry> plt_entries_;
 };
 
-// Demangled C++ name, or `name` unchanged when it is not a mangled name.
-std::string demangle(const std::string& name);
-
-}  // namespace iprobe
+}  // namespace iprobe::elf

@@ -1,7 +1,6 @@
-#include "iprobe/coldpatch/elf_file.h"
+#include "iprobe/elf/elf_file.h"
 
 #include <capstone/capstone.h>
-#include <cxxabi.h>
 #include <gelf.h>
 #include <libelf.h>
 
@@ -12,7 +11,7 @@
 #include "iprobe/support/error.h"
 #include "iprobe/support/file.h"
 
-namespace iprobe {
+namespace iprobe::elf {
 
 namespace {
 
@@ -281,10 +280,13 @@ std::vector<ElfSegment> ElfFile::load_segments() const {
     return out;
 }
 
+// The kernel maps each segment from its page (not p_align) boundary, so that
+// is what a mapping's start corresponds to.
 std::uint64_t ElfFile::first_load_vaddr() const {
+    std::optional<std::uint64_t> lowest;
     for (const auto& p : segments_)
-        if (p.type == PT_LOAD) return p.vaddr & ~(p.align > 1 ? p.align - 1 : 0);
-    return 0;
+        if (p.type == PT_LOAD && (!lowest || p.vaddr < *lowest)) lowest = p.vaddr;
+    return lowest.value_or(0) & ~std::uint64_t{0xfff};
 }
 
 std::optional<std::uint64_t> ElfFile::file_offset(std::uint64_t vaddr) const {
@@ -415,12 +417,21 @@ const PltEntry* ElfFile::plt_entry_at(std::uint64_t vaddr) const {
     return it != entries.end() && it->address == vaddr ? &*it : nullptr;
 }
 
-std::string demangle(const std::string& name) {
-    if (name.size() < 2 || name[0] != '_' || name[1] != 'Z') return name;
-    int status = 0;
-    std::unique_ptr<char, decltype(&std::free)> out(
-        abi::__cxa_demangle(name.c_str(), nullptr, nullptr, &status), &std::free);
-    return status == 0 && out ? std::string(out.get()) : name;
+
+std::map<std::uint64_t, std::uint64_t> ElfFile::relative_addends(const ElfSection& within) const {
+    std::map<std::uint64_t, std::uint64_t> addends;
+    for (const auto& s : sections_) {
+        if (s.type != SHT_RELA || s.entry_size == 0) continue;
+        Elf_Data* data = elf_getdata(elf_getscn(elf_.get(), s.index), nullptr);
+        if (!data) continue;
+        for (std::size_t i = 0; i < s.size / s.entry_size; ++i) {
+            GElf_Rela rela;
+            if (!gelf_getrela(data, static_cast<int>(i), &rela)) break;
+            if (GELF_R_TYPE(rela.r_info) == R_X86_64_RELATIVE && within.contains(rela.r_offset))
+                addends[rela.r_offset] = static_cast<std::uint64_t>(rela.r_addend);
+        }
+    }
+    return addends;
 }
 
-}  // namespace iprobe
+}  // namespace iprobe::elf

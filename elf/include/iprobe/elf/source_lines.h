@@ -1,15 +1,16 @@
-// file:line of code addresses from the module's own DWARF (libdw).
+// file:line of code addresses from a module's own DWARF (libdw).
 #pragma once
 
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
-#include "iprobe/coldpatch/elf_file.h"
+#include "iprobe/elf/elf_file.h"
 
 typedef struct Dwarf Dwarf;
 
-namespace iprobe {
+namespace iprobe::elf {
 
 struct SourceLocation {
     std::string file;
@@ -26,7 +27,14 @@ public:
     std::optional<SourceLocation> at(std::uint64_t address) const;
 
 private:
+    struct UnitRange {
+        std::uint64_t low = 0, high = 0;
+        std::uint64_t die = 0;  // Dwarf_Off of the unit's DIE
+    };
+    void index_units();
+
     Dwarf* dwarf_ = nullptr;
+    std::vector<UnitRange> units_;  // sorted by low
 };
 
-}  // namespace iprobe
+}  // namespace iprobe::elf
