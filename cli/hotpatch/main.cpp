@@ -19,6 +19,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "iprobe/hotpatch/attach_report.h"
 #include "iprobe/hotpatch/hotpatch.h"
 #include "iprobe/support/error.h"
 #include "iprobe/support/glob.h"
@@ -178,26 +179,8 @@ int cmd_attach(const Args& args) {
     if (args.flag("--buffer")) o.ring_records = ring_records_for(args.value("--buffer"));
     o.runtime_library = args.value("--runtime");
     const AttachStats st = attach(o);
-    if (args.flag("--json")) {
-        JsonWriter j;
-        j.begin_object()
-            .field("pid", static_cast<std::int64_t>(args.pid))
-            .field("selected", static_cast<std::uint64_t>(st.selected))
-            .field("enabled", static_cast<std::uint64_t>(st.enabled))
-            .field("already_enabled", static_cast<std::uint64_t>(st.already_enabled))
-            .field("total_enabled", static_cast<std::uint64_t>(st.total_enabled))
-            .field("threads", static_cast<std::uint64_t>(st.threads))
-            .field("pause_us", st.pause_us)
-            .field("stop_us", st.stop_us)
-            .field("runtime_injected", st.runtime_injected)
-            .end_object();
-        std::cout << j.str() << "\n";
-    } else {
-        std::cout << "enabled " << st.enabled << " probes in process " << args.pid << " (" << st.already_enabled
-                  << " already on, " << st.total_enabled << " on in total); " << st.threads
-                  << " threads stopped for " << st.pause_us << " us"
-                  << (st.runtime_injected ? "; runtime injected" : "") << "\n";
-    }
+    if (args.flag("--json")) std::cout << attach_json(st, args.pid) << "\n";
+    else std::cout << attach_summary(st, args.pid) << "\n";
     return 0;
 }
 

@@ -1,5 +1,6 @@
 // iprobe-mirror: `iprobe mirror` (traffic duplicator / aggregator) and
 // `iprobe replay` (feed a recording into a service).
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -57,6 +58,8 @@ options:
   --stats ADDR:PORT         serve the counters as JSON (HTTP GET or any line); SIGUSR1 prints them to stderr
   --json                    ready line and final stats as JSON on stdout
   --quiet                   no log lines on stderr
+  --ready-fd N              once listening, write the JSON readiness event (as with --json) to
+                            file descriptor N and close it: for a supervisor waiting on a pipe
 
 Once listening it prints one line on stdout: "listening on ADDR:PORT" (with
 --json: {"event":"listening",...}); port 0 picks a free port.  SIGTERM/SIGINT
@@ -105,10 +108,18 @@ double parse_number(std::string_view text, const char* what) {
     return v;
 }
 
+int parse_ready_fd(std::string_view text) {
+    const double fd = parse_number(text, "--ready-fd");
+    if (fd < 3 || fd != static_cast<int>(fd) || ::fcntl(static_cast<int>(fd), F_GETFD) < 0)
+        throw Error("--ready-fd " + std::string(text) + ": not an open file descriptor above 2", ExitCode::usage);
+    return static_cast<int>(fd);
+}
+
 int mirror_main(int argc, char** argv) {
     MirrorOptions opt;
     bool have_listen = false;
     std::string rules_path;
+    int ready_fd = -1;
     for (int i = 2; i < argc; ++i) {
         const std::string_view a = argv[i];
         if (a == "-h" || a == "--help") {
@@ -139,6 +150,7 @@ int mirror_main(int argc, char** argv) {
         else if (name == "--divergence") opt.divergence = parse_protocol(value);
         else if (name == "--divergence-rules") rules_path = std::string(value);
         else if (name == "--record") opt.record_path = std::string(value);
+        else if (name == "--ready-fd") ready_fd = parse_ready_fd(value);
         else usage_error("unknown option '" + std::string(name) + "'", kMirrorUsage);
     }
     if (!have_listen) usage_error("--listen is required", kMirrorUsage);
@@ -156,15 +168,7 @@ int mirror_main(int argc, char** argv) {
 
     run_mirror(opt, [&](const MirrorReady& r) {
         if (opt.json) {
-            JsonWriter j;
-            j.begin_object();
-            j.field("event", "listening");
-            j.field("listen", r.listen.str());
-            if (r.debug_listen) j.field("debug_listen", r.debug_listen->str());
-            if (r.stats) j.field("stats", r.stats->str());
-            j.field("pid", static_cast<std::int64_t>(::getpid()));
-            j.end_object();
-            std::printf("%s\n", j.str().c_str());
+            std::printf("%s\n", ready_event_json(r, ::getpid()).c_str());
         } else {
             std::printf("listening on %s", r.listen.str().c_str());
             if (r.debug_listen) std::printf(" debug-listen %s", r.debug_listen->str().c_str());
@@ -172,6 +176,11 @@ int mirror_main(int argc, char** argv) {
             std::printf("\n");
         }
         std::fflush(stdout);
+        if (ready_fd >= 0) {
+            const std::string event = ready_event_json(r, ::getpid()) + "\n";
+            (void)!::write(ready_fd, event.data(), event.size());
+            ::close(ready_fd);
+        }
     });
     return 0;
 }

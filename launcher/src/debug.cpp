@@ -11,17 +11,24 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <regex>
+#include <optional>
 #include <set>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
+#include "iprobe/hotpatch/attach_report.h"
 #include "iprobe/launcher/clone.h"
 #include "iprobe/launcher/container.h"
+#include "iprobe/proxy/address.h"
+#include "iprobe/proxy/mirror.h"
+#include "iprobe/proxy/stats.h"
 #include "iprobe/support/error.h"
 #include "iprobe/support/fd.h"
 #include "iprobe/support/json.h"
@@ -44,40 +51,21 @@ std::string libexec_tool(const std::string& name) {
     return path;
 }
 
-int port_of(const std::string& addr, const char* what) {
-    auto colon = addr.rfind(':');
-    int port = 0;
-    if (colon != std::string::npos) {
-        try {
-            port = std::stoi(addr.substr(colon + 1));
-        } catch (...) {
-            port = 0;
-        }
-    }
-    if (colon == std::string::npos || port <= 0 || port > 65535)
-        throw Error(std::string(what) + " wants ADDR:PORT, got '" + addr + "'", ExitCode::usage);
-    return port;
-}
-
-int free_local_port() {
-    UniqueFd s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof a;
-    if (::bind(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0 ||
-        ::getsockname(s.get(), reinterpret_cast<sockaddr*>(&a), &len) != 0)
-        throw_errno("finding a free port");
-    return ntohs(a.sin_port);
-}
+int port_of(const std::string& addr, const char* what) { return proxy::parse_endpoint(addr, what).port(); }
 
 // A /30 in 10.213.0.0/16 that no interface here uses: .1 host, .2 clone.
 int pick_subnet() {
-    std::string addrs = run({"ip", "-o", "-4", "addr", "show"}).out;
     std::set<int> used;
-    std::regex re("10\\.213\\.([0-9]+)\\.([0-9]+)/");
-    for (auto it = std::sregex_iterator(addrs.begin(), addrs.end(), re); it != std::sregex_iterator(); ++it)
-        used.insert(std::stoi((*it)[1]) * 64 + std::stoi((*it)[2]) / 4);
+    const auto links = nlohmann::json::parse(run({"ip", "-j", "-4", "addr", "show"}).out, nullptr, false);
+    if (!links.is_array()) throw Error("`ip -j addr show` gave no interface list; is iproute2 installed?");
+    for (const auto& link : links)
+        for (const auto& a : link.is_object() ? link.value("addr_info", nlohmann::json::array()) : nlohmann::json::array()) {
+            if (!a.is_object()) continue;
+            in_addr ip{};
+            if (::inet_pton(AF_INET, a.value("local", "").c_str(), &ip) != 1) continue;
+            const std::uint32_t host = ntohl(ip.s_addr);
+            if ((host >> 16) == ((10u << 8) | 213u)) used.insert(static_cast<int>((host & 0xffff) / 4));
+        }
     for (int i = static_cast<int>(getpid()) % 16000; i < 16000 + static_cast<int>(getpid()) % 16000; ++i)
         if (!used.count(i % 16000)) return i % 16000;
     throw Error("no free 10.213.0.0/16 subnet for the clone's veth");
@@ -87,34 +75,11 @@ std::string subnet_addr(int subnet, int host) {
     return "10.213." + std::to_string(subnet / 64) + "." + std::to_string((subnet % 64) * 4 + host);
 }
 
-// The mirror's stats document (JSON), empty when it does not answer.
-std::string fetch_stats(int stats_port) {
-    UniqueFd s(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(static_cast<uint16_t>(stats_port));
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    timeval tv{2, 0};
-    ::setsockopt(s.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    if (::connect(s.get(), reinterpret_cast<sockaddr*>(&a), sizeof a) != 0) return {};
-    const char req[] = "GET / HTTP/1.0\r\n\r\n";
-    if (::send(s.get(), req, sizeof req - 1, MSG_NOSIGNAL) < 0) return {};
-    std::string response;
-    char buf[4096];
-    ssize_t n;
-    while ((n = ::recv(s.get(), buf, sizeof buf, 0)) > 0) response.append(buf, static_cast<size_t>(n));
-    const auto body = response.find("\r\n\r\n");
-    if (body == std::string::npos) return {};
-    std::string doc = response.substr(body + 4);
-    while (!doc.empty() && (doc.back() == '\n' || doc.back() == '\r')) doc.pop_back();
-    return doc.starts_with("{") && doc.ends_with("}") ? doc : std::string();
-}
-
-long long stats_counter(int stats_port, const std::string& key) {
-    const std::string doc = fetch_stats(stats_port);
-    std::smatch m;
-    if (!std::regex_search(doc, m, std::regex("\"" + key + "\":([0-9]+)"))) return -1;
-    return std::stoll(m[1]);
+// The mirror's counters; nullopt while it does not answer.
+std::optional<proxy::MirrorStats> mirror_stats(const proxy::Endpoint& at) {
+    const auto doc = proxy::fetch_mirror_stats(at, std::chrono::seconds(2));
+    if (!doc) return std::nullopt;
+    return proxy::parse_mirror_stats(*doc);
 }
 
 // The reply protocol of a service we know by its program, for divergence
@@ -186,6 +151,7 @@ private:
     std::string name_, veth_, mirror_tool_, hotpatch_tool_;
     std::string service_ip_;  // production's listening address, as the clone has it too
     int port_ = 0, subnet_ = 0, stats_port_ = 0;
+    proxy::Endpoint stats_at_;  // the mirror's, as it reported when ready
     bool have_clone_ = false;
     CloneResult clone_;
     ContainerCloneResult container_clone_;  // --container: the clone is a podman container
@@ -291,7 +257,7 @@ void DebugSession::attach_probes() {
                                              "--mount", "--", hotpatch_tool_};
     const std::string pid_in_clone = std::to_string(container ? clone_pid : clone_.clone_pid_in_ns);
     std::vector<std::string> attach = in_clone;
-    attach.insert(attach.end(), {"attach", pid_in_clone});
+    attach.insert(attach.end(), {"attach", pid_in_clone, "--json"});
     if (!o_.probes.empty()) {
         attach.push_back("--probes");
         attach.push_back(o_.probes);
@@ -303,10 +269,8 @@ void DebugSession::attach_probes() {
     RunResult a = launcher::run(attach);
     if (!a.ok())
         throw Error("iprobe attach in clone " + name_ + " (PID " + std::to_string(clone_pid) + ") failed: " + a.err);
-    // The tool ran inside the clone's PID namespace and names the PID there.
-    std::string summary = a.out.substr(0, a.out.find('\n'));
-    if (const auto at = summary.find(" in process " + pid_in_clone); at != std::string::npos)
-        summary.erase(at, 12 + pid_in_clone.size());
+    // The tool ran inside the clone's PID namespace: its PID there means nothing here.
+    const std::string summary = hotpatch::attach_summary(hotpatch::parse_attach_json(a.out));
     event("attached",
           "probes attached in clone " + name_ + " (PID " + std::to_string(clone_pid) + "): " + summary,
           [&](JsonWriter& w) { w.field("clone_pid", static_cast<std::int64_t>(clone_pid)); });
@@ -390,14 +354,14 @@ void DebugSession::drop_clone() {
     }
 }
 
+// The mirror's stdout (a pipe relayed to our stderr) tells people what it
+// does; its readiness, and where its stats are, come on fd 3 as one JSON event.
 void DebugSession::start_mirror() {
-    stats_port_ = free_local_port();
-    int fds[2];
-    if (::pipe2(fds, O_CLOEXEC) < 0) throw_errno("pipe");
-    UniqueFd rd(fds[0]), wr(fds[1]);
+    int out[2], ready[2];
+    if (::pipe2(out, O_CLOEXEC) < 0 || ::pipe2(ready, O_CLOEXEC) < 0) throw_errno("pipe");
+    UniqueFd out_rd(out[0]), out_wr(out[1]), ready_rd(ready[0]), ready_wr(ready[1]);
     std::vector<std::string> argv = {mirror_tool_, "mirror", "--listen", o_.listen, "--production", o_.production,
-                                     "--debug", debug_address_,
-                                     "--stats", "127.0.0.1:" + std::to_string(stats_port_)};
+                                     "--debug", debug_address_, "--stats", "127.0.0.1:0", "--ready-fd", "3"};
     if (!o_.buffer.empty()) {
         argv.push_back("--buffer");
         argv.push_back(o_.buffer);
@@ -407,27 +371,32 @@ void DebugSession::start_mirror() {
         argv.push_back("--divergence");
         argv.push_back(divergence);
     }
-    mirror_ = spawn(argv, wr.get(), 2);
-    wr.reset();
-    std::string line;
-    auto deadline = now_ms() + 10000;
-    while (line.find('\n') == std::string::npos) {
-        pollfd p{rd.get(), POLLIN, 0};
-        int left = static_cast<int>(deadline - now_ms());
+    mirror_ = spawn(argv, out_wr.get(), 2, false, ready_wr.get());
+    out_wr.reset();
+    ready_wr.reset();
+    std::string event_line;
+    const auto deadline = now_ms() + 10000;
+    while (event_line.find('\n') == std::string::npos) {
+        pollfd p{ready_rd.get(), POLLIN, 0};
+        const int left = static_cast<int>(deadline - now_ms());
         if (left <= 0 || ::poll(&p, 1, left) <= 0) throw Error("iprobe mirror did not report ready within 10 s");
-        char buf[256];
-        ssize_t n = ::read(rd.get(), buf, sizeof buf);
+        char buf[512];
+        const ssize_t n = ::read(ready_rd.get(), buf, sizeof buf);
         if (n <= 0) {
             int status = 0;
             ::waitpid(mirror_, &status, 0);
             mirror_ = -1;
-            int code = WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+            const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 1;
             throw Error("iprobe mirror exited before it was ready (see its message above)",
                         code > 0 && code <= 7 ? static_cast<ExitCode>(code) : ExitCode::failure);
         }
-        line.append(buf, static_cast<size_t>(n));
+        event_line.append(buf, static_cast<size_t>(n));
     }
-    mirror_out_ = std::move(rd);
+    const proxy::MirrorReady ready_event = proxy::parse_ready_event(event_line.substr(0, event_line.find('\n')));
+    if (!ready_event.stats) throw Error("iprobe mirror reported no stats endpoint");
+    stats_at_ = *ready_event.stats;
+    stats_port_ = stats_at_.port();
+    mirror_out_ = std::move(out_rd);
     const std::string stats = "127.0.0.1:" + std::to_string(stats_port_);
     event("mirror",
           "clients -> " + o_.listen + " -> production " + o_.production +
@@ -498,14 +467,16 @@ int DebugSession::run() {
             reclone = true;
             why = "periodic";
         } else if (o_.recloning == DebugOptions::Recloning::on_overflow) {
-            long long overflows = stats_counter(stats_port_, "overflows");
+            const auto stats = mirror_stats(stats_at_);
+            const long long overflows = stats ? static_cast<long long>(stats->buffer.overflows) : -1;
             if (overflows > overflows_seen) {
                 overflows_seen = overflows;
                 reclone = true;
                 why = "a connection's debug buffer overflowed";
             }
         } else if (o_.recloning == DebugOptions::Recloning::on_divergence) {
-            long long diverged = stats_counter(stats_port_, "diverged_connections");
+            const auto stats = mirror_stats(stats_at_);
+            const long long diverged = stats ? static_cast<long long>(stats->divergence.diverged_connections) : -1;
             if (diverged > diverged_seen) {
                 diverged_seen = diverged;
                 reclone = true;
@@ -522,10 +493,11 @@ int DebugSession::run() {
     // The trace ends first, so "stopping" is the session's last line.
     stop_child(trace_, SIGINT, true);
     relay_trace(true);
-    const std::string final_stats = fetch_stats(stats_port_);
+    // Relayed whole (with the open connections), as the mirror serves it.
+    const auto final_stats = proxy::fetch_mirror_stats(stats_at_, std::chrono::seconds(2));
     event("stopping", "stopping: removing the clone and the mirror; production keeps running", [&](JsonWriter& w) {
-        if (final_stats.empty()) w.key("stats").null();
-        else w.key("stats").raw(final_stats);
+        if (!final_stats) w.key("stats").null();
+        else w.key("stats").raw(*final_stats);
     });
     teardown();
     return exit_code;

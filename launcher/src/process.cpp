@@ -118,7 +118,7 @@ std::string run_checked(const std::vector<std::string>& argv, const std::string&
     return r.out;
 }
 
-pid_t spawn(const std::vector<std::string>& argv, int stdout_fd, int stderr_fd, bool own_group) {
+pid_t spawn(const std::vector<std::string>& argv, int stdout_fd, int stderr_fd, bool own_group, int fd3) {
     auto args = c_argv(argv);
     pid_t pid = fork();
     if (pid < 0) throw_errno("fork");
@@ -131,7 +131,13 @@ pid_t spawn(const std::vector<std::string>& argv, int stdout_fd, int stderr_fd, 
         dup2(devnull, 0);
         dup2(stdout_fd >= 0 ? stdout_fd : devnull, 1);
         dup2(stderr_fd >= 0 ? stderr_fd : devnull, 2);
-        close_other_fds();
+        if (fd3 >= 0) {
+            if (fd3 == 3) ::fcntl(3, F_SETFD, 0);
+            else dup2(fd3, 3);
+            ::close_range(4, ~0U, 0);
+        } else {
+            close_other_fds();
+        }
         execvp(args[0], args.data());
         _exit(127);
     }

@@ -27,7 +27,9 @@ std::string run_checked(const std::vector<std::string>& argv, const std::string&
 // /dev/null) and returns its PID.  It gets SIGTERM if the caller dies.
 // With `own_group` it leads a new process group, so that signalling -PID
 // reaches helpers it forks (nsenter --pid runs the tool as its child).
-pid_t spawn(const std::vector<std::string>& argv, int stdout_fd = -1, int stderr_fd = -1, bool own_group = false);
+// `fd3`, when given, is the child's file descriptor 3 (a readiness pipe).
+pid_t spawn(const std::vector<std::string>& argv, int stdout_fd = -1, int stderr_fd = -1, bool own_group = false,
+            int fd3 = -1);
 
 // Whether `path` names an executable file; searches PATH when it has no '/'.
 std::string find_program(const std::string& name);

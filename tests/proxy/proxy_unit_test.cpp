@@ -8,8 +8,10 @@
 #include "iprobe/proxy/address.h"
 #include "iprobe/proxy/debug_buffer.h"
 #include "iprobe/proxy/framing.h"
+#include "iprobe/proxy/mirror.h"
+#include "iprobe/proxy/stats.h"
 #include "iprobe/support/error.h"
-#include "stream_compare.h"
+#include "iprobe/proxy/stream_compare.h"
 
 using namespace iprobe;
 using namespace iprobe::proxy;
@@ -225,4 +227,63 @@ TEST(ProxyEndpoint, ParsesAndExplainsBadInput) {
             EXPECT_NE(std::string(e.what()).find("--production"), std::string::npos);
         }
     }
+}
+
+static MirrorStats sample_stats() {
+    MirrorStats s;
+    s.mode = "duplicator";
+    s.uptime_s = 12.5;
+    s.connections = {7, 2, 5, 1, 3, 4};
+    s.bytes = {1000, 2000, 999, 1999};
+    s.debug = {"10.213.0.2:6379", 7, 1, 2, 3, 4, 5};
+    s.buffer = {4u << 20, 1u << 30, 123, 4567, 890, 6};
+    s.debug_windows_ms = {3, 1.25, 2.5, 4.75, {1.25, 1.5, 4.75}};
+    s.divergence.mode = "resp";
+    s.divergence.compared = 100;
+    s.divergence.ignored = 9;
+    s.divergence.mismatches = 2;
+    s.divergence.diverged_connections = 1;
+    s.divergence.unchecked_connections = 8;
+    s.divergence.reports.push_back({4, 17, false, "GET user:42", "$3\r\nbob", "$-1", 3.5});
+    s.record = MirrorStats::Record{"/tmp/traffic.rec", 77, true};
+    return s;
+}
+
+TEST(ProxyMirrorStats, DocumentRoundTripsThroughTheOneDefinition) {
+    const MirrorStats s = sample_stats();
+    EXPECT_EQ(parse_mirror_stats(to_json(s)), s);
+
+    MirrorStats aggregator = s;
+    aggregator.mode = "aggregator";
+    aggregator.debug.address.clear();
+    aggregator.record.reset();
+    aggregator.aggregator = MirrorStats::Aggregator{3, 1, 2};
+    aggregator.divergence.reports[0].index_is_byte_offset = true;
+    const std::string doc = to_json(aggregator);
+    EXPECT_NE(doc.find(R"("byte_offset":17)"), std::string::npos) << doc;
+    EXPECT_EQ(doc.find("\"record\""), std::string::npos) << doc;
+    EXPECT_EQ(parse_mirror_stats(doc), aggregator);
+}
+
+TEST(ProxyMirrorStats, MalformedDocumentsAreBadInputNotGuesses) {
+    for (const char* bad : {"", "[]", "{\"buffer\":[]}", "{\"buffer\":{\"overflows\":\"many\"}}", "{\"mode\":"}) {
+        try {
+            parse_mirror_stats(bad);
+            ADD_FAILURE() << "accepted " << bad;
+        } catch (const Error& e) {
+            EXPECT_EQ(e.code(), ExitCode::bad_input) << bad;
+        }
+    }
+}
+
+TEST(ProxyMirrorStats, ReadyEventRoundTrips) {
+    MirrorReady ready;
+    ready.listen = parse_endpoint("127.0.0.1:7000", "listen");
+    ready.stats = parse_endpoint("[::1]:7001", "stats");
+    const MirrorReady back = parse_ready_event(ready_event_json(ready, 42));
+    EXPECT_EQ(back.listen.str(), "127.0.0.1:7000");
+    ASSERT_TRUE(back.stats);
+    EXPECT_EQ(back.stats->str(), "[::1]:7001");
+    EXPECT_FALSE(back.debug_listen);
+    EXPECT_THROW(parse_ready_event(R"({"event":"stopped"})"), Error);
 }

@@ -19,10 +19,13 @@
 // when divergence checking is on.
 #pragma once
 
+#include <sys/types.h>
+
 #include <cstddef>
 #include <functional>
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "iprobe/proxy/address.h"
 #include "iprobe/proxy/framing.h"
@@ -56,5 +59,11 @@ struct MirrorReady {
 // Runs until SIGTERM/SIGINT; SIGUSR1 dumps the stats to stderr.  Throws Error
 // for bad configuration (ports in use, unwritable record file).
 void run_mirror(const MirrorOptions& options, const std::function<void(const MirrorReady&)>& on_ready);
+
+// The readiness event, {"event":"listening","listen":...,"pid":N}: printed
+// with --json and written to --ready-fd, where a supervising tool waits for it.
+std::string ready_event_json(const MirrorReady& ready, pid_t pid);
+// Throws Error(bad_input) when `json` is not a readiness event.
+MirrorReady parse_ready_event(std::string_view json);
 
 }  // namespace iprobe::proxy

@@ -1,0 +1,54 @@
+#include "iprobe/hotpatch/attach_report.h"
+
+#include <nlohmann/json.hpp>
+
+#include "iprobe/support/error.h"
+#include "iprobe/support/json.h"
+
+namespace iprobe::hotpatch {
+
+std::string attach_summary(const AttachStats& st, std::optional<pid_t> pid) {
+    std::string out = "enabled " + std::to_string(st.enabled) + " probes";
+    if (pid) out += " in process " + std::to_string(*pid);
+    out += " (" + std::to_string(st.already_enabled) + " already on, " + std::to_string(st.total_enabled) +
+           " on in total); " + std::to_string(st.threads) + " threads stopped for " + std::to_string(st.pause_us) +
+           " us";
+    if (st.runtime_injected) out += "; runtime injected";
+    return out;
+}
+
+std::string attach_json(const AttachStats& st, pid_t pid) {
+    JsonWriter j;
+    j.begin_object()
+        .field("pid", static_cast<std::int64_t>(pid))
+        .field("selected", static_cast<std::uint64_t>(st.selected))
+        .field("enabled", static_cast<std::uint64_t>(st.enabled))
+        .field("already_enabled", static_cast<std::uint64_t>(st.already_enabled))
+        .field("total_enabled", static_cast<std::uint64_t>(st.total_enabled))
+        .field("threads", static_cast<std::uint64_t>(st.threads))
+        .field("pause_us", st.pause_us)
+        .field("stop_us", st.stop_us)
+        .field("runtime_injected", st.runtime_injected)
+        .end_object();
+    return j.str();
+}
+
+AttachStats parse_attach_json(std::string_view text) {
+    try {
+        const auto doc = nlohmann::json::parse(text);
+        AttachStats st;
+        doc.at("selected").get_to(st.selected);
+        doc.at("enabled").get_to(st.enabled);
+        doc.at("already_enabled").get_to(st.already_enabled);
+        doc.at("total_enabled").get_to(st.total_enabled);
+        doc.at("threads").get_to(st.threads);
+        doc.at("pause_us").get_to(st.pause_us);
+        doc.at("stop_us").get_to(st.stop_us);
+        doc.at("runtime_injected").get_to(st.runtime_injected);
+        return st;
+    } catch (const nlohmann::json::exception& e) {
+        throw Error(std::string("not an attach report: ") + e.what(), ExitCode::bad_input);
+    }
+}
+
+}  // namespace iprobe::hotpatch

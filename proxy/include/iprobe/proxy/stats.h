@@ -1,0 +1,94 @@
+// The mirror's counters: the document its stats endpoint serves (and SIGUSR1
+// prints), and the typed view other tools read it through.  One definition
+// for the writer and every reader.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "iprobe/proxy/address.h"
+
+namespace iprobe {
+class JsonWriter;
+}
+
+namespace iprobe::proxy {
+
+struct DivergenceReportStats {
+    std::uint64_t connection = 0;
+    // Reply number in the connection, or byte offset for stream comparison
+    // and the aggregator (then serialized as "byte_offset").
+    std::uint64_t index = 0;
+    bool index_is_byte_offset = false;
+    std::string request, production, debug;
+    double at_s = 0;
+    bool operator==(const DivergenceReportStats&) const = default;
+};
+
+struct MirrorStats {
+    std::string mode;  // "duplicator" | "aggregator"
+    double uptime_s = 0;
+    struct Connections {
+        std::uint64_t accepted = 0, active = 0, closed = 0, lingering_debug = 0;
+        std::uint64_t production_connect_failures = 0, production_errors = 0;
+        bool operator==(const Connections&) const = default;
+    } connections;
+    struct Bytes {
+        std::uint64_t client_to_production = 0, production_to_client = 0, to_debug = 0, from_debug = 0;
+        bool operator==(const Bytes&) const = default;
+    } bytes;
+    struct Debug {
+        std::string address;  // empty when there is no debug copy
+        std::uint64_t connections = 0, connect_failures = 0, errors = 0, closed_early = 0, completed = 0,
+                      linger_timeouts = 0;
+        bool operator==(const Debug&) const = default;
+    } debug;
+    struct Buffer {
+        std::uint64_t per_connection_limit = 0, total_limit = 0, buffered = 0;
+        std::uint64_t high_water_total = 0, high_water_connection = 0, overflows = 0;
+        bool operator==(const Buffer&) const = default;
+    } buffer;
+    struct DebugWindows {  // connection start to overflow, in ms
+        std::uint64_t count = 0;
+        double min = 0, mean = 0, max = 0;
+        std::vector<double> recent;
+        bool operator==(const DebugWindows&) const = default;
+    } debug_windows_ms;
+    struct Divergence {
+        std::string mode;
+        std::uint64_t compared = 0, ignored = 0, mismatches = 0, diverged_connections = 0, unchecked_connections = 0;
+        std::vector<DivergenceReportStats> reports;
+        bool operator==(const Divergence&) const = default;
+    } divergence;
+    struct Aggregator {
+        std::uint64_t slots = 0, unclaimed_production_connections = 0, unmatched_debug_connections = 0;
+        bool operator==(const Aggregator&) const = default;
+    };
+    std::optional<Aggregator> aggregator;
+    struct Record {
+        std::string path;
+        std::uint64_t records = 0;
+        bool stopped_early = false;
+        bool operator==(const Record&) const = default;
+    };
+    std::optional<Record> record;
+
+    bool operator==(const MirrorStats&) const = default;
+};
+
+// Writes the members of the stats object (the caller opens and closes it, so
+// the mirror can append its open connections).
+void write_stats_fields(JsonWriter& json, const MirrorStats& stats);
+std::string to_json(const MirrorStats& stats);
+// Throws Error(bad_input) naming what is missing or malformed.
+MirrorStats parse_mirror_stats(std::string_view json);
+
+// The stats document of the mirror whose --stats endpoint is `at`; nullopt
+// when it does not answer within `timeout`.
+std::optional<std::string> fetch_mirror_stats(const Endpoint& at, std::chrono::milliseconds timeout);
+
+}  // namespace iprobe::proxy

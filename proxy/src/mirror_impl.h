@@ -1,0 +1,354 @@
+// The mirror's parts, shared by its files: the event loop (mirror.cpp), a
+// client connection and its debug leg (connection.cpp), reply comparison
+// (divergence.cpp), the aggregator's reply slots (aggregator.cpp), and the
+// stats endpoint (stats_server.cpp).  Private to the proxy library.
+#pragma once
+
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/epoll.h>
+#include <sys/resource.h>
+#include <sys/signalfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdarg>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "iprobe/proxy/debug_buffer.h"
+#include "iprobe/proxy/mirror.h"
+#include "iprobe/proxy/recording.h"
+#include "iprobe/proxy/stats.h"
+#include "iprobe/support/error.h"
+#include "iprobe/proxy/stream_compare.h"
+#include "iprobe/support/json.h"
+
+namespace iprobe::proxy::mirror_impl {
+
+using Clock = std::chrono::steady_clock;
+
+inline constexpr std::size_t kReadChunk = 64 * 1024;
+inline constexpr std::size_t kMaxPendingMessages = 65536;  // per connection, for the divergence checker
+inline constexpr std::size_t kMaxReports = 100;
+inline constexpr std::size_t kMaxWindows = 1000;
+inline constexpr int kDebugSendBuffer = 64 * 1024;  // the kernel doubles it
+// The debug copy's leg is served in batches: bytes for it are sent, and its
+// replies read, once per kDebugBatch (or as soon as kDebugFlushNow bytes wait),
+// so duplicating a request costs a fraction of a syscall instead of two, and
+// the debug side never wakes the production path.  The copy lags by at most
+// this much, which no debugging session notices.
+inline constexpr auto kDebugBatch = std::chrono::milliseconds(5);
+inline constexpr std::size_t kDebugFlushNow = 32 * 1024;
+
+inline double ms_since(Clock::time_point t) {
+    return std::chrono::duration<double, std::milli>(Clock::now() - t).count();
+}
+
+// Log lines must never stall the event loop (and with it production) when
+// whoever holds our stderr pipe stops reading it: write only what the fd takes
+// now, drop the rest.
+void write_stderr_now(std::string_view text);
+
+struct Handler {
+    virtual void on_event(std::uint32_t events) = 0;
+    virtual ~Handler() = default;
+};
+
+// An fd in the epoll set whose interest follows what its owner wants; an fd
+// that wants nothing leaves the set, so a hung-up peer cannot spin the loop.
+class Watched {
+public:
+    Watched() = default;
+    Watched(int epfd, UniqueFd fd, Handler* h) : epfd_(epfd), fd_(std::move(fd)), handler_(h) {}
+    int fd() const { return fd_.get(); }
+    explicit operator bool() const { return static_cast<bool>(fd_); }
+    void want(std::uint32_t events) {
+        if (!fd_ || events == mask_) return;
+        epoll_event ev{};
+        ev.events = events;
+        ev.data.ptr = handler_;
+        if (events == 0) {
+            ::epoll_ctl(epfd_, EPOLL_CTL_DEL, fd_.get(), nullptr);
+        } else if (mask_ == 0) {
+            ::epoll_ctl(epfd_, EPOLL_CTL_ADD, fd_.get(), &ev);
+        } else {
+            ::epoll_ctl(epfd_, EPOLL_CTL_MOD, fd_.get(), &ev);
+        }
+        mask_ = events;
+    }
+    void close() {
+        want(0);
+        fd_.reset();
+    }
+
+private:
+    int epfd_ = -1;
+    UniqueFd fd_;
+    Handler* handler_ = nullptr;
+    std::uint32_t mask_ = 0;
+};
+
+// Bytes one side could not take yet (kept small: the reader stops while any
+// are pending, so production's own backpressure reaches the client).
+struct Pending {
+    std::string bytes;
+    std::size_t offset = 0;
+    bool empty() const { return offset == bytes.size(); }
+    void add(const std::uint8_t* p, std::size_t n) {
+        if (empty()) {
+            bytes.clear();
+            offset = 0;
+        }
+        bytes.append(reinterpret_cast<const char*>(p), n);
+    }
+};
+
+enum class SendResult { done, again, failed };
+
+// Sends as much as the socket takes now; never blocks.
+SendResult send_some(int fd, const std::uint8_t* p, std::size_t n, std::size_t& sent);
+
+struct DivergenceReport {
+    std::uint32_t connection;
+    std::uint64_t index;  // message number in the connection (0-based) or byte offset (stream)
+    std::string request;
+    std::string production;
+    std::string debug;
+    double at_ms;
+};
+
+struct Stats {
+    Clock::time_point started = Clock::now();
+    std::uint64_t accepted = 0, active = 0, closed = 0;
+    std::uint64_t production_connect_failures = 0, production_errors = 0;
+    std::uint64_t bytes_client_to_production = 0, bytes_production_to_client = 0;
+    std::uint64_t bytes_to_debug = 0, bytes_from_debug = 0;
+    std::uint64_t debug_connections = 0, debug_connect_failures = 0, debug_errors = 0,
+                  debug_closed_early = 0, debug_completed = 0, debug_linger_timeouts = 0;
+    std::uint64_t lingering = 0;
+    std::uint64_t overflows = 0;
+    std::size_t buffered_now = 0, buffered_high_water = 0, connection_high_water = 0;
+    std::uint64_t windows_count = 0;
+    double windows_min = 0, windows_max = 0, windows_sum = 0;
+    std::deque<double> windows_recent;
+    std::uint64_t compared = 0, ignored = 0, mismatches = 0, diverged_connections = 0, unchecked_connections = 0;
+    std::vector<DivergenceReport> reports;
+    std::uint64_t aggregator_unclaimed = 0, aggregator_debug_unmatched = 0;
+
+    void window(double ms) {
+        windows_min = windows_count ? std::min(windows_min, ms) : ms;
+        windows_max = std::max(windows_max, ms);
+        windows_sum += ms;
+        ++windows_count;
+        windows_recent.push_back(ms);
+        if (windows_recent.size() > kMaxWindows) windows_recent.pop_front();
+    }
+};
+
+class Proxy;
+
+// One client connection: client <-> production passthrough plus the debug leg
+// fed from a bounded buffer.  In aggregator mode "client" is production's
+// outbound connection and "production" the real backend.
+class Connection {
+public:
+    enum class Side { client, production, debug };
+    enum class DebugState { none, connecting, open, done };
+
+    Connection(Proxy& px, std::uint32_t id, UniqueFd client);
+    ~Connection();
+
+    void on_event(Side side, std::uint32_t events);
+    void start(std::optional<std::uint64_t> aggregator_slot);
+    bool finished() const { return pair_closed_ && debug_state_ != DebugState::connecting && debug_state_ != DebugState::open; }
+    bool lingering() const { return pair_closed_ && !finished(); }
+    Clock::time_point linger_deadline() const { return linger_deadline_; }
+    void linger_timeout();
+    void abort_all();
+    std::uint32_t id() const { return id_; }
+    std::size_t debug_buffered() const { return dbuf_.size(); }
+    void describe(JsonWriter& j) const;
+    // Called by the proxy's debug pass for connections queued with
+    // Proxy::queue_debug_flush().
+    void flush_debug_batch();
+    bool in_debug_queue = false;
+
+private:
+    struct Leg final : Handler {
+        Connection* owner;
+        Side side;
+        Watched w;
+        void on_event(std::uint32_t events) override { owner->on_event(side, events); }
+    };
+
+    void read_client();
+    void read_production();
+    void read_debug();
+    void flush_production();
+    void flush_client();
+    void flush_debug();
+    void production_connected();
+    void mirror_to_debug(const std::uint8_t* p, std::size_t n);
+    void overflow();
+    void close_debug(const char* why, bool copy_finished = false);
+    void finish_checking();
+    void close_pair();
+    void update();
+    void settle();
+    void maybe_finish_pair();
+    void check_requests(const std::uint8_t* p, std::size_t n);
+    void check_replies(int side, const std::uint8_t* p, std::size_t n);
+    void compare_messages();
+    void report(std::uint64_t index, const std::string& request, const std::string& prod, const std::string& dbg);
+    void stop_checking(const std::string& why);
+
+    Proxy& px_;
+    std::uint32_t id_;
+    Clock::time_point start_ = Clock::now();
+    Leg client_, prod_, debug_;
+    Pending to_prod_, to_client_;
+    bool prod_connecting_ = true;
+    bool client_eof_ = false, prod_eof_ = false;
+    bool prod_shut_ = false, client_shut_ = false, debug_shut_ = false;
+    bool pair_closed_ = false;
+    DebugState debug_state_ = DebugState::none;
+    DebugBuffer dbuf_;
+    bool debug_backlogged_ = false;  // the debug socket refused bytes: wait for EPOLLOUT
+    bool overflowed_ = false;
+    Clock::time_point linger_deadline_{};
+    std::optional<std::uint64_t> slot_;
+
+    // divergence checking
+    bool checking_ = false;
+    bool reported_ = false;
+    std::unique_ptr<Framer> request_framer_, reply_framer_[2];
+    std::deque<Message> requests_, replies_[2];
+    std::vector<Message> scratch_;
+    std::uint64_t compared_index_ = 0;
+    std::unique_ptr<StreamComparer> stream_;
+};
+
+// Aggregator: production's replies for its N-th outbound connection, waiting
+// for (or being fed to) the debug copy's N-th outbound connection.
+struct Slot final : Handler {
+    Proxy* px = nullptr;
+    std::uint64_t ordinal = 0;
+    std::uint32_t production_id = 0;
+    bool production_seen = false, production_done = false;
+    Clock::time_point production_start{};
+    DebugBuffer replies{0};
+    bool overflowed = false;
+    Watched debug;  // the debug copy's connection
+    bool debug_seen = false, debug_done = false, debug_shut = false;
+    Clock::time_point deadline{};
+    std::unique_ptr<StreamComparer> requests;  // production's vs the debug copy's outbound requests
+    bool reported = false;
+    void on_event(std::uint32_t events) override;
+    void flush();
+    void close_debug();
+    void add_reply(const std::uint8_t* p, std::size_t n);
+    void production_request(const std::uint8_t* p, std::size_t n);
+};
+
+struct Acceptor final : Handler {
+    Proxy* px;
+    enum class Kind { clients, debug_clients, stats } kind;
+    Watched w;
+    void on_event(std::uint32_t events) override;
+};
+
+struct StatsClient final : Handler {
+    Proxy* px;
+    Watched w;
+    std::string request;
+    Pending out;
+    bool responding = false;
+    bool done = false;
+    void on_event(std::uint32_t events) override;
+};
+
+struct SignalHandler final : Handler {
+    Proxy* px;
+    Watched w;
+    void on_event(std::uint32_t events) override;
+};
+
+class Proxy {
+public:
+    Proxy(const MirrorOptions& options);
+    ~Proxy();
+    MirrorReady ready() const;
+    void run();
+
+    const MirrorOptions& opt;
+    int epfd = -1;
+    int debug_epfd = -1;  // debug legs of duplicated connections, polled once per kDebugBatch
+    Stats stats;
+    std::unique_ptr<Recorder> recorder;
+    std::uint8_t scratch[kReadChunk];
+    bool stopping = false;
+
+    void accept_clients(Acceptor& a);
+    void accept_debug_client(Acceptor& a);
+    void accept_stats(Acceptor& a);
+    void retire(Connection* c) { retired_.insert(c); }
+    void queue_debug_flush(Connection* c) {
+        if (c->in_debug_queue) return;
+        c->in_debug_queue = true;
+        debug_queue_.push_back(c);
+    }
+    void retire(StatsClient* s) { retired_stats_.insert(s); }
+    void log(const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+    std::uint64_t now_ns() const {
+        return static_cast<std::uint64_t>(
+            std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - stats.started).count());
+    }
+    MirrorStats snapshot() const;
+    std::string stats_json(bool pretty_connections) const;
+    void note_buffered(std::ptrdiff_t delta) {
+        stats.buffered_now = static_cast<std::size_t>(static_cast<std::ptrdiff_t>(stats.buffered_now) + delta);
+        stats.buffered_high_water = std::max(stats.buffered_high_water, stats.buffered_now);
+    }
+    bool total_budget_allows(std::size_t n) const { return stats.buffered_now + n <= opt.buffer_total; }
+    Slot& slot(std::uint64_t ordinal);
+    void maybe_drop_slot(std::uint64_t ordinal);
+    void on_signal(int sig);
+    void rate_limited_log(std::uint64_t count, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
+
+private:
+    void tick();
+    void reap();
+    void debug_pass();
+    int wait_timeout_ms() const;
+
+    UniqueFd ep_, debug_ep_;
+    std::vector<Connection*> debug_queue_;  // bytes waiting for the next debug pass
+    Clock::time_point last_debug_pass_{};
+    Acceptor clients_, debug_clients_, stats_listener_;
+    SignalHandler signals_;
+    std::map<std::uint32_t, std::unique_ptr<Connection>> connections_;
+    std::set<Connection*> retired_;
+    std::set<StatsClient*> retired_stats_;
+    std::set<std::unique_ptr<StatsClient>> stats_clients_;
+    std::map<std::uint64_t, std::unique_ptr<Slot>> slots_;
+    std::vector<std::unique_ptr<Slot>> retired_slots_;
+    std::uint64_t next_production_ordinal_ = 0, next_debug_ordinal_ = 0;
+    std::uint32_t next_id_ = 1;
+    bool accept_paused_ = false;
+    Clock::time_point last_tick_{};
+};
+
+}  // namespace iprobe::proxy::mirror_impl

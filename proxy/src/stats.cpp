@@ -1,0 +1,251 @@
+#include "iprobe/proxy/stats.h"
+
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <nlohmann/json.hpp>
+
+#include "iprobe/proxy/mirror.h"
+#include "iprobe/support/error.h"
+#include "iprobe/support/json.h"
+
+namespace iprobe::proxy {
+
+void write_stats_fields(JsonWriter& j, const MirrorStats& s) {
+    j.field("mode", s.mode);
+    j.field("uptime_s", s.uptime_s);
+    j.key("connections").begin_object();
+    j.field("accepted", s.connections.accepted);
+    j.field("active", s.connections.active);
+    j.field("closed", s.connections.closed);
+    j.field("lingering_debug", s.connections.lingering_debug);
+    j.field("production_connect_failures", s.connections.production_connect_failures);
+    j.field("production_errors", s.connections.production_errors);
+    j.end_object();
+    j.key("bytes").begin_object();
+    j.field("client_to_production", s.bytes.client_to_production);
+    j.field("production_to_client", s.bytes.production_to_client);
+    j.field("to_debug", s.bytes.to_debug);
+    j.field("from_debug", s.bytes.from_debug);
+    j.end_object();
+    j.key("debug").begin_object();
+    if (!s.debug.address.empty()) j.field("address", s.debug.address);
+    j.field("connections", s.debug.connections);
+    j.field("connect_failures", s.debug.connect_failures);
+    j.field("errors", s.debug.errors);
+    j.field("closed_early", s.debug.closed_early);
+    j.field("completed", s.debug.completed);
+    j.field("linger_timeouts", s.debug.linger_timeouts);
+    j.end_object();
+    j.key("buffer").begin_object();
+    j.field("per_connection_limit", s.buffer.per_connection_limit);
+    j.field("total_limit", s.buffer.total_limit);
+    j.field("buffered", s.buffer.buffered);
+    j.field("high_water_total", s.buffer.high_water_total);
+    j.field("high_water_connection", s.buffer.high_water_connection);
+    j.field("overflows", s.buffer.overflows);
+    j.end_object();
+    j.key("debug_windows_ms").begin_object();
+    j.field("count", s.debug_windows_ms.count);
+    j.field("min", s.debug_windows_ms.min);
+    j.field("mean", s.debug_windows_ms.mean);
+    j.field("max", s.debug_windows_ms.max);
+    j.key("recent").begin_array();
+    for (double w : s.debug_windows_ms.recent) j.value(w);
+    j.end_array();
+    j.end_object();
+    j.key("divergence").begin_object();
+    j.field("mode", s.divergence.mode);
+    j.field("compared", s.divergence.compared);
+    j.field("ignored", s.divergence.ignored);
+    j.field("mismatches", s.divergence.mismatches);
+    j.field("diverged_connections", s.divergence.diverged_connections);
+    j.field("unchecked_connections", s.divergence.unchecked_connections);
+    j.key("reports").begin_array();
+    for (const auto& r : s.divergence.reports) {
+        j.begin_object();
+        j.field("connection", r.connection);
+        j.field(r.index_is_byte_offset ? "byte_offset" : "reply_index", r.index);
+        j.field("request", r.request);
+        j.field("production", r.production);
+        j.field("debug", r.debug);
+        j.field("at_s", r.at_s);
+        j.end_object();
+    }
+    j.end_array();
+    j.end_object();
+    if (s.aggregator) {
+        j.key("aggregator").begin_object();
+        j.field("slots", s.aggregator->slots);
+        j.field("unclaimed_production_connections", s.aggregator->unclaimed_production_connections);
+        j.field("unmatched_debug_connections", s.aggregator->unmatched_debug_connections);
+        j.end_object();
+    }
+    if (s.record) {
+        j.key("record").begin_object();
+        j.field("path", s.record->path);
+        j.field("records", s.record->records);
+        j.field("stopped_early", s.record->stopped_early);
+        j.end_object();
+    }
+}
+
+std::string to_json(const MirrorStats& stats) {
+    JsonWriter j;
+    j.begin_object();
+    write_stats_fields(j, stats);
+    j.end_object();
+    return j.str();
+}
+
+namespace {
+
+using Json = nlohmann::json;
+
+// Reads `into` from `doc[key]`; a missing key keeps the default (older
+// mirrors wrote fewer), a value of the wrong type is an error.
+template <typename T>
+void read(const Json& doc, const char* key, T& into) {
+    if (auto it = doc.find(key); it != doc.end() && !it->is_null()) it->get_to(into);
+}
+
+const Json& object(const Json& doc, const char* key) {
+    static const Json empty = Json::object();
+    auto it = doc.find(key);
+    if (it == doc.end()) return empty;
+    if (!it->is_object()) throw Error(std::string("mirror stats: \"") + key + "\" is not an object", ExitCode::bad_input);
+    return *it;
+}
+
+}  // namespace
+
+MirrorStats parse_mirror_stats(std::string_view text) {
+    MirrorStats s;
+    try {
+        const Json doc = Json::parse(text);
+        if (!doc.is_object()) throw Error("mirror stats: not a JSON object", ExitCode::bad_input);
+        read(doc, "mode", s.mode);
+        read(doc, "uptime_s", s.uptime_s);
+        const Json& c = object(doc, "connections");
+        read(c, "accepted", s.connections.accepted);
+        read(c, "active", s.connections.active);
+        read(c, "closed", s.connections.closed);
+        read(c, "lingering_debug", s.connections.lingering_debug);
+        read(c, "production_connect_failures", s.connections.production_connect_failures);
+        read(c, "production_errors", s.connections.production_errors);
+        const Json& b = object(doc, "bytes");
+        read(b, "client_to_production", s.bytes.client_to_production);
+        read(b, "production_to_client", s.bytes.production_to_client);
+        read(b, "to_debug", s.bytes.to_debug);
+        read(b, "from_debug", s.bytes.from_debug);
+        const Json& d = object(doc, "debug");
+        read(d, "address", s.debug.address);
+        read(d, "connections", s.debug.connections);
+        read(d, "connect_failures", s.debug.connect_failures);
+        read(d, "errors", s.debug.errors);
+        read(d, "closed_early", s.debug.closed_early);
+        read(d, "completed", s.debug.completed);
+        read(d, "linger_timeouts", s.debug.linger_timeouts);
+        const Json& buf = object(doc, "buffer");
+        read(buf, "per_connection_limit", s.buffer.per_connection_limit);
+        read(buf, "total_limit", s.buffer.total_limit);
+        read(buf, "buffered", s.buffer.buffered);
+        read(buf, "high_water_total", s.buffer.high_water_total);
+        read(buf, "high_water_connection", s.buffer.high_water_connection);
+        read(buf, "overflows", s.buffer.overflows);
+        const Json& w = object(doc, "debug_windows_ms");
+        read(w, "count", s.debug_windows_ms.count);
+        read(w, "min", s.debug_windows_ms.min);
+        read(w, "mean", s.debug_windows_ms.mean);
+        read(w, "max", s.debug_windows_ms.max);
+        read(w, "recent", s.debug_windows_ms.recent);
+        const Json& v = object(doc, "divergence");
+        read(v, "mode", s.divergence.mode);
+        read(v, "compared", s.divergence.compared);
+        read(v, "ignored", s.divergence.ignored);
+        read(v, "mismatches", s.divergence.mismatches);
+        read(v, "diverged_connections", s.divergence.diverged_connections);
+        read(v, "unchecked_connections", s.divergence.unchecked_connections);
+        if (auto it = v.find("reports"); it != v.end())
+            for (const Json& r : *it) {
+                DivergenceReportStats report;
+                read(r, "connection", report.connection);
+                report.index_is_byte_offset = r.contains("byte_offset");
+                read(r, report.index_is_byte_offset ? "byte_offset" : "reply_index", report.index);
+                read(r, "request", report.request);
+                read(r, "production", report.production);
+                read(r, "debug", report.debug);
+                read(r, "at_s", report.at_s);
+                s.divergence.reports.push_back(std::move(report));
+            }
+        if (doc.contains("aggregator")) {
+            const Json& a = object(doc, "aggregator");
+            MirrorStats::Aggregator agg;
+            read(a, "slots", agg.slots);
+            read(a, "unclaimed_production_connections", agg.unclaimed_production_connections);
+            read(a, "unmatched_debug_connections", agg.unmatched_debug_connections);
+            s.aggregator = agg;
+        }
+        if (doc.contains("record")) {
+            const Json& r = object(doc, "record");
+            MirrorStats::Record rec;
+            read(r, "path", rec.path);
+            read(r, "records", rec.records);
+            read(r, "stopped_early", rec.stopped_early);
+            s.record = rec;
+        }
+    } catch (const Json::exception& e) {
+        throw Error(std::string("mirror stats: ") + e.what(), ExitCode::bad_input);
+    }
+    return s;
+}
+
+std::optional<std::string> fetch_mirror_stats(const Endpoint& at, std::chrono::milliseconds timeout) {
+    UniqueFd s(::socket(at.family(), SOCK_STREAM | SOCK_CLOEXEC, 0));
+    if (!s) return std::nullopt;
+    timeval tv{static_cast<time_t>(timeout.count() / 1000), static_cast<suseconds_t>(timeout.count() % 1000 * 1000)};
+    ::setsockopt(s.get(), SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    ::setsockopt(s.get(), SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    if (::connect(s.get(), reinterpret_cast<const sockaddr*>(&at.addr), at.len) != 0) return std::nullopt;
+    constexpr std::string_view request = "GET / HTTP/1.0\r\n\r\n";
+    if (::send(s.get(), request.data(), request.size(), MSG_NOSIGNAL) < 0) return std::nullopt;
+    std::string response;
+    char buf[4096];
+    ssize_t n;
+    while ((n = ::recv(s.get(), buf, sizeof buf, 0)) > 0) response.append(buf, static_cast<size_t>(n));
+    const auto body = response.find("\r\n\r\n");
+    if (body == std::string::npos) return std::nullopt;
+    std::string doc = response.substr(body + 4);
+    while (!doc.empty() && (doc.back() == '\n' || doc.back() == '\r')) doc.pop_back();
+    if (!doc.starts_with("{") || !doc.ends_with("}")) return std::nullopt;
+    return doc;
+}
+
+std::string ready_event_json(const MirrorReady& ready, pid_t pid) {
+    JsonWriter j;
+    j.begin_object();
+    j.field("event", "listening");
+    j.field("listen", ready.listen.str());
+    if (ready.debug_listen) j.field("debug_listen", ready.debug_listen->str());
+    if (ready.stats) j.field("stats", ready.stats->str());
+    j.field("pid", static_cast<std::int64_t>(pid));
+    j.end_object();
+    return j.str();
+}
+
+MirrorReady parse_ready_event(std::string_view text) {
+    try {
+        const Json doc = Json::parse(text);
+        if (doc.value("event", "") != "listening") throw Error("not a mirror readiness event", ExitCode::bad_input);
+        MirrorReady ready;
+        ready.listen = parse_endpoint(doc.at("listen").get<std::string>(), "listen");
+        if (doc.contains("debug_listen"))
+            ready.debug_listen = parse_endpoint(doc.at("debug_listen").get<std::string>(), "debug_listen");
+        if (doc.contains("stats")) ready.stats = parse_endpoint(doc.at("stats").get<std::string>(), "stats");
+        return ready;
+    } catch (const Json::exception& e) {
+        throw Error(std::string("mirror readiness event: ") + e.what(), ExitCode::bad_input);
+    }
+}
+
+}  // namespace iprobe::proxy
