@@ -1,0 +1,203 @@
+#include "attach_plan.h"
+
+#include <signal.h>
+
+#include <cerrno>
+#include <filesystem>
+#include <map>
+
+#include "iprobe/probelist/probe_source.h"
+#include "iprobe/support/error.h"
+#include "session.h"
+#include "stubs.h"
+
+namespace iprobe::hotpatch {
+
+std::string describe_selector(const ProbeSelector& s) {
+    std::string out;
+    for (auto& g : s.function_globs) out += (out.empty() ? "" : ",") + g;
+    if (!s.file_globs.empty()) {
+        out += " files ";
+        for (auto& g : s.file_globs) out += g + " ";
+    }
+    return out.empty() ? "(all)" : out;
+}
+
+std::vector<SelectedList> load_lists(const AttachOptions& options) {
+    std::vector<std::string> sources = options.probe_sources;
+    if (sources.empty()) {
+        std::error_code ec;
+        const auto exe = std::filesystem::read_symlink("/proc/" + std::to_string(options.pid) + "/exe", ec);
+        if (ec) {
+            // The target died in the meantime (gone, or a zombie, which has
+            // no executable any more): that is "no such process".
+            if (ec == std::errc::no_such_file_or_directory || (::kill(options.pid, 0) != 0 && errno == ESRCH))
+                throw Error("no process " + std::to_string(options.pid) + " (it exited)", ExitCode::not_found);
+            throw Error("cannot read the executable of process " + std::to_string(options.pid), ExitCode::permission);
+        }
+        sources.push_back(target_view(options.pid, exe.string()));
+    }
+    std::vector<SelectedList> lists;
+    std::size_t total = 0, selected = 0;
+    for (const auto& source : sources) {
+        SelectedList s{source, load_probes(source), {}};
+        if (s.list.probes.empty())
+            throw Error(source + ": the probe list is empty; was the binary built with iprobe-cc?", ExitCode::bad_input);
+        total += s.list.probes.size();
+        lists.push_back(std::move(s));
+    }
+    for (auto& s : lists) {
+        s.selected = options.selector.select(s.list);
+        selected += s.selected.size();
+    }
+    if (selected == 0)
+        throw Error("no probe matches " + describe_selector(options.selector) + " among " + std::to_string(total) +
+                        " probes; see 'iprobe list " + sources.front() + "'",
+                    ExitCode::not_found);
+    return lists;
+}
+
+std::string hex_id(const std::vector<std::uint8_t>& id) { return id.empty() ? "(none)" : hex(id); }
+
+const RunningModule& match_module(const SelectedList& s, const std::vector<RunningModule>& modules, pid_t pid) {
+    for (const auto& m : modules)
+        if (!s.list.build_id.empty() && m.build_id == s.list.build_id) return m;
+    const std::string name = basename_of(s.list.module);
+    for (const auto& m : modules)
+        if (basename_of(m.path) == name)
+            throw Error(s.source + " was made for build-id " + s.list.build_id_hex() + " but " + m.path +
+                            " running in process " + std::to_string(pid) + " has build-id " + hex_id(m.build_id) +
+                            ": use the probe list of the running build",
+                        ExitCode::bad_input);
+    if (!(s.list.flags & IPROBE_PL_FLAG_SHARED)) {
+        std::error_code ec;
+        const auto exe = std::filesystem::read_symlink("/proc/" + std::to_string(pid) + "/exe", ec).string();
+        for (const auto& m : modules)
+            if (!ec && m.path == exe)
+                throw Error(s.source + " describes executable " + s.list.module + " (build-id " + s.list.build_id_hex() +
+                                ") but process " + std::to_string(pid) + " runs " + m.path + " (build-id " +
+                                hex_id(m.build_id) + "): use the probe list of the running build",
+                            ExitCode::bad_input);
+    }
+    throw Error("module " + s.list.module + " (build-id " + s.list.build_id_hex() + ") of " + s.source +
+                    " is not loaded in process " + std::to_string(pid),
+                ExitCode::not_found);
+}
+
+void assign_stats(Region& region, const RunningModule& running, const ProbeList& list, std::uint32_t first_probe) {
+    std::uint32_t next = region.stat_count();
+    std::map<std::string, std::uint32_t> by_function;
+    iprobe_rt_probe* probes = region.probes();
+    for (const auto& p : list.probes) {
+        std::uint32_t stat;
+        if (p.kind == ProbeKind::point) {
+            stat = next++;
+        } else {
+            const std::string key = p.function_address ? std::to_string(p.function_address) : p.function;
+            auto [it, fresh] = by_function.try_emplace(key, next);
+            if (fresh) next++;
+            stat = it->second;
+        }
+        if (stat >= region.stat_capacity())
+            throw Error("the iprobe region of this process has no aggregate slots left for " + running.path +
+                        "; restart the process to attach more modules");
+        probes[first_probe + p.id].stat = stat;
+    }
+    __atomic_store_n(&region.control()->stat_count, next, __ATOMIC_RELEASE);
+}
+
+void update_timed(Region& region) {
+    iprobe_rt_probe* probes = region.probes();
+    const std::uint32_t count = region.probe_count();
+    std::vector<std::uint8_t> exit_on(region.stat_capacity(), 0);
+    for (std::uint32_t i = 0; i < count; i++)
+        if (probes[i].enabled && probes[i].kind == static_cast<std::uint8_t>(ProbeKind::exit) &&
+            probes[i].stat < exit_on.size())
+            exit_on[probes[i].stat] = 1;
+    for (std::uint32_t i = 0; i < count; i++)
+        probes[i].timed = probes[i].kind == static_cast<std::uint8_t>(ProbeKind::entry) &&
+                          probes[i].stat < exit_on.size() && exit_on[probes[i].stat];
+}
+
+void check_sites_in_code(const SelectedList& s, const RunningModule& running) {
+    for (const auto& p : s.list.probes)
+        if (!running.holds_code(p.site, p.size))
+            throw Error(s.source + ": record " + std::to_string(p.id) + ": site_address " + hex_address(p.site) +
+                            " is outside the executable segments of " + running.path +
+                            "; the probe list is corrupt or not made for this build",
+                        ExitCode::bad_input);
+}
+
+void check_site_bytes(const SelectedList& s, const RunningModule& running, const Probe& p, std::uint64_t site,
+                      const std::uint8_t* now, StubChecker& stubs_seen) {
+    if (std::memcmp(now, p.placeholder.data(), p.size) == 0 || stubs_seen.calls_a_stub(site, now, p.size) ||
+        (std::memcmp(now, p.original.data(), p.size) == 0 && p.form != SiteForm::nop))
+        return;
+    std::ostringstream bytes;
+    for (int i = 0; i < p.size; i++) bytes << (i ? " " : "") << std::hex << int(now[i]);
+    throw Error(s.source + ": record " + std::to_string(p.id) + ": site " + hex_address(site) + " in " + p.demangled +
+                    " holds [" + bytes.str() + "], neither its placeholder nor an iprobe call: " + running.path +
+                    " is not the coldpatched binary " + s.source + " describes",
+                ExitCode::bad_input);
+}
+
+void check_selected_sites(const ProcessMemory& memory, const SelectedList& s, const RunningModule& running) {
+    check_sites_in_code(s, running);
+    std::vector<std::uint64_t> addresses;
+    addresses.reserve(s.selected.size());
+    for (const Probe* p : s.selected) addresses.push_back(running.load_bias + p->site);
+    const std::vector<SiteText> text = read_sites(memory, addresses);
+    StubChecker stubs_seen(memory);
+    for (std::size_t k = 0; k < s.selected.size(); k++)
+        check_site_bytes(s, running, *s.selected[k], addresses[k], text[k].data(), stubs_seen);
+}
+
+std::uint32_t find_or_add_module(Region& region, const RunningModule& running, const SelectedList& s) {
+    iprobe_rt_control* cb = region.control();
+    iprobe_rt_module* mods = region.modules();
+    for (std::uint32_t i = 0; i < region.module_count(); i++)
+        if (mods[i].load_bias == running.load_bias &&
+            running.path == std::string(mods[i].path, ::strnlen(mods[i].path, sizeof mods[i].path)) &&
+            mods[i].probe_count == s.list.probes.size()) {
+            if (mods[i].first_probe > region.probe_capacity() ||
+                mods[i].probe_count > region.probe_capacity() - mods[i].first_probe)
+                throw Error("the iprobe region of process has an inconsistent module table (corrupted?)",
+                            ExitCode::bad_input);
+            return i;
+        }
+    if (region.module_count() >= cb->module_capacity || cb->module_count >= cb->module_capacity)
+        throw Error("too many modules attached in this process");
+    if (region.probe_count() + s.list.probes.size() > region.probe_capacity())
+        throw Error("the iprobe region of this process was sized for " + std::to_string(cb->probe_capacity) +
+                    " probes at first attach; restart the process to attach more modules");
+    const std::uint32_t index = cb->module_count;
+    iprobe_rt_module& m = mods[index];
+    std::memset(&m, 0, sizeof m);
+    std::strncpy(m.path, running.path.c_str(), sizeof m.path - 1);
+    const std::string probes_path = canonical_or_same(s.source);
+    std::strncpy(m.probes_path, probes_path.c_str(), sizeof m.probes_path - 1);
+    m.build_id_size = static_cast<std::uint32_t>(std::min<std::size_t>(running.build_id.size(), sizeof m.build_id));
+    std::memcpy(m.build_id, running.build_id.data(), m.build_id_size);
+    m.first_probe = region.probe_count();
+    m.probe_count = static_cast<std::uint32_t>(s.list.probes.size());
+    m.load_bias = running.load_bias;
+    iprobe_rt_probe* probes = region.probes();
+    for (const auto& p : s.list.probes) {
+        iprobe_rt_probe& rp = probes[m.first_probe + p.id];
+        rp = {};
+        rp.module = index;
+        rp.id = p.id;
+        rp.kind = static_cast<std::uint8_t>(p.kind);
+        rp.form = static_cast<std::uint8_t>(p.form);
+        rp.size = p.size;
+        rp.function = p.function_address <= UINT32_MAX ? static_cast<std::uint32_t>(p.function_address) : 0;
+        rp.site = running.load_bias + p.site;
+        rp.stat = IPROBE_RT_NO_STAT;
+    }
+    assign_stats(region, running, s.list, m.first_probe);
+    cb->probe_count = m.first_probe + m.probe_count;
+    cb->module_count = index + 1;
+    return index;
+}
+
+}  // namespace iprobe::hotpatch

@@ -1,0 +1,56 @@
+// Planning an attach while the target runs: which probe lists, which probes, which running module each belongs to, and its place in the region.
+#pragma once
+
+#include <sys/types.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "iprobe/hotpatch/hotpatch.h"
+#include "iprobe/probelist/probe_list.h"
+#include "modules.h"
+#include "region.h"
+#include "stubs.h"
+
+namespace iprobe::hotpatch {
+
+struct SelectedList {
+    std::string source;
+    ProbeList list;
+    std::vector<const Probe*> selected;
+};
+
+std::string describe_selector(const ProbeSelector& s);
+
+std::vector<SelectedList> load_lists(const AttachOptions& options);
+
+std::string hex_id(const std::vector<std::uint8_t>& id);
+
+const RunningModule& match_module(const SelectedList& s, const std::vector<RunningModule>& modules, pid_t pid);
+
+// Aggregate slots for a new module's probes: one per function (its entry and
+// exit probes share it), one per point.
+void assign_stats(Region& region, const RunningModule& running, const ProbeList& list, std::uint32_t first_probe);
+
+// An entry probe is timed (pushes a frame) only while its function's exit
+// probe is enabled too: nothing else would pop the frame.
+void update_timed(Region& region);
+
+// Every site of the list lies inside the module's executable segments, so no
+// write can land outside its code (the bytes at each selected site are
+// checked once the world is stopped).
+void check_sites_in_code(const SelectedList& s, const RunningModule& running);
+
+// Throws Error(bad_input) unless the site holds its placeholder, a call into
+// one of our stubs, or (call forms) the compiler's original hook call.
+void check_site_bytes(const SelectedList& s, const RunningModule& running, const Probe& p, std::uint64_t site,
+                      const std::uint8_t* now, StubChecker& stubs_seen);
+
+// Before anything is injected or written: every selected site lies in the
+// module's code and holds what the list says.
+void check_selected_sites(const ProcessMemory& memory, const SelectedList& s, const RunningModule& running);
+
+std::uint32_t find_or_add_module(Region& region, const RunningModule& running, const SelectedList& s);
+
+}  // namespace iprobe::hotpatch

@@ -1,0 +1,66 @@
+// Writing sites: where the jump stubs go, which handler a site calls, and the batched write with read-back and rollback.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "iprobe/hotpatch/hotpatch.h"
+#include "iprobe/runtime/rt.h"
+#include "inject.h"
+#include "modules.h"
+#include "process.h"
+#include "stubs.h"
+
+namespace iprobe::hotpatch {
+
+inline constexpr std::int64_t kReach = (1ll << 31) - 2 * static_cast<std::int64_t>(kPage);
+
+// A free, page-aligned address from which every byte of [low, high) is
+// within a rel32 call.  Prefers the gap just below the module; never the
+// room right after [heap], which brk grows into.
+std::optional<std::uint64_t> stub_address(const std::vector<Mapping>& maps, std::uint64_t low, std::uint64_t high,
+                                          std::uint64_t size = kPage);
+
+struct Patch {
+    std::uint64_t address = 0;
+    SiteBytes before, after;
+};
+
+void sort_by_address(std::vector<Patch>& patches);
+
+// Writes all patches (sorted by address) page-run by page-run through
+// /proc/PID/mem, reads them back; on any failure puts back what was written
+// and rethrows.
+void apply_patches(StoppedProcess& process, const std::vector<Patch>& patches);
+
+// No thread may be stopped strictly inside a range about to change
+// (`patches` sorted by address).
+std::string unsafe_pcs(const StoppedProcess& process, const std::vector<Patch>& patches);
+
+const std::string& handler_symbol(const HandlerSymbols& h, const Probe& p);
+
+// Where a count stub's counter lies in a thread's sums (SiteId::counter);
+// past every slot for a probe without one, which the handler ignores.
+std::uint32_t counter_offset(std::uint32_t stat, ProbeKind kind);
+
+// The per-site entry point for `p`, or empty where its site takes the shared stub.
+const std::string& id_symbol(const HandlerSymbols& h, const Probe& p);
+
+// The stub in the module's stub page that jumps to `target`, created if needed.
+std::uint64_t stub_for(StoppedProcess& process, iprobe_rt_module& module, std::uint64_t target);
+
+// Maps `size` bytes of stubs, read-only and executable, where every byte of
+// the module is within a rel32 call of every byte of them.
+std::uint64_t map_stubs_near(StoppedProcess& process, const LoadedLibrary& libc, const RunningModule& running,
+                             std::uint64_t size);
+
+void ensure_stub_page(StoppedProcess& process, const LoadedLibrary& libc, const RunningModule& running,
+                      iprobe_rt_module& module);
+
+// One site-stub slot per probe id of the module, mapped on first use.
+void ensure_site_stubs(StoppedProcess& process, const LoadedLibrary& libc, const RunningModule& running,
+                       iprobe_rt_module& module);
+
+}  // namespace iprobe::hotpatch
