@@ -6,6 +6,8 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
+#include <map>
 #include <string>
 #include <utility>
 #include <vector>
@@ -27,29 +29,74 @@ struct KeeperPlan {
 
 namespace clone_steps {
 
+// ---- the clone's orchestration (clone.cpp)
 void progress(const CloneOptions& o, const std::string& line);
-std::vector<pid_t> process_tree(pid_t root);
-// Field 22 of /proc/PID/stat: identifies a process across PID reuse.
-std::string start_time(pid_t pid);
-pid_t session_of(pid_t pid);
-bool alive(pid_t pid);
-// Refusals made before production is frozen (see clone.cpp).
-void require_visible_session_leaders(const std::vector<pid_t>& tree);
-void require_no_terminal(const std::vector<pid_t>& tree);
-// Files the clone must not share with production.
-std::vector<std::string> snapshot_paths(const CloneOptions& o, const std::vector<pid_t>& tree);
-// `criu dump --leave-running` of production (extra_args appended); returns
-// the wall time in ms.  Throws with CRIU's reasons; production then runs on.
+std::string fmt_ms(double v);
 double dump_production(const CloneOptions& o, const Criu& criu, const std::string& name, size_t processes,
                        const std::string& images, const std::string& dump_log, bool& shell_job,
                        const std::vector<std::string>& extra_args);
-// Starts the keeper inside the network namespace at `netns_path`; returns
-// its PID once CRIU has restored the clone, or throws with CRIU's reasons.
-pid_t start_keeper(const KeeperPlan& plan, const std::string& netns_path);
+
+// ---- the process tree (pstree.cpp)
+std::string readlink_str(const std::string& path);
+
+std::vector<pid_t> process_tree(pid_t root);
+
+// Field 22 of /proc/PID/stat: identifies a process across PID reuse.
+std::string start_time(pid_t pid);
+
+pid_t session_of(pid_t pid);
+
+// CRIU refuses such a tree only after freezing it, so it is refused here,
+// before production is touched.
+void require_visible_session_leaders(const std::vector<pid_t>& tree);
+
+// A terminal open in the tree (a service started from an interactive shell
+// keeps its stdio on the shell's pty) makes CRIU's restore fail after the
+// freeze: the pty's index is taken on this host and its master is not in the
+// tree.  Refused before anything is frozen, with the way out.
+void require_no_terminal(const std::vector<pid_t>& tree);
+
+// Running, not a zombie waiting for a parent (the keeper's is init, which
+// may reap late).
+bool alive(pid_t pid);
+
 pid_t find_clone_root(pid_t keeper, pid_t pid_in_ns);
-void kill_keeper(pid_t keeper, const std::string& started);
+
+bool same_ns(pid_t pid, const char* type);
+
+// ---- file-system snapshot (snapshot.cpp)
+// `path` is `dir` or below it.
+bool under(const std::string& path, const std::string& dir);
+// Files the clone must not share with production: explicit paths, plus
+// regular files any process of the tree has open for writing and their
+// working directories (when of a sensible size).
+std::vector<std::string> snapshot_paths(const CloneOptions& o, const std::vector<pid_t>& tree);
+
+// ---- recorded state (state.cpp)
+inline const char* const kStateRootParent = "/run/iprobe";
+
+inline const char* const kStateRoot = "/run/iprobe/clones";
+
+std::string state_dir(const std::string& name);
+
+using State = std::map<std::string, std::string>;
+
+void save_state(const std::string& name, const State& st);
+
+State read_state(const std::string& name);
+
+pid_t to_pid(const std::string& s);
+
+void record_state(const CloneResult& r, bool created_netns, const std::string& keeper_started, pid_t source);
+
 void remove_tree(const std::string& path);
-std::string fmt_ms(double v);
+
+// ---- the clone's PID 1 (keeper.cpp)
+// Starts the keeper inside `netns`; returns its host PID once CRIU has
+// restored the clone, or throws with CRIU's reasons.
+pid_t start_keeper(const KeeperPlan& plan, const std::string& netns_path);
+
+void kill_keeper(pid_t keeper, const std::string& started);
 
 }  // namespace clone_steps
 }  // namespace iprobe::launcher

@@ -1,0 +1,239 @@
+// The clone's PID 1 (the keeper): it restores the images with CRIU inside the new namespaces, reaps, and dies with its lifeline.
+#include "clone_steps.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/mount.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <climits>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <filesystem>
+#include <thread>
+
+#include "criu.h"
+#include "iprobe/support/error.h"
+#include "iprobe/support/fd.h"
+#include "netns.h"
+#include "process.h"
+
+namespace fs = std::filesystem;
+
+namespace iprobe::launcher::clone_steps {
+
+namespace {
+
+// So that ps shows "iprobe-keeper NAME" rather than the launcher's command
+// line it was forked with (which names production's PID and would confuse
+// `pgrep -f`).  Best effort: needs CAP_SYS_RESOURCE, which root has.
+void name_keeper_cmdline(const std::string& name) {
+    static char cmdline[128];
+    int n = std::snprintf(cmdline, sizeof cmdline, "iprobe-keeper%c%s", '\0', name.c_str());
+    if (n <= 0) return;
+    auto start = reinterpret_cast<unsigned long>(cmdline);
+    auto end = start + std::min<unsigned long>(static_cast<unsigned long>(n) + 1, sizeof cmdline);
+    if (::prctl(PR_SET_MM, PR_SET_MM_ARG_END, end, 0, 0) == 0)
+        ::prctl(PR_SET_MM, PR_SET_MM_ARG_START, start, 0, 0);
+    else if (::prctl(PR_SET_MM, PR_SET_MM_ARG_START, start, 0, 0) == 0)
+        ::prctl(PR_SET_MM, PR_SET_MM_ARG_END, end, 0, 0);
+}
+
+void write_int(int fd, int v) { (void)!::write(fd, &v, sizeof v); }
+
+// Reaps the clone's orphans until none is left.  With a lifeline, also
+// leaves when its caller is gone: PID 1 exiting ends the whole PID
+// namespace, so the clone goes with it.
+[[noreturn]] void reap_until_gone(int lifeline) {
+    int status = 0;
+    if (lifeline < 0) {
+        for (;;)
+            if (::wait(&status) < 0 && errno == ECHILD) _exit(0);
+    }
+    for (;;) {
+        pollfd p{lifeline, POLLIN, 0};
+        const int ready = ::poll(&p, 1, 200);
+        pid_t r;
+        while ((r = ::waitpid(-1, &status, WNOHANG)) > 0) {
+        }
+        if (r < 0 && errno == ECHILD) _exit(0);
+        if (ready > 0) _exit(0);  // EOF (or stray bytes): the caller is gone
+    }
+}
+
+// Runs as PID 1 of the new PID namespace, in a private mount namespace:
+// gives CRIU a /proc of that namespace and the snapshot copies in place of
+// the originals, restores, then reaps until the clone is gone.
+[[noreturn]] void keeper_main(const KeeperPlan& plan, int status_fd) {
+    ::setsid();
+    // `iprobe debug` blocks signals it reads through a signalfd; CRIU must
+    // not inherit that.
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    ::prctl(PR_SET_NAME, "iprobe-keeper", 0, 0, 0);
+    name_keeper_cmdline(plan.name);
+    ::prctl(PR_SET_PDEATHSIG, 0, 0, 0, 0);
+    // Out of the way of the descriptors rearranged below.
+    const int lifeline_high = plan.lifeline_fd >= 0 ? ::fcntl(plan.lifeline_fd, F_DUPFD, 10) : -1;
+    int devnull = ::open("/dev/null", O_RDWR);
+    ::dup2(devnull, 0);
+    ::dup2(devnull, 1);
+    ::dup2(devnull, 2);
+    ::dup2(status_fd, 3);
+    status_fd = 3;
+    int lifeline = -1;
+    if (lifeline_high >= 0) {
+        ::dup2(lifeline_high, 4);
+        lifeline = 4;
+    }
+    ::close_range(lifeline < 0 ? 4 : 5, ~0U, 0);
+    auto fail = [&](int stage) {
+        write_int(status_fd, stage);
+        write_int(status_fd, errno);
+        _exit(1);
+    };
+    if (::mount(nullptr, "/", nullptr, MS_REC | MS_PRIVATE, nullptr) != 0) fail(-1);
+    if (::mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, nullptr) != 0) fail(-2);
+    // A /dev/shm of its own: POSIX shared memory the clone creates (an iprobe
+    // runtime region named after its PID, which is production's PID) never
+    // meets production's.  Snapshotted /dev/shm files are bound in below.
+    // The images may live in /dev/shm: keep them reachable first.
+    ::mkdir(plan.images_mount.c_str(), 0700);
+    if (::mount(plan.images.c_str(), plan.images_mount.c_str(), nullptr, MS_BIND, nullptr) != 0) fail(-7);
+    if (::mount("tmpfs", "/dev/shm", "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777") != 0) fail(-6);
+    for (const auto& [copy, original] : plan.binds) {
+        struct stat st;
+        if (under(original, "/dev/shm") && ::stat(copy.c_str(), &st) == 0) {
+            if (S_ISDIR(st.st_mode)) {
+                ::mkdir(original.c_str(), 0700);
+            } else {
+                int fd = ::open(original.c_str(), O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+                if (fd >= 0) ::close(fd);
+            }
+        }
+        if (::mount(copy.c_str(), original.c_str(), nullptr, MS_BIND | MS_REC, nullptr) != 0) fail(-3);
+    }
+
+    std::vector<std::string> args = {plan.criu, "restore", "-D", plan.images_mount, "-d", "--tcp-close",
+                                     "--ext-unix-sk", "--file-locks", "-v2", "-o", plan.restore_log};
+    if (plan.shell_job) args.push_back("--shell-job");
+    std::vector<char*> argv;
+    for (auto& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    pid_t criu = ::fork();
+    if (criu < 0) fail(-4);
+    if (criu == 0) {
+        ::close_range(3, ~0U, 0);
+        ::execv(argv[0], argv.data());
+        _exit(127);
+    }
+    int status = 0;
+    while (::waitpid(criu, &status, 0) < 0 && errno == EINTR) {
+    }
+    int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    // iprobe's own per-PID state (locks of attach and trace) must not meet
+    // production's: the clone has production's PID.  Mounted after the
+    // restore, which still needed the clone's state directory under it.
+    if (code == 0 && ::mount("tmpfs", kStateRootParent, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0700") != 0) fail(-8);
+    write_int(status_fd, code);
+    write_int(status_fd, 0);
+    ::close(status_fd);
+    if (code != 0) _exit(1);
+    reap_until_gone(lifeline);
+}
+
+bool read_int(int fd, int& v, int timeout_ms) {
+    size_t got = 0;
+    char* p = reinterpret_cast<char*>(&v);
+    while (got < sizeof v) {
+        pollfd pfd{fd, POLLIN, 0};
+        int r = ::poll(&pfd, 1, timeout_ms);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return false;
+        ssize_t n = ::read(fd, p + got, sizeof v - got);
+        if (n <= 0) return false;
+        got += static_cast<size_t>(n);
+    }
+    return true;
+}
+
+}  // namespace
+
+pid_t start_keeper(const KeeperPlan& plan, const std::string& netns_path) {
+    UniqueFd netns(::open(netns_path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (!netns) throw_errno("open " + netns_path);
+    int fds[2];
+    if (::pipe2(fds, O_CLOEXEC) < 0) throw_errno("pipe");
+    UniqueFd rd(fds[0]), wr(fds[1]);
+    pid_t mid = ::fork();
+    if (mid < 0) throw_errno("fork");
+    if (mid == 0) {
+        ::close(rd.get());
+        if (::setns(netns.get(), CLONE_NEWNET) != 0 || ::unshare(CLONE_NEWPID | CLONE_NEWNS) != 0) {
+            write_int(wr.get(), -1);
+            write_int(wr.get(), -5);
+            write_int(wr.get(), errno);
+            _exit(1);
+        }
+        pid_t keeper = ::fork();
+        if (keeper == 0) keeper_main(plan, wr.get());
+        write_int(wr.get(), keeper);
+        _exit(keeper < 0 ? 1 : 0);
+    }
+    wr.reset();
+    int status = 0;
+    while (::waitpid(mid, &status, 0) < 0 && errno == EINTR) {
+    }
+    int keeper = -1, stage = 0, err = 0;
+    if (!read_int(rd.get(), keeper, 5000) || keeper <= 0) {
+        read_int(rd.get(), stage, 100);
+        read_int(rd.get(), err, 100);
+        throw Error(std::string("cannot create the clone's PID and mount namespaces: ") + std::strerror(err));
+    }
+    // A large image takes a while to restore; CRIU reports failures itself.
+    if (!read_int(rd.get(), stage, 600000)) {
+        ::kill(keeper, SIGKILL);
+        throw Error("the clone's keeper process died before CRIU finished restoring");
+    }
+    read_int(rd.get(), err, 1000);
+    if (stage != 0) {
+        ::kill(keeper, SIGKILL);
+        if (stage < 0) {
+            const char* what = stage == -1   ? "making mounts private"
+                               : stage == -2 ? "mounting /proc"
+                               : stage == -3 ? "bind-mounting the file snapshots"
+                               : stage == -6 ? "mounting a private /dev/shm"
+                               : stage == -7 ? "binding the checkpoint images"
+                               : stage == -8 ? "mounting a private /run/iprobe"
+                                             : "starting criu";
+            throw Error(std::string("preparing the clone failed while ") + what + ": " + std::strerror(err));
+        }
+        // The state directory goes away with the failed clone: keep the log.
+        std::string kept_log = "/tmp/iprobe-clone-" + plan.name + "-restore.log";
+        std::error_code ec;
+        fs::copy_file(plan.restore_log, kept_log, fs::copy_options::overwrite_existing, ec);
+        throw Error("criu restore failed (exit " + std::to_string(stage) + "), production is untouched. CRIU says:" +
+                    criu_log_errors(plan.restore_log) + (ec ? "" : "\n  full log: " + kept_log));
+    }
+    return keeper;
+}
+
+void kill_keeper(pid_t keeper, const std::string& started) {
+    if (!alive(keeper) || start_time(keeper) != started) return;
+    // PID 1 of the clone's PID namespace: killing it kills the whole clone.
+    ::kill(keeper, SIGKILL);
+    for (int i = 0; i < 500 && alive(keeper) && start_time(keeper) == started; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+}
+
+}  // namespace iprobe::launcher::clone_steps

@@ -1,0 +1,160 @@
+// The process tree being cloned: its members, their sessions and terminals, and the clone's PIDs as seen from outside its PID namespace.
+#include "clone_steps.h"
+
+#include <signal.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cerrno>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "iprobe/support/error.h"
+#include "process.h"
+
+namespace fs = std::filesystem;
+
+namespace iprobe::launcher::clone_steps {
+
+namespace {
+
+std::vector<pid_t> children_of(pid_t pid) {
+    std::vector<pid_t> out;
+    std::error_code ec;
+    for (const auto& task : fs::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
+        std::ifstream in(task.path() / "children");
+        pid_t child;
+        while (in >> child) out.push_back(child);
+    }
+    return out;
+}
+
+// The session ID as the process itself sees it (the last NSsid field): 0
+// when its session leader lives in an ancestor PID namespace.  -1: unknown.
+pid_t session_seen_by(pid_t pid) {
+    std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+    std::string line;
+    while (std::getline(in, line)) {
+        if (line.rfind("NSsid:", 0) != 0) continue;
+        auto last = line.find_last_of(" \t");
+        return static_cast<pid_t>(std::atol(line.c_str() + (last == std::string::npos ? 6 : last + 1)));
+    }
+    return -1;
+}
+
+pid_t ns_pid(pid_t host_pid) {
+    std::ifstream in("/proc/" + std::to_string(host_pid) + "/status");
+    std::string line;
+    while (std::getline(in, line)) {
+        if (line.rfind("NSpid:", 0) == 0) {
+            std::istringstream f(line.substr(6));
+            pid_t p = -1, last = -1;
+            while (f >> p) last = p;
+            return last;
+        }
+    }
+    return -1;
+}
+
+}  // namespace
+
+std::string readlink_str(const std::string& path) {
+    char buf[PATH_MAX];
+    ssize_t n = ::readlink(path.c_str(), buf, sizeof buf - 1);
+    if (n < 0) return {};
+    return std::string(buf, static_cast<size_t>(n));
+}
+
+std::vector<pid_t> process_tree(pid_t root) {
+    std::vector<pid_t> tree{root};
+    for (size_t i = 0; i < tree.size(); ++i)
+        for (pid_t c : children_of(tree[i])) tree.push_back(c);
+    return tree;
+}
+
+std::string start_time(pid_t pid) {
+    std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    auto close_paren = stat.rfind(')');
+    if (close_paren == std::string::npos) return {};
+    std::istringstream fields(stat.substr(close_paren + 2));
+    std::string field;
+    for (int i = 3; i <= 22 && fields >> field; ++i) {
+        if (i == 22) return field;
+    }
+    return {};
+}
+
+pid_t session_of(pid_t pid) {
+    pid_t sid = ::getsid(pid);
+    return sid < 0 ? pid : sid;
+}
+
+void require_visible_session_leaders(const std::vector<pid_t>& tree) {
+    for (pid_t pid : tree) {
+        if (session_seen_by(pid) != 0) continue;
+        throw Error("PID " + std::to_string(pid) +
+                        " cannot be checkpointed: its session leader is outside its PID namespace (it was "
+                        "started without setsid by a process in a parent namespace, such as a container "
+                        "runtime or a CI runner), and CRIU cannot dump such a session. Production is "
+                        "untouched. Start the service as the leader of its own session (`setsid SERVICE "
+                        "...`, a daemonizing service, or a systemd unit) and clone it again",
+                    ExitCode::unavailable);
+    }
+}
+
+void require_no_terminal(const std::vector<pid_t>& tree) {
+    for (pid_t pid : tree) {
+        const std::string fd_dir = "/proc/" + std::to_string(pid) + "/fd";
+        std::error_code ec;
+        for (const auto& entry : fs::directory_iterator(fd_dir, ec)) {
+            std::error_code link_ec;
+            const std::string target = fs::read_symlink(entry.path(), link_ec).string();
+            const bool terminal = target.starts_with("/dev/pts/") || target == "/dev/tty" ||
+                                  target == "/dev/console" ||
+                                  (target.starts_with("/dev/tty") && target.size() > 8 &&
+                                   std::isdigit(static_cast<unsigned char>(target[8])));
+            if (!terminal) continue;
+            throw Error("PID " + std::to_string(pid) + " has a terminal open (" + target + " on fd " +
+                            entry.path().filename().string() +
+                            "): it was started from an interactive shell, and CRIU cannot restore a clone "
+                            "holding another session's terminal. Production is untouched. Start the service "
+                            "away from the terminal, in its own session: `setsid SERVICE ... </dev/null "
+                            ">>service.log 2>&1 &` (systemd units and daemonizing services already are), then "
+                            "clone it",
+                        ExitCode::unavailable);
+        }
+    }
+}
+
+bool alive(pid_t pid) {
+    if (pid <= 0) return false;
+    std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    auto close_paren = stat.rfind(')');
+    return close_paren != std::string::npos && close_paren + 2 < stat.size() && stat[close_paren + 2] != 'Z' &&
+           stat[close_paren + 2] != 'X';
+}
+
+pid_t find_clone_root(pid_t keeper, pid_t pid_in_ns) {
+    for (int i = 0; i < 200; ++i) {
+        for (pid_t c : children_of(keeper))
+            if (ns_pid(c) == pid_in_ns) return c;
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return -1;
+}
+
+bool same_ns(pid_t pid, const char* type) {
+    struct stat a, b;
+    std::string mine = std::string("/proc/self/ns/") + type;
+    return ::stat(("/proc/" + std::to_string(pid) + "/ns/" + type).c_str(), &a) == 0 &&
+           ::stat(mine.c_str(), &b) == 0 && a.st_ino == b.st_ino && a.st_dev == b.st_dev;
+}
+
+}  // namespace iprobe::launcher::clone_steps

@@ -1,0 +1,64 @@
+// A clone's recorded state under /run/iprobe/clones/NAME: written atomically at each step, read by --destroy, --list and the debug session.
+#include "clone_steps.h"
+
+#include <filesystem>
+#include <fstream>
+
+#include "iprobe/support/error.h"
+#include "iprobe/support/file.h"
+
+namespace fs = std::filesystem;
+
+namespace iprobe::launcher::clone_steps {
+
+std::string state_dir(const std::string& name) { return std::string(kStateRoot) + "/" + name; }
+
+void save_state(const std::string& name, const State& st) {
+    std::string text;
+    for (const auto& [k, v] : st) text += k + "=" + v + "\n";
+    write_file_atomic(state_dir(name) + "/state", text.data(), text.size());
+}
+
+State read_state(const std::string& name) {
+    std::ifstream in(state_dir(name) + "/state");
+    if (!in) throw Error("no clone named '" + name + "' (see `iprobe clone --list`)", ExitCode::not_found);
+    State st;
+    std::string line;
+    while (std::getline(in, line)) {
+        auto eq = line.find('=');
+        if (eq != std::string::npos) st[line.substr(0, eq)] = line.substr(eq + 1);
+    }
+    return st;
+}
+
+pid_t to_pid(const std::string& s) { return s.empty() ? -1 : static_cast<pid_t>(std::stol(s)); }
+
+void record_state(const CloneResult& r, bool created_netns, const std::string& keeper_started, pid_t source) {
+    State st;
+    st["name"] = r.name;
+    st["netns"] = r.netns_path;
+    st["created_netns"] = std::to_string(created_netns ? 1 : 0);
+    st["keeper_pid"] = std::to_string(r.keeper_pid);
+    st["keeper_start"] = keeper_started;
+    st["clone_pid"] = std::to_string(r.clone_pid);
+    st["clone_pid_in_ns"] = std::to_string(source);
+    st["source_pid"] = std::to_string(source);
+    st["freeze_ms"] = fmt_ms(r.freeze_ms);
+    st["freezing_ms"] = fmt_ms(r.freezing_ms);
+    st["dump_ms"] = fmt_ms(r.dump_ms);
+    st["restore_ms"] = fmt_ms(r.restore_ms);
+    st["total_ms"] = fmt_ms(r.total_ms);
+    st["pages_written"] = std::to_string(r.pages_written);
+    std::string snaps;
+    for (const auto& s : r.snapshots) snaps += (snaps.empty() ? "" : ":") + s;
+    st["snapshots"] = snaps;
+    st["images"] = r.images_dir;
+    save_state(r.name, st);
+}
+
+void remove_tree(const std::string& path) {
+    std::error_code ec;
+    fs::remove_all(path, ec);
+}
+
+}  // namespace iprobe::launcher::clone_steps
