@@ -651,20 +651,12 @@ std::string default_handler_library() {
     return dir + "/lib/libfperf-handler.so";
 }
 
-int record(const RecordOptions& o) {
-    const Log log(o.quiet);
-    if ((o.pid != 0) == !o.command.empty())
-        throw Error("give either --pid PID or -- PROGRAM [ARGS], not both", ExitCode::usage);
-    const std::string handler = o.handler_library.empty() ? default_handler_library() : o.handler_library;
-    if (::access(handler.c_str(), R_OK) != 0)
-        throw Error("handler library " + handler + " not found (build target fperf-handler, or set FPERF_HANDLER)",
-                    ExitCode::not_found);
+namespace {
 
-    if (o.pid != 0 && ::kill(o.pid, 0) != 0 && errno == ESRCH)
-        throw Error("no process " + std::to_string(o.pid), ExitCode::not_found);
-    // Events first: a bad --strict request changes nothing.
+// Events first: a bad --strict request changes nothing.
+EventChoice choose_events(const RecordOptions& o, const Log& log) {
     const auto requested = o.events_given ? o.events : default_events();
-    const auto choice = resolve_events(requested);
+    auto choice = resolve_events(requested);
     std::string defaults_missing;
     for (const auto& u : choice.unavailable) {
         if (o.events_given)
@@ -683,128 +675,144 @@ int record(const RecordOptions& o) {
     if (o.events_given && !choice.unavailable.empty())
         log("measuring %s plus wall and CPU time per call",
             choice.measured.empty() ? "no counter event" : ("the available events (" + std::to_string(choice.measured.size()) + ")").c_str());
+    return choice;
+}
 
+SessionConfig session_config(const RecordOptions& o, const EventChoice& choice) {
     SessionConfig config;
     config.slot_count = o.table_slots;
     config.events = choice.measured;
     config.initial_quota = o.unlimited ? kUnlimitedQuota : 1;
     config.heartbeat_timeout_ns = std::max<std::uint64_t>(1'000'000'000ull, 20 * o.interval_ns);
     config.table_mode = o.function_globs.empty() ? FPERF_TABLE_OPEN : FPERF_TABLE_REGISTERED_ONLY;
+    return config;
+}
 
+void stop_on_signals() {
     struct sigaction sa{};
     sa.sa_handler = on_stop_signal;
     ::sigaction(SIGINT, &sa, nullptr);
     ::sigaction(SIGTERM, &sa, nullptr);
     ::sigaction(SIGHUP, &sa, nullptr);
+}
 
-    Symbolizer symbolizer;
+// The process being profiled, its session and its executable.
+struct Profiled {
     std::optional<Target> target;
     SharedSession session;
-    std::optional<ProbeRouting> routed;
     std::string exe;
+};
 
-    if (!o.command.empty()) {
-        int go_fd = -1;
-        const pid_t pid = spawn_stopped_later(o.command, handler, go_fd);
-        iprobe::UniqueFd go(go_fd);
-        target.emplace(pid, true);
-        try {
-            session = SharedSession::create(pid, config);
-        } catch (...) {
-            go.reset();  // the child exits 126 without running the program
-            target->wait_exit();
-            throw;
-        }
-        const char byte = 1;
-        if (::write(go.get(), &byte, 1) != 1) iprobe::throw_errno("cannot start the program");
-        go.reset();
-        int status = 0;
-        pid_t r;
-        while ((r = ::waitpid(pid, &status, WUNTRACED)) < 0 && errno == EINTR) {
-        }
-        if (r == pid && !WIFSTOPPED(status)) {
-            if (WIFEXITED(status) && WEXITSTATUS(status) == 127)
-                throw Error("cannot run " + o.command.front(), ExitCode::not_found);
-            throw Error(o.command.front() + " " + describe_status(status) +
-                            " before the handler attached (is it statically linked? the handler is loaded with "
-                            "LD_PRELOAD)",
-                        ExitCode::failure);
-        }
-        exe = exe_of(pid);
-        learn_modules_from_handler(session.header(), symbolizer);
-    } else {
-        target.emplace(o.pid, false);
-        if (!target->alive()) throw Error("no process " + std::to_string(o.pid), ExitCode::not_found);
-        exe = exe_of(o.pid);
-        if (exe.empty())
-            throw Error("cannot read /proc/" + std::to_string(o.pid) + "/exe (no permission?)", ExitCode::permission);
-        session = SharedSession::create(o.pid, config);
+// Runs the command stopped right after the handler is loaded, so no call
+// happens before the session exists.
+Profiled start_command(const RecordOptions& o, const std::string& handler, const SessionConfig& config,
+                       Symbolizer& symbolizer) {
+    Profiled p;
+    int go_fd = -1;
+    const pid_t pid = spawn_stopped_later(o.command, handler, go_fd);
+    iprobe::UniqueFd go(go_fd);
+    p.target.emplace(pid, true);
+    try {
+        p.session = SharedSession::create(pid, config);
+    } catch (...) {
+        go.reset();  // the child exits 126 without running the program
+        p.target->wait_exit();
+        throw;
     }
-    const pid_t pid = target->pid();
-    learn_modules_from_maps(pid, symbolizer);
+    const char byte = 1;
+    if (::write(go.get(), &byte, 1) != 1) iprobe::throw_errno("cannot start the program");
+    go.reset();
+    int status = 0;
+    pid_t r;
+    while ((r = ::waitpid(pid, &status, WUNTRACED)) < 0 && errno == EINTR) {
+    }
+    if (r == pid && !WIFSTOPPED(status)) {
+        if (WIFEXITED(status) && WEXITSTATUS(status) == 127)
+            throw Error("cannot run " + o.command.front(), ExitCode::not_found);
+        throw Error(o.command.front() + " " + describe_status(status) +
+                        " before the handler attached (is it statically linked? the handler is loaded with "
+                        "LD_PRELOAD)",
+                    ExitCode::failure);
+    }
+    p.exe = exe_of(pid);
+    learn_modules_from_handler(p.session.header(), symbolizer);
+    return p;
+}
 
-    // Probes: a coldpatched program needs hotpatch to route its placeholders
-    // here; a program with live -finstrument-functions hooks and the handler
-    // preloaded is profiled as it is.
+Profiled join_process(const RecordOptions& o, const SessionConfig& config) {
+    Profiled p;
+    p.target.emplace(o.pid, false);
+    if (!p.target->alive()) throw Error("no process " + std::to_string(o.pid), ExitCode::not_found);
+    p.exe = exe_of(o.pid);
+    if (p.exe.empty())
+        throw Error("cannot read /proc/" + std::to_string(o.pid) + "/exe (no permission?)", ExitCode::permission);
+    p.session = SharedSession::create(o.pid, config);
+    return p;
+}
+
+// How the program's calls reach the handler: through hotpatch for a
+// coldpatched program, as they are for live -finstrument-functions hooks
+// with the handler preloaded.
+struct Routing {
+    std::optional<ProbeRouting> routed;
+    std::map<std::uint64_t, std::string> raw_names;  // raw symbol per run-time address: what hotpatch selects by
+};
+
+Routing select_and_route(const RecordOptions& o, const std::string& handler, Profiled& p, Symbolizer& symbolizer,
+                         const Log& log) {
+    const pid_t pid = p.target->pid();
     const bool handler_present = handler_mapped(pid, handler);
-    const auto probes = try_probe_list(o.probe_sources, exe, !o.probe_sources.empty() || !handler_present);
-    if (const auto bias = load_bias(pid, exe)) {
+    const auto probes = try_probe_list(o.probe_sources, p.exe, !o.probe_sources.empty() || !handler_present);
+    const auto bias = load_bias(pid, p.exe);
+    if (bias) {
         std::size_t registered = 0;
-        for (const auto& f : candidate_functions(probes, exe, o.function_globs)) {
-            symbolizer.add_known(*bias + f.link_address, f.name, exe);
-            if (!o.function_globs.empty()) registered += session.register_function(*bias + f.link_address);
+        for (const auto& f : candidate_functions(probes, p.exe, o.function_globs)) {
+            symbolizer.add_known(*bias + f.link_address, f.name, p.exe);
+            if (!o.function_globs.empty()) registered += p.session.register_function(*bias + f.link_address);
         }
         if (!o.function_globs.empty()) {
             if (registered == 0) {
-                if (target->is_child()) ::kill(pid, SIGKILL);
-                throw Error("no function of " + exe + " matches --functions", ExitCode::not_found);
+                if (p.target->is_child()) ::kill(pid, SIGKILL);
+                throw Error("no function of " + p.exe + " matches --functions", ExitCode::not_found);
             }
             log("%zu functions selected", registered);
         }
     }
-    // Raw symbol per run-time address: what hotpatch selects probes by.
-    std::map<std::uint64_t, std::string> raw_names;
-    std::set<std::uint64_t> removed;
-    if (probes)
-        if (const auto bias = load_bias(pid, exe))
-            for (const auto& p : probes->probes)
-                if (p.kind == iprobe::ProbeKind::entry) raw_names.emplace(*bias + p.function_address, p.function);
-    if (probes) {
-        ProbeRouting routing;
-        routing.pid = pid;
-        routing.probe_sources = o.probe_sources.empty() ? std::vector<std::string>{exe} : o.probe_sources;
-        routing.function_globs = o.function_globs;
-        routing.handler_library = handler;
-        try {
-            const auto r = route_probes(routing);
-            log("%zu probes routed to the handler%s (pause %" PRIu64 " us)", r.probes_enabled,
-                r.handler_injected ? ", handler injected" : "", r.pause_us);
-        } catch (...) {
-            if (target->is_child()) ::kill(pid, SIGKILL);
-            throw;
-        }
-        routed = routing;
+    Routing routing;
+    if (!probes) return routing;
+    if (bias)
+        for (const auto& probe : probes->probes)
+            if (probe.kind == iprobe::ProbeKind::entry) routing.raw_names.emplace(*bias + probe.function_address, probe.function);
+    ProbeRouting r;
+    r.pid = pid;
+    r.probe_sources = o.probe_sources.empty() ? std::vector<std::string>{p.exe} : o.probe_sources;
+    r.function_globs = o.function_globs;
+    r.handler_library = handler;
+    try {
+        const auto routed = route_probes(r);
+        log("%zu probes routed to the handler%s (pause %" PRIu64 " us)", routed.probes_enabled,
+            routed.handler_injected ? ", handler injected" : "", routed.pause_us);
+    } catch (...) {
+        if (p.target->is_child()) ::kill(pid, SIGKILL);
+        throw;
     }
-    if (!session.handler_ready()) {
-        for (int i = 0; i < 200 && !session.handler_ready() && target->alive(); i++) sleep_ns(10'000'000);
-        if (!session.handler_ready())
-            log("the handler has not attached yet (it looks for the session every 64k calls); costs estimated here");
-    }
+    routing.routed = r;
+    return routing;
+}
 
-    Budget budget;
-    budget.unlimited = o.unlimited;
-    budget.fraction = o.budget;
-    budget.work_ns = o.interval_ns;
-    Costs costs = session.handler_ready() ? costs_from_handler(session.header()) : estimate_costs_in_process(choice.measured);
-    Daemon daemon(session, budget, costs, choice.measured);
-    log("cost per sample %.0f ns, per counted call %.1f ns (%s); budget %s", costs.sample_ns, costs.count_ns,
-        costs.source.c_str(), format_budget(o).c_str());
+void wait_for_handler(Profiled& p, const Log& log) {
+    if (p.session.handler_ready()) return;
+    for (int i = 0; i < 200 && !p.session.handler_ready() && p.target->alive(); i++) sleep_ns(10'000'000);
+    if (!p.session.handler_ready())
+        log("the handler has not attached yet (it looks for the session every 64k calls); costs estimated here");
+}
 
-    session.heartbeat();
-    session.set_state(FPERF_STATE_ACTIVE);
-    if (target->is_child()) ::kill(pid, SIGCONT);
-    log("recording pid %d%s; Ctrl-C stops", pid, o.duration_s > 0 ? " for the given duration" : "");
-
+// Refills quotas every interval and sheds probes of functions too hot for
+// the budget until the duration ends, a signal comes or the target exits.
+// Returns how long it ran.
+std::uint64_t run_budget_loop(const RecordOptions& o, Daemon& daemon, Profiled& p, const Routing& routing,
+                              std::set<std::uint64_t>& removed, const Log& log) {
+    const pid_t pid = p.target->pid();
     const std::uint64_t start = monotonic_ns();
     const std::uint64_t deadline = o.duration_s > 0 ? start + static_cast<std::uint64_t>(o.duration_s * 1e9) : 0;
     std::uint64_t last_refill = start;
@@ -817,8 +825,8 @@ int record(const RecordOptions& o) {
     std::optional<std::uint64_t> last_cpu = target_cpu_ns(pid);
     std::uint64_t last_poll = start;
     std::optional<std::uint64_t> last_poll_cpu = last_cpu;
-    const bool removable = routed.has_value() && !o.unlimited && !o.keep_probes;
-    while (!g_stop_signal && target->alive()) {
+    const bool removable = routing.routed.has_value() && !o.unlimited && !o.keep_probes;
+    while (!g_stop_signal && p.target->alive()) {
         const std::uint64_t now = monotonic_ns();
         if (deadline && now >= deadline) break;
         if (now - last_refill >= interval_ns) {
@@ -826,7 +834,7 @@ int record(const RecordOptions& o) {
             const auto hot = daemon.refill(now - last_refill,
                                            cpu && last_cpu ? std::optional(*cpu - *last_cpu) : std::nullopt, removable);
             last_cpu = cpu;
-            if (!hot.empty()) remove_hot_probes(*routed, hot, raw_names, removed, log);
+            if (!hot.empty()) remove_hot_probes(*routing.routed, hot, routing.raw_names, removed, log);
             daemon.publish_quotas();
             last_refill = monotonic_ns();
             interval_ns = std::min(o.interval_ns, 2 * interval_ns);
@@ -836,7 +844,7 @@ int record(const RecordOptions& o) {
                                               cpu && last_poll_cpu ? std::optional(*cpu - *last_poll_cpu) : std::nullopt);
             last_poll = now;
             last_poll_cpu = cpu;
-            if (!hot.empty()) remove_hot_probes(*routed, hot, raw_names, removed, log);
+            if (!hot.empty()) remove_hot_probes(*routing.routed, hot, routing.raw_names, removed, log);
         }
         if (progress && now - last_progress >= 1'000'000'000ull) {
             const auto& r = daemon.result();
@@ -849,41 +857,90 @@ int record(const RecordOptions& o) {
         sleep_ns(std::min<std::uint64_t>(interval_ns, 10'000'000));
     }
     if (progress && last_progress != start) std::fputc('\n', stderr);
-    const std::uint64_t duration = monotonic_ns() - start;
-    const bool target_gone = !target->alive();
+    return monotonic_ns() - start;
+}
 
-    // Stop sampling first, then take the probes away, then read the table:
-    // whatever the handler still adds is a call count, never a half sample.
-    session.freeze();
-    if (routed && !target_gone) unroute_probes(*routed);
-    learn_modules_from_handler(session.header(), symbolizer);
-    auto profile = build_profile(o, session, daemon, symbolizer, choice.measured, choice.unavailable, pid, duration);
-    if (!removed.empty()) {
-        std::string list;
-        for (const auto a : removed) {
-            char buf[32];
-            std::snprintf(buf, sizeof buf, "%s%" PRIx64, list.empty() ? "" : ",", a);
-            list += buf;
-        }
-        profile.meta["probes_removed"] = list;
-        for (auto& f : profile.functions) f.probes_removed = removed.count(f.address) > 0;
+void mark_removed_probes(Profile& profile, const std::set<std::uint64_t>& removed) {
+    if (removed.empty()) return;
+    std::string list;
+    for (const auto a : removed) {
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "%s%" PRIx64, list.empty() ? "" : ",", a);
+        list += buf;
     }
-    if (target_gone && target->is_child()) profile.meta["exit"] = describe_status(target->exit_status());
-    session.close();
-    profile.save(o.output);
+    profile.meta["probes_removed"] = list;
+    for (auto& f : profile.functions) f.probes_removed = removed.count(f.address) > 0;
+}
 
+void log_summary(const RecordOptions& o, const Profile& profile, Profiled& p, bool target_gone, const Log& log) {
     log("%s functions called, %s sampled; %s calls, %s samples; estimated overhead %.2f%%",
         profile.get("functions_called").c_str(), profile.get("functions_sampled").c_str(),
         profile.get("total_calls").c_str(), profile.get("total_samples").c_str(),
         profile.number("overhead_estimate") * 100);
-    if (target_gone && target->is_child()) log("%s %s", o.command.front().c_str(), describe_status(target->exit_status()).c_str());
-    else if (target_gone) log("pid %d exited", pid);
+    if (target_gone && p.target->is_child())
+        log("%s %s", o.command.front().c_str(), describe_status(p.target->exit_status()).c_str());
+    else if (target_gone)
+        log("pid %d exited", p.target->pid());
     log("wrote %s (see `fperf report -i %s`)", o.output.c_str(), o.output.c_str());
+}
 
-    if (target->is_child() && !target_gone) {
+}  // namespace
+
+int record(const RecordOptions& o) {
+    const Log log(o.quiet);
+    if ((o.pid != 0) == !o.command.empty())
+        throw Error("give either --pid PID or -- PROGRAM [ARGS], not both", ExitCode::usage);
+    const std::string handler = o.handler_library.empty() ? default_handler_library() : o.handler_library;
+    if (::access(handler.c_str(), R_OK) != 0)
+        throw Error("handler library " + handler + " not found (build target fperf-handler, or set FPERF_HANDLER)",
+                    ExitCode::not_found);
+    if (o.pid != 0 && ::kill(o.pid, 0) != 0 && errno == ESRCH)
+        throw Error("no process " + std::to_string(o.pid), ExitCode::not_found);
+    const EventChoice choice = choose_events(o, log);
+    const SessionConfig config = session_config(o, choice);
+    stop_on_signals();
+
+    Symbolizer symbolizer;
+    Profiled p = o.command.empty() ? join_process(o, config) : start_command(o, handler, config, symbolizer);
+    const pid_t pid = p.target->pid();
+    learn_modules_from_maps(pid, symbolizer);
+    const Routing routing = select_and_route(o, handler, p, symbolizer, log);
+    wait_for_handler(p, log);
+
+    Budget budget;
+    budget.unlimited = o.unlimited;
+    budget.fraction = o.budget;
+    budget.work_ns = o.interval_ns;
+    const Costs costs =
+        p.session.handler_ready() ? costs_from_handler(p.session.header()) : estimate_costs_in_process(choice.measured);
+    Daemon daemon(p.session, budget, costs, choice.measured);
+    log("cost per sample %.0f ns, per counted call %.1f ns (%s); budget %s", costs.sample_ns, costs.count_ns,
+        costs.source.c_str(), format_budget(o).c_str());
+
+    p.session.heartbeat();
+    p.session.set_state(FPERF_STATE_ACTIVE);
+    if (p.target->is_child()) ::kill(pid, SIGCONT);
+    log("recording pid %d%s; Ctrl-C stops", pid, o.duration_s > 0 ? " for the given duration" : "");
+    std::set<std::uint64_t> removed;
+    const std::uint64_t duration = run_budget_loop(o, daemon, p, routing, removed, log);
+    const bool target_gone = !p.target->alive();
+
+    // Stop sampling first, then take the probes away, then read the table:
+    // whatever the handler still adds is a call count, never a half sample.
+    p.session.freeze();
+    if (routing.routed && !target_gone) unroute_probes(*routing.routed);
+    learn_modules_from_handler(p.session.header(), symbolizer);
+    auto profile = build_profile(o, p.session, daemon, symbolizer, choice.measured, choice.unavailable, pid, duration);
+    mark_removed_probes(profile, removed);
+    if (target_gone && p.target->is_child()) profile.meta["exit"] = describe_status(p.target->exit_status());
+    p.session.close();
+    profile.save(o.output);
+    log_summary(o, profile, p, target_gone, log);
+
+    if (p.target->is_child() && !target_gone) {
         if (g_stop_signal) ::kill(pid, g_stop_signal);
         log("profiling stopped; waiting for %s to exit", o.command.front().c_str());
-        target->wait_exit();
+        p.target->wait_exit();
     }
     if (profile.get("total_calls") == "0")
         log("no call was seen: was the program built with -finstrument-functions (iprobe-cc)?");
