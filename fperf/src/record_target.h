@@ -1,0 +1,94 @@
+// The process being profiled: started stopped with the handler preloaded, or an existing one; where its modules are loaded and how much CPU it used.
+#pragma once
+
+#include <signal.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+
+#include <cstdint>
+#include <fstream>
+#include <iterator>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace iprobe::fperf {
+
+struct Mapping {
+    std::uint64_t start = 0, end = 0, offset = 0;
+    std::string path;
+};
+
+std::vector<Mapping> read_maps(pid_t pid);
+
+std::string exe_of(pid_t pid);
+
+// Load bias of `path` in `pid`, from /proc/PID/maps and the ELF headers.
+std::optional<std::uint64_t> load_bias(pid_t pid, const std::string& path);
+
+bool handler_mapped(pid_t pid, const std::string& handler);
+
+// A process we watch: our child (start mode) or anyone's (attach mode).
+class Target {
+public:
+    Target(pid_t pid, bool child) : pid_(pid), child_(child) {}
+    pid_t pid() const { return pid_; }
+    bool is_child() const { return child_; }
+    bool exited() const { return exited_; }
+    int exit_status() const { return status_; }
+
+    bool alive() {
+        if (exited_) return false;
+        if (child_) {
+            int status = 0;
+            const pid_t r = ::waitpid(pid_, &status, WNOHANG);
+            if (r == pid_ && (WIFEXITED(status) || WIFSIGNALED(status))) {
+                exited_ = true;
+                status_ = status;
+            }
+            return !exited_;
+        }
+        if (::kill(pid_, 0) != 0 && errno == ESRCH) {
+            exited_ = true;
+            return false;
+        }
+        std::ifstream stat("/proc/" + std::to_string(pid_) + "/stat");
+        std::string all((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
+        const auto paren = all.rfind(')');
+        if (paren == std::string::npos || (paren + 2 < all.size() && (all[paren + 2] == 'Z' || all[paren + 2] == 'X'))) {
+            exited_ = true;
+            return false;
+        }
+        return true;
+    }
+
+    // Blocks until the child exits (start mode, after recording stopped).
+    void wait_exit() {
+        if (!child_ || exited_) return;
+        int status = 0;
+        while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+        }
+        exited_ = true;
+        status_ = status;
+    }
+
+private:
+    pid_t pid_;
+    bool child_;
+    bool exited_ = false;
+    int status_ = 0;
+};
+
+std::string describe_status(int status);
+
+// Forks the program with the handler preloaded; the child waits on `go`
+// until the shared memory for its pid exists, then execs; the handler stops
+// it with SIGSTOP once attached, so functions can be registered and probes
+// routed before main() runs.
+pid_t spawn_stopped_later(const std::vector<std::string>& command, const std::string& handler, int& go_fd);
+
+// CPU time of all the target's threads (schedstat: ns, unlike /proc/PID/stat's ticks).
+std::optional<std::uint64_t> target_cpu_ns(pid_t pid);
+
+}  // namespace iprobe::fperf
