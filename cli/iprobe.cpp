@@ -11,6 +11,7 @@
 #include <string_view>
 
 #include "iprobe/support/error.h"
+#include "iprobe/support/install_layout.h"
 
 namespace {
 
@@ -49,14 +50,7 @@ void print_usage(std::FILE* out) {
 
 std::string libexec_dir() {
     if (const char* env = std::getenv("IPROBE_LIBEXEC_DIR")) return env;
-    char self[PATH_MAX];
-    const ssize_t n = ::readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n <= 0) return IPROBE_DEFAULT_LIBEXEC_DIR;
-    self[n] = '\0';
-    std::string dir(self);
-    dir.resize(dir.rfind('/'));             // .../bin
-    dir.resize(dir.rfind('/'));             // ...
-    return dir + "/libexec/iprobe";
+    return iprobe::InstallLayout::current().libexec().string();
 }
 
 }  // namespace

@@ -17,6 +17,7 @@
 #include "iprobe/coldpatch/coldpatch.h"
 #include "iprobe/support/error.h"
 #include "iprobe/support/glob.h"
+#include "iprobe/support/install_layout.h"
 
 #ifndef IPROBE_CC_CXX
 #define IPROBE_CC_CXX 0
@@ -93,15 +94,6 @@ struct Invocation {
 bool verbose() { return std::getenv("IPROBE_CC_VERBOSE") && *std::getenv("IPROBE_CC_VERBOSE"); }
 
 void note(const std::string& text) { std::fprintf(stderr, "%s: %s\n", kSelf, text.c_str()); }
-
-std::string self_dir() {
-    char buf[PATH_MAX];
-    const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof buf - 1);
-    if (n <= 0) return ".";
-    buf[n] = '\0';
-    std::string path(buf);
-    return path.substr(0, path.rfind('/'));
-}
 
 bool file_exists(const std::string& path) {
     struct stat st {};
@@ -202,7 +194,7 @@ std::vector<std::string> llvm_flags() {
     if (const char* env = std::getenv("IPROBE_PASS_PLUGIN"); env && *env)
         plugin = env;
     else
-        plugin = self_dir() + "/../lib/IProbePass.so";
+        plugin = (iprobe::InstallLayout::current().lib() / "IProbePass.so").string();
     if (!file_exists(plugin))
         throw iprobe::Error("LLVM pass plugin " + plugin +
                                 " not found; build target IProbePass or set IPROBE_PASS_PLUGIN",
@@ -211,7 +203,9 @@ std::vector<std::string> llvm_flags() {
 }
 
 // Distinct no-op hooks for static links, built beside the wrapper.
-std::string static_hooks_object() { return self_dir() + "/../lib/iprobe/iprobe-static-hooks.o"; }
+std::string static_hooks_object() {
+    return (iprobe::InstallLayout::current().lib() / "iprobe" / "iprobe-static-hooks.o").string();
+}
 
 int run_compiler(const std::string& compiler, const std::vector<std::string>& args, bool replace_process) {
     std::vector<char*> argv;

@@ -32,6 +32,7 @@
 #include "iprobe/support/error.h"
 #include "iprobe/support/fd.h"
 #include "iprobe/support/glob.h"
+#include "iprobe/support/install_layout.h"
 #include "budget_daemon.h"
 #include "record_target.h"
 #include "symbolizer.h"
@@ -195,16 +196,8 @@ void sleep_ns(std::uint64_t ns) {
 
 std::string default_handler_library() {
     if (const char* env = std::getenv("FPERF_HANDLER"); env && *env) return env;
-    char self[PATH_MAX];
-    const auto n = ::readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n <= 0) return "libfperf-handler.so";
-    self[n] = '\0';
-    std::string dir(self);
-    dir.resize(dir.rfind('/'));  // .../bin
-    dir.resize(dir.rfind('/'));
-    for (const char* sub : {"/lib/libfperf-handler.so", "/lib/iprobe/libfperf-handler.so"})
-        if (::access((dir + sub).c_str(), R_OK) == 0) return dir + sub;
-    return dir + "/lib/libfperf-handler.so";
+    const auto& layout = InstallLayout::current();
+    return layout.library("libfperf-handler.so").value_or(layout.lib() / "libfperf-handler.so").string();
 }
 
 namespace {

@@ -18,6 +18,7 @@
 #include "iprobe/fperf/symbols.h"
 #include "iprobe/support/error.h"
 #include "iprobe/support/fd.h"
+#include "iprobe/support/proc.h"
 
 extern char** environ;
 
@@ -32,23 +33,12 @@ std::string join_env_list(const char* existing, const std::string& add) {
 
 }  // namespace
 
-std::vector<Mapping> read_maps(pid_t pid) {
-    std::vector<Mapping> out;
-    std::ifstream in("/proc/" + std::to_string(pid) + "/maps");
-    std::string line;
-    while (std::getline(in, line)) {
-        Mapping m;
-        char perms[8] = {};
-        unsigned long long start = 0, end = 0, offset = 0;
-        int path_at = 0;
-        if (std::sscanf(line.c_str(), "%llx-%llx %7s %llx %*s %*s %n", &start, &end, perms, &offset, &path_at) < 4)
-            continue;
-        m.start = start;
-        m.end = end;
-        m.offset = offset;
-        if (path_at > 0 && static_cast<std::size_t>(path_at) < line.size()) m.path = line.substr(path_at);
-        if (m.path.empty() || m.path[0] != '/') continue;
-        out.push_back(std::move(m));
+std::vector<proc::Mapping> file_mappings(pid_t pid) {
+    std::vector<proc::Mapping> out;
+    try {
+        for (auto& m : proc::read_maps(pid))
+            if (m.file_backed()) out.push_back(std::move(m));
+    } catch (const Error&) {
     }
     return out;
 }
@@ -68,14 +58,14 @@ std::optional<std::uint64_t> load_bias(pid_t pid, const std::string& path) {
     const auto vaddr = first_load_vaddr(path);
     if (!vaddr) return std::nullopt;
     std::optional<std::uint64_t> lowest;
-    for (const auto& m : read_maps(pid))
+    for (const auto& m : file_mappings(pid))
         if (m.path == path && (!lowest || m.start < *lowest)) lowest = m.start;
     if (!lowest) return std::nullopt;
     return *lowest - *vaddr;
 }
 
 bool handler_mapped(pid_t pid, const std::string& handler) {
-    for (const auto& m : read_maps(pid))
+    for (const auto& m : file_mappings(pid))
         if (m.path == handler) return true;
     return false;
 }

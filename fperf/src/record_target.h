@@ -6,21 +6,17 @@
 #include <sys/wait.h>
 
 #include <cstdint>
-#include <fstream>
-#include <iterator>
 #include <map>
 #include <optional>
 #include <string>
 #include <vector>
 
+#include "iprobe/support/proc.h"
+
 namespace iprobe::fperf {
 
-struct Mapping {
-    std::uint64_t start = 0, end = 0, offset = 0;
-    std::string path;
-};
-
-std::vector<Mapping> read_maps(pid_t pid);
+// The file-backed mappings of /proc/PID/maps; empty once the process is gone.
+std::vector<proc::Mapping> file_mappings(pid_t pid);
 
 std::string exe_of(pid_t pid);
 
@@ -53,10 +49,8 @@ public:
             exited_ = true;
             return false;
         }
-        std::ifstream stat("/proc/" + std::to_string(pid_) + "/stat");
-        std::string all((std::istreambuf_iterator<char>(stat)), std::istreambuf_iterator<char>());
-        const auto paren = all.rfind(')');
-        if (paren == std::string::npos || (paren + 2 < all.size() && (all[paren + 2] == 'Z' || all[paren + 2] == 'X'))) {
+        const char state = proc::state(pid_);
+        if (state == 0 || state == 'Z' || state == 'X') {
             exited_ = true;
             return false;
         }

@@ -54,7 +54,7 @@ void learn_modules_from_handler(const fperf_shm_header& h, Symbolizer& symbolize
 
 void learn_modules_from_maps(pid_t pid, Symbolizer& symbolizer) {
     std::map<std::string, std::pair<std::uint64_t, std::uint64_t>> extent;
-    for (const auto& m : read_maps(pid)) {
+    for (const auto& m : file_mappings(pid)) {
         auto [it, fresh] = extent.emplace(m.path, std::make_pair(m.start, m.end));
         if (!fresh) {
             it->second.first = std::min(it->second.first, m.start);

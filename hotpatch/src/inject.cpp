@@ -11,6 +11,7 @@
 #include <filesystem>
 
 #include "iprobe/support/error.h"
+#include "iprobe/support/install_layout.h"
 
 namespace iprobe::hotpatch {
 
@@ -283,15 +284,7 @@ HandlerSymbols HandlerSymbols::runtime(HandlerMode mode) {
 
 std::string default_runtime_library() {
     if (const char* env = std::getenv("IPROBE_RUNTIME"); env && *env) return env;
-    std::error_code ec;
-    const auto self = std::filesystem::read_symlink("/proc/self/exe", ec);
-    if (!ec) {
-        // build/libexec/iprobe/tool, build/bin/tool, build/tests/x -> build/lib
-        for (auto dir = self.parent_path(); !dir.empty() && dir != dir.root_path(); dir = dir.parent_path()) {
-            const auto candidate = dir / "lib" / kRuntimeName;
-            if (std::filesystem::exists(candidate, ec)) return candidate.string();
-        }
-    }
+    if (auto found = InstallLayout::current().library(kRuntimeName)) return found->string();
     return std::string("/usr/local/lib/") + kRuntimeName;
 }
 

@@ -17,6 +17,7 @@
 #include <thread>
 
 #include "iprobe/support/error.h"
+#include "iprobe/support/proc.h"
 
 namespace iprobe::hotpatch {
 
@@ -24,26 +25,7 @@ namespace {
 
 std::string proc_path(pid_t pid, const char* leaf) { return "/proc/" + std::to_string(pid) + "/" + leaf; }
 
-// Third field of /proc/PID/task/TID/stat.
-char thread_state(pid_t pid, pid_t tid) {
-    std::ifstream in("/proc/" + std::to_string(pid) + "/task/" + std::to_string(tid) + "/stat");
-    std::string line;
-    if (!std::getline(in, line)) return 0;
-    const auto paren = line.rfind(')');
-    return paren == std::string::npos || paren + 2 >= line.size() ? 0 : line[paren + 2];
-}
-
-std::string tracer_of(pid_t pid) {
-    std::ifstream in(proc_path(pid, "status"));
-    std::string line;
-    while (std::getline(in, line))
-        if (line.rfind("TracerPid:", 0) == 0) {
-            std::string v = line.substr(10);
-            v.erase(0, v.find_first_not_of(" \t"));
-            return v;
-        }
-    return "0";
-}
+std::string tracer_of(pid_t pid) { return proc::status_field(pid, "TracerPid").value_or("0"); }
 
 }  // namespace
 
@@ -55,40 +37,13 @@ std::string tracer_of(pid_t pid) {
 
 // Alive and not dying: a zombie leader still answers kill(pid, 0).
 bool process_alive(pid_t pid) {
-    const char state = thread_state(pid, pid);
+    const char state = proc::state(pid);
     return state != 0 && state != 'Z' && state != 'X';
 }
 
-std::vector<Mapping> read_maps(pid_t pid) {
-    std::ifstream in(proc_path(pid, "maps"));
-    if (!in) throw Error("cannot read /proc/" + std::to_string(pid) + "/maps", ExitCode::not_found);
-    std::vector<Mapping> maps;
-    std::string line;
-    while (std::getline(in, line)) {
-        Mapping m;
-        std::istringstream fields(line);
-        std::string range, dev, inode;
-        fields >> range >> m.perms >> std::hex >> m.offset >> dev >> inode;
-        const auto dash = range.find('-');
-        m.start = std::stoull(range.substr(0, dash), nullptr, 16);
-        m.end = std::stoull(range.substr(dash + 1), nullptr, 16);
-        std::getline(fields, m.path);
-        m.path.erase(0, m.path.find_first_not_of(' '));
-        maps.push_back(std::move(m));
-    }
-    return maps;
-}
+std::vector<Mapping> read_maps(pid_t pid) { return proc::read_maps(pid); }
 
-std::vector<pid_t> list_threads(pid_t pid) {
-    std::vector<pid_t> tids;
-    DIR* dir = ::opendir(proc_path(pid, "task").c_str());
-    if (!dir) return tids;
-    while (const dirent* entry = ::readdir(dir))
-        if (entry->d_name[0] != '.') tids.push_back(static_cast<pid_t>(std::atoi(entry->d_name)));
-    ::closedir(dir);
-    std::sort(tids.begin(), tids.end());
-    return tids;
-}
+std::vector<pid_t> list_threads(pid_t pid) { return proc::threads(pid); }
 
 bool process_exists(pid_t pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
 
@@ -97,7 +52,7 @@ void check_target(pid_t pid) {
     if (::kill(pid, 0) != 0 && errno == ESRCH)
         throw Error("no such process: " + std::to_string(pid), ExitCode::not_found);
     if (pid == ::getpid()) throw Error("iprobe cannot attach to itself", ExitCode::usage);
-    const char state = thread_state(pid, pid);
+    const char state = proc::state(pid);
     if (state == 'Z' || state == 'X') throw Error("process " + std::to_string(pid) + " is a zombie", ExitCode::not_found);
     // The kernel's ptrace access check guards /proc/PID/mem: ask it early.
     UniqueFd mem(::open(proc_path(pid, "mem").c_str(), O_RDONLY | O_CLOEXEC));
@@ -260,7 +215,7 @@ void StoppedProcess::seize_all() {
                                            [&](const StoppedThread& t) { return t.tid == tid; }) ||
                                std::find(pending_.begin(), pending_.end(), tid) != pending_.end();
             if (known) continue;
-            const char state = thread_state(pid_, tid);
+            const char state = proc::state(pid_, tid);
             if (state == 'Z' || state == 'X' || state == 0) {
                 if (tid == pid_) throw_gone();
                 continue;

@@ -19,15 +19,11 @@
 
 #include "iprobe/hotpatch/hotpatch.h"
 #include "iprobe/support/fd.h"
+#include "iprobe/support/proc.h"
 
 namespace iprobe::hotpatch {
 
-struct Mapping {
-    std::uint64_t start = 0, end = 0, offset = 0;
-    std::string perms;  // "r-xp"
-    std::string path;   // empty for anonymous
-    bool executable() const { return perms.size() > 2 && perms[2] == 'x'; }
-};
+using Mapping = proc::Mapping;
 
 std::vector<Mapping> read_maps(pid_t pid);
 std::vector<pid_t> list_threads(pid_t pid);

@@ -2,6 +2,8 @@
 
 #include <sys/stat.h>
 
+#include "iprobe/support/proc.h"
+
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -32,16 +34,8 @@ Target target_owner(pid_t pid) {
 }
 
 pid_t pid_in_own_namespace(pid_t pid) {
-    std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-    std::string line;
-    while (std::getline(in, line))
-        if (line.rfind("NSpid:", 0) == 0) {
-            std::istringstream fields(line.substr(6));
-            pid_t last = pid, v = 0;
-            while (fields >> v) last = v;
-            return last;
-        }
-    return pid;
+    const auto levels = proc::status_numbers(pid, "NSpid");
+    return levels.empty() ? pid : static_cast<pid_t>(levels.back());
 }
 
 }  // namespace iprobe::hotpatch

@@ -8,11 +8,8 @@
 #include "iprobe/launcher/clone.h"
 #include "iprobe/support/error.h"
 #include "iprobe/support/file.h"
+#include "iprobe/support/install_layout.h"
 #include "process.h"
-
-#ifndef IPROBE_SOURCE_DIR
-#define IPROBE_SOURCE_DIR ""
-#endif
 
 namespace iprobe::launcher {
 namespace {
@@ -96,7 +93,9 @@ Criu find_criu() {
                         ExitCode::unavailable);
         return {env, version};
     }
-    std::string private_criu = std::string(IPROBE_SOURCE_DIR) + "/third_party/cache/criu/bin/criu";
+    // scripts/setup installs CRIU into a private prefix; the build links it
+    // into libexec/iprobe (launcher/CMakeLists.txt).
+    const std::string private_criu = (InstallLayout::current().libexec() / "criu").string();
     if (access(private_criu.c_str(), X_OK) == 0) {
         std::string version = criu_version(private_criu);
         if (recent_enough(version)) return {private_criu, version};

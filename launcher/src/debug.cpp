@@ -31,6 +31,7 @@
 #include "iprobe/proxy/stats.h"
 #include "iprobe/support/error.h"
 #include "iprobe/support/fd.h"
+#include "iprobe/support/install_layout.h"
 #include "iprobe/support/json.h"
 #include "netns.h"
 #include "process.h"
@@ -41,14 +42,11 @@ namespace iprobe::launcher {
 namespace {
 
 std::string libexec_tool(const std::string& name) {
-    std::error_code ec;
-    fs::path self = fs::read_symlink("/proc/self/exe", ec);
-    std::string path = (self.parent_path() / name).string();
-    if (ec || access(path.c_str(), X_OK) != 0)
-        throw Error("iprobe debug needs " + name + " next to " + self.string() + " (build it: cmake --build BUILD --target " +
-                        name + ")",
-                    ExitCode::unavailable);
-    return path;
+    const auto& layout = InstallLayout::current();
+    if (auto tool = layout.helper(name)) return tool->string();
+    throw Error("iprobe debug needs " + name + " in " + layout.libexec().string() +
+                    " (build it: cmake --build BUILD --target " + name + ")",
+                ExitCode::unavailable);
 }
 
 int port_of(const std::string& addr, const char* what) { return proxy::parse_endpoint(addr, what).port(); }

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "iprobe/support/error.h"
+#include "iprobe/support/proc.h"
 #include "process.h"
 
 namespace fs = std::filesystem;
@@ -25,9 +26,8 @@ namespace {
 
 std::vector<pid_t> children_of(pid_t pid) {
     std::vector<pid_t> out;
-    std::error_code ec;
-    for (const auto& task : fs::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
-        std::ifstream in(task.path() / "children");
+    for (pid_t tid : proc::threads(pid)) {
+        std::ifstream in("/proc/" + std::to_string(pid) + "/task/" + std::to_string(tid) + "/children");
         pid_t child;
         while (in >> child) out.push_back(child);
     }
@@ -37,28 +37,13 @@ std::vector<pid_t> children_of(pid_t pid) {
 // The session ID as the process itself sees it (the last NSsid field): 0
 // when its session leader lives in an ancestor PID namespace.  -1: unknown.
 pid_t session_seen_by(pid_t pid) {
-    std::ifstream in("/proc/" + std::to_string(pid) + "/status");
-    std::string line;
-    while (std::getline(in, line)) {
-        if (line.rfind("NSsid:", 0) != 0) continue;
-        auto last = line.find_last_of(" \t");
-        return static_cast<pid_t>(std::atol(line.c_str() + (last == std::string::npos ? 6 : last + 1)));
-    }
-    return -1;
+    const auto levels = proc::status_numbers(pid, "NSsid");
+    return levels.empty() ? -1 : static_cast<pid_t>(levels.back());
 }
 
 pid_t ns_pid(pid_t host_pid) {
-    std::ifstream in("/proc/" + std::to_string(host_pid) + "/status");
-    std::string line;
-    while (std::getline(in, line)) {
-        if (line.rfind("NSpid:", 0) == 0) {
-            std::istringstream f(line.substr(6));
-            pid_t p = -1, last = -1;
-            while (f >> p) last = p;
-            return last;
-        }
-    }
-    return -1;
+    const auto levels = proc::status_numbers(host_pid, "NSpid");
+    return levels.empty() ? -1 : static_cast<pid_t>(levels.back());
 }
 
 }  // namespace
@@ -77,18 +62,7 @@ std::vector<pid_t> process_tree(pid_t root) {
     return tree;
 }
 
-std::string start_time(pid_t pid) {
-    std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    auto close_paren = stat.rfind(')');
-    if (close_paren == std::string::npos) return {};
-    std::istringstream fields(stat.substr(close_paren + 2));
-    std::string field;
-    for (int i = 3; i <= 22 && fields >> field; ++i) {
-        if (i == 22) return field;
-    }
-    return {};
-}
+std::string start_time(pid_t pid) { return proc::stat_field(pid, 22).value_or(""); }
 
 pid_t session_of(pid_t pid) {
     pid_t sid = ::getsid(pid);
@@ -134,11 +108,8 @@ void require_no_terminal(const std::vector<pid_t>& tree) {
 
 bool alive(pid_t pid) {
     if (pid <= 0) return false;
-    std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
-    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    auto close_paren = stat.rfind(')');
-    return close_paren != std::string::npos && close_paren + 2 < stat.size() && stat[close_paren + 2] != 'Z' &&
-           stat[close_paren + 2] != 'X';
+    const char s = proc::state(pid);
+    return s != 0 && s != 'Z' && s != 'X';
 }
 
 pid_t find_clone_root(pid_t keeper, pid_t pid_in_ns) {

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "iprobe/support/error.h"
+#include "iprobe/support/proc.h"
 
 namespace fs = std::filesystem;
 
@@ -41,15 +42,10 @@ bool copyable_file(const std::string& path) {
 // Files mapped shared and writable (e.g. an iprobe runtime region, or the
 // service's own shared memory): writes through them would reach production.
 void shared_writable_mappings(pid_t pid, std::vector<std::string>& files) {
-    std::ifstream maps("/proc/" + std::to_string(pid) + "/maps");
-    std::string line;
-    while (std::getline(maps, line)) {
-        std::istringstream f(line);
-        std::string range, perms, offset, dev, inode, path;
-        f >> range >> perms >> offset >> dev >> inode;
-        std::getline(f, path);
-        path.erase(0, path.find_first_not_of(' '));
-        if (perms.size() == 4 && perms[1] == 'w' && perms[3] == 's' && copyable_file(path)) files.push_back(path);
+    try {
+        for (const auto& m : proc::read_maps(pid))
+            if (m.shared_writable() && copyable_file(m.path)) files.push_back(m.path);
+    } catch (const Error&) {
     }
 }
 

@@ -1,0 +1,100 @@
+#include "iprobe/support/proc.h"
+
+#include <algorithm>
+#include <charconv>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "iprobe/support/error.h"
+
+namespace iprobe::proc {
+
+namespace {
+
+std::string path_of(pid_t pid, std::string_view leaf) { return "/proc/" + std::to_string(pid) + "/" + std::string(leaf); }
+
+std::optional<Mapping> parse_mapping(const std::string& line) {
+    Mapping m;
+    std::istringstream fields(line);
+    std::string range, dev, inode;
+    if (!(fields >> range >> m.perms >> std::hex >> m.offset >> dev >> inode)) return std::nullopt;
+    const auto dash = range.find('-');
+    if (dash == std::string::npos) return std::nullopt;
+    const char* const text = range.data();
+    if (std::from_chars(text, text + dash, m.start, 16).ec != std::errc() ||
+        std::from_chars(text + dash + 1, text + range.size(), m.end, 16).ec != std::errc())
+        return std::nullopt;
+    std::getline(fields, m.path);
+    m.path.erase(0, m.path.find_first_not_of(' '));
+    return m;
+}
+
+}  // namespace
+
+std::vector<Mapping> read_maps(pid_t pid) {
+    std::ifstream in(path_of(pid, "maps"));
+    if (!in) throw Error("cannot read /proc/" + std::to_string(pid) + "/maps", ExitCode::not_found);
+    std::vector<Mapping> maps;
+    std::string line;
+    while (std::getline(in, line))
+        if (auto m = parse_mapping(line)) maps.push_back(std::move(*m));
+    return maps;
+}
+
+std::vector<pid_t> threads(pid_t pid) {
+    std::vector<pid_t> tids;
+    std::error_code ec;
+    for (const auto& entry : std::filesystem::directory_iterator(path_of(pid, "task"), ec)) {
+        const std::string name = entry.path().filename();
+        pid_t tid = 0;
+        if (std::from_chars(name.data(), name.data() + name.size(), tid).ec == std::errc()) tids.push_back(tid);
+    }
+    std::sort(tids.begin(), tids.end());
+    return tids;
+}
+
+std::optional<std::string> status_field(pid_t pid, std::string_view key) {
+    std::ifstream in(path_of(pid, "status"));
+    std::string line;
+    while (std::getline(in, line)) {
+        if (line.size() <= key.size() || line.compare(0, key.size(), key) != 0 || line[key.size()] != ':') continue;
+        const auto begin = line.find_first_not_of(" \t", key.size() + 1);
+        if (begin == std::string::npos) return std::string();
+        const auto end = line.find_last_not_of(" \t");
+        return line.substr(begin, end - begin + 1);
+    }
+    return std::nullopt;
+}
+
+std::vector<long> status_numbers(pid_t pid, std::string_view key) {
+    std::vector<long> out;
+    const auto text = status_field(pid, key);
+    if (!text) return out;
+    std::istringstream fields(*text);
+    long v = 0;
+    while (fields >> v) out.push_back(v);
+    return out;
+}
+
+std::optional<std::string> stat_field(pid_t pid, int number, pid_t tid) {
+    std::ifstream in(tid ? path_of(pid, "task/" + std::to_string(tid) + "/stat") : path_of(pid, "stat"));
+    std::string stat;
+    if (!std::getline(in, stat)) return std::nullopt;
+    const auto close_paren = stat.rfind(')');
+    if (close_paren == std::string::npos) return std::nullopt;
+    if (number == 1) return stat.substr(0, stat.find(' '));
+    if (number == 2) return stat.substr(stat.find('(') + 1, close_paren - stat.find('(') - 1);
+    std::istringstream fields(stat.substr(close_paren + 1));
+    std::string field;
+    for (int i = 3; fields >> field; ++i)
+        if (i == number) return field;
+    return std::nullopt;
+}
+
+char state(pid_t pid, pid_t tid) {
+    const auto s = stat_field(pid, 3, tid);
+    return s && !s->empty() ? (*s)[0] : 0;
+}
+
+}  // namespace iprobe::proc
