@@ -1,5 +1,6 @@
 // `fperf`: per-function counter profiles of a running program, with the
 // profiler's own overhead kept inside a budget.
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -11,6 +12,7 @@
 #include "iprobe/fperf/events.h"
 #include "iprobe/fperf/profile.h"
 #include "iprobe/fperf/record.h"
+#include "iprobe/support/args.h"
 #include "iprobe/support/error.h"
 #include "iprobe/support/file.h"
 #include "iprobe/support/glob.h"
@@ -21,6 +23,8 @@ namespace {
 
 using iprobe::Error;
 using iprobe::ExitCode;
+using iprobe::ArgSpec;
+using iprobe::ParsedArgs;
 
 constexpr const char* kUsage =
     "usage: fperf record [options] --pid PID\n"
@@ -37,51 +41,60 @@ constexpr const char* kUsage =
     "migrations, task clock) always, hardware events wherever the kernel has a PMU,\n"
     "even one libpfm4 does not know.  FPERF_PAPI=off leaves PAPI out entirely.\n";
 
-constexpr const char* kRecordHelp =
-    "usage: fperf record [options] --pid PID\n"
-    "       fperf record [options] -- PROGRAM [ARGS...]\n"
-    "\n"
-    "  --pid PID           profile a running process: hotpatch routes its probes to\n"
-    "                      the fperf handler (injected with dlopen when absent)\n"
-    "  -- PROGRAM ARGS     start PROGRAM with the handler preloaded and profile it to\n"
-    "                      its exit (programs built with iprobe-cc get their probes\n"
-    "                      routed by hotpatch; plain -finstrument-functions builds\n"
-    "                      call the handler directly)\n"
-    "  --probes LIST       probe list or coldpatched binary (default: the target's\n"
-    "                      executable and its FILE.probes)\n"
-    "  --functions GLOB    only functions matching GLOB (comma list, repeatable)\n"
-    "  --events E1,E2      PAPI preset or native names, perf's names (page-faults,\n"
-    "                      cs, cycles, ...) or raw codes (r01c2) (default: PAPI_TOT_CYC,\n"
-    "                      PAPI_TOT_INS, PAPI_L1_DCM, perf::PAGE-FAULTS,\n"
-    "                      perf::CONTEXT-SWITCHES); wall and CPU time are always measured\n"
-    "  --strict            an unavailable --events entry is an error (exit 7); without\n"
-    "                      it the event is reported unavailable and the rest measured\n"
-    "  --budget P%         overhead budget, share of wall time (default 5%);\n"
-    "                      'none' samples every call\n"
-    "  --interval T        quota refill period (default 100ms; units us, ms, s)\n"
-    "  --duration S        stop after S seconds (default: when the target exits or on Ctrl-C)\n"
-    "  -o FILE             output (default fperf.data)\n"
-    "  --table-slots N     function table size (default 65536)\n"
-    "  --keep-probes       never remove the probes of functions too hot to count\n"
-    "                      within the budget (exact call counts; higher overhead)\n"
-    "  -q, --quiet         no progress messages\n";
+ArgSpec record_spec() {
+    ArgSpec spec(
+        "fperf record", "usage: fperf record [options] --pid PID\n       fperf record [options] -- PROGRAM [ARGS...]",
+        "-- PROGRAM ARGS starts PROGRAM with the handler preloaded and profiles it to\n"
+        "its exit (programs built with iprobe-cc get their probes routed by hotpatch;\n"
+        "plain -finstrument-functions builds call the handler directly).",
+        {
+            {"--pid", "PID", "profile a running process: hotpatch routes its probes to\n"
+                             "the fperf handler (injected with dlopen when absent)", "-p"},
+            {"--probes", "LIST", "probe list or coldpatched binary (default: the target's\n"
+                                 "executable and its FILE.probes); repeatable"},
+            {"--functions", "GLOB", "only functions matching GLOB (comma list, repeatable)"},
+            {"--events", "E1,E2", "PAPI preset or native names, perf's names (page-faults,\n"
+                                  "cs, cycles, ...) or raw codes (r01c2) (default: PAPI_TOT_CYC,\n"
+                                  "PAPI_TOT_INS, PAPI_L1_DCM, perf::PAGE-FAULTS,\n"
+                                  "perf::CONTEXT-SWITCHES); wall and CPU time are always measured", "-e"},
+            {"--strict", "", "an unavailable --events entry is an error (exit 7); without\n"
+                             "it the event is reported unavailable and the rest measured"},
+            {"--budget", "P%", "overhead budget, share of wall time (default 5%);\n"
+                               "'none' samples every call"},
+            {"--no-budget", "", "the same as --budget none"},
+            {"--interval", "T", "quota refill period (default 100ms; units us, ms, s)"},
+            {"--duration", "S", "stop after S seconds (default: when the target exits or on Ctrl-C)"},
+            {"--output", "FILE", "output (default fperf.data)", "-o"},
+            {"--handler", "PATH", "the handler library (default: the installed one; FPERF_HANDLER)"},
+            {"--table-slots", "N", "function table size (default 65536)"},
+            {"--keep-probes", "", "never remove the probes of functions too hot to count\n"
+                                  "within the budget (exact call counts; higher overhead)"},
+            {"--quiet", "", "no progress messages", "-q"},
+        });
+    spec.command_after_dashes();
+    return spec;
+}
 
-constexpr const char* kReportHelp =
-    "usage: fperf report [-i fperf.data] [--json|--csv] [--svg OUT.svg] [--limit N] [--top N]\n"
-    "\n"
+const ArgSpec kReportSpec(
+    "fperf report", "usage: fperf report [-i fperf.data] [--json|--csv] [--svg OUT.svg] [--limit N] [--top N]",
     "Per function: calls seen, samples taken, mean per sampled call of wall time,\n"
     "CPU time and each measured event, and its share of the estimated total\n"
-    "(mean x calls).  Unavailable events are listed, never shown as zeros.\n"
-    "  --limit N   table rows (default 30, 0 = all)\n"
-    "  --top N     bars per panel in the SVG (default 12)\n";
+    "(mean x calls).  Unavailable events are listed, never shown as zeros.",
+    {
+        {"--input", "FILE", "the profile to read (default fperf.data)", "-i"},
+        {"--json", "", "the profile as JSON"},
+        {"--csv", "", "the table as CSV"},
+        {"--svg", "OUT.svg", "also draw the profile as an SVG chart"},
+        {"--limit", "N", "table rows (default 30, 0 = all)"},
+        {"--top", "N", "bars per panel in the SVG (default 12)"},
+    });
+
+const ArgSpec kEventsSpec("fperf events", "usage: fperf events [--json]",
+                          "Lists the events this machine can count, and who counts each (PAPI or the kernel).",
+                          {{"--json", "", "the list as JSON"}});
 
 [[noreturn]] void usage_error(const std::string& message) {
     throw Error(message + " (see `fperf --help`)", ExitCode::usage);
-}
-
-std::string need_value(int& i, int argc, char** argv) {
-    if (i + 1 >= argc) usage_error(std::string(argv[i]) + " needs a value");
-    return argv[++i];
 }
 
 double parse_number(const std::string& text, const std::string& what) {
@@ -109,93 +122,68 @@ std::uint64_t parse_interval_ns(std::string text) {
 }
 
 int cmd_record(int argc, char** argv) {
+    const ArgSpec spec = record_spec();
+    const ParsedArgs a = spec.parse(argc, argv, 2);
+    if (a.help_requested()) {
+        std::fputs(spec.help().c_str(), stdout);
+        return 0;
+    }
+    if (!a.positionals().empty()) spec.fail("unexpected argument '" + a.positionals().front() + "'");
     iprobe::fperf::RecordOptions o;
-    int i = 2;
-    for (; i < argc; i++) {
-        const std::string_view a = argv[i];
-        if (a == "--") {
-            for (int j = i + 1; j < argc; j++) o.command.emplace_back(argv[j]);
-            if (o.command.empty()) usage_error("nothing to run after --");
-            break;
-        } else if (a == "-h" || a == "--help") {
-            std::fputs(kRecordHelp, stdout);
-            return 0;
-        } else if (a == "--pid" || a == "-p") {
-            const auto v = need_value(i, argc, argv);
-            o.pid = iprobe::parse_pid_or_usage(v, "--pid");
-        } else if (a == "--probes") {
-            o.probe_sources.push_back(need_value(i, argc, argv));
-        } else if (a == "--functions") {
-            for (auto& g : iprobe::split_list(need_value(i, argc, argv))) o.function_globs.push_back(g);
-        } else if (a == "--events" || a == "-e") {
-            for (auto& e : iprobe::split_list(need_value(i, argc, argv))) o.events.push_back(e);
-            o.events_given = true;
-        } else if (a == "--strict") {
-            o.strict = true;
-        } else if (a == "--budget") {
-            std::string v = need_value(i, argc, argv);
-            if (v == "none" || v == "off" || v == "unlimited") {
-                o.unlimited = true;
-            } else {
-                if (!v.empty() && v.back() == '%') v.pop_back();
-                o.budget = parse_number(v, "budget") / 100.0;
-                if (o.budget > 10) usage_error("--budget above 1000% makes no sense; use --budget none");
-                o.unlimited = false;
-            }
-        } else if (a == "--no-budget") {
+    o.command = a.command();
+    if (a.has("--pid")) o.pid = iprobe::parse_pid_or_usage(a.value("--pid"), "--pid");
+    o.probe_sources = a.values("--probes");
+    for (const auto& list : a.values("--functions"))
+        for (auto& g : iprobe::split_list(list)) o.function_globs.push_back(g);
+    for (const auto& list : a.values("--events"))
+        for (auto& e : iprobe::split_list(list)) o.events.push_back(e);
+    o.events_given = a.has("--events");
+    o.strict = a.has("--strict");
+    if (a.has("--budget")) {
+        std::string v = a.value("--budget");
+        if (v == "none" || v == "off" || v == "unlimited") {
             o.unlimited = true;
-        } else if (a == "--interval") {
-            o.interval_ns = parse_interval_ns(need_value(i, argc, argv));
-        } else if (a == "--duration") {
-            std::string v = need_value(i, argc, argv);
-            if (v.size() > 1 && v.back() == 's') v.pop_back();
-            o.duration_s = parse_number(v, "duration");
-        } else if (a == "-o" || a == "--output") {
-            o.output = need_value(i, argc, argv);
-        } else if (a == "--handler") {
-            o.handler_library = need_value(i, argc, argv);
-        } else if (a == "--table-slots") {
-            o.table_slots = static_cast<std::uint32_t>(parse_number(need_value(i, argc, argv), "table size"));
-            if (o.table_slots < 2 || o.table_slots > (1u << 24)) usage_error("--table-slots must be 2..16777216");
-        } else if (a == "-q" || a == "--quiet") {
-            o.quiet = true;
-        } else if (a == "--keep-probes") {
-            o.keep_probes = true;
         } else {
-            usage_error("unknown option '" + std::string(a) + "'");
+            if (!v.empty() && v.back() == '%') v.pop_back();
+            o.budget = parse_number(v, "budget") / 100.0;
+            if (o.budget > 10) usage_error("--budget above 1000% makes no sense; use --budget none");
+            o.unlimited = false;
         }
     }
+    if (a.has("--no-budget")) o.unlimited = true;
+    if (a.has("--interval")) o.interval_ns = parse_interval_ns(a.value("--interval"));
+    if (a.has("--duration")) {
+        std::string v = a.value("--duration");
+        if (v.size() > 1 && v.back() == 's') v.pop_back();
+        o.duration_s = parse_number(v, "duration");
+    }
+    if (a.has("--output")) o.output = a.value("--output");
+    o.handler_library = a.value("--handler");
+    if (a.has("--table-slots")) {
+        o.table_slots = static_cast<std::uint32_t>(parse_number(a.value("--table-slots"), "table size"));
+        if (o.table_slots < 2 || o.table_slots > (1u << 24)) usage_error("--table-slots must be 2..16777216");
+    }
+    o.quiet = a.has("--quiet");
+    o.keep_probes = a.has("--keep-probes");
+    if (a.command().empty() && std::find(argv + 2, argv + argc, std::string_view("--")) != argv + argc)
+        usage_error("nothing to run after --");
     if (o.pid == 0 && o.command.empty()) usage_error("fperf record needs --pid PID or -- PROGRAM");
     if (o.events_given && o.events.empty()) usage_error("--events needs at least one name");
     return iprobe::fperf::record(o);
 }
 
 int cmd_report(int argc, char** argv) {
-    std::string input = "fperf.data", svg;
-    enum { table, json, csv } format = table;
-    std::size_t limit = 30, top = 12;
-    for (int i = 2; i < argc; i++) {
-        const std::string_view a = argv[i];
-        if (a == "-h" || a == "--help") {
-            std::fputs(kReportHelp, stdout);
-            return 0;
-        } else if (a == "-i" || a == "--input") {
-            input = need_value(i, argc, argv);
-        } else if (a == "--json") {
-            format = json;
-        } else if (a == "--csv") {
-            format = csv;
-        } else if (a == "--svg") {
-            svg = need_value(i, argc, argv);
-        } else if (a == "--limit") {
-            limit = static_cast<std::size_t>(parse_number(need_value(i, argc, argv), "limit"));
-        } else if (a == "--top") {
-            top = static_cast<std::size_t>(parse_number(need_value(i, argc, argv), "top"));
-            if (top == 0) usage_error("--top must be at least 1");
-        } else {
-            usage_error("unknown option '" + std::string(a) + "'");
-        }
+    const ParsedArgs a = kReportSpec.parse(argc, argv, 2);
+    if (a.help_requested()) {
+        std::fputs(kReportSpec.help().c_str(), stdout);
+        return 0;
     }
+    if (!a.positionals().empty()) kReportSpec.fail("unexpected argument '" + a.positionals().front() + "'");
+    const std::string input = a.value("--input", "fperf.data"), svg = a.value("--svg");
+    enum { table, json, csv } format = a.has("--json") ? json : a.has("--csv") ? csv : table;
+    const std::size_t limit = a.has("--limit") ? static_cast<std::size_t>(parse_number(a.value("--limit"), "limit")) : 30;
+    const std::size_t top = a.has("--top") ? static_cast<std::size_t>(parse_number(a.value("--top"), "top")) : 12;
+    if (top == 0) usage_error("--top must be at least 1");
     const auto profile = iprobe::fperf::Profile::load(input);
     if (!svg.empty()) {
         const auto text = iprobe::fperf::render_svg(profile, top);
@@ -210,12 +198,13 @@ int cmd_report(int argc, char** argv) {
 }
 
 int cmd_events(int argc, char** argv) {
-    bool json = false;
-    for (int i = 2; i < argc; i++) {
-        const std::string a = argv[i];
-        if (a == "--json") json = true;
-        else usage_error("unknown option " + a + " for fperf events");
+    const ParsedArgs a = kEventsSpec.parse(argc, argv, 2);
+    if (a.help_requested()) {
+        std::fputs(kEventsSpec.help().c_str(), stdout);
+        return 0;
     }
+    if (!a.positionals().empty()) kEventsSpec.fail("unexpected argument '" + a.positionals().front() + "'");
+    const bool json = a.has("--json");
     const auto events = iprobe::fperf::available_events();
     if (!json) {
         for (const auto& e : events) std::printf("%-40s %s\n", e.name.c_str(), iprobe::fperf::backend_name(e.source.backend));

@@ -21,6 +21,7 @@
 
 #include "iprobe/hotpatch/attach_report.h"
 #include "iprobe/hotpatch/hotpatch.h"
+#include "iprobe/support/args.h"
 #include "iprobe/support/error.h"
 #include "iprobe/support/glob.h"
 #include "iprobe/support/json.h"
@@ -36,7 +37,7 @@ namespace {
 volatile sig_atomic_t g_stop = 0;
 std::string g_command = "attach";
 
-const char* const kUsage =
+constexpr const char* kSynopsis =
     "usage: iprobe attach PID [--probes LIST[,LIST…]] [--functions GLOB,…] [--files GLOB,…]\n"
     "                     [--entry-only|--exit-only] [--handler trace|count] [--buffer SIZE] [--json]\n"
     "       iprobe detach PID [--functions GLOB,…] [--json]\n"
@@ -44,8 +45,9 @@ const char* const kUsage =
     "       iprobe trace  PID [--duration S] [--format text|json|chrome | --output FILE]\n"
     "       iprobe trace  --input FILE [--format text|json|chrome]\n"
     "       iprobe report PID [--json] [--since-last|--reset] [--duration S] [--at-exit]\n"
-    "       iprobe report PID --folded [--duration S]\n"
-    "\n"
+    "       iprobe report PID --folded [--duration S]";
+
+constexpr const char* kAbout =
     "attach  turns the placeholder NOPs of a running, coldpatched process into calls to\n"
     "        the iprobe runtime (injected with dlopen if the process was not started\n"
     "        with it). LIST is a probe list, a coldpatched binary or shared library\n"
@@ -70,10 +72,36 @@ const char* const kUsage =
     "        --reset: mark now as the start for the next --since-last.\n"
     "        --at-exit: wait until the process exits, then report its totals.\n"
     "        --folded: folded stacks (exclusive ns) for flamegraph.pl, from the event\n"
-    "        stream (consumes it, like trace).\n"
-    "\n"
+    "        stream (consumes it, like trace).";
+
+constexpr const char* kFooter =
     "exit codes: 0 ok, 1 failed, 2 usage, 3 bad input, 4 permission, 5 not found, 6 busy, 7 unavailable,\n"
-    "            130 interrupted (SIGINT/SIGTERM; an attach or detach in progress is undone first)\n";
+    "            130 interrupted (SIGINT/SIGTERM; an attach or detach in progress is undone first)";
+
+ArgSpec spec_of(const std::string& command) {
+    return ArgSpec("iprobe " + command, kSynopsis, kAbout,
+    {
+        {"--probes", "LIST", "probe list(s), coldpatched binaries or libraries, comma-separated\n(default: the process's executable)"},
+        {"--functions", "GLOB,...", "only probes of functions matching a GLOB (demangled or raw)"},
+        {"--files", "GLOB,...", "only probes in source files matching a GLOB"},
+        {"--entry-only", "", "only entry probes"},
+        {"--exit-only", "", "only exit probes"},
+        {"--handler", "trace|count", "attach: what enabled probes do (default trace)"},
+        {"--buffer", "SIZE", "attach: each thread's event ring (K/M/G suffix; default 512K)"},
+        {"--ring-records", "N", "attach: each thread's event ring in records (instead of --buffer)"},
+        {"--runtime", "PATH", "attach: the runtime library to inject (default: the installed one)"},
+        {"--duration", "S", "trace, report: stop after S seconds"},
+        {"--format", "text|json|chrome", "trace: output format (default text)"},
+        {"--output", "FILE", "trace: write the compact binary event file instead"},
+        {"--input", "FILE", "trace: convert a file written by --output (no PID)"},
+        {"--since-last", "", "report: only what happened since the last --since-last or --reset"},
+        {"--reset", "", "report: mark now as the start for the next --since-last"},
+        {"--at-exit", "", "report: wait until the process exits, then report its totals"},
+        {"--folded", "", "report: folded stacks for flamegraph.pl (consumes the event stream)"},
+        {"--json", "", "machine-readable output"},
+    },
+                   kFooter);
+}
 
 [[noreturn]] void usage_error(const std::string& message) {
     throw Error(message + "\n(see 'iprobe " + g_command + " --help')", ExitCode::usage);
@@ -94,38 +122,20 @@ struct Args {
 Args parse(int argc, char** argv) {
     Args args;
     args.command = argv[1];
-    static const std::map<std::string, bool> takes_value = {
-        {"--probes", true},   {"--functions", true}, {"--files", true},      {"--handler", true},
-        {"--duration", true}, {"--format", true},    {"--ring-records", true}, {"--entry-only", false},
-        {"--exit-only", false}, {"--json", false},   {"--folded", false},    {"--runtime", true},
-        {"--buffer", true},   {"--since-last", false}, {"--reset", false},  {"--at-exit", false},
-        {"--output", true},   {"--input", true}};
-    for (int i = 2; i < argc; i++) {
-        std::string a = argv[i];
-        if (a == "-h" || a == "--help") {
-            std::cout << kUsage;
-            std::exit(0);
-        }
-        if (a.rfind("--", 0) == 0) {
-            std::string value;
-            const auto eq = a.find('=');
-            if (eq != std::string::npos) value = a.substr(eq + 1), a = a.substr(0, eq);
-            auto it = takes_value.find(a);
-            if (it == takes_value.end()) usage_error("unknown option " + a);
-            if (it->second && eq == std::string::npos) {
-                if (i + 1 >= argc) usage_error(a + " needs a value");
-                value = argv[++i];
-            }
-            if (a == "--probes") {
-                for (auto& p : split_list(value)) args.probes.push_back(p);
-            } else {
-                args.values[a] = value;
-            }
-            continue;
-        }
-        if (args.pid != 0) usage_error("unexpected argument " + a);
-        args.pid = parse_pid_or_usage(a);
+    const ArgSpec spec = spec_of(args.command);
+    const ParsedArgs parsed = spec.parse(argc, argv, 2);
+    if (parsed.help_requested()) {
+        std::cout << spec.help();
+        std::exit(0);
     }
+    for (const auto& list : parsed.values("--probes"))
+        for (auto& p : split_list(list)) args.probes.push_back(p);
+    for (const char* name : {"--functions", "--files", "--entry-only", "--exit-only", "--handler", "--buffer",
+                             "--ring-records", "--runtime", "--duration", "--format", "--output", "--input",
+                             "--since-last", "--reset", "--at-exit", "--folded", "--json"})
+        if (parsed.has(name)) args.values[name] = parsed.value(name);
+    if (parsed.positionals().size() > 1) usage_error("unexpected argument " + parsed.positionals()[1]);
+    if (!parsed.positionals().empty()) args.pid = parse_pid_or_usage(parsed.positionals().front());
     if (args.pid == 0 && !(args.command == "trace" && args.flag("--input"))) usage_error("missing PID");
     if (args.pid != 0 && args.flag("--input")) usage_error("--input reads a file: give no PID");
     return args;
@@ -513,7 +523,7 @@ int cmd_report(const Args& args) {
 
 int main(int argc, char** argv) {
     if (argc < 2 || std::strcmp(argv[1], "-h") == 0 || std::strcmp(argv[1], "--help") == 0) {
-        std::cout << kUsage;
+        std::cout << spec_of("attach|detach|status|trace|report").help();
         return argc < 2 ? 2 : 0;
     }
     struct sigaction sa {};

@@ -7,6 +7,7 @@
 #include "iprobe/launcher/clone.h"
 #include "iprobe/launcher/container.h"
 #include "iprobe/launcher/remote.h"
+#include "iprobe/support/args.h"
 #include "iprobe/support/error.h"
 #include "iprobe/support/glob.h"
 #include "iprobe/support/json.h"
@@ -14,14 +15,14 @@
 namespace iprobe::launcher::cli {
 namespace {
 
-const char* const kUsage =
+const ArgSpec kSpec(
+    "iprobe clone",
     "usage: iprobe clone PID [--netns NAME] [--fs-snapshot PATHS] [--no-default-snapshots]\n"
     "                        [--keep-images DIR] [--json]\n"
     "       iprobe clone PID --to HOST:PORT [--netns NAME] [--fs-snapshot PATHS] [--json]\n"
     "       iprobe clone --container CONTAINER [--netns NAME] [--json]\n"
     "       iprobe clone --destroy NAME [--to HOST:PORT]\n"
-    "       iprobe clone --list [--json]\n"
-    "\n"
+    "       iprobe clone --list [--json]",
     "Makes a live copy of a running service with CRIU: production is checkpointed\n"
     "and keeps running (frozen only while CRIU copies its memory); the copy runs in\n"
     "its own network namespace NAME (default iprobe-clone-PID; created if needed,\n"
@@ -32,28 +33,28 @@ const char* const kUsage =
     "The clone writes private copies of the files the service writes: every regular\n"
     "file it has open for writing or maps shared and writable, its working\n"
     "directory (up to 256 MiB), and --fs-snapshot PATHS (comma-separated files or\n"
-    "directories). It gets a /dev/shm of its own.\n"
-    "\n"
-    "  --container CONTAINER   clone a podman container instead: podman's own\n"
-    "                          checkpoint (--leave-running) and restore as a new\n"
-    "                          container NAME (default CONTAINER-iprobe-clone) alone\n"
-    "                          on an isolated podman network iprobe-NAME, through\n"
-    "                          iprobe's CRIU\n"
-    "  --to HOST:PORT          clone onto another host, to the `iprobe clone-agent`\n"
-    "                          listening there: memory streams to a CRIU page server\n"
-    "                          on that host, the clone runs in that host's network\n"
-    "                          (PIDs printed are that host's)\n"
-    "  --netns NAME            clone and namespace name\n"
-    "  --fs-snapshot PATHS     more files/directories to copy for the clone\n"
-    "  --no-default-snapshots  copy only --fs-snapshot paths\n"
-    "  --keep-images DIR       keep CRIU's checkpoint images in DIR (must be empty)\n"
-    "  --destroy NAME          kill a clone, remove its namespace and copies\n"
-    "  --list                  show existing clones\n"
-    "  --json                  machine-readable output\n"
-    "\n"
+    "directories). It gets a /dev/shm of its own.",
+    {
+        {"--container", "CONTAINER", "clone a podman container instead: podman's own\n"
+                                     "checkpoint (--leave-running) and restore as a new\n"
+                                     "container NAME (default CONTAINER-iprobe-clone) alone\n"
+                                     "on an isolated podman network iprobe-NAME, through\n"
+                                     "iprobe's CRIU"},
+        {"--to", "HOST:PORT", "clone onto another host, to the `iprobe clone-agent`\n"
+                              "listening there: memory streams to a CRIU page server\n"
+                              "on that host, the clone runs in that host's network\n"
+                              "(PIDs printed are that host's)"},
+        {"--netns", "NAME", "clone and namespace name"},
+        {"--fs-snapshot", "PATHS", "more files/directories to copy for the clone"},
+        {"--no-default-snapshots", "", "copy only --fs-snapshot paths"},
+        {"--keep-images", "DIR", "keep CRIU's checkpoint images in DIR (must be empty)"},
+        {"--destroy", "NAME", "kill a clone, remove its namespace and copies"},
+        {"--list", "", "show existing clones"},
+        {"--json", "", "machine-readable output"},
+    },
     "Needs root and CRIU >= 4.2 (scripts/setup installs it; IPROBE_CRIU overrides).\n"
     "Exit codes: 0 ok, 1 CRIU failed (production untouched), 2 usage, 4 not root,\n"
-    "5 no such process/container/clone, 6 clone name in use, 7 CRIU or podman missing.\n";
+    "5 no such process/container/clone, 6 clone name in use, 7 CRIU or podman missing.");
 
 void print_container_result(const ContainerCloneResult& r, bool json) {
     if (json) {
@@ -125,44 +126,21 @@ void print_result(const CloneResult& r, bool json, bool alive_known = true) {
 }  // namespace
 
 int clone_main(const std::vector<std::string>& args) {
-    CloneOptions o;
-    bool json = false, list = false;
-    std::string destroy, container, to;
-    auto value = [&](size_t& i) -> const std::string& {
-        if (i + 1 >= args.size()) throw Error(args[i] + " needs a value\n" + kUsage, ExitCode::usage);
-        return args[++i];
-    };
-    for (size_t i = 0; i < args.size(); ++i) {
-        const std::string& a = args[i];
-        if (a == "-h" || a == "--help") {
-            std::fputs(kUsage, stdout);
-            return 0;
-        } else if (a == "--container") {
-            container = value(i);
-        } else if (a == "--to") {
-            to = value(i);
-        } else if (a == "--netns") {
-            o.name = value(i);
-        } else if (a == "--fs-snapshot") {
-            for (auto& p : split_list(value(i))) o.fs_snapshot.push_back(p);
-        } else if (a == "--no-default-snapshots") {
-            o.default_snapshots = false;
-        } else if (a == "--keep-images") {
-            o.keep_images = value(i);
-        } else if (a == "--destroy") {
-            destroy = value(i);
-        } else if (a == "--list") {
-            list = true;
-        } else if (a == "--json") {
-            json = true;
-        } else if (!a.empty() && a[0] == '-') {
-            throw Error("unknown option " + a + "\n" + kUsage, ExitCode::usage);
-        } else if (o.pid < 0) {
-            o.pid = parse_pid(a);
-        } else {
-            throw Error("unexpected argument " + a + "\n" + kUsage, ExitCode::usage);
-        }
+    const ParsedArgs a = kSpec.parse(args);
+    if (a.help_requested()) {
+        std::fputs(kSpec.help().c_str(), stdout);
+        return 0;
     }
+    CloneOptions o;
+    const bool json = a.has("--json"), list = a.has("--list");
+    const std::string destroy = a.value("--destroy"), container = a.value("--container"), to = a.value("--to");
+    o.name = a.value("--netns");
+    for (const auto& paths : a.values("--fs-snapshot"))
+        for (auto& p : split_list(paths)) o.fs_snapshot.push_back(p);
+    o.default_snapshots = !a.has("--no-default-snapshots");
+    o.keep_images = a.value("--keep-images");
+    if (a.positionals().size() > 1) kSpec.fail("unexpected argument '" + a.positionals()[1] + "'");
+    if (!a.positionals().empty()) o.pid = parse_pid(a.positionals().front());
     if (!destroy.empty()) {
         if (!to.empty()) destroy_agent_clone(to, destroy);
         else if (is_container_clone(destroy)) destroy_container_clone(destroy);
@@ -185,13 +163,13 @@ int clone_main(const std::vector<std::string>& args) {
     }
     if (!container.empty()) {
         if (!to.empty()) throw Error("--to clones a process, not a container (--container)", ExitCode::usage);
-        if (o.pid >= 0) throw Error(std::string("give a PID or --container, not both\n") + kUsage, ExitCode::usage);
+        if (o.pid >= 0) kSpec.fail("give a PID or --container, not both");
         ContainerCloneOptions c{container, o.name, {}};
         if (!json) c.progress = [](const std::string& line) { std::fprintf(stderr, "iprobe clone: %s\n", line.c_str()); };
         print_container_result(clone_container(c), json);
         return 0;
     }
-    if (o.pid < 0) throw Error(std::string("missing PID\n") + kUsage, ExitCode::usage);
+    if (o.pid < 0) kSpec.fail("missing PID");
     if (!to.empty() && !o.keep_images.empty())
         throw Error("--keep-images and --to exclude each other: the images are kept by the agent's host", ExitCode::usage);
     if (!json) o.progress = [](const std::string& line) { std::fprintf(stderr, "iprobe clone: %s\n", line.c_str()); };

@@ -4,18 +4,19 @@
 
 #include "commands.h"
 #include "iprobe/launcher/debug.h"
+#include "iprobe/support/args.h"
 #include "iprobe/support/error.h"
 #include "iprobe/support/number.h"
 
 namespace iprobe::launcher::cli {
 namespace {
 
-const char* const kUsage =
+const ArgSpec kSpec(
+    "iprobe debug",
     "usage: iprobe debug PID|--container NAME --listen ADDR:PORT --production ADDR:PORT\n"
     "                    [--probes LIST [--functions GLOB]] [--buffer SIZE] [--divergence MODE]\n"
     "                    [--recloning off|on-overflow|on-divergence|periodic:SECONDS]\n"
-    "                    [--name NAME] [--json]\n"
-    "\n"
+    "                    [--name NAME] [--json]",
     "Debugs a running service on a live copy of it, with production's traffic:\n"
     "  1. clones PID with CRIU (`iprobe clone`) into its own network and PID\n"
     "     namespaces, connected to this host by a veth pair (10.213.x.y/30);\n"
@@ -27,91 +28,75 @@ const char* const kUsage =
     "     only (`iprobe attach`; LIST defaults to the clone's executable) and\n"
     "     streams the clone's trace (`iprobe trace`) on stdout.\n"
     "Ctrl-C (or SIGTERM) removes the clone, its namespace and the mirror;\n"
-    "production is left as it was.\n"
-    "\n"
-    "  --container NAME         production is podman container NAME: the clone is a\n"
-    "                           new container (`iprobe clone --container`), fed at its\n"
-    "                           own address, probes attached on its host PID (not\n"
-    "                           yet with --recloning)\n"
-    "  --buffer SIZE            mirror's per-connection buffer toward the clone\n"
-    "  --recloning on-overflow  re-clone when a connection's copy overflowed its\n"
-    "                           buffer (the clone has diverged from production)\n"
-    "  --divergence MODE        the mirror compares the clone's replies with\n"
-    "                           production's: auto (default: resp for redis-like\n"
-    "                           services, http for web servers, off otherwise),\n"
-    "                           resp, http, stream, or off\n"
-    "  --recloning on-divergence  re-clone when a connection's replies differed\n"
-    "                           (with --divergence auto on an unknown protocol: stream)\n"
-    "  --recloning periodic:N   re-clone every N seconds\n"
-    "  --name NAME              clone/namespace name (default iprobe-debug-PID)\n"
-    "  --json                   JSON lines on stdout: the session's events, the\n"
-    "                           clone's trace as {\"event\":\"trace\",...}, the\n"
-    "                           mirror's final stats in the \"stopping\" event\n"
-    "\n"
+    "production is left as it was.",
+    {
+        {"--listen", "ADDR:PORT", "where clients connect (the mirror's listening address)"},
+        {"--production", "ADDR:PORT", "the service's own address"},
+        {"--container", "NAME", "production is podman container NAME: the clone is a\n"
+                                "new container (`iprobe clone --container`), fed at its\n"
+                                "own address, probes attached on its host PID (not\n"
+                                "yet with --recloning)"},
+        {"--probes", "LIST", "probe list(s) to attach in the clone (default: its executable's)"},
+        {"--functions", "GLOB", "only probes of functions matching GLOB"},
+        {"--buffer", "SIZE", "mirror's per-connection buffer toward the clone"},
+        {"--divergence", "MODE", "the mirror compares the clone's replies with\n"
+                                 "production's: auto (default: resp for redis-like\n"
+                                 "services, http for web servers, off otherwise),\n"
+                                 "resp, http, stream, or off"},
+        {"--recloning", "WHEN", "on-overflow: re-clone when a connection's copy overflowed\n"
+                                "its buffer (the clone has diverged from production);\n"
+                                "on-divergence: when a connection's replies differed\n"
+                                "(with --divergence auto on an unknown protocol: stream);\n"
+                                "periodic:N: every N seconds; off (default)"},
+        {"--name", "NAME", "clone/namespace name (default iprobe-debug-PID)"},
+        {"--json", "", "JSON lines on stdout: the session's events, the\n"
+                       "clone's trace as {\"event\":\"trace\",...}, the\n"
+                       "mirror's final stats in the \"stopping\" event"},
+    },
     "Needs root. Exit codes as `iprobe clone`; 7 also when iprobe-mirror or\n"
-    "iprobe-hotpatch is not built.\n";
+    "iprobe-hotpatch is not built.");
+
+DebugOptions::Recloning parse_recloning(const std::string& v, int& period_s) {
+    if (v == "off") return DebugOptions::Recloning::off;
+    if (v == "on-overflow") return DebugOptions::Recloning::on_overflow;
+    if (v == "on-divergence") return DebugOptions::Recloning::on_divergence;
+    if (v.rfind("periodic:", 0) == 0) {
+        period_s = static_cast<int>(parse_unsigned_or_usage(v.substr(9), "--recloning periodic:SECONDS", 1, 86400 * 365));
+        return DebugOptions::Recloning::periodic;
+    }
+    kSpec.fail("--recloning wants off, on-overflow, on-divergence or periodic:SECONDS");
+}
 
 }  // namespace
 
 int debug_main(const std::vector<std::string>& args) {
-    DebugOptions o;
-    auto value = [&](size_t& i) -> const std::string& {
-        if (i + 1 >= args.size()) throw Error(args[i] + " needs a value\n" + kUsage, ExitCode::usage);
-        return args[++i];
-    };
-    for (size_t i = 0; i < args.size(); ++i) {
-        const std::string& a = args[i];
-        if (a == "-h" || a == "--help") {
-            std::fputs(kUsage, stdout);
-            return 0;
-        } else if (a == "--listen") {
-            o.listen = value(i);
-        } else if (a == "--production") {
-            o.production = value(i);
-        } else if (a == "--probes") {
-            o.probes = value(i);
-        } else if (a == "--functions") {
-            o.functions = value(i);
-        } else if (a == "--buffer") {
-            o.buffer = value(i);
-        } else if (a == "--divergence") {
-            o.divergence = value(i);
-            if (o.divergence != "auto" && o.divergence != "stream" && o.divergence != "resp" &&
-                o.divergence != "http" && o.divergence != "off")
-                throw Error("--divergence wants auto, resp, http, stream or off", ExitCode::usage);
-        } else if (a == "--container") {
-            o.container = value(i);
-        } else if (a == "--name") {
-            o.name = value(i);
-        } else if (a == "--json") {
-            o.json = true;
-        } else if (a == "--recloning") {
-            const std::string& v = value(i);
-            if (v == "off") {
-                o.recloning = DebugOptions::Recloning::off;
-            } else if (v == "on-overflow") {
-                o.recloning = DebugOptions::Recloning::on_overflow;
-            } else if (v == "on-divergence") {
-                o.recloning = DebugOptions::Recloning::on_divergence;
-            } else if (v.rfind("periodic:", 0) == 0) {
-                o.recloning = DebugOptions::Recloning::periodic;
-                o.period_s = static_cast<int>(parse_unsigned_or_usage(v.substr(9), "--recloning periodic:SECONDS", 1, 86400 * 365));
-            } else {
-                throw Error("--recloning wants off, on-overflow, on-divergence or periodic:SECONDS", ExitCode::usage);
-            }
-        } else if (!a.empty() && a[0] == '-') {
-            throw Error("unknown option " + a + "\n" + kUsage, ExitCode::usage);
-        } else if (o.pid < 0) {
-            o.pid = parse_pid(a);
-        } else {
-            throw Error("unexpected argument " + a + "\n" + kUsage, ExitCode::usage);
-        }
+    const ParsedArgs a = kSpec.parse(args);
+    if (a.help_requested()) {
+        std::fputs(kSpec.help().c_str(), stdout);
+        return 0;
     }
+    DebugOptions o;
+    o.listen = a.value("--listen");
+    o.production = a.value("--production");
+    o.probes = a.value("--probes");
+    o.functions = a.value("--functions");
+    o.buffer = a.value("--buffer");
+    o.container = a.value("--container");
+    o.name = a.value("--name");
+    o.json = a.has("--json");
+    if (a.has("--divergence")) {
+        o.divergence = a.value("--divergence");
+        if (o.divergence != "auto" && o.divergence != "stream" && o.divergence != "resp" && o.divergence != "http" &&
+            o.divergence != "off")
+            kSpec.fail("--divergence wants auto, resp, http, stream or off");
+    }
+    if (a.has("--recloning")) o.recloning = parse_recloning(a.value("--recloning"), o.period_s);
+    if (a.positionals().size() > 1) kSpec.fail("unexpected argument '" + a.positionals()[1] + "'");
+    if (!a.positionals().empty()) o.pid = parse_pid(a.positionals().front());
     if ((o.pid < 0) == o.container.empty() || o.listen.empty() || o.production.empty())
-        throw Error(std::string("PID (or --container), --listen and --production are required\n") + kUsage,
-                    ExitCode::usage);
+        kSpec.fail("PID (or --container), --listen and --production are required");
     if (o.divergence == "off" && o.recloning == DebugOptions::Recloning::on_divergence)
-        throw Error("--recloning on-divergence needs divergence checking; drop --divergence off", ExitCode::usage);
+        kSpec.fail("--recloning on-divergence needs divergence checking; drop --divergence off");
     return run_debug(o);
 }
 

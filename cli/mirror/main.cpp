@@ -12,6 +12,7 @@
 
 #include "iprobe/proxy/mirror.h"
 #include "iprobe/proxy/replay.h"
+#include "iprobe/support/args.h"
 #include "iprobe/support/error.h"
 #include "iprobe/support/json.h"
 
@@ -20,67 +21,72 @@ using namespace iprobe::proxy;
 
 namespace {
 
-constexpr const char* kMirrorUsage = R"(usage: iprobe mirror --listen ADDR:PORT --production ADDR:PORT [--debug ADDR:PORT] [options]
-       iprobe mirror --upstream ADDR:PORT --listen ADDR:PORT --debug-listen ADDR:PORT [options]
+const ArgSpec kMirrorSpec(
+    "iprobe mirror",
+    "usage: iprobe mirror --listen ADDR:PORT --production ADDR:PORT [--debug ADDR:PORT] [options]\n"
+    "       iprobe mirror --upstream ADDR:PORT --listen ADDR:PORT --debug-listen ADDR:PORT [options]",
+    "Duplicator: clients connect to --listen and are passed through to --production;\n"
+    "every client byte stream is also fed, through a bounded per-connection buffer,\n"
+    "to --debug (a debug copy of the service).  Production never waits on the debug\n"
+    "copy: when a connection's buffer is full, that connection's debug side is\n"
+    "closed and counted (never a stream with a hole), and the time until then (the\n"
+    "debug window) is reported.  Without --debug it is a plain proxy.\n"
+    "\n"
+    "Aggregator (--upstream): placed between a service and a backend it calls.\n"
+    "Production's outbound connections arrive on --listen and pass through to the\n"
+    "backend at --upstream; the debug copy's outbound connections arrive on\n"
+    "--debug-listen, never reach the backend, and get production's recorded replies:\n"
+    "the N-th debug connection receives the N-th production connection's replies,\n"
+    "in order (this assumes the debug copy opens its connections in the same order\n"
+    "and sends the same requests; divergence checking compares its requests with\n"
+    "production's byte for byte).",
+    {
+        {"--listen", "ADDR:PORT", "where clients (or, as aggregator, production's outbound connections) connect"},
+        {"--production", "ADDR:PORT", "the real service"},
+        {"--debug", "ADDR:PORT", "the debug copy fed a copy of every client stream"},
+        {"--upstream", "ADDR:PORT", "aggregator: the backend production calls"},
+        {"--debug-listen", "ADDR:PORT", "aggregator: where the debug copy's outbound connections arrive"},
+        {"--buffer", "SIZE", "per-connection buffer toward the debug side (default 4M; K/M/G suffixes)"},
+        {"--buffer-total", "SIZE", "all connections together (default 1G)"},
+        {"--debug-linger", "SECONDS", "time a debug leg may take to finish after its client left (default 30)"},
+        {"--divergence", "MODE", "compare production's and the debug copy's replies:\n"
+                                 "off (default), stream (byte for byte), resp (per redis reply),\n"
+                                 "http (per HTTP/1.1 response)"},
+        {"--divergence-rules", "FILE", "leave more noise out of the comparison; one rule per line ('#' comments):\n"
+                                       "  resp.ignore-command NAME   replies to NAME are not compared\n"
+                                       "  http.ignore-header NAME    header NAME is left out of the comparison\n"
+                                       "  http.ignore-body GLOB      bodies for request paths matching GLOB are not compared\n"
+                                       "always ignored: replies to COMMAND INFO TIME RANDOMKEY CLIENT HELLO LASTSAVE\n"
+                                       "SLOWLOG MEMORY LATENCY DEBUG CONFIG, and the Date header.  Replies that\n"
+                                       "depend on how requests of different connections interleave (INCR of a\n"
+                                       "key shared by clients) can differ legitimately and are reported."},
+        {"--record", "FILE", "save every client->server stream with timestamps (zstd) for `iprobe replay`"},
+        {"--stats", "ADDR:PORT", "serve the counters as JSON (HTTP GET or any line); SIGUSR1 prints them to stderr"},
+        {"--json", "", "ready line and final stats as JSON on stdout"},
+        {"--quiet", "", "no log lines on stderr"},
+        {"--ready-fd", "N", "once listening, write the JSON readiness event (as with --json) to\n"
+                            "file descriptor N and close it: for a supervisor waiting on a pipe"},
+    },
+    "Once listening it prints one line on stdout: \"listening on ADDR:PORT\" (with\n"
+    "--json: {\"event\":\"listening\",...}); port 0 picks a free port.  SIGTERM/SIGINT\n"
+    "stop it cleanly; the final counters go to stderr (stdout with --json).\n"
+    "exit codes: 0 ok, 1 failed, 2 usage, 3 bad input, 4 permission, 5 not found, 6 busy (port in use)");
 
-Duplicator: clients connect to --listen and are passed through to --production;
-every client byte stream is also fed, through a bounded per-connection buffer,
-to --debug (a debug copy of the service).  Production never waits on the debug
-copy: when a connection's buffer is full, that connection's debug side is
-closed and counted (never a stream with a hole), and the time until then (the
-debug window) is reported.  Without --debug it is a plain proxy.
+const ArgSpec kReplaySpec(
+    "iprobe replay", "usage: iprobe replay FILE --to ADDR:PORT [--speed X] [--drain-timeout SECONDS] [--json]",
+    "Feeds a recording made by `iprobe mirror --record FILE` into a service: each\n"
+    "recorded client connection is opened again and its bytes are sent in order at\n"
+    "the recorded times scaled by --speed (default 1; 0 = as fast as possible).\n"
+    "Replies are read and discarded.  Order across connections follows the\n"
+    "timestamps only.  After the last byte it waits up to --drain-timeout (default\n"
+    "10) seconds for the service to answer and close each connection.",
+    {
+        {"--to", "ADDR:PORT", "the service to feed"},
+        {"--speed", "X", "time scale of the recorded gaps (default 1; 0 = as fast as possible)"},
+        {"--drain-timeout", "SECONDS", "how long to wait for replies after the last byte (default 10)"},
+        {"--json", "", "the result as JSON on stdout"},
+    });
 
-Aggregator (--upstream): placed between a service and a backend it calls.
-Production's outbound connections arrive on --listen and pass through to the
-backend at --upstream; the debug copy's outbound connections arrive on
---debug-listen, never reach the backend, and get production's recorded replies:
-the N-th debug connection receives the N-th production connection's replies,
-in order (this assumes the debug copy opens its connections in the same order
-and sends the same requests; divergence checking compares its requests with
-production's byte for byte).
-
-options:
-  --buffer SIZE             per-connection buffer toward the debug side (default 4M; K/M/G suffixes)
-  --buffer-total SIZE       all connections together (default 1G)
-  --debug-linger SECONDS    time a debug leg may take to finish after its client left (default 30)
-  --divergence MODE         compare production's and the debug copy's replies:
-                            off (default), stream (byte for byte), resp (per redis reply),
-                            http (per HTTP/1.1 response)
-  --divergence-rules FILE   leave more noise out of the comparison; one rule per line ('#' comments):
-                              resp.ignore-command NAME   replies to NAME are not compared
-                              http.ignore-header NAME    header NAME is left out of the comparison
-                              http.ignore-body GLOB      bodies for request paths matching GLOB are not compared
-                            always ignored: replies to COMMAND INFO TIME RANDOMKEY CLIENT HELLO LASTSAVE
-                            SLOWLOG MEMORY LATENCY DEBUG CONFIG, and the Date header.  Replies that
-                            depend on how requests of different connections interleave (INCR of a
-                            key shared by clients) can differ legitimately and are reported.
-  --record FILE             save every client->server stream with timestamps (zstd) for `iprobe replay`
-  --stats ADDR:PORT         serve the counters as JSON (HTTP GET or any line); SIGUSR1 prints them to stderr
-  --json                    ready line and final stats as JSON on stdout
-  --quiet                   no log lines on stderr
-  --ready-fd N              once listening, write the JSON readiness event (as with --json) to
-                            file descriptor N and close it: for a supervisor waiting on a pipe
-
-Once listening it prints one line on stdout: "listening on ADDR:PORT" (with
---json: {"event":"listening",...}); port 0 picks a free port.  SIGTERM/SIGINT
-stop it cleanly; the final counters go to stderr (stdout with --json).
-exit codes: 0 ok, 1 failed, 2 usage, 3 bad input, 4 permission, 5 not found, 6 busy (port in use)
-)";
-
-constexpr const char* kReplayUsage = R"(usage: iprobe replay FILE --to ADDR:PORT [--speed X] [--drain-timeout SECONDS] [--json]
-
-Feeds a recording made by `iprobe mirror --record FILE` into a service: each
-recorded client connection is opened again and its bytes are sent in order at
-the recorded times scaled by --speed (default 1; 0 = as fast as possible).
-Replies are read and discarded.  Order across connections follows the
-timestamps only.  After the last byte it waits up to --drain-timeout (default
-10) seconds for the service to answer and close each connection.
-)";
-
-[[noreturn]] void usage_error(const std::string& msg, const char* usage) {
-    throw Error(msg + "\n" + std::string(usage).substr(0, std::string(usage).find('\n')) + "\n(see --help)",
-                ExitCode::usage);
-}
 
 std::size_t parse_size(std::string_view text, const char* what) {
     std::size_t digits = 0;
@@ -116,53 +122,42 @@ int parse_ready_fd(std::string_view text) {
 }
 
 int mirror_main(int argc, char** argv) {
-    MirrorOptions opt;
-    bool have_listen = false;
-    std::string rules_path;
-    int ready_fd = -1;
-    for (int i = 2; i < argc; ++i) {
-        const std::string_view a = argv[i];
-        if (a == "-h" || a == "--help") {
-            std::fputs(kMirrorUsage, stdout);
-            return 0;
-        }
-        if (a == "--json") { opt.json = true; continue; }
-        if (a == "--quiet") { opt.quiet = true; continue; }
-        std::string_view value;
-        std::string_view name = a;
-        if (const auto eq = a.find('='); a.starts_with("--") && eq != std::string_view::npos) {
-            name = a.substr(0, eq);
-            value = a.substr(eq + 1);
-        } else if (i + 1 < argc) {
-            value = argv[++i];
-        } else {
-            usage_error(std::string(a).starts_with("--") ? std::string(a) + " needs a value" : "unexpected argument '" + std::string(a) + "'", kMirrorUsage);
-        }
-        if (name == "--listen") { opt.listen = parse_endpoint(value, "--listen"); have_listen = true; }
-        else if (name == "--production") opt.production = parse_endpoint(value, "--production");
-        else if (name == "--debug") opt.debug = parse_endpoint(value, "--debug");
-        else if (name == "--upstream") opt.upstream = parse_endpoint(value, "--upstream");
-        else if (name == "--debug-listen") opt.debug_listen = parse_endpoint(value, "--debug-listen");
-        else if (name == "--stats") opt.stats = parse_endpoint(value, "--stats");
-        else if (name == "--buffer") opt.buffer = parse_size(value, "--buffer");
-        else if (name == "--buffer-total") opt.buffer_total = parse_size(value, "--buffer-total");
-        else if (name == "--debug-linger") opt.debug_linger_s = parse_number(value, "--debug-linger");
-        else if (name == "--divergence") opt.divergence = parse_protocol(value);
-        else if (name == "--divergence-rules") rules_path = std::string(value);
-        else if (name == "--record") opt.record_path = std::string(value);
-        else if (name == "--ready-fd") ready_fd = parse_ready_fd(value);
-        else usage_error("unknown option '" + std::string(name) + "'", kMirrorUsage);
+    const ParsedArgs a = kMirrorSpec.parse(argc, argv, 2);
+    if (a.help_requested()) {
+        std::fputs(kMirrorSpec.help().c_str(), stdout);
+        return 0;
     }
-    if (!have_listen) usage_error("--listen is required", kMirrorUsage);
+    if (!a.positionals().empty()) kMirrorSpec.fail("unexpected argument '" + a.positionals().front() + "'");
+    MirrorOptions opt;
+    opt.json = a.has("--json");
+    opt.quiet = a.has("--quiet");
+    const auto endpoint = [&](const char* name) -> std::optional<Endpoint> {
+        if (!a.has(name)) return std::nullopt;
+        return parse_endpoint(a.value(name), name);
+    };
+    if (!a.has("--listen")) kMirrorSpec.fail("--listen is required");
+    opt.listen = *endpoint("--listen");
+    opt.production = endpoint("--production");
+    opt.debug = endpoint("--debug");
+    opt.upstream = endpoint("--upstream");
+    opt.debug_listen = endpoint("--debug-listen");
+    opt.stats = endpoint("--stats");
+    if (a.has("--buffer")) opt.buffer = parse_size(a.value("--buffer"), "--buffer");
+    if (a.has("--buffer-total")) opt.buffer_total = parse_size(a.value("--buffer-total"), "--buffer-total");
+    if (a.has("--debug-linger")) opt.debug_linger_s = parse_number(a.value("--debug-linger"), "--debug-linger");
+    if (a.has("--divergence")) opt.divergence = parse_protocol(a.value("--divergence"));
+    const std::string rules_path = a.value("--divergence-rules");
+    opt.record_path = a.value("--record");
+    const int ready_fd = a.has("--ready-fd") ? parse_ready_fd(a.value("--ready-fd")) : -1;
     if (opt.upstream) {
         if (opt.production || opt.debug)
-            usage_error("--upstream (aggregator) does not take --production/--debug; use --listen and --debug-listen", kMirrorUsage);
-        if (!opt.debug_listen) usage_error("--upstream needs --debug-listen (where the debug copy's connections arrive)", kMirrorUsage);
+            kMirrorSpec.fail("--upstream (aggregator) does not take --production/--debug; use --listen and --debug-listen");
+        if (!opt.debug_listen) kMirrorSpec.fail("--upstream needs --debug-listen (where the debug copy's connections arrive)");
     } else {
-        if (!opt.production) usage_error("--production is required (or --upstream for the aggregator)", kMirrorUsage);
-        if (opt.debug_listen) usage_error("--debug-listen belongs to the aggregator (--upstream)", kMirrorUsage);
+        if (!opt.production) kMirrorSpec.fail("--production is required (or --upstream for the aggregator)");
+        if (opt.debug_listen) kMirrorSpec.fail("--debug-listen belongs to the aggregator (--upstream)");
         if (opt.divergence != Protocol::off && !opt.debug)
-            usage_error("--divergence needs --debug (a copy to compare with)", kMirrorUsage);
+            kMirrorSpec.fail("--divergence needs --debug (a copy to compare with)");
     }
     if (!rules_path.empty()) opt.rules = DivergenceRules::load(rules_path);
 
@@ -186,29 +181,20 @@ int mirror_main(int argc, char** argv) {
 }
 
 int replay_main(int argc, char** argv) {
-    ReplayOptions opt;
-    bool json = false, have_to = false;
-    for (int i = 2; i < argc; ++i) {
-        const std::string_view a = argv[i];
-        if (a == "-h" || a == "--help") {
-            std::fputs(kReplayUsage, stdout);
-            return 0;
-        }
-        if (a == "--json") { json = true; continue; }
-        if (!a.starts_with("--")) {
-            if (!opt.path.empty()) usage_error("more than one recording given", kReplayUsage);
-            opt.path = std::string(a);
-            continue;
-        }
-        if (i + 1 >= argc) usage_error(std::string(a) + " needs a value", kReplayUsage);
-        const std::string_view value = argv[++i];
-        if (a == "--to") { opt.to = parse_endpoint(value, "--to"); have_to = true; }
-        else if (a == "--speed") opt.speed = parse_number(value, "--speed");
-        else if (a == "--drain-timeout") opt.drain_timeout_s = parse_number(value, "--drain-timeout");
-        else usage_error("unknown option '" + std::string(a) + "'", kReplayUsage);
+    const ParsedArgs a = kReplaySpec.parse(argc, argv, 2);
+    if (a.help_requested()) {
+        std::fputs(kReplaySpec.help().c_str(), stdout);
+        return 0;
     }
-    if (opt.path.empty()) usage_error("no recording given", kReplayUsage);
-    if (!have_to) usage_error("--to is required", kReplayUsage);
+    ReplayOptions opt;
+    const bool json = a.has("--json");
+    if (a.positionals().empty()) kReplaySpec.fail("no recording given");
+    if (a.positionals().size() > 1) kReplaySpec.fail("more than one recording given");
+    opt.path = a.positionals().front();
+    if (!a.has("--to")) kReplaySpec.fail("--to is required");
+    opt.to = parse_endpoint(a.value("--to"), "--to");
+    if (a.has("--speed")) opt.speed = parse_number(a.value("--speed"), "--speed");
+    if (a.has("--drain-timeout")) opt.drain_timeout_s = parse_number(a.value("--drain-timeout"), "--drain-timeout");
     const ReplayResult r = run_replay(opt);
     if (json) {
         JsonWriter j;

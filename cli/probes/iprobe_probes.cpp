@@ -7,6 +7,7 @@
 
 #include "iprobe/coldpatch/coldpatch.h"
 #include "iprobe/probelist/probe_source.h"
+#include "iprobe/support/args.h"
 #include "iprobe/support/error.h"
 #include "iprobe/support/glob.h"
 #include "iprobe/support/json.h"
@@ -15,48 +16,51 @@ namespace {
 
 using iprobe::Error;
 using iprobe::ExitCode;
+using iprobe::ArgSpec;
+using iprobe::ParsedArgs;
 
-constexpr char kColdpatchHelp[] =
-    "usage: iprobe coldpatch FILE [-o OUT] [--probes PATH] [--json] [-q]\n"
-    "\n"
+const ArgSpec kColdpatchSpec(
+    "iprobe coldpatch", "usage: iprobe coldpatch FILE [-o OUT] [--probes PATH] [--json] [-q]",
     "Turns every call to __cyg_profile_func_enter/exit in FILE (an x86-64\n"
     "executable or shared library built with -finstrument-functions, e.g. by\n"
     "iprobe-cc) into a NOP of the same length, and writes the probe list to\n"
     "FILE.probes.  A binary built with -fpatchable-function-entry=5,0 (iprobe-cc\n"
     "--flow=entry) has the five 1-byte NOPs at each function's entry merged into one\n"
     "5-byte NOP instead, one entry probe per function.  Both files are replaced\n"
-    "atomically; on any error neither changes.\n"
-    "\n"
-    "  -o, --output OUT   write the patched binary to OUT (FILE stays as it is)\n"
-    "      --probes PATH  write the probe list to PATH (default: <binary>.probes)\n"
-    "      --json         print the result as JSON\n"
-    "  -q, --quiet        no summary line\n"
-    "\n"
+    "atomically; on any error neither changes.",
+    {
+        {"--output", "OUT", "write the patched binary to OUT (FILE stays as it is)", "-o"},
+        {"--probes", "PATH", "write the probe list to PATH (default: <binary>.probes)"},
+        {"--json", "", "print the result as JSON"},
+        {"--quiet", "", "no summary line", "-q"},
+    },
     "Running it again on a coldpatched binary is harmless: when FILE.probes names\n"
     "the same build-id and every site already holds its NOP, it prints\n"
     "'already coldpatched; nothing to do' and exits 0.\n"
     "\n"
     "exit codes: 0 ok, 2 usage, 3 bad input (not ELF, truncated/corrupt, not x86-64,\n"
-    "no placeholders), 5 no such file, 1 other failure\n";
+    "no placeholders), 5 no such file, 1 other failure");
 
-constexpr char kListHelp[] =
+const ArgSpec kListSpec(
+    "iprobe list",
     "usage: iprobe list FILE|FILE.probes [--functions GLOB]... [--file GLOB]...\n"
-    "                   [--kind entry,exit,point] [--json] [--count]\n"
-    "\n"
+    "                   [--kind entry,exit,point] [--json] [--count]",
     "Shows the probes of a probe list, of a coldpatched binary (its FILE.probes)\n"
-    "or of a binary carrying an embedded probe section (LLVM flow).\n"
-    "\n"
-    "      --functions GLOB[,GLOB]  only functions matching a GLOB (demangled or raw);\n"
-    "                        repeatable\n"
-    "      --file GLOB       only probes whose source path or its basename match\n"
-    "      --kind K[,K]      only these kinds: entry, exit, point\n"
-    "      --count           print only the number of matching probes\n"
-    "      --json            machine-readable output (all fields)\n"
-    "\n"
-    "exit codes: 0 ok, 2 usage, 3 bad input, 5 not found\n";
+    "or of a binary carrying an embedded probe section (LLVM flow).",
+    {
+        {"--functions", "GLOB[,GLOB]", "only functions matching a GLOB (demangled or raw); repeatable", "-f"},
+        {"--file", "GLOB", "only probes whose source path or its basename match; repeatable"},
+        {"--kind", "K[,K]", "only these kinds: entry, exit, point", "-k"},
+        {"--count", "", "print only the number of matching probes"},
+        {"--json", "", "machine-readable output (all fields)"},
+    },
+    "exit codes: 0 ok, 2 usage, 3 bad input, 5 not found");
 
-[[noreturn]] void usage_error(const std::string& message, const char* command) {
-    throw Error(message + "; see 'iprobe " + command + " --help'", ExitCode::usage);
+// The one FILE both commands take.
+std::string file_argument(const ArgSpec& spec, const ParsedArgs& a) {
+    if (a.positionals().empty()) spec.fail("missing FILE");
+    if (a.positionals().size() > 1) spec.fail("one FILE at a time");
+    return a.positionals().front();
 }
 
 std::string hex_address(std::uint64_t a) {
@@ -101,35 +105,16 @@ void write_probe_json(iprobe::JsonWriter& j, const iprobe::Probe& p) {
 }
 
 int run_coldpatch(int argc, char** argv) {
-    std::string file;
-    iprobe::ColdpatchOptions options;
-    bool json = false, quiet = false;
-    for (int i = 2; i < argc; ++i) {
-        const std::string_view a = argv[i];
-        auto value = [&]() -> std::string {
-            if (i + 1 >= argc) usage_error(std::string(a) + " needs a value", "coldpatch");
-            return argv[++i];
-        };
-        if (a == "-h" || a == "--help") {
-            std::fputs(kColdpatchHelp, stdout);
-            return 0;
-        } else if (a == "-o" || a == "--output") {
-            options.output = value();
-        } else if (a == "--probes") {
-            options.probes_path = value();
-        } else if (a == "--json") {
-            json = true;
-        } else if (a == "-q" || a == "--quiet") {
-            quiet = true;
-        } else if (!a.empty() && a[0] == '-') {
-            usage_error("unknown option '" + std::string(a) + "'", "coldpatch");
-        } else if (file.empty()) {
-            file = a;
-        } else {
-            usage_error("one FILE at a time", "coldpatch");
-        }
+    const ParsedArgs a = kColdpatchSpec.parse(argc, argv, 2);
+    if (a.help_requested()) {
+        std::fputs(kColdpatchSpec.help().c_str(), stdout);
+        return 0;
     }
-    if (file.empty()) usage_error("missing FILE", "coldpatch");
+    const std::string file = file_argument(kColdpatchSpec, a);
+    iprobe::ColdpatchOptions options;
+    options.output = a.value("--output");
+    options.probes_path = a.value("--probes");
+    const bool json = a.has("--json"), quiet = a.has("--quiet");
     const auto result = iprobe::coldpatch(file, options);
     if (json) {
         iprobe::JsonWriter j;
@@ -166,37 +151,20 @@ int run_coldpatch(int argc, char** argv) {
 }
 
 int run_list(int argc, char** argv) {
-    std::string file;
-    iprobe::ProbeSelector selector;
-    bool json = false, count_only = false;
-    for (int i = 2; i < argc; ++i) {
-        const std::string_view a = argv[i];
-        auto value = [&]() -> std::string {
-            if (i + 1 >= argc) usage_error(std::string(a) + " needs a value", "list");
-            return argv[++i];
-        };
-        if (a == "-h" || a == "--help") {
-            std::fputs(kListHelp, stdout);
-            return 0;
-        } else if (a == "--functions" || a == "--function" || a == "-f") {
-            for (auto& g : iprobe::split_list(value())) selector.function_globs.push_back(std::move(g));
-        } else if (a == "--file") {
-            for (auto& g : iprobe::split_list(value())) selector.file_globs.push_back(std::move(g));
-        } else if (a == "--kind" || a == "-k") {
-            for (const auto& k : iprobe::split_list(value())) selector.kinds.push_back(iprobe::parse_probe_kind(k));
-        } else if (a == "--json") {
-            json = true;
-        } else if (a == "--count") {
-            count_only = true;
-        } else if (!a.empty() && a[0] == '-') {
-            usage_error("unknown option '" + std::string(a) + "'", "list");
-        } else if (file.empty()) {
-            file = a;
-        } else {
-            usage_error("one FILE at a time", "list");
-        }
+    const ParsedArgs a = kListSpec.parse(argc, argv, 2);
+    if (a.help_requested()) {
+        std::fputs(kListSpec.help().c_str(), stdout);
+        return 0;
     }
-    if (file.empty()) usage_error("missing FILE", "list");
+    const std::string file = file_argument(kListSpec, a);
+    iprobe::ProbeSelector selector;
+    for (const auto& list : a.values("--functions"))
+        for (auto& g : iprobe::split_list(list)) selector.function_globs.push_back(std::move(g));
+    for (const auto& list : a.values("--file"))
+        for (auto& g : iprobe::split_list(list)) selector.file_globs.push_back(std::move(g));
+    for (const auto& list : a.values("--kind"))
+        for (const auto& k : iprobe::split_list(list)) selector.kinds.push_back(iprobe::parse_probe_kind(k));
+    const bool json = a.has("--json"), count_only = a.has("--count");
     const iprobe::ProbeList list = iprobe::load_probes(file);
     const auto selected = selector.select(list);
     if (json) {

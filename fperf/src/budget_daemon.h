@@ -1,4 +1,5 @@
-// The budget controller: what a sample and a counted call cost, and each interval's quotas so the overhead stays inside the budget.
+// The budget controller: what a sample and a counted call cost, and each
+// interval's quotas so the overhead stays inside the budget.
 #pragma once
 
 #include <sys/types.h>

@@ -1,4 +1,5 @@
-// The process being profiled: started stopped with the handler preloaded, or an existing one; where its modules are loaded and how much CPU it used.
+// The process being profiled: started stopped with the handler preloaded, or
+// an existing one; where its modules are loaded and how much CPU it used.
 #pragma once
 
 #include <signal.h>

@@ -1,4 +1,5 @@
-// Names for the addresses the handler reports: the probe list's functions first, then each mapped module's symbol table.
+// Names for the addresses the handler reports: the probe list's functions
+// first, then each mapped module's symbol table.
 #pragma once
 
 #include <sys/types.h>

@@ -1,4 +1,5 @@
-// Planning an attach while the target runs: which probe lists, which probes, which running module each belongs to, and its place in the region.
+// Planning an attach while the target runs: which probe lists, which probes,
+// which running module each belongs to, and its place in the region.
 #pragma once
 
 #include <sys/types.h>

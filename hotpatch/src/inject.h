@@ -1,4 +1,5 @@
-// Loading a library (the runtime, a handler) into a stopped target: a dlopen called in it, only when no thread is inside the loader or malloc.
+// Loading a library (the runtime, a handler) into a stopped target: a dlopen
+// called in it, only when no thread is inside the loader or malloc.
 #pragma once
 
 #include <sys/types.h>

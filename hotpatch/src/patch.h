@@ -1,4 +1,5 @@
-// Writing sites: where the jump stubs go, which handler a site calls, and the batched write with read-back and rollback.
+// Writing sites: where the jump stubs go, which handler a site calls, and the
+// batched write with read-back and rollback.
 #pragma once
 
 #include <cstdint>

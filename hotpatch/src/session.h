@@ -1,4 +1,6 @@
-// Holding a target still: one session per target, the world stopped (and retried at a safe point) at a priority nothing preempts, and who the target is.
+// Holding a target still: one session per target, the world stopped (and
+// retried at a safe point) at a priority nothing preempts, and who the target
+// is.
 #pragma once
 
 #include <sched.h>

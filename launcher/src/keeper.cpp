@@ -1,4 +1,5 @@
-// The clone's PID 1 (the keeper): it restores the images with CRIU inside the new namespaces, reaps, and dies with its lifeline.
+// The clone's PID 1 (the keeper): it restores the images with CRIU inside the
+// new namespaces, reaps, and dies with its lifeline.
 #include "clone_steps.h"
 
 #include <fcntl.h>

@@ -1,4 +1,5 @@
-// The process tree being cloned: its members, their sessions and terminals, and the clone's PIDs as seen from outside its PID namespace.
+// The process tree being cloned: its members, their sessions and terminals,
+// and the clone's PIDs as seen from outside its PID namespace.
 #include "clone_steps.h"
 
 #include <signal.h>

@@ -1,4 +1,5 @@
-// Which files the clone gets its own copy of (working directories, files written through shared mappings), so it never writes production's.
+// Which files the clone gets its own copy of (working directories, files
+// written through shared mappings), so it never writes production's.
 #include "clone_steps.h"
 
 #include <fcntl.h>

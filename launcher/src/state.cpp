@@ -1,4 +1,5 @@
-// A clone's recorded state under /run/iprobe/clones/NAME: written atomically at each step, read by --destroy, --list and the debug session.
+// A clone's recorded state under /run/iprobe/clones/NAME: written atomically
+// at each step, read by --destroy, --list and the debug session.
 #include "clone_steps.h"
 
 #include <filesystem>

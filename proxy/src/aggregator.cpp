@@ -1,4 +1,5 @@
-// The aggregator's reply slots: production's replies from a backend, handed to the debug copy's matching connection.
+// The aggregator's reply slots: production's replies from a backend, handed to
+// the debug copy's matching connection.
 #include "mirror_impl.h"
 
 namespace iprobe::proxy::mirror_impl {
