@@ -242,17 +242,17 @@ int run_compiler(const std::string& compiler, const std::vector<std::string>& ar
 }
 
 int coldpatch_output(const std::string& output) {
-    iprobe::ColdpatchOptions options;
+    iprobe::coldpatch::ColdpatchOptions options;
     options.allow_no_placeholders = true;
-    const auto result = iprobe::coldpatch(output, options);
-    if (result.outcome == iprobe::ColdpatchOutcome::no_placeholders ||
-        result.outcome == iprobe::ColdpatchOutcome::embedded) {
+    const auto result = iprobe::coldpatch::coldpatch(output, options);
+    if (result.outcome == iprobe::coldpatch::ColdpatchOutcome::no_placeholders ||
+        result.outcome == iprobe::coldpatch::ColdpatchOutcome::embedded) {
         if (verbose()) note(output + ": no placeholders (nothing instrumented); left unchanged");
         return 0;
     }
     // Only on a terminal: configure scripts may treat any stderr as failure.
     const char* quiet = std::getenv("IPROBE_CC_QUIET");
-    if (verbose() || (::isatty(STDERR_FILENO) && !(quiet && *quiet))) note(iprobe::summary_line(result));
+    if (verbose() || (::isatty(STDERR_FILENO) && !(quiet && *quiet))) note(iprobe::coldpatch::summary_line(result));
     if (result.hook_tail_jumps)
         note("warning: " + std::to_string(result.hook_tail_jumps) + " tail jump(s) to a hook left in place");
     return 0;

@@ -141,13 +141,13 @@ Args parse(int argc, char** argv) {
     return args;
 }
 
-ProbeSelector selector_of(const Args& args) {
-    ProbeSelector s;
+probelist::ProbeSelector selector_of(const Args& args) {
+    probelist::ProbeSelector s;
     s.function_globs = split_list(args.value("--functions"));
     s.file_globs = split_list(args.value("--files"));
     if (args.flag("--entry-only") && args.flag("--exit-only")) usage_error("--entry-only and --exit-only exclude each other");
-    if (args.flag("--entry-only")) s.kinds = {ProbeKind::entry};
-    if (args.flag("--exit-only")) s.kinds = {ProbeKind::exit};
+    if (args.flag("--entry-only")) s.kinds = {probelist::ProbeKind::entry};
+    if (args.flag("--exit-only")) s.kinds = {probelist::ProbeKind::exit};
     return s;
 }
 
@@ -309,7 +309,7 @@ public:
     }
     void print(const Event& e, const ProbeInfo& info) {
         int& d = depth_[e.tid];
-        if (e.kind == ProbeKind::exit && d > 0) d--;
+        if (e.kind == probelist::ProbeKind::exit && d > 0) d--;
         line_.clear();
         if (format_ == "text") {
             char head[96];
@@ -318,9 +318,9 @@ public:
                           static_cast<std::uint64_t>(e.time_ns % 1000000000ull), e.tid);
             line_ = head;
             line_.append(static_cast<std::size_t>(d) * 2, ' ');
-            line_ += e.kind == ProbeKind::entry ? "-> " : e.kind == ProbeKind::exit ? "<- " : "@ ";
+            line_ += e.kind == probelist::ProbeKind::entry ? "-> " : e.kind == probelist::ProbeKind::exit ? "<- " : "@ ";
             line_ += info.function;
-            if (e.kind == ProbeKind::point)
+            if (e.kind == probelist::ProbeKind::point)
                 for (int i = 0; i < e.nargs; i++) line_ += (i ? ", " : " (") + std::to_string(e.args[i]) + (i + 1 == e.nargs ? ")" : "");
             if (e.depth) line_ += "  [in signal handler]";
             line_ += "\n";
@@ -333,7 +333,7 @@ public:
                     .field("kind", to_string(e.kind))
                     .field("function", info.function)
                     .field("depth", d);
-                if (e.kind == ProbeKind::point) {
+                if (e.kind == probelist::ProbeKind::point) {
                     j.key("args").begin_array();
                     for (int i = 0; i < e.nargs; i++) j.value(e.args[i]);
                     j.end_array();
@@ -343,7 +343,7 @@ public:
             } else {
                 j.begin_object()
                     .field("name", info.function)
-                    .field("ph", e.kind == ProbeKind::entry ? "B" : e.kind == ProbeKind::exit ? "E" : "i")
+                    .field("ph", e.kind == probelist::ProbeKind::entry ? "B" : e.kind == probelist::ProbeKind::exit ? "E" : "i")
                     .field("ts", static_cast<double>(e.time_ns) / 1000.0)
                     .field("pid", static_cast<std::int64_t>(pid_))
                     .field("tid", e.tid)
@@ -351,7 +351,7 @@ public:
                 line_ = (first_ ? "" : ",\n") + j.str();
             }
         }
-        if (e.kind == ProbeKind::entry) d++;
+        if (e.kind == probelist::ProbeKind::entry) d++;
         first_ = false;
         std::fwrite(line_.data(), 1, line_.size(), stdout);
     }
@@ -371,7 +371,7 @@ int cmd_trace(const Args& args) {
     if (args.flag("--input")) {
         if (args.flag("--duration")) usage_error("--duration is for a live trace, not --input");
         const TraceFile file = read_trace_file(args.value("--input"));
-        const ProbeInfo unknown{"?", "", 0, ProbeKind::entry, ""};
+        const ProbeInfo unknown{"?", "", 0, probelist::ProbeKind::entry, ""};
         EventPrinter printer(format, file.pid);
         for (const auto& e : file.events) printer.print(e, e.probe < file.probes.size() ? file.probes[e.probe] : unknown);
         printer.finish();
@@ -415,9 +415,9 @@ int report_folded(const Args& args) {
     auto sink = [&](const Event& e) {
         const ProbeInfo& info = reader.probe(e.probe);
         auto& stack = stacks[e.tid];
-        if (e.kind == ProbeKind::entry) {
+        if (e.kind == probelist::ProbeKind::entry) {
             stack.push_back({info.function, e.tsc, 0});
-        } else if (e.kind == ProbeKind::exit) {
+        } else if (e.kind == probelist::ProbeKind::exit) {
             // Unwind to the matching frame (events may have been dropped).
             auto it = std::find_if(stack.rbegin(), stack.rend(), [&](const Frame& f) { return f.function == info.function; });
             if (it == stack.rend()) return;
@@ -496,7 +496,7 @@ int cmd_report(const Args& args) {
                 .field("p50_ns", f.p50_ns)
                 .field("p99_ns", f.p99_ns)
                 .field("max_ns", f.max_ns);
-            if (f.kind == ProbeKind::point) j.field("kind", "point");
+            if (f.kind == probelist::ProbeKind::point) j.field("kind", "point");
             j.end_object();
         }
         j.end_array()

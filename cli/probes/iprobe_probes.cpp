@@ -69,10 +69,10 @@ std::string hex_address(std::uint64_t a) {
     return buf;
 }
 
-void write_list_header_json(iprobe::JsonWriter& j, const iprobe::ProbeList& list) {
+void write_list_header_json(iprobe::JsonWriter& j, const iprobe::probelist::ProbeList& list) {
     j.field("module", list.module);
     j.field("build_id", list.build_id_hex());
-    j.field("flow", iprobe::flow_name(list.flow));
+    j.field("flow", iprobe::probelist::flow_name(list.flow));
     j.key("flags").begin_array();
     if (list.flags & IPROBE_PL_FLAG_PIE) j.value("pie");
     if (list.flags & IPROBE_PL_FLAG_SHARED) j.value("shared");
@@ -84,12 +84,12 @@ void write_list_header_json(iprobe::JsonWriter& j, const iprobe::ProbeList& list
     j.field("exit_got_slot", list.exit_got_slot);
 }
 
-void write_probe_json(iprobe::JsonWriter& j, const iprobe::Probe& p) {
+void write_probe_json(iprobe::JsonWriter& j, const iprobe::probelist::Probe& p) {
     j.begin_object();
     j.field("id", p.id);
-    j.field("kind", iprobe::to_string(p.kind));
-    j.field("form", p.form == iprobe::SiteForm::call_rel32          ? "call_rel32"
-                    : p.form == iprobe::SiteForm::call_rip_indirect ? "call_rip_indirect"
+    j.field("kind", iprobe::probelist::to_string(p.kind));
+    j.field("form", p.form == iprobe::probelist::SiteForm::call_rel32          ? "call_rel32"
+                    : p.form == iprobe::probelist::SiteForm::call_rip_indirect ? "call_rip_indirect"
                                                                     : "nop");
     j.field("size", static_cast<unsigned>(p.size));
     j.field("site", p.site);
@@ -99,8 +99,8 @@ void write_probe_json(iprobe::JsonWriter& j, const iprobe::Probe& p) {
     j.field("demangled", p.demangled);
     j.field("file", p.file);
     j.field("line", p.line);
-    j.field("original", iprobe::hex(std::span(p.original.data(), p.size)));
-    j.field("placeholder", iprobe::hex(std::span(p.placeholder.data(), p.size)));
+    j.field("original", iprobe::probelist::hex(std::span(p.original.data(), p.size)));
+    j.field("placeholder", iprobe::probelist::hex(std::span(p.placeholder.data(), p.size)));
     j.end_object();
 }
 
@@ -111,18 +111,18 @@ int run_coldpatch(int argc, char** argv) {
         return 0;
     }
     const std::string file = file_argument(kColdpatchSpec, a);
-    iprobe::ColdpatchOptions options;
+    iprobe::coldpatch::ColdpatchOptions options;
     options.output = a.value("--output");
     options.probes_path = a.value("--probes");
     const bool json = a.has("--json"), quiet = a.has("--quiet");
-    const auto result = iprobe::coldpatch(file, options);
+    const auto result = iprobe::coldpatch::coldpatch(file, options);
     if (json) {
         iprobe::JsonWriter j;
         j.begin_object();
         j.field("binary", result.binary_path);
         j.field("probes_file", result.probes_path);
-        j.field("outcome", result.outcome == iprobe::ColdpatchOutcome::patched           ? "patched"
-                           : result.outcome == iprobe::ColdpatchOutcome::already_patched ? "already_patched"
+        j.field("outcome", result.outcome == iprobe::coldpatch::ColdpatchOutcome::patched           ? "patched"
+                           : result.outcome == iprobe::coldpatch::ColdpatchOutcome::already_patched ? "already_patched"
                                                                                          : "embedded");
         j.field("probes", static_cast<std::uint64_t>(result.list.probes.size()));
         j.field("entry", static_cast<std::uint64_t>(result.entries));
@@ -134,7 +134,7 @@ int run_coldpatch(int argc, char** argv) {
         j.end_object();
         std::printf("%s\n", j.str().c_str());
     } else if (!quiet) {
-        std::printf("%s\n", iprobe::summary_line(result).c_str());
+        std::printf("%s\n", iprobe::coldpatch::summary_line(result).c_str());
     }
     if (result.hook_tail_jumps)
         std::fprintf(stderr,
@@ -157,15 +157,15 @@ int run_list(int argc, char** argv) {
         return 0;
     }
     const std::string file = file_argument(kListSpec, a);
-    iprobe::ProbeSelector selector;
+    iprobe::probelist::ProbeSelector selector;
     for (const auto& list : a.values("--functions"))
         for (auto& g : iprobe::split_list(list)) selector.function_globs.push_back(std::move(g));
     for (const auto& list : a.values("--file"))
         for (auto& g : iprobe::split_list(list)) selector.file_globs.push_back(std::move(g));
     for (const auto& list : a.values("--kind"))
-        for (const auto& k : iprobe::split_list(list)) selector.kinds.push_back(iprobe::parse_probe_kind(k));
+        for (const auto& k : iprobe::split_list(list)) selector.kinds.push_back(iprobe::probelist::parse_probe_kind(k));
     const bool json = a.has("--json"), count_only = a.has("--count");
-    const iprobe::ProbeList list = iprobe::load_probes(file);
+    const iprobe::probelist::ProbeList list = iprobe::probelist::load_probes(file);
     const auto selected = selector.select(list);
     if (json) {
         iprobe::JsonWriter j;
@@ -188,12 +188,12 @@ int run_list(int argc, char** argv) {
     }
     std::printf("# module %s  build-id %s  flow %s  %zu of %zu probes\n", list.module.c_str(),
                 list.build_id.empty() ? "(none)" : list.build_id_hex().c_str(),
-                std::string(iprobe::flow_name(list.flow)).c_str(), selected.size(), list.probes.size());
+                std::string(iprobe::probelist::flow_name(list.flow)).c_str(), selected.size(), list.probes.size());
     std::printf("%-6s %-5s %-18s %-40s %s\n", "ID", "KIND", "ADDRESS", "FUNCTION", "SOURCE");
     std::string line;
     for (const auto* p : selected) {
         std::string source = p->file.empty() ? "-" : p->file + ":" + std::to_string(p->line);
-        std::printf("%-6u %-5s %-18s %-40s %s\n", p->id, std::string(iprobe::to_string(p->kind)).c_str(),
+        std::printf("%-6u %-5s %-18s %-40s %s\n", p->id, std::string(iprobe::probelist::to_string(p->kind)).c_str(),
                     hex_address(p->site).c_str(), p->demangled.c_str(), source.c_str());
     }
     return 0;

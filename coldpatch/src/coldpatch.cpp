@@ -13,7 +13,7 @@
 #include "iprobe/support/error.h"
 #include "iprobe/support/file.h"
 
-namespace iprobe {
+namespace iprobe::coldpatch {
 
 namespace {
 
@@ -27,7 +27,7 @@ std::string base_name(const std::string& path) {
     return slash == std::string::npos ? path : path.substr(slash + 1);
 }
 
-bool site_holds(const elf::ElfFile& elf, const Probe& p, const std::uint8_t* expected) {
+bool site_holds(const elf::ElfFile& elf, const probelist::Probe& p, const std::uint8_t* expected) {
     const auto offset = elf.file_offset(p.site);
     if (!offset || *offset + p.size > elf.bytes().size()) return false;
     return std::memcmp(elf.bytes().data() + *offset, expected, p.size) == 0;
@@ -37,9 +37,9 @@ bool site_holds(const elf::ElfFile& elf, const Probe& p, const std::uint8_t* exp
 // names the same build-id and every site already holds its placeholder.
 bool already_coldpatched(const elf::ElfFile& elf, const std::string& probes_path) {
     if (!exists(probes_path)) return false;
-    ProbeList previous;
+    probelist::ProbeList previous;
     try {
-        previous = ProbeList::load(probes_path);
+        previous = probelist::ProbeList::load(probes_path);
     } catch (const Error&) {
         return false;
     }
@@ -47,33 +47,33 @@ bool already_coldpatched(const elf::ElfFile& elf, const std::string& probes_path
         previous.build_id != elf.build_id())
         return false;
     return std::all_of(previous.probes.begin(), previous.probes.end(),
-                       [&](const Probe& p) { return site_holds(elf, p, p.placeholder.data()); });
+                       [&](const probelist::Probe& p) { return site_holds(elf, p, p.placeholder.data()); });
 }
 
 // Developer-marked sites (IPROBE_POINT) the binary describes itself.
-void merge_marked_sites(const ProbeList& marked, ProbeList& list) {
+void merge_marked_sites(const probelist::ProbeList& marked, probelist::ProbeList& list) {
     std::set<std::uint64_t> sites;
     for (const auto& p : list.probes) sites.insert(p.site);
     for (const auto& p : marked.probes)
-        if (p.kind == ProbeKind::point && sites.insert(p.site).second) list.probes.push_back(p);
+        if (p.kind == probelist::ProbeKind::point && sites.insert(p.site).second) list.probes.push_back(p);
     list.normalize();
 }
 
 // Built by the LLVM flow: entry/exit placeholders are described in the binary.
-bool has_embedded_functions(const std::optional<ProbeList>& marked) {
+bool has_embedded_functions(const std::optional<probelist::ProbeList>& marked) {
     return marked && std::any_of(marked->probes.begin(), marked->probes.end(),
-                                 [](const Probe& p) { return p.kind != ProbeKind::point; });
+                                 [](const probelist::Probe& p) { return p.kind != probelist::ProbeKind::point; });
 }
 
 void count_kinds(ColdpatchResult& r) {
     for (const auto& p : r.list.probes) {
-        if (p.kind == ProbeKind::entry) ++r.entries;
-        if (p.kind == ProbeKind::exit) ++r.exits;
-        if (p.kind == ProbeKind::point) ++r.points;
+        if (p.kind == probelist::ProbeKind::entry) ++r.entries;
+        if (p.kind == probelist::ProbeKind::exit) ++r.exits;
+        if (p.kind == probelist::ProbeKind::point) ++r.points;
     }
 }
 
-std::vector<std::uint8_t> patched_image(const elf::ElfFile& elf, const ProbeList& list) {
+std::vector<std::uint8_t> patched_image(const elf::ElfFile& elf, const probelist::ProbeList& list) {
     std::vector<std::uint8_t> image(elf.bytes().begin(), elf.bytes().end());
     for (const auto& p : list.probes) {
         const auto offset = elf.file_offset(p.site);
@@ -95,7 +95,7 @@ std::vector<std::uint8_t> patched_image(const elf::ElfFile& elf, const ProbeList
 // Writes the list, then the binary; if the binary cannot be written the
 // previous list (or its absence) is restored, so a failed run changes nothing.
 void write_both(const std::string& input, const std::string& output, const std::vector<std::uint8_t>& image,
-                const std::string& probes_path, const ProbeList& list) {
+                const std::string& probes_path, const probelist::ProbeList& list) {
     const bool had_list = exists(probes_path);
     const std::vector<std::uint8_t> old_list = had_list ? read_file(probes_path) : std::vector<std::uint8_t>{};
     const auto list_bytes = list.serialize();
@@ -130,7 +130,7 @@ ColdpatchResult coldpatch(const std::string& path, const ColdpatchOptions& optio
     bool found_calls = !scan.list.probes.empty();
     if (has_patchable_entries(elf)) {
         auto entries = scan_patchable_entries(elf, result.foreign_pads);
-        const bool any_pad_left = std::any_of(entries.begin(), entries.end(), [&](const Probe& p) {
+        const bool any_pad_left = std::any_of(entries.begin(), entries.end(), [&](const probelist::Probe& p) {
             return site_holds(elf, p, p.original.data());
         });
         if (!found_calls && !entries.empty()) scan.list.flow = IPROBE_FLOW_PATCHABLE_ENTRY;
@@ -138,7 +138,7 @@ ColdpatchResult coldpatch(const std::string& path, const ColdpatchOptions& optio
         for (auto& p : entries) scan.list.probes.push_back(std::move(p));
         scan.list.normalize();
     }
-    const auto marked = read_site_section(path);
+    const auto marked = probelist::read_site_section(path);
     if (marked) merge_marked_sites(*marked, scan.list);
     result.list = std::move(scan.list);
     auto finish = [&] {
@@ -154,7 +154,7 @@ ColdpatchResult coldpatch(const std::string& path, const ColdpatchOptions& optio
         return finish();
     }
     if (!found_calls && result.binary_path == path && already_coldpatched(elf, result.probes_path)) {
-        result.list = ProbeList::load(result.probes_path);
+        result.list = probelist::ProbeList::load(result.probes_path);
         result.outcome = ColdpatchOutcome::already_patched;
         return finish();
     }
@@ -196,4 +196,4 @@ std::string summary_line(const ColdpatchResult& r) {
     return line;
 }
 
-}  // namespace iprobe
+}  // namespace iprobe::coldpatch

@@ -6,7 +6,7 @@
 
 #include <optional>
 
-namespace iprobe {
+namespace iprobe::coldpatch {
 
 namespace {
 
@@ -173,4 +173,4 @@ std::vector<LandingEdge> landing_edges(const elf::ElfFile& elf) {
     return edges;
 }
 
-}  // namespace iprobe
+}  // namespace iprobe::coldpatch

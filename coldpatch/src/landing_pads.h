@@ -5,7 +5,7 @@
 
 #include "iprobe/elf/elf_file.h"
 
-namespace iprobe {
+namespace iprobe::coldpatch {
 
 // A call in [call_begin, call_end) that throws continues at landing_pad.
 struct LandingEdge {
@@ -18,4 +18,4 @@ struct LandingEdge {
 // when there are none or they cannot be parsed.
 std::vector<LandingEdge> landing_edges(const elf::ElfFile& elf);
 
-}  // namespace iprobe
+}  // namespace iprobe::coldpatch

@@ -12,7 +12,7 @@
 #include "iprobe/elf/demangle.h"
 #include "iprobe/elf/source_lines.h"
 
-namespace iprobe {
+namespace iprobe::coldpatch {
 
 namespace {
 
@@ -37,8 +37,8 @@ std::vector<std::uint64_t> pad_addresses(const elf::ElfFile& elf, const elf::Elf
 
 bool has_patchable_entries(const elf::ElfFile& elf) { return elf.section(kPatchableEntriesSection) != nullptr; }
 
-std::vector<Probe> scan_patchable_entries(const elf::ElfFile& elf, std::size_t& foreign_pads) {
-    std::vector<Probe> probes;
+std::vector<probelist::Probe> scan_patchable_entries(const elf::ElfFile& elf, std::size_t& foreign_pads) {
+    std::vector<probelist::Probe> probes;
     foreign_pads = 0;
     const elf::ElfSection* table = elf.section(kPatchableEntriesSection);
     if (!table || !table->has_file_bytes()) return probes;
@@ -57,9 +57,9 @@ std::vector<Probe> scan_patchable_entries(const elf::ElfFile& elf, std::size_t& 
             ++foreign_pads;
             continue;
         }
-        Probe p;
-        p.kind = ProbeKind::entry;
-        p.form = SiteForm::nop;
+        probelist::Probe p;
+        p.kind = probelist::ProbeKind::entry;
+        p.form = probelist::SiteForm::nop;
         p.size = sizeof kPad;
         p.site = site;
         p.function_address = function->address;
@@ -76,4 +76,4 @@ std::vector<Probe> scan_patchable_entries(const elf::ElfFile& elf, std::size_t& 
     return probes;
 }
 
-}  // namespace iprobe
+}  // namespace iprobe::coldpatch

@@ -15,7 +15,7 @@
 #include "landing_pads.h"
 #include "iprobe/elf/source_lines.h"
 
-namespace iprobe {
+namespace iprobe::coldpatch {
 
 namespace {
 
@@ -100,7 +100,7 @@ bool holds(const std::vector<std::uint64_t>& v, std::uint64_t a) {
     return std::find(v.begin(), v.end(), a) != v.end();
 }
 
-HookTargets find_hook_targets(const elf::ElfFile& elf, ProbeList& list) {
+HookTargets find_hook_targets(const elf::ElfFile& elf, probelist::ProbeList& list) {
     HookTargets t;
     for (const auto& e : elf.plt_entries()) {
         const Hook h = hook_named(e.symbol);
@@ -153,7 +153,7 @@ public:
     // __cyg_profile_func_exit as an alias of _enter): indexes into `out`.
     std::vector<std::size_t> aliased;
 
-    void scan_section(const elf::ElfSection& section, std::vector<Probe>& out, std::size_t& tail_jumps) {
+    void scan_section(const elf::ElfSection& section, std::vector<probelist::Probe>& out, std::size_t& tail_jumps) {
         const auto code = elf_.section_bytes(section);
         const std::uint8_t* p = code.data();
         std::size_t left = code.size();
@@ -203,23 +203,23 @@ private:
         return holds(targets_.enter_slots, slot) && holds(targets_.exit_slots, slot);
     }
 
-    std::pair<Hook, SiteForm> hook_called(const cs_insn& insn) const {
-        if (insn.id != X86_INS_CALL && insn.id != X86_INS_JMP) return {Hook::none, SiteForm::call_rel32};
+    std::pair<Hook, probelist::SiteForm> hook_called(const cs_insn& insn) const {
+        if (insn.id != X86_INS_CALL && insn.id != X86_INS_JMP) return {Hook::none, probelist::SiteForm::call_rel32};
         const cs_x86& x86 = insn.detail->x86;
-        if (x86.op_count != 1) return {Hook::none, SiteForm::call_rel32};
+        if (x86.op_count != 1) return {Hook::none, probelist::SiteForm::call_rel32};
         const cs_x86_op& op = x86.operands[0];
         if (op.type == X86_OP_IMM && insn.size == 5 && insn.bytes[0] == (insn.id == X86_INS_CALL ? 0xe8 : 0xe9)) {
             const auto target = static_cast<std::uint64_t>(op.imm);
-            if (holds(targets_.enter_calls, target)) return {Hook::enter, SiteForm::call_rel32};
-            if (holds(targets_.exit_calls, target)) return {Hook::exit, SiteForm::call_rel32};
+            if (holds(targets_.enter_calls, target)) return {Hook::enter, probelist::SiteForm::call_rel32};
+            if (holds(targets_.exit_calls, target)) return {Hook::exit, probelist::SiteForm::call_rel32};
         }
         if (op.type == X86_OP_MEM && op.mem.base == X86_REG_RIP && op.mem.index == X86_REG_INVALID &&
             insn.size == 6 && insn.bytes[0] == 0xff) {
             const std::uint64_t slot = insn.address + insn.size + op.mem.disp;
-            if (holds(targets_.enter_slots, slot)) return {Hook::enter, SiteForm::call_rip_indirect};
-            if (holds(targets_.exit_slots, slot)) return {Hook::exit, SiteForm::call_rip_indirect};
+            if (holds(targets_.enter_slots, slot)) return {Hook::enter, probelist::SiteForm::call_rip_indirect};
+            if (holds(targets_.exit_slots, slot)) return {Hook::exit, probelist::SiteForm::call_rip_indirect};
         }
-        return {Hook::none, SiteForm::call_rel32};
+        return {Hook::none, probelist::SiteForm::call_rel32};
     }
 
     RegEffect effect_of(const cs_insn& insn) const {
@@ -285,7 +285,7 @@ private:
     struct PendingSite {
         std::size_t index;  // in history_
         Hook hook;
-        SiteForm form;
+        probelist::SiteForm form;
         bool aliased;
         std::uint8_t size;
         std::array<std::uint8_t, IPROBE_PL_SITE_MAX> bytes;
@@ -498,14 +498,14 @@ private:
         return original && original->is_function() ? original : nullptr;
     }
 
-    Probe make_probe(const PendingSite& site) const {
-        Probe p;
-        p.kind = site.hook == Hook::enter ? ProbeKind::entry : ProbeKind::exit;
+    probelist::Probe make_probe(const PendingSite& site) const {
+        probelist::Probe p;
+        p.kind = site.hook == Hook::enter ? probelist::ProbeKind::entry : probelist::ProbeKind::exit;
         p.form = site.form;
         p.size = site.size;
         p.site = history_[site.index].address;
         std::copy(site.bytes.begin(), site.bytes.begin() + site.size, p.original.begin());
-        if (site.form == SiteForm::call_rel32)
+        if (site.form == probelist::SiteForm::call_rel32)
             std::copy(std::begin(kNop5), std::end(kNop5), p.placeholder.begin());
         else
             std::copy(std::begin(kNop6), std::end(kNop6), p.placeholder.begin());
@@ -546,14 +546,14 @@ private:
 // function (and enclosing function) the first call in address order is the
 // entry and the rest are exits.  A function inlined twice into one caller
 // defeats this; the result says how many kinds were inferred.
-void infer_aliased_kinds(const elf::ElfFile& elf, std::vector<Probe>& probes, const std::vector<std::size_t>& aliased) {
+void infer_aliased_kinds(const elf::ElfFile& elf, std::vector<probelist::Probe>& probes, const std::vector<std::size_t>& aliased) {
     std::vector<std::size_t> order(aliased);
     std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return probes[a].site < probes[b].site; });
     std::set<std::pair<std::uint64_t, std::uint64_t>> seen;
     for (const std::size_t i : order) {
         const elf::ElfSymbol* enclosing = elf.function_at(probes[i].site);
         const auto key = std::make_pair(enclosing ? enclosing->address : 0, probes[i].function_address);
-        probes[i].kind = seen.insert(key).second ? ProbeKind::entry : ProbeKind::exit;
+        probes[i].kind = seen.insert(key).second ? probelist::ProbeKind::entry : probelist::ProbeKind::exit;
     }
 }
 
@@ -566,7 +566,7 @@ bool is_plt_section(const elf::ElfSection& s) {
 PlaceholderScan scan_placeholders(const elf::ElfFile& elf, const std::string& module_name) {
     elf.require_x86_64_executable_or_library();
     PlaceholderScan scan;
-    ProbeList& list = scan.list;
+    probelist::ProbeList& list = scan.list;
     list.flow = IPROBE_FLOW_FINSTRUMENT;
     list.module = module_name;
     list.build_id = elf.build_id();
@@ -598,4 +598,4 @@ PlaceholderScan scan_placeholders(const elf::ElfFile& elf, const std::string& mo
     return scan;
 }
 
-}  // namespace iprobe
+}  // namespace iprobe::coldpatch

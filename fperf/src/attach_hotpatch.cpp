@@ -7,10 +7,10 @@ namespace iprobe::fperf {
 
 namespace {
 
-iprobe::ProbeSelector selector_of(const ProbeRouting& routing) {
-    iprobe::ProbeSelector selector;
+iprobe::probelist::ProbeSelector selector_of(const ProbeRouting& routing) {
+    iprobe::probelist::ProbeSelector selector;
     selector.function_globs = routing.function_globs;
-    selector.kinds = {iprobe::ProbeKind::entry, iprobe::ProbeKind::exit};
+    selector.kinds = {iprobe::probelist::ProbeKind::entry, iprobe::probelist::ProbeKind::exit};
     return selector;
 }
 

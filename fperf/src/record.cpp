@@ -331,7 +331,7 @@ Routing select_and_route(const RecordOptions& o, const std::string& handler, Pro
     if (!probes) return routing;
     if (bias)
         for (const auto& probe : probes->probes)
-            if (probe.kind == iprobe::ProbeKind::entry) routing.raw_names.emplace(*bias + probe.function_address, probe.function);
+            if (probe.kind == iprobe::probelist::ProbeKind::entry) routing.raw_names.emplace(*bias + probe.function_address, probe.function);
     ProbeRouting r;
     r.pid = pid;
     r.probe_sources = o.probe_sources.empty() ? std::vector<std::string>{p.exe} : o.probe_sources;

@@ -10,18 +10,18 @@
 
 namespace iprobe::fperf {
 
-std::optional<iprobe::ProbeList> try_probe_list(const std::vector<std::string>& sources, const std::string& exe,
+std::optional<iprobe::probelist::ProbeList> try_probe_list(const std::vector<std::string>& sources, const std::string& exe,
                                                 bool required) {
     const std::string source = sources.empty() ? exe : sources.front();
     try {
-        return iprobe::load_probes(source);
+        return iprobe::probelist::load_probes(source);
     } catch (const Error&) {
         if (required) throw;
         return std::nullopt;
     }
 }
 
-std::vector<NamedFunction> candidate_functions(const std::optional<iprobe::ProbeList>& probes, const std::string& exe,
+std::vector<NamedFunction> candidate_functions(const std::optional<iprobe::probelist::ProbeList>& probes, const std::string& exe,
                                                const std::vector<std::string>& globs) {
     std::vector<NamedFunction> out;
     auto wanted = [&](const std::string& name) {
@@ -33,7 +33,7 @@ std::vector<NamedFunction> candidate_functions(const std::optional<iprobe::Probe
     if (probes) {
         std::map<std::uint64_t, std::string> seen;
         for (const auto& p : probes->probes) {
-            if (p.kind != iprobe::ProbeKind::entry) continue;
+            if (p.kind != iprobe::probelist::ProbeKind::entry) continue;
             const std::string& name = p.demangled.empty() ? p.function : p.demangled;
             if (wanted(name) || wanted(p.function)) seen.emplace(p.function_address, name);
         }

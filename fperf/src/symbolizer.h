@@ -23,10 +23,10 @@ struct NamedFunction {
     std::string name;
 };
 
-std::optional<iprobe::ProbeList> try_probe_list(const std::vector<std::string>& sources, const std::string& exe,
+std::optional<iprobe::probelist::ProbeList> try_probe_list(const std::vector<std::string>& sources, const std::string& exe,
                                                 bool required);
 
-std::vector<NamedFunction> candidate_functions(const std::optional<iprobe::ProbeList>& probes, const std::string& exe,
+std::vector<NamedFunction> candidate_functions(const std::optional<iprobe::probelist::ProbeList>& probes, const std::string& exe,
                                                const std::vector<std::string>& globs);
 
 class Symbolizer {

@@ -13,7 +13,7 @@
 
 namespace iprobe::hotpatch {
 
-std::string describe_selector(const ProbeSelector& s) {
+std::string describe_selector(const probelist::ProbeSelector& s) {
     std::string out;
     for (auto& g : s.function_globs) out += (out.empty() ? "" : ",") + g;
     if (!s.file_globs.empty()) {
@@ -40,7 +40,7 @@ std::vector<SelectedList> load_lists(const AttachOptions& options) {
     std::vector<SelectedList> lists;
     std::size_t total = 0, selected = 0;
     for (const auto& source : sources) {
-        SelectedList s{source, load_probes(source), {}};
+        SelectedList s{source, probelist::load_probes(source), {}};
         if (s.list.probes.empty())
             throw Error(source + ": the probe list is empty; was the binary built with iprobe-cc?", ExitCode::bad_input);
         total += s.list.probes.size();
@@ -57,7 +57,7 @@ std::vector<SelectedList> load_lists(const AttachOptions& options) {
     return lists;
 }
 
-std::string hex_id(const std::vector<std::uint8_t>& id) { return id.empty() ? "(none)" : hex(id); }
+std::string hex_id(const std::vector<std::uint8_t>& id) { return id.empty() ? "(none)" : probelist::hex(id); }
 
 const RunningModule& match_module(const SelectedList& s, const std::vector<RunningModule>& modules, pid_t pid) {
     for (const auto& m : modules)
@@ -84,13 +84,13 @@ const RunningModule& match_module(const SelectedList& s, const std::vector<Runni
                 ExitCode::not_found);
 }
 
-void assign_stats(Region& region, const RunningModule& running, const ProbeList& list, std::uint32_t first_probe) {
+void assign_stats(Region& region, const RunningModule& running, const probelist::ProbeList& list, std::uint32_t first_probe) {
     std::uint32_t next = region.stat_count();
     std::map<std::string, std::uint32_t> by_function;
     iprobe_rt_probe* probes = region.probes();
     for (const auto& p : list.probes) {
         std::uint32_t stat;
-        if (p.kind == ProbeKind::point) {
+        if (p.kind == probelist::ProbeKind::point) {
             stat = next++;
         } else {
             const std::string key = p.function_address ? std::to_string(p.function_address) : p.function;
@@ -111,11 +111,11 @@ void update_timed(Region& region) {
     const std::uint32_t count = region.probe_count();
     std::vector<std::uint8_t> exit_on(region.stat_capacity(), 0);
     for (std::uint32_t i = 0; i < count; i++)
-        if (probes[i].enabled && probes[i].kind == static_cast<std::uint8_t>(ProbeKind::exit) &&
+        if (probes[i].enabled && probes[i].kind == static_cast<std::uint8_t>(probelist::ProbeKind::exit) &&
             probes[i].stat < exit_on.size())
             exit_on[probes[i].stat] = 1;
     for (std::uint32_t i = 0; i < count; i++)
-        probes[i].timed = probes[i].kind == static_cast<std::uint8_t>(ProbeKind::entry) &&
+        probes[i].timed = probes[i].kind == static_cast<std::uint8_t>(probelist::ProbeKind::entry) &&
                           probes[i].stat < exit_on.size() && exit_on[probes[i].stat];
 }
 
@@ -128,10 +128,10 @@ void check_sites_in_code(const SelectedList& s, const RunningModule& running) {
                         ExitCode::bad_input);
 }
 
-void check_site_bytes(const SelectedList& s, const RunningModule& running, const Probe& p, std::uint64_t site,
+void check_site_bytes(const SelectedList& s, const RunningModule& running, const probelist::Probe& p, std::uint64_t site,
                       const std::uint8_t* now, StubChecker& stubs_seen) {
     if (std::memcmp(now, p.placeholder.data(), p.size) == 0 || stubs_seen.calls_a_stub(site, now, p.size) ||
-        (std::memcmp(now, p.original.data(), p.size) == 0 && p.form != SiteForm::nop))
+        (std::memcmp(now, p.original.data(), p.size) == 0 && p.form != probelist::SiteForm::nop))
         return;
     std::ostringstream bytes;
     for (int i = 0; i < p.size; i++) bytes << (i ? " " : "") << std::hex << int(now[i]);
@@ -145,7 +145,7 @@ void check_selected_sites(const ProcessMemory& memory, const SelectedList& s, co
     check_sites_in_code(s, running);
     std::vector<std::uint64_t> addresses;
     addresses.reserve(s.selected.size());
-    for (const Probe* p : s.selected) addresses.push_back(running.load_bias + p->site);
+    for (const probelist::Probe* p : s.selected) addresses.push_back(running.load_bias + p->site);
     const std::vector<SiteText> text = read_sites(memory, addresses);
     StubChecker stubs_seen(memory);
     for (std::size_t k = 0; k < s.selected.size(); k++)

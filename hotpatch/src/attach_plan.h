@@ -18,11 +18,11 @@ namespace iprobe::hotpatch {
 
 struct SelectedList {
     std::string source;
-    ProbeList list;
-    std::vector<const Probe*> selected;
+    probelist::ProbeList list;
+    std::vector<const probelist::Probe*> selected;
 };
 
-std::string describe_selector(const ProbeSelector& s);
+std::string describe_selector(const probelist::ProbeSelector& s);
 
 std::vector<SelectedList> load_lists(const AttachOptions& options);
 
@@ -32,7 +32,7 @@ const RunningModule& match_module(const SelectedList& s, const std::vector<Runni
 
 // Aggregate slots for a new module's probes: one per function (its entry and
 // exit probes share it), one per point.
-void assign_stats(Region& region, const RunningModule& running, const ProbeList& list, std::uint32_t first_probe);
+void assign_stats(Region& region, const RunningModule& running, const probelist::ProbeList& list, std::uint32_t first_probe);
 
 // An entry probe is timed (pushes a frame) only while its function's exit
 // probe is enabled too: nothing else would pop the frame.
@@ -45,7 +45,7 @@ void check_sites_in_code(const SelectedList& s, const RunningModule& running);
 
 // Throws Error(bad_input) unless the site holds its placeholder, a call into
 // one of our stubs, or (call forms) the compiler's original hook call.
-void check_site_bytes(const SelectedList& s, const RunningModule& running, const Probe& p, std::uint64_t site,
+void check_site_bytes(const SelectedList& s, const RunningModule& running, const probelist::Probe& p, std::uint64_t site,
                       const std::uint8_t* now, StubChecker& stubs_seen);
 
 // Before anything is injected or written: every selected site lies in the

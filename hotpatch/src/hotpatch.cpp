@@ -122,7 +122,7 @@ AttachStats attach(const AttachOptions& options) {
             if (s.selected.empty()) continue;
             std::vector<std::uint64_t> addresses;
             addresses.reserve(s.selected.size());
-            for (const Probe* p : s.selected) addresses.push_back(running.load_bias + p->site);
+            for (const probelist::Probe* p : s.selected) addresses.push_back(running.load_bias + p->site);
             const std::vector<SiteText> text = read_sites(process.memory(), addresses);
             ensure_stub_page(process, libc, running, module);
             // Keyed by the handler symbol's identity: one of the six in `handlers`.
@@ -135,7 +135,7 @@ AttachStats attach(const AttachOptions& options) {
             patches.reserve(patches.size() + s.selected.size());
             enables.reserve(enables.size() + s.selected.size());
             for (std::size_t k = 0; k < s.selected.size(); k++) {
-                const Probe* p = s.selected[k];
+                const probelist::Probe* p = s.selected[k];
                 const std::uint64_t site = addresses[k];
                 const std::uint8_t* now = text[k].data();
                 const std::uint32_t global = module.first_probe + p->id;
@@ -145,7 +145,7 @@ AttachStats attach(const AttachOptions& options) {
                     const std::string& symbol = handler_symbol(handlers, *p);
                     if (symbol.empty())
                         throw Error("the handler library has no entry point for " + std::string(to_string(p->kind)) +
-                                        (p->form == SiteForm::nop ? " NOP-form" : "") + " sites (" + p->demangled + ")",
+                                        (p->form == probelist::SiteForm::nop ? " NOP-form" : "") + " sites (" + p->demangled + ")",
                                     ExitCode::unavailable);
                     std::uint64_t callee = 0;
                     if (const std::string& by_id = id_symbol(handlers, *p); !by_id.empty()) {
@@ -243,7 +243,7 @@ DetachStats detach(const DetachOptions& options) {
             }
         const std::vector<SiteText> text = read_sites(memory, addresses);
         for (std::size_t j = 0; j < which.size(); j++) {
-            const Probe& p = m.list.probes[which[j]];
+            const probelist::Probe& p = m.list.probes[which[j]];
             selected.emplace_back(&m, which[j]);
             if (ids_match && p.id < rm.probe_count) flags_off.push_back(rm.first_probe + p.id);
             if (site_state(p, addresses[j], text[j], stubs) != SiteState::live) continue;
@@ -307,7 +307,7 @@ Status status(pid_t pid) {
         ModuleStatus ms;
         ms.path.assign(m.path, ::strnlen(m.path, sizeof m.path));
         ms.probes_path.assign(m.probes_path, ::strnlen(m.probes_path, sizeof m.probes_path));
-        ms.build_id = hex(std::span<const std::uint8_t>(m.build_id, m.build_id_size));
+        ms.build_id = probelist::hex(std::span<const std::uint8_t>(m.build_id, m.build_id_size));
         ms.load_bias = m.load_bias;
         ms.stub_page = m.stub_page;
         ms.probes = m.probe_count;

@@ -19,8 +19,8 @@ const RunningModule* mapped_module(const iprobe_rt_module& m, const std::vector<
     return find_module_by_path(running, region_string(m.path, sizeof m.path));
 }
 
-std::optional<ProbeList> list_of(pid_t pid, const RunningModule& running, const iprobe_rt_module& m) {
-    auto describes_it = [&](const std::optional<ProbeList>& list) {
+std::optional<probelist::ProbeList> list_of(pid_t pid, const RunningModule& running, const iprobe_rt_module& m) {
+    auto describes_it = [&](const std::optional<probelist::ProbeList>& list) {
         return list && !running.build_id.empty() && list->build_id == running.build_id;
     };
     if (auto beside = probe_list_at(target_view(pid, running.path)); describes_it(beside)) return beside;
@@ -45,14 +45,14 @@ std::vector<AttachedModule> attached_modules(pid_t pid, const Region& region, co
                         ExitCode::not_found);
         AttachedModule a{i, *mapped, std::move(*list), {}};
         a.sites.reserve(a.list.probes.size());
-        for (const Probe& p : a.list.probes)
+        for (const probelist::Probe& p : a.list.probes)
             a.sites.push_back(a.running.holds_code(p.site, p.size) ? a.running.load_bias + p.site : 0);
         out.push_back(std::move(a));
     }
     return out;
 }
 
-SiteState site_state(const Probe& probe, std::uint64_t address, const SiteText& text, StubChecker& stubs) {
+SiteState site_state(const probelist::Probe& probe, std::uint64_t address, const SiteText& text, StubChecker& stubs) {
     if (address == 0) return SiteState::absent;
     if (std::memcmp(text.data(), probe.placeholder.data(), probe.size) == 0) return SiteState::placeholder;
     if (stubs.calls_a_stub(address, text.data(), probe.size)) return SiteState::live;

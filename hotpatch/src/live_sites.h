@@ -22,7 +22,7 @@ namespace iprobe::hotpatch {
 struct AttachedModule {
     std::uint32_t region_index = 0;  // in the region's module table
     RunningModule running;
-    ProbeList list;
+    probelist::ProbeList list;
     // Per list probe: its address in the target, 0 where the list's offset
     // is not inside the module's executable segments (never read or written).
     std::vector<std::uint64_t> sites;
@@ -39,7 +39,7 @@ enum class SiteState : std::uint8_t {
     other,        // anything else (someone else's patch, or a changed binary): left alone
 };
 
-SiteState site_state(const Probe& probe, std::uint64_t address, const SiteText& text, StubChecker& stubs);
+SiteState site_state(const probelist::Probe& probe, std::uint64_t address, const SiteText& text, StubChecker& stubs);
 
 // The state of every site of `module`, per list probe.
 std::vector<SiteState> site_states(const AttachedModule& module, const ProcessMemory& memory, StubChecker& stubs);

@@ -102,28 +102,28 @@ std::string unsafe_pcs(const StoppedProcess& process, const std::vector<Patch>& 
     return {};
 }
 
-const std::string& handler_symbol(const HandlerSymbols& h, const Probe& p) {
-    const bool nop = p.form == SiteForm::nop;
+const std::string& handler_symbol(const HandlerSymbols& h, const probelist::Probe& p) {
+    const bool nop = p.form == probelist::SiteForm::nop;
     switch (p.kind) {
-    case ProbeKind::entry: return nop ? h.enter_nop : h.enter;
-    case ProbeKind::exit: return nop ? h.exit_nop : h.exit;
+    case probelist::ProbeKind::entry: return nop ? h.enter_nop : h.enter;
+    case probelist::ProbeKind::exit: return nop ? h.exit_nop : h.exit;
     default: return nop ? h.point_nop : h.point;
     }
 }
 
-std::uint32_t counter_offset(std::uint32_t stat, ProbeKind kind) {
+std::uint32_t counter_offset(std::uint32_t stat, probelist::ProbeKind kind) {
     constexpr std::uint64_t kNone = UINT32_MAX & ~std::uint64_t{7};
     if (stat == IPROBE_RT_NO_STAT) return kNone;
     const std::uint64_t at = std::uint64_t{stat} * sizeof(iprobe_rt_fn_stats) +
-                             (kind == ProbeKind::exit ? offsetof(iprobe_rt_fn_stats, completed)
+                             (kind == probelist::ProbeKind::exit ? offsetof(iprobe_rt_fn_stats, completed)
                                                       : offsetof(iprobe_rt_fn_stats, calls));
     return at < kNone ? static_cast<std::uint32_t>(at) : kNone;
 }
 
-const std::string& id_symbol(const HandlerSymbols& h, const Probe& p) {
+const std::string& id_symbol(const HandlerSymbols& h, const probelist::Probe& p) {
     static const std::string none;
-    if (p.form == SiteForm::nop) return none;
-    return p.kind == ProbeKind::entry ? h.enter_id : p.kind == ProbeKind::exit ? h.exit_id : none;
+    if (p.form == probelist::SiteForm::nop) return none;
+    return p.kind == probelist::ProbeKind::entry ? h.enter_id : p.kind == probelist::ProbeKind::exit ? h.exit_id : none;
 }
 
 std::uint64_t stub_for(StoppedProcess& process, iprobe_rt_module& module, std::uint64_t target) {

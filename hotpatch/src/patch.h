@@ -40,14 +40,14 @@ void apply_patches(StoppedProcess& process, const std::vector<Patch>& patches);
 // (`patches` sorted by address).
 std::string unsafe_pcs(const StoppedProcess& process, const std::vector<Patch>& patches);
 
-const std::string& handler_symbol(const HandlerSymbols& h, const Probe& p);
+const std::string& handler_symbol(const HandlerSymbols& h, const probelist::Probe& p);
 
 // Where a count stub's counter lies in a thread's sums (SiteId::counter);
 // past every slot for a probe without one, which the handler ignores.
-std::uint32_t counter_offset(std::uint32_t stat, ProbeKind kind);
+std::uint32_t counter_offset(std::uint32_t stat, probelist::ProbeKind kind);
 
 // The per-site entry point for `p`, or empty where its site takes the shared stub.
-const std::string& id_symbol(const HandlerSymbols& h, const Probe& p);
+const std::string& id_symbol(const HandlerSymbols& h, const probelist::Probe& p);
 
 // The stub in the module's stub page that jumps to `target`, created if needed.
 std::uint64_t stub_for(StoppedProcess& process, iprobe_rt_module& module, std::uint64_t target);

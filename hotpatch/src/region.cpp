@@ -353,7 +353,7 @@ namespace {
 // (the list of a binary with a million functions is about 200 MB).
 constexpr off_t kMaxProbeListBytes = off_t{256} << 20;
 
-std::optional<ProbeList> list_file(const UniqueFd& file) {
+std::optional<probelist::ProbeList> list_file(const UniqueFd& file) {
     const UniqueFd readable(::open(fd_path(file).c_str(), O_RDONLY | O_CLOEXEC));
     struct stat st {};
     char magic[IPROBE_PL_MAGIC_SIZE];
@@ -362,7 +362,7 @@ std::optional<ProbeList> list_file(const UniqueFd& file) {
         std::memcmp(magic, IPROBE_PL_MAGIC, sizeof magic) != 0)
         return std::nullopt;
     try {
-        return ProbeList::load(fd_path(readable));
+        return probelist::ProbeList::load(fd_path(readable));
     } catch (const std::exception&) {
         return std::nullopt;
     }
@@ -370,20 +370,20 @@ std::optional<ProbeList> list_file(const UniqueFd& file) {
 
 }  // namespace
 
-std::optional<ProbeList> probe_list_at(const std::string& path) {
+std::optional<probelist::ProbeList> probe_list_at(const std::string& path) {
     const UniqueFd file = regular_file(path);
     if (!file) return std::nullopt;
     if (auto list = list_file(file)) return list;
     if (const UniqueFd side = regular_file(path + IPROBE_PL_SUFFIX))
         if (auto list = list_file(side)) return list;
     try {
-        return read_site_section(fd_path(file));
+        return probelist::read_site_section(fd_path(file));
     } catch (const std::exception&) {
         return std::nullopt;
     }
 }
 
-std::optional<ProbeList> module_probe_list(const iprobe_rt_module& module) {
+std::optional<probelist::ProbeList> module_probe_list(const iprobe_rt_module& module) {
     const std::string path(module.probes_path, ::strnlen(module.probes_path, sizeof module.probes_path));
     if (path.empty() || path[0] != '/') return std::nullopt;
     // The path is the target's word: only a file its owner cannot have

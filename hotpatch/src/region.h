@@ -106,12 +106,12 @@ private:
 // else its side list (FILE.probes), else its embedded section.  Only regular
 // files are opened (never a FIFO or a device), and a list file is read only
 // up to a bounded size.
-std::optional<ProbeList> probe_list_at(const std::string& path);
+std::optional<probelist::ProbeList> probe_list_at(const std::string& path);
 
 // The probe list a region's module was enabled from: probe_list_at() the
 // path the region records, only if that file belongs to root or to the
 // caller (the region's owner may have written the path) and only if it
 // describes the build-id the region records; nullopt otherwise.
-std::optional<ProbeList> module_probe_list(const iprobe_rt_module& module);
+std::optional<probelist::ProbeList> module_probe_list(const iprobe_rt_module& module);
 
 }  // namespace iprobe::hotpatch

@@ -15,11 +15,11 @@ constexpr char kEnd[8] = {'I', 'P', 'R', 'B', 'E', 'N', 'D', '1'};
 constexpr std::uint32_t kVersion = 1;
 constexpr std::size_t kHeader = 24, kFooter = 16, kEventHead = 20;
 
-std::uint8_t kind_code(ProbeKind k) { return k == ProbeKind::entry ? 0 : k == ProbeKind::exit ? 1 : 2; }
+std::uint8_t kind_code(probelist::ProbeKind k) { return k == probelist::ProbeKind::entry ? 0 : k == probelist::ProbeKind::exit ? 1 : 2; }
 
-ProbeKind kind_of(std::uint8_t code, const std::string& path) {
+probelist::ProbeKind kind_of(std::uint8_t code, const std::string& path) {
     if (code > 2) throw Error(path + ": corrupt trace file (event kind " + std::to_string(code) + ")", ExitCode::bad_input);
-    return code == 0 ? ProbeKind::entry : code == 1 ? ProbeKind::exit : ProbeKind::point;
+    return code == 0 ? probelist::ProbeKind::entry : code == 1 ? probelist::ProbeKind::exit : probelist::ProbeKind::point;
 }
 
 template <typename T>

@@ -70,7 +70,7 @@ struct TraceReader::Impl {
     Region region;
     std::vector<ProbeInfo> probes;
     std::uint32_t modules_loaded = 0;
-    ProbeInfo unknown{"?", "", 0, ProbeKind::entry, ""};
+    ProbeInfo unknown{"?", "", 0, probelist::ProbeKind::entry, ""};
 
     void load_new_modules() {
         const std::uint32_t count = region.module_count();
@@ -142,7 +142,7 @@ std::size_t TraceReader::drain(const std::function<void(const Event&)>& sink) {
                 e.depth = r.depth;
                 tail++;
                 if (r.kind == IPROBE_RT_REC_POINT) {
-                    e.kind = ProbeKind::point;
+                    e.kind = probelist::ProbeKind::point;
                     if (r.nargs && tail < head) {
                         const auto* more = reinterpret_cast<const iprobe_rt_args_record*>(&records[tail & mask]);
                         e.nargs = std::min<std::uint8_t>(r.nargs, 4);
@@ -150,9 +150,9 @@ std::size_t TraceReader::drain(const std::function<void(const Event&)>& sink) {
                         tail++;
                     }
                 } else if (r.kind == IPROBE_RT_REC_EXIT) {
-                    e.kind = ProbeKind::exit;
+                    e.kind = probelist::ProbeKind::exit;
                 } else if (r.kind == IPROBE_RT_REC_ENTRY) {
-                    e.kind = ProbeKind::entry;
+                    e.kind = probelist::ProbeKind::entry;
                 } else {
                     continue;
                 }
@@ -249,7 +249,7 @@ std::vector<FunctionStats> TraceReader::functions(const std::vector<iprobe_rt_fn
         FunctionStats f;
         f.stat = i;
         f.function = names[i] ? names[i]->function : "?";
-        f.kind = names[i] ? names[i]->kind : ProbeKind::entry;
+        f.kind = names[i] ? names[i]->kind : probelist::ProbeKind::entry;
         f.calls = s.calls;
         f.completed = s.completed;
         f.timed = s.timed;

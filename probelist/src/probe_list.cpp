@@ -8,7 +8,7 @@
 #include "iprobe/support/file.h"
 #include "iprobe/support/glob.h"
 
-namespace iprobe {
+namespace iprobe::probelist {
 
 std::string_view to_string(ProbeKind kind) {
     switch (kind) {
@@ -263,4 +263,4 @@ std::vector<const Probe*> ProbeSelector::select(const ProbeList& list) const {
     return out;
 }
 
-}  // namespace iprobe
+}  // namespace iprobe::probelist

@@ -9,7 +9,7 @@
 #include "iprobe/support/error.h"
 #include "iprobe/support/file.h"
 
-namespace iprobe {
+namespace iprobe::probelist {
 
 namespace {
 
@@ -38,4 +38,4 @@ ProbeList load_probes(const std::string& path) {
                 ExitCode::bad_input);
 }
 
-}  // namespace iprobe
+}  // namespace iprobe::probelist

@@ -23,7 +23,7 @@
 #include "iprobe/support/error.h"
 #include "iprobe/support/fd.h"
 
-namespace iprobe {
+namespace iprobe::probelist {
 
 namespace {
 
@@ -187,4 +187,4 @@ std::optional<ProbeList> read_site_section(const std::string& elf_path) {
     return list;
 }
 
-}  // namespace iprobe
+}  // namespace iprobe::probelist

@@ -160,7 +160,7 @@ TEST_F(BadInput, StaleProbeListOfAnotherBuildIsReplaced) {
     const auto r = run({bin("iprobe"), "coldpatch", dir_ / "fresh"});
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_NE(r.out.find("coldpatched fresh"), std::string::npos);
-    const ProbeList list = ProbeList::load(dir_ / "fresh.probes");
+    const probelist::ProbeList list = probelist::ProbeList::load(dir_ / "fresh.probes");
     EXPECT_EQ(list.module, "fresh");
     EXPECT_EQ(count_hook_calls(dir_ / "fresh").total(), 0);
 }
@@ -173,7 +173,7 @@ TEST_F(BadInput, OutputElsewhereLeavesInputAlone) {
     EXPECT_NE(r.out.find("\"probes\":4"), std::string::npos) << r.out;
     EXPECT_EQ(file_bytes(dir_ / "instrumented"), original);
     EXPECT_FALSE(exists(dir_ / "instrumented.probes"));
-    const ProbeList list = ProbeList::load(dir_ / "patched.probes");
+    const probelist::ProbeList list = probelist::ProbeList::load(dir_ / "patched.probes");
     EXPECT_EQ(list.probes.size(), 4u);
     expect_only_sites_changed(dir_ / "instrumented", dir_ / "patched", list);
     EXPECT_EQ(run({dir_ / "patched"}).out, "42\n");

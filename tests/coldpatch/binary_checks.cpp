@@ -97,9 +97,9 @@ std::string simple_name(const std::string& name) {
 
 }  // namespace
 
-std::vector<std::string> probes_misnamed(const std::string& binary, const ProbeList& list) {
+std::vector<std::string> probes_misnamed(const std::string& binary, const probelist::ProbeList& list) {
     std::string addresses;
-    std::vector<const Probe*> located;
+    std::vector<const probelist::Probe*> located;
     for (const auto& p : list.probes) {
         if (p.file.empty()) continue;
         located.push_back(&p);
@@ -153,8 +153,8 @@ std::vector<std::string> recorder_env(const std::string& log_path) {
     return {"LD_PRELOAD=" + hook_recorder(), "IPROBE_HOOK_LOG=" + log_path};
 }
 
-RecordedCheck check_recorded(const std::string& log_path, const ProbeList& list) {
-    std::map<std::uint64_t, const Probe*> by_return;
+RecordedCheck check_recorded(const std::string& log_path, const probelist::ProbeList& list) {
+    std::map<std::uint64_t, const probelist::Probe*> by_return;
     for (const auto& p : list.probes) by_return[p.site + p.size] = &p;
     RecordedCheck check;
     std::istringstream lines(file_text(log_path));
@@ -168,8 +168,8 @@ RecordedCheck check_recorded(const std::string& log_path, const ProbeList& list)
             check.problems.push_back("hook called from " + ret_hex + " where no probe is listed");
             continue;
         }
-        const Probe& p = *it->second;
-        if ((kind == 'E') != (p.kind == ProbeKind::entry))
+        const probelist::Probe& p = *it->second;
+        if ((kind == 'E') != (p.kind == probelist::ProbeKind::entry))
             check.problems.push_back("probe " + std::to_string(p.id) + " (" + p.demangled + ") has the wrong kind");
         if (p.function_address != fn) {
             check.misnamed.push_back("probe " + std::to_string(p.id) + " names " + p.demangled +
@@ -196,7 +196,7 @@ std::uint64_t file_offset_of(const std::string& binary, std::uint64_t vaddr) {
     return 0;
 }
 
-void expect_only_sites_changed(const std::string& unpatched, const std::string& patched, const ProbeList& list) {
+void expect_only_sites_changed(const std::string& unpatched, const std::string& patched, const probelist::ProbeList& list) {
     const auto before = file_bytes(unpatched);
     const auto after = file_bytes(patched);
     ASSERT_EQ(before.size(), after.size());

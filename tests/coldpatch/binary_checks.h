@@ -32,12 +32,12 @@ void compile(const std::string& dir, const std::string& command_line);
 // Checks what every probe promises against the unpatched and patched files:
 // only probe sites differ, original bytes are the unpatched bytes, the
 // placeholder is in the patched file and objdump decodes it as one NOP.
-void expect_only_sites_changed(const std::string& unpatched, const std::string& patched, const ProbeList& list);
+void expect_only_sites_changed(const std::string& unpatched, const std::string& patched, const probelist::ProbeList& list);
 
 // Probes with a source location whose function is not in binutils' view of
 // the site (addr2line -i: the function and every function inlined there).
 // Returns "site function [chain]" lines; empty when all agree.
-std::vector<std::string> probes_misnamed(const std::string& binary, const ProbeList& list);
+std::vector<std::string> probes_misnamed(const std::string& binary, const probelist::ProbeList& list);
 
 // An LD_PRELOAD library (data/hook_recorder.c) recording, per hook call
 // site actually executed, the function the compiler passed to the hook.
@@ -52,7 +52,7 @@ struct RecordedCheck {
     std::vector<std::string> misnamed_unflagged;  // ... and is not flagged as a shared site
 };
 // Compares what the hooks received with the probe list of the same layout.
-RecordedCheck check_recorded(const std::string& log_path, const ProbeList& list);
+RecordedCheck check_recorded(const std::string& log_path, const probelist::ProbeList& list);
 
 std::uint64_t file_offset_of(const std::string& binary, std::uint64_t vaddr);
 

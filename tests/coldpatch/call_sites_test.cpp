@@ -36,7 +36,7 @@ struct Variant {
     const char* flags;
     bool pie;
     bool dwarf;
-    SiteForm form;
+    probelist::SiteForm form;
     bool aliased_hooks;  // static glibc: enter and exit are one function
 };
 
@@ -63,9 +63,9 @@ TEST_P(CallSites, EveryHookCallBecomesANopAndIsListed) {
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_NE(r.out.find("coldpatched patched: "), std::string::npos) << r.out;
 
-    const ProbeList list = ProbeList::load(dir / "patched.probes");
+    const probelist::ProbeList list = probelist::ProbeList::load(dir / "patched.probes");
     std::size_t entries = 0, exits = 0;
-    for (const auto& p : list.probes) (p.kind == ProbeKind::entry ? entries : exits)++;
+    for (const auto& p : list.probes) (p.kind == probelist::ProbeKind::entry ? entries : exits)++;
     EXPECT_EQ(list.probes.size(), static_cast<std::size_t>(before.total()));
     if (!v.aliased_hooks) {
         EXPECT_EQ(entries, static_cast<std::size_t>(before.enter));
@@ -81,7 +81,7 @@ TEST_P(CallSites, EveryHookCallBecomesANopAndIsListed) {
 
     for (const auto& p : list.probes) {
         EXPECT_EQ(p.form, v.form);
-        EXPECT_EQ(p.size, v.form == SiteForm::call_rel32 ? 5 : 6);
+        EXPECT_EQ(p.size, v.form == probelist::SiteForm::call_rel32 ? 5 : 6);
         EXPECT_EQ(p.id, &p - list.probes.data());
         EXPECT_FALSE(p.function.empty());
         EXPECT_EQ(p.demangled, p.function);
@@ -100,13 +100,13 @@ TEST_P(CallSites, EveryHookCallBecomesANopAndIsListed) {
     EXPECT_EQ(list.module, "patched");
     EXPECT_EQ(list.build_id, elf::ElfFile(dir / "raw").build_id());
     EXPECT_FALSE(list.build_id.empty());
-    if (v.form == SiteForm::call_rel32) {
+    if (v.form == probelist::SiteForm::call_rel32) {
         EXPECT_NE(list.enter_target, 0u);
         EXPECT_NE(list.exit_target, 0u);
     } else {
         EXPECT_EQ(list.enter_target, 0u) << "no PLT entry with -fno-plt";
     }
-    if (!v.aliased_hooks && (v.pie || v.form == SiteForm::call_rip_indirect)) {
+    if (!v.aliased_hooks && (v.pie || v.form == probelist::SiteForm::call_rip_indirect)) {
         EXPECT_NE(list.enter_got_slot, 0u);
         EXPECT_NE(list.exit_got_slot, 0u);
     }
@@ -136,19 +136,19 @@ TEST_P(CallSites, EveryHookCallBecomesANopAndIsListed) {
 
 INSTANTIATE_TEST_SUITE_P(
     Compilers, CallSites,
-    ::testing::Values(Variant{"gcc_pie_plt", "gcc", "-O2", true, false, SiteForm::call_rel32, false},
-                      Variant{"gcc_pie_plt_dwarf", "gcc", "-O2 -g", true, true, SiteForm::call_rel32, false},
-                      Variant{"gcc_O0_dwarf", "gcc", "-O0 -g", true, true, SiteForm::call_rel32, false},
-                      Variant{"gcc_no_plt", "gcc", "-O2 -fno-plt", true, false, SiteForm::call_rip_indirect, false},
+    ::testing::Values(Variant{"gcc_pie_plt", "gcc", "-O2", true, false, probelist::SiteForm::call_rel32, false},
+                      Variant{"gcc_pie_plt_dwarf", "gcc", "-O2 -g", true, true, probelist::SiteForm::call_rel32, false},
+                      Variant{"gcc_O0_dwarf", "gcc", "-O0 -g", true, true, probelist::SiteForm::call_rel32, false},
+                      Variant{"gcc_no_plt", "gcc", "-O2 -fno-plt", true, false, probelist::SiteForm::call_rip_indirect, false},
                       Variant{"gcc_no_plt_nonpie", "gcc", "-O2 -fno-plt -no-pie", false, false,
-                              SiteForm::call_rip_indirect, false},
-                      Variant{"gcc_nonpie", "gcc", "-O2 -no-pie", false, false, SiteForm::call_rel32, false},
-                      Variant{"gcc_static", "gcc", "-O2 -static", false, false, SiteForm::call_rel32, true},
+                              probelist::SiteForm::call_rip_indirect, false},
+                      Variant{"gcc_nonpie", "gcc", "-O2 -no-pie", false, false, probelist::SiteForm::call_rel32, false},
+                      Variant{"gcc_static", "gcc", "-O2 -static", false, false, probelist::SiteForm::call_rel32, true},
                       Variant{"gcc_ibt_plt_sec", "gcc", "-O2 -fcf-protection=full", true, false,
-                              SiteForm::call_rel32, false},
-                      Variant{"clang_pie", "clang-14", "-O2 -g", true, true, SiteForm::call_rel32, false},
+                              probelist::SiteForm::call_rel32, false},
+                      Variant{"clang_pie", "clang-14", "-O2 -g", true, true, probelist::SiteForm::call_rel32, false},
                       // clang emits the hooks after -fno-plt is applied: they stay PLT calls.
-                      Variant{"clang_no_plt", "clang-14", "-O2 -fno-plt", true, false, SiteForm::call_rel32, false}),
+                      Variant{"clang_no_plt", "clang-14", "-O2 -fno-plt", true, false, probelist::SiteForm::call_rel32, false}),
     [](const ::testing::TestParamInfo<Variant>& info) { return std::string(info.param.name); });
 
 // Without -fno-optimize-sibling-calls (which iprobe-cc adds) gcc may end a
@@ -166,7 +166,7 @@ TEST(CallSites, TailJumpsToTheExitHookAreReportedNotPatched) {
     const HookCalls after = count_hook_calls(dir / "prog");
     EXPECT_EQ(after.total(), 0);
     EXPECT_EQ(after.tail_jumps, 1);
-    EXPECT_EQ(ProbeList::load(dir / "prog.probes").probes.size(), static_cast<std::size_t>(before.total()));
+    EXPECT_EQ(probelist::ProbeList::load(dir / "prog.probes").probes.size(), static_cast<std::size_t>(before.total()));
     EXPECT_EQ(run({dir / "prog"}).out, "hello\n18\n");
 }
 
@@ -189,7 +189,7 @@ TEST(CallSites, InlinedFunctionIsNamedByItsOwnAddress) {
     ASSERT_NE(twice, 0u);
     ASSERT_NE(square, 0u) << "gcc keeps an out-of-line square because its address is passed to the hooks";
     ASSERT_EQ(run({bin("iprobe"), "coldpatch", "-q", dir / "prog"}).exit_code, 0);
-    const ProbeList list = ProbeList::load(dir / "prog.probes");
+    const probelist::ProbeList list = probelist::ProbeList::load(dir / "prog.probes");
     int inlined = 0;
     for (const auto& p : list.probes) {
         if (p.site < twice || p.site >= twice + twice_size) continue;
@@ -226,7 +226,7 @@ int main(void) { lib_print(lib_value(4)); return 0; }
         ASSERT_EQ(r.exit_code, 0) << r.err;
         EXPECT_EQ(count_hook_calls(dir / f).total(), 0);
     }
-    const ProbeList lib = ProbeList::load(dir / "libdemo.so.probes");
+    const probelist::ProbeList lib = probelist::ProbeList::load(dir / "libdemo.so.probes");
     EXPECT_EQ(lib.probes.size(), static_cast<std::size_t>(lib_before.total()));
     EXPECT_EQ(lib_before.total(), 6) << "helper, lib_value, lib_print: entry + exit each";
     EXPECT_NE(lib.flags & IPROBE_PL_FLAG_SHARED, 0u);
@@ -237,7 +237,7 @@ int main(void) { lib_print(lib_value(4)); return 0; }
     for (const auto& p : lib.probes) names.insert(p.function);
     EXPECT_EQ(names, (std::set<std::string>{"helper", "lib_value", "lib_print"}));
     expect_only_sites_changed(dir / "libdemo.raw", dir / "libdemo.so", lib);
-    const ProbeList app = ProbeList::load(dir / "app.probes");
+    const probelist::ProbeList app = probelist::ProbeList::load(dir / "app.probes");
     EXPECT_EQ(app.flags & IPROBE_PL_FLAG_SHARED, 0u);
     expect_only_sites_changed(dir / "app.raw", dir / "app", app);
 
@@ -272,7 +272,7 @@ int main() {
     ASSERT_EQ(native.out, "5 7 1\n");
     const HookCalls before = count_hook_calls(dir / "raw");
     ASSERT_EQ(run({bin("iprobe"), "coldpatch", "-q", dir / "prog"}).exit_code, 0);
-    const ProbeList list = ProbeList::load(dir / "prog.probes");
+    const probelist::ProbeList list = probelist::ProbeList::load(dir / "prog.probes");
     EXPECT_EQ(list.probes.size(), static_cast<std::size_t>(before.total()));
     EXPECT_EQ(count_hook_calls(dir / "prog").total(), 0);
     std::map<std::string, std::string> raw_of;

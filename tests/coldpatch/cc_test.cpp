@@ -86,7 +86,7 @@ TEST_F(Wrapper, SystemHeadersAreExcludedByDefault) {
     auto std_probes = [&](const std::string& env) {
         const auto r = in_dir(env + " " + bin("iprobe-c++") + " -O0 vec.cc -o vec");
         EXPECT_EQ(r.exit_code, 0) << r.err;
-        const ProbeList list = ProbeList::load(dir_ / "vec.probes");
+        const probelist::ProbeList list = probelist::ProbeList::load(dir_ / "vec.probes");
         int n = 0;
         for (const auto& p : list.probes) n += p.demangled.find("std::") != std::string::npos;
         EXPECT_GT(list.probes.size(), 0u);
@@ -104,7 +104,7 @@ TEST_F(Wrapper, LinkStepColdpatchesTheOutput) {
     EXPECT_EQ(r.err, "") << "no chatter when stderr is not a terminal";
     ASSERT_TRUE(exists(dir_ / "app.probes"));
     EXPECT_EQ(count_hook_calls(dir_ / "app").total(), 0);
-    const ProbeList list = ProbeList::load(dir_ / "app.probes");
+    const probelist::ProbeList list = probelist::ProbeList::load(dir_ / "app.probes");
     std::set<std::string> names;
     for (const auto& p : list.probes) names.insert(p.function);
     EXPECT_EQ(names, (std::set<std::string>{"main", "helper", "plus_one"}));
@@ -116,7 +116,7 @@ TEST_F(Wrapper, LinkStepColdpatchesTheOutput) {
                      " main.o helper.o -o app2")
                   .exit_code,
               0);
-    EXPECT_EQ(ProbeList::load(dir_ / "app2.probes").probes.size(), 6u);
+    EXPECT_EQ(probelist::ProbeList::load(dir_ / "app2.probes").probes.size(), 6u);
     EXPECT_EQ(run({dir_ / "app2"}).out, "42\n");
 
     const auto verbose = in_dir("IPROBE_CC_VERBOSE=1 " + cc() + " -O2 main.c helper.c -o app3");
@@ -125,20 +125,20 @@ TEST_F(Wrapper, LinkStepColdpatchesTheOutput) {
 
 TEST_F(Wrapper, SharedObjectAndStaticLinks) {
     ASSERT_EQ(in_dir(cc() + " -O2 -fPIC -shared helper.c -o libhelper.so").exit_code, 0);
-    const ProbeList lib = ProbeList::load(dir_ / "libhelper.so.probes");
+    const probelist::ProbeList lib = probelist::ProbeList::load(dir_ / "libhelper.so.probes");
     EXPECT_NE(lib.flags & IPROBE_PL_FLAG_SHARED, 0u);
     EXPECT_EQ(lib.probes.size(), 4u);
 
     const auto st = in_dir(cc() + " -O2 -static main.c helper.c -o app-static");
     ASSERT_EQ(st.exit_code, 0) << st.err;
     EXPECT_EQ(run({dir_ / "app-static"}).out, "42\n");
-    const ProbeList list = ProbeList::load(dir_ / "app-static.probes");
+    const probelist::ProbeList list = probelist::ProbeList::load(dir_ / "app-static.probes");
     ASSERT_EQ(list.probes.size(), 6u);
     EXPECT_NE(list.enter_target, list.exit_target) << "iprobe-cc links distinct hooks into static programs";
     // Kinds are exact (not inferred): the same per function as a PIE build.
     ASSERT_EQ(in_dir(cc() + " -O2 main.c helper.c -o app-pie").exit_code, 0);
-    const ProbeList pie = ProbeList::load(dir_ / "app-pie.probes");
-    auto kinds = [](const ProbeList& l) {
+    const probelist::ProbeList pie = probelist::ProbeList::load(dir_ / "app-pie.probes");
+    auto kinds = [](const probelist::ProbeList& l) {
         std::multiset<std::pair<std::string, int>> out;
         for (const auto& p : l.probes) out.emplace(p.function, static_cast<int>(p.kind));
         return out;
@@ -149,7 +149,7 @@ TEST_F(Wrapper, SharedObjectAndStaticLinks) {
     const auto static_pie = in_dir(cc() + " -O2 -static-pie main.c helper.c -o app-static-pie");
     ASSERT_EQ(static_pie.exit_code, 0) << static_pie.err;
     EXPECT_EQ(run({dir_ / "app-static-pie"}).out, "42\n");
-    EXPECT_EQ(kinds(ProbeList::load(dir_ / "app-static-pie.probes")), kinds(pie));
+    EXPECT_EQ(kinds(probelist::ProbeList::load(dir_ / "app-static-pie.probes")), kinds(pie));
 }
 
 TEST_F(Wrapper, LinkWithoutPlaceholdersIsNotAnError) {
@@ -197,7 +197,7 @@ int main(void) { printf("%d\n", lookup(3) + lookup(4)); return 0; }
     const auto r = in_dir(cc() + " -O2 -I" + source_dir() + "/include points.c -o points");
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_EQ(run({dir_ / "points"}).out, "21\n");
-    const ProbeList list = ProbeList::load(dir_ / "points.probes");
+    const probelist::ProbeList list = probelist::ProbeList::load(dir_ / "points.probes");
     std::multiset<std::pair<std::string, int>> kinds;
     for (const auto& p : list.probes) kinds.emplace(p.function, static_cast<int>(p.kind));
     EXPECT_EQ(kinds.count({"cache_miss", IPROBE_KIND_POINT}), 1u);
@@ -212,7 +212,7 @@ int main(void) { printf("%d\n", lookup(3) + lookup(4)); return 0; }
 TEST_F(Wrapper, ClangAsTheRealCompiler) {
     const auto r = in_dir("IPROBE_CC=clang-14 " + cc() + " -O2 main.c helper.c -o app");
     ASSERT_EQ(r.exit_code, 0) << r.err;
-    EXPECT_GT(ProbeList::load(dir_ / "app.probes").probes.size(), 0u);
+    EXPECT_GT(probelist::ProbeList::load(dir_ / "app.probes").probes.size(), 0u);
     EXPECT_EQ(count_hook_calls(dir_ / "app").total(), 0);
     EXPECT_EQ(run({dir_ / "app"}).out, "42\n");
 }
@@ -311,7 +311,7 @@ int main() { std::cout << sum(std::vector<int>{1, 2, 3}) << "\n"; }
     EXPECT_EQ(run({dir_ / "b/cxxapp"}).out, "6\n");
     EXPECT_TRUE(exists(dir_ / "b/app.probes"));
     EXPECT_TRUE(exists(dir_ / "b/libhelper.so.probes"));
-    const ProbeList cxx = ProbeList::load(dir_ / "b/cxxapp.probes");
+    const probelist::ProbeList cxx = probelist::ProbeList::load(dir_ / "b/cxxapp.probes");
     bool found = false;
     for (const auto& p : cxx.probes) found |= p.demangled == "int sum<int>(std::vector<int, std::allocator<int> > const&)";
     EXPECT_TRUE(found);

@@ -65,7 +65,7 @@ protected:
     CommandResult in_dir(const std::string& command) { return sh("cd '" + dir_.path() + "' && " + command); }
     // Builds `source` natively and with the entry flow (raw and coldpatched);
     // all three must print the same.
-    ProbeList build(const std::string& source, const std::string& compiler, const std::string& tool,
+    probelist::ProbeList build(const std::string& source, const std::string& compiler, const std::string& tool,
                     const std::string& flags) {
         compile(dir_.path(), compiler + " " + flags + " " + source + " -o native");
         compile(dir_.path(), "IPROBE_COLDPATCH=0 " + bin(tool) + " --flow=entry " + flags + " " + source + " -o raw");
@@ -74,11 +74,11 @@ protected:
         EXPECT_EQ(native.exit_code, 0);
         EXPECT_EQ(run({dir_ / "raw"}).out, native.out);
         EXPECT_EQ(run({dir_ / "app"}).out, native.out);
-        ProbeList list = ProbeList::load(dir_ / "app.probes");
+        probelist::ProbeList list = probelist::ProbeList::load(dir_ / "app.probes");
         // the same coldpatch, run by hand on the raw link: only the pads change
         const auto patched = run({bin("iprobe"), "coldpatch", dir_ / "raw", "-o", dir_ / "patched"});
         EXPECT_EQ(patched.exit_code, 0) << patched.err;
-        const ProbeList by_hand = ProbeList::load(dir_ / "patched.probes");
+        const probelist::ProbeList by_hand = probelist::ProbeList::load(dir_ / "patched.probes");
         EXPECT_EQ(by_hand.probes.size(), list.probes.size());
         expect_only_sites_changed(dir_ / "raw", dir_ / "patched", by_hand);
         EXPECT_EQ(run({dir_ / "patched"}).out, native.out);
@@ -88,12 +88,12 @@ protected:
 };
 
 TEST_F(EntryFlow, OneEntryNopPerOutOfLineCFunction) {
-    const ProbeList list = build("prog.c", "gcc", "iprobe-cc", "-O2 -g");
+    const probelist::ProbeList list = build("prog.c", "gcc", "iprobe-cc", "-O2 -g");
     EXPECT_EQ(list.flow, static_cast<std::uint32_t>(IPROBE_FLOW_PATCHABLE_ENTRY));
     std::set<std::string> names;
     for (const auto& p : list.probes) {
-        EXPECT_EQ(p.kind, ProbeKind::entry);
-        EXPECT_EQ(p.form, SiteForm::nop);
+        EXPECT_EQ(p.kind, probelist::ProbeKind::entry);
+        EXPECT_EQ(p.form, probelist::SiteForm::nop);
         EXPECT_EQ(p.site, p.function_address) << p.function << ": the pad is the function's first instruction";
         EXPECT_FALSE(p.file.empty()) << p.function;
         names.insert(p.function);
@@ -107,7 +107,7 @@ TEST_F(EntryFlow, OneEntryNopPerOutOfLineCFunction) {
 }
 
 TEST_F(EntryFlow, CxxTemplatesVirtualsAndExceptions) {
-    const ProbeList list = build("prog.cc", "g++", "iprobe-c++", "-O2 -g");
+    const probelist::ProbeList list = build("prog.cc", "g++", "iprobe-c++", "-O2 -g");
     std::set<std::string> names;
     for (const auto& p : list.probes) names.insert(p.demangled);
     for (const char* wanted : {"main", "may_throw(int)", "int square<int>(int)", "double square<double>(double)",
@@ -118,7 +118,7 @@ TEST_F(EntryFlow, CxxTemplatesVirtualsAndExceptions) {
 
 TEST_F(EntryFlow, SharedLibraryAndIdempotentColdpatch) {
     compile(dir_.path(), bin("iprobe-cc") + " --flow=entry -O2 -fPIC -shared prog.c -o libprog.so");
-    const ProbeList lib = ProbeList::load(dir_ / "libprog.so.probes");
+    const probelist::ProbeList lib = probelist::ProbeList::load(dir_ / "libprog.so.probes");
     EXPECT_NE(lib.flags & IPROBE_PL_FLAG_SHARED, 0u);
     EXPECT_EQ(lib.probes.size(), recorded_pads(dir_ / "libprog.so"));
     const auto before = file_bytes(dir_ / "libprog.so");

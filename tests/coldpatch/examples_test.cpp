@@ -27,7 +27,7 @@ using Workload = std::function<void(const std::string& binary, const std::vector
 void expect_coldpatched(const std::string& name, const std::string& source, const std::string& wrapper,
                         const std::string& std, const std::string& libs, const Workload& workload) {
     const std::string binary = example(name, "iprobe");
-    const ProbeList list = ProbeList::load(binary + ".probes");
+    const probelist::ProbeList list = probelist::ProbeList::load(binary + ".probes");
     TempDir dir;
     const std::string unpatched = dir / name;
     // The same command and directory as examples/CMakeLists.txt.
@@ -39,7 +39,7 @@ void expect_coldpatched(const std::string& name, const std::string& source, cons
     EXPECT_GT(emitted.total(), 0);
     EXPECT_EQ(list.probes.size(), static_cast<std::size_t>(emitted.total()));
     std::size_t entries = 0;
-    for (const auto& p : list.probes) entries += p.kind == ProbeKind::entry;
+    for (const auto& p : list.probes) entries += p.kind == probelist::ProbeKind::entry;
     EXPECT_EQ(entries, static_cast<std::size_t>(emitted.enter));
     const HookCalls left = count_hook_calls(binary);
     EXPECT_EQ(left.total(), 0);

@@ -80,11 +80,11 @@ TEST(Redis, BuiltWithIprobeCcBehavesLikeTheNativeBuild) {
 
     for (const char* tool : {"redis-server", "redis-cli", "redis-benchmark"}) {
         SCOPED_TRACE(tool);
-        const ProbeList list = ProbeList::load(probed + "/" + tool + ".probes");
+        const probelist::ProbeList list = probelist::ProbeList::load(probed + "/" + tool + ".probes");
         const HookCalls emitted = count_hook_calls(unpatched + "/" + tool);
         const HookCalls left = count_hook_calls(probed + "/" + tool);
         std::size_t entries = 0;
-        for (const auto& p : list.probes) entries += p.kind == ProbeKind::entry;
+        for (const auto& p : list.probes) entries += p.kind == probelist::ProbeKind::entry;
         EXPECT_GT(emitted.total(), 1000);
         EXPECT_EQ(list.probes.size(), static_cast<std::size_t>(emitted.total()));
         EXPECT_EQ(entries, static_cast<std::size_t>(emitted.enter));
@@ -92,7 +92,7 @@ TEST(Redis, BuiltWithIprobeCcBehavesLikeTheNativeBuild) {
         EXPECT_EQ(left.tail_jumps, 0);
         EXPECT_EQ(emitted.tail_jumps, 0);
     }
-    const ProbeList server = ProbeList::load(probed + "/redis-server.probes");
+    const probelist::ProbeList server = probelist::ProbeList::load(probed + "/redis-server.probes");
     EXPECT_NE(server.flags & IPROBE_PL_FLAG_DWARF, 0u);
     // Each probe is named by the function it instruments, inlined or not.
     const auto misnamed = probes_misnamed(probed + "/redis-server", server);
@@ -120,7 +120,7 @@ TEST(Redis, BuiltWithIprobeCcBehavesLikeTheNativeBuild) {
     // what its hooks receive, against the probe list of the same bytes.
     const std::string copy = tmp / "redis-server-patched";
     ASSERT_EQ(run({bin("iprobe"), "coldpatch", "-q", unpatched + "/redis-server", "-o", copy}).exit_code, 0);
-    const ProbeList same_layout = ProbeList::load(copy + ".probes");
+    const probelist::ProbeList same_layout = probelist::ProbeList::load(copy + ".probes");
     {
         const int port = free_port();
         const std::string log = tmp / "hooks.log";

@@ -83,9 +83,9 @@ const std::set<std::string> kKnownFunctions = {"main",         "leaf_redzone", "
                                                "tail_caller",  "recurse",      "multi_return", "float_work",
                                                "never_called", "tiny"};
 
-std::map<std::string, int> count_by_function(const ProbeList& list, ProbeKind kind) {
+std::map<std::string, int> count_by_function(const probelist::ProbeList& list, probelist::ProbeKind kind) {
     std::map<std::string, int> counts;
-    for (const Probe& p : list.probes)
+    for (const probelist::Probe& p : list.probes)
         if (p.kind == kind) counts[p.function]++;
     return counts;
 }
@@ -106,25 +106,25 @@ TEST_P(KnownProgram, ListsExactlyTheExpectedProbes) {
     const std::string exe = dir / "known";
     must(llvm_cc({GetParam(), "-g", data("known.c"), "-o", exe}));
 
-    const ProbeList list = load_probes(exe);
+    const probelist::ProbeList list = probelist::load_probes(exe);
     EXPECT_EQ(list.flow, IPROBE_FLOW_LLVM);
     EXPECT_FALSE(list.build_id.empty());
     EXPECT_TRUE(list.flags & IPROBE_PL_FLAG_DWARF);
 
-    const auto entries = count_by_function(list, ProbeKind::entry);
+    const auto entries = count_by_function(list, probelist::ProbeKind::entry);
     EXPECT_EQ(keys(entries), kKnownFunctions);
     for (const auto& [name, count] : entries) EXPECT_EQ(count, 1) << name;
-    const auto exits = count_by_function(list, ProbeKind::exit);
+    const auto exits = count_by_function(list, probelist::ProbeKind::exit);
     EXPECT_EQ(keys(exits), kKnownFunctions);
-    const auto points = count_by_function(list, ProbeKind::point);
+    const auto points = count_by_function(list, probelist::ProbeKind::point);
     EXPECT_EQ(points, (std::map<std::string, int>{{"known_args", 1}, {"known_start", 1}}));
 
     for (std::size_t i = 0; i < list.probes.size(); ++i) {
-        const Probe& p = list.probes[i];
+        const probelist::Probe& p = list.probes[i];
         EXPECT_EQ(p.id, i);
-        EXPECT_EQ(p.form, SiteForm::nop);
+        EXPECT_EQ(p.form, probelist::SiteForm::nop);
         EXPECT_EQ(p.size, 5);
-        EXPECT_EQ(hex(p.placeholder), "0f1f440000000000");
+        EXPECT_EQ(probelist::hex(p.placeholder), "0f1f440000000000");
         EXPECT_EQ(p.original, p.placeholder);
         EXPECT_NE(p.function_address, 0u) << p.function;
         EXPECT_LE(p.function_address, p.site) << p.function;
@@ -205,7 +205,7 @@ TEST(LlvmPass, MultiThreadedCountsAreExact) {
 }
 
 std::set<std::string> entry_functions(const std::string& exe) {
-    return keys(count_by_function(load_probes(exe), ProbeKind::entry));
+    return keys(count_by_function(probelist::load_probes(exe), probelist::ProbeKind::entry));
 }
 
 TEST(LlvmPass, FiltersSelectByNameSizeAndAnnotation) {
@@ -215,7 +215,7 @@ TEST(LlvmPass, FiltersSelectByNameSizeAndAnnotation) {
     must(llvm_cc({"-O2", data("known.c"), "-o", exe}, {"IPROBE_FILTER=^(leaf_redzone|main)$"}));
     EXPECT_EQ(entry_functions(exe), (std::set<std::string>{"leaf_redzone", "main", "tiny"}));
     // Developer points are not subject to the function filters.
-    EXPECT_EQ(count_by_function(load_probes(exe), ProbeKind::point).size(), 2u);
+    EXPECT_EQ(count_by_function(probelist::load_probes(exe), probelist::ProbeKind::point).size(), 2u);
 
     must(llvm_cc({"-O2", "-mllvm", "-iprobe-exclude=^tail_|recurse", data("known.c"), "-o", exe}));
     auto expected = kKnownFunctions;
@@ -267,10 +267,10 @@ TEST(LlvmPass, DeveloperPointsWorkWithGcc) {
         SCOPED_TRACE(lang);
         must(run({std::string(lang) == "c" ? "gcc" : "g++", "-x", lang, "-O2", "-Wall", "-Wextra", "-Werror",
                   "-I" + include_dir(), data("known.c"), "-x", "none", selfpatch, "-o", exe}));
-        const ProbeList list = load_probes(exe);
-        EXPECT_EQ(count_by_function(list, ProbeKind::point),
+        const probelist::ProbeList list = probelist::load_probes(exe);
+        EXPECT_EQ(count_by_function(list, probelist::ProbeKind::point),
                   (std::map<std::string, int>{{"known_args", 1}, {"known_start", 1}}));
-        EXPECT_TRUE(count_by_function(list, ProbeKind::entry).empty());
+        EXPECT_TRUE(count_by_function(list, probelist::ProbeKind::entry).empty());
         const auto r = run({exe}, {}, std::chrono::seconds(60), {"IPROBE_SELFPATCH_OUT=" + report_path});
         must(r);
         const SelfpatchReport report = read_report(report_path);
@@ -307,19 +307,19 @@ TEST(LlvmPass, CxxComdatAndSharedLibraries) {
     EXPECT_EQ(r.out, "9 19 n=5\n");
     EXPECT_EQ(run({dir / "static-app"}).out, "9 19 n=5\n");
 
-    const ProbeList shared = load_probes(lib);
+    const probelist::ProbeList shared = probelist::load_probes(lib);
     EXPECT_TRUE(shared.flags & IPROBE_PL_FLAG_SHARED);
     bool found = false;
-    for (const Probe& p : shared.probes)
-        if (p.demangled == "lib_area(int)" && p.kind == ProbeKind::entry) found = true;
+    for (const probelist::Probe& p : shared.probes)
+        if (p.demangled == "lib_area(int)" && p.kind == probelist::ProbeKind::entry) found = true;
     EXPECT_TRUE(found);
 
     // One Shape<int>::area survives the link, with one entry and one point.
-    const ProbeList merged = load_probes(dir / "static-app");
+    const probelist::ProbeList merged = probelist::load_probes(dir / "static-app");
     int area_entries = 0, area_points = 0;
-    for (const Probe& p : merged.probes) {
-        if (p.demangled == "Shape<int>::area() const" && p.kind == ProbeKind::entry) ++area_entries;
-        if (p.function == "area" && p.kind == ProbeKind::point) ++area_points;
+    for (const probelist::Probe& p : merged.probes) {
+        if (p.demangled == "Shape<int>::area() const" && p.kind == probelist::ProbeKind::entry) ++area_entries;
+        if (p.function == "area" && p.kind == probelist::ProbeKind::point) ++area_points;
     }
     EXPECT_EQ(area_entries, 1);
     EXPECT_EQ(area_points, 1);
@@ -333,12 +333,12 @@ TEST(LlvmPass, SurvivesGcSectionsAndStrip) {
     must(llvm_cc({"-O2", "-ffunction-sections", "-Wl,--gc-sections", data("known.c"), "-o", exe}));
     EXPECT_EQ(entry_functions(exe), kKnownFunctions);
     must(run({"strip", exe}));
-    const ProbeList list = load_probes(exe);
-    EXPECT_EQ(keys(count_by_function(list, ProbeKind::entry)), kKnownFunctions);
+    const probelist::ProbeList list = probelist::load_probes(exe);
+    EXPECT_EQ(keys(count_by_function(list, probelist::ProbeKind::entry)), kKnownFunctions);
     // Entry/exit keep their function (recorded, or the entry site); a point
     // in a stripped binary has no symbol to name its function.
-    for (const Probe& p : list.probes)
-        if (p.kind != ProbeKind::point) {
+    for (const probelist::Probe& p : list.probes)
+        if (p.kind != probelist::ProbeKind::point) {
             EXPECT_NE(p.function_address, 0u) << p.function;
         }
 }
@@ -348,7 +348,7 @@ TEST(LlvmPass, ObjectFilesAreRefusedWithAHint) {
     const std::string object = dir / "known.o";
     must(llvm_cc({"-O2", "-c", data("known.c"), "-o", object}));
     try {
-        read_site_section(object);
+        probelist::read_site_section(object);
         FAIL() << "an unlinked object was accepted";
     } catch (const Error& e) {
         EXPECT_EQ(e.code(), ExitCode::bad_input);
@@ -449,14 +449,14 @@ TEST(LlvmPassExamples, BehaveAsNativeBuilds) {
         must(got);
         EXPECT_EQ(got.out, expected_shapes.out) << count;
     }
-    EXPECT_GT(count_by_function(load_probes(llvm_shapes), ProbeKind::entry).size(), 3u);
+    EXPECT_GT(count_by_function(probelist::load_probes(llvm_shapes), probelist::ProbeKind::entry).size(), 3u);
 
     const std::string llvm_micro = dir / "microbench-llvm";
     must(llvm_cc({"-O2", "-Wno-unknown-attributes", examples + "microbench/microbench.c", "-o", llvm_micro}));
     const auto micro = run({llvm_micro, "1000"});
     must(micro);
     EXPECT_TRUE(micro.out.starts_with("calls=1000 ")) << micro.out;
-    EXPECT_EQ(count_by_function(load_probes(llvm_micro), ProbeKind::entry)["empty_function"], 1);
+    EXPECT_EQ(count_by_function(probelist::load_probes(llvm_micro), probelist::ProbeKind::entry)["empty_function"], 1);
 }
 
 // ---------------------------------------------------------------- hotpatch
@@ -539,9 +539,9 @@ TEST(LlvmPassInstall, PackageServesCMakeAndPkgConfigBuilds) {
     EXPECT_EQ(file_text(consumer + "/iprobe-vars.txt"),
               prefix + "/lib/IProbePass.so\n" + prefix + "/bin/iprobe-cc\nTRUE\n");
     EXPECT_EQ(run({consumer + "/app"}).out, "42\n");
-    const ProbeList list = load_probes(consumer + "/app");
-    EXPECT_EQ(count_by_function(list, ProbeKind::entry), (std::map<std::string, int>{{"main", 1}, {"twice", 1}}));
-    EXPECT_EQ(count_by_function(list, ProbeKind::point), (std::map<std::string, int>{{"consumer_twice", 1}}));
+    const probelist::ProbeList list = probelist::load_probes(consumer + "/app");
+    EXPECT_EQ(count_by_function(list, probelist::ProbeKind::entry), (std::map<std::string, int>{{"main", 1}, {"twice", 1}}));
+    EXPECT_EQ(count_by_function(list, probelist::ProbeKind::point), (std::map<std::string, int>{{"consumer_twice", 1}}));
 
     // pkg-config, from wherever the prefix was installed.
     const std::vector<std::string> env = {"PKG_CONFIG_PATH=" + prefix + "/lib/pkgconfig"};
@@ -590,8 +590,8 @@ TEST(LlvmPassRedis, RepliesAsNative) {
     ASSERT_NE(expected.find("Jello-world"), std::string::npos) << expected;
     EXPECT_EQ(redis_session(llvm), expected);
 
-    const ProbeList list = load_probes(llvm);
-    const auto entries = count_by_function(list, ProbeKind::entry);
+    const probelist::ProbeList list = probelist::load_probes(llvm);
+    const auto entries = count_by_function(list, probelist::ProbeKind::entry);
     EXPECT_GT(entries.size(), 2000u);
     for (const char* function : {"processCommand", "call", "setCommand", "getCommand", "main"})
         EXPECT_EQ(entries.count(function), 1u) << function;

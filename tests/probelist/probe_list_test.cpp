@@ -11,8 +11,8 @@
 namespace iprobe {
 namespace {
 
-ProbeList sample_list() {
-    ProbeList list;
+probelist::ProbeList sample_list() {
+    probelist::ProbeList list;
     list.flags = IPROBE_PL_FLAG_PIE | IPROBE_PL_FLAG_DWARF;
     list.module = "/usr/bin/service";
     list.build_id = {0xde, 0xad, 0xbe, 0xef, 0x01, 0x02};
@@ -20,8 +20,8 @@ ProbeList sample_list() {
     list.exit_target = 0x1040;
     list.enter_got_slot = 0x4018;
     list.exit_got_slot = 0x4020;
-    Probe exit_probe;
-    exit_probe.kind = ProbeKind::exit;
+    probelist::Probe exit_probe;
+    exit_probe.kind = probelist::ProbeKind::exit;
     exit_probe.site = 0x1200;
     exit_probe.function_address = 0x11f0;
     exit_probe.function = "_ZN3foo3barEv";
@@ -30,11 +30,11 @@ ProbeList sample_list() {
     exit_probe.line = 42;
     exit_probe.original = {0xe8, 1, 2, 3, 4};
     exit_probe.placeholder = {0x0f, 0x1f, 0x44, 0x00, 0x00};
-    Probe entry_probe = exit_probe;
-    entry_probe.kind = ProbeKind::entry;
+    probelist::Probe entry_probe = exit_probe;
+    entry_probe.kind = probelist::ProbeKind::entry;
     entry_probe.site = 0x11f8;
-    Probe rip = exit_probe;
-    rip.form = SiteForm::call_rip_indirect;
+    probelist::Probe rip = exit_probe;
+    rip.form = probelist::SiteForm::call_rip_indirect;
     rip.size = 6;
     rip.site = 0x2000;
     rip.function = rip.demangled = "plain_c";
@@ -58,7 +58,7 @@ TEST(ProbeList, NormalizeSortsBySiteAndNumbersIds) {
 TEST(ProbeList, RoundTripIsExact) {
     const auto list = sample_list();
     const auto bytes = list.serialize();
-    const auto back = ProbeList::deserialize(bytes, "mem");
+    const auto back = probelist::ProbeList::deserialize(bytes, "mem");
     EXPECT_EQ(back.serialize(), bytes);
     EXPECT_EQ(back.module, list.module);
     EXPECT_EQ(back.build_id, list.build_id);
@@ -70,8 +70,8 @@ TEST(ProbeList, RoundTripIsExact) {
     EXPECT_EQ(back.probes[1].function, "_ZN3foo3barEv");
     EXPECT_EQ(back.probes[1].file, "src/foo.cc");
     EXPECT_EQ(back.probes[1].line, 42u);
-    EXPECT_EQ(back.probes[1].kind, ProbeKind::exit);
-    EXPECT_EQ(back.probes[2].form, SiteForm::call_rip_indirect);
+    EXPECT_EQ(back.probes[1].kind, probelist::ProbeKind::exit);
+    EXPECT_EQ(back.probes[2].form, probelist::SiteForm::call_rip_indirect);
     EXPECT_TRUE(back.probes[2].shared_site);
     EXPECT_FALSE(back.probes[1].shared_site);
     EXPECT_EQ(back.probes[2].size, 6);
@@ -83,19 +83,19 @@ TEST(ProbeList, SaveAndLoadThroughFile) {
     test::TempDir dir;
     const auto list = sample_list();
     list.save(dir / "a.probes");
-    EXPECT_EQ(ProbeList::load(dir / "a.probes").serialize(), list.serialize());
+    EXPECT_EQ(probelist::ProbeList::load(dir / "a.probes").serialize(), list.serialize());
 }
 
 TEST(ProbeList, RejectsCorruptInput) {
     auto bytes = sample_list().serialize();
-    EXPECT_THROW(ProbeList::deserialize(std::span(bytes).first(10), "short"), Error);
+    EXPECT_THROW(probelist::ProbeList::deserialize(std::span(bytes).first(10), "short"), Error);
     auto bad_magic = bytes;
     bad_magic[0] = 'X';
-    EXPECT_THROW(ProbeList::deserialize(bad_magic, "magic"), Error);
+    EXPECT_THROW(probelist::ProbeList::deserialize(bad_magic, "magic"), Error);
     auto bad_version = bytes;
     bad_version[8] = 99;
     try {
-        ProbeList::deserialize(bad_version, "version");
+        probelist::ProbeList::deserialize(bad_version, "version");
         FAIL() << "version 99 accepted";
     } catch (const Error& e) {
         EXPECT_NE(std::string(e.what()).find("version 99"), std::string::npos);
@@ -103,14 +103,14 @@ TEST(ProbeList, RejectsCorruptInput) {
     }
     auto truncated = bytes;
     truncated.resize(bytes.size() - 5);
-    EXPECT_THROW(ProbeList::deserialize(truncated, "truncated"), Error);
+    EXPECT_THROW(probelist::ProbeList::deserialize(truncated, "truncated"), Error);
 }
 
 // Each record field a reader acts on is checked before the list is used:
 // exit 3 naming the file, the record and the field.
 void expect_rejected(const std::vector<std::uint8_t>& bytes, const std::string& says) {
     try {
-        ProbeList::deserialize(bytes, "app.probes");
+        probelist::ProbeList::deserialize(bytes, "app.probes");
         FAIL() << "accepted; wanted: " << says;
     } catch (const Error& e) {
         EXPECT_EQ(e.code(), ExitCode::bad_input) << e.what();
@@ -179,7 +179,7 @@ TEST(ProbeList, CountsAndSizesAreBoundedByTheFile) {
 TEST(ProbeList, OnlyRegularFilesAreRead) {
     test::TempDir dir;
     try {
-        ProbeList::load(dir.path());
+        probelist::ProbeList::load(dir.path());
         FAIL() << "a directory was read";
     } catch (const Error& e) {
         EXPECT_EQ(e.code(), ExitCode::bad_input) << e.what();
@@ -188,7 +188,7 @@ TEST(ProbeList, OnlyRegularFilesAreRead) {
     const std::string fifo = dir / "fifo";
     ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
     try {
-        ProbeList::load(fifo);  // must not wait for a writer
+        probelist::ProbeList::load(fifo);  // must not wait for a writer
         FAIL() << "a FIFO was read";
     } catch (const Error& e) {
         EXPECT_EQ(e.code(), ExitCode::bad_input) << e.what();
@@ -197,38 +197,38 @@ TEST(ProbeList, OnlyRegularFilesAreRead) {
 }
 
 TEST(ProbeList, LoadsOneHundredThousandProbes) {
-    ProbeList list;
+    probelist::ProbeList list;
     for (std::uint32_t i = 0; i < 100000; ++i) {
-        Probe p;
+        probelist::Probe p;
         p.site = 0x1000 + i * 16;
-        p.kind = i % 2 ? ProbeKind::exit : ProbeKind::entry;
+        p.kind = i % 2 ? probelist::ProbeKind::exit : probelist::ProbeKind::entry;
         p.function = p.demangled = "fn_" + std::to_string(i / 2);
         list.probes.push_back(p);
     }
     list.normalize();
-    const auto back = ProbeList::deserialize(list.serialize(), "big");
+    const auto back = probelist::ProbeList::deserialize(list.serialize(), "big");
     ASSERT_EQ(back.probes.size(), 100000u);
     EXPECT_EQ(back.probes[99999].demangled, "fn_49999");
 }
 
 TEST(ProbeSelector, GlobsKindsAndFiles) {
     const auto list = sample_list();
-    ProbeSelector by_name;
+    probelist::ProbeSelector by_name;
     by_name.function_globs = {"foo::*"};
     EXPECT_EQ(by_name.select(list).size(), 2u);
-    ProbeSelector raw;
+    probelist::ProbeSelector raw;
     raw.function_globs = {"_ZN3foo*"};
     EXPECT_EQ(raw.select(list).size(), 2u);
-    ProbeSelector kinds;
-    kinds.kinds = {ProbeKind::entry};
+    probelist::ProbeSelector kinds;
+    kinds.kinds = {probelist::ProbeKind::entry};
     EXPECT_EQ(kinds.select(list).size(), 1u);
-    ProbeSelector files;
+    probelist::ProbeSelector files;
     files.file_globs = {"foo.cc"};
     EXPECT_EQ(files.select(list).size(), 2u);
-    ProbeSelector none;
+    probelist::ProbeSelector none;
     none.function_globs = {"nothing*"};
     EXPECT_TRUE(none.select(list).empty());
-    EXPECT_EQ(ProbeSelector{}.select(list).size(), 3u);
+    EXPECT_EQ(probelist::ProbeSelector{}.select(list).size(), 3u);
 }
 
 }  // namespace

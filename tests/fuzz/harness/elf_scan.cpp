@@ -8,10 +8,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     fuzz::refusal_allowed([&] {
         const elf::ElfFile elf(std::vector<std::uint8_t>(data, data + size), "fuzz input");
         if (!elf.is_x86_64()) return;
-        fuzz::refusal_allowed([&] { (void)scan_placeholders(elf, "fuzz"); });
-        if (has_patchable_entries(elf)) {
+        fuzz::refusal_allowed([&] { (void)coldpatch::scan_placeholders(elf, "fuzz"); });
+        if (coldpatch::has_patchable_entries(elf)) {
             std::size_t foreign = 0;
-            (void)scan_patchable_entries(elf, foreign);
+            (void)coldpatch::scan_patchable_entries(elf, foreign);
         }
     });
     return 0;

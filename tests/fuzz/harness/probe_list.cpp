@@ -6,9 +6,9 @@
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
     using namespace iprobe;
     fuzz::refusal_allowed([&] {
-        const ProbeList list = ProbeList::deserialize({data, size}, "fuzz input");
+        const probelist::ProbeList list = probelist::ProbeList::deserialize({data, size}, "fuzz input");
         const std::vector<std::uint8_t> again = list.serialize();
-        const ProbeList reread = ProbeList::deserialize(again, "reserialized fuzz input");
+        const probelist::ProbeList reread = probelist::ProbeList::deserialize(again, "reserialized fuzz input");
         fuzz::require(reread.serialize() == again);
     });
     return 0;

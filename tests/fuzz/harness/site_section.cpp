@@ -7,7 +7,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     using namespace iprobe;
     const UniqueFd file = fuzz::memfd_holding(data, size);
     fuzz::refusal_allowed([&] {
-        if (const auto list = read_site_section(fuzz::path_of(file))) (void)list->serialize();
+        if (const auto list = probelist::read_site_section(fuzz::path_of(file))) (void)list->serialize();
     });
     return 0;
 }

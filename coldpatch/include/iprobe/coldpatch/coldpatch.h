@@ -12,7 +12,7 @@
 #include "iprobe/elf/elf_file.h"
 #include "iprobe/probelist/probe_list.h"
 
-namespace iprobe {
+namespace iprobe::coldpatch {
 
 inline constexpr char kEnterHook[] = "__cyg_profile_func_enter";
 inline constexpr char kExitHook[] = "__cyg_profile_func_exit";
@@ -24,7 +24,7 @@ inline constexpr std::uint8_t kNop6[6] = {0x66, 0x0f, 0x1f, 0x44, 0x00, 0x00};
 
 // What a scan of a linked binary found (nothing is written).
 struct PlaceholderScan {
-    ProbeList list;                      // normalized; module/build-id/flags/targets filled
+    probelist::ProbeList list;                      // normalized; module/build-id/flags/targets filled
     std::size_t hook_tail_jumps = 0;     // `jmp hook` sites: left alone (not a call)
     // Calls whose target is both hooks (static glibc aliases them), kind
     // inferred from code order.  iprobe-cc avoids this by linking distinct hooks.
@@ -44,7 +44,7 @@ bool has_patchable_entries(const elf::ElfFile& elf);
 // __patchable_function_entries that holds the =5,0 pad (five 1-byte NOPs) or
 // its coldpatched 5-byte NOP.  Pads of another size, or outside any function
 // symbol, are counted in `foreign_pads` and left alone.
-std::vector<Probe> scan_patchable_entries(const elf::ElfFile& elf, std::size_t& foreign_pads);
+std::vector<probelist::Probe> scan_patchable_entries(const elf::ElfFile& elf, std::size_t& foreign_pads);
 
 struct ColdpatchOptions {
     std::string output;       // patched binary; default: the input, in place
@@ -65,7 +65,7 @@ struct ColdpatchResult {
     ColdpatchOutcome outcome = ColdpatchOutcome::patched;
     std::string binary_path;
     std::string probes_path;
-    ProbeList list;
+    probelist::ProbeList list;
     std::size_t entries = 0, exits = 0, points = 0;
     std::size_t hook_tail_jumps = 0;
     std::size_t kinds_inferred = 0;
@@ -82,4 +82,4 @@ ColdpatchResult coldpatch(const std::string& path, const ColdpatchOptions& optio
 // "coldpatched app: 1234 probes (617 entry, 617 exit) in 12 ms -> app.probes"
 std::string summary_line(const ColdpatchResult& result);
 
-}  // namespace iprobe
+}  // namespace iprobe::coldpatch

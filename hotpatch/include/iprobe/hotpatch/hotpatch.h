@@ -52,7 +52,7 @@ struct AttachOptions {
     // Probe lists, coldpatched binaries or binaries with a probe section
     // (iprobe::load_probes), one per module; empty = the target's executable.
     std::vector<std::string> probe_sources;
-    ProbeSelector selector;
+    probelist::ProbeSelector selector;
     HandlerMode mode = HandlerMode::trace;
     HandlerSymbols handlers;            // empty enter = HandlerSymbols::runtime(mode)
     std::string runtime_library;        // empty = default_runtime_library()
@@ -80,7 +80,7 @@ AttachStats attach(const AttachOptions& options);
 
 struct DetachOptions {
     pid_t pid = 0;
-    ProbeSelector selector;  // empty = every enabled probe
+    probelist::ProbeSelector selector;  // empty = every enabled probe
     std::chrono::milliseconds safe_point_timeout{3000};
 };
 

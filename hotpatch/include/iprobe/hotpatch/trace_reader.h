@@ -24,7 +24,7 @@ struct Event {
     std::uint64_t time_ns = 0;  // CLOCK_REALTIME nanoseconds
     std::uint32_t probe = 0;    // global probe index
     std::uint32_t tid = 0;
-    ProbeKind kind = ProbeKind::entry;
+    probelist::ProbeKind kind = probelist::ProbeKind::entry;
     std::uint16_t depth = 0;    // handler nesting (signal re-entrancy)
     std::uint8_t nargs = 0;     // POINT events
     std::uint64_t args[4] = {0, 0, 0, 0};
@@ -34,7 +34,7 @@ struct ProbeInfo {
     std::string function;  // demangled
     std::string file;
     std::uint32_t line = 0;
-    ProbeKind kind = ProbeKind::entry;
+    probelist::ProbeKind kind = probelist::ProbeKind::entry;
     std::string module;
 };
 
@@ -42,7 +42,7 @@ struct ProbeInfo {
 struct FunctionStats {
     std::uint32_t stat = 0;  // aggregate slot
     std::string function;
-    ProbeKind kind = ProbeKind::entry;  // point: a point probe's hits
+    probelist::ProbeKind kind = probelist::ProbeKind::entry;  // point: a point probe's hits
     std::uint64_t calls = 0, completed = 0, timed = 0;
     std::uint64_t inclusive_ns = 0, exclusive_ns = 0, max_ns = 0;
     std::uint64_t p50_ns = 0, p99_ns = 0;

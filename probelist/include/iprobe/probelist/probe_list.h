@@ -12,7 +12,7 @@
 
 #include "iprobe/formats/probe_list.h"
 
-namespace iprobe {
+namespace iprobe::probelist {
 
 enum class ProbeKind : std::uint8_t {
     entry = IPROBE_KIND_ENTRY,
@@ -81,4 +81,4 @@ struct ProbeSelector {
 
 std::string hex(std::span<const std::uint8_t> bytes);
 
-}  // namespace iprobe
+}  // namespace iprobe::probelist

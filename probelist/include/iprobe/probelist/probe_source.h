@@ -4,7 +4,7 @@
 
 #include "iprobe/probelist/probe_list.h"
 
-namespace iprobe {
+namespace iprobe::probelist {
 
 // The probes of a module, whichever way it was built.  `path` may be
 //   - a probe list (FILE.probes),
@@ -13,4 +13,4 @@ namespace iprobe {
 // Throws Error(not_found / bad_input) saying what to do when there are none.
 ProbeList load_probes(const std::string& path);
 
-}  // namespace iprobe
+}  // namespace iprobe::probelist

@@ -8,9 +8,9 @@
 
 #include "iprobe/probelist/probe_list.h"
 
-namespace iprobe {
+namespace iprobe::probelist {
 
 // The module's probes from its section; nullopt when it has none.
 std::optional<ProbeList> read_site_section(const std::string& elf_path);
 
-}  // namespace iprobe
+}  // namespace iprobe::probelist
