@@ -123,11 +123,9 @@ std::uint64_t parse_interval_ns(std::string text) {
 
 int cmd_record(int argc, char** argv) {
     const ArgSpec spec = record_spec();
-    const ParsedArgs a = spec.parse(argc, argv, 2);
-    if (a.help_requested()) {
-        std::fputs(spec.help().c_str(), stdout);
-        return 0;
-    }
+    const auto parsed = spec.parse_or_print_help(argc, argv, 2);
+    if (!parsed) return 0;
+    const ParsedArgs& a = *parsed;
     if (!a.positionals().empty()) spec.fail("unexpected argument '" + a.positionals().front() + "'");
     iprobe::fperf::RecordOptions o;
     o.command = a.command();
@@ -173,11 +171,9 @@ int cmd_record(int argc, char** argv) {
 }
 
 int cmd_report(int argc, char** argv) {
-    const ParsedArgs a = kReportSpec.parse(argc, argv, 2);
-    if (a.help_requested()) {
-        std::fputs(kReportSpec.help().c_str(), stdout);
-        return 0;
-    }
+    const auto parsed = kReportSpec.parse_or_print_help(argc, argv, 2);
+    if (!parsed) return 0;
+    const ParsedArgs& a = *parsed;
     if (!a.positionals().empty()) kReportSpec.fail("unexpected argument '" + a.positionals().front() + "'");
     const std::string input = a.value("--input", "fperf.data"), svg = a.value("--svg");
     enum { table, json, csv } format = a.has("--json") ? json : a.has("--csv") ? csv : table;
@@ -198,11 +194,9 @@ int cmd_report(int argc, char** argv) {
 }
 
 int cmd_events(int argc, char** argv) {
-    const ParsedArgs a = kEventsSpec.parse(argc, argv, 2);
-    if (a.help_requested()) {
-        std::fputs(kEventsSpec.help().c_str(), stdout);
-        return 0;
-    }
+    const auto parsed = kEventsSpec.parse_or_print_help(argc, argv, 2);
+    if (!parsed) return 0;
+    const ParsedArgs& a = *parsed;
     if (!a.positionals().empty()) kEventsSpec.fail("unexpected argument '" + a.positionals().front() + "'");
     const bool json = a.has("--json");
     const auto events = iprobe::fperf::available_events();

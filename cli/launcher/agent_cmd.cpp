@@ -34,11 +34,9 @@ const ArgSpec kSpec(
 }  // namespace
 
 int agent_main(const std::vector<std::string>& args) {
-    const ParsedArgs a = kSpec.parse(args);
-    if (a.help_requested()) {
-        std::fputs(kSpec.help().c_str(), stdout);
-        return 0;
-    }
+    const auto parsed = kSpec.parse_or_print_help(args);
+    if (!parsed) return 0;
+    const ParsedArgs& a = *parsed;
     if (!a.positionals().empty()) kSpec.fail("unexpected argument '" + a.positionals().front() + "'");
     AgentOptions o;
     o.listen = a.value("--listen");

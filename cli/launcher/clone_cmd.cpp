@@ -126,11 +126,9 @@ void print_result(const CloneResult& r, bool json, bool alive_known = true) {
 }  // namespace
 
 int clone_main(const std::vector<std::string>& args) {
-    const ParsedArgs a = kSpec.parse(args);
-    if (a.help_requested()) {
-        std::fputs(kSpec.help().c_str(), stdout);
-        return 0;
-    }
+    const auto parsed = kSpec.parse_or_print_help(args);
+    if (!parsed) return 0;
+    const ParsedArgs& a = *parsed;
     CloneOptions o;
     const bool json = a.has("--json"), list = a.has("--list");
     const std::string destroy = a.value("--destroy"), container = a.value("--container"), to = a.value("--to");

@@ -70,11 +70,9 @@ DebugOptions::Recloning parse_recloning(const std::string& v, int& period_s) {
 }  // namespace
 
 int debug_main(const std::vector<std::string>& args) {
-    const ParsedArgs a = kSpec.parse(args);
-    if (a.help_requested()) {
-        std::fputs(kSpec.help().c_str(), stdout);
-        return 0;
-    }
+    const auto parsed = kSpec.parse_or_print_help(args);
+    if (!parsed) return 0;
+    const ParsedArgs& a = *parsed;
     DebugOptions o;
     o.listen = a.value("--listen");
     o.production = a.value("--production");

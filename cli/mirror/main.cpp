@@ -122,11 +122,9 @@ int parse_ready_fd(std::string_view text) {
 }
 
 int mirror_main(int argc, char** argv) {
-    const ParsedArgs a = kMirrorSpec.parse(argc, argv, 2);
-    if (a.help_requested()) {
-        std::fputs(kMirrorSpec.help().c_str(), stdout);
-        return 0;
-    }
+    const auto parsed = kMirrorSpec.parse_or_print_help(argc, argv, 2);
+    if (!parsed) return 0;
+    const ParsedArgs& a = *parsed;
     if (!a.positionals().empty()) kMirrorSpec.fail("unexpected argument '" + a.positionals().front() + "'");
     MirrorOptions opt;
     opt.json = a.has("--json");
@@ -181,11 +179,9 @@ int mirror_main(int argc, char** argv) {
 }
 
 int replay_main(int argc, char** argv) {
-    const ParsedArgs a = kReplaySpec.parse(argc, argv, 2);
-    if (a.help_requested()) {
-        std::fputs(kReplaySpec.help().c_str(), stdout);
-        return 0;
-    }
+    const auto parsed = kReplaySpec.parse_or_print_help(argc, argv, 2);
+    if (!parsed) return 0;
+    const ParsedArgs& a = *parsed;
     ReplayOptions opt;
     const bool json = a.has("--json");
     if (a.positionals().empty()) kReplaySpec.fail("no recording given");

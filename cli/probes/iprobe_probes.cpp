@@ -105,11 +105,9 @@ void write_probe_json(iprobe::JsonWriter& j, const iprobe::probelist::Probe& p) 
 }
 
 int run_coldpatch(int argc, char** argv) {
-    const ParsedArgs a = kColdpatchSpec.parse(argc, argv, 2);
-    if (a.help_requested()) {
-        std::fputs(kColdpatchSpec.help().c_str(), stdout);
-        return 0;
-    }
+    const auto parsed = kColdpatchSpec.parse_or_print_help(argc, argv, 2);
+    if (!parsed) return 0;
+    const ParsedArgs& a = *parsed;
     const std::string file = file_argument(kColdpatchSpec, a);
     iprobe::coldpatch::ColdpatchOptions options;
     options.output = a.value("--output");
@@ -151,11 +149,9 @@ int run_coldpatch(int argc, char** argv) {
 }
 
 int run_list(int argc, char** argv) {
-    const ParsedArgs a = kListSpec.parse(argc, argv, 2);
-    if (a.help_requested()) {
-        std::fputs(kListSpec.help().c_str(), stdout);
-        return 0;
-    }
+    const auto parsed = kListSpec.parse_or_print_help(argc, argv, 2);
+    if (!parsed) return 0;
+    const ParsedArgs& a = *parsed;
     const std::string file = file_argument(kListSpec, a);
     iprobe::probelist::ProbeSelector selector;
     for (const auto& list : a.values("--functions"))

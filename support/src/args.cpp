@@ -1,6 +1,7 @@
 #include "iprobe/support/args.h"
 
 #include <algorithm>
+#include <cstdio>
 
 #include "iprobe/support/error.h"
 
@@ -76,6 +77,19 @@ ParsedArgs ArgSpec::parse(int argc, char** argv, int first) const {
     std::vector<std::string> args;
     for (int i = first; i < argc; ++i) args.emplace_back(argv[i]);
     return parse(args);
+}
+
+std::optional<ParsedArgs> ArgSpec::parse_or_print_help(std::span<const std::string> args) const {
+    ParsedArgs parsed = parse(args);
+    if (!parsed.help_requested()) return parsed;
+    std::fputs(help().c_str(), stdout);
+    return std::nullopt;
+}
+
+std::optional<ParsedArgs> ArgSpec::parse_or_print_help(int argc, char** argv, int first) const {
+    std::vector<std::string> args;
+    for (int i = first; i < argc; ++i) args.emplace_back(argv[i]);
+    return parse_or_print_help(args);
 }
 
 std::string ArgSpec::help() const {

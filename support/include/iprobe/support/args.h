@@ -5,6 +5,7 @@
 #pragma once
 
 #include <map>
+#include <optional>
 #include <span>
 #include <string>
 #include <string_view>
@@ -51,6 +52,10 @@ public:
     // with help_requested() set.
     ParsedArgs parse(std::span<const std::string> args) const;
     ParsedArgs parse(int argc, char** argv, int first) const;
+    // For a tool's main: the arguments, or nullopt once --help is printed on
+    // stdout (the tool then exits 0).
+    std::optional<ParsedArgs> parse_or_print_help(std::span<const std::string> args) const;
+    std::optional<ParsedArgs> parse_or_print_help(int argc, char** argv, int first) const;
 
     // `--` then starts a command line of its own, kept apart (ParsedArgs::command).
     ArgSpec& command_after_dashes() {
