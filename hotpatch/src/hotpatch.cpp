@@ -107,11 +107,8 @@ AttachStats attach(const AttachOptions& options) {
         };
         std::vector<Enable> enables;
         std::set<std::string> touched;
-        struct SiteStub {
-            std::uint64_t address;
-            std::array<std::uint8_t, kSiteStubSize> bytes;
-        };
         std::vector<SiteStub> site_stubs;
+        std::map<const std::string*, std::uint64_t> handler_addresses;  // keyed as `stubs` below
 
         for (std::size_t li = 0; li < lists.size(); li++) {
             auto& s = lists[li];
@@ -127,12 +124,17 @@ AttachStats attach(const AttachOptions& options) {
             ensure_stub_page(process, libc, running, module);
             // Keyed by the handler symbol's identity: one of the six in `handlers`.
             std::map<const std::string*, std::uint64_t> stubs;
+            // Looked up once per symbol, not once per site: a symbol search
+            // is a scan of the library's table, 10k of them a millisecond.
             auto handler_address = [&](const std::string& symbol) {
+                auto& known = handler_addresses[&symbol];
+                if (known) return known;
                 const auto target = handler_lib.library.symbol(symbol);
                 if (!target) throw Error(handler_lib.library.path + " has no symbol " + symbol, ExitCode::bad_input);
-                return *target;
+                return known = *target;
             };
             patches.reserve(patches.size() + s.selected.size());
+            site_stubs.reserve(site_stubs.size() + s.selected.size());
             enables.reserve(enables.size() + s.selected.size());
             for (std::size_t k = 0; k < s.selected.size(); k++) {
                 const probelist::Probe* p = s.selected[k];
@@ -158,7 +160,7 @@ AttachStats attach(const AttachOptions& options) {
                                                   state.stats_tpoff != 0 && state.stats_tpoff >= INT32_MIN &&
                                                   state.stats_tpoff < 0 && id <= INT32_MAX;
                         site_stubs.push_back(
-                            {callee, inline_count ? count_stub_bytes(static_cast<std::int32_t>(state.stats_tpoff), id,
+                            {module.site_stubs, callee, inline_count ? count_stub_bytes(static_cast<std::int32_t>(state.stats_tpoff), id,
                                                                      handler_address(by_id))
                                                   : site_stub_bytes(id, handler_address(by_id))});
                     } else {
@@ -182,16 +184,7 @@ AttachStats attach(const AttachOptions& options) {
         if (!unsafe_pcs(process, patches).empty()) throw RetryLater{};
         throw_if_interrupted();
 
-        // A stub is rewritten only while its site is a NOP, but a thread
-        // may still be inside it from before a detach: wait until none is.
-        std::array<std::uint8_t, kSiteStubSize> current;
-        for (const SiteStub& stub : site_stubs) {
-            process.read(stub.address, current.data(), current.size());
-            if (current == stub.bytes) continue;
-            for (const auto& t : process.threads())
-                if (t.regs.rip >= stub.address && t.regs.rip < stub.address + kSiteStubSize) throw RetryLater{};
-            process.write(stub.address, stub.bytes.data(), stub.bytes.size());
-        }
+        write_site_stubs(process, site_stubs);
 
         // Table first, code second: a site only becomes live once its
         // return address resolves.

@@ -175,4 +175,29 @@ void ensure_site_stubs(StoppedProcess& process, const LoadedLibrary& libc, const
     module.site_stub_slots = module.probe_count;
 }
 
+void write_site_stubs(StoppedProcess& process, std::vector<SiteStub>& stubs) {
+    std::sort(stubs.begin(), stubs.end(), [](const SiteStub& a, const SiteStub& b) {
+        return a.area != b.area ? a.area < b.area : a.address < b.address;
+    });
+    for (std::size_t i = 0; i < stubs.size();) {
+        std::size_t j = i;
+        while (j + 1 < stubs.size() && stubs[j + 1].area == stubs[i].area) j++;
+        const std::uint64_t low = stubs[i].address, high = stubs[j].address + kSiteStubSize;
+        std::vector<std::uint8_t> before(high - low);
+        process.read(low, before.data(), before.size());
+        std::vector<std::uint8_t> after = before;
+        for (std::size_t k = i; k <= j; k++) {
+            const SiteStub& stub = stubs[k];
+            std::uint8_t* slot = after.data() + (stub.address - low);
+            if (std::equal(stub.bytes.begin(), stub.bytes.end(), slot)) continue;
+            for (const auto& t : process.threads())
+                if (t.regs.rip >= stub.address && t.regs.rip < stub.address + kSiteStubSize) throw RetryLater{};
+            std::copy(stub.bytes.begin(), stub.bytes.end(), slot);
+        }
+        // Unchanged slots in between are rewritten as they are: every thread is stopped.
+        if (after != before) process.write(low, after.data(), after.size());
+        i = j + 1;
+    }
+}
+
 }  // namespace iprobe::hotpatch

@@ -2,6 +2,7 @@
 // batched write with read-back and rollback.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -35,6 +36,21 @@ void sort_by_address(std::vector<Patch>& patches);
 // /proc/PID/mem, reads them back; on any failure puts back what was written
 // and rethrows.
 void apply_patches(StoppedProcess& process, const std::vector<Patch>& patches);
+
+// A site's own stub (stubs.h, site_stub_bytes / count_stub_bytes) in the
+// stub area of its module.
+struct SiteStub {
+    std::uint64_t area = 0;  // the module's site-stub area
+    std::uint64_t address = 0;
+    std::array<std::uint8_t, kSiteStubSize> bytes{};
+};
+
+// Writes the stubs that differ from what their slots hold, one read and one
+// write per module's area rather than per stub: 10k stubs would otherwise be
+// 20k syscalls while the world is stopped.  A slot is rewritten only while its
+// site is a NOP, but a thread may still be inside it from before a detach:
+// throws RetryLater until none is.
+void write_site_stubs(StoppedProcess& process, std::vector<SiteStub>& stubs);
 
 // No thread may be stopped strictly inside a range about to change
 // (`patches` sorted by address).
