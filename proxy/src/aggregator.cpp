@@ -24,25 +24,27 @@ void Slot::add_reply(const std::uint8_t* p, std::size_t n) {
     flush();
 }
 
-void Slot::production_request(const std::uint8_t* p, std::size_t n) {
-    if (requests && !reported) {
-        const auto r = requests->feed(0, {p, n});
-        if (r == StreamComparer::Result::too_far_apart) requests.reset();
-        if (r == StreamComparer::Result::mismatch) {
-            reported = true;
-            ++px->stats.mismatches;
-            ++px->stats.diverged_connections;
-            px->rate_limited_log(px->stats.diverged_connections,
-                    "divergence: the debug copy's upstream connection %llu sent different requests at byte %llu: "
-                    "production \"%s\", debug copy \"%s\"", static_cast<unsigned long long>(ordinal),
-                    static_cast<unsigned long long>(requests->mismatch_offset()),
-                    printable(requests->reference_excerpt(), 80).c_str(), printable(requests->copy_excerpt(), 80).c_str());
-            if (px->stats.reports.size() < kMaxReports)
-                px->stats.reports.push_back({production_id, requests->mismatch_offset(), "(upstream request stream)",
-                                             requests->reference_excerpt(), requests->copy_excerpt(),
-                                             ms_since(px->stats.started)});
-        }
-    }
+void Slot::production_request(const std::uint8_t* p, std::size_t n) { compare_requests(0, p, n); }
+
+// Side 0 is production's request stream, 1 the debug copy's: the first
+// difference is reported once per connection.
+void Slot::compare_requests(int side, const std::uint8_t* p, std::size_t n) {
+    if (!requests || reported) return;
+    const auto r = requests->feed(side, {p, n});
+    if (r == StreamComparer::Result::too_far_apart) requests.reset();
+    if (r != StreamComparer::Result::mismatch) return;
+    reported = true;
+    ++px->stats.mismatches;
+    ++px->stats.diverged_connections;
+    px->rate_limited_log(px->stats.diverged_connections,
+            "divergence: the debug copy's upstream connection %llu sent different requests at byte %llu: "
+            "production \"%s\", debug copy \"%s\"", static_cast<unsigned long long>(ordinal),
+            static_cast<unsigned long long>(requests->mismatch_offset()),
+            printable(requests->reference_excerpt(), 80).c_str(), printable(requests->copy_excerpt(), 80).c_str());
+    if (px->stats.reports.size() < kMaxReports)
+        px->stats.reports.push_back({production_id, requests->mismatch_offset(), "(upstream request stream)",
+                                     requests->reference_excerpt(), requests->copy_excerpt(),
+                                     ms_since(px->stats.started)});
 }
 
 void Slot::flush() {
@@ -74,22 +76,7 @@ void Slot::on_event(std::uint32_t events) {
         const ssize_t n = ::recv(debug.fd(), px->scratch, sizeof px->scratch, MSG_DONTWAIT);
         if (n > 0) {
             px->stats.bytes_from_debug += static_cast<std::size_t>(n);
-            if (requests && !reported) {
-                const auto r = requests->feed(1, {px->scratch, static_cast<std::size_t>(n)});
-                if (r == StreamComparer::Result::too_far_apart) requests.reset();
-                if (r == StreamComparer::Result::mismatch) {
-                    reported = true;
-                    ++px->stats.mismatches;
-                    ++px->stats.diverged_connections;
-                    px->rate_limited_log(px->stats.diverged_connections,
-                            "divergence: the debug copy's upstream connection %llu sent different requests at byte %llu",
-                            static_cast<unsigned long long>(ordinal), static_cast<unsigned long long>(requests->mismatch_offset()));
-                    if (px->stats.reports.size() < kMaxReports)
-                        px->stats.reports.push_back({production_id, requests->mismatch_offset(), "(upstream request stream)",
-                                                     requests->reference_excerpt(), requests->copy_excerpt(),
-                                                     ms_since(px->stats.started)});
-                }
-            }
+            compare_requests(1, px->scratch, static_cast<std::size_t>(n));
         } else if (n == 0 || (errno != EAGAIN && errno != EINTR)) {
             if (n == 0) ++px->stats.debug_completed; else ++px->stats.debug_errors;
             close_debug();

@@ -261,6 +261,7 @@ struct Slot final : Handler {
     void close_debug();
     void add_reply(const std::uint8_t* p, std::size_t n);
     void production_request(const std::uint8_t* p, std::size_t n);
+    void compare_requests(int side, const std::uint8_t* p, std::size_t n);
 };
 
 struct Acceptor final : Handler {
