@@ -480,7 +480,7 @@ static inline struct fperf_shm_header* count_call(struct fperf_shm_header* h, ui
 }
 
 /* One call in FPERF_COUNT_TIMING_EVERY: the count path timed as it runs at
- * this site, with whatever the target left in the caches (see shm_layout.h,
+ * this site, with whatever the target left in the caches (see iprobe/formats/fperf_region.h,
  * count_warm_ns).  Two clock reads per 1024 calls cost well under 0.1 ns a call. */
 static __attribute__((noinline)) void timed_count_call(uint64_t function, uintptr_t sp)
 {

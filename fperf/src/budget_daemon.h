@@ -68,7 +68,7 @@ public:
             costs_.sample_ns = budget_.sample_cost_ns;
         }
         // Counted calls likewise: the calibrated count cost is cache-warm, a
-        // real site pays the misses too (shm_layout.h, count_warm_ns).
+        // real site pays the misses too (fperf_region.h, count_warm_ns).
         const std::uint64_t counted = hdr.counting_count.load(std::memory_order_relaxed);
         if (handler_costs_ && counted >= 100) {
             const double live = static_cast<double>(hdr.counting_ns.load(std::memory_order_relaxed)) /

@@ -215,7 +215,7 @@ DetachStats detach(const DetachOptions& options) {
     Region region = Region::open(options.pid);
     ProcessMemory memory(options.pid);
     // Sites, lists and stubs come from the process's maps and code, never
-    // from its region (see live_sites.hpp).  Planned while the target runs:
+    // from its region (see live_sites.h).  Planned while the target runs:
     // only we rewrite its sites, under the session lock, and apply_patches()
     // checks every site again once it is stopped.
     const std::vector<AttachedModule> modules = attached_modules(options.pid, region, memory);
