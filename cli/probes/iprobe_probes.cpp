@@ -88,9 +88,7 @@ void write_probe_json(iprobe::JsonWriter& j, const iprobe::probelist::Probe& p) 
     j.begin_object();
     j.field("id", p.id);
     j.field("kind", iprobe::probelist::to_string(p.kind));
-    j.field("form", p.form == iprobe::probelist::SiteForm::call_rel32          ? "call_rel32"
-                    : p.form == iprobe::probelist::SiteForm::call_rip_indirect ? "call_rip_indirect"
-                                                                    : "nop");
+    j.field("form", std::string(iprobe::probelist::to_string(p.form)));
     j.field("size", static_cast<unsigned>(p.size));
     j.field("site", p.site);
     j.field("function_address", p.function_address);

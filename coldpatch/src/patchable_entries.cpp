@@ -1,7 +1,9 @@
 // The entry-NOP flow: gcc's -fpatchable-function-entry=5,0 pads each
 // out-of-line function with five 1-byte NOPs and records their address in
 // __patchable_function_entries.  Each pad becomes one 5-byte NOP (one
-// instruction executed per call instead of five) and one entry probe.
+// instruction executed per call instead of five), the function's entry
+// probe, and its exit probe, which has no site of its own: the entry site
+// hooks the return through a return trampoline (runtime/src/return_stack.h).
 #include <elf.h>
 
 #include <algorithm>
@@ -71,7 +73,11 @@ std::vector<probelist::Probe> scan_patchable_entries(const elf::ElfFile& elf, st
             p.file = where->file;
             p.line = where->line;
         }
+        probelist::Probe exit = p;
+        exit.kind = probelist::ProbeKind::exit;
+        exit.form = probelist::SiteForm::ret;
         probes.push_back(std::move(p));
+        probes.push_back(std::move(exit));
     }
     return probes;
 }

@@ -141,6 +141,32 @@ void check_site_bytes(const SelectedList& s, const RunningModule& running, const
                 ExitCode::bad_input);
 }
 
+EntryVariant live_variant(const SelectedList& s, const RunningModule& running, const probelist::Probe& entry,
+                          std::uint64_t site, const std::uint8_t* now, StubChecker& stubs_seen) {
+    if (std::memcmp(now, entry.placeholder.data(), entry.size) == 0) return {};
+    if (stubs_seen.calls_a_stub(site, now, entry.size)) {
+        if (auto v = variant_at(called_stub(site, now, entry.size), entry.id)) return *v;
+        throw Error("the entry of " + entry.demangled + " at " + hex_address(site) +
+                        " was enabled through a shared stub (a handler without entry points for function-entry "
+                        "sites); detach it first",
+                    ExitCode::busy);
+    }
+    check_site_bytes(s, running, entry, site, now, stubs_seen);
+    return {};
+}
+
+void require_same_stubs(const ProcessMemory& memory, const probelist::Probe& entry, std::uint64_t entry_slot,
+                        std::uint64_t exit_slot, const EntrySiteStubs& stubs) {
+    std::array<std::uint8_t, kSiteStubSize> held{};
+    for (const auto& [at, want] : {std::pair{entry_slot, &stubs.entry_slot}, std::pair{exit_slot, &stubs.exit_slot}}) {
+        memory.read(at, held.data(), held.size());
+        if (held != *want)
+            throw Error(entry.demangled + " is enabled with another handler; detach it first (iprobe detach PID "
+                        "--functions '" + entry.demangled + "')",
+                        ExitCode::busy);
+    }
+}
+
 void check_selected_sites(const ProcessMemory& memory, const SelectedList& s, const RunningModule& running) {
     check_sites_in_code(s, running);
     std::vector<std::uint64_t> addresses;

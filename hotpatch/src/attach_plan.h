@@ -11,6 +11,7 @@
 #include "iprobe/hotpatch/hotpatch.h"
 #include "iprobe/probelist/probe_list.h"
 #include "modules.h"
+#include "entry_sites.h"
 #include "region.h"
 #include "stubs.h"
 
@@ -47,6 +48,20 @@ void check_sites_in_code(const SelectedList& s, const RunningModule& running);
 // one of our stubs, or (call forms) the compiler's original hook call.
 void check_site_bytes(const SelectedList& s, const RunningModule& running, const probelist::Probe& p, std::uint64_t site,
                       const std::uint8_t* now, StubChecker& stubs_seen);
+
+// Which probes of a function-entry site (entry_sites.h) are on, read from
+// its bytes `now`.  Throws Error(bad_input) as check_site_bytes() does for
+// bytes that are neither, and Error(busy) for a site live through a stub
+// that is not one of an entry site's (enabled by a handler without entry
+// points for them): it must be detached first.
+EntryVariant live_variant(const SelectedList& s, const RunningModule& running, const probelist::Probe& entry,
+                          std::uint64_t site, const std::uint8_t* now, StubChecker& stubs_seen);
+
+// A live entry site's stubs must be what this attach would write: another
+// handler's (count against trace, fperf) cannot be rewritten while the site
+// calls them.  Throws Error(busy) saying to detach first.
+void require_same_stubs(const ProcessMemory& memory, const probelist::Probe& entry, std::uint64_t entry_slot,
+                        std::uint64_t exit_slot, const EntrySiteStubs& stubs);
 
 // Before anything is injected or written: every selected site lies in the
 // module's code and holds what the list says.

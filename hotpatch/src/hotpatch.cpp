@@ -11,6 +11,7 @@
 #include <set>
 
 #include "attach_plan.h"
+#include "entry_sites.h"
 #include "inject.h"
 #include "live_sites.h"
 #include "modules.h"
@@ -102,13 +103,15 @@ AttachStats attach(const AttachOptions& options) {
         std::vector<Patch> patches;
         StubChecker stubs_seen(process.memory());
         struct Enable {
-            std::uint32_t global;
-            std::uint64_t return_address;
+            std::uint32_t global;         // the probe to flag enabled
+            std::uint64_t return_address; // its site's key in the site hash
+            std::uint32_t keyed;          // the probe that key resolves to
         };
         std::vector<Enable> enables;
         std::set<std::string> touched;
         std::vector<SiteStub> site_stubs;
         std::map<const std::string*, std::uint64_t> handler_addresses;  // keyed as `stubs` below
+        std::size_t newly_enabled = 0;
 
         for (std::size_t li = 0; li < lists.size(); li++) {
             auto& s = lists[li];
@@ -136,13 +139,23 @@ AttachStats attach(const AttachOptions& options) {
             patches.reserve(patches.size() + s.selected.size());
             site_stubs.reserve(site_stubs.size() + s.selected.size());
             enables.reserve(enables.size() + s.selected.size());
+            // Function-entry sites serving an entry and an exit probe:
+            // gathered first, then planned once per site (entry_sites.h).
+            std::map<std::uint32_t, std::pair<EntryVariant, std::size_t>> entry_sites;  // entry id -> wanted, text index
             for (std::size_t k = 0; k < s.selected.size(); k++) {
                 const probelist::Probe* p = s.selected[k];
+                stats.selected++;
+                const bool is_exit = p->form == probelist::SiteForm::ret;
+                if (is_exit || (!handlers.entry_enter.empty() && probelist::serves_returns(s.list.probes, p->id))) {
+                    auto& [wanted, at] = entry_sites[is_exit ? p->id - 1 : p->id];
+                    (is_exit ? wanted.exit : wanted.enter) = true;
+                    at = k;
+                    continue;
+                }
                 const std::uint64_t site = addresses[k];
                 const std::uint8_t* now = text[k].data();
                 const std::uint32_t global = module.first_probe + p->id;
                 const std::uint64_t ret = site + p->size;
-                stats.selected++;
                 if (std::memcmp(now, p->placeholder.data(), p->size) == 0) {
                     const std::string& symbol = handler_symbol(handlers, *p);
                     if (symbol.empty())
@@ -169,14 +182,58 @@ AttachStats attach(const AttachOptions& options) {
                         callee = stub;
                     }
                     patches.push_back({site, SiteBytes(now, p->size), call_bytes(site, p->size, callee)});
-                    enables.push_back({global, ret});
+                    enables.push_back({global, ret, global});
+                    newly_enabled++;
                 } else {
                     // Enabled already, or a live compiler hook (binary not
                     // coldpatched, hooks served by a linked runtime): register
                     // the site, write nothing.
                     check_site_bytes(s, running, *p, site, now, stubs_seen);
                     stats.already_enabled++;
-                    enables.push_back({global, ret});
+                    enables.push_back({global, ret, global});
+                }
+            }
+            for (const auto& [entry_id, wanted_at] : entry_sites) {
+                const auto& [wanted, at] = wanted_at;
+                const probelist::Probe& entry = s.list.probes[entry_id];
+                const std::uint64_t site = running.load_bias + entry.site;
+                const std::uint8_t* now = text[at].data();
+                const std::uint32_t global = module.first_probe + entry_id;
+                ensure_site_stubs(process, libc, running, module);
+                const EntryVariant current = live_variant(s, running, entry, site, now, stubs_seen);
+                const EntryVariant next = current | wanted;
+                if (variant_symbol(handlers, next).empty())
+                    throw Error("the handler library has no entry point for the " +
+                                    std::string(next.enter ? "entry and exit" : "exit") + " of " + entry.demangled +
+                                    " (a function-entry site whose exit is a return trampoline)",
+                                ExitCode::unavailable);
+                EntryTargets targets;
+                targets.enter = handler_address(handlers.entry_enter);
+                if (!handlers.entry_return.empty()) targets.exit = handler_address(handlers.entry_return);
+                if (!handlers.entry_enter_return.empty()) targets.both = handler_address(handlers.entry_enter_return);
+                const bool counting = handlers.site_id == HandlerSymbols::SiteId::counter;
+                const std::uint32_t id = counting ? counter_offset(region.probes()[global].stat, probelist::ProbeKind::entry)
+                                                  : global;
+                const bool inline_count = counting && state.stats_tpoff != 0 && state.stats_tpoff >= INT32_MIN &&
+                                          state.stats_tpoff < 0 && id <= INT32_MAX;
+                const EntrySiteStubs stubs_for_site =
+                    entry_site_stubs(id, targets, inline_count ? static_cast<std::int32_t>(state.stats_tpoff) : 0);
+                const std::uint64_t entry_slot = variant_stub(module.site_stubs, entry_id, {true, false});
+                const std::uint64_t exit_slot = variant_stub(module.site_stubs, entry_id, {false, true});
+                if (current.any()) require_same_stubs(process.memory(), entry, entry_slot, exit_slot, stubs_for_site);
+                site_stubs.push_back({module.site_stubs, entry_slot, stubs_for_site.entry_slot});
+                site_stubs.push_back({module.site_stubs, exit_slot, stubs_for_site.exit_slot});
+                if (next != current)
+                    patches.push_back({site, SiteBytes(now, entry.size),
+                                       call_bytes(site, entry.size, variant_stub(module.site_stubs, entry_id, next))});
+                const std::uint64_t ret = site + entry.size;
+                for (const bool exit : {false, true}) {
+                    if (!(exit ? next.exit : next.enter)) continue;
+                    enables.push_back({global + (exit ? 1u : 0u), ret, global});
+                    const bool was_on = exit ? current.exit : current.enter;
+                    if (!(exit ? wanted.exit : wanted.enter)) continue;
+                    if (was_on) stats.already_enabled++;
+                    else newly_enabled++;
                 }
             }
         }
@@ -188,7 +245,7 @@ AttachStats attach(const AttachOptions& options) {
 
         // Table first, code second: a site only becomes live once its
         // return address resolves.
-        for (const auto& e : enables) region.insert_site(e.return_address, e.global, region.probes()[e.global].stat);
+        for (const auto& e : enables) region.insert_site(e.return_address, e.keyed, region.probes()[e.keyed].stat);
         if (fresh_fd >= 0) {
             const auto rc = static_cast<std::int64_t>(process.call(*map_at, {static_cast<std::uint64_t>(fresh_fd)}));
             if (rc != 0)
@@ -199,7 +256,7 @@ AttachStats attach(const AttachOptions& options) {
         for (const auto& e : enables) region.probes()[e.global].enabled = 1;
         update_timed(region);
         region.control()->generation++;
-        stats.enabled = patches.size();
+        stats.enabled = newly_enabled;
         for (std::uint32_t i = 0; i < region.probe_count(); i++) stats.total_enabled += region.probes()[i].enabled;
         stats.modules.assign(touched.begin(), touched.end());
         stats.stop_us = process.stop_us;
@@ -235,12 +292,45 @@ DetachStats detach(const DetachOptions& options) {
                 which.push_back(k);
             }
         const std::vector<SiteText> text = read_sites(memory, addresses);
+        // Function-entry sites: what stays on after the selected probes go.
+        std::map<std::uint32_t, std::pair<EntryVariant, std::size_t>> entry_sites;  // entry id -> off, text index
         for (std::size_t j = 0; j < which.size(); j++) {
             const probelist::Probe& p = m.list.probes[which[j]];
             selected.emplace_back(&m, which[j]);
             if (ids_match && p.id < rm.probe_count) flags_off.push_back(rm.first_probe + p.id);
+            const bool is_exit = p.form == probelist::SiteForm::ret;
+            if (is_exit || probelist::serves_returns(m.list.probes, p.id)) {
+                auto& [off, at] = entry_sites[is_exit ? p.id - 1 : p.id];
+                (is_exit ? off.exit : off.enter) = true;
+                at = j;
+                continue;
+            }
             if (site_state(p, addresses[j], text[j], stubs) != SiteState::live) continue;
             patches.push_back({addresses[j], SiteBytes(text[j].data(), p.size), SiteBytes(p.placeholder.data(), p.size)});
+        }
+        for (const auto& [entry_id, off_at] : entry_sites) {
+            const auto& [off, at] = off_at;
+            const probelist::Probe& entry = m.list.probes[entry_id];
+            const std::uint64_t site = addresses[at];
+            if (site_state(entry, site, text[at], stubs) != SiteState::live) continue;
+            const std::uint64_t target = called_stub(site, text[at].data(), entry.size);
+            const EntryVariant on = variant_at(target, entry_id).value_or(EntryVariant{true, false});
+            const EntryVariant stays{on.enter && !off.enter, on.exit && !off.exit};
+            if (stays == on) continue;
+            SiteBytes after(entry.placeholder.data(), entry.size);
+            if (stays.any()) {
+                // Its stub was written with the others when the site was
+                // enabled; a handler without it loses both probes.
+                const std::uint64_t area = target - variant_stub(0, entry_id, on);
+                const std::uint64_t stub = variant_stub(area, entry_id, stays);
+                std::uint8_t bytes[kSiteStubSize];
+                memory.read(stub, bytes, sizeof bytes);
+                if (stub_target(bytes, sizeof bytes))
+                    after = call_bytes(site, entry.size, stub);
+                else if (ids_match && entry_id + 1 < rm.probe_count)
+                    flags_off.push_back(rm.first_probe + entry_id + (stays.enter ? 0 : 1));
+            }
+            patches.push_back({site, SiteBytes(text[at].data(), entry.size), after});
         }
     }
     sort_by_address(patches);

@@ -274,11 +274,15 @@ HandlerSymbols HandlerSymbols::runtime(HandlerMode mode) {
     if (mode == HandlerMode::count) {
         h.enter_id = h.exit_id = "iprobe_rt_count_counter";
         h.site_id = SiteId::counter;
+        h.entry_enter = "iprobe_rt_count_counter_nop";  // the slow path: its fast path is inlined in the stub
     } else {
         h.enter_id = "iprobe_rt_trace_enter_id";
         h.exit_id = "iprobe_rt_trace_exit_id";
         h.site_id = SiteId::probe;
+        h.entry_enter = "iprobe_rt_trace_enter_id_nop";
     }
+    h.entry_return = "iprobe_rt_" + m + "_return_nop";
+    h.entry_enter_return = "iprobe_rt_" + m + "_enter_return_nop";
     return h;
 }
 

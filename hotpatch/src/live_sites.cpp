@@ -3,6 +3,7 @@
 #include <cstring>
 #include <string>
 
+#include "entry_sites.h"
 #include "iprobe/support/error.h"
 
 namespace iprobe::hotpatch {
@@ -69,6 +70,16 @@ std::vector<SiteState> site_states(const AttachedModule& module, const ProcessMe
     for (std::size_t j = 0; j < index.size(); j++) {
         const std::size_t k = index[j];
         out[k] = site_state(module.list.probes[k], module.sites[k], text[j], stubs);
+        // A function-entry site serves its entry and its exit probe: which
+        // of them is on is the stub it calls (entry_sites.h).
+        if (j > 0 && index[j - 1] == k - 1 && probelist::serves_returns(module.list.probes, k - 1) &&
+            out[k] == SiteState::live) {
+            const auto variant = variant_at(called_stub(module.sites[k], text[j].data(), module.list.probes[k].size),
+                                            static_cast<std::uint32_t>(k - 1));
+            const EntryVariant v = variant.value_or(EntryVariant{true, false});
+            out[k - 1] = v.enter ? SiteState::live : SiteState::placeholder;
+            out[k] = v.exit ? SiteState::live : SiteState::placeholder;
+        }
     }
     return out;
 }

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <climits>
 #include <initializer_list>
+#include <span>
 #include <sstream>
 
 #include "iprobe/support/error.h"
@@ -25,24 +26,41 @@ std::array<std::uint8_t, kStubSize> stub_bytes(std::uint64_t target) {
     return b;
 }
 
-std::array<std::uint8_t, kSiteStubSize> site_stub_bytes(std::uint32_t id, std::uint64_t target) {
+namespace {
+constexpr std::uint8_t kMovImmEdi[1] = {0xbf};         // mov $imm32, %edi
+constexpr std::uint8_t kMovImmR11d[2] = {0x41, 0xbb};  // mov $imm32, %r11d
+constexpr std::uint8_t kJumpRipIndirect[6] = {0xff, 0x25, 0x00, 0x00, 0x00, 0x00};  // jmp *0(%rip)
+constexpr std::size_t kIdStubSize = 19;                // with edi; r11d takes one byte more
+
+std::span<const std::uint8_t> mov_imm(IdRegister reg) {
+    if (reg == IdRegister::r11d) return kMovImmR11d;
+    return kMovImmEdi;
+}
+}  // namespace
+
+std::array<std::uint8_t, kSiteStubSize> site_stub_bytes(std::uint32_t id, std::uint64_t target, IdRegister reg) {
     std::array<std::uint8_t, kSiteStubSize> b;
     b.fill(0xcc);
-    b[0] = 0xbf;
-    std::memcpy(b.data() + 1, &id, 4);
-    const std::uint8_t jump[6] = {0xff, 0x25, 0x00, 0x00, 0x00, 0x00};
-    std::memcpy(b.data() + 5, jump, sizeof jump);
-    std::memcpy(b.data() + 11, &target, 8);
+    const auto mov = mov_imm(reg);
+    std::size_t at = mov.size();
+    std::memcpy(b.data(), mov.data(), mov.size());
+    std::memcpy(b.data() + at, &id, 4);
+    at += 4;
+    std::memcpy(b.data() + at, kJumpRipIndirect, sizeof kJumpRipIndirect);
+    at += sizeof kJumpRipIndirect;
+    std::memcpy(b.data() + at, &target, 8);
     return b;
 }
 
 namespace {
-constexpr std::uint8_t kLoadStatsFromFs[5] = {0x64, 0x48, 0x8b, 0x04, 0x25};  // mov %fs:disp32, %rax
+constexpr std::uint8_t kLoadStatsRax[5] = {0x64, 0x48, 0x8b, 0x04, 0x25};  // mov %fs:disp32, %rax
+constexpr std::uint8_t kLoadStatsR11[5] = {0x64, 0x4c, 0x8b, 0x1c, 0x25};  // mov %fs:disp32, %r11
 constexpr std::size_t kCountStubSlowPath = 23;
 }  // namespace
 
 std::array<std::uint8_t, kSiteStubSize> count_stub_bytes(std::int32_t stats_tpoff, std::uint32_t counter_offset,
-                                                         std::uint64_t slow_target) {
+                                                         std::uint64_t slow_target, IdRegister reg) {
+    const bool r11 = reg == IdRegister::r11d;
     std::array<std::uint8_t, kSiteStubSize> b;
     b.fill(0xcc);
     std::size_t at = 0;
@@ -53,28 +71,36 @@ std::array<std::uint8_t, kSiteStubSize> count_stub_bytes(std::int32_t stats_tpof
         std::memcpy(b.data() + at, &v, 4);
         at += 4;
     };
-    for (auto v : kLoadStatsFromFs) b[at++] = v;
+    for (auto v : r11 ? kLoadStatsR11 : kLoadStatsRax) b[at++] = v;
     put32(static_cast<std::uint32_t>(stats_tpoff));
-    put({0x48, 0x85, 0xc0});                                           // test %rax, %rax
+    if (r11) put({0x4d, 0x85, 0xdb});                                  // test %r11, %r11
+    else put({0x48, 0x85, 0xc0});                                      // test %rax, %rax
     put({0x74, static_cast<std::uint8_t>(kCountStubSlowPath - 14)});   // je slow
-    put({0x48, 0x83, 0x80});                                           // addq $imm8, disp32(%rax)
+    if (r11) put({0x49, 0x83, 0x83});                                  // addq $imm8, disp32(%r11)
+    else put({0x48, 0x83, 0x80});                                      // addq $imm8, disp32(%rax)
     put32(counter_offset);
     put({0x01, 0xc3});                                                 // $1; ret
-    const auto slow = site_stub_bytes(counter_offset, slow_target);
-    std::memcpy(b.data() + kCountStubSlowPath, slow.data(), 19);
+    const auto slow = site_stub_bytes(counter_offset, slow_target, reg);
+    std::memcpy(b.data() + kCountStubSlowPath, slow.data(), kIdStubSize + (r11 ? 1 : 0));
     return b;
 }
 
 std::uint64_t stub_target(const std::uint8_t* stub, std::size_t size) {
     std::uint64_t target = 0;
-    if (size >= kCountStubSlowPath + 19 && std::memcmp(stub, kLoadStatsFromFs, sizeof kLoadStatsFromFs) == 0)
+    if (size >= kCountStubSlowPath + kIdStubSize &&
+        (std::memcmp(stub, kLoadStatsRax, sizeof kLoadStatsRax) == 0 ||
+         std::memcmp(stub, kLoadStatsR11, sizeof kLoadStatsR11) == 0))
         return stub_target(stub + kCountStubSlowPath, size - kCountStubSlowPath);
     if (size >= kStubSize && stub[0] == 0xff && stub[1] == 0x25 && stub[2] == 0x02 && stub[3] == 0 && stub[4] == 0 &&
         stub[5] == 0)
         std::memcpy(&target, stub + 8, 8);
-    else if (size >= 19 && stub[0] == 0xbf && stub[5] == 0xff && stub[6] == 0x25 && stub[7] == 0 && stub[8] == 0 &&
-             stub[9] == 0 && stub[10] == 0)
-        std::memcpy(&target, stub + 11, 8);
+    for (IdRegister reg : {IdRegister::edi, IdRegister::r11d}) {
+        const auto mov = mov_imm(reg);
+        const std::size_t jump = mov.size() + 4;
+        if (size >= jump + sizeof kJumpRipIndirect + 8 && std::memcmp(stub, mov.data(), mov.size()) == 0 &&
+            std::memcmp(stub + jump, kJumpRipIndirect, sizeof kJumpRipIndirect) == 0)
+            std::memcpy(&target, stub + jump + sizeof kJumpRipIndirect, 8);
+    }
     return target;
 }
 

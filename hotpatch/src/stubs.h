@@ -30,7 +30,12 @@ std::array<std::uint8_t, kStubSize> stub_bytes(std::uint64_t target);
 // hashing the return address.
 //   mov $id, %edi; jmp *0(%rip); .quad target; int3 padding
 constexpr std::size_t kSiteStubSize = 64;
-std::array<std::uint8_t, kSiteStubSize> site_stub_bytes(std::uint32_t id, std::uint64_t target);
+// The register a site stub passes its id in: edi at a call-form site (the
+// compiler's call clobbers it), r11d at a function-entry site, where every
+// argument register is live and r11 is the one scratch register.
+enum class IdRegister { edi, r11d };
+std::array<std::uint8_t, kSiteStubSize> site_stub_bytes(std::uint32_t id, std::uint64_t target,
+                                                        IdRegister reg = IdRegister::edi);
 
 // A count site's stub with the runtime's count handler inlined: a thread
 // that has its sums (a pointer at %fs:stats_tpoff, see iprobe_rt_state)
@@ -39,8 +44,10 @@ std::array<std::uint8_t, kSiteStubSize> site_stub_bytes(std::uint32_t id, std::u
 //   mov %fs:tpoff, %rax; test %rax, %rax; je slow; addq $1, off(%rax); ret
 //   slow: mov $off, %edi; jmp *0(%rip); .quad slow_target
 // One add instruction, so a signal handler in between never loses a count.
+// With IdRegister::r11d the same in r11 (mov %fs:tpoff, %r11 ...), for
+// function-entry sites.
 std::array<std::uint8_t, kSiteStubSize> count_stub_bytes(std::int32_t stats_tpoff, std::uint32_t counter_offset,
-                                                         std::uint64_t slow_target);
+                                                         std::uint64_t slow_target, IdRegister reg = IdRegister::edi);
 
 // The handler a stub of either kind jumps to, or 0 when the `size` bytes at
 // `stub` are not one of ours.

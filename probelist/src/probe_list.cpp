@@ -19,6 +19,22 @@ std::string_view to_string(ProbeKind kind) {
     return "unknown";
 }
 
+std::string_view to_string(SiteForm form) {
+    switch (form) {
+        case SiteForm::call_rel32: return "call_rel32";
+        case SiteForm::call_rip_indirect: return "call_rip_indirect";
+        case SiteForm::nop: return "nop";
+        case SiteForm::ret: return "return";
+    }
+    return "unknown";
+}
+
+bool serves_returns(const std::vector<Probe>& probes, std::size_t index) {
+    return index + 1 < probes.size() && probes[index].kind == ProbeKind::entry &&
+           probes[index].form == SiteForm::nop && probes[index + 1].form == SiteForm::ret &&
+           probes[index + 1].site == probes[index].site;
+}
+
 std::string_view flow_name(std::uint32_t flow) {
     switch (flow) {
         case IPROBE_FLOW_FINSTRUMENT: return "finstrument";
@@ -197,11 +213,18 @@ ProbeList ProbeList::deserialize(std::span<const std::uint8_t> bytes, const std:
         };
         if (r.id != i) throw bad("id", std::to_string(r.id) + " is not its index " + std::to_string(i));
         if (r.kind < IPROBE_KIND_ENTRY || r.kind > IPROBE_KIND_POINT) throw bad("kind", std::to_string(r.kind) + " is unknown");
-        if (r.site_form < IPROBE_SITE_CALL_REL32 || r.site_form > IPROBE_SITE_NOP)
+        if (r.site_form < IPROBE_SITE_CALL_REL32 || r.site_form > IPROBE_SITE_RETURN)
             throw bad("site_form", std::to_string(r.site_form) + " is unknown");
         if (r.site_size != 5 && r.site_size != 6) throw bad("site_size", std::to_string(r.site_size) + " is not 5 or 6");
         if (r.site_address > UINT64_MAX - r.site_size) throw bad("site_address", "wraps around");
-        if (i > 0) {
+        if (r.site_form == IPROBE_SITE_RETURN) {
+            // No site of its own: it shares its entry's, the record before it.
+            const Probe* entry = i > 0 ? &list.probes[i - 1] : nullptr;
+            if (r.kind != IPROBE_KIND_EXIT || !entry || entry->kind != ProbeKind::entry ||
+                entry->form != SiteForm::nop || entry->site != r.site_address || entry->size != r.site_size ||
+                entry->function_address != r.function_address)
+                throw bad("site_form", "return is not the exit of the NOP-form entry record before it");
+        } else if (i > 0) {
             const Probe& previous = list.probes[i - 1];
             if (r.site_address < previous.site + previous.size)
                 throw bad("site_address", "overlaps record " + std::to_string(i - 1) +

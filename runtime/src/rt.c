@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "iprobe/runtime/rt.h"
+#include "return_stack_internal.h"
 
 #define EXPORT __attribute__((visibility("default")))
 #define LIKELY(x) __builtin_expect(!!(x), 1)
@@ -51,8 +52,7 @@ struct thread_producer {
     uint8_t no_ring;      /* claim failed or thread exiting: drop, counted */
     uint8_t claiming_slot;
     uint8_t no_slot;      /* no free thread slot, or thread exiting */
-    struct iprobe_rt_thread* slot;
-    struct iprobe_rt_fn_stats* stats;
+    struct iprobe_rt_thread* slot; /* its sums: iprobe_rt_thread.stats */
 };
 
 static __thread struct thread_producer t_producer __attribute__((tls_model("initial-exec")));
@@ -207,11 +207,11 @@ static struct iprobe_rt_fn_stats* claim_slot(struct thread_producer* t, struct i
         slot->tid = (uint32_t)syscall(SYS_gettid);
         slot->depth = 0;
         if (g_thread_key_ok) pthread_setspecific(g_thread_key, t);
-        t->stats = (struct iprobe_rt_fn_stats*)((char*)slot + cb->thread_header_size);
+        iprobe_rt_thread.stats = (struct iprobe_rt_fn_stats*)((char*)slot + cb->thread_header_size);
         BARRIER();
         t->slot = slot;
         t->claiming_slot = 0;
-        return t->stats;
+        return iprobe_rt_thread.stats;
     }
     t->no_slot = 1;
     t->claiming_slot = 0;
@@ -229,8 +229,9 @@ static void retire_thread(void* value) {
     t->no_slot = 1;
     t->ring = 0;
     t->slot = 0;
-    t->stats = 0;
+    iprobe_rt_thread.stats = 0;
     BARRIER();
+    iprobe_rt_return_retire();
     if (ring) __atomic_store_n(&ring->state, IPROBE_RT_RING_RETIRED, __ATOMIC_RELEASE);
     if (slot) __atomic_store_n(&slot->state, IPROBE_RT_RING_RETIRED, __ATOMIC_RELEASE);
 }
@@ -253,7 +254,7 @@ static inline __attribute__((always_inline)) const struct iprobe_rt_site* site_f
 /* This thread's sums, claiming a slot on first use; 0 when it has none. */
 static inline __attribute__((always_inline)) struct iprobe_rt_fn_stats* thread_stats(struct iprobe_rt_control* cb) {
     struct thread_producer* t = &t_producer;
-    if (LIKELY(t->slot != 0)) return t->stats;
+    if (LIKELY(t->slot != 0)) return iprobe_rt_thread.stats;
     return claim_slot(t, cb);
 }
 
@@ -268,15 +269,24 @@ static inline uint32_t log2_bucket(uint64_t ticks) {
     return b < IPROBE_RT_HIST_BUCKETS ? b : IPROBE_RT_HIST_BUCKETS - 1;
 }
 
+/* How an event meets the thread's frames.  An exit served by a return
+ * trampoline knows whether its entry pushed a frame; an entry whose return
+ * could not be hooked must not push one. */
+enum frame_use {
+    FRAME_MATCH = 0, /* entry: push a frame when timed; exit: pop the matching one */
+    FRAME_NONE = 1   /* count the call or completion only */
+};
+
 /* Entry of a timed call: one more call, one frame pushed.  The frame index is
  * reserved in one instruction, so a signal handler probing in between nests
  * above it. */
 static inline __attribute__((always_inline)) void enter_timed(struct iprobe_rt_control* cb, int32_t probe,
-                                                              uint32_t stat, uint64_t now) {
+                                                              uint32_t stat, uint64_t now, enum frame_use use) {
     struct iprobe_rt_fn_stats* stats = thread_stats(cb);
     if (UNLIKELY(!stats)) return;
     add_local(&stats[stat].calls, 1);
-    if (UNLIKELY(!probe_of(cb, probe)->timed)) return; /* no exit probe would pop a frame */
+    /* no exit probe would pop a frame */
+    if (UNLIKELY(use == FRAME_NONE || !probe_of(cb, probe)->timed)) return;
     struct iprobe_rt_thread* slot = t_producer.slot;
     uint32_t depth = 1;
     __asm__ __volatile__("xaddl %0, %1" : "+r"(depth), "+m"(slot->depth) : : "memory");
@@ -291,11 +301,12 @@ static inline __attribute__((always_inline)) void enter_timed(struct iprobe_rt_c
 /* Exit of a call: completed, timed against its frame when the frame on top
  * is this function's (frames skipped by longjmp are dropped on the way). */
 static inline __attribute__((always_inline)) void exit_timed(struct iprobe_rt_control* cb, uint32_t stat,
-                                                             uint64_t now) {
+                                                             uint64_t now, enum frame_use use) {
     struct iprobe_rt_fn_stats* stats = thread_stats(cb);
     if (UNLIKELY(!stats)) return;
     struct iprobe_rt_fn_stats* s = &stats[stat];
     add_local(&s->completed, 1);
+    if (use == FRAME_NONE) return;
     struct iprobe_rt_thread* slot = t_producer.slot;
     uint32_t depth = *(volatile uint32_t*)&slot->depth;
     uint32_t top = depth;
@@ -321,12 +332,13 @@ static inline __attribute__((always_inline)) void exit_timed(struct iprobe_rt_co
 }
 
 static inline __attribute__((always_inline)) void aggregate(struct iprobe_rt_control* cb, int32_t probe,
-                                                            uint32_t stat, uint8_t kind, uint64_t now) {
+                                                            uint32_t stat, uint8_t kind, uint64_t now,
+                                                            enum frame_use use) {
     if (UNLIKELY(stat >= g_geometry.stat_capacity)) return;
     if (kind == IPROBE_RT_REC_ENTRY) {
-        enter_timed(cb, probe, stat, now);
+        enter_timed(cb, probe, stat, now, use);
     } else if (kind == IPROBE_RT_REC_EXIT) {
-        exit_timed(cb, stat, now);
+        exit_timed(cb, stat, now, use);
     } else {
         struct iprobe_rt_fn_stats* stats = thread_stats(cb);
         if (LIKELY(stats != 0)) add_local(&stats[stat].calls, 1);
@@ -338,7 +350,7 @@ static inline __attribute__((always_inline)) void aggregate(struct iprobe_rt_con
 static inline __attribute__((always_inline)) void count(uintptr_t return_address, uint8_t kind) {
     /* A thread that has its slot has seen the region mapped (slots are only
      * claimed then, and a forked child starts without one): skip g_control. */
-    struct iprobe_rt_fn_stats* own = t_producer.stats;
+    struct iprobe_rt_fn_stats* own = iprobe_rt_thread.stats;
     if (LIKELY(own != 0)) {
         const struct iprobe_rt_site* site = find_site(return_address);
         if (LIKELY(site != 0 && site->stat < g_geometry.stat_capacity)) {
@@ -357,9 +369,9 @@ static inline __attribute__((always_inline)) void count(uintptr_t return_address
 }
 
 static inline __attribute__((always_inline)) void emit_probe(struct iprobe_rt_control* cb, int32_t probe, uint32_t stat,
-                                                             uint8_t kind, const uint64_t* args) {
+                                                             uint8_t kind, const uint64_t* args, enum frame_use use) {
     const uint64_t now = timestamp();
-    aggregate(cb, probe, stat, kind, now);
+    aggregate(cb, probe, stat, kind, now, use);
     struct thread_producer* t = &t_producer;
     if (UNLIKELY(!t->ring)) {
         if (t->no_ring) {
@@ -421,7 +433,7 @@ static inline __attribute__((always_inline)) void emit(uintptr_t return_address,
     struct iprobe_rt_control* cb;
     const struct iprobe_rt_site* site = site_for(return_address, &cb);
     if (UNLIKELY(!site)) return;
-    emit_probe(cb, (int32_t)site->probe, site->stat, kind, args);
+    emit_probe(cb, (int32_t)site->probe, site->stat, kind, args, FRAME_MATCH);
 }
 
 /* Per-site stubs (hotpatch/src/stubs.h) hand over the site's identity in
@@ -443,7 +455,7 @@ static __attribute__((noinline, cold)) void count_counter_slow(uint32_t offset) 
 }
 
 EXPORT __attribute__((optimize("omit-frame-pointer"))) void iprobe_rt_count_counter(uint32_t offset) {
-    char* own = (char*)t_producer.stats;
+    char* own = (char*)iprobe_rt_thread.stats;
     if (LIKELY(own != 0 && offset < g_geometry.stat_bytes)) {
         add_local((uint64_t*)(own + offset), 1);
         return;
@@ -451,18 +463,112 @@ EXPORT __attribute__((optimize("omit-frame-pointer"))) void iprobe_rt_count_coun
     count_counter_slow(offset);
 }
 
-static inline __attribute__((always_inline)) void emit_id(uint32_t probe, uint8_t kind) {
+static inline __attribute__((always_inline)) void emit_id(uint32_t probe, uint8_t kind, enum frame_use use) {
     struct iprobe_rt_control* cb = control();
     if (UNLIKELY(!cb)) {
         count_unserved();
         return;
     }
     if (UNLIKELY(probe >= g_geometry.probe_capacity)) return;
-    emit_probe(cb, (int32_t)probe, probe_of(cb, (int32_t)probe)->stat, kind, 0);
+    emit_probe(cb, (int32_t)probe, probe_of(cb, (int32_t)probe)->stat, kind, 0, use);
 }
 
-EXPORT void iprobe_rt_trace_enter_id(uint32_t probe) { emit_id(probe, IPROBE_RT_REC_ENTRY); }
-EXPORT void iprobe_rt_trace_exit_id(uint32_t probe) { emit_id(probe, IPROBE_RT_REC_EXIT); }
+EXPORT void iprobe_rt_trace_enter_id(uint32_t probe) { emit_id(probe, IPROBE_RT_REC_ENTRY, FRAME_MATCH); }
+EXPORT void iprobe_rt_trace_exit_id(uint32_t probe) { emit_id(probe, IPROBE_RT_REC_EXIT, FRAME_MATCH); }
+
+/* ---- function-entry sites: exits through return trampolines ----
+ * Called through SAVE_CALL_RESTORE (return_trampolines.S) with the site's
+ * return address, its saved registers (the site stub's id in r11, saved[8])
+ * and the function's return-address slot. */
+static inline uint32_t site_id(const uint64_t* saved) { return (uint32_t)saved[8]; }
+
+static int hook_return(uint64_t* slot, uint32_t handler, uint32_t arg, uint64_t cookie) {
+    if (LIKELY(iprobe_rt_return_push(slot, handler, arg, cookie))) return 1;
+    struct iprobe_rt_control* cb = control();
+    if (cb) __atomic_fetch_add(&cb->unhooked_returns, 1, __ATOMIC_RELAXED);
+    return 0;
+}
+
+/* `calls` of a function in this thread's sums (claimed on first use), or 0. */
+static uint64_t* count_target(uint32_t calls) {
+    struct iprobe_rt_control* cb = control();
+    if (UNLIKELY(!cb)) {
+        count_unserved();
+        return 0;
+    }
+    if (UNLIKELY(calls % 8 != 0 || (uint64_t)calls + 16 > g_geometry.stat_bytes)) return 0;
+    char* stats = (char*)thread_stats(cb);
+    return stats ? (uint64_t*)(stats + calls) : 0;
+}
+
+__attribute__((visibility("hidden"))) void iprobe_rt_count_counter_at(uintptr_t ret, const uint64_t* saved) {
+    (void)ret;
+    iprobe_rt_count_counter(site_id(saved));
+}
+
+__attribute__((visibility("hidden"))) void iprobe_rt_count_enter_return_at(uintptr_t ret, const uint64_t* saved,
+                                                                          uint64_t* slot) {
+    (void)ret;
+    uint64_t* calls = count_target(site_id(saved));
+    if (!calls) return;
+    add_local(calls, 1);
+    hook_return(slot, IPROBE_RT_RETURN_COUNT, site_id(saved) + 8, 0);
+}
+
+__attribute__((visibility("hidden"))) void iprobe_rt_count_return_at(uintptr_t ret, const uint64_t* saved,
+                                                                    uint64_t* slot) {
+    (void)ret;
+    if (count_target(site_id(saved))) hook_return(slot, IPROBE_RT_RETURN_COUNT, site_id(saved) + 8, 0);
+}
+
+__attribute__((visibility("hidden"))) void iprobe_rt_trace_enter_id_at(uintptr_t ret, const uint64_t* saved) {
+    (void)ret;
+    emit_id(site_id(saved), IPROBE_RT_REC_ENTRY, FRAME_MATCH);
+}
+
+__attribute__((visibility("hidden"))) void iprobe_rt_trace_return_at(uintptr_t ret, const uint64_t* saved,
+                                                                    uint64_t* slot) {
+    (void)ret;
+    const uint32_t probe = site_id(saved);
+    if (UNLIKELY(!control())) {
+        count_unserved();
+        return;
+    }
+    if (LIKELY(probe + 1 < g_geometry.probe_capacity)) hook_return(slot, IPROBE_RT_RETURN_TRACE, probe + 1, 0);
+}
+
+/* The return is hooked first: an entry whose exit will not be seen is
+ * counted but pushes no frame. */
+__attribute__((visibility("hidden"))) void iprobe_rt_trace_enter_return_at(uintptr_t ret, const uint64_t* saved,
+                                                                          uint64_t* slot) {
+    (void)ret;
+    const uint32_t probe = site_id(saved);
+    struct iprobe_rt_control* cb = control();
+    if (UNLIKELY(!cb)) {
+        count_unserved();
+        return;
+    }
+    if (UNLIKELY(probe + 1 >= g_geometry.probe_capacity)) return;
+    const struct iprobe_rt_probe* p = probe_of(cb, (int32_t)probe);
+    const uint64_t timed = p->timed;
+    const int hooked = hook_return(slot, IPROBE_RT_RETURN_TRACE, probe + 1, timed);
+    emit_probe(cb, (int32_t)probe, p->stat, IPROBE_RT_REC_ENTRY, 0, hooked && timed ? FRAME_MATCH : FRAME_NONE);
+}
+
+/* A hooked return other than count's (which return_trampolines.S serves
+ * itself): the return registers are saved by the caller. */
+__attribute__((visibility("hidden"))) void iprobe_rt_return_at(const struct iprobe_rt_return* e) {
+    if (e->handler == IPROBE_RT_RETURN_TRACE)
+        emit_id(e->arg, IPROBE_RT_REC_EXIT, e->cookie ? FRAME_MATCH : FRAME_NONE);
+    else
+        iprobe_rt_return_callback_run(e);
+}
+
+EXPORT int iprobe_rt_hook_return(uint64_t* slot, iprobe_rt_return_callback on_return, uint64_t cookie) {
+    const int k = on_return ? iprobe_rt_return_register(on_return) : -1;
+    if (k < 0) return 0;
+    return hook_return(slot, IPROBE_RT_RETURN_CALLBACK + (uint32_t)k, 0, cookie);
+}
 
 #define RETURN_ADDRESS() ((uintptr_t)__builtin_extract_return_addr(__builtin_return_address(0)))
 
@@ -587,6 +693,9 @@ static void after_fork_in_child(void) {
     struct iprobe_rt_control* cb = control();
     __atomic_store_n(&g_control, (struct iprobe_rt_control*)0, __ATOMIC_RELEASE);
     memset(&t_producer, 0, sizeof t_producer);
+    iprobe_rt_thread.stats = 0;
+    /* Hooked returns of this thread's frames must still find their way back. */
+    iprobe_rt_return_after_fork();
     if (cb) {
         g_forked_child = 1;
         munmap(cb, (size_t)iprobe_rt_state.region_size);
@@ -605,7 +714,7 @@ static void after_fork_in_child(void) {
 __attribute__((constructor)) static void runtime_init(void) {
     uintptr_t thread_pointer;
     __asm__("mov %%fs:0, %0" : "=r"(thread_pointer));
-    iprobe_rt_state.stats_tpoff = (int64_t)((uintptr_t)&t_producer.stats - thread_pointer);
+    iprobe_rt_state.stats_tpoff = (int64_t)((uintptr_t)&iprobe_rt_thread.stats - thread_pointer);
     g_thread_key_ok = pthread_key_create(&g_thread_key, retire_thread) == 0;
     pthread_atfork(0, 0, after_fork_in_child);
 }

@@ -35,7 +35,7 @@ extern "C" {
 
 enum iprobe_probe_kind {
     IPROBE_KIND_ENTRY = 1, /* function entry */
-    IPROBE_KIND_EXIT = 2,  /* function exit (each return / tail call site) */
+    IPROBE_KIND_EXIT = 2,  /* function exit (each return / tail call site, or its return trampoline) */
     IPROBE_KIND_POINT = 3  /* developer-marked IPROBE_POINT */
 };
 
@@ -43,7 +43,12 @@ enum iprobe_probe_kind {
 enum iprobe_site_form {
     IPROBE_SITE_CALL_REL32 = 1,   /* e8 rel32: direct or via PLT            */
     IPROBE_SITE_CALL_RIPIND = 2,  /* ff 15 rel32: call *GOT(%rip), -fno-plt */
-    IPROBE_SITE_NOP = 3           /* compiler-emitted NOP, no original call */
+    IPROBE_SITE_NOP = 3,          /* compiler-emitted NOP, no original call */
+    /* An exit with no site of its own: the function's entry site (the record
+     * right before, a NOP-form entry at the same site_address, at the very
+     * start of the function) hooks the return through a return trampoline
+     * when this probe is enabled.  site_size and the bytes are the entry's. */
+    IPROBE_SITE_RETURN = 4
 };
 
 /* Which compiler flow produced the module's placeholders. */
@@ -52,7 +57,8 @@ enum iprobe_flow {
     IPROBE_FLOW_LLVM = 2,        /* our LLVM pass */
     /* gcc -fpatchable-function-entry=5,0 + coldpatch: one 5-byte NOP entry
      * site per out-of-line function (original_bytes: the five 1-byte NOPs
-     * gcc emitted), listed by __patchable_function_entries */
+     * gcc emitted), listed by __patchable_function_entries, each followed by
+     * the function's exit probe of form IPROBE_SITE_RETURN */
     IPROBE_FLOW_PATCHABLE_ENTRY = 3
 };
 

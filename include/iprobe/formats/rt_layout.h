@@ -37,7 +37,7 @@ extern "C" {
 #endif
 
 #define IPROBE_RT_MAGIC "IPROBERT"
-#define IPROBE_RT_VERSION 3u
+#define IPROBE_RT_VERSION 4u
 #define IPROBE_RT_MEMFD_PREFIX "iprobe." /* memfd name iprobe.<pid>: /proc/PID/fd shows /memfd:iprobe.<pid> (deleted) */
 #define IPROBE_RT_PATH_MAX 256
 #define IPROBE_RT_CACHELINE 64
@@ -209,7 +209,9 @@ struct iprobe_rt_control {
     uint64_t fork_child_events;  /* (in a forked child's copy, never here) */
     uint32_t clock;              /* enum iprobe_rt_clock: what "tsc" fields count */
     uint32_t pad3;
-    uint64_t reserved[7];
+    uint64_t unhooked_returns;   /* entries whose return could not be hooked (a thread deeper
+                                  * than its return stack, the pool exhausted): exits not seen */
+    uint64_t reserved[6];
 };
 
 #ifdef __cplusplus

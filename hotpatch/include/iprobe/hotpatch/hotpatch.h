@@ -43,6 +43,17 @@ struct HandlerSymbols {
     enum class SiteId { probe, counter };
     std::string enter_id, exit_id;
     SiteId site_id = SiteId::probe;
+    // Function-entry sites whose exits go through return trampolines (the
+    // entry and LLVM flows: a NOP-form entry probe followed in the list by
+    // the function's exit probe of form `ret`).  The site's own stub puts
+    // the site id in r11d (SiteId: the counter of the function's `calls`, or
+    // the entry probe's index, the exit's being the next): one entry point
+    // per combination of the two probes enabled.  Empty entry_enter: the
+    // site is served as a plain NOP-form entry (enter_nop); empty
+    // entry_return / entry_enter_return: exits of such sites cannot be
+    // enabled with this handler (the hooking entry point calls
+    // iprobe_rt_hook_return; see runtime/include/iprobe/runtime/rt.h).
+    std::string entry_enter, entry_return, entry_enter_return;
 
     static HandlerSymbols runtime(HandlerMode mode);  // the runtime's own handlers
 };

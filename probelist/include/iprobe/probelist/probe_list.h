@@ -24,7 +24,10 @@ enum class SiteForm : std::uint8_t {
     call_rel32 = IPROBE_SITE_CALL_REL32,
     call_rip_indirect = IPROBE_SITE_CALL_RIPIND,
     nop = IPROBE_SITE_NOP,
+    ret = IPROBE_SITE_RETURN,  // an exit served by its entry site's return trampoline
 };
+
+std::string_view to_string(SiteForm form);
 
 std::string_view to_string(ProbeKind kind);
 // enum iprobe_flow as users spell it (iprobe-cc --flow=): "finstrument" | "entry" | "llvm".
@@ -47,6 +50,10 @@ struct Probe {
     std::array<std::uint8_t, IPROBE_PL_SITE_MAX> original{};
     std::array<std::uint8_t, IPROBE_PL_SITE_MAX> placeholder{};
 };
+
+// A function-entry site that can hook returns: the NOP-form entry probe at
+// `index` followed by its exit probe of form `ret` (then index + 1).
+bool serves_returns(const std::vector<struct Probe>& probes, std::size_t index);
 
 struct ProbeList {
     std::uint32_t flags = 0;          // enum iprobe_pl_flags

@@ -72,6 +72,25 @@ const struct iprobe_rt_control* iprobe_rt_get_control(void);
  * points); 0 when unknown.  Lock-free, async-signal-safe. */
 uint64_t iprobe_rt_function_at(uintptr_t return_address);
 
+/* Return hooks for handler libraries at function-entry sites (the entry and
+ * LLVM flows), the mechanism the runtime's own exit probes use: called with
+ * `slot` = the function's return-address slot (its stack pointer at entry,
+ * which SAVE_CALL_RESTORE passes as the site's stack pointer), the return
+ * then goes through a trampoline that calls `on_return(cookie, slot)` with
+ * the function's return registers saved, and goes on to the real caller.
+ * 1 when hooked, 0 when it could not be (the thread is deeper than its
+ * return stack; counted in the region's unhooked_returns).  on_return must
+ * not use the x87 stack (a long double result is live in it).
+ * Async-signal-safe, no allocation. */
+typedef void (*iprobe_rt_return_callback)(uint64_t cookie, uintptr_t slot);
+int iprobe_rt_hook_return(uint64_t* slot, iprobe_rt_return_callback on_return, uint64_t cookie);
+
+/* Whether `address` is one of the return trampolines, and the real return
+ * address behind it (itself when it is none): for stack walkers that read
+ * return addresses without the trampolines' CFI (frame pointers). */
+int iprobe_rt_is_return_trampoline(uint64_t address);
+uint64_t iprobe_rt_real_return_address(uint64_t address);
+
 void iprobe_rt_trace_enter(void* fn, void* call_site);
 void iprobe_rt_trace_exit(void* fn, void* call_site);
 void iprobe_rt_trace_point(uint64_t a0, uint64_t a1, uint64_t a2, uint64_t a3);
@@ -86,6 +105,19 @@ void iprobe_rt_trace_point_nop(void);
 void iprobe_rt_count_enter_nop(void);
 void iprobe_rt_count_exit_nop(void);
 void iprobe_rt_count_point_nop(void);
+
+/* Function-entry sites (the entry and LLVM flows), reached through a site's
+ * own stub that puts the site id in r11d: for count, the byte offset of the
+ * function's `calls` in a thread's sums; for trace, the entry probe's global
+ * index (its exit probe is the next one).  One entry point per combination
+ * of the function's entry and exit probes enabled; an exit is served by a
+ * return trampoline.  Not C-callable. */
+void iprobe_rt_count_counter_nop(void);        /* entry only (slow path of the inlined count) */
+void iprobe_rt_count_return_nop(void);         /* exit only */
+void iprobe_rt_count_enter_return_nop(void);   /* entry and exit */
+void iprobe_rt_trace_enter_id_nop(void);
+void iprobe_rt_trace_return_nop(void);
+void iprobe_rt_trace_enter_return_nop(void);
 
 #ifdef __cplusplus
 } /* extern "C" */

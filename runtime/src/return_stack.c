@@ -1,0 +1,299 @@
+/*
+ * Return trampolines, the C side (return_stack.h says how they work): the
+ * pool and its chunks, hooking a return from C, the slow paths of the
+ * assembler's fast ones, and the collection of entries whose frames are gone.
+ *
+ * Hot-path rules as for the rest of the runtime: no lock, no malloc, no
+ * syscall except on a slow path (reading a possibly unmapped stack slot),
+ * async-signal-safe.  Only the owning thread moves its `next`/`limit`; a
+ * slow path hides the chunk (limit = 0) while it rearranges it, so a signal
+ * handler arriving meanwhile takes the slow path too, finds the thread busy
+ * and does not hook.
+ */
+#define _GNU_SOURCE
+#include <pthread.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <unistd.h>
+
+#include "return_stack_internal.h"
+
+#define BARRIER() __asm__ __volatile__("" ::: "memory")
+#define CHUNKS (IPROBE_RT_RETURN_ENTRIES / IPROBE_RT_RETURN_CHUNK)
+#define CHUNK_FREE 0u
+#define CHUNK_RETIRED 0xffffffffu /* its thread exited leaving entries that may still return */
+
+__attribute__((visibility("hidden"), aligned(64))) struct iprobe_rt_return iprobe_rt_return_pool[IPROBE_RT_RETURN_ENTRIES];
+__thread struct iprobe_rt_thread_state iprobe_rt_thread __attribute__((tls_model("initial-exec"), visibility("hidden")));
+
+static uint32_t g_chunk_owner[CHUNKS];
+static uint32_t g_next_token;
+static uint32_t g_claim_hint;
+static iprobe_rt_return_callback g_callbacks[IPROBE_RT_RETURN_CALLBACKS];
+
+extern const char iprobe_rt_return_sled[] __attribute__((visibility("hidden")));
+
+static inline struct iprobe_rt_return* chunk_start(uint16_t chunk) {
+    return &iprobe_rt_return_pool[(uint32_t)chunk * IPROBE_RT_RETURN_CHUNK];
+}
+
+static inline uint64_t trampoline_of(const struct iprobe_rt_return* e) {
+    return (uint64_t)(uintptr_t)iprobe_rt_return_sled +
+           (uint64_t)(e - iprobe_rt_return_pool) * IPROBE_RT_RETURN_UNIT_SIZE;
+}
+
+/* The entry whose unit `address` is, or 0. */
+static inline struct iprobe_rt_return* entry_of_unit(uint64_t address) {
+    const uint64_t sled = (uint64_t)(uintptr_t)iprobe_rt_return_sled;
+    if (address < sled || (address - sled) % IPROBE_RT_RETURN_UNIT_SIZE != 0) return 0;
+    const uint64_t index = (address - sled) / IPROBE_RT_RETURN_UNIT_SIZE;
+    return index < IPROBE_RT_RETURN_ENTRIES ? &iprobe_rt_return_pool[index] : 0;
+}
+
+__attribute__((visibility("default"))) int iprobe_rt_is_return_trampoline(uint64_t address) { return entry_of_unit(address) != 0; }
+
+__attribute__((visibility("default"))) uint64_t iprobe_rt_real_return_address(uint64_t address) {
+    /* a chain (tail calls) ends at a real address */
+    for (int hops = 0; hops < IPROBE_RT_RETURN_ENTRIES; hops++) {
+        const struct iprobe_rt_return* e = entry_of_unit(address);
+        if (!e) return address;
+        const uint64_t ret = __atomic_load_n(&e->ret, __ATOMIC_RELAXED);
+        if (!ret) return address;
+        address = ret;
+    }
+    return address;
+}
+
+/* Reads one word that may not be mapped any more (a freed coroutine stack):
+ * slow path only. */
+static int read_word(uint64_t address, uint64_t* out) {
+    struct iovec local = {out, sizeof *out};
+    struct iovec remote = {(void*)(uintptr_t)address, sizeof *out};
+    return syscall(SYS_process_vm_readv, getpid(), &local, 1UL, &remote, 1UL, 0UL) == (long)sizeof *out;
+}
+
+static uint32_t own_token(struct iprobe_rt_thread_state* t) {
+    if (!t->token) {
+        uint32_t token;
+        do token = __atomic_add_fetch(&g_next_token, 1, __ATOMIC_RELAXED);
+        while (token == CHUNK_FREE || token == CHUNK_RETIRED);
+        t->token = token;
+    }
+    return t->token;
+}
+
+static int chunk_all_free(uint32_t chunk) {
+    const struct iprobe_rt_return* e = chunk_start((uint16_t)chunk);
+    for (int i = 0; i < IPROBE_RT_RETURN_CHUNK; i++)
+        if (__atomic_load_n(&e[i].ret, __ATOMIC_RELAXED)) return 0;
+    return 1;
+}
+
+/* A free chunk, or a retired one whose last entries have returned. */
+static int claim_chunk(struct iprobe_rt_thread_state* t) {
+    const uint32_t token = own_token(t);
+    const uint32_t start = __atomic_load_n(&g_claim_hint, __ATOMIC_RELAXED) % CHUNKS;
+    for (uint32_t n = 0; n < CHUNKS; n++) {
+        const uint32_t c = (start + n) % CHUNKS;
+        uint32_t owner = __atomic_load_n(&g_chunk_owner[c], __ATOMIC_RELAXED);
+        if (owner == CHUNK_RETIRED && !chunk_all_free(c)) continue;
+        if (owner != CHUNK_FREE && owner != CHUNK_RETIRED) continue;
+        if (!__atomic_compare_exchange_n(&g_chunk_owner[c], &owner, token, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
+            continue;
+        __atomic_store_n(&g_claim_hint, c + 1, __ATOMIC_RELAXED);
+        t->chunks[t->count++] = (uint16_t)c;
+        return 1;
+    }
+    return 0;
+}
+
+/* Moves `next` down over free entries, across chunk boundaries. */
+static void compact_top(struct iprobe_rt_thread_state* t, struct iprobe_rt_return** next) {
+    for (;;) {
+        struct iprobe_rt_return* start = chunk_start(t->chunks[t->current]);
+        while (*next > start && !__atomic_load_n(&(*next)[-1].ret, __ATOMIC_RELAXED)) --*next;
+        if (*next > start || t->current == 0) return;
+        t->current--;
+        *next = chunk_start(t->chunks[t->current]) + IPROBE_RT_RETURN_CHUNK;
+    }
+}
+
+/* Entries of this thread whose frame can no longer return through them:
+ * their slot holds something else and no other entry returns into them (a
+ * tail call chains entries on one slot).  Freed; the rest is kept, however
+ * old: an entry on another stack (swapcontext) may still return. */
+static void collect(struct iprobe_rt_thread_state* t) {
+    uint8_t suspect[IPROBE_RT_RETURN_MAX_CHUNKS * IPROBE_RT_RETURN_CHUNK / 8] = {0};
+    int suspects = 0;
+    for (uint32_t k = 0; k < t->count; k++) {
+        struct iprobe_rt_return* e = chunk_start(t->chunks[k]);
+        for (int i = 0; i < IPROBE_RT_RETURN_CHUNK; i++) {
+            uint64_t held = 0;
+            if (!e[i].ret) continue;
+            if (read_word(e[i].slot, &held) && held == trampoline_of(&e[i])) continue;
+            const uint32_t bit = k * IPROBE_RT_RETURN_CHUNK + (uint32_t)i;
+            suspect[bit / 8] |= (uint8_t)(1u << (bit % 8));
+            suspects++;
+        }
+    }
+    if (!suspects) return;
+    for (uint32_t index = 0; index < IPROBE_RT_RETURN_ENTRIES; index++) {
+        const struct iprobe_rt_return* target = entry_of_unit(__atomic_load_n(&iprobe_rt_return_pool[index].ret, __ATOMIC_RELAXED));
+        if (!target) continue;
+        for (uint32_t k = 0; k < t->count; k++) {
+            const struct iprobe_rt_return* start = chunk_start(t->chunks[k]);
+            if (target < start || target >= start + IPROBE_RT_RETURN_CHUNK) continue;
+            const uint32_t bit = k * IPROBE_RT_RETURN_CHUNK + (uint32_t)(target - start);
+            suspect[bit / 8] &= (uint8_t)~(1u << (bit % 8));
+        }
+    }
+    for (uint32_t k = 0; k < t->count; k++) {
+        struct iprobe_rt_return* e = chunk_start(t->chunks[k]);
+        for (int i = 0; i < IPROBE_RT_RETURN_CHUNK; i++) {
+            const uint32_t bit = k * IPROBE_RT_RETURN_CHUNK + (uint32_t)i;
+            if (suspect[bit / 8] & (1u << (bit % 8))) __atomic_store_n(&e[i].ret, 0, __ATOMIC_RELAXED);
+        }
+    }
+}
+
+/* Room for one more entry: compact, move to the next chunk held, claim one,
+ * or collect dead entries.  0 when the thread is out of room (counted by the
+ * caller). */
+static int grow(struct iprobe_rt_thread_state* t) {
+    if (t->busy || t->retired) return 0;
+    t->busy = 1;
+    __atomic_store_n(&t->limit, (struct iprobe_rt_return*)0, __ATOMIC_RELAXED);
+    BARRIER();
+    struct iprobe_rt_return* next = t->next;
+    int ok = 0;
+    for (int collected = 0;; collected = 1) {
+        if (t->count) {
+            compact_top(t, &next);
+            if (next < chunk_start(t->chunks[t->current]) + IPROBE_RT_RETURN_CHUNK) {
+                ok = 1;
+                break;
+            }
+            if (t->current + 1 < t->count) {
+                t->current++;
+                next = chunk_start(t->chunks[t->current]);
+                ok = 1;
+                break;
+            }
+        }
+        if (t->count < IPROBE_RT_RETURN_MAX_CHUNKS && claim_chunk(t)) {
+            t->current = (uint8_t)(t->count - 1);
+            next = chunk_start(t->chunks[t->current]);
+            ok = 1;
+            break;
+        }
+        if (collected || !t->count) break;
+        collect(t);
+    }
+    if (t->count) {
+        t->next = next;
+        BARRIER();
+        __atomic_store_n(&t->limit, chunk_start(t->chunks[t->current]) + IPROBE_RT_RETURN_CHUNK, __ATOMIC_RELAXED);
+    }
+    BARRIER();
+    t->busy = 0;
+    return ok;
+}
+
+/* Not locked: atomic only against signal handlers of this thread. */
+static inline int cas_local_ptr(struct iprobe_rt_return** p, struct iprobe_rt_return* expected,
+                                struct iprobe_rt_return* desired) {
+    struct iprobe_rt_return* prev;
+    __asm__ __volatile__("cmpxchgq %2, %1" : "=a"(prev), "+m"(*p) : "r"(desired), "0"(expected) : "memory", "cc");
+    return prev == expected;
+}
+
+int iprobe_rt_return_push(uint64_t* slot, uint32_t handler, uint32_t arg, uint64_t cookie) {
+    struct iprobe_rt_thread_state* t = &iprobe_rt_thread;
+    struct iprobe_rt_return* e;
+    for (;;) {
+        e = *(struct iprobe_rt_return* volatile*)&t->next;
+        if (e >= *(struct iprobe_rt_return* volatile*)&t->limit) {
+            if (!grow(t)) return 0;
+            continue;
+        }
+        if (cas_local_ptr(&t->next, e, e + 1)) break;
+    }
+    e->slot = (uint64_t)(uintptr_t)slot;
+    e->handler = handler;
+    e->arg = arg;
+    e->cookie = cookie;
+    __atomic_store_n(&e->ret, *slot, __ATOMIC_RELAXED);
+    BARRIER();
+    /* last: until now the function returns as it would have */
+    *(volatile uint64_t*)slot = trampoline_of(e);
+    return 1;
+}
+
+int iprobe_rt_return_register(iprobe_rt_return_callback callback) {
+    for (int k = 0; k < IPROBE_RT_RETURN_CALLBACKS; k++) {
+        iprobe_rt_return_callback seen = __atomic_load_n(&g_callbacks[k], __ATOMIC_ACQUIRE);
+        if (seen == callback) return k;
+        if (!seen && __atomic_compare_exchange_n(&g_callbacks[k], &seen, callback, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+            return k;
+        if (seen == callback) return k;
+    }
+    return -1;
+}
+
+void iprobe_rt_return_callback_run(const struct iprobe_rt_return* e) {
+    const uint32_t k = e->handler - IPROBE_RT_RETURN_CALLBACK;
+    if (k >= IPROBE_RT_RETURN_CALLBACKS) return;
+    const iprobe_rt_return_callback callback = __atomic_load_n(&g_callbacks[k], __ATOMIC_ACQUIRE);
+    if (callback) callback(e->cookie, (uintptr_t)e->slot);
+}
+
+/* At thread exit (its frames are gone): entries whose slot lies on the
+ * thread's own stack are dead; one elsewhere whose slot still holds its
+ * trampoline (a coroutine's stack) may return later, so its chunk is
+ * retired rather than freed, and reclaimed once its entries have returned. */
+void iprobe_rt_return_retire(void) {
+    struct iprobe_rt_thread_state* t = &iprobe_rt_thread;
+    t->retired = 1;
+    __atomic_store_n(&t->limit, (struct iprobe_rt_return*)0, __ATOMIC_RELAXED);
+    BARRIER();
+    uint64_t low = 0, high = 0;
+    pthread_attr_t attr;
+    if (pthread_getattr_np(pthread_self(), &attr) == 0) {
+        void* base = 0;
+        size_t size = 0;
+        if (pthread_attr_getstack(&attr, &base, &size) == 0) {
+            low = (uint64_t)(uintptr_t)base;
+            high = low + size;
+        }
+        pthread_attr_destroy(&attr);
+    }
+    collect(t);
+    for (uint32_t k = 0; k < t->count; k++) {
+        struct iprobe_rt_return* e = chunk_start(t->chunks[k]);
+        int live = 0;
+        for (int i = 0; i < IPROBE_RT_RETURN_CHUNK; i++) {
+            if (!e[i].ret) continue;
+            if (e[i].slot >= low && e[i].slot < high)
+                __atomic_store_n(&e[i].ret, 0, __ATOMIC_RELAXED);
+            else
+                live = 1;
+        }
+        __atomic_store_n(&g_chunk_owner[t->chunks[k]], live ? CHUNK_RETIRED : CHUNK_FREE, __ATOMIC_RELEASE);
+    }
+    t->count = 0;
+    t->current = 0;
+    t->next = 0;
+}
+
+/* In a forked child only the forking thread lives on: the entries of every
+ * other thread belong to frames that do not exist here. */
+void iprobe_rt_return_after_fork(void) {
+    const uint32_t token = iprobe_rt_thread.token;
+    for (uint32_t c = 0; c < CHUNKS; c++) {
+        const uint32_t owner = g_chunk_owner[c];
+        if (owner == CHUNK_FREE || owner == CHUNK_RETIRED || (token && owner == token)) continue;
+        struct iprobe_rt_return* e = chunk_start((uint16_t)c);
+        for (int i = 0; i < IPROBE_RT_RETURN_CHUNK; i++) e[i].ret = 0;
+        g_chunk_owner[c] = CHUNK_FREE;
+    }
+}

@@ -1,0 +1,92 @@
+/*
+ * Return trampolines: how an enabled function-entry site hooks the
+ * function's return (docs/hotpatch.md, "Exits through return trampolines").
+ *
+ * The entry handler keeps the real return address in an entry of a global
+ * pool and writes into the function's return-address slot the address of
+ * that entry's own trampoline, one 16-byte unit of a sled:
+ *
+ *   unit i:  call iprobe_rt_return_common; int3 x3; .quad &pool[i] - (unit i + 8)
+ *
+ * Because every entry has its own trampoline, a return finds its entry from
+ * the trampoline's address alone: no per-thread stack is searched, so
+ * longjmp, exceptions, swapcontext, signal handlers on another stack and
+ * tail calls (the slot already holds a trampoline: the entries chain) need
+ * no special case.  The sled's CFI computes the real return address the same
+ * way (DW_CFA_val_expression: the unit from the return address column, the
+ * entry from the unit's self-relative pointer), so libgcc's unwinder (C++
+ * exceptions, pthread_cancel, backtrace()) and gdb walk through hooked
+ * frames without any hook of theirs.
+ *
+ * The pool is shared by all threads in chunks; each thread uses its chunks
+ * as a stack (push at entry, pop when the top entry returns).  An entry
+ * whose frame was abandoned (longjmp, exception) stays until a slow path
+ * finds it dead: its slot no longer holds its trampoline and no other entry
+ * returns into it.
+ *
+ * Included by C (rt.c, return_stack.c) and by the assembler
+ * (return_trampolines.S): offsets below are checked against the structs.
+ */
+#ifndef IPROBE_RT_RETURN_STACK_H
+#define IPROBE_RT_RETURN_STACK_H
+
+#define IPROBE_RT_RETURN_ENTRIES 32768 /* the pool: entries for every thread */
+#define IPROBE_RT_RETURN_CHUNK 32      /* entries a thread claims at a time */
+#define IPROBE_RT_RETURN_MAX_CHUNKS 32 /* per thread: 1024 hooked frames deep */
+#define IPROBE_RT_RETURN_ENTRY_SIZE 32
+#define IPROBE_RT_RETURN_UNIT_SIZE 16  /* sled unit; pool index = (unit - sled) / 16 */
+
+/* struct iprobe_rt_return.handler */
+#define IPROBE_RT_RETURN_COUNT 1    /* arg: byte offset of `completed` in the thread's sums */
+#define IPROBE_RT_RETURN_TRACE 2    /* arg: exit probe; cookie: 1 when the entry pushed a timed frame */
+#define IPROBE_RT_RETURN_CALLBACK 3 /* + k: registered callback k (iprobe_rt_hook_return); cookie: its argument */
+#define IPROBE_RT_RETURN_CALLBACKS 4
+
+/* Offsets for the assembler. */
+#define RET_ENTRY_RET 0
+#define RET_ENTRY_SLOT 8
+#define RET_ENTRY_HANDLER 16
+#define RET_ENTRY_ARG 20
+#define RET_ENTRY_COOKIE 24
+#define RET_THREAD_NEXT 0   /* in struct iprobe_rt_thread_state */
+#define RET_THREAD_LIMIT 8
+#define RET_THREAD_STATS 16 /* the thread's sums, 0 until it has a slot (count stubs read it too) */
+
+#ifndef __ASSEMBLER__
+#include <stddef.h>
+#include <stdint.h>
+
+struct iprobe_rt_return {
+    uint64_t ret;     /* the real return address; 0 when the entry is free */
+    uint64_t slot;    /* the stack slot holding this entry's trampoline */
+    uint32_t handler; /* IPROBE_RT_RETURN_* */
+    uint32_t arg;
+    uint64_t cookie;
+};
+
+/* The runtime's per-thread state the assembler reads too, one
+ * initial-exec TLS block (the static TLS surplus a dlopen'ed library may use
+ * is small).  Its return-stack part survives fork; `stats` is cleared in a
+ * forked child (the parent's region is unmapped there). */
+struct iprobe_rt_thread_state {
+    struct iprobe_rt_return* next;  /* next free entry of the current chunk */
+    struct iprobe_rt_return* limit; /* end of the current chunk (== next: grow on the slow path) */
+    void* stats;                    /* the thread's sums (struct iprobe_rt_fn_stats[]), 0 until it has a slot */
+    uint32_t token;                 /* owner token of its chunks (survives fork, unlike the tid) */
+    uint8_t current;                /* index in chunks[] of the chunk `next` is in */
+    uint8_t count;                  /* chunks held */
+    uint8_t busy;                   /* in a slow path: a nested hook (signal) is not taken */
+    uint8_t retired;                /* the thread is exiting: no more hooks */
+    uint16_t chunks[IPROBE_RT_RETURN_MAX_CHUNKS];
+};
+
+_Static_assert(sizeof(struct iprobe_rt_return) == IPROBE_RT_RETURN_ENTRY_SIZE, "entry size");
+_Static_assert(offsetof(struct iprobe_rt_return, handler) == RET_ENTRY_HANDLER, "entry layout");
+_Static_assert(offsetof(struct iprobe_rt_return, arg) == RET_ENTRY_ARG, "entry layout");
+_Static_assert(offsetof(struct iprobe_rt_return, cookie) == RET_ENTRY_COOKIE, "entry layout");
+_Static_assert(offsetof(struct iprobe_rt_thread_state, next) == RET_THREAD_NEXT, "thread layout");
+_Static_assert(offsetof(struct iprobe_rt_thread_state, limit) == RET_THREAD_LIMIT, "thread layout");
+_Static_assert(offsetof(struct iprobe_rt_thread_state, stats) == RET_THREAD_STATS, "thread layout");
+
+#endif
+#endif
