@@ -40,7 +40,7 @@ std::string g_command = "attach";
 constexpr const char* kSynopsis =
     "usage: iprobe attach PID [--probes LIST[,LIST…]] [--functions GLOB,…] [--files GLOB,…]\n"
     "                     [--entry-only|--exit-only] [--handler trace|count] [--buffer SIZE] [--json]\n"
-    "       iprobe detach PID [--functions GLOB,…] [--json]\n"
+    "       iprobe detach PID [--functions GLOB,…] [--entry-only|--exit-only] [--json]\n"
     "       iprobe status PID [--json]\n"
     "       iprobe trace  PID [--duration S] [--format text|json|chrome | --output FILE]\n"
     "       iprobe trace  --input FILE [--format text|json|chrome]\n"
@@ -58,7 +58,7 @@ constexpr const char* kAbout =
     "        per-thread ring for 'iprobe trace'; count only counts calls.\n"
     "        --buffer SIZE (bytes, K/M/G suffix; default 512K) sets each thread's\n"
     "        event ring when the first attach creates the region.\n"
-    "detach  puts the NOPs back (all probes, or those matching --functions).\n"
+    "detach  puts the NOPs back (all probes, or those matching --functions and the kind).\n"
     "status  shows the runtime, modules, enabled probes, threads and event drops.\n"
     "trace   streams events live, symbolized (Ctrl-C or --duration ends it);\n"
     "        chrome writes Chrome trace-event JSON that Perfetto opens. --output\n"
@@ -250,6 +250,7 @@ int cmd_status(const Args& args) {
             .field("no_ring_events", st.no_ring_events)
             .field("no_slot_events", st.no_slot_events)
             .field("unknown_site_events", st.unknown_site_events)
+            .field("unhooked_returns", st.unhooked_returns)
             .field("sites_unread", st.sites_unread)
             .end_object();
         std::cout << j.str() << "\n";
@@ -275,6 +276,8 @@ int cmd_status(const Args& args) {
               << st.dropped << " (trace stream only, never in reports), no ring " << st.no_ring_events << "\n";
     for (const auto& r : st.rings)
         std::cout << "    tid " << r.tid << " " << r.state << ": " << r.pending << " pending, " << r.dropped << " dropped\n";
+    if (st.unhooked_returns)
+        std::cout << "  unhooked returns: " << st.unhooked_returns << " (calls deeper than a thread's return stack; their exits are not seen)\n";
     return 0;
 }
 
@@ -501,6 +504,7 @@ int cmd_report(const Args& args) {
         }
         j.end_array()
             .field("unmatched_exits", reader.unmatched_exits())
+            .field("unhooked_returns", reader.unhooked_returns())
             .field("lost", reader.lost_events())
             .field("trace_dropped", reader.dropped())
             .end_object();
@@ -516,6 +520,10 @@ int cmd_report(const Args& args) {
                     f.timed ? f.inclusive_ns / f.timed : 0, f.p50_ns, f.p99_ns, f.max_ns);
     if (const std::uint64_t lost = reader.lost_events())
         std::printf("lost: %" PRIu64 " calls (no thread slot free, or an unknown site)\n", lost);
+    if (const std::uint64_t unhooked = reader.unhooked_returns())
+        std::printf("unhooked: %" PRIu64 " calls whose exit could not be hooked (deeper than a thread's %d-frame "
+                    "return stack); not in `completed`\n",
+                    unhooked, IPROBE_RT_RETURN_STACK_FRAMES);
     return 0;
 }
 

@@ -384,6 +384,7 @@ Status status(pid_t pid) {
     st.no_ring_events = cb->no_ring_events;
     st.no_slot_events = cb->no_slot_events;
     st.unknown_site_events = cb->unknown_site_events;
+    st.unhooked_returns = cb->unhooked_returns;
     st.region_bytes = region.size();
     for (std::uint32_t i = 0; i < region.module_count(); i++) {
         const auto& m = region.modules()[i];

@@ -308,6 +308,10 @@ std::uint64_t TraceReader::take_dropped() {
     return total;
 }
 
+std::uint64_t TraceReader::unhooked_returns() const {
+    return __atomic_load_n(&impl_->region.control()->unhooked_returns, __ATOMIC_RELAXED);
+}
+
 std::uint64_t TraceReader::lost_events() const {
     const auto* cb = impl_->region.control();
     return cb->no_slot_events + cb->unknown_site_events;

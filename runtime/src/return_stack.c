@@ -64,12 +64,27 @@ __attribute__((visibility("default"))) uint64_t iprobe_rt_real_return_address(ui
     return address;
 }
 
-/* Reads one word that may not be mapped any more (a freed coroutine stack):
- * slow path only. */
-static int read_word(uint64_t address, uint64_t* out) {
-    struct iovec local = {out, sizeof *out};
-    struct iovec remote = {(void*)(uintptr_t)address, sizeof *out};
-    return syscall(SYS_process_vm_readv, getpid(), &local, 1UL, &remote, 1UL, 0UL) == (long)sizeof *out;
+/* Reads the words at `addresses` (slots that may not be mapped any more: a
+ * freed coroutine stack) in one system call per batch; an unreadable one
+ * reads as 0.  Slow path only. */
+#define READ_BATCH 64
+static void read_words(const uint64_t* addresses, uint64_t* out, unsigned n) {
+    struct iovec local[READ_BATCH], remote[READ_BATCH];
+    for (unsigned i = 0; i < n; i++) out[i] = 0;
+    for (unsigned done = 0; done < n;) {
+        const unsigned batch = n - done < READ_BATCH ? n - done : READ_BATCH;
+        for (unsigned i = 0; i < batch; i++) {
+            local[i].iov_base = &out[done + i];
+            local[i].iov_len = sizeof *out;
+            remote[i].iov_base = (void*)(uintptr_t)addresses[done + i];
+            remote[i].iov_len = sizeof *out;
+        }
+        const long got = syscall(SYS_process_vm_readv, getpid(), local, (unsigned long)batch, remote,
+                                 (unsigned long)batch, 0UL);
+        /* the kernel stops at the first element it cannot read: skip it */
+        const unsigned whole = got > 0 ? (unsigned)(got / (long)sizeof *out) : 0;
+        done += whole < batch ? whole + 1 : batch;
+    }
 }
 
 static uint32_t own_token(struct iprobe_rt_thread_state* t) {
@@ -107,15 +122,27 @@ static int claim_chunk(struct iprobe_rt_thread_state* t) {
     return 0;
 }
 
-/* Moves `next` down over free entries, across chunk boundaries. */
-static void compact_top(struct iprobe_rt_thread_state* t, struct iprobe_rt_return** next) {
-    for (;;) {
-        struct iprobe_rt_return* start = chunk_start(t->chunks[t->current]);
-        while (*next > start && !__atomic_load_n(&(*next)[-1].ret, __ATOMIC_RELAXED)) --*next;
-        if (*next > start || t->current == 0) return;
-        t->current--;
-        *next = chunk_start(t->chunks[t->current]) + IPROBE_RT_RETURN_CHUNK;
+/* The longest run of free entries in the thread's chunks. */
+struct run {
+    struct iprobe_rt_return *start, *end;
+};
+
+static struct run longest_free_run(const struct iprobe_rt_thread_state* t) {
+    struct run best = {0, 0};
+    for (int k = t->count - 1; k >= 0; k--) {
+        struct iprobe_rt_return* e = chunk_start(t->chunks[k]);
+        for (int i = 0; i < IPROBE_RT_RETURN_CHUNK;) {
+            if (__atomic_load_n(&e[i].ret, __ATOMIC_RELAXED)) {
+                i++;
+                continue;
+            }
+            int j = i;
+            while (j < IPROBE_RT_RETURN_CHUNK && !__atomic_load_n(&e[j].ret, __ATOMIC_RELAXED)) j++;
+            if (j - i > best.end - best.start) best = (struct run){&e[i], &e[j]};
+            i = j;
+        }
     }
+    return best;
 }
 
 /* Entries of this thread whose frame can no longer return through them:
@@ -123,15 +150,19 @@ static void compact_top(struct iprobe_rt_thread_state* t, struct iprobe_rt_retur
  * tail call chains entries on one slot).  Freed; the rest is kept, however
  * old: an entry on another stack (swapcontext) may still return. */
 static void collect(struct iprobe_rt_thread_state* t) {
-    uint8_t suspect[IPROBE_RT_RETURN_MAX_CHUNKS * IPROBE_RT_RETURN_CHUNK / 8] = {0};
+    enum { HELD = IPROBE_RT_RETURN_MAX_CHUNKS * IPROBE_RT_RETURN_CHUNK };
+    uint8_t suspect[HELD / 8] = {0};
     int suspects = 0;
     for (uint32_t k = 0; k < t->count; k++) {
         struct iprobe_rt_return* e = chunk_start(t->chunks[k]);
-        for (int i = 0; i < IPROBE_RT_RETURN_CHUNK; i++) {
-            uint64_t held = 0;
-            if (!e[i].ret) continue;
-            if (read_word(e[i].slot, &held) && held == trampoline_of(&e[i])) continue;
-            const uint32_t bit = k * IPROBE_RT_RETURN_CHUNK + (uint32_t)i;
+        uint64_t slots[IPROBE_RT_RETURN_CHUNK], held[IPROBE_RT_RETURN_CHUNK];
+        unsigned index[IPROBE_RT_RETURN_CHUNK], n = 0;
+        for (unsigned i = 0; i < IPROBE_RT_RETURN_CHUNK; i++)
+            if (__atomic_load_n(&e[i].ret, __ATOMIC_RELAXED)) slots[n] = e[i].slot, index[n++] = i;
+        read_words(slots, held, n);
+        for (unsigned m = 0; m < n; m++) {
+            if (held[m] == trampoline_of(&e[index[m]])) continue;
+            const uint32_t bit = k * IPROBE_RT_RETURN_CHUNK + index[m];
             suspect[bit / 8] |= (uint8_t)(1u << (bit % 8));
             suspects++;
         }
@@ -156,47 +187,33 @@ static void collect(struct iprobe_rt_thread_state* t) {
     }
 }
 
-/* Room for one more entry: compact, move to the next chunk held, claim one,
- * or collect dead entries.  0 when the thread is out of room (counted by the
- * caller). */
+/* A new run of free entries for the fast path, [next, limit): returns are
+ * LIFO as a rule, so a long run serves many calls before the next slow path.
+ * Holes that non-LIFO returns (a coroutine, a hook under a longjmp'ed frame)
+ * leave are reused through the runs found here; abandoned entries through
+ * collect().  Then a new chunk; a short run only when none is left.  0 when
+ * the thread has no room at all (counted by the caller). */
+#define GOOD_RUN (IPROBE_RT_RETURN_CHUNK / 4)
 static int grow(struct iprobe_rt_thread_state* t) {
     if (t->busy || t->retired) return 0;
     t->busy = 1;
     __atomic_store_n(&t->limit, (struct iprobe_rt_return*)0, __ATOMIC_RELAXED);
     BARRIER();
-    struct iprobe_rt_return* next = t->next;
-    int ok = 0;
-    for (int collected = 0;; collected = 1) {
-        if (t->count) {
-            compact_top(t, &next);
-            if (next < chunk_start(t->chunks[t->current]) + IPROBE_RT_RETURN_CHUNK) {
-                ok = 1;
-                break;
-            }
-            if (t->current + 1 < t->count) {
-                t->current++;
-                next = chunk_start(t->chunks[t->current]);
-                ok = 1;
-                break;
-            }
-        }
-        if (t->count < IPROBE_RT_RETURN_MAX_CHUNKS && claim_chunk(t)) {
-            t->current = (uint8_t)(t->count - 1);
-            next = chunk_start(t->chunks[t->current]);
-            ok = 1;
-            break;
-        }
-        if (collected || !t->count) break;
+    struct run run = longest_free_run(t);
+    if (run.end - run.start < GOOD_RUN && t->count) {
         collect(t);
+        run = longest_free_run(t);
     }
-    if (t->count) {
-        t->next = next;
-        BARRIER();
-        __atomic_store_n(&t->limit, chunk_start(t->chunks[t->current]) + IPROBE_RT_RETURN_CHUNK, __ATOMIC_RELAXED);
+    if (run.end - run.start < GOOD_RUN && t->count < IPROBE_RT_RETURN_MAX_CHUNKS && claim_chunk(t)) {
+        run.start = chunk_start(t->chunks[t->count - 1]);
+        run.end = run.start + IPROBE_RT_RETURN_CHUNK;
     }
+    t->next = run.start;
+    BARRIER();
+    __atomic_store_n(&t->limit, run.end, __ATOMIC_RELAXED);
     BARRIER();
     t->busy = 0;
-    return ok;
+    return run.start != run.end;
 }
 
 /* Not locked: atomic only against signal handlers of this thread. */
@@ -281,7 +298,6 @@ void iprobe_rt_return_retire(void) {
         __atomic_store_n(&g_chunk_owner[t->chunks[k]], live ? CHUNK_RETIRED : CHUNK_FREE, __ATOMIC_RELEASE);
     }
     t->count = 0;
-    t->current = 0;
     t->next = 0;
 }
 
@@ -297,3 +313,6 @@ void iprobe_rt_return_after_fork(void) {
         g_chunk_owner[c] = CHUNK_FREE;
     }
 }
+
+_Static_assert(IPROBE_RT_RETURN_CHUNK * IPROBE_RT_RETURN_MAX_CHUNKS == IPROBE_RT_RETURN_STACK_FRAMES,
+               "the return stack's depth is what rt_layout.h tells readers");

@@ -32,7 +32,7 @@
 
 #define IPROBE_RT_RETURN_ENTRIES 32768 /* the pool: entries for every thread */
 #define IPROBE_RT_RETURN_CHUNK 32      /* entries a thread claims at a time */
-#define IPROBE_RT_RETURN_MAX_CHUNKS 32 /* per thread: 1024 hooked frames deep */
+#define IPROBE_RT_RETURN_MAX_CHUNKS 32 /* per thread: IPROBE_RT_RETURN_STACK_FRAMES hooked frames deep */
 #define IPROBE_RT_RETURN_ENTRY_SIZE 32
 #define IPROBE_RT_RETURN_UNIT_SIZE 16  /* sled unit; pool index = (unit - sled) / 16 */
 
@@ -69,11 +69,14 @@ struct iprobe_rt_return {
  * is small).  Its return-stack part survives fork; `stats` is cleared in a
  * forked child (the parent's region is unmapped there). */
 struct iprobe_rt_thread_state {
-    struct iprobe_rt_return* next;  /* next free entry of the current chunk */
-    struct iprobe_rt_return* limit; /* end of the current chunk (== next: grow on the slow path) */
+    /* [next, limit): a run of free entries of the thread's chunks, taken
+     * from `next` up by hooks and given back from the top by LIFO returns
+     * (next == limit: find another run on the slow path) */
+    struct iprobe_rt_return* next;
+    struct iprobe_rt_return* limit;
     void* stats;                    /* the thread's sums (struct iprobe_rt_fn_stats[]), 0 until it has a slot */
     uint32_t token;                 /* owner token of its chunks (survives fork, unlike the tid) */
-    uint8_t current;                /* index in chunks[] of the chunk `next` is in */
+    uint8_t pad;
     uint8_t count;                  /* chunks held */
     uint8_t busy;                   /* in a slow path: a nested hook (signal) is not taken */
     uint8_t retired;                /* the thread is exiting: no more hooks */

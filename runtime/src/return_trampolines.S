@@ -33,8 +33,8 @@
  * bytes early so that unit 0's address minus one (what an unwinder looks up)
  * is covered. */
     .p2align 4
+    /* exported: backtrace_symbols() and dladdr() name hooked returns by it */
     .globl iprobe_rt_return_trampolines
-    .hidden iprobe_rt_return_trampolines
     .type iprobe_rt_return_trampolines, @function
 iprobe_rt_return_trampolines:
     .cfi_startproc

@@ -100,6 +100,12 @@ long long json_calls(const std::string& json, const std::string& function) {
     return std::regex_search(json, m, re) ? std::stoll(m[1]) : -1;
 }
 
+long long json_completed(const std::string& json, const std::string& function) {
+    const std::regex re("\"name\":\"" + function + "\",\"calls\":[0-9]+,\"completed\":([0-9]+)");
+    std::smatch m;
+    return std::regex_search(json, m, re) ? std::stoll(m[1]) : -1;
+}
+
 long long json_number(const std::string& json, const std::string& key) {
     const std::regex re("\"" + key + "\":([0-9]+)");
     std::smatch m;

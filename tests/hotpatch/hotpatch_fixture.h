@@ -40,6 +40,8 @@ std::vector<std::uint8_t> text_of(pid_t pid, const std::string& path_suffix);
 
 // "calls" of `function` in a `report --json` output, -1 when absent.
 long long json_calls(const std::string& json, const std::string& function);
+// Its "completed", -1 when absent.
+long long json_completed(const std::string& json, const std::string& function);
 long long json_number(const std::string& json, const std::string& key);
 
 }  // namespace iprobe::test

@@ -44,6 +44,7 @@ extern "C" {
 #define IPROBE_RT_HIST_BUCKETS 48  /* completed calls by floor(log2(inclusive ticks)) */
 #define IPROBE_RT_STACK_DEPTH 120  /* timed frames per thread; deeper calls are counted, not timed */
 #define IPROBE_RT_NO_STAT 0xffffffffu
+#define IPROBE_RT_RETURN_STACK_FRAMES 1024 /* hooked returns per thread (runtime/src/return_stack.h) */
 
 enum iprobe_rt_record_kind {
     IPROBE_RT_REC_ENTRY = 1,

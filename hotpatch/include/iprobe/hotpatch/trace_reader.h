@@ -86,6 +86,9 @@ public:
     std::vector<FunctionStats> functions(const std::vector<iprobe_rt_fn_stats>& sums,
                                          const std::vector<iprobe_rt_fn_stats>* since = nullptr);
     std::uint64_t unmatched_exits() const;  // exits whose entry came before the attach
+    // Calls whose return could not be hooked (deeper than a thread's return
+    // stack, the pool exhausted): their exits are missing from `completed`.
+    std::uint64_t unhooked_returns() const;
 
     // Event-stream drops (full rings), per thread and in all; never in the sums.
     std::vector<ThreadDrops> drops_by_thread() const;

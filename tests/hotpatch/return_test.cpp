@@ -1,0 +1,291 @@
+// Exits through return trampolines: the hard cases (targets/rt_cases.c), in
+// a C build and a C++ build of the same program made with iprobe-cc's entry
+// flow.  Each case attaches to the entry and exit of the functions involved
+// and checks `iprobe report`'s exact calls and completed calls against what
+// the program did, and that the program computed what it computes unprobed.
+#include <unistd.h>
+
+#include <map>
+#include <regex>
+
+#include <gtest/gtest.h>
+
+#include "hotpatch_fixture.h"
+#include "iprobe/formats/rt_layout.h"
+
+namespace iprobe::test {
+namespace {
+
+struct Counts {
+    long long calls = 0, completed = 0;
+    bool operator==(const Counts&) const = default;
+};
+
+std::ostream& operator<<(std::ostream& out, const Counts& c) {
+    return out << "{calls " << c.calls << ", completed " << c.completed << "}";
+}
+
+class ReturnTest : public ::testing::TestWithParam<std::string> {
+protected:
+    void SetUp() override {
+        if (!is_root()) GTEST_SKIP() << "needs root (ptrace of any process, /run/iprobe)";
+        target_ = std::make_unique<HpTarget>(1, targets_dir() + "/" + GetParam());
+        pid_ = std::to_string(target_->pid());
+    }
+    bool cxx() const { return GetParam() == "rt_cases_cxx"; }
+
+    void attach(const std::string& functions, const std::string& handler = "count") {
+        auto a = iprobe({"attach", pid_, "--functions", functions, "--handler", handler});
+        ASSERT_EQ(a.exit_code, 0) << a.err;
+    }
+    long command(const std::string& line) { return target_->command(line, std::chrono::seconds(300)); }
+    std::string report() {
+        auto r = iprobe({"report", pid_, "--json"});
+        EXPECT_EQ(r.exit_code, 0) << r.err;
+        return r.out;
+    }
+    static Counts counts(const std::string& json, const std::string& function) {
+        return {std::max(0ll, json_calls(json, function)), std::max(0ll, json_completed(json, function))};
+    }
+
+    std::unique_ptr<HpTarget> target_;
+    std::string pid_;
+};
+
+INSTANTIATE_TEST_SUITE_P(CAndCxx, ReturnTest, ::testing::Values("rt_cases_c", "rt_cases_cxx"),
+                         [](const auto& info) { return info.param == "rt_cases_c" ? "C" : "Cxx"; });
+
+TEST_P(ReturnTest, ListsAnExitPerFunctionServedByItsEntrySite) {
+    auto r = iprobe({"list", targets_dir() + "/" + GetParam(), "--functions", "lj_outer", "--json"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find("\"kind\":\"entry\""), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("\"kind\":\"exit\",\"form\":\"return\""), std::string::npos) << r.out;
+}
+
+// rax, rdx, xmm0, xmm1, st0 and st1 reach the caller intact, with either handler.
+TEST_P(ReturnTest, ReturnValuesOfEveryClassSurvive) {
+    constexpr long kCalls = 2000;
+    const long expected = command("values " + std::to_string(kCalls));
+    for (const std::string handler : {"count", "trace"}) {
+        attach("rv_*", handler);
+        EXPECT_EQ(command("values " + std::to_string(kCalls)), expected) << handler;
+        ASSERT_EQ(iprobe({"detach", pid_}).exit_code, 0);
+    }
+    const std::string json = report();
+    for (const char* f : {"rv_long", "rv_double", "rv_long_double", "rv_complex_ld", "rv_two_doubles",
+                          "rv_two_longs", "rv_int128", "rv_big"})
+        EXPECT_EQ(counts(json, f), (Counts{2 * kCalls, 2 * kCalls})) << f << "\n" << json;
+    EXPECT_EQ(json_number(json, "timed"), kCalls) << "the trace handler times every hooked call\n" << json;
+}
+
+// Frames a longjmp abandons never return: their exits are not counted, and
+// their entries (2 per jump, far more than a thread's return stack holds)
+// are collected so that every later exit is still hooked.
+TEST_P(ReturnTest, LongjmpSkipsTheExitsOfAbandonedFrames) {
+    constexpr long kJumps = 3000;
+    attach("lj_*");
+    EXPECT_EQ(command("longjmp " + std::to_string(kJumps)), kJumps);
+    const std::string json = report();
+    EXPECT_EQ(counts(json, "lj_outer"), (Counts{kJumps, kJumps})) << json;
+    EXPECT_EQ(counts(json, "lj_middle"), (Counts{kJumps, 0})) << json;
+    EXPECT_EQ(counts(json, "lj_inner"), (Counts{kJumps, 0})) << json;
+    EXPECT_EQ(json_number(json, "unhooked_returns"), 0) << json;
+}
+
+TEST_P(ReturnTest, SiglongjmpOutOfASignalHandler) {
+    constexpr long kJumps = 2000;
+    attach("sj_*");
+    EXPECT_EQ(command("siglongjmp " + std::to_string(kJumps)), kJumps);
+    const std::string json = report();
+    EXPECT_EQ(counts(json, "sj_outer"), (Counts{kJumps, kJumps})) << json;
+    EXPECT_EQ(counts(json, "sj_wait"), (Counts{kJumps, 0})) << json;
+    EXPECT_EQ(counts(json, "sj_handler"), (Counts{kJumps, 0})) << json;
+    EXPECT_EQ(json_number(json, "unhooked_returns"), 0) << json;
+}
+
+// setcontext jumps back like longjmp; a coroutine keeps hooked frames on
+// two stacks at once, returning in no stack order.
+TEST_P(ReturnTest, SetcontextAndSwapcontext) {
+    constexpr long kTimes = 2000;
+    attach("sc_*,co_*");
+    EXPECT_EQ(command("setcontext " + std::to_string(kTimes)), kTimes);
+    EXPECT_EQ(command("swapcontext " + std::to_string(kTimes)), kTimes);
+    const std::string json = report();
+    EXPECT_EQ(counts(json, "sc_outer"), (Counts{kTimes, kTimes})) << json;
+    EXPECT_EQ(counts(json, "sc_inner"), (Counts{kTimes, 0})) << json;
+    EXPECT_EQ(counts(json, "co_resume"), (Counts{kTimes + 1, kTimes + 1})) << json;
+    EXPECT_EQ(counts(json, "co_step"), (Counts{kTimes, kTimes})) << json;
+    EXPECT_EQ(counts(json, "co_body"), (Counts{1, 1})) << json;
+    EXPECT_EQ(json_number(json, "unhooked_returns"), 0) << json;
+}
+
+// Thousands of signals land anywhere in the loop: inside entry stubs,
+// inside the trampolines, between them; each handler hooks 10 more frames,
+// on the thread's stack or on an alternate one.
+TEST_P(ReturnTest, SignalHandlersAnywhereOnEitherStack) {
+    constexpr long kCalls = 5000000;
+    attach("sg_*");
+    const long same_stack = command("signals " + std::to_string(kCalls));
+    EXPECT_GT(same_stack, 100);
+    ASSERT_EQ(iprobe({"detach", pid_}).exit_code, 0);
+    attach("sg_*", "trace");
+    const long alternate = command("altsignals " + std::to_string(kCalls));
+    EXPECT_GT(alternate, 100);
+    const long handled = same_stack + alternate;
+    const std::string json = report();
+    EXPECT_EQ(counts(json, "sg_leaf"), (Counts{2 * kCalls, 2 * kCalls})) << json;
+    EXPECT_EQ(counts(json, "sg_handler"), (Counts{handled, handled})) << json;
+    EXPECT_EQ(counts(json, "sg_nested"), (Counts{9 * handled, 9 * handled})) << json;
+    EXPECT_EQ(json_number(json, "unhooked_returns"), 0) << json;
+}
+
+// pthread_exit and pthread_cancel unwind through hooked frames (their
+// cleanups run); 1800 threads come and go, more than the return pool has
+// chunks, so an exited thread's chunk must be reused.
+TEST_P(ReturnTest, ThreadsEndingInsideHookedFrames) {
+    constexpr long kEach = 600;
+    attach("te_*,tc_*,tn_*,sg_leaf");
+    EXPECT_EQ(command("threads " + std::to_string(kEach)), kEach) << "cancellation cleanups that ran";
+    const std::string json = report();
+    EXPECT_EQ(counts(json, "te_start"), (Counts{kEach, 0})) << json;
+    EXPECT_EQ(counts(json, "te_exit"), (Counts{kEach, 0})) << json;
+    EXPECT_EQ(counts(json, "tc_start"), (Counts{kEach, 0})) << json;
+    EXPECT_EQ(counts(json, "tc_wait"), (Counts{kEach, 0})) << json;
+    EXPECT_EQ(counts(json, "tn_start"), (Counts{kEach, kEach})) << json;
+    EXPECT_EQ(counts(json, "sg_leaf"), (Counts{kEach, kEach})) << json;
+    EXPECT_EQ(json_number(json, "unhooked_returns"), 0) << json;
+}
+
+// Each child returns through fk_fork, hooked in its parent before the fork,
+// then keeps calling hooked functions; the parent's counts see none of it.
+TEST_P(ReturnTest, ForkedChildrenReturnThroughHookedFrames) {
+    constexpr long kForks = 50;
+    attach("fk_fork,sg_leaf");
+    EXPECT_EQ(command("fork " + std::to_string(kForks)), 0) << "children that did not exit 42";
+    const std::string json = report();
+    EXPECT_EQ(counts(json, "fk_fork"), (Counts{kForks, kForks})) << json;
+    EXPECT_EQ(counts(json, "sg_leaf"), (Counts{0, 0})) << json;
+}
+
+bool tail_calls(const std::string& binary, const std::string& from, const std::string& to) {
+    auto d = run({"objdump", "-d", "--no-show-raw-insn", binary});
+    const std::regex body("<" + from + ">:\\n([^\\n]+\\n)*?[^\\n]*jmp +[0-9a-f]+ <" + to + ">");
+    return d.exit_code == 0 && std::regex_search(d.out, body);
+}
+
+// tc_a jumps to tc_b (a sibling call): tc_b's entry finds tc_a's trampoline
+// in the slot and chains on it.  2001 chained entries overflow the thread's
+// return stack: counted as unhooked, and the program still computes right.
+TEST_P(ReturnTest, TailCallsChainOnOneSlot) {
+    const std::string binary = targets_dir() + "/" + GetParam();
+    ASSERT_TRUE(tail_calls(binary, "tc_a", "tc_b")) << "the compiler no longer makes tc_a tail-call tc_b";
+    constexpr long kCalls = 5000;
+    const long expected = command("tailcalls " + std::to_string(kCalls));
+    attach("tc_a,tc_b,tc_even,tc_odd");
+    EXPECT_EQ(command("tailcalls " + std::to_string(kCalls)), expected);
+    std::string json = report();
+    EXPECT_EQ(counts(json, "tc_a"), (Counts{kCalls, kCalls})) << json;
+    EXPECT_EQ(counts(json, "tc_b"), (Counts{kCalls, kCalls})) << json;
+
+    constexpr long kDepth = 2000;
+    EXPECT_EQ(command("mutual " + std::to_string(kDepth)), 1);
+    json = report();
+    const Counts even = counts(json, "tc_even"), odd = counts(json, "tc_odd");
+    const long long unhooked = json_number(json, "unhooked_returns");
+    EXPECT_EQ(even.calls + odd.calls, kDepth + 1) << json;
+    EXPECT_GT(unhooked, 0) << json;
+    EXPECT_EQ(even.completed + odd.completed + unhooked, kDepth + 1) << json;
+    EXPECT_EQ(command("tailcalls 10"), command("tailcalls 10"));
+    json = report();
+    EXPECT_EQ(counts(json, "tc_a"), (Counts{kCalls + 20, kCalls + 20})) << "hooked again after the overflow\n" << json;
+}
+
+TEST_P(ReturnTest, RecursionDeeperThanTheReturnStackIsCountedNotFatal) {
+    constexpr long kDepth = 5000;
+    attach("rec");
+    EXPECT_EQ(command("recurse " + std::to_string(kDepth)), kDepth);
+    std::string json = report();
+    const long long unhooked = json_number(json, "unhooked_returns");
+    EXPECT_EQ(counts(json, "rec").calls, kDepth + 1) << json;
+    EXPECT_GE(unhooked, kDepth + 1 - IPROBE_RT_RETURN_STACK_FRAMES) << json;
+    EXPECT_EQ(counts(json, "rec").completed + unhooked, kDepth + 1) << json;
+    EXPECT_EQ(command("recurse 100"), 100);
+    json = report();
+    EXPECT_EQ(counts(json, "rec").completed + unhooked, kDepth + 1 + 101) << json;
+    EXPECT_EQ(json_number(json, "unhooked_returns"), unhooked) << json;
+}
+
+// glibc's backtrace() (libgcc's unwinder) finds the real callers: the
+// trampolines' CFI gives their return addresses.
+TEST_P(ReturnTest, BacktraceShowsTheRealCallers) {
+    ASSERT_EQ(command("backtrace 1"), 1) << "unprobed: " << target_->output();
+    attach("bt_*");
+    EXPECT_EQ(command("backtrace 100"), 100) << target_->output();
+    EXPECT_EQ(counts(report(), "bt_c"), (Counts{100, 100}));
+}
+
+// gdb unwinds through the trampolines with their CFI alone.
+TEST_P(ReturnTest, GdbShowsTheRealCallers) {
+    attach("bk_*");
+    ASSERT_EQ(command("block"), 1);
+    auto g = run({"gdb", "-p", pid_, "-batch", "-nx", "-ex", "thread apply all bt"}, {}, std::chrono::seconds(120));
+    ASSERT_EQ(g.exit_code, 0) << g.err;
+    const std::regex order("bk_c[^#]*\\n(#[0-9]+ [^\\n]*iprobe_rt_return_trampolines[^\\n]*\\n)?#[0-9]+ [^\\n]*bk_b[^#]*\\n"
+                           "(#[0-9]+ [^\\n]*iprobe_rt_return_trampolines[^\\n]*\\n)?#[0-9]+ [^\\n]*bk_a");
+    EXPECT_TRUE(std::regex_search(g.out, order)) << g.out;
+    EXPECT_EQ(command("release"), 12);
+}
+
+// Detached while a thread waits inside hooked frames: the sites are NOPs
+// again, the trampolines still take the frames back to their callers.
+TEST_P(ReturnTest, DetachWhileFramesAreHooked) {
+    const std::string exe = "/" + GetParam();
+    const auto text_before = text_of(target_->pid(), exe);
+    attach("bk_*", "trace");
+    ASSERT_EQ(command("block"), 1);
+    ASSERT_EQ(iprobe({"detach", pid_}).exit_code, 0);
+    EXPECT_EQ(text_of(target_->pid(), exe), text_before) << "code differs after detach";
+    EXPECT_EQ(command("release"), 12);
+    const std::string json = report();
+    for (const char* f : {"bk_a", "bk_b", "bk_c"}) EXPECT_EQ(counts(json, f), (Counts{1, 1})) << f << "\n" << json;
+    EXPECT_EQ(command("values 10"), command("values 10")) << "the program goes on";
+}
+
+// Attached to the exit alone, then the entry too, then the exit removed:
+// one site, moved between its three stubs, counting exactly all along.
+TEST_P(ReturnTest, EntryAndExitSwitchedIndependently) {
+    auto a = iprobe({"attach", pid_, "--functions", "rec", "--exit-only", "--handler", "count"});
+    ASSERT_EQ(a.exit_code, 0) << a.err;
+    EXPECT_EQ(command("recurse 9"), 9);
+    a = iprobe({"attach", pid_, "--functions", "rec", "--entry-only", "--handler", "count"});
+    ASSERT_EQ(a.exit_code, 0) << a.err;
+    EXPECT_EQ(command("recurse 9"), 9);
+    auto d = iprobe({"detach", pid_, "--functions", "rec", "--exit-only"});
+    ASSERT_EQ(d.exit_code, 0) << d.err;
+    EXPECT_EQ(command("recurse 9"), 9);
+    const std::string json = report();
+    EXPECT_EQ(counts(json, "rec"), (Counts{20, 20})) << json;
+    auto t = iprobe({"attach", pid_, "--functions", "rec", "--handler", "trace"});
+    EXPECT_EQ(t.exit_code, 6) << "the entry is on with count: exits with trace must wait for a detach\n" << t.out;
+}
+
+TEST_P(ReturnTest, CxxExceptionsUnwindThroughHookedFrames) {
+    if (!cxx()) GTEST_SKIP() << "C has no exceptions";
+    constexpr long kThrows = 3000;
+    attach("ex_*", "trace");
+    EXPECT_EQ(command("exceptions " + std::to_string(kThrows)), kThrows) << "every throw caught, every destructor run";
+    EXPECT_EQ(command("rethrow 1000"), 1000);
+    EXPECT_EQ(command("nested 500"), 1500);
+    const std::string json = report();
+    EXPECT_EQ(counts(json, "ex_outer"), (Counts{kThrows + 500, kThrows + 500})) << json;
+    EXPECT_EQ(counts(json, "ex_middle"), (Counts{kThrows + 500, 0})) << json;
+    EXPECT_EQ(counts(json, "ex_rethrow_outer"), (Counts{1500, 1500})) << json;
+    EXPECT_EQ(counts(json, "ex_rethrow_mid"), (Counts{1500, 0})) << json;
+    EXPECT_EQ(counts(json, "ex_nested"), (Counts{500, 500})) << json;
+    EXPECT_EQ(counts(json, "ex_capture"), (Counts{500, 500})) << json;
+    EXPECT_EQ(counts(json, "ex_inner"), (Counts{kThrows + 1000 + 4 * 500, 0})) << json;
+    EXPECT_EQ(json_number(json, "unhooked_returns"), 0) << json;
+}
+
+}  // namespace
+}  // namespace iprobe::test
