@@ -30,6 +30,10 @@ RoutingResult route_probes(const ProbeRouting& routing) {
     options.handlers.exit = "fperf_exit";
     options.handlers.enter_nop = "fperf_enter_nop";  // the LLVM flow's sites
     options.handlers.exit_nop = "fperf_exit_nop";
+    // Function-entry sites (the entry and LLVM flows): exits through the
+    // runtime's return trampolines; fperf always takes both.
+    options.handlers.entry_enter = "fperf_enter_nop";
+    options.handlers.entry_enter_return = "fperf_enter_return_nop";
     const auto stats = iprobe::hotpatch::attach(options);
     return {stats.total_enabled, stats.handler_injected, stats.pause_us};
 }

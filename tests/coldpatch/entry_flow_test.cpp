@@ -1,6 +1,7 @@
 // The entry-NOP flow (iprobe-cc --flow=entry): gcc's five 1-byte NOPs per
-// out-of-line function become one 5-byte NOP and one entry probe; inlined
-// copies carry nothing.  Checked against binutils' view of the binary.
+// out-of-line function become one 5-byte NOP, the function's entry probe and
+// its exit probe (form `return`, served by that same site); inlined copies
+// carry nothing.  Checked against binutils' view of the binary.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -80,6 +81,15 @@ protected:
         EXPECT_EQ(patched.exit_code, 0) << patched.err;
         const probelist::ProbeList by_hand = probelist::ProbeList::load(dir_ / "patched.probes");
         EXPECT_EQ(by_hand.probes.size(), list.probes.size());
+        for (std::size_t i = 0; i < list.probes.size(); i++) {
+            const auto& p = list.probes[i];
+            if (p.kind == probelist::ProbeKind::entry) {
+                EXPECT_TRUE(probelist::serves_returns(list.probes, i)) << p.function << ": no exit after the entry";
+            } else {
+                EXPECT_EQ(p.kind, probelist::ProbeKind::exit) << p.function;
+                EXPECT_EQ(p.form, probelist::SiteForm::ret) << p.function;
+            }
+        }
         expect_only_sites_changed(dir_ / "raw", dir_ / "patched", by_hand);
         EXPECT_EQ(run({dir_ / "patched"}).out, native.out);
         return list;
@@ -92,14 +102,13 @@ TEST_F(EntryFlow, OneEntryNopPerOutOfLineCFunction) {
     EXPECT_EQ(list.flow, static_cast<std::uint32_t>(IPROBE_FLOW_PATCHABLE_ENTRY));
     std::set<std::string> names;
     for (const auto& p : list.probes) {
-        EXPECT_EQ(p.kind, probelist::ProbeKind::entry);
-        EXPECT_EQ(p.form, probelist::SiteForm::nop);
+        EXPECT_EQ(p.form, p.kind == probelist::ProbeKind::entry ? probelist::SiteForm::nop : probelist::SiteForm::ret);
         EXPECT_EQ(p.site, p.function_address) << p.function << ": the pad is the function's first instruction";
         EXPECT_FALSE(p.file.empty()) << p.function;
         names.insert(p.function);
     }
     EXPECT_EQ(names, (std::set<std::string>{"main", "middle", "leaf"}));
-    EXPECT_EQ(list.probes.size(), recorded_pads(dir_ / "app"));
+    EXPECT_EQ(list.probes.size(), 2 * recorded_pads(dir_ / "app")) << "an entry and an exit per pad";
     // one instruction per call: objdump sees a single nopl where gcc put five nops
     const auto code = disassembly(dir_ / "app");
     for (const auto& p : list.probes) EXPECT_EQ(code.at(p.site).rfind("nop", 0), 0u) << code.at(p.site);
@@ -113,14 +122,14 @@ TEST_F(EntryFlow, CxxTemplatesVirtualsAndExceptions) {
     for (const char* wanted : {"main", "may_throw(int)", "int square<int>(int)", "double square<double>(double)",
                                "Box::area() const"})
         EXPECT_EQ(names.count(wanted), 1u) << wanted;
-    EXPECT_EQ(list.probes.size(), recorded_pads(dir_ / "app"));
+    EXPECT_EQ(list.probes.size(), 2 * recorded_pads(dir_ / "app"));
 }
 
 TEST_F(EntryFlow, SharedLibraryAndIdempotentColdpatch) {
     compile(dir_.path(), bin("iprobe-cc") + " --flow=entry -O2 -fPIC -shared prog.c -o libprog.so");
     const probelist::ProbeList lib = probelist::ProbeList::load(dir_ / "libprog.so.probes");
     EXPECT_NE(lib.flags & IPROBE_PL_FLAG_SHARED, 0u);
-    EXPECT_EQ(lib.probes.size(), recorded_pads(dir_ / "libprog.so"));
+    EXPECT_EQ(lib.probes.size(), 2 * recorded_pads(dir_ / "libprog.so"));
     const auto before = file_bytes(dir_ / "libprog.so");
     const auto again = run({bin("iprobe"), "coldpatch", dir_ / "libprog.so"});
     EXPECT_EQ(again.exit_code, 0) << again.err;

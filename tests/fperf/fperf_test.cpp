@@ -616,16 +616,12 @@ TEST(FperfHotpatch, ColdpatchedProgramGetsProbesRoutedWithExactCounts) {
     expect_exact_calls_all_sampled(p);
 }
 
-#ifdef FPERF_TEST_LLVM
-// iprobe-cc --mode=llvm: NOP-form sites carry no function address; the
-// handler's NOP entry points look it up in the runtime's site table.
-TEST(FperfHotpatch, LlvmFlowProgramGetsExactCountsThroughNopSites) {
-    TempDir dir;
-    const auto p = record_program({"--budget", "none"}, build_dir() + "/tests/fperf/llvm/callgraph", dir);
+// Flows that probe only what the compiler left a call: it turns one of
+// fib's two recursive calls into a loop.
+void expect_exact_calls_but_fib(const iprobe::fperf::Profile& p) {
     const auto f = by_name(p);
     for (const auto& [name, calls] : kExpectedCalls) {
         ASSERT_TRUE(f.count(name)) << name << " missing from the profile";
-        // clang turns one of fib's two recursive calls into a loop
         if (name != "fib") {
             EXPECT_EQ(f.at(name)->calls, calls) << name;
         }
@@ -635,6 +631,21 @@ TEST(FperfHotpatch, LlvmFlowProgramGetsExactCountsThroughNopSites) {
     EXPECT_GT(f.at("once_b")->cpu_ns, 10'000u);
     expect_caller_covers_callee(*f.at("thread_main"), *f.at("thread_work"));
     EXPECT_EQ(p.get("unmatched_exits"), "0");
+}
+
+// The entry flow: one site per function, its exit through the runtime's
+// return trampolines, which call fperf's handler back.
+TEST(FperfHotpatch, EntryFlowProgramGetsExactCountsThroughReturnTrampolines) {
+    TempDir dir;
+    expect_exact_calls_but_fib(record_program({"--budget", "none"}, build_dir() + "/tests/fperf/entry/callgraph", dir));
+}
+
+#ifdef FPERF_TEST_LLVM
+// iprobe-cc --mode=llvm: NOP-form sites carry no function address; the
+// handler's NOP entry points look it up in the runtime's site table.
+TEST(FperfHotpatch, LlvmFlowProgramGetsExactCountsThroughNopSites) {
+    TempDir dir;
+    expect_exact_calls_but_fib(record_program({"--budget", "none"}, build_dir() + "/tests/fperf/llvm/callgraph", dir));
 }
 #endif
 

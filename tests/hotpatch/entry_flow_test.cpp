@@ -1,7 +1,8 @@
 // The entry-NOP flow end to end: hp_target built with iprobe-cc --flow=entry
 // (gcc -fpatchable-function-entry=5,0, pads merged into one 5-byte NOP by
 // coldpatch) is attached, counted, traced, reported and detached like any
-// other coldpatched program.
+// other coldpatched program; exits come through return trampolines
+// (return_test.cpp has the hard cases).
 #include <unistd.h>
 
 #include <gtest/gtest.h>
@@ -22,12 +23,13 @@ protected:
     const std::string binary_ = targets_dir() + "/hp_target_entry";
 };
 
-TEST_F(EntryFlowTest, ListsOneEntryProbePerOutOfLineFunction) {
+TEST_F(EntryFlowTest, ListsAnEntryAndAnExitPerOutOfLineFunction) {
     auto r = iprobe({"list", binary_, "--json"});
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_NE(r.out.find("\"flow\":\"entry\""), std::string::npos) << r.out;
     EXPECT_NE(r.out.find("\"function\":\"counted\""), std::string::npos) << r.out;
-    EXPECT_EQ(r.out.find("\"kind\":\"exit\""), std::string::npos) << "the entry flow has no exit sites";
+    EXPECT_NE(r.out.find("\"kind\":\"exit\",\"form\":\"return\""), std::string::npos)
+        << "exits are served by the entry site's return trampoline";
     EXPECT_NE(r.out.find("\"kind\":\"point\""), std::string::npos) << "IPROBE_POINT sites are merged in";
 }
 
@@ -39,11 +41,12 @@ TEST_F(EntryFlowTest, CountsAndTracesExactlyThenDetachesToIdenticalText) {
 
     auto a = iprobe({"attach", pid, "--functions", "counted", "--handler", "count"});
     ASSERT_EQ(a.exit_code, 0) << a.err;
-    EXPECT_NE(a.out.find("enabled 1 probe"), std::string::npos) << a.out;
+    EXPECT_NE(a.out.find("enabled 2 probes"), std::string::npos) << a.out;
     EXPECT_EQ(target.command("burst " + std::to_string(kBurst)), kThreads * kBurst);
     auto r = iprobe({"report", pid, "--json"});
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_EQ(json_calls(r.out, "counted"), kThreads * kBurst) << r.out;
+    EXPECT_EQ(json_completed(r.out, "counted"), kThreads * kBurst) << r.out;
     ASSERT_EQ(iprobe({"detach", pid}).exit_code, 0);
     EXPECT_EQ(text_of(target.pid(), "/hp_target_entry"), text_before) << "code differs after detach";
 
@@ -56,7 +59,7 @@ TEST_F(EntryFlowTest, CountsAndTracesExactlyThenDetachesToIdenticalText) {
     for (auto at = t.out.find("\"function\":\"counted\""); at != std::string::npos;
          at = t.out.find("\"function\":\"counted\"", at + 1))
         ++events;
-    EXPECT_EQ(events, static_cast<std::size_t>(kThreads * 1000));
+    EXPECT_EQ(events, static_cast<std::size_t>(2 * kThreads * 1000)) << "an entry and an exit per call";
     ASSERT_EQ(iprobe({"detach", pid}).exit_code, 0);
     EXPECT_EQ(text_of(target.pid(), "/hp_target_entry"), text_before);
 
@@ -80,7 +83,7 @@ TEST_F(EntryFlowTest, RedisCommandsCountedExactlyWhileServing) {
 
     auto a = iprobe({"attach", pid, "--functions", "setCommand,getCommand", "--handler", "count"});
     ASSERT_EQ(a.exit_code, 0) << a.err;
-    EXPECT_NE(a.out.find("enabled 2 probes"), std::string::npos) << a.out;
+    EXPECT_NE(a.out.find("enabled 4 probes"), std::string::npos) << a.out;
     constexpr int kRequests = 5000;
     auto bench = run({dir + "/redis-benchmark", "-p", std::to_string(port), "-t", "set,get", "-n",
                       std::to_string(kRequests), "-c", "4", "-P", "8", "-q"});
@@ -89,6 +92,8 @@ TEST_F(EntryFlowTest, RedisCommandsCountedExactlyWhileServing) {
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_EQ(json_calls(r.out, "setCommand"), kRequests) << r.out;
     EXPECT_EQ(json_calls(r.out, "getCommand"), kRequests) << r.out;
+    EXPECT_EQ(json_completed(r.out, "setCommand"), kRequests) << r.out;
+    EXPECT_EQ(json_completed(r.out, "getCommand"), kRequests) << r.out;
     ASSERT_EQ(iprobe({"detach", pid}).exit_code, 0);
     EXPECT_EQ(text_of(redis.pid(), "/redis-server"), text_before) << "code differs after detach";
     EXPECT_TRUE(redis.running());
