@@ -1,9 +1,12 @@
-// IProbePass: an LLVM 14 new-pass-manager plugin that puts a 5-byte NOP
-// placeholder at the entry of every selected function and before each of its
-// returns and tail calls, and records each placeholder in the iprobe_sites
-// section (struct iprobe_site_entry, include/iprobe/formats/probe_list.h).  At run
-// time `iprobe attach` turns chosen NOPs into calls; nothing rewrites the
-// binary after the link.  Design and trade-offs: docs/llvm-pass.md.
+// IProbePass: an LLVM 14 new-pass-manager plugin that gives every selected
+// function a 5-byte NOP at its very first instruction (the backend's
+// patchable function entry, listed in __patchable_function_entries) and
+// records the function in the iprobe_sites section (struct
+// iprobe_site_entry, include/iprobe/formats/probe_list.h).  At run time
+// `iprobe attach` turns the NOP into a call; the function's exit is served by
+// a return trampoline that the enabled entry sets up, so there is nothing
+// before its returns and nothing rewrites the binary after the link.  Design
+// and trade-offs: docs/llvm-pass.md.
 //
 // Runs at the optimizer's last extension point, after inlining, so that
 // probes describe the functions that exist in the binary.
@@ -25,13 +28,9 @@
 #include "llvm/ADT/StringRef.h"
 #include "llvm/Demangle/Demangle.h"
 #include "llvm/IR/Constants.h"
-#include "llvm/IR/DebugInfoMetadata.h"
 #include "llvm/IR/LLVMContext.h"
 #include "llvm/IR/Function.h"
 #include "llvm/IR/GlobalVariable.h"
-#include "llvm/IR/IRBuilder.h"
-#include "llvm/IR/InlineAsm.h"
-#include "llvm/IR/Instructions.h"
 #include "llvm/IR/Module.h"
 #include "llvm/IR/PassManager.h"
 #include "llvm/Passes/PassBuilder.h"
@@ -166,16 +165,13 @@ bool selected(const Function& F, const Selection& selection) {
     return !(selection.exclude && matches(*selection.exclude, raw, demangled));
 }
 
-// The name as an .asciz operand inside an LLVM inline-asm template, where
-// '$' introduces operands.
+// The name as an .asciz operand of module-level assembly.
 std::string asm_string_literal(StringRef text) {
     std::string out;
     for (const unsigned char c : text) {
         if (c == '"' || c == '\\') {
             out += '\\';
             out += static_cast<char>(c);
-        } else if (c == '$') {
-            out += "$$";
         } else if (c < 0x20 || c >= 0x7f) {
             static constexpr char digits[] = "01234567";
             out += '\\';
@@ -194,99 +190,45 @@ std::string asm_string_literal(StringRef text) {
 // would need a dynamic relocation, so there the reader uses the symbol table.
 bool can_reference_directly(const Function& F) { return F.hasLocalLinkage() || F.isDSOLocal(); }
 
-// The flags are declared clobbered so the compiler never keeps a comparison
-// live across a placeholder: the trampoline an enabled probe calls then need
-// not save them.  Cost when disabled: none, beyond what the NOP itself costs.
-constexpr const char* kClobbers = "~{dirflag},~{fpsr},~{flags}";
-
-class SiteEmitter {
-public:
-    explicit SiteEmitter(Function& F)
-        : function_(F),
-          name_(asm_string_literal(raw_name(F))),
-          direct_(can_reference_directly(F)) {}
-
-    void emit(Instruction* before, iprobe_probe_kind kind, const DebugLoc& location) {
-        IRBuilder<> builder(before);
-        builder.SetCurrentDebugLocation(location);
-        Type* void_type = builder.getVoidTy();
-        if (direct_) {
-            auto* type = FunctionType::get(void_type, {function_.getType()}, false);
-            auto* placeholder = InlineAsm::get(type, templ(kind), std::string("i,") + kClobbers,
-                                               /*hasSideEffects=*/true);
-            builder.CreateCall(type, placeholder, {&function_});
-        } else {
-            auto* type = FunctionType::get(void_type, false);
-            auto* placeholder = InlineAsm::get(type, templ(kind), kClobbers, /*hasSideEffects=*/true);
-            builder.CreateCall(type, placeholder);
-        }
-    }
-
-private:
-    // Numeric local labels: codegen may duplicate a block (tail duplication),
-    // and each copy then defines its own labels and its own record.
-    std::string templ(iprobe_probe_kind kind) const {
-        std::string text;
-        text += "990: .byte 0x0f,0x1f,0x44,0x00,0x00\n";
-        text += ".pushsection " IPROBE_PL_SECTION ",\"a?R\",@progbits\n";
-        text += ".balign 8\n";
-        text += "991: .short 992f-991b\n";
-        text += ".byte " + std::to_string(IPROBE_SITE_ENTRY_VERSION) + "," + std::to_string(kind) + "\n";
-        text += ".long 990b-.\n";
-        text += direct_ ? ".long ${0:c}-.\n" : ".long 0\n";
-        text += ".byte 5,0,0,0\n";
-        text += ".asciz \"" + name_ + "\"\n";
-        text += ".balign 8\n";
-        text += "992:\n";
-        text += ".popsection\n";
-        return text;
-    }
-
-    Function& function_;
-    std::string name_;
-    bool direct_;
-};
-
-Instruction* entry_insertion_point(Function& F) {
-    BasicBlock& entry = F.getEntryBlock();
-    auto it = entry.getFirstInsertionPt();
-    while (it != entry.end() && isa<AllocaInst>(*it)) ++it;
-    return &*it;
+// A symbol module-level assembly can name as it is.
+bool plain_symbol(StringRef name) {
+    if (name.empty() || name.startswith(".L")) return false;
+    for (const char c : name)
+        if (!isAlnum(c) && c != '_' && c != '.' && c != '$') return false;
+    return true;
 }
 
-DebugLoc entry_location(Function& F) {
-    if (DISubprogram* subprogram = F.getSubprogram())
-        return DILocation::get(F.getContext(), subprogram->getScopeLine(), 0, subprogram);
-    return {};
+// The record of one instrumented function, as module-level assembly: the
+// function's own text goes untouched.  It joins the function's COMDAT group
+// so that the record goes when the linker drops a duplicate of it.
+std::string function_record(const Function& F) {
+    const StringRef raw = raw_name(F);
+    const bool direct = can_reference_directly(F) && !F.hasPrivateLinkage() && plain_symbol(raw);
+    std::string text = ".pushsection " IPROBE_PL_SECTION;
+    if (const Comdat* group = F.getComdat(); group && plain_symbol(group->getName()))
+        text += ",\"aGR\",@progbits," + group->getName().str() + ",comdat\n";
+    else
+        text += ",\"aR\",@progbits\n";
+    text += ".balign 8\n";
+    text += "991: .short 992f-991b\n";
+    text += ".byte " + std::to_string(IPROBE_SITE_ENTRY_VERSION) + "," + std::to_string(IPROBE_KIND_ENTRY) + "\n";
+    text += ".long 0\n";
+    text += direct ? ".long " + raw.str() + "-.\n" : ".long 0\n";
+    text += ".byte 5,0," + std::to_string(IPROBE_SITE_FLAG_FUNCTION_ENTRY) + ",0\n";
+    text += ".asciz \"" + asm_string_literal(raw) + "\"\n";
+    text += ".balign 8\n";
+    text += "992:\n";
+    text += ".popsection\n";
+    return text;
 }
 
-// A call whose result is returned as is (possibly through a bitcast) and
-// that the optimizer marked `tail`: the exit probe goes before it so the
-// call can stay a jump.  The probe then fires before the callee runs, as
-// XRay's tail-call sleds do.
-CallInst* tail_call_before(ReturnInst& ret) {
-    Instruction* previous = ret.getPrevNode();
-    if (previous && isa<BitCastInst>(previous)) previous = previous->getPrevNode();
-    auto* call = dyn_cast_or_null<CallInst>(previous);
-    if (!call || !call->isTailCall() || call->isInlineAsm()) return nullptr;
-    return call;
-}
-
-void instrument(Function& F) {
-    SiteEmitter emitter(F);
-    SmallVector<ReturnInst*, 8> returns;
-    for (BasicBlock& block : F)
-        if (auto* ret = dyn_cast<ReturnInst>(block.getTerminator())) returns.push_back(ret);
-
-    emitter.emit(entry_insertion_point(F), IPROBE_KIND_ENTRY, entry_location(F));
-    for (ReturnInst* ret : returns) {
-        Instruction* before = ret;
-        if (CallInst* call = tail_call_before(*ret)) before = call;
-        emitter.emit(before, IPROBE_KIND_EXIT, ret->getDebugLoc());
-    }
-    // A probe that becomes a call pushes a return address below %rsp; keep
-    // the compiler from placing live data there.
-    F.addFnAttr(Attribute::NoRedZone);
+// The backend puts the NOP before anything else, after an endbr64 under
+// -fcf-protection: the function's return address is then on top of the
+// stack, which is what lets an enabled entry hook the return.  No red zone
+// is needed: nothing of the function is below the stack pointer yet.
+void instrument(Function& F, std::string& records) {
+    F.addFnAttr("patchable-function-entry", "5");
+    records += function_record(F);
 }
 
 struct IProbePass : PassInfoMixin<IProbePass> {
@@ -294,13 +236,14 @@ struct IProbePass : PassInfoMixin<IProbePass> {
         Selection selection;
         if (!read_selection(M, selection)) return PreservedAnalyses::all();
         read_annotations(M, selection);
-        bool changed = false;
+        std::string records;
         for (Function& F : M) {
             if (!can_instrument(F) || !selected(F, selection)) continue;
-            instrument(F);
-            changed = true;
+            instrument(F, records);
         }
-        return changed ? PreservedAnalyses::none() : PreservedAnalyses::all();
+        if (records.empty()) return PreservedAnalyses::all();
+        M.appendModuleInlineAsm(records);
+        return PreservedAnalyses::none();
     }
     static bool isRequired() { return true; }
 };

@@ -20,21 +20,6 @@ namespace {
 
 constexpr std::uint8_t kPad[5] = {0x90, 0x90, 0x90, 0x90, 0x90};
 
-std::vector<std::uint64_t> pad_addresses(const elf::ElfFile& elf, const elf::ElfSection& table) {
-    const auto bytes = elf.section_bytes(table);
-    const auto addends = elf.relative_addends(table);
-    std::vector<std::uint64_t> pads;
-    for (std::size_t at = 0; at + 8 <= bytes.size(); at += 8) {
-        std::uint64_t address = 0;
-        std::memcpy(&address, bytes.data() + at, 8);
-        if (auto it = addends.find(table.address + at); it != addends.end()) address = it->second;
-        if (address != 0) pads.push_back(address);
-    }
-    std::sort(pads.begin(), pads.end());
-    pads.erase(std::unique(pads.begin(), pads.end()), pads.end());
-    return pads;
-}
-
 }  // namespace
 
 bool has_patchable_entries(const elf::ElfFile& elf) { return elf.section(kPatchableEntriesSection) != nullptr; }
@@ -42,10 +27,10 @@ bool has_patchable_entries(const elf::ElfFile& elf) { return elf.section(kPatcha
 std::vector<probelist::Probe> scan_patchable_entries(const elf::ElfFile& elf, std::size_t& foreign_pads) {
     std::vector<probelist::Probe> probes;
     foreign_pads = 0;
-    const elf::ElfSection* table = elf.section(kPatchableEntriesSection);
-    if (!table || !table->has_file_bytes()) return probes;
+    const std::vector<std::uint64_t> pads = elf.patchable_entries();
+    if (pads.empty()) return probes;
     elf::SourceLines lines(elf);
-    for (const std::uint64_t site : pad_addresses(elf, *table)) {
+    for (const std::uint64_t site : pads) {
         const auto offset = elf.file_offset(site);
         const elf::ElfSymbol* function = elf.function_at(site);
         if (!offset || *offset + sizeof kPad > elf.bytes().size() || !function) {

@@ -434,4 +434,21 @@ std::map<std::uint64_t, std::uint64_t> ElfFile::relative_addends(const ElfSectio
     return addends;
 }
 
+std::vector<std::uint64_t> ElfFile::patchable_entries() const {
+    std::vector<std::uint64_t> pads;
+    const ElfSection* table = section("__patchable_function_entries");
+    if (!table || !table->has_file_bytes()) return pads;
+    const auto bytes = section_bytes(*table);
+    const auto addends = relative_addends(*table);
+    for (std::size_t at = 0; at + 8 <= bytes.size(); at += 8) {
+        std::uint64_t address = 0;
+        std::memcpy(&address, bytes.data() + at, 8);
+        if (auto it = addends.find(table->address + at); it != addends.end()) address = it->second;
+        if (address != 0) pads.push_back(address);
+    }
+    std::sort(pads.begin(), pads.end());
+    pads.erase(std::unique(pads.begin(), pads.end()), pads.end());
+    return pads;
+}
+
 }  // namespace iprobe::elf

@@ -52,8 +52,20 @@ struct RawEntry {
     std::uint64_t site;
     std::uint64_t function;  // 0 when not recorded
     std::uint8_t size;
+    bool function_entry;     // IPROBE_SITE_FLAG_FUNCTION_ENTRY: the site is the function's patchable entry
     std::string name;
 };
+
+// A 5-byte NOP as compilers put at a patchable function entry: nopl
+// disp8(%rax,%rax,1) (clang writes displacement 8, coldpatch 0).
+bool is_entry_nop(const std::uint8_t* b) { return b[0] == 0x0f && b[1] == 0x1f && b[2] == 0x44 && b[3] == 0x00; }
+
+// The NOP __patchable_function_entries lists at the start of `function`
+// (after an endbr64), or 0.
+std::uint64_t patchable_entry_of(const std::vector<std::uint64_t>& pads, std::uint64_t function) {
+    auto it = std::lower_bound(pads.begin(), pads.end(), function);
+    return it != pads.end() && *it - function <= 4 ? *it : 0;
+}
 
 std::vector<RawEntry> parse_entries(const std::string& path, std::uint64_t section_address,
                                     std::span<const std::uint8_t> data) {
@@ -99,6 +111,7 @@ std::vector<RawEntry> parse_entries(const std::string& path, std::uint64_t secti
                                            : entry_address + offsetof(iprobe_site_entry, function) +
                                                  static_cast<std::int64_t>(entry.function);
         raw.size = entry.site_size;
+        raw.function_entry = (entry.flags & IPROBE_SITE_FLAG_FUNCTION_ENTRY) != 0;
         raw.name.assign(name, name_length);
         entries.push_back(std::move(raw));
         offset += entry.size;
@@ -127,8 +140,19 @@ std::optional<ProbeList> read_site_section(const std::string& elf_path) {
     const auto bytes = file.section_bytes(*section);
     if (bytes.size() != section->size) throw corrupt(elf_path, "unreadable");
 
-    const std::vector<RawEntry> entries = parse_entries(elf_path, section->address, bytes);
+    std::vector<RawEntry> entries = parse_entries(elf_path, section->address, bytes);
     const elf::SourceLines lines(file);
+    const std::vector<std::uint64_t> pads = file.patchable_entries();
+    // A function's patchable entry: the site is the NOP the compiler listed.
+    for (RawEntry& raw : entries) {
+        if (!raw.function_entry) continue;
+        if (raw.kind != ProbeKind::entry) throw corrupt(elf_path, "a function-entry record of '" + raw.name + "' is not an entry");
+        if (!raw.function)
+            if (const elf::ElfSymbol* symbol = file.symbol_named(raw.name)) raw.function = symbol->address;
+        raw.site = raw.function ? patchable_entry_of(pads, raw.function) : 0;
+        if (!raw.site)
+            throw corrupt(elf_path, "'" + raw.name + "' has no patchable entry in __patchable_function_entries");
+    }
 
     ProbeList list;
     list.flow = IPROBE_FLOW_LLVM;
@@ -157,15 +181,15 @@ std::optional<ProbeList> read_site_section(const std::string& elf_path) {
         probe.form = SiteForm::nop;
         probe.size = raw.size;
         probe.site = raw.site;
-        std::copy(std::begin(kNop5), std::end(kNop5), probe.placeholder.begin());
-        probe.original = probe.placeholder;
         std::uint8_t present[sizeof kNop5];
         if (!code_bytes_at(file, raw.site, present, sizeof present))
             throw corrupt(elf_path, "probe site of '" + raw.name + "' is outside the code");
-        if (std::memcmp(present, kNop5, sizeof kNop5) != 0)
+        if (raw.function_entry ? !is_entry_nop(present) : std::memcmp(present, kNop5, sizeof kNop5) != 0)
             throw Error(elf_path + ": probe site of '" + raw.name + "' does not hold the placeholder NOP; "
                                    "the binary was modified after linking",
                         ExitCode::bad_input);
+        std::copy(std::begin(present), std::end(present), probe.placeholder.begin());
+        probe.original = probe.placeholder;
 
         probe.function_address = raw.function;
         if (!probe.function_address)
@@ -180,9 +204,25 @@ std::optional<ProbeList> read_site_section(const std::string& elf_path) {
             probe.line = where->line;
             any_source = true;
         }
+        if (raw.function_entry) {
+            Probe exit = probe;
+            exit.kind = ProbeKind::exit;
+            exit.form = SiteForm::ret;
+            list.probes.push_back(std::move(probe));
+            list.probes.push_back(std::move(exit));
+            continue;
+        }
         list.probes.push_back(std::move(probe));
     }
     if (any_source) list.flags |= IPROBE_PL_FLAG_DWARF;
+    // Two records for one entry: functions the linker folded into one (ICF).
+    std::stable_sort(list.probes.begin(), list.probes.end(), [](const Probe& a, const Probe& b) { return a.site < b.site; });
+    for (std::size_t i = 0; i + 3 < list.probes.size() + 1 && i + 2 < list.probes.size();) {
+        if (serves_returns(list.probes, i) && list.probes[i + 2].site == list.probes[i].site)
+            list.probes.erase(list.probes.begin() + static_cast<long>(i) + 2, list.probes.begin() + static_cast<long>(i) + 4);
+        else
+            i++;
+    }
     list.normalize();
     return list;
 }

@@ -137,12 +137,20 @@ struct iprobe_pl_record {
  * records with it.
  *
  * name: entry/exit: the function's raw (mangled) symbol; point: the point name.
+ * (The LLVM pass writes one entry record per function with
+ * IPROBE_SITE_FLAG_FUNCTION_ENTRY; older builds wrote entry and exit records
+ * for NOPs after the prologue and before each return.)
  */
 #define IPROBE_SITE_ENTRY_VERSION 1u
 #define IPROBE_SITE_ENTRY_ALIGN 8u
 
 enum iprobe_site_entry_flags {
-    IPROBE_SITE_FLAG_REDZONE_STEP = 1u << 0 /* site is wrapped in lea -128/+128(%rsp) */
+    IPROBE_SITE_FLAG_REDZONE_STEP = 1u << 0, /* site is wrapped in lea -128/+128(%rsp) */
+    /* An entry record naming a function whose site is its patchable entry:
+     * the 5-byte NOP the compiler put at its very start (after an endbr64)
+     * and listed in __patchable_function_entries.  `site` is unused; the
+     * function's exit is served by that site's return trampoline. */
+    IPROBE_SITE_FLAG_FUNCTION_ENTRY = 1u << 1
 };
 
 struct iprobe_site_entry {

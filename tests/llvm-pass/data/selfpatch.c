@@ -3,8 +3,12 @@
  * test program (compiled WITHOUT the pass), it reads the program's own
  * iprobe_sites section, turns every placeholder NOP into `call` to a
  * register-preserving trampoline, counts events per site and logs point
- * arguments.  It proves the placeholders are safe to enable at every
- * placement (red zone, registers, alignment) independently of hotpatch.
+ * arguments.  A function's entry (its patchable entry, found through
+ * __patchable_function_entries) also hooks its return, the way the runtime
+ * does but with a plain per-thread stack: these programs neither longjmp
+ * nor throw.  It proves the placeholders are safe to enable at every
+ * placement (red zone, registers, alignment) and the returns safe to hook
+ * independently of hotpatch.
  *
  * IPROBE_SELFPATCH_OUT=FILE enables it; the report goes to FILE so the
  * program's own output stays comparable byte for byte.
@@ -24,12 +28,24 @@
 
 extern const uint8_t __start_iprobe_sites[] __attribute__((weak));
 extern const uint8_t __stop_iprobe_sites[] __attribute__((weak));
+extern const uintptr_t __start___patchable_function_entries[] __attribute__((weak));
+extern const uintptr_t __stop___patchable_function_entries[] __attribute__((weak));
 
 struct site {
     uintptr_t address;
     const struct iprobe_site_entry* entry;
     unsigned long count;
+    unsigned long returns; /* function entries: hooked returns taken */
 };
+
+#define MAX_DEPTH 4096
+struct hooked {
+    uintptr_t return_address;
+    int site;
+};
+static __thread struct hooked hooked[MAX_DEPTH];
+static __thread int hooked_depth;
+void selfpatch_return(void);
 
 struct point_event {
     const struct iprobe_site_entry* entry;
@@ -54,6 +70,15 @@ __attribute__((used)) static void selfpatch_event(uintptr_t return_address, stru
     for (int i = 0; i < site_count; ++i) {
         if (sites[i].address != site_address) continue;
         __atomic_fetch_add(&sites[i].count, 1, __ATOMIC_RELAXED);
+        if (sites[i].entry->flags & IPROBE_SITE_FLAG_FUNCTION_ENTRY) {
+            /* the function's first instruction: its return address is right above */
+            uintptr_t* slot = (uintptr_t*)stack_at_call;
+            if (hooked_depth == MAX_DEPTH) abort();
+            hooked[hooked_depth].return_address = *slot;
+            hooked[hooked_depth].site = i;
+            hooked_depth++;
+            *slot = (uintptr_t)selfpatch_return;
+        }
         /* A leaf function may leave %rsp only 4-aligned (nothing in it calls):
            the trampoline aligns for itself.  Count what we see for the record. */
         if (stack_at_call % 16 != 8) __atomic_fetch_add(&unaligned_calls, 1, __ATOMIC_RELAXED);
@@ -71,6 +96,41 @@ __attribute__((used)) static void selfpatch_event(uintptr_t return_address, stru
     }
     abort(); /* a call from somewhere that is not a recorded site */
 }
+
+/* A hooked function returned: count it, give the real return address. */
+__attribute__((used)) static uintptr_t selfpatch_returned(void) {
+    if (hooked_depth == 0) abort();
+    const struct hooked h = hooked[--hooked_depth];
+    __atomic_fetch_add(&sites[h.site].returns, 1, __ATOMIC_RELAXED);
+    return h.return_address;
+}
+
+/* Reached by a hooked function's `ret`: everything saved as below, then a
+   jump to the real return address through r11 (free on return). */
+__asm__(".text\n"
+        ".globl selfpatch_return\n"
+        ".type selfpatch_return,@function\n"
+        "selfpatch_return:\n"
+        "  sub $8, %rsp\n"             /* room for the real return address */
+        "  pushfq\n"
+        "  push %rax\n push %rcx\n push %rdx\n push %rsi\n push %rdi\n"
+        "  push %r8\n push %r9\n push %r10\n push %r11\n"
+        "  push %rbp\n"
+        "  mov %rsp, %rbp\n"
+        "  and $-64, %rsp\n"
+        "  sub $512, %rsp\n"
+        "  fxsave64 (%rsp)\n"
+        "  call selfpatch_returned\n"
+        "  mov %rax, 88(%rbp)\n"
+        "  fxrstor64 (%rsp)\n"
+        "  mov %rbp, %rsp\n"
+        "  pop %rbp\n"
+        "  pop %r11\n pop %r10\n pop %r9\n pop %r8\n"
+        "  pop %rdi\n pop %rsi\n pop %rdx\n pop %rcx\n pop %rax\n"
+        "  popfq\n"
+        "  pop %r11\n"
+        "  jmp *%r11\n"
+        ".size selfpatch_return, .-selfpatch_return\n");
 
 /* Saves every caller-saved register (GPRs, flags, x87/SSE state via fxsave),
    aligns the stack, calls selfpatch_event, restores. */
@@ -117,6 +177,8 @@ static void report(void) {
         const struct iprobe_site_entry* e = sites[i].entry;
         const char* kind = e->kind == IPROBE_KIND_ENTRY ? "entry" : e->kind == IPROBE_KIND_EXIT ? "exit" : "point";
         fprintf(out, "site %s %s %lu\n", kind, (const char*)(e + 1), sites[i].count);
+        if (e->flags & IPROBE_SITE_FLAG_FUNCTION_ENTRY)
+            fprintf(out, "site exit %s %lu\n", (const char*)(e + 1), sites[i].returns);
     }
     const unsigned long logged = point_event_count < MAX_POINT_EVENTS ? point_event_count : MAX_POINT_EVENTS;
     for (unsigned long i = 0; i < logged; ++i) {
@@ -140,8 +202,17 @@ __attribute__((constructor(101))) static void selfpatch_enable(void) {
             continue;
         }
         if (site_count == MAX_SITES) abort();
-        const uintptr_t address = (uintptr_t)&e->site + (intptr_t)e->site;
-        if (memcmp((const void*)address, "\x0f\x1f\x44\x00\x00", 5) != 0) abort();
+        uintptr_t address = (uintptr_t)&e->site + (intptr_t)e->site;
+        if (e->flags & IPROBE_SITE_FLAG_FUNCTION_ENTRY) {
+            /* the NOP the compiler listed at the function's start */
+            const uintptr_t function = (uintptr_t)&e->function + (intptr_t)e->function;
+            address = 0;
+            for (const uintptr_t* p = __start___patchable_function_entries; p < __stop___patchable_function_entries; ++p)
+                if (e->function && *p >= function && *p - function <= 4) address = *p;
+            if (!address || memcmp((const void*)address, "\x0f\x1f\x44\x00", 4) != 0) abort();
+        } else if (memcmp((const void*)address, "\x0f\x1f\x44\x00\x00", 5) != 0) {
+            abort();
+        }
         sites[site_count].address = address;
         sites[site_count].entry = e;
         ++site_count;

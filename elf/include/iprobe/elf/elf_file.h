@@ -134,6 +134,11 @@ public:
     // a PIE's link-time pointers where the linker left zeros in the section.
     std::map<std::uint64_t, std::uint64_t> relative_addends(const ElfSection& within) const;
 
+    // The addresses __patchable_function_entries lists (-fpatchable-function-entry,
+    // the LLVM pass's attribute: each function's entry NOPs), sorted and
+    // unique; relocated where the linker left zeros.  Empty without the section.
+    std::vector<std::uint64_t> patchable_entries() const;
+
 private:
     void load(std::string origin);
     void read_sections();
