@@ -4,9 +4,10 @@
 # bench/coldpatch/mixed.lua:
 #   native-gcc     gcc -O2
 #   finstrument    iprobe-cc --flow=finstrument (-finstrument-functions, hooks coldpatched to NOPs)
-#   entry          iprobe-cc --flow=entry (-fpatchable-function-entry=5,0, one 5-byte NOP per function)
+#   entry          iprobe-cc (the default flow, --flow=entry: -fpatchable-function-entry=5,0,
+#                  one 5-byte NOP per function; exits through return trampolines)
 #   native-clang   clang-14 -O2
-#   llvm           iprobe-cc --flow=llvm (clang-14 + IProbePass)
+#   llvm           iprobe-cc --flow=llvm (clang-14 + IProbePass: a patchable entry per function)
 #   xray           clang-14 -fxray-instrument -fxray-instruction-threshold=1 (sleds unpatched)
 # Instructions executed (valgrind callgrind, exact and independent of machine
 # load) and CPU time (user+sys, median of --reps interleaved runs).  Nothing is
@@ -63,12 +64,14 @@ row() {
     "$(awk -v a="$3" -v b="$4" 'BEGIN { printf "%.3fx", a / b }')" "$m" \
     "$(awk -v a="$m" -v b="$mb" 'BEGIN { printf "%+.1f%%", (a / b - 1) * 100 }')"
 }
-# Probe sites of a build: the probe list's, or XRay's sleds (32-byte xray_instr_map entries).
+# Probe sites of a build: the probe list's (an exit served by its entry's
+# return trampoline has no site of its own), or XRay's sleds (32-byte
+# xray_instr_map entries).
 sites_of() {
   case $1 in
     native-*) echo - ;;
     xray) echo $(($(objdump -h "$2" | awk '$2 == "xray_instr_map" { print "0x" $3 }') / 32)) ;;
-    *) "$build/bin/iprobe" list "$2" --count ;;
+    *) "$build/bin/iprobe" list "$2" --json | grep -o '"form":"[a-z_0-9]*"' | grep -vc '"return"' ;;
   esac
 }
 

@@ -1,8 +1,11 @@
 #!/usr/bin/env bash
 # Hotpatch benchmarks (docs/design.md §9.2-9.4), side by side in one run:
 #   1. enabled cost per call of an empty function, 10^1..10^8 calls:
-#      native, coldpatched NOPs (disabled), iprobe count handler, iprobe trace
-#      handler, the cheapest compiled-in hook (a plain global ++ in
+#      native, NOPs (disabled), the iprobe count and trace handlers in each
+#      flow: entry (iprobe-cc's default: one NOP per function, the exit through
+#      a return trampoline), finstrument (hook calls: entry and exit sites of
+#      their own) and llvm (clang-14 + the pass: a patchable entry, as entry),
+#      the cheapest compiled-in hook (a plain global ++ in
 #      __cyg_profile_func_enter/exit, plain_hooks.c = the floor), the same count
 #      handler compiled in (hooks served by libiprobe-rt-hooks.so), XRay
 #      patched, bpftrace uprobe
@@ -25,14 +28,16 @@ want() { [[ $sections == *" $1 "* ]]; }
 iprobe="$build/bin/iprobe"
 work="$build/bench-hotpatch"
 mkdir -p "$work"
-cmake --build "$build" --target iprobe iprobe-hotpatch iprobe-probes iprobe-cc iprobe_rt iprobe_rt_hooks >/dev/null
+cmake --build "$build" --target iprobe iprobe-hotpatch iprobe-probes iprobe-cc iprobe_rt iprobe_rt_hooks IProbePass >/dev/null
 
 log() { printf '%s\n' "$*" >&2; }
 
 # ---- builds ----
 export IPROBE_CC_QUIET=1
 gcc -O2 -o "$work/loop_native" "$here/loop.c" -lpthread
-"$build/bin/iprobe-cc" -O2 -o "$work/loop_iprobe" "$here/loop.c" -lpthread
+"$build/bin/iprobe-cc" -O2 -o "$work/loop_iprobe" "$here/loop.c" -lpthread  # the default flow: entry
+"$build/bin/iprobe-cc" --flow=finstrument -O2 -o "$work/loop_finstrument" "$here/loop.c" -lpthread
+"$build/bin/iprobe-cc" --flow=llvm -O2 -o "$work/loop_llvm" "$here/loop.c" -lpthread
 gcc -O2 -finstrument-functions -fno-optimize-sibling-calls -o "$work/loop_floor" "$here/loop.c" \
   -L"$build/lib" -liprobe-rt-hooks -Wl,-rpath,"$build/lib" -lpthread
 gcc -O2 -c -o "$work/plain_hooks.o" "$here/plain_hooks.c"
@@ -78,6 +83,10 @@ run_variant native "$work/loop_native"
 run_variant disabled "$work/loop_iprobe"
 run_variant count "$work/loop_iprobe" --functions empty --handler count
 run_variant trace "$work/loop_iprobe" --functions empty --ring-records 8388608
+run_variant fi_count "$work/loop_finstrument" --functions empty --handler count
+run_variant fi_trace "$work/loop_finstrument" --functions empty --ring-records 8388608
+run_variant llvm_count "$work/loop_llvm" --functions empty --handler count
+run_variant llvm_trace "$work/loop_llvm" --functions empty --ring-records 8388608
 run_variant plain "$work/loop_plain"
 run_variant floor "$work/loop_floor" --functions empty --handler count \
   --probes "$work/loop_floor_list.probes" --runtime "$build/lib/libiprobe-rt-hooks.so"
@@ -93,13 +102,13 @@ if [[ -z ${SKIP_BPF:-} ]] && command -v bpftrace >/dev/null; then
   kill -INT "$bpf"; wait "$bpf" || true
 fi
 
-printf '\n| calls | native | NOPs (disabled) | iprobe count | iprobe trace | plain ++ hook (floor) | iprobe count compiled in | XRay patched | bpftrace uprobe | count / floor | trace ns/event |\n'
-printf '|---|---|---|---|---|---|---|---|---|---|---|\n'
+printf '\n| calls | native | NOPs (disabled) | count | trace | finstrument count | finstrument trace | llvm count | llvm trace | plain ++ hook (floor) | iprobe count compiled in | XRay patched | bpftrace uprobe | count / floor | trace ns/event |\n'
+printf '|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n'
 n=1
 for ((e = 1; e <= max_exp; e++)); do
   n=$((n * 10))
   row="| 10^$e"
-  for v in native disabled count trace plain floor xray bpftrace; do
+  for v in native disabled count trace fi_count fi_trace llvm_count llvm_trace plain floor xray bpftrace; do
     x=$(ns_at "$work/result.$v" "$n" 2>/dev/null || true)
     row+=" | ${x:--}"
   done
@@ -107,7 +116,8 @@ for ((e = 1; e <= max_exp; e++)); do
   row+=" | $(awk -v c="$c" -v f="$f" 'BEGIN { printf "%.2f", c / f }') | $(awk -v t="$t" 'BEGIN { printf "%.1f", t / 2 }') |"
   echo "$row"
 done
-echo "(CPU ns per call of empty(), fastest of $repeats runs; instrumented variants fire an entry and an exit event per call)"
+echo "(CPU ns per call of empty(), fastest of $repeats runs; instrumented variants fire an entry and an exit event per call;"
+echo " count, trace: the entry flow, iprobe-cc's default, whose exit goes through a return trampoline; count / floor and trace ns/event are the entry flow's)"
 echo "trace ring: 2^23 records per thread (its pages are faulted in at the first event: the 10^1 row carries that one-time cost); events beyond it in the largest runs are dropped (counted), not blocking"
 
 fi

@@ -36,33 +36,36 @@ constexpr char kHelp[] =
     "cmake -DCMAKE_C_COMPILER=iprobe-cc).  Every argument goes to the real compiler;\n"
     "--help, --version, -E, -M, -S, -c and the like behave exactly as the real compiler's.\n"
     "\n"
-    "finstrument flow (default):\n"
+    "entry flow (default):\n"
+    "  compile steps add -fpatchable-function-entry=5,0: NOPs at the start of every\n"
+    "  function compiled out of line, nothing in inlined copies.  Link steps (an executable\n"
+    "  or shared object) are followed by 'iprobe coldpatch' of the output, done in-process:\n"
+    "  each function's NOPs become one 5-byte NOP, and OUTPUT.probes lists it (from\n"
+    "  __patchable_function_entries) as the function's entry probe and, served by the same\n"
+    "  site through a return trampoline, its exit probe.  Probes off cost one NOP per call.\n"
+    "  A link without placeholders (configure's conftest) is left as it is.\n"
+    "finstrument flow (--flow=finstrument or IPROBE_FLOW=finstrument):\n"
     "  compile steps add -finstrument-functions -fno-optimize-sibling-calls (so a void\n"
     "  function's exit hook stays a call, not a tail jump) and an exclusion of system headers\n"
     "  (gcc: -finstrument-functions-exclude-file-list=/usr/include,/usr/lib; clang has no\n"
-    "  exclusion list, so it gets -finstrument-functions-after-inlining instead).\n"
-    "  Link steps (an executable or shared object) are followed by 'iprobe coldpatch' of\n"
-    "  the output, done in-process: the placeholder calls become NOPs and OUTPUT.probes\n"
-    "  lists them.  Static links get distinct no-op hooks (glibc's are one function).\n"
-    "  A link without placeholders (configure's conftest) is left as it is.\n"
-    "entry flow (--flow=entry or IPROBE_FLOW=entry; gcc):\n"
-    "  compile steps add -fpatchable-function-entry=5,0: five 1-byte NOPs at the start of\n"
-    "  every function compiled out of line, nothing in inlined copies.  Link steps are\n"
-    "  followed by a coldpatch that merges each pad into one 5-byte NOP and lists it\n"
-    "  (from __patchable_function_entries) as the function's entry probe.\n"
+    "  exclusion list, so it gets -finstrument-functions-after-inlining instead).  The hook\n"
+    "  calls coldpatch turns into NOPs are probes, inlined copies included; their argument\n"
+    "  set-up stays, so probes off cost more.  Static links get distinct no-op hooks\n"
+    "  (glibc's are one function).\n"
     "llvm flow (--flow=llvm or IPROBE_FLOW=llvm):\n"
-    "  compile steps load the iprobe LLVM pass plugin instead; links are not coldpatched.\n"
+    "  compile steps load the iprobe LLVM pass plugin instead (clang-14): a patchable entry\n"
+    "  per selected function, described in the binary itself; links are not coldpatched.\n"
     "  (--mode=M and IPROBE_MODE are older spellings of --flow=M and IPROBE_FLOW.)\n"
     "\n"
     "environment:\n"
     "  IPROBE_CC, IPROBE_CXX   real compiler (default gcc / g++; clang-14 / clang++-14 in llvm flow)\n"
-    "  IPROBE_FLOW             finstrument (default), entry or llvm\n"
-    "  IPROBE_EXCLUDE          comma-separated path fragments excluded from instrumentation\n"
-    "                          (gcc only; default /usr/include,/usr/lib; empty: exclude nothing)\n"
+    "  IPROBE_FLOW             entry (default), finstrument or llvm\n"
+    "  IPROBE_EXCLUDE          finstrument flow: comma-separated path fragments excluded from\n"
+    "                          instrumentation (gcc only; default /usr/include,/usr/lib; empty: none)\n"
     "  IPROBE_CFLAGS           replaces all flags added to compile steps (space-separated)\n"
     "  IPROBE_PASS_PLUGIN      the LLVM pass plugin (default <bindir>/../lib/IProbePass.so)\n"
-    "  IPROBE_COLDPATCH=0      keep the hook calls (glibc's no-op hooks run): the plain\n"
-    "                          -finstrument-functions build, a baseline for benchmarks\n"
+    "  IPROBE_COLDPATCH=0      leave the link as the compiler made it (the finstrument flow's\n"
+    "                          hook calls run glibc's no-op hooks): a baseline for benchmarks\n"
     "  IPROBE_CC_VERBOSE=1     print what the wrapper does (added flags, coldpatch results)\n"
     "  IPROBE_CC_QUIET=1       no coldpatch summary line on link steps (printed only when\n"
     "                          stderr is a terminal, so configure scripts see a clean stderr)\n"
@@ -82,7 +85,7 @@ Mode parse_flow(std::string_view text) {
 
 struct Invocation {
     std::vector<std::string> args;  // compiler arguments, without ours
-    Mode mode = Mode::finstrument;
+    Mode mode = Mode::entry;
     bool preprocess_only = false;   // -E, -M, -MM
     bool stops_before_link = false; // -c, -S, -E, -M, -MM
     bool relocatable = false;       // -r: partial link, not a module
@@ -181,7 +184,8 @@ std::vector<std::string> finstrument_flags(const std::string& compiler) {
 
 // gcc pads each out-of-line function with 5 single-byte NOPs at its entry
 // (after endbr64 under -fcf-protection), none before it (M=0): coldpatch
-// merges them into the 5-byte NOP an enabled entry turns into a call.
+// merges them into the 5-byte NOP an enabled entry turns into a call (clang
+// emits that one NOP itself).
 std::vector<std::string> entry_flags() {
     if (const char* custom = std::getenv("IPROBE_CFLAGS")) return split_words(custom);
     return {"-fpatchable-function-entry=5,0"};

@@ -131,7 +131,7 @@ ColdpatchResult coldpatch(const std::string& path, const ColdpatchOptions& optio
     if (has_patchable_entries(elf)) {
         auto entries = scan_patchable_entries(elf, result.foreign_pads);
         const bool any_pad_left = std::any_of(entries.begin(), entries.end(), [&](const probelist::Probe& p) {
-            return site_holds(elf, p, p.original.data());
+            return p.original != p.placeholder && site_holds(elf, p, p.original.data());
         });
         if (!found_calls && !entries.empty()) scan.list.flow = IPROBE_FLOW_PATCHABLE_ENTRY;
         found_calls = found_calls || any_pad_left;

@@ -38,9 +38,11 @@ std::vector<probelist::Probe> scan_patchable_entries(const elf::ElfFile& elf, st
             continue;
         }
         const std::uint8_t* now = elf.bytes().data() + *offset;
-        // Only the pad iprobe-cc asks for (=5,0) or its coldpatched form;
-        // other sizes (the kernel's, a function's own attribute) are not ours.
-        if (std::memcmp(now, kPad, sizeof kPad) != 0 && std::memcmp(now, kNop5, sizeof kNop5) != 0) {
+        // Only the pad iprobe-cc asks for (=5,0): gcc's five 1-byte NOPs, or
+        // one 5-byte NOP (clang's, or gcc's once coldpatched).  Other sizes
+        // (the kernel's, a function's own attribute) are not ours.
+        const bool single_nop = now[0] == 0x0f && now[1] == 0x1f && now[2] == 0x44 && now[3] == 0x00;
+        if (std::memcmp(now, kPad, sizeof kPad) != 0 && !single_nop) {
             ++foreign_pads;
             continue;
         }
@@ -52,8 +54,13 @@ std::vector<probelist::Probe> scan_patchable_entries(const elf::ElfFile& elf, st
         p.function_address = function->address;
         p.function = function->name;
         p.demangled = elf::demangle(function->name);
-        std::copy(std::begin(kPad), std::end(kPad), p.original.begin());
-        std::copy(std::begin(kNop5), std::end(kNop5), p.placeholder.begin());
+        if (single_nop && std::memcmp(now, kNop5, sizeof kNop5) != 0) {
+            std::copy(now, now + sizeof kPad, p.original.begin());  // already one NOP: nothing to write
+            p.placeholder = p.original;
+        } else {
+            std::copy(std::begin(kPad), std::end(kPad), p.original.begin());
+            std::copy(std::begin(kNop5), std::end(kNop5), p.placeholder.begin());
+        }
         if (auto where = lines.at(site)) {
             p.file = where->file;
             p.line = where->line;

@@ -278,6 +278,7 @@ DetachStats detach(const DetachOptions& options) {
     const std::vector<AttachedModule> modules = attached_modules(options.pid, region, memory);
     StubChecker stubs(memory);
     std::vector<Patch> patches;
+    std::size_t probes_off = 0;            // probes the patches turn off (an entry site serves two)
     std::vector<std::uint32_t> flags_off;  // region probe flags to clear
     std::vector<std::pair<const AttachedModule*, std::size_t>> selected;
     for (const AttachedModule& m : modules) {
@@ -307,6 +308,7 @@ DetachStats detach(const DetachOptions& options) {
             }
             if (site_state(p, addresses[j], text[j], stubs) != SiteState::live) continue;
             patches.push_back({addresses[j], SiteBytes(text[j].data(), p.size), SiteBytes(p.placeholder.data(), p.size)});
+            probes_off++;
         }
         for (const auto& [entry_id, off_at] : entry_sites) {
             const auto& [off, at] = off_at;
@@ -315,7 +317,7 @@ DetachStats detach(const DetachOptions& options) {
             if (site_state(entry, site, text[at], stubs) != SiteState::live) continue;
             const std::uint64_t target = called_stub(site, text[at].data(), entry.size);
             const EntryVariant on = variant_at(target, entry_id).value_or(EntryVariant{true, false});
-            const EntryVariant stays{on.enter && !off.enter, on.exit && !off.exit};
+            EntryVariant stays{on.enter && !off.enter, on.exit && !off.exit};
             if (stays == on) continue;
             SiteBytes after(entry.placeholder.data(), entry.size);
             if (stays.any()) {
@@ -325,11 +327,15 @@ DetachStats detach(const DetachOptions& options) {
                 const std::uint64_t stub = variant_stub(area, entry_id, stays);
                 std::uint8_t bytes[kSiteStubSize];
                 memory.read(stub, bytes, sizeof bytes);
-                if (stub_target(bytes, sizeof bytes))
+                if (stub_target(bytes, sizeof bytes)) {
                     after = call_bytes(site, entry.size, stub);
-                else if (ids_match && entry_id + 1 < rm.probe_count)
-                    flags_off.push_back(rm.first_probe + entry_id + (stays.enter ? 0 : 1));
+                } else {
+                    if (ids_match && entry_id + 1 < rm.probe_count)
+                        flags_off.push_back(rm.first_probe + entry_id + (stays.enter ? 0 : 1));
+                    stays = {};
+                }
             }
+            probes_off += (on.enter && !stays.enter) + (on.exit && !stays.exit);
             patches.push_back({site, SiteBytes(text[at].data(), entry.size), after});
         }
     }
@@ -350,7 +356,7 @@ DetachStats detach(const DetachOptions& options) {
         st.stop_us = process.stop_us;
         process.release();
         st.pause_us = elapsed_us(started);
-        st.disabled = patches.size();
+        st.disabled = probes_off;
         return st;
     });
     // What detach reports is what the code now holds, read back site by site.

@@ -224,6 +224,10 @@ ProbeList ProbeList::deserialize(std::span<const std::uint8_t> bytes, const std:
                 entry->form != SiteForm::nop || entry->site != r.site_address || entry->size != r.site_size ||
                 entry->function_address != r.function_address)
                 throw bad("site_form", "return is not the exit of the NOP-form entry record before it");
+            if (!std::equal(std::begin(r.original_bytes), std::end(r.original_bytes), entry->original.begin()) ||
+                !std::equal(std::begin(r.placeholder_bytes), std::end(r.placeholder_bytes), entry->placeholder.begin()))
+                throw corrupt("record " + std::to_string(i) + ": site bytes differ from those of its entry, record " +
+                              std::to_string(i - 1));
         } else if (i > 0) {
             const Probe& previous = list.probes[i - 1];
             if (r.site_address < previous.site + previous.size)

@@ -70,21 +70,32 @@ TEST_F(Wrapper, QueriesAreUntouched) {
 }
 
 TEST_F(Wrapper, CompileStepGetsPlaceholdersAndNoProbeList) {
-    const auto r = in_dir(cc() + " -O2 -c helper.c -o helper.o");
+    // the default flow: a patchable entry per function
+    auto r = in_dir(cc() + " -O2 -c helper.c -o helper.o");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(in_dir("readelf -SW helper.o").out.find("__patchable_function_entries"), std::string::npos);
+    EXPECT_FALSE(exists(dir_ / "helper.o.probes"));
+    auto s = in_dir(cc() + " -O2 -S helper.c -o -");
+    EXPECT_EQ(s.exit_code, 0);
+    EXPECT_NE(s.out.find("__patchable_function_entries"), std::string::npos) << s.out;
+    EXPECT_EQ(s.out.find("__cyg_profile_func_enter"), std::string::npos) << s.out;
+    // --flow=finstrument: hook calls
+    r = in_dir(cc() + " --flow=finstrument -O2 -c helper.c -o helper.o");
     ASSERT_EQ(r.exit_code, 0) << r.err;
     const auto relocs = in_dir("readelf -rW helper.o");
     EXPECT_NE(relocs.out.find("__cyg_profile_func_enter"), std::string::npos);
     EXPECT_NE(relocs.out.find("__cyg_profile_func_exit"), std::string::npos);
     EXPECT_FALSE(exists(dir_ / "helper.o.probes"));
-    const auto s = in_dir(cc() + " -O2 -S helper.c -o -");
+    s = in_dir(cc() + " --flow=finstrument -O2 -S helper.c -o -");
     EXPECT_EQ(s.exit_code, 0);
     EXPECT_NE(s.out.find("call\t__cyg_profile_func_enter"), std::string::npos) << s.out;
 }
 
-TEST_F(Wrapper, SystemHeadersAreExcludedByDefault) {
+// The finstrument flow excludes system headers (IPROBE_EXCLUDE).
+TEST_F(Wrapper, FinstrumentExcludesSystemHeadersByDefault) {
     std::ofstream(dir_ / "vec.cc") << "#include <vector>\nint main() { std::vector<int> v; v.push_back(1); return v[0] - 1; }\n";
     auto std_probes = [&](const std::string& env) {
-        const auto r = in_dir(env + " " + bin("iprobe-c++") + " -O0 vec.cc -o vec");
+        const auto r = in_dir(env + " " + bin("iprobe-c++") + " --flow=finstrument -O0 vec.cc -o vec");
         EXPECT_EQ(r.exit_code, 0) << r.err;
         const probelist::ProbeList list = probelist::ProbeList::load(dir_ / "vec.probes");
         int n = 0;
@@ -94,8 +105,11 @@ TEST_F(Wrapper, SystemHeadersAreExcludedByDefault) {
     };
     EXPECT_EQ(std_probes(""), 0) << "libstdc++ code from /usr/include is excluded";
     EXPECT_GT(std_probes("IPROBE_EXCLUDE="), 0) << "an empty IPROBE_EXCLUDE instruments it";
-    const auto custom = in_dir("IPROBE_CFLAGS='-DNOTHING' " + cc() + " -O0 -S helper.c -o -");
-    EXPECT_EQ(custom.out.find("__cyg_profile_func_enter"), std::string::npos) << "IPROBE_CFLAGS replaces the flags";
+    for (const char* flow : {"finstrument", "entry"}) {
+        const auto custom = in_dir("IPROBE_CFLAGS='-DNOTHING' " + cc() + " --flow=" + flow + " -O0 -S helper.c -o -");
+        EXPECT_EQ(custom.out.find("__cyg_profile_func_enter"), std::string::npos) << "IPROBE_CFLAGS replaces the flags";
+        EXPECT_EQ(custom.out.find("__patchable_function_entries"), std::string::npos) << "IPROBE_CFLAGS replaces the flags";
+    }
 }
 
 TEST_F(Wrapper, LinkStepColdpatchesTheOutput) {
@@ -128,15 +142,25 @@ TEST_F(Wrapper, SharedObjectAndStaticLinks) {
     const probelist::ProbeList lib = probelist::ProbeList::load(dir_ / "libhelper.so.probes");
     EXPECT_NE(lib.flags & IPROBE_PL_FLAG_SHARED, 0u);
     EXPECT_EQ(lib.probes.size(), 4u);
+    // The default flow links statically like any other: no hooks to link.
+    auto st = in_dir(cc() + " -O2 -static main.c helper.c -o app-static");
+    ASSERT_EQ(st.exit_code, 0) << st.err;
+    EXPECT_EQ(run({dir_ / "app-static"}).out, "42\n");
+    EXPECT_EQ(probelist::ProbeList::load(dir_ / "app-static.probes").probes.size(), 6u);
+}
 
-    const auto st = in_dir(cc() + " -O2 -static main.c helper.c -o app-static");
+// The finstrument flow: glibc's libc.a aliases the two hooks, so iprobe-cc
+// links distinct ones into static programs.
+TEST_F(Wrapper, FinstrumentStaticLinksGetDistinctHooks) {
+    const std::string cc = this->cc() + " --flow=finstrument";
+    const auto st = in_dir(cc + " -O2 -static main.c helper.c -o app-static");
     ASSERT_EQ(st.exit_code, 0) << st.err;
     EXPECT_EQ(run({dir_ / "app-static"}).out, "42\n");
     const probelist::ProbeList list = probelist::ProbeList::load(dir_ / "app-static.probes");
     ASSERT_EQ(list.probes.size(), 6u);
     EXPECT_NE(list.enter_target, list.exit_target) << "iprobe-cc links distinct hooks into static programs";
     // Kinds are exact (not inferred): the same per function as a PIE build.
-    ASSERT_EQ(in_dir(cc() + " -O2 main.c helper.c -o app-pie").exit_code, 0);
+    ASSERT_EQ(in_dir(cc + " -O2 main.c helper.c -o app-pie").exit_code, 0);
     const probelist::ProbeList pie = probelist::ProbeList::load(dir_ / "app-pie.probes");
     auto kinds = [](const probelist::ProbeList& l) {
         std::multiset<std::pair<std::string, int>> out;
@@ -146,7 +170,7 @@ TEST_F(Wrapper, SharedObjectAndStaticLinks) {
     EXPECT_EQ(kinds(list), kinds(pie));
     EXPECT_EQ(count_hook_calls(dir_ / "app-static").total(), 0);
 
-    const auto static_pie = in_dir(cc() + " -O2 -static-pie main.c helper.c -o app-static-pie");
+    const auto static_pie = in_dir(cc + " -O2 -static-pie main.c helper.c -o app-static-pie");
     ASSERT_EQ(static_pie.exit_code, 0) << static_pie.err;
     EXPECT_EQ(run({dir_ / "app-static-pie"}).out, "42\n");
     EXPECT_EQ(kinds(probelist::ProbeList::load(dir_ / "app-static-pie.probes")), kinds(pie));
