@@ -390,20 +390,25 @@ static void calibrate(struct fperf_shm_header* h);
  * runtime's site table knows it.  Looked up on the attach path, never on the
  * hot one (dlopen of an already loaded library, by soname). */
 static uint64_t (*_Atomic g_function_at)(uintptr_t);
-/* Exits of function-entry sites (the entry and LLVM flows) come through the
- * runtime's return trampolines: one mechanism for every handler. */
+/* Function-entry sites (the entry and LLVM flows) pass their probe, and their
+ * exits come through the runtime's return trampolines: one mechanism for
+ * every handler. */
+static uint64_t (*_Atomic g_function_of)(uint32_t);
 typedef void (*return_callback)(uint64_t cookie, uintptr_t slot);
-static int (*_Atomic g_hook_return)(uint64_t* slot, return_callback on_return, uint64_t cookie);
+static uint64_t (*_Atomic g_hook_return)(const uint64_t* slot, return_callback on_return, uint64_t cookie);
 
 static void find_site_table(void)
 {
-    if (atomic_load(&g_function_at) && atomic_load(&g_hook_return)) return;
+    if (atomic_load(&g_function_at) && atomic_load(&g_function_of) && atomic_load(&g_hook_return)) return;
     void* rt = dlopen("libiprobe-rt.so", RTLD_NOW | RTLD_NOLOAD);
     if (!rt) return;
     uint64_t (*f)(uintptr_t);
     *(void**)&f = dlsym(rt, "iprobe_rt_function_at");
     atomic_store(&g_function_at, f);
-    int (*hook)(uint64_t*, return_callback, uint64_t);
+    uint64_t (*of)(uint32_t);
+    *(void**)&of = dlsym(rt, "iprobe_rt_function_of");
+    atomic_store(&g_function_of, of);
+    uint64_t (*hook)(const uint64_t*, return_callback, uint64_t);
     *(void**)&hook = dlsym(rt, "iprobe_rt_hook_return");
     atomic_store(&g_hook_return, hook);
     dlclose(rt); /* the runtime stays loaded (-z nodelete) */
@@ -556,25 +561,42 @@ FPERF_API void fperf_exit_at(uintptr_t return_address, const uint64_t* saved, ui
     if (LIKELY(function)) on_function_exit(function, site_sp - 16);
 }
 
-/* A function-entry site (the site is the function's first instruction, so
- * site_sp is its return-address slot): the entry, and the exit through the
- * runtime's return trampoline, which calls fperf_returned with the same
- * stack position. */
+/* Function-entry sites (ENTRY_SITE_CALL, trampolines.S): the site's probe
+ * and the function's return-address slot, which is the stack position
+ * fperf_enter's frame would have had, plus 16.  The exit comes through the
+ * runtime's return trampoline, which calls fperf_returned with that slot. */
+static inline uint64_t function_of_probe(uint64_t probe)
+{
+    uint64_t (*function_of)(uint32_t) = atomic_load_explicit(&g_function_of, memory_order_relaxed);
+    return function_of ? function_of((uint32_t)probe) : 0;
+}
+
 static void fperf_returned(uint64_t function, uintptr_t slot)
 {
     on_function_exit(function, slot - 16);
 }
 
-FPERF_API void fperf_enter_return_at(uintptr_t return_address, const uint64_t* saved, uintptr_t site_sp)
+FPERF_API uint64_t fperf_entry_enter_at(uint64_t probe, const uint64_t* saved, const uint64_t* slot)
 {
     (void)saved;
-    const uint64_t function = function_at_site(return_address);
-    if (UNLIKELY(!function)) return;
-    on_function_enter(function, site_sp - 16);
-    int (*hook)(uint64_t*, return_callback, uint64_t) = atomic_load_explicit(&g_hook_return, memory_order_relaxed);
+    const uint64_t function = function_of_probe(probe);
+    if (LIKELY(function)) on_function_enter(function, (uintptr_t)slot - 16);
+    return 0;
+}
+
+FPERF_API uint64_t fperf_entry_enter_return_at(uint64_t probe, const uint64_t* saved, const uint64_t* slot)
+{
+    (void)saved;
+    const uint64_t function = function_of_probe(probe);
+    if (UNLIKELY(!function)) return 0;
+    on_function_enter(function, (uintptr_t)slot - 16);
+    uint64_t (*hook)(const uint64_t*, return_callback, uint64_t) =
+        atomic_load_explicit(&g_hook_return, memory_order_relaxed);
+    const uint64_t unit = hook ? hook(slot, fperf_returned, function) : 0;
     /* no exit will come (the thread is deeper than its return stack): the
      * call is counted, its depth given back */
-    if (UNLIKELY(!hook || !hook((uint64_t*)site_sp, fperf_returned, function))) t_tls.depth--;
+    if (UNLIKELY(!unit)) t_tls.depth--;
+    return unit;
 }
 
 /* Under LD_PRELOAD these interpose glibc's no-op hooks, so a program built

@@ -32,8 +32,8 @@ RoutingResult route_probes(const ProbeRouting& routing) {
     options.handlers.exit_nop = "fperf_exit_nop";
     // Function-entry sites (the entry and LLVM flows): exits through the
     // runtime's return trampolines; fperf always takes both.
-    options.handlers.entry_enter = "fperf_enter_nop";
-    options.handlers.entry_enter_return = "fperf_enter_return_nop";
+    options.handlers.entry_enter = "fperf_entry_enter";
+    options.handlers.entry_enter_return = "fperf_entry_enter_return";
     const auto stats = iprobe::hotpatch::attach(options);
     return {stats.total_enabled, stats.handler_injected, stats.pause_us};
 }

@@ -29,20 +29,24 @@ const std::string& variant_symbol(const HandlerSymbols& handlers, EntryVariant v
     return handlers.entry_enter;
 }
 
-EntrySiteStubs entry_site_stubs(std::uint32_t id, const EntryTargets& targets, std::int32_t inline_count_tpoff) {
+EntrySiteStubs entry_site_stubs(std::uint32_t id, const EntryTargets& targets, std::int32_t inline_count_tpoff,
+                                std::uint64_t area, std::uint32_t entry, std::uint64_t site_end) {
     EntrySiteStubs out;
     out.entry_slot.fill(0xcc);
     out.exit_slot.fill(0xcc);
+    const std::uint64_t entry_at = variant_stub(area, entry, {true, false});
     if (targets.enter)
-        out.entry_slot = inline_count_tpoff ? count_stub_bytes(inline_count_tpoff, id, targets.enter, IdRegister::r11d)
-                                            : site_stub_bytes(id, targets.enter, IdRegister::r11d);
-    auto put_half = [&](std::uint64_t target, std::uint64_t at) {
+        out.entry_slot = inline_count_tpoff
+                             ? entry_count_stub_bytes(inline_count_tpoff, id, entry_at, site_end, targets.enter)
+                             : entry_stub_bytes(id, entry_at, site_end, targets.enter);
+    auto put_half = [&](std::uint64_t target, EntryVariant v) {
         if (!target) return;
-        const auto stub = site_stub_bytes(id, target, IdRegister::r11d);
-        std::memcpy(out.exit_slot.data() + at, stub.data(), kBothOffset);
+        const std::uint64_t at = variant_stub(area, entry, v);
+        const auto stub = entry_stub_bytes(id, at, site_end, target);
+        std::memcpy(out.exit_slot.data() + (at - variant_stub(area, entry, {false, true})), stub.data(), kBothOffset);
     };
-    put_half(targets.exit, 0);
-    put_half(targets.both, kBothOffset);
+    put_half(targets.exit, {false, true});
+    put_half(targets.both, {true, true});
     return out;
 }
 

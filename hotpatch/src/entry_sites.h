@@ -1,8 +1,9 @@
 // Function-entry sites that hook returns (the entry and LLVM flows): one
 // 5-byte NOP at the very start of a function serves two probes, its entry
 // probe and its exit probe of form `ret` (probelist::serves_returns).  An
-// enabled site calls one of three stubs of its own, by which of the two are
-// on; the exit is then served by a return trampoline of the runtime
+// enabled site jumps (no call: the return stack buffer must only see the
+// function's own calls) to one of three stubs of its own, by which of the
+// two are on; the exit is then served by a return trampoline of the runtime
 // (runtime/src/return_stack.h).
 //
 // The stubs of such a site live in the slots of its two probe ids in the
@@ -47,12 +48,14 @@ struct EntrySiteStubs {
     std::array<std::uint8_t, kSiteStubSize> entry_slot{}, exit_slot{};
 };
 
-// `id` is what the stubs pass in r11d (HandlerSymbols::SiteId); a zero
+// `id` is what the stubs push (HandlerSymbols::SiteId); a zero
 // `inline_count_tpoff` keeps the count handler out of the entry-only stub.
 // An unresolved target (0) leaves its variant as int3 (never called).
+// `area` is the module's site-stub area, `site_end` where the function goes on.
 struct EntryTargets {
     std::uint64_t enter = 0, exit = 0, both = 0;
 };
-EntrySiteStubs entry_site_stubs(std::uint32_t id, const EntryTargets& targets, std::int32_t inline_count_tpoff);
+EntrySiteStubs entry_site_stubs(std::uint32_t id, const EntryTargets& targets, std::int32_t inline_count_tpoff,
+                                std::uint64_t area, std::uint32_t entry, std::uint64_t site_end);
 
 }  // namespace iprobe::hotpatch

@@ -217,7 +217,8 @@ AttachStats attach(const AttachOptions& options) {
                 const bool inline_count = counting && state.stats_tpoff != 0 && state.stats_tpoff >= INT32_MIN &&
                                           state.stats_tpoff < 0 && id <= INT32_MAX;
                 const EntrySiteStubs stubs_for_site =
-                    entry_site_stubs(id, targets, inline_count ? static_cast<std::int32_t>(state.stats_tpoff) : 0);
+                    entry_site_stubs(id, targets, inline_count ? static_cast<std::int32_t>(state.stats_tpoff) : 0,
+                                     module.site_stubs, entry_id, site + entry.size);
                 const std::uint64_t entry_slot = variant_stub(module.site_stubs, entry_id, {true, false});
                 const std::uint64_t exit_slot = variant_stub(module.site_stubs, entry_id, {false, true});
                 if (current.any()) require_same_stubs(process.memory(), entry, entry_slot, exit_slot, stubs_for_site);
@@ -225,7 +226,7 @@ AttachStats attach(const AttachOptions& options) {
                 site_stubs.push_back({module.site_stubs, exit_slot, stubs_for_site.exit_slot});
                 if (next != current)
                     patches.push_back({site, SiteBytes(now, entry.size),
-                                       call_bytes(site, entry.size, variant_stub(module.site_stubs, entry_id, next))});
+                                       jump_bytes(site, entry.size, variant_stub(module.site_stubs, entry_id, next))});
                 const std::uint64_t ret = site + entry.size;
                 for (const bool exit : {false, true}) {
                     if (!(exit ? next.exit : next.enter)) continue;
@@ -328,7 +329,7 @@ DetachStats detach(const DetachOptions& options) {
                 std::uint8_t bytes[kSiteStubSize];
                 memory.read(stub, bytes, sizeof bytes);
                 if (stub_target(bytes, sizeof bytes)) {
-                    after = call_bytes(site, entry.size, stub);
+                    after = jump_bytes(site, entry.size, stub);
                 } else {
                     if (ids_match && entry_id + 1 < rm.probe_count)
                         flags_off.push_back(rm.first_probe + entry_id + (stays.enter ? 0 : 1));

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <climits>
 #include <initializer_list>
-#include <span>
 #include <sstream>
 
 #include "iprobe/support/error.h"
@@ -27,40 +26,25 @@ std::array<std::uint8_t, kStubSize> stub_bytes(std::uint64_t target) {
 }
 
 namespace {
-constexpr std::uint8_t kMovImmEdi[1] = {0xbf};         // mov $imm32, %edi
-constexpr std::uint8_t kMovImmR11d[2] = {0x41, 0xbb};  // mov $imm32, %r11d
 constexpr std::uint8_t kJumpRipIndirect[6] = {0xff, 0x25, 0x00, 0x00, 0x00, 0x00};  // jmp *0(%rip)
-constexpr std::size_t kIdStubSize = 19;                // with edi; r11d takes one byte more
-
-std::span<const std::uint8_t> mov_imm(IdRegister reg) {
-    if (reg == IdRegister::r11d) return kMovImmR11d;
-    return kMovImmEdi;
-}
-}  // namespace
-
-std::array<std::uint8_t, kSiteStubSize> site_stub_bytes(std::uint32_t id, std::uint64_t target, IdRegister reg) {
-    std::array<std::uint8_t, kSiteStubSize> b;
-    b.fill(0xcc);
-    const auto mov = mov_imm(reg);
-    std::size_t at = mov.size();
-    std::memcpy(b.data(), mov.data(), mov.size());
-    std::memcpy(b.data() + at, &id, 4);
-    at += 4;
-    std::memcpy(b.data() + at, kJumpRipIndirect, sizeof kJumpRipIndirect);
-    at += sizeof kJumpRipIndirect;
-    std::memcpy(b.data() + at, &target, 8);
-    return b;
-}
-
-namespace {
 constexpr std::uint8_t kLoadStatsRax[5] = {0x64, 0x48, 0x8b, 0x04, 0x25};  // mov %fs:disp32, %rax
 constexpr std::uint8_t kLoadStatsR11[5] = {0x64, 0x4c, 0x8b, 0x1c, 0x25};  // mov %fs:disp32, %r11
 constexpr std::size_t kCountStubSlowPath = 23;
+constexpr std::size_t kIdStubSize = 19;
 }  // namespace
 
+std::array<std::uint8_t, kSiteStubSize> site_stub_bytes(std::uint32_t id, std::uint64_t target) {
+    std::array<std::uint8_t, kSiteStubSize> b;
+    b.fill(0xcc);
+    b[0] = 0xbf;  // mov $id, %edi
+    std::memcpy(b.data() + 1, &id, 4);
+    std::memcpy(b.data() + 5, kJumpRipIndirect, sizeof kJumpRipIndirect);
+    std::memcpy(b.data() + 11, &target, 8);
+    return b;
+}
+
 std::array<std::uint8_t, kSiteStubSize> count_stub_bytes(std::int32_t stats_tpoff, std::uint32_t counter_offset,
-                                                         std::uint64_t slow_target, IdRegister reg) {
-    const bool r11 = reg == IdRegister::r11d;
+                                                         std::uint64_t slow_target) {
     std::array<std::uint8_t, kSiteStubSize> b;
     b.fill(0xcc);
     std::size_t at = 0;
@@ -71,36 +55,94 @@ std::array<std::uint8_t, kSiteStubSize> count_stub_bytes(std::int32_t stats_tpof
         std::memcpy(b.data() + at, &v, 4);
         at += 4;
     };
-    for (auto v : r11 ? kLoadStatsR11 : kLoadStatsRax) b[at++] = v;
+    for (auto v : kLoadStatsRax) b[at++] = v;
     put32(static_cast<std::uint32_t>(stats_tpoff));
-    if (r11) put({0x4d, 0x85, 0xdb});                                  // test %r11, %r11
-    else put({0x48, 0x85, 0xc0});                                      // test %rax, %rax
+    put({0x48, 0x85, 0xc0});                                           // test %rax, %rax
     put({0x74, static_cast<std::uint8_t>(kCountStubSlowPath - 14)});   // je slow
-    if (r11) put({0x49, 0x83, 0x83});                                  // addq $imm8, disp32(%r11)
-    else put({0x48, 0x83, 0x80});                                      // addq $imm8, disp32(%rax)
+    put({0x48, 0x83, 0x80});                                           // addq $imm8, disp32(%rax)
     put32(counter_offset);
     put({0x01, 0xc3});                                                 // $1; ret
-    const auto slow = site_stub_bytes(counter_offset, slow_target, reg);
-    std::memcpy(b.data() + kCountStubSlowPath, slow.data(), kIdStubSize + (r11 ? 1 : 0));
+    const auto slow = site_stub_bytes(counter_offset, slow_target);
+    std::memcpy(b.data() + kCountStubSlowPath, slow.data(), kIdStubSize);
+    return b;
+}
+
+namespace {
+constexpr std::uint8_t kPushImm = 0x68;                            // push $imm32
+constexpr std::uint8_t kLeaR11Rip[3] = {0x4c, 0x8d, 0x1d};         // lea disp32(%rip), %r11
+constexpr std::size_t kEntryCountSlowPath = 27;
+
+std::uint32_t rel32_to(std::uint64_t from_end, std::uint64_t to) {
+    const std::int64_t rel = static_cast<std::int64_t>(to) - static_cast<std::int64_t>(from_end);
+    if (rel < INT32_MIN || rel > INT32_MAX)
+        throw Error("stub at " + hex_address(from_end) + " is out of rel32 reach of " + hex_address(to));
+    return static_cast<std::uint32_t>(static_cast<std::int32_t>(rel));
+}
+
+// push $id; lea site_end(%rip), %r11; jmp *0(%rip); .quad target, at `b[0]` = address `at`.
+void put_entry_stub(std::uint8_t* b, std::uint32_t id, std::uint64_t at, std::uint64_t site_end, std::uint64_t target) {
+    b[0] = kPushImm;
+    std::memcpy(b + 1, &id, 4);
+    std::memcpy(b + 5, kLeaR11Rip, sizeof kLeaR11Rip);
+    const std::uint32_t lea = rel32_to(at + 12, site_end);
+    std::memcpy(b + 8, &lea, 4);
+    std::memcpy(b + 12, kJumpRipIndirect, sizeof kJumpRipIndirect);
+    std::memcpy(b + 18, &target, 8);
+}
+}  // namespace
+
+std::array<std::uint8_t, kSiteStubSize> entry_stub_bytes(std::uint32_t id, std::uint64_t at, std::uint64_t site_end,
+                                                         std::uint64_t target) {
+    if (id > INT32_MAX) throw Error("site id " + std::to_string(id) + " does not fit a push");
+    std::array<std::uint8_t, kSiteStubSize> b;
+    b.fill(0xcc);
+    put_entry_stub(b.data(), id, at, site_end, target);
+    return b;
+}
+
+std::array<std::uint8_t, kSiteStubSize> entry_count_stub_bytes(std::int32_t stats_tpoff, std::uint32_t calls,
+                                                               std::uint64_t at, std::uint64_t site_end,
+                                                               std::uint64_t slow_target) {
+    if (calls > INT32_MAX) throw Error("counter offset " + std::to_string(calls) + " does not fit a push");
+    std::array<std::uint8_t, kSiteStubSize> b;
+    b.fill(0xcc);
+    std::size_t at_byte = 0;
+    auto put = [&](std::initializer_list<std::uint8_t> bytes) {
+        for (auto v : bytes) b[at_byte++] = v;
+    };
+    auto put32 = [&](std::uint32_t v) {
+        std::memcpy(b.data() + at_byte, &v, 4);
+        at_byte += 4;
+    };
+    for (auto v : kLoadStatsR11) b[at_byte++] = v;
+    put32(static_cast<std::uint32_t>(stats_tpoff));
+    put({0x4d, 0x85, 0xdb});                                             // test %r11, %r11
+    put({0x74, static_cast<std::uint8_t>(kEntryCountSlowPath - 14)});    // je slow
+    put({0x49, 0x83, 0x83});                                             // addq $imm8, disp32(%r11)
+    put32(calls);
+    put({0x01, 0xe9});                                                   // $1; jmp rel32
+    put32(rel32_to(at + at_byte + 4, site_end));
+    put_entry_stub(b.data() + kEntryCountSlowPath, calls, at + kEntryCountSlowPath, site_end, slow_target);
     return b;
 }
 
 std::uint64_t stub_target(const std::uint8_t* stub, std::size_t size) {
     std::uint64_t target = 0;
-    if (size >= kCountStubSlowPath + kIdStubSize &&
-        (std::memcmp(stub, kLoadStatsRax, sizeof kLoadStatsRax) == 0 ||
-         std::memcmp(stub, kLoadStatsR11, sizeof kLoadStatsR11) == 0))
+    if (size >= kEntryCountSlowPath + kEntryStubSize && std::memcmp(stub, kLoadStatsR11, sizeof kLoadStatsR11) == 0 &&
+        stub[22] == 0xe9)
+        return stub_target(stub + kEntryCountSlowPath, size - kEntryCountSlowPath);
+    if (size >= kEntryStubSize && stub[0] == kPushImm && std::memcmp(stub + 5, kLeaR11Rip, sizeof kLeaR11Rip) == 0 &&
+        std::memcmp(stub + 12, kJumpRipIndirect, sizeof kJumpRipIndirect) == 0) {
+        std::memcpy(&target, stub + 18, 8);
+        return target;
+    }
+    if (size >= kCountStubSlowPath + kIdStubSize && std::memcmp(stub, kLoadStatsRax, sizeof kLoadStatsRax) == 0)
         return stub_target(stub + kCountStubSlowPath, size - kCountStubSlowPath);
     if (size >= kStubSize && stub[0] == 0xff && stub[1] == 0x25 && stub[2] == 0x02 && stub[3] == 0 && stub[4] == 0 &&
         stub[5] == 0)
         std::memcpy(&target, stub + 8, 8);
-    for (IdRegister reg : {IdRegister::edi, IdRegister::r11d}) {
-        const auto mov = mov_imm(reg);
-        const std::size_t jump = mov.size() + 4;
-        if (size >= jump + sizeof kJumpRipIndirect + 8 && std::memcmp(stub, mov.data(), mov.size()) == 0 &&
-            std::memcmp(stub + jump, kJumpRipIndirect, sizeof kJumpRipIndirect) == 0)
-            std::memcpy(&target, stub + jump + sizeof kJumpRipIndirect, 8);
-    }
+    else if (size >= kIdStubSize && stub[0] == 0xbf && std::memcmp(stub + 5, kJumpRipIndirect, sizeof kJumpRipIndirect) == 0)
+        std::memcpy(&target, stub + 11, 8);
     return target;
 }
 
@@ -119,13 +161,19 @@ SiteBytes call_bytes(std::uint64_t site, std::uint8_t size, std::uint64_t stub) 
     return b;
 }
 
+SiteBytes jump_bytes(std::uint64_t site, std::uint8_t size, std::uint64_t stub) {
+    SiteBytes b = call_bytes(site, size, stub);
+    b.bytes[b.size - 5] = 0xe9;
+    return b;
+}
+
 std::uint64_t called_stub(std::uint64_t site, const std::uint8_t* bytes, std::uint8_t size) {
     std::size_t at = 0;
     if (size == 6) {
         if (bytes[0] != 0x90) return 0;
         at = 1;
     }
-    if (bytes[at] != 0xe8) return 0;
+    if (bytes[at] != 0xe8 && bytes[at] != 0xe9) return 0;
     std::int32_t rel;
     std::memcpy(&rel, bytes + at + 1, 4);
     return site + at + 5 + static_cast<std::int64_t>(rel);

@@ -30,12 +30,7 @@ std::array<std::uint8_t, kStubSize> stub_bytes(std::uint64_t target);
 // hashing the return address.
 //   mov $id, %edi; jmp *0(%rip); .quad target; int3 padding
 constexpr std::size_t kSiteStubSize = 64;
-// The register a site stub passes its id in: edi at a call-form site (the
-// compiler's call clobbers it), r11d at a function-entry site, where every
-// argument register is live and r11 is the one scratch register.
-enum class IdRegister { edi, r11d };
-std::array<std::uint8_t, kSiteStubSize> site_stub_bytes(std::uint32_t id, std::uint64_t target,
-                                                        IdRegister reg = IdRegister::edi);
+std::array<std::uint8_t, kSiteStubSize> site_stub_bytes(std::uint32_t id, std::uint64_t target);
 
 // A count site's stub with the runtime's count handler inlined: a thread
 // that has its sums (a pointer at %fs:stats_tpoff, see iprobe_rt_state)
@@ -44,10 +39,27 @@ std::array<std::uint8_t, kSiteStubSize> site_stub_bytes(std::uint32_t id, std::u
 //   mov %fs:tpoff, %rax; test %rax, %rax; je slow; addq $1, off(%rax); ret
 //   slow: mov $off, %edi; jmp *0(%rip); .quad slow_target
 // One add instruction, so a signal handler in between never loses a count.
-// With IdRegister::r11d the same in r11 (mov %fs:tpoff, %r11 ...), for
-// function-entry sites.
 std::array<std::uint8_t, kSiteStubSize> count_stub_bytes(std::int32_t stats_tpoff, std::uint32_t counter_offset,
-                                                         std::uint64_t slow_target, IdRegister reg = IdRegister::edi);
+                                                         std::uint64_t slow_target);
+
+// A function-entry site's stub (entry_sites.h): the site is a `jmp` to it,
+// so the return stack buffer sees no call the function did not make.  It
+// pushes the site's id and jumps to the handler with r11 = the site's end
+// (ENTRY_SITE_CALL in runtime/include/iprobe/runtime/save_call_restore.inc):
+//   push $id; lea site_end(%rip), %r11; jmp *0(%rip); .quad target
+// `at` is where the stub is written (the lea is relative to it).
+constexpr std::size_t kEntryStubSize = 26;
+std::array<std::uint8_t, kSiteStubSize> entry_stub_bytes(std::uint32_t id, std::uint64_t at, std::uint64_t site_end,
+                                                         std::uint64_t target);
+
+// The count handler inlined at a function-entry site: a thread with its
+// sums bumps `calls` and jumps straight back to the site's end; any other
+// takes entry_stub_bytes' path to `slow_target`.
+//   mov %fs:tpoff, %r11; test %r11, %r11; je slow; addq $1, calls(%r11); jmp site_end
+//   slow: push $calls; lea site_end(%rip), %r11; jmp *0(%rip); .quad slow_target
+std::array<std::uint8_t, kSiteStubSize> entry_count_stub_bytes(std::int32_t stats_tpoff, std::uint32_t calls,
+                                                               std::uint64_t at, std::uint64_t site_end,
+                                                               std::uint64_t slow_target);
 
 // The handler a stub of either kind jumps to, or 0 when the `size` bytes at
 // `stub` are not one of ours.
@@ -69,7 +81,9 @@ struct SiteBytes {
 // gets its 1-byte NOP first so the call returns to the site's end, which is
 // an instruction boundary in both forms.
 SiteBytes call_bytes(std::uint64_t site, std::uint8_t size, std::uint64_t stub);
-// Where a call-form site placed by call_bytes() leads, or 0.
+// A function-entry site's bytes when on: jmp rel32 to its stub.
+SiteBytes jump_bytes(std::uint64_t site, std::uint8_t size, std::uint64_t stub);
+// Where a site placed by call_bytes() or jump_bytes() leads, or 0.
 std::uint64_t called_stub(std::uint64_t site, const std::uint8_t* bytes, std::uint8_t size);
 
 // Does a site call into one of our jump stubs (ours, or one inherited from a

@@ -23,7 +23,7 @@
 #define CHUNK_FREE 0u
 #define CHUNK_RETIRED 0xffffffffu /* its thread exited leaving entries that may still return */
 
-__attribute__((visibility("hidden"), aligned(64))) struct iprobe_rt_return iprobe_rt_return_pool[IPROBE_RT_RETURN_ENTRIES];
+__attribute__((aligned(64))) struct iprobe_rt_return iprobe_rt_return_pool[IPROBE_RT_RETURN_ENTRIES];
 __thread struct iprobe_rt_thread_state iprobe_rt_thread __attribute__((tls_model("initial-exec"), visibility("hidden")));
 
 static uint32_t g_chunk_owner[CHUNKS];
@@ -31,21 +31,20 @@ static uint32_t g_next_token;
 static uint32_t g_claim_hint;
 static iprobe_rt_return_callback g_callbacks[IPROBE_RT_RETURN_CALLBACKS];
 
-extern const char iprobe_rt_return_sled[] __attribute__((visibility("hidden")));
 
 static inline struct iprobe_rt_return* chunk_start(uint16_t chunk) {
     return &iprobe_rt_return_pool[(uint32_t)chunk * IPROBE_RT_RETURN_CHUNK];
 }
 
+/* What a hooked function's return slot holds. */
 static inline uint64_t trampoline_of(const struct iprobe_rt_return* e) {
-    return (uint64_t)(uintptr_t)iprobe_rt_return_sled +
-           (uint64_t)(e - iprobe_rt_return_pool) * IPROBE_RT_RETURN_UNIT_SIZE;
+    return iprobe_rt_return_unit(e) + IPROBE_RT_RETURN_UNIT_TRAMPOLINE;
 }
 
-/* The entry whose unit `address` is, or 0. */
+/* The entry whose trampoline `address` is, or 0. */
 static inline struct iprobe_rt_return* entry_of_unit(uint64_t address) {
     const uint64_t sled = (uint64_t)(uintptr_t)iprobe_rt_return_sled;
-    if (address < sled || (address - sled) % IPROBE_RT_RETURN_UNIT_SIZE != 0) return 0;
+    if (address < sled || (address - sled) % IPROBE_RT_RETURN_UNIT_SIZE != IPROBE_RT_RETURN_UNIT_TRAMPOLINE) return 0;
     const uint64_t index = (address - sled) / IPROBE_RT_RETURN_UNIT_SIZE;
     return index < IPROBE_RT_RETURN_ENTRIES ? &iprobe_rt_return_pool[index] : 0;
 }
@@ -148,7 +147,9 @@ static struct run longest_free_run(const struct iprobe_rt_thread_state* t) {
 /* Entries of this thread whose frame can no longer return through them:
  * their slot holds something else and no other entry returns into them (a
  * tail call chains entries on one slot).  Freed; the rest is kept, however
- * old: an entry on another stack (swapcontext) may still return. */
+ * old: an entry on another stack (swapcontext) may still return, and one
+ * whose slot still holds the address it saved may be on its way to its unit
+ * (prepared, the unit's call not made yet: a signal handler can land there). */
 static void collect(struct iprobe_rt_thread_state* t) {
     enum { HELD = IPROBE_RT_RETURN_MAX_CHUNKS * IPROBE_RT_RETURN_CHUNK };
     uint8_t suspect[HELD / 8] = {0};
@@ -161,7 +162,7 @@ static void collect(struct iprobe_rt_thread_state* t) {
             if (__atomic_load_n(&e[i].ret, __ATOMIC_RELAXED)) slots[n] = e[i].slot, index[n++] = i;
         read_words(slots, held, n);
         for (unsigned m = 0; m < n; m++) {
-            if (held[m] == trampoline_of(&e[index[m]])) continue;
+            if (held[m] == trampoline_of(&e[index[m]]) || held[m] == e[index[m]].ret) continue;
             const uint32_t bit = k * IPROBE_RT_RETURN_CHUNK + index[m];
             suspect[bit / 8] |= (uint8_t)(1u << (bit % 8));
             suspects++;
@@ -216,35 +217,7 @@ static int grow(struct iprobe_rt_thread_state* t) {
     return run.start != run.end;
 }
 
-/* Not locked: atomic only against signal handlers of this thread. */
-static inline int cas_local_ptr(struct iprobe_rt_return** p, struct iprobe_rt_return* expected,
-                                struct iprobe_rt_return* desired) {
-    struct iprobe_rt_return* prev;
-    __asm__ __volatile__("cmpxchgq %2, %1" : "=a"(prev), "+m"(*p) : "r"(desired), "0"(expected) : "memory", "cc");
-    return prev == expected;
-}
-
-int iprobe_rt_return_push(uint64_t* slot, uint32_t handler, uint32_t arg, uint64_t cookie) {
-    struct iprobe_rt_thread_state* t = &iprobe_rt_thread;
-    struct iprobe_rt_return* e;
-    for (;;) {
-        e = *(struct iprobe_rt_return* volatile*)&t->next;
-        if (e >= *(struct iprobe_rt_return* volatile*)&t->limit) {
-            if (!grow(t)) return 0;
-            continue;
-        }
-        if (cas_local_ptr(&t->next, e, e + 1)) break;
-    }
-    e->slot = (uint64_t)(uintptr_t)slot;
-    e->handler = handler;
-    e->arg = arg;
-    e->cookie = cookie;
-    __atomic_store_n(&e->ret, *slot, __ATOMIC_RELAXED);
-    BARRIER();
-    /* last: until now the function returns as it would have */
-    *(volatile uint64_t*)slot = trampoline_of(e);
-    return 1;
-}
+int iprobe_rt_return_grow(void) { return grow(&iprobe_rt_thread); }
 
 int iprobe_rt_return_register(iprobe_rt_return_callback callback) {
     for (int k = 0; k < IPROBE_RT_RETURN_CALLBACKS; k++) {

@@ -3,10 +3,19 @@
  * function's return (docs/hotpatch.md, "Exits through return trampolines").
  *
  * The entry handler keeps the real return address in an entry of a global
- * pool and writes into the function's return-address slot the address of
- * that entry's own trampoline, one 16-byte unit of a sled:
+ * pool, and the function goes on through that entry's own unit of a sled,
+ * 32 bytes each:
  *
- *   unit i:  call iprobe_rt_return_common; int3 x3; .quad &pool[i] - (unit i + 8)
+ *   unit i + 0:   call *%r11          the function's body (r11 = the site's end);
+ *                                     pushes unit + 3, the trampoline, into the
+ *                                     return-address slot and the return stack buffer
+ *   unit i + 3:   lea unit(%rip), %r11
+ *                 jmp iprobe_rt_return_common
+ *   unit i + 16:  .quad &pool[i] - (unit i + 16)
+ *
+ * The function's `ret` comes to unit + 3 as the return stack buffer
+ * predicted, and the common tail leaves with `push; ret` to the real return
+ * address, which pops the caller's own prediction: no return is mispredicted.
  *
  * Because every entry has its own trampoline, a return finds its entry from
  * the trampoline's address alone: no per-thread stack is searched, so
@@ -34,7 +43,9 @@
 #define IPROBE_RT_RETURN_CHUNK 32      /* entries a thread claims at a time */
 #define IPROBE_RT_RETURN_MAX_CHUNKS 32 /* per thread: IPROBE_RT_RETURN_STACK_FRAMES hooked frames deep */
 #define IPROBE_RT_RETURN_ENTRY_SIZE 32
-#define IPROBE_RT_RETURN_UNIT_SIZE 16  /* sled unit; pool index = (unit - sled) / 16 */
+#define IPROBE_RT_RETURN_UNIT_SIZE 32  /* sled unit; pool index = (unit - sled) / 32 */
+#define IPROBE_RT_RETURN_UNIT_TRAMPOLINE 3 /* where the hooked function returns to */
+#define IPROBE_RT_RETURN_UNIT_ENTRY 16     /* the unit's self-relative pointer to its entry */
 
 /* struct iprobe_rt_return.handler */
 #define IPROBE_RT_RETURN_COUNT 1    /* arg: byte offset of `completed` in the thread's sums */

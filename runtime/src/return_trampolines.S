@@ -5,7 +5,8 @@
  *
  * Registers.  At a function-entry site every argument register is live
  * (rdi, rsi, rdx, rcx, r8, r9, rax for varargs, r10 for a static chain,
- * xmm0-7) and r11 is free: a site's stub passes its id in r11d.  gcc gives
+ * xmm0-7) and r11 is free: the site's stub passes the site's end in r11 and
+ * its id on the stack (ENTRY_SITE_CALL in save_call_restore.inc).  gcc gives
  * up interprocedural register allocation for functions with a patchable
  * entry, so a caller keeps nothing in a call-clobbered register across the
  * call.  On return only rax, rdx, xmm0, xmm1, st0 and st1 may be live; the
@@ -18,21 +19,20 @@
     .text
 
 /* ---- the sled ----
- * Unit i: `call iprobe_rt_return_common`, then the self-relative address of
- * pool entry i at unit + 8.  The FDE describes a unit as a frame of its own
+ * The FDE describes a unit (from its trampoline on) as a frame of its own
  * whose caller's pc is the entry's real return address:
- *   CFA = rsp + 8, the caller's rsp = CFA - 8 (what rsp was right after the
- *   hooked function returned: a distinct CFA, so libgcc's phase 2 never
- *   mistakes the unit for the frame that catches),
- *   ra  = *( (U + 8) + *(U + 8) ) with U = (return address column) & -16:
- *     DW_OP_breg16 0; DW_OP_const1s -16; DW_OP_and; DW_OP_plus_uconst 8;
+ *   CFA = rsp + 8, the caller's rsp = CFA - 8 (rsp right after the hooked
+ *   function returned: a CFA distinct from the hooked function's, so
+ *   libgcc's phase 2 never takes the unit for the frame that catches),
+ *   ra = *(A + *A), A = ((return address column) & -32) + 16:
+ *     DW_OP_breg16 0; DW_OP_const1s -32; DW_OP_and; DW_OP_plus_uconst 16;
  *     DW_OP_dup; DW_OP_deref; DW_OP_plus; DW_OP_deref
- * The return address column holds the unit itself when the unit is reached
- * by the hooked function's `ret`, or unit + 5 when the unwinder comes from
- * inside the common tail: both round down to the unit.  The FDE starts 16
- * bytes early so that unit 0's address minus one (what an unwinder looks up)
- * is covered. */
-    .p2align 4
+ * The return address column holds the trampoline (unit + 3) when an unwinder
+ * comes from the hooked function, or the unit itself in a signal frame
+ * stopped on its first instruction (the slot still holds the real address
+ * then, which the entry holds too): both round down to the unit.  The FDE
+ * starts 32 bytes early so that unit 0's trampoline minus one is covered. */
+    .p2align 5
     /* exported: backtrace_symbols() and dladdr() name hooked returns by it */
     .globl iprobe_rt_return_trampolines
     .type iprobe_rt_return_trampolines, @function
@@ -40,57 +40,68 @@ iprobe_rt_return_trampolines:
     .cfi_startproc
     .cfi_def_cfa rsp, 8
     .cfi_val_offset rsp, -8
-    .cfi_escape 0x16, 0x10, 11, 0x80, 0x00, 0x09, 0xf0, 0x1a, 0x23, 0x08, 0x12, 0x06, 0x22, 0x06
-    .fill 16, 1, 0xcc
+    .cfi_escape 0x16, 0x10, 11, 0x80, 0x00, 0x09, 0xe0, 0x1a, 0x23, 0x10, 0x12, 0x06, 0x22, 0x06
+    .fill IPROBE_RT_RETURN_UNIT_SIZE, 1, 0xcc
     .globl iprobe_rt_return_sled
     .hidden iprobe_rt_return_sled
 iprobe_rt_return_sled:
     .set unit, 0
     .rept IPROBE_RT_RETURN_ENTRIES
-    call iprobe_rt_return_common
-    .byte 0xcc, 0xcc, 0xcc
+0:  call *%r11
+    lea 0b(%rip), %r11
+    .byte 0xe9                                   /* jmp rel32: every unit the same size */
+    .long iprobe_rt_return_common - (. + 4)
+    .fill IPROBE_RT_RETURN_UNIT_ENTRY - (. - 0b), 1, 0xcc
     .quad iprobe_rt_return_pool + IPROBE_RT_RETURN_ENTRY_SIZE * unit - .
+    .fill IPROBE_RT_RETURN_UNIT_SIZE - (. - 0b), 1, 0xcc
     .set unit, unit + 1
     .endr
     .cfi_endproc
     .size iprobe_rt_return_trampolines, . - iprobe_rt_return_trampolines
 
 /* ---- the common tail ----
- * Entered from a unit with [rsp] = unit + 5 and rsp = the slot the hooked
- * function returned from.  Records the exit, frees the entry (pops it when
- * it is the thread's top one, the LIFO case; otherwise it stays a hole for
- * the slow path to compact) and jumps to the real return address. */
+ * Entered by a unit's jump with r11 = the unit and rsp = what the hooked
+ * function's caller had.  Records the exit, frees the entry (pops it when it
+ * is the thread's top one, the LIFO case; otherwise it stays a hole for the
+ * slow path to find) and returns to the real return address with `push;
+ * ret`, so that the caller's own entry of the return stack buffer is used.
+ * CFI as for a unit, from r11 (rbx while C runs): the entry's return address.
+ * rax, rdx, xmm0 and xmm1 hold the function's result: untouched here. */
     .p2align 4
     .globl iprobe_rt_return_common
     .hidden iprobe_rt_return_common
     .type iprobe_rt_return_common, @function
 iprobe_rt_return_common:
     .cfi_startproc
-    mov (%rsp), %r11
-    and $-IPROBE_RT_RETURN_UNIT_SIZE, %r11
-    mov 8(%r11), %rcx
-    lea 8(%r11,%rcx), %r11
-    cmpl $IPROBE_RT_RETURN_COUNT, RET_ENTRY_HANDLER(%r11)
+    .cfi_def_cfa rsp, 8
+    .cfi_val_offset rsp, -8
+    /* ra = *(A + *A), A = r11 + 16 */
+    .cfi_escape 0x16, 0x10, 6, 0x7b, IPROBE_RT_RETURN_UNIT_ENTRY, 0x12, 0x06, 0x22, 0x06
+    mov IPROBE_RT_RETURN_UNIT_ENTRY(%r11), %rdi
+    lea IPROBE_RT_RETURN_UNIT_ENTRY(%r11,%rdi), %rdi
+    cmpl $IPROBE_RT_RETURN_COUNT, RET_ENTRY_HANDLER(%rdi)
     jne .Lrecord_in_c
     mov iprobe_rt_thread@gottpoff(%rip), %rcx
     mov %fs:RET_THREAD_STATS(%rcx), %rcx
     test %rcx, %rcx
     jz .Lrecorded
-    mov RET_ENTRY_ARG(%r11), %esi
+    mov RET_ENTRY_ARG(%rdi), %esi
     addq $1, (%rcx,%rsi)
 .Lrecorded:
-    mov RET_ENTRY_RET(%r11), %rcx
-    lea 8(%rsp), %rsp
+    mov RET_ENTRY_RET(%rdi), %rcx
     .cfi_remember_state
-    .cfi_def_cfa rsp, 0
     .cfi_register rip, rcx
-    movq $0, RET_ENTRY_RET(%r11)
+    movq $0, RET_ENTRY_RET(%rdi)
     mov iprobe_rt_thread@gottpoff(%rip), %rsi
-    lea IPROBE_RT_RETURN_ENTRY_SIZE(%r11), %rdi
-    cmp %fs:RET_THREAD_NEXT(%rsi), %rdi
+    lea IPROBE_RT_RETURN_ENTRY_SIZE(%rdi), %r8
+    cmp %fs:RET_THREAD_NEXT(%rsi), %r8
     jne 1f
-    mov %r11, %fs:RET_THREAD_NEXT(%rsi)
-1:  jmp *%rcx
+    mov %rdi, %fs:RET_THREAD_NEXT(%rsi)
+1:  push %rcx
+    .cfi_def_cfa rsp, 8
+    .cfi_offset rip, -8
+    .cfi_val_offset rsp, 0
+    ret
     .cfi_restore_state
 .Lrecord_in_c:
     push %rbp
@@ -103,15 +114,17 @@ iprobe_rt_return_common:
     push %rax
     push %rdx
     mov %r11, %rbx
+    /* the unit is in rbx now: ra = *(A + *A), A = rbx + 16 */
+    .cfi_escape 0x16, 0x10, 6, 0x73, IPROBE_RT_RETURN_UNIT_ENTRY, 0x12, 0x06, 0x22, 0x06
     and $-16, %rsp
     sub $32, %rsp
     movdqa %xmm0, 0(%rsp)
     movdqa %xmm1, 16(%rsp)
-    mov %r11, %rdi
     call iprobe_rt_return_at
     movdqa 0(%rsp), %xmm0
     movdqa 16(%rsp), %xmm1
     mov %rbx, %r11
+    .cfi_escape 0x16, 0x10, 6, 0x7b, IPROBE_RT_RETURN_UNIT_ENTRY, 0x12, 0x06, 0x22, 0x06
     lea -24(%rbp), %rsp
     pop %rdx
     pop %rax
@@ -120,25 +133,30 @@ iprobe_rt_return_common:
     pop %rbp
     .cfi_restore rbp
     .cfi_def_cfa rsp, 8
+    mov IPROBE_RT_RETURN_UNIT_ENTRY(%r11), %rdi
+    lea IPROBE_RT_RETURN_UNIT_ENTRY(%r11,%rdi), %rdi
     jmp .Lrecorded
     .cfi_endproc
     .size iprobe_rt_return_common, . - iprobe_rt_return_common
 
 /* ---- the count handler at function-entry sites ----
- * r11d: the byte offset of the function's `calls` in a thread's sums (its
- * `completed` follows it).  Fast path: the thread has its sums and room in
- * its chunk; everything else goes to C through SAVE_CALL_RESTORE. */
+ * Entered as ENTRY_SITE_CALL is (save_call_restore.inc), with the id = the
+ * byte offset of the function's `calls` in a thread's sums (its `completed`
+ * follows it).  Fast path: the thread has its sums and room in its run of
+ * entries; everything else goes to C through ENTRY_SITE_CALL. */
 .macro COUNT_ENTRY name, slow, count_call
     .p2align 4
     .globl \name
     .type \name, @function
 \name:
     .cfi_startproc
+    .cfi_def_cfa rsp, 16
+    .cfi_offset rip, -8
     push %rax
     .cfi_adjust_cfa_offset 8
     push %rcx
     .cfi_adjust_cfa_offset 8
-    /* [rsp] rcx, [8] rax, [16] back into the function, [24] its return address */
+    /* [rsp] rcx, [8] rax, [16] id, [24] the function's return address */
     mov iprobe_rt_thread@gottpoff(%rip), %rax
     cmpq $0, %fs:RET_THREAD_STATS(%rax)
     je 1f
@@ -149,30 +167,31 @@ iprobe_rt_return_common:
     addq $IPROBE_RT_RETURN_ENTRY_SIZE, %fs:RET_THREAD_NEXT(%rax)
 .if \count_call
     mov %fs:RET_THREAD_STATS(%rax), %rax
-    addq $1, (%rax,%r11)
+    add 16(%rsp), %rax
+    addq $1, (%rax)
 .endif
     mov 24(%rsp), %rax
     mov %rax, RET_ENTRY_RET(%rcx)
     lea 24(%rsp), %rax
     mov %rax, RET_ENTRY_SLOT(%rcx)
-    lea 8(%r11), %rax
+    mov 16(%rsp), %rax
+    add $8, %rax
     shl $32, %rax
     or $IPROBE_RT_RETURN_COUNT, %rax
     mov %rax, RET_ENTRY_HANDLER(%rcx)
-    /* its unit: sled + (entry - pool) / 2 */
+    /* its unit: sled + (entry - pool), units and entries being the same size */
     lea iprobe_rt_return_pool(%rip), %rax
     sub %rax, %rcx
-    shr $1, %rcx
     lea iprobe_rt_return_sled(%rip), %rax
     add %rax, %rcx
-    /* last: until now the function returns as it would have */
-    mov %rcx, 24(%rsp)
+    mov %rcx, 16(%rsp)
     pop %rcx
     .cfi_adjust_cfa_offset -8
     pop %rax
     .cfi_adjust_cfa_offset -8
-    ret
-1:  pop %rcx
+    ENTRY_SITE_GO_ON
+1:  .cfi_def_cfa_offset 32
+    pop %rcx
     .cfi_adjust_cfa_offset -8
     pop %rax
     .cfi_adjust_cfa_offset -8
@@ -181,17 +200,82 @@ iprobe_rt_return_common:
     .size \name, . - \name
 .endm
 
+.if IPROBE_RT_RETURN_UNIT_SIZE - IPROBE_RT_RETURN_ENTRY_SIZE
+.error "units and pool entries must be the same size"
+.endif
+
 COUNT_ENTRY iprobe_rt_count_enter_return_nop, iprobe_rt_count_enter_return_slow, 1
 COUNT_ENTRY iprobe_rt_count_return_nop, iprobe_rt_count_return_slow, 0
 
-/* Slow paths and the trace handler's entry points: every register saved,
- * the site's id is the saved r11 (saved[8]), the site's stack pointer before
- * its call (rdx) is the function's return-address slot. */
-SAVE_CALL_RESTORE iprobe_rt_count_enter_return_slow, iprobe_rt_count_enter_return_at, 0, 0
-SAVE_CALL_RESTORE iprobe_rt_count_return_slow, iprobe_rt_count_return_at, 0, 0
-SAVE_CALL_RESTORE iprobe_rt_count_counter_nop, iprobe_rt_count_counter_at, 0, 0
-SAVE_CALL_RESTORE iprobe_rt_trace_enter_id_nop, iprobe_rt_trace_enter_id_at, 0, 0
-SAVE_CALL_RESTORE iprobe_rt_trace_return_nop, iprobe_rt_trace_return_at, 0, 0
-SAVE_CALL_RESTORE iprobe_rt_trace_enter_return_nop, iprobe_rt_trace_enter_return_at, 0, 0
+/* Slow paths and the trace handler's entry points (C, which touches no
+ * vector register: the argument registers xmm0-7 need no saving). */
+ENTRY_SITE_CALL iprobe_rt_count_enter_return_slow, iprobe_rt_count_enter_return_at, 0
+ENTRY_SITE_CALL iprobe_rt_count_return_slow, iprobe_rt_count_return_at, 0
+ENTRY_SITE_CALL iprobe_rt_count_counter_nop, iprobe_rt_count_counter_at, 0
+ENTRY_SITE_CALL iprobe_rt_trace_enter_id_nop, iprobe_rt_trace_enter_id_at, 0
+ENTRY_SITE_CALL iprobe_rt_trace_return_nop, iprobe_rt_trace_return_at, 0
+ENTRY_SITE_CALL iprobe_rt_trace_enter_return_nop, iprobe_rt_trace_enter_return_at, 0
+
+/* uint64_t iprobe_rt_vector_safe_call(uint64_t (*fn)(void*, void*), void* a, void* b):
+ * fn(a, b) with xmm0-15 kept.  The runtime's C code uses no vector register
+ * (-mgeneral-regs-only); libc, which its rare slow paths call (claiming a
+ * ring or a thread slot), may, and at a function-entry site xmm0-7 are the
+ * function's arguments. */
+    .p2align 4
+    .globl iprobe_rt_vector_safe_call
+    .hidden iprobe_rt_vector_safe_call
+    .type iprobe_rt_vector_safe_call, @function
+iprobe_rt_vector_safe_call:
+    .cfi_startproc
+    push %rbp
+    .cfi_adjust_cfa_offset 8
+    .cfi_offset rbp, -16
+    mov %rsp, %rbp
+    .cfi_def_cfa_register rbp
+    and $-16, %rsp
+    sub $256, %rsp
+    movdqa %xmm0, 0(%rsp)
+    movdqa %xmm1, 16(%rsp)
+    movdqa %xmm2, 32(%rsp)
+    movdqa %xmm3, 48(%rsp)
+    movdqa %xmm4, 64(%rsp)
+    movdqa %xmm5, 80(%rsp)
+    movdqa %xmm6, 96(%rsp)
+    movdqa %xmm7, 112(%rsp)
+    movdqa %xmm8, 128(%rsp)
+    movdqa %xmm9, 144(%rsp)
+    movdqa %xmm10, 160(%rsp)
+    movdqa %xmm11, 176(%rsp)
+    movdqa %xmm12, 192(%rsp)
+    movdqa %xmm13, 208(%rsp)
+    movdqa %xmm14, 224(%rsp)
+    movdqa %xmm15, 240(%rsp)
+    mov %rdi, %rax
+    mov %rsi, %rdi
+    mov %rdx, %rsi
+    call *%rax
+    movdqa 0(%rsp), %xmm0
+    movdqa 16(%rsp), %xmm1
+    movdqa 32(%rsp), %xmm2
+    movdqa 48(%rsp), %xmm3
+    movdqa 64(%rsp), %xmm4
+    movdqa 80(%rsp), %xmm5
+    movdqa 96(%rsp), %xmm6
+    movdqa 112(%rsp), %xmm7
+    movdqa 128(%rsp), %xmm8
+    movdqa 144(%rsp), %xmm9
+    movdqa 160(%rsp), %xmm10
+    movdqa 176(%rsp), %xmm11
+    movdqa 192(%rsp), %xmm12
+    movdqa 208(%rsp), %xmm13
+    movdqa 224(%rsp), %xmm14
+    movdqa 240(%rsp), %xmm15
+    mov %rbp, %rsp
+    pop %rbp
+    .cfi_def_cfa rsp, 8
+    .cfi_restore rbp
+    ret
+    .cfi_endproc
+    .size iprobe_rt_vector_safe_call, . - iprobe_rt_vector_safe_call
 
     .section .note.GNU-stack, "", @progbits

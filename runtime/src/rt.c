@@ -124,16 +124,12 @@ EXPORT int32_t iprobe_rt_probe_at(uintptr_t return_address) {
 
 EXPORT const struct iprobe_rt_control* iprobe_rt_get_control(void) { return control(); }
 
+EXPORT uint64_t iprobe_rt_function_of(uint32_t probe);
+
 EXPORT uint64_t iprobe_rt_function_at(uintptr_t return_address) {
     const struct iprobe_rt_control* cb = control();
     const int32_t probe = cb ? lookup_site(cb, return_address) : -1;
-    if (probe < 0 || (uint32_t)probe >= cb->probe_count) return 0;
-    const struct iprobe_rt_probe* p =
-        (const struct iprobe_rt_probe*)((const char*)cb + cb->probes_offset) + probe;
-    if (!p->function || p->module >= cb->module_count) return 0;
-    const struct iprobe_rt_module* m =
-        (const struct iprobe_rt_module*)((const char*)cb + cb->modules_offset) + p->module;
-    return m->load_bias + p->function;
+    return probe < 0 ? 0 : iprobe_rt_function_of((uint32_t)probe);
 }
 
 static void count_unserved(void) {
@@ -157,8 +153,14 @@ static int try_take_ring(struct iprobe_rt_ring* ring) {
                                        __ATOMIC_RELAXED);
 }
 
+/* fn(a, b) with every vector register kept (return_trampolines.S): libc
+ * may use them, and at a function-entry site they hold the function's
+ * arguments. */
+__attribute__((visibility("hidden"))) uint64_t iprobe_rt_vector_safe_call(uint64_t (*fn)(void*, void*), void* a,
+                                                                          void* b);
+
 /* Slow path, once per thread: a syscall or two is fine here. */
-static int claim_ring(struct thread_producer* t, struct iprobe_rt_control* cb) {
+static int claim_ring_now(struct thread_producer* t, struct iprobe_rt_control* cb) {
     if (t->claiming || t->no_ring) return 0;
     t->claiming = 1;
     BARRIER();
@@ -193,7 +195,7 @@ static struct iprobe_rt_thread* slot_at(struct iprobe_rt_control* cb, uint32_t i
 
 /* Slow path, once per thread.  Any free or retired slot will do: a retired
  * one keeps summing from where its last thread left it. */
-static struct iprobe_rt_fn_stats* claim_slot(struct thread_producer* t, struct iprobe_rt_control* cb) {
+static struct iprobe_rt_fn_stats* claim_slot_now(struct thread_producer* t, struct iprobe_rt_control* cb) {
     if (t->claiming_slot || t->no_slot) return 0;
     t->claiming_slot = 1;
     BARRIER();
@@ -217,6 +219,19 @@ static struct iprobe_rt_fn_stats* claim_slot(struct thread_producer* t, struct i
     t->claiming_slot = 0;
     __atomic_fetch_add(&cb->no_slot_events, 1, __ATOMIC_RELAXED);
     return 0;
+}
+
+static uint64_t claim_ring_call(void* t, void* cb) { return (uint64_t)claim_ring_now(t, cb); }
+static uint64_t claim_slot_call(void* t, void* cb) { return (uint64_t)(uintptr_t)claim_slot_now(t, cb); }
+
+/* The claims call libc: through iprobe_rt_vector_safe_call. */
+static __attribute__((noinline, cold)) int claim_ring(struct thread_producer* t, struct iprobe_rt_control* cb) {
+    return (int)iprobe_rt_vector_safe_call(claim_ring_call, t, cb);
+}
+
+static __attribute__((noinline, cold)) struct iprobe_rt_fn_stats* claim_slot(struct thread_producer* t,
+                                                                             struct iprobe_rt_control* cb) {
+    return (struct iprobe_rt_fn_stats*)(uintptr_t)iprobe_rt_vector_safe_call(claim_slot_call, t, cb);
 }
 
 static void retire_thread(void* value) {
@@ -477,82 +492,86 @@ EXPORT void iprobe_rt_trace_enter_id(uint32_t probe) { emit_id(probe, IPROBE_RT_
 EXPORT void iprobe_rt_trace_exit_id(uint32_t probe) { emit_id(probe, IPROBE_RT_REC_EXIT, FRAME_MATCH); }
 
 /* ---- function-entry sites: exits through return trampolines ----
- * Called through SAVE_CALL_RESTORE (return_trampolines.S) with the site's
- * return address, its saved registers (the site stub's id in r11, saved[8])
- * and the function's return-address slot. */
-static inline uint32_t site_id(const uint64_t* saved) { return (uint32_t)saved[8]; }
-
-static int hook_return(uint64_t* slot, uint32_t handler, uint32_t arg, uint64_t cookie) {
-    if (LIKELY(iprobe_rt_return_push(slot, handler, arg, cookie))) return 1;
+ * Called through ENTRY_SITE_CALL (save_call_restore.inc) with the site's id
+ * (what its stub pushed), the function's saved registers and its
+ * return-address slot; each returns the return trampoline unit the function
+ * goes on through, or 0. */
+static uint64_t hook_return(const uint64_t* slot, uint32_t handler, uint32_t arg, uint64_t cookie) {
+    const uint64_t unit = iprobe_rt_return_prepare(slot, handler, arg, cookie);
+    if (LIKELY(unit)) return unit;
     struct iprobe_rt_control* cb = control();
     if (cb) __atomic_fetch_add(&cb->unhooked_returns, 1, __ATOMIC_RELAXED);
     return 0;
 }
 
 /* `calls` of a function in this thread's sums (claimed on first use), or 0. */
-static uint64_t* count_target(uint32_t calls) {
+static uint64_t* count_target(uint64_t calls) {
     struct iprobe_rt_control* cb = control();
     if (UNLIKELY(!cb)) {
         count_unserved();
         return 0;
     }
-    if (UNLIKELY(calls % 8 != 0 || (uint64_t)calls + 16 > g_geometry.stat_bytes)) return 0;
+    if (UNLIKELY(calls % 8 != 0 || calls + 16 > g_geometry.stat_bytes)) return 0;
     char* stats = (char*)thread_stats(cb);
     return stats ? (uint64_t*)(stats + calls) : 0;
 }
 
-__attribute__((visibility("hidden"))) void iprobe_rt_count_counter_at(uintptr_t ret, const uint64_t* saved) {
-    (void)ret;
-    iprobe_rt_count_counter(site_id(saved));
+__attribute__((visibility("hidden"))) uint64_t iprobe_rt_count_counter_at(uint64_t id, const uint64_t* saved,
+                                                                         const uint64_t* slot) {
+    (void)saved, (void)slot;
+    iprobe_rt_count_counter((uint32_t)id);
+    return 0;
 }
 
-__attribute__((visibility("hidden"))) void iprobe_rt_count_enter_return_at(uintptr_t ret, const uint64_t* saved,
-                                                                          uint64_t* slot) {
-    (void)ret;
-    uint64_t* calls = count_target(site_id(saved));
-    if (!calls) return;
+__attribute__((visibility("hidden"))) uint64_t iprobe_rt_count_enter_return_at(uint64_t id, const uint64_t* saved,
+                                                                               const uint64_t* slot) {
+    (void)saved;
+    uint64_t* calls = count_target(id);
+    if (!calls) return 0;
     add_local(calls, 1);
-    hook_return(slot, IPROBE_RT_RETURN_COUNT, site_id(saved) + 8, 0);
+    return hook_return(slot, IPROBE_RT_RETURN_COUNT, (uint32_t)id + 8, 0);
 }
 
-__attribute__((visibility("hidden"))) void iprobe_rt_count_return_at(uintptr_t ret, const uint64_t* saved,
-                                                                    uint64_t* slot) {
-    (void)ret;
-    if (count_target(site_id(saved))) hook_return(slot, IPROBE_RT_RETURN_COUNT, site_id(saved) + 8, 0);
+__attribute__((visibility("hidden"))) uint64_t iprobe_rt_count_return_at(uint64_t id, const uint64_t* saved,
+                                                                        const uint64_t* slot) {
+    (void)saved;
+    return count_target(id) ? hook_return(slot, IPROBE_RT_RETURN_COUNT, (uint32_t)id + 8, 0) : 0;
 }
 
-__attribute__((visibility("hidden"))) void iprobe_rt_trace_enter_id_at(uintptr_t ret, const uint64_t* saved) {
-    (void)ret;
-    emit_id(site_id(saved), IPROBE_RT_REC_ENTRY, FRAME_MATCH);
+__attribute__((visibility("hidden"))) uint64_t iprobe_rt_trace_enter_id_at(uint64_t id, const uint64_t* saved,
+                                                                          const uint64_t* slot) {
+    (void)saved, (void)slot;
+    emit_id((uint32_t)id, IPROBE_RT_REC_ENTRY, FRAME_MATCH);
+    return 0;
 }
 
-__attribute__((visibility("hidden"))) void iprobe_rt_trace_return_at(uintptr_t ret, const uint64_t* saved,
-                                                                    uint64_t* slot) {
-    (void)ret;
-    const uint32_t probe = site_id(saved);
+__attribute__((visibility("hidden"))) uint64_t iprobe_rt_trace_return_at(uint64_t id, const uint64_t* saved,
+                                                                        const uint64_t* slot) {
+    (void)saved;
     if (UNLIKELY(!control())) {
         count_unserved();
-        return;
+        return 0;
     }
-    if (LIKELY(probe + 1 < g_geometry.probe_capacity)) hook_return(slot, IPROBE_RT_RETURN_TRACE, probe + 1, 0);
+    if (UNLIKELY(id + 1 >= g_geometry.probe_capacity)) return 0;
+    return hook_return(slot, IPROBE_RT_RETURN_TRACE, (uint32_t)id + 1, 0);
 }
 
 /* The return is hooked first: an entry whose exit will not be seen is
  * counted but pushes no frame. */
-__attribute__((visibility("hidden"))) void iprobe_rt_trace_enter_return_at(uintptr_t ret, const uint64_t* saved,
-                                                                          uint64_t* slot) {
-    (void)ret;
-    const uint32_t probe = site_id(saved);
+__attribute__((visibility("hidden"))) uint64_t iprobe_rt_trace_enter_return_at(uint64_t id, const uint64_t* saved,
+                                                                               const uint64_t* slot) {
+    (void)saved;
     struct iprobe_rt_control* cb = control();
     if (UNLIKELY(!cb)) {
         count_unserved();
-        return;
+        return 0;
     }
-    if (UNLIKELY(probe + 1 >= g_geometry.probe_capacity)) return;
-    const struct iprobe_rt_probe* p = probe_of(cb, (int32_t)probe);
+    if (UNLIKELY(id + 1 >= g_geometry.probe_capacity)) return 0;
+    const struct iprobe_rt_probe* p = probe_of(cb, (int32_t)id);
     const uint64_t timed = p->timed;
-    const int hooked = hook_return(slot, IPROBE_RT_RETURN_TRACE, probe + 1, timed);
-    emit_probe(cb, (int32_t)probe, p->stat, IPROBE_RT_REC_ENTRY, 0, hooked && timed ? FRAME_MATCH : FRAME_NONE);
+    const uint64_t unit = hook_return(slot, IPROBE_RT_RETURN_TRACE, (uint32_t)id + 1, timed);
+    emit_probe(cb, (int32_t)id, p->stat, IPROBE_RT_REC_ENTRY, 0, unit && timed ? FRAME_MATCH : FRAME_NONE);
+    return unit;
 }
 
 /* A hooked return other than count's (which return_trampolines.S serves
@@ -564,10 +583,20 @@ __attribute__((visibility("hidden"))) void iprobe_rt_return_at(const struct ipro
         iprobe_rt_return_callback_run(e);
 }
 
-EXPORT int iprobe_rt_hook_return(uint64_t* slot, iprobe_rt_return_callback on_return, uint64_t cookie) {
+EXPORT uint64_t iprobe_rt_hook_return(const uint64_t* slot, iprobe_rt_return_callback on_return, uint64_t cookie) {
     const int k = on_return ? iprobe_rt_return_register(on_return) : -1;
     if (k < 0) return 0;
     return hook_return(slot, IPROBE_RT_RETURN_CALLBACK + (uint32_t)k, 0, cookie);
+}
+
+EXPORT uint64_t iprobe_rt_function_of(uint32_t probe) {
+    const struct iprobe_rt_control* cb = control();
+    if (!cb || probe >= cb->probe_count) return 0;
+    const struct iprobe_rt_probe* p = (const struct iprobe_rt_probe*)((const char*)cb + cb->probes_offset) + probe;
+    if (!p->function || p->module >= cb->module_count) return 0;
+    const struct iprobe_rt_module* m =
+        (const struct iprobe_rt_module*)((const char*)cb + cb->modules_offset) + p->module;
+    return m->load_bias + p->function;
 }
 
 #define RETURN_ADDRESS() ((uintptr_t)__builtin_extract_return_addr(__builtin_return_address(0)))

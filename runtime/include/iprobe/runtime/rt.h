@@ -73,17 +73,22 @@ const struct iprobe_rt_control* iprobe_rt_get_control(void);
 uint64_t iprobe_rt_function_at(uintptr_t return_address);
 
 /* Return hooks for handler libraries at function-entry sites (the entry and
- * LLVM flows), the mechanism the runtime's own exit probes use: called with
- * `slot` = the function's return-address slot (its stack pointer at entry,
- * which SAVE_CALL_RESTORE passes as the site's stack pointer), the return
- * then goes through a trampoline that calls `on_return(cookie, slot)` with
- * the function's return registers saved, and goes on to the real caller.
- * 1 when hooked, 0 when it could not be (the thread is deeper than its
- * return stack; counted in the region's unhooked_returns).  on_return must
+ * LLVM flows), the mechanism the runtime's own exit probes use.  Called from
+ * a handler an ENTRY_SITE_CALL entry point (save_call_restore.inc) serves,
+ * with `slot` = the function's return-address slot it was given: prepares
+ * the hook and returns the unit the handler must return to ENTRY_SITE_CALL
+ * (0: not hooked, the thread is deeper than its return stack; counted in
+ * the region's unhooked_returns).  The function's return then goes through
+ * a trampoline that calls `on_return(cookie, slot)` with the function's
+ * return registers saved, and goes on to the real caller.  on_return must
  * not use the x87 stack (a long double result is live in it).
  * Async-signal-safe, no allocation. */
 typedef void (*iprobe_rt_return_callback)(uint64_t cookie, uintptr_t slot);
-int iprobe_rt_hook_return(uint64_t* slot, iprobe_rt_return_callback on_return, uint64_t cookie);
+uint64_t iprobe_rt_hook_return(const uint64_t* slot, iprobe_rt_return_callback on_return, uint64_t cookie);
+
+/* The run-time address of the function of a probe (its global index, what
+ * a function-entry site's stub passes), 0 when unknown.  Lock-free. */
+uint64_t iprobe_rt_function_of(uint32_t probe);
 
 /* Whether `address` is one of the return trampolines, and the real return
  * address behind it (itself when it is none): for stack walkers that read
@@ -106,12 +111,13 @@ void iprobe_rt_count_enter_nop(void);
 void iprobe_rt_count_exit_nop(void);
 void iprobe_rt_count_point_nop(void);
 
-/* Function-entry sites (the entry and LLVM flows), reached through a site's
- * own stub that puts the site id in r11d: for count, the byte offset of the
- * function's `calls` in a thread's sums; for trace, the entry probe's global
- * index (its exit probe is the next one).  One entry point per combination
- * of the function's entry and exit probes enabled; an exit is served by a
- * return trampoline.  Not C-callable. */
+/* Function-entry sites (the entry and LLVM flows), reached by a jump from
+ * the site's own stub, as ENTRY_SITE_CALL (save_call_restore.inc) says: the
+ * site id pushed, r11 = the site's end.  The id is, for count, the byte
+ * offset of the function's `calls` in a thread's sums; for trace, the entry
+ * probe's global index (its exit probe is the next one).  One entry point
+ * per combination of the function's entry and exit probes enabled; an exit
+ * is served by a return trampoline.  Not C-callable. */
 void iprobe_rt_count_counter_nop(void);        /* entry only (slow path of the inlined count) */
 void iprobe_rt_count_return_nop(void);         /* exit only */
 void iprobe_rt_count_enter_return_nop(void);   /* entry and exit */
