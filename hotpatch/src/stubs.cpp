@@ -27,6 +27,21 @@ std::array<std::uint8_t, kStubSize> stub_bytes(std::uint64_t target) {
 
 namespace {
 constexpr std::uint8_t kJumpRipIndirect[6] = {0xff, 0x25, 0x00, 0x00, 0x00, 0x00};  // jmp *0(%rip)
+
+// Writes a stub's bytes one after the other (the rest stays int3).
+struct StubWriter {
+    std::array<std::uint8_t, kSiteStubSize> bytes;
+    std::size_t at = 0;
+    StubWriter() { bytes.fill(0xcc); }
+    void put(std::initializer_list<std::uint8_t> values) {
+        for (auto v : values) bytes[at++] = v;
+    }
+    void put(const std::uint8_t* values, std::size_t n) {
+        std::memcpy(bytes.data() + at, values, n);
+        at += n;
+    }
+    void put32(std::uint32_t v) { put(reinterpret_cast<const std::uint8_t*>(&v), 4); }
+};
 constexpr std::uint8_t kLoadStatsRax[5] = {0x64, 0x48, 0x8b, 0x04, 0x25};  // mov %fs:disp32, %rax
 constexpr std::uint8_t kLoadStatsR11[5] = {0x64, 0x4c, 0x8b, 0x1c, 0x25};  // mov %fs:disp32, %r11
 constexpr std::size_t kCountStubSlowPath = 23;
@@ -45,26 +60,17 @@ std::array<std::uint8_t, kSiteStubSize> site_stub_bytes(std::uint32_t id, std::u
 
 std::array<std::uint8_t, kSiteStubSize> count_stub_bytes(std::int32_t stats_tpoff, std::uint32_t counter_offset,
                                                          std::uint64_t slow_target) {
-    std::array<std::uint8_t, kSiteStubSize> b;
-    b.fill(0xcc);
-    std::size_t at = 0;
-    auto put = [&](std::initializer_list<std::uint8_t> bytes) {
-        for (auto v : bytes) b[at++] = v;
-    };
-    auto put32 = [&](std::uint32_t v) {
-        std::memcpy(b.data() + at, &v, 4);
-        at += 4;
-    };
-    for (auto v : kLoadStatsRax) b[at++] = v;
-    put32(static_cast<std::uint32_t>(stats_tpoff));
-    put({0x48, 0x85, 0xc0});                                           // test %rax, %rax
-    put({0x74, static_cast<std::uint8_t>(kCountStubSlowPath - 14)});   // je slow
-    put({0x48, 0x83, 0x80});                                           // addq $imm8, disp32(%rax)
-    put32(counter_offset);
-    put({0x01, 0xc3});                                                 // $1; ret
-    const auto slow = site_stub_bytes(counter_offset, slow_target);
-    std::memcpy(b.data() + kCountStubSlowPath, slow.data(), kIdStubSize);
-    return b;
+    StubWriter w;
+    w.put(kLoadStatsRax, sizeof kLoadStatsRax);
+    w.put32(static_cast<std::uint32_t>(stats_tpoff));
+    w.put({0x48, 0x85, 0xc0});                                           // test %rax, %rax
+    w.put({0x74, static_cast<std::uint8_t>(kCountStubSlowPath - 14)});   // je slow
+    w.put({0x48, 0x83, 0x80});                                           // addq $imm8, disp32(%rax)
+    w.put32(counter_offset);
+    w.put({0x01, 0xc3});                                                 // $1; ret
+    w.at = kCountStubSlowPath;
+    w.put(site_stub_bytes(counter_offset, slow_target).data(), kIdStubSize);
+    return w.bytes;
 }
 
 namespace {
@@ -104,26 +110,17 @@ std::array<std::uint8_t, kSiteStubSize> entry_count_stub_bytes(std::int32_t stat
                                                                std::uint64_t at, std::uint64_t site_end,
                                                                std::uint64_t slow_target) {
     if (calls > INT32_MAX) throw Error("counter offset " + std::to_string(calls) + " does not fit a push");
-    std::array<std::uint8_t, kSiteStubSize> b;
-    b.fill(0xcc);
-    std::size_t at_byte = 0;
-    auto put = [&](std::initializer_list<std::uint8_t> bytes) {
-        for (auto v : bytes) b[at_byte++] = v;
-    };
-    auto put32 = [&](std::uint32_t v) {
-        std::memcpy(b.data() + at_byte, &v, 4);
-        at_byte += 4;
-    };
-    for (auto v : kLoadStatsR11) b[at_byte++] = v;
-    put32(static_cast<std::uint32_t>(stats_tpoff));
-    put({0x4d, 0x85, 0xdb});                                             // test %r11, %r11
-    put({0x74, static_cast<std::uint8_t>(kEntryCountSlowPath - 14)});    // je slow
-    put({0x49, 0x83, 0x83});                                             // addq $imm8, disp32(%r11)
-    put32(calls);
-    put({0x01, 0xe9});                                                   // $1; jmp rel32
-    put32(rel32_to(at + at_byte + 4, site_end));
-    put_entry_stub(b.data() + kEntryCountSlowPath, calls, at + kEntryCountSlowPath, site_end, slow_target);
-    return b;
+    StubWriter w;
+    w.put(kLoadStatsR11, sizeof kLoadStatsR11);
+    w.put32(static_cast<std::uint32_t>(stats_tpoff));
+    w.put({0x4d, 0x85, 0xdb});                                             // test %r11, %r11
+    w.put({0x74, static_cast<std::uint8_t>(kEntryCountSlowPath - 14)});    // je slow
+    w.put({0x49, 0x83, 0x83});                                             // addq $imm8, disp32(%r11)
+    w.put32(calls);
+    w.put({0x01, 0xe9});                                                   // $1; jmp rel32
+    w.put32(rel32_to(at + w.at + 4, site_end));
+    put_entry_stub(w.bytes.data() + kEntryCountSlowPath, calls, at + kEntryCountSlowPath, site_end, slow_target);
+    return w.bytes;
 }
 
 std::uint64_t stub_target(const std::uint8_t* stub, std::size_t size) {

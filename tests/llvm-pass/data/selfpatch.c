@@ -105,57 +105,51 @@ __attribute__((used)) static uintptr_t selfpatch_returned(void) {
     return h.return_address;
 }
 
-/* Reached by a hooked function's `ret`: everything saved as below, then a
-   jump to the real return address through r11 (free on return). */
+/* Every caller-saved register (GPRs, flags, x87/SSE state via fxsave) saved,
+   the stack aligned; rbp points at the saved rbp, above it r11 ... rax, flags. */
+#define SAVE_EVERYTHING                                                  \
+    "  pushfq\n"                                                         \
+    "  push %rax\n push %rcx\n push %rdx\n push %rsi\n push %rdi\n"        \
+    "  push %r8\n push %r9\n push %r10\n push %r11\n"                    \
+    "  push %rbp\n"                                                      \
+    "  mov %rsp, %rbp\n"                                                 \
+    "  and $-64, %rsp\n"                                                 \
+    "  sub $512, %rsp\n"                                                 \
+    "  fxsave64 (%rsp)\n"
+#define RESTORE_EVERYTHING                                               \
+    "  fxrstor64 (%rsp)\n"                                               \
+    "  mov %rbp, %rsp\n"                                                 \
+    "  pop %rbp\n"                                                       \
+    "  pop %r11\n pop %r10\n pop %r9\n pop %r8\n"                        \
+    "  pop %rdi\n pop %rsi\n pop %rdx\n pop %rcx\n pop %rax\n"            \
+    "  popfq\n"
+
+/* Reached by a hooked function's `ret`: everything saved, then a jump to
+   the real return address through r11 (free on return). */
 __asm__(".text\n"
         ".globl selfpatch_return\n"
         ".type selfpatch_return,@function\n"
         "selfpatch_return:\n"
-        "  sub $8, %rsp\n"             /* room for the real return address */
-        "  pushfq\n"
-        "  push %rax\n push %rcx\n push %rdx\n push %rsi\n push %rdi\n"
-        "  push %r8\n push %r9\n push %r10\n push %r11\n"
-        "  push %rbp\n"
-        "  mov %rsp, %rbp\n"
-        "  and $-64, %rsp\n"
-        "  sub $512, %rsp\n"
-        "  fxsave64 (%rsp)\n"
+        "  sub $8, %rsp\n" /* room for the real return address */
+        SAVE_EVERYTHING
         "  call selfpatch_returned\n"
         "  mov %rax, 88(%rbp)\n"
-        "  fxrstor64 (%rsp)\n"
-        "  mov %rbp, %rsp\n"
-        "  pop %rbp\n"
-        "  pop %r11\n pop %r10\n pop %r9\n pop %r8\n"
-        "  pop %rdi\n pop %rsi\n pop %rdx\n pop %rcx\n pop %rax\n"
-        "  popfq\n"
+        RESTORE_EVERYTHING
         "  pop %r11\n"
         "  jmp *%r11\n"
         ".size selfpatch_return, .-selfpatch_return\n");
 
-/* Saves every caller-saved register (GPRs, flags, x87/SSE state via fxsave),
-   aligns the stack, calls selfpatch_event, restores. */
+/* Saves everything, calls selfpatch_event, restores. */
 __asm__(".text\n"
         ".globl selfpatch_trampoline\n"
         ".type selfpatch_trampoline,@function\n"
         "selfpatch_trampoline:\n"
-        "  pushfq\n"
-        "  push %rax\n push %rcx\n push %rdx\n push %rsi\n push %rdi\n"
-        "  push %r8\n push %r9\n push %r10\n push %r11\n"
-        "  push %rbp\n"
-        "  mov %rsp, %rbp\n"
-        "  and $-64, %rsp\n"
-        "  sub $512, %rsp\n"
-        "  fxsave64 (%rsp)\n"
+        SAVE_EVERYTHING
         "  mov 88(%rbp), %rdi\n"   /* return address: above rbp + 9 GPRs + flags */
         "  lea 8(%rbp), %rsi\n"    /* struct saved_registers */
         "  lea 96(%rbp), %rdx\n"   /* %rsp before the call pushed its return address */
         "  call selfpatch_event\n"
-        "  fxrstor64 (%rsp)\n"
-        "  mov %rbp, %rsp\n"
-        "  pop %rbp\n"
-        "  pop %r11\n pop %r10\n pop %r9\n pop %r8\n"
-        "  pop %rdi\n pop %rsi\n pop %rdx\n pop %rcx\n pop %rax\n"
-        "  popfq\n"
+        RESTORE_EVERYTHING
         "  ret\n"
         ".size selfpatch_trampoline, .-selfpatch_trampoline\n");
 void selfpatch_trampoline(void);
