@@ -13,7 +13,12 @@
 # load) and CPU time (user+sys, median of --reps interleaved runs).  Nothing is
 # attached: probes off.
 #
-#   bench/coldpatch/flows.sh [--reps N] [--scale N] [--redis|--redis-only] [--requests N]
+#   bench/coldpatch/flows.sh [--reps N] [--scale N] [--redis|--redis-only] [--requests N] [--on]
+#
+# --on also measures probes on, in CPU time: every probe of each flow enabled
+# (iprobe attach --handler count, then --handler trace, before the work
+# starts), and XRay with every sled patched to a counting handler
+# (xray_count.c, linked into the XRay builds).
 #
 # --redis also measures redis-server (scripts/build-redis; clang/xray builds
 # here) under redis-benchmark -P 16 -c 50 -t set,get,incr,lpush,lpop: the
@@ -30,6 +35,7 @@ reps=9
 scale=4
 redis=0
 lua=1
+on=0
 requests=500000
 while (($#)); do
   case $1 in
@@ -38,6 +44,7 @@ while (($#)); do
     --requests) requests=$2; shift 2 ;;
     --reps) reps=$2; shift 2 ;;
     --scale) scale=$2; shift 2 ;;
+    --on) on=1; shift ;;
     -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -52,6 +59,10 @@ work="$build/bench/flows"
 mkdir -p "$work"
 script="$root/bench/coldpatch/mixed.lua"
 variants=(native-gcc finstrument entry native-clang llvm xray)
+# probes on: variant:handler
+on_variants=(finstrument:count entry:count llvm:count xray:count finstrument:trace entry:trace llvm:trace)
+iprobe="$build/bin/iprobe"
+clang-14 -O2 -c "$root/bench/coldpatch/xray_count.c" -o "$work/xray_count.o"
 
 median() { sort -g | awk '{ v[NR] = $1 } END { if (NR % 2) print v[(NR + 1) / 2]; else printf "%.3f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 base_of() { case $1 in native-gcc|finstrument|entry) echo native-gcc ;; *) echo native-clang ;; esac; }
@@ -88,8 +99,10 @@ declare -A compiler=(
   [native-clang]="clang-14" [llvm]="$cc --flow=llvm"
   [xray]="clang-14 -fxray-instrument -fxray-instruction-threshold=1")
 for v in "${variants[@]}"; do
+  extra=()
+  [[ $v == xray ]] && extra=("$work/xray_count.o")
   # shellcheck disable=SC2086
-  IPROBE_CC_QUIET=1 ${compiler[$v]} "${flags[@]}" "${sources[@]}" -o "$work/lua-$v" "${libs[@]}"
+  IPROBE_CC_QUIET=1 ${compiler[$v]} "${flags[@]}" "${sources[@]}" "${extra[@]}" -o "$work/lua-$v" "${libs[@]}"
 done
 expected=$("$work/lua-native-gcc" "$script" "$scale")
 for v in "${variants[@]}"; do
@@ -119,6 +132,45 @@ for v in "${variants[@]}"; do
   b=$(base_of "$v")
   row "$v" "$(sites_of "$v" "$work/lua-$v")" "${ir[$v]//,/}" "${ir[$b]//,/}" "${cpu[$v]}" "${cpu[$b]}"
 done
+
+if ((on)); then
+  # One run with every probe on: lua waits on a FIFO (LUA_INIT) while
+  # iprobe attaches, then runs the script; prints its CPU seconds.
+  lua_on() {  # variant handler
+    local v=$1 h=$2 gate="$work/gate" tpid lpid
+    if [[ $v == xray ]]; then
+      { XRAY_COUNT=1 /usr/bin/time -f '%U %S' "$work/lua-$v" "$script" "$scale" >/dev/null; } 2>&1 | awk '{ print $1 + $2 }'
+      return
+    fi
+    rm -f "$gate"; mkfifo "$gate"
+    LUA_INIT="io.open('$gate'):read('l')" /usr/bin/time -f '%U %S' -o "$work/time.out" \
+      "$work/lua-$v" "$script" "$scale" >/dev/null &
+    tpid=$!
+    for _ in $(seq 500); do lpid=$(pgrep -P "$tpid" || true); [[ -n $lpid ]] && break; sleep 0.01; done
+    "$iprobe" attach "$lpid" --handler "$h" --ring-records 65536 >/dev/null
+    echo go >"$gate"
+    wait "$tpid"
+    awk '{ print $1 + $2 }' "$work/time.out"
+  }
+  declare -A cpu_on
+  for ((r = 1; r <= reps; r++)); do
+    for vh in "${on_variants[@]}"; do cpu_on[$vh]+="$(lua_on "${vh%%:*}" "${vh##*:}") "; done
+  done
+  echo
+  echo "### lua5.4 running bench/coldpatch/mixed.lua: probes on (every probe of the build; CPU: scale $scale, median of $reps)"
+  echo
+  echo "| build | handler | CPU s | vs native | vs the same build, probes off |"
+  echo "|---|---|---:|---:|---:|"
+  for vh in "${on_variants[@]}"; do
+    v=${vh%%:*}; b=$(base_of "$v")
+    m=$(tr ' ' '\n' <<<"${cpu_on[$vh]}" | grep . | median)
+    mb=$(tr ' ' '\n' <<<"${cpu[$b]}" | grep . | median)
+    mo=$(tr ' ' '\n' <<<"${cpu[$v]}" | grep . | median)
+    printf '| %s | %s | %s | %s | %s |\n' "$v" "${vh##*:}" "$m" \
+      "$(awk -v a="$m" -v b="$mb" 'BEGIN { printf "%.2fx", a / b }')" \
+      "$(awk -v a="$m" -v b="$mo" 'BEGIN { printf "%.2fx", a / b }')"
+  done
+fi
 fi
 
 ((redis)) || exit 0
@@ -133,30 +185,34 @@ done
 # valgrind 3.19 cannot read clang-14's default DWARF 5: clang builds use DWARF 4.
 server[llvm]=$(IPROBE_BUILD_DIR=$build IPROBE_REDIS_CFLAGS=-gdwarf-4 "$root/scripts/build-redis" --mode llvm \
   "$build/redis/llvm-dwarf4")
-build_with_cc() {  # variant, compiler command
+build_with_cc() {  # variant, compiler command[, object to link in]
   local out="$work/redis-$1"
   if [[ ! -f $out/.bench-done ]]; then
     rm -rf "$out" && mkdir -p "$out" && cp -a "$rsrc/." "$out/"
-    make -C "$out" -j2 CC="$2" CFLAGS=-gdwarf-4 MALLOC=libc USE_SYSTEMD=no BUILD_TLS=no >"$out/build.log" 2>&1 ||
+    make -C "$out" -j2 CC="$2" CFLAGS=-gdwarf-4 LDFLAGS="${3:-}" MALLOC=libc USE_SYSTEMD=no BUILD_TLS=no >"$out/build.log" 2>&1 ||
       { tail -20 "$out/build.log" >&2; echo "redis build ($1) failed" >&2; exit 1; }
     touch "$out/.bench-done"
   fi
   server[$1]="$out/src/redis-server"
 }
 build_with_cc native-clang clang-14
-build_with_cc xray "clang-14 -fxray-instrument -fxray-instruction-threshold=1"
+build_with_cc xray "clang-14 -fxray-instrument -fxray-instruction-threshold=1" "$work/xray_count.o"
 
 server_cpu=() client_cpu=()
 if (($(nproc) >= 2)); then server_cpu=(taskset -c 0); client_cpu=(taskset -c 1); fi
 tests=set,get,incr,lpush,lpop
 port=$((20000 + RANDOM % 20000))
 wait_ping() { for _ in $(seq 600); do redis-cli -p "$port" ping >/dev/null 2>&1 && return 0; sleep 0.05; done; return 1; }
-serve() {  # variant n [wrapper...] -> prints the server's CPU seconds
+serve() {  # variant n [wrapper...] -> prints the server's CPU seconds; $handler set: probes on
   local v=$1 n=$2 pid ticks; shift 2
-  "${server_cpu[@]}" "$@" "${server[$v]}" --port "$port" --save '' --appendonly no --daemonize no \
+  XRAY_COUNT=$([[ -n ${handler:-} && $v == xray ]] && echo 1 || echo 0) \
+    "${server_cpu[@]}" "$@" "${server[$v]}" --port "$port" --save '' --appendonly no --daemonize no \
     --logfile /dev/null >/dev/null 2>&1 &
   pid=$!
   wait_ping || { echo "redis ($v) did not start" >&2; kill "$pid"; exit 1; }
+  if [[ -n ${handler:-} && $v != xray ]]; then
+    "$iprobe" attach "$pid" --handler "$handler" --ring-records 65536 >/dev/null
+  fi
   "${client_cpu[@]}" redis-benchmark -p "$port" -n "$n" -c 50 -P 16 -t "$tests" -q >/dev/null 2>&1
   ticks=$(awk '{ print $14 + $15 }' "/proc/$pid/stat")
   redis-cli -p "$port" shutdown nosave >/dev/null 2>&1 || kill "$pid"
@@ -181,4 +237,24 @@ echo "|---|---:|---:|---:|---:|---:|"
 for v in "${rvariants[@]}"; do
   b=$(base_of "$v")
   row "$v" "$(sites_of "$v" "${server[$v]}")" "${rir[$v]}" "${rir[$b]}" "${rcpu[$v]}" "${rcpu[$b]}"
+done
+
+((on)) || exit 0
+declare -A rcpu_on
+for ((r = 1; r <= reps; r++)); do
+  for vh in "${on_variants[@]}"; do rcpu_on[$vh]+="$(handler=${vh##*:} serve "${vh%%:*}" "$requests") "; done
+done
+echo
+echo "### redis-server 7.0, redis-benchmark -c 50 -P 16 -t $tests: probes on (every probe of the build; server CPU s, $requests req, median of $reps)"
+echo
+echo "| build | handler | server CPU s | vs native | vs the same build, probes off |"
+echo "|---|---|---:|---:|---:|"
+for vh in "${on_variants[@]}"; do
+  v=${vh%%:*}; b=$(base_of "$v")
+  m=$(tr ' ' '\n' <<<"${rcpu_on[$vh]}" | grep . | median)
+  mb=$(tr ' ' '\n' <<<"${rcpu[$b]}" | grep . | median)
+  mo=$(tr ' ' '\n' <<<"${rcpu[$v]}" | grep . | median)
+  printf '| %s | %s | %s | %s | %s |\n' "$v" "${vh##*:}" "$m" \
+    "$(awk -v a="$m" -v b="$mb" 'BEGIN { printf "%.2fx", a / b }')" \
+    "$(awk -v a="$m" -v b="$mo" 'BEGIN { printf "%.2fx", a / b }')"
 done
