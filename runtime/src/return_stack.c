@@ -115,6 +115,7 @@ static int claim_chunk(struct iprobe_rt_thread_state* t) {
         if (!__atomic_compare_exchange_n(&g_chunk_owner[c], &owner, token, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED))
             continue;
         __atomic_store_n(&g_claim_hint, c + 1, __ATOMIC_RELAXED);
+        if (t->count == 0) iprobe_rt_watch_thread();
         t->chunks[t->count++] = (uint16_t)c;
         return 1;
     }

@@ -61,6 +61,8 @@ IPROBE_RT_HIDDEN int iprobe_rt_return_register(iprobe_rt_return_callback callbac
 IPROBE_RT_HIDDEN void iprobe_rt_return_callback_run(const struct iprobe_rt_return* e);
 
 IPROBE_RT_HIDDEN void iprobe_rt_return_retire(void);
+/* Makes sure iprobe_rt_return_retire() runs when this thread exits (rt.c). */
+IPROBE_RT_HIDDEN void iprobe_rt_watch_thread(void);
 IPROBE_RT_HIDDEN void iprobe_rt_return_after_fork(void);
 
 #endif

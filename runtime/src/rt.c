@@ -234,6 +234,18 @@ static __attribute__((noinline, cold)) struct iprobe_rt_fn_stats* claim_slot(str
     return (struct iprobe_rt_fn_stats*)(uintptr_t)iprobe_rt_vector_safe_call(claim_slot_call, t, cb);
 }
 
+static uint64_t watch_thread_call(void* t, void* unused) {
+    (void)unused;
+    pthread_setspecific(g_thread_key, t);
+    return 0;
+}
+
+/* A thread that hooks returns before it has a ring or a slot (a handler
+ * library's hooks) must still give its chunks back when it exits. */
+__attribute__((visibility("hidden"))) void iprobe_rt_watch_thread(void) {
+    if (g_thread_key_ok) iprobe_rt_vector_safe_call(watch_thread_call, &t_producer, 0);
+}
+
 static void retire_thread(void* value) {
     (void)value;
     struct thread_producer* t = &t_producer;

@@ -5,7 +5,8 @@
  *   fault_pages 1 (takes at least FAULTED_PAGES page faults), nap 1 (sleeps:
  *   at least one context switch).
  * Mode "serve SECONDS": repeats hot_leaf in rounds with short sleeps, so a
- * profiler can attach while it runs; prints the checksum and exits 0. */
+ * profiler can attach while it runs; prints the checksum and exits 0.
+ * Mode "churn N": N threads one after another, each thread_main once. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -86,6 +87,16 @@ int main(int argc, char** argv)
             nanosleep(&pause, NULL);
         }
         printf("rounds %lu ok\n", rounds);
+        return 0;
+    }
+    if (argc > 2 && strcmp(argv[1], "churn") == 0) {
+        const int n = atoi(argv[2]);
+        for (int i = 0; i < n; i++) {
+            pthread_t thread;
+            pthread_create(&thread, NULL, thread_main, NULL);
+            pthread_join(thread, NULL);
+        }
+        printf("churn %d ok\n", n);
         return 0;
     }
     pthread_t threads[2];

@@ -640,6 +640,23 @@ TEST(FperfHotpatch, EntryFlowProgramGetsExactCountsThroughReturnTrampolines) {
     expect_exact_calls_but_fib(record_program({"--budget", "none"}, build_dir() + "/tests/fperf/entry/callgraph", dir));
 }
 
+// More threads come and go than the runtime's return pool has chunks: each
+// must give its chunk back at exit although only fperf's handler (no ring,
+// no slot of the runtime's) hooked its returns.
+TEST(FperfHotpatch, EntryFlowThreadsComingAndGoingKeepTheirExits) {
+    TempDir dir;
+    constexpr int kThreads = 1500;
+    const auto r = run({bin("fperf"), "record", "-o", dir / "fperf.data", "--budget", "none", "--",
+                        build_dir() + "/tests/fperf/entry/callgraph", "churn", std::to_string(kThreads)},
+                       {}, 240s);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find("churn " + std::to_string(kThreads) + " ok"), std::string::npos) << r.out;
+    const auto f = by_name(iprobe::fperf::Profile::load(dir / "fperf.data"));
+    ASSERT_TRUE(f.count("thread_main"));
+    EXPECT_EQ(f.at("thread_main")->calls, static_cast<std::uint64_t>(kThreads));
+    EXPECT_EQ(f.at("thread_main")->samples, static_cast<std::uint64_t>(kThreads)) << "every exit came back";
+}
+
 #ifdef FPERF_TEST_LLVM
 // iprobe-cc --mode=llvm: NOP-form sites carry no function address; the
 // handler's NOP entry points look it up in the runtime's site table.
