@@ -167,6 +167,30 @@ void require_same_stubs(const ProcessMemory& memory, const probelist::Probe& ent
     }
 }
 
+EntrySitePlan plan_entry_site(const SelectedList& s, const RunningModule& running, const iprobe_rt_module& module,
+                              std::uint32_t entry_id, std::uint32_t id, EntryVariant wanted, const std::uint8_t* now,
+                              const EntrySiteHandlers& handlers, const ProcessMemory& memory, StubChecker& stubs_seen) {
+    const probelist::Probe& entry = s.list.probes[entry_id];
+    const std::uint64_t site = running.load_bias + entry.site;
+    EntrySitePlan plan;
+    plan.before = live_variant(s, running, entry, site, now, stubs_seen);
+    plan.after = plan.before | wanted;
+    if (variant_symbol(handlers.symbols, plan.after).empty())
+        throw Error("the handler library has no entry point for the " +
+                        std::string(plan.after.enter ? "entry and exit" : "exit") + " of " + entry.demangled +
+                        " (a function-entry site whose exit is a return trampoline)",
+                    ExitCode::unavailable);
+    const EntrySiteStubs stubs = entry_site_stubs(id, handlers.targets, handlers.inline_count_tpoff,
+                                                  module.site_stubs, entry_id, site + entry.size);
+    plan.entry_slot = {module.site_stubs, variant_stub(module.site_stubs, entry_id, {true, false}), stubs.entry_slot};
+    plan.exit_slot = {module.site_stubs, variant_stub(module.site_stubs, entry_id, {false, true}), stubs.exit_slot};
+    if (plan.before.any()) require_same_stubs(memory, entry, plan.entry_slot.address, plan.exit_slot.address, stubs);
+    if (plan.after != plan.before)
+        plan.patch = Patch{site, SiteBytes(now, entry.size),
+                           jump_bytes(site, entry.size, variant_stub(module.site_stubs, entry_id, plan.after))};
+    return plan;
+}
+
 void check_selected_sites(const ProcessMemory& memory, const SelectedList& s, const RunningModule& running) {
     check_sites_in_code(s, running);
     std::vector<std::uint64_t> addresses;

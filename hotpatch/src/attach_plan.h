@@ -5,12 +5,14 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "iprobe/hotpatch/hotpatch.h"
 #include "iprobe/probelist/probe_list.h"
 #include "modules.h"
+#include "patch.h"
 #include "entry_sites.h"
 #include "region.h"
 #include "stubs.h"
@@ -62,6 +64,28 @@ EntryVariant live_variant(const SelectedList& s, const RunningModule& running, c
 // calls them.  Throws Error(busy) saying to detach first.
 void require_same_stubs(const ProcessMemory& memory, const probelist::Probe& entry, std::uint64_t entry_slot,
                         std::uint64_t exit_slot, const EntrySiteStubs& stubs);
+
+// What turning on `wanted` at one function-entry site takes (entry_sites.h):
+// the stubs of its two slots, the site's new bytes (none when it serves them
+// already) and which of its probes are on before and after.
+struct EntrySitePlan {
+    SiteStub entry_slot, exit_slot;
+    std::optional<Patch> patch;
+    EntryVariant before, after;
+};
+
+struct EntrySiteHandlers {
+    const HandlerSymbols& symbols;
+    EntryTargets targets;                // the handler's entry points for the three variants
+    std::int32_t inline_count_tpoff = 0; // count: the thread's sums (0: no inlined count)
+};
+
+// `id` is what the site's stubs pass; `now` the site's bytes.  Throws as
+// live_variant() and require_same_stubs() do, and Error(unavailable) when the
+// handler has no entry point for what would be on.
+EntrySitePlan plan_entry_site(const SelectedList& s, const RunningModule& running, const iprobe_rt_module& module,
+                              std::uint32_t entry_id, std::uint32_t id, EntryVariant wanted, const std::uint8_t* now,
+                              const EntrySiteHandlers& handlers, const ProcessMemory& memory, StubChecker& stubs_seen);
 
 // Before anything is injected or written: every selected site lies in the
 // module's code and holds what the list says.

@@ -193,47 +193,34 @@ AttachStats attach(const AttachOptions& options) {
                     enables.push_back({global, ret, global});
                 }
             }
+            if (entry_sites.empty()) continue;
+            ensure_site_stubs(process, libc, running, module);
+            const bool counting = handlers.site_id == HandlerSymbols::SiteId::counter;
+            EntrySiteHandlers entry_handlers{handlers, {}, 0};
+            if (!handlers.entry_enter.empty()) entry_handlers.targets.enter = handler_address(handlers.entry_enter);
+            if (!handlers.entry_return.empty()) entry_handlers.targets.exit = handler_address(handlers.entry_return);
+            if (!handlers.entry_enter_return.empty())
+                entry_handlers.targets.both = handler_address(handlers.entry_enter_return);
             for (const auto& [entry_id, wanted_at] : entry_sites) {
                 const auto& [wanted, at] = wanted_at;
-                const probelist::Probe& entry = s.list.probes[entry_id];
-                const std::uint64_t site = running.load_bias + entry.site;
-                const std::uint8_t* now = text[at].data();
                 const std::uint32_t global = module.first_probe + entry_id;
-                ensure_site_stubs(process, libc, running, module);
-                const EntryVariant current = live_variant(s, running, entry, site, now, stubs_seen);
-                const EntryVariant next = current | wanted;
-                if (variant_symbol(handlers, next).empty())
-                    throw Error("the handler library has no entry point for the " +
-                                    std::string(next.enter ? "entry and exit" : "exit") + " of " + entry.demangled +
-                                    " (a function-entry site whose exit is a return trampoline)",
-                                ExitCode::unavailable);
-                EntryTargets targets;
-                targets.enter = handler_address(handlers.entry_enter);
-                if (!handlers.entry_return.empty()) targets.exit = handler_address(handlers.entry_return);
-                if (!handlers.entry_enter_return.empty()) targets.both = handler_address(handlers.entry_enter_return);
-                const bool counting = handlers.site_id == HandlerSymbols::SiteId::counter;
-                const std::uint32_t id = counting ? counter_offset(region.probes()[global].stat, probelist::ProbeKind::entry)
-                                                  : global;
-                const bool inline_count = counting && state.stats_tpoff != 0 && state.stats_tpoff >= INT32_MIN &&
-                                          state.stats_tpoff < 0 && id <= INT32_MAX;
-                const EntrySiteStubs stubs_for_site =
-                    entry_site_stubs(id, targets, inline_count ? static_cast<std::int32_t>(state.stats_tpoff) : 0,
-                                     module.site_stubs, entry_id, site + entry.size);
-                const std::uint64_t entry_slot = variant_stub(module.site_stubs, entry_id, {true, false});
-                const std::uint64_t exit_slot = variant_stub(module.site_stubs, entry_id, {false, true});
-                if (current.any()) require_same_stubs(process.memory(), entry, entry_slot, exit_slot, stubs_for_site);
-                site_stubs.push_back({module.site_stubs, entry_slot, stubs_for_site.entry_slot});
-                site_stubs.push_back({module.site_stubs, exit_slot, stubs_for_site.exit_slot});
-                if (next != current)
-                    patches.push_back({site, SiteBytes(now, entry.size),
-                                       jump_bytes(site, entry.size, variant_stub(module.site_stubs, entry_id, next))});
-                const std::uint64_t ret = site + entry.size;
+                const std::uint32_t id =
+                    counting ? counter_offset(region.probes()[global].stat, probelist::ProbeKind::entry) : global;
+                entry_handlers.inline_count_tpoff = counting && state.stats_tpoff >= INT32_MIN && state.stats_tpoff < 0 &&
+                                                            id <= INT32_MAX
+                                                        ? static_cast<std::int32_t>(state.stats_tpoff)
+                                                        : 0;
+                const EntrySitePlan plan = plan_entry_site(s, running, module, entry_id, id, wanted, text[at].data(),
+                                                           entry_handlers, process.memory(), stubs_seen);
+                site_stubs.push_back(plan.entry_slot);
+                site_stubs.push_back(plan.exit_slot);
+                if (plan.patch) patches.push_back(*plan.patch);
+                const std::uint64_t ret = running.load_bias + s.list.probes[entry_id].site + s.list.probes[entry_id].size;
                 for (const bool exit : {false, true}) {
-                    if (!(exit ? next.exit : next.enter)) continue;
+                    if (!(exit ? plan.after.exit : plan.after.enter)) continue;
                     enables.push_back({global + (exit ? 1u : 0u), ret, global});
-                    const bool was_on = exit ? current.exit : current.enter;
                     if (!(exit ? wanted.exit : wanted.enter)) continue;
-                    if (was_on) stats.already_enabled++;
+                    if (exit ? plan.before.exit : plan.before.enter) stats.already_enabled++;
                     else newly_enabled++;
                 }
             }
