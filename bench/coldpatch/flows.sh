@@ -13,12 +13,15 @@
 # load) and CPU time (user+sys, median of --reps interleaved runs).  Nothing is
 # attached: probes off.
 #
-#   bench/coldpatch/flows.sh [--reps N] [--scale N] [--redis|--redis-only] [--requests N] [--on]
+#   bench/coldpatch/flows.sh [--reps N] [--scale N] [--redis|--redis-only] [--requests N]
+#                            [--on [--on-scale N] [--on-requests N]]
 #
 # --on also measures probes on, in CPU time: every probe of each flow enabled
 # (iprobe attach --handler count, then --handler trace, before the work
 # starts), and XRay with every sled patched to a counting handler
-# (xray_count.c, linked into the XRay builds).
+# (xray_count.c, linked into the XRay builds).  Its runs use --on-scale
+# (default 4) and --on-requests (default 500000): probes on cost several
+# times more, and their ratios need no finer resolution.
 #
 # --redis also measures redis-server (scripts/build-redis; clang/xray builds
 # here) under redis-benchmark -P 16 -c 50 -t set,get,incr,lpush,lpop: the
@@ -37,6 +40,8 @@ redis=0
 lua=1
 on=0
 requests=500000
+on_scale=4
+on_requests=500000
 while (($#)); do
   case $1 in
     --redis) redis=1; shift ;;
@@ -45,6 +50,8 @@ while (($#)); do
     --reps) reps=$2; shift 2 ;;
     --scale) scale=$2; shift 2 ;;
     --on) on=1; shift ;;
+    --on-scale) on_scale=$2; shift 2 ;;
+    --on-requests) on_requests=$2; shift 2 ;;
     -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -139,12 +146,12 @@ if ((on)); then
   lua_on() {  # variant handler
     local v=$1 h=$2 gate="$work/gate" tpid lpid
     if [[ $v == xray ]]; then
-      { XRAY_COUNT=1 /usr/bin/time -f '%U %S' "$work/lua-$v" "$script" "$scale" >/dev/null; } 2>&1 | awk '{ print $1 + $2 }'
+      { XRAY_COUNT=1 /usr/bin/time -f '%U %S' "$work/lua-$v" "$script" "$on_scale" >/dev/null; } 2>&1 | awk '{ print $1 + $2 }'
       return
     fi
     rm -f "$gate"; mkfifo "$gate"
     LUA_INIT="io.open('$gate'):read('l')" /usr/bin/time -f '%U %S' -o "$work/time.out" \
-      "$work/lua-$v" "$script" "$scale" >/dev/null &
+      "$work/lua-$v" "$script" "$on_scale" >/dev/null &
     tpid=$!
     for _ in $(seq 500); do lpid=$(pgrep -P "$tpid" || true); [[ -n $lpid ]] && break; sleep 0.01; done
     "$iprobe" attach "$lpid" --handler "$h" --ring-records 65536 >/dev/null
@@ -152,20 +159,24 @@ if ((on)); then
     wait "$tpid"
     awk '{ print $1 + $2 }' "$work/time.out"
   }
-  declare -A cpu_on
+  declare -A cpu_on cpu_off
   for ((r = 1; r <= reps; r++)); do
+    for v in "${variants[@]}"; do
+      cpu_off[$v]+="$( { /usr/bin/time -f '%U %S' "$work/lua-$v" "$script" "$on_scale" >/dev/null; } 2>&1 |
+        awk '{ print $1 + $2 }') "
+    done
     for vh in "${on_variants[@]}"; do cpu_on[$vh]+="$(lua_on "${vh%%:*}" "${vh##*:}") "; done
   done
   echo
-  echo "### lua5.4 running bench/coldpatch/mixed.lua: probes on (every probe of the build; CPU: scale $scale, median of $reps)"
+  echo "### lua5.4 running bench/coldpatch/mixed.lua: probes on (every probe of the build; CPU: scale $on_scale, median of $reps, probes-off runs interleaved)"
   echo
   echo "| build | handler | CPU s | vs native | vs the same build, probes off |"
   echo "|---|---|---:|---:|---:|"
   for vh in "${on_variants[@]}"; do
     v=${vh%%:*}; b=$(base_of "$v")
     m=$(tr ' ' '\n' <<<"${cpu_on[$vh]}" | grep . | median)
-    mb=$(tr ' ' '\n' <<<"${cpu[$b]}" | grep . | median)
-    mo=$(tr ' ' '\n' <<<"${cpu[$v]}" | grep . | median)
+    mb=$(tr ' ' '\n' <<<"${cpu_off[$b]}" | grep . | median)
+    mo=$(tr ' ' '\n' <<<"${cpu_off[$v]}" | grep . | median)
     printf '| %s | %s | %s | %s | %s |\n' "$v" "${vh##*:}" "$m" \
       "$(awk -v a="$m" -v b="$mb" 'BEGIN { printf "%.2fx", a / b }')" \
       "$(awk -v a="$m" -v b="$mo" 'BEGIN { printf "%.2fx", a / b }')"
@@ -240,20 +251,21 @@ for v in "${rvariants[@]}"; do
 done
 
 ((on)) || exit 0
-declare -A rcpu_on
+declare -A rcpu_on rcpu_off
 for ((r = 1; r <= reps; r++)); do
-  for vh in "${on_variants[@]}"; do rcpu_on[$vh]+="$(handler=${vh##*:} serve "${vh%%:*}" "$requests") "; done
+  for v in "${rvariants[@]}"; do rcpu_off[$v]+="$(serve "$v" "$on_requests") "; done
+  for vh in "${on_variants[@]}"; do rcpu_on[$vh]+="$(handler=${vh##*:} serve "${vh%%:*}" "$on_requests") "; done
 done
 echo
-echo "### redis-server 7.0, redis-benchmark -c 50 -P 16 -t $tests: probes on (every probe of the build; server CPU s, $requests req, median of $reps)"
+echo "### redis-server 7.0, redis-benchmark -c 50 -P 16 -t $tests: probes on (every probe of the build; server CPU s, $on_requests req, median of $reps, probes-off runs interleaved)"
 echo
 echo "| build | handler | server CPU s | vs native | vs the same build, probes off |"
 echo "|---|---|---:|---:|---:|"
 for vh in "${on_variants[@]}"; do
   v=${vh%%:*}; b=$(base_of "$v")
   m=$(tr ' ' '\n' <<<"${rcpu_on[$vh]}" | grep . | median)
-  mb=$(tr ' ' '\n' <<<"${rcpu[$b]}" | grep . | median)
-  mo=$(tr ' ' '\n' <<<"${rcpu[$v]}" | grep . | median)
+  mb=$(tr ' ' '\n' <<<"${rcpu_off[$b]}" | grep . | median)
+  mo=$(tr ' ' '\n' <<<"${rcpu_off[$v]}" | grep . | median)
   printf '| %s | %s | %s | %s | %s |\n' "$v" "${vh##*:}" "$m" \
     "$(awk -v a="$m" -v b="$mb" 'BEGIN { printf "%.2fx", a / b }')" \
     "$(awk -v a="$m" -v b="$mo" 'BEGIN { printf "%.2fx", a / b }')"
