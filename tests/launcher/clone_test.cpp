@@ -361,6 +361,12 @@ TEST(LauncherCloneSession, ServiceOnATerminalIsRefusedBeforeTheFreezeWithHowToSt
     ASSERT_EQ(redis_cli(ns.path(), port, {"SET", "k", "on-a-tty"}), "OK");
     auto service = children_of(terminal.pid());
     ASSERT_EQ(service.size(), 1u);
+    // script(1) puts the service in a session of its own, out of reach of the
+    // terminal's group kill, and redis ignores the hang-up: end it ourselves.
+    struct KillAtExit {
+        pid_t pid;
+        ~KillAtExit() { ::kill(pid, SIGKILL); }
+    } end_service{static_cast<pid_t>(service[0])};
     ASSERT_TRUE(fs::read_symlink("/proc/" + std::to_string(service[0]) + "/fd/1").string().starts_with("/dev/pts/"));
     std::string name = "ipt-ptyclone-" + std::to_string(getpid());
     auto r = run({bin("iprobe"), "clone", std::to_string(service[0]), "--netns", name});
