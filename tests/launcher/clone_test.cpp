@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -377,6 +378,56 @@ TEST(LauncherCloneSession, ServiceOnATerminalIsRefusedBeforeTheFreezeWithHowToSt
     EXPECT_FALSE(fs::exists("/run/netns/" + name));
     EXPECT_FALSE(fs::exists("/run/iprobe/clones/" + name));
     EXPECT_EQ(redis_cli(ns.path(), port, {"GET", "k"}), "on-a-tty");
+}
+
+// A service holding a lock on a file outside its working directory (a pid
+// file, say): the clone gets a private copy of that file and a lock of its
+// own on it.  Sharing production's file, CRIU's restore would contend for
+// the lock production holds and fail.
+TEST(LauncherCloneLocks, ServiceHoldingALockIsClonedWithALockOfItsOwn) {
+    IPROBE_SKIP_UNLESS_CLONING_WORKS();
+    Netns ns("ipt-lock-" + std::to_string(getpid()));
+    TempDir dir, lock_dir;
+    const std::string lock_file = lock_dir.path() + "/service.lock";
+    std::ofstream(lock_file) << "";
+    int port = free_port();
+    // flock(1) takes the lock and hands its descriptor to the service, which
+    // leads a session of its own (setsid), as a daemon does.
+    Child locker({"flock", lock_file, "setsid", "nsenter", "--net=" + ns.path(), "/usr/bin/redis-server", "--port",
+                  std::to_string(port), "--save", "", "--appendonly", "no", "--dir", dir.path()},
+                 "/dev/null", {}, Session::own);
+    ASSERT_TRUE(redis_answers(ns.path(), port)) << "redis-server did not start";
+    auto service = children_of(locker.pid());
+    ASSERT_EQ(service.size(), 1u);
+    struct KillAtExit {
+        pid_t pid;
+        ~KillAtExit() { ::kill(pid, SIGKILL); }
+    } end_service{static_cast<pid_t>(service[0])};
+    ASSERT_EQ(run({"flock", "-n", lock_file, "true"}).exit_code, 1) << "production holds the lock";
+
+    std::string name = "ipt-lockclone-" + std::to_string(getpid());
+    auto r = run({bin("iprobe"), "clone", std::to_string(service[0]), "--netns", name, "--json"}, {},
+                 std::chrono::seconds(120));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(redis_cli("/run/netns/" + name, port, {"PING"}), "PONG");
+    const long long clone_pid = json_number(r.out, "clone_pid");
+    ASSERT_GT(clone_pid, 0) << r.out;
+    // The clone's descriptor is a locked private copy, not production's file.
+    struct stat production_file {};
+    ASSERT_EQ(::stat(lock_file.c_str(), &production_file), 0);
+    bool clone_locks_a_copy = false;
+    for (const auto& fd : fs::directory_iterator("/proc/" + std::to_string(clone_pid) + "/fd")) {
+        if (fs::read_symlink(fd.path()).filename() != "service.lock") continue;
+        struct stat held {};
+        ASSERT_EQ(::stat(fd.path().c_str(), &held), 0);
+        EXPECT_NE(held.st_ino, production_file.st_ino) << "the clone shares production's lock file";
+        std::ifstream info("/proc/" + std::to_string(clone_pid) + "/fdinfo/" + fd.path().filename().string());
+        const std::string text((std::istreambuf_iterator<char>(info)), std::istreambuf_iterator<char>());
+        clone_locks_a_copy = text.find("lock:") != std::string::npos;
+    }
+    EXPECT_TRUE(clone_locks_a_copy) << "no locked copy of service.lock in the clone";
+    EXPECT_EQ(run({"flock", "-n", lock_file, "true"}).exit_code, 1) << "production must keep its lock";
+    EXPECT_EQ(run({bin("iprobe"), "clone", "--destroy", name}).exit_code, 0);
 }
 
 TEST(LauncherCloneFailure, ServiceCriuCannotDumpKeepsServing) {
