@@ -16,6 +16,11 @@ namespace {
 
 constexpr std::size_t kExcerpt = 96;
 constexpr std::size_t kMaxLine = 64 * 1024;       // longest RESP line / HTTP header block we frame
+// Redis itself refuses more than INT_MAX elements in one aggregate; a bulk
+// string longer than 2^62 bytes exists on no wire, and the counts stay far
+// from overflow when doubled (maps) or stepped over the trailing CRLF.
+constexpr long long kMaxAggregate = 0x7fffffffLL;
+constexpr long long kMaxBulk = 1LL << 62;
 constexpr std::size_t kSummaryArg = 40;
 constexpr std::size_t kSummaryArgs = 6;
 
@@ -139,6 +144,10 @@ private:
             return;
         case '$': case '!': case '=':
             if (!parse_int(line.substr(1), count) || count < -1) break;
+            if (count > kMaxBulk) {
+                error_ = "RESP bulk length out of range: '" + printable(line, 40) + "'";
+                return;
+            }
             if (count == -1) {
                 if (collecting_arg_) args_.emplace_back("(nil)");
                 element_done(out);
@@ -149,6 +158,10 @@ private:
             return;
         case '*': case '~': case '>': case '%': case '|':
             if (!parse_int(line.substr(1), count) || count < -1) break;
+            if (count > kMaxAggregate) {
+                error_ = "RESP aggregate length out of range: '" + printable(line, 40) + "'";
+                return;
+            }
             if (line[0] == '%') count *= 2;
             if (line[0] == '|') count = count * 2 + 1;  // the attribute and the value it annotates
             if (role_ == Role::request && depth_.empty()) collecting_arg_ = true;

@@ -103,6 +103,22 @@ TEST(ProxyRespFramer, GarbageStopsTheFramer) {
     EXPECT_EQ(out.size(), 1u);
 }
 
+// Lengths no peer could send stop the framer instead of overflowing its
+// counters (found by fuzzing: a RESP3 attribute of 8198552921648689608).
+TEST(ProxyRespFramer, LengthsBeyondAnyWireStopTheFramer) {
+    for (const std::string line : {"|8198552921648689608\r\n", "%4611686018427387904\r\n", "*2147483648\r\n",
+                                    "$9223372036854775807\r\n"}) {
+        auto f = Framer::create(Protocol::resp, Role::response, DivergenceRules::defaults());
+        std::vector<Message> out;
+        f->feed(bytes("+OK\r\n" + line + "+OK\r\n"), out);
+        EXPECT_TRUE(f->failed()) << line;
+        EXPECT_NE(f->error().find("out of range"), std::string::npos) << f->error();
+        EXPECT_EQ(out.size(), 1u) << line;
+    }
+    // The largest aggregate Redis itself accepts still frames.
+    EXPECT_EQ(frame(Protocol::resp, Role::response, "*0\r\n*2147483647\r\n", 64).size(), 1u);
+}
+
 TEST(ProxyHttpFramer, ContentLengthChunkedAndClose) {
     const std::string requests =
         "GET /a HTTP/1.1\r\nHost: x\r\n\r\n"
