@@ -223,6 +223,16 @@ TEST(LauncherCloneAddress, ServiceBoundToASpecificAddressIsClonedWithIt) {
     EXPECT_EQ(cli(ns.path(), {"PING"}), "PONG");
 }
 
+// A failed step keeps CRIU's log for the user and says where; the test
+// reads the promise and then removes the file.
+void expect_kept_log(const std::string& err, const std::string& name, const std::string& step) {
+    const std::string kept = "/tmp/iprobe-clone-" + name + "-" + step + ".log";
+    EXPECT_NE(err.find("full log: " + kept), std::string::npos) << err;
+    EXPECT_TRUE(fs::exists(kept)) << kept;
+    std::error_code ec;
+    fs::remove(kept, ec);
+}
+
 // `ip netns exec` gives the service a mount namespace of its own, which CRIU
 // then has to checkpoint and cannot here: the error says what to do instead.
 TEST(LauncherCloneFailure, ServiceInItsOwnMountNamespaceGetsAHintAndKeepsServing) {
@@ -247,6 +257,7 @@ TEST(LauncherCloneFailure, ServiceInItsOwnMountNamespaceGetsAHintAndKeepsServing
     EXPECT_EQ(r.exit_code, 1) << r.err;
     EXPECT_NE(r.err.find("nsenter --net="), std::string::npos) << r.err;
     EXPECT_NE(r.err.find("keeps running"), std::string::npos) << r.err;
+    expect_kept_log(r.err, name, "dump");
     EXPECT_FALSE(netns_exists(name));
     EXPECT_EQ(redis_cli(ns.path(), port, {"GET", "k"}), "v");
 }
@@ -448,6 +459,7 @@ TEST(LauncherCloneFailure, ServiceCriuCannotDumpKeepsServing) {
     EXPECT_EQ(r.exit_code, 1) << r.err;
     EXPECT_NE(r.err.find("perf_event"), std::string::npos) << "cause not named: " << r.err;
     EXPECT_NE(r.err.find("keeps running"), std::string::npos) << r.err;
+    expect_kept_log(r.err, name, "dump");
     EXPECT_FALSE(netns_exists(name));
     EXPECT_FALSE(fs::exists("/run/iprobe/clones/" + name));
     // Production serves on the connection it had before the attempt.
