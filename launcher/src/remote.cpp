@@ -186,9 +186,10 @@ std::vector<std::string> expect_reply(Channel& channel, const std::string& kind,
     auto w = words(line, fields + 1);
     if (line.rfind("ERROR ", 0) == 0) {
         auto e = words(line, 3);
-        const auto code = e.size() == 3 ? parse_unsigned(e[1]) : std::nullopt;
+        // Not an optional held across the throw: GCC 12 at -Os warns (wrongly) that it may be unset.
+        const std::uint64_t code = e.size() == 3 ? parse_unsigned(e[1]).value_or(256) : 256;
         throw Error("the clone agent says: " + unescape_line(e.size() == 3 ? e[2] : line),
-                    code && *code < 256 ? static_cast<ExitCode>(*code) : ExitCode::failure);
+                    code < 256 ? static_cast<ExitCode>(code) : ExitCode::failure);
     }
     if (w[0] != kind || w.size() != fields + 1)
         throw Error("the clone agent answered '" + line.substr(0, 200) + "', expected " + kind, ExitCode::bad_input);
