@@ -433,7 +433,38 @@ private:
     std::vector<Expected> pending_;
 };
 
+bool starts_resp_request(std::span<const std::uint8_t> bytes) {
+    // "*<count>\r\n$<length>\r\n": a count of 1 to 7 digits, then a bulk string's length.
+    const std::string_view s(reinterpret_cast<const char*>(bytes.data()), std::min<std::size_t>(bytes.size(), 32));
+    if (s.size() < 6 || s[0] != '*' || s[1] < '1' || s[1] > '9') return false;
+    std::size_t i = 2;
+    while (i < s.size() && i < 9 && std::isdigit(static_cast<unsigned char>(s[i]))) ++i;
+    return s.substr(i).starts_with("\r\n$") && i + 3 < s.size() && std::isdigit(static_cast<unsigned char>(s[i + 3]));
+}
+
+bool starts_http_request(std::span<const std::uint8_t> bytes) {
+    // "METHOD SP target SP HTTP/1.x" within the segment's first line.
+    const std::string_view s(reinterpret_cast<const char*>(bytes.data()), std::min<std::size_t>(bytes.size(), 8192));
+    const auto eol = s.find("\r\n");
+    if (eol == std::string_view::npos) return false;
+    const std::string_view line = s.substr(0, eol);
+    const auto sp = line.find(' ');
+    if (sp == 0 || sp == std::string_view::npos || sp > 16) return false;
+    for (std::size_t i = 0; i < sp; ++i)
+        if (line[i] < 'A' || line[i] > 'Z') return false;
+    const auto sp2 = line.rfind(' ');
+    return sp2 > sp + 1 && (line.substr(sp2 + 1) == "HTTP/1.1" || line.substr(sp2 + 1) == "HTTP/1.0");
+}
+
 }  // namespace
+
+RequestStartTest request_start_test(Protocol protocol) {
+    switch (protocol) {
+    case Protocol::resp: return starts_resp_request;
+    case Protocol::http: return starts_http_request;
+    default: return nullptr;
+    }
+}
 
 Protocol parse_protocol(std::string_view name) {
     if (name == "off") return Protocol::off;

@@ -70,6 +70,13 @@ protected:
     std::string error_;
 };
 
+// Whether `bytes` (a client's segment) begins a request: where a connection
+// already open can be joined mid-stream.  RESP: an array of bulk strings
+// ("*3\r\n$3\r\nSET..."), which every redis client sends; HTTP/1.x: a request
+// line ("GET /path HTTP/1.1").  Null for protocols without such a mark.
+using RequestStartTest = bool (*)(std::span<const std::uint8_t> bytes);
+RequestStartTest request_start_test(Protocol protocol);
+
 // FNV-1a, 64 bit: a stable message fingerprint (not a security hash).
 constexpr std::uint64_t kHashSeed = 0xcbf29ce484222325ULL;
 inline std::uint64_t hash_bytes(std::uint64_t h, const std::uint8_t* p, std::size_t n) {
