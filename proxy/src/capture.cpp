@@ -36,12 +36,25 @@ namespace {
 // Captured bytes per packet: the largest a GSO segment on loopback can be.
 constexpr int kSnapLength = 262144;
 // The ring hands over a block when it fills or after this long: the capture
-// is read in batches, as the debug legs are served (kDebugBatch).
-constexpr int kBlockTimeoutMs = 5;
+// is read in batches (the copy lags production by this much more).  Every
+// block handed over is one block of the ring until it is read, so with few
+// packets the ring holds blocks x this long of a stalled reader.
+constexpr int kBlockTimeoutMs = 20;
 constexpr std::size_t kMaxFlows = std::size_t(1) << 18;
 // How long a finished connection's ports are remembered, so its last
 // segments (the final ACK, a retransmitted FIN) do not look like a new one.
 constexpr auto kClosedFlowMemory = std::chrono::seconds(30);
+// After the kernel dropped packets, how long a connection may stay silent
+// with bytes unacknowledged (TCP acknowledges within a retransmission
+// timeout: the acknowledgment was dropped) before its client stream counts
+// as lost; one that speaks again is judged by its sequence numbers instead.
+constexpr auto kSilenceAfterDrops = std::chrono::microseconds(3'000'000);
+
+std::int64_t realtime_us() {
+    timespec ts{};
+    ::clock_gettime(CLOCK_REALTIME, &ts);  // the clock of the capture's packet stamps
+    return static_cast<std::int64_t>(ts.tv_sec) * 1000000 + ts.tv_nsec / 1000;
+}
 
 std::string numeric_host(const Endpoint& e) {
     char host[NI_MAXHOST];
@@ -98,6 +111,11 @@ Flow::~Flow() {
 }
 
 void Flow::flow_opened(bool mid_stream) {
+    if (connection_) {  // joined again after a loss: the old mirrored connection is over
+        connection_->reset();
+        connection_->detach();
+        connection_ = nullptr;
+    }
     from_syn_ = !mid_stream;
     ++(mid_stream ? capture_.counters.joined : capture_.counters.from_start);
     Proxy& px = capture_.proxy();
@@ -278,10 +296,10 @@ void Capture::frame(const pcap_pkthdr& header, const std::uint8_t* bytes) {
     if (!parse_tcp_packet(linktype_, {bytes, header.caplen}, p)) return;
     ++counters.packets;
     if (p.segment.missing > 0) ++counters.truncated_packets;
-    packet(p);
+    packet(p, static_cast<std::int64_t>(header.ts.tv_sec) * 1000000 + header.ts.tv_usec);
 }
 
-void Capture::packet(const TcpPacket& p) {
+void Capture::packet(const TcpPacket& p, std::int64_t at_us) {
     const auto port = static_cast<std::uint16_t>(options_.port);
     const bool to_server = p.dst_port == port;
     if (!to_server && p.src_port != port) return;
@@ -299,6 +317,7 @@ void Capture::packet(const TcpPacket& p) {
         Flow& f = *it->second;
         const bool same_syn = f.opened_from_syn() && f.syn_seq() == s.seq;
         if (!syn || same_syn) {
+            f.last_packet_us = at_us;
             f.segment(dir, s);
             if (f.tracker().phase() == TcpConnectionTracker::Phase::closed && !f.counted_closed) flow_closed(f);
             return;
@@ -316,6 +335,7 @@ void Capture::packet(const TcpPacket& p) {
     auto flow = std::make_unique<Flow>(*this, key);
     Flow& f = *flow;
     if (syn) f.set_syn_seq(s.seq);
+    f.last_packet_us = at_us;
     flows_.emplace(key, std::move(flow));
     f.segment(dir, s);
     if (f.tracker().phase() == TcpConnectionTracker::Phase::closed && !f.counted_closed) flow_closed(f);
@@ -342,7 +362,16 @@ void Capture::forget(Flow& f) {
 
 void Capture::tick() {
     pcap_stat st{};
-    if (pcap_stats(pcap_.get(), &st) == 0) kernel_ = st;
+    if (pcap_stats(pcap_.get(), &st) == 0) {
+        if (st.ps_drop > kernel_.ps_drop && drops_noticed_us_ == 0) drops_noticed_us_ = realtime_us();
+        kernel_ = st;
+    }
+    if (drops_noticed_us_ != 0 && realtime_us() - drops_noticed_us_ >= kSilenceAfterDrops.count()) {
+        // Connections the capture heard nothing from since it dropped packets.
+        for (auto& [key, flow] : flows_)
+            if (flow->last_packet_us < drops_noticed_us_) flow->tracker().capture_dropped_while_silent();
+        drops_noticed_us_ = 0;
+    }
     const auto now = Clock::now();
     if (now - last_expiry_ < std::chrono::seconds(1)) return;
     last_expiry_ = now;

@@ -53,6 +53,7 @@ public:
     std::uint32_t syn_seq() const { return syn_seq_; }
     void set_syn_seq(std::uint32_t seq) { syn_seq_ = seq; }
     Clock::time_point closed_at{};  // when the tracker saw it end (for the table's expiry)
+    std::int64_t last_packet_us = 0;  // the capture's stamp of its latest packet (realtime)
     bool counted_closed = false;
 
 private:
@@ -122,7 +123,7 @@ public:
 private:
     static void on_frame(u_char* self, const pcap_pkthdr* header, const u_char* bytes);
     void frame(const pcap_pkthdr& header, const std::uint8_t* bytes);
-    void packet(const TcpPacket& p);
+    void packet(const TcpPacket& p, std::int64_t at_us);
     std::string filter_expression() const;
     void forget(Flow& flow);
 
@@ -136,6 +137,7 @@ private:
     std::unordered_map<FlowKey, std::unique_ptr<Flow>, FlowKeyHash> flows_;
     std::deque<std::pair<Clock::time_point, FlowKey>> closed_;  // expiry order
     pcap_stat kernel_{};
+    std::int64_t drops_noticed_us_ = 0;  // when the kernel's drop count last rose, until acted on
     Clock::time_point last_expiry_{};
 };
 

@@ -21,6 +21,10 @@ void TcpStreamReassembler::start(std::uint32_t seq) {
     // the start (a retransmission from before a join) still has one.
     first_ = next_ = (std::uint64_t(1) << 32) | seq;
     started_ = true;
+    fin_at_ = 0;
+    seen_end_ = acked_ = next_;
+    pending_.clear();
+    pending_bytes_ = 0;
 }
 
 std::uint64_t TcpStreamReassembler::position(std::uint32_t seq) const {
@@ -32,10 +36,15 @@ bool TcpStreamReassembler::behind(std::uint32_t seq, std::size_t length) const {
     return started_ && position(seq) + length <= next_;
 }
 
+void TcpStreamReassembler::acknowledged(std::uint32_t ack) {
+    if (started_) acked_ = std::max(acked_, position(ack));
+}
+
 TcpStreamReassembler::Added TcpStreamReassembler::add(std::uint32_t seq, std::span<const std::uint8_t> payload) {
     if (!started_ || payload.empty()) return Added::duplicate;
     std::uint64_t at = position(seq);
     const std::uint64_t end = at + payload.size();
+    if (end > next_ && end - next_ <= kMaxAhead) seen_end_ = std::max(seen_end_, end);
     if (end <= next_) {
         counters_.retransmitted_bytes += payload.size();
         return Added::duplicate;
@@ -106,7 +115,9 @@ void TcpStreamReassembler::release() {
 }
 
 void TcpStreamReassembler::fin(std::uint32_t seq) {
-    if (started_ && fin_at_ == 0) fin_at_ = position(seq);
+    if (!started_) return;
+    if (fin_at_ == 0) fin_at_ = position(seq);
+    seen_end_ = std::max(seen_end_, fin_at_ + 1);
 }
 
 bool TcpStreamReassembler::acknowledged_hole(std::uint32_t ack) const {
@@ -164,6 +175,7 @@ void TcpConnectionTracker::open_from_syn(const TcpSegment& s) {
 // the server's at what `s` acknowledges (the client had every reply before it).
 void TcpConnectionTracker::join(const TcpSegment& s) {
     phase_ = Phase::open;
+    lost_[0] = lost_[1] = ended_[0] = ended_[1] = fin_seen_[0] = fin_seen_[1] = false;
     client_.start(s.seq);
     server_.start(s.ack);
     sink_.flow_opened(true);
@@ -206,7 +218,10 @@ void TcpConnectionTracker::follow(FlowDirection dir, const TcpSegment& s) {
     // The SYN-ACK was not captured: the client's acknowledgment says where
     // the server's bytes start.
     if (dir == FlowDirection::to_server && s.has(TcpSegment::kAck) && !server_.started()) server_.start(s.ack);
-    if (s.has(TcpSegment::kAck) && !lost_[index(other)] && theirs.acknowledged_hole(s.ack)) lose(other);
+    if (s.has(TcpSegment::kAck)) {
+        if (!lost_[index(other)] && theirs.acknowledged_hole(s.ack)) lose(other);
+        theirs.acknowledged(s.ack);
+    }
     const std::size_t carried = s.payload.size() + s.missing;
     if (!mine.started()) {
         if (carried > 0) lose(dir);  // bytes with no known place in the stream
@@ -221,11 +236,28 @@ void TcpConnectionTracker::follow(FlowDirection dir, const TcpSegment& s) {
         mine.fin(s.seq + static_cast<std::uint32_t>(carried));
     }
     check_ends();
+    rejoin_after_loss();
 }
 
 void TcpConnectionTracker::lose(FlowDirection dir) {
     lost_[index(dir)] = true;
     sink_.flow_lost(dir);
+}
+
+void TcpConnectionTracker::capture_dropped_while_silent() {
+    if (phase_ != Phase::open || lost_[index(FlowDirection::to_server)]) return;
+    if (!client_.unacknowledged()) return;
+    lose(FlowDirection::to_server);
+    rejoin_after_loss();
+}
+
+// The client's stream has a hole: followed again from its next request, as a
+// connection joined mid-stream, when requests can be recognised.
+void TcpConnectionTracker::rejoin_after_loss() {
+    if (phase_ != Phase::open || !lost_[index(FlowDirection::to_server)] || !request_start_) return;
+    if (fin_seen_[index(FlowDirection::to_server)]) return;  // no request will come
+    phase_ = Phase::joining;
+    held_.clear();
 }
 
 void TcpConnectionTracker::check_ends() {

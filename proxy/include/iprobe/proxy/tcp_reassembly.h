@@ -48,7 +48,7 @@ public:
     TcpStreamReassembler& operator=(const TcpStreamReassembler&) = delete;
 
     // The stream's first byte has sequence number `seq` (the SYN's + 1, or
-    // where a mid-stream join starts).
+    // where a mid-stream join starts); anything kept from before is dropped.
     void start(std::uint32_t seq);
     bool started() const { return started_; }
 
@@ -71,6 +71,10 @@ public:
     // Whether a segment at `seq` of `length` bytes lies wholly before the next
     // byte expected (already delivered, or before the start).
     bool behind(std::uint32_t seq, std::size_t length) const;
+    // The receiver's acknowledgment, as captured.
+    void acknowledged(std::uint32_t ack);
+    // Bytes (or the FIN) captured that no captured acknowledgment covers yet.
+    bool unacknowledged() const { return started_ && seen_end_ > acked_; }
 
     std::uint64_t delivered() const { return started_ ? next_ - first_ : 0; }
     std::size_t pending() const { return pending_bytes_; }
@@ -92,6 +96,8 @@ private:
     bool started_ = false;
     std::uint64_t first_ = 0, next_ = 0;  // stream positions; 0 is never one (see start())
     std::uint64_t fin_at_ = 0;            // position of the FIN, 0: none seen
+    std::uint64_t seen_end_ = 0;          // end of the furthest segment (or FIN) captured
+    std::uint64_t acked_ = 0;             // the furthest acknowledgment captured
     std::map<std::uint64_t, std::vector<std::uint8_t>> pending_;  // by position, never overlapping
     std::size_t pending_bytes_ = 0;
     Counters counters_;
@@ -121,7 +127,9 @@ protected:
 // sees it; otherwise joined mid-stream at the first client segment that starts
 // a request (`request_start`; none: never joined), the reply stream starting
 // at what that segment acknowledges — exact for clients that wait for each
-// reply before the next request.
+// reply before the next request.  After client bytes are lost the connection
+// is joined again the same way, at its next request (the owner sees
+// flow_lost, then flow_opened again).
 class TcpConnectionTracker {
 public:
     using RequestStart = bool (*)(std::span<const std::uint8_t>);
@@ -132,6 +140,15 @@ public:
     TcpConnectionTracker& operator=(const TcpConnectionTracker&) = delete;
 
     void segment(FlowDirection dir, const TcpSegment& s);
+    // The capture lost packets (the kernel's count) and has heard nothing of
+    // this connection since.  If client bytes it saw were still
+    // unacknowledged, the server's acknowledgment (TCP sends one) was never
+    // captured: the capture lost packets of this connection, so its client
+    // stream is treated as lost.  A connection that was quiet stays followed:
+    // should it have sent bytes the capture missed, its next segment shows the
+    // hole; should it never speak again, what it sent in the drop goes
+    // unnoticed but for the kernel's count.
+    void capture_dropped_while_silent();
 
     Phase phase() const { return phase_; }
     bool lost(FlowDirection dir) const { return lost_[index(dir)]; }
@@ -152,6 +169,7 @@ private:
     void hold(FlowDirection dir, const TcpSegment& s);
     void follow(FlowDirection dir, const TcpSegment& s);
     void lose(FlowDirection dir);
+    void rejoin_after_loss();
     void check_ends();
 
     RequestStart request_start_;
