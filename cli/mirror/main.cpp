@@ -56,7 +56,8 @@ const ArgSpec kMirrorSpec(
         {"--listen", "ADDR:PORT", "where clients (or, as aggregator, production's outbound connections) connect"},
         {"--production", "ADDR:PORT", "the real service"},
         {"--capture", "[IFACE:]PORT", "capture production's traffic on PORT off IFACE (default any)\n"
-                                      "instead of proxying it (no --listen, no --production)"},
+                                      "instead of proxying it (no --listen, no --production); without\n"
+                                      "--debug or --record it only follows the connections (--stats)"},
         {"--capture-buffer", "SIZE", "the kernel's capture ring (default 32M): what a stalled mirror\n"
                                      "may fall behind before the capture loses packets"},
         {"--join", "PROTOCOL", "join connections already open at their next request: resp, http,\n"
@@ -156,7 +157,6 @@ int mirror_main(int argc, char** argv) {
         opt.capture = parse_capture_spec(a.value("--capture"), "--capture");
         if (a.has("--listen") || a.has("--production") || a.has("--upstream") || a.has("--debug-listen"))
             kMirrorSpec.fail("--capture takes no --listen, --production, --upstream or --debug-listen: nothing is in production's path");
-        if (!a.has("--debug") && !a.has("--record")) kMirrorSpec.fail("--capture needs --debug (the copy to feed) or --record");
         if (a.has("--capture-buffer")) opt.capture->ring = parse_size(a.value("--capture-buffer"), "--capture-buffer");
     } else {
         for (const char* name : {"--capture-buffer", "--join"})
