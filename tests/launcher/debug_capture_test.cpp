@@ -10,8 +10,6 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
-#include <regex>
-#include <sstream>
 
 #include "redis_fixture.h"
 
@@ -19,21 +17,6 @@ namespace fs = std::filesystem;
 using namespace iprobe::test;
 
 namespace {
-
-std::vector<std::string> events(const std::string& path, const std::string& event) {
-    std::vector<std::string> out;
-    std::istringstream lines(file_text(path));
-    std::string line;
-    while (std::getline(lines, line))
-        if (line.find("\"event\":\"" + event + "\"") != std::string::npos) out.push_back(line);
-    return out;
-}
-
-std::string json_string(const std::string& json, const std::string& key) {
-    std::smatch m;
-    if (!std::regex_search(json, m, std::regex("\"" + key + "\":\"([^\"]*)\""))) return {};
-    return m[1];
-}
 
 // One RESP command on an open connection; the reply's first line (or bulk value).
 std::string command(int fd, const std::vector<std::string>& args) {

@@ -202,9 +202,9 @@ private:
 };
 
 // `iprobe mirror --capture` run inside `ns`; stats read through its endpoint.
-class CaptureMirror {
+class MirrorProcess {
 public:
-    CaptureMirror(const Namespace& ns, const TempDir& dir, std::vector<std::string> args)
+    MirrorProcess(const Namespace& ns, const TempDir& dir, std::vector<std::string> args)
         : ns_(ns), log_(dir / "mirror.log") {
         std::vector<std::string> argv = {mirror_tool(), "mirror", "--stats", "127.0.0.1:0", "--json"};
         argv.insert(argv.end(), args.begin(), args.end());
@@ -323,14 +323,27 @@ std::map<std::string, long long> workload_calls(std::map<std::string, long long>
     return calls;
 }
 
+// Production (6379) and the copy (6390, on loopback) on the far side of the
+// veth pair from the clients; the mirror runs beside them.
+class CaptureMirror : public ::testing::Test {
+protected:
+    void SetUp() override {
+        REQUIRE_TOOLS();
+        hosts_ = std::make_unique<TwoHosts>();
+        production_ = std::make_unique<RedisIn>(hosts_->prod, std::vector<std::string>{hosts_->prod_ip, "127.0.0.1"}, 6379);
+        copy_ = std::make_unique<RedisIn>(hosts_->prod, std::vector<std::string>{"127.0.0.1"}, 6390);
+    }
+
+    TempDir dir;
+    std::unique_ptr<TwoHosts> hosts_;
+    std::unique_ptr<RedisIn> production_, copy_;
+};
+
 }  // namespace
 
-TEST(CaptureMirror, ReorderedRetransmittedAndDuplicatedSegmentsReachTheCopyAsSent) {
-    REQUIRE_TOOLS();
-    TempDir dir;
-    TwoHosts net;
-    RedisIn production(net.prod, {net.prod_ip, "127.0.0.1"}, 6379);
-    RedisIn copy(net.prod, {"127.0.0.1"}, 6390);
+TEST_F(CaptureMirror, ReorderedRetransmittedAndDuplicatedSegmentsReachTheCopyAsSent) {
+    const TwoHosts& net = *hosts_;
+    RedisIn &production = *production_, &copy = *copy_;
     // Reordering: segments whose sequence number has bit 10 set wait in a
     // slow HTB class while the others overtake them (both directions).
     const auto reorder = [](const Namespace& ns, const std::string& dev) {
@@ -357,7 +370,7 @@ TEST(CaptureMirror, ReorderedRetransmittedAndDuplicatedSegmentsReachTheCopyAsSen
                           "statistic", "--mode", "random", "--probability", "0.05", "-j", "TEE", "--gateway",
                           net.prod_ip});
 
-    CaptureMirror m(net.prod, dir,
+    MirrorProcess m(net.prod, dir,
                     {"--capture", net.prod_if + ":6379", "--debug", "127.0.0.1:6390", "--divergence", "resp"});
     constexpr int kConns = 4, kCommands = 20000;
     pipe_clients(net.clients, dir, net.prod_ip, 6379, kConns, kCommands);
@@ -388,12 +401,9 @@ TEST(CaptureMirror, ReorderedRetransmittedAndDuplicatedSegmentsReachTheCopyAsSen
     EXPECT_EQ(m.stop(), 0) << m.log();
 }
 
-TEST(CaptureMirror, ConnectionsOpenBeforeTheCaptureAreJoinedAtTheirNextCommand) {
-    REQUIRE_TOOLS();
-    TempDir dir;
-    TwoHosts net;
-    RedisIn production(net.prod, {net.prod_ip, "127.0.0.1"}, 6379);
-    RedisIn copy(net.prod, {"127.0.0.1"}, 6390);
+TEST_F(CaptureMirror, ConnectionsOpenBeforeTheCaptureAreJoinedAtTheirNextCommand) {
+    const TwoHosts& net = *hosts_;
+    RedisIn& copy = *copy_;
     constexpr int kClients = 3, kCommands = 200;
     std::vector<std::unique_ptr<RespClient>> clients;
     for (int c = 0; c < kClients; ++c) {
@@ -401,7 +411,7 @@ TEST(CaptureMirror, ConnectionsOpenBeforeTheCaptureAreJoinedAtTheirNextCommand) 
         // Production serves these before there is any capture: the copy never sees them.
         ASSERT_EQ(clients.back()->command({"SET", "before:" + std::to_string(c), std::string(3000, 'b')}), "+OK");
     }
-    CaptureMirror m(net.prod, dir,
+    MirrorProcess m(net.prod, dir,
                     {"--capture", net.prod_if + ":6379", "--debug", "127.0.0.1:6390", "--divergence", "resp"});
     for (int i = 0; i < kCommands; ++i)
         for (int c = 0; c < kClients; ++c) {
@@ -425,15 +435,12 @@ TEST(CaptureMirror, ConnectionsOpenBeforeTheCaptureAreJoinedAtTheirNextCommand) 
     EXPECT_EQ(m.stop(), 0) << m.log();
 }
 
-TEST(CaptureMirror, CaptureLossEndsOnlyTheConnectionThatLostBytes) {
-    REQUIRE_TOOLS();
-    TempDir dir;
-    TwoHosts net;
-    RedisIn production(net.prod, {net.prod_ip, "127.0.0.1"}, 6379);
-    RedisIn copy(net.prod, {"127.0.0.1"}, 6390);
+TEST_F(CaptureMirror, CaptureLossEndsOnlyTheConnectionThatLostBytes) {
+    const TwoHosts& net = *hosts_;
+    RedisIn &production = *production_, &copy = *copy_;
     // A small ring (16 blocks), and a reader stopped while one connection
     // sends more than it holds: the kernel drops what does not fit.
-    CaptureMirror m(net.prod, dir,
+    MirrorProcess m(net.prod, dir,
                     {"--capture", net.prod_if + ":6379", "--capture-buffer", "4M", "--debug", "127.0.0.1:6390",
                      "--divergence", "resp"});
     RespClient quiet(net.clients, net.prod_ip, 6379), loud(net.clients, net.prod_ip, 6379);
@@ -481,7 +488,7 @@ TEST(CaptureMirror, CaptureLossEndsOnlyTheConnectionThatLostBytes) {
     EXPECT_EQ(m.stop(), 0) << m.log();
 }
 
-TEST(CaptureMirror, LoopbackBenchmarkTrafficReachesTheCopyCommandForCommand) {
+TEST(CaptureMirrorLoopback, BenchmarkTrafficReachesTheCopyCommandForCommand) {
     REQUIRE_TOOLS();
     TempDir dir;
     Namespace ns("ipcap-l" + std::to_string(::getpid() % 100000));
@@ -489,7 +496,7 @@ TEST(CaptureMirror, LoopbackBenchmarkTrafficReachesTheCopyCommandForCommand) {
     RedisIn copy(ns, {"127.0.0.1"}, 6390);
     // No divergence checking: what INCR and LPUSH answer depends on how the
     // benchmark's connections interleave on one server.
-    CaptureMirror m(ns, dir, {"--capture", "lo:6379", "--debug", "127.0.0.1:6390"});
+    MirrorProcess m(ns, dir, {"--capture", "lo:6379", "--debug", "127.0.0.1:6390"});
     for (const char* pipeline : {"1", "16"}) {
         const auto r = run(ns.in({"/usr/bin/redis-benchmark", "-p", "6379", "-t", "set,incr,lpush", "-n", "20000",
                                   "-c", "10", "-P", pipeline, "-r", "1000", "-q"}),
@@ -509,7 +516,7 @@ TEST(CaptureMirror, LoopbackBenchmarkTrafficReachesTheCopyCommandForCommand) {
     EXPECT_EQ(m.stop(), 0) << m.log();
 }
 
-TEST(CaptureMirror, ACopyHoldingDifferentDataIsReportedWithTheRequest) {
+TEST(CaptureMirrorLoopback, ACopyHoldingDifferentDataIsReportedWithTheRequest) {
     REQUIRE_TOOLS();
     TempDir dir;
     Namespace ns("ipcap-d" + std::to_string(::getpid() % 100000));
@@ -517,7 +524,7 @@ TEST(CaptureMirror, ACopyHoldingDifferentDataIsReportedWithTheRequest) {
     RedisIn copy(ns, {"127.0.0.1"}, 6390);
     ASSERT_EQ(production.cli({"SET", "user:42", "alice"}), "OK");
     ASSERT_EQ(copy.cli({"SET", "user:42", "mallory"}), "OK");
-    CaptureMirror m(ns, dir, {"--capture", "lo:6379", "--debug", "127.0.0.1:6390", "--divergence", "resp"});
+    MirrorProcess m(ns, dir, {"--capture", "lo:6379", "--debug", "127.0.0.1:6390", "--divergence", "resp"});
     // Over IPv6 loopback: the capture reads both families.
     auto r = run(ns.in({"/usr/bin/redis-cli", "-h", "::1", "-p", "6379", "GET", "user:42"}));
     EXPECT_EQ(r.out, "alice\n");
@@ -536,7 +543,7 @@ TEST(CaptureMirror, ACopyHoldingDifferentDataIsReportedWithTheRequest) {
     EXPECT_EQ(m.stop(), 0) << m.log();
 }
 
-TEST(CaptureMirror, CommandLineErrors) {
+TEST(CaptureMirrorCli, UsageErrorsAndMissingInterfaces) {
     const auto mirror = [](std::vector<std::string> args) {
         args.insert(args.begin(), {bin("iprobe"), "mirror"});
         return run(args, {}, 10s);
