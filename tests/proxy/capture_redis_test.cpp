@@ -543,6 +543,28 @@ TEST(CaptureMirrorLoopback, ACopyHoldingDifferentDataIsReportedWithTheRequest) {
     EXPECT_EQ(m.stop(), 0) << m.log();
 }
 
+TEST(CaptureMirrorLoopback, ARecordedCaptureReplaysIntoTheSameDataset) {
+    REQUIRE_TOOLS();
+    TempDir dir;
+    Namespace ns("ipcap-r" + std::to_string(::getpid() % 100000));
+    RedisIn production(ns, {"127.0.0.1"}, 6379);
+    RedisIn fresh(ns, {"127.0.0.1"}, 6390);
+    const std::string rec = dir / "traffic.rec";
+    {
+        // No copy to feed: the capture records what production's clients sent.
+        MirrorProcess m(ns, dir, {"--capture", "lo:6379", "--record", rec});
+        pipe_clients(ns, dir, "127.0.0.1", 6379, 3, 5000);
+        ASSERT_TRUE(m.wait_idle(3)) << m.stats_text();
+        EXPECT_EQ(m.stats().capture->connections_from_start, 3u);
+        EXPECT_EQ(m.stop(), 0) << m.log();  // the recording is complete once the mirror exits
+    }
+    const auto r = run(ns.in({bin("iprobe"), "replay", rec, "--to", "127.0.0.1:6390", "--speed", "0", "--json"}));
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    EXPECT_NE(r.out.find("\"connections\":3"), std::string::npos) << r.out;
+    EXPECT_EQ(fresh.digest(), production.digest());
+    EXPECT_EQ(workload_calls(fresh.calls()), workload_calls(production.calls()));
+}
+
 TEST(CaptureMirrorCli, UsageErrorsAndMissingInterfaces) {
     const auto mirror = [](std::vector<std::string> args) {
         args.insert(args.begin(), {bin("iprobe"), "mirror"});
