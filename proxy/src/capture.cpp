@@ -65,13 +65,6 @@ std::string numeric_host(const Endpoint& e) {
     return host;
 }
 
-std::string address_str(int family, const std::array<std::uint8_t, 16>& a, std::uint16_t port) {
-    char text[INET6_ADDRSTRLEN] = "?";
-    ::inet_ntop(family, a.data(), text, sizeof text);
-    return family == AF_INET6 ? "[" + std::string(text) + "]:" + std::to_string(port)
-                              : std::string(text) + ":" + std::to_string(port);
-}
-
 Error activation_error(pcap_t* p, int status, const CaptureOptions& o) {
     const std::string where = "--capture " + o.str() + ": ";
     switch (status) {
@@ -88,18 +81,6 @@ Error activation_error(pcap_t* p, int status, const CaptureOptions& o) {
 }
 
 }  // namespace
-
-std::string FlowKey::client_str() const { return address_str(family, client, client_port); }
-
-std::size_t FlowKeyHash::operator()(const FlowKey& k) const {
-    // Addresses as 64-bit words, ports folded in, mixed by multiplication.
-    std::uint64_t w[4];
-    std::memcpy(w, k.client.data(), 16);
-    std::memcpy(w + 2, k.server.data(), 16);
-    std::uint64_t h = (std::uint64_t(k.client_port) << 16 | k.server_port) ^ 0x9e3779b97f4a7c15ULL;
-    for (const std::uint64_t x : w) h = (h ^ x) * 0xff51afd7ed558ccdULL;
-    return static_cast<std::size_t>(h ^ (h >> 32));
-}
 
 // --- Flow
 
@@ -143,7 +124,12 @@ void Flow::ended_unseen() {
 }
 
 void Flow::flow_lost(FlowDirection dir) {
-    if (connection_) connection_->lost(dir);
+    if (!connection_) return;
+    connection_->lost(dir);
+    if (dir == FlowDirection::to_server) {  // that mirrored connection is over; a join may start another
+        connection_->detach();
+        connection_ = nullptr;
+    }
 }
 
 // --- CapturedConnection
@@ -200,6 +186,7 @@ void CapturedConnection::lost(FlowDirection dir) {
                              "closed, connection marked diverged",
                              id_, client_.c_str());
         debug_.abandon("capture_loss");
+        close_source();
     } else {
         ++capture_.counters.lost_reply_connections;
         debug_.stop_comparing("production's replies were lost to the capture (its ring was full)");
@@ -256,6 +243,8 @@ Capture::Capture(Proxy& px, const CaptureOptions& options)
     w_ = Watched(px_.epfd, UniqueFd(::fcntl(fd, F_DUPFD_CLOEXEC, 3)), this);
     if (!w_) throw_errno("dup");
     w_.want(EPOLLIN);
+    production_here_ = diag_.listening(AF_INET, static_cast<std::uint16_t>(options_.port)) ||
+                       diag_.listening(AF_INET6, static_cast<std::uint16_t>(options_.port));
 }
 
 Capture::~Capture() {
@@ -285,7 +274,10 @@ void Capture::on_event(std::uint32_t) {
         const int n = pcap_dispatch(pcap_.get(), -1, on_frame, reinterpret_cast<u_char*>(this));
         if (n < 0)
             throw Error("capture on " + options_.str() + " failed: " + pcap_geterr(pcap_.get()), ExitCode::unavailable);
-        if (n == 0) break;
+        if (n == 0) {
+            drained_at_ = Clock::now();
+            break;
+        }
     }
 }
 
@@ -365,13 +357,19 @@ void Capture::forget(Flow& f) {
 void Capture::tick() {
     pcap_stat st{};
     if (pcap_stats(pcap_.get(), &st) == 0) {
-        if (st.ps_drop > kernel_.ps_drop && drops_noticed_us_ == 0) drops_noticed_us_ = realtime_us();
+        if (st.ps_drop > kernel_.ps_drop) drops_noticed();
         kernel_ = st;
     }
+    if (!checks_.empty() && Clock::now() >= checks_due_) {
+        on_event(EPOLLIN);  // read the ring to its end (it may be quiet now)
+        if (drained_at_ >= checks_due_) check_with_production();
+    }
     if (drops_noticed_us_ != 0 && realtime_us() - drops_noticed_us_ >= kSilenceAfterDrops.count()) {
-        // Connections the capture heard nothing from since it dropped packets.
+        // Connections the capture heard nothing from since it dropped packets
+        // and that production's sockets cannot vouch for.
         for (auto& [key, flow] : flows_)
-            if (flow->last_packet_us < drops_noticed_us_) flow->tracker().capture_dropped_while_silent();
+            if (flow->last_packet_us < drops_noticed_us_ && !(production_here_ && flow->opened_from_syn()))
+                flow->tracker().capture_dropped_while_silent();
         drops_noticed_us_ = 0;
     }
     const auto now = Clock::now();
@@ -383,6 +381,40 @@ void Capture::tick() {
         auto it = flows_.find(key);
         if (it != flows_.end() && it->second->counted_closed && it->second->closed_at == at) forget(*it->second);
     }
+}
+
+// The kernel dropped packets: which connections lost bytes?  Production's own
+// sockets know how many bytes each received; read them now, compare once
+// every packet captured before now has been read.
+void Capture::drops_noticed() {
+    if (drops_noticed_us_ == 0) drops_noticed_us_ = realtime_us();
+    if (!production_here_ || !checks_.empty()) return;
+    for (auto& [key, flow] : flows_) {
+        if (!flow->opened_from_syn() || flow->tracker().phase() != TcpConnectionTracker::Phase::open ||
+            flow->tracker().lost(FlowDirection::to_server))
+            continue;
+        checks_.push_back({key, flow.get(), diag_.lookup(key)});
+    }
+    // A block holding packets from before now is handed over within a block
+    // timeout; the ring is then read to its end.
+    checks_due_ = Clock::now() + std::chrono::milliseconds(3 * kBlockTimeoutMs);
+}
+
+void Capture::check_with_production() {
+    for (const Check& c : checks_) {
+        const auto it = flows_.find(c.key);
+        if (it == flows_.end() || it->second.get() != c.flow) continue;
+        TcpConnectionTracker& t = it->second->tracker();
+        if (!it->second->opened_from_syn() || t.phase() != TcpConnectionTracker::Phase::open) continue;
+        ++counters.checked_with_production;
+        // No socket, or one past both FINs, while the capture still sees the
+        // connection open: it missed the connection's end, and maybe bytes.
+        const bool ended_unseen = !c.production || !c.production->open;
+        const bool bytes_unseen = c.production && c.production->counted &&
+                                  c.production->bytes_received > t.stream(FlowDirection::to_server).delivered();
+        if (ended_unseen || bytes_unseen) t.client_bytes_lost();
+    }
+    checks_.clear();
 }
 
 MirrorStats::Capture Capture::snapshot() const {
@@ -402,6 +434,7 @@ MirrorStats::Capture Capture::snapshot() const {
     s.connections_unjoinable = counters.unjoinable;
     s.lost_connections = counters.lost_connections;
     s.lost_reply_connections = counters.lost_reply_connections;
+    s.checked_with_production = counters.checked_with_production;
     TcpStreamReassembler::Counters sum = counters.closed_streams;
     for (const auto& [key, flow] : flows_)
         for (const FlowDirection dir : {FlowDirection::to_server, FlowDirection::to_client}) {

@@ -12,24 +12,12 @@
 #include "iprobe/proxy/tcp_reassembly.h"
 #include "mirror_impl.h"
 #include "packet.h"
+#include "socket_diag.h"
 
 namespace iprobe::proxy::mirror_impl {
 
 class Capture;
 class CapturedConnection;
-
-// A connection as seen on the wire: its addresses, client first.
-struct FlowKey {
-    int family = 0;
-    std::array<std::uint8_t, 16> client{}, server{};
-    std::uint16_t client_port = 0, server_port = 0;
-    bool operator==(const FlowKey&) const = default;
-    std::string client_str() const;
-};
-
-struct FlowKeyHash {
-    std::size_t operator()(const FlowKey& k) const;
-};
 
 // One followed connection: the tracker rebuilding both directions, and the
 // mirrored connection it feeds once it is open (from its SYN, or joined).
@@ -100,6 +88,7 @@ struct CaptureCounters {
     std::uint64_t packets = 0, truncated_packets = 0, untracked_flows = 0;
     std::uint64_t from_start = 0, joined = 0, unjoinable = 0;
     std::uint64_t lost_connections = 0, lost_reply_connections = 0;
+    std::uint64_t checked_with_production = 0;  // connections compared with production's socket after drops
     TcpStreamReassembler::Counters closed_streams;  // of flows no longer in the table
 };
 
@@ -126,6 +115,8 @@ private:
     void packet(const TcpPacket& p, std::int64_t at_us);
     std::string filter_expression() const;
     void forget(Flow& flow);
+    void drops_noticed();
+    void check_with_production();
 
     Proxy& px_;
     CaptureOptions options_;
@@ -138,6 +129,20 @@ private:
     std::deque<std::pair<Clock::time_point, FlowKey>> closed_;  // expiry order
     pcap_stat kernel_{};
     std::int64_t drops_noticed_us_ = 0;  // when the kernel's drop count last rose, until acted on
+    Clock::time_point drained_at_{};     // the last time the ring had nothing more to read
+    // Production's sockets are in this network namespace: after drops, each
+    // connection followed from its SYN is checked against what production's
+    // socket received (first the socket is read, then, once the ring has
+    // handed over all it held by then, the two are compared).
+    SocketDiag diag_;
+    bool production_here_ = false;
+    struct Check {
+        FlowKey key;
+        const Flow* flow;
+        std::optional<SocketDiag::Connection> production;
+    };
+    std::vector<Check> checks_;
+    Clock::time_point checks_due_{};
     Clock::time_point last_expiry_{};
 };
 

@@ -1,5 +1,6 @@
 #include "packet.h"
 
+#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <pcap/dlt.h>
 #include <sys/socket.h>
@@ -53,7 +54,26 @@ bool network_header(int linktype, std::span<const std::uint8_t> f, std::size_t& 
     }
 }
 
+std::string address_str(int family, const std::array<std::uint8_t, 16>& a, std::uint16_t port) {
+    char text[INET6_ADDRSTRLEN] = "?";
+    ::inet_ntop(family, a.data(), text, sizeof text);
+    return family == AF_INET6 ? "[" + std::string(text) + "]:" + std::to_string(port)
+                              : std::string(text) + ":" + std::to_string(port);
+}
+
 }  // namespace
+
+std::string FlowKey::client_str() const { return address_str(family, client, client_port); }
+
+std::size_t FlowKeyHash::operator()(const FlowKey& k) const {
+    // Addresses as 64-bit words, ports folded in, mixed by multiplication.
+    std::uint64_t w[4];
+    std::memcpy(w, k.client.data(), 16);
+    std::memcpy(w + 2, k.server.data(), 16);
+    std::uint64_t h = (std::uint64_t(k.client_port) << 16 | k.server_port) ^ 0x9e3779b97f4a7c15ULL;
+    for (const std::uint64_t x : w) h = (h ^ x) * 0xff51afd7ed558ccdULL;
+    return static_cast<std::size_t>(h ^ (h >> 32));
+}
 
 bool link_type_supported(int linktype) {
     switch (linktype) {

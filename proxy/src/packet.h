@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <string>
 
 #include "iprobe/proxy/tcp_reassembly.h"
 
@@ -23,5 +24,19 @@ struct TcpPacket {
 // but an unfragmented TCP segment over IPv4 or IPv6.
 bool parse_tcp_packet(int linktype, std::span<const std::uint8_t> frame, TcpPacket& out);
 bool link_type_supported(int linktype);
+
+// A connection as seen on the wire: its addresses, client first.
+struct FlowKey {
+    int family = 0;
+    std::array<std::uint8_t, 16> client{}, server{};
+    std::uint16_t client_port = 0, server_port = 0;
+    bool operator==(const FlowKey&) const = default;
+    std::string client_str() const;
+};
+
+struct FlowKeyHash {
+    std::size_t operator()(const FlowKey& k) const;
+};
+
 
 }  // namespace iprobe::proxy::mirror_impl

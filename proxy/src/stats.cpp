@@ -99,6 +99,7 @@ void write_stats_fields(JsonWriter& j, const MirrorStats& s) {
         j.field("connections_unjoinable", c.connections_unjoinable);
         j.field("lost_connections", c.lost_connections);
         j.field("lost_reply_connections", c.lost_reply_connections);
+        j.field("checked_with_production", c.checked_with_production);
         j.field("out_of_order_segments", c.out_of_order_segments);
         j.field("retransmitted_bytes", c.retransmitted_bytes);
         j.field("overlapping_bytes", c.overlapping_bytes);
@@ -228,6 +229,7 @@ MirrorStats parse_mirror_stats(std::string_view text) {
             read(c, "connections_unjoinable", cap.connections_unjoinable);
             read(c, "lost_connections", cap.lost_connections);
             read(c, "lost_reply_connections", cap.lost_reply_connections);
+            read(c, "checked_with_production", cap.checked_with_production);
             read(c, "out_of_order_segments", cap.out_of_order_segments);
             read(c, "retransmitted_bytes", cap.retransmitted_bytes);
             read(c, "overlapping_bytes", cap.overlapping_bytes);

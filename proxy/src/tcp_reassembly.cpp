@@ -245,8 +245,11 @@ void TcpConnectionTracker::lose(FlowDirection dir) {
 }
 
 void TcpConnectionTracker::capture_dropped_while_silent() {
+    if (client_.unacknowledged()) client_bytes_lost();
+}
+
+void TcpConnectionTracker::client_bytes_lost() {
     if (phase_ != Phase::open || lost_[index(FlowDirection::to_server)]) return;
-    if (!client_.unacknowledged()) return;
     lose(FlowDirection::to_server);
     rejoin_after_loss();
 }

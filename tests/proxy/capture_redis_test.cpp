@@ -488,6 +488,46 @@ TEST_F(CaptureMirror, CaptureLossEndsOnlyTheConnectionThatLostBytes) {
     EXPECT_EQ(m.stop(), 0) << m.log();
 }
 
+// The same loss, but the loud connection says nothing more afterwards: no
+// acknowledgment shows the hole, so the capture asks production's own socket
+// how many bytes it received.
+TEST_F(CaptureMirror, ASilentConnectionsLossIsFoundFromProductionsSocket) {
+    const TwoHosts& net = *hosts_;
+    RedisIn& copy = *copy_;
+    MirrorProcess m(net.prod, dir,
+                    {"--capture", net.prod_if + ":6379", "--capture-buffer", "4M", "--debug", "127.0.0.1:6390",
+                     "--divergence", "resp"});
+    RespClient quiet(net.clients, net.prod_ip, 6379), loud(net.clients, net.prod_ip, 6379);
+    for (int i = 0; i < 10; ++i) ASSERT_EQ(quiet.command({"HSET", "quiet", "f" + std::to_string(i), "v"}), ":1");
+    ASSERT_EQ(loud.command({"SET", "loud:start", "1"}), "+OK");
+    ASSERT_TRUE(m.wait([](const MirrorStats& s) { return s.bytes.from_debug > 0 && s.connections.accepted == 2; }));
+
+    m.signal(SIGSTOP);
+    constexpr int kPushes = 200000;
+    std::string burst;
+    for (int i = 0; i < kPushes; ++i) burst += resp_command({"RPUSH", "loud", std::string(100, 'x')});
+    std::thread reader([&] {
+        for (int i = 0; i < kPushes; ++i) loud.reply();
+    });
+    loud.send(burst);
+    reader.join();
+    m.signal(SIGCONT);
+    ASSERT_TRUE(m.wait([](const MirrorStats& s) { return s.capture->lost_connections >= 1; })) << m.stats_text();
+    MirrorStats s = m.stats();
+    EXPECT_GT(s.capture->kernel_drops, 0u);
+    EXPECT_EQ(s.capture->checked_with_production, 2u) << m.stats_text();
+    EXPECT_EQ(s.capture->lost_connections, 1u) << m.stats_text();
+    for (int i = 10; i < 30; ++i) ASSERT_EQ(quiet.command({"HSET", "quiet", "f" + std::to_string(i), "v"}), ":1");
+    quiet.close();
+    loud.close();
+    ASSERT_TRUE(m.wait_idle(2)) << m.stats_text();
+    s = m.stats();
+    EXPECT_EQ(s.capture->lost_connections, 1u) << m.stats_text();
+    EXPECT_EQ(copy.cli({"HLEN", "quiet"}), "30");
+    EXPECT_LT(std::stoll(copy.cli({"LLEN", "loud"})), kPushes);
+    EXPECT_EQ(m.stop(), 0) << m.log();
+}
+
 TEST(CaptureMirrorLoopback, BenchmarkTrafficReachesTheCopyCommandForCommand) {
     REQUIRE_TOOLS();
     TempDir dir;

@@ -85,6 +85,8 @@ struct MirrorStats {
         std::uint64_t lost_connections = 0;
         // Production's replies lost to the capture: the copy still fed, its replies no longer compared.
         std::uint64_t lost_reply_connections = 0;
+        // After kernel drops: connections compared with what production's own socket received.
+        std::uint64_t checked_with_production = 0;
         std::uint64_t out_of_order_segments = 0, retransmitted_bytes = 0, overlapping_bytes = 0;
         double cpu_s = 0;                   // the mirror's own CPU time (user + system)
         bool operator==(const Capture&) const = default;

@@ -149,6 +149,9 @@ public:
     // hole; should it never speak again, what it sent in the drop goes
     // unnoticed but for the kernel's count.
     void capture_dropped_while_silent();
+    // The client's stream lost bytes by other evidence (production's own
+    // socket received more than was captured).
+    void client_bytes_lost();
 
     Phase phase() const { return phase_; }
     bool lost(FlowDirection dir) const { return lost_[index(dir)]; }
