@@ -133,7 +133,8 @@ def ms(v):
     n, unit = re.match(r"([0-9.]+)(us|ms|s)", v).groups()
     return float(n) * {"us": 0.001, "ms": 1, "s": 1000}[unit]
 rps = re.search(r"Requests/sec:\s+([0-9.]+)", text).group(1)
-p50 = ms(re.search(r"50%\s+(\S+)", text).group(1)); p99 = ms(re.search(r"99%\s+(\S+)", text).group(1))
+pct = lambda p: ms(re.search(r"^\s+" + p + r"%\s+(\S+)", text, re.M).group(1))  # the distribution lines only
+p50 = pct("50"); p99 = pct("99")
 print(rps, p50, p99)'
 }
 
