@@ -12,28 +12,35 @@
 #                       same 2 cores: it competes with production for CPU)
 #   capture-clone-idle  the same with the clone under SCHED_IDLE: it gets only
 #                       CPU that production and its clients leave idle
+#   capture-all-idle    the mirror under SCHED_IDLE too: production first; what
+#                       the mirror then cannot read in time is capture loss
 #   proxy-clone         clients -> iprobe mirror --listen -> production, the
 #                       same live clone as the debug copy
 # Redis under redis-benchmark (unpipelined and pipelined), then nginx under wrk.
-# Reported per mode: throughput, p50/p99 latency, the mirror's CPU (user +
-# system, from /proc) and the clone's, capture loss.
+# Reported per mode: throughput, p50/p99 latency, capture loss, and CPU time
+# per request (user + system) of production, of the load generator, of the
+# mirror and of the clone.  Throughput on a machine shared with other work
+# moves with that work; CPU per request does not, and shows where each
+# mode's cost lands (on loopback the kernel's receive path, the capture's tap
+# included, runs in the sender's context: production's for its replies, the
+# client's for its requests).
 #
 # usage: bench/capture/run.sh [BUILD_DIR]        (as root; under flock /work/notes/bench.lock)
-# env:   REQUESTS (200000), CLIENTS (50), PIPELINE (16), ROUNDS (5),
-#        HTTP_SECONDS (5), HTTP_CONNECTIONS (32), SECTIONS ("redis http"),
+# env:   REQUESTS (100000), CLIENTS (50), PIPELINE (16), ROUNDS (9),
+#        HTTP_SECONDS (3), HTTP_CONNECTIONS (32), SECTIONS ("redis http"),
 #        MODES (default: all above)
 set -euo pipefail
 
 BUILD=${1:-build}
 MIRROR="$BUILD/libexec/iprobe/iprobe-mirror"
-REQUESTS=${REQUESTS:-200000}
+REQUESTS=${REQUESTS:-100000}
 CLIENTS=${CLIENTS:-50}
 PIPELINE=${PIPELINE:-16}
-ROUNDS=${ROUNDS:-5}
-HTTP_SECONDS=${HTTP_SECONDS:-5}
+ROUNDS=${ROUNDS:-9}
+HTTP_SECONDS=${HTTP_SECONDS:-3}
 HTTP_CONNECTIONS=${HTTP_CONNECTIONS:-32}
 read -r -a SECTIONS <<<"${SECTIONS:-redis http}"
-read -r -a MODES <<<"${MODES:-direct capture-only capture-sink capture-clone capture-clone-idle proxy-clone}"
+read -r -a MODES <<<"${MODES:-direct capture-only capture-sink capture-clone capture-clone-idle capture-all-idle proxy-clone}"
 [ -x "$MIRROR" ] || { echo "no $MIRROR: build the iprobe-mirror target first" >&2; exit 7; }
 [ "$(id -u)" = 0 ] || { echo "packet capture needs root" >&2; exit 4; }
 for tool in redis-server redis-benchmark nginx wrk chrt python3; do
@@ -84,13 +91,13 @@ http {
     server { listen 127.0.0.1:$SERVICE_PORT; root $WORK/www; }
 }
 EOF
-    "$@" nginx -p "$tmp" -c "$conf" &
+    "$@" nginx -p "$tmp" -c "$conf" >/dev/null 2>&1 &
     SERVICE_PID=$!; track "$SERVICE_PID"; wait_port "$SERVICE_PORT"
 }
 
 start_sink() {  # -> SERVICE_PORT SERVICE_PID
     SERVICE_PORT=$(free_port)
-    python3 "$HERE/../proxy/sink.py" "$SERVICE_PORT" &
+    python3 "$HERE/../proxy/sink.py" "$SERVICE_PORT" >/dev/null 2>&1 &
     SERVICE_PID=$!; track "$SERVICE_PID"; wait_port "$SERVICE_PORT"
 }
 
@@ -116,16 +123,27 @@ EOF
 
 # --- the loads ---------------------------------------------------------------
 
-redis_load() {  # port pipeline -> "rps p50 p99"
-    redis-benchmark -p "$1" -t set -n "$REQUESTS" -c "$CLIENTS" -P "$2" -r 100000 -d 64 --csv 2>/dev/null |
-        python3 -c '
-import csv, sys
-rows = list(csv.reader(sys.stdin)); h, r = rows[0], rows[1]
-print(r[h.index("rps")], r[h.index("p50_latency_ms")], r[h.index("p99_latency_ms")])'
+# Runs a load generator; prints its output, then "CPU-MS" and its user + system time.
+with_cpu() {
+    python3 -c '
+import resource, subprocess, sys
+out = subprocess.run(sys.argv[1:], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True).stdout
+u = resource.getrusage(resource.RUSAGE_CHILDREN)
+print(out + "\nCPU-MS %.1f" % ((u.ru_utime + u.ru_stime) * 1000))' "$@"
 }
 
-http_load() {  # port -> "rps p50 p99"
-    wrk -t 1 -c "$HTTP_CONNECTIONS" -d "${HTTP_SECONDS}s" --latency "http://127.0.0.1:$1/index.html" 2>/dev/null |
+redis_load() {  # port pipeline -> "rps p50 p99 requests client_cpu_ms"
+    with_cpu redis-benchmark -p "$1" -t set -n "$REQUESTS" -c "$CLIENTS" -P "$2" -r 100000 -d 64 --csv |
+        python3 -c '
+import csv, sys
+lines = [l for l in sys.stdin.read().splitlines() if l]
+cpu = lines[-1].split()[1]
+rows = list(csv.reader(lines[:-1])); h, r = rows[0], rows[1]
+print(r[h.index("rps")], r[h.index("p50_latency_ms")], r[h.index("p99_latency_ms")], sys.argv[1], cpu)' "$REQUESTS"
+}
+
+http_load() {  # port -> "rps p50 p99 requests client_cpu_ms"
+    with_cpu wrk -t 1 -c "$HTTP_CONNECTIONS" -d "${HTTP_SECONDS}s" --latency "http://127.0.0.1:$1/index.html" |
         python3 -c '
 import re, sys
 text = sys.stdin.read()
@@ -135,10 +153,12 @@ def ms(v):
 rps = re.search(r"Requests/sec:\s+([0-9.]+)", text).group(1)
 pct = lambda p: ms(re.search(r"^\s+" + p + r"%\s+(\S+)", text, re.M).group(1))  # the distribution lines only
 p50 = pct("50"); p99 = pct("99")
-print(rps, p50, p99)'
+requests = re.search(r"([0-9]+) requests in", text).group(1)
+cpu = re.search(r"CPU-MS ([0-9.]+)", text).group(1)
+print(rps, p50, p99, requests, cpu)'
 }
 
-# One measurement: "rps p50 p99 mirror_cpu_ms clone_cpu_ms loss"
+# One measurement: "rps p50 p99 requests client_ms production_ms mirror_ms clone_ms loss"
 run_mode() {  # section mode pipeline
     local section=$1 mode=$2 pipeline=$3 start protocol
     if [ "$section" = redis ]; then start=start_redis; protocol=resp; else start=start_nginx; protocol=http; fi
@@ -152,23 +172,27 @@ run_mode() {  # section mode pipeline
         capture-sink)
             start_sink; copy_pid=$SERVICE_PID
             start_mirror --capture "lo:$prod" --join "$protocol" --debug "127.0.0.1:$SERVICE_PORT" ;;
-        capture-clone|capture-clone-idle)
-            if [ "$mode" = capture-clone-idle ]; then $start chrt --idle 0; else $start; fi
+        capture-clone|capture-clone-idle|capture-all-idle)
+            if [ "$mode" = capture-clone ]; then $start; else $start chrt --idle 0; fi
             copy_pid=$SERVICE_PID
-            start_mirror --capture "lo:$prod" --debug "127.0.0.1:$SERVICE_PORT" --divergence "$protocol" ;;
+            start_mirror --capture "lo:$prod" --debug "127.0.0.1:$SERVICE_PORT" --divergence "$protocol"
+            [ "$mode" = capture-all-idle ] && chrt --idle -p 0 "$MIRROR_PID" ;;
         proxy-clone)
             $start; copy_pid=$SERVICE_PID
             start_mirror --listen 127.0.0.1:0 --production "127.0.0.1:$prod" --debug "127.0.0.1:$SERVICE_PORT" \
                 --divergence "$protocol"
             target=$LISTEN_PORT ;;
     esac
-    local result
-    if [ "$section" = redis ]; then result=$(redis_load "$target" "$pipeline"); else result=$(http_load "$target"); fi
+    local result pcpu0 pcpu
+    pcpu0=$(cpu_ms "$prod_pid")
+    if [ "$section" = redis ]; then result=$(redis_load "$target" "$pipeline") || result="0 0 0 1 0"
+    else result=$(http_load "$target") || result="0 0 0 1 0"; fi
+    pcpu=$(python3 -c "print($(cpu_ms "$prod_pid") - $pcpu0)")
     sleep 0.3  # the copy finishes what it was sent
     local mcpu=- ccpu=- loss=-
     if [ -n "$MIRROR_PID" ]; then mcpu=$(cpu_ms "$MIRROR_PID"); loss=$(capture_loss); fi
     [ -n "$copy_pid" ] && ccpu=$(cpu_ms "$copy_pid")
-    echo "$result $mcpu $ccpu $loss"
+    echo "$result $pcpu $mcpu $ccpu $loss"
     [ -n "$MIRROR_PID" ] && stop_pid "$MIRROR_PID"
     [ -n "$copy_pid" ] && stop_pid "$copy_pid"
     stop_pid "$prod_pid"
@@ -176,25 +200,37 @@ run_mode() {  # section mode pipeline
 
 report() {  # title section pipeline
     local title=$1 section=$2 pipeline=$3
-    declare -A RPS=() P50=() P99=() MCPU=() CCPU=() LOSS=()
+    declare -A RPS=() P50=() P99=() US=() LOSS=()
     for _ in $(seq "$ROUNDS"); do
         for mode in "${MODES[@]}"; do
-            read -r rps p50 p99 mcpu ccpu loss < <(run_mode "$section" "$mode" "$pipeline")
-            RPS[$mode]+="$rps "; P50[$mode]+="$p50 "; P99[$mode]+="$p99 "
-            MCPU[$mode]+="$mcpu "; CCPU[$mode]+="$ccpu "; LOSS[$mode]+="$loss "
+            read -r rps p50 p99 requests client prod mirror clone loss < <(run_mode "$section" "$mode" "$pipeline")
+            RPS[$mode]+="$rps "; P50[$mode]+="$p50 "; P99[$mode]+="$p99 "; LOSS[$mode]+="$loss "
+            US[$mode]+="$requests,$prod,$client,$mirror,$clone "
         done
     done
     local direct; direct=$(median ${RPS[direct]})
     printf '\n## %s (median of %s rounds; load average %s)\n' "$title" "$ROUNDS" "$(cut -d' ' -f1-3 /proc/loadavg)"
-    printf '%-19s %10s %8s %9s %9s %12s %11s %10s\n' mode "req/s" "% direct" "p50 ms" "p99 ms" "mirror CPU ms" "clone CPU ms" "lost/drops"
+    printf '%-19s %9s %8s %8s %8s | %-31s | %s\n' mode "req/s" "% direct" "p50 ms" "p99 ms" \
+        "CPU us/req: prod client mirror clone" "lost/drops"
     for mode in "${MODES[@]}"; do
-        local rps p50 p99 mcpu ccpu
+        local rps p50 p99
         rps=$(median ${RPS[$mode]}); p50=$(median ${P50[$mode]}); p99=$(median ${P99[$mode]})
-        mcpu=$(echo "${MCPU[$mode]}" | awk '{print $1}'); [ "$mcpu" != - ] && mcpu=$(median ${MCPU[$mode]})
-        ccpu=$(echo "${CCPU[$mode]}" | awk '{print $1}'); [ "$ccpu" != - ] && ccpu=$(median ${CCPU[$mode]})
-        printf '%-19s %10.0f %7.1f%% %9.3f %9.3f %12s %11s %10s\n' "$mode" "$rps" \
-            "$(python3 -c "print($rps/$direct*100)")" "$p50" "$p99" "$mcpu" "$ccpu" "$(echo "${LOSS[$mode]}" | tr ' ' ',' | sed 's/,$//')"
+        printf '%-19s %9.0f %7.1f%% %8.3f %8.3f | %-31s | %s\n' "$mode" "$rps" \
+            "$(python3 -c "print($rps/$direct*100)")" "$p50" "$p99" "$(us_per_request ${US[$mode]})" \
+            "$(echo "${LOSS[$mode]}" | tr ' ' ',' | sed 's/,$//')"
     done
+}
+
+# "requests,prod_ms,client_ms,mirror_ms,clone_ms" per round -> median CPU us per request of each
+us_per_request() {
+    python3 -c '
+import statistics, sys
+rows = [r.split(",") for r in sys.argv[1:]]
+cols = []
+for i in range(1, 5):
+    v = [float(r[i]) * 1000 / float(r[0]) for r in rows if r[i] != "-"]
+    cols.append("%7.2f" % statistics.median(v) if v else "      -")
+print(" ".join(cols))' "$@"
 }
 
 echo "# capture benchmark: $(nproc) cores, $(uname -r), $(redis-server --version | cut -d' ' -f1-3), $(nginx -v 2>&1), wrk $(wrk -v 2>&1 | head -1 | cut -d' ' -f2)"

@@ -360,8 +360,8 @@ void DebugSession::start_mirror() {
     if (::pipe2(out, O_CLOEXEC) < 0 || ::pipe2(ready, O_CLOEXEC) < 0) throw_errno("pipe");
     UniqueFd out_rd(out[0]), out_wr(out[1]), ready_rd(ready[0]), ready_wr(ready[1]);
     const std::string divergence = divergence_mode();
-    const MirrorCommand command = mirror_command(o_, mirror_tool_, debug_address_, service_ip_, port_, divergence,
-                                                 protocol_of_service(o_.pid));
+    const MirrorCommand command =
+        mirror_command(o_, mirror_tool_, debug_address_, port_, divergence, protocol_of_service(o_.pid));
     mirror_ = spawn(command.argv, out_wr.get(), 2, false, ready_wr.get());
     out_wr.reset();
     ready_wr.reset();

@@ -6,21 +6,21 @@ namespace iprobe::launcher {
 
 namespace {
 
-// Loopback traffic only crosses lo; any other address may be reached over
-// any interface (lo too, by local clients).
-std::string capture_interface(const std::string& service_ip) {
-    return service_ip.rfind("127.", 0) == 0 ? "lo" : "any";
+// Production bound to a loopback address is reached over lo only; bound to
+// any other (or to all, 0.0.0.0), over any interface, lo too for local clients.
+std::string capture_interface(const std::string& production) {
+    const std::string host = production.substr(0, production.rfind(':'));
+    return host.rfind("127.", 0) == 0 || host == "localhost" ? "lo" : "any";
 }
 
 }  // namespace
 
 MirrorCommand mirror_command(const DebugOptions& o, const std::string& tool, const std::string& debug_address,
-                             const std::string& service_ip, int port, const std::string& divergence,
-                             const std::string& join) {
+                             int port, const std::string& divergence, const std::string& join) {
     MirrorCommand m;
     m.argv = {tool, "mirror"};
     if (o.capture) {
-        m.capture = capture_interface(service_ip) + ":" + std::to_string(port);
+        m.capture = capture_interface(o.production) + ":" + std::to_string(port);
         m.argv.insert(m.argv.end(), {"--capture", m.capture, "--join", join.empty() ? "off" : join});
     } else {
         m.argv.insert(m.argv.end(), {"--listen", o.listen, "--production", o.production});

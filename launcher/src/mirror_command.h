@@ -19,11 +19,10 @@ struct MirrorCommand {
     std::string capture;            // capture mode: "IFACE:PORT"
 };
 
-// `service_ip`: the address production listens on; `join`: its protocol
-// (resp, http) when known, for joining connections already open.
+// `port`: production's; `join`: its protocol (resp, http) when known, for
+// joining connections already open.
 MirrorCommand mirror_command(const DebugOptions& o, const std::string& tool, const std::string& debug_address,
-                             const std::string& service_ip, int port, const std::string& divergence,
-                             const std::string& join);
+                             int port, const std::string& divergence, const std::string& join);
 
 // How the session announces the mirror: a line for people, fields for --json.
 std::string mirror_summary(const DebugOptions& o, const MirrorCommand& m, const std::string& divergence,

@@ -50,7 +50,7 @@ constexpr auto kClosedFlowMemory = std::chrono::seconds(30);
 // with bytes unacknowledged (TCP acknowledges within a retransmission
 // timeout: the acknowledgment was dropped) before its client stream counts
 // as lost; one that speaks again is judged by its sequence numbers instead.
-constexpr auto kSilenceAfterDrops = std::chrono::microseconds(3'000'000);
+constexpr auto kSilenceAfterDrops = std::chrono::seconds(3);
 
 std::int64_t realtime_us() {
     timespec ts{};
@@ -95,11 +95,6 @@ Flow::~Flow() {
 }
 
 void Flow::flow_opened(bool mid_stream) {
-    if (connection_) {  // joined again after a loss: the old mirrored connection is over
-        connection_->reset();
-        connection_->detach();
-        connection_ = nullptr;
-    }
     from_syn_ = !mid_stream;
     ++(mid_stream ? capture_.counters.joined : capture_.counters.from_start);
     Proxy& px = capture_.proxy();
@@ -120,9 +115,7 @@ void Flow::flow_reset() {
     if (connection_) connection_->reset();
 }
 
-void Flow::ended_unseen() {
-    if (connection_) connection_->reset();
-}
+void Flow::ended_unseen() { flow_reset(); }
 
 void Flow::flow_lost(FlowDirection dir) {
     if (!connection_) return;
@@ -372,7 +365,8 @@ void Capture::tick() {
         on_event(EPOLLIN);  // read the ring to its end (it may be quiet now)
         if (drained_at_ >= checks_due_) check_with_production();
     }
-    if (drops_noticed_us_ != 0 && realtime_us() - drops_noticed_us_ >= kSilenceAfterDrops.count()) {
+    if (drops_noticed_us_ != 0 &&
+        realtime_us() - drops_noticed_us_ >= std::chrono::microseconds(kSilenceAfterDrops).count()) {
         // Connections the capture heard nothing from since it dropped packets
         // and that production's sockets cannot vouch for.
         for (auto& [key, flow] : flows_)
