@@ -40,18 +40,19 @@ bool parse_int(std::string_view s, long long& v) {
 }
 
 // Shared bookkeeping of the message being framed: hash, excerpt, size.
+// Only responses keep an excerpt (reports quote replies; a request is named
+// by its summary), which spares an allocation per request.
 class MessageBuilder {
 public:
+    explicit MessageBuilder(Role role) : excerpt_limit_(role == Role::response ? kExcerpt : 0) {}
     void add(const std::uint8_t* p, std::size_t n) {
         hash_ = hash_bytes(hash_, p, n);
-        size_ += n;
-        if (excerpt_.size() < kExcerpt)
-            excerpt_.append(reinterpret_cast<const char*>(p), std::min(n, kExcerpt - excerpt_.size()));
+        add_unhashed(p, n);
     }
     void add_unhashed(const std::uint8_t* p, std::size_t n) {
         size_ += n;
-        if (excerpt_.size() < kExcerpt)
-            excerpt_.append(reinterpret_cast<const char*>(p), std::min(n, kExcerpt - excerpt_.size()));
+        if (excerpt_.size() < excerpt_limit_)
+            excerpt_.append(reinterpret_cast<const char*>(p), std::min(n, excerpt_limit_ - excerpt_.size()));
     }
     void hash_only(std::string_view s) {
         hash_ = hash_bytes(hash_, reinterpret_cast<const std::uint8_t*>(s.data()), s.size());
@@ -68,6 +69,7 @@ public:
     }
 
 private:
+    std::size_t excerpt_limit_;
     std::uint64_t hash_ = kHashSeed;
     std::string excerpt_;
     std::size_t size_ = 0;
@@ -76,7 +78,7 @@ private:
 // RESP2/RESP3 values; requests may also be inline commands ("PING\r\n").
 class RespFramer final : public Framer {
 public:
-    explicit RespFramer(Role role) : role_(role) {}
+    explicit RespFramer(Role role) : role_(role), msg_(role) {}
 
     void feed(std::span<const std::uint8_t> bytes, std::vector<Message>& out) override {
         const std::uint8_t* p = bytes.data();
@@ -210,7 +212,7 @@ private:
 // chunked transfer coding, or (responses) the close of the connection.
 class HttpFramer final : public Framer {
 public:
-    HttpFramer(Role role, const DivergenceRules& rules) : role_(role), rules_(rules) {}
+    HttpFramer(Role role, const DivergenceRules& rules) : role_(role), rules_(rules), msg_(role) {}
 
     void expect(const Message& request) override { pending_.push_back({request.verb == "HEAD", rules_.ignores_body(request.path)}); }
 
@@ -558,6 +560,13 @@ bool DivergenceRules::ignores_body(std::string_view path) const {
 }
 
 std::string printable(std::string_view raw, std::size_t max) {
+    // Most requests are plain text: copied as they are (this runs for every
+    // request the divergence checker frames).
+    if (raw.size() <= max && std::all_of(raw.begin(), raw.end(), [](char ch) {
+            const auto c = static_cast<unsigned char>(ch);
+            return c >= 0x20 && c < 0x7f && c != '\\';
+        }))
+        return std::string(raw);
     std::string out;
     for (const char ch : raw) {
         if (out.size() >= max) {

@@ -43,7 +43,7 @@ struct DivergenceRules {
 
 struct Message {
     std::uint64_t hash = 0;
-    std::string excerpt;        // start of the raw message, for reports
+    std::string excerpt;        // responses: start of the raw message, for reports
     std::string summary;        // requests: "SET key value" / "GET /path HTTP/1.1"
     std::string verb;           // requests: RESP command (upper case) or HTTP method
     std::string path;           // HTTP requests: target
