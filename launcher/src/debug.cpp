@@ -33,6 +33,7 @@
 #include "iprobe/support/fd.h"
 #include "iprobe/support/install_layout.h"
 #include "iprobe/support/json.h"
+#include "mirror_command.h"
 #include "netns.h"
 #include "process.h"
 
@@ -106,7 +107,7 @@ public:
         in_addr probe{};
         if (inet_pton(AF_INET, service_ip_.c_str(), &probe) != 1)
             throw Error("--production wants an IPv4 ADDR:PORT, got '" + o_.production + "'", ExitCode::usage);
-        port_of(o_.listen, "--listen");
+        if (!o_.capture) port_of(o_.listen, "--listen");
         mirror_tool_ = libexec_tool("iprobe-mirror");
         if (!o_.probes.empty() || !o_.functions.empty()) hotpatch_tool_ = libexec_tool("iprobe-hotpatch");
         subnet_ = pick_subnet();
@@ -358,18 +359,10 @@ void DebugSession::start_mirror() {
     int out[2], ready[2];
     if (::pipe2(out, O_CLOEXEC) < 0 || ::pipe2(ready, O_CLOEXEC) < 0) throw_errno("pipe");
     UniqueFd out_rd(out[0]), out_wr(out[1]), ready_rd(ready[0]), ready_wr(ready[1]);
-    std::vector<std::string> argv = {mirror_tool_, "mirror", "--listen", o_.listen, "--production", o_.production,
-                                     "--debug", debug_address_, "--stats", "127.0.0.1:0", "--ready-fd", "3"};
-    if (!o_.buffer.empty()) {
-        argv.push_back("--buffer");
-        argv.push_back(o_.buffer);
-    }
     const std::string divergence = divergence_mode();
-    if (divergence != "off") {
-        argv.push_back("--divergence");
-        argv.push_back(divergence);
-    }
-    mirror_ = spawn(argv, out_wr.get(), 2, false, ready_wr.get());
+    const MirrorCommand command =
+        mirror_command(o_, mirror_tool_, debug_address_, port_, divergence, protocol_of_service(o_.pid));
+    mirror_ = spawn(command.argv, out_wr.get(), 2, false, ready_wr.get());
     out_wr.reset();
     ready_wr.reset();
     std::string event_line;
@@ -396,17 +389,10 @@ void DebugSession::start_mirror() {
     stats_port_ = stats_at_.port();
     mirror_out_ = std::move(out_rd);
     const std::string stats = "127.0.0.1:" + std::to_string(stats_port_);
-    event("mirror",
-          "clients -> " + o_.listen + " -> production " + o_.production +
-              "; a copy of every stream goes to the clone; divergence checking " +
-              (divergence == "off" ? std::string("off") : "by " + divergence) + "; stats at http://" + stats + "/",
-          [&](JsonWriter& w) {
-              w.field("listen", o_.listen)
-                  .field("production", o_.production)
-                  .field("stats_port", stats_port_)
-                  .field("stats", "http://" + stats + "/")
-                  .field("divergence", divergence);
-          });
+    event("mirror", mirror_summary(o_, command, divergence, "http://" + stats + "/"), [&](JsonWriter& w) {
+        mirror_event_fields(w, o_, command);
+        w.field("stats_port", stats_port_).field("stats", "http://" + stats + "/").field("divergence", divergence);
+    });
 }
 
 std::string DebugSession::divergence_mode() const {
@@ -465,8 +451,13 @@ int DebugSession::run() {
             reclone = true;
             why = "periodic";
         } else if (o_.recloning == DebugOptions::Recloning::on_overflow) {
+            // The clone missed requests: a copy's buffer overflowed, or the
+            // capture lost a connection's bytes.
             const auto stats = mirror_stats(stats_at_);
-            const long long overflows = stats ? static_cast<long long>(stats->buffer.overflows) : -1;
+            const long long overflows =
+                stats ? static_cast<long long>(stats->buffer.overflows +
+                                               (stats->capture ? stats->capture->lost_connections : 0))
+                      : -1;
             if (overflows > overflows_seen) {
                 overflows_seen = overflows;
                 reclone = true;

@@ -3,7 +3,7 @@
 
 namespace iprobe::proxy::mirror_impl {
 
-void Connection::check_requests(const std::uint8_t* p, std::size_t n) {
+void DebugLeg::check_requests(const std::uint8_t* p, std::size_t n) {
     if (!request_framer_) return;
     scratch_.clear();
     request_framer_->feed({p, n}, scratch_);
@@ -16,7 +16,7 @@ void Connection::check_requests(const std::uint8_t* p, std::size_t n) {
     if (requests_.size() > kMaxPendingMessages) stop_checking("too many requests awaiting comparison");
 }
 
-void Connection::check_replies(int side, const std::uint8_t* p, std::size_t n) {
+void DebugLeg::check_replies(int side, const std::uint8_t* p, std::size_t n) {
     if (stream_) {
         const auto r = stream_->feed(side, {p, n});
         if (r == StreamComparer::Result::mismatch) {
@@ -36,7 +36,7 @@ void Connection::check_replies(int side, const std::uint8_t* p, std::size_t n) {
     if (replies_[side].size() > kMaxPendingMessages) stop_checking("too many replies awaiting comparison");
 }
 
-void Connection::compare_messages() {
+void DebugLeg::compare_messages() {
     while (checking_ && !replies_[0].empty() && !replies_[1].empty()) {
         Message prod = std::move(replies_[0].front());
         Message dbg = std::move(replies_[1].front());
@@ -57,42 +57,31 @@ void Connection::compare_messages() {
     }
 }
 
-void Connection::report(std::uint64_t index, const std::string& request, const std::string& prod, const std::string& dbg) {
+void DebugLeg::report(std::uint64_t index, const std::string& request, const std::string& prod, const std::string& dbg) {
     ++px_.stats.mismatches;
     if (reported_) return;
     reported_ = true;
     ++px_.stats.diverged_connections;
     const char* unit = stream_ ? "byte offset" : "reply";
-    px_.rate_limited_log(px_.stats.diverged_connections, "divergence on connection %u, %s %llu%s%s%s: production \"%s\", debug copy \"%s\"", id_, unit,
+    px_.rate_limited_log(px_.stats.diverged_connections, "divergence on connection %u, %s %llu%s%s%s: production \"%s\", debug copy \"%s\"", owner_.id(), unit,
             static_cast<unsigned long long>(index), request.empty() ? "" : " to '", printable(request).c_str(),
             request.empty() ? "" : "'", printable(prod, 80).c_str(), printable(dbg, 80).c_str());
     if (px_.stats.reports.size() < kMaxReports)
-        px_.stats.reports.push_back({id_, index, request, prod, dbg, ms_since(px_.stats.started)});
+        px_.stats.reports.push_back({owner_.id(), index, request, prod, dbg, ms_since(px_.stats.started)});
 }
 
-void Connection::stop_checking(const std::string& why) {
+void DebugLeg::stop_checking(const std::string& why) {
     if (!checking_) return;
     checking_ = false;
     if (!why.empty()) {
         ++px_.stats.unchecked_connections;
-        px_.rate_limited_log(px_.stats.unchecked_connections, "connection %u: divergence checking stopped: %s", id_,
+        px_.rate_limited_log(px_.stats.unchecked_connections, "connection %u: divergence checking stopped: %s", owner_.id(),
                              why.c_str());
     }
     requests_.clear();
     replies_[0].clear();
     replies_[1].clear();
     stream_.reset();
-}
-
-void Connection::describe(JsonWriter& j) const {
-    j.begin_object();
-    j.field("id", id_);
-    j.field("age_ms", ms_since(start_));
-    j.field("lingering", pair_closed_);
-    j.field("debug", debug_state_ == DebugState::open ? "open" : debug_state_ == DebugState::connecting ? "connecting" : overflowed_ ? "overflowed" : "none");
-    j.field("debug_buffered", static_cast<std::uint64_t>(dbuf_.size()));
-    j.field("debug_buffer_high_water", static_cast<std::uint64_t>(dbuf_.high_water()));
-    j.end_object();
 }
 
 }  // namespace iprobe::proxy::mirror_impl

@@ -159,32 +159,135 @@ struct Stats {
 };
 
 class Proxy;
+class MirroredStream;
 
-// One client connection: client <-> production passthrough plus the debug leg
-// fed from a bounded buffer.  In aggregator mode "client" is production's
-// outbound connection and "production" the real backend.
-class Connection {
+// The debug copy's side of one mirrored connection: its socket, the bounded
+// buffer that feeds it the client's bytes, and the comparison of its replies
+// with production's.  Fed the same way whether production's bytes pass through
+// the proxy (Connection) or are captured off the wire (CapturedConnection).
+class DebugLeg final : public Handler {
 public:
-    enum class Side { client, production, debug };
-    enum class DebugState { none, connecting, open, done };
+    enum class State { none, connecting, open, done };
+
+    DebugLeg(Proxy& px, MirroredStream& owner);
+    ~DebugLeg() override;
+    DebugLeg(const DebugLeg&) = delete;
+    DebugLeg& operator=(const DebugLeg&) = delete;
+
+    // Connects to the debug copy (when there is one) and sets up reply comparison.
+    void open();
+    bool active() const { return state_ == State::connecting || state_ == State::open; }
+    // The client's bytes, in order: checked as requests, then queued for the copy.
+    void client_bytes(const std::uint8_t* p, std::size_t n);
+    // No more client bytes: the copy's write side is shut once it has them all.
+    void client_ended();
+    // Production's replies, in order, compared with the copy's.
+    void production_bytes(const std::uint8_t* p, std::size_t n);
+    // Production closed its side: a reply delimited by the close is complete.
+    void production_ended();
+    // Production's replies can no longer be followed (lost to the capture):
+    // the copy is still fed, its replies are no longer compared.
+    void stop_comparing(const std::string& why) { stop_checking(why); }
+    // The owner's connection is over: the leg lingers until the copy has every
+    // byte, or finishes checking now.
+    void source_closed();
+    // The copy cannot be fed a whole stream any more (buffer overflow, bytes
+    // lost to the capture): closed, counted by the caller, never fed a hole.
+    // `as` names the reason in the stats' open connections ("overflowed").
+    void abandon(const char* as);
+    void close(const char* why, bool copy_finished = false);
+    void linger_timeout();
+    // Called by the proxy's debug pass for legs queued with Proxy::queue_debug_flush().
+    void flush_batch();
+    // Epoll interest from the state (connecting: writable; open: replies, and writable when backlogged).
+    void watch();
+    void on_event(std::uint32_t events) override;
+    MirroredStream& owner() const { return owner_; }
+    std::size_t buffered() const { return buffer_.size(); }
+    Clock::time_point linger_deadline() const { return linger_deadline_; }
+    void describe_fields(JsonWriter& j) const;
+    bool in_flush_queue = false;
+
+private:
+    void connected();
+    void forward(const std::uint8_t* p, std::size_t n);
+    void overflow();
+    void flush();
+    void read_replies();
+    void finish_checking();
+    void check_requests(const std::uint8_t* p, std::size_t n);
+    void check_replies(int side, const std::uint8_t* p, std::size_t n);
+    void compare_messages();
+    void report(std::uint64_t index, const std::string& request, const std::string& prod, const std::string& dbg);
+    void stop_checking(const std::string& why);
+
+    Proxy& px_;
+    MirroredStream& owner_;
+    Watched w_;
+    State state_ = State::none;
+    DebugBuffer buffer_;
+    bool input_ended_ = false;     // the client sent all it will
+    bool source_closed_ = false;   // the owner's connection is over: lingering while active
+    bool backlogged_ = false;      // the socket refused bytes: wait for EPOLLOUT
+    bool shut_ = false;            // our write side is shut down
+    const char* abandoned_as_ = nullptr;
+    Clock::time_point linger_deadline_{};
+
+    // divergence checking
+    bool checking_ = false;
+    bool reported_ = false;
+    std::unique_ptr<Framer> request_framer_, reply_framer_[2];
+    std::deque<Message> requests_, replies_[2];
+    std::vector<Message> scratch_;
+    std::uint64_t compared_index_ = 0;
+    std::unique_ptr<StreamComparer> stream_;
+};
+
+// What every mirrored connection has, whether production's bytes pass through
+// the proxy (Connection) or are captured off the wire (CapturedConnection): an
+// id, the debug leg, and a life that ends when both its source and its leg have.
+class MirroredStream {
+public:
+    MirroredStream(Proxy& px, std::uint32_t id);
+    virtual ~MirroredStream() = default;
+    MirroredStream(const MirroredStream&) = delete;
+    MirroredStream& operator=(const MirroredStream&) = delete;
+
+    std::uint32_t id() const { return id_; }
+    Clock::time_point started() const { return start_; }
+    bool finished() const { return source_closed_ && !debug_.active(); }
+    bool lingering() const { return source_closed_ && debug_.active(); }
+    Clock::time_point linger_deadline() const { return debug_.linger_deadline(); }
+    void linger_timeout();
+    // After any I/O: watch what is still wanted, or hand a finished stream to
+    // the proxy for removal.
+    void settle();
+    virtual void describe(JsonWriter& j) const;
+
+protected:
+    // The source's own epoll interest (the proxy's client and production sockets).
+    virtual void update() {}
+    virtual void describe_source(JsonWriter& j) const { (void)j; }
+
+    Proxy& px_;
+    const std::uint32_t id_;
+    const Clock::time_point start_ = Clock::now();
+    bool source_closed_ = false;
+    DebugLeg debug_;
+};
+
+// One client connection through the proxy: client <-> production passthrough
+// plus the debug leg.  In aggregator mode "client" is production's outbound
+// connection and "production" the real backend.
+class Connection final : public MirroredStream {
+public:
+    enum class Side { client, production };
 
     Connection(Proxy& px, std::uint32_t id, UniqueFd client);
-    ~Connection();
+    ~Connection() override;
 
     void on_event(Side side, std::uint32_t events);
     void start(std::optional<std::uint64_t> aggregator_slot);
-    bool finished() const { return pair_closed_ && debug_state_ != DebugState::connecting && debug_state_ != DebugState::open; }
-    bool lingering() const { return pair_closed_ && !finished(); }
-    Clock::time_point linger_deadline() const { return linger_deadline_; }
-    void linger_timeout();
-    void abort_all();
-    std::uint32_t id() const { return id_; }
-    std::size_t debug_buffered() const { return dbuf_.size(); }
-    void describe(JsonWriter& j) const;
-    // Called by the proxy's debug pass for connections queued with
-    // Proxy::queue_debug_flush().
-    void flush_debug_batch();
-    bool in_debug_queue = false;
 
 private:
     struct Leg final : Handler {
@@ -196,49 +299,19 @@ private:
 
     void read_client();
     void read_production();
-    void read_debug();
     void flush_production();
     void flush_client();
-    void flush_debug();
     void production_connected();
-    void mirror_to_debug(const std::uint8_t* p, std::size_t n);
-    void overflow();
-    void close_debug(const char* why, bool copy_finished = false);
-    void finish_checking();
     void close_pair();
-    void update();
-    void settle();
+    void update() override;
     void maybe_finish_pair();
-    void check_requests(const std::uint8_t* p, std::size_t n);
-    void check_replies(int side, const std::uint8_t* p, std::size_t n);
-    void compare_messages();
-    void report(std::uint64_t index, const std::string& request, const std::string& prod, const std::string& dbg);
-    void stop_checking(const std::string& why);
 
-    Proxy& px_;
-    std::uint32_t id_;
-    Clock::time_point start_ = Clock::now();
-    Leg client_, prod_, debug_;
+    Leg client_, prod_;
     Pending to_prod_, to_client_;
     bool prod_connecting_ = true;
     bool client_eof_ = false, prod_eof_ = false;
-    bool prod_shut_ = false, client_shut_ = false, debug_shut_ = false;
-    bool pair_closed_ = false;
-    DebugState debug_state_ = DebugState::none;
-    DebugBuffer dbuf_;
-    bool debug_backlogged_ = false;  // the debug socket refused bytes: wait for EPOLLOUT
-    bool overflowed_ = false;
-    Clock::time_point linger_deadline_{};
+    bool prod_shut_ = false, client_shut_ = false;
     std::optional<std::uint64_t> slot_;
-
-    // divergence checking
-    bool checking_ = false;
-    bool reported_ = false;
-    std::unique_ptr<Framer> request_framer_, reply_framer_[2];
-    std::deque<Message> requests_, replies_[2];
-    std::vector<Message> scratch_;
-    std::uint64_t compared_index_ = 0;
-    std::unique_ptr<StreamComparer> stream_;
 };
 
 // Aggregator: production's replies for its N-th outbound connection, waiting
@@ -287,6 +360,8 @@ struct SignalHandler final : Handler {
     void on_event(std::uint32_t events) override;
 };
 
+class Capture;
+
 class Proxy {
 public:
     Proxy(const MirrorOptions& options);
@@ -305,11 +380,14 @@ public:
     void accept_clients(Acceptor& a);
     void accept_debug_client(Acceptor& a);
     void accept_stats(Acceptor& a);
-    void retire(Connection* c) { retired_.insert(c); }
-    void queue_debug_flush(Connection* c) {
-        if (c->in_debug_queue) return;
-        c->in_debug_queue = true;
-        debug_queue_.push_back(c);
+    void retire(MirroredStream* c) { retired_.insert(c); }
+    // Capture mode: connections are made by the capture, not accepted.
+    std::uint32_t new_connection_id() { return next_id_++; }
+    void adopt(std::unique_ptr<MirroredStream> c) { connections_.emplace(c->id(), std::move(c)); }
+    void queue_debug_flush(DebugLeg* leg) {
+        if (leg->in_flush_queue) return;
+        leg->in_flush_queue = true;
+        debug_queue_.push_back(leg);
     }
     void retire(StatsClient* s) { retired_stats_.insert(s); }
     void log(const char* fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -336,12 +414,13 @@ private:
     int wait_timeout_ms() const;
 
     UniqueFd ep_, debug_ep_;
-    std::vector<Connection*> debug_queue_;  // bytes waiting for the next debug pass
+    std::unique_ptr<Capture> capture_;  // capture mode: the packet source instead of clients_
+    std::vector<DebugLeg*> debug_queue_;  // bytes waiting for the next debug pass
     Clock::time_point last_debug_pass_{};
     Acceptor clients_, debug_clients_, stats_listener_;
     SignalHandler signals_;
-    std::map<std::uint32_t, std::unique_ptr<Connection>> connections_;
-    std::set<Connection*> retired_;
+    std::map<std::uint32_t, std::unique_ptr<MirroredStream>> connections_;
+    std::set<MirroredStream*> retired_;
     std::set<StatsClient*> retired_stats_;
     std::set<std::unique_ptr<StatsClient>> stats_clients_;
     std::map<std::uint64_t, std::unique_ptr<Slot>> slots_;

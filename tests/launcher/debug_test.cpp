@@ -41,22 +41,6 @@ std::string text_bytes(pid_t pid) {
     return out;
 }
 
-std::string json_string(const std::string& json, const std::string& key) {
-    std::smatch m;
-    if (!std::regex_search(json, m, std::regex("\"" + key + "\":\"([^\"]*)\""))) return {};
-    return m[1];
-}
-
-// Lines of `path` that are JSON events of kind `event`.
-std::vector<std::string> events(const std::string& path, const std::string& event) {
-    std::vector<std::string> out;
-    std::istringstream lines(file_text(path));
-    std::string line;
-    while (std::getline(lines, line))
-        if (line.find("\"event\":\"" + event + "\"") != std::string::npos) out.push_back(line);
-    return out;
-}
-
 bool wait_for_event(const std::string& path, const std::string& event, size_t count, Child& debug,
                     std::chrono::seconds timeout = std::chrono::seconds(60)) {
     auto deadline = std::chrono::steady_clock::now() + timeout;

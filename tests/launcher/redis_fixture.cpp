@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <regex>
+#include <sstream>
 
 namespace iprobe::test {
 
@@ -47,6 +48,21 @@ int connect_in_netns(const std::string& netns_path, int port) {
     });
     t.join();
     return fd;
+}
+
+std::string json_string(const std::string& json, const std::string& key) {
+    std::smatch m;
+    if (!std::regex_search(json, m, std::regex("\"" + key + "\":\"([^\"]*)\""))) return {};
+    return m[1];
+}
+
+std::vector<std::string> events(const std::string& path, const std::string& event) {
+    std::vector<std::string> out;
+    std::istringstream lines(file_text(path));
+    std::string line;
+    while (std::getline(lines, line))
+        if (line.find("\"event\":\"" + event + "\"") != std::string::npos) out.push_back(line);
+    return out;
 }
 
 std::string trim(std::string s) {
