@@ -82,6 +82,21 @@ row() {
     "$(awk -v a="$3" -v b="$4" 'BEGIN { printf "%.3fx", a / b }')" "$m" \
     "$(awk -v a="$m" -v b="$mb" 'BEGIN { printf "%+.1f%%", (a / b - 1) * 100 }')"
 }
+# The probes-on table's rows: names of the arrays of CPU-time samples with
+# probes on (by variant:handler) and off (by variant).
+on_rows() {
+  local -n samples_on=$1 samples_off=$2
+  local vh v b m mb mo
+  for vh in "${on_variants[@]}"; do
+    v=${vh%%:*}; b=$(base_of "$v")
+    m=$(tr ' ' '\n' <<<"${samples_on[$vh]}" | grep . | median)
+    mb=$(tr ' ' '\n' <<<"${samples_off[$b]}" | grep . | median)
+    mo=$(tr ' ' '\n' <<<"${samples_off[$v]}" | grep . | median)
+    printf '| %s | %s | %s | %s | %s |\n' "$v" "${vh##*:}" "$m" \
+      "$(awk -v a="$m" -v b="$mb" 'BEGIN { printf "%.2fx", a / b }')" \
+      "$(awk -v a="$m" -v b="$mo" 'BEGIN { printf "%.2fx", a / b }')"
+  done
+}
 # Probe sites of a build: the probe list's (an exit served by its entry's
 # return trampoline has no site of its own), or XRay's sleds (32-byte
 # xray_instr_map entries).
@@ -172,15 +187,7 @@ if ((on)); then
   echo
   echo "| build | handler | CPU s | vs native | vs the same build, probes off |"
   echo "|---|---|---:|---:|---:|"
-  for vh in "${on_variants[@]}"; do
-    v=${vh%%:*}; b=$(base_of "$v")
-    m=$(tr ' ' '\n' <<<"${cpu_on[$vh]}" | grep . | median)
-    mb=$(tr ' ' '\n' <<<"${cpu_off[$b]}" | grep . | median)
-    mo=$(tr ' ' '\n' <<<"${cpu_off[$v]}" | grep . | median)
-    printf '| %s | %s | %s | %s | %s |\n' "$v" "${vh##*:}" "$m" \
-      "$(awk -v a="$m" -v b="$mb" 'BEGIN { printf "%.2fx", a / b }')" \
-      "$(awk -v a="$m" -v b="$mo" 'BEGIN { printf "%.2fx", a / b }')"
-  done
+  on_rows cpu_on cpu_off
 fi
 fi
 
@@ -261,12 +268,4 @@ echo "### redis-server 7.0, redis-benchmark -c 50 -P 16 -t $tests: probes on (ev
 echo
 echo "| build | handler | server CPU s | vs native | vs the same build, probes off |"
 echo "|---|---|---:|---:|---:|"
-for vh in "${on_variants[@]}"; do
-  v=${vh%%:*}; b=$(base_of "$v")
-  m=$(tr ' ' '\n' <<<"${rcpu_on[$vh]}" | grep . | median)
-  mb=$(tr ' ' '\n' <<<"${rcpu_off[$b]}" | grep . | median)
-  mo=$(tr ' ' '\n' <<<"${rcpu_off[$v]}" | grep . | median)
-  printf '| %s | %s | %s | %s | %s |\n' "$v" "${vh##*:}" "$m" \
-    "$(awk -v a="$m" -v b="$mb" 'BEGIN { printf "%.2fx", a / b }')" \
-    "$(awk -v a="$m" -v b="$mo" 'BEGIN { printf "%.2fx", a / b }')"
-done
+on_rows rcpu_on rcpu_off
