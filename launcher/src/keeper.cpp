@@ -71,6 +71,24 @@ void write_int(int fd, int v) { (void)!::write(fd, &v, sizeof v); }
     }
 }
 
+// Waits for `criu restore`.  When the launcher that asked for the clone is
+// gone (killed, or interrupted before it could say so), nobody would record
+// or remove the clone: the restore is abandoned instead, and PID 1 exiting
+// takes whatever CRIU restored so far with it.
+int wait_restore(pid_t criu, int status_fd) {
+    int status = 0;
+    for (;;) {
+        const pid_t r = ::waitpid(criu, &status, WNOHANG);
+        if (r == criu) return status;
+        if (r < 0 && errno != EINTR) _exit(1);
+        pollfd reader{status_fd, 0, 0};  // a pipe's writer sees POLLERR once its reader is closed
+        if (::poll(&reader, 1, 100) > 0 && (reader.revents & POLLERR)) {
+            ::kill(criu, SIGKILL);
+            _exit(1);
+        }
+    }
+}
+
 // Runs as PID 1 of the new PID namespace, in a private mount namespace:
 // gives CRIU a /proc of that namespace and the snapshot copies in place of
 // the originals, restores, then reaps until the clone is gone.
@@ -138,9 +156,7 @@ void write_int(int fd, int v) { (void)!::write(fd, &v, sizeof v); }
         ::execv(argv[0], argv.data());
         _exit(127);
     }
-    int status = 0;
-    while (::waitpid(criu, &status, 0) < 0 && errno == EINTR) {
-    }
+    int status = wait_restore(criu, status_fd);
     int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     // iprobe's own per-PID state (locks of attach and trace) must not meet
     // production's: the clone has production's PID.  Mounted after the

@@ -160,6 +160,59 @@ TEST_F(LauncherClone, DestroyRemovesCloneAndNamespaceAndLeavesProduction) {
     EXPECT_EQ(again.exit_code, 5) << again.err;
 }
 
+// The keepers of clone `name`: PID 1 of the clone's PID namespace, in its
+// network namespace.
+std::vector<long long> keepers_of(const std::string& name) {
+    struct stat netns {};
+    if (::stat(("/run/netns/" + name).c_str(), &netns) != 0) return {};
+    std::vector<long long> found;
+    for (const auto& e : fs::directory_iterator("/proc")) {
+        const std::string pid = e.path().filename();
+        if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
+        std::ifstream comm(e.path() / "comm");
+        std::string name_of_task;
+        struct stat ns {};
+        if (!std::getline(comm, name_of_task) || name_of_task != "iprobe-keeper") continue;
+        if (::stat((e.path() / "ns/net").c_str(), &ns) == 0 && ns.st_ino == netns.st_ino &&
+            running_pid(std::stoll(pid)))
+            found.push_back(std::stoll(pid));
+    }
+    return found;
+}
+
+// `iprobe clone` killed while CRIU restores: nobody is left to record the
+// clone, so the keeper abandons the restore and no clone outlives it.
+TEST_F(LauncherClone, CloneKilledDuringTheRestoreLeavesNoClone) {
+    // Enough memory (~400 MB) that the restore outlasts the kill.
+    ASSERT_EQ(redis_->cli({"DEBUG", "POPULATE", "800000", "big", "400"}), "OK");
+    Child cli({iprobe_bin(), "clone", std::to_string(redis_->pid()), "--netns", clone_name_}, dir_ / "clone.out");
+    // Caught in the act: CRIU, the keeper's child, is held while restoring.
+    std::vector<long long> keepers;
+    long long criu = -1;
+    for (int i = 0; i < 20000 && criu < 0 && cli.running(); ++i) {
+        if (keepers.empty()) keepers = keepers_of(clone_name_);
+        if (!keepers.empty()) {
+            std::ifstream children("/proc/" + std::to_string(keepers[0]) + "/task/" + std::to_string(keepers[0]) +
+                                   "/children");
+            if (!(children >> criu)) criu = -1;
+        }
+        if (criu < 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    ASSERT_GT(criu, 0) << "the restore was not seen: " << file_text(dir_ / "clone.out");
+    ::kill(static_cast<pid_t>(criu), SIGSTOP);
+    cli.kill(SIGKILL);
+    cli.wait();
+    for (int i = 0; i < 1000 && !keepers_of(clone_name_).empty(); ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    EXPECT_TRUE(keepers_of(clone_name_).empty()) << "the clone outlived the launcher that made it";
+    EXPECT_FALSE(running_pid(keepers[0]));
+    EXPECT_EQ(redis_->cli({"PING"}), "PONG");
+    EXPECT_EQ(redis_->cli({"GET", "marker"}), "before-clone");
+    // What the killed launcher could not roll back.
+    run({"ip", "netns", "delete", clone_name_});
+    fs::remove_all("/run/iprobe/clones/" + clone_name_);
+}
+
 TEST_F(LauncherClone, NameInUseIsRefused) {
     ASSERT_EQ(clone().exit_code, 0);
     auto r = clone();
