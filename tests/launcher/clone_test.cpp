@@ -211,6 +211,7 @@ TEST_F(LauncherClone, CloneKilledDuringTheRestoreLeavesNoClone) {
     // What the killed launcher could not roll back.
     run({"ip", "netns", "delete", clone_name_});
     fs::remove_all("/run/iprobe/clones/" + clone_name_);
+    fs::remove_all("/dev/shm/iprobe-images-" + clone_name_);
 }
 
 TEST_F(LauncherClone, NameInUseIsRefused) {
