@@ -175,7 +175,7 @@ bool read_int(int fd, int& v, int timeout_ms) {
     while (got < sizeof v) {
         pollfd pfd{fd, POLLIN, 0};
         int r = ::poll(&pfd, 1, timeout_ms);
-        if (r < 0 && errno == EINTR) continue;
+        if (r < 0 && errno == EINTR && !interrupted()) continue;
         if (r <= 0) return false;
         ssize_t n = ::read(fd, p + got, sizeof v - got);
         if (n <= 0) return false;
@@ -229,6 +229,7 @@ pid_t start_keeper(const KeeperPlan& plan, const std::string& netns_path) {
     // A large image takes a while to restore; CRIU reports failures itself.
     if (!read_int(rd.get(), stage, 600000)) {
         ::kill(keeper, SIGKILL);
+        throw_if_interrupted("the clone's restore was abandoned");
         throw restore_failed(plan, "the clone's keeper process died before CRIU finished restoring");
     }
     read_int(rd.get(), err, 1000);
