@@ -190,6 +190,7 @@ CloneResult clone_process(const CloneOptions& o) {
     require_no_terminal(tree);
     std::vector<std::string> snapshots = snapshot_paths(o, tree);
 
+    InterruptGuard interrupts;
     Rollback rollback;
     std::string state = state_dir(name);
     fs::create_directories(state);
@@ -210,6 +211,7 @@ CloneResult clone_process(const CloneOptions& o) {
     double dump_ms = dump_production(o, criu, name, tree.size(), images, state + "/dump.log", shell_job, {});
     DumpStats stats = read_dump_stats(images);
     progress(o, "production frozen for " + fmt_ms(static_cast<double>(stats.frozen_us) / 1e3) + " ms");
+    throw_if_interrupted("the checkpoint was removed");
 
     // Copies are taken right after the dump, production running on: the
     // clone's files can be slightly ahead of its memory, never behind it.
@@ -221,6 +223,7 @@ CloneResult clone_process(const CloneOptions& o) {
         plan.binds.emplace_back(copy, snapshots[i]);
     }
 
+    throw_if_interrupted("the checkpoint and the file copies were removed");
     std::string netns_path = netns_path_of(name);
     bool created_netns = ensure_netns(name);
     if (created_netns) {
@@ -235,8 +238,9 @@ CloneResult clone_process(const CloneOptions& o) {
     double restore_ms = now_ms() - restore_start;
     std::string keeper_started = start_time(keeper);
     pid_t clone_pid = find_clone_root(keeper, o.pid);
-    if (clone_pid < 0) {
+    if (clone_pid < 0 || interrupted()) {
         kill_keeper(keeper, keeper_started);
+        throw_if_interrupted("the clone and its namespace were removed");
         throw Error("CRIU reported success but the clone's root process is not running; see " + plan.restore_log);
     }
 
