@@ -1,6 +1,7 @@
 // iprobe-mirror: `iprobe mirror` (traffic duplicator / aggregator) and
 // `iprobe replay` (feed a recording into a service).
 #include <fcntl.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -43,7 +44,8 @@ const ArgSpec kMirrorSpec(
     {
         {"--listen", "ADDR:PORT", "where clients (or, as aggregator, production's outbound connections) connect"},
         {"--production", "ADDR:PORT", "the real service"},
-        {"--debug", "ADDR:PORT", "the debug copy fed a copy of every client stream"},
+        {"--debug", "ADDR:PORT", "a debug copy fed a copy of every client stream; repeat for\n"
+                                 "several copies, each fed the whole stream through a buffer of its own"},
         {"--upstream", "ADDR:PORT", "aggregator: the backend production calls"},
         {"--debug-listen", "ADDR:PORT", "aggregator: where the debug copy's outbound connections arrive"},
         {"--buffer", "SIZE", "per-connection buffer toward the debug side (default 4M; K/M/G suffixes)"},
@@ -60,12 +62,16 @@ const ArgSpec kMirrorSpec(
                                        "SLOWLOG MEMORY LATENCY DEBUG CONFIG, and the Date header.  Replies that\n"
                                        "depend on how requests of different connections interleave (INCR of a\n"
                                        "key shared by clients) can differ legitimately and are reported."},
-        {"--record", "FILE", "save every client->server stream with timestamps (zstd) for `iprobe replay`"},
+        {"--record", "FILE", "save every client->server stream and production's replies with\n"
+                             "timestamps (zstd) for `iprobe replay`"},
         {"--stats", "ADDR:PORT", "serve the counters as JSON (HTTP GET or any line); SIGUSR1 prints them to stderr"},
         {"--json", "", "ready line and final stats as JSON on stdout"},
         {"--quiet", "", "no log lines on stderr"},
         {"--ready-fd", "N", "once listening, write the JSON readiness event (as with --json) to\n"
                             "file descriptor N and close it: for a supervisor waiting on a pipe"},
+        {"--control-fd", "N", "a socket on which a supervisor sends commands, one JSON line each,\n"
+                              "answered on it: {\"command\":\"record\",\"path\":FILE} records the\n"
+                              "connections opened from then on into FILE (\"\" stops recording)"},
     },
     "Once listening it prints one line on stdout: \"listening on ADDR:PORT\" (with\n"
     "--json: {\"event\":\"listening\",...}); port 0 picks a free port.  SIGTERM/SIGINT\n"
@@ -73,17 +79,23 @@ const ArgSpec kMirrorSpec(
     "exit codes: 0 ok, 1 failed, 2 usage, 3 bad input, 4 permission, 5 not found, 6 busy (port in use)");
 
 const ArgSpec kReplaySpec(
-    "iprobe replay", "usage: iprobe replay FILE --to ADDR:PORT [--speed X] [--drain-timeout SECONDS] [--json]",
+    "iprobe replay",
+    "usage: iprobe replay FILE --to ADDR:PORT [--speed X] [--drain-timeout SECONDS] [--compare MODE] [--json]",
     "Feeds a recording made by `iprobe mirror --record FILE` into a service: each\n"
     "recorded client connection is opened again and its bytes are sent in order at\n"
     "the recorded times scaled by --speed (default 1; 0 = as fast as possible).\n"
-    "Replies are read and discarded.  Order across connections follows the\n"
+    "Replies are read; with --compare they are compared with production's replies\n"
+    "as recorded (how faithful the replay was), else discarded.  Order across\n"
+    "connections follows the\n"
     "timestamps only.  After the last byte it waits up to --drain-timeout (default\n"
     "10) seconds for the service to answer and close each connection.",
     {
         {"--to", "ADDR:PORT", "the service to feed"},
         {"--speed", "X", "time scale of the recorded gaps (default 1; 0 = as fast as possible)"},
         {"--drain-timeout", "SECONDS", "how long to wait for replies after the last byte (default 10)"},
+        {"--compare", "MODE", "compare the replies with the recorded ones: resp, http, stream or off\n"
+                              "(default); exit 1 when any differ"},
+        {"--divergence-rules", "FILE", "leave more noise out of the comparison (as `iprobe mirror`)"},
         {"--json", "", "the result as JSON on stdout"},
     });
 
@@ -121,6 +133,15 @@ int parse_ready_fd(std::string_view text) {
     return static_cast<int>(fd);
 }
 
+int parse_control_fd(std::string_view text) {
+    const int fd = parse_ready_fd(text);
+    int type = 0;
+    socklen_t len = sizeof type;
+    if (::getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) != 0 || type != SOCK_STREAM)
+        throw Error("--control-fd " + std::string(text) + ": not a stream socket (use a socketpair)", ExitCode::usage);
+    return fd;
+}
+
 int mirror_main(int argc, char** argv) {
     const auto parsed = kMirrorSpec.parse_or_print_help(argc, argv, 2);
     if (!parsed) return 0;
@@ -136,7 +157,7 @@ int mirror_main(int argc, char** argv) {
     if (!a.has("--listen")) kMirrorSpec.fail("--listen is required");
     opt.listen = *endpoint("--listen");
     opt.production = endpoint("--production");
-    opt.debug = endpoint("--debug");
+    for (const auto& d : a.values("--debug")) opt.debug.push_back(parse_endpoint(d, "--debug"));
     opt.upstream = endpoint("--upstream");
     opt.debug_listen = endpoint("--debug-listen");
     opt.stats = endpoint("--stats");
@@ -147,14 +168,15 @@ int mirror_main(int argc, char** argv) {
     const std::string rules_path = a.value("--divergence-rules");
     opt.record_path = a.value("--record");
     const int ready_fd = a.has("--ready-fd") ? parse_ready_fd(a.value("--ready-fd")) : -1;
+    if (a.has("--control-fd")) opt.control_fd = parse_control_fd(a.value("--control-fd"));
     if (opt.upstream) {
-        if (opt.production || opt.debug)
+        if (opt.production || !opt.debug.empty())
             kMirrorSpec.fail("--upstream (aggregator) does not take --production/--debug; use --listen and --debug-listen");
         if (!opt.debug_listen) kMirrorSpec.fail("--upstream needs --debug-listen (where the debug copy's connections arrive)");
     } else {
         if (!opt.production) kMirrorSpec.fail("--production is required (or --upstream for the aggregator)");
         if (opt.debug_listen) kMirrorSpec.fail("--debug-listen belongs to the aggregator (--upstream)");
-        if (opt.divergence != Protocol::off && !opt.debug)
+        if (opt.divergence != Protocol::off && opt.debug.empty())
             kMirrorSpec.fail("--divergence needs --debug (a copy to compare with)");
     }
     if (!rules_path.empty()) opt.rules = DivergenceRules::load(rules_path);
@@ -191,24 +213,16 @@ int replay_main(int argc, char** argv) {
     opt.to = parse_endpoint(a.value("--to"), "--to");
     if (a.has("--speed")) opt.speed = parse_number(a.value("--speed"), "--speed");
     if (a.has("--drain-timeout")) opt.drain_timeout_s = parse_number(a.value("--drain-timeout"), "--drain-timeout");
+    if (a.has("--compare")) opt.compare = parse_protocol(a.value("--compare"));
+    if (a.has("--divergence-rules")) opt.rules = DivergenceRules::load(a.value("--divergence-rules"));
     const ReplayResult r = run_replay(opt);
     if (json) {
-        JsonWriter j;
-        j.begin_object();
-        j.field("connections", r.connections);
-        j.field("connect_failures", r.connect_failures);
-        j.field("send_failures", r.send_failures);
-        j.field("bytes_sent", r.bytes_sent);
-        j.field("bytes_received", r.bytes_received);
-        j.field("unfinished", r.unfinished);
-        j.field("recorded_s", r.recorded_s);
-        j.field("elapsed_s", r.elapsed_s);
-        j.end_object();
-        std::printf("%s\n", j.str().c_str());
+        std::printf("%s\n", to_json(r).c_str());
     } else {
         std::printf("replayed %llu connections, %llu bytes sent, %llu bytes of replies, in %.3f s (recorded over %.3f s)\n",
                     static_cast<unsigned long long>(r.connections), static_cast<unsigned long long>(r.bytes_sent),
                     static_cast<unsigned long long>(r.bytes_received), r.elapsed_s, r.recorded_s);
+        if (opt.compare != Protocol::off) std::printf("%s\n", comparison_summary(r.comparison).c_str());
     }
     if (r.connect_failures || r.send_failures) {
         std::fprintf(stderr, "iprobe replay: %llu connections could not connect to %s, %llu failed while sending\n",
@@ -221,7 +235,7 @@ int replay_main(int argc, char** argv) {
                      static_cast<unsigned long long>(r.unfinished));
         return static_cast<int>(ExitCode::failure);
     }
-    return 0;
+    return r.comparison.mismatches ? static_cast<int>(ExitCode::failure) : 0;
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/epoll.h>
@@ -29,6 +30,7 @@
 #include <vector>
 
 #include "iprobe/proxy/debug_buffer.h"
+#include "reply_queues.h"
 #include "iprobe/proxy/mirror.h"
 #include "iprobe/proxy/recording.h"
 #include "iprobe/proxy/stats.h"
@@ -43,7 +45,11 @@ using Clock = std::chrono::steady_clock;
 inline constexpr std::size_t kReadChunk = 64 * 1024;
 inline constexpr std::size_t kMaxPendingMessages = 65536;  // per connection, for the divergence checker
 inline constexpr std::size_t kMaxReports = 100;
+// A recording's queue toward its writer thread: past this the recording stops
+// (counted) rather than slow production down.
+inline constexpr std::size_t kRecordQueue = 256u << 20;
 inline constexpr std::size_t kMaxWindows = 1000;
+inline constexpr std::size_t kMaxListedConnections = 100;  // in the stats document
 inline constexpr int kDebugSendBuffer = 64 * 1024;  // the kernel doubles it
 // The debug copy's leg is served in batches: bytes for it are sent, and its
 // replies read, once per kDebugBatch (or as soon as kDebugFlushNow bytes wait),
@@ -128,6 +134,13 @@ struct DivergenceReport {
     std::string production;
     std::string debug;
     double at_ms;
+    std::uint32_t target = 0;  // which --debug copy
+};
+
+// Counters of one debug copy (one --debug address); Stats keeps their sums.
+struct TargetCounters {
+    std::uint64_t connections = 0, connect_failures = 0, errors = 0, closed_early = 0, completed = 0,
+                  linger_timeouts = 0, overflows = 0, diverged_connections = 0, bytes = 0;
 };
 
 struct Stats {
@@ -138,6 +151,7 @@ struct Stats {
     std::uint64_t bytes_to_debug = 0, bytes_from_debug = 0;
     std::uint64_t debug_connections = 0, debug_connect_failures = 0, debug_errors = 0,
                   debug_closed_early = 0, debug_completed = 0, debug_linger_timeouts = 0;
+    std::vector<TargetCounters> targets;  // one per --debug
     std::uint64_t lingering = 0;
     std::uint64_t overflows = 0;
     std::size_t buffered_now = 0, buffered_high_water = 0, connection_high_water = 0;
@@ -159,31 +173,109 @@ struct Stats {
 };
 
 class Proxy;
+class Connection;
 
-// One client connection: client <-> production passthrough plus the debug leg
-// fed from a bounded buffer.  In aggregator mode "client" is production's
-// outbound connection and "production" the real backend.
+// One debug copy's side of a client connection (one per --debug address):
+// its socket, the client bytes it has not taken yet (bounded: on overflow
+// this leg closes, never sends a stream with a hole), and the comparison of
+// its replies with production's.
+class DebugLeg final : public Handler {
+public:
+    enum class State { connecting, open, done };
+
+    DebugLeg(Connection& owner, Proxy& px, std::uint32_t target, UniqueFd fd);
+    ~DebugLeg() override;
+
+    void on_event(std::uint32_t events) override;
+    bool active() const { return state_ != State::done; }
+    std::uint32_t target() const { return target_; }
+    std::size_t buffered() const { return buffer_.size(); }
+
+    // Client bytes, in order; the leg closes (overflow) when its buffer is full.
+    void mirror(const std::uint8_t* p, std::size_t n);
+    void flush_batch();
+    // The client sent all it will: shut down the write side once drained.
+    void client_done();
+    void close(const char* why, bool copy_finished = false);
+    void linger_timeout();
+
+    // Divergence checking, fed by the connection (which frames requests and
+    // production's replies once for all legs).
+    void expect(const Message& request);
+    void production_reply(const Message& reply);
+    void production_bytes(std::span<const std::uint8_t> bytes);  // stream comparison
+    void finish_checking();
+    void stop_checking(const std::string& why);  // why: counted and logged unless empty
+
+    MirrorStats::ConnectionStats::Leg snapshot(Clock::time_point now) const;
+
+private:
+    void connected();
+    void watch();  // epoll interest from the state
+    void flush();
+    void read();
+    void overflow();
+    void copy_replies(std::span<const std::uint8_t> bytes);
+    void compare();
+    void report(std::uint64_t index, const std::string& request, const std::string& prod, const std::string& dbg);
+    void consumed(std::size_t n);
+
+    Connection& owner_;
+    Proxy& px_;
+    std::uint32_t target_;
+    Watched w_;
+    State state_ = State::connecting;
+    DebugBuffer buffer_;
+    bool backlogged_ = false;  // the socket refused bytes: wait for EPOLLOUT
+    bool overflowed_ = false;
+    bool shut_ = false;
+    // Arrival time of the bytes still buffered (coalesced per millisecond):
+    // how far behind the stream this copy's socket is.
+    struct Mark {
+        std::uint64_t end;  // bytes appended up to and including this mark
+        Clock::time_point at;
+    };
+    std::deque<Mark> marks_;
+    std::uint64_t appended_ = 0, sent_ = 0;
+
+    bool checking_ = false;
+    bool reported_ = false;
+    std::unique_ptr<Framer> reply_framer_;
+    ReplyQueues queues_;
+    std::vector<Message> scratch_;
+    std::unique_ptr<StreamComparer> stream_;
+};
+
+// One client connection: client <-> production passthrough plus one debug leg
+// per --debug address.  In aggregator mode "client" is production's outbound
+// connection and "production" the real backend.
 class Connection {
 public:
-    enum class Side { client, production, debug };
-    enum class DebugState { none, connecting, open, done };
+    enum class Side { client, production };
 
     Connection(Proxy& px, std::uint32_t id, UniqueFd client);
     ~Connection();
 
     void on_event(Side side, std::uint32_t events);
     void start(std::optional<std::uint64_t> aggregator_slot);
-    bool finished() const { return pair_closed_ && debug_state_ != DebugState::connecting && debug_state_ != DebugState::open; }
+    bool finished() const { return pair_closed_ && !any_leg_active(); }
     bool lingering() const { return pair_closed_ && !finished(); }
+    bool pair_closed() const { return pair_closed_; }
+    bool client_done() const { return client_eof_ || pair_closed_; }
     Clock::time_point linger_deadline() const { return linger_deadline_; }
+    Clock::time_point started() const { return start_; }
     void linger_timeout();
     void abort_all();
     std::uint32_t id() const { return id_; }
-    std::size_t debug_buffered() const { return dbuf_.size(); }
-    void describe(JsonWriter& j) const;
+    std::size_t debug_buffered() const;
+    MirrorStats::ConnectionStats snapshot(Clock::time_point now) const;
     // Called by the proxy's debug pass for connections queued with
     // Proxy::queue_debug_flush().
     void flush_debug_batch();
+    // A leg closed: the connection may be finished.
+    void leg_closed();
+    // After any I/O on a leg: watch what is still wanted, or retire.
+    void settle();
     bool in_debug_queue = false;
 
 private:
@@ -194,51 +286,38 @@ private:
         void on_event(std::uint32_t events) override { owner->on_event(side, events); }
     };
 
+    bool any_leg_active() const;
     void read_client();
     void read_production();
-    void read_debug();
     void flush_production();
     void flush_client();
-    void flush_debug();
     void production_connected();
-    void mirror_to_debug(const std::uint8_t* p, std::size_t n);
-    void overflow();
-    void close_debug(const char* why, bool copy_finished = false);
-    void finish_checking();
     void close_pair();
     void update();
-    void settle();
     void maybe_finish_pair();
     void check_requests(const std::uint8_t* p, std::size_t n);
-    void check_replies(int side, const std::uint8_t* p, std::size_t n);
-    void compare_messages();
-    void report(std::uint64_t index, const std::string& request, const std::string& prod, const std::string& dbg);
-    void stop_checking(const std::string& why);
+    void check_production_replies(const std::uint8_t* p, std::size_t n);
+    void stop_framing(const std::string& why);
 
     Proxy& px_;
     std::uint32_t id_;
     Clock::time_point start_ = Clock::now();
-    Leg client_, prod_, debug_;
+    Leg client_, prod_;
     Pending to_prod_, to_client_;
     bool prod_connecting_ = true;
     bool client_eof_ = false, prod_eof_ = false;
-    bool prod_shut_ = false, client_shut_ = false, debug_shut_ = false;
+    bool prod_shut_ = false, client_shut_ = false;
     bool pair_closed_ = false;
-    DebugState debug_state_ = DebugState::none;
-    DebugBuffer dbuf_;
-    bool debug_backlogged_ = false;  // the debug socket refused bytes: wait for EPOLLOUT
-    bool overflowed_ = false;
+    std::vector<std::unique_ptr<DebugLeg>> legs_;
     Clock::time_point linger_deadline_{};
     std::optional<std::uint64_t> slot_;
+    std::shared_ptr<Recorder> recorder_;  // the recording current when the connection opened
 
-    // divergence checking
-    bool checking_ = false;
-    bool reported_ = false;
-    std::unique_ptr<Framer> request_framer_, reply_framer_[2];
-    std::deque<Message> requests_, replies_[2];
+    // Framing shared by the legs: requests and production's replies are cut
+    // into messages once (resp, http); stream comparison needs none.
+    bool framing_ = false;
+    std::unique_ptr<Framer> request_framer_, production_framer_;
     std::vector<Message> scratch_;
-    std::uint64_t compared_index_ = 0;
-    std::unique_ptr<StreamComparer> stream_;
 };
 
 // Aggregator: production's replies for its N-th outbound connection, waiting
@@ -287,6 +366,15 @@ struct SignalHandler final : Handler {
     void on_event(std::uint32_t events) override;
 };
 
+// The supervisor's commands on --control-fd, one JSON line each, each
+// answered with one line on the same descriptor (see MirrorCommand).
+struct ControlChannel final : Handler {
+    Proxy* px;
+    Watched w;
+    std::string in;
+    void on_event(std::uint32_t events) override;
+};
+
 class Proxy {
 public:
     Proxy(const MirrorOptions& options);
@@ -298,7 +386,9 @@ public:
     int epfd = -1;
     int debug_epfd = -1;  // debug legs of duplicated connections, polled once per kDebugBatch
     Stats stats;
-    std::unique_ptr<Recorder> recorder;
+    // New connections record into it; one that opened under an earlier
+    // recording keeps writing there (see MirrorCommand::Kind::record).
+    std::shared_ptr<Recorder> recorder;
     std::uint8_t scratch[kReadChunk];
     bool stopping = false;
 
@@ -327,6 +417,7 @@ public:
     Slot& slot(std::uint64_t ordinal);
     void maybe_drop_slot(std::uint64_t ordinal);
     void on_signal(int sig);
+    MirrorCommandReply execute(const MirrorCommand& command);
     void rate_limited_log(std::uint64_t count, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
 
 private:
@@ -340,6 +431,7 @@ private:
     Clock::time_point last_debug_pass_{};
     Acceptor clients_, debug_clients_, stats_listener_;
     SignalHandler signals_;
+    ControlChannel control_;
     std::map<std::uint32_t, std::unique_ptr<Connection>> connections_;
     std::set<Connection*> retired_;
     std::set<StatsClient*> retired_stats_;

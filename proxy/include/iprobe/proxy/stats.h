@@ -26,6 +26,7 @@ struct DivergenceReportStats {
     bool index_is_byte_offset = false;
     std::string request, production, debug;
     double at_s = 0;
+    std::uint32_t debug_target = 0;  // index of the debug copy (--debug order)
     bool operator==(const DivergenceReportStats&) const = default;
 };
 
@@ -47,6 +48,22 @@ struct MirrorStats {
                       linger_timeouts = 0;
         bool operator==(const Debug&) const = default;
     } debug;
+    // One per --debug address: how far behind the stream that copy is now.
+    struct DebugTarget {
+        std::string address;
+        std::uint64_t connections = 0, connect_failures = 0, overflows = 0, diverged_connections = 0;
+        std::uint64_t open_legs = 0;  // connections whose copy is still being fed
+        std::uint64_t buffered = 0;   // bytes waiting for this copy, all connections
+        // Over its open connections, the largest: share of the per-connection
+        // buffer in use (0..1); age of the oldest byte not yet sent to it; age
+        // of the oldest production reply it has not given yet (0 unless
+        // replies are compared by message); replies it owes.
+        double max_fill = 0, max_pending_ms = 0, max_reply_lag_ms = 0;
+        std::uint64_t replies_behind = 0;
+        std::uint64_t bytes = 0;      // sent to it
+        bool operator==(const DebugTarget&) const = default;
+    };
+    std::vector<DebugTarget> debug_targets;
     struct Buffer {
         std::uint64_t per_connection_limit = 0, total_limit = 0, buffered = 0;
         std::uint64_t high_water_total = 0, high_water_connection = 0, overflows = 0;
@@ -76,6 +93,22 @@ struct MirrorStats {
         bool operator==(const Record&) const = default;
     };
     std::optional<Record> record;
+    // Open connections (at most 100, oldest first) with their debug legs.
+    struct ConnectionStats {
+        std::uint32_t id = 0;
+        double age_ms = 0;
+        bool lingering = false;  // the client left; a debug copy is still being fed
+        struct Leg {
+            std::string state;  // connecting | open | overflowed | closed
+            std::uint64_t buffered = 0, high_water = 0;
+            double fill = 0, pending_ms = 0, reply_lag_ms = 0;
+            std::uint64_t replies_behind = 0;
+            bool operator==(const Leg&) const = default;
+        };
+        std::vector<Leg> debug;  // one per --debug address
+        bool operator==(const ConnectionStats&) const = default;
+    };
+    std::vector<ConnectionStats> open_connections;
 
     bool operator==(const MirrorStats&) const = default;
 };
