@@ -196,7 +196,8 @@ AttachStats attach(const AttachOptions& options) {
                             std::strerror(static_cast<int>(-rc)));
         }
         apply_patches(process, patches);
-        for (const auto& e : enables) region.probes()[e.global].enabled = 1;
+        const std::uint64_t live_at = realtime_ns();
+        for (const auto& e : enables) set_live(region.probes()[e.global], true, live_at);
         update_timed(region);
         region.control()->generation++;
         stats.enabled = patches.size();
@@ -254,7 +255,8 @@ DetachStats detach(const DetachOptions& options) {
         throw_if_interrupted();
         apply_patches(process, patches);
         iprobe_rt_probe* probes = region.probes();
-        for (auto g : flags_off) probes[g].enabled = 0;
+        const std::uint64_t off_at = realtime_ns();
+        for (auto g : flags_off) set_live(probes[g], false, off_at);
         update_timed(region);
         region.control()->generation++;
         st.stop_us = process.stop_us;

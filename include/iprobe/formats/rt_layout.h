@@ -37,7 +37,7 @@ extern "C" {
 #endif
 
 #define IPROBE_RT_MAGIC "IPROBERT"
-#define IPROBE_RT_VERSION 3u
+#define IPROBE_RT_VERSION 4u
 #define IPROBE_RT_MEMFD_PREFIX "iprobe." /* memfd name iprobe.<pid>: /proc/PID/fd shows /memfd:iprobe.<pid> (deleted) */
 #define IPROBE_RT_PATH_MAX 256
 #define IPROBE_RT_CACHELINE 64
@@ -132,6 +132,10 @@ struct iprobe_rt_probe {
     uint8_t timed;       /* entry probe whose function's exit probe is enabled too:
                           * its calls are timed (else only counted) */
     uint8_t pad[3];
+    /* Written by the attacher when it turns the site on or off, so a report
+     * can say for which part of the time a function's counts were kept. */
+    uint64_t live_since_ns;  /* CLOCK_REALTIME when the site last became live; 0 while off */
+    uint64_t live_ns;        /* time the site was live before that */
 };
 
 /* One function's sums in one thread (or summed by a reader). */
