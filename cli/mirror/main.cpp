@@ -16,6 +16,7 @@
 #include "iprobe/support/args.h"
 #include "iprobe/support/error.h"
 #include "iprobe/support/json.h"
+#include "iprobe/support/number.h"
 
 using namespace iprobe;
 using namespace iprobe::proxy;
@@ -100,24 +101,6 @@ const ArgSpec kReplaySpec(
     });
 
 
-std::size_t parse_size(std::string_view text, const char* what) {
-    std::size_t digits = 0;
-    while (digits < text.size() && text[digits] >= '0' && text[digits] <= '9') ++digits;
-    std::size_t mult = 1;
-    const std::string_view suffix = text.substr(digits);
-    if (suffix == "" || suffix == "B") mult = 1;
-    else if (suffix == "K" || suffix == "k" || suffix == "KiB") mult = 1024;
-    else if (suffix == "M" || suffix == "m" || suffix == "MiB") mult = 1024 * 1024;
-    else if (suffix == "G" || suffix == "g" || suffix == "GiB") mult = std::size_t(1) << 30;
-    else digits = 0;
-    if (digits == 0 || digits > 12)
-        throw Error(std::string(what) + " '" + std::string(text) + "': expected a size like 65536, 64K, 4M or 1G",
-                    ExitCode::usage);
-    const std::size_t v = std::stoull(std::string(text.substr(0, digits))) * mult;
-    if (v == 0) throw Error(std::string(what) + " must be more than 0", ExitCode::usage);
-    return v;
-}
-
 double parse_number(std::string_view text, const char* what) {
     char* end = nullptr;
     const std::string s(text);
@@ -161,8 +144,8 @@ int mirror_main(int argc, char** argv) {
     opt.upstream = endpoint("--upstream");
     opt.debug_listen = endpoint("--debug-listen");
     opt.stats = endpoint("--stats");
-    if (a.has("--buffer")) opt.buffer = parse_size(a.value("--buffer"), "--buffer");
-    if (a.has("--buffer-total")) opt.buffer_total = parse_size(a.value("--buffer-total"), "--buffer-total");
+    if (a.has("--buffer")) opt.buffer = parse_size_or_usage(a.value("--buffer"), "--buffer");
+    if (a.has("--buffer-total")) opt.buffer_total = parse_size_or_usage(a.value("--buffer-total"), "--buffer-total");
     if (a.has("--debug-linger")) opt.debug_linger_s = parse_number(a.value("--debug-linger"), "--debug-linger");
     if (a.has("--divergence")) opt.divergence = parse_protocol(a.value("--divergence"));
     const std::string rules_path = a.value("--divergence-rules");

@@ -224,6 +224,7 @@ DetachStats detach(const DetachOptions& options) {
     std::vector<Patch> patches;
     std::vector<std::uint32_t> flags_off;  // region probe flags to clear
     std::vector<std::pair<const AttachedModule*, std::size_t>> selected;
+    const probelist::ProbeMatcher matcher(options.selector);
     for (const AttachedModule& m : modules) {
         const iprobe_rt_module& rm = region.modules()[m.region_index];
         const bool ids_match = m.list.probes.size() == rm.probe_count && rm.first_probe <= region.probe_capacity() &&
@@ -231,7 +232,7 @@ DetachStats detach(const DetachOptions& options) {
         std::vector<std::uint64_t> addresses;
         std::vector<std::size_t> which;
         for (std::size_t k = 0; k < m.list.probes.size(); k++)
-            if (m.sites[k] && options.selector.matches(m.list.probes[k])) {
+            if (m.sites[k] && matcher.matches(m.list.probes[k])) {
                 addresses.push_back(m.sites[k]);
                 which.push_back(k);
             }

@@ -293,6 +293,7 @@ std::vector<FunctionStats> TraceReader::functions(const std::vector<iprobe_rt_fn
         FunctionStats f;
         f.stat = i;
         f.function = names[i] ? names[i]->function : "?";
+        f.symbol = names[i] ? names[i]->symbol : "?";
         f.kind = names[i] ? names[i]->kind : probelist::ProbeKind::entry;
         f.raw = s;
         f.ns_per_tick = ns_per_tick;

@@ -118,7 +118,8 @@ std::string run_checked(const std::vector<std::string>& argv, const std::string&
     return r.out;
 }
 
-pid_t spawn(const std::vector<std::string>& argv, int stdout_fd, int stderr_fd, bool own_group, int fd3) {
+pid_t spawn(const std::vector<std::string>& argv, int stdout_fd, int stderr_fd, bool own_group,
+            const std::vector<int>& from_fd3, int stdin_fd) {
     auto args = c_argv(argv);
     pid_t pid = fork();
     if (pid < 0) throw_errno("fork");
@@ -128,13 +129,16 @@ pid_t spawn(const std::vector<std::string>& argv, int stdout_fd, int stderr_fd, 
         prctl(PR_SET_PDEATHSIG, SIGTERM);
         reset_signals();
         int devnull = ::open("/dev/null", O_RDWR);
-        dup2(devnull, 0);
+        dup2(stdin_fd >= 0 ? stdin_fd : devnull, 0);
         dup2(stdout_fd >= 0 ? stdout_fd : devnull, 1);
         dup2(stderr_fd >= 0 ? stderr_fd : devnull, 2);
-        if (fd3 >= 0) {
-            if (fd3 == 3) ::fcntl(3, F_SETFD, 0);
-            else dup2(fd3, 3);
-            ::close_range(4, ~0U, 0);
+        if (!from_fd3.empty()) {
+            // Moved above every target first, so no dup2 overwrites one still to be moved.
+            const int top = 3 + static_cast<int>(from_fd3.size()) + 64;
+            std::vector<int> high;
+            for (int fd : from_fd3) high.push_back(::fcntl(fd, F_DUPFD, top));
+            for (std::size_t i = 0; i < high.size(); ++i) dup2(high[i], 3 + static_cast<int>(i));
+            ::close_range(3 + static_cast<unsigned>(from_fd3.size()), ~0U, 0);
         } else {
             close_other_fds();
         }

@@ -27,9 +27,10 @@ std::string run_checked(const std::vector<std::string>& argv, const std::string&
 // /dev/null) and returns its PID.  It gets SIGTERM if the caller dies.
 // With `own_group` it leads a new process group, so that signalling -PID
 // reaches helpers it forks (nsenter --pid runs the tool as its child).
-// `fd3`, when given, is the child's file descriptor 3 (a readiness pipe).
+// `from_fd3` become the child's descriptors 3, 4, ... (a readiness pipe, a
+// control socket); `stdin_fd` its stdin (-1: /dev/null).
 pid_t spawn(const std::vector<std::string>& argv, int stdout_fd = -1, int stderr_fd = -1, bool own_group = false,
-            int fd3 = -1);
+            const std::vector<int>& from_fd3 = {}, int stdin_fd = -1);
 
 // Whether `path` names an executable file; searches PATH when it has no '/'.
 std::string find_program(const std::string& name);

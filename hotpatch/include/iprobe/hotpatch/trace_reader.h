@@ -43,6 +43,7 @@ struct ProbeInfo {
 struct FunctionStats {
     std::uint32_t stat = 0;  // aggregate slot
     std::string function;
+    std::string symbol;      // raw
     probelist::ProbeKind kind = probelist::ProbeKind::entry;  // point: a point probe's hits
     std::uint64_t calls = 0, completed = 0, timed = 0;
     std::uint64_t inclusive_ns = 0, exclusive_ns = 0, max_ns = 0;
