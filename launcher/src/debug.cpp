@@ -885,6 +885,17 @@ int run_debug(const DebugOptions& options) {
     }
     if (o.pid <= 0 || !fs::exists("/proc/" + std::to_string(o.pid)))
         throw Error("no process with PID " + std::to_string(o.pid), ExitCode::not_found);
+    if (!o.record_dir.empty()) {
+        // Every checkpoint copies the service's working directory.
+        std::error_code ec;
+        const fs::path cwd = fs::read_symlink("/proc/" + std::to_string(o.pid) + "/cwd", ec);
+        const fs::path dir = fs::weakly_canonical(fs::absolute(o.record_dir), ec);
+        const auto rel = dir.lexically_relative(cwd);
+        if (!cwd.empty() && cwd != "/" && !rel.empty() && *rel.begin() != "..")
+            throw Error("--record " + o.record_dir + " lies inside the service's working directory " + cwd.string() +
+                            ", which each checkpoint copies; record somewhere else",
+                        ExitCode::usage);
+    }
     DebugSession session(o);
     return session.run();
 }
