@@ -1,4 +1,4 @@
-#include "adapt_controller.h"
+#include "iprobe/launcher/adapt_controller.h"
 
 #include <algorithm>
 #include <cstdio>

@@ -23,7 +23,7 @@
 
 #include <nlohmann/json.hpp>
 
-#include "adapt_controller.h"
+#include "iprobe/launcher/adapt_controller.h"
 #include "clone_probes.h"
 #include "iprobe/hotpatch/attach_report.h"
 #include "iprobe/launcher/clone.h"
