@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 #include <regex>
+#include <sstream>
 
 namespace iprobe::test {
 
@@ -47,6 +48,51 @@ int connect_in_netns(const std::string& netns_path, int port) {
     });
     t.join();
     return fd;
+}
+
+std::string json_string(const std::string& json, const std::string& key) {
+    std::smatch m;
+    if (!std::regex_search(json, m, std::regex("\"" + key + "\":\"([^\"]*)\""))) return {};
+    return m[1];
+}
+
+std::vector<std::string> events(const std::string& path, const std::string& event) {
+    std::vector<std::string> out;
+    std::istringstream lines(file_text(path));
+    std::string line;
+    while (std::getline(lines, line))
+        if (line.find("\"event\":\"" + event + "\"") != std::string::npos) out.push_back(line);
+    return out;
+}
+
+bool wait_for_event(const std::string& path, const std::string& event, size_t count, Child& debug,
+                    std::chrono::seconds timeout) {
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+        if (events(path, event).size() >= count) return true;
+        if (!debug.running()) return false;
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return false;
+}
+
+size_t count_lines_with(const std::string& text, const std::string& needle) {
+    size_t n = 0;
+    std::istringstream lines(text);
+    std::string line;
+    while (std::getline(lines, line))
+        if (line.find(needle) != std::string::npos) ++n;
+    return n;
+}
+
+std::string finstrument_redis() {
+    std::string out = build_dir() + "/redis/finstrument";
+    std::string server = out + "/src/redis-server";
+    if (std::filesystem::exists(server) && std::filesystem::exists(server + ".probes")) return server;
+    auto r = run({source_dir() + "/scripts/build-redis", "--mode", "finstrument", out}, {}, std::chrono::seconds(900),
+                 {"IPROBE_BUILD_DIR=" + build_dir()});
+    if (r.exit_code != 0) return {};
+    return server;
 }
 
 std::string trim(std::string s) {
