@@ -654,7 +654,8 @@ void DebugSession::start_mirror() {
               "; divergence checking " + (divergence == "off" ? std::string("off") : "by " + divergence) +
               "; stats at http://" + stats + "/",
           [&](JsonWriter& w) {
-              w.field("listen", o_.listen)
+              w.field("t_s", now_s())
+                  .field("listen", o_.listen)
                   .field("production", o_.production)
                   .field("stats_port", stats_port_)
                   .field("stats", "http://" + stats + "/")
@@ -771,6 +772,10 @@ void DebugSession::teardown() {
 }
 
 int DebugSession::run() {
+    // Started in the background by a shell, SIGINT comes ignored; an
+    // ignored signal never reaches the signalfd.
+    ::signal(SIGINT, SIG_DFL);
+    ::signal(SIGTERM, SIG_DFL);
     sigset_t mask;
     sigemptyset(&mask);
     sigaddset(&mask, SIGINT);
@@ -844,7 +849,8 @@ int DebugSession::run() {
             }
         }
         if (reclone) {
-            event("reclone", "re-cloning (" + why + ")", [&](JsonWriter& w) { w.field("reason", why); });
+            event("reclone", "re-cloning (" + why + ")",
+                  [&](JsonWriter& w) { w.field("t_s", now_s()).field("reason", why).field("generation", generation_ + 1); });
             drop_generation();
             make_generation();
             last_clone = now_ms();

@@ -4,10 +4,13 @@
  * debug-window tests and bench/debug-window/run.sh to load production at a
  * chosen share of its capacity.
  *
- *   launcher_paced_client HOST:PORT RATE COUNT ARG...
+ *   launcher_paced_client [-n PER_CONNECTION] HOST:PORT RATE COUNT ARG...
  *
- * Prints {"sent":N,"replies":N,"seconds":S,"rate":R} and exits 0 once every
- * reply came, 1 when the connection failed or closed early. */
+ * With -n, each connection carries PER_CONNECTION commands, then waits for
+ * their replies and closes, and the next one opens (clients that come and
+ * go, as a re-cloned debug session's mirror needs them to).
+ * Prints {"sent":N,"replies":N,"seconds":S,"rate":R,"connections":C} and
+ * exits 0 once every reply came, 1 when a connection failed or closed early. */
 #include <arpa/inet.h>
 #include <errno.h>
 #include <netinet/in.h>
@@ -76,9 +79,26 @@ static void* read_replies(void* arg) {
     return NULL;
 }
 
+static int connect_to(const struct sockaddr_in* to) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (connect(fd, (const struct sockaddr*)to, sizeof *to) != 0) {
+        perror("paced_client: connect");
+        exit(1);
+    }
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    return fd;
+}
+
 int main(int argc, char** argv) {
+    long per_connection = 0;
+    if (argc > 2 && strcmp(argv[1], "-n") == 0) {
+        per_connection = atol(argv[2]);
+        argv += 2;
+        argc -= 2;
+    }
     if (argc < 5) {
-        fprintf(stderr, "usage: %s HOST:PORT RATE COUNT ARG...\n", argv[0]);
+        fprintf(stderr, "usage: %s [-n PER_CONNECTION] HOST:PORT RATE COUNT ARG...\n", argv[0]);
         return 2;
     }
     char host[64];
@@ -96,42 +116,44 @@ int main(int argc, char** argv) {
 
     struct sockaddr_in to = {.sin_family = AF_INET, .sin_port = htons((unsigned short)atoi(colon + 1))};
     if (inet_pton(AF_INET, host, &to.sin_addr) != 1) return 2;
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (connect(fd, (struct sockaddr*)&to, sizeof to) != 0) {
-        perror("paced_client: connect");
-        return 1;
-    }
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    struct reader r = {fd, count, 0};
-    pthread_t t;
-    pthread_create(&t, NULL, read_replies, &r);
+    if (per_connection <= 0) per_connection = count;
     const double start = now_s();
-    long sent = 0;
+    long sent = 0, replies = 0, connections = 0;
     char* batch = malloc(cmd_len * 1024);
     while (sent < count) {
-        long due = (long)((now_s() - start) * rate) + 1;
-        if (due > count) due = count;
-        long n = due - sent;
-        if (n > 1024) n = 1024;
-        for (long i = 0; i < n; i++) memcpy(batch + (size_t)i * cmd_len, cmd, cmd_len);
-        size_t left = (size_t)n * cmd_len, off = 0;
-        while (left) {
-            ssize_t w = send(fd, batch + off, left, MSG_NOSIGNAL);
-            if (w <= 0) {
-                perror("paced_client: send");
-                return 1;
+        const long until = sent + per_connection < count ? sent + per_connection : count;
+        const int fd = connect_to(&to);
+        connections++;
+        struct reader r = {fd, until - sent, 0};
+        pthread_t t;
+        pthread_create(&t, NULL, read_replies, &r);
+        while (sent < until) {
+            long due = (long)((now_s() - start) * rate) + 1;
+            if (due > until) due = until;
+            long n = due - sent;
+            if (n > 1024) n = 1024;
+            for (long i = 0; i < n; i++) memcpy(batch + (size_t)i * cmd_len, cmd, cmd_len);
+            size_t left = (size_t)n * cmd_len, off = 0;
+            while (left) {
+                ssize_t w = send(fd, batch + off, left, MSG_NOSIGNAL);
+                if (w <= 0) {
+                    perror("paced_client: send");
+                    return 1;
+                }
+                off += (size_t)w;
+                left -= (size_t)w;
             }
-            off += (size_t)w;
-            left -= (size_t)w;
+            sent += n;
+            struct timespec tick = {0, 1000000};
+            nanosleep(&tick, NULL);
         }
-        sent += n;
-        struct timespec tick = {0, 1000000};
-        nanosleep(&tick, NULL);
+        pthread_join(t, NULL);
+        close(fd);
+        replies += r.replies;
+        if (r.replies != r.want) break;
     }
-    pthread_join(t, NULL);
     const double seconds = now_s() - start;
-    printf("{\"sent\":%ld,\"replies\":%ld,\"seconds\":%.3f,\"rate\":%.1f}\n", sent, r.replies, seconds,
-           seconds > 0 ? (double)sent / seconds : 0.0);
-    return r.replies == count ? 0 : 1;
+    printf("{\"sent\":%ld,\"replies\":%ld,\"seconds\":%.3f,\"rate\":%.1f,\"connections\":%ld}\n", sent, replies,
+           seconds, seconds > 0 ? (double)sent / seconds : 0.0, connections);
+    return replies == count ? 0 : 1;
 }
