@@ -67,10 +67,15 @@ ip -n "$NS" link set lo up
 PORT=7379
 LISTEN=7380
 in_ns() { nsenter --net=/run/netns/"$NS" "$@"; }
-(cd "$WORK" && exec nsenter --net=/run/netns/"$NS" setsid "$SERVER" --port "$PORT" --save '' --appendonly no \
+# Production gets none of this script's descriptors: under flock(1) one of
+# them holds /work/notes/bench.lock, and a clone cannot be restored with a
+# file lock that another process holds (CRIU takes it again).
+(cd "$WORK"
+ for fd in $(ls /proc/$BASHPID/fd); do [ "$fd" -gt 2 ] && eval "exec $fd>&-"; done 2>/dev/null
+ exec nsenter --net=/run/netns/"$NS" setsid "$SERVER" --port "$PORT" --save '' --appendonly no \
     --daemonize no </dev/null >"$WORK/redis.log" 2>&1) &
 sleep 0.5
-REDIS_PID=$(pgrep -f "redis-server \*:$PORT" | head -1)
+REDIS_PID=$(ip netns pids "$NS" | head -1)
 [ -n "$REDIS_PID" ] || { echo "redis did not start: $(cat "$WORK/redis.log")" >&2; exit 1; }
 for batch in 0 1 2 3 4 5; do
     in_ns redis-cli -p "$PORT" RPUSH biglist $(seq -f "element-%g" $((batch * 100 + 1)) $((batch * 100 + 100))) >/dev/null

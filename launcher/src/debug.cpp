@@ -41,6 +41,7 @@
 #include "netns.h"
 #include "probe_cost.h"
 #include "process.h"
+#include "session_events.h"
 #include "session_report.h"
 
 namespace fs = std::filesystem;
@@ -162,7 +163,7 @@ struct Clone {
 
 class DebugSession {
 public:
-    explicit DebugSession(DebugOptions o) : o_(std::move(o)) {
+    explicit DebugSession(DebugOptions o) : o_(std::move(o)), events_(o_.json, "iprobe debug") {
         name_ = !o_.name.empty()          ? o_.name
                 : o_.container.empty() ? "iprobe-debug-" + std::to_string(o_.pid)
                                        : "iprobe-debug-" + o_.container;
@@ -202,17 +203,8 @@ private:
         return std::chrono::duration<double>(std::chrono::steady_clock::now() - started_).count();
     }
     void event(const std::string& what, const std::string& human,
-               const std::function<void(JsonWriter&)>& fields = {}) {
-        if (o_.json) {
-            JsonWriter w;
-            w.begin_object().field("event", what);
-            if (fields) fields(w);
-            w.end_object();
-            std::printf("%s\n", w.str().c_str());
-            std::fflush(stdout);
-        } else {
-            std::fprintf(stderr, "iprobe debug: %s\n", human.c_str());
-        }
+               const std::function<void(JsonWriter&)>& fields = {}) const {
+        events_(what, human, fields);
     }
     std::string clone_label(const Clone& c) const {
         return o_.clones > 1 ? "clone " + std::to_string(c.index + 1) + " (" + c.name + ")" : "clone " + c.name;
@@ -223,6 +215,7 @@ private:
     void connect_clone(Clone& c);
     void attach_probes(Clone& c, pid_t pid_in_clone, std::vector<std::string> in_clone);
     void drop_generation();
+    void remove_clones();
     void report_generation();
     void start_mirror();
     void switch_recording(const std::string& path);
@@ -235,6 +228,7 @@ private:
     std::vector<std::vector<std::string>> split_functions() const;
 
     DebugOptions o_;
+    SessionEvents events_;
     std::string name_, mirror_tool_, hotpatch_tool_;
     std::string service_ip_;  // production's listening address, as the clone has it too
     int port_ = 0, stats_port_ = 0;
@@ -567,23 +561,20 @@ void DebugSession::report_generation() {
     }
     if (!probing()) return;
     const GenerationReport report = build_report(generation_, generation_start_s_, now_s(), per_clone, timelines);
-    if (o_.json) {
-        JsonWriter w;
-        w.begin_object().field("event", "report");
-        write_report(w, report);
-        w.end_object();
-        std::printf("%s\n", w.str().c_str());
-        std::fflush(stdout);
-    } else {
-        std::fprintf(stderr, "iprobe debug: generation %d (%.1f-%.1f s), %zu function(s) called:\n%s", generation_,
-                     report.start_s, report.end_s, report.rows.size(), report_table(report).c_str());
-    }
+    char heading[128];
+    std::snprintf(heading, sizeof heading, "generation %d (%.1f-%.1f s), %zu function(s) called:\n", generation_,
+                  report.start_s, report.end_s, report.rows.size());
+    event("report", heading + report_table(report), [&](JsonWriter& w) { write_report(w, report); });
 }
 
 void DebugSession::drop_generation() {
     for (Clone& c : clones_) stop_child(c.trace, SIGINT, true);
     for (Clone& c : clones_) relay_trace(c, true);
     report_generation();
+    remove_clones();
+}
+
+void DebugSession::remove_clones() {
     for (Clone& c : clones_) {
         c.adapt.reset();
         c.probes.reset();
@@ -623,25 +614,16 @@ void DebugSession::start_mirror() {
     out_wr.reset();
     ready_wr.reset();
     control_theirs.reset();
-    std::string event_line;
-    const auto deadline = now_ms() + 10000;
-    while (event_line.find('\n') == std::string::npos) {
-        pollfd p{ready_rd.get(), POLLIN, 0};
-        const int left = static_cast<int>(deadline - now_ms());
-        if (left <= 0 || ::poll(&p, 1, left) <= 0) throw Error("iprobe mirror did not report ready within 10 s");
-        char buf[512];
-        const ssize_t n = ::read(ready_rd.get(), buf, sizeof buf);
-        if (n <= 0) {
-            int status = 0;
-            ::waitpid(mirror_, &status, 0);
-            mirror_ = -1;
-            const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 1;
-            throw Error("iprobe mirror exited before it was ready (see its message above)",
-                        code > 0 && code <= 7 ? static_cast<ExitCode>(code) : ExitCode::failure);
-        }
-        event_line.append(buf, static_cast<size_t>(n));
+    const auto event_line = read_line(ready_rd.get(), std::chrono::seconds(10), "iprobe mirror");
+    if (!event_line) {
+        int status = 0;
+        ::waitpid(mirror_, &status, 0);
+        mirror_ = -1;
+        const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 1;
+        throw Error("iprobe mirror exited before it was ready (see its message above)",
+                    code > 0 && code <= 7 ? static_cast<ExitCode>(code) : ExitCode::failure);
     }
-    const proxy::MirrorReady ready_event = proxy::parse_ready_event(event_line.substr(0, event_line.find('\n')));
+    const proxy::MirrorReady ready_event = proxy::parse_ready_event(*event_line);
     if (!ready_event.stats) throw Error("iprobe mirror reported no stats endpoint");
     stats_at_ = *ready_event.stats;
     stats_port_ = stats_at_.port();
@@ -668,16 +650,9 @@ void DebugSession::switch_recording(const std::string& path) {
     const std::string line = proxy::to_json(proxy::MirrorCommand{proxy::MirrorCommand::Kind::record, path}) + "\n";
     if (::send(mirror_control_.get(), line.data(), line.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(line.size()))
         throw Error("the mirror's control socket is closed");
-    std::string reply;
-    while (reply.find('\n') == std::string::npos) {
-        pollfd p{mirror_control_.get(), POLLIN, 0};
-        if (::poll(&p, 1, 5000) <= 0) throw Error("the mirror did not answer its recording command within 5 s");
-        char buf[512];
-        const ssize_t n = ::read(mirror_control_.get(), buf, sizeof buf);
-        if (n <= 0) throw Error("the mirror's control socket closed");
-        reply.append(buf, static_cast<std::size_t>(n));
-    }
-    const proxy::MirrorCommandReply r = proxy::parse_mirror_command_reply(reply.substr(0, reply.find('\n')));
+    const auto reply = read_line(mirror_control_.get(), std::chrono::seconds(5), "the mirror's recording command");
+    if (!reply) throw Error("the mirror's control socket closed");
+    const proxy::MirrorCommandReply r = proxy::parse_mirror_command_reply(*reply);
     if (!r.ok) throw Error("the mirror could not record into " + path + ": " + r.error);
     recording_on_ = !path.empty();
     recording_.open_at_start = r.open_connections;
@@ -715,7 +690,12 @@ void DebugSession::adapt_tick() {
         o.arrival_bytes = static_cast<double>(stats->bytes.client_to_production);
         o.fed_bytes = static_cast<double>(target.bytes);
         o.busy = c.cpu.sample(c.probes->host_pid(), t);
-        for (const auto& e : c.probes->events(c.functions)) o.events.push_back({e.entries, e.exits});
+        try {
+            for (const auto& e : c.probes->events(c.functions)) o.events.push_back({e.entries, e.exits});
+        } catch (const Error& e) {
+            // The clone is going (a re-clone, its end): nothing to decide for it.
+            continue;
+        }
         AdaptDecision d = c.adapt->observe(o);
         if (d.action == AdaptDecision::Action::none) continue;
         std::vector<std::string> names;
@@ -756,18 +736,7 @@ std::string DebugSession::divergence_mode() const {
 
 void DebugSession::teardown() {
     for (Clone& c : clones_) stop_child(c.trace, SIGINT, true);
-    for (Clone& c : clones_) {
-        c.adapt.reset();
-        c.probes.reset();
-        if (!c.alive) continue;
-        try {
-            if (o_.container.empty()) destroy_clone(c.name);
-            else destroy_container_clone(name_);
-        } catch (const Error& e) {
-            std::fprintf(stderr, "iprobe debug: removing clone %s: %s\n", c.name.c_str(), e.what());
-        }
-        c.alive = false;
-    }
+    remove_clones();
     stop_child(mirror_, SIGTERM);
 }
 

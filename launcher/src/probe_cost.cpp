@@ -47,16 +47,9 @@ public:
         const std::string ask = std::to_string(kCalls) + "\n";
         if (::write(to_.get(), ask.data(), ask.size()) != static_cast<ssize_t>(ask.size()))
             throw Error("the probe cost target stopped");
-        std::string answer;
-        while (answer.find('\n') == std::string::npos) {
-            pollfd p{from_.get(), POLLIN, 0};
-            if (::poll(&p, 1, 10000) <= 0) throw Error("the probe cost target did not answer within 10 s");
-            char buf[64];
-            const ssize_t n = ::read(from_.get(), buf, sizeof buf);
-            if (n <= 0) throw Error("the probe cost target stopped");
-            answer.append(buf, static_cast<std::size_t>(n));
-        }
-        return std::strtod(answer.c_str(), nullptr);
+        const auto answer = read_line(from_.get(), std::chrono::seconds(10), "the probe cost target");
+        if (!answer) throw Error("the probe cost target stopped");
+        return std::strtod(answer->c_str(), nullptr);
     }
 
 private:

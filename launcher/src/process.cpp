@@ -149,6 +149,22 @@ pid_t spawn(const std::vector<std::string>& argv, int stdout_fd, int stderr_fd, 
     return pid;
 }
 
+std::optional<std::string> read_line(int fd, std::chrono::milliseconds timeout, const std::string& what) {
+    std::string line;
+    const double deadline = now_ms() + static_cast<double>(timeout.count());
+    while (line.find('\n') == std::string::npos) {
+        pollfd p{fd, POLLIN, 0};
+        const int left = static_cast<int>(deadline - now_ms());
+        if (left <= 0 || ::poll(&p, 1, left) <= 0)
+            throw Error(what + " did not answer within " + std::to_string(timeout.count() / 1000) + " s");
+        char buf[512];
+        const ssize_t n = ::read(fd, buf, sizeof buf);
+        if (n <= 0) return std::nullopt;
+        line.append(buf, static_cast<std::size_t>(n));
+    }
+    return line.substr(0, line.find('\n'));
+}
+
 std::string find_program(const std::string& name) {
     if (name.find('/') != std::string::npos) return access(name.c_str(), X_OK) == 0 ? name : std::string();
     const char* path = getenv("PATH");

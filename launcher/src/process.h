@@ -3,7 +3,9 @@
 
 #include <sys/types.h>
 
+#include <chrono>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,6 +33,12 @@ std::string run_checked(const std::vector<std::string>& argv, const std::string&
 // control socket); `stdin_fd` its stdin (-1: /dev/null).
 pid_t spawn(const std::vector<std::string>& argv, int stdout_fd = -1, int stderr_fd = -1, bool own_group = false,
             const std::vector<int>& from_fd3 = {}, int stdin_fd = -1);
+
+// One line from `fd`, without its newline, waited for at most `timeout`
+// (a peer that answers one line per question: the mirror's readiness and
+// command replies, the probe-cost target).  nullopt when the writer closed
+// first; Error(failure) "`what` did not answer within N s" on timeout.
+std::optional<std::string> read_line(int fd, std::chrono::milliseconds timeout, const std::string& what);
 
 // Whether `path` names an executable file; searches PATH when it has no '/'.
 std::string find_program(const std::string& name);

@@ -24,6 +24,7 @@
 #include "iprobe/support/install_layout.h"
 #include "iprobe/support/json.h"
 #include "process.h"
+#include "session_events.h"
 #include "session_report.h"
 
 namespace fs = std::filesystem;
@@ -144,20 +145,6 @@ std::vector<GenerationInfo> list_generations(const std::string& dir) {
 
 namespace {
 
-void say(const InvestigateOptions& o, const std::string& what, const std::string& human,
-         const std::function<void(JsonWriter&)>& fields = {}) {
-    if (o.json) {
-        JsonWriter w;
-        w.begin_object().field("event", what);
-        if (fields) fields(w);
-        w.end_object();
-        std::printf("%s\n", w.str().c_str());
-        std::fflush(stdout);
-    } else {
-        std::fprintf(stderr, "iprobe investigate: %s\n", human.c_str());
-    }
-}
-
 // Replays from inside the clone's network namespace, where the service
 // listens on production's address; the thread joins it, the process does not.
 proxy::ReplayResult replay_in(const std::string& netns_path, const proxy::ReplayOptions& options) {
@@ -213,6 +200,7 @@ int run_investigate(const InvestigateOptions& o) {
                         ExitCode::not_found);
     }
     const GenerationInfo& g = *chosen;
+    const SessionEvents say(o.json, "iprobe investigate");
     const Checkpoint cp = load_checkpoint(checkpoint_path(g));
     if (!fs::exists(input_path(g))) throw Error(g.dir + " has no recorded input (input.rec)", ExitCode::not_found);
     const bool probing = !o.probes.empty() || !o.functions.empty();
@@ -249,7 +237,7 @@ int run_investigate(const InvestigateOptions& o) {
             }
         }
     } destroy{name};
-    say(o, "clone",
+    say("clone",
         "generation " + std::to_string(g.generation) + " restored as clone " + name + " (PID " +
             std::to_string(clone.clone_pid) + ") from the checkpoint of " + g.dir,
         [&](JsonWriter& w) {
@@ -257,7 +245,7 @@ int run_investigate(const InvestigateOptions& o) {
             w.field("netns", clone.netns_path).field("open_at_start", g.open_at_start).field("complete", g.complete);
         });
     if (g.open_at_start)
-        say(o, "warning",
+        say("warning",
             std::to_string(g.open_at_start) + " connection(s) were open across the checkpoint: what they sent afterwards "
                                               "changed production but is not in this input",
             [&](JsonWriter& w) { w.field("open_at_start", g.open_at_start); });
@@ -268,7 +256,7 @@ int run_investigate(const InvestigateOptions& o) {
     UniqueFd trace_out;
     if (probing) {
         const auto stats = probes.attach(split_list(o.functions));
-        say(o, "attached", "probes attached in the clone: " + hotpatch::attach_summary(stats),
+        say("attached", "probes attached in the clone: " + hotpatch::attach_summary(stats),
             [&](JsonWriter& w) { w.field("probes", static_cast<std::uint64_t>(stats.total_enabled)); });
         if (o.trace) {
             int fds[2];
@@ -287,22 +275,16 @@ int run_investigate(const InvestigateOptions& o) {
         ::waitpid(trace, nullptr, 0);
     }
     if (relay_thread.joinable()) relay_thread.join();
-    say(o, "replay",
+    say("replay",
         "replayed " + std::to_string(result.connections) + " connection(s), " + std::to_string(result.bytes_sent) +
             " bytes, in " + std::to_string(result.elapsed_s) + " s (recorded over " + std::to_string(result.recorded_s) +
             " s)" + (replay.compare == proxy::Protocol::off ? std::string() : "; " + proxy::comparison_summary(result.comparison)),
         [&](JsonWriter& w) { w.key("result").raw(proxy::to_json(result)); });
     if (probing) {
         const GenerationReport report = build_report(g.generation, 0, result.elapsed_s, {probes.functions()}, {});
-        if (o.json) {
-            JsonWriter w;
-            w.begin_object().field("event", "report");
-            write_report(w, report);
-            w.end_object();
-            std::printf("%s\n", w.str().c_str());
-        } else {
-            std::printf("%s", report_table(report).c_str());
-        }
+        // The result: on stdout for people too.
+        if (o.json) say("report", {}, [&](JsonWriter& w) { write_report(w, report); });
+        else std::printf("%s", report_table(report).c_str());
         std::fflush(stdout);
     }
     if (result.connect_failures || result.send_failures) return static_cast<int>(ExitCode::failure);

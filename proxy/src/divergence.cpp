@@ -58,8 +58,12 @@ void DebugLeg::production_reply(const Message& reply) {
 }
 
 void DebugLeg::production_bytes(std::span<const std::uint8_t> bytes) {
-    if (!checking_ || !stream_) return;
-    const auto r = stream_->feed(0, bytes);
+    if (checking_ && stream_) compare_stream(0, bytes);
+}
+
+// Byte for byte: side 0 production's replies, 1 the copy's.
+void DebugLeg::compare_stream(int side, std::span<const std::uint8_t> bytes) {
+    const auto r = stream_->feed(side, bytes);
     if (r == StreamComparer::Result::mismatch) {
         report(stream_->mismatch_offset(), "", stream_->reference_excerpt(), stream_->copy_excerpt());
         stop_checking("");
@@ -69,16 +73,7 @@ void DebugLeg::production_bytes(std::span<const std::uint8_t> bytes) {
 }
 
 void DebugLeg::copy_replies(std::span<const std::uint8_t> bytes) {
-    if (stream_) {
-        const auto r = stream_->feed(1, bytes);
-        if (r == StreamComparer::Result::mismatch) {
-            report(stream_->mismatch_offset(), "", stream_->reference_excerpt(), stream_->copy_excerpt());
-            stop_checking("");
-        } else if (r == StreamComparer::Result::too_far_apart) {
-            stop_checking("debug replies too far behind production's to compare");
-        }
-        return;
-    }
+    if (stream_) return compare_stream(1, bytes);
     scratch_.clear();
     reply_framer_->feed(bytes, scratch_);
     if (reply_framer_->failed()) return stop_checking("debug replies: " + reply_framer_->error());

@@ -216,6 +216,7 @@ private:
     void read();
     void overflow();
     void copy_replies(std::span<const std::uint8_t> bytes);
+    void compare_stream(int side, std::span<const std::uint8_t> bytes);
     void compare();
     void report(std::uint64_t index, const std::string& request, const std::string& prod, const std::string& dbg);
     void consumed(std::size_t n);
