@@ -13,9 +13,9 @@
 #  2. for each load (25, 50, 100% of C0) and each mode (every probe on all
 #     the time; --adapt): `iprobe debug --functions '*' --no-trace --buffer B
 #     --recloning on-overflow`, the paced client at that rate on one
-#     connection for RUN_S seconds.  Measured: the first overflow (the debug
-#     window: session clock from the load's start to the re-clone it caused),
-#     re-clones, debug legs cut after their client left (cut), the share of
+#     connection for RUN_S seconds.  Measured: the first debug window (the
+#     mirror's: a connection's start to its overflow), overflows, re-clones,
+#     debug legs cut after their client left (cut), the share of
 #     the bytes the clones were fed (mirrored), and the share of the selected
 #     functions probed over the load (time-weighted, from the adapt events;
 #     each generation starts with all).  Next to it, the model's window for
@@ -122,8 +122,8 @@ run_case() {
 header() {
     echo
     echo "# $1"
-    printf "%-6s %-6s %9s %12s %9s %6s %10s %9s %12s\n" load mode "rate/s" "1st_overflow" reclones cut mirrored probed \
-        "model_W"
+    printf "%-6s %-6s %9s %12s %9s %9s %6s %10s %9s %12s\n" load mode "rate/s" "1st_window" overflows reclones cut \
+        mirrored probed "model_W"
 }
 
 # 2. one client connection for the whole run: its debug window, against the model

@@ -16,8 +16,10 @@ def main():
     start = next(e["t_s"] for e in events if e["event"] == "mirror")
     end = start + run_s
     reclones = [e for e in events if e["event"] == "reclone"]
-    first = "%.1f s" % (reclones[0]["t_s"] - start) if reclones else "none"
     stats = next(e["stats"] for e in events if e["event"] == "stopping")
+    # The mirror's own measure: a connection's start to its overflow.
+    windows = stats["debug_windows_ms"]["recent"]
+    first = "%.2f s" % (windows[0] / 1000) if windows else "none"
     mirrored = stats["bytes"]["to_debug"] / max(1, stats["bytes"]["client_to_production"])
     cut = stats["debug"]["linger_timeouts"]
     # Share of the functions probed, time-weighted over the load; each new
@@ -31,10 +33,10 @@ def main():
         t, on = at, 1.0 if e["event"] == "reclone" else e["probed"] / e["of"]
     share += on * (end - t)
     lam, mu = rate * req, c1 * req
-    model = "inf" if lam <= mu else "%.1f-%.1f s" % (buf / (lam - mu), (buf + 256 * 1024) / (lam - mu))
-    print("%-6s %-6s %9.0f %12s %9d %6d %9.0f%% %8.1f%% %12s" % (
-        load + "%", mode, rate, first, len(reclones), cut, 100 * mirrored, 100 * share / run_s,
-        model if mode == "fixed" else ""), flush=True)
+    model = "inf" if lam <= mu else "%.2f-%.2f s" % (buf / (lam - mu), (buf + 256 * 1024) / (lam - mu))
+    print("%-6s %-6s %9.0f %12s %9d %9d %6d %9.0f%% %8.1f%% %12s" % (
+        load + "%", mode, rate, first, stats["buffer"]["overflows"], len(reclones), cut, 100 * mirrored,
+        100 * share / run_s, model if mode == "fixed" else ""), flush=True)
 
 
 if __name__ == "__main__":
