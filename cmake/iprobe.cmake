@@ -7,7 +7,8 @@ function(iprobe_libexec_tool name)
 endfunction()
 
 # A GoogleTest suite run by ctest.  Tests find the build tree through
-# IPROBE_BUILD_DIR and the sources through IPROBE_SOURCE_DIR.
+# IPROBE_BUILD_DIR and the sources through IPROBE_SOURCE_DIR.  A test that
+# calls GTEST_SKIP() is reported by ctest as skipped, never as passed.
 function(iprobe_gtest name)
   cmake_parse_arguments(ARG "" "TIMEOUT" "SOURCES;LIBS" ${ARGN})
   add_executable(${name} ${ARG_SOURCES})
@@ -19,5 +20,6 @@ function(iprobe_gtest name)
   gtest_discover_tests(${name}
     DISCOVERY_TIMEOUT 60
     PROPERTIES TIMEOUT ${ARG_TIMEOUT}
+               SKIP_REGULAR_EXPRESSION "\\[  SKIPPED \\]"
                ENVIRONMENT "IPROBE_BUILD_DIR=${PROJECT_BINARY_DIR};IPROBE_SOURCE_DIR=${PROJECT_SOURCE_DIR}")
 endfunction()

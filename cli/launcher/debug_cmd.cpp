@@ -13,7 +13,7 @@ namespace {
 
 const ArgSpec kSpec(
     "iprobe debug",
-    "usage: iprobe debug PID|--container NAME --listen ADDR:PORT --production ADDR:PORT\n"
+    "usage: iprobe debug PID|--container NAME --listen ADDR:PORT|--capture --production ADDR:PORT\n"
     "                    [--probes LIST [--functions GLOB]] [--buffer SIZE] [--divergence MODE]\n"
     "                    [--recloning off|on-overflow|on-divergence|periodic:SECONDS]\n"
     "                    [--adapt] [--clones N] [--record DIR [--max-size SIZE]] [--no-trace]\n"
@@ -28,6 +28,10 @@ const ArgSpec kSpec(
     "  3. with --probes and/or --functions, attaches probes inside the clone\n"
     "     only (`iprobe attach`; LIST defaults to the clone's executable) and\n"
     "     streams the clone's trace (`iprobe trace`) on stdout.\n"
+    "With --capture there is no --listen: the mirror captures production's own\n"
+    "traffic off the wire (`iprobe mirror --capture`), so its clients keep\n"
+    "talking to it as before and connections already open are mirrored from\n"
+    "their next request (redis and HTTP services).\n"
     "Ctrl-C (or SIGTERM) removes the clone, its namespace and the mirror;\n"
     "production is left as it was.  When a generation of clones ends (a\n"
     "re-clone, or the end) its per-function report is printed (\"report\"):\n"
@@ -36,6 +40,8 @@ const ArgSpec kSpec(
     "and the three ways to stretch it: docs/debug-window.md.",
     {
         {"--listen", "ADDR:PORT", "where clients connect (the mirror's listening address)"},
+        {"--capture", "", "no proxy: capture production's traffic on its port (lo for a\n"
+                          "loopback address, else every interface) and feed the clone from it"},
         {"--production", "ADDR:PORT", "the service's own address"},
         {"--container", "NAME", "production is podman container NAME: the clone is a\n"
                                 "new container (`iprobe clone --container`), fed at its\n"
@@ -92,6 +98,7 @@ int debug_main(const std::vector<std::string>& args) {
     const ParsedArgs& a = *parsed;
     DebugOptions o;
     o.listen = a.value("--listen");
+    o.capture = a.has("--capture");
     o.production = a.value("--production");
     o.probes = a.value("--probes");
     o.functions = a.value("--functions");
@@ -118,8 +125,10 @@ int debug_main(const std::vector<std::string>& args) {
         kSpec.fail("--adapt turns probes off and on: give --probes and/or --functions");
     if (a.positionals().size() > 1) kSpec.fail("unexpected argument '" + a.positionals()[1] + "'");
     if (!a.positionals().empty()) o.pid = parse_pid(a.positionals().front());
-    if ((o.pid < 0) == o.container.empty() || o.listen.empty() || o.production.empty())
-        kSpec.fail("PID (or --container), --listen and --production are required");
+    if ((o.pid < 0) == o.container.empty() || (o.listen.empty() && !o.capture) || o.production.empty())
+        kSpec.fail("PID (or --container), --listen (or --capture) and --production are required");
+    if (o.capture && !o.listen.empty())
+        kSpec.fail("--capture puts nothing in production's path: drop --listen (clients keep using --production)");
     if (o.divergence == "off" && o.recloning == DebugOptions::Recloning::on_divergence)
         kSpec.fail("--recloning on-divergence needs divergence checking; drop --divergence off");
     return run_debug(o);

@@ -26,6 +26,7 @@ namespace {
 const ArgSpec kMirrorSpec(
     "iprobe mirror",
     "usage: iprobe mirror --listen ADDR:PORT --production ADDR:PORT [--debug ADDR:PORT] [options]\n"
+    "       iprobe mirror --capture [IFACE:]PORT --debug ADDR:PORT [options]\n"
     "       iprobe mirror --upstream ADDR:PORT --listen ADDR:PORT --debug-listen ADDR:PORT [options]",
     "Duplicator: clients connect to --listen and are passed through to --production;\n"
     "every client byte stream is also fed, through a bounded per-connection buffer,\n"
@@ -33,6 +34,17 @@ const ArgSpec kMirrorSpec(
     "copy: when a connection's buffer is full, that connection's debug side is\n"
     "closed and counted (never a stream with a hole), and the time until then (the\n"
     "debug window) is reported.  Without --debug it is a plain proxy.\n"
+    "\n"
+    "Capture (--capture): nothing is put in production's path.  Its traffic on\n"
+    "PORT is captured off interface IFACE (default any; the kernel's TPACKET_V3\n"
+    "ring and a BPF filter, through libpcap), every TCP connection is rebuilt in\n"
+    "both directions (reordering, retransmissions, overlaps, sequence wrap), and\n"
+    "each client connection gets its own connection to --debug, fed the client's\n"
+    "bytes; the copy's replies are compared with production's captured replies.\n"
+    "Connections already open are joined at their next request (--join).  When\n"
+    "the capture loses a connection's bytes (its ring was full: the receiver\n"
+    "acknowledged bytes the capture never saw), that connection's debug side is\n"
+    "closed and counted.  Needs root or CAP_NET_RAW.\n"
     "\n"
     "Aggregator (--upstream): placed between a service and a backend it calls.\n"
     "Production's outbound connections arrive on --listen and pass through to the\n"
@@ -45,6 +57,14 @@ const ArgSpec kMirrorSpec(
     {
         {"--listen", "ADDR:PORT", "where clients (or, as aggregator, production's outbound connections) connect"},
         {"--production", "ADDR:PORT", "the real service"},
+        {"--capture", "[IFACE:]PORT", "capture production's traffic on PORT off IFACE (default any)\n"
+                                      "instead of proxying it (no --listen, no --production); without\n"
+                                      "--debug or --record it only follows the connections (--stats)"},
+        {"--capture-buffer", "SIZE", "the kernel's capture ring (default 32M): what a stalled mirror\n"
+                                     "may fall behind before the capture loses packets"},
+        {"--join", "PROTOCOL", "join connections already open at their next request: resp, http,\n"
+                               "or off (only connections whose SYN is captured); default: the\n"
+                               "--divergence protocol when it is resp or http, else off"},
         {"--debug", "ADDR:PORT", "a debug copy fed a copy of every client stream; repeat for\n"
                                  "several copies, each fed the whole stream through a buffer of its own"},
         {"--upstream", "ADDR:PORT", "aggregator: the backend production calls"},
@@ -137,8 +157,17 @@ int mirror_main(int argc, char** argv) {
         if (!a.has(name)) return std::nullopt;
         return parse_endpoint(a.value(name), name);
     };
-    if (!a.has("--listen")) kMirrorSpec.fail("--listen is required");
-    opt.listen = *endpoint("--listen");
+    if (a.has("--capture")) {
+        opt.capture = parse_capture_spec(a.value("--capture"), "--capture");
+        if (a.has("--listen") || a.has("--production") || a.has("--upstream") || a.has("--debug-listen"))
+            kMirrorSpec.fail("--capture takes no --listen, --production, --upstream or --debug-listen: nothing is in production's path");
+        if (a.has("--capture-buffer")) opt.capture->ring = parse_size_or_usage(a.value("--capture-buffer"), "--capture-buffer");
+    } else {
+        for (const char* name : {"--capture-buffer", "--join"})
+            if (a.has(name)) kMirrorSpec.fail(std::string(name) + " belongs to --capture");
+        if (!a.has("--listen")) kMirrorSpec.fail("--listen is required (or --capture)");
+        opt.listen = *endpoint("--listen");
+    }
     opt.production = endpoint("--production");
     for (const auto& d : a.values("--debug")) opt.debug.push_back(parse_endpoint(d, "--debug"));
     opt.upstream = endpoint("--upstream");
@@ -152,7 +181,18 @@ int mirror_main(int argc, char** argv) {
     opt.record_path = a.value("--record");
     const int ready_fd = a.has("--ready-fd") ? parse_ready_fd(a.value("--ready-fd")) : -1;
     if (a.has("--control-fd")) opt.control_fd = parse_control_fd(a.value("--control-fd"));
-    if (opt.upstream) {
+    if (opt.capture) {
+        if (a.has("--join")) {
+            const std::string join = a.value("--join");
+            if (join != "resp" && join != "http" && join != "off")
+                kMirrorSpec.fail("--join '" + join + "': expected resp, http or off");
+            opt.capture->join = parse_protocol(join);
+        } else if (opt.divergence == Protocol::resp || opt.divergence == Protocol::http) {
+            opt.capture->join = opt.divergence;
+        }
+        if (opt.divergence != Protocol::off && opt.debug.empty())
+            kMirrorSpec.fail("--divergence needs --debug (a copy to compare with)");
+    } else if (opt.upstream) {
         if (opt.production || !opt.debug.empty())
             kMirrorSpec.fail("--upstream (aggregator) does not take --production/--debug; use --listen and --debug-listen");
         if (!opt.debug_listen) kMirrorSpec.fail("--upstream needs --debug-listen (where the debug copy's connections arrive)");
@@ -168,7 +208,8 @@ int mirror_main(int argc, char** argv) {
         if (opt.json) {
             std::printf("%s\n", ready_event_json(r, ::getpid()).c_str());
         } else {
-            std::printf("listening on %s", r.listen.str().c_str());
+            if (r.listen) std::printf("listening on %s", r.listen->str().c_str());
+            else std::printf("capturing on %s", r.capture.c_str());
             if (r.debug_listen) std::printf(" debug-listen %s", r.debug_listen->str().c_str());
             if (r.stats) std::printf(" stats %s", r.stats->str().c_str());
             std::printf("\n");

@@ -1,6 +1,7 @@
 #include "iprobe/fperf/profile.h"
 
 #include <algorithm>
+#include <charconv>
 #include <cinttypes>
 #include <cmath>
 #include <cstdio>
@@ -277,12 +278,37 @@ std::string render_table(const Profile& p, std::size_t limit) {
     return out.str();
 }
 
+namespace {
+
+// The profile file keeps meta values as text; --json gives a number where the
+// whole text is one, so readers need not parse "42" themselves.
+void meta_value(iprobe::JsonWriter& j, std::string_view v) {
+    const char* end = v.data() + v.size();
+    std::int64_t integer = 0;
+    if (auto r = std::from_chars(v.data(), end, integer); r.ec == std::errc() && r.ptr == end && !v.empty()) {
+        j.value(integer);
+        return;
+    }
+    double real = 0;
+    if (auto r = std::from_chars(v.data(), end, real); r.ec == std::errc() && r.ptr == end && !v.empty() &&
+                                                        std::isfinite(real)) {
+        j.value(real);
+        return;
+    }
+    j.value(v);
+}
+
+}  // namespace
+
 std::string render_json(const Profile& p) {
     iprobe::JsonWriter j;
     const auto metrics = report_metrics(p);
     j.begin_object();
     j.key("meta").begin_object();
-    for (const auto& [k, v] : p.meta) j.field(k, v);
+    for (const auto& [k, v] : p.meta) {
+        j.key(k);
+        meta_value(j, v);
+    }
     j.end_object();
     j.field("overhead_estimate", p.number("overhead_estimate"));
     j.key("events").begin_array();

@@ -125,7 +125,7 @@ std::string dump_failure_hint(pid_t pid, const std::string& reasons) {
 // keeps CRIU's log.
 double dump_production(const CloneOptions& o, const Criu& criu, const std::string& name, size_t processes,
                        const std::string& images, const std::string& dump_log, bool& shell_job,
-                       const std::vector<std::string>& extra_args) {
+                       const std::vector<std::string>& extra_args, int fd3) {
     // Dump from inside production's network namespace: CRIU then treats it
     // as its own (no netns image) and the clone can be restored into any.
     std::vector<std::string> dump_args = {criu.path, "dump", "-t", std::to_string(o.pid), "-D", images,
@@ -147,7 +147,8 @@ double dump_production(const CloneOptions& o, const Criu& criu, const std::strin
     progress(o, "checkpointing PID " + std::to_string(o.pid) + " (" + std::to_string(processes) +
                     " process(es)) with CRIU " + criu.version + ", production keeps running");
     double dump_start = now_ms();
-    RunResult dump = run(dump_args, [netns_fd] { return netns_fd < 0 || ::setns(netns_fd, CLONE_NEWNET) == 0; });
+    RunResult dump =
+        run(dump_args, [netns_fd] { return netns_fd < 0 || ::setns(netns_fd, CLONE_NEWNET) == 0; }, fd3);
     double dump_ms = now_ms() - dump_start;
     if (!dump.ok()) {
         bool still_running = alive(o.pid);

@@ -34,7 +34,7 @@ void progress(const CloneOptions& o, const std::string& line);
 std::string fmt_ms(double v);
 double dump_production(const CloneOptions& o, const Criu& criu, const std::string& name, size_t processes,
                        const std::string& images, const std::string& dump_log, bool& shell_job,
-                       const std::vector<std::string>& extra_args);
+                       const std::vector<std::string>& extra_args, int fd3 = -1);
 
 // ---- the process tree (pstree.cpp)
 std::string readlink_str(const std::string& path);

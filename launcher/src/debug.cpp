@@ -38,6 +38,7 @@
 #include "iprobe/support/install_layout.h"
 #include "iprobe/support/json.h"
 #include "iprobe/support/proc.h"
+#include "mirror_command.h"
 #include "netns.h"
 #include "probe_cost.h"
 #include "process.h"
@@ -174,7 +175,7 @@ public:
         in_addr probe{};
         if (inet_pton(AF_INET, service_ip_.c_str(), &probe) != 1)
             throw Error("--production wants an IPv4 ADDR:PORT, got '" + o_.production + "'", ExitCode::usage);
-        port_of(o_.listen, "--listen");
+        if (!o_.capture) port_of(o_.listen, "--listen");
         mirror_tool_ = libexec_tool("iprobe-mirror");
         if (probing()) hotpatch_tool_ = libexec_tool("iprobe-hotpatch");
         clones_.resize(static_cast<std::size_t>(o_.clones));
@@ -600,17 +601,17 @@ void DebugSession::start_mirror() {
         throw_errno("pipe");
     UniqueFd out_rd(out[0]), out_wr(out[1]), ready_rd(ready[0]), ready_wr(ready[1]), control_ours(control[0]),
         control_theirs(control[1]);
-    std::vector<std::string> argv = {mirror_tool_, "mirror", "--listen", o_.listen, "--production", o_.production,
-                                     "--stats", "127.0.0.1:0", "--ready-fd", "3", "--control-fd", "4"};
-    for (const Clone& c : clones_) argv.insert(argv.end(), {"--debug", c.debug_address});
-    if (!o_.buffer.empty()) argv.insert(argv.end(), {"--buffer", o_.buffer});
     const std::string divergence = divergence_mode();
-    if (divergence != "off") argv.insert(argv.end(), {"--divergence", divergence});
+    std::vector<std::string> debug_addresses;
+    for (const Clone& c : clones_) debug_addresses.push_back(c.debug_address);
+    MirrorCommand command =
+        mirror_command(o_, mirror_tool_, debug_addresses, port_, divergence, protocol_of_service(o_.pid));
+    command.argv.insert(command.argv.end(), {"--control-fd", "4"});
     if (ring_) {
-        argv.insert(argv.end(), {"--record", input_path(recording_)});
+        command.argv.insert(command.argv.end(), {"--record", input_path(recording_)});
         recording_on_ = true;
     }
-    mirror_ = spawn(argv, out_wr.get(), 2, false, {ready_wr.get(), control_theirs.get()});
+    mirror_ = spawn(command.argv, out_wr.get(), 2, false, {ready_wr.get(), control_theirs.get()});
     out_wr.reset();
     ready_wr.reset();
     control_theirs.reset();
@@ -630,19 +631,11 @@ void DebugSession::start_mirror() {
     mirror_out_ = std::move(out_rd);
     mirror_control_ = std::move(control_ours);
     const std::string stats = "127.0.0.1:" + std::to_string(stats_port_);
-    event("mirror",
-          "clients -> " + o_.listen + " -> production " + o_.production + "; a copy of every stream goes to " +
-              (o_.clones > 1 ? "each of the " + std::to_string(o_.clones) + " clones" : std::string("the clone")) +
-              "; divergence checking " + (divergence == "off" ? std::string("off") : "by " + divergence) +
-              "; stats at http://" + stats + "/",
-          [&](JsonWriter& w) {
-              w.field("t_s", now_s())
-                  .field("listen", o_.listen)
-                  .field("production", o_.production)
-                  .field("stats_port", stats_port_)
-                  .field("stats", "http://" + stats + "/")
-                  .field("divergence", divergence);
-          });
+    event("mirror", mirror_summary(o_, command, divergence, "http://" + stats + "/"), [&](JsonWriter& w) {
+        mirror_event_fields(w, o_, command);
+        w.field("t_s", now_s()).field("stats_port", stats_port_).field("stats", "http://" + stats + "/");
+        w.field("divergence", divergence);
+    });
 }
 
 // Tells the mirror to record new connections into `path` ("" stops).
@@ -801,8 +794,13 @@ int DebugSession::run() {
             reclone = true;
             why = "periodic";
         } else if (o_.recloning == DebugOptions::Recloning::on_overflow) {
+            // The clone missed requests: a copy's buffer overflowed, or the
+            // capture lost a connection's bytes.
             const auto stats = mirror_stats(stats_at_);
-            const long long overflows = stats ? static_cast<long long>(stats->buffer.overflows) : -1;
+            const long long overflows =
+                stats ? static_cast<long long>(stats->buffer.overflows +
+                                               (stats->capture ? stats->capture->lost_connections : 0))
+                      : -1;
             if (overflows > overflows_seen) {
                 overflows_seen = overflows;
                 reclone = true;

@@ -168,6 +168,15 @@ bool read_int(int fd, int& v, int timeout_ms) {
     return true;
 }
 
+// The state directory goes away with the failed clone: the log is kept.
+Error restore_failed(const KeeperPlan& plan, const std::string& headline) {
+    const std::string kept_log = "/tmp/iprobe-clone-" + plan.name + "-restore.log";
+    std::error_code ec;
+    fs::copy_file(plan.restore_log, kept_log, fs::copy_options::overwrite_existing, ec);
+    return Error(headline + ", production is untouched. CRIU says:" + criu_log_errors(plan.restore_log) +
+                 (ec ? "" : "\n  full log: " + kept_log));
+}
+
 }  // namespace
 
 pid_t start_keeper(const KeeperPlan& plan, const std::string& netns_path) {
@@ -204,7 +213,7 @@ pid_t start_keeper(const KeeperPlan& plan, const std::string& netns_path) {
     // A large image takes a while to restore; CRIU reports failures itself.
     if (!read_int(rd.get(), stage, 600000)) {
         ::kill(keeper, SIGKILL);
-        throw Error("the clone's keeper process died before CRIU finished restoring");
+        throw restore_failed(plan, "the clone's keeper process died before CRIU finished restoring");
     }
     read_int(rd.get(), err, 1000);
     if (stage != 0) {
@@ -219,12 +228,7 @@ pid_t start_keeper(const KeeperPlan& plan, const std::string& netns_path) {
                                              : "starting criu";
             throw Error(std::string("preparing the clone failed while ") + what + ": " + std::strerror(err));
         }
-        // The state directory goes away with the failed clone: keep the log.
-        std::string kept_log = "/tmp/iprobe-clone-" + plan.name + "-restore.log";
-        std::error_code ec;
-        fs::copy_file(plan.restore_log, kept_log, fs::copy_options::overwrite_existing, ec);
-        throw Error("criu restore failed (exit " + std::to_string(stage) + "), production is untouched. CRIU says:" +
-                    criu_log_errors(plan.restore_log) + (ec ? "" : "\n  full log: " + kept_log));
+        throw restore_failed(plan, "criu restore failed (exit " + std::to_string(stage) + ")");
     }
     return keeper;
 }

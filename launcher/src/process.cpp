@@ -28,8 +28,15 @@ std::vector<char*> c_argv(const std::vector<std::string>& argv) {
 
 // Children must not inherit the launcher's other descriptors (a clone would
 // carry them into its checkpoint).
-void close_other_fds() {
-    ::close_range(3, ~0U, 0);
+// `fd3`, when given, becomes the child's descriptor 3 and survives.
+void close_other_fds(int fd3 = -1) {
+    if (fd3 < 0) {
+        ::close_range(3, ~0U, 0);
+        return;
+    }
+    if (fd3 == 3) ::fcntl(3, F_SETFD, 0);
+    else dup2(fd3, 3);
+    ::close_range(4, ~0U, 0);
 }
 
 void reset_signals() {
@@ -51,7 +58,7 @@ int wait_exit_code(pid_t pid) {
 
 }  // namespace
 
-RunResult run(const std::vector<std::string>& argv, const std::function<bool()>& in_child) {
+RunResult run(const std::vector<std::string>& argv, const std::function<bool()>& in_child, int fd3) {
     int out_pipe[2], err_pipe[2];
     if (pipe2(out_pipe, O_CLOEXEC) < 0) throw_errno("pipe");
     if (pipe2(err_pipe, O_CLOEXEC) < 0) {
@@ -73,7 +80,7 @@ RunResult run(const std::vector<std::string>& argv, const std::function<bool()>&
             (void)!write(2, msg, strlen(msg));
             _exit(126);
         }
-        close_other_fds();
+        close_other_fds(fd3);
         execvp(args[0], args.data());
         const char* msg = "exec failed: ";
         (void)!write(2, msg, strlen(msg));

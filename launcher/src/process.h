@@ -20,7 +20,8 @@ struct RunResult {
 
 // Runs argv (no shell) and waits; `in_child` runs after fork, before exec
 // (e.g. to enter a namespace); it must only make async-signal-safe calls.
-RunResult run(const std::vector<std::string>& argv, const std::function<bool()>& in_child = {});
+// `fd3`, when given, is the child's file descriptor 3 (a socket handed over).
+RunResult run(const std::vector<std::string>& argv, const std::function<bool()>& in_child = {}, int fd3 = -1);
 
 // Like run(), throwing Error(failure) with `what` and stderr on non-zero exit.
 std::string run_checked(const std::vector<std::string>& argv, const std::string& what);

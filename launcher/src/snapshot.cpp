@@ -1,11 +1,13 @@
 // Which files the clone gets its own copy of (working directories, files
-// written through shared mappings), so it never writes production's.
+// written, locked or written through shared mappings), so it never writes
+// production's.
 #include "clone_steps.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <charconv>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -48,6 +50,27 @@ void shared_writable_mappings(pid_t pid, std::vector<std::string>& files) {
             if (m.shared_writable() && copyable_file(m.path)) files.push_back(m.path);
     } catch (const Error&) {
     }
+}
+
+// A file open for writing, or one the service holds a lock on (a pid file,
+// say, even one opened read-only for flock): the clone's restored lock would
+// otherwise contend with production's own and CRIU's restore fail.
+bool written_or_locked(const std::string& fdinfo_path) {
+    std::ifstream info(fdinfo_path);
+    std::string line;
+    bool written = false, locked = false;
+    while (std::getline(info, line)) {
+        if (line.starts_with("flags:")) {
+            const auto digits = line.find_first_not_of(" \t", 6);
+            unsigned flags = 0;
+            if (digits != std::string::npos)
+                std::from_chars(line.data() + digits, line.data() + line.size(), flags, 8);
+            written = (flags & O_ACCMODE) != O_RDONLY;
+        } else if (line.starts_with("lock:")) {
+            locked = true;
+        }
+    }
+    return written || locked;
 }
 
 std::uintmax_t tree_size(const std::string& dir, std::uintmax_t stop_after) {
@@ -95,16 +118,7 @@ std::vector<std::string> snapshot_paths(const CloneOptions& o, const std::vector
             for (const auto& fd : fs::directory_iterator(proc + "/fd", ec)) {
                 std::string target = readlink_str(fd.path().string());
                 if (!copyable_file(target)) continue;
-                std::ifstream info(proc + "/fdinfo/" + fd.path().filename().string());
-                std::string key;
-                unsigned flags = 0;
-                while (info >> key) {
-                    if (key == "flags:") {
-                        info >> std::oct >> flags;
-                        break;
-                    }
-                }
-                if ((flags & O_ACCMODE) != O_RDONLY) files.push_back(target);
+                if (written_or_locked(proc + "/fdinfo/" + fd.path().filename().string())) files.push_back(target);
             }
             shared_writable_mappings(pid, files);
         }

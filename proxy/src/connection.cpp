@@ -1,5 +1,5 @@
-// One client connection: the production passthrough, and a debug leg per
-// debug copy fed from its own bounded buffer (debug_leg.cpp).
+// One client connection through the proxy: the production passthrough; its
+// debug legs, one per debug copy, are DebugLegs (debug_leg.cpp).
 #include "mirror_impl.h"
 
 namespace iprobe::proxy::mirror_impl {
@@ -20,14 +20,16 @@ SendResult send_some(int fd, const std::uint8_t* p, std::size_t n, std::size_t& 
     return SendResult::done;
 }
 
-Connection::Connection(Proxy& px, std::uint32_t id, UniqueFd client) : px_(px), id_(id), recorder_(px.recorder) {
+Connection::Connection(Proxy& px, std::uint32_t id, UniqueFd client) : MirroredStream(px, id) {
     client_.owner = prod_.owner = this;
     client_.side = Side::client;
     prod_.side = Side::production;
     client_.w = Watched(px.epfd, std::move(client), &client_);
 }
 
-Connection::~Connection() { abort_all(); }
+Connection::~Connection() {
+    if (!source_closed_) close_pair();
+}
 
 void Connection::start(std::optional<std::uint64_t> aggregator_slot) {
     slot_ = aggregator_slot;
@@ -50,43 +52,16 @@ void Connection::start(std::optional<std::uint64_t> aggregator_slot) {
         s.production_id = id_;
         s.production_start = start_;
     }
-    for (std::uint32_t t = 0; t < px_.opt.debug.size(); ++t) {
-        UniqueFd d = start_connect(px_.opt.debug[t]);
-        if (!d) {
-            ++px_.stats.debug_connect_failures;
-            ++px_.stats.targets[t].connect_failures;
-            px_.rate_limited_log(px_.stats.debug_connect_failures, "connection %u: debug copy %s unreachable: %s",
-                                 id_, px_.opt.debug[t].str().c_str(), std::strerror(errno));
-            continue;
-        }
-        legs_.push_back(std::make_unique<DebugLeg>(*this, px_, t, std::move(d)));
-    }
-    if (!legs_.empty() && px_.opt.divergence != Protocol::off && px_.opt.divergence != Protocol::stream) {
-        request_framer_ = Framer::create(px_.opt.divergence, Role::request, px_.opt.rules);
-        production_framer_ = Framer::create(px_.opt.divergence, Role::response, px_.opt.rules);
-        framing_ = true;
-    }
+    open_legs();
     update();
 }
 
-bool Connection::any_leg_active() const {
-    for (const auto& leg : legs_)
-        if (leg->active()) return true;
-    return false;
-}
-
-std::size_t Connection::debug_buffered() const {
-    std::size_t n = 0;
-    for (const auto& leg : legs_) n += leg->buffered();
-    return n;
-}
-
 void Connection::on_event(Side side, std::uint32_t events) {
-    if (pair_closed_) return;
+    if (source_closed_) return;
     switch (side) {
     case Side::client:
         if (events & EPOLLOUT) flush_client();
-        if (!pair_closed_ && (events & (EPOLLIN | EPOLLHUP | EPOLLERR))) read_client();
+        if (!source_closed_ && (events & (EPOLLIN | EPOLLHUP | EPOLLERR))) read_client();
         break;
     case Side::production:
         if (prod_connecting_) {
@@ -107,7 +82,7 @@ void Connection::on_event(Side side, std::uint32_t events) {
             break;
         }
         if (events & EPOLLOUT) flush_production();
-        if (!pair_closed_ && (events & (EPOLLIN | EPOLLHUP | EPOLLERR))) read_production();
+        if (!source_closed_ && (events & (EPOLLIN | EPOLLHUP | EPOLLERR))) read_production();
         break;
     }
     settle();
@@ -134,7 +109,7 @@ void Connection::read_client() {
             ::shutdown(prod_.w.fd(), SHUT_WR);
             prod_shut_ = true;
         }
-        for (auto& leg : legs_) leg->client_done();
+        client_ended();
         maybe_finish_pair();
         return;
     }
@@ -142,9 +117,8 @@ void Connection::read_client() {
     const auto size = static_cast<std::size_t>(n);
     px_.stats.bytes_client_to_production += size;
     if (recorder_) recorder_->add(RecordKind::data, id_, px_.now_ns(), p, size);
-    if (framing_) check_requests(p, size);
     if (slot_) px_.slot(*slot_).production_request(p, size);
-    for (auto& leg : legs_) leg->mirror(p, size);
+    client_bytes(p, size);
     if (prod_connecting_ || !to_prod_.empty()) {
         to_prod_.add(p, size);
         return;
@@ -184,12 +158,7 @@ void Connection::read_production() {
     if (n <= 0) {
         prod_eof_ = true;
         if (n < 0) ++px_.stats.production_errors;
-        if (framing_) {
-            scratch_.clear();
-            production_framer_->finish(scratch_);
-            for (const auto& m : scratch_)
-                for (auto& leg : legs_) leg->production_reply(m);
-        }
+        production_ended();
         if (to_client_.empty() && !client_shut_) {
             ::shutdown(client_.w.fd(), SHUT_WR);
             client_shut_ = true;
@@ -202,7 +171,7 @@ void Connection::read_production() {
     px_.stats.bytes_production_to_client += size;
     if (recorder_) recorder_->add(RecordKind::reply, id_, px_.now_ns(), p, size);
     if (slot_) px_.slot(*slot_).add_reply(p, size);
-    check_production_replies(p, size);
+    production_bytes(p, size);
     if (!to_client_.empty()) {
         to_client_.add(p, size);
         return;
@@ -234,18 +203,11 @@ void Connection::flush_client() {
 }
 
 void Connection::maybe_finish_pair() {
-    if (!pair_closed_ && client_eof_ && prod_eof_ && to_prod_.empty() && to_client_.empty()) close_pair();
-}
-
-void Connection::flush_debug_batch() {
-    in_debug_queue = false;
-    for (auto& leg : legs_) leg->flush_batch();
-    settle();
+    if (!source_closed_ && client_eof_ && prod_eof_ && to_prod_.empty() && to_client_.empty()) close_pair();
 }
 
 void Connection::close_pair() {
-    if (pair_closed_) return;
-    pair_closed_ = true;
+    if (source_closed_) return;
     if (recorder_ && !client_eof_) recorder_->add(RecordKind::close, id_, px_.now_ns());
     recorder_.reset();
     client_eof_ = true;
@@ -260,41 +222,11 @@ void Connection::close_pair() {
         s.flush();
         px_.maybe_drop_slot(*slot_);
     }
-    if (any_leg_active()) {
-        ++px_.stats.lingering;
-        linger_deadline_ = Clock::now() + std::chrono::milliseconds(static_cast<long>(px_.opt.debug_linger_s * 1000));
-        for (auto& leg : legs_) leg->client_done();
-    } else {
-        for (auto& leg : legs_) leg->finish_checking();
-    }
-}
-
-void Connection::leg_closed() {
-    if (pair_closed_ && !any_leg_active()) {
-        --px_.stats.lingering;
-        for (auto& leg : legs_) leg->finish_checking();
-    }
-}
-
-void Connection::linger_timeout() {
-    for (auto& leg : legs_) leg->linger_timeout();
-    px_.retire(this);
-}
-
-void Connection::abort_all() {
-    if (!pair_closed_) close_pair();
-    for (auto& leg : legs_) leg->close(nullptr);
-}
-
-// After any I/O: watch what is still wanted, or hand a finished connection
-// to the proxy for removal.
-void Connection::settle() {
-    if (!finished()) update();
-    if (finished()) px_.retire(this);
+    end_source();
 }
 
 void Connection::update() {
-    if (pair_closed_) return;
+    if (source_closed_) return;
     std::uint32_t c = 0, p = 0;
     if (!client_eof_ && to_prod_.empty()) c |= EPOLLIN;
     if (!to_client_.empty()) c |= EPOLLOUT;
@@ -302,17 +234,6 @@ void Connection::update() {
     if (!prod_connecting_ && !prod_eof_ && to_client_.empty()) p |= EPOLLIN;
     client_.w.want(c);
     prod_.w.want(p);
-}
-
-MirrorStats::ConnectionStats Connection::snapshot(Clock::time_point now) const {
-    MirrorStats::ConnectionStats s;
-    s.id = id_;
-    s.age_ms = std::chrono::duration<double, std::milli>(now - start_).count();
-    s.lingering = pair_closed_;
-    // A copy this connection never reached is "closed" from the start.
-    s.debug.resize(px_.opt.debug.size(), MirrorStats::ConnectionStats::Leg{"closed", 0, 0, 0, 0, 0, 0});
-    for (const auto& leg : legs_) s.debug[leg->target()] = leg->snapshot(now);
-    return s;
 }
 
 }  // namespace iprobe::proxy::mirror_impl

@@ -10,7 +10,7 @@ bool DebugBuffer::append(const void* data, std::size_t size) {
     const auto* in = static_cast<const std::uint8_t*>(data);
     while (size > 0) {
         if (chunks_.empty() || tail_ == kChunk) {
-            chunks_.push_back(std::make_unique<Chunk>());
+            chunks_.push_back(std::make_unique_for_overwrite<Chunk>());  // not zeroed: written before read
             tail_ = 0;
         }
         const std::size_t n = std::min(size, kChunk - tail_);

@@ -1,27 +1,122 @@
-// A debug copy's side of one client connection: connect, feed from the
-// bounded buffer in batches, drain its replies, close on overflow.
+// A debug copy's side of a mirrored connection (its socket, the bounded
+// buffer feeding it, batching), one per --debug address, and what every
+// mirrored connection shares: its legs and their feeding.
 #include "mirror_impl.h"
 
 namespace iprobe::proxy::mirror_impl {
 
-DebugLeg::DebugLeg(Connection& owner, Proxy& px, std::uint32_t target, UniqueFd fd)
-    : owner_(owner), px_(px), target_(target), buffer_(px.opt.buffer) {
-    // A fixed, small kernel send buffer: left to autotuning it grows to
-    // megabytes and would hide a stalled debug copy from --buffer.
-    const int sndbuf = kDebugSendBuffer;
-    ::setsockopt(fd.get(), SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf);
-    w_ = Watched(px.debug_epfd, std::move(fd), this);
-    w_.want(EPOLLOUT);
-    if (px.opt.divergence == Protocol::stream) {
-        stream_ = std::make_unique<StreamComparer>(px.opt.buffer);
-        checking_ = true;
-    } else if (px.opt.divergence != Protocol::off) {
-        reply_framer_ = Framer::create(px.opt.divergence, Role::response, px.opt.rules);
-        checking_ = true;
+MirroredStream::MirroredStream(Proxy& px, std::uint32_t id) : px_(px), id_(id), recorder_(px.recorder) {}
+
+// Legs still open give their buffered bytes back to the proxy's total.
+MirroredStream::~MirroredStream() { close_legs(); }
+
+void MirroredStream::open_legs() {
+    for (std::uint32_t t = 0; t < px_.opt.debug.size(); ++t) {
+        legs_.push_back(std::make_unique<DebugLeg>(px_, *this, t));
+        legs_.back()->open();
+    }
+    if (!legs_.empty() && px_.opt.divergence != Protocol::off && px_.opt.divergence != Protocol::stream) {
+        request_framer_ = Framer::create(px_.opt.divergence, Role::request, px_.opt.rules);
+        production_framer_ = Framer::create(px_.opt.divergence, Role::response, px_.opt.rules);
+        framing_ = true;
     }
 }
 
-DebugLeg::~DebugLeg() { close(nullptr); }
+bool MirroredStream::any_leg_active() const {
+    for (const auto& leg : legs_)
+        if (leg->active()) return true;
+    return false;
+}
+
+void MirroredStream::client_bytes(const std::uint8_t* p, std::size_t n) {
+    if (framing_) check_requests(p, n);
+    for (auto& leg : legs_) leg->forward(p, n);
+}
+
+void MirroredStream::client_ended() {
+    for (auto& leg : legs_) leg->client_ended();
+}
+
+void MirroredStream::abandon_legs(const char* as) {
+    for (auto& leg : legs_) leg->abandon(as);
+}
+
+void MirroredStream::close_legs() {
+    for (auto& leg : legs_) leg->close(nullptr);
+}
+
+void MirroredStream::end_source() {
+    if (source_closed_) return;
+    source_closed_ = true;
+    if (any_leg_active()) {
+        ++px_.stats.lingering;
+        lingering_counted_ = true;
+        linger_deadline_ = Clock::now() + std::chrono::milliseconds(static_cast<long>(px_.opt.debug_linger_s * 1000));
+    }
+    for (auto& leg : legs_) leg->source_closed();
+}
+
+void MirroredStream::leg_closed() {
+    if (lingering_counted_ && !any_leg_active()) {
+        lingering_counted_ = false;
+        --px_.stats.lingering;
+    }
+}
+
+void MirroredStream::linger_timeout() {
+    for (auto& leg : legs_) leg->linger_timeout();
+    px_.retire(this);
+}
+
+void MirroredStream::settle() {
+    if (!finished()) {
+        update();
+        for (auto& leg : legs_) leg->watch();
+    }
+    if (finished()) px_.retire(this);
+}
+
+MirrorStats::ConnectionStats MirroredStream::snapshot(Clock::time_point now) const {
+    MirrorStats::ConnectionStats s;
+    s.id = id_;
+    s.age_ms = std::chrono::duration<double, std::milli>(now - start_).count();
+    s.lingering = source_closed_;
+    for (const auto& leg : legs_) s.debug.push_back(leg->snapshot(now));
+    describe_source(s);
+    return s;
+}
+
+DebugLeg::DebugLeg(Proxy& px, MirroredStream& owner, std::uint32_t target)
+    : px_(px), owner_(owner), target_(target), buffer_(px.opt.buffer) {}
+
+DebugLeg::~DebugLeg() = default;
+
+TargetCounters& DebugLeg::counters() { return px_.stats.targets[target_]; }
+
+void DebugLeg::open() {
+    UniqueFd d = start_connect(px_.opt.debug[target_]);
+    if (!d) {
+        ++px_.stats.debug_connect_failures;
+        ++counters().connect_failures;
+        px_.rate_limited_log(px_.stats.debug_connect_failures, "connection %u: debug copy %s unreachable: %s",
+                             owner_.id(), px_.opt.debug[target_].str().c_str(), std::strerror(errno));
+        return;
+    }
+    // A fixed, small kernel send buffer: left to autotuning it grows to
+    // megabytes and would hide a stalled debug copy from --buffer.
+    const int sndbuf = kDebugSendBuffer;
+    ::setsockopt(d.get(), SOL_SOCKET, SO_SNDBUF, &sndbuf, sizeof sndbuf);
+    w_ = Watched(px_.debug_epfd, std::move(d), this);
+    state_ = State::connecting;
+    if (px_.opt.divergence == Protocol::stream) {
+        stream_ = std::make_unique<StreamComparer>(px_.opt.buffer);
+        checking_ = true;
+    } else if (px_.opt.divergence != Protocol::off) {
+        reply_framer_ = Framer::create(px_.opt.divergence, Role::response, px_.opt.rules);
+        checking_ = true;
+    }
+    watch();
+}
 
 void DebugLeg::on_event(std::uint32_t events) {
     if (state_ == State::connecting) {
@@ -30,7 +125,7 @@ void DebugLeg::on_event(std::uint32_t events) {
         ::getsockopt(w_.fd(), SOL_SOCKET, SO_ERROR, &err, &len);
         if (err != 0) {
             ++px_.stats.debug_connect_failures;
-            ++px_.stats.targets[target_].connect_failures;
+            ++counters().connect_failures;
             px_.rate_limited_log(px_.stats.debug_connect_failures,
                                  "connection %u: cannot connect to debug copy %s: %s (production unaffected)",
                                  owner_.id(), px_.opt.debug[target_].str().c_str(), std::strerror(err));
@@ -43,27 +138,35 @@ void DebugLeg::on_event(std::uint32_t events) {
             backlogged_ = false;
             flush();
         }
-        if (state_ == State::open && (events & (EPOLLIN | EPOLLHUP | EPOLLERR))) read();
+        if (state_ == State::open && (events & (EPOLLIN | EPOLLHUP | EPOLLERR))) read_replies();
     }
-    watch();
     owner_.settle();
-}
-
-void DebugLeg::watch() {
-    if (state_ == State::open) w_.want(EPOLLIN | (backlogged_ ? static_cast<std::uint32_t>(EPOLLOUT) : 0u));
 }
 
 void DebugLeg::connected() {
     state_ = State::open;
     ++px_.stats.debug_connections;
-    ++px_.stats.targets[target_].connections;
+    ++counters().connections;
     const int one = 1;
     ::setsockopt(w_.fd(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
     flush();
 }
 
-void DebugLeg::mirror(const std::uint8_t* p, std::size_t n) {
-    if (state_ == State::done) return;
+void DebugLeg::watch() {
+    if (state_ == State::connecting) {
+        w_.want(EPOLLOUT);
+    } else if (state_ == State::open) {
+        w_.want(EPOLLIN | (backlogged_ ? static_cast<std::uint32_t>(EPOLLOUT) : 0u));
+    }
+}
+
+void DebugLeg::client_ended() {
+    input_ended_ = true;
+    if (state_ == State::open && !backlogged_) flush();
+}
+
+void DebugLeg::forward(const std::uint8_t* p, std::size_t n) {
+    if (!active()) return;
     if (!px_.total_budget_allows(n) || !buffer_.append(p, n)) {
         overflow();
         return;
@@ -77,18 +180,35 @@ void DebugLeg::mirror(const std::uint8_t* p, std::size_t n) {
     else
         marks_.push_back({appended_, now});
     if (state_ != State::open || backlogged_) return;
-    if (buffer_.size() >= std::min(kDebugFlushNow, buffer_.capacity() / 4)) {
+    if (buffer_.size() >= std::min(kDebugFlushNow, buffer_.capacity() / 4))
         flush();
-        watch();
-    } else {
-        px_.queue_debug_flush(&owner_);
-    }
+    else
+        px_.queue_debug_flush(this);
 }
 
 void DebugLeg::flush_batch() {
+    in_flush_queue = false;
     if (state_ != State::open || backlogged_) return;
     flush();
-    watch();
+    owner_.settle();
+}
+
+void DebugLeg::overflow() {
+    const double window = ms_since(owner_.started());
+    ++px_.stats.overflows;
+    ++counters().overflows;
+    px_.stats.window(window);
+    px_.rate_limited_log(px_.stats.overflows,
+                         "connection %u: debug buffer full (%zu bytes) after %.1f ms: the side to debug copy %s "
+                         "closed, connection marked diverged (production unaffected)",
+                         owner_.id(), buffer_.size(), window, px_.opt.debug[target_].str().c_str());
+    abandon("overflowed");
+}
+
+void DebugLeg::abandon(const char* as) {
+    if (!active()) return;
+    abandoned_as_ = as;
+    close(nullptr);
 }
 
 void DebugLeg::consumed(std::size_t n) {
@@ -97,7 +217,7 @@ void DebugLeg::consumed(std::size_t n) {
     while (!marks_.empty() && marks_.front().end <= sent_) marks_.pop_front();
     px_.note_buffered(-static_cast<std::ptrdiff_t>(n));
     px_.stats.bytes_to_debug += n;
-    px_.stats.targets[target_].bytes += n;
+    counters().bytes += n;
 }
 
 void DebugLeg::flush() {
@@ -108,7 +228,7 @@ void DebugLeg::flush() {
         consumed(sent);
         if (r == SendResult::failed) {
             ++px_.stats.debug_errors;
-            ++px_.stats.targets[target_].errors;
+            ++counters().errors;
             close("write to debug copy failed");
             return;
         }
@@ -117,38 +237,19 @@ void DebugLeg::flush() {
             return;
         }
     }
-    if (owner_.client_done() && !shut_) {
+    if (input_ended_ && !shut_) {
         ::shutdown(w_.fd(), SHUT_WR);
         shut_ = true;
     }
 }
 
-void DebugLeg::client_done() {
-    if (state_ != State::open || backlogged_) return;
-    flush();
-    watch();
-}
-
-void DebugLeg::overflow() {
-    overflowed_ = true;
-    const double window = ms_since(owner_.started());
-    ++px_.stats.overflows;
-    ++px_.stats.targets[target_].overflows;
-    px_.stats.window(window);
-    px_.rate_limited_log(px_.stats.overflows,
-                         "connection %u: debug buffer full (%zu bytes) after %.1f ms: the side to debug copy %s closed, "
-                         "connection marked diverged (production unaffected)",
-                         owner_.id(), buffer_.size(), window, px_.opt.debug[target_].str().c_str());
-    close(nullptr);
-}
-
-void DebugLeg::read() {
+void DebugLeg::read_replies() {
     const ssize_t n = ::recv(w_.fd(), px_.scratch, sizeof px_.scratch, MSG_DONTWAIT);
     if (n < 0 && (errno == EAGAIN || errno == EINTR)) return;
     if (n <= 0) {
         if (n < 0) {
             ++px_.stats.debug_errors;
-            ++px_.stats.targets[target_].errors;
+            ++counters().errors;
             close("debug copy connection failed");
             return;
         }
@@ -162,10 +263,10 @@ void DebugLeg::read() {
         // replies they sent are still compared as production's arrive.
         if (shut_ && buffer_.empty()) {
             ++px_.stats.debug_completed;
-            ++px_.stats.targets[target_].completed;
+            ++counters().completed;
         } else {
             ++px_.stats.debug_closed_early;
-            ++px_.stats.targets[target_].closed_early;
+            ++counters().closed_early;
         }
         close(nullptr, true);
         return;
@@ -175,8 +276,10 @@ void DebugLeg::read() {
 }
 
 void DebugLeg::close(const char* why, bool copy_finished) {
-    if (state_ == State::done) return;
-    if (why) px_.rate_limited_log(px_.stats.debug_errors, "connection %u: %s (production unaffected)", owner_.id(), why);
+    if (!active()) return;
+    if (why)
+        px_.rate_limited_log(px_.stats.debug_errors, "connection %u: debug copy %s: %s (production unaffected)",
+                             owner_.id(), px_.opt.debug[target_].str().c_str(), why);
     w_.close();
     state_ = State::done;
     px_.note_buffered(-static_cast<std::ptrdiff_t>(buffer_.size()));
@@ -185,13 +288,22 @@ void DebugLeg::close(const char* why, bool copy_finished) {
     // A copy cut off by us (overflow, error) is behind, not different: stop
     // comparing.  One that closed by itself said all it had to say.
     if (!copy_finished) stop_checking("");
+    if (source_closed_) finish_checking();
     owner_.leg_closed();
 }
 
+void DebugLeg::source_closed() {
+    if (source_closed_) return;
+    source_closed_ = true;
+    input_ended_ = true;
+    if (state_ == State::open) flush();
+    if (!active()) finish_checking();
+}
+
 void DebugLeg::linger_timeout() {
-    if (state_ == State::done) return;
+    if (!active()) return;
     ++px_.stats.debug_linger_timeouts;
-    ++px_.stats.targets[target_].linger_timeouts;
+    ++counters().linger_timeouts;
     px_.rate_limited_log(px_.stats.debug_linger_timeouts,
                          "connection %u: debug copy %s did not finish within %.0f s after the client left; %zu bytes "
                          "undelivered",
@@ -203,7 +315,7 @@ MirrorStats::ConnectionStats::Leg DebugLeg::snapshot(Clock::time_point now) cons
     MirrorStats::ConnectionStats::Leg s;
     s.state = state_ == State::open         ? "open"
               : state_ == State::connecting ? "connecting"
-              : overflowed_                 ? "overflowed"
+              : abandoned_as_               ? abandoned_as_
                                             : "closed";
     s.buffered = buffer_.size();
     s.high_water = buffer_.high_water();

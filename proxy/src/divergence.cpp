@@ -1,11 +1,11 @@
 // Comparing each debug copy's replies with production's, message by message
-// or byte by byte.  The connection frames requests and production's replies
-// once; each leg frames its own copy's replies and matches them.
+// or byte by byte.  The mirrored stream frames requests and production's
+// replies once; each leg frames its own copy's replies and matches them.
 #include "mirror_impl.h"
 
 namespace iprobe::proxy::mirror_impl {
 
-void Connection::check_requests(const std::uint8_t* p, std::size_t n) {
+void MirroredStream::check_requests(const std::uint8_t* p, std::size_t n) {
     scratch_.clear();
     request_framer_->feed({p, n}, scratch_);
     if (request_framer_->failed()) return stop_framing("requests: " + request_framer_->error());
@@ -15,7 +15,7 @@ void Connection::check_requests(const std::uint8_t* p, std::size_t n) {
     }
 }
 
-void Connection::check_production_replies(const std::uint8_t* p, std::size_t n) {
+void MirroredStream::production_bytes(const std::uint8_t* p, std::size_t n) {
     if (px_.opt.divergence == Protocol::stream) {
         for (auto& leg : legs_) leg->production_bytes({p, n});
         return;
@@ -28,8 +28,16 @@ void Connection::check_production_replies(const std::uint8_t* p, std::size_t n) 
         for (auto& leg : legs_) leg->production_reply(m);
 }
 
-// Without framed requests and replies no leg can compare any more.
-void Connection::stop_framing(const std::string& why) {
+void MirroredStream::production_ended() {
+    if (!framing_) return;
+    scratch_.clear();
+    production_framer_->finish(scratch_);
+    for (const auto& m : scratch_)
+        for (auto& leg : legs_) leg->production_reply(m);
+}
+
+// Without framed requests and production's replies no leg can compare any more.
+void MirroredStream::stop_framing(const std::string& why) {
     framing_ = false;
     for (auto& leg : legs_) leg->stop_checking("");
     // Counted once per connection, however many copies it feeds.
@@ -96,7 +104,7 @@ void DebugLeg::report(std::uint64_t index, const std::string& request, const std
     if (reported_) return;
     reported_ = true;
     ++px_.stats.diverged_connections;
-    ++px_.stats.targets[target_].diverged_connections;
+    ++counters().diverged_connections;
     const char* unit = stream_ ? "byte offset" : "reply";
     px_.rate_limited_log(px_.stats.diverged_connections,
                          "divergence on connection %u (debug copy %s), %s %llu%s%s%s: production \"%s\", debug copy \"%s\"",

@@ -16,6 +16,11 @@ namespace {
 
 constexpr std::size_t kExcerpt = 96;
 constexpr std::size_t kMaxLine = 64 * 1024;       // longest RESP line / HTTP header block we frame
+// Redis itself refuses more than INT_MAX elements in one aggregate; a bulk
+// string longer than 2^62 bytes exists on no wire, and the counts stay far
+// from overflow when doubled (maps) or stepped over the trailing CRLF.
+constexpr long long kMaxAggregate = 0x7fffffffLL;
+constexpr long long kMaxBulk = 1LL << 62;
 constexpr std::size_t kSummaryArg = 40;
 constexpr std::size_t kSummaryArgs = 6;
 
@@ -40,18 +45,19 @@ bool parse_int(std::string_view s, long long& v) {
 }
 
 // Shared bookkeeping of the message being framed: hash, excerpt, size.
+// Only responses keep an excerpt (reports quote replies; a request is named
+// by its summary), which spares an allocation per request.
 class MessageBuilder {
 public:
+    explicit MessageBuilder(Role role) : excerpt_limit_(role == Role::response ? kExcerpt : 0) {}
     void add(const std::uint8_t* p, std::size_t n) {
         hash_ = hash_bytes(hash_, p, n);
-        size_ += n;
-        if (excerpt_.size() < kExcerpt)
-            excerpt_.append(reinterpret_cast<const char*>(p), std::min(n, kExcerpt - excerpt_.size()));
+        add_unhashed(p, n);
     }
     void add_unhashed(const std::uint8_t* p, std::size_t n) {
         size_ += n;
-        if (excerpt_.size() < kExcerpt)
-            excerpt_.append(reinterpret_cast<const char*>(p), std::min(n, kExcerpt - excerpt_.size()));
+        if (excerpt_.size() < excerpt_limit_)
+            excerpt_.append(reinterpret_cast<const char*>(p), std::min(n, excerpt_limit_ - excerpt_.size()));
     }
     void hash_only(std::string_view s) {
         hash_ = hash_bytes(hash_, reinterpret_cast<const std::uint8_t*>(s.data()), s.size());
@@ -68,6 +74,7 @@ public:
     }
 
 private:
+    std::size_t excerpt_limit_;
     std::uint64_t hash_ = kHashSeed;
     std::string excerpt_;
     std::size_t size_ = 0;
@@ -76,7 +83,7 @@ private:
 // RESP2/RESP3 values; requests may also be inline commands ("PING\r\n").
 class RespFramer final : public Framer {
 public:
-    explicit RespFramer(Role role) : role_(role) {}
+    explicit RespFramer(Role role) : role_(role), msg_(role) {}
 
     void feed(std::span<const std::uint8_t> bytes, std::vector<Message>& out) override {
         const std::uint8_t* p = bytes.data();
@@ -139,6 +146,10 @@ private:
             return;
         case '$': case '!': case '=':
             if (!parse_int(line.substr(1), count) || count < -1) break;
+            if (count > kMaxBulk) {
+                error_ = "RESP bulk length out of range: '" + printable(line, 40) + "'";
+                return;
+            }
             if (count == -1) {
                 if (collecting_arg_) args_.emplace_back("(nil)");
                 element_done(out);
@@ -149,6 +160,10 @@ private:
             return;
         case '*': case '~': case '>': case '%': case '|':
             if (!parse_int(line.substr(1), count) || count < -1) break;
+            if (count > kMaxAggregate) {
+                error_ = "RESP aggregate length out of range: '" + printable(line, 40) + "'";
+                return;
+            }
             if (line[0] == '%') count *= 2;
             if (line[0] == '|') count = count * 2 + 1;  // the attribute and the value it annotates
             if (role_ == Role::request && depth_.empty()) collecting_arg_ = true;
@@ -210,7 +225,7 @@ private:
 // chunked transfer coding, or (responses) the close of the connection.
 class HttpFramer final : public Framer {
 public:
-    HttpFramer(Role role, const DivergenceRules& rules) : role_(role), rules_(rules) {}
+    HttpFramer(Role role, const DivergenceRules& rules) : role_(role), rules_(rules), msg_(role) {}
 
     void expect(const Message& request) override { pending_.push_back({request.verb == "HEAD", rules_.ignores_body(request.path)}); }
 
@@ -433,7 +448,38 @@ private:
     std::vector<Expected> pending_;
 };
 
+bool starts_resp_request(std::span<const std::uint8_t> bytes) {
+    // "*<count>\r\n$<length>\r\n": a count of 1 to 7 digits, then a bulk string's length.
+    const std::string_view s(reinterpret_cast<const char*>(bytes.data()), std::min<std::size_t>(bytes.size(), 32));
+    if (s.size() < 6 || s[0] != '*' || s[1] < '1' || s[1] > '9') return false;
+    std::size_t i = 2;
+    while (i < s.size() && i < 9 && std::isdigit(static_cast<unsigned char>(s[i]))) ++i;
+    return s.substr(i).starts_with("\r\n$") && i + 3 < s.size() && std::isdigit(static_cast<unsigned char>(s[i + 3]));
+}
+
+bool starts_http_request(std::span<const std::uint8_t> bytes) {
+    // "METHOD SP target SP HTTP/1.x" within the segment's first line.
+    const std::string_view s(reinterpret_cast<const char*>(bytes.data()), std::min<std::size_t>(bytes.size(), 8192));
+    const auto eol = s.find("\r\n");
+    if (eol == std::string_view::npos) return false;
+    const std::string_view line = s.substr(0, eol);
+    const auto sp = line.find(' ');
+    if (sp == 0 || sp == std::string_view::npos || sp > 16) return false;
+    for (std::size_t i = 0; i < sp; ++i)
+        if (line[i] < 'A' || line[i] > 'Z') return false;
+    const auto sp2 = line.rfind(' ');
+    return sp2 > sp + 1 && (line.substr(sp2 + 1) == "HTTP/1.1" || line.substr(sp2 + 1) == "HTTP/1.0");
+}
+
 }  // namespace
+
+RequestStartTest request_start_test(Protocol protocol) {
+    switch (protocol) {
+    case Protocol::resp: return starts_resp_request;
+    case Protocol::http: return starts_http_request;
+    default: return nullptr;
+    }
+}
 
 Protocol parse_protocol(std::string_view name) {
     if (name == "off") return Protocol::off;
@@ -527,6 +573,13 @@ bool DivergenceRules::ignores_body(std::string_view path) const {
 }
 
 std::string printable(std::string_view raw, std::size_t max) {
+    // Most requests are plain text: copied as they are (this runs for every
+    // request the divergence checker frames).
+    if (raw.size() <= max && std::all_of(raw.begin(), raw.end(), [](char ch) {
+            const auto c = static_cast<unsigned char>(ch);
+            return c >= 0x20 && c < 0x7f && c != '\\';
+        }))
+        return std::string(raw);
     std::string out;
     for (const char ch : raw) {
         if (out.size() >= max) {

@@ -2,6 +2,7 @@
 // debug legs are served in batches (see mirror_impl.h, kDebugBatch).
 #include "iprobe/proxy/mirror.h"
 
+#include "capture.h"
 #include "mirror_impl.h"
 
 namespace iprobe::proxy {
@@ -45,9 +46,13 @@ Proxy::Proxy(const MirrorOptions& options) : opt(options) {
     signals_.w = Watched(epfd, UniqueFd(::signalfd(-1, &mask, SFD_NONBLOCK | SFD_CLOEXEC)), &signals_);
     signals_.w.want(EPOLLIN);
 
-    clients_.px = this;
-    clients_.kind = Acceptor::Kind::clients;
-    clients_.w = Watched(epfd, listen_on(opt.listen, "--listen"), &clients_);
+    if (opt.capture) {
+        capture_ = std::make_unique<Capture>(*this, *opt.capture);
+    } else {
+        clients_.px = this;
+        clients_.kind = Acceptor::Kind::clients;
+        clients_.w = Watched(epfd, listen_on(opt.listen, "--listen"), &clients_);
+    }
     if (opt.debug_listen) {
         debug_clients_.px = this;
         debug_clients_.kind = Acceptor::Kind::debug_clients;
@@ -66,13 +71,14 @@ Proxy::Proxy(const MirrorOptions& options) : opt(options) {
     }
     stats.targets.resize(opt.debug.size());
     if (!opt.record_path.empty()) recorder = std::make_shared<Recorder>(opt.record_path, kRecordQueue);
-    clients_.w.want(EPOLLIN);
+    if (clients_.w) clients_.w.want(EPOLLIN);
     if (debug_clients_.w) debug_clients_.w.want(EPOLLIN);
     if (stats_listener_.w) stats_listener_.w.want(EPOLLIN);
 }
 
 Proxy::~Proxy() {
     connections_.clear();
+    capture_.reset();
     slots_.clear();
     stats_clients_.clear();
     if (recorder) recorder->finish();
@@ -86,7 +92,8 @@ Proxy::~Proxy() {
 
 MirrorReady Proxy::ready() const {
     MirrorReady r;
-    r.listen = local_endpoint(clients_.w.fd());
+    if (clients_.w) r.listen = local_endpoint(clients_.w.fd());
+    if (capture_) r.capture = capture_->description();
     if (debug_clients_.w) r.debug_listen = local_endpoint(debug_clients_.w.fd());
     if (stats_listener_.w) r.stats = local_endpoint(stats_listener_.w.fd());
     return r;
@@ -139,9 +146,9 @@ int Proxy::wait_timeout_ms() const {
 
 void Proxy::debug_pass() {
     last_debug_pass_ = Clock::now();
-    std::vector<Connection*> queued;
+    std::vector<DebugLeg*> queued;
     queued.swap(debug_queue_);
-    for (Connection* c : queued) c->flush_debug_batch();
+    for (DebugLeg* leg : queued) leg->flush_batch();
     epoll_event events[256];
     for (int round = 0; round < 64; ++round) {
         const int n = ::epoll_wait(debug_epfd, events, 256, 0);
@@ -152,8 +159,8 @@ void Proxy::debug_pass() {
 
 void Proxy::reap() {
     if (!retired_.empty())
-        std::erase_if(debug_queue_, [&](Connection* c) { return retired_.count(c) != 0; });
-    for (Connection* c : retired_) connections_.erase(c->id());
+        std::erase_if(debug_queue_, [&](DebugLeg* leg) { return retired_.count(&leg->owner()) != 0; });
+    for (MirroredStream* c : retired_) connections_.erase(c->id());
     retired_.clear();
     for (StatsClient* s : retired_stats_) {
         for (auto it = stats_clients_.begin(); it != stats_clients_.end(); ++it) {
@@ -175,6 +182,7 @@ void Proxy::tick() {
     const auto now = Clock::now();
     if (now - last_tick_ < std::chrono::milliseconds(100)) return;  // timeouts are coarse; the scan is O(connections)
     last_tick_ = now;
+    if (capture_) capture_->tick();
     for (auto& [id, c] : connections_)
         if (c->lingering() && now >= c->linger_deadline()) c->linger_timeout();
     for (auto it = slots_.begin(); it != slots_.end();) {

@@ -25,6 +25,7 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -173,63 +174,79 @@ struct Stats {
 };
 
 class Proxy;
-class Connection;
+class MirroredStream;
 
-// One debug copy's side of a client connection (one per --debug address):
-// its socket, the client bytes it has not taken yet (bounded: on overflow
-// this leg closes, never sends a stream with a hole), and the comparison of
-// its replies with production's.
+// One debug copy's side (one per --debug address) of one mirrored connection:
+// its socket, the bounded buffer that feeds it the client's bytes, and the
+// comparison of its replies with production's.  Fed the same way whether
+// production's bytes pass through the proxy (Connection) or are captured off
+// the wire (CapturedConnection).
 class DebugLeg final : public Handler {
 public:
-    enum class State { connecting, open, done };
+    enum class State { none, connecting, open, done };
 
-    DebugLeg(Connection& owner, Proxy& px, std::uint32_t target, UniqueFd fd);
+    DebugLeg(Proxy& px, MirroredStream& owner, std::uint32_t target);
     ~DebugLeg() override;
+    DebugLeg(const DebugLeg&) = delete;
+    DebugLeg& operator=(const DebugLeg&) = delete;
 
-    void on_event(std::uint32_t events) override;
-    bool active() const { return state_ != State::done; }
+    // Connects to the debug copy and sets up reply comparison.
+    void open();
+    bool active() const { return state_ == State::connecting || state_ == State::open; }
     std::uint32_t target() const { return target_; }
-    std::size_t buffered() const { return buffer_.size(); }
-
-    // Client bytes, in order; the leg closes (overflow) when its buffer is full.
-    void mirror(const std::uint8_t* p, std::size_t n);
-    void flush_batch();
-    // The client sent all it will: shut down the write side once drained.
-    void client_done();
-    void close(const char* why, bool copy_finished = false);
-    void linger_timeout();
-
-    // Divergence checking, fed by the connection (which frames requests and
+    // The client's bytes, in order, queued for the copy.
+    void forward(const std::uint8_t* p, std::size_t n);
+    // No more client bytes: the copy's write side is shut once it has them all.
+    void client_ended();
+    // Divergence checking, fed by the owner (which frames requests and
     // production's replies once for all legs).
     void expect(const Message& request);
     void production_reply(const Message& reply);
     void production_bytes(std::span<const std::uint8_t> bytes);  // stream comparison
-    void finish_checking();
     void stop_checking(const std::string& why);  // why: counted and logged unless empty
-
+    // The owner's connection is over: the leg lingers until the copy has every
+    // byte, or finishes checking now.
+    void source_closed();
+    // The copy cannot be fed a whole stream any more (buffer overflow, bytes
+    // lost to the capture): closed, never fed a hole.  `as` names the reason
+    // in the stats' open connections ("overflowed").
+    void abandon(const char* as);
+    void close(const char* why, bool copy_finished = false);
+    void linger_timeout();
+    // Called by the proxy's debug pass for legs queued with Proxy::queue_debug_flush().
+    void flush_batch();
+    // Epoll interest from the state (connecting: writable; open: replies, and writable when backlogged).
+    void watch();
+    void on_event(std::uint32_t events) override;
+    MirroredStream& owner() const { return owner_; }
+    std::size_t buffered() const { return buffer_.size(); }
     MirrorStats::ConnectionStats::Leg snapshot(Clock::time_point now) const;
+    bool in_flush_queue = false;
 
 private:
     void connected();
-    void watch();  // epoll interest from the state
-    void flush();
-    void read();
     void overflow();
+    void flush();
+    void consumed(std::size_t n);
+    void read_replies();
+    void finish_checking();
     void copy_replies(std::span<const std::uint8_t> bytes);
     void compare_stream(int side, std::span<const std::uint8_t> bytes);
     void compare();
     void report(std::uint64_t index, const std::string& request, const std::string& prod, const std::string& dbg);
-    void consumed(std::size_t n);
+    TargetCounters& counters();
 
-    Connection& owner_;
     Proxy& px_;
-    std::uint32_t target_;
+    MirroredStream& owner_;
+    const std::uint32_t target_;
     Watched w_;
-    State state_ = State::connecting;
+    State state_ = State::none;
     DebugBuffer buffer_;
-    bool backlogged_ = false;  // the socket refused bytes: wait for EPOLLOUT
-    bool overflowed_ = false;
-    bool shut_ = false;
+    bool input_ended_ = false;     // the client sent all it will
+    bool source_closed_ = false;   // the owner's connection is over: lingering while active
+    bool backlogged_ = false;      // the socket refused bytes: wait for EPOLLOUT
+    bool shut_ = false;            // our write side is shut down
+    const char* abandoned_as_ = nullptr;
     // Arrival time of the bytes still buffered (coalesced per millisecond):
     // how far behind the stream this copy's socket is.
     struct Mark {
@@ -239,45 +256,91 @@ private:
     std::deque<Mark> marks_;
     std::uint64_t appended_ = 0, sent_ = 0;
 
+    // divergence checking
     bool checking_ = false;
     bool reported_ = false;
-    std::unique_ptr<Framer> reply_framer_;
+    std::unique_ptr<Framer> reply_framer_;  // the copy's replies
     ReplyQueues queues_;
     std::vector<Message> scratch_;
     std::unique_ptr<StreamComparer> stream_;
 };
 
-// One client connection: client <-> production passthrough plus one debug leg
-// per --debug address.  In aggregator mode "client" is production's outbound
+// What every mirrored connection has, whether production's bytes pass through
+// the proxy (Connection) or are captured off the wire (CapturedConnection): an
+// id, a debug leg per --debug address, requests and production's replies
+// framed once for all legs, and a life that ends when both its source and its
+// legs have.
+class MirroredStream {
+public:
+    MirroredStream(Proxy& px, std::uint32_t id);
+    virtual ~MirroredStream();
+    MirroredStream(const MirroredStream&) = delete;
+    MirroredStream& operator=(const MirroredStream&) = delete;
+
+    std::uint32_t id() const { return id_; }
+    Clock::time_point started() const { return start_; }
+    bool finished() const { return source_closed_ && !any_leg_active(); }
+    bool lingering() const { return source_closed_ && any_leg_active(); }
+    Clock::time_point linger_deadline() const { return linger_deadline_; }
+    void linger_timeout();
+    // After any I/O: watch what is still wanted, or hand a finished stream to
+    // the proxy for removal.
+    void settle();
+    // A leg closed: the stream may have stopped lingering.
+    void leg_closed();
+    MirrorStats::ConnectionStats snapshot(Clock::time_point now) const;
+
+protected:
+    // The source's own epoll interest (the proxy's client and production sockets).
+    virtual void update() {}
+    virtual void describe_source(MirrorStats::ConnectionStats& s) const { (void)s; }
+
+    // What the source saw, handed to every leg.
+    void open_legs();
+    void client_bytes(const std::uint8_t* p, std::size_t n);
+    void client_ended();
+    void production_bytes(const std::uint8_t* p, std::size_t n);
+    // Production closed its side: a reply delimited by the close is complete.
+    void production_ended();
+    // Production's replies can no longer be followed: the copies are still
+    // fed, their replies no longer compared.
+    void stop_comparing(const std::string& why) { stop_framing(why); }
+    void abandon_legs(const char* as);
+    void close_legs();
+    // The source is over (sets source_closed_): legs linger until their copies have every byte.
+    void end_source();
+
+    Proxy& px_;
+    const std::uint32_t id_;
+    const Clock::time_point start_ = Clock::now();
+    bool source_closed_ = false;
+    std::shared_ptr<Recorder> recorder_;  // the recording current when the connection opened
+
+private:
+    bool any_leg_active() const;
+    void check_requests(const std::uint8_t* p, std::size_t n);
+    void stop_framing(const std::string& why);
+
+    std::vector<std::unique_ptr<DebugLeg>> legs_;
+    Clock::time_point linger_deadline_{};
+    bool lingering_counted_ = false;
+    bool framing_ = false;
+    std::unique_ptr<Framer> request_framer_, production_framer_;
+    std::vector<Message> scratch_;
+};
+
+// One client connection through the proxy: client <-> production passthrough
+// plus its debug legs.  In aggregator mode "client" is production's outbound
 // connection and "production" the real backend.
-class Connection {
+class Connection final : public MirroredStream {
 public:
     enum class Side { client, production };
 
     Connection(Proxy& px, std::uint32_t id, UniqueFd client);
-    ~Connection();
+    ~Connection() override;
 
     void on_event(Side side, std::uint32_t events);
     void start(std::optional<std::uint64_t> aggregator_slot);
-    bool finished() const { return pair_closed_ && !any_leg_active(); }
-    bool lingering() const { return pair_closed_ && !finished(); }
-    bool pair_closed() const { return pair_closed_; }
-    bool client_done() const { return client_eof_ || pair_closed_; }
-    Clock::time_point linger_deadline() const { return linger_deadline_; }
-    Clock::time_point started() const { return start_; }
-    void linger_timeout();
-    void abort_all();
-    std::uint32_t id() const { return id_; }
-    std::size_t debug_buffered() const;
-    MirrorStats::ConnectionStats snapshot(Clock::time_point now) const;
-    // Called by the proxy's debug pass for connections queued with
-    // Proxy::queue_debug_flush().
-    void flush_debug_batch();
-    // A leg closed: the connection may be finished.
-    void leg_closed();
-    // After any I/O on a leg: watch what is still wanted, or retire.
-    void settle();
-    bool in_debug_queue = false;
 
 private:
     struct Leg final : Handler {
@@ -287,38 +350,21 @@ private:
         void on_event(std::uint32_t events) override { owner->on_event(side, events); }
     };
 
-    bool any_leg_active() const;
     void read_client();
     void read_production();
     void flush_production();
     void flush_client();
     void production_connected();
     void close_pair();
-    void update();
+    void update() override;
     void maybe_finish_pair();
-    void check_requests(const std::uint8_t* p, std::size_t n);
-    void check_production_replies(const std::uint8_t* p, std::size_t n);
-    void stop_framing(const std::string& why);
 
-    Proxy& px_;
-    std::uint32_t id_;
-    Clock::time_point start_ = Clock::now();
     Leg client_, prod_;
     Pending to_prod_, to_client_;
     bool prod_connecting_ = true;
     bool client_eof_ = false, prod_eof_ = false;
     bool prod_shut_ = false, client_shut_ = false;
-    bool pair_closed_ = false;
-    std::vector<std::unique_ptr<DebugLeg>> legs_;
-    Clock::time_point linger_deadline_{};
     std::optional<std::uint64_t> slot_;
-    std::shared_ptr<Recorder> recorder_;  // the recording current when the connection opened
-
-    // Framing shared by the legs: requests and production's replies are cut
-    // into messages once (resp, http); stream comparison needs none.
-    bool framing_ = false;
-    std::unique_ptr<Framer> request_framer_, production_framer_;
-    std::vector<Message> scratch_;
 };
 
 // Aggregator: production's replies for its N-th outbound connection, waiting
@@ -376,6 +422,8 @@ struct ControlChannel final : Handler {
     void on_event(std::uint32_t events) override;
 };
 
+class Capture;
+
 class Proxy {
 public:
     Proxy(const MirrorOptions& options);
@@ -396,11 +444,14 @@ public:
     void accept_clients(Acceptor& a);
     void accept_debug_client(Acceptor& a);
     void accept_stats(Acceptor& a);
-    void retire(Connection* c) { retired_.insert(c); }
-    void queue_debug_flush(Connection* c) {
-        if (c->in_debug_queue) return;
-        c->in_debug_queue = true;
-        debug_queue_.push_back(c);
+    void retire(MirroredStream* c) { retired_.insert(c); }
+    // Capture mode: connections are made by the capture, not accepted.
+    std::uint32_t new_connection_id() { return next_id_++; }
+    void adopt(std::unique_ptr<MirroredStream> c) { connections_.emplace(c->id(), std::move(c)); }
+    void queue_debug_flush(DebugLeg* leg) {
+        if (leg->in_flush_queue) return;
+        leg->in_flush_queue = true;
+        debug_queue_.push_back(leg);
     }
     void retire(StatsClient* s) { retired_stats_.insert(s); }
     void log(const char* fmt, ...) __attribute__((format(printf, 2, 3)));
@@ -428,13 +479,14 @@ private:
     int wait_timeout_ms() const;
 
     UniqueFd ep_, debug_ep_;
-    std::vector<Connection*> debug_queue_;  // bytes waiting for the next debug pass
+    std::unique_ptr<Capture> capture_;  // capture mode: the packet source instead of clients_
+    std::vector<DebugLeg*> debug_queue_;  // bytes waiting for the next debug pass
     Clock::time_point last_debug_pass_{};
     Acceptor clients_, debug_clients_, stats_listener_;
     SignalHandler signals_;
     ControlChannel control_;
-    std::map<std::uint32_t, std::unique_ptr<Connection>> connections_;
-    std::set<Connection*> retired_;
+    std::map<std::uint32_t, std::unique_ptr<MirroredStream>> connections_;
+    std::set<MirroredStream*> retired_;
     std::set<StatsClient*> retired_stats_;
     std::set<std::unique_ptr<StatsClient>> stats_clients_;
     std::map<std::uint64_t, std::unique_ptr<Slot>> slots_;

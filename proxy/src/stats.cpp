@@ -100,6 +100,31 @@ void write_stats_fields(JsonWriter& j, const MirrorStats& s) {
         j.field("unmatched_debug_connections", s.aggregator->unmatched_debug_connections);
         j.end_object();
     }
+    if (s.capture) {
+        const auto& c = *s.capture;
+        j.key("capture").begin_object();
+        j.field("interface", c.interface);
+        j.field("port", c.port);
+        j.field("filter", c.filter);
+        j.field("ring_bytes", c.ring_bytes);
+        j.field("packets", c.packets);
+        j.field("kernel_drops", c.kernel_drops);
+        j.field("interface_drops", c.interface_drops);
+        j.field("truncated_packets", c.truncated_packets);
+        j.field("flows", c.flows);
+        j.field("untracked_flows", c.untracked_flows);
+        j.field("connections_from_start", c.connections_from_start);
+        j.field("connections_joined", c.connections_joined);
+        j.field("connections_unjoinable", c.connections_unjoinable);
+        j.field("lost_connections", c.lost_connections);
+        j.field("lost_reply_connections", c.lost_reply_connections);
+        j.field("checked_with_production", c.checked_with_production);
+        j.field("out_of_order_segments", c.out_of_order_segments);
+        j.field("retransmitted_bytes", c.retransmitted_bytes);
+        j.field("overlapping_bytes", c.overlapping_bytes);
+        j.field("cpu_s", c.cpu_s);
+        j.end_object();
+    }
     if (s.record) {
         j.key("record").begin_object();
         j.field("path", s.record->path);
@@ -126,6 +151,12 @@ void write_stats_fields(JsonWriter& j, const MirrorStats& s) {
             j.end_object();
         }
         j.end_array();
+        if (c.captured) {
+            j.field("client", c.captured->client);
+            j.field("capture", c.captured->joined ? "joined" : "from_start");
+            j.field("lost_client_bytes", c.captured->lost_client_bytes);
+            j.field("lost_replies", c.captured->lost_replies);
+        }
         j.end_object();
     }
     j.end_array();
@@ -259,6 +290,14 @@ MirrorStats parse_mirror_stats(std::string_view text) {
                 read(l, "reply_lag_ms", leg.reply_lag_ms);
                 cs.debug.push_back(std::move(leg));
             }
+            if (c.contains("capture")) {
+                MirrorStats::ConnectionStats::Captured captured;
+                read(c, "client", captured.client);
+                captured.joined = c.value("capture", "") == "joined";
+                read(c, "lost_client_bytes", captured.lost_client_bytes);
+                read(c, "lost_replies", captured.lost_replies);
+                cs.captured = std::move(captured);
+            }
             s.open_connections.push_back(std::move(cs));
         }
         if (doc.contains("aggregator")) {
@@ -268,6 +307,31 @@ MirrorStats parse_mirror_stats(std::string_view text) {
             read(a, "unclaimed_production_connections", agg.unclaimed_production_connections);
             read(a, "unmatched_debug_connections", agg.unmatched_debug_connections);
             s.aggregator = agg;
+        }
+        if (doc.contains("capture")) {
+            const Json& c = object(doc, "capture");
+            MirrorStats::Capture cap;
+            read(c, "interface", cap.interface);
+            read(c, "port", cap.port);
+            read(c, "filter", cap.filter);
+            read(c, "ring_bytes", cap.ring_bytes);
+            read(c, "packets", cap.packets);
+            read(c, "kernel_drops", cap.kernel_drops);
+            read(c, "interface_drops", cap.interface_drops);
+            read(c, "truncated_packets", cap.truncated_packets);
+            read(c, "flows", cap.flows);
+            read(c, "untracked_flows", cap.untracked_flows);
+            read(c, "connections_from_start", cap.connections_from_start);
+            read(c, "connections_joined", cap.connections_joined);
+            read(c, "connections_unjoinable", cap.connections_unjoinable);
+            read(c, "lost_connections", cap.lost_connections);
+            read(c, "lost_reply_connections", cap.lost_reply_connections);
+            read(c, "checked_with_production", cap.checked_with_production);
+            read(c, "out_of_order_segments", cap.out_of_order_segments);
+            read(c, "retransmitted_bytes", cap.retransmitted_bytes);
+            read(c, "overlapping_bytes", cap.overlapping_bytes);
+            read(c, "cpu_s", cap.cpu_s);
+            s.capture = cap;
         }
         if (doc.contains("record")) {
             const Json& r = object(doc, "record");
@@ -307,8 +371,9 @@ std::optional<std::string> fetch_mirror_stats(const Endpoint& at, std::chrono::m
 std::string ready_event_json(const MirrorReady& ready, pid_t pid) {
     JsonWriter j;
     j.begin_object();
-    j.field("event", "listening");
-    j.field("listen", ready.listen.str());
+    j.field("event", ready.listen ? "listening" : "capturing");
+    if (ready.listen) j.field("listen", ready.listen->str());
+    if (!ready.capture.empty()) j.field("capture", ready.capture);
     if (ready.debug_listen) j.field("debug_listen", ready.debug_listen->str());
     if (ready.stats) j.field("stats", ready.stats->str());
     j.field("pid", static_cast<std::int64_t>(pid));
@@ -319,9 +384,12 @@ std::string ready_event_json(const MirrorReady& ready, pid_t pid) {
 MirrorReady parse_ready_event(std::string_view text) {
     try {
         const Json doc = Json::parse(text);
-        if (doc.value("event", "") != "listening") throw Error("not a mirror readiness event", ExitCode::bad_input);
+        const std::string event = doc.value("event", "");
+        if (event != "listening" && event != "capturing")
+            throw Error("not a mirror readiness event", ExitCode::bad_input);
         MirrorReady ready;
-        ready.listen = parse_endpoint(doc.at("listen").get<std::string>(), "listen");
+        if (event == "listening") ready.listen = parse_endpoint(doc.at("listen").get<std::string>(), "listen");
+        if (event == "capturing") ready.capture = doc.at("capture").get<std::string>();
         if (doc.contains("debug_listen"))
             ready.debug_listen = parse_endpoint(doc.at("debug_listen").get<std::string>(), "debug_listen");
         if (doc.contains("stats")) ready.stats = parse_endpoint(doc.at("stats").get<std::string>(), "stats");

@@ -1,4 +1,5 @@
 // The stats endpoint and its document.
+#include "capture.h"
 #include "mirror_impl.h"
 #include "iprobe/proxy/stats.h"
 
@@ -53,7 +54,7 @@ void StatsClient::on_event(std::uint32_t events) {
 
 MirrorStats Proxy::snapshot() const {
     MirrorStats s;
-    s.mode = opt.upstream ? "aggregator" : "duplicator";
+    s.mode = opt.upstream ? "aggregator" : capture_ ? "capture" : "duplicator";
     s.uptime_s = ms_since(stats.started) / 1000.0;
     s.connections = {stats.accepted, stats.active, stats.closed, stats.lingering, stats.production_connect_failures,
                      stats.production_errors};
@@ -85,8 +86,8 @@ MirrorStats Proxy::snapshot() const {
     if (opt.upstream)
         s.aggregator = MirrorStats::Aggregator{static_cast<std::uint64_t>(slots_.size()), stats.aggregator_unclaimed,
                                                stats.aggregator_debug_unmatched};
-    if (recorder)
-        s.record = MirrorStats::Record{recorder->path(), recorder->records(), recorder->stopped_early()};
+    if (capture_) s.capture = capture_->snapshot();
+    if (recorder) s.record = MirrorStats::Record{recorder->path(), recorder->records(), recorder->stopped_early()};
     s.debug_targets.resize(opt.debug.size());
     for (std::size_t t = 0; t < opt.debug.size(); ++t) {
         const TargetCounters& c = stats.targets[t];

@@ -1,5 +1,6 @@
 #include "iprobe/support/json.h"
 
+#include <charconv>
 #include <cmath>
 #include <cstdio>
 
@@ -68,9 +69,11 @@ JsonWriter& JsonWriter::value(double v) {
     if (!std::isfinite(v)) {
         out_ += "null";
     } else {
+        // The shortest text that reads back as the same double: 0.0123, not
+        // %.17g's 0.012300000000000001.
         char buf[32];
-        std::snprintf(buf, sizeof buf, "%.17g", v);
-        out_ += buf;
+        const auto r = std::to_chars(buf, buf + sizeof buf, v);
+        out_.append(buf, r.ptr);
     }
     return *this;
 }

@@ -257,6 +257,9 @@ TEST(FperfProfile, ReportsMeansSharesAndNeverShowsUnavailableEventsAsValues) {
     const auto json = iprobe::fperf::render_json(p);
     EXPECT_NE(json.find("\"name\":\"PAPI_TOT_CYC\",\"measured\":false,\"reason\":\"no PMU\""), std::string::npos) << json;
     EXPECT_EQ(json.find("\"PAPI_TOT_CYC\":{"), std::string::npos) << "no values for an unavailable event";
+    EXPECT_NE(json.find("\"total_calls\":1000010,"), std::string::npos) << "numbers are JSON numbers: " << json;
+    EXPECT_NE(json.find("\"overhead_estimate\":0.0123"), std::string::npos) << json;
+    EXPECT_NE(json.find("\"budget\":\"5%\""), std::string::npos) << "text stays text: " << json;
     const auto csv = iprobe::fperf::render_csv(p);
     EXPECT_EQ(csv.find("PAPI_TOT_CYC"), std::string::npos);
     EXPECT_NE(csv.find("\"hot\",\"/bin/x\",1000000,10,100.000,100000000,"), std::string::npos) << csv;

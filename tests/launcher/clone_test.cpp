@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -222,6 +223,16 @@ TEST(LauncherCloneAddress, ServiceBoundToASpecificAddressIsClonedWithIt) {
     EXPECT_EQ(cli(ns.path(), {"PING"}), "PONG");
 }
 
+// A failed step keeps CRIU's log for the user and says where; the test
+// reads the promise and then removes the file.
+void expect_kept_log(const std::string& err, const std::string& name, const std::string& step) {
+    const std::string kept = "/tmp/iprobe-clone-" + name + "-" + step + ".log";
+    EXPECT_NE(err.find("full log: " + kept), std::string::npos) << err;
+    EXPECT_TRUE(fs::exists(kept)) << kept;
+    std::error_code ec;
+    fs::remove(kept, ec);
+}
+
 // `ip netns exec` gives the service a mount namespace of its own, which CRIU
 // then has to checkpoint and cannot here: the error says what to do instead.
 TEST(LauncherCloneFailure, ServiceInItsOwnMountNamespaceGetsAHintAndKeepsServing) {
@@ -246,6 +257,7 @@ TEST(LauncherCloneFailure, ServiceInItsOwnMountNamespaceGetsAHintAndKeepsServing
     EXPECT_EQ(r.exit_code, 1) << r.err;
     EXPECT_NE(r.err.find("nsenter --net="), std::string::npos) << r.err;
     EXPECT_NE(r.err.find("keeps running"), std::string::npos) << r.err;
+    expect_kept_log(r.err, name, "dump");
     EXPECT_FALSE(netns_exists(name));
     EXPECT_EQ(redis_cli(ns.path(), port, {"GET", "k"}), "v");
 }
@@ -361,6 +373,12 @@ TEST(LauncherCloneSession, ServiceOnATerminalIsRefusedBeforeTheFreezeWithHowToSt
     ASSERT_EQ(redis_cli(ns.path(), port, {"SET", "k", "on-a-tty"}), "OK");
     auto service = children_of(terminal.pid());
     ASSERT_EQ(service.size(), 1u);
+    // script(1) puts the service in a session of its own, out of reach of the
+    // terminal's group kill, and redis ignores the hang-up: end it ourselves.
+    struct KillAtExit {
+        pid_t pid;
+        ~KillAtExit() { ::kill(pid, SIGKILL); }
+    } end_service{static_cast<pid_t>(service[0])};
     ASSERT_TRUE(fs::read_symlink("/proc/" + std::to_string(service[0]) + "/fd/1").string().starts_with("/dev/pts/"));
     std::string name = "ipt-ptyclone-" + std::to_string(getpid());
     auto r = run({bin("iprobe"), "clone", std::to_string(service[0]), "--netns", name});
@@ -371,6 +389,56 @@ TEST(LauncherCloneSession, ServiceOnATerminalIsRefusedBeforeTheFreezeWithHowToSt
     EXPECT_FALSE(fs::exists("/run/netns/" + name));
     EXPECT_FALSE(fs::exists("/run/iprobe/clones/" + name));
     EXPECT_EQ(redis_cli(ns.path(), port, {"GET", "k"}), "on-a-tty");
+}
+
+// A service holding a lock on a file outside its working directory (a pid
+// file, say): the clone gets a private copy of that file and a lock of its
+// own on it.  Sharing production's file, CRIU's restore would contend for
+// the lock production holds and fail.
+TEST(LauncherCloneLocks, ServiceHoldingALockIsClonedWithALockOfItsOwn) {
+    IPROBE_SKIP_UNLESS_CLONING_WORKS();
+    Netns ns("ipt-lock-" + std::to_string(getpid()));
+    TempDir dir, lock_dir;
+    const std::string lock_file = lock_dir.path() + "/service.lock";
+    std::ofstream(lock_file) << "";
+    int port = free_port();
+    // flock(1) takes the lock and hands its descriptor to the service, which
+    // leads a session of its own (setsid), as a daemon does.
+    Child locker({"flock", lock_file, "setsid", "nsenter", "--net=" + ns.path(), "/usr/bin/redis-server", "--port",
+                  std::to_string(port), "--save", "", "--appendonly", "no", "--dir", dir.path()},
+                 "/dev/null", {}, Session::own);
+    ASSERT_TRUE(redis_answers(ns.path(), port)) << "redis-server did not start";
+    auto service = children_of(locker.pid());
+    ASSERT_EQ(service.size(), 1u);
+    struct KillAtExit {
+        pid_t pid;
+        ~KillAtExit() { ::kill(pid, SIGKILL); }
+    } end_service{static_cast<pid_t>(service[0])};
+    ASSERT_EQ(run({"flock", "-n", lock_file, "true"}).exit_code, 1) << "production holds the lock";
+
+    std::string name = "ipt-lockclone-" + std::to_string(getpid());
+    auto r = run({bin("iprobe"), "clone", std::to_string(service[0]), "--netns", name, "--json"}, {},
+                 std::chrono::seconds(120));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(redis_cli("/run/netns/" + name, port, {"PING"}), "PONG");
+    const long long clone_pid = json_number(r.out, "clone_pid");
+    ASSERT_GT(clone_pid, 0) << r.out;
+    // The clone's descriptor is a locked private copy, not production's file.
+    struct stat production_file {};
+    ASSERT_EQ(::stat(lock_file.c_str(), &production_file), 0);
+    bool clone_locks_a_copy = false;
+    for (const auto& fd : fs::directory_iterator("/proc/" + std::to_string(clone_pid) + "/fd")) {
+        if (fs::read_symlink(fd.path()).filename() != "service.lock") continue;
+        struct stat held {};
+        ASSERT_EQ(::stat(fd.path().c_str(), &held), 0);
+        EXPECT_NE(held.st_ino, production_file.st_ino) << "the clone shares production's lock file";
+        std::ifstream info("/proc/" + std::to_string(clone_pid) + "/fdinfo/" + fd.path().filename().string());
+        const std::string text((std::istreambuf_iterator<char>(info)), std::istreambuf_iterator<char>());
+        clone_locks_a_copy = text.find("lock:") != std::string::npos;
+    }
+    EXPECT_TRUE(clone_locks_a_copy) << "no locked copy of service.lock in the clone";
+    EXPECT_EQ(run({"flock", "-n", lock_file, "true"}).exit_code, 1) << "production must keep its lock";
+    EXPECT_EQ(run({bin("iprobe"), "clone", "--destroy", name}).exit_code, 0);
 }
 
 TEST(LauncherCloneFailure, ServiceCriuCannotDumpKeepsServing) {
@@ -391,6 +459,7 @@ TEST(LauncherCloneFailure, ServiceCriuCannotDumpKeepsServing) {
     EXPECT_EQ(r.exit_code, 1) << r.err;
     EXPECT_NE(r.err.find("perf_event"), std::string::npos) << "cause not named: " << r.err;
     EXPECT_NE(r.err.find("keeps running"), std::string::npos) << r.err;
+    expect_kept_log(r.err, name, "dump");
     EXPECT_FALSE(netns_exists(name));
     EXPECT_FALSE(fs::exists("/run/iprobe/clones/" + name));
     // Production serves on the connection it had before the attempt.

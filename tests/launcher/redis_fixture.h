@@ -107,6 +107,11 @@ std::string finstrument_redis();
 
 // Extracts "key":number from a flat JSON object; -1 when absent.
 long long json_number(const std::string& json, const std::string& key);
+// Extracts "key":"string" from a JSON line; "" when absent.
+std::string json_string(const std::string& json, const std::string& key);
+// The lines of the file at `path` that are JSON events of kind `event`
+// ({"event":"EVENT",...}), as `iprobe debug --json` writes them.
+std::vector<std::string> events(const std::string& path, const std::string& event);
 std::string trim(std::string s);
 
 }  // namespace iprobe::test

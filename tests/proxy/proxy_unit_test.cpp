@@ -103,6 +103,22 @@ TEST(ProxyRespFramer, GarbageStopsTheFramer) {
     EXPECT_EQ(out.size(), 1u);
 }
 
+// Lengths no peer could send stop the framer instead of overflowing its
+// counters (found by fuzzing: a RESP3 attribute of 8198552921648689608).
+TEST(ProxyRespFramer, LengthsBeyondAnyWireStopTheFramer) {
+    for (const std::string line : {"|8198552921648689608\r\n", "%4611686018427387904\r\n", "*2147483648\r\n",
+                                    "$9223372036854775807\r\n"}) {
+        auto f = Framer::create(Protocol::resp, Role::response, DivergenceRules::defaults());
+        std::vector<Message> out;
+        f->feed(bytes("+OK\r\n" + line + "+OK\r\n"), out);
+        EXPECT_TRUE(f->failed()) << line;
+        EXPECT_NE(f->error().find("out of range"), std::string::npos) << f->error();
+        EXPECT_EQ(out.size(), 1u) << line;
+    }
+    // The largest aggregate Redis itself accepts still frames.
+    EXPECT_EQ(frame(Protocol::resp, Role::response, "*0\r\n*2147483647\r\n", 64).size(), 1u);
+}
+
 TEST(ProxyHttpFramer, ContentLengthChunkedAndClose) {
     const std::string requests =
         "GET /a HTTP/1.1\r\nHost: x\r\n\r\n"
@@ -291,6 +307,32 @@ TEST(ProxyMirrorStats, DocumentRoundTripsThroughTheOneDefinition) {
     EXPECT_NE(doc.find(R"("byte_offset":17)"), std::string::npos) << doc;
     EXPECT_EQ(doc.find("\"record\""), std::string::npos) << doc;
     EXPECT_EQ(parse_mirror_stats(doc), aggregator);
+
+    MirrorStats capture = s;
+    capture.mode = "capture";
+    MirrorStats::Capture c;
+    c.interface = "lo";
+    c.port = 6379;
+    c.filter = "tcp port 6379 and inbound";
+    c.ring_bytes = 1 << 20;
+    c.packets = 1000;
+    c.kernel_drops = 12;
+    c.interface_drops = 1;
+    c.truncated_packets = 2;
+    c.flows = 3;
+    c.untracked_flows = 4;
+    c.connections_from_start = 5;
+    c.connections_joined = 6;
+    c.connections_unjoinable = 7;
+    c.lost_connections = 8;
+    c.lost_reply_connections = 9;
+    c.checked_with_production = 14;
+    c.out_of_order_segments = 10;
+    c.retransmitted_bytes = 11;
+    c.overlapping_bytes = 13;
+    c.cpu_s = 0.5;
+    capture.capture = c;
+    EXPECT_EQ(parse_mirror_stats(to_json(capture)), capture);
 }
 
 TEST(ProxyMirrorStats, MalformedDocumentsAreBadInputNotGuesses) {
@@ -309,9 +351,21 @@ TEST(ProxyMirrorStats, ReadyEventRoundTrips) {
     ready.listen = parse_endpoint("127.0.0.1:7000", "listen");
     ready.stats = parse_endpoint("[::1]:7001", "stats");
     const MirrorReady back = parse_ready_event(ready_event_json(ready, 42));
-    EXPECT_EQ(back.listen.str(), "127.0.0.1:7000");
+    ASSERT_TRUE(back.listen);
+    EXPECT_EQ(back.listen->str(), "127.0.0.1:7000");
     ASSERT_TRUE(back.stats);
     EXPECT_EQ(back.stats->str(), "[::1]:7001");
     EXPECT_FALSE(back.debug_listen);
+    EXPECT_TRUE(back.capture.empty());
     EXPECT_THROW(parse_ready_event(R"({"event":"stopped"})"), Error);
+
+    MirrorReady capturing;
+    capturing.capture = "lo:6379";
+    capturing.stats = ready.stats;
+    const std::string event = ready_event_json(capturing, 42);
+    EXPECT_NE(event.find(R"("event":"capturing")"), std::string::npos) << event;
+    const MirrorReady capture_back = parse_ready_event(event);
+    EXPECT_FALSE(capture_back.listen);
+    EXPECT_EQ(capture_back.capture, "lo:6379");
+    ASSERT_TRUE(capture_back.stats);
 }

@@ -12,7 +12,8 @@ namespace iprobe::launcher {
 struct DebugOptions {
     pid_t pid = -1;              // production's root process
     std::string container;       // or production's podman container (cloned with podman, see container.h)
-    std::string listen;          // ADDR:PORT clients use (the mirror's)
+    std::string listen;          // ADDR:PORT clients use (the mirror's); unused with `capture`
+    bool capture = false;        // mirror production's traffic off the wire: clients keep their address
     std::string production;      // ADDR:PORT production listens on
     std::string probes;          // probe list for `iprobe attach` in the clone (empty: none)
     std::string functions;       // function glob for attach

@@ -43,7 +43,7 @@ struct DivergenceRules {
 
 struct Message {
     std::uint64_t hash = 0;
-    std::string excerpt;        // start of the raw message, for reports
+    std::string excerpt;        // responses: start of the raw message, for reports
     std::string summary;        // requests: "SET key value" / "GET /path HTTP/1.1"
     std::string verb;           // requests: RESP command (upper case) or HTTP method
     std::string path;           // HTTP requests: target
@@ -69,6 +69,13 @@ public:
 protected:
     std::string error_;
 };
+
+// Whether `bytes` (a client's segment) begins a request: where a connection
+// already open can be joined mid-stream.  RESP: an array of bulk strings
+// ("*3\r\n$3\r\nSET..."), which every redis client sends; HTTP/1.x: a request
+// line ("GET /path HTTP/1.1").  Null for protocols without such a mark.
+using RequestStartTest = bool (*)(std::span<const std::uint8_t> bytes);
+RequestStartTest request_start_test(Protocol protocol);
 
 // FNV-1a, 64 bit: a stable message fingerprint (not a security hash).
 constexpr std::uint64_t kHashSeed = 0xcbf29ce484222325ULL;

@@ -19,6 +19,15 @@
 // sends the same requests on each (true for a clone fed the same input while
 // it stays in sync); the debug side's requests are compared with production's
 // when divergence checking is on.
+//
+// Capture (`capture` set): nothing is in production's path.  Production's
+// traffic on its port is captured off an interface (libpcap: the kernel's
+// TPACKET_V3 ring and a BPF filter), each TCP connection is reassembled in
+// both directions, and each client connection gets a matching connection to
+// the debug copy, fed the client's bytes; the copy's replies are compared
+// with production's captured replies.  Bytes the capture loses (its ring was
+// full: the receiver acknowledged bytes the capture never saw) end that
+// connection's debug side: the copy is never fed a stream with a hole.
 #pragma once
 
 #include <sys/types.h>
@@ -36,8 +45,22 @@
 
 namespace iprobe::proxy {
 
+// `--capture [IFACE:]PORT`: where production's traffic is taken off the wire.
+struct CaptureOptions {
+    std::string interface = "any";  // "any": every interface of this network namespace
+    int port = 0;                   // production's port
+    std::size_t ring = 32 << 20;    // the kernel's capture ring, bytes
+    // How to find a request boundary in connections already open when the
+    // capture starts (RESP, HTTP); off: only connections whose SYN is captured.
+    Protocol join = Protocol::off;
+    std::string str() const { return interface + ":" + std::to_string(port); }
+};
+// Parses [IFACE:]PORT; throws Error(usage) naming `what`.
+CaptureOptions parse_capture_spec(std::string_view text, std::string_view what);
+
 struct MirrorOptions {
-    Endpoint listen;
+    Endpoint listen;                       // unused with `capture`
+    std::optional<CaptureOptions> capture; // capture instead of proxying
     std::optional<Endpoint> production;    // duplicator: the real service
     std::vector<Endpoint> debug;           // duplicator: the debug copies (none: proxy only)
     std::optional<Endpoint> upstream;      // aggregator: the real backend
@@ -56,7 +79,8 @@ struct MirrorOptions {
 
 // What the proxy reports once it listens (ports resolved when 0 was asked).
 struct MirrorReady {
-    Endpoint listen;
+    std::optional<Endpoint> listen;  // proxy modes
+    std::string capture;             // capture mode: "IFACE:PORT"
     std::optional<Endpoint> debug_listen;
     std::optional<Endpoint> stats;
 };
@@ -88,8 +112,9 @@ MirrorCommandReply parse_mirror_command_reply(std::string_view json);
 // for bad configuration (ports in use, unwritable record file).
 void run_mirror(const MirrorOptions& options, const std::function<void(const MirrorReady&)>& on_ready);
 
-// The readiness event, {"event":"listening","listen":...,"pid":N}: printed
-// with --json and written to --ready-fd, where a supervising tool waits for it.
+// The readiness event, {"event":"listening","listen":...,"pid":N} (capture:
+// {"event":"capturing","capture":"lo:6379",...}): printed with --json and
+// written to --ready-fd, where a supervising tool waits for it.
 std::string ready_event_json(const MirrorReady& ready, pid_t pid);
 // Throws Error(bad_input) when `json` is not a readiness event.
 MirrorReady parse_ready_event(std::string_view json);

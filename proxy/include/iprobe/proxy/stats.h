@@ -31,7 +31,7 @@ struct DivergenceReportStats {
 };
 
 struct MirrorStats {
-    std::string mode;  // "duplicator" | "aggregator"
+    std::string mode;  // "duplicator" | "aggregator" | "capture"
     double uptime_s = 0;
     struct Connections {
         std::uint64_t accepted = 0, active = 0, closed = 0, lingering_debug = 0;
@@ -86,6 +86,29 @@ struct MirrorStats {
         bool operator==(const Aggregator&) const = default;
     };
     std::optional<Aggregator> aggregator;
+    // Capture mode: what the capture saw and what it could not follow.
+    struct Capture {
+        std::string interface, filter;
+        std::int64_t port = 0;
+        std::uint64_t ring_bytes = 0;
+        std::uint64_t packets = 0;          // TCP segments handed to the mirror
+        std::uint64_t kernel_drops = 0;     // the ring was full (the kernel's count)
+        std::uint64_t interface_drops = 0;
+        std::uint64_t truncated_packets = 0;
+        std::uint64_t flows = 0;            // connections followed now (open, joining, or just closed)
+        std::uint64_t untracked_flows = 0;  // not followed: the flow table was full
+        std::uint64_t connections_from_start = 0, connections_joined = 0, connections_unjoinable = 0;
+        // Client bytes lost to the capture: that connection's debug side closed.
+        std::uint64_t lost_connections = 0;
+        // Production's replies lost to the capture: the copy still fed, its replies no longer compared.
+        std::uint64_t lost_reply_connections = 0;
+        // After kernel drops: connections compared with what production's own socket received.
+        std::uint64_t checked_with_production = 0;
+        std::uint64_t out_of_order_segments = 0, retransmitted_bytes = 0, overlapping_bytes = 0;
+        double cpu_s = 0;                   // the mirror's own CPU time (user + system)
+        bool operator==(const Capture&) const = default;
+    };
+    std::optional<Capture> capture;
     struct Record {
         std::string path;
         std::uint64_t records = 0;
@@ -99,13 +122,21 @@ struct MirrorStats {
         double age_ms = 0;
         bool lingering = false;  // the client left; a debug copy is still being fed
         struct Leg {
-            std::string state;  // connecting | open | overflowed | closed
+            std::string state;  // connecting | open | overflowed | capture_loss | closed
             std::uint64_t buffered = 0, high_water = 0;
             double fill = 0, pending_ms = 0, reply_lag_ms = 0;
             std::uint64_t replies_behind = 0;
             bool operator==(const Leg&) const = default;
         };
         std::vector<Leg> debug;  // one per --debug address
+        // Capture mode: whose connection, followed from its SYN or joined,
+        // and what of it the capture lost.
+        struct Captured {
+            std::string client;
+            bool joined = false, lost_client_bytes = false, lost_replies = false;
+            bool operator==(const Captured&) const = default;
+        };
+        std::optional<Captured> captured;
         bool operator==(const ConnectionStats&) const = default;
     };
     std::vector<ConnectionStats> open_connections;

@@ -1,0 +1,456 @@
+// Capture mode: production's traffic taken off the wire with libpcap (the
+// kernel's TPACKET_V3 ring, a BPF filter, its drop count), each connection
+// followed by a TcpConnectionTracker and mirrored to the debug copy.
+#include "capture.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <linux/if_packet.h>
+#include <net/if.h>
+#include <netdb.h>
+#include <sys/resource.h>
+
+#include <climits>
+#include <cstring>
+
+#include "iprobe/support/number.h"
+
+namespace iprobe::proxy {
+
+CaptureOptions parse_capture_spec(std::string_view text, std::string_view what) {
+    CaptureOptions o;
+    std::string_view port = text;
+    if (const auto colon = text.rfind(':'); colon != std::string_view::npos) {
+        o.interface = std::string(text.substr(0, colon));
+        port = text.substr(colon + 1);
+        if (o.interface.empty() || o.interface.size() >= IFNAMSIZ)
+            throw Error(std::string(what) + " '" + std::string(text) + "': expected [INTERFACE:]PORT (e.g. lo:6379, 6379)",
+                        ExitCode::usage);
+    }
+    o.port = static_cast<int>(parse_unsigned_or_usage(port, std::string(what) + " PORT", 1, 65535));
+    return o;
+}
+
+namespace mirror_impl {
+
+namespace {
+
+// Captured bytes per packet: the largest a GSO segment on loopback can be.
+constexpr int kSnapLength = 262144;
+// The ring hands over a block when it fills or after this long: the capture
+// is read in batches (the copy lags production by this much more).  Every
+// block handed over is one block of the ring until it is read, so with few
+// packets the ring holds blocks x this long of a stalled reader.
+constexpr int kBlockTimeoutMs = 20;
+constexpr std::size_t kMaxFlows = std::size_t(1) << 18;
+// How long a finished connection's ports are remembered, so its last
+// segments (the final ACK, a retransmitted FIN) do not look like a new one.
+constexpr auto kClosedFlowMemory = std::chrono::seconds(30);
+// After the kernel dropped packets, how long a connection may stay silent
+// with bytes unacknowledged (TCP acknowledges within a retransmission
+// timeout: the acknowledgment was dropped) before its client stream counts
+// as lost; one that speaks again is judged by its sequence numbers instead.
+constexpr auto kSilenceAfterDrops = std::chrono::seconds(3);
+
+std::int64_t realtime_us() {
+    timespec ts{};
+    ::clock_gettime(CLOCK_REALTIME, &ts);  // the clock of the capture's packet stamps
+    return static_cast<std::int64_t>(ts.tv_sec) * 1000000 + ts.tv_nsec / 1000;
+}
+
+std::string numeric_host(const Endpoint& e) {
+    char host[NI_MAXHOST];
+    if (::getnameinfo(reinterpret_cast<const sockaddr*>(&e.addr), e.len, host, sizeof host, nullptr, 0,
+                      NI_NUMERICHOST) != 0)
+        return {};
+    return host;
+}
+
+Error activation_error(pcap_t* p, int status, const CaptureOptions& o) {
+    const std::string where = "--capture " + o.str() + ": ";
+    switch (status) {
+    case PCAP_ERROR_NO_SUCH_DEVICE:
+        return Error(where + "no interface '" + o.interface + "' in this network namespace (see `ip link`; 'any' takes them all)",
+                     ExitCode::not_found);
+    case PCAP_ERROR_PERM_DENIED:
+        return Error(where + "capturing packets needs root or CAP_NET_RAW: " + pcap_geterr(p), ExitCode::permission);
+    case PCAP_ERROR_IFACE_NOT_UP:
+        return Error(where + "interface '" + o.interface + "' is down", ExitCode::unavailable);
+    default:
+        return Error(where + pcap_statustostr(status) + ": " + pcap_geterr(p), ExitCode::failure);
+    }
+}
+
+}  // namespace
+
+// --- Flow
+
+Flow::Flow(Capture& capture, const FlowKey& key)
+    : capture_(capture),
+      key_(key),
+      tracker_(capture.proxy().opt.buffer, capture.request_start(), *this) {}
+
+Flow::~Flow() {
+    if (connection_) connection_->detach();
+}
+
+void Flow::flow_opened(bool mid_stream) {
+    from_syn_ = !mid_stream;
+    ++(mid_stream ? capture_.counters.joined : capture_.counters.from_start);
+    Proxy& px = capture_.proxy();
+    auto c = std::make_unique<CapturedConnection>(px, capture_, px.new_connection_id(), *this, mid_stream);
+    connection_ = c.get();
+    px.adopt(std::move(c));
+}
+
+void Flow::flow_bytes(FlowDirection dir, std::span<const std::uint8_t> bytes) {
+    if (connection_) connection_->bytes(dir, bytes);
+}
+
+void Flow::flow_ended(FlowDirection dir) {
+    if (connection_) connection_->ended(dir);
+}
+
+void Flow::flow_reset() {
+    if (connection_) connection_->reset();
+}
+
+void Flow::ended_unseen() { flow_reset(); }
+
+void Flow::flow_lost(FlowDirection dir) {
+    if (!connection_) return;
+    connection_->lost(dir);
+    if (dir == FlowDirection::to_server) {  // that mirrored connection is over; a join may start another
+        connection_->detach();
+        connection_ = nullptr;
+    }
+}
+
+// --- CapturedConnection
+
+CapturedConnection::CapturedConnection(Proxy& px, Capture& capture, std::uint32_t id, Flow& flow, bool joined)
+    : MirroredStream(px, id), capture_(capture), flow_(&flow), client_(flow.key().client_str()), joined_(joined) {
+    ++px_.stats.accepted;
+    ++px_.stats.active;
+    if (recorder_) recorder_->add(RecordKind::open, id_, px_.now_ns());
+    open_legs();
+}
+
+CapturedConnection::~CapturedConnection() {
+    if (flow_) flow_->detach();
+    close_source();
+}
+
+void CapturedConnection::bytes(FlowDirection dir, std::span<const std::uint8_t> b) {
+    if (dir == FlowDirection::to_server) {
+        px_.stats.bytes_client_to_production += b.size();
+        if (recorder_) recorder_->add(RecordKind::data, id_, px_.now_ns(), b.data(), b.size());
+        client_bytes(b.data(), b.size());
+    } else {
+        px_.stats.bytes_production_to_client += b.size();
+        if (recorder_) recorder_->add(RecordKind::reply, id_, px_.now_ns(), b.data(), b.size());
+        production_bytes(b.data(), b.size());
+    }
+    settle();
+}
+
+void CapturedConnection::ended(FlowDirection dir) {
+    ended_[static_cast<int>(dir)] = true;
+    if (dir == FlowDirection::to_server) {
+        if (recorder_) recorder_->add(RecordKind::close, id_, px_.now_ns());
+        client_ended();
+    } else {
+        production_ended();
+    }
+    if (ended_[0] && ended_[1]) close_source();
+    settle();
+}
+
+void CapturedConnection::reset() {
+    close_source();
+    settle();
+}
+
+void CapturedConnection::lost(FlowDirection dir) {
+    lost_[static_cast<int>(dir)] = true;
+    if (dir == FlowDirection::to_server) {
+        ++capture_.counters.lost_connections;
+        px_.rate_limited_log(capture_.counters.lost_connections,
+                             "connection %u (%s): client bytes lost to the capture (its ring was full): debug side "
+                             "closed, connection marked diverged",
+                             id_, client_.c_str());
+        abandon_legs("capture_loss");
+        close_source();
+    } else {
+        ++capture_.counters.lost_reply_connections;
+        stop_comparing("production's replies were lost to the capture (its ring was full)");
+    }
+    settle();
+}
+
+void CapturedConnection::close_source() {
+    if (source_closed_) return;
+    --px_.stats.active;
+    ++px_.stats.closed;
+    if (recorder_ && !ended_[0]) recorder_->add(RecordKind::close, id_, px_.now_ns());
+    recorder_.reset();
+    end_source();
+}
+
+void CapturedConnection::describe_source(MirrorStats::ConnectionStats& s) const {
+    s.captured = MirrorStats::ConnectionStats::Captured{client_, joined_, lost_[0], lost_[1]};
+}
+
+// --- Capture
+
+Capture::Capture(Proxy& px, const CaptureOptions& options)
+    : px_(px), options_(options), request_start_(request_start_test(options.join)), pcap_(nullptr, pcap_close) {
+    char error[PCAP_ERRBUF_SIZE] = "";
+    pcap_.reset(pcap_create(options_.interface.c_str(), error));
+    if (!pcap_) throw Error("--capture " + options_.str() + ": " + error, ExitCode::failure);
+    pcap_t* p = pcap_.get();
+    pcap_set_snaplen(p, kSnapLength);
+    pcap_set_promisc(p, 0);
+    pcap_set_timeout(p, kBlockTimeoutMs);
+    pcap_set_buffer_size(p, static_cast<int>(std::min<std::size_t>(options_.ring, INT_MAX)));
+    if (const int status = pcap_activate(p); status < 0) throw activation_error(p, status, options_);
+    linktype_ = pcap_datalink(p);
+    if (!link_type_supported(linktype_))
+        throw Error("--capture " + options_.str() + ": the interface's link type " +
+                        (pcap_datalink_val_to_name(linktype_) ? pcap_datalink_val_to_name(linktype_) : "?") +
+                        " is not one iprobe reads (Ethernet, Linux cooked, raw IP)",
+                    ExitCode::unavailable);
+    filter_ = filter_expression();
+    bpf_program program{};
+    if (pcap_compile(p, &program, filter_.c_str(), 1, PCAP_NETMASK_UNKNOWN) != 0)
+        throw Error("--capture " + options_.str() + ": filter '" + filter_ + "': " + pcap_geterr(p));
+    const int set = pcap_setfilter(p, &program);
+    pcap_freecode(&program);
+    if (set != 0) throw Error("--capture " + options_.str() + ": installing the filter: " + std::string(pcap_geterr(p)));
+    if (pcap_setnonblock(p, 1, error) != 0) throw Error("--capture " + options_.str() + ": " + error);
+    // Loopback shows every packet twice, leaving and arriving: the socket is
+    // told to skip the leaving copy, which the kernel then neither clones nor
+    // copies into the ring (half the capture's cost on loopback).  Where the
+    // option is missing (before Linux 4.20), libpcap drops that copy itself.
+    if (options_.interface == "lo") {
+        const int one = 1;
+        ::setsockopt(pcap_fileno(p), SOL_PACKET, PACKET_IGNORE_OUTGOING, &one, sizeof one);
+    }
+    const int fd = pcap_get_selectable_fd(p);
+    if (fd < 0) throw Error("--capture " + options_.str() + ": the capture has no descriptor to wait on");
+    // The capture keeps its descriptor; the loop watches a duplicate of it.
+    w_ = Watched(px_.epfd, UniqueFd(::fcntl(fd, F_DUPFD_CLOEXEC, 3)), this);
+    if (!w_) throw_errno("dup");
+    w_.want(EPOLLIN);
+    production_here_ = diag_.listening(AF_INET, static_cast<std::uint16_t>(options_.port)) ||
+                       diag_.listening(AF_INET6, static_cast<std::uint16_t>(options_.port));
+}
+
+Capture::~Capture() {
+    w_.close();
+    flows_.clear();
+}
+
+// Production's port, and not the mirror's own connections to the debug copy
+// (which may use the same port).  No direction in the filter: on this kernel
+// a ring fed through a filter that drops loopback's leaving copies ("inbound")
+// held its last block back until more packets came (PACKET_IGNORE_OUTGOING,
+// above, has no such effect).
+std::string Capture::filter_expression() const {
+    std::string f = "tcp port " + std::to_string(options_.port);
+    for (const Endpoint& debug : px_.opt.debug) {
+        const std::string host = numeric_host(debug), port = std::to_string(debug.port());
+        if (!host.empty())
+            f += " and not (src host " + host + " and src port " + port + ") and not (dst host " + host +
+                 " and dst port " + port + ")";
+    }
+    return f;
+}
+
+void Capture::on_event(std::uint32_t) {
+    for (int round = 0; round < 64; ++round) {
+        const int n = pcap_dispatch(pcap_.get(), -1, on_frame, reinterpret_cast<u_char*>(this));
+        if (n < 0)
+            throw Error("capture on " + options_.str() + " failed: " + pcap_geterr(pcap_.get()), ExitCode::unavailable);
+        if (n == 0) {
+            drained_at_ = Clock::now();
+            break;
+        }
+    }
+}
+
+void Capture::on_frame(u_char* self, const pcap_pkthdr* header, const u_char* bytes) {
+    reinterpret_cast<Capture*>(self)->frame(*header, bytes);
+}
+
+void Capture::frame(const pcap_pkthdr& header, const std::uint8_t* bytes) {
+    TcpPacket p;
+    if (!parse_tcp_packet(linktype_, {bytes, header.caplen}, p)) return;
+    ++counters.packets;
+    if (p.segment.missing > 0) ++counters.truncated_packets;
+    packet(p, static_cast<std::int64_t>(header.ts.tv_sec) * 1000000 + header.ts.tv_usec);
+}
+
+void Capture::packet(const TcpPacket& p, std::int64_t at_us) {
+    const auto port = static_cast<std::uint16_t>(options_.port);
+    const bool to_server = p.dst_port == port;
+    if (!to_server && p.src_port != port) return;
+    const FlowDirection dir = to_server ? FlowDirection::to_server : FlowDirection::to_client;
+    FlowKey key;
+    key.family = p.family;
+    key.client = to_server ? p.src : p.dst;
+    key.server = to_server ? p.dst : p.src;
+    key.client_port = to_server ? p.src_port : p.dst_port;
+    key.server_port = port;
+    const TcpSegment& s = p.segment;
+    const bool syn = to_server && s.has(TcpSegment::kSyn) && !s.has(TcpSegment::kAck);
+    auto it = flows_.find(key);
+    if (it != flows_.end()) {
+        Flow& f = *it->second;
+        const bool same_syn = f.opened_from_syn() && f.syn_seq() == s.seq;
+        if (!syn || same_syn) {
+            f.last_packet_us = at_us;
+            f.segment(dir, s);
+            if (f.tracker().phase() == TcpConnectionTracker::Phase::closed && !f.counted_closed) flow_closed(f);
+            return;
+        }
+        // A new connection on the same ports: the old one ended unseen.
+        f.ended_unseen();
+        forget(f);
+    } else if (s.has(TcpSegment::kRst) && !syn) {
+        return;  // the end of a connection not followed
+    }
+    if (flows_.size() >= kMaxFlows) {
+        ++counters.untracked_flows;
+        return;
+    }
+    auto flow = std::make_unique<Flow>(*this, key);
+    Flow& f = *flow;
+    if (syn) f.set_syn_seq(s.seq);
+    f.last_packet_us = at_us;
+    flows_.emplace(key, std::move(flow));
+    f.segment(dir, s);
+    if (f.tracker().phase() == TcpConnectionTracker::Phase::closed && !f.counted_closed) flow_closed(f);
+}
+
+void Capture::flow_closed(Flow& f) {
+    f.counted_closed = true;
+    f.closed_at = Clock::now();
+    closed_.emplace_back(f.closed_at, f.key());
+    if (!f.followed()) ++counters.unjoinable;
+}
+
+void Capture::forget(Flow& f) {
+    for (const FlowDirection dir : {FlowDirection::to_server, FlowDirection::to_client}) {
+        const auto& c = f.tracker().stream(dir).counters();
+        counters.closed_streams.out_of_order_segments += c.out_of_order_segments;
+        counters.closed_streams.retransmitted_bytes += c.retransmitted_bytes;
+        counters.closed_streams.overlapping_bytes += c.overlapping_bytes;
+    }
+    if (!f.counted_closed && !f.followed()) ++counters.unjoinable;
+    const FlowKey key = f.key();
+    flows_.erase(key);
+}
+
+void Capture::tick() {
+    pcap_stat st{};
+    if (pcap_stats(pcap_.get(), &st) == 0) {
+        if (st.ps_drop > kernel_.ps_drop) drops_noticed();
+        kernel_ = st;
+    }
+    if (!checks_.empty() && Clock::now() >= checks_due_) {
+        on_event(EPOLLIN);  // read the ring to its end (it may be quiet now)
+        if (drained_at_ >= checks_due_) check_with_production();
+    }
+    if (drops_noticed_us_ != 0 &&
+        realtime_us() - drops_noticed_us_ >= std::chrono::microseconds(kSilenceAfterDrops).count()) {
+        // Connections the capture heard nothing from since it dropped packets
+        // and that production's sockets cannot vouch for.
+        for (auto& [key, flow] : flows_)
+            if (flow->last_packet_us < drops_noticed_us_ && !(production_here_ && flow->opened_from_syn()))
+                flow->tracker().capture_dropped_while_silent();
+        drops_noticed_us_ = 0;
+    }
+    const auto now = Clock::now();
+    if (now - last_expiry_ < std::chrono::seconds(1)) return;
+    last_expiry_ = now;
+    while (!closed_.empty() && now - closed_.front().first >= kClosedFlowMemory) {
+        const auto [at, key] = closed_.front();
+        closed_.pop_front();
+        auto it = flows_.find(key);
+        if (it != flows_.end() && it->second->counted_closed && it->second->closed_at == at) forget(*it->second);
+    }
+}
+
+// The kernel dropped packets: which connections lost bytes?  Production's own
+// sockets know how many bytes each received; read them now, compare once
+// every packet captured before now has been read.
+void Capture::drops_noticed() {
+    if (drops_noticed_us_ == 0) drops_noticed_us_ = realtime_us();
+    if (!production_here_ || !checks_.empty()) return;
+    for (auto& [key, flow] : flows_) {
+        if (!flow->opened_from_syn() || flow->tracker().phase() != TcpConnectionTracker::Phase::open ||
+            flow->tracker().lost(FlowDirection::to_server))
+            continue;
+        checks_.push_back({key, flow.get(), diag_.lookup(key)});
+    }
+    // A block holding packets from before now is handed over within a block
+    // timeout; the ring is then read to its end.
+    checks_due_ = Clock::now() + std::chrono::milliseconds(3 * kBlockTimeoutMs);
+}
+
+void Capture::check_with_production() {
+    for (const Check& c : checks_) {
+        const auto it = flows_.find(c.key);
+        if (it == flows_.end() || it->second.get() != c.flow) continue;
+        TcpConnectionTracker& t = it->second->tracker();
+        if (!it->second->opened_from_syn() || t.phase() != TcpConnectionTracker::Phase::open) continue;
+        ++counters.checked_with_production;
+        // No socket, or one past both FINs, while the capture still sees the
+        // connection open: it missed the connection's end, and maybe bytes.
+        const bool ended_unseen = !c.production || !c.production->open;
+        const bool bytes_unseen = c.production && c.production->counted &&
+                                  c.production->bytes_received > t.stream(FlowDirection::to_server).delivered();
+        if (ended_unseen || bytes_unseen) t.client_bytes_lost();
+    }
+    checks_.clear();
+}
+
+MirrorStats::Capture Capture::snapshot() const {
+    MirrorStats::Capture s;
+    s.interface = options_.interface;
+    s.port = options_.port;
+    s.filter = filter_;
+    s.ring_bytes = options_.ring;
+    s.packets = counters.packets;
+    s.kernel_drops = kernel_.ps_drop;
+    s.interface_drops = kernel_.ps_ifdrop;
+    s.truncated_packets = counters.truncated_packets;
+    s.flows = flows_.size();
+    s.untracked_flows = counters.untracked_flows;
+    s.connections_from_start = counters.from_start;
+    s.connections_joined = counters.joined;
+    s.connections_unjoinable = counters.unjoinable;
+    s.lost_connections = counters.lost_connections;
+    s.lost_reply_connections = counters.lost_reply_connections;
+    s.checked_with_production = counters.checked_with_production;
+    TcpStreamReassembler::Counters sum = counters.closed_streams;
+    for (const auto& [key, flow] : flows_)
+        for (const FlowDirection dir : {FlowDirection::to_server, FlowDirection::to_client}) {
+            const auto& c = flow->tracker().stream(dir).counters();
+            sum.out_of_order_segments += c.out_of_order_segments;
+            sum.retransmitted_bytes += c.retransmitted_bytes;
+            sum.overlapping_bytes += c.overlapping_bytes;
+        }
+    s.out_of_order_segments = sum.out_of_order_segments;
+    s.retransmitted_bytes = sum.retransmitted_bytes;
+    s.overlapping_bytes = sum.overlapping_bytes;
+    rusage ru{};
+    ::getrusage(RUSAGE_SELF, &ru);
+    s.cpu_s = static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
+              static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
+    return s;
+}
+
+}  // namespace mirror_impl
+}  // namespace iprobe::proxy

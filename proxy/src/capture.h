@@ -1,0 +1,149 @@
+// Capture mode's parts: the packet source (libpcap on a TPACKET_V3 ring), the
+// table of TCP connections it follows, and the mirrored connection each
+// client connection becomes.  Private to the proxy library.
+#pragma once
+
+#include <pcap/pcap.h>
+
+#include <array>
+#include <deque>
+#include <unordered_map>
+
+#include "iprobe/proxy/tcp_reassembly.h"
+#include "mirror_impl.h"
+#include "packet.h"
+#include "socket_diag.h"
+
+namespace iprobe::proxy::mirror_impl {
+
+class Capture;
+class CapturedConnection;
+
+// One followed connection: the tracker rebuilding both directions, and the
+// mirrored connection it feeds once it is open (from its SYN, or joined).
+class Flow final : public TcpFlowSink {
+public:
+    Flow(Capture& capture, const FlowKey& key);
+    ~Flow();
+    Flow(const Flow&) = delete;
+    Flow& operator=(const Flow&) = delete;
+
+    void segment(FlowDirection dir, const TcpSegment& s) { tracker_.segment(dir, s); }
+    TcpConnectionTracker& tracker() { return tracker_; }
+    const FlowKey& key() const { return key_; }
+    // The mirrored connection is gone (retired by the proxy) or the flow is.
+    void detach() { connection_ = nullptr; }
+    bool opened_from_syn() const { return from_syn_; }
+    // Followed at all: opened from its SYN or joined.
+    bool followed() const { return tracker_.stream(FlowDirection::to_server).started(); }
+    // Its end was never captured (its ports are in use by a new connection).
+    void ended_unseen();
+    std::uint32_t syn_seq() const { return syn_seq_; }
+    void set_syn_seq(std::uint32_t seq) { syn_seq_ = seq; }
+    Clock::time_point closed_at{};  // when the tracker saw it end (for the table's expiry)
+    std::int64_t last_packet_us = 0;  // the capture's stamp of its latest packet (realtime)
+    bool counted_closed = false;
+
+private:
+    void flow_opened(bool mid_stream) override;
+    void flow_bytes(FlowDirection dir, std::span<const std::uint8_t> bytes) override;
+    void flow_ended(FlowDirection dir) override;
+    void flow_reset() override;
+    void flow_lost(FlowDirection dir) override;
+
+    Capture& capture_;
+    FlowKey key_;
+    TcpConnectionTracker tracker_;
+    CapturedConnection* connection_ = nullptr;
+    bool from_syn_ = false;
+    std::uint32_t syn_seq_ = 0;
+};
+
+// A client connection taken off the wire: no sockets of its own, only the
+// debug leg, fed by its Flow.
+class CapturedConnection final : public MirroredStream {
+public:
+    CapturedConnection(Proxy& px, Capture& capture, std::uint32_t id, Flow& flow, bool joined);
+    ~CapturedConnection() override;
+
+    void bytes(FlowDirection dir, std::span<const std::uint8_t> bytes);
+    void ended(FlowDirection dir);
+    void reset();
+    void lost(FlowDirection dir);
+    void detach() { flow_ = nullptr; }
+
+private:
+    void close_source();
+    void describe_source(MirrorStats::ConnectionStats& s) const override;
+
+    Capture& capture_;
+    Flow* flow_;
+    std::string client_;
+    bool joined_;
+    bool ended_[2] = {false, false};
+    bool lost_[2] = {false, false};
+};
+
+struct CaptureCounters {
+    std::uint64_t packets = 0, truncated_packets = 0, untracked_flows = 0;
+    std::uint64_t from_start = 0, joined = 0, unjoinable = 0;
+    std::uint64_t lost_connections = 0, lost_reply_connections = 0;
+    std::uint64_t checked_with_production = 0;  // connections compared with production's socket after drops
+    TcpStreamReassembler::Counters closed_streams;  // of flows no longer in the table
+};
+
+class Capture final : public Handler {
+public:
+    Capture(Proxy& px, const CaptureOptions& options);  // throws Error: no such interface, no permission
+    ~Capture() override;
+
+    void on_event(std::uint32_t events) override;
+    // Periodic: the kernel's drop count, expiry of finished flows.
+    void tick();
+    MirrorStats::Capture snapshot() const;
+    std::string description() const { return options_.str(); }
+
+    Proxy& proxy() { return px_; }
+    const CaptureOptions& options() const { return options_; }
+    CaptureCounters counters;
+    RequestStartTest request_start() const { return request_start_; }
+    void flow_closed(Flow& flow);
+
+private:
+    static void on_frame(u_char* self, const pcap_pkthdr* header, const u_char* bytes);
+    void frame(const pcap_pkthdr& header, const std::uint8_t* bytes);
+    void packet(const TcpPacket& p, std::int64_t at_us);
+    std::string filter_expression() const;
+    void forget(Flow& flow);
+    void drops_noticed();
+    void check_with_production();
+
+    Proxy& px_;
+    CaptureOptions options_;
+    RequestStartTest request_start_;
+    std::unique_ptr<pcap_t, void (*)(pcap_t*)> pcap_;
+    int linktype_ = 0;
+    std::string filter_;
+    Watched w_;
+    std::unordered_map<FlowKey, std::unique_ptr<Flow>, FlowKeyHash> flows_;
+    std::deque<std::pair<Clock::time_point, FlowKey>> closed_;  // expiry order
+    pcap_stat kernel_{};
+    std::int64_t drops_noticed_us_ = 0;  // when the kernel's drop count last rose, until acted on
+    Clock::time_point drained_at_{};     // the last time the ring had nothing more to read
+    // Production's sockets are in this network namespace: after drops, each
+    // connection followed from its SYN is checked against what production's
+    // socket received (first the socket is read, then, once the ring has
+    // handed over all it held by then, the two are compared).
+    SocketDiag diag_;
+    bool production_here_ = false;
+    struct Check {
+        FlowKey key;
+        const Flow* flow;
+        std::optional<SocketDiag::Connection> production;
+    };
+    std::vector<Check> checks_;
+    Clock::time_point checks_due_{};
+    Clock::time_point last_expiry_{};
+};
+
+}  // namespace iprobe::proxy::mirror_impl

@@ -1,0 +1,105 @@
+// `iprobe debug --capture`: the clone is fed production's own traffic, taken
+// off the wire; production's clients are never repointed, and a connection
+// they opened before the session is mirrored from its next command.  Needs
+// root (CRIU, namespaces, packet capture).
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+
+#include "redis_fixture.h"
+
+namespace fs = std::filesystem;
+using namespace iprobe::test;
+
+namespace {
+
+// One RESP command on an open connection; the reply's first line (or bulk value).
+std::string command(int fd, const std::vector<std::string>& args) {
+    std::string req = "*" + std::to_string(args.size()) + "\r\n";
+    for (const auto& a : args) req += "$" + std::to_string(a.size()) + "\r\n" + a + "\r\n";
+    if (::send(fd, req.data(), req.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(req.size())) return "(send failed)";
+    std::string reply;
+    char buf[4096];
+    pollfd p{fd, POLLIN, 0};
+    while (reply.find("\r\n") == std::string::npos ||
+           (reply[0] == '$' && reply.find("\r\n", reply.find("\r\n") + 2) == std::string::npos)) {
+        if (::poll(&p, 1, 10000) != 1) return "(no reply)";
+        const ssize_t n = ::recv(fd, buf, sizeof buf, 0);
+        if (n <= 0) return "(closed)";
+        reply.append(buf, static_cast<std::size_t>(n));
+    }
+    const auto first = reply.find("\r\n");
+    return reply[0] == '$' ? reply.substr(first + 2, reply.find("\r\n", first + 2) - first - 2) : reply.substr(1, first - 1);
+}
+
+}  // namespace
+
+TEST(LauncherDebugCapture, ProductionsOwnClientsFeedTheCloneWithoutBeingRepointed) {
+    IPROBE_SKIP_UNLESS_CLONING_WORKS();
+    TempDir dir;
+    Netns prod("ipt-dcap-" + std::to_string(getpid()));
+    const int port = free_port();
+    Redis redis(prod.path(), port, dir.path());
+    ASSERT_TRUE(redis.ready());
+    ASSERT_EQ(redis.cli({"SET", "before", "cloned"}), "OK");
+    // A client connected before the session, as a connection pool would be.
+    const int pooled = connect_in_netns(prod.path(), port);
+    ASSERT_GE(pooled, 0);
+    ASSERT_EQ(command(pooled, {"PING"}), "PONG");
+
+    const std::string out = dir / "debug.out";
+    Child debug({"nsenter", "--net=" + prod.path(), bin("iprobe"), "debug", std::to_string(redis.pid()), "--capture",
+                 "--production", "127.0.0.1:" + std::to_string(port), "--json"},
+                out);
+    for (int i = 0; i < 1200 && events(out, "mirror").empty() && debug.running(); ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    const auto mirror = events(out, "mirror");
+    ASSERT_EQ(mirror.size(), 1u) << file_text(out);
+    EXPECT_EQ(json_string(mirror[0], "capture"), "lo:" + std::to_string(port)) << mirror[0];
+    EXPECT_EQ(json_string(mirror[0], "divergence"), "resp") << mirror[0];
+    const std::string clone_netns = json_string(events(out, "clone").at(0), "netns");
+    ASSERT_FALSE(clone_netns.empty());
+    EXPECT_EQ(redis_cli(clone_netns, port, {"GET", "before"}), "cloned");
+
+    // The pooled connection and a new one, both straight to production.
+    EXPECT_EQ(command(pooled, {"SET", "pooled", "yes"}), "OK");
+    EXPECT_EQ(command(pooled, {"INCRBY", "n", "5"}), "5");
+    EXPECT_EQ(command(pooled, {"RPUSH", "list", "a", "b"}), "2");
+    EXPECT_EQ(redis.cli({"SET", "fresh", "too"}), "OK");
+    ::close(pooled);
+    const auto clone_has = [&](const std::vector<std::string>& args, const std::string& want) {
+        std::string got;
+        for (int i = 0; i < 100 && (got = redis_cli(clone_netns, port, args)) != want; ++i)
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        return got;
+    };
+    EXPECT_EQ(clone_has({"GET", "pooled"}, "yes"), "yes");
+    EXPECT_EQ(clone_has({"GET", "n"}, "5"), "5");
+    EXPECT_EQ(clone_has({"LRANGE", "list", "0", "-1"}, "a\nb"), "a\nb");
+    EXPECT_EQ(clone_has({"GET", "fresh"}, "too"), "too");
+    EXPECT_EQ(redis_cli(clone_netns, port, {"DBSIZE"}), redis.cli({"DBSIZE"}));
+
+    debug.kill(SIGTERM);
+    EXPECT_EQ(debug.wait(std::chrono::seconds(30)), 0);
+    const auto stopping = events(out, "stopping");
+    ASSERT_EQ(stopping.size(), 1u) << file_text(out);
+    EXPECT_NE(stopping[0].find("\"connections_joined\":1"), std::string::npos) << stopping[0];
+    EXPECT_NE(stopping[0].find("\"lost_connections\":0"), std::string::npos) << stopping[0];
+    EXPECT_NE(stopping[0].find("\"mismatches\":0"), std::string::npos) << stopping[0];
+    EXPECT_FALSE(netns_exists(fs::path(clone_netns).filename().string()));
+    EXPECT_EQ(redis.cli({"GET", "pooled"}), "yes");
+}
+
+TEST(LauncherDebugCapture, CaptureAndListenAreExclusive) {
+    auto r = run({bin("iprobe"), "debug", "1", "--capture", "--listen", "127.0.0.1:1", "--production", "127.0.0.1:2"});
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_NE(r.err.find("drop --listen"), std::string::npos) << r.err;
+    r = run({bin("iprobe"), "debug", "1", "--production", "127.0.0.1:2"});
+    EXPECT_EQ(r.exit_code, 2);
+    EXPECT_NE(r.err.find("--listen (or --capture)"), std::string::npos) << r.err;
+}
