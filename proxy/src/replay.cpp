@@ -30,7 +30,7 @@ constexpr std::size_t kMaxReports = 100;
 // (and the requests with it) before the first byte goes out.
 class ReplyCheck {
 public:
-    ReplyCheck(std::uint32_t connection, const ReplayOptions& opt, ReplayResult::Comparison& out)
+    ReplyCheck(std::uint32_t connection, const ReplayOptions& opt, DivergenceStats& out)
         : connection_(connection), opt_(opt), out_(out) {
         if (opt.compare == Protocol::stream) {
             stream_ = std::make_unique<StreamComparer>(std::size_t(64) << 20);
@@ -130,7 +130,7 @@ private:
 
     std::uint32_t connection_;
     const ReplayOptions& opt_;
-    ReplayResult::Comparison& out_;
+    DivergenceStats& out_;
     std::unique_ptr<Framer> request_framer_, framer_[2];
     std::unique_ptr<StreamComparer> stream_;
     ReplyQueues queues_;
@@ -302,31 +302,14 @@ std::string to_json(const ReplayResult& r) {
     j.field("unfinished", r.unfinished);
     j.field("recorded_s", r.recorded_s);
     j.field("elapsed_s", r.elapsed_s);
-    const auto& c = r.comparison;
     j.key("comparison").begin_object();
-    j.field("mode", c.mode);
-    j.field("compared", c.compared);
-    j.field("ignored", c.ignored);
-    j.field("mismatches", c.mismatches);
-    j.field("diverged_connections", c.diverged_connections);
-    j.field("unchecked_connections", c.unchecked_connections);
-    j.key("reports").begin_array();
-    for (const auto& d : c.reports) {
-        j.begin_object();
-        j.field("connection", d.connection);
-        j.field(d.index_is_byte_offset ? "byte_offset" : "reply_index", d.index);
-        j.field("request", d.request);
-        j.field("production", d.production);
-        j.field("replay", d.debug);
-        j.end_object();
-    }
-    j.end_array();
+    write_divergence_fields(j, r.comparison, CompareSource::replay);
     j.end_object();
     j.end_object();
     return j.str();
 }
 
-std::string comparison_summary(const ReplayResult::Comparison& c) {
+std::string comparison_summary(const DivergenceStats& c) {
     std::string out = "replies compared with production's (" + c.mode + "): " + std::to_string(c.compared) +
                       (c.mode == "stream" ? " bytes matched, " : " compared, ") + std::to_string(c.mismatches) +
                       " differ on " + std::to_string(c.diverged_connections) + " connection(s)";

@@ -11,6 +11,32 @@
 
 namespace iprobe::proxy {
 
+void write_divergence_fields(JsonWriter& j, const DivergenceStats& d, CompareSource source) {
+    j.field("mode", d.mode);
+    j.field("compared", d.compared);
+    j.field("ignored", d.ignored);
+    j.field("mismatches", d.mismatches);
+    j.field("diverged_connections", d.diverged_connections);
+    j.field("unchecked_connections", d.unchecked_connections);
+    j.key("reports").begin_array();
+    for (const auto& r : d.reports) {
+        j.begin_object();
+        j.field("connection", r.connection);
+        j.field(r.index_is_byte_offset ? "byte_offset" : "reply_index", r.index);
+        j.field("request", r.request);
+        j.field("production", r.production);
+        if (source == CompareSource::replay) {
+            j.field("replay", r.debug);
+        } else {
+            j.field("debug", r.debug);
+            j.field("at_s", r.at_s);
+            j.field("debug_target", r.debug_target);
+        }
+        j.end_object();
+    }
+    j.end_array();
+}
+
 void write_stats_fields(JsonWriter& j, const MirrorStats& s) {
     j.field("mode", s.mode);
     j.field("uptime_s", s.uptime_s);
@@ -55,25 +81,7 @@ void write_stats_fields(JsonWriter& j, const MirrorStats& s) {
     j.end_array();
     j.end_object();
     j.key("divergence").begin_object();
-    j.field("mode", s.divergence.mode);
-    j.field("compared", s.divergence.compared);
-    j.field("ignored", s.divergence.ignored);
-    j.field("mismatches", s.divergence.mismatches);
-    j.field("diverged_connections", s.divergence.diverged_connections);
-    j.field("unchecked_connections", s.divergence.unchecked_connections);
-    j.key("reports").begin_array();
-    for (const auto& r : s.divergence.reports) {
-        j.begin_object();
-        j.field("connection", r.connection);
-        j.field(r.index_is_byte_offset ? "byte_offset" : "reply_index", r.index);
-        j.field("request", r.request);
-        j.field("production", r.production);
-        j.field("debug", r.debug);
-        j.field("at_s", r.at_s);
-        j.field("debug_target", r.debug_target);
-        j.end_object();
-    }
-    j.end_array();
+    write_divergence_fields(j, s.divergence, CompareSource::mirror);
     j.end_object();
     j.key("debug_targets").begin_array();
     for (const auto& d : s.debug_targets) {

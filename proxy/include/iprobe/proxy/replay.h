@@ -40,12 +40,7 @@ struct ReplayResult {
     // compare: replies (or bytes, stream) compared and how many differed;
     // connections whose replies differed at least once; connections that
     // could not be compared (no recorded replies, a protocol error).
-    struct Comparison {
-        std::string mode;  // off | stream | resp | http
-        std::uint64_t compared = 0, ignored = 0, mismatches = 0, diverged_connections = 0,
-                      unchecked_connections = 0;
-        std::vector<DivergenceReportStats> reports;  // the first difference of each diverged connection (<= 100)
-    } comparison;
+    DivergenceStats comparison;
 };
 
 ReplayResult run_replay(const ReplayOptions& options);
@@ -53,6 +48,6 @@ ReplayResult run_replay(const ReplayOptions& options);
 // The result as one JSON object (what `iprobe replay --json` prints).
 std::string to_json(const ReplayResult& result);
 // "replies compared with production's: 8 compared, 0 differ (...)".
-std::string comparison_summary(const ReplayResult::Comparison& comparison);
+std::string comparison_summary(const DivergenceStats& comparison);
 
 }  // namespace iprobe::proxy

@@ -30,6 +30,15 @@ struct DivergenceReportStats {
     bool operator==(const DivergenceReportStats&) const = default;
 };
 
+// Replies compared with production's, by the mirror (each debug copy's) or
+// by `iprobe replay --compare` (the replayed service's against the recorded).
+struct DivergenceStats {
+    std::string mode;  // off | stream | resp | http
+    std::uint64_t compared = 0, ignored = 0, mismatches = 0, diverged_connections = 0, unchecked_connections = 0;
+    std::vector<DivergenceReportStats> reports;  // the first difference of each diverged connection (<= 100)
+    bool operator==(const DivergenceStats&) const = default;
+};
+
 struct MirrorStats {
     std::string mode;  // "duplicator" | "aggregator" | "capture"
     double uptime_s = 0;
@@ -75,12 +84,7 @@ struct MirrorStats {
         std::vector<double> recent;
         bool operator==(const DebugWindows&) const = default;
     } debug_windows_ms;
-    struct Divergence {
-        std::string mode;
-        std::uint64_t compared = 0, ignored = 0, mismatches = 0, diverged_connections = 0, unchecked_connections = 0;
-        std::vector<DivergenceReportStats> reports;
-        bool operator==(const Divergence&) const = default;
-    } divergence;
+    DivergenceStats divergence;
     struct Aggregator {
         std::uint64_t slots = 0, unclaimed_production_connections = 0, unmatched_debug_connections = 0;
         bool operator==(const Aggregator&) const = default;
@@ -147,6 +151,10 @@ struct MirrorStats {
 // Writes the members of the stats object (the caller opens and closes it, so
 // the mirror can append its open connections).
 void write_stats_fields(JsonWriter& json, const MirrorStats& stats);
+// The "divergence" object's fields; a replay's reports name the copy's side
+// "replay" and carry no session time or copy index.
+enum class CompareSource { mirror, replay };
+void write_divergence_fields(JsonWriter& json, const DivergenceStats& divergence, CompareSource source);
 std::string to_json(const MirrorStats& stats);
 // Throws Error(bad_input) naming what is missing or malformed.
 MirrorStats parse_mirror_stats(std::string_view json);
