@@ -539,21 +539,8 @@ int cmd_report(const Args& args) {
         }
         j.key("functions").begin_array();
         for (const auto& f : rows) {
-            j.begin_object()
-                .field("name", f.function)
-                .field("calls", f.calls)
-                .field("completed", f.completed)
-                .field("timed", f.timed)
-                .field("inclusive_ns", f.inclusive_ns)
-                .field("exclusive_ns", f.exclusive_ns)
-                .field("mean_ns", f.timed ? f.inclusive_ns / f.timed : 0)
-                .field("p50_ns", f.p50_ns)
-                .field("p99_ns", f.p99_ns)
-                .field("max_ns", f.max_ns)
-                .field("live_ns", f.live_ns)
-                .field("live_since_ns", f.live_since_ns)
-                .field("window_start_ns", f.window_start_ns);
-            if (f.kind == probelist::ProbeKind::point) j.field("kind", "point");
+            j.begin_object();
+            hotpatch::write_function_stats_fields(j, f);
             j.end_object();
         }
         j.end_array().field("unmatched_exits", unmatched).field("lost", lost).field("trace_dropped", dropped).end_object();

@@ -7,6 +7,7 @@
 #include <optional>
 
 #include "iprobe/support/error.h"
+#include "iprobe/support/json.h"
 #include "iprobe/support/lock_file.h"
 #include "region.h"
 
@@ -304,6 +305,23 @@ std::vector<FunctionStats> TraceReader::functions(const std::vector<iprobe_rt_fn
         out.push_back(std::move(f));
     }
     return out;
+}
+
+void write_function_stats_fields(JsonWriter& j, const FunctionStats& f) {
+    j.field("name", f.function)
+        .field("calls", f.calls)
+        .field("completed", f.completed)
+        .field("timed", f.timed)
+        .field("inclusive_ns", f.inclusive_ns)
+        .field("exclusive_ns", f.exclusive_ns)
+        .field("mean_ns", f.timed ? f.inclusive_ns / f.timed : 0)
+        .field("p50_ns", f.p50_ns)
+        .field("p99_ns", f.p99_ns)
+        .field("max_ns", f.max_ns)
+        .field("live_ns", f.live_ns)
+        .field("live_since_ns", f.live_since_ns)
+        .field("window_start_ns", f.window_start_ns);
+    if (f.kind == probelist::ProbeKind::point) j.field("kind", "point");
 }
 
 std::vector<FunctionStats> merge_functions(const std::vector<std::vector<FunctionStats>>& per_process) {

@@ -71,18 +71,9 @@ void write_report(JsonWriter& j, const GenerationReport& r) {
     j.field("generation", r.generation).field("start_s", r.start_s).field("end_s", r.end_s);
     j.key("functions").begin_array();
     for (const auto& row : r.rows) {
-        const auto& f = row.stats;
-        j.begin_object()
-            .field("name", f.function)
-            .field("calls", f.calls)
-            .field("completed", f.completed)
-            .field("inclusive_ns", f.inclusive_ns)
-            .field("exclusive_ns", f.exclusive_ns)
-            .field("p50_ns", f.p50_ns)
-            .field("p99_ns", f.p99_ns)
-            .field("max_ns", f.max_ns)
-            .field("clone", row.clone)
-            .field("probed_s", probed_s(row));
+        j.begin_object();
+        hotpatch::write_function_stats_fields(j, row.stats);
+        j.field("clone", row.clone).field("probed_s", probed_s(row));
         j.key("probed").begin_array();
         for (const auto& [from, to] : row.probed) j.begin_array().value(from).value(to).end_array();
         j.end_array();

@@ -17,6 +17,10 @@
 #include "iprobe/formats/rt_layout.h"
 #include "iprobe/support/fd.h"
 
+namespace iprobe {
+class JsonWriter;
+}
+
 namespace iprobe::hotpatch {
 
 struct Event {
@@ -60,6 +64,10 @@ struct FunctionStats {
     iprobe_rt_fn_stats raw{};  // the sums these were made from, in clock ticks
     double ns_per_tick = 1;
 };
+
+// One function's fields in JSON (`iprobe report --json`, a debug session's
+// report): inside an object the caller opens.
+void write_function_stats_fields(JsonWriter& json, const FunctionStats& f);
 
 // Rows of several processes merged by function and kind (the clones of one
 // debug session, each probing its share of the functions): counts and times
