@@ -55,7 +55,9 @@ const ArgSpec kSpec(
     },
     "Needs root and CRIU >= 4.2 (scripts/setup installs it; IPROBE_CRIU overrides).\n"
     "Exit codes: 0 ok, 1 CRIU failed (production untouched), 2 usage, 4 not root,\n"
-    "5 no such process/container/clone, 6 clone name in use, 7 CRIU or podman missing.");
+    "5 no such process/container/clone, 6 clone name in use, 7 CRIU or podman missing,\n"
+    "130 interrupted (Ctrl-C, SIGTERM, SIGHUP: the checkpoint runs to its end, then\n"
+    "what was made of the clone is removed).");
 
 void print_container_result(const ContainerCloneResult& r, bool json) {
     if (json) {

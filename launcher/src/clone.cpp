@@ -221,6 +221,7 @@ Checkpoint take_checkpoint(const CloneOptions& o, const std::string& dir) {
     require_no_terminal(tree);
     std::vector<std::string> snapshots = snapshot_paths(o, tree);
 
+    InterruptGuard interrupts;
     Checkpoint cp;
     cp.dir = fs::absolute(dir).string();
     std::error_code ec;
@@ -237,6 +238,7 @@ Checkpoint take_checkpoint(const CloneOptions& o, const std::string& dir) {
     cp.freezing_ms = static_cast<double>(stats.freezing_us) / 1e3;
     cp.pages_written = stats.pages_written;
     progress(o, "production frozen for " + fmt_ms(cp.freeze_ms) + " ms");
+    throw_if_interrupted("the checkpoint was removed");
 
     // Copies are taken right after the dump, production running on: the
     // clone's files can be slightly ahead of its memory, never behind it.
@@ -287,6 +289,7 @@ CloneResult restore_clone(const Checkpoint& cp, const RestoreOptions& ro) {
     const Criu criu = find_criu();
     const std::string& name = ro.name;
     claim_name(name, ro.progress);
+    InterruptGuard interrupts;
     CloneOptions progress_to;
     progress_to.progress = ro.progress;
 
@@ -304,6 +307,7 @@ CloneResult restore_clone(const Checkpoint& cp, const RestoreOptions& ro) {
         plan.binds.emplace_back(copy, cp.snapshots[i]);
     }
 
+    throw_if_interrupted("the clone's file copies were removed");
     const std::string netns_path = netns_path_of(name);
     const bool created_netns = ensure_netns(name);
     if (created_netns) {
@@ -318,8 +322,9 @@ CloneResult restore_clone(const Checkpoint& cp, const RestoreOptions& ro) {
     const double restore_ms = now_ms() - restore_start;
     const std::string keeper_started = start_time(keeper);
     const pid_t clone_pid = find_clone_root(keeper, cp.pid);
-    if (clone_pid < 0) {
+    if (clone_pid < 0 || interrupted()) {
         kill_keeper(keeper, keeper_started);
+        throw_if_interrupted("the clone and its namespace were removed");
         throw Error("CRIU reported success but the clone's root process is not running; see " + plan.restore_log);
     }
 
@@ -357,6 +362,8 @@ CloneResult clone_process(const CloneOptions& o) {
     if (!keep) remove_tree(dir);
     CloneOptions named = o;
     named.name = name;
+    // Also between the checkpoint and the restore: an interrupt there removes the checkpoint.
+    InterruptGuard interrupts;
     const Checkpoint cp = take_checkpoint(named, dir);
     struct RemoveUnlessKept {
         std::string dir;

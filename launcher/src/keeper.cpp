@@ -34,19 +34,47 @@ namespace iprobe::launcher::clone_steps {
 
 namespace {
 
+// The argument area the kernel shows as /proc/self/cmdline (fields 48 and 49
+// of /proc/self/stat).
+bool own_argument_area(unsigned long& start, unsigned long& end) {
+    char stat[4096];
+    const int fd = ::open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return false;
+    const ssize_t n = ::read(fd, stat, sizeof stat - 1);
+    ::close(fd);
+    if (n <= 0) return false;
+    stat[n] = '\0';
+    const char* p = std::strrchr(stat, ')');  // the command name may hold spaces
+    if (!p) return false;
+    // Field 3 follows ") "; fields 48 and 49 are 45 and 46 further on.
+    for (int field = 2; field < 48 && p; ++field) p = std::strchr(p + 1, ' ');
+    return p && std::sscanf(p + 1, "%lu %lu", &start, &end) == 2 && start < end;
+}
+
 // So that ps shows "iprobe-keeper NAME" rather than the launcher's command
 // line it was forked with (which names production's PID and would confuse
-// `pgrep -f`).  Best effort: needs CAP_SYS_RESOURCE, which root has.
+// `pgrep -f`).  PR_SET_MM needs CAP_SYS_RESOURCE, which a container's root
+// may lack; then the inherited arguments are overwritten in place (this
+// process's private copy), cut to their length.
 void name_keeper_cmdline(const std::string& name) {
     static char cmdline[128];
     int n = std::snprintf(cmdline, sizeof cmdline, "iprobe-keeper%c%s", '\0', name.c_str());
     if (n <= 0) return;
+    const auto length = std::min<unsigned long>(static_cast<unsigned long>(n) + 1, sizeof cmdline);
     auto start = reinterpret_cast<unsigned long>(cmdline);
-    auto end = start + std::min<unsigned long>(static_cast<unsigned long>(n) + 1, sizeof cmdline);
-    if (::prctl(PR_SET_MM, PR_SET_MM_ARG_END, end, 0, 0) == 0)
-        ::prctl(PR_SET_MM, PR_SET_MM_ARG_START, start, 0, 0);
-    else if (::prctl(PR_SET_MM, PR_SET_MM_ARG_START, start, 0, 0) == 0)
-        ::prctl(PR_SET_MM, PR_SET_MM_ARG_END, end, 0, 0);
+    auto end = start + length;
+    if (::prctl(PR_SET_MM, PR_SET_MM_ARG_END, end, 0, 0) == 0) {
+        if (::prctl(PR_SET_MM, PR_SET_MM_ARG_START, start, 0, 0) == 0) return;
+    } else if (::prctl(PR_SET_MM, PR_SET_MM_ARG_START, start, 0, 0) == 0 &&
+               ::prctl(PR_SET_MM, PR_SET_MM_ARG_END, end, 0, 0) == 0) {
+        return;
+    }
+    unsigned long arg_start = 0, arg_end = 0;
+    if (!own_argument_area(arg_start, arg_end)) return;
+    auto* area = reinterpret_cast<char*>(arg_start);
+    const unsigned long room = arg_end - arg_start;
+    std::memset(area, 0, room);
+    std::memcpy(area, cmdline, std::min(length, room - 1));
 }
 
 void write_int(int fd, int v) { (void)!::write(fd, &v, sizeof v); }
@@ -68,6 +96,24 @@ void write_int(int fd, int v) { (void)!::write(fd, &v, sizeof v); }
         }
         if (r < 0 && errno == ECHILD) _exit(0);
         if (ready > 0) _exit(0);  // EOF (or stray bytes): the caller is gone
+    }
+}
+
+// Waits for `criu restore`.  When the launcher that asked for the clone is
+// gone (killed, or interrupted before it could say so), nobody would record
+// or remove the clone: the restore is abandoned instead, and PID 1 exiting
+// takes whatever CRIU restored so far with it.
+int wait_restore(pid_t criu, int status_fd) {
+    int status = 0;
+    for (;;) {
+        const pid_t r = ::waitpid(criu, &status, WNOHANG);
+        if (r == criu) return status;
+        if (r < 0 && errno != EINTR) _exit(1);
+        pollfd reader{status_fd, 0, 0};  // a pipe's writer sees POLLERR once its reader is closed
+        if (::poll(&reader, 1, 100) > 0 && (reader.revents & POLLERR)) {
+            ::kill(criu, SIGKILL);
+            _exit(1);
+        }
     }
 }
 
@@ -138,9 +184,7 @@ void write_int(int fd, int v) { (void)!::write(fd, &v, sizeof v); }
         ::execv(argv[0], argv.data());
         _exit(127);
     }
-    int status = 0;
-    while (::waitpid(criu, &status, 0) < 0 && errno == EINTR) {
-    }
+    int status = wait_restore(criu, status_fd);
     int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
     // iprobe's own per-PID state (locks of attach and trace) must not meet
     // production's: the clone has production's PID.  Mounted after the
@@ -159,7 +203,7 @@ bool read_int(int fd, int& v, int timeout_ms) {
     while (got < sizeof v) {
         pollfd pfd{fd, POLLIN, 0};
         int r = ::poll(&pfd, 1, timeout_ms);
-        if (r < 0 && errno == EINTR) continue;
+        if (r < 0 && errno == EINTR && !interrupted()) continue;
         if (r <= 0) return false;
         ssize_t n = ::read(fd, p + got, sizeof v - got);
         if (n <= 0) return false;
@@ -213,6 +257,7 @@ pid_t start_keeper(const KeeperPlan& plan, const std::string& netns_path) {
     // A large image takes a while to restore; CRIU reports failures itself.
     if (!read_int(rd.get(), stage, 600000)) {
         ::kill(keeper, SIGKILL);
+        throw_if_interrupted("the clone's restore was abandoned");
         throw restore_failed(plan, "the clone's keeper process died before CRIU finished restoring");
     }
     read_int(rd.get(), err, 1000);

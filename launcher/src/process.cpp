@@ -70,6 +70,7 @@ RunResult run(const std::vector<std::string>& argv, const std::function<bool()>&
     pid_t pid = fork();
     if (pid < 0) throw_errno("fork");
     if (pid == 0) {
+        setpgid(0, 0);
         reset_signals();
         int devnull = ::open("/dev/null", O_RDONLY);
         dup2(devnull, 0);
@@ -113,6 +114,34 @@ RunResult run(const std::vector<std::string>& argv, const std::function<bool()>&
     }
     result.exit_code = wait_exit_code(pid);
     return result;
+}
+
+namespace {
+
+constexpr int kInterruptSignals[] = {SIGINT, SIGTERM, SIGHUP};
+volatile sig_atomic_t g_interrupted = 0;
+
+void note_interrupt(int) { g_interrupted = 1; }
+
+}  // namespace
+
+InterruptGuard::InterruptGuard() {
+    static_assert(std::size(kInterruptSignals) == std::tuple_size_v<decltype(saved_)>);
+    struct sigaction sa {};
+    sa.sa_handler = note_interrupt;  // no SA_RESTART: waits return to look
+    sigemptyset(&sa.sa_mask);
+    for (std::size_t i = 0; i < std::size(kInterruptSignals); ++i) sigaction(kInterruptSignals[i], &sa, &saved_[i]);
+}
+
+InterruptGuard::~InterruptGuard() {
+    for (std::size_t i = 0; i < std::size(kInterruptSignals); ++i) sigaction(kInterruptSignals[i], &saved_[i], nullptr);
+}
+
+bool interrupted() noexcept { return g_interrupted != 0; }
+
+void throw_if_interrupted(const std::string& undone) {
+    if (interrupted())
+        throw Error("interrupted; " + undone + ", production is untouched and keeps running", ExitCode::interrupted);
 }
 
 std::string run_checked(const std::vector<std::string>& argv, const std::string& what) {

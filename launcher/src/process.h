@@ -1,8 +1,10 @@
 // Running the external tools the launcher drives (criu, ip, cp, mirror, ...).
 #pragma once
 
+#include <signal.h>
 #include <sys/types.h>
 
+#include <array>
 #include <chrono>
 #include <functional>
 #include <optional>
@@ -18,8 +20,9 @@ struct RunResult {
     bool ok() const { return exit_code == 0; }
 };
 
-// Runs argv (no shell) and waits; `in_child` runs after fork, before exec
-// (e.g. to enter a namespace); it must only make async-signal-safe calls.
+// Runs argv (no shell) in a process group of its own and waits; `in_child`
+// runs after fork, before exec (e.g. to enter a namespace); it must only make
+// async-signal-safe calls.
 // `fd3`, when given, is the child's file descriptor 3 (a socket handed over).
 RunResult run(const std::vector<std::string>& argv, const std::function<bool()>& in_child = {}, int fd3 = -1);
 
@@ -40,6 +43,26 @@ pid_t spawn(const std::vector<std::string>& argv, int stdout_fd = -1, int stderr
 // command replies, the probe-cost target).  nullopt when the writer closed
 // first; Error(failure) "`what` did not answer within N s" on timeout.
 std::optional<std::string> read_line(int fd, std::chrono::milliseconds timeout, const std::string& what);
+
+// While one lives, SIGINT, SIGTERM and SIGHUP do not end the launcher: they
+// mark it interrupted, and it undoes what it half made (a clone, its
+// namespace, its images) before it exits with ExitCode::interrupted.  The
+// tools run() starts lead process groups of their own, so a terminal's
+// Ctrl-C never cuts CRIU off with production frozen.  Blocking waits return
+// early (EINTR) to look.
+class InterruptGuard {
+public:
+    InterruptGuard();
+    ~InterruptGuard();
+    InterruptGuard(const InterruptGuard&) = delete;
+    InterruptGuard& operator=(const InterruptGuard&) = delete;
+
+private:
+    std::array<struct sigaction, 3> saved_{};  // SIGINT, SIGTERM, SIGHUP as they were
+};
+bool interrupted() noexcept;
+// Error(interrupted) saying that `undone` was undone, when interrupted().
+void throw_if_interrupted(const std::string& undone);
 
 // Whether `path` names an executable file; searches PATH when it has no '/'.
 std::string find_program(const std::string& name);

@@ -140,8 +140,8 @@ std::vector<std::string> probes_misnamed(const std::string& binary, const probel
 }
 
 std::string hook_recorder() {
-    static TempDir* dir = new TempDir;  // lives for the whole test program
-    const std::string so = *dir / "hook_recorder.so";
+    static TempDir dir;  // built once per test program, removed at its exit
+    const std::string so = dir / "hook_recorder.so";
     if (!file_bytes(so).empty()) return so;
     const auto r = run({"gcc", "-O2", "-shared", "-fPIC", "-o", so,
                         source_dir() + "/tests/coldpatch/data/hook_recorder.c"});

@@ -6,6 +6,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 
@@ -158,6 +159,125 @@ TEST_F(LauncherClone, DestroyRemovesCloneAndNamespaceAndLeavesProduction) {
     expect_production_serves();
     auto again = run({iprobe_bin(), "clone", "--destroy", clone_name_});
     EXPECT_EQ(again.exit_code, 5) << again.err;
+}
+
+// The keepers of clone `name`: PID 1 of the clone's PID namespace, in its
+// network namespace.
+std::vector<long long> keepers_of(const std::string& name) {
+    struct stat netns {};
+    if (::stat(("/run/netns/" + name).c_str(), &netns) != 0) return {};
+    std::vector<long long> found;
+    for (const auto& e : fs::directory_iterator("/proc")) {
+        const std::string pid = e.path().filename();
+        if (pid.find_first_not_of("0123456789") != std::string::npos) continue;
+        std::ifstream comm(e.path() / "comm");
+        std::string name_of_task;
+        struct stat ns {};
+        if (!std::getline(comm, name_of_task) || name_of_task != "iprobe-keeper") continue;
+        if (::stat((e.path() / "ns/net").c_str(), &ns) == 0 && ns.st_ino == netns.st_ino &&
+            running_pid(std::stoll(pid)))
+            found.push_back(std::stoll(pid));
+    }
+    return found;
+}
+
+// `iprobe clone` killed while CRIU restores: nobody is left to record the
+// clone, so the keeper abandons the restore and no clone outlives it.
+TEST_F(LauncherClone, CloneKilledDuringTheRestoreLeavesNoClone) {
+    // Enough memory (~400 MB) that the restore outlasts the kill.
+    ASSERT_EQ(redis_->cli({"DEBUG", "POPULATE", "800000", "big", "400"}), "OK");
+    Child cli({iprobe_bin(), "clone", std::to_string(redis_->pid()), "--netns", clone_name_}, dir_ / "clone.out");
+    // Caught in the act: CRIU, the keeper's child, is held while restoring.
+    std::vector<long long> keepers;
+    long long criu = -1;
+    for (int i = 0; i < 20000 && criu < 0 && cli.running(); ++i) {
+        if (keepers.empty()) keepers = keepers_of(clone_name_);
+        if (!keepers.empty()) {
+            std::ifstream children("/proc/" + std::to_string(keepers[0]) + "/task/" + std::to_string(keepers[0]) +
+                                   "/children");
+            if (!(children >> criu)) criu = -1;
+        }
+        if (criu < 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    ASSERT_GT(criu, 0) << "the restore was not seen: " << file_text(dir_ / "clone.out");
+    ::kill(static_cast<pid_t>(criu), SIGSTOP);
+    cli.kill(SIGKILL);
+    cli.wait();
+    // PID 1 of a PID namespace exits last, once every other member is gone.
+    for (int i = 0; i < 1000 && running_pid(keepers[0]); ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    EXPECT_FALSE(running_pid(keepers[0])) << "the clone outlived the launcher that made it";
+    EXPECT_EQ(redis_->cli({"PING"}), "PONG");
+    EXPECT_EQ(redis_->cli({"GET", "marker"}), "before-clone");
+    // What the killed launcher could not roll back.
+    run({"ip", "netns", "delete", clone_name_});
+    fs::remove_all("/run/iprobe/clones/" + clone_name_);
+    fs::remove_all("/dev/shm/iprobe-checkpoint-" + clone_name_);
+}
+
+// The first child of `pid` whose command line has `word`, or -1.
+long long child_running(long long pid, const std::string& word) {
+    std::ifstream children("/proc/" + std::to_string(pid) + "/task/" + std::to_string(pid) + "/children");
+    long long child;
+    while (children >> child) {
+        std::ifstream in("/proc/" + std::to_string(child) + "/cmdline");
+        std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+        std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
+        if (cmdline.find(word) != std::string::npos) return child;
+    }
+    return -1;
+}
+
+// Nothing of clone `name` is left: no keeper, namespace, state or images.
+void expect_no_trace_of_clone(const std::string& name) {
+    for (int i = 0; i < 1000 && !keepers_of(name).empty(); ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    EXPECT_TRUE(keepers_of(name).empty());
+    EXPECT_FALSE(netns_exists(name));
+    EXPECT_FALSE(fs::exists("/run/iprobe/clones/" + name));
+    EXPECT_FALSE(fs::exists("/dev/shm/iprobe-checkpoint-" + name));
+}
+
+// Ctrl-C at a terminal while CRIU checkpoints production: the signal reaches
+// the whole foreground process group.  CRIU, in a group of its own, finishes
+// with production (cut off mid-dump it would leave production frozen or its
+// parasite code inside); then the launcher removes what it made.
+TEST_F(LauncherClone, CtrlCDuringTheDumpLetsCriuFinishAndUndoesTheClone) {
+    ASSERT_EQ(redis_->cli({"DEBUG", "POPULATE", "800000", "big", "400"}), "OK");
+    Child cli({iprobe_bin(), "clone", std::to_string(redis_->pid()), "--netns", clone_name_}, dir_ / "clone.out", {},
+              Session::own);
+    long long dump = -1;
+    for (int i = 0; i < 20000 && dump < 0 && cli.running(); ++i) {
+        dump = child_running(cli.pid(), " dump ");
+        if (dump < 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    ASSERT_GT(dump, 0) << "the dump was not seen: " << file_text(dir_ / "clone.out");
+    cli.kill(SIGINT);
+    EXPECT_EQ(cli.wait(std::chrono::seconds(60)), 130) << file_text(dir_ / "clone.out");
+    EXPECT_NE(file_text(dir_ / "clone.out").find("interrupted"), std::string::npos) << file_text(dir_ / "clone.out");
+    expect_no_trace_of_clone(clone_name_);
+    EXPECT_EQ(redis_->cli({"GET", "marker"}), "before-clone");
+    EXPECT_EQ(redis_->cli({"DBSIZE"}), "805001");
+}
+
+// SIGTERM while CRIU restores: the keeper is killed, the clone with it.
+TEST_F(LauncherClone, TerminatedDuringTheRestoreUndoesTheClone) {
+    ASSERT_EQ(redis_->cli({"DEBUG", "POPULATE", "800000", "big", "400"}), "OK");
+    Child cli({iprobe_bin(), "clone", std::to_string(redis_->pid()), "--netns", clone_name_}, dir_ / "clone.out");
+    long long criu = -1;
+    for (int i = 0; i < 20000 && criu < 0 && cli.running(); ++i) {
+        const auto keepers = keepers_of(clone_name_);
+        if (!keepers.empty()) criu = child_running(keepers[0], "restore");
+        if (criu < 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    ASSERT_GT(criu, 0) << "the restore was not seen: " << file_text(dir_ / "clone.out");
+    ::kill(static_cast<pid_t>(criu), SIGSTOP);
+    cli.kill(SIGTERM);
+    EXPECT_EQ(cli.wait(std::chrono::seconds(60)), 130) << file_text(dir_ / "clone.out");
+    EXPECT_NE(file_text(dir_ / "clone.out").find("interrupted"), std::string::npos) << file_text(dir_ / "clone.out");
+    expect_no_trace_of_clone(clone_name_);
+    EXPECT_EQ(redis_->cli({"GET", "marker"}), "before-clone");
+    EXPECT_EQ(redis_->cli({"DBSIZE"}), "805001");
 }
 
 TEST_F(LauncherClone, NameInUseIsRefused) {
