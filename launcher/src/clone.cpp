@@ -179,6 +179,8 @@ namespace {
 void claim_name(const std::string& name, const std::function<void(const std::string&)>& progress) {
     validate_name(name);
     if (!fs::exists(state_dir(name) + "/state")) return;
+    if (being_restored(read_state(name)))
+        throw Error("clone '" + name + "' is being made by another iprobe", ExitCode::busy);
     if (load_clone(name).keeper_pid > 0)
         throw Error("a clone named '" + name + "' exists; remove it with `iprobe clone --destroy " + name + "`",
                     ExitCode::busy);
@@ -315,6 +317,7 @@ CloneResult restore_clone(const Checkpoint& cp, const RestoreOptions& ro) {
         // Sockets bound to production's own addresses must find them.
         add_addresses_to_loopback(name, cp.addresses);
     }
+    record_restoring(name, netns_path, created_netns);
 
     const double restore_start = now_ms();
     progress(progress_to, "restoring the clone into network namespace " + name + " and a new PID namespace");
@@ -356,9 +359,7 @@ CloneResult clone_process(const CloneOptions& o) {
     claim_name(name, o.progress);
     // Kept with --keep-images, else on tmpfs for as long as the restore takes.
     const bool keep = !o.keep_images.empty();
-    const std::string dir = keep ? fs::absolute(o.keep_images).string()
-                                 : (fs::is_directory("/dev/shm") ? std::string("/dev/shm") : std::string(kStateRootParent)) +
-                                       "/iprobe-checkpoint-" + name;
+    const std::string dir = keep ? fs::absolute(o.keep_images).string() : scratch_checkpoint_dir(name);
     if (!keep) remove_tree(dir);
     CloneOptions named = o;
     named.name = name;
@@ -410,10 +411,19 @@ CloneResult load_clone(const std::string& name) {
 void destroy_clone(const std::string& name) {
     require_root("iprobe clone --destroy");
     validate_name(name);
-    State st = read_state(name);
+    // A launcher killed before it recorded the clone left at most a state
+    // directory without a state file and its scratch checkpoint.
+    const bool remains_only = !fs::exists(state_dir(name) + "/state");
+    if (remains_only && !fs::exists(state_dir(name)) && !fs::exists(scratch_checkpoint_dir(name)))
+        read_state(name);  // throws: no such clone
+    State st = remains_only ? State{} : read_state(name);
     kill_keeper(to_pid(st["keeper_pid"]), st["keeper_start"]);
+    // Killed mid-restore, the launcher had not learned its keeper's PID.
+    if (st["keeper_pid"].empty() && !st["netns"].empty())
+        for (pid_t keeper : keepers_in(st["netns"])) kill_keeper(keeper, start_time(keeper));
     if (!st["veth"].empty()) delete_link(st["veth"]);
     if (st["created_netns"] == "1") delete_netns(name);
+    remove_tree(scratch_checkpoint_dir(name));
     remove_tree(state_dir(name));
 }
 
