@@ -34,6 +34,7 @@ constexpr Subcommand kSubcommands[] = {
     {"clone", "iprobe-launcher", "live-clone a running service into a sandbox (CRIU)"},
     {"clone-agent", "iprobe-launcher", "receive clones on a second host (clone --to)"},
     {"debug", "iprobe-launcher", "clone + mirror + probes in one command"},
+    {"investigate", "iprobe-launcher", "replay recorded input into a fresh clone with new probes"},
 };
 
 void print_usage(std::FILE* out) {

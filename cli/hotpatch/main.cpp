@@ -3,6 +3,7 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/syscall.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,6 +15,7 @@
 #include <cstring>
 #include <iostream>
 #include <map>
+#include <memory>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -44,7 +46,7 @@ constexpr const char* kSynopsis =
     "       iprobe status PID [--json]\n"
     "       iprobe trace  PID [--duration S] [--format text|json|chrome | --output FILE]\n"
     "       iprobe trace  --input FILE [--format text|json|chrome]\n"
-    "       iprobe report PID [--json] [--since-last|--reset] [--duration S] [--at-exit]\n"
+    "       iprobe report PID[,PID…] [--json] [--since-last|--reset] [--duration S] [--at-exit]\n"
     "       iprobe report PID --folded [--duration S]";
 
 constexpr const char* kAbout =
@@ -72,7 +74,14 @@ constexpr const char* kAbout =
     "        --reset: mark now as the start for the next --since-last.\n"
     "        --at-exit: wait until the process exits, then report its totals.\n"
     "        --folded: folded stacks (exclusive ns) for flamegraph.pl, from the event\n"
-    "        stream (consumes it, like trace).";
+    "        stream (consumes it, like trace).\n"
+    "        'probed' is the share of the time since the first attach that the\n"
+    "        function's probes were on: its counts cover only that part (probes\n"
+    "        detached, or dropped by `iprobe debug --adapt`, count nothing); JSON\n"
+    "        gives it as instants: live_ns (finished stretches), live_since_ns (on\n"
+    "        since, 0 when off) and window_start_ns (the first attach).\n"
+    "        Several PIDs (PID,PID,...): their rows merged by function, e.g. the\n"
+    "        clones of `iprobe debug --clones N`, each probing its share.";
 
 constexpr const char* kFooter =
     "exit codes: 0 ok, 1 failed, 2 usage, 3 bad input, 4 permission, 5 not found, 6 busy, 7 unavailable,\n"
@@ -110,6 +119,7 @@ ArgSpec spec_of(const std::string& command) {
 struct Args {
     std::string command;
     pid_t pid = 0;
+    std::vector<pid_t> more_pids;  // report: merged with pid
     std::map<std::string, std::string> values;
     std::vector<std::string> probes;
     bool flag(const std::string& name) const { return values.count(name) != 0; }
@@ -135,7 +145,13 @@ Args parse(int argc, char** argv) {
                              "--since-last", "--reset", "--at-exit", "--folded", "--json"})
         if (parsed.has(name)) args.values[name] = parsed.value(name);
     if (parsed.positionals().size() > 1) usage_error("unexpected argument " + parsed.positionals()[1]);
-    if (!parsed.positionals().empty()) args.pid = parse_pid_or_usage(parsed.positionals().front());
+    if (!parsed.positionals().empty()) {
+        const auto pids = split_list(parsed.positionals().front());
+        if (pids.empty()) usage_error("missing PID");
+        if (pids.size() > 1 && args.command != "report") usage_error("one PID only ('" + parsed.positionals().front() + "')");
+        args.pid = parse_pid_or_usage(pids.front());
+        for (std::size_t i = 1; i < pids.size(); ++i) args.more_pids.push_back(parse_pid_or_usage(pids[i]));
+    }
     if (args.pid == 0 && !(args.command == "trace" && args.flag("--input"))) usage_error("missing PID");
     if (args.pid != 0 && args.flag("--input")) usage_error("--input reads a file: give no PID");
     return args;
@@ -374,7 +390,7 @@ int cmd_trace(const Args& args) {
     if (args.flag("--input")) {
         if (args.flag("--duration")) usage_error("--duration is for a live trace, not --input");
         const TraceFile file = read_trace_file(args.value("--input"));
-        const ProbeInfo unknown{"?", "", 0, probelist::ProbeKind::entry, ""};
+        const ProbeInfo unknown{"?", "?", "", 0, probelist::ProbeKind::entry, ""};
         EventPrinter printer(format, file.pid);
         for (const auto& e : file.events) printer.print(e, e.probe < file.probes.size() ? file.probes[e.probe] : unknown);
         printer.finish();
@@ -451,23 +467,49 @@ void wait_for_exit(pid_t pid) {
     ::close(pidfd);
 }
 
+std::uint64_t realtime_ns() {
+    timespec ts{};
+    ::clock_gettime(CLOCK_REALTIME, &ts);
+    return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(ts.tv_nsec);
+}
+
+// Percent of the time since the first attach that a function's probes were on.
+std::string probed_percent(const FunctionStats& f, std::uint64_t now) {
+    if (!f.window_start_ns || now <= f.window_start_ns) return "-";
+    const double share = static_cast<double>(f.probed_ns(now)) / static_cast<double>(now - f.window_start_ns);
+    char buf[16];
+    std::snprintf(buf, sizeof buf, "%.0f%%", 100.0 * std::min(share, 1.0));
+    return buf;
+}
+
 int cmd_report(const Args& args) {
-    if (args.flag("--folded")) return report_folded(args);
+    if (args.flag("--folded")) {
+        if (!args.more_pids.empty()) usage_error("--folded reads one process's event stream: give one PID");
+        return report_folded(args);
+    }
     if (args.flag("--since-last") + args.flag("--reset") + args.flag("--duration") > 1)
         usage_error("--since-last, --reset and --duration exclude each other");
     const double seconds = parse_duration(args);
-    TraceReader reader(args.pid, TraceReader::Access::aggregates);
-    if (args.flag("--at-exit")) wait_for_exit(args.pid);
-    std::vector<iprobe_rt_fn_stats> since;
+    std::vector<pid_t> pids = {args.pid};
+    pids.insert(pids.end(), args.more_pids.begin(), args.more_pids.end());
+    std::vector<std::unique_ptr<TraceReader>> readers;
+    for (pid_t pid : pids) readers.push_back(std::make_unique<TraceReader>(pid, TraceReader::Access::aggregates));
+    if (args.flag("--at-exit"))
+        for (pid_t pid : pids) wait_for_exit(pid);
+    std::vector<std::vector<iprobe_rt_fn_stats>> since(readers.size());
     if (seconds > 0) {
-        since = reader.sums();
+        for (std::size_t i = 0; i < readers.size(); ++i) since[i] = readers[i]->sums();
         const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
         while (!g_stop && std::chrono::steady_clock::now() < end) std::this_thread::sleep_for(std::chrono::milliseconds(20));
     } else if (args.flag("--since-last")) {
-        since = reader.baseline();
+        for (std::size_t i = 0; i < readers.size(); ++i) since[i] = readers[i]->baseline();
     }
-    const auto sums = reader.sums();
-    if (args.flag("--since-last") || args.flag("--reset")) reader.mark_baseline(sums);
+    std::vector<std::vector<FunctionStats>> per_process;
+    for (std::size_t i = 0; i < readers.size(); ++i) {
+        const auto sums = readers[i]->sums();
+        if (args.flag("--since-last") || args.flag("--reset")) readers[i]->mark_baseline(sums);
+        per_process.push_back(readers[i]->functions(sums, since[i].empty() ? nullptr : &since[i]));
+    }
     if (args.flag("--reset")) {
         if (args.flag("--json")) {
             JsonWriter j;
@@ -478,49 +520,52 @@ int cmd_report(const Args& args) {
         }
         return 0;
     }
-    auto rows = reader.functions(sums, since.empty() ? nullptr : &since);
+    auto rows = per_process.size() == 1 ? std::move(per_process.front()) : merge_functions(per_process);
     std::sort(rows.begin(), rows.end(), [](const FunctionStats& a, const FunctionStats& b) {
         return a.inclusive_ns != b.inclusive_ns ? a.inclusive_ns > b.inclusive_ns
                : a.calls != b.calls             ? a.calls > b.calls
                                                 : a.function < b.function;
     });
+    std::uint64_t unmatched = 0, unhooked = 0, lost = 0, dropped = 0;
+    for (const auto& r : readers) {
+        unmatched += r->unmatched_exits();
+        unhooked += r->unhooked_returns();
+        lost += r->lost_events();
+        dropped += r->dropped();
+    }
     if (args.flag("--json")) {
         JsonWriter j;
-        j.begin_object().field("pid", static_cast<std::int64_t>(args.pid)).key("functions").begin_array();
+        j.begin_object().field("pid", static_cast<std::int64_t>(args.pid));
+        if (pids.size() > 1) {
+            j.key("pids").begin_array();
+            for (pid_t pid : pids) j.value(static_cast<std::int64_t>(pid));
+            j.end_array();
+        }
+        j.key("functions").begin_array();
         for (const auto& f : rows) {
-            j.begin_object()
-                .field("name", f.function)
-                .field("calls", f.calls)
-                .field("completed", f.completed)
-                .field("timed", f.timed)
-                .field("inclusive_ns", f.inclusive_ns)
-                .field("exclusive_ns", f.exclusive_ns)
-                .field("mean_ns", f.timed ? f.inclusive_ns / f.timed : 0)
-                .field("p50_ns", f.p50_ns)
-                .field("p99_ns", f.p99_ns)
-                .field("max_ns", f.max_ns);
-            if (f.kind == probelist::ProbeKind::point) j.field("kind", "point");
+            j.begin_object();
+            hotpatch::write_function_stats_fields(j, f);
             j.end_object();
         }
         j.end_array()
-            .field("unmatched_exits", reader.unmatched_exits())
-            .field("unhooked_returns", reader.unhooked_returns())
-            .field("lost", reader.lost_events())
-            .field("trace_dropped", reader.dropped())
+            .field("unmatched_exits", unmatched)
+            .field("unhooked_returns", unhooked)
+            .field("lost", lost)
+            .field("trace_dropped", dropped)
             .end_object();
         std::cout << j.str() << "\n";
         return 0;
     }
-    std::printf("%-40s %12s %12s %14s %14s %10s %10s %10s %10s\n", "function", "calls", "completed", "incl total ns",
-                "excl total ns", "mean ns", "p50 ns", "p99 ns", "max ns");
+    const std::uint64_t now = realtime_ns();
+    std::printf("%-40s %12s %12s %14s %14s %10s %10s %10s %10s %7s\n", "function", "calls", "completed", "incl total ns",
+                "excl total ns", "mean ns", "p50 ns", "p99 ns", "max ns", "probed");
     for (const auto& f : rows)
         std::printf("%-40s %12" PRIu64 " %12" PRIu64 " %14" PRIu64 " %14" PRIu64 " %10" PRIu64 " %10" PRIu64
-                    " %10" PRIu64 " %10" PRIu64 "\n",
+                    " %10" PRIu64 " %10" PRIu64 " %7s\n",
                     f.function.c_str(), f.calls, f.completed, f.inclusive_ns, f.exclusive_ns,
-                    f.timed ? f.inclusive_ns / f.timed : 0, f.p50_ns, f.p99_ns, f.max_ns);
-    if (const std::uint64_t lost = reader.lost_events())
-        std::printf("lost: %" PRIu64 " calls (no thread slot free, or an unknown site)\n", lost);
-    if (const std::uint64_t unhooked = reader.unhooked_returns())
+                    f.timed ? f.inclusive_ns / f.timed : 0, f.p50_ns, f.p99_ns, f.max_ns, probed_percent(f, now).c_str());
+    if (lost) std::printf("lost: %" PRIu64 " calls (no thread slot free, or an unknown site)\n", lost);
+    if (unhooked)
         std::printf("unhooked: %" PRIu64 " calls whose exit could not be hooked (deeper than a thread's %d-frame "
                     "return stack); not in `completed`\n",
                     unhooked, IPROBE_RT_RETURN_STACK_FRAMES);

@@ -47,7 +47,8 @@ const ArgSpec kSpec(
         {"--netns", "NAME", "clone and namespace name"},
         {"--fs-snapshot", "PATHS", "more files/directories to copy for the clone"},
         {"--no-default-snapshots", "", "copy only --fs-snapshot paths"},
-        {"--keep-images", "DIR", "keep CRIU's checkpoint images in DIR (must be empty)"},
+        {"--keep-images", "DIR", "keep the checkpoint in DIR (must be empty): CRIU's images,\n"
+                                 "the file copies and checkpoint.json"},
         {"--destroy", "NAME", "kill a clone, remove its namespace and copies"},
         {"--list", "", "show existing clones"},
         {"--json", "", "machine-readable output"},

@@ -16,6 +16,7 @@ const ArgSpec kSpec(
     "usage: iprobe debug PID|--container NAME --listen ADDR:PORT|--capture --production ADDR:PORT\n"
     "                    [--probes LIST [--functions GLOB]] [--buffer SIZE] [--divergence MODE]\n"
     "                    [--recloning off|on-overflow|on-divergence|periodic:SECONDS]\n"
+    "                    [--adapt] [--clones N] [--record DIR [--max-size SIZE]] [--no-trace]\n"
     "                    [--name NAME] [--json]",
     "Debugs a running service on a live copy of it, with production's traffic:\n"
     "  1. clones PID with CRIU (`iprobe clone`) into its own network and PID\n"
@@ -32,7 +33,11 @@ const ArgSpec kSpec(
     "talking to it as before and connections already open are mirrored from\n"
     "their next request (redis and HTTP services).\n"
     "Ctrl-C (or SIGTERM) removes the clone, its namespace and the mirror;\n"
-    "production is left as it was.",
+    "production is left as it was.  When a generation of clones ends (a\n"
+    "re-clone, or the end) its per-function report is printed (\"report\"):\n"
+    "the clones' counts merged, and when each function was probed.\n"
+    "The debug window (how long a clone keeps up with production's traffic)\n"
+    "and the three ways to stretch it: docs/debug-window.md.",
     {
         {"--listen", "ADDR:PORT", "where clients connect (the mirror's listening address)"},
         {"--capture", "", "no proxy: capture production's traffic on its port (lo for a\n"
@@ -54,6 +59,18 @@ const ArgSpec kSpec(
                                 "on-divergence: when a connection's replies differed\n"
                                 "(with --divergence auto on an unknown protocol: stream);\n"
                                 "periodic:N: every N seconds; off (default)"},
+        {"--adapt", "", "budget-limited instrumentation: the costliest probed functions\n"
+                        "(calls x the measured cost of a probe) are turned off as a clone\n"
+                        "falls behind (buffer fill, lag) and back on as it catches up;\n"
+                        "every change is an \"adapt\" event"},
+        {"--clones", "N", "N clones of one checkpoint, each fed the whole stream; the\n"
+                          "probed functions are split among them (after the first generation\n"
+                          "by measured cost), so each carries 1/N of the instrumentation"},
+        {"--record", "DIR", "retro-logging: keep each generation's checkpoint and the input\n"
+                            "from then on in DIR, for `iprobe investigate DIR`"},
+        {"--max-size", "SIZE", "--record: bound on DIR (default 1G; K/M/G): the oldest\n"
+                               "generations go first; a generation alone larger stops recording"},
+        {"--no-trace", "", "no event stream: the aggregates only (reports, iprobe report)"},
         {"--name", "NAME", "clone/namespace name (default iprobe-debug-PID)"},
         {"--json", "", "JSON lines on stdout: the session's events, the\n"
                        "clone's trace as {\"event\":\"trace\",...}, the\n"
@@ -96,6 +113,16 @@ int debug_main(const std::vector<std::string>& args) {
             kSpec.fail("--divergence wants auto, resp, http, stream or off");
     }
     if (a.has("--recloning")) o.recloning = parse_recloning(a.value("--recloning"), o.period_s);
+    o.adapt = a.has("--adapt");
+    o.trace = !a.has("--no-trace");
+    if (a.has("--clones")) o.clones = static_cast<int>(parse_unsigned_or_usage(a.value("--clones"), "--clones", 1, 16));
+    o.record_dir = a.value("--record");
+    if (a.has("--max-size")) {
+        if (o.record_dir.empty()) kSpec.fail("--max-size bounds --record DIR: give --record too");
+        o.record_max_bytes = parse_size_or_usage(a.value("--max-size"), "--max-size");
+    }
+    if (o.adapt && o.probes.empty() && o.functions.empty())
+        kSpec.fail("--adapt turns probes off and on: give --probes and/or --functions");
     if (a.positionals().size() > 1) kSpec.fail("unexpected argument '" + a.positionals()[1] + "'");
     if (!a.positionals().empty()) o.pid = parse_pid(a.positionals().front());
     if ((o.pid < 0) == o.container.empty() || (o.listen.empty() && !o.capture) || o.production.empty())

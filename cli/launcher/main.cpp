@@ -17,7 +17,7 @@ int parse_pid(const std::string& text) { return parse_pid_or_usage(text); }
 int main(int argc, char** argv) {
     using namespace iprobe;
     if (argc < 2) {
-        std::fprintf(stderr, "usage: iprobe clone|clone-agent|debug ... (see `iprobe clone --help`, `iprobe debug --help`)\n");
+        std::fprintf(stderr, "usage: iprobe clone|clone-agent|debug|investigate ... (see `iprobe clone --help`, `iprobe debug --help`)\n");
         return static_cast<int>(ExitCode::usage);
     }
     std::string cmd = argv[1];
@@ -26,7 +26,8 @@ int main(int argc, char** argv) {
         if (cmd == "clone") return launcher::cli::clone_main(args);
         if (cmd == "debug") return launcher::cli::debug_main(args);
         if (cmd == "clone-agent") return launcher::cli::agent_main(args);
-        std::fprintf(stderr, "iprobe-launcher: unknown subcommand '%s' (clone, clone-agent or debug)\n", cmd.c_str());
+        if (cmd == "investigate") return launcher::cli::investigate_main(args);
+        std::fprintf(stderr, "iprobe-launcher: unknown subcommand '%s' (clone, clone-agent, debug or investigate)\n", cmd.c_str());
         return static_cast<int>(ExitCode::usage);
     });
 }

@@ -1,6 +1,7 @@
 // iprobe-mirror: `iprobe mirror` (traffic duplicator / aggregator) and
 // `iprobe replay` (feed a recording into a service).
 #include <fcntl.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <cstdio>
@@ -15,6 +16,7 @@
 #include "iprobe/support/args.h"
 #include "iprobe/support/error.h"
 #include "iprobe/support/json.h"
+#include "iprobe/support/number.h"
 
 using namespace iprobe;
 using namespace iprobe::proxy;
@@ -63,7 +65,8 @@ const ArgSpec kMirrorSpec(
         {"--join", "PROTOCOL", "join connections already open at their next request: resp, http,\n"
                                "or off (only connections whose SYN is captured); default: the\n"
                                "--divergence protocol when it is resp or http, else off"},
-        {"--debug", "ADDR:PORT", "the debug copy fed a copy of every client stream"},
+        {"--debug", "ADDR:PORT", "a debug copy fed a copy of every client stream; repeat for\n"
+                                 "several copies, each fed the whole stream through a buffer of its own"},
         {"--upstream", "ADDR:PORT", "aggregator: the backend production calls"},
         {"--debug-listen", "ADDR:PORT", "aggregator: where the debug copy's outbound connections arrive"},
         {"--buffer", "SIZE", "per-connection buffer toward the debug side (default 4M; K/M/G suffixes)"},
@@ -80,12 +83,16 @@ const ArgSpec kMirrorSpec(
                                        "SLOWLOG MEMORY LATENCY DEBUG CONFIG, and the Date header.  Replies that\n"
                                        "depend on how requests of different connections interleave (INCR of a\n"
                                        "key shared by clients) can differ legitimately and are reported."},
-        {"--record", "FILE", "save every client->server stream with timestamps (zstd) for `iprobe replay`"},
+        {"--record", "FILE", "save every client->server stream and production's replies with\n"
+                             "timestamps (zstd) for `iprobe replay`"},
         {"--stats", "ADDR:PORT", "serve the counters as JSON (HTTP GET or any line); SIGUSR1 prints them to stderr"},
         {"--json", "", "ready line and final stats as JSON on stdout"},
         {"--quiet", "", "no log lines on stderr"},
         {"--ready-fd", "N", "once listening, write the JSON readiness event (as with --json) to\n"
                             "file descriptor N and close it: for a supervisor waiting on a pipe"},
+        {"--control-fd", "N", "a socket on which a supervisor sends commands, one JSON line each,\n"
+                              "answered on it: {\"command\":\"record\",\"path\":FILE} records the\n"
+                              "connections opened from then on into FILE (\"\" stops recording)"},
     },
     "Once listening it prints one line on stdout: \"listening on ADDR:PORT\" (with\n"
     "--json: {\"event\":\"listening\",...}); port 0 picks a free port.  SIGTERM/SIGINT\n"
@@ -93,38 +100,26 @@ const ArgSpec kMirrorSpec(
     "exit codes: 0 ok, 1 failed, 2 usage, 3 bad input, 4 permission, 5 not found, 6 busy (port in use)");
 
 const ArgSpec kReplaySpec(
-    "iprobe replay", "usage: iprobe replay FILE --to ADDR:PORT [--speed X] [--drain-timeout SECONDS] [--json]",
+    "iprobe replay",
+    "usage: iprobe replay FILE --to ADDR:PORT [--speed X] [--drain-timeout SECONDS] [--compare MODE] [--json]",
     "Feeds a recording made by `iprobe mirror --record FILE` into a service: each\n"
     "recorded client connection is opened again and its bytes are sent in order at\n"
     "the recorded times scaled by --speed (default 1; 0 = as fast as possible).\n"
-    "Replies are read and discarded.  Order across connections follows the\n"
+    "Replies are read; with --compare they are compared with production's replies\n"
+    "as recorded (how faithful the replay was), else discarded.  Order across\n"
+    "connections follows the\n"
     "timestamps only.  After the last byte it waits up to --drain-timeout (default\n"
     "10) seconds for the service to answer and close each connection.",
     {
         {"--to", "ADDR:PORT", "the service to feed"},
         {"--speed", "X", "time scale of the recorded gaps (default 1; 0 = as fast as possible)"},
         {"--drain-timeout", "SECONDS", "how long to wait for replies after the last byte (default 10)"},
+        {"--compare", "MODE", "compare the replies with the recorded ones: resp, http, stream or off\n"
+                              "(default); exit 1 when any differ"},
+        {"--divergence-rules", "FILE", "leave more noise out of the comparison (as `iprobe mirror`)"},
         {"--json", "", "the result as JSON on stdout"},
     });
 
-
-std::size_t parse_size(std::string_view text, const char* what) {
-    std::size_t digits = 0;
-    while (digits < text.size() && text[digits] >= '0' && text[digits] <= '9') ++digits;
-    std::size_t mult = 1;
-    const std::string_view suffix = text.substr(digits);
-    if (suffix == "" || suffix == "B") mult = 1;
-    else if (suffix == "K" || suffix == "k" || suffix == "KiB") mult = 1024;
-    else if (suffix == "M" || suffix == "m" || suffix == "MiB") mult = 1024 * 1024;
-    else if (suffix == "G" || suffix == "g" || suffix == "GiB") mult = std::size_t(1) << 30;
-    else digits = 0;
-    if (digits == 0 || digits > 12)
-        throw Error(std::string(what) + " '" + std::string(text) + "': expected a size like 65536, 64K, 4M or 1G",
-                    ExitCode::usage);
-    const std::size_t v = std::stoull(std::string(text.substr(0, digits))) * mult;
-    if (v == 0) throw Error(std::string(what) + " must be more than 0", ExitCode::usage);
-    return v;
-}
 
 double parse_number(std::string_view text, const char* what) {
     char* end = nullptr;
@@ -139,6 +134,15 @@ int parse_ready_fd(std::string_view text) {
     if (fd < 3 || fd != static_cast<int>(fd) || ::fcntl(static_cast<int>(fd), F_GETFD) < 0)
         throw Error("--ready-fd " + std::string(text) + ": not an open file descriptor above 2", ExitCode::usage);
     return static_cast<int>(fd);
+}
+
+int parse_control_fd(std::string_view text) {
+    const int fd = parse_ready_fd(text);
+    int type = 0;
+    socklen_t len = sizeof type;
+    if (::getsockopt(fd, SOL_SOCKET, SO_TYPE, &type, &len) != 0 || type != SOCK_STREAM)
+        throw Error("--control-fd " + std::string(text) + ": not a stream socket (use a socketpair)", ExitCode::usage);
+    return fd;
 }
 
 int mirror_main(int argc, char** argv) {
@@ -157,7 +161,7 @@ int mirror_main(int argc, char** argv) {
         opt.capture = parse_capture_spec(a.value("--capture"), "--capture");
         if (a.has("--listen") || a.has("--production") || a.has("--upstream") || a.has("--debug-listen"))
             kMirrorSpec.fail("--capture takes no --listen, --production, --upstream or --debug-listen: nothing is in production's path");
-        if (a.has("--capture-buffer")) opt.capture->ring = parse_size(a.value("--capture-buffer"), "--capture-buffer");
+        if (a.has("--capture-buffer")) opt.capture->ring = parse_size_or_usage(a.value("--capture-buffer"), "--capture-buffer");
     } else {
         for (const char* name : {"--capture-buffer", "--join"})
             if (a.has(name)) kMirrorSpec.fail(std::string(name) + " belongs to --capture");
@@ -165,17 +169,18 @@ int mirror_main(int argc, char** argv) {
         opt.listen = *endpoint("--listen");
     }
     opt.production = endpoint("--production");
-    opt.debug = endpoint("--debug");
+    for (const auto& d : a.values("--debug")) opt.debug.push_back(parse_endpoint(d, "--debug"));
     opt.upstream = endpoint("--upstream");
     opt.debug_listen = endpoint("--debug-listen");
     opt.stats = endpoint("--stats");
-    if (a.has("--buffer")) opt.buffer = parse_size(a.value("--buffer"), "--buffer");
-    if (a.has("--buffer-total")) opt.buffer_total = parse_size(a.value("--buffer-total"), "--buffer-total");
+    if (a.has("--buffer")) opt.buffer = parse_size_or_usage(a.value("--buffer"), "--buffer");
+    if (a.has("--buffer-total")) opt.buffer_total = parse_size_or_usage(a.value("--buffer-total"), "--buffer-total");
     if (a.has("--debug-linger")) opt.debug_linger_s = parse_number(a.value("--debug-linger"), "--debug-linger");
     if (a.has("--divergence")) opt.divergence = parse_protocol(a.value("--divergence"));
     const std::string rules_path = a.value("--divergence-rules");
     opt.record_path = a.value("--record");
     const int ready_fd = a.has("--ready-fd") ? parse_ready_fd(a.value("--ready-fd")) : -1;
+    if (a.has("--control-fd")) opt.control_fd = parse_control_fd(a.value("--control-fd"));
     if (opt.capture) {
         if (a.has("--join")) {
             const std::string join = a.value("--join");
@@ -185,16 +190,16 @@ int mirror_main(int argc, char** argv) {
         } else if (opt.divergence == Protocol::resp || opt.divergence == Protocol::http) {
             opt.capture->join = opt.divergence;
         }
-        if (opt.divergence != Protocol::off && !opt.debug)
+        if (opt.divergence != Protocol::off && opt.debug.empty())
             kMirrorSpec.fail("--divergence needs --debug (a copy to compare with)");
     } else if (opt.upstream) {
-        if (opt.production || opt.debug)
+        if (opt.production || !opt.debug.empty())
             kMirrorSpec.fail("--upstream (aggregator) does not take --production/--debug; use --listen and --debug-listen");
         if (!opt.debug_listen) kMirrorSpec.fail("--upstream needs --debug-listen (where the debug copy's connections arrive)");
     } else {
         if (!opt.production) kMirrorSpec.fail("--production is required (or --upstream for the aggregator)");
         if (opt.debug_listen) kMirrorSpec.fail("--debug-listen belongs to the aggregator (--upstream)");
-        if (opt.divergence != Protocol::off && !opt.debug)
+        if (opt.divergence != Protocol::off && opt.debug.empty())
             kMirrorSpec.fail("--divergence needs --debug (a copy to compare with)");
     }
     if (!rules_path.empty()) opt.rules = DivergenceRules::load(rules_path);
@@ -232,24 +237,16 @@ int replay_main(int argc, char** argv) {
     opt.to = parse_endpoint(a.value("--to"), "--to");
     if (a.has("--speed")) opt.speed = parse_number(a.value("--speed"), "--speed");
     if (a.has("--drain-timeout")) opt.drain_timeout_s = parse_number(a.value("--drain-timeout"), "--drain-timeout");
+    if (a.has("--compare")) opt.compare = parse_protocol(a.value("--compare"));
+    if (a.has("--divergence-rules")) opt.rules = DivergenceRules::load(a.value("--divergence-rules"));
     const ReplayResult r = run_replay(opt);
     if (json) {
-        JsonWriter j;
-        j.begin_object();
-        j.field("connections", r.connections);
-        j.field("connect_failures", r.connect_failures);
-        j.field("send_failures", r.send_failures);
-        j.field("bytes_sent", r.bytes_sent);
-        j.field("bytes_received", r.bytes_received);
-        j.field("unfinished", r.unfinished);
-        j.field("recorded_s", r.recorded_s);
-        j.field("elapsed_s", r.elapsed_s);
-        j.end_object();
-        std::printf("%s\n", j.str().c_str());
+        std::printf("%s\n", to_json(r).c_str());
     } else {
         std::printf("replayed %llu connections, %llu bytes sent, %llu bytes of replies, in %.3f s (recorded over %.3f s)\n",
                     static_cast<unsigned long long>(r.connections), static_cast<unsigned long long>(r.bytes_sent),
                     static_cast<unsigned long long>(r.bytes_received), r.elapsed_s, r.recorded_s);
+        if (opt.compare != Protocol::off) std::printf("%s\n", comparison_summary(r.comparison).c_str());
     }
     if (r.connect_failures || r.send_failures) {
         std::fprintf(stderr, "iprobe replay: %llu connections could not connect to %s, %llu failed while sending\n",
@@ -262,7 +259,7 @@ int replay_main(int argc, char** argv) {
                      static_cast<unsigned long long>(r.unfinished));
         return static_cast<int>(ExitCode::failure);
     }
-    return 0;
+    return r.comparison.mismatches ? static_cast<int>(ExitCode::failure) : 0;
 }
 
 }  // namespace

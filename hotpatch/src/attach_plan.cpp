@@ -1,6 +1,7 @@
 #include "attach_plan.h"
 
 #include <signal.h>
+#include <time.h>
 
 #include <cerrno>
 #include <filesystem>
@@ -104,6 +105,21 @@ void assign_stats(Region& region, const RunningModule& running, const probelist:
         probes[first_probe + p.id].stat = stat;
     }
     __atomic_store_n(&region.control()->stat_count, next, __ATOMIC_RELEASE);
+}
+
+std::uint64_t realtime_ns() {
+    timespec ts{};
+    ::clock_gettime(CLOCK_REALTIME, &ts);
+    return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(ts.tv_nsec);
+}
+
+void set_live(iprobe_rt_probe& probe, bool live, std::uint64_t now_ns) {
+    if (live && !probe.enabled) probe.live_since_ns = now_ns;
+    if (!live && probe.enabled && probe.live_since_ns) {
+        probe.live_ns += now_ns > probe.live_since_ns ? now_ns - probe.live_since_ns : 0;
+        probe.live_since_ns = 0;
+    }
+    probe.enabled = live ? 1 : 0;
 }
 
 void update_timed(Region& region) {

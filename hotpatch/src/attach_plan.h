@@ -37,6 +37,12 @@ const RunningModule& match_module(const SelectedList& s, const std::vector<Runni
 // exit probes share it), one per point.
 void assign_stats(Region& region, const RunningModule& running, const probelist::ProbeList& list, std::uint32_t first_probe);
 
+std::uint64_t realtime_ns();  // CLOCK_REALTIME, the clock of iprobe_rt_probe's live times
+
+// Marks a probe on or off, keeping the time it has been live (a report says
+// for which part of the window a function was counted).
+void set_live(iprobe_rt_probe& probe, bool live, std::uint64_t now_ns);
+
 // An entry probe is timed (pushes a frame) only while its function's exit
 // probe is enabled too: nothing else would pop the frame.
 void update_timed(Region& region);

@@ -241,7 +241,8 @@ AttachStats attach(const AttachOptions& options) {
                             std::strerror(static_cast<int>(-rc)));
         }
         apply_patches(process, patches);
-        for (const auto& e : enables) region.probes()[e.global].enabled = 1;
+        const std::uint64_t live_at = realtime_ns();
+        for (const auto& e : enables) set_live(region.probes()[e.global], true, live_at);
         update_timed(region);
         region.control()->generation++;
         stats.enabled = newly_enabled;
@@ -269,6 +270,7 @@ DetachStats detach(const DetachOptions& options) {
     std::size_t probes_off = 0;            // probes the patches turn off (an entry site serves two)
     std::vector<std::uint32_t> flags_off;  // region probe flags to clear
     std::vector<std::pair<const AttachedModule*, std::size_t>> selected;
+    const probelist::ProbeMatcher matcher(options.selector);
     for (const AttachedModule& m : modules) {
         const iprobe_rt_module& rm = region.modules()[m.region_index];
         const bool ids_match = m.list.probes.size() == rm.probe_count && rm.first_probe <= region.probe_capacity() &&
@@ -276,7 +278,7 @@ DetachStats detach(const DetachOptions& options) {
         std::vector<std::uint64_t> addresses;
         std::vector<std::size_t> which;
         for (std::size_t k = 0; k < m.list.probes.size(); k++)
-            if (m.sites[k] && options.selector.matches(m.list.probes[k])) {
+            if (m.sites[k] && matcher.matches(m.list.probes[k])) {
                 addresses.push_back(m.sites[k]);
                 which.push_back(k);
             }
@@ -338,7 +340,8 @@ DetachStats detach(const DetachOptions& options) {
         throw_if_interrupted();
         apply_patches(process, patches);
         iprobe_rt_probe* probes = region.probes();
-        for (auto g : flags_off) probes[g].enabled = 0;
+        const std::uint64_t off_at = realtime_ns();
+        for (auto g : flags_off) set_live(probes[g], false, off_at);
         update_timed(region);
         region.control()->generation++;
         st.stop_us = process.stop_us;

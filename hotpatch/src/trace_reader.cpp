@@ -1,9 +1,13 @@
 #include "iprobe/hotpatch/trace_reader.h"
 
+#include <time.h>
+
 #include <cstring>
+#include <map>
 #include <optional>
 
 #include "iprobe/support/error.h"
+#include "iprobe/support/json.h"
 #include "iprobe/support/lock_file.h"
 #include "region.h"
 
@@ -44,6 +48,28 @@ void add(iprobe_rt_fn_stats& to, const iprobe_rt_fn_stats& s) {
 
 std::uint64_t minus(std::uint64_t a, std::uint64_t b) { return a > b ? a - b : 0; }
 
+std::uint64_t saturated(double v);
+
+// Of two on/off histories, the one with more time on: more finished time,
+// and the earlier start of a stretch still running.
+void keep_longest(ProbeState& into, std::uint64_t live_ns, std::uint64_t live_since_ns) {
+    into.live_ns = std::max(into.live_ns, live_ns);
+    if (live_since_ns && (!into.live_since_ns || live_since_ns < into.live_since_ns)) into.live_since_ns = live_since_ns;
+}
+
+// The ns fields of `f` from its raw sums.
+void fill_times(FunctionStats& f) {
+    auto ns = [&](std::uint64_t ticks) { return saturated(static_cast<double>(ticks) * f.ns_per_tick); };
+    f.calls = f.raw.calls;
+    f.completed = f.raw.completed;
+    f.timed = f.raw.timed;
+    f.inclusive_ns = ns(f.raw.inclusive_ticks);
+    f.exclusive_ns = ns(f.raw.exclusive_ticks);
+    f.max_ns = ns(f.raw.max_ticks);
+    f.p50_ns = ns(quantile_ticks(f.raw, 0.50));
+    f.p99_ns = ns(quantile_ticks(f.raw, 0.99));
+}
+
 // CLOCK_REALTIME ns of a tick count.  Ticks before the calibration point (a
 // skewed TSC, or a region the target wrote) count backwards; the result
 // saturates instead of wrapping.
@@ -70,7 +96,7 @@ struct TraceReader::Impl {
     Region region;
     std::vector<ProbeInfo> probes;
     std::uint32_t modules_loaded = 0;
-    ProbeInfo unknown{"?", "", 0, probelist::ProbeKind::entry, ""};
+    ProbeInfo unknown{"?", "?", "", 0, probelist::ProbeKind::entry, ""};
 
     void load_new_modules() {
         const std::uint32_t count = region.module_count();
@@ -85,8 +111,8 @@ struct TraceReader::Impl {
             if (const auto list = module_probe_list(m))
                 for (const auto& p : list->probes) {
                     if (p.id >= m.probe_count) continue;
-                    probes[m.first_probe + p.id] = {p.demangled.empty() ? p.function : p.demangled, p.file, p.line,
-                                                    p.kind, module_path};
+                    probes[m.first_probe + p.id] = {p.demangled.empty() ? p.function : p.demangled, p.function,
+                                                    p.file, p.line, p.kind, module_path};
                 }
         }
     }
@@ -183,6 +209,21 @@ const std::vector<ProbeInfo>& TraceReader::probes() {
 
 std::uint32_t TraceReader::probe_count() const { return impl_->region.probe_count(); }
 
+std::vector<ProbeState> TraceReader::probe_states() const {
+    const Region& region = impl_->region;
+    std::vector<ProbeState> out(region.probe_count());
+    for (std::uint32_t i = 0; i < out.size(); i++) {
+        const iprobe_rt_probe& p = region.probes()[i];
+        out[i].stat = p.stat;
+        out[i].live = p.enabled != 0;
+        out[i].live_ns = p.live_ns;
+        out[i].live_since_ns = p.enabled ? p.live_since_ns : 0;
+    }
+    return out;
+}
+
+std::uint64_t TraceReader::window_start_ns() const { return impl_->region.control()->realtime_ns_base; }
+
 std::vector<iprobe_rt_fn_stats> TraceReader::sums() const {
     const Region& region = impl_->region;
     const std::uint32_t stats = region.stat_count();
@@ -224,15 +265,19 @@ void TraceReader::mark_baseline(const std::vector<iprobe_rt_fn_stats>& sums) {
 std::vector<FunctionStats> TraceReader::functions(const std::vector<iprobe_rt_fn_stats>& sums,
                                                   const std::vector<iprobe_rt_fn_stats>* since) {
     impl_->load_new_modules();
-    // Name of each aggregate slot: any probe that feeds it.
+    // Name of each aggregate slot: any probe that feeds it; when its probes
+    // were live: the longest of them.
     std::vector<const ProbeInfo*> names(sums.size(), nullptr);
-    const Region& region = impl_->region;
-    for (std::uint32_t i = 0; i < region.probe_count() && i < impl_->probes.size(); i++) {
-        const std::uint32_t stat = region.probes()[i].stat;
-        if (stat < names.size() && !names[stat]) names[stat] = &impl_->probes[i];
+    std::vector<ProbeState> live(sums.size());
+    const std::vector<ProbeState> states = probe_states();
+    for (std::uint32_t i = 0; i < states.size() && i < impl_->probes.size(); i++) {
+        const std::uint32_t stat = states[i].stat;
+        if (stat >= names.size()) continue;
+        if (!names[stat]) names[stat] = &impl_->probes[i];
+        keep_longest(live[stat], states[i].live_ns, states[i].live_since_ns);
     }
+    const std::uint64_t window_start = window_start_ns();
     const double ns_per_tick = 1e9 / tsc_hz();
-    auto ns = [&](std::uint64_t ticks) { return saturated(static_cast<double>(ticks) * ns_per_tick); };
     std::vector<FunctionStats> out;
     for (std::uint32_t i = 0; i < sums.size(); i++) {
         iprobe_rt_fn_stats s = sums[i];
@@ -249,17 +294,55 @@ std::vector<FunctionStats> TraceReader::functions(const std::vector<iprobe_rt_fn
         FunctionStats f;
         f.stat = i;
         f.function = names[i] ? names[i]->function : "?";
+        f.symbol = names[i] ? names[i]->symbol : "?";
         f.kind = names[i] ? names[i]->kind : probelist::ProbeKind::entry;
-        f.calls = s.calls;
-        f.completed = s.completed;
-        f.timed = s.timed;
-        f.inclusive_ns = ns(s.inclusive_ticks);
-        f.exclusive_ns = ns(s.exclusive_ticks);
-        f.max_ns = ns(s.max_ticks);
-        f.p50_ns = ns(quantile_ticks(s, 0.50));
-        f.p99_ns = ns(quantile_ticks(s, 0.99));
+        f.raw = s;
+        f.ns_per_tick = ns_per_tick;
+        f.live_ns = live[i].live_ns;
+        f.live_since_ns = live[i].live_since_ns;
+        f.window_start_ns = window_start;
+        fill_times(f);
         out.push_back(std::move(f));
     }
+    return out;
+}
+
+void write_function_stats_fields(JsonWriter& j, const FunctionStats& f) {
+    j.field("name", f.function)
+        .field("calls", f.calls)
+        .field("completed", f.completed)
+        .field("timed", f.timed)
+        .field("inclusive_ns", f.inclusive_ns)
+        .field("exclusive_ns", f.exclusive_ns)
+        .field("mean_ns", f.timed ? f.inclusive_ns / f.timed : 0)
+        .field("p50_ns", f.p50_ns)
+        .field("p99_ns", f.p99_ns)
+        .field("max_ns", f.max_ns)
+        .field("live_ns", f.live_ns)
+        .field("live_since_ns", f.live_since_ns)
+        .field("window_start_ns", f.window_start_ns);
+    if (f.kind == probelist::ProbeKind::point) j.field("kind", "point");
+}
+
+std::vector<FunctionStats> merge_functions(const std::vector<std::vector<FunctionStats>>& per_process) {
+    std::vector<FunctionStats> out;
+    std::map<std::pair<std::string, probelist::ProbeKind>, std::size_t> index;
+    for (const auto& rows : per_process)
+        for (const FunctionStats& f : rows) {
+            auto [it, fresh] = index.try_emplace({f.function, f.kind}, out.size());
+            if (fresh) {
+                out.push_back(f);
+                continue;
+            }
+            FunctionStats& m = out[it->second];
+            add(m.raw, f.raw);
+            ProbeState longest{IPROBE_RT_NO_STAT, m.live_since_ns != 0, m.live_ns, m.live_since_ns};
+            keep_longest(longest, f.live_ns, f.live_since_ns);
+            m.live_ns = longest.live_ns;
+            m.live_since_ns = longest.live_since_ns;
+            m.window_start_ns = std::min(m.window_start_ns, f.window_start_ns);
+        }
+    for (FunctionStats& f : out) fill_times(f);
     return out;
 }
 

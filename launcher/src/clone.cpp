@@ -8,6 +8,7 @@
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -21,6 +22,8 @@
 #include <map>
 #include <sstream>
 #include <thread>
+
+#include <nlohmann/json.hpp>
 
 #include "clone_steps.h"
 #include "criu.h"
@@ -169,75 +172,159 @@ double dump_production(const CloneOptions& o, const Criu& criu, const std::strin
 
 using namespace clone_steps;
 
-CloneResult clone_process(const CloneOptions& o) {
-    double t0 = now_ms();
+namespace {
+
+// Refuses a name in use; removes what a clone of that name left behind when
+// its processes are gone (its caller's lifeline closed).
+void claim_name(const std::string& name, const std::function<void(const std::string&)>& progress) {
+    validate_name(name);
+    if (!fs::exists(state_dir(name) + "/state")) return;
+    if (being_restored(read_state(name)))
+        throw Error("clone '" + name + "' is being made by another iprobe", ExitCode::busy);
+    if (load_clone(name).keeper_pid > 0)
+        throw Error("a clone named '" + name + "' exists; remove it with `iprobe clone --destroy " + name + "`",
+                    ExitCode::busy);
+    if (progress) progress("removing the remains of clone " + name + " (its processes are gone)");
+    destroy_clone(name);
+}
+
+double realtime_s() {
+    timespec ts{};
+    ::clock_gettime(CLOCK_REALTIME, &ts);
+    return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) / 1e9;
+}
+
+void save_checkpoint(const Checkpoint& cp) {
+    nlohmann::json doc = {{"format", "iprobe-checkpoint 1"},
+                          {"pid", cp.pid},
+                          {"shell_job", cp.shell_job},
+                          {"snapshots", cp.snapshots},
+                          {"addresses", cp.addresses},
+                          {"freeze_ms", cp.freeze_ms},
+                          {"freezing_ms", cp.freezing_ms},
+                          {"dump_ms", cp.dump_ms},
+                          {"pages_written", cp.pages_written},
+                          {"taken_at_s", cp.taken_at_s}};
+    const std::string text = doc.dump(2) + "\n";
+    write_file_atomic(cp.dir + "/checkpoint.json", text.data(), text.size());
+}
+
+}  // namespace
+
+Checkpoint take_checkpoint(const CloneOptions& o, const std::string& dir) {
     require_root("iprobe clone");
     if (o.pid <= 0 || !fs::exists("/proc/" + std::to_string(o.pid)))
         throw Error("no process with PID " + std::to_string(o.pid), ExitCode::not_found);
     Criu criu = find_criu();
-    std::string name = o.name.empty() ? "iprobe-clone-" + std::to_string(o.pid) : o.name;
+    const std::string name = o.name.empty() ? "iprobe-clone-" + std::to_string(o.pid) : o.name;
     validate_name(name);
-    if (fs::exists(state_dir(name) + "/state")) {
-        if (load_clone(name).keeper_pid > 0)
-            throw Error("a clone named '" + name + "' exists; remove it with `iprobe clone --destroy " + name + "`",
-                        ExitCode::busy);
-        progress(o, "removing the remains of clone " + name + " (its processes are gone)");
-        destroy_clone(name);
-    }
-
     std::vector<pid_t> tree = process_tree(o.pid);
     require_visible_session_leaders(tree);
     require_no_terminal(tree);
     std::vector<std::string> snapshots = snapshot_paths(o, tree);
 
     InterruptGuard interrupts;
+    Checkpoint cp;
+    cp.dir = fs::absolute(dir).string();
+    std::error_code ec;
+    if (fs::exists(cp.dir) && !fs::is_empty(cp.dir, ec))
+        throw Error("checkpoint directory " + cp.dir + " is not empty", ExitCode::bad_input);
     Rollback rollback;
-    std::string state = state_dir(name);
-    fs::create_directories(state);
-    rollback.state = state;
-    std::string images = o.keep_images.empty() ? std::string() : fs::absolute(o.keep_images).string();
-    if (images.empty()) {
-        images = (fs::is_directory("/dev/shm") ? std::string("/dev/shm") : state) + "/iprobe-images-" + name;
-        remove_tree(images);
-        rollback.images = images;
-    } else {
-        std::error_code ec;
-        if (fs::exists(images) && !fs::is_empty(images, ec))
-            throw Error("--keep-images " + images + " is not empty", ExitCode::bad_input);
-    }
-    fs::create_directories(images);
-
-    bool shell_job = false;
-    double dump_ms = dump_production(o, criu, name, tree.size(), images, state + "/dump.log", shell_job, {});
-    DumpStats stats = read_dump_stats(images);
-    progress(o, "production frozen for " + fmt_ms(static_cast<double>(stats.frozen_us) / 1e3) + " ms");
+    rollback.images = cp.dir;
+    fs::create_directories(cp.dir + "/images");
+    cp.pid = o.pid;
+    cp.dump_ms = dump_production(o, criu, name, tree.size(), cp.dir + "/images", cp.dir + "/dump.log", cp.shell_job, {});
+    cp.taken_at_s = realtime_s();
+    const DumpStats stats = read_dump_stats(cp.dir + "/images");
+    cp.freeze_ms = static_cast<double>(stats.frozen_us) / 1e3;
+    cp.freezing_ms = static_cast<double>(stats.freezing_us) / 1e3;
+    cp.pages_written = stats.pages_written;
+    progress(o, "production frozen for " + fmt_ms(cp.freeze_ms) + " ms");
     throw_if_interrupted("the checkpoint was removed");
 
     // Copies are taken right after the dump, production running on: the
     // clone's files can be slightly ahead of its memory, never behind it.
-    KeeperPlan plan{criu.path, images, state + "/restore.log", {}, shell_job, name, state + "/images", o.lifeline_fd};
+    fs::create_directories(cp.dir + "/fs");
+    for (size_t i = 0; i < snapshots.size(); ++i)
+        run_checked({"cp", "-a", "--reflink=auto", snapshots[i], cp.dir + "/fs/" + std::to_string(i)},
+                    "copying " + snapshots[i] + " for the clone");
+    cp.snapshots = snapshots;
+    cp.addresses = production_addresses(o.pid);
+    save_checkpoint(cp);
+    rollback.armed = false;
+    return cp;
+}
+
+Checkpoint load_checkpoint(const std::string& dir) {
+    Checkpoint cp;
+    cp.dir = fs::absolute(dir).string();
+    std::string text;
+    try {
+        const auto bytes = read_file(cp.dir + "/checkpoint.json");
+        text.assign(bytes.begin(), bytes.end());
+    } catch (const std::exception&) {
+        throw Error(cp.dir + " holds no checkpoint (no checkpoint.json)", ExitCode::not_found);
+    }
+    try {
+        const auto doc = nlohmann::json::parse(text);
+        if (doc.value("format", "") != "iprobe-checkpoint 1") throw Error(cp.dir + "/checkpoint.json: unknown format", ExitCode::bad_input);
+        cp.pid = doc.at("pid").get<pid_t>();
+        cp.shell_job = doc.at("shell_job").get<bool>();
+        cp.snapshots = doc.at("snapshots").get<std::vector<std::string>>();
+        cp.addresses = doc.at("addresses").get<std::vector<std::string>>();
+        cp.freeze_ms = doc.value("freeze_ms", 0.0);
+        cp.freezing_ms = doc.value("freezing_ms", 0.0);
+        cp.dump_ms = doc.value("dump_ms", 0.0);
+        cp.pages_written = doc.value("pages_written", 0ull);
+        cp.taken_at_s = doc.value("taken_at_s", 0.0);
+    } catch (const nlohmann::json::exception& e) {
+        throw Error(cp.dir + "/checkpoint.json: " + e.what(), ExitCode::bad_input);
+    }
+    if (!fs::is_directory(cp.dir + "/images"))
+        throw Error(cp.dir + " has no images/ (CRIU's checkpoint)", ExitCode::bad_input);
+    return cp;
+}
+
+CloneResult restore_clone(const Checkpoint& cp, const RestoreOptions& ro) {
+    const double t0 = now_ms();
+    require_root("iprobe clone");
+    const Criu criu = find_criu();
+    const std::string& name = ro.name;
+    claim_name(name, ro.progress);
+    InterruptGuard interrupts;
+    CloneOptions progress_to;
+    progress_to.progress = ro.progress;
+
+    Rollback rollback;
+    const std::string state = state_dir(name);
     fs::create_directories(state + "/fs");
-    for (size_t i = 0; i < snapshots.size(); ++i) {
-        std::string copy = state + "/fs/" + std::to_string(i);
-        run_checked({"cp", "-a", "--reflink=auto", snapshots[i], copy}, "copying " + snapshots[i] + " for the clone");
-        plan.binds.emplace_back(copy, snapshots[i]);
+    rollback.state = state;
+    KeeperPlan plan{criu.path, cp.dir + "/images", state + "/restore.log", {}, cp.shell_job, name, state + "/images",
+                    ro.lifeline_fd};
+    // Each clone writes into copies of its own; the checkpoint's stay as taken.
+    for (size_t i = 0; i < cp.snapshots.size(); ++i) {
+        const std::string copy = state + "/fs/" + std::to_string(i);
+        run_checked({"cp", "-a", "--reflink=auto", cp.dir + "/fs/" + std::to_string(i), copy},
+                    "copying " + cp.snapshots[i] + " for the clone");
+        plan.binds.emplace_back(copy, cp.snapshots[i]);
     }
 
-    throw_if_interrupted("the checkpoint and the file copies were removed");
-    std::string netns_path = netns_path_of(name);
-    bool created_netns = ensure_netns(name);
+    throw_if_interrupted("the clone's file copies were removed");
+    const std::string netns_path = netns_path_of(name);
+    const bool created_netns = ensure_netns(name);
     if (created_netns) {
         rollback.netns = name;
         // Sockets bound to production's own addresses must find them.
-        add_addresses_to_loopback(name, production_addresses(o.pid));
+        add_addresses_to_loopback(name, cp.addresses);
     }
+    record_restoring(name, netns_path, created_netns);
 
-    double restore_start = now_ms();
-    progress(o, "restoring the clone into network namespace " + name + " and a new PID namespace");
-    pid_t keeper = start_keeper(plan, netns_path);
-    double restore_ms = now_ms() - restore_start;
-    std::string keeper_started = start_time(keeper);
-    pid_t clone_pid = find_clone_root(keeper, o.pid);
+    const double restore_start = now_ms();
+    progress(progress_to, "restoring the clone into network namespace " + name + " and a new PID namespace");
+    const pid_t keeper = start_keeper(plan, netns_path);
+    const double restore_ms = now_ms() - restore_start;
+    const std::string keeper_started = start_time(keeper);
+    const pid_t clone_pid = find_clone_root(keeper, cp.pid);
     if (clone_pid < 0 || interrupted()) {
         kill_keeper(keeper, keeper_started);
         throw_if_interrupted("the clone and its namespace were removed");
@@ -248,20 +335,51 @@ CloneResult clone_process(const CloneOptions& o) {
     r.name = name;
     r.netns_path = netns_path;
     r.clone_pid = clone_pid;
-    r.clone_pid_in_ns = o.pid;
+    r.clone_pid_in_ns = cp.pid;
     r.keeper_pid = keeper;
-    r.freeze_ms = static_cast<double>(stats.frozen_us) / 1e3;
-    r.freezing_ms = static_cast<double>(stats.freezing_us) / 1e3;
-    r.dump_ms = dump_ms;
+    r.freeze_ms = cp.freeze_ms;
+    r.freezing_ms = cp.freezing_ms;
+    r.dump_ms = cp.dump_ms;
     r.restore_ms = restore_ms;
-    r.pages_written = stats.pages_written;
-    r.snapshots = snapshots;
-    if (!o.keep_images.empty()) r.images_dir = images;
+    r.pages_written = cp.pages_written;
+    r.snapshots = cp.snapshots;
     r.total_ms = now_ms() - t0;
-
-    record_state(r, created_netns, keeper_started, o.pid);
+    record_state(r, created_netns, keeper_started, cp.pid);
     rollback.armed = false;
-    if (o.keep_images.empty()) remove_tree(images);
+    return r;
+}
+
+CloneResult clone_process(const CloneOptions& o) {
+    const double t0 = now_ms();
+    require_root("iprobe clone");
+    if (o.pid <= 0 || !fs::exists("/proc/" + std::to_string(o.pid)))
+        throw Error("no process with PID " + std::to_string(o.pid), ExitCode::not_found);
+    find_criu();
+    const std::string name = o.name.empty() ? "iprobe-clone-" + std::to_string(o.pid) : o.name;
+    claim_name(name, o.progress);
+    // Kept with --keep-images, else on tmpfs for as long as the restore takes.
+    const bool keep = !o.keep_images.empty();
+    const std::string dir = keep ? fs::absolute(o.keep_images).string() : scratch_checkpoint_dir(name);
+    if (!keep) remove_tree(dir);
+    CloneOptions named = o;
+    named.name = name;
+    // Also between the checkpoint and the restore: an interrupt there removes the checkpoint.
+    InterruptGuard interrupts;
+    const Checkpoint cp = take_checkpoint(named, dir);
+    struct RemoveUnlessKept {
+        std::string dir;
+        ~RemoveUnlessKept() {
+            if (!dir.empty()) remove_tree(dir);
+        }
+    } cleanup{keep ? std::string() : dir};
+    CloneResult r = restore_clone(cp, {name, o.progress, o.lifeline_fd});
+    if (keep) {
+        r.images_dir = dir;
+        State st = read_state(name);
+        st["images"] = dir;
+        save_state(name, st);
+    }
+    r.total_ms = now_ms() - t0;
     return r;
 }
 
@@ -293,10 +411,19 @@ CloneResult load_clone(const std::string& name) {
 void destroy_clone(const std::string& name) {
     require_root("iprobe clone --destroy");
     validate_name(name);
-    State st = read_state(name);
+    // A launcher killed before it recorded the clone left at most a state
+    // directory without a state file and its scratch checkpoint.
+    const bool remains_only = !fs::exists(state_dir(name) + "/state");
+    if (remains_only && !fs::exists(state_dir(name)) && !fs::exists(scratch_checkpoint_dir(name)))
+        read_state(name);  // throws: no such clone
+    State st = remains_only ? State{} : read_state(name);
     kill_keeper(to_pid(st["keeper_pid"]), st["keeper_start"]);
+    // Killed mid-restore, the launcher had not learned its keeper's PID.
+    if (st["keeper_pid"].empty() && !st["netns"].empty())
+        for (pid_t keeper : keepers_in(st["netns"])) kill_keeper(keeper, start_time(keeper));
     if (!st["veth"].empty()) delete_link(st["veth"]);
     if (st["created_netns"] == "1") delete_netns(name);
+    remove_tree(scratch_checkpoint_dir(name));
     remove_tree(state_dir(name));
 }
 

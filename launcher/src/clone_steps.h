@@ -62,6 +62,10 @@ bool alive(pid_t pid);
 
 pid_t find_clone_root(pid_t keeper, pid_t pid_in_ns);
 
+// Keepers living in the network namespace at `netns_path`: found this way
+// when the launcher was killed before it could record its keeper.
+std::vector<pid_t> keepers_in(const std::string& netns_path);
+
 bool same_ns(pid_t pid, const char* type);
 
 // ---- file-system snapshot (snapshot.cpp)
@@ -88,6 +92,17 @@ State read_state(const std::string& name);
 pid_t to_pid(const std::string& s);
 
 void record_state(const CloneResult& r, bool created_netns, const std::string& keeper_started, pid_t source);
+
+// Before the restore: what `iprobe clone --destroy` needs to remove the
+// remains should this launcher be killed before record_state(), and who is
+// making the clone (a second launcher must not take it for remains).
+void record_restoring(const std::string& name, const std::string& netns_path, bool created_netns);
+
+// The launcher making clone `name` (recorded by record_restoring) still runs.
+bool being_restored(const State& st);
+
+// Where clone_process keeps its checkpoint until the restore is done.
+std::string scratch_checkpoint_dir(const std::string& name);
 
 void remove_tree(const std::string& path);
 

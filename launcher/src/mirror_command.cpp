@@ -15,8 +15,9 @@ std::string capture_interface(const std::string& production) {
 
 }  // namespace
 
-MirrorCommand mirror_command(const DebugOptions& o, const std::string& tool, const std::string& debug_address,
-                             int port, const std::string& divergence, const std::string& join) {
+MirrorCommand mirror_command(const DebugOptions& o, const std::string& tool,
+                             const std::vector<std::string>& debug_addresses, int port, const std::string& divergence,
+                             const std::string& join) {
     MirrorCommand m;
     m.argv = {tool, "mirror"};
     if (o.capture) {
@@ -25,7 +26,8 @@ MirrorCommand mirror_command(const DebugOptions& o, const std::string& tool, con
     } else {
         m.argv.insert(m.argv.end(), {"--listen", o.listen, "--production", o.production});
     }
-    m.argv.insert(m.argv.end(), {"--debug", debug_address, "--stats", "127.0.0.1:0", "--ready-fd", "3"});
+    for (const auto& address : debug_addresses) m.argv.insert(m.argv.end(), {"--debug", address});
+    m.argv.insert(m.argv.end(), {"--stats", "127.0.0.1:0", "--ready-fd", "3"});
     if (!o.buffer.empty()) m.argv.insert(m.argv.end(), {"--buffer", o.buffer});
     if (divergence != "off") m.argv.insert(m.argv.end(), {"--divergence", divergence});
     return m;
@@ -36,7 +38,8 @@ std::string mirror_summary(const DebugOptions& o, const MirrorCommand& m, const 
     const std::string path = o.capture ? "production " + o.production + "'s traffic captured on " + m.capture +
                                              " (clients unchanged, nothing in their path)"
                                        : "clients -> " + o.listen + " -> production " + o.production;
-    return path + "; a copy of every stream goes to the clone; divergence checking " +
+    const std::string clones = o.clones > 1 ? "each of the " + std::to_string(o.clones) + " clones" : "the clone";
+    return path + "; a copy of every stream goes to " + clones + "; divergence checking " +
            (divergence == "off" ? std::string("off") : "by " + divergence) + "; stats at " + stats_url;
 }
 

@@ -19,10 +19,12 @@ struct MirrorCommand {
     std::string capture;            // capture mode: "IFACE:PORT"
 };
 
-// `port`: production's; `join`: its protocol (resp, http) when known, for
-// joining connections already open.
-MirrorCommand mirror_command(const DebugOptions& o, const std::string& tool, const std::string& debug_address,
-                             int port, const std::string& divergence, const std::string& join);
+// `debug_addresses`: the clones, one --debug each; `port`: production's;
+// `join`: its protocol (resp, http) when known, for joining connections
+// already open.
+MirrorCommand mirror_command(const DebugOptions& o, const std::string& tool,
+                             const std::vector<std::string>& debug_addresses, int port, const std::string& divergence,
+                             const std::string& join);
 
 // How the session announces the mirror: a line for people, fields for --json.
 std::string mirror_summary(const DebugOptions& o, const MirrorCommand& m, const std::string& divergence,

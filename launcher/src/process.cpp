@@ -154,7 +154,8 @@ std::string run_checked(const std::vector<std::string>& argv, const std::string&
     return r.out;
 }
 
-pid_t spawn(const std::vector<std::string>& argv, int stdout_fd, int stderr_fd, bool own_group, int fd3) {
+pid_t spawn(const std::vector<std::string>& argv, int stdout_fd, int stderr_fd, bool own_group,
+            const std::vector<int>& from_fd3, int stdin_fd) {
     auto args = c_argv(argv);
     pid_t pid = fork();
     if (pid < 0) throw_errno("fork");
@@ -164,15 +165,40 @@ pid_t spawn(const std::vector<std::string>& argv, int stdout_fd, int stderr_fd, 
         prctl(PR_SET_PDEATHSIG, SIGTERM);
         reset_signals();
         int devnull = ::open("/dev/null", O_RDWR);
-        dup2(devnull, 0);
+        dup2(stdin_fd >= 0 ? stdin_fd : devnull, 0);
         dup2(stdout_fd >= 0 ? stdout_fd : devnull, 1);
         dup2(stderr_fd >= 0 ? stderr_fd : devnull, 2);
-        close_other_fds(fd3);
+        if (!from_fd3.empty()) {
+            // Moved above every target first, so no dup2 overwrites one still to be moved.
+            const int top = 3 + static_cast<int>(from_fd3.size()) + 64;
+            std::vector<int> high;
+            for (int fd : from_fd3) high.push_back(::fcntl(fd, F_DUPFD, top));
+            for (std::size_t i = 0; i < high.size(); ++i) dup2(high[i], 3 + static_cast<int>(i));
+            ::close_range(3 + static_cast<unsigned>(from_fd3.size()), ~0U, 0);
+        } else {
+            close_other_fds();
+        }
         execvp(args[0], args.data());
         _exit(127);
     }
     if (own_group) setpgid(pid, pid);  // no race with the first signal
     return pid;
+}
+
+std::optional<std::string> read_line(int fd, std::chrono::milliseconds timeout, const std::string& what) {
+    std::string line;
+    const double deadline = now_ms() + static_cast<double>(timeout.count());
+    while (line.find('\n') == std::string::npos) {
+        pollfd p{fd, POLLIN, 0};
+        const int left = static_cast<int>(deadline - now_ms());
+        if (left <= 0 || ::poll(&p, 1, left) <= 0)
+            throw Error(what + " did not answer within " + std::to_string(timeout.count() / 1000) + " s");
+        char buf[512];
+        const ssize_t n = ::read(fd, buf, sizeof buf);
+        if (n <= 0) return std::nullopt;
+        line.append(buf, static_cast<std::size_t>(n));
+    }
+    return line.substr(0, line.find('\n'));
 }
 
 std::string find_program(const std::string& name) {

@@ -5,7 +5,9 @@
 #include <sys/types.h>
 
 #include <array>
+#include <chrono>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -31,9 +33,16 @@ std::string run_checked(const std::vector<std::string>& argv, const std::string&
 // /dev/null) and returns its PID.  It gets SIGTERM if the caller dies.
 // With `own_group` it leads a new process group, so that signalling -PID
 // reaches helpers it forks (nsenter --pid runs the tool as its child).
-// `fd3`, when given, is the child's file descriptor 3 (a readiness pipe).
+// `from_fd3` become the child's descriptors 3, 4, ... (a readiness pipe, a
+// control socket); `stdin_fd` its stdin (-1: /dev/null).
 pid_t spawn(const std::vector<std::string>& argv, int stdout_fd = -1, int stderr_fd = -1, bool own_group = false,
-            int fd3 = -1);
+            const std::vector<int>& from_fd3 = {}, int stdin_fd = -1);
+
+// One line from `fd`, without its newline, waited for at most `timeout`
+// (a peer that answers one line per question: the mirror's readiness and
+// command replies, the probe-cost target).  nullopt when the writer closed
+// first; Error(failure) "`what` did not answer within N s" on timeout.
+std::optional<std::string> read_line(int fd, std::chrono::milliseconds timeout, const std::string& what);
 
 // While one lives, SIGINT, SIGTERM and SIGHUP do not end the launcher: they
 // mark it interrupted, and it undoes what it half made (a clone, its

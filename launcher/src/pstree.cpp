@@ -113,6 +113,23 @@ bool alive(pid_t pid) {
     return s != 0 && s != 'Z' && s != 'X';
 }
 
+std::vector<pid_t> keepers_in(const std::string& netns_path) {
+    struct stat netns {};
+    if (::stat(netns_path.c_str(), &netns) != 0) return {};
+    std::vector<pid_t> found;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator("/proc", ec)) {
+        const std::string name = e.path().filename();
+        if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+        const pid_t pid = static_cast<pid_t>(std::stol(name));
+        struct stat ns {};
+        if (proc::status_field(pid, "Name").value_or("") == "iprobe-keeper" && ::stat((e.path() / "ns/net").c_str(), &ns) == 0 &&
+            ns.st_dev == netns.st_dev && ns.st_ino == netns.st_ino && alive(pid))
+            found.push_back(pid);
+    }
+    return found;
+}
+
 pid_t find_clone_root(pid_t keeper, pid_t pid_in_ns) {
     for (int i = 0; i < 200; ++i) {
         for (pid_t c : children_of(keeper))

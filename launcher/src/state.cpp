@@ -2,6 +2,8 @@
 // at each step, read by --destroy, --list and the debug session.
 #include "clone_steps.h"
 
+#include <unistd.h>
+
 #include <filesystem>
 #include <fstream>
 
@@ -55,6 +57,30 @@ void record_state(const CloneResult& r, bool created_netns, const std::string& k
     st["snapshots"] = snaps;
     st["images"] = r.images_dir;
     save_state(r.name, st);
+}
+
+void record_restoring(const std::string& name, const std::string& netns_path, bool created_netns) {
+    State st;
+    st["name"] = name;
+    st["netns"] = netns_path;
+    st["created_netns"] = std::to_string(created_netns ? 1 : 0);
+    st["launcher_pid"] = std::to_string(::getpid());
+    st["launcher_start"] = start_time(::getpid());
+    save_state(name, st);
+}
+
+bool being_restored(const State& st) {
+    const auto it = st.find("launcher_pid");
+    if (it == st.end()) return false;
+    const pid_t launcher = to_pid(it->second);
+    return alive(launcher) && start_time(launcher) == st.at("launcher_start");
+}
+
+std::string scratch_checkpoint_dir(const std::string& name) {
+    std::string dir = fs::is_directory("/dev/shm") ? "/dev/shm" : kStateRootParent;
+    dir += "/iprobe-checkpoint-";
+    dir += name;
+    return dir;
 }
 
 void remove_tree(const std::string& path) {

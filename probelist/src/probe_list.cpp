@@ -263,19 +263,27 @@ ProbeList ProbeList::load(const std::string& path) {
     return deserialize(bytes, path);
 }
 
-bool ProbeSelector::matches(const Probe& probe) const {
+ProbeMatcher::ProbeMatcher(const ProbeSelector& selector) : selector_(selector) {
+    for (const std::string& g : selector.function_globs) {
+        if (g.find_first_of("*?[\\") == std::string::npos) names_.insert(g);
+        else patterns_.push_back(g);
+    }
+}
+
+bool ProbeMatcher::matches(const Probe& probe) const {
+    const auto& kinds = selector_.kinds;
     if (!kinds.empty() && std::find(kinds.begin(), kinds.end(), probe.kind) == kinds.end()) return false;
-    if (!function_globs.empty() &&
-        std::none_of(function_globs.begin(), function_globs.end(), [&](const std::string& g) {
+    if (!selector_.function_globs.empty() && !names_.count(probe.demangled) && !names_.count(probe.function) &&
+        std::none_of(patterns_.begin(), patterns_.end(), [&](std::string_view g) {
             return glob_match(g, probe.demangled) || glob_match(g, probe.function);
         }))
         return false;
-    if (!file_globs.empty()) {
+    if (!selector_.file_globs.empty()) {
         const auto slash = probe.file.rfind('/');
         const std::string_view base =
             slash == std::string::npos ? std::string_view(probe.file)
                                        : std::string_view(probe.file).substr(slash + 1);
-        if (std::none_of(file_globs.begin(), file_globs.end(), [&](const std::string& g) {
+        if (std::none_of(selector_.file_globs.begin(), selector_.file_globs.end(), [&](const std::string& g) {
                 return glob_match(g, probe.file) || glob_match(g, base);
             }))
             return false;
@@ -283,10 +291,13 @@ bool ProbeSelector::matches(const Probe& probe) const {
     return true;
 }
 
+bool ProbeSelector::matches(const Probe& probe) const { return ProbeMatcher(*this).matches(probe); }
+
 std::vector<const Probe*> ProbeSelector::select(const ProbeList& list) const {
+    const ProbeMatcher matcher(*this);
     std::vector<const Probe*> out;
     for (const auto& p : list.probes)
-        if (matches(p)) out.push_back(&p);
+        if (matcher.matches(p)) out.push_back(&p);
     return out;
 }
 

@@ -132,24 +132,24 @@ CapturedConnection::CapturedConnection(Proxy& px, Capture& capture, std::uint32_
     : MirroredStream(px, id), capture_(capture), flow_(&flow), client_(flow.key().client_str()), joined_(joined) {
     ++px_.stats.accepted;
     ++px_.stats.active;
-    if (px_.recorder) px_.recorder->add(RecordKind::open, id_, px_.now_ns());
-    debug_.open();
+    if (recorder_) recorder_->add(RecordKind::open, id_, px_.now_ns());
+    open_legs();
 }
 
 CapturedConnection::~CapturedConnection() {
     if (flow_) flow_->detach();
     close_source();
-    debug_.close(nullptr);
 }
 
 void CapturedConnection::bytes(FlowDirection dir, std::span<const std::uint8_t> b) {
     if (dir == FlowDirection::to_server) {
         px_.stats.bytes_client_to_production += b.size();
-        if (px_.recorder) px_.recorder->add(RecordKind::data, id_, px_.now_ns(), b.data(), b.size());
-        debug_.client_bytes(b.data(), b.size());
+        if (recorder_) recorder_->add(RecordKind::data, id_, px_.now_ns(), b.data(), b.size());
+        client_bytes(b.data(), b.size());
     } else {
         px_.stats.bytes_production_to_client += b.size();
-        debug_.production_bytes(b.data(), b.size());
+        if (recorder_) recorder_->add(RecordKind::reply, id_, px_.now_ns(), b.data(), b.size());
+        production_bytes(b.data(), b.size());
     }
     settle();
 }
@@ -157,10 +157,10 @@ void CapturedConnection::bytes(FlowDirection dir, std::span<const std::uint8_t> 
 void CapturedConnection::ended(FlowDirection dir) {
     ended_[static_cast<int>(dir)] = true;
     if (dir == FlowDirection::to_server) {
-        if (px_.recorder) px_.recorder->add(RecordKind::close, id_, px_.now_ns());
-        debug_.client_ended();
+        if (recorder_) recorder_->add(RecordKind::close, id_, px_.now_ns());
+        client_ended();
     } else {
-        debug_.production_ended();
+        production_ended();
     }
     if (ended_[0] && ended_[1]) close_source();
     settle();
@@ -179,29 +179,26 @@ void CapturedConnection::lost(FlowDirection dir) {
                              "connection %u (%s): client bytes lost to the capture (its ring was full): debug side "
                              "closed, connection marked diverged",
                              id_, client_.c_str());
-        debug_.abandon("capture_loss");
+        abandon_legs("capture_loss");
         close_source();
     } else {
         ++capture_.counters.lost_reply_connections;
-        debug_.stop_comparing("production's replies were lost to the capture (its ring was full)");
+        stop_comparing("production's replies were lost to the capture (its ring was full)");
     }
     settle();
 }
 
 void CapturedConnection::close_source() {
     if (source_closed_) return;
-    source_closed_ = true;
     --px_.stats.active;
     ++px_.stats.closed;
-    if (px_.recorder && !ended_[0]) px_.recorder->add(RecordKind::close, id_, px_.now_ns());
-    debug_.source_closed();
+    if (recorder_ && !ended_[0]) recorder_->add(RecordKind::close, id_, px_.now_ns());
+    recorder_.reset();
+    end_source();
 }
 
-void CapturedConnection::describe_source(JsonWriter& j) const {
-    j.field("client", client_);
-    j.field("capture", joined_ ? "joined" : "from_start");
-    j.field("lost_client_bytes", lost_[0]);
-    j.field("lost_replies", lost_[1]);
+void CapturedConnection::describe_source(MirrorStats::ConnectionStats& s) const {
+    s.captured = MirrorStats::ConnectionStats::Captured{client_, joined_, lost_[0], lost_[1]};
 }
 
 // --- Capture
@@ -261,8 +258,8 @@ Capture::~Capture() {
 // above, has no such effect).
 std::string Capture::filter_expression() const {
     std::string f = "tcp port " + std::to_string(options_.port);
-    if (px_.opt.debug) {
-        const std::string host = numeric_host(*px_.opt.debug), port = std::to_string(px_.opt.debug->port());
+    for (const Endpoint& debug : px_.opt.debug) {
+        const std::string host = numeric_host(debug), port = std::to_string(debug.port());
         if (!host.empty())
             f += " and not (src host " + host + " and src port " + port + ") and not (dst host " + host +
                  " and dst port " + port + ")";

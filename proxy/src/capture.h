@@ -74,7 +74,7 @@ public:
 
 private:
     void close_source();
-    void describe_source(JsonWriter& j) const override;
+    void describe_source(MirrorStats::ConnectionStats& s) const override;
 
     Capture& capture_;
     Flow* flow_;

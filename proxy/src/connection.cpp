@@ -1,5 +1,5 @@
 // One client connection through the proxy: the production passthrough; its
-// debug leg is a DebugLeg (debug_leg.cpp).
+// debug legs, one per debug copy, are DebugLegs (debug_leg.cpp).
 #include "mirror_impl.h"
 
 namespace iprobe::proxy::mirror_impl {
@@ -29,14 +29,13 @@ Connection::Connection(Proxy& px, std::uint32_t id, UniqueFd client) : MirroredS
 
 Connection::~Connection() {
     if (!source_closed_) close_pair();
-    debug_.close(nullptr);
 }
 
 void Connection::start(std::optional<std::uint64_t> aggregator_slot) {
     slot_ = aggregator_slot;
     const int one = 1;
     ::setsockopt(client_.w.fd(), IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-    if (px_.recorder) px_.recorder->add(RecordKind::open, id_, px_.now_ns());
+    if (recorder_) recorder_->add(RecordKind::open, id_, px_.now_ns());
     const Endpoint& target = px_.opt.upstream ? *px_.opt.upstream : *px_.opt.production;
     UniqueFd p = start_connect(target);
     if (!p) {
@@ -53,7 +52,7 @@ void Connection::start(std::optional<std::uint64_t> aggregator_slot) {
         s.production_id = id_;
         s.production_start = start_;
     }
-    debug_.open();
+    open_legs();
     update();
 }
 
@@ -105,21 +104,21 @@ void Connection::read_client() {
             return;
         }
         client_eof_ = true;
-        if (px_.recorder) px_.recorder->add(RecordKind::close, id_, px_.now_ns());
+        if (recorder_) recorder_->add(RecordKind::close, id_, px_.now_ns());
         if (to_prod_.empty() && !prod_connecting_ && !prod_shut_) {
             ::shutdown(prod_.w.fd(), SHUT_WR);
             prod_shut_ = true;
         }
-        debug_.client_ended();
+        client_ended();
         maybe_finish_pair();
         return;
     }
     const auto* p = px_.scratch;
     const auto size = static_cast<std::size_t>(n);
     px_.stats.bytes_client_to_production += size;
-    if (px_.recorder) px_.recorder->add(RecordKind::data, id_, px_.now_ns(), p, size);
+    if (recorder_) recorder_->add(RecordKind::data, id_, px_.now_ns(), p, size);
     if (slot_) px_.slot(*slot_).production_request(p, size);
-    debug_.client_bytes(p, size);
+    client_bytes(p, size);
     if (prod_connecting_ || !to_prod_.empty()) {
         to_prod_.add(p, size);
         return;
@@ -159,7 +158,7 @@ void Connection::read_production() {
     if (n <= 0) {
         prod_eof_ = true;
         if (n < 0) ++px_.stats.production_errors;
-        debug_.production_ended();
+        production_ended();
         if (to_client_.empty() && !client_shut_) {
             ::shutdown(client_.w.fd(), SHUT_WR);
             client_shut_ = true;
@@ -170,8 +169,9 @@ void Connection::read_production() {
     const auto* p = px_.scratch;
     const auto size = static_cast<std::size_t>(n);
     px_.stats.bytes_production_to_client += size;
+    if (recorder_) recorder_->add(RecordKind::reply, id_, px_.now_ns(), p, size);
     if (slot_) px_.slot(*slot_).add_reply(p, size);
-    debug_.production_bytes(p, size);
+    production_bytes(p, size);
     if (!to_client_.empty()) {
         to_client_.add(p, size);
         return;
@@ -208,8 +208,8 @@ void Connection::maybe_finish_pair() {
 
 void Connection::close_pair() {
     if (source_closed_) return;
-    source_closed_ = true;
-    if (px_.recorder && !client_eof_) px_.recorder->add(RecordKind::close, id_, px_.now_ns());
+    if (recorder_ && !client_eof_) recorder_->add(RecordKind::close, id_, px_.now_ns());
+    recorder_.reset();
     client_eof_ = true;
     client_.w.close();
     prod_.w.close();
@@ -222,7 +222,7 @@ void Connection::close_pair() {
         s.flush();
         px_.maybe_drop_slot(*slot_);
     }
-    debug_.source_closed();
+    end_source();
 }
 
 void Connection::update() {

@@ -63,7 +63,14 @@ Proxy::Proxy(const MirrorOptions& options) : opt(options) {
         stats_listener_.kind = Acceptor::Kind::stats;
         stats_listener_.w = Watched(epfd, listen_on(*opt.stats, "--stats"), &stats_listener_);
     }
-    if (!opt.record_path.empty()) recorder = std::make_unique<Recorder>(opt.record_path, 256u << 20);
+    if (opt.control_fd >= 0) {
+        control_.px = this;
+        control_.w = Watched(epfd, UniqueFd(opt.control_fd), &control_);
+        ::fcntl(control_.w.fd(), F_SETFL, ::fcntl(control_.w.fd(), F_GETFL) | O_NONBLOCK);
+        control_.w.want(EPOLLIN);
+    }
+    stats.targets.resize(opt.debug.size());
+    if (!opt.record_path.empty()) recorder = std::make_shared<Recorder>(opt.record_path, kRecordQueue);
     if (clients_.w) clients_.w.want(EPOLLIN);
     if (debug_clients_.w) debug_clients_.w.want(EPOLLIN);
     if (stats_listener_.w) stats_listener_.w.want(EPOLLIN);
@@ -131,7 +138,7 @@ void Proxy::run() {
 
 // While debug legs exist the loop wakes at least once per batch for them.
 int Proxy::wait_timeout_ms() const {
-    if (!opt.debug || connections_.empty()) return 200;
+    if (opt.debug.empty() || connections_.empty()) return 200;
     const auto due = last_debug_pass_ + kDebugBatch - Clock::now();
     return static_cast<int>(std::clamp<long>(
         std::chrono::ceil<std::chrono::milliseconds>(due).count(), 0, kDebugBatch.count()));
@@ -224,6 +231,52 @@ void Acceptor::on_event(std::uint32_t) {
 void SignalHandler::on_event(std::uint32_t) {
     signalfd_siginfo info{};
     while (::read(w.fd(), &info, sizeof info) == sizeof info) px->on_signal(static_cast<int>(info.ssi_signo));
+}
+
+MirrorCommandReply Proxy::execute(const MirrorCommand& command) {
+    MirrorCommandReply reply;
+    reply.at_s = ms_since(stats.started) / 1000.0;
+    reply.open_connections = stats.active;
+    try {
+        // Connections already open keep the recording they started in, which
+        // ends when the last of them closes.
+        recorder = command.path.empty() ? nullptr : std::make_shared<Recorder>(command.path, kRecordQueue);
+        reply.ok = true;
+    } catch (const Error& e) {
+        recorder.reset();
+        reply.error = e.what();
+    }
+    log("%s", command.path.empty() ? "recording stopped"
+                                   : ("recording new connections into " + command.path).c_str());
+    return reply;
+}
+
+void ControlChannel::on_event(std::uint32_t) {
+    char buf[4096];
+    for (;;) {
+        const ssize_t n = ::read(w.fd(), buf, sizeof buf);
+        if (n > 0) {
+            in.append(buf, static_cast<std::size_t>(n));
+            continue;
+        }
+        if (n < 0 && errno == EINTR) continue;
+        if (n == 0 || (errno != EAGAIN && errno != EWOULDBLOCK)) w.close();  // the supervisor is gone
+        break;
+    }
+    for (std::size_t nl; (nl = in.find('\n')) != std::string::npos; in.erase(0, nl + 1)) {
+        MirrorCommandReply reply;
+        try {
+            reply = px->execute(parse_mirror_command(std::string_view(in).substr(0, nl)));
+        } catch (const Error& e) {
+            reply.error = e.what();
+        }
+        if (!w) return;
+        // A line of a few hundred bytes on a descriptor the supervisor reads.
+        const std::string line = to_json(reply) + "\n";
+        std::size_t sent = 0;
+        send_some(w.fd(), reinterpret_cast<const std::uint8_t*>(line.data()), line.size(), sent);
+    }
+    if (in.size() > 65536) in.clear();
 }
 
 void Proxy::on_signal(int sig) {

@@ -6,6 +6,7 @@
 
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <signal.h>
 #include <sys/epoll.h>
@@ -24,11 +25,13 @@
 #include <map>
 #include <memory>
 #include <set>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "iprobe/proxy/debug_buffer.h"
+#include "reply_queues.h"
 #include "iprobe/proxy/mirror.h"
 #include "iprobe/proxy/recording.h"
 #include "iprobe/proxy/stats.h"
@@ -43,7 +46,11 @@ using Clock = std::chrono::steady_clock;
 inline constexpr std::size_t kReadChunk = 64 * 1024;
 inline constexpr std::size_t kMaxPendingMessages = 65536;  // per connection, for the divergence checker
 inline constexpr std::size_t kMaxReports = 100;
+// A recording's queue toward its writer thread: past this the recording stops
+// (counted) rather than slow production down.
+inline constexpr std::size_t kRecordQueue = 256u << 20;
 inline constexpr std::size_t kMaxWindows = 1000;
+inline constexpr std::size_t kMaxListedConnections = 100;  // in the stats document
 inline constexpr int kDebugSendBuffer = 64 * 1024;  // the kernel doubles it
 // The debug copy's leg is served in batches: bytes for it are sent, and its
 // replies read, once per kDebugBatch (or as soon as kDebugFlushNow bytes wait),
@@ -128,6 +135,13 @@ struct DivergenceReport {
     std::string production;
     std::string debug;
     double at_ms;
+    std::uint32_t target = 0;  // which --debug copy
+};
+
+// Counters of one debug copy (one --debug address); Stats keeps their sums.
+struct TargetCounters {
+    std::uint64_t connections = 0, connect_failures = 0, errors = 0, closed_early = 0, completed = 0,
+                  linger_timeouts = 0, overflows = 0, diverged_connections = 0, bytes = 0;
 };
 
 struct Stats {
@@ -138,6 +152,7 @@ struct Stats {
     std::uint64_t bytes_to_debug = 0, bytes_from_debug = 0;
     std::uint64_t debug_connections = 0, debug_connect_failures = 0, debug_errors = 0,
                   debug_closed_early = 0, debug_completed = 0, debug_linger_timeouts = 0;
+    std::vector<TargetCounters> targets;  // one per --debug
     std::uint64_t lingering = 0;
     std::uint64_t overflows = 0;
     std::size_t buffered_now = 0, buffered_high_water = 0, connection_high_water = 0;
@@ -161,39 +176,40 @@ struct Stats {
 class Proxy;
 class MirroredStream;
 
-// The debug copy's side of one mirrored connection: its socket, the bounded
-// buffer that feeds it the client's bytes, and the comparison of its replies
-// with production's.  Fed the same way whether production's bytes pass through
-// the proxy (Connection) or are captured off the wire (CapturedConnection).
+// One debug copy's side (one per --debug address) of one mirrored connection:
+// its socket, the bounded buffer that feeds it the client's bytes, and the
+// comparison of its replies with production's.  Fed the same way whether
+// production's bytes pass through the proxy (Connection) or are captured off
+// the wire (CapturedConnection).
 class DebugLeg final : public Handler {
 public:
     enum class State { none, connecting, open, done };
 
-    DebugLeg(Proxy& px, MirroredStream& owner);
+    DebugLeg(Proxy& px, MirroredStream& owner, std::uint32_t target);
     ~DebugLeg() override;
     DebugLeg(const DebugLeg&) = delete;
     DebugLeg& operator=(const DebugLeg&) = delete;
 
-    // Connects to the debug copy (when there is one) and sets up reply comparison.
+    // Connects to the debug copy and sets up reply comparison.
     void open();
     bool active() const { return state_ == State::connecting || state_ == State::open; }
-    // The client's bytes, in order: checked as requests, then queued for the copy.
-    void client_bytes(const std::uint8_t* p, std::size_t n);
+    std::uint32_t target() const { return target_; }
+    // The client's bytes, in order, queued for the copy.
+    void forward(const std::uint8_t* p, std::size_t n);
     // No more client bytes: the copy's write side is shut once it has them all.
     void client_ended();
-    // Production's replies, in order, compared with the copy's.
-    void production_bytes(const std::uint8_t* p, std::size_t n);
-    // Production closed its side: a reply delimited by the close is complete.
-    void production_ended();
-    // Production's replies can no longer be followed (lost to the capture):
-    // the copy is still fed, its replies are no longer compared.
-    void stop_comparing(const std::string& why) { stop_checking(why); }
+    // Divergence checking, fed by the owner (which frames requests and
+    // production's replies once for all legs).
+    void expect(const Message& request);
+    void production_reply(const Message& reply);
+    void production_bytes(std::span<const std::uint8_t> bytes);  // stream comparison
+    void stop_checking(const std::string& why);  // why: counted and logged unless empty
     // The owner's connection is over: the leg lingers until the copy has every
     // byte, or finishes checking now.
     void source_closed();
     // The copy cannot be fed a whole stream any more (buffer overflow, bytes
-    // lost to the capture): closed, counted by the caller, never fed a hole.
-    // `as` names the reason in the stats' open connections ("overflowed").
+    // lost to the capture): closed, never fed a hole.  `as` names the reason
+    // in the stats' open connections ("overflowed").
     void abandon(const char* as);
     void close(const char* why, bool copy_finished = false);
     void linger_timeout();
@@ -204,25 +220,25 @@ public:
     void on_event(std::uint32_t events) override;
     MirroredStream& owner() const { return owner_; }
     std::size_t buffered() const { return buffer_.size(); }
-    Clock::time_point linger_deadline() const { return linger_deadline_; }
-    void describe_fields(JsonWriter& j) const;
+    MirrorStats::ConnectionStats::Leg snapshot(Clock::time_point now) const;
     bool in_flush_queue = false;
 
 private:
     void connected();
-    void forward(const std::uint8_t* p, std::size_t n);
     void overflow();
     void flush();
+    void consumed(std::size_t n);
     void read_replies();
     void finish_checking();
-    void check_requests(const std::uint8_t* p, std::size_t n);
-    void check_replies(int side, const std::uint8_t* p, std::size_t n);
-    void compare_messages();
+    void copy_replies(std::span<const std::uint8_t> bytes);
+    void compare_stream(int side, std::span<const std::uint8_t> bytes);
+    void compare();
     void report(std::uint64_t index, const std::string& request, const std::string& prod, const std::string& dbg);
-    void stop_checking(const std::string& why);
+    TargetCounters& counters();
 
     Proxy& px_;
     MirroredStream& owner_;
+    const std::uint32_t target_;
     Watched w_;
     State state_ = State::none;
     DebugBuffer buffer_;
@@ -231,53 +247,90 @@ private:
     bool backlogged_ = false;      // the socket refused bytes: wait for EPOLLOUT
     bool shut_ = false;            // our write side is shut down
     const char* abandoned_as_ = nullptr;
-    Clock::time_point linger_deadline_{};
+    // Arrival time of the bytes still buffered (coalesced per millisecond):
+    // how far behind the stream this copy's socket is.
+    struct Mark {
+        std::uint64_t end;  // bytes appended up to and including this mark
+        Clock::time_point at;
+    };
+    std::deque<Mark> marks_;
+    std::uint64_t appended_ = 0, sent_ = 0;
 
     // divergence checking
     bool checking_ = false;
     bool reported_ = false;
-    std::unique_ptr<Framer> request_framer_, reply_framer_[2];
-    std::deque<Message> requests_, replies_[2];
+    std::unique_ptr<Framer> reply_framer_;  // the copy's replies
+    ReplyQueues queues_;
     std::vector<Message> scratch_;
-    std::uint64_t compared_index_ = 0;
     std::unique_ptr<StreamComparer> stream_;
 };
 
 // What every mirrored connection has, whether production's bytes pass through
 // the proxy (Connection) or are captured off the wire (CapturedConnection): an
-// id, the debug leg, and a life that ends when both its source and its leg have.
+// id, a debug leg per --debug address, requests and production's replies
+// framed once for all legs, and a life that ends when both its source and its
+// legs have.
 class MirroredStream {
 public:
     MirroredStream(Proxy& px, std::uint32_t id);
-    virtual ~MirroredStream() = default;
+    virtual ~MirroredStream();
     MirroredStream(const MirroredStream&) = delete;
     MirroredStream& operator=(const MirroredStream&) = delete;
 
     std::uint32_t id() const { return id_; }
     Clock::time_point started() const { return start_; }
-    bool finished() const { return source_closed_ && !debug_.active(); }
-    bool lingering() const { return source_closed_ && debug_.active(); }
-    Clock::time_point linger_deadline() const { return debug_.linger_deadline(); }
+    bool finished() const { return source_closed_ && !any_leg_active(); }
+    bool lingering() const { return source_closed_ && any_leg_active(); }
+    Clock::time_point linger_deadline() const { return linger_deadline_; }
     void linger_timeout();
     // After any I/O: watch what is still wanted, or hand a finished stream to
     // the proxy for removal.
     void settle();
-    virtual void describe(JsonWriter& j) const;
+    // A leg closed: the stream may have stopped lingering.
+    void leg_closed();
+    MirrorStats::ConnectionStats snapshot(Clock::time_point now) const;
 
 protected:
     // The source's own epoll interest (the proxy's client and production sockets).
     virtual void update() {}
-    virtual void describe_source(JsonWriter& j) const { (void)j; }
+    virtual void describe_source(MirrorStats::ConnectionStats& s) const { (void)s; }
+
+    // What the source saw, handed to every leg.
+    void open_legs();
+    void client_bytes(const std::uint8_t* p, std::size_t n);
+    void client_ended();
+    void production_bytes(const std::uint8_t* p, std::size_t n);
+    // Production closed its side: a reply delimited by the close is complete.
+    void production_ended();
+    // Production's replies can no longer be followed: the copies are still
+    // fed, their replies no longer compared.
+    void stop_comparing(const std::string& why) { stop_framing(why); }
+    void abandon_legs(const char* as);
+    void close_legs();
+    // The source is over (sets source_closed_): legs linger until their copies have every byte.
+    void end_source();
 
     Proxy& px_;
     const std::uint32_t id_;
     const Clock::time_point start_ = Clock::now();
     bool source_closed_ = false;
-    DebugLeg debug_;
+    std::shared_ptr<Recorder> recorder_;  // the recording current when the connection opened
+
+private:
+    bool any_leg_active() const;
+    void check_requests(const std::uint8_t* p, std::size_t n);
+    void stop_framing(const std::string& why);
+
+    std::vector<std::unique_ptr<DebugLeg>> legs_;
+    Clock::time_point linger_deadline_{};
+    bool lingering_counted_ = false;
+    bool framing_ = false;
+    std::unique_ptr<Framer> request_framer_, production_framer_;
+    std::vector<Message> scratch_;
 };
 
 // One client connection through the proxy: client <-> production passthrough
-// plus the debug leg.  In aggregator mode "client" is production's outbound
+// plus its debug legs.  In aggregator mode "client" is production's outbound
 // connection and "production" the real backend.
 class Connection final : public MirroredStream {
 public:
@@ -360,6 +413,15 @@ struct SignalHandler final : Handler {
     void on_event(std::uint32_t events) override;
 };
 
+// The supervisor's commands on --control-fd, one JSON line each, each
+// answered with one line on the same descriptor (see MirrorCommand).
+struct ControlChannel final : Handler {
+    Proxy* px;
+    Watched w;
+    std::string in;
+    void on_event(std::uint32_t events) override;
+};
+
 class Capture;
 
 class Proxy {
@@ -373,7 +435,9 @@ public:
     int epfd = -1;
     int debug_epfd = -1;  // debug legs of duplicated connections, polled once per kDebugBatch
     Stats stats;
-    std::unique_ptr<Recorder> recorder;
+    // New connections record into it; one that opened under an earlier
+    // recording keeps writing there (see MirrorCommand::Kind::record).
+    std::shared_ptr<Recorder> recorder;
     std::uint8_t scratch[kReadChunk];
     bool stopping = false;
 
@@ -405,6 +469,7 @@ public:
     Slot& slot(std::uint64_t ordinal);
     void maybe_drop_slot(std::uint64_t ordinal);
     void on_signal(int sig);
+    MirrorCommandReply execute(const MirrorCommand& command);
     void rate_limited_log(std::uint64_t count, const char* fmt, ...) __attribute__((format(printf, 3, 4)));
 
 private:
@@ -419,6 +484,7 @@ private:
     Clock::time_point last_debug_pass_{};
     Acceptor clients_, debug_clients_, stats_listener_;
     SignalHandler signals_;
+    ControlChannel control_;
     std::map<std::uint32_t, std::unique_ptr<MirroredStream>> connections_;
     std::set<MirroredStream*> retired_;
     std::set<StatsClient*> retired_stats_;

@@ -13,7 +13,8 @@ namespace iprobe::proxy {
 
 namespace {
 
-constexpr char kMagic[] = "iprobe-recording 1\n";
+constexpr char kMagic[] = "iprobe-recording 2\n";
+constexpr char kMagicV1[] = "iprobe-recording 1\n";  // no reply records
 constexpr std::size_t kHeader = 20;
 
 void put(std::string& out, const void* p, std::size_t n) { out.append(static_cast<const char*>(p), n); }
@@ -60,6 +61,7 @@ void Recorder::add(RecordKind kind, std::uint32_t connection, std::uint64_t t_ns
     put(queue_, &length, 4);
     if (size) put(queue_, data, size);
     ++records_;
+    bytes_ += kHeader + size;
     if (queue_.size() >= 64 * 1024) wake_.notify_one();
 }
 
@@ -124,7 +126,9 @@ std::vector<Record> read_recording(const std::string& path) {
         throw Error(path + ": cannot read recording: " + e.what(), ExitCode::not_found);
     }
     const std::size_t magic = sizeof kMagic - 1;
-    if (file.size() < magic || std::memcmp(file.data(), kMagic, magic) != 0)
+    static_assert(sizeof kMagic == sizeof kMagicV1);
+    if (file.size() < magic ||
+        (std::memcmp(file.data(), kMagic, magic) != 0 && std::memcmp(file.data(), kMagicV1, magic) != 0))
         throw Error(path + ": not an iprobe recording (made by `iprobe mirror --record`)", ExitCode::bad_input);
     ZSTD_DCtx* dctx = ZSTD_createDCtx();
     std::string raw;
@@ -150,7 +154,7 @@ std::vector<Record> read_recording(const std::string& path) {
         std::memcpy(&r.connection, raw.data() + pos + 4, 4);
         std::memcpy(&r.t_ns, raw.data() + pos + 8, 8);
         std::memcpy(&length, raw.data() + pos + 16, 4);
-        if (r.kind < RecordKind::open || r.kind > RecordKind::close || pos + kHeader + length > raw.size()) break;
+        if (r.kind < RecordKind::open || r.kind > RecordKind::reply || pos + kHeader + length > raw.size()) break;
         r.bytes.assign(raw.data() + pos + kHeader, length);
         pos += kHeader + length;
         records.push_back(std::move(r));

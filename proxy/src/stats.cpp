@@ -11,6 +11,32 @@
 
 namespace iprobe::proxy {
 
+void write_divergence_fields(JsonWriter& j, const DivergenceStats& d, CompareSource source) {
+    j.field("mode", d.mode);
+    j.field("compared", d.compared);
+    j.field("ignored", d.ignored);
+    j.field("mismatches", d.mismatches);
+    j.field("diverged_connections", d.diverged_connections);
+    j.field("unchecked_connections", d.unchecked_connections);
+    j.key("reports").begin_array();
+    for (const auto& r : d.reports) {
+        j.begin_object();
+        j.field("connection", r.connection);
+        j.field(r.index_is_byte_offset ? "byte_offset" : "reply_index", r.index);
+        j.field("request", r.request);
+        j.field("production", r.production);
+        if (source == CompareSource::replay) {
+            j.field("replay", r.debug);
+        } else {
+            j.field("debug", r.debug);
+            j.field("at_s", r.at_s);
+            j.field("debug_target", r.debug_target);
+        }
+        j.end_object();
+    }
+    j.end_array();
+}
+
 void write_stats_fields(JsonWriter& j, const MirrorStats& s) {
     j.field("mode", s.mode);
     j.field("uptime_s", s.uptime_s);
@@ -55,25 +81,26 @@ void write_stats_fields(JsonWriter& j, const MirrorStats& s) {
     j.end_array();
     j.end_object();
     j.key("divergence").begin_object();
-    j.field("mode", s.divergence.mode);
-    j.field("compared", s.divergence.compared);
-    j.field("ignored", s.divergence.ignored);
-    j.field("mismatches", s.divergence.mismatches);
-    j.field("diverged_connections", s.divergence.diverged_connections);
-    j.field("unchecked_connections", s.divergence.unchecked_connections);
-    j.key("reports").begin_array();
-    for (const auto& r : s.divergence.reports) {
+    write_divergence_fields(j, s.divergence, CompareSource::mirror);
+    j.end_object();
+    j.key("debug_targets").begin_array();
+    for (const auto& d : s.debug_targets) {
         j.begin_object();
-        j.field("connection", r.connection);
-        j.field(r.index_is_byte_offset ? "byte_offset" : "reply_index", r.index);
-        j.field("request", r.request);
-        j.field("production", r.production);
-        j.field("debug", r.debug);
-        j.field("at_s", r.at_s);
+        j.field("address", d.address);
+        j.field("connections", d.connections);
+        j.field("connect_failures", d.connect_failures);
+        j.field("overflows", d.overflows);
+        j.field("diverged_connections", d.diverged_connections);
+        j.field("open_legs", d.open_legs);
+        j.field("buffered", d.buffered);
+        j.field("max_fill", d.max_fill);
+        j.field("max_pending_ms", d.max_pending_ms);
+        j.field("max_reply_lag_ms", d.max_reply_lag_ms);
+        j.field("replies_behind", d.replies_behind);
+        j.field("bytes", d.bytes);
         j.end_object();
     }
     j.end_array();
-    j.end_object();
     if (s.aggregator) {
         j.key("aggregator").begin_object();
         j.field("slots", s.aggregator->slots);
@@ -113,6 +140,34 @@ void write_stats_fields(JsonWriter& j, const MirrorStats& s) {
         j.field("stopped_early", s.record->stopped_early);
         j.end_object();
     }
+    j.key("open_connections").begin_array();
+    for (const auto& c : s.open_connections) {
+        j.begin_object();
+        j.field("id", c.id);
+        j.field("age_ms", c.age_ms);
+        j.field("lingering", c.lingering);
+        j.key("debug").begin_array();
+        for (const auto& leg : c.debug) {
+            j.begin_object();
+            j.field("state", leg.state);
+            j.field("buffered", leg.buffered);
+            j.field("high_water", leg.high_water);
+            j.field("fill", leg.fill);
+            j.field("pending_ms", leg.pending_ms);
+            j.field("replies_behind", leg.replies_behind);
+            j.field("reply_lag_ms", leg.reply_lag_ms);
+            j.end_object();
+        }
+        j.end_array();
+        if (c.captured) {
+            j.field("client", c.captured->client);
+            j.field("capture", c.captured->joined ? "joined" : "from_start");
+            j.field("lost_client_bytes", c.captured->lost_client_bytes);
+            j.field("lost_replies", c.captured->lost_replies);
+        }
+        j.end_object();
+    }
+    j.end_array();
 }
 
 std::string to_json(const MirrorStats& stats) {
@@ -139,6 +194,14 @@ const Json& object(const Json& doc, const char* key) {
     auto it = doc.find(key);
     if (it == doc.end()) return empty;
     if (!it->is_object()) throw Error(std::string("mirror stats: \"") + key + "\" is not an object", ExitCode::bad_input);
+    return *it;
+}
+
+const Json& array(const Json& doc, const char* key) {
+    static const Json empty = Json::array();
+    auto it = doc.find(key);
+    if (it == doc.end() || it->is_null()) return empty;
+    if (!it->is_array()) throw Error(std::string("mirror stats: \"") + key + "\" is not an array", ExitCode::bad_input);
     return *it;
 }
 
@@ -191,8 +254,7 @@ MirrorStats parse_mirror_stats(std::string_view text) {
         read(v, "mismatches", s.divergence.mismatches);
         read(v, "diverged_connections", s.divergence.diverged_connections);
         read(v, "unchecked_connections", s.divergence.unchecked_connections);
-        if (auto it = v.find("reports"); it != v.end())
-            for (const Json& r : *it) {
+        for (const Json& r : array(v, "reports")) {
                 DivergenceReportStats report;
                 read(r, "connection", report.connection);
                 report.index_is_byte_offset = r.contains("byte_offset");
@@ -201,8 +263,51 @@ MirrorStats parse_mirror_stats(std::string_view text) {
                 read(r, "production", report.production);
                 read(r, "debug", report.debug);
                 read(r, "at_s", report.at_s);
+                read(r, "debug_target", report.debug_target);
                 s.divergence.reports.push_back(std::move(report));
+        }
+        for (const Json& t : array(doc, "debug_targets")) {
+            MirrorStats::DebugTarget d;
+            read(t, "address", d.address);
+            read(t, "connections", d.connections);
+            read(t, "connect_failures", d.connect_failures);
+            read(t, "overflows", d.overflows);
+            read(t, "diverged_connections", d.diverged_connections);
+            read(t, "open_legs", d.open_legs);
+            read(t, "buffered", d.buffered);
+            read(t, "max_fill", d.max_fill);
+            read(t, "max_pending_ms", d.max_pending_ms);
+            read(t, "max_reply_lag_ms", d.max_reply_lag_ms);
+            read(t, "replies_behind", d.replies_behind);
+            read(t, "bytes", d.bytes);
+            s.debug_targets.push_back(std::move(d));
+        }
+        for (const Json& c : array(doc, "open_connections")) {
+            MirrorStats::ConnectionStats cs;
+            read(c, "id", cs.id);
+            read(c, "age_ms", cs.age_ms);
+            read(c, "lingering", cs.lingering);
+            for (const Json& l : array(c, "debug")) {
+                MirrorStats::ConnectionStats::Leg leg;
+                read(l, "state", leg.state);
+                read(l, "buffered", leg.buffered);
+                read(l, "high_water", leg.high_water);
+                read(l, "fill", leg.fill);
+                read(l, "pending_ms", leg.pending_ms);
+                read(l, "replies_behind", leg.replies_behind);
+                read(l, "reply_lag_ms", leg.reply_lag_ms);
+                cs.debug.push_back(std::move(leg));
             }
+            if (c.contains("capture")) {
+                MirrorStats::ConnectionStats::Captured captured;
+                read(c, "client", captured.client);
+                captured.joined = c.value("capture", "") == "joined";
+                read(c, "lost_client_bytes", captured.lost_client_bytes);
+                read(c, "lost_replies", captured.lost_replies);
+                cs.captured = std::move(captured);
+            }
+            s.open_connections.push_back(std::move(cs));
+        }
         if (doc.contains("aggregator")) {
             const Json& a = object(doc, "aggregator");
             MirrorStats::Aggregator agg;
@@ -299,6 +404,49 @@ MirrorReady parse_ready_event(std::string_view text) {
         return ready;
     } catch (const Json::exception& e) {
         throw Error(std::string("mirror readiness event: ") + e.what(), ExitCode::bad_input);
+    }
+}
+
+std::string to_json(const MirrorCommand& command) {
+    JsonWriter j;
+    j.begin_object().field("command", "record").field("path", command.path).end_object();
+    return j.str();
+}
+
+MirrorCommand parse_mirror_command(std::string_view text) {
+    try {
+        const Json doc = Json::parse(text);
+        if (!doc.is_object() || doc.value("command", "") != "record")
+            throw Error("mirror command: unknown command (only \"record\")", ExitCode::bad_input);
+        MirrorCommand c;
+        c.kind = MirrorCommand::Kind::record;
+        c.path = doc.value("path", "");
+        return c;
+    } catch (const Json::exception& e) {
+        throw Error(std::string("mirror command: ") + e.what(), ExitCode::bad_input);
+    }
+}
+
+std::string to_json(const MirrorCommandReply& reply) {
+    JsonWriter j;
+    j.begin_object().field("ok", reply.ok);
+    if (!reply.error.empty()) j.field("error", reply.error);
+    j.field("open_connections", reply.open_connections).field("at_s", reply.at_s).end_object();
+    return j.str();
+}
+
+MirrorCommandReply parse_mirror_command_reply(std::string_view text) {
+    try {
+        const Json doc = Json::parse(text);
+        if (!doc.is_object() || !doc.contains("ok")) throw Error("not a mirror command reply", ExitCode::bad_input);
+        MirrorCommandReply r;
+        read(doc, "ok", r.ok);
+        read(doc, "error", r.error);
+        read(doc, "open_connections", r.open_connections);
+        read(doc, "at_s", r.at_s);
+        return r;
+    } catch (const Json::exception& e) {
+        throw Error(std::string("mirror command reply: ") + e.what(), ExitCode::bad_input);
     }
 }
 

@@ -60,8 +60,10 @@ MirrorStats Proxy::snapshot() const {
                      stats.production_errors};
     s.bytes = {stats.bytes_client_to_production, stats.bytes_production_to_client, stats.bytes_to_debug,
                stats.bytes_from_debug};
-    s.debug = {opt.debug ? opt.debug->str() : std::string(), stats.debug_connections, stats.debug_connect_failures,
-               stats.debug_errors, stats.debug_closed_early, stats.debug_completed, stats.debug_linger_timeouts};
+    std::string addresses;
+    for (const auto& d : opt.debug) addresses += (addresses.empty() ? "" : ",") + d.str();
+    s.debug = {addresses, stats.debug_connections, stats.debug_connect_failures, stats.debug_errors,
+               stats.debug_closed_early, stats.debug_completed, stats.debug_linger_timeouts};
     s.buffer = {static_cast<std::uint64_t>(opt.buffer),
                 static_cast<std::uint64_t>(opt.buffer_total),
                 static_cast<std::uint64_t>(stats.buffered_now),
@@ -80,30 +82,46 @@ MirrorStats Proxy::snapshot() const {
     const bool byte_offsets = opt.divergence == Protocol::stream || opt.upstream.has_value();
     for (const auto& r : stats.reports)
         s.divergence.reports.push_back({r.connection, r.index, byte_offsets, r.request, r.production, r.debug,
-                                        r.at_ms / 1000.0});
+                                        r.at_ms / 1000.0, r.target});
     if (opt.upstream)
         s.aggregator = MirrorStats::Aggregator{static_cast<std::uint64_t>(slots_.size()), stats.aggregator_unclaimed,
                                                stats.aggregator_debug_unmatched};
     if (capture_) s.capture = capture_->snapshot();
     if (recorder) s.record = MirrorStats::Record{recorder->path(), recorder->records(), recorder->stopped_early()};
+    s.debug_targets.resize(opt.debug.size());
+    for (std::size_t t = 0; t < opt.debug.size(); ++t) {
+        const TargetCounters& c = stats.targets[t];
+        auto& d = s.debug_targets[t];
+        d.address = opt.debug[t].str();
+        d.connections = c.connections;
+        d.connect_failures = c.connect_failures;
+        d.overflows = c.overflows;
+        d.diverged_connections = c.diverged_connections;
+        d.bytes = c.bytes;
+    }
+    // How far behind each copy is now: the worst of its open connections.
+    const auto now = Clock::now();
+    for (const auto& [id, c] : connections_) {
+        MirrorStats::ConnectionStats cs = c->snapshot(now);
+        for (std::size_t t = 0; t < cs.debug.size() && t < s.debug_targets.size(); ++t) {
+            const auto& leg = cs.debug[t];
+            auto& d = s.debug_targets[t];
+            if (leg.state == "open" || leg.state == "connecting") ++d.open_legs;
+            d.buffered += leg.buffered;
+            d.max_fill = std::max(d.max_fill, leg.fill);
+            d.max_pending_ms = std::max(d.max_pending_ms, leg.pending_ms);
+            d.max_reply_lag_ms = std::max(d.max_reply_lag_ms, leg.reply_lag_ms);
+            d.replies_behind += leg.replies_behind;
+        }
+        if (s.open_connections.size() < kMaxListedConnections) s.open_connections.push_back(std::move(cs));
+    }
     return s;
 }
 
 std::string Proxy::stats_json(bool with_connections) const {
-    JsonWriter j;
-    j.begin_object();
-    write_stats_fields(j, snapshot());
-    if (with_connections) {
-        j.key("open_connections").begin_array();
-        std::size_t shown = 0;
-        for (const auto& [id, c] : connections_) {
-            if (++shown > 100) break;
-            c->describe(j);
-        }
-        j.end_array();
-    }
-    j.end_object();
-    return j.str();
+    MirrorStats s = snapshot();
+    if (!with_connections) s.open_connections.clear();
+    return to_json(s);
 }
 
 }  // namespace iprobe::proxy::mirror_impl

@@ -54,6 +54,21 @@ double parse_decimal_or_usage(std::string_view text, std::string_view what, doub
     return v;
 }
 
+std::uint64_t parse_size_or_usage(std::string_view text, std::string_view what) {
+    std::size_t digits = 0;
+    while (digits < text.size() && text[digits] >= '0' && text[digits] <= '9') ++digits;
+    const std::string_view suffix = text.substr(digits);
+    std::uint64_t scale = 0;
+    if (suffix.empty() || suffix == "B") scale = 1;
+    else if (suffix == "K" || suffix == "k" || suffix == "KiB") scale = std::uint64_t(1) << 10;
+    else if (suffix == "M" || suffix == "m" || suffix == "MiB") scale = std::uint64_t(1) << 20;
+    else if (suffix == "G" || suffix == "g" || suffix == "GiB") scale = std::uint64_t(1) << 30;
+    constexpr std::uint64_t kMax = std::uint64_t(1) << 40;
+    const auto n = scale ? parse_unsigned(text.substr(0, digits), 1, kMax / scale) : std::nullopt;
+    if (!n) bad(what, text, "a size such as 65536, 64K, 4M or 1G (at most 1T)");
+    return *n * scale;
+}
+
 pid_t parse_pid_or_usage(std::string_view text, std::string_view what) {
     if (auto v = parse_unsigned(text, 1, kPidMaxLimit)) return static_cast<pid_t>(*v);
     bad(what, text, "a process ID (1 to " + std::to_string(kPidMaxLimit) + ")");

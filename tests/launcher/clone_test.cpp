@@ -181,6 +181,16 @@ std::vector<long long> keepers_of(const std::string& name) {
     return found;
 }
 
+// Nothing of clone `name` is left: no keeper, namespace, state or images.
+void expect_no_trace_of_clone(const std::string& name) {
+    for (int i = 0; i < 1000 && !keepers_of(name).empty(); ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    EXPECT_TRUE(keepers_of(name).empty());
+    EXPECT_FALSE(netns_exists(name));
+    EXPECT_FALSE(fs::exists("/run/iprobe/clones/" + name));
+    EXPECT_FALSE(fs::exists("/dev/shm/iprobe-checkpoint-" + name));
+}
+
 // `iprobe clone` killed while CRIU restores: nobody is left to record the
 // clone, so the keeper abandons the restore and no clone outlives it.
 TEST_F(LauncherClone, CloneKilledDuringTheRestoreLeavesNoClone) {
@@ -209,10 +219,10 @@ TEST_F(LauncherClone, CloneKilledDuringTheRestoreLeavesNoClone) {
     EXPECT_FALSE(running_pid(keepers[0])) << "the clone outlived the launcher that made it";
     EXPECT_EQ(redis_->cli({"PING"}), "PONG");
     EXPECT_EQ(redis_->cli({"GET", "marker"}), "before-clone");
-    // What the killed launcher could not roll back.
-    run({"ip", "netns", "delete", clone_name_});
-    fs::remove_all("/run/iprobe/clones/" + clone_name_);
-    fs::remove_all("/dev/shm/iprobe-images-" + clone_name_);
+    // What the killed launcher could not roll back, --destroy removes.
+    const auto destroyed = run({iprobe_bin(), "clone", "--destroy", clone_name_});
+    EXPECT_EQ(destroyed.exit_code, 0) << destroyed.err;
+    expect_no_trace_of_clone(clone_name_);
 }
 
 // The first child of `pid` whose command line has `word`, or -1.
@@ -226,16 +236,6 @@ long long child_running(long long pid, const std::string& word) {
         if (cmdline.find(word) != std::string::npos) return child;
     }
     return -1;
-}
-
-// Nothing of clone `name` is left: no keeper, namespace, state or images.
-void expect_no_trace_of_clone(const std::string& name) {
-    for (int i = 0; i < 1000 && !keepers_of(name).empty(); ++i)
-        std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    EXPECT_TRUE(keepers_of(name).empty());
-    EXPECT_FALSE(netns_exists(name));
-    EXPECT_FALSE(fs::exists("/run/iprobe/clones/" + name));
-    EXPECT_FALSE(fs::exists("/dev/shm/iprobe-images-" + name));
 }
 
 // Ctrl-C at a terminal while CRIU checkpoints production: the signal reaches
@@ -272,6 +272,10 @@ TEST_F(LauncherClone, TerminatedDuringTheRestoreUndoesTheClone) {
     }
     ASSERT_GT(criu, 0) << "the restore was not seen: " << file_text(dir_ / "clone.out");
     ::kill(static_cast<pid_t>(criu), SIGSTOP);
+    // A second launcher must not take a clone being made for remains.
+    const auto second = clone();
+    EXPECT_EQ(second.exit_code, 6) << second.err;
+    EXPECT_NE(second.err.find("being made"), std::string::npos) << second.err;
     cli.kill(SIGTERM);
     EXPECT_EQ(cli.wait(std::chrono::seconds(60)), 130) << file_text(dir_ / "clone.out");
     EXPECT_NE(file_text(dir_ / "clone.out").find("interrupted"), std::string::npos) << file_text(dir_ / "clone.out");

@@ -103,3 +103,49 @@ TEST(LauncherDebugCapture, CaptureAndListenAreExclusive) {
     EXPECT_EQ(r.exit_code, 2);
     EXPECT_NE(r.err.find("--listen (or --capture)"), std::string::npos) << r.err;
 }
+
+// Two clones fed by one capture (--clones 2), the input recorded (--record):
+// each clone gets every write of production's own clients, and the
+// generation's recording holds them.
+TEST(LauncherDebugCapture, EveryCloneGetsTheCapturedWritesAndTheInputIsRecorded) {
+    IPROBE_SKIP_UNLESS_CLONING_WORKS();
+    TempDir dir, records;  // the record ring outside the service's working directory
+    Netns prod("ipt-dcap2-" + std::to_string(getpid()));
+    const int port = free_port();
+    Redis redis(prod.path(), port, dir.path());
+    ASSERT_TRUE(redis.ready());
+    const std::string out = dir / "debug.out", record = records / "record";
+    Child debug({"nsenter", "--net=" + prod.path(), bin("iprobe"), "debug", std::to_string(redis.pid()), "--capture",
+                 "--production", "127.0.0.1:" + std::to_string(port), "--clones", "2", "--record", record, "--json"},
+                out);
+    for (int i = 0; i < 1200 && events(out, "mirror").empty() && debug.running(); ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    ASSERT_EQ(events(out, "mirror").size(), 1u) << file_text(out);
+    const auto clones = events(out, "clone");
+    ASSERT_EQ(clones.size(), 2u) << file_text(out);
+
+    for (int i = 0; i < 5; ++i) ASSERT_EQ(redis.cli({"SET", "k" + std::to_string(i), "v"}), "OK");
+    ASSERT_EQ(redis.cli({"INCRBY", "n", "7"}), "7");
+    for (const auto& clone : clones) {
+        const std::string netns = json_string(clone, "netns");
+        std::string got;
+        for (int i = 0; i < 100 && (got = redis_cli(netns, port, {"GET", "n"})) != "7"; ++i)
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        EXPECT_EQ(got, "7") << clone;
+        EXPECT_EQ(redis_cli(netns, port, {"DBSIZE"}), "6") << clone;
+    }
+
+    debug.kill(SIGTERM);
+    EXPECT_EQ(debug.wait(std::chrono::seconds(30)), 0);
+    const auto stopping = events(out, "stopping");
+    ASSERT_EQ(stopping.size(), 1u) << file_text(out);
+    EXPECT_NE(stopping[0].find("\"lost_connections\":0"), std::string::npos) << stopping[0];
+    EXPECT_NE(stopping[0].find("\"overflows\":0"), std::string::npos) << stopping[0];
+    // Six connections (one per redis-cli), each recorded with its command and reply.
+    ASSERT_TRUE(fs::exists(record + "/gen-000001/input.rec")) << file_text(out);
+    const auto replay = run({bin("iprobe"), "replay", record + "/gen-000001/input.rec", "--to", "127.0.0.1:1",
+                             "--speed", "0", "--json"});
+    EXPECT_NE(replay.out.find("\"connections\":6"), std::string::npos) << replay.out << replay.err;
+    for (const auto& clone : clones)
+        EXPECT_FALSE(netns_exists(fs::path(json_string(clone, "netns")).filename().string()));
+}

@@ -41,17 +41,6 @@ std::string text_bytes(pid_t pid) {
     return out;
 }
 
-bool wait_for_event(const std::string& path, const std::string& event, size_t count, Child& debug,
-                    std::chrono::seconds timeout = std::chrono::seconds(60)) {
-    auto deadline = std::chrono::steady_clock::now() + timeout;
-    while (std::chrono::steady_clock::now() < deadline) {
-        if (events(path, event).size() >= count) return true;
-        if (!debug.running()) return false;
-        std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-    return false;
-}
-
 class LauncherDebug : public ::testing::Test {
 protected:
     void SetUp() override {
@@ -159,27 +148,6 @@ TEST_F(LauncherDebug, ClientsReachProductionThroughListenAndTheCloneTracksIt) {
     stop_debug_and_check_clean();
     EXPECT_EQ(redis_->cli({"GET", "k1"}), "v1");
     EXPECT_EQ(text_bytes(redis_->pid()), text_before);
-}
-
-// redis built with iprobe-cc (-finstrument-functions + coldpatch): built on
-// first use by scripts/build-redis (idempotent, shared with other suites).
-std::string finstrument_redis() {
-    std::string out = build_dir() + "/redis/finstrument";
-    std::string server = out + "/src/redis-server";
-    if (fs::exists(server) && fs::exists(server + ".probes")) return server;
-    auto r = run({source_dir() + "/scripts/build-redis", "--mode", "finstrument", out}, {}, std::chrono::seconds(900),
-                 {"IPROBE_BUILD_DIR=" + build_dir()});
-    if (r.exit_code != 0) return {};
-    return server;
-}
-
-size_t count_lines_with(const std::string& text, const std::string& needle) {
-    size_t n = 0;
-    std::istringstream lines(text);
-    std::string line;
-    while (std::getline(lines, line))
-        if (line.find(needle) != std::string::npos) ++n;
-    return n;
 }
 
 TEST_F(LauncherDebug, ProbeTraceComesFromTheCloneAndProductionIsNotPatched) {

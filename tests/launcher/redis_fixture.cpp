@@ -65,6 +65,36 @@ std::vector<std::string> events(const std::string& path, const std::string& even
     return out;
 }
 
+bool wait_for_event(const std::string& path, const std::string& event, size_t count, Child& debug,
+                    std::chrono::seconds timeout) {
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+        if (events(path, event).size() >= count) return true;
+        if (!debug.running()) return false;
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return false;
+}
+
+size_t count_lines_with(const std::string& text, const std::string& needle) {
+    size_t n = 0;
+    std::istringstream lines(text);
+    std::string line;
+    while (std::getline(lines, line))
+        if (line.find(needle) != std::string::npos) ++n;
+    return n;
+}
+
+std::string finstrument_redis() {
+    std::string out = build_dir() + "/redis/finstrument";
+    std::string server = out + "/src/redis-server";
+    if (std::filesystem::exists(server) && std::filesystem::exists(server + ".probes")) return server;
+    auto r = run({source_dir() + "/scripts/build-redis", "--mode", "finstrument", out}, {}, std::chrono::seconds(900),
+                 {"IPROBE_BUILD_DIR=" + build_dir()});
+    if (r.exit_code != 0) return {};
+    return server;
+}
+
 std::string trim(std::string s) {
     while (!s.empty() && (s.back() == '\n' || s.back() == '\r' || s.back() == ' ')) s.pop_back();
     return s;

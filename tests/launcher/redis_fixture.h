@@ -86,6 +86,25 @@ private:
     std::thread thread_;
 };
 
+// The string after "key": (the first one).
+std::string json_string(const std::string& json, const std::string& key);
+
+// Lines of `path` that are JSON events of kind `event` (an `iprobe debug
+// --json` session's stdout).
+std::vector<std::string> events(const std::string& path, const std::string& event);
+
+// Polls until `path` holds `count` events of kind `event`; false when the
+// session (`debug`) exited first or the time ran out.
+bool wait_for_event(const std::string& path, const std::string& event, size_t count, Child& debug,
+                    std::chrono::seconds timeout = std::chrono::seconds(60));
+
+size_t count_lines_with(const std::string& text, const std::string& needle);
+
+// redis built with iprobe-cc (-finstrument-functions + coldpatch): built on
+// first use by scripts/build-redis (idempotent, shared with other suites);
+// "" when the build failed.
+std::string finstrument_redis();
+
 // Extracts "key":number from a flat JSON object; -1 when absent.
 long long json_number(const std::string& json, const std::string& key);
 // Extracts "key":"string" from a JSON line; "" when absent.

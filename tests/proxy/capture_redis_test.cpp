@@ -586,6 +586,51 @@ TEST(CaptureMirrorLoopback, ACopyHoldingDifferentDataIsReportedWithTheRequest) {
     EXPECT_EQ(m.stop(), 0) << m.log();
 }
 
+// Several copies (iprobe debug --clones N): each gets the whole captured
+// stream through a buffer of its own and is compared with production on its own.
+TEST(CaptureMirrorLoopback, EachDebugCopyGetsTheWholeCapturedStreamAndIsComparedOnItsOwn) {
+    REQUIRE_TOOLS();
+    TempDir dir;
+    Namespace ns("ipcap-n" + std::to_string(::getpid() % 100000));
+    RedisIn production(ns, {"127.0.0.1"}, 6379);
+    RedisIn same(ns, {"127.0.0.1"}, 6390);
+    RedisIn different(ns, {"127.0.0.1"}, 6391);
+    ASSERT_EQ(production.cli({"SET", "user:42", "alice"}), "OK");
+    ASSERT_EQ(same.cli({"SET", "user:42", "alice"}), "OK");
+    ASSERT_EQ(different.cli({"SET", "user:42", "mallory"}), "OK");
+    MirrorProcess m(ns, dir,
+                    {"--capture", "lo:6379", "--debug", "127.0.0.1:6390", "--debug", "127.0.0.1:6391",
+                     "--divergence", "resp"});
+    // SET answers OK whatever the interleaving, so only user:42 can differ.
+    const auto r = run(ns.in({"/usr/bin/redis-benchmark", "-p", "6379", "-t", "set", "-n", "10000", "-c", "5", "-r",
+                              "1000", "-q"}),
+                       {}, 300s);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(production.cli({"GET", "user:42"}), "alice");
+    ASSERT_TRUE(m.wait_idle(6)) << m.stats_text();
+    const MirrorStats s = m.stats();
+    EXPECT_EQ(s.capture->lost_connections, 0u);
+    ASSERT_EQ(s.debug_targets.size(), 2u) << m.stats_text();
+    EXPECT_EQ(s.debug_targets[0].address, "127.0.0.1:6390");
+    EXPECT_EQ(s.debug_targets[1].address, "127.0.0.1:6391");
+    for (const auto& t : s.debug_targets) {
+        EXPECT_EQ(t.bytes, s.bytes.client_to_production) << t.address;
+        EXPECT_EQ(t.overflows, 0u) << t.address;
+        EXPECT_EQ(t.open_legs, 0u) << t.address;
+    }
+    EXPECT_EQ(s.bytes.to_debug, 2 * s.bytes.client_to_production);
+    EXPECT_EQ(workload_calls(same.calls()).at("set"), 10000 + 1);
+    EXPECT_EQ(workload_calls(different.calls()).at("set"), 10000 + 1);
+    EXPECT_EQ(s.debug_targets[0].diverged_connections, 0u);
+    EXPECT_EQ(s.debug_targets[1].diverged_connections, 1u);
+    EXPECT_EQ(s.divergence.diverged_connections, 1u);
+    ASSERT_EQ(s.divergence.reports.size(), 1u) << m.stats_text();
+    EXPECT_EQ(s.divergence.reports[0].debug_target, 1u);
+    EXPECT_EQ(s.divergence.reports[0].request, "GET user:42");
+    EXPECT_EQ(s.divergence.reports[0].debug, "$7\r\nmallory\r\n");
+    EXPECT_EQ(m.stop(), 0) << m.log();
+}
+
 TEST(CaptureMirrorLoopback, ARecordedCaptureReplaysIntoTheSameDataset) {
     REQUIRE_TOOLS();
     TempDir dir;

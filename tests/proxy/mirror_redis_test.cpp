@@ -410,6 +410,89 @@ TEST(Mirror, RecordThenReplayReproducesProduction) {
     EXPECT_NE(bad.err.find("not an iprobe recording"), std::string::npos) << bad.err;
 }
 
+// The recording keeps production's replies: a replay into a copy in the
+// same state answers the same, one into a copy whose state differs is
+// caught, the request named.
+TEST(Mirror, ReplayComparesTheRepliesWithTheRecordedOnes) {
+    REQUIRE_REDIS();
+    TempDir dir;
+    Redis production, same, different;
+    const std::string rec = dir / "traffic.rec";
+    {
+        Mirror m({"--production", production.addr(), "--record", rec}, dir.path());
+        pipe_workload(dir, m.port(), 3, 2000);
+        ASSERT_TRUE(m.wait_stats(idle));
+        EXPECT_EQ(m.stop(), 0) << m.log();
+    }
+    const auto r = run({iprobe_cli(), "replay", rec, "--to", same.addr(), "--speed", "0", "--compare", "resp", "--json"});
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    // Every reply: 2000 commands and redis-cli --pipe's closing ECHO, on each of 3 connections.
+    EXPECT_NE(r.out.find("\"compared\":6003,\"ignored\":0,\"mismatches\":0,\"diverged_connections\":0"),
+              std::string::npos)
+        << r.out;
+    // A counter that starts elsewhere: every INCR of connection 1 answers differently.
+    ASSERT_EQ(different.cli({"SET", "c1:counter", "1000"}), "OK");
+    const auto d = run({iprobe_cli(), "replay", rec, "--to", different.addr(), "--speed", "0", "--compare", "resp"});
+    EXPECT_EQ(d.exit_code, 1) << d.out << d.err;
+    EXPECT_NE(d.out.find(" 500 differ on 1 connection(s)"), std::string::npos) << d.out;
+    EXPECT_NE(d.out.find("reply 1 to 'INCR c1:counter': production \":1\\r\\n\", replay \":1001\\r\\n\""),
+              std::string::npos)
+        << d.out;
+    // Byte for byte, for protocols iprobe cannot frame.
+    const auto old = run({iprobe_cli(), "replay", rec, "--to", same.addr(), "--speed", "0", "--compare", "stream", "--json"});
+    EXPECT_NE(old.out.find("\"mode\":\"stream\""), std::string::npos) << old.out;
+}
+
+// Several debug copies: each gets the whole stream through a buffer of its
+// own, so a stopped one overflows alone and the other keeps up.
+TEST(Mirror, EachDebugCopyGetsTheWholeStreamThroughItsOwnBuffer) {
+    REQUIRE_REDIS();
+    TempDir dir;
+    Redis direct, production, first, second;
+    constexpr int kConns = 4, kCommands = 5000;
+    pipe_workload(dir, direct.port(), kConns, kCommands);
+    Mirror m({"--production", production.addr(), "--debug", first.addr(), "--debug", second.addr(), "--divergence",
+              "resp", "--buffer", "1M"},
+             dir.path());
+    pipe_workload(dir, m.port(), kConns, kCommands);
+    ASSERT_TRUE(m.wait_stats(idle)) << m.stats();
+    EXPECT_EQ(first.digest(), direct.digest());
+    EXPECT_EQ(second.digest(), direct.digest());
+    std::string s = m.stats();
+    std::size_t sent = 0;
+    for (int c = 0; c < kConns; ++c) sent += workload(c, kCommands).size() + 43;
+    EXPECT_EQ(json_number(s, "bytes", "to_debug"), static_cast<double>(2 * sent)) << s;
+    EXPECT_EQ(json_number(s, "divergence", "compared"), static_cast<double>(2 * kConns * (kCommands + 1))) << s;
+    EXPECT_EQ(json_number(s, "divergence", "mismatches"), 0.0) << s;
+    EXPECT_NE(s.find("\"debug_targets\":[{\"address\":\"" + first.addr() + "\",\"connections\":4,"), std::string::npos) << s;
+    EXPECT_NE(s.find("{\"address\":\"" + second.addr() + "\",\"connections\":4,"), std::string::npos) << s;
+
+    // One connection, one 32 KiB SET at a time (redis-cli waits for each
+    // reply): the running copy is never far behind, the stopped one takes
+    // nothing and its 1M buffer runs over.
+    second.signal(SIGSTOP);
+    {
+        std::ofstream commands(dir / "big-sets.txt");
+        for (int i = 0; i < 80; ++i) commands << "SET big" << i << " " << std::string(32768, 'a' + i % 26) << "\n";
+    }
+    const auto big = sh("/usr/bin/redis-cli -p " + std::to_string(m.port()) + " < " + (dir / "big-sets.txt"), 60s);
+    ASSERT_EQ(big.exit_code, 0) << big.err;
+    ASSERT_TRUE(m.wait_stats([](const std::string& st) {
+        return json_number(st, "connections", "active") == 0.0 && json_number(st, "buffer", "overflows") == 1.0;
+    })) << m.stats();
+    s = m.stats();
+    // The stopped copy's connection overflowed; the running one completed.
+    EXPECT_NE(s.find("{\"address\":\"" + second.addr() + "\",\"connections\":5,\"connect_failures\":0,\"overflows\":1"),
+              std::string::npos)
+        << s;
+    EXPECT_NE(s.find("{\"address\":\"" + first.addr() + "\",\"connections\":5,\"connect_failures\":0,\"overflows\":0"),
+              std::string::npos)
+        << s;
+    second.signal(SIGCONT);
+    EXPECT_EQ(m.stop(), 0) << m.log();
+    EXPECT_EQ(first.digest(), production.digest());
+}
+
 TEST(Mirror, NoLeakedDescriptorsAfterManyConnections) {
     REQUIRE_REDIS();
     TempDir dir;

@@ -260,9 +260,37 @@ static MirrorStats sample_stats() {
     s.divergence.mismatches = 2;
     s.divergence.diverged_connections = 1;
     s.divergence.unchecked_connections = 8;
-    s.divergence.reports.push_back({4, 17, false, "GET user:42", "$3\r\nbob", "$-1", 3.5});
+    s.divergence.reports.push_back({4, 17, false, "GET user:42", "$3\r\nbob", "$-1", 3.5, 1});
     s.record = MirrorStats::Record{"/tmp/traffic.rec", 77, true};
+    s.debug_targets.push_back({"10.213.0.2:6379", 7, 1, 2, 1, 3, 4096, 0.25, 120.5, 340.25, 9, 999});
+    s.debug_targets.push_back({"10.213.0.6:6379", 7, 0, 0, 0, 3, 0, 0, 0, 0, 0, 999});
+    MirrorStats::ConnectionStats c;
+    c.id = 42;
+    c.age_ms = 1500.5;
+    c.lingering = true;
+    c.debug.push_back({"open", 4096, 8192, 0.25, 120.5, 340.25, 9});
+    c.debug.push_back({"overflowed", 0, 262144, 0, 0, 0, 0});
+    s.open_connections.push_back(c);
     return s;
+}
+
+TEST(ProxyMirrorCommand, CommandsAndRepliesRoundTrip) {
+    const MirrorCommand record{MirrorCommand::Kind::record, "/var/tmp/gen-000002/input.rec"};
+    EXPECT_EQ(parse_mirror_command(to_json(record)).path, record.path);
+    EXPECT_EQ(parse_mirror_command(to_json(MirrorCommand{MirrorCommand::Kind::record, ""})).path, "");
+    MirrorCommandReply reply;
+    reply.ok = false;
+    reply.error = "cannot create";
+    reply.open_connections = 3;
+    reply.at_s = 12.25;
+    const MirrorCommandReply back = parse_mirror_command_reply(to_json(reply));
+    EXPECT_FALSE(back.ok);
+    EXPECT_EQ(back.error, reply.error);
+    EXPECT_EQ(back.open_connections, 3u);
+    EXPECT_EQ(back.at_s, 12.25);
+    for (const char* bad : {"", "{}", "{\"command\":\"rotate\"}", "[1]", "not json"})
+        EXPECT_THROW(parse_mirror_command(bad), Error) << bad;
+    EXPECT_THROW(parse_mirror_command_reply("{\"error\":\"x\"}"), Error);
 }
 
 TEST(ProxyMirrorStats, DocumentRoundTripsThroughTheOneDefinition) {

@@ -133,6 +133,10 @@ struct iprobe_rt_probe {
     uint8_t timed;       /* entry probe whose function's exit probe is enabled too:
                           * its calls are timed (else only counted) */
     uint8_t pad[3];
+    /* Written by the attacher when it turns the site on or off, so a report
+     * can say for which part of the time a function's counts were kept. */
+    uint64_t live_since_ns;  /* CLOCK_REALTIME when the site last became live; 0 while off */
+    uint64_t live_ns;        /* time the site was live before that */
 };
 
 /* One function's sums in one thread (or summed by a reader). */

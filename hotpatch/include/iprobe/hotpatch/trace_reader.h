@@ -17,6 +17,10 @@
 #include "iprobe/formats/rt_layout.h"
 #include "iprobe/support/fd.h"
 
+namespace iprobe {
+class JsonWriter;
+}
+
 namespace iprobe::hotpatch {
 
 struct Event {
@@ -32,6 +36,7 @@ struct Event {
 
 struct ProbeInfo {
     std::string function;  // demangled
+    std::string symbol;    // raw (what a selector matches without quoting)
     std::string file;
     std::uint32_t line = 0;
     probelist::ProbeKind kind = probelist::ProbeKind::entry;
@@ -42,10 +47,41 @@ struct ProbeInfo {
 struct FunctionStats {
     std::uint32_t stat = 0;  // aggregate slot
     std::string function;
+    std::string symbol;      // raw
     probelist::ProbeKind kind = probelist::ProbeKind::entry;  // point: a point probe's hits
     std::uint64_t calls = 0, completed = 0, timed = 0;
     std::uint64_t inclusive_ns = 0, exclusive_ns = 0, max_ns = 0;
     std::uint64_t p50_ns = 0, p99_ns = 0;
+    // When its probes were on: counts cover only that part of the time since
+    // the process's first attach.  Kept as instants (CLOCK_REALTIME ns), so
+    // two reads of an unchanged process agree.
+    std::uint64_t live_ns = 0;          // finished stretches with its probes on
+    std::uint64_t live_since_ns = 0;    // on since then (0: off now)
+    std::uint64_t window_start_ns = 0;  // the process's first attach
+    std::uint64_t probed_ns(std::uint64_t now_ns) const {
+        return live_ns + (live_since_ns && now_ns > live_since_ns ? now_ns - live_since_ns : 0);
+    }
+    iprobe_rt_fn_stats raw{};  // the sums these were made from, in clock ticks
+    double ns_per_tick = 1;
+};
+
+// One function's fields in JSON (`iprobe report --json`, a debug session's
+// report): inside an object the caller opens.
+void write_function_stats_fields(JsonWriter& json, const FunctionStats& f);
+
+// Rows of several processes merged by function and kind (the clones of one
+// debug session, each probing its share of the functions): counts and times
+// add up, max is the largest, quantiles come from the summed histograms, the
+// longest probed time and the earliest window start are kept.  The
+// processes share one clock (one host).
+std::vector<FunctionStats> merge_functions(const std::vector<std::vector<FunctionStats>>& per_process);
+
+// A probe's state in the region.
+struct ProbeState {
+    std::uint32_t stat = IPROBE_RT_NO_STAT;  // aggregate slot
+    bool live = false;                       // the site holds its call now
+    std::uint64_t live_ns = 0;               // finished stretches it was live
+    std::uint64_t live_since_ns = 0;         // CLOCK_REALTIME since when it is live (0: off)
 };
 
 struct ThreadDrops {
@@ -76,6 +112,10 @@ public:
     const ProbeInfo& probe(std::uint32_t index);
     const std::vector<ProbeInfo>& probes();  // every probe known now, by global index
     std::uint32_t probe_count() const;
+    // By global index.
+    std::vector<ProbeState> probe_states() const;
+    // CLOCK_REALTIME ns when the region was made (the first attach).
+    std::uint64_t window_start_ns() const;
 
     // Sums over every thread slot, per function, now.
     std::vector<iprobe_rt_fn_stats> sums() const;

@@ -58,6 +58,42 @@ struct CloneResult {
 // closed) is removed first.
 CloneResult clone_process(const CloneOptions& options);
 
+// A checkpoint of production kept in a directory: CRIU's images and pristine
+// copies of the files a clone gets private ones of.  Any number of clones
+// can be restored from it, now or later (`iprobe debug --clones N` restores
+// several of one checkpoint; `iprobe investigate` one from a recorded
+// generation); each gets its own copies, the checkpoint stays as it was.
+//
+// DIR/checkpoint.json   what restore needs (below), written last
+// DIR/images/           criu dump -D
+// DIR/fs/N              copy of snapshots[N].original
+struct Checkpoint {
+    std::string dir;
+    pid_t pid = -1;                       // production's root (the clone's PID inside its namespace)
+    bool shell_job = false;
+    std::vector<std::string> snapshots;   // original paths; copy N is DIR/fs/N
+    std::vector<std::string> addresses;   // production's non-loopback addresses (restored on the clone's loopback)
+    double freeze_ms = 0, freezing_ms = 0, dump_ms = 0;
+    unsigned long long pages_written = 0;
+    double taken_at_s = 0;                // CLOCK_REALTIME seconds when the dump finished
+};
+
+// Dumps options.pid into `dir` (created; must be empty or absent).
+// Production keeps running; on failure `dir` is removed and production is as
+// it was.  `options.name` names the logs; keep_images is not used.
+Checkpoint take_checkpoint(const CloneOptions& options, const std::string& dir);
+// Throws Error(not_found / bad_input) when `dir` holds no checkpoint.
+Checkpoint load_checkpoint(const std::string& dir);
+
+struct RestoreOptions {
+    std::string name;                                  // clone and network namespace
+    std::function<void(const std::string&)> progress;  // may be empty
+    int lifeline_fd = -1;                              // as CloneOptions::lifeline_fd
+};
+
+// A clone of `checkpoint` named options.name, as clone_process makes one.
+CloneResult restore_clone(const Checkpoint& checkpoint, const RestoreOptions& options);
+
 // Kills the clone's process tree and removes its namespace and copies.
 void destroy_clone(const std::string& name);
 

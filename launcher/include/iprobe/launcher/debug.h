@@ -4,6 +4,7 @@
 
 #include <sys/types.h>
 
+#include <cstdint>
 #include <string>
 
 namespace iprobe::launcher {
@@ -25,6 +26,18 @@ struct DebugOptions {
     enum class Recloning { off, on_overflow, on_divergence, periodic } recloning = Recloning::off;
     int period_s = 0;            // periodic re-cloning interval
     bool json = false;           // JSON lines on stdout, the clone's trace included ({"event":"trace",...})
+    bool trace = true;           // stream the clones' events (off: aggregates only, in the reports)
+    // Budget-limited instrumentation (docs/debug-window.md): the costliest
+    // probed functions are turned off as a clone falls behind production's
+    // traffic and back on as it catches up.
+    bool adapt = false;
+    // Clones of one checkpoint, each fed the whole stream; the probed
+    // functions are split among them so each carries 1/N of the cost.
+    int clones = 1;
+    // Retro-logging: each generation's checkpoint and the input from then
+    // on, kept in this directory for `iprobe investigate` (retro.h).
+    std::string record_dir;
+    std::uint64_t record_max_bytes = std::uint64_t(1) << 30;
 };
 
 // Runs until SIGINT/SIGTERM (or the mirror exits), then removes the clone,

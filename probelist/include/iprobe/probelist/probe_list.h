@@ -8,6 +8,7 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_set>
 #include <vector>
 
 #include "iprobe/formats/probe_list.h"
@@ -84,6 +85,20 @@ struct ProbeSelector {
 
     bool matches(const Probe& probe) const;
     std::vector<const Probe*> select(const ProbeList& list) const;
+};
+
+// A selector prepared for many probes: function names without pattern
+// characters (thousands, when a session names its functions one by one)
+// are looked up, not matched one by one.  Keeps a reference to `selector`.
+class ProbeMatcher {
+public:
+    explicit ProbeMatcher(const ProbeSelector& selector);
+    bool matches(const Probe& probe) const;
+
+private:
+    const ProbeSelector& selector_;
+    std::unordered_set<std::string_view> names_;
+    std::vector<std::string_view> patterns_;
 };
 
 std::string hex(std::span<const std::uint8_t> bytes);

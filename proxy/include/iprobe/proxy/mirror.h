@@ -3,9 +3,11 @@
 // without production ever waiting on the debug side.
 //
 // Duplicator (default): clients connect to `listen`; each connection is
-// forwarded to `production`, and its client->server bytes are also queued in a
-// bounded per-connection buffer toward `debug`.  The debug copy's replies are
-// drained and, with divergence checking on, compared with production's.
+// forwarded to `production`, and its client->server bytes are also queued, in
+// a bounded buffer per connection and debug copy, toward every `debug`
+// address (one or more copies of the service, each fed the whole stream).
+// The debug copies' replies are drained and, with divergence checking on,
+// compared with production's.
 //
 // Aggregator (`upstream` set): placed between a service and a backend it calls.
 // Production's outbound connections arrive on `listen` and pass through to
@@ -31,10 +33,12 @@
 #include <sys/types.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "iprobe/proxy/address.h"
 #include "iprobe/proxy/framing.h"
@@ -58,7 +62,7 @@ struct MirrorOptions {
     Endpoint listen;                       // unused with `capture`
     std::optional<CaptureOptions> capture; // capture instead of proxying
     std::optional<Endpoint> production;    // duplicator: the real service
-    std::optional<Endpoint> debug;         // duplicator: the debug copy (none: proxy only)
+    std::vector<Endpoint> debug;           // duplicator: the debug copies (none: proxy only)
     std::optional<Endpoint> upstream;      // aggregator: the real backend
     std::optional<Endpoint> debug_listen;  // aggregator: where the debug copy's outbound connections arrive
     std::size_t buffer = 4 << 20;          // per connection, toward the debug side
@@ -66,8 +70,9 @@ struct MirrorOptions {
     double debug_linger_s = 30;            // how long a debug leg may finish after its client left
     Protocol divergence = Protocol::off;
     DivergenceRules rules = DivergenceRules::defaults();
-    std::string record_path;
+    std::string record_path;               // client->server and production's replies (see recording.h)
     std::optional<Endpoint> stats;
+    int control_fd = -1;                   // commands from a supervisor (MirrorCommand), answered there
     bool json = false;   // ready line and final stats as JSON on stdout
     bool quiet = false;  // no per-event log lines on stderr
 };
@@ -79,6 +84,29 @@ struct MirrorReady {
     std::optional<Endpoint> debug_listen;
     std::optional<Endpoint> stats;
 };
+
+// A supervisor's command on `control_fd`, one JSON line, answered with one
+// MirrorCommandReply line.
+struct MirrorCommand {
+    enum class Kind {
+        // Record connections opened from now on into `path` (empty: stop
+        // recording).  Connections already open keep recording where they
+        // started, so a recording holds whole connections only.
+        record,
+    } kind = Kind::record;
+    std::string path;
+};
+struct MirrorCommandReply {
+    bool ok = false;
+    std::string error;
+    std::uint64_t open_connections = 0;  // connections open now (in no new recording)
+    double at_s = 0;                     // the mirror's uptime when the command took effect
+};
+std::string to_json(const MirrorCommand& command);
+std::string to_json(const MirrorCommandReply& reply);
+// Both throw Error(bad_input) on anything else.
+MirrorCommand parse_mirror_command(std::string_view json);
+MirrorCommandReply parse_mirror_command_reply(std::string_view json);
 
 // Runs until SIGTERM/SIGINT; SIGUSR1 dumps the stats to stderr.  Throws Error
 // for bad configuration (ports in use, unwritable record file).

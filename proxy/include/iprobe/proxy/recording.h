@@ -1,11 +1,12 @@
-// Recorded traffic: the client->server byte stream of every connection, with
-// timestamps, zstd-compressed, so a fresh copy of the service can be fed the
-// same input later (`iprobe replay`).
+// Recorded traffic: the client->server byte stream of every connection and
+// production's replies, with timestamps, zstd-compressed, so a fresh copy of
+// the service can be fed the same input later (`iprobe replay`) and its
+// replies compared with production's.
 //
-// File: the line "iprobe-recording 1\n", then one zstd stream of records
-//   u8 kind (1 open, 2 data, 3 close) | u8[3] 0 | u32 connection | u64 ns since start | u32 length | bytes
-// little-endian.  A recording cut short (crash, full queue) ends early but
-// every record in it is whole.
+// File: the line "iprobe-recording 2\n", then one zstd stream of records
+//   u8 kind (1 open, 2 data, 3 close, 4 reply) | u8[3] 0 | u32 connection | u64 ns since start | u32 length | bytes
+// little-endian.  Version 1 files (no replies) are read too.  A recording cut
+// short (crash, full queue) ends early but every record in it is whole.
 #pragma once
 
 #include <atomic>
@@ -20,7 +21,8 @@
 
 namespace iprobe::proxy {
 
-enum class RecordKind : std::uint8_t { open = 1, data = 2, close = 3 };
+// data: client to server; reply: server to client.
+enum class RecordKind : std::uint8_t { open = 1, data = 2, close = 3, reply = 4 };
 
 struct Record {
     RecordKind kind;
@@ -45,6 +47,7 @@ public:
 
     bool stopped_early() const { return stopped_early_; }
     std::uint64_t records() const { return records_; }
+    std::uint64_t bytes() const { return bytes_; }  // uncompressed, queued so far
     const std::string& path() const { return path_; }
 
 private:
@@ -58,6 +61,7 @@ private:
     bool closing_ = false;
     std::atomic<bool> stopped_early_ = false;
     std::uint64_t records_ = 0;
+    std::uint64_t bytes_ = 0;
     int fd_ = -1;
     std::string write_error_;
     std::thread writer_;

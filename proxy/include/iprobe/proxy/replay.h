@@ -3,12 +3,19 @@
 // order at the recorded times (scaled by `speed`; 0 = as fast as possible).
 // Order across connections follows the timestamps only: requests the
 // original clients raced against each other may interleave differently.
+//
+// With `compare` on, the service's replies are compared with production's
+// replies as recorded, message by message (resp, http) or byte by byte
+// (stream): how faithfully the replay reproduced what production did.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "iprobe/proxy/address.h"
+#include "iprobe/proxy/framing.h"
+#include "iprobe/proxy/stats.h"
 
 namespace iprobe::proxy {
 
@@ -17,6 +24,8 @@ struct ReplayOptions {
     Endpoint to;
     double speed = 1.0;
     double drain_timeout_s = 10;  // wait for the service to answer and close after the last byte
+    Protocol compare = Protocol::off;
+    DivergenceRules rules = DivergenceRules::defaults();
 };
 
 struct ReplayResult {
@@ -28,8 +37,17 @@ struct ReplayResult {
     std::uint64_t unfinished = 0;  // still open when the drain timeout ran out
     double recorded_s = 0;
     double elapsed_s = 0;
+    // compare: replies (or bytes, stream) compared and how many differed;
+    // connections whose replies differed at least once; connections that
+    // could not be compared (no recorded replies, a protocol error).
+    DivergenceStats comparison;
 };
 
 ReplayResult run_replay(const ReplayOptions& options);
+
+// The result as one JSON object (what `iprobe replay --json` prints).
+std::string to_json(const ReplayResult& result);
+// "replies compared with production's: 8 compared, 0 differ (...)".
+std::string comparison_summary(const DivergenceStats& comparison);
 
 }  // namespace iprobe::proxy

@@ -26,7 +26,17 @@ struct DivergenceReportStats {
     bool index_is_byte_offset = false;
     std::string request, production, debug;
     double at_s = 0;
+    std::uint32_t debug_target = 0;  // index of the debug copy (--debug order)
     bool operator==(const DivergenceReportStats&) const = default;
+};
+
+// Replies compared with production's, by the mirror (each debug copy's) or
+// by `iprobe replay --compare` (the replayed service's against the recorded).
+struct DivergenceStats {
+    std::string mode;  // off | stream | resp | http
+    std::uint64_t compared = 0, ignored = 0, mismatches = 0, diverged_connections = 0, unchecked_connections = 0;
+    std::vector<DivergenceReportStats> reports;  // the first difference of each diverged connection (<= 100)
+    bool operator==(const DivergenceStats&) const = default;
 };
 
 struct MirrorStats {
@@ -47,6 +57,22 @@ struct MirrorStats {
                       linger_timeouts = 0;
         bool operator==(const Debug&) const = default;
     } debug;
+    // One per --debug address: how far behind the stream that copy is now.
+    struct DebugTarget {
+        std::string address;
+        std::uint64_t connections = 0, connect_failures = 0, overflows = 0, diverged_connections = 0;
+        std::uint64_t open_legs = 0;  // connections whose copy is still being fed
+        std::uint64_t buffered = 0;   // bytes waiting for this copy, all connections
+        // Over its open connections, the largest: share of the per-connection
+        // buffer in use (0..1); age of the oldest byte not yet sent to it; age
+        // of the oldest production reply it has not given yet (0 unless
+        // replies are compared by message); replies it owes.
+        double max_fill = 0, max_pending_ms = 0, max_reply_lag_ms = 0;
+        std::uint64_t replies_behind = 0;
+        std::uint64_t bytes = 0;      // sent to it
+        bool operator==(const DebugTarget&) const = default;
+    };
+    std::vector<DebugTarget> debug_targets;
     struct Buffer {
         std::uint64_t per_connection_limit = 0, total_limit = 0, buffered = 0;
         std::uint64_t high_water_total = 0, high_water_connection = 0, overflows = 0;
@@ -58,12 +84,7 @@ struct MirrorStats {
         std::vector<double> recent;
         bool operator==(const DebugWindows&) const = default;
     } debug_windows_ms;
-    struct Divergence {
-        std::string mode;
-        std::uint64_t compared = 0, ignored = 0, mismatches = 0, diverged_connections = 0, unchecked_connections = 0;
-        std::vector<DivergenceReportStats> reports;
-        bool operator==(const Divergence&) const = default;
-    } divergence;
+    DivergenceStats divergence;
     struct Aggregator {
         std::uint64_t slots = 0, unclaimed_production_connections = 0, unmatched_debug_connections = 0;
         bool operator==(const Aggregator&) const = default;
@@ -99,6 +120,30 @@ struct MirrorStats {
         bool operator==(const Record&) const = default;
     };
     std::optional<Record> record;
+    // Open connections (at most 100, oldest first) with their debug legs.
+    struct ConnectionStats {
+        std::uint32_t id = 0;
+        double age_ms = 0;
+        bool lingering = false;  // the client left; a debug copy is still being fed
+        struct Leg {
+            std::string state;  // connecting | open | overflowed | capture_loss | closed
+            std::uint64_t buffered = 0, high_water = 0;
+            double fill = 0, pending_ms = 0, reply_lag_ms = 0;
+            std::uint64_t replies_behind = 0;
+            bool operator==(const Leg&) const = default;
+        };
+        std::vector<Leg> debug;  // one per --debug address
+        // Capture mode: whose connection, followed from its SYN or joined,
+        // and what of it the capture lost.
+        struct Captured {
+            std::string client;
+            bool joined = false, lost_client_bytes = false, lost_replies = false;
+            bool operator==(const Captured&) const = default;
+        };
+        std::optional<Captured> captured;
+        bool operator==(const ConnectionStats&) const = default;
+    };
+    std::vector<ConnectionStats> open_connections;
 
     bool operator==(const MirrorStats&) const = default;
 };
@@ -106,6 +151,10 @@ struct MirrorStats {
 // Writes the members of the stats object (the caller opens and closes it, so
 // the mirror can append its open connections).
 void write_stats_fields(JsonWriter& json, const MirrorStats& stats);
+// The "divergence" object's fields; a replay's reports name the copy's side
+// "replay" and carry no session time or copy index.
+enum class CompareSource { mirror, replay };
+void write_divergence_fields(JsonWriter& json, const DivergenceStats& divergence, CompareSource source);
 std::string to_json(const MirrorStats& stats);
 // Throws Error(bad_input) naming what is missing or malformed.
 MirrorStats parse_mirror_stats(std::string_view json);

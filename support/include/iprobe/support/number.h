@@ -21,6 +21,10 @@ std::uint64_t parse_unsigned_or_usage(std::string_view text, std::string_view wh
 // A finite decimal number within [min, max] ("1.5", "2e3"; not "inf", "nan", "0x10").
 double parse_decimal_or_usage(std::string_view text, std::string_view what, double min, double max);
 
+// A size in bytes: digits with an optional K, M or G (KiB, MiB, GiB; k, m, g)
+// suffix or B, more than 0 and at most 1 TiB.
+std::uint64_t parse_size_or_usage(std::string_view text, std::string_view what);
+
 // A process ID: 1 up to the kernel's largest (PID_MAX_LIMIT, 4194304).
 pid_t parse_pid_or_usage(std::string_view text, std::string_view what = "PID");
 

@@ -1,0 +1,66 @@
+#include <string>
+#include <vector>
+
+#include "commands.h"
+#include "iprobe/launcher/retro.h"
+#include "iprobe/proxy/framing.h"
+#include "iprobe/support/args.h"
+#include "iprobe/support/error.h"
+#include "iprobe/support/number.h"
+
+namespace iprobe::launcher::cli {
+namespace {
+
+const ArgSpec kSpec(
+    "iprobe investigate",
+    "usage: iprobe investigate DIR [--generation N] [--probes LIST] [--functions GLOB,...]\n"
+    "                          [--speed X] [--compare MODE] [--trace] [--name NAME] [--json]",
+    "Retro-logging: looks back at what a service did, with probes nobody thought\n"
+    "of at the time.  DIR was written by `iprobe debug --record DIR`: for each\n"
+    "generation of clones, production's checkpoint and the client input from\n"
+    "then on.  investigate restores a fresh clone from a generation's checkpoint\n"
+    "(its own namespaces, its own copies of the files), attaches the probes,\n"
+    "replays the recorded input into it and prints the per-function report: the\n"
+    "calls that input caused.  The clone's replies are compared with\n"
+    "production's replies as recorded: how faithful the replay was.  The clone\n"
+    "is removed at the end; production and DIR are not touched.",
+    {
+        {"--generation", "N", "which generation (default: the newest)"},
+        {"--probes", "LIST", "probe list(s) to attach (default: the service's executable)"},
+        {"--functions", "GLOB,...", "only probes of functions matching a GLOB"},
+        {"--speed", "X", "pacing: 0 (default) as fast as possible, 1 as recorded, X times faster"},
+        {"--compare", "MODE", "reply comparison: auto (default: as the session compared), resp,\n"
+                              "http, stream or off"},
+        {"--trace", "", "also stream the clone's events (trace) on stdout"},
+        {"--name", "NAME", "the clone's name (default iprobe-investigate-PID)"},
+        {"--json", "", "JSON lines on stdout: clone, attached, trace, replay, report"},
+    },
+    "exit codes: 0 ok (replies as production's), 1 failed or the replies differed,\n"
+    "2 usage, 3 bad input, 4 permission, 5 not found, 7 unavailable");
+
+}  // namespace
+
+int investigate_main(const std::vector<std::string>& args) {
+    const auto parsed = kSpec.parse_or_print_help(args);
+    if (!parsed) return 0;
+    const ParsedArgs& a = *parsed;
+    if (a.positionals().size() != 1) kSpec.fail("give one recording directory (iprobe debug --record DIR)");
+    InvestigateOptions o;
+    o.dir = a.positionals().front();
+    if (a.has("--generation"))
+        o.generation = static_cast<int>(parse_unsigned_or_usage(a.value("--generation"), "--generation", 1, 999999));
+    o.probes = a.value("--probes");
+    o.functions = a.value("--functions");
+    if (a.has("--speed")) o.speed = parse_decimal_or_usage(a.value("--speed"), "--speed", 0, 1e6);
+    if (a.has("--compare")) {
+        o.compare = a.value("--compare");
+        if (o.compare != "auto") proxy::parse_protocol(o.compare);
+    }
+    o.trace = a.has("--trace");
+    if (o.trace && o.probes.empty() && o.functions.empty()) kSpec.fail("--trace streams probe events: give --functions or --probes");
+    o.name = a.value("--name");
+    o.json = a.has("--json");
+    return run_investigate(o);
+}
+
+}  // namespace iprobe::launcher::cli

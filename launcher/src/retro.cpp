@@ -1,0 +1,294 @@
+#include "iprobe/launcher/retro.h"
+
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "clone_probes.h"
+#include "iprobe/launcher/clone.h"
+#include "iprobe/proxy/replay.h"
+#include "iprobe/support/error.h"
+#include "iprobe/support/fd.h"
+#include "iprobe/support/file.h"
+#include "iprobe/support/glob.h"
+#include "iprobe/support/install_layout.h"
+#include "iprobe/support/json.h"
+#include "process.h"
+#include "session_events.h"
+#include "session_report.h"
+
+namespace fs = std::filesystem;
+
+namespace iprobe::launcher {
+namespace {
+
+constexpr const char* kPrefix = "gen-";
+
+int generation_number(const fs::path& p) {
+    const std::string name = p.filename().string();
+    if (name.rfind(kPrefix, 0) != 0 || name.size() == 4) return 0;
+    for (std::size_t i = 4; i < name.size(); ++i)
+        if (name[i] < '0' || name[i] > '9') return 0;
+    return std::stoi(name.substr(4));
+}
+
+std::uint64_t tree_bytes(const std::string& dir) {
+    std::uint64_t total = 0;
+    std::error_code ec;
+    for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator();
+         it.increment(ec)) {
+        std::error_code size_ec;
+        if (it->is_regular_file(size_ec)) total += it->file_size(size_ec);
+    }
+    return total;
+}
+
+double realtime_s() {
+    timespec ts{};
+    ::clock_gettime(CLOCK_REALTIME, &ts);
+    return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) / 1e9;
+}
+
+GenerationInfo read_generation(const fs::path& dir) {
+    GenerationInfo g;
+    g.dir = dir.string();
+    g.generation = generation_number(dir);
+    try {
+        const auto bytes = read_file((dir / "generation.json").string());
+        const auto doc = nlohmann::json::parse(std::string(bytes.begin(), bytes.end()));
+        g.started_at_s = doc.value("started_at_s", 0.0);
+        g.service = doc.value("service", "");
+        g.protocol = doc.value("protocol", "off");
+        g.open_at_start = doc.value("open_at_start", 0ull);
+        g.complete = doc.value("complete", false);
+    } catch (const std::exception& e) {
+        throw Error(g.dir + "/generation.json: " + e.what(), ExitCode::bad_input);
+    }
+    return g;
+}
+
+}  // namespace
+
+std::string input_path(const GenerationInfo& g) { return g.dir + "/input.rec"; }
+std::string checkpoint_path(const GenerationInfo& g) { return g.dir + "/checkpoint"; }
+
+RecordRing::RecordRing(std::string dir, std::uint64_t max_bytes) : dir_(fs::absolute(dir).string()), max_bytes_(max_bytes) {
+    std::error_code ec;
+    fs::create_directories(dir_, ec);
+    if (ec) throw Error("--record " + dir_ + ": " + ec.message(), ExitCode::bad_input);
+    for (const auto& e : fs::directory_iterator(dir_))
+        if (!generation_number(e.path()))
+            throw Error("--record " + dir_ + " holds other things than recorded generations (" +
+                            e.path().filename().string() + "); give an empty or new directory",
+                        ExitCode::bad_input);
+}
+
+GenerationInfo RecordRing::begin(const std::string& service, const std::string& protocol) {
+    int newest = 0;
+    for (const auto& e : fs::directory_iterator(dir_)) newest = std::max(newest, generation_number(e.path()));
+    char name[32];
+    std::snprintf(name, sizeof name, "%s%06d", kPrefix, newest + 1);
+    GenerationInfo g;
+    g.generation = newest + 1;
+    g.dir = dir_ + "/" + name;
+    g.started_at_s = realtime_s();
+    g.service = service;
+    g.protocol = protocol;
+    fs::create_directories(g.dir);
+    return g;
+}
+
+void RecordRing::save(const GenerationInfo& g) const {
+    const nlohmann::json doc = {{"generation", g.generation},     {"started_at_s", g.started_at_s},
+                                {"service", g.service},           {"protocol", g.protocol},
+                                {"open_at_start", g.open_at_start}, {"complete", g.complete}};
+    const std::string text = doc.dump(2) + "\n";
+    write_file_atomic(g.dir + "/generation.json", text.data(), text.size());
+}
+
+bool RecordRing::trim(const GenerationInfo& current) {
+    std::vector<std::pair<int, std::string>> gens;
+    for (const auto& e : fs::directory_iterator(dir_))
+        if (const int n = generation_number(e.path())) gens.emplace_back(n, e.path().string());
+    std::sort(gens.begin(), gens.end());
+    std::uint64_t total = 0;
+    std::vector<std::uint64_t> sizes;
+    for (const auto& [n, path] : gens) total += sizes.emplace_back(tree_bytes(path));
+    for (std::size_t i = 0; i < gens.size() && total > max_bytes_; ++i) {
+        if (gens[i].first == current.generation) continue;
+        std::error_code ec;
+        fs::remove_all(gens[i].second, ec);
+        total -= sizes[i];
+    }
+    return tree_bytes(current.dir) > max_bytes_;
+}
+
+std::vector<GenerationInfo> list_generations(const std::string& dir) {
+    std::error_code ec;
+    if (!fs::is_directory(dir, ec)) throw Error(dir + ": no such recording directory", ExitCode::not_found);
+    std::vector<GenerationInfo> out;
+    for (const auto& e : fs::directory_iterator(dir))
+        if (generation_number(e.path()) && fs::exists(e.path() / "generation.json")) out.push_back(read_generation(e.path()));
+    std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.generation < b.generation; });
+    return out;
+}
+
+namespace {
+
+// Replays from inside the clone's network namespace, where the service
+// listens on production's address; the thread joins it, the process does not.
+proxy::ReplayResult replay_in(const std::string& netns_path, const proxy::ReplayOptions& options) {
+    proxy::ReplayResult result;
+    std::exception_ptr failure;
+    std::thread worker([&] {
+        try {
+            UniqueFd ns(::open(netns_path.c_str(), O_RDONLY | O_CLOEXEC));
+            if (!ns || ::setns(ns.get(), CLONE_NEWNET) != 0) throw_errno("joining the clone's network namespace");
+            result = proxy::run_replay(options);
+        } catch (...) {
+            failure = std::current_exception();
+        }
+    });
+    worker.join();
+    if (failure) std::rethrow_exception(failure);
+    return result;
+}
+
+// Relays the clone's trace to stdout until it closes; JSON lines become
+// "trace" events, so stdout stays one kind of line.
+void relay(int fd, bool json) {
+    char buf[65536];
+    std::string partial;
+    ssize_t n;
+    while ((n = ::read(fd, buf, sizeof buf)) > 0) {
+        partial.append(buf, static_cast<std::size_t>(n));
+        std::size_t start = 0;
+        for (std::size_t nl; (nl = partial.find('\n', start)) != std::string::npos; start = nl + 1) {
+            const std::string_view line(partial.data() + start, nl - start);
+            if (json && line.starts_with("{")) std::printf("{\"event\":\"trace\",%.*s\n", static_cast<int>(line.size() - 1), line.data() + 1);
+            else if (!json) std::printf("%.*s\n", static_cast<int>(line.size()), line.data());
+        }
+        partial.erase(0, start);
+        std::fflush(stdout);
+    }
+}
+
+}  // namespace
+
+int run_investigate(const InvestigateOptions& o) {
+    if (geteuid() != 0)
+        throw Error("iprobe investigate needs root (CRIU, namespaces, ptrace); run it with sudo", ExitCode::permission);
+    const auto generations = list_generations(o.dir);
+    if (generations.empty()) throw Error(o.dir + " holds no recorded generation", ExitCode::not_found);
+    auto chosen = generations.end() - 1;
+    if (o.generation > 0) {
+        chosen = std::find_if(generations.begin(), generations.end(), [&](const auto& g) { return g.generation == o.generation; });
+        if (chosen == generations.end())
+            throw Error("no generation " + std::to_string(o.generation) + " in " + o.dir + " (it has " +
+                            std::to_string(generations.front().generation) + " to " +
+                            std::to_string(generations.back().generation) + ")",
+                        ExitCode::not_found);
+    }
+    const GenerationInfo& g = *chosen;
+    const SessionEvents say(o.json, "iprobe investigate");
+    const Checkpoint cp = load_checkpoint(checkpoint_path(g));
+    if (!fs::exists(input_path(g))) throw Error(g.dir + " has no recorded input (input.rec)", ExitCode::not_found);
+    const bool probing = !o.probes.empty() || !o.functions.empty();
+    std::string hotpatch_tool;
+    if (probing) {
+        const auto tool = InstallLayout::current().helper("iprobe-hotpatch");
+        if (!tool)
+            throw Error("iprobe investigate needs iprobe-hotpatch in " + InstallLayout::current().libexec().string(),
+                        ExitCode::unavailable);
+        hotpatch_tool = tool->string();
+    }
+    proxy::ReplayOptions replay;
+    replay.path = input_path(g);
+    replay.to = proxy::parse_endpoint(g.service, "the recorded service address");
+    replay.speed = o.speed;
+    replay.compare = proxy::parse_protocol(o.compare == "auto" ? g.protocol : o.compare);
+
+    // The clone ends with this process, whatever ends it.
+    int lifeline[2];
+    if (::pipe2(lifeline, O_CLOEXEC) < 0) throw_errno("pipe");
+    UniqueFd lifeline_read(lifeline[0]), lifeline_write(lifeline[1]);
+    const std::string name = o.name.empty() ? "iprobe-investigate-" + std::to_string(getpid()) : o.name;
+    const CloneResult clone = restore_clone(cp, {name, [&](const std::string& line) {
+                                                     if (!o.json) std::fprintf(stderr, "iprobe investigate: %s\n", line.c_str());
+                                                 },
+                                                 lifeline_read.get()});
+    struct Destroy {
+        std::string name;
+        ~Destroy() {
+            try {
+                destroy_clone(name);
+            } catch (const Error& e) {
+                std::fprintf(stderr, "iprobe investigate: removing clone %s: %s\n", name.c_str(), e.what());
+            }
+        }
+    } destroy{name};
+    say("clone",
+        "generation " + std::to_string(g.generation) + " restored as clone " + name + " (PID " +
+            std::to_string(clone.clone_pid) + ") from the checkpoint of " + g.dir,
+        [&](JsonWriter& w) {
+            w.field("generation", g.generation).field("name", name).field("clone_pid", static_cast<std::int64_t>(clone.clone_pid));
+            w.field("netns", clone.netns_path).field("open_at_start", g.open_at_start).field("complete", g.complete);
+        });
+    if (g.open_at_start)
+        say("warning",
+            std::to_string(g.open_at_start) + " connection(s) were open across the checkpoint: what they sent afterwards "
+                                              "changed production but is not in this input",
+            [&](JsonWriter& w) { w.field("open_at_start", g.open_at_start); });
+
+    CloneProbes probes(hotpatch_tool, {"nsenter", "--target", std::to_string(clone.keeper_pid), "--pid", "--mount", "--"},
+                       cp.pid, clone.clone_pid, split_list(o.probes));
+    pid_t trace = -1;
+    UniqueFd trace_out;
+    if (probing) {
+        const auto stats = probes.attach(split_list(o.functions));
+        say("attached", "probes attached in the clone: " + hotpatch::attach_summary(stats),
+            [&](JsonWriter& w) { w.field("probes", static_cast<std::uint64_t>(stats.total_enabled)); });
+        if (o.trace) {
+            int fds[2];
+            if (::pipe2(fds, O_CLOEXEC) < 0) throw_errno("pipe");
+            UniqueFd wr(fds[1]);
+            trace_out.reset(fds[0]);
+            trace = probes.start_trace(o.json, wr.get(), 2);
+        }
+    }
+    std::thread relay_thread;
+    if (trace_out) relay_thread = std::thread([fd = trace_out.get(), json = o.json] { relay(fd, json); });
+
+    const proxy::ReplayResult result = replay_in(clone.netns_path, replay);
+    if (trace > 0) {
+        ::kill(-trace, SIGINT);  // it drains what is left, then exits
+        ::waitpid(trace, nullptr, 0);
+    }
+    if (relay_thread.joinable()) relay_thread.join();
+    say("replay",
+        "replayed " + std::to_string(result.connections) + " connection(s), " + std::to_string(result.bytes_sent) +
+            " bytes, in " + std::to_string(result.elapsed_s) + " s (recorded over " + std::to_string(result.recorded_s) +
+            " s)" + (replay.compare == proxy::Protocol::off ? std::string() : "; " + proxy::comparison_summary(result.comparison)),
+        [&](JsonWriter& w) { w.key("result").raw(proxy::to_json(result)); });
+    if (probing) {
+        const GenerationReport report = build_report(g.generation, 0, result.elapsed_s, {probes.functions()}, {});
+        // The result: on stdout for people too.
+        if (o.json) say("report", {}, [&](JsonWriter& w) { write_report(w, report); });
+        else std::printf("%s", report_table(report).c_str());
+        std::fflush(stdout);
+    }
+    if (result.connect_failures || result.send_failures) return static_cast<int>(ExitCode::failure);
+    return result.comparison.mismatches ? static_cast<int>(ExitCode::failure) : 0;
+}
+
+}  // namespace iprobe::launcher
