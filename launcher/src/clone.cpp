@@ -174,6 +174,26 @@ using namespace clone_steps;
 
 namespace {
 
+// `scratch_too`: also a scratch checkpoint left by a launcher killed before
+// it could remove it.  Not when making a clone: that launcher's own new
+// checkpoint may be there.
+void remove_clone(const std::string& name, bool scratch_too) {
+    // A launcher killed before it recorded the clone left at most a state
+    // directory without a state file and its scratch checkpoint.
+    const bool remains_only = !fs::exists(state_dir(name) + "/state");
+    if (remains_only && !fs::exists(state_dir(name)) && !(scratch_too && fs::exists(scratch_checkpoint_dir(name))))
+        read_state(name);  // throws: no such clone
+    State st = remains_only ? State{} : read_state(name);
+    kill_keeper(to_pid(st["keeper_pid"]), st["keeper_start"]);
+    // Killed mid-restore, the launcher had not learned its keeper's PID.
+    if (st["keeper_pid"].empty() && !st["netns"].empty())
+        for (pid_t keeper : keepers_in(st["netns"])) kill_keeper(keeper, start_time(keeper));
+    if (!st["veth"].empty()) delete_link(st["veth"]);
+    if (st["created_netns"] == "1") delete_netns(name);
+    if (scratch_too) remove_tree(scratch_checkpoint_dir(name));
+    remove_tree(state_dir(name));
+}
+
 // Refuses a name in use; removes what a clone of that name left behind when
 // its processes are gone (its caller's lifeline closed).
 void claim_name(const std::string& name, const std::function<void(const std::string&)>& progress) {
@@ -185,7 +205,7 @@ void claim_name(const std::string& name, const std::function<void(const std::str
         throw Error("a clone named '" + name + "' exists; remove it with `iprobe clone --destroy " + name + "`",
                     ExitCode::busy);
     if (progress) progress("removing the remains of clone " + name + " (its processes are gone)");
-    destroy_clone(name);
+    remove_clone(name, false);
 }
 
 double realtime_s() {
@@ -411,20 +431,7 @@ CloneResult load_clone(const std::string& name) {
 void destroy_clone(const std::string& name) {
     require_root("iprobe clone --destroy");
     validate_name(name);
-    // A launcher killed before it recorded the clone left at most a state
-    // directory without a state file and its scratch checkpoint.
-    const bool remains_only = !fs::exists(state_dir(name) + "/state");
-    if (remains_only && !fs::exists(state_dir(name)) && !fs::exists(scratch_checkpoint_dir(name)))
-        read_state(name);  // throws: no such clone
-    State st = remains_only ? State{} : read_state(name);
-    kill_keeper(to_pid(st["keeper_pid"]), st["keeper_start"]);
-    // Killed mid-restore, the launcher had not learned its keeper's PID.
-    if (st["keeper_pid"].empty() && !st["netns"].empty())
-        for (pid_t keeper : keepers_in(st["netns"])) kill_keeper(keeper, start_time(keeper));
-    if (!st["veth"].empty()) delete_link(st["veth"]);
-    if (st["created_netns"] == "1") delete_netns(name);
-    remove_tree(scratch_checkpoint_dir(name));
-    remove_tree(state_dir(name));
+    remove_clone(name, true);
 }
 
 std::vector<std::string> list_clones() {
