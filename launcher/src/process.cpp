@@ -11,6 +11,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <span>
 
 #include "iprobe/support/error.h"
 #include "iprobe/support/fd.h"
@@ -26,17 +27,19 @@ std::vector<char*> c_argv(const std::vector<std::string>& argv) {
     return out;
 }
 
+constexpr std::size_t kMaxHandedFds = 4;
+
 // Children must not inherit the launcher's other descriptors (a clone would
-// carry them into its checkpoint).
-// `fd3`, when given, becomes the child's descriptor 3 and survives.
-void close_other_fds(int fd3 = -1) {
-    if (fd3 < 0) {
-        ::close_range(3, ~0U, 0);
-        return;
-    }
-    if (fd3 == 3) ::fcntl(3, F_SETFD, 0);
-    else dup2(fd3, 3);
-    ::close_range(4, ~0U, 0);
+// carry them into its checkpoint): only `kept` survive, as descriptors 3, 4,
+// ... in that order.  Runs between fork and exec: nothing allocated.
+void keep_only_fds(std::span<const int> kept) {
+    // Each first moved above every target, so that no dup2 overwrites one
+    // still to be moved; dup2 clears close-on-exec.
+    int moved[kMaxHandedFds];
+    const int first_free = 3 + static_cast<int>(kept.size());
+    for (std::size_t i = 0; i < kept.size(); ++i) moved[i] = ::fcntl(kept[i], F_DUPFD, first_free);
+    for (std::size_t i = 0; i < kept.size(); ++i) ::dup2(moved[i], 3 + static_cast<int>(i));
+    ::close_range(static_cast<unsigned>(first_free), ~0U, 0);
 }
 
 void reset_signals() {
@@ -81,7 +84,7 @@ RunResult run(const std::vector<std::string>& argv, const std::function<bool()>&
             (void)!write(2, msg, strlen(msg));
             _exit(126);
         }
-        close_other_fds(fd3);
+        keep_only_fds(fd3 < 0 ? std::span<const int>() : std::span<const int>(&fd3, 1));
         execvp(args[0], args.data());
         const char* msg = "exec failed: ";
         (void)!write(2, msg, strlen(msg));
@@ -156,6 +159,8 @@ std::string run_checked(const std::vector<std::string>& argv, const std::string&
 
 pid_t spawn(const std::vector<std::string>& argv, int stdout_fd, int stderr_fd, bool own_group,
             const std::vector<int>& from_fd3, int stdin_fd) {
+    if (from_fd3.size() > kMaxHandedFds)
+        throw Error("cannot hand " + std::to_string(from_fd3.size()) + " descriptors to " + argv[0]);
     auto args = c_argv(argv);
     pid_t pid = fork();
     if (pid < 0) throw_errno("fork");
@@ -168,16 +173,7 @@ pid_t spawn(const std::vector<std::string>& argv, int stdout_fd, int stderr_fd, 
         dup2(stdin_fd >= 0 ? stdin_fd : devnull, 0);
         dup2(stdout_fd >= 0 ? stdout_fd : devnull, 1);
         dup2(stderr_fd >= 0 ? stderr_fd : devnull, 2);
-        if (!from_fd3.empty()) {
-            // Moved above every target first, so no dup2 overwrites one still to be moved.
-            const int top = 3 + static_cast<int>(from_fd3.size()) + 64;
-            std::vector<int> high;
-            for (int fd : from_fd3) high.push_back(::fcntl(fd, F_DUPFD, top));
-            for (std::size_t i = 0; i < high.size(); ++i) dup2(high[i], 3 + static_cast<int>(i));
-            ::close_range(3 + static_cast<unsigned>(from_fd3.size()), ~0U, 0);
-        } else {
-            close_other_fds();
-        }
+        keep_only_fds(from_fd3);
         execvp(args[0], args.data());
         _exit(127);
     }
