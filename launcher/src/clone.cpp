@@ -52,6 +52,13 @@ void validate_name(const std::string& name) {
         throw Error("bad clone name '" + name + "': use up to 64 letters, digits, '-', '_', '.'", ExitCode::usage);
 }
 
+std::string keep_criu_log(const std::string& log_path, const std::string& name, const char* step) {
+    const std::string kept = "/tmp/iprobe-clone-" + name + "-" + step + ".log";
+    std::error_code ec;
+    fs::copy_file(log_path, kept, fs::copy_options::overwrite_existing, ec);
+    return ec ? std::string() : "\n  full log: " + kept;
+}
+
 namespace clone_steps {
 
 void progress(const CloneOptions& o, const std::string& line) {
@@ -62,6 +69,15 @@ std::string fmt_ms(double v) {
     char buf[32];
     std::snprintf(buf, sizeof buf, "%.3f", v);
     return buf;
+}
+
+std::string checked_clone_name(const CloneOptions& o, const char* command) {
+    require_root(command);
+    if (o.pid <= 0 || !fs::exists("/proc/" + std::to_string(o.pid)))
+        throw Error("no process with PID " + std::to_string(o.pid), ExitCode::not_found);
+    std::string name = o.name.empty() ? "iprobe-clone-" + std::to_string(o.pid) : o.name;
+    validate_name(name);
+    return name;
 }
 
 // Non-loopback addresses of production's network namespace (ip -o addr
@@ -155,14 +171,10 @@ double dump_production(const CloneOptions& o, const Criu& criu, const std::strin
         std::string reasons = criu_log_errors(dump_log);
         if (reasons.empty()) reasons = "\n  " + dump.err;
         reasons += dump_failure_hint(o.pid, reasons);
-        // Keep the log for the user: move it out of the state dir we remove.
-        std::string kept_log = "/tmp/iprobe-clone-" + name + "-dump.log";
-        std::error_code ec;
-        fs::copy_file(dump_log, kept_log, fs::copy_options::overwrite_existing, ec);
         throw Error("criu dump of PID " + std::to_string(o.pid) + " failed; " +
                         (still_running ? "production was resumed and keeps running"
                                        : "production is NOT running any more") +
-                        ". CRIU says:" + reasons + (ec ? "" : "\n  full log: " + kept_log),
+                        ". CRIU says:" + reasons + keep_criu_log(dump_log, name, "dump"),
                     ExitCode::failure);
     }
     return dump_ms;
@@ -232,12 +244,8 @@ void save_checkpoint(const Checkpoint& cp) {
 }  // namespace
 
 Checkpoint take_checkpoint(const CloneOptions& o, const std::string& dir) {
-    require_root("iprobe clone");
-    if (o.pid <= 0 || !fs::exists("/proc/" + std::to_string(o.pid)))
-        throw Error("no process with PID " + std::to_string(o.pid), ExitCode::not_found);
+    const std::string name = checked_clone_name(o, "iprobe clone");
     Criu criu = find_criu();
-    const std::string name = o.name.empty() ? "iprobe-clone-" + std::to_string(o.pid) : o.name;
-    validate_name(name);
     std::vector<pid_t> tree = process_tree(o.pid);
     require_visible_session_leaders(tree);
     require_no_terminal(tree);
@@ -371,11 +379,8 @@ CloneResult restore_clone(const Checkpoint& cp, const RestoreOptions& ro) {
 
 CloneResult clone_process(const CloneOptions& o) {
     const double t0 = now_ms();
-    require_root("iprobe clone");
-    if (o.pid <= 0 || !fs::exists("/proc/" + std::to_string(o.pid)))
-        throw Error("no process with PID " + std::to_string(o.pid), ExitCode::not_found);
+    const std::string name = checked_clone_name(o, "iprobe clone");
     find_criu();
-    const std::string name = o.name.empty() ? "iprobe-clone-" + std::to_string(o.pid) : o.name;
     claim_name(name, o.progress);
     // Kept with --keep-images, else on tmpfs for as long as the restore takes.
     const bool keep = !o.keep_images.empty();
@@ -424,7 +429,7 @@ CloneResult load_clone(const std::string& name) {
     while (std::getline(snaps, s, ':'))
         if (!s.empty()) r.snapshots.push_back(s);
     r.images_dir = st["images"];
-    if (!alive(r.keeper_pid) || start_time(r.keeper_pid) != st["keeper_start"]) r.keeper_pid = -1;
+    if (!still_running(r.keeper_pid, st["keeper_start"])) r.keeper_pid = -1;
     return r;
 }
 

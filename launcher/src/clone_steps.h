@@ -32,6 +32,10 @@ namespace clone_steps {
 // ---- the clone's orchestration (clone.cpp)
 void progress(const CloneOptions& o, const std::string& line);
 std::string fmt_ms(double v);
+
+// What every way of cloning PID checks before touching it (root, the process
+// exists); returns the clone's name, o.name or iprobe-clone-PID, validated.
+std::string checked_clone_name(const CloneOptions& o, const char* command);
 double dump_production(const CloneOptions& o, const Criu& criu, const std::string& name, size_t processes,
                        const std::string& images, const std::string& dump_log, bool& shell_job,
                        const std::vector<std::string>& extra_args, int fd3 = -1);
@@ -59,6 +63,10 @@ void require_no_terminal(const std::vector<pid_t>& tree);
 // Running, not a zombie waiting for a parent (the keeper's is init, which
 // may reap late).
 bool alive(pid_t pid);
+
+// `pid` is alive and is the process that started at `started` (start_time()),
+// not a later one given its PID.
+bool still_running(pid_t pid, const std::string& started);
 
 pid_t find_clone_root(pid_t keeper, pid_t pid_in_ns);
 

@@ -27,6 +27,11 @@ void require_root(const char* what);
 // '-', '_', '.', at most 64, not starting with '.').
 void validate_name(const std::string& name);
 
+// Keeps a CRIU log from a directory about to be removed as
+// /tmp/iprobe-clone-NAME-STEP.log; returns "\n  full log: PATH" for an
+// error message, or "" when it could not be copied.
+std::string keep_criu_log(const std::string& log_path, const std::string& name, const char* step);
+
 // The lines of a CRIU log that say why it failed ("Error (...)"), most
 // useful last, at most `max_lines`.
 std::string criu_log_errors(const std::string& log_path, std::size_t max_lines = 6);

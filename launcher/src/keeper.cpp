@@ -214,11 +214,8 @@ bool read_int(int fd, int& v, int timeout_ms) {
 
 // The state directory goes away with the failed clone: the log is kept.
 Error restore_failed(const KeeperPlan& plan, const std::string& headline) {
-    const std::string kept_log = "/tmp/iprobe-clone-" + plan.name + "-restore.log";
-    std::error_code ec;
-    fs::copy_file(plan.restore_log, kept_log, fs::copy_options::overwrite_existing, ec);
     return Error(headline + ", production is untouched. CRIU says:" + criu_log_errors(plan.restore_log) +
-                 (ec ? "" : "\n  full log: " + kept_log));
+                 keep_criu_log(plan.restore_log, plan.name, "restore"));
 }
 
 }  // namespace
@@ -279,10 +276,10 @@ pid_t start_keeper(const KeeperPlan& plan, const std::string& netns_path) {
 }
 
 void kill_keeper(pid_t keeper, const std::string& started) {
-    if (!alive(keeper) || start_time(keeper) != started) return;
+    if (!still_running(keeper, started)) return;
     // PID 1 of the clone's PID namespace: killing it kills the whole clone.
     ::kill(keeper, SIGKILL);
-    for (int i = 0; i < 500 && alive(keeper) && start_time(keeper) == started; ++i)
+    for (int i = 0; i < 500 && still_running(keeper, started); ++i)
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
 }
 

@@ -130,6 +130,10 @@ std::vector<pid_t> keepers_in(const std::string& netns_path) {
     return found;
 }
 
+bool still_running(pid_t pid, const std::string& started) {
+    return alive(pid) && start_time(pid) == started;
+}
+
 pid_t find_clone_root(pid_t keeper, pid_t pid_in_ns) {
     for (int i = 0; i < 200; ++i) {
         for (pid_t c : children_of(keeper))

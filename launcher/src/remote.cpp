@@ -512,12 +512,8 @@ void run_clone_agent(const AgentOptions& o) {
 
 CloneResult clone_to_agent(const CloneOptions& o, const std::string& agent) {
     const double t0 = now_ms();
-    require_root("iprobe clone --to");
-    if (o.pid <= 0 || !fs::exists("/proc/" + std::to_string(o.pid)))
-        throw Error("no process with PID " + std::to_string(o.pid), ExitCode::not_found);
+    const std::string name = checked_clone_name(o, "iprobe clone --to");
     const Criu criu = find_criu();
-    const std::string name = o.name.empty() ? "iprobe-clone-" + std::to_string(o.pid) : o.name;
-    validate_name(name);
     const proxy::Endpoint at = proxy::parse_endpoint(agent, "--to");
     const std::vector<pid_t> tree = process_tree(o.pid);
     require_visible_session_leaders(tree);

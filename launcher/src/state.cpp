@@ -72,8 +72,7 @@ void record_restoring(const std::string& name, const std::string& netns_path, bo
 bool being_restored(const State& st) {
     const auto it = st.find("launcher_pid");
     if (it == st.end()) return false;
-    const pid_t launcher = to_pid(it->second);
-    return alive(launcher) && start_time(launcher) == st.at("launcher_start");
+    return still_running(to_pid(it->second), st.at("launcher_start"));
 }
 
 std::string scratch_checkpoint_dir(const std::string& name) {
