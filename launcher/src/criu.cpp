@@ -77,9 +77,7 @@ void for_each_field(const std::vector<std::uint8_t>& buf, std::size_t begin, std
     }
 }
 
-}  // namespace
-
-Criu find_criu() {
+Criu locate_criu() {
     std::vector<std::string> tried;
     if (const char* env = getenv("IPROBE_CRIU"); env && *env) {
         std::string version = criu_version(env);
@@ -114,6 +112,16 @@ Criu find_criu() {
     msg += ". Run scripts/setup (it installs CRIU from Debian sid into third_party/cache/criu), "
            "or point IPROBE_CRIU at a criu >= 4.2";
     throw Error(msg, ExitCode::unavailable);
+}
+
+}  // namespace
+
+Criu find_criu() {
+    // Each step of a clone asks (take_checkpoint, restore_clone, and the
+    // command before them), and each asking ran `criu --version`; what a
+    // process finds cannot change while it runs.  A failure is not kept.
+    static const Criu found = locate_criu();
+    return found;
 }
 
 DumpStats read_dump_stats(const std::string& images_dir) {

@@ -19,7 +19,8 @@ struct Criu {
 };
 
 // $IPROBE_CRIU, else the private prefix scripts/setup.d/criu installs, else a
-// system criu >= 4.2.  Throws Error(unavailable) naming scripts/setup.
+// system criu >= 4.2, found once per process.  Throws Error(unavailable)
+// naming scripts/setup.
 Criu find_criu();
 
 struct CloneOptions {
