@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 
 #include "redis_fixture.h"
 
@@ -181,6 +182,44 @@ std::vector<long long> keepers_of(const std::string& name) {
     return found;
 }
 
+std::vector<long long> children_of(long long pid) {
+    std::vector<long long> out;
+    for (const auto& task : fs::directory_iterator("/proc/" + std::to_string(pid) + "/task")) {
+        std::ifstream in(task.path() / "children");
+        long long c;
+        while (in >> c) out.push_back(c);
+    }
+    return out;
+}
+
+// The first child of `pid` whose command line has `word`, or -1.
+long long child_running(long long pid, const std::string& word) {
+    for (long long child : children_of(pid)) {
+        std::ifstream in("/proc/" + std::to_string(child) + "/cmdline");
+        std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+        std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
+        if (cmdline.find(word) != std::string::npos) return child;
+    }
+    return -1;
+}
+
+// CRIU restoring clone `name` (its keeper's child), or -1.
+long long criu_restoring(const std::string& name) {
+    const auto keepers = keepers_of(name);
+    return keepers.empty() ? -1 : child_running(keepers[0], "restore");
+}
+
+// What `find` finds (>= 0), polled every millisecond while `cli` runs; -1
+// when it found nothing.
+long long caught_while_running(Child& cli, const std::function<long long()>& find) {
+    long long found = -1;
+    for (int i = 0; i < 20000 && found < 0 && cli.running(); ++i) {
+        found = find();
+        if (found < 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return found;
+}
+
 // Nothing of clone `name` is left: no keeper, namespace, state or images.
 void expect_no_trace_of_clone(const std::string& name) {
     for (int i = 0; i < 1000 && !keepers_of(name).empty(); ++i)
@@ -198,19 +237,11 @@ TEST_F(LauncherClone, CloneKilledDuringTheRestoreLeavesNoClone) {
     ASSERT_EQ(redis_->cli({"DEBUG", "POPULATE", "800000", "big", "400"}), "OK");
     Child cli({iprobe_bin(), "clone", std::to_string(redis_->pid()), "--netns", clone_name_}, dir_ / "clone.out");
     // Caught in the act: CRIU, the keeper's child, is held while restoring.
-    std::vector<long long> keepers;
-    long long criu = -1;
-    for (int i = 0; i < 20000 && criu < 0 && cli.running(); ++i) {
-        if (keepers.empty()) keepers = keepers_of(clone_name_);
-        if (!keepers.empty()) {
-            std::ifstream children("/proc/" + std::to_string(keepers[0]) + "/task/" + std::to_string(keepers[0]) +
-                                   "/children");
-            if (!(children >> criu)) criu = -1;
-        }
-        if (criu < 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
+    const long long criu = caught_while_running(cli, [&] { return criu_restoring(clone_name_); });
     ASSERT_GT(criu, 0) << "the restore was not seen: " << file_text(dir_ / "clone.out");
     ::kill(static_cast<pid_t>(criu), SIGSTOP);
+    const std::vector<long long> keepers = keepers_of(clone_name_);
+    ASSERT_EQ(keepers.size(), 1u);
     cli.kill(SIGKILL);
     cli.wait();
     // PID 1 of a PID namespace exits last, once every other member is gone.
@@ -225,19 +256,6 @@ TEST_F(LauncherClone, CloneKilledDuringTheRestoreLeavesNoClone) {
     expect_no_trace_of_clone(clone_name_);
 }
 
-// The first child of `pid` whose command line has `word`, or -1.
-long long child_running(long long pid, const std::string& word) {
-    std::ifstream children("/proc/" + std::to_string(pid) + "/task/" + std::to_string(pid) + "/children");
-    long long child;
-    while (children >> child) {
-        std::ifstream in("/proc/" + std::to_string(child) + "/cmdline");
-        std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-        std::replace(cmdline.begin(), cmdline.end(), '\0', ' ');
-        if (cmdline.find(word) != std::string::npos) return child;
-    }
-    return -1;
-}
-
 // Ctrl-C at a terminal while CRIU checkpoints production: the signal reaches
 // the whole foreground process group.  CRIU, in a group of its own, finishes
 // with production (cut off mid-dump it would leave production frozen or its
@@ -246,11 +264,7 @@ TEST_F(LauncherClone, CtrlCDuringTheDumpLetsCriuFinishAndUndoesTheClone) {
     ASSERT_EQ(redis_->cli({"DEBUG", "POPULATE", "800000", "big", "400"}), "OK");
     Child cli({iprobe_bin(), "clone", std::to_string(redis_->pid()), "--netns", clone_name_}, dir_ / "clone.out", {},
               Session::own);
-    long long dump = -1;
-    for (int i = 0; i < 20000 && dump < 0 && cli.running(); ++i) {
-        dump = child_running(cli.pid(), " dump ");
-        if (dump < 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
+    const long long dump = caught_while_running(cli, [&] { return child_running(cli.pid(), " dump "); });
     ASSERT_GT(dump, 0) << "the dump was not seen: " << file_text(dir_ / "clone.out");
     cli.kill(SIGINT);
     EXPECT_EQ(cli.wait(std::chrono::seconds(60)), 130) << file_text(dir_ / "clone.out");
@@ -264,12 +278,7 @@ TEST_F(LauncherClone, CtrlCDuringTheDumpLetsCriuFinishAndUndoesTheClone) {
 TEST_F(LauncherClone, TerminatedDuringTheRestoreUndoesTheClone) {
     ASSERT_EQ(redis_->cli({"DEBUG", "POPULATE", "800000", "big", "400"}), "OK");
     Child cli({iprobe_bin(), "clone", std::to_string(redis_->pid()), "--netns", clone_name_}, dir_ / "clone.out");
-    long long criu = -1;
-    for (int i = 0; i < 20000 && criu < 0 && cli.running(); ++i) {
-        const auto keepers = keepers_of(clone_name_);
-        if (!keepers.empty()) criu = child_running(keepers[0], "restore");
-        if (criu < 0) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
+    const long long criu = caught_while_running(cli, [&] { return criu_restoring(clone_name_); });
     ASSERT_GT(criu, 0) << "the restore was not seen: " << file_text(dir_ / "clone.out");
     ::kill(static_cast<pid_t>(criu), SIGSTOP);
     // A second launcher must not take a clone being made for remains.
@@ -384,16 +393,6 @@ TEST(LauncherCloneFailure, ServiceInItsOwnMountNamespaceGetsAHintAndKeepsServing
     expect_kept_log(r.err, name, "dump");
     EXPECT_FALSE(netns_exists(name));
     EXPECT_EQ(redis_cli(ns.path(), port, {"GET", "k"}), "v");
-}
-
-std::vector<long long> children_of(long long pid) {
-    std::vector<long long> out;
-    for (const auto& task : fs::directory_iterator("/proc/" + std::to_string(pid) + "/task")) {
-        std::ifstream in(task.path() / "children");
-        long long c;
-        while (in >> c) out.push_back(c);
-    }
-    return out;
 }
 
 // A shell leading its own session, running redis-server in `ns` as a
