@@ -2,45 +2,31 @@
 // and what each generation measured.
 #include "debug_session.h"
 
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
-#include <sys/signalfd.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <filesystem>
-#include <fstream>
-#include <optional>
-#include <set>
 #include <thread>
 
 #include <nlohmann/json.hpp>
 
 #include "iprobe/launcher/adapt_controller.h"
 #include "clone_probes.h"
-#include "iprobe/hotpatch/attach_report.h"
 #include "iprobe/launcher/clone.h"
 #include "iprobe/launcher/container.h"
 #include "iprobe/launcher/retro.h"
-#include "iprobe/proxy/address.h"
-#include "iprobe/proxy/mirror.h"
 #include "iprobe/proxy/stats.h"
 #include "iprobe/support/error.h"
 #include "iprobe/support/fd.h"
 #include "iprobe/support/glob.h"
-#include "iprobe/support/install_layout.h"
 #include "iprobe/support/json.h"
 #include "iprobe/support/proc.h"
-#include "mirror_command.h"
 #include "netns.h"
 #include "probe_cost.h"
 #include "process.h"
