@@ -31,6 +31,7 @@
 
 #include "iprobe/fperf/kernel_counter.h"
 #include "iprobe/formats/fperf_region.h"
+#include "iprobe/runtime/rt.h"
 
 #define FPERF_API __attribute__((visibility("default")))
 #define FPERF_TLS __thread __attribute__((tls_model("initial-exec")))
@@ -389,28 +390,28 @@ static void calibrate(struct fperf_shm_header* h);
 /* NOP-form sites (the LLVM flow) pass no function address; the iprobe
  * runtime's site table knows it.  Looked up on the attach path, never on the
  * hot one (dlopen of an already loaded library, by soname). */
-static uint64_t (*_Atomic g_function_at)(uintptr_t);
+static __typeof__(&iprobe_rt_function_at) _Atomic g_function_at;
 /* Function-entry sites (the entry and LLVM flows) pass their probe, and their
  * exits come through the runtime's return trampolines: one mechanism for
  * every handler. */
-static uint64_t (*_Atomic g_function_of)(uint32_t);
-typedef void (*return_callback)(uint64_t cookie, uintptr_t slot);
-static uint64_t (*_Atomic g_hook_return)(const uint64_t* slot, return_callback on_return, uint64_t cookie);
+static __typeof__(&iprobe_rt_function_of) _Atomic g_function_of;
+static __typeof__(&iprobe_rt_hook_return) _Atomic g_hook_return;
 
 static void find_site_table(void)
 {
     if (atomic_load(&g_function_at) && atomic_load(&g_function_of) && atomic_load(&g_hook_return)) return;
     void* rt = dlopen("libiprobe-rt.so", RTLD_NOW | RTLD_NOLOAD);
     if (!rt) return;
-    uint64_t (*f)(uintptr_t);
-    *(void**)&f = dlsym(rt, "iprobe_rt_function_at");
-    atomic_store(&g_function_at, f);
-    uint64_t (*of)(uint32_t);
-    *(void**)&of = dlsym(rt, "iprobe_rt_function_of");
-    atomic_store(&g_function_of, of);
-    uint64_t (*hook)(const uint64_t*, return_callback, uint64_t);
-    *(void**)&hook = dlsym(rt, "iprobe_rt_hook_return");
-    atomic_store(&g_hook_return, hook);
+    /* The runtime's own declarations (rt.h) type what dlsym finds. */
+    __typeof__(&iprobe_rt_function_at) function_at;
+    *(void**)&function_at = dlsym(rt, "iprobe_rt_function_at");
+    atomic_store(&g_function_at, function_at);
+    __typeof__(&iprobe_rt_function_of) function_of;
+    *(void**)&function_of = dlsym(rt, "iprobe_rt_function_of");
+    atomic_store(&g_function_of, function_of);
+    __typeof__(&iprobe_rt_hook_return) hook_return;
+    *(void**)&hook_return = dlsym(rt, "iprobe_rt_hook_return");
+    atomic_store(&g_hook_return, hook_return);
     dlclose(rt); /* the runtime stays loaded (-z nodelete) */
 }
 
@@ -418,7 +419,7 @@ static void find_site_table(void)
  * before the runtime was found or for a site it does not know. */
 static inline uint64_t function_at_site(uintptr_t return_address)
 {
-    uint64_t (*function_at)(uintptr_t) = atomic_load_explicit(&g_function_at, memory_order_relaxed);
+    __typeof__(&iprobe_rt_function_at) function_at = atomic_load_explicit(&g_function_at, memory_order_relaxed);
     return function_at ? function_at(return_address) : 0;
 }
 
@@ -567,7 +568,7 @@ FPERF_API void fperf_exit_at(uintptr_t return_address, const uint64_t* saved, ui
  * runtime's return trampoline, which calls fperf_returned with that slot. */
 static inline uint64_t function_of_probe(uint64_t probe)
 {
-    uint64_t (*function_of)(uint32_t) = atomic_load_explicit(&g_function_of, memory_order_relaxed);
+    __typeof__(&iprobe_rt_function_of) function_of = atomic_load_explicit(&g_function_of, memory_order_relaxed);
     return function_of ? function_of((uint32_t)probe) : 0;
 }
 
@@ -590,8 +591,7 @@ FPERF_API uint64_t fperf_entry_enter_return_at(uint64_t probe, const uint64_t* s
     const uint64_t function = function_of_probe(probe);
     if (UNLIKELY(!function)) return 0;
     on_function_enter(function, (uintptr_t)slot - 16);
-    uint64_t (*hook)(const uint64_t*, return_callback, uint64_t) =
-        atomic_load_explicit(&g_hook_return, memory_order_relaxed);
+    __typeof__(&iprobe_rt_hook_return) hook = atomic_load_explicit(&g_hook_return, memory_order_relaxed);
     const uint64_t unit = hook ? hook(slot, fperf_returned, function) : 0;
     /* no exit will come (the thread is deeper than its return stack): the
      * call is counted, its depth given back */

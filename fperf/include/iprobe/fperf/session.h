@@ -50,7 +50,6 @@ public:
     fperf_function_slot* slots() const;
     // Puts `address` in the table (idempotent); false when the table is full.
     bool register_function(std::uint64_t address);
-    void set_table_mode(std::uint32_t mode) { header_->table_mode = mode; }
     void heartbeat();
     void set_state(fperf_session_state state);
     bool handler_ready() const;
