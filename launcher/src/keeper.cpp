@@ -25,6 +25,8 @@
 #include "criu.h"
 #include "iprobe/support/error.h"
 #include "iprobe/support/fd.h"
+#include "iprobe/support/number.h"
+#include "iprobe/support/proc.h"
 #include "netns.h"
 #include "process.h"
 
@@ -37,18 +39,15 @@ namespace {
 // The argument area the kernel shows as /proc/self/cmdline (fields 48 and 49
 // of /proc/self/stat).
 bool own_argument_area(unsigned long& start, unsigned long& end) {
-    char stat[4096];
-    const int fd = ::open("/proc/self/stat", O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return false;
-    const ssize_t n = ::read(fd, stat, sizeof stat - 1);
-    ::close(fd);
-    if (n <= 0) return false;
-    stat[n] = '\0';
-    const char* p = std::strrchr(stat, ')');  // the command name may hold spaces
-    if (!p) return false;
-    // Field 3 follows ") "; fields 48 and 49 are 45 and 46 further on.
-    for (int field = 2; field < 48 && p; ++field) p = std::strchr(p + 1, ' ');
-    return p && std::sscanf(p + 1, "%lu %lu", &start, &end) == 2 && start < end;
+    const auto number = [](int field) -> std::optional<std::uint64_t> {
+        const auto text = proc::stat_field(::getpid(), field);
+        return text ? parse_unsigned(*text) : std::nullopt;
+    };
+    const auto first = number(48), last = number(49);
+    if (!first || !last || *first >= *last) return false;
+    start = *first;
+    end = *last;
+    return true;
 }
 
 // So that ps shows "iprobe-keeper NAME" rather than the launcher's command
