@@ -37,13 +37,19 @@ constexpr char kHelp[] =
     "--help, --version, -E, -M, -S, -c and the like behave exactly as the real compiler's.\n"
     "\n"
     "entry flow (default):\n"
-    "  compile steps add -fpatchable-function-entry=5,0: NOPs at the start of every\n"
-    "  function compiled out of line, nothing in inlined copies.  Link steps (an executable\n"
-    "  or shared object) are followed by 'iprobe coldpatch' of the output, done in-process:\n"
-    "  each function's NOPs become one 5-byte NOP, and OUTPUT.probes lists it (from\n"
-    "  __patchable_function_entries) as the function's entry probe and, served by the same\n"
-    "  site through a return trampoline, its exit probe.  Probes off cost one NOP per call.\n"
-    "  A link without placeholders (configure's conftest) is left as it is.\n"
+    "  compile steps load iprobe's gcc plugin (lib/iprobe/iprobe-gcc-plugin.so, when built\n"
+    "  for this gcc; otherwise, and with clang, they add -fpatchable-function-entry=5,0):\n"
+    "  five NOPs at the start of every function compiled out of line, nothing in inlined\n"
+    "  copies.  The plugin keeps gcc's interprocedural register allocation, which the\n"
+    "  option turns off.  Link steps (an executable or shared object) leave gcc's records\n"
+    "  of the pads out (lib/iprobe/iprobe-entry-records.ld: gcc 12 ties them to the wrong\n"
+    "  section, and a discarded COMDAT copy would fail the link; not with -fuse-ld=gold)\n"
+    "  and are followed by 'iprobe coldpatch' of the output, done in-process: each\n"
+    "  function's NOPs become one 5-byte NOP, and OUTPUT.probes lists it (every function\n"
+    "  symbol the link kept that starts with the pad) as the function's entry probe and,\n"
+    "  served by the same site through a return trampoline, its exit probe.  Probes off\n"
+    "  cost one NOP per call.  Padded functions without a symbol (a link with -s) are\n"
+    "  reported.  A link without placeholders (configure's conftest) is left as it is.\n"
     "finstrument flow (--flow=finstrument or IPROBE_FLOW=finstrument):\n"
     "  compile steps add -finstrument-functions -fno-optimize-sibling-calls (so a void\n"
     "  function's exit hook stays a call, not a tail jump) and an exclusion of system headers\n"
@@ -63,6 +69,8 @@ constexpr char kHelp[] =
     "  IPROBE_EXCLUDE          finstrument flow: comma-separated path fragments excluded from\n"
     "                          instrumentation (gcc only; default /usr/include,/usr/lib; empty: none)\n"
     "  IPROBE_CFLAGS           replaces all flags added to compile steps (space-separated)\n"
+    "  IPROBE_GCC_PLUGIN       entry flow with gcc: 0 for -fpatchable-function-entry=5,0\n"
+    "                          instead of the plugin, or the plugin's path\n"
     "  IPROBE_PASS_PLUGIN      the LLVM pass plugin (default <bindir>/../lib/IProbePass.so)\n"
     "  IPROBE_COLDPATCH=0      leave the link as the compiler made it (the finstrument flow's\n"
     "                          hook calls run glibc's no-op hooks): a baseline for benchmarks\n"
@@ -182,12 +190,65 @@ std::vector<std::string> finstrument_flags(const std::string& compiler) {
     return flags;
 }
 
+#ifndef IPROBE_GCC_PLUGIN_VERSION
+#define IPROBE_GCC_PLUGIN_VERSION ""
+#endif
+
+// What `compiler -dumpfullversion` prints ("12.2.0"), "" when it cannot run.
+std::string compiler_version(const std::string& compiler) {
+    int out[2];
+    if (::pipe(out) != 0) return {};
+    const pid_t pid = ::fork();
+    if (pid < 0) {
+        ::close(out[0]);
+        ::close(out[1]);
+        return {};
+    }
+    if (pid == 0) {
+        ::dup2(out[1], STDOUT_FILENO);
+        ::close(out[0]);
+        ::close(out[1]);
+        ::execlp(compiler.c_str(), compiler.c_str(), "-dumpfullversion", static_cast<char*>(nullptr));
+        _exit(127);
+    }
+    ::close(out[1]);
+    std::string text;
+    char buffer[256];
+    for (ssize_t n; (n = ::read(out[0], buffer, sizeof buffer)) != 0;) {
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) break;
+        text.append(buffer, static_cast<std::size_t>(n));
+    }
+    ::close(out[0]);
+    int status = 0;
+    while (::waitpid(pid, &status, 0) < 0 && errno == EINTR) {
+    }
+    while (!text.empty() && (text.back() == '\n' || text.back() == '\r')) text.pop_back();
+    return WIFEXITED(status) && WEXITSTATUS(status) == 0 ? text : std::string{};
+}
+
+// The gcc plugin that pads every function without -fpatchable-function-entry
+// (gcc-plugin/iprobe_gcc_plugin.cc: the option costs gcc's IPA-RA), when it
+// was built for this very gcc; IPROBE_GCC_PLUGIN=0 turns it off, a path
+// names another build of it.
+std::string gcc_plugin_for(const std::string& compiler) {
+    if (is_clang(compiler)) return {};
+    if (const char* env = std::getenv("IPROBE_GCC_PLUGIN"); env && *env)
+        return std::string_view(env) == "0" ? std::string{} : std::string(env);
+    const std::string plugin = (iprobe::InstallLayout::current().lib() / "iprobe" / "iprobe-gcc-plugin.so").string();
+    const std::string_view built_for = IPROBE_GCC_PLUGIN_VERSION;
+    if (built_for.empty() || !file_exists(plugin) || compiler_version(compiler) != built_for) return {};
+    return plugin;
+}
+
 // gcc pads each out-of-line function with 5 single-byte NOPs at its entry
 // (after endbr64 under -fcf-protection), none before it (M=0): coldpatch
 // merges them into the 5-byte NOP an enabled entry turns into a call (clang
-// emits that one NOP itself).
-std::vector<std::string> entry_flags() {
+// emits that one NOP itself).  With the plugin every function gets the pad
+// as an attribute, and gcc keeps its interprocedural register allocation.
+std::vector<std::string> entry_flags(const std::string& compiler) {
     if (const char* custom = std::getenv("IPROBE_CFLAGS")) return split_words(custom);
+    if (const std::string plugin = gcc_plugin_for(compiler); !plugin.empty()) return {"-fplugin=" + plugin};
     return {"-fpatchable-function-entry=5,0"};
 }
 
@@ -209,6 +270,19 @@ std::vector<std::string> llvm_flags() {
 // Distinct no-op hooks for static links, built beside the wrapper.
 std::string static_hooks_object() {
     return (iprobe::InstallLayout::current().lib() / "iprobe" / "iprobe-static-hooks.o").string();
+}
+
+// The linker script fragment that keeps gcc's pad records out of entry-flow
+// links (entry_records.ld says why), beside the wrapper.
+std::string entry_records_script() {
+    return (iprobe::InstallLayout::current().lib() / "iprobe" / "iprobe-entry-records.ld").string();
+}
+
+// gold cannot read INSERT; every other linker gets the script.
+bool links_with_gold(const Invocation& inv) {
+    for (const auto& a : inv.args)
+        if (a == "-fuse-ld=gold") return true;
+    return false;
 }
 
 int run_compiler(const std::string& compiler, const std::vector<std::string>& args, bool replace_process) {
@@ -249,6 +323,9 @@ int coldpatch_output(const std::string& output) {
     iprobe::coldpatch::ColdpatchOptions options;
     options.allow_no_placeholders = true;
     const auto result = iprobe::coldpatch::coldpatch(output, options);
+    if (result.unnamed_pads)
+        note("warning: " + output + ": " + std::to_string(result.unnamed_pads) +
+             " function(s) have a pad but no symbol (stripped? link without -s and strip later): not probes");
     if (result.outcome == iprobe::coldpatch::ColdpatchOutcome::no_placeholders ||
         result.outcome == iprobe::coldpatch::ColdpatchOutcome::embedded) {
         if (verbose()) note(output + ": no placeholders (nothing instrumented); left unchanged");
@@ -259,6 +336,8 @@ int coldpatch_output(const std::string& output) {
     if (verbose() || (::isatty(STDERR_FILENO) && !(quiet && *quiet))) note(iprobe::coldpatch::summary_line(result));
     if (result.hook_tail_jumps)
         note("warning: " + std::to_string(result.hook_tail_jumps) + " tail jump(s) to a hook left in place");
+    if (result.foreign_pads && verbose())
+        note(output + ": " + std::to_string(result.foreign_pads) + " patchable entries of another form left alone");
     return 0;
 }
 
@@ -283,7 +362,7 @@ int wrap(int argc, char** argv) {
     std::vector<std::string> args;
     if (compiles) {
         const auto extra = inv.mode == Mode::llvm    ? llvm_flags()
-                           : inv.mode == Mode::entry ? entry_flags()
+                           : inv.mode == Mode::entry ? entry_flags(compiler)
                                                      : finstrument_flags(compiler);
         args.insert(args.end(), extra.begin(), extra.end());
     }
@@ -293,6 +372,12 @@ int wrap(int argc, char** argv) {
     const bool coldpatch_after = links && inv.mode != Mode::llvm && inv.output != "-" && coldpatch_wanted;
     if (coldpatch_after && inv.mode == Mode::finstrument && inv.is_static && file_exists(static_hooks_object()))
         args.push_back(static_hooks_object());
+    if (links && inv.mode == Mode::entry && !links_with_gold(inv)) {
+        if (!file_exists(entry_records_script()))
+            throw iprobe::Error(entry_records_script() + " not found; build target iprobe-cc or reinstall",
+                                iprobe::ExitCode::unavailable);
+        args.push_back("-Wl,-T," + entry_records_script());
+    }
     if (!coldpatch_after) return run_compiler(compiler, args, true);
 
     const int status = run_compiler(compiler, args, false);

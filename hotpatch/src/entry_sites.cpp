@@ -38,11 +38,11 @@ EntrySiteStubs entry_site_stubs(std::uint32_t id, const EntryTargets& targets, s
     if (targets.enter)
         out.entry_slot = inline_count_tpoff
                              ? entry_count_stub_bytes(inline_count_tpoff, id, entry_at, site_end, targets.enter)
-                             : entry_stub_bytes(id, entry_at, site_end, targets.enter);
+                             : entry_stub_bytes(id, site_end, targets.enter);
     auto put_half = [&](std::uint64_t target, EntryVariant v) {
         if (!target) return;
         const std::uint64_t at = variant_stub(area, entry, v);
-        const auto stub = entry_stub_bytes(id, at, site_end, target);
+        const auto stub = entry_stub_bytes(id, site_end, target);
         std::memcpy(out.exit_slot.data() + (at - variant_stub(area, entry, {false, true})), stub.data(), kBothOffset);
     };
     put_half(targets.exit, {false, true});

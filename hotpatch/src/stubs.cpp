@@ -75,8 +75,10 @@ std::array<std::uint8_t, kSiteStubSize> count_stub_bytes(std::int32_t stats_tpof
 
 namespace {
 constexpr std::uint8_t kPushImm = 0x68;                            // push $imm32
-constexpr std::uint8_t kLeaR11Rip[3] = {0x4c, 0x8d, 0x1d};         // lea disp32(%rip), %r11
-constexpr std::size_t kEntryCountSlowPath = 27;
+constexpr std::uint8_t kPushRip[2] = {0xff, 0x35};                 // push disp32(%rip)
+constexpr std::uint8_t kPushR11[2] = {0x41, 0x53};
+constexpr std::uint8_t kPopR11[2] = {0x41, 0x5b};
+constexpr std::size_t kEntryCountSlowPath = 32;
 
 std::uint32_t rel32_to(std::uint64_t from_end, std::uint64_t to) {
     const std::int64_t rel = static_cast<std::int64_t>(to) - static_cast<std::int64_t>(from_end);
@@ -85,24 +87,32 @@ std::uint32_t rel32_to(std::uint64_t from_end, std::uint64_t to) {
     return static_cast<std::uint32_t>(static_cast<std::int32_t>(rel));
 }
 
-// push $id; lea site_end(%rip), %r11; jmp *0(%rip); .quad target, at `b[0]` = address `at`.
-void put_entry_stub(std::uint8_t* b, std::uint32_t id, std::uint64_t at, std::uint64_t site_end, std::uint64_t target) {
-    b[0] = kPushImm;
-    std::memcpy(b + 1, &id, 4);
-    std::memcpy(b + 5, kLeaR11Rip, sizeof kLeaR11Rip);
-    const std::uint32_t lea = rel32_to(at + 12, site_end);
-    std::memcpy(b + 8, &lea, 4);
-    std::memcpy(b + 12, kJumpRipIndirect, sizeof kJumpRipIndirect);
-    std::memcpy(b + 18, &target, 8);
+// push site_end(%rip); push $id; jmp *0(%rip); .quad target; .quad site_end
+// at `b[0]`.  No register changes: r11 is the caller's, which gcc's IPA-RA
+// may keep live across the call.
+void put_entry_stub(std::uint8_t* b, std::uint32_t id, std::uint64_t site_end, std::uint64_t target) {
+    std::memcpy(b, kPushRip, sizeof kPushRip);
+    const std::uint32_t to_site_end = 25 - 6;
+    std::memcpy(b + 2, &to_site_end, 4);
+    b[6] = kPushImm;
+    std::memcpy(b + 7, &id, 4);
+    std::memcpy(b + 11, kJumpRipIndirect, sizeof kJumpRipIndirect);
+    std::memcpy(b + 17, &target, 8);
+    std::memcpy(b + 25, &site_end, 8);
+}
+
+bool is_entry_stub(const std::uint8_t* stub, std::size_t size) {
+    return size >= kEntryStubSize && std::memcmp(stub, kPushRip, sizeof kPushRip) == 0 && stub[6] == kPushImm &&
+           std::memcmp(stub + 11, kJumpRipIndirect, sizeof kJumpRipIndirect) == 0;
 }
 }  // namespace
 
-std::array<std::uint8_t, kSiteStubSize> entry_stub_bytes(std::uint32_t id, std::uint64_t at, std::uint64_t site_end,
+std::array<std::uint8_t, kSiteStubSize> entry_stub_bytes(std::uint32_t id, std::uint64_t site_end,
                                                          std::uint64_t target) {
     if (id > INT32_MAX) throw Error("site id " + std::to_string(id) + " does not fit a push");
     std::array<std::uint8_t, kSiteStubSize> b;
     b.fill(0xcc);
-    put_entry_stub(b.data(), id, at, site_end, target);
+    put_entry_stub(b.data(), id, site_end, target);
     return b;
 }
 
@@ -111,26 +121,28 @@ std::array<std::uint8_t, kSiteStubSize> entry_count_stub_bytes(std::int32_t stat
                                                                std::uint64_t slow_target) {
     if (calls > INT32_MAX) throw Error("counter offset " + std::to_string(calls) + " does not fit a push");
     StubWriter w;
+    w.put(kPushR11, sizeof kPushR11);
     w.put(kLoadStatsR11, sizeof kLoadStatsR11);
     w.put32(static_cast<std::uint32_t>(stats_tpoff));
     w.put({0x4d, 0x85, 0xdb});                                             // test %r11, %r11
-    w.put({0x74, static_cast<std::uint8_t>(kEntryCountSlowPath - 14)});    // je slow
+    w.put({0x74, 0x08});                                                   // je 1f
     w.put({0x49, 0x83, 0x83});                                             // addq $imm8, disp32(%r11)
     w.put32(calls);
-    w.put({0x01, 0xe9});                                                   // $1; jmp rel32
+    w.put({0x01});                                                         // $1 (the sum is never 0 after it)
+    w.put(kPopR11, sizeof kPopR11);                                        // 1: pop %r11 (flags kept)
+    w.put({0x0f, 0x85});                                                   // jne site_end: counted
     w.put32(rel32_to(at + w.at + 4, site_end));
-    put_entry_stub(w.bytes.data() + kEntryCountSlowPath, calls, at + kEntryCountSlowPath, site_end, slow_target);
+    put_entry_stub(w.bytes.data() + kEntryCountSlowPath, calls, site_end, slow_target);
     return w.bytes;
 }
 
 std::uint64_t stub_target(const std::uint8_t* stub, std::size_t size) {
     std::uint64_t target = 0;
-    if (size >= kEntryCountSlowPath + kEntryStubSize && std::memcmp(stub, kLoadStatsR11, sizeof kLoadStatsR11) == 0 &&
-        stub[22] == 0xe9)
+    if (size >= kEntryCountSlowPath + kEntryStubSize && std::memcmp(stub, kPushR11, sizeof kPushR11) == 0 &&
+        std::memcmp(stub + 2, kLoadStatsR11, sizeof kLoadStatsR11) == 0)
         return stub_target(stub + kEntryCountSlowPath, size - kEntryCountSlowPath);
-    if (size >= kEntryStubSize && stub[0] == kPushImm && std::memcmp(stub + 5, kLeaR11Rip, sizeof kLeaR11Rip) == 0 &&
-        std::memcmp(stub + 12, kJumpRipIndirect, sizeof kJumpRipIndirect) == 0) {
-        std::memcpy(&target, stub + 18, 8);
+    if (is_entry_stub(stub, size)) {
+        std::memcpy(&target, stub + 17, 8);
         return target;
     }
     if (size >= kCountStubSlowPath + kIdStubSize && std::memcmp(stub, kLoadStatsRax, sizeof kLoadStatsRax) == 0)

@@ -29,7 +29,7 @@ std::array<std::uint8_t, kStubSize> stub_bytes(std::uint64_t target);
 // whose call may clobber it), so the handler finds its counters without
 // hashing the return address.
 //   mov $id, %edi; jmp *0(%rip); .quad target; int3 padding
-constexpr std::size_t kSiteStubSize = 64;
+constexpr std::size_t kSiteStubSize = 80;
 std::array<std::uint8_t, kSiteStubSize> site_stub_bytes(std::uint32_t id, std::uint64_t target);
 
 // A count site's stub with the runtime's count handler inlined: a thread
@@ -44,19 +44,22 @@ std::array<std::uint8_t, kSiteStubSize> count_stub_bytes(std::int32_t stats_tpof
 
 // A function-entry site's stub (entry_sites.h): the site is a `jmp` to it,
 // so the return stack buffer sees no call the function did not make.  It
-// pushes the site's id and jumps to the handler with r11 = the site's end
-// (ENTRY_SITE_CALL in runtime/include/iprobe/runtime/save_call_restore.inc):
-//   push $id; lea site_end(%rip), %r11; jmp *0(%rip); .quad target
-// `at` is where the stub is written (the lea is relative to it).
-constexpr std::size_t kEntryStubSize = 26;
-std::array<std::uint8_t, kSiteStubSize> entry_stub_bytes(std::uint32_t id, std::uint64_t at, std::uint64_t site_end,
+// pushes the site's end and id and jumps to the handler (ENTRY_SITE_CALL in
+// runtime/include/iprobe/runtime/save_call_restore.inc), changing no
+// register: with gcc's IPA-RA a caller keeps values in any register the
+// function leaves alone, r11 included.
+//   push site_end_q(%rip); push $id; jmp *0(%rip); .quad target; site_end_q: .quad site_end
+constexpr std::size_t kEntryStubSize = 33;
+std::array<std::uint8_t, kSiteStubSize> entry_stub_bytes(std::uint32_t id, std::uint64_t site_end,
                                                          std::uint64_t target);
 
 // The count handler inlined at a function-entry site: a thread with its
 // sums bumps `calls` and jumps straight back to the site's end; any other
-// takes entry_stub_bytes' path to `slow_target`.
-//   mov %fs:tpoff, %r11; test %r11, %r11; je slow; addq $1, calls(%r11); jmp site_end
-//   slow: push $calls; lea site_end(%rip), %r11; jmp *0(%rip); .quad slow_target
+// takes entry_stub_bytes' path to `slow_target`.  r11 is kept on the stack
+// (flags are not kept: gcc keeps no comparison across a call).
+//   push %r11; mov %fs:tpoff, %r11; test %r11, %r11; je 1f; addq $1, calls(%r11)
+//   1: pop %r11; jne site_end;  slow: entry_stub_bytes(calls, site_end, slow_target)
+// `at` is where the stub is written (the jne is relative to it).
 std::array<std::uint8_t, kSiteStubSize> entry_count_stub_bytes(std::int32_t stats_tpoff, std::uint32_t calls,
                                                                std::uint64_t at, std::uint64_t site_end,
                                                                std::uint64_t slow_target);

@@ -231,11 +231,23 @@ int iprobe_rt_return_register(iprobe_rt_return_callback callback) {
     return -1;
 }
 
+__attribute__((visibility("hidden"))) uint64_t iprobe_rt_vector_safe_call(uint64_t (*fn)(void*, void*), void* a,
+                                                                          void* b);
+
+static uint64_t run_callback(void* callback, void* entry) {
+    const struct iprobe_rt_return* e = entry;
+    ((iprobe_rt_return_callback)callback)(e->cookie, (uintptr_t)e->slot);
+    return 0;
+}
+
+/* Another library's code (fperf's, which calls PAPI) may use any vector
+ * register, and the hooked function's caller may keep values in them (gcc's
+ * IPA-RA): xmm0-15 are kept around it. */
 void iprobe_rt_return_callback_run(const struct iprobe_rt_return* e) {
     const uint32_t k = e->handler - IPROBE_RT_RETURN_CALLBACK;
     if (k >= IPROBE_RT_RETURN_CALLBACKS) return;
     const iprobe_rt_return_callback callback = __atomic_load_n(&g_callbacks[k], __ATOMIC_ACQUIRE);
-    if (callback) callback(e->cookie, (uintptr_t)e->slot);
+    if (callback) iprobe_rt_vector_safe_call(run_callback, (void*)callback, (void*)e);
 }
 
 /* At thread exit (its frames are gone): entries whose slot lies on the

@@ -44,8 +44,8 @@
 #define IPROBE_RT_RETURN_MAX_CHUNKS 32 /* per thread: IPROBE_RT_RETURN_STACK_FRAMES hooked frames deep */
 #define IPROBE_RT_RETURN_ENTRY_SIZE 32
 #define IPROBE_RT_RETURN_UNIT_SIZE 32  /* sled unit; pool index = (unit - sled) / 32 */
-#define IPROBE_RT_RETURN_UNIT_TRAMPOLINE 3 /* where the hooked function returns to */
-#define IPROBE_RT_RETURN_UNIT_ENTRY 16     /* the unit's self-relative pointer to its entry */
+#define IPROBE_RT_RETURN_UNIT_TRAMPOLINE 4 /* where the hooked function returns to */
+#define IPROBE_RT_RETURN_UNIT_ENTRY 24     /* the unit's self-relative pointer to its entry */
 
 /* struct iprobe_rt_return.handler */
 #define IPROBE_RT_RETURN_COUNT 1    /* arg: byte offset of `completed` in the thread's sums */

@@ -3,15 +3,18 @@
  * through, its common tail, and the count handler's entry points for
  * function-entry sites, whose fast paths are here in full.
  *
- * Registers.  At a function-entry site every argument register is live
- * (rdi, rsi, rdx, rcx, r8, r9, rax for varargs, r10 for a static chain,
- * xmm0-7) and r11 is free: the site's stub passes the site's end in r11 and
- * its id on the stack (ENTRY_SITE_CALL in save_call_restore.inc).  gcc gives
- * up interprocedural register allocation for functions with a patchable
- * entry, so a caller keeps nothing in a call-clobbered register across the
- * call.  On return only rax, rdx, xmm0, xmm1, st0 and st1 may be live; the
- * runtime's C code is built with -mgeneral-regs-only and uses no x87, so
- * the common tail saves rax, rdx, xmm0 and xmm1 around it.
+ * Registers.  gcc's interprocedural register allocation (IPA-RA, kept by
+ * iprobe-cc's gcc plugin) lets a caller keep values in any register the
+ * called function leaves alone, call-clobbered ones included.  So an
+ * enabled entry and a hooked return change no general register the
+ * function would not: the entry stub passes the site's end and id on the
+ * stack (ENTRY_SITE_CALL in save_call_restore.inc), a unit keeps the
+ * caller's r11 in the red zone while r11 names the unit, and the common tail
+ * saves every register it or the C it calls may touch.  Vector registers:
+ * the runtime's C code is built with -mgeneral-regs-only and uses no x87;
+ * it calls libc, and other handlers' callbacks, only through
+ * iprobe_rt_vector_safe_call, which keeps xmm0-15.  Flags are not kept: gcc
+ * keeps no comparison live across a call.
  */
 #include "return_stack.h"
 #include "iprobe/runtime/save_call_restore.inc"
@@ -24,14 +27,17 @@
  *   CFA = rsp + 8, the caller's rsp = CFA - 8 (rsp right after the hooked
  *   function returned: a CFA distinct from the hooked function's, so
  *   libgcc's phase 2 never takes the unit for the frame that catches),
- *   ra = *(A + *A), A = ((return address column) & -32) + 16:
- *     DW_OP_breg16 0; DW_OP_const1s -32; DW_OP_and; DW_OP_plus_uconst 16;
+ *   ra = *(A + *A), A = ((return address column) & -32) + 24:
+ *     DW_OP_breg16 0; DW_OP_const1s -32; DW_OP_and; DW_OP_plus_uconst 24;
  *     DW_OP_dup; DW_OP_deref; DW_OP_plus; DW_OP_deref
- * The return address column holds the trampoline (unit + 3) when an unwinder
+ * The return address column holds the trampoline (unit + 4) when an unwinder
  * comes from the hooked function, or the unit itself in a signal frame
  * stopped on its first instruction (the slot still holds the real address
  * then, which the entry holds too): both round down to the unit.  The FDE
- * starts 32 bytes early so that unit 0's trampoline minus one is covered. */
+ * starts 32 bytes early so that unit 0's trampoline minus one is covered.
+ * A unit: `call *-16(%rsp)` enters the function at the site's end (left
+ * there by ENTRY_SITE_GO_ON) and writes the trampoline into the return slot;
+ * on return, the caller's r11 goes to the red zone and r11 names the unit. */
     .p2align 5
     /* exported: backtrace_symbols() and dladdr() name hooked returns by it */
     .globl iprobe_rt_return_trampolines
@@ -40,14 +46,15 @@ iprobe_rt_return_trampolines:
     .cfi_startproc
     .cfi_def_cfa rsp, 8
     .cfi_val_offset rsp, -8
-    .cfi_escape 0x16, 0x10, 11, 0x80, 0x00, 0x09, 0xe0, 0x1a, 0x23, 0x10, 0x12, 0x06, 0x22, 0x06
+    .cfi_escape 0x16, 0x10, 11, 0x80, 0x00, 0x09, 0xe0, 0x1a, 0x23, IPROBE_RT_RETURN_UNIT_ENTRY, 0x12, 0x06, 0x22, 0x06
     .fill IPROBE_RT_RETURN_UNIT_SIZE, 1, 0xcc
     .globl iprobe_rt_return_sled
     .hidden iprobe_rt_return_sled
 iprobe_rt_return_sled:
     .set unit, 0
     .rept IPROBE_RT_RETURN_ENTRIES
-0:  call *%r11
+0:  call *-16(%rsp)
+    mov %r11, -8(%rsp)
     lea 0b(%rip), %r11
     .byte 0xe9                                   /* jmp rel32: every unit the same size */
     .long iprobe_rt_return_common - (. + 4)
@@ -60,13 +67,14 @@ iprobe_rt_return_sled:
     .size iprobe_rt_return_trampolines, . - iprobe_rt_return_trampolines
 
 /* ---- the common tail ----
- * Entered by a unit's jump with r11 = the unit and rsp = what the hooked
- * function's caller had.  Records the exit, frees the entry (pops it when it
- * is the thread's top one, the LIFO case; otherwise it stays a hole for the
- * slow path to find) and returns to the real return address with `push;
- * ret`, so that the caller's own entry of the return stack buffer is used.
- * CFI as for a unit, from r11 (rbx while C runs): the entry's return address.
- * rax, rdx, xmm0 and xmm1 hold the function's result: untouched here. */
+ * Entered by a unit's jump with r11 = the unit, rsp = what the hooked
+ * function's caller had and the caller's r11 just below it.  Records the
+ * exit, frees the entry (pops it when it is the thread's top one, the LIFO
+ * case; otherwise it stays a hole for the slow path to find) and returns to
+ * the real return address with a `ret` from where the caller's r11 was, so
+ * that the caller's own entry of the return stack buffer is used.  Every
+ * register is as the function left it then.
+ * CFI as for a unit, from r11 (rbx while C runs): the entry's return address. */
     .p2align 4
     .globl iprobe_rt_return_common
     .hidden iprobe_rt_return_common
@@ -75,8 +83,19 @@ iprobe_rt_return_common:
     .cfi_startproc
     .cfi_def_cfa rsp, 8
     .cfi_val_offset rsp, -8
-    /* ra = *(A + *A), A = r11 + 16 */
+    /* ra = *(A + *A), A = r11 + IPROBE_RT_RETURN_UNIT_ENTRY */
     .cfi_escape 0x16, 0x10, 6, 0x7b, IPROBE_RT_RETURN_UNIT_ENTRY, 0x12, 0x06, 0x22, 0x06
+    lea -8(%rsp), %rsp                 /* [rsp] = the caller's r11 */
+    .cfi_adjust_cfa_offset 8
+    push %rdi
+    .cfi_adjust_cfa_offset 8
+    push %rsi
+    .cfi_adjust_cfa_offset 8
+    push %rcx
+    .cfi_adjust_cfa_offset 8
+    push %r8
+    .cfi_adjust_cfa_offset 8
+    /* [rsp] r8, [8] rcx, [16] rsi, [24] rdi, [32] the caller's r11 */
     mov IPROBE_RT_RETURN_UNIT_ENTRY(%r11), %rdi
     lea IPROBE_RT_RETURN_UNIT_ENTRY(%r11,%rdi), %rdi
     cmpl $IPROBE_RT_RETURN_COUNT, RET_ENTRY_HANDLER(%rdi)
@@ -97,24 +116,33 @@ iprobe_rt_return_common:
     cmp %fs:RET_THREAD_NEXT(%rsi), %r8
     jne 1f
     mov %rdi, %fs:RET_THREAD_NEXT(%rsi)
-1:  push %rcx
-    .cfi_def_cfa rsp, 8
-    .cfi_offset rip, -8
-    .cfi_val_offset rsp, 0
+1:  mov 32(%rsp), %r11                 /* the caller's r11 back */
+    mov %rcx, 32(%rsp)                 /* and the real return address where it was */
+    .cfi_offset rip, -16
+    pop %r8
+    .cfi_adjust_cfa_offset -8
+    pop %rcx
+    .cfi_adjust_cfa_offset -8
+    pop %rsi
+    .cfi_adjust_cfa_offset -8
+    pop %rdi
+    .cfi_adjust_cfa_offset -8
     ret
     .cfi_restore_state
 .Lrecord_in_c:
     push %rbp
     .cfi_adjust_cfa_offset 8
-    .cfi_offset rbp, -16
+    .cfi_offset rbp, -56
     mov %rsp, %rbp
     .cfi_def_cfa_register rbp
     push %rbx
-    .cfi_offset rbx, -24
+    .cfi_offset rbx, -64
     push %rax
     push %rdx
+    push %r9
+    push %r10
     mov %r11, %rbx
-    /* the unit is in rbx now: ra = *(A + *A), A = rbx + 16 */
+    /* the unit is in rbx now: ra = *(A + *A), A = rbx + IPROBE_RT_RETURN_UNIT_ENTRY */
     .cfi_escape 0x16, 0x10, 6, 0x73, IPROBE_RT_RETURN_UNIT_ENTRY, 0x12, 0x06, 0x22, 0x06
     and $-16, %rsp
     sub $32, %rsp
@@ -125,14 +153,16 @@ iprobe_rt_return_common:
     movdqa 16(%rsp), %xmm1
     mov %rbx, %r11
     .cfi_escape 0x16, 0x10, 6, 0x7b, IPROBE_RT_RETURN_UNIT_ENTRY, 0x12, 0x06, 0x22, 0x06
-    lea -24(%rbp), %rsp
+    lea -40(%rbp), %rsp
+    pop %r10
+    pop %r9
     pop %rdx
     pop %rax
     pop %rbx
     .cfi_restore rbx
     pop %rbp
     .cfi_restore rbp
-    .cfi_def_cfa rsp, 8
+    .cfi_def_cfa rsp, 48
     mov IPROBE_RT_RETURN_UNIT_ENTRY(%r11), %rdi
     lea IPROBE_RT_RETURN_UNIT_ENTRY(%r11,%rdi), %rdi
     jmp .Lrecorded
@@ -150,13 +180,13 @@ iprobe_rt_return_common:
     .type \name, @function
 \name:
     .cfi_startproc
-    .cfi_def_cfa rsp, 16
+    .cfi_def_cfa rsp, 24
     .cfi_offset rip, -8
     push %rax
     .cfi_adjust_cfa_offset 8
     push %rcx
     .cfi_adjust_cfa_offset 8
-    /* [rsp] rcx, [8] rax, [16] id, [24] the function's return address */
+    /* [rsp] rcx, [8] rax, [16] id, [24] the site's end, [32] the function's return address */
     mov iprobe_rt_thread@gottpoff(%rip), %rax
     cmpq $0, %fs:RET_THREAD_STATS(%rax)
     je 1f
@@ -170,9 +200,9 @@ iprobe_rt_return_common:
     add 16(%rsp), %rax
     addq $1, (%rax)
 .endif
-    mov 24(%rsp), %rax
+    mov 32(%rsp), %rax
     mov %rax, RET_ENTRY_RET(%rcx)
-    lea 24(%rsp), %rax
+    lea 32(%rsp), %rax
     mov %rax, RET_ENTRY_SLOT(%rcx)
     mov 16(%rsp), %rax
     add $8, %rax
@@ -190,7 +220,7 @@ iprobe_rt_return_common:
     pop %rax
     .cfi_adjust_cfa_offset -8
     ENTRY_SITE_GO_ON
-1:  .cfi_def_cfa_offset 32
+1:  .cfi_def_cfa_offset 40
     pop %rcx
     .cfi_adjust_cfa_offset -8
     pop %rax
