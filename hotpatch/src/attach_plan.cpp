@@ -9,6 +9,7 @@
 
 #include "iprobe/probelist/probe_source.h"
 #include "iprobe/support/error.h"
+#include "relocated_entries.h"
 #include "session.h"
 #include "stubs.h"
 
@@ -196,11 +197,16 @@ EntrySitePlan plan_entry_site(const SelectedList& s, const RunningModule& runnin
                         std::string(plan.after.enter ? "entry and exit" : "exit") + " of " + entry.demangled +
                         " (a function-entry site whose exit is a return trampoline)",
                     ExitCode::unavailable);
-    const EntrySiteStubs stubs = entry_site_stubs(id, handlers.targets, handlers.inline_count_tpoff,
-                                                  module.site_stubs, entry_id, site + entry.size);
+    // A relocated entry goes on through its trampoline, a pad right after itself.
+    if (!entry.moved.empty()) plan.trampoline = relocated_trampoline(module, entry, site);
+    const EntrySiteStubs stubs = entry_site_stubs(id, handlers.targets, handlers.inline_count_tpoff, module.site_stubs,
+                                                  entry_id, plan.trampoline ? plan.trampoline->address : site + entry.size);
     plan.entry_slot = {module.site_stubs, variant_stub(module.site_stubs, entry_id, {true, false}), stubs.entry_slot};
     plan.exit_slot = {module.site_stubs, variant_stub(module.site_stubs, entry_id, {false, true}), stubs.exit_slot};
-    if (plan.before.any()) require_same_stubs(memory, entry, plan.entry_slot.address, plan.exit_slot.address, stubs);
+    if (plan.before.any()) {
+        require_same_stubs(memory, entry, plan.entry_slot.address, plan.exit_slot.address, stubs);
+        if (plan.trampoline) require_same_trampoline(memory, entry, *plan.trampoline);
+    }
     if (plan.after != plan.before)
         plan.patch = Patch{site, SiteBytes(now, entry.size),
                            jump_bytes(site, entry.size, variant_stub(module.site_stubs, entry_id, plan.after))};

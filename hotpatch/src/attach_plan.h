@@ -76,6 +76,7 @@ void require_same_stubs(const ProcessMemory& memory, const probelist::Probe& ent
 // already) and which of its probes are on before and after.
 struct EntrySitePlan {
     SiteStub entry_slot, exit_slot;
+    std::optional<SiteStub> trampoline;  // a relocated entry's (relocated_entries.h)
     std::optional<Patch> patch;
     EntryVariant before, after;
 };

@@ -6,6 +6,7 @@
 #include <fstream>
 
 #include "iprobe/probelist/site_section.h"
+#include "iprobe/probelist/symbol_probes.h"
 #include "iprobe/support/error.h"
 #include "iprobe/support/file.h"
 
@@ -32,10 +33,8 @@ ProbeList load_probes(const std::string& path) {
     const std::string side = path + IPROBE_PL_SUFFIX;
     if (exists(side)) return ProbeList::load(side);
     if (auto from_section = read_site_section(path)) return *std::move(from_section);
-    throw Error(path + ": no probes: neither " + side +
-                    " nor an embedded probe section; build it with iprobe-cc (or run 'iprobe coldpatch " +
-                    path + "')",
-                ExitCode::bad_input);
+    // Nobody prepared it: entries relocated into trampolines, from its symbols.
+    return probes_from_symbols(path);
 }
 
 }  // namespace iprobe::probelist

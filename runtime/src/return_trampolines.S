@@ -66,7 +66,8 @@ iprobe_rt_return_sled:
  * slow path to find) and returns to the real return address with `push;
  * ret`, so that the caller's own entry of the return stack buffer is used.
  * CFI as for a unit, from r11 (rbx while C runs): the entry's return address.
- * rax, rdx, xmm0 and xmm1 hold the function's result: untouched here. */
+ * rax, rdx, xmm0 and xmm1 hold the function's result: untouched here; so is
+ * every other register but r11 (the unit's, as at the entry). */
     .p2align 4
     .globl iprobe_rt_return_common
     .hidden iprobe_rt_return_common
@@ -77,6 +78,19 @@ iprobe_rt_return_common:
     .cfi_val_offset rsp, -8
     /* ra = *(A + *A), A = r11 + 16 */
     .cfi_escape 0x16, 0x10, 6, 0x7b, IPROBE_RT_RETURN_UNIT_ENTRY, 0x12, 0x06, 0x22, 0x06
+    /* the slot the real return address goes to, then the scratch
+     * registers, kept: a caller of code nobody prepared for probes (gcc's
+     * IPA-RA) may keep values in any register its callee does not clobber */
+    sub $8, %rsp
+    .cfi_adjust_cfa_offset 8
+    push %rdi
+    .cfi_adjust_cfa_offset 8
+    push %rcx
+    .cfi_adjust_cfa_offset 8
+    push %rsi
+    .cfi_adjust_cfa_offset 8
+    push %r8
+    .cfi_adjust_cfa_offset 8
     mov IPROBE_RT_RETURN_UNIT_ENTRY(%r11), %rdi
     lea IPROBE_RT_RETURN_UNIT_ENTRY(%r11,%rdi), %rdi
     cmpl $IPROBE_RT_RETURN_COUNT, RET_ENTRY_HANDLER(%rdi)
@@ -89,30 +103,37 @@ iprobe_rt_return_common:
     addq $1, (%rcx,%rsi)
 .Lrecorded:
     mov RET_ENTRY_RET(%rdi), %rcx
+    mov %rcx, 32(%rsp)
     .cfi_remember_state
-    .cfi_register rip, rcx
+    .cfi_offset rip, -16
     movq $0, RET_ENTRY_RET(%rdi)
     mov iprobe_rt_thread@gottpoff(%rip), %rsi
     lea IPROBE_RT_RETURN_ENTRY_SIZE(%rdi), %r8
     cmp %fs:RET_THREAD_NEXT(%rsi), %r8
     jne 1f
     mov %rdi, %fs:RET_THREAD_NEXT(%rsi)
-1:  push %rcx
-    .cfi_def_cfa rsp, 8
-    .cfi_offset rip, -8
-    .cfi_val_offset rsp, 0
+1:  pop %r8
+    .cfi_adjust_cfa_offset -8
+    pop %rsi
+    .cfi_adjust_cfa_offset -8
+    pop %rcx
+    .cfi_adjust_cfa_offset -8
+    pop %rdi
+    .cfi_adjust_cfa_offset -8
     ret
     .cfi_restore_state
 .Lrecord_in_c:
     push %rbp
     .cfi_adjust_cfa_offset 8
-    .cfi_offset rbp, -16
+    .cfi_offset rbp, -56
     mov %rsp, %rbp
     .cfi_def_cfa_register rbp
     push %rbx
-    .cfi_offset rbx, -24
+    .cfi_offset rbx, -64
     push %rax
     push %rdx
+    push %r9
+    push %r10
     mov %r11, %rbx
     /* the unit is in rbx now: ra = *(A + *A), A = rbx + 16 */
     .cfi_escape 0x16, 0x10, 6, 0x73, IPROBE_RT_RETURN_UNIT_ENTRY, 0x12, 0x06, 0x22, 0x06
@@ -125,14 +146,16 @@ iprobe_rt_return_common:
     movdqa 16(%rsp), %xmm1
     mov %rbx, %r11
     .cfi_escape 0x16, 0x10, 6, 0x7b, IPROBE_RT_RETURN_UNIT_ENTRY, 0x12, 0x06, 0x22, 0x06
-    lea -24(%rbp), %rsp
+    lea -40(%rbp), %rsp
+    pop %r10
+    pop %r9
     pop %rdx
     pop %rax
     pop %rbx
     .cfi_restore rbx
     pop %rbp
     .cfi_restore rbp
-    .cfi_def_cfa rsp, 8
+    .cfi_def_cfa rsp, 48
     mov IPROBE_RT_RETURN_UNIT_ENTRY(%r11), %rdi
     lea IPROBE_RT_RETURN_UNIT_ENTRY(%r11,%rdi), %rdi
     jmp .Lrecorded
