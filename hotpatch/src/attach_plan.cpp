@@ -3,6 +3,7 @@
 #include <signal.h>
 #include <time.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <filesystem>
 #include <map>
@@ -25,8 +26,28 @@ std::string describe_selector(const probelist::ProbeSelector& s) {
     return out.empty() ? "(all)" : out;
 }
 
+std::string module_source(pid_t pid, const std::string& name) {
+    std::vector<std::string> found;
+    for (const Mapping& m : read_maps(pid)) {
+        if (m.path.empty() || m.path[0] != '/') continue;
+        const std::string base = basename_of(m.path);
+        const bool named = base == name || (base.rfind(name, 0) == 0 && (base[name.size()] == '.' || base[name.size()] == '-'));
+        if (named && std::find(found.begin(), found.end(), m.path) == found.end()) found.push_back(m.path);
+    }
+    if (found.empty())
+        throw Error("process " + std::to_string(pid) + " has no module named " + name + " loaded (see /proc/" +
+                        std::to_string(pid) + "/maps)",
+                    ExitCode::not_found);
+    if (found.size() > 1)
+        throw Error("--module " + name + " names " + std::to_string(found.size()) + " modules of process " +
+                        std::to_string(pid) + " (" + found[0] + ", " + found[1] + "); give its full file name",
+                    ExitCode::usage);
+    return target_view(pid, found.front());
+}
+
 std::vector<SelectedList> load_lists(const AttachOptions& options) {
     std::vector<std::string> sources = options.probe_sources;
+    for (const std::string& name : options.modules) sources.push_back(module_source(options.pid, name));
     if (sources.empty()) {
         std::error_code ec;
         const auto exe = std::filesystem::read_symlink("/proc/" + std::to_string(options.pid) + "/exe", ec);

@@ -27,6 +27,10 @@ struct SelectedList {
 
 std::string describe_selector(const probelist::ProbeSelector& s);
 
+// The path (as the target sees it) of the one module of `pid` whose file
+// is called `name`, or `name` plus a version (libz: libz.so.1.2.13).
+std::string module_source(pid_t pid, const std::string& name);
+
 std::vector<SelectedList> load_lists(const AttachOptions& options);
 
 std::string hex_id(const std::vector<std::uint8_t>& id);

@@ -408,6 +408,8 @@ Status status(pid_t pid) {
         for (const AttachedModule& m : attached_modules(pid, region, memory)) {
             ModuleStatus& ms = st.modules[m.region_index];
             ms.live = 0;
+            ms.sites = m.list.flow == IPROBE_FLOW_UNPREPARED ? "relocated" : "pad";
+            ms.flow = probelist::flow_name(m.list.flow);
             for (SiteState state : site_states(m, memory, stubs)) {
                 ms.live += state == SiteState::live;
                 ms.foreign += state == SiteState::other;
