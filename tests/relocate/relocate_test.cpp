@@ -13,6 +13,7 @@
 #include <set>
 #include <sstream>
 
+#include "file_text.h"
 #include "hotpatch_fixture.h"
 #include "iprobe/relocate/entry_relocation.h"
 #include "iprobe/support/error.h"
@@ -36,33 +37,6 @@ json list_json(const std::string& binary) {
     const auto r = iprobe({"list", binary, "--refused", "--json"});
     EXPECT_EQ(r.exit_code, 0) << r.err;
     return json::parse(r.out);
-}
-
-// The bytes of every executable mapping of `path_suffix` in `pid`, read
-// from the mapped file itself at the mapping's offset: what the code holds
-// when nothing was changed.
-std::vector<std::uint8_t> file_text_of(pid_t pid, const std::string& path_suffix) {
-    std::ifstream maps("/proc/" + std::to_string(pid) + "/maps");
-    std::string line;
-    std::vector<std::uint8_t> bytes;
-    while (std::getline(maps, line)) {
-        std::istringstream f(line);
-        std::string range, perms, off, dev, inode, path;
-        f >> range >> perms >> off >> dev >> inode >> path;
-        if (perms.size() < 3 || perms[2] != 'x' || path.size() < path_suffix.size() ||
-            path.compare(path.size() - path_suffix.size(), path_suffix.size(), path_suffix) != 0)
-            continue;
-        const auto dash = range.find('-');
-        const std::uint64_t lo = std::stoull(range.substr(0, dash), nullptr, 16);
-        const std::uint64_t hi = std::stoull(range.substr(dash + 1), nullptr, 16);
-        std::vector<std::uint8_t> chunk(hi - lo, 0);
-        const int fd = ::open(path.c_str(), O_RDONLY);
-        const ssize_t got = ::pread(fd, chunk.data(), chunk.size(), static_cast<off_t>(std::stoull(off, nullptr, 16)));
-        ::close(fd);
-        EXPECT_GT(got, 0) << path;
-        bytes.insert(bytes.end(), chunk.begin(), chunk.end());  // past the file's end: zeros, as mapped
-    }
-    return bytes;
 }
 
 class RelocatedEntries : public ::testing::TestWithParam<std::string> {};
