@@ -20,8 +20,8 @@ repeats=${REPEATS:-3}
 iprobe="$build/bin/iprobe"
 work="$build/bench-relocated"
 mkdir -p "$work"
+. "$here/targets.sh"  # log, start, finish, ns_at
 cmake --build "$build" --target iprobe iprobe-hotpatch iprobe-probes iprobe-cc iprobe_rt >/dev/null
-log() { printf '%s\n' "$*" >&2; }
 
 export IPROBE_CC_QUIET=1
 gcc -O2 -DFIVE_BYTE_BODY -o "$work/loop_plain" "$here/loop.c" -lpthread
@@ -29,15 +29,6 @@ gcc -O2 -DFIVE_BYTE_BODY -o "$work/loop_plain" "$here/loop.c" -lpthread
 "$iprobe" list "$work/loop_plain" --functions empty --kind entry --json | grep -q '"selected":1' ||
   { log "empty() of the plain build is not probe-able"; exit 1; }
 
-start() {  # BINARY ARGS...: runs it, waits for "ready"; sets $pid, $out
-  out="$work/out.$RANDOM"
-  "$@" >"$out" 2>&1 &
-  pid=$!
-  for _ in $(seq 1 500); do grep -q ready "$out" 2>/dev/null && return 0; sleep 0.01; done
-  log "$1 did not start"; cat "$out" >&2; exit 1
-}
-finish() { kill -USR1 "$pid"; wait "$pid"; }
-ns_at() { awk -v n="$2" '$1 == n { print $2 }' "$1"; }
 
 # Variants interleaved round by round, so a change in the machine's load
 # touches all of them alike; per size the fastest run is kept.

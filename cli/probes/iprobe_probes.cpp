@@ -224,7 +224,7 @@ int run_list(int argc, char** argv) {
     for (const auto& list : a.values("--kind"))
         for (const auto& k : iprobe::split_list(list)) selector.kinds.push_back(iprobe::probelist::parse_probe_kind(k));
     const bool json = a.has("--json"), count_only = a.has("--count"), refused = a.has("--refused");
-    const iprobe::probelist::ProbeList list = iprobe::probelist::load_probes(file);
+    const iprobe::probelist::ProbeList list = iprobe::probelist::load_probes_or_symbols(file);
     const bool unprepared = list.flow == IPROBE_FLOW_UNPREPARED;
     const auto selected = selector.select(list);
     if (json) {

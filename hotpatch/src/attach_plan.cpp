@@ -63,7 +63,7 @@ std::vector<SelectedList> load_lists(const AttachOptions& options) {
     std::vector<SelectedList> lists;
     std::size_t total = 0, selected = 0;
     for (const auto& source : sources) {
-        SelectedList s{source, probelist::load_probes(source), {}};
+        SelectedList s{source, probelist::load_probes_or_symbols(source), {}};
         if (s.list.probes.empty())
             throw Error(source + ": the probe list is empty; was the binary built with iprobe-cc?", ExitCode::bad_input);
         total += s.list.probes.size();

@@ -7,7 +7,6 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
-#include "file_text.h"
 #include "hotpatch_fixture.h"
 
 namespace iprobe::test {

@@ -13,7 +13,6 @@
 #include <set>
 #include <sstream>
 
-#include "file_text.h"
 #include "hotpatch_fixture.h"
 #include "iprobe/relocate/entry_relocation.h"
 #include "iprobe/support/error.h"
