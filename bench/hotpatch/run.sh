@@ -30,7 +30,7 @@ work="$build/bench-hotpatch"
 mkdir -p "$work"
 cmake --build "$build" --target iprobe iprobe-hotpatch iprobe-probes iprobe-cc iprobe_rt iprobe_rt_hooks IProbePass >/dev/null
 
-log() { printf '%s\n' "$*" >&2; }
+. "$here/targets.sh"  # log, start, finish, ns_at
 
 # ---- builds ----
 export IPROBE_CC_QUIET=1
@@ -49,16 +49,6 @@ cp "$work/loop_floor" "$work/loop_floor_list"
 "$iprobe" coldpatch "$work/loop_floor_list" >/dev/null 2>&1
 clang-14 -O2 -fxray-instrument -fxray-instruction-threshold=1 -DWITH_XRAY -o "$work/loop_xray" "$here/loop.c" -lpthread
 
-# start BINARY ARGS... : runs it in the background, waits for "ready"; sets $pid, $out
-start() {
-  out="$work/out.$RANDOM"
-  "$@" >"$out" 2>&1 &
-  pid=$!
-  for _ in $(seq 1 500); do grep -q ready "$out" 2>/dev/null && return 0; sleep 0.01; done
-  log "$1 did not start"; cat "$out" >&2; exit 1
-}
-finish() { kill -USR1 "$pid"; wait "$pid"; }
-ns_at() { awk -v n="$2" '$1 == n { print $2 }' "$1"; }
 
 repeats=${REPEATS:-3}
 # Runs a variant $repeats times (fresh process each) and keeps, per size, the

@@ -40,7 +40,7 @@ volatile sig_atomic_t g_stop = 0;
 std::string g_command = "attach";
 
 constexpr const char* kSynopsis =
-    "usage: iprobe attach PID [--probes LIST[,LIST…]] [--functions GLOB,…] [--files GLOB,…]\n"
+    "usage: iprobe attach PID [--probes LIST[,LIST…]] [--module NAME[,NAME…]] [--functions GLOB,…] [--files GLOB,…]\n"
     "                     [--entry-only|--exit-only] [--handler trace|count] [--buffer SIZE] [--json]\n"
     "       iprobe detach PID [--functions GLOB,…] [--entry-only|--exit-only] [--json]\n"
     "       iprobe status PID [--json]\n"
@@ -54,6 +54,11 @@ constexpr const char* kAbout =
     "        the iprobe runtime (injected with dlopen if the process was not started\n"
     "        with it). LIST is a probe list, a coldpatched binary or shared library\n"
     "        (default: the process's executable). Attaching again adds probes.\n"
+    "        A binary nobody prepared (no iprobe-cc: no list, no pads) is probed all\n"
+    "        the same: one entry and exit probe per function symbol whose first\n"
+    "        instructions can move to a trampoline ('iprobe list FILE --refused' says\n"
+    "        which cannot, and why). --module NAME picks a library the process has\n"
+    "        loaded by its file name (libz.so.1, or libz).\n"
     "        Every handler keeps exact per-function sums in each thread's own slot\n"
     "        of the process's region. --handler trace (default) also times calls\n"
     "        (inclusive/exclusive, latency histogram) and logs entry/exit events to a\n"
@@ -91,6 +96,7 @@ ArgSpec spec_of(const std::string& command) {
     return ArgSpec("iprobe " + command, kSynopsis, kAbout,
     {
         {"--probes", "LIST", "probe list(s), coldpatched binaries or libraries, comma-separated\n(default: the process's executable)"},
+        {"--module", "NAME,...", "attach: the probes of a loaded library (or the executable) by file name,\ne.g. libz.so.1 or libz"},
         {"--functions", "GLOB,...", "only probes of functions matching a GLOB (demangled or raw)"},
         {"--files", "GLOB,...", "only probes in source files matching a GLOB"},
         {"--entry-only", "", "only entry probes"},
@@ -122,6 +128,7 @@ struct Args {
     std::vector<pid_t> more_pids;  // report: merged with pid
     std::map<std::string, std::string> values;
     std::vector<std::string> probes;
+    std::vector<std::string> modules;  // attach --module
     bool flag(const std::string& name) const { return values.count(name) != 0; }
     std::string value(const std::string& name, const std::string& fallback = {}) const {
         auto it = values.find(name);
@@ -140,6 +147,8 @@ Args parse(int argc, char** argv) {
     }
     for (const auto& list : parsed.values("--probes"))
         for (auto& p : split_list(list)) args.probes.push_back(p);
+    for (const auto& list : parsed.values("--module"))
+        for (auto& m : split_list(list)) args.modules.push_back(m);
     for (const char* name : {"--functions", "--files", "--entry-only", "--exit-only", "--handler", "--buffer",
                              "--ring-records", "--runtime", "--duration", "--format", "--output", "--input",
                              "--since-last", "--reset", "--at-exit", "--folded", "--json"})
@@ -194,6 +203,7 @@ int cmd_attach(const Args& args) {
     AttachOptions o;
     o.pid = args.pid;
     o.probe_sources = args.probes;
+    o.modules = args.modules;
     o.selector = selector_of(args);
     const std::string handler = args.value("--handler", "trace");
     if (handler == "trace") o.mode = HandlerMode::trace;
@@ -255,6 +265,8 @@ int cmd_status(const Args& args) {
                 .field("enabled", m.enabled)
                 .field("live", m.live)
                 .field("foreign", m.foreign)
+                .field("sites", m.sites)
+                .field("flow", m.flow)
                 .end_object();
         j.end_array().key("rings").begin_array();
         for (const auto& r : st.rings)
@@ -284,6 +296,10 @@ int cmd_status(const Args& args) {
         else std::cout << m.live << " sites live in the code";
         if (m.foreign) std::cout << ", " << m.foreign << " sites hold other code";
         std::cout << " (" << m.probes_path << ")\n";
+        if (m.sites == "relocated")
+            std::cout << "    sites: relocated entries (a binary nobody prepared: first instructions moved to trampolines)\n";
+        else if (!m.sites.empty())
+            std::cout << "    sites: pads (built with iprobe-cc, flow " << m.flow << ")\n";
     }
     if (!st.sites_unread.empty()) std::cout << "  cannot read the live sites: " << st.sites_unread << "\n";
     std::cout << "  threads: " << st.threads << " slots used of " << st.ring_count << "; region " << st.region_bytes

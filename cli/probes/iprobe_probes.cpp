@@ -1,6 +1,7 @@
 // `iprobe coldpatch` and `iprobe list`: the build-time half of iprobe.
 #include <cstdio>
 #include <cstring>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -44,14 +45,19 @@ const ArgSpec kColdpatchSpec(
 const ArgSpec kListSpec(
     "iprobe list",
     "usage: iprobe list FILE|FILE.probes [--functions GLOB]... [--file GLOB]...\n"
-    "                   [--kind entry,exit,point] [--json] [--count]",
+    "                   [--kind entry,exit,point] [--refused] [--json] [--count]",
     "Shows the probes of a probe list, of a coldpatched binary (its FILE.probes)\n"
-    "or of a binary carrying an embedded probe section (LLVM flow).",
+    "or of a binary carrying an embedded probe section (LLVM flow).  Any other\n"
+    "x86-64 binary (nobody prepared it: no iprobe-cc) gets one entry and one exit\n"
+    "probe per function symbol with a size (.symtab, else .dynsym) whose first\n"
+    "instructions can be relocated (flow 'unprepared'); the summary says how many\n"
+    "functions are probe-able and why the others are not (--refused lists them).",
     {
         {"--functions", "GLOB[,GLOB]", "only functions matching a GLOB (demangled or raw); repeatable", "-f"},
         {"--file", "GLOB", "only probes whose source path or its basename match; repeatable"},
         {"--kind", "K[,K]", "only these kinds: entry, exit, point", "-k"},
         {"--count", "", "print only the number of matching probes"},
+        {"--refused", "", "unprepared binary: the functions that got no probe, each with its reason"},
         {"--json", "", "machine-readable output (all fields)"},
     },
     "exit codes: 0 ok, 2 usage, 3 bad input, 5 not found");
@@ -84,6 +90,64 @@ void write_list_header_json(iprobe::JsonWriter& j, const iprobe::probelist::Prob
     j.field("exit_got_slot", list.exit_got_slot);
 }
 
+// Unprepared binary: how many function symbols are probe-able, and why not the others.
+struct Refusals {
+    std::size_t functions = 0, probeable = 0;
+    std::map<std::string, std::size_t> by_reason;
+};
+
+Refusals refusals_of(const iprobe::probelist::ProbeList& list) {
+    Refusals r;
+    for (const auto& p : list.probes) r.probeable += p.kind == iprobe::probelist::ProbeKind::entry;
+    for (const auto& f : list.refused) r.by_reason[f.reason]++;
+    r.functions = r.probeable + list.refused.size();
+    return r;
+}
+
+void write_refusals_json(iprobe::JsonWriter& j, const iprobe::probelist::ProbeList& list, bool each) {
+    const Refusals r = refusals_of(list);
+    j.field("functions", static_cast<std::uint64_t>(r.functions));
+    j.field("probeable", static_cast<std::uint64_t>(r.probeable));
+    j.key("refused_by_reason").begin_object();
+    for (const auto& [reason, n] : r.by_reason) j.field(reason, static_cast<std::uint64_t>(n));
+    j.end_object();
+    if (!each) return;
+    j.key("refused").begin_array();
+    for (const auto& f : list.refused) {
+        j.begin_object();
+        j.field("function", f.function);
+        j.field("demangled", f.demangled);
+        j.field("address", f.address);
+        j.field("size", f.size);
+        j.field("reason", f.reason);
+        j.field("detail", f.detail);
+        j.end_object();
+    }
+    j.end_array();
+}
+
+void print_refusals(const iprobe::probelist::ProbeList& list, bool each, const iprobe::probelist::ProbeSelector& selector) {
+    const Refusals r = refusals_of(list);
+    std::printf("# %zu of %zu functions probe-able (%.1f%%)", r.probeable, r.functions,
+                r.functions ? 100.0 * static_cast<double>(r.probeable) / static_cast<double>(r.functions) : 0.0);
+    const char* sep = "; refused: ";
+    for (const auto& [reason, n] : r.by_reason) {
+        std::printf("%s%zu %s", sep, n, reason.c_str());
+        sep = ", ";
+    }
+    std::printf("\n");
+    if (!each) return;
+    std::printf("%-18s %-40s %-26s %s\n", "ADDRESS", "FUNCTION", "REASON", "DETAIL");
+    for (const auto& f : list.refused) {
+        iprobe::probelist::Probe as_probe;
+        as_probe.function = f.function;
+        as_probe.demangled = f.demangled;
+        if (!selector.function_globs.empty() && !selector.matches(as_probe)) continue;
+        std::printf("%-18s %-40s %-26s %s\n", hex_address(f.address).c_str(), f.demangled.c_str(), f.reason.c_str(),
+                    f.detail.c_str());
+    }
+}
+
 void write_probe_json(iprobe::JsonWriter& j, const iprobe::probelist::Probe& p) {
     j.begin_object();
     j.field("id", p.id);
@@ -99,6 +163,7 @@ void write_probe_json(iprobe::JsonWriter& j, const iprobe::probelist::Probe& p) 
     j.field("line", p.line);
     j.field("original", iprobe::probelist::hex(std::span(p.original.data(), p.size)));
     j.field("placeholder", iprobe::probelist::hex(std::span(p.placeholder.data(), p.size)));
+    if (!p.moved.empty()) j.field("relocated", iprobe::probelist::hex(p.moved));
     j.end_object();
 }
 
@@ -158,8 +223,9 @@ int run_list(int argc, char** argv) {
         for (auto& g : iprobe::split_list(list)) selector.file_globs.push_back(std::move(g));
     for (const auto& list : a.values("--kind"))
         for (const auto& k : iprobe::split_list(list)) selector.kinds.push_back(iprobe::probelist::parse_probe_kind(k));
-    const bool json = a.has("--json"), count_only = a.has("--count");
-    const iprobe::probelist::ProbeList list = iprobe::probelist::load_probes(file);
+    const bool json = a.has("--json"), count_only = a.has("--count"), refused = a.has("--refused");
+    const iprobe::probelist::ProbeList list = iprobe::probelist::load_probes_or_symbols(file);
+    const bool unprepared = list.flow == IPROBE_FLOW_UNPREPARED;
     const auto selected = selector.select(list);
     if (json) {
         iprobe::JsonWriter j;
@@ -167,6 +233,7 @@ int run_list(int argc, char** argv) {
         write_list_header_json(j, list);
         j.field("total", static_cast<std::uint64_t>(list.probes.size()));
         j.field("selected", static_cast<std::uint64_t>(selected.size()));
+        if (unprepared) write_refusals_json(j, list, refused && !count_only);
         if (!count_only) {
             j.key("probes").begin_array();
             for (const auto* p : selected) write_probe_json(j, *p);
@@ -183,6 +250,8 @@ int run_list(int argc, char** argv) {
     std::printf("# module %s  build-id %s  flow %s  %zu of %zu probes\n", list.module.c_str(),
                 list.build_id.empty() ? "(none)" : list.build_id_hex().c_str(),
                 std::string(iprobe::probelist::flow_name(list.flow)).c_str(), selected.size(), list.probes.size());
+    if (unprepared) print_refusals(list, refused, selector);
+    if (refused) return 0;
     std::printf("%-6s %-5s %-18s %-40s %s\n", "ID", "KIND", "ADDRESS", "FUNCTION", "SOURCE");
     std::string line;
     for (const auto* p : selected) {

@@ -3,12 +3,14 @@
 #include <signal.h>
 #include <time.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <filesystem>
 #include <map>
 
 #include "iprobe/probelist/probe_source.h"
 #include "iprobe/support/error.h"
+#include "relocated_entries.h"
 #include "session.h"
 #include "stubs.h"
 
@@ -24,8 +26,28 @@ std::string describe_selector(const probelist::ProbeSelector& s) {
     return out.empty() ? "(all)" : out;
 }
 
+std::string module_source(pid_t pid, const std::string& name) {
+    std::vector<std::string> found;
+    for (const Mapping& m : read_maps(pid)) {
+        if (m.path.empty() || m.path[0] != '/') continue;
+        const std::string base = basename_of(m.path);
+        const bool named = base == name || (base.rfind(name, 0) == 0 && (base[name.size()] == '.' || base[name.size()] == '-'));
+        if (named && std::find(found.begin(), found.end(), m.path) == found.end()) found.push_back(m.path);
+    }
+    if (found.empty())
+        throw Error("process " + std::to_string(pid) + " has no module named " + name + " loaded (see /proc/" +
+                        std::to_string(pid) + "/maps)",
+                    ExitCode::not_found);
+    if (found.size() > 1)
+        throw Error("--module " + name + " names " + std::to_string(found.size()) + " modules of process " +
+                        std::to_string(pid) + " (" + found[0] + ", " + found[1] + "); give its full file name",
+                    ExitCode::usage);
+    return target_view(pid, found.front());
+}
+
 std::vector<SelectedList> load_lists(const AttachOptions& options) {
     std::vector<std::string> sources = options.probe_sources;
+    for (const std::string& name : options.modules) sources.push_back(module_source(options.pid, name));
     if (sources.empty()) {
         std::error_code ec;
         const auto exe = std::filesystem::read_symlink("/proc/" + std::to_string(options.pid) + "/exe", ec);
@@ -41,7 +63,7 @@ std::vector<SelectedList> load_lists(const AttachOptions& options) {
     std::vector<SelectedList> lists;
     std::size_t total = 0, selected = 0;
     for (const auto& source : sources) {
-        SelectedList s{source, probelist::load_probes(source), {}};
+        SelectedList s{source, probelist::load_probes_or_symbols(source), {}};
         if (s.list.probes.empty())
             throw Error(source + ": the probe list is empty; was the binary built with iprobe-cc?", ExitCode::bad_input);
         total += s.list.probes.size();
@@ -196,11 +218,16 @@ EntrySitePlan plan_entry_site(const SelectedList& s, const RunningModule& runnin
                         std::string(plan.after.enter ? "entry and exit" : "exit") + " of " + entry.demangled +
                         " (a function-entry site whose exit is a return trampoline)",
                     ExitCode::unavailable);
-    const EntrySiteStubs stubs = entry_site_stubs(id, handlers.targets, handlers.inline_count_tpoff,
-                                                  module.site_stubs, entry_id, site + entry.size);
+    // A relocated entry goes on through its trampoline, a pad right after itself.
+    if (!entry.moved.empty()) plan.trampoline = relocated_trampoline(module, entry, site);
+    const EntrySiteStubs stubs = entry_site_stubs(id, handlers.targets, handlers.inline_count_tpoff, module.site_stubs,
+                                                  entry_id, plan.trampoline ? plan.trampoline->address : site + entry.size);
     plan.entry_slot = {module.site_stubs, variant_stub(module.site_stubs, entry_id, {true, false}), stubs.entry_slot};
     plan.exit_slot = {module.site_stubs, variant_stub(module.site_stubs, entry_id, {false, true}), stubs.exit_slot};
-    if (plan.before.any()) require_same_stubs(memory, entry, plan.entry_slot.address, plan.exit_slot.address, stubs);
+    if (plan.before.any()) {
+        require_same_stubs(memory, entry, plan.entry_slot.address, plan.exit_slot.address, stubs);
+        if (plan.trampoline) require_same_trampoline(memory, entry, *plan.trampoline);
+    }
     if (plan.after != plan.before)
         plan.patch = Patch{site, SiteBytes(now, entry.size),
                            jump_bytes(site, entry.size, variant_stub(module.site_stubs, entry_id, plan.after))};

@@ -27,6 +27,10 @@ struct SelectedList {
 
 std::string describe_selector(const probelist::ProbeSelector& s);
 
+// The path (as the target sees it) of the one module of `pid` whose file
+// is called `name`, or `name` plus a version (libz: libz.so.1.2.13).
+std::string module_source(pid_t pid, const std::string& name);
+
 std::vector<SelectedList> load_lists(const AttachOptions& options);
 
 std::string hex_id(const std::vector<std::uint8_t>& id);
@@ -76,6 +80,7 @@ void require_same_stubs(const ProcessMemory& memory, const probelist::Probe& ent
 // already) and which of its probes are on before and after.
 struct EntrySitePlan {
     SiteStub entry_slot, exit_slot;
+    std::optional<SiteStub> trampoline;  // a relocated entry's (relocated_entries.h)
     std::optional<Patch> patch;
     EntryVariant before, after;
 };

@@ -18,6 +18,7 @@
 #include "patch.h"
 #include "process.h"
 #include "region.h"
+#include "relocated_entries.h"
 #include "session.h"
 #include "stubs.h"
 #include "iprobe/runtime/rt.h"
@@ -152,6 +153,10 @@ AttachStats attach(const AttachOptions& options) {
                     at = k;
                     continue;
                 }
+                if (!p->moved.empty())  // a relocated entry: never a call written over a function's code
+                    throw Error("the handler library has no entry point for function-entry sites, which " +
+                                    p->demangled + " of an unprepared binary needs",
+                                ExitCode::unavailable);
                 const std::uint64_t site = addresses[k];
                 const std::uint8_t* now = text[k].data();
                 const std::uint32_t global = module.first_probe + p->id;
@@ -164,7 +169,7 @@ AttachStats attach(const AttachOptions& options) {
                                     ExitCode::unavailable);
                     std::uint64_t callee = 0;
                     if (const std::string& by_id = id_symbol(handlers, *p); !by_id.empty()) {
-                        ensure_site_stubs(process, libc, running, module);
+                        ensure_site_stubs(process, libc, running, module, site_stub_slots_for(s.list));
                         const std::uint32_t id = handlers.site_id == HandlerSymbols::SiteId::counter
                                                      ? counter_offset(region.probes()[global].stat, p->kind)
                                                      : global;
@@ -194,7 +199,7 @@ AttachStats attach(const AttachOptions& options) {
                 }
             }
             if (entry_sites.empty()) continue;
-            ensure_site_stubs(process, libc, running, module);
+            ensure_site_stubs(process, libc, running, module, site_stub_slots_for(s.list));
             const bool counting = handlers.site_id == HandlerSymbols::SiteId::counter;
             EntrySiteHandlers entry_handlers{handlers, {}, 0};
             if (!handlers.entry_enter.empty()) entry_handlers.targets.enter = handler_address(handlers.entry_enter);
@@ -214,6 +219,7 @@ AttachStats attach(const AttachOptions& options) {
                                                            entry_handlers, process.memory(), stubs_seen);
                 site_stubs.push_back(plan.entry_slot);
                 site_stubs.push_back(plan.exit_slot);
+                if (plan.trampoline) site_stubs.push_back(*plan.trampoline);
                 if (plan.patch) patches.push_back(*plan.patch);
                 const std::uint64_t ret = running.load_bias + s.list.probes[entry_id].site + s.list.probes[entry_id].size;
                 for (const bool exit : {false, true}) {
@@ -402,6 +408,8 @@ Status status(pid_t pid) {
         for (const AttachedModule& m : attached_modules(pid, region, memory)) {
             ModuleStatus& ms = st.modules[m.region_index];
             ms.live = 0;
+            ms.sites = m.list.flow == IPROBE_FLOW_UNPREPARED ? "relocated" : "pad";
+            ms.flow = probelist::flow_name(m.list.flow);
             for (SiteState state : site_states(m, memory, stubs)) {
                 ms.live += state == SiteState::live;
                 ms.foreign += state == SiteState::other;

@@ -168,11 +168,12 @@ void ensure_stub_page(StoppedProcess& process, const LoadedLibrary& libc, const 
 }
 
 void ensure_site_stubs(StoppedProcess& process, const LoadedLibrary& libc, const RunningModule& running,
-                       iprobe_rt_module& module) {
-    if (module.site_stubs && module.site_stub_slots >= module.probe_count) return;
-    const std::uint64_t bytes = (std::uint64_t{module.probe_count} * kSiteStubSize + kPage - 1) / kPage * kPage;
+                       iprobe_rt_module& module, std::uint32_t slots) {
+    slots = std::max(slots, module.probe_count);
+    if (module.site_stubs && module.site_stub_slots >= slots) return;
+    const std::uint64_t bytes = (std::uint64_t{slots} * kSiteStubSize + kPage - 1) / kPage * kPage;
     module.site_stubs = map_stubs_near(process, libc, running, bytes);
-    module.site_stub_slots = module.probe_count;
+    module.site_stub_slots = slots;
 }
 
 void write_site_stubs(StoppedProcess& process, std::vector<SiteStub>& stubs) {

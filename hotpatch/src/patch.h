@@ -76,8 +76,9 @@ std::uint64_t map_stubs_near(StoppedProcess& process, const LoadedLibrary& libc,
 void ensure_stub_page(StoppedProcess& process, const LoadedLibrary& libc, const RunningModule& running,
                       iprobe_rt_module& module);
 
-// One site-stub slot per probe id of the module, mapped on first use.
+// One site-stub slot per probe id of the module (or `slots`, at least as
+// many: relocated_entries.h), mapped on first use.
 void ensure_site_stubs(StoppedProcess& process, const LoadedLibrary& libc, const RunningModule& running,
-                       iprobe_rt_module& module);
+                       iprobe_rt_module& module, std::uint32_t slots = 0);
 
 }  // namespace iprobe::hotpatch

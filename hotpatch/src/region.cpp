@@ -18,6 +18,7 @@
 #include "iprobe/elf/elf_file.h"
 #include "iprobe/probelist/probe_source.h"
 #include "iprobe/probelist/site_section.h"
+#include "iprobe/probelist/symbol_probes.h"
 #include "iprobe/support/error.h"
 #include "modules.h"
 #include "process.h"
@@ -377,7 +378,8 @@ std::optional<probelist::ProbeList> probe_list_at(const std::string& path) {
     if (const UniqueFd side = regular_file(path + IPROBE_PL_SUFFIX))
         if (auto list = list_file(side)) return list;
     try {
-        return probelist::read_site_section(fd_path(file));
+        if (auto list = probelist::read_site_section(fd_path(file))) return list;
+        return probelist::probes_from_symbols(fd_path(file));  // nobody prepared it
     } catch (const std::exception&) {
         return std::nullopt;
     }

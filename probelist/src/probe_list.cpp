@@ -40,6 +40,7 @@ std::string_view flow_name(std::uint32_t flow) {
         case IPROBE_FLOW_FINSTRUMENT: return "finstrument";
         case IPROBE_FLOW_LLVM: return "llvm";
         case IPROBE_FLOW_PATCHABLE_ENTRY: return "entry";
+        case IPROBE_FLOW_UNPREPARED: return "unprepared";
     }
     return "unknown";
 }

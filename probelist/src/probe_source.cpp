@@ -4,8 +4,10 @@
 
 #include <cstring>
 #include <fstream>
+#include <optional>
 
 #include "iprobe/probelist/site_section.h"
+#include "iprobe/probelist/symbol_probes.h"
 #include "iprobe/support/error.h"
 #include "iprobe/support/file.h"
 
@@ -24,14 +26,25 @@ bool starts_with_magic(const std::string& path) {
     return in.read(magic, sizeof magic) && std::memcmp(magic, IPROBE_PL_MAGIC, IPROBE_PL_MAGIC_SIZE) == 0;
 }
 
-}  // namespace
-
-ProbeList load_probes(const std::string& path) {
+// The list a build prepared for `path`, if any.
+std::optional<ProbeList> prepared_probes(const std::string& path) {
     if (!exists(path)) throw Error(path + ": no such file", ExitCode::not_found);
     if (starts_with_magic(path)) return ProbeList::load(path);
     const std::string side = path + IPROBE_PL_SUFFIX;
     if (exists(side)) return ProbeList::load(side);
-    if (auto from_section = read_site_section(path)) return *std::move(from_section);
+    return read_site_section(path);
+}
+
+}  // namespace
+
+ProbeList load_probes_or_symbols(const std::string& path) {
+    if (auto prepared = prepared_probes(path)) return *std::move(prepared);
+    return probes_from_symbols(path);
+}
+
+ProbeList load_probes(const std::string& path) {
+    if (auto prepared = prepared_probes(path)) return *std::move(prepared);
+    const std::string side = path + IPROBE_PL_SUFFIX;
     throw Error(path + ": no probes: neither " + side +
                     " nor an embedded probe section; build it with iprobe-cc (or run 'iprobe coldpatch " +
                     path + "')",

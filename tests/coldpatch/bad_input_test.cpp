@@ -198,7 +198,13 @@ TEST_F(BadInput, ListShowsSelectsAndRefuses) {
     EXPECT_NE(json.out.find("\"placeholder\":\"0f1f440000\""), std::string::npos);
     EXPECT_NE(json.out.find("\"original\":\"e8"), std::string::npos);
 
-    const auto none = run({bin("iprobe"), "list", dir_ / "plain"});
+    // Nobody prepared it: its probes come from its symbols (flow unprepared);
+    // stripped of them too, it has none.
+    const auto plain = run({bin("iprobe"), "list", dir_ / "plain", "--json", "--functions", "twice"});
+    EXPECT_EQ(plain.exit_code, 0) << plain.err;
+    EXPECT_NE(plain.out.find("\"flow\":\"unprepared\""), std::string::npos) << plain.out;
+    compile(dir_.path(), "strip --strip-all plain -o stripped");
+    const auto none = run({bin("iprobe"), "list", dir_ / "stripped"});
     EXPECT_EQ(none.exit_code, 3);
     EXPECT_NE(none.err.find("no probes"), std::string::npos) << none.err;
     EXPECT_EQ(run({bin("iprobe"), "list", dir_ / "missing"}).exit_code, 5);

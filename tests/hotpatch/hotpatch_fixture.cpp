@@ -70,11 +70,18 @@ long HpTarget::command(const std::string& line, std::chrono::milliseconds timeou
     }
 }
 
-std::vector<std::uint8_t> text_of(pid_t pid, const std::string& path_suffix) {
+namespace {
+
+struct CodeMapping {
+    std::uint64_t low = 0, high = 0, offset = 0;
+    std::string path;
+};
+
+// The executable file mappings of `pid` whose path ends in `path_suffix`.
+std::vector<CodeMapping> code_mappings(pid_t pid, const std::string& path_suffix) {
     std::ifstream maps("/proc/" + std::to_string(pid) + "/maps");
     std::string line;
-    std::vector<std::uint8_t> bytes;
-    const int mem = ::open(("/proc/" + std::to_string(pid) + "/mem").c_str(), O_RDONLY);
+    std::vector<CodeMapping> out;
     while (std::getline(maps, line)) {
         std::istringstream f(line);
         std::string range, perms, off, dev, inode, path;
@@ -83,14 +90,36 @@ std::vector<std::uint8_t> text_of(pid_t pid, const std::string& path_suffix) {
             path.compare(path.size() - path_suffix.size(), path_suffix.size(), path_suffix) != 0)
             continue;
         const auto dash = range.find('-');
-        const std::uint64_t lo = std::stoull(range.substr(0, dash), nullptr, 16);
-        const std::uint64_t hi = std::stoull(range.substr(dash + 1), nullptr, 16);
-        std::vector<std::uint8_t> chunk(hi - lo);
-        if (::pread(mem, chunk.data(), chunk.size(), static_cast<off_t>(lo)) != static_cast<ssize_t>(chunk.size()))
+        out.push_back({std::stoull(range.substr(0, dash), nullptr, 16), std::stoull(range.substr(dash + 1), nullptr, 16),
+                       std::stoull(off, nullptr, 16), path});
+    }
+    return out;
+}
+
+}  // namespace
+
+std::vector<std::uint8_t> text_of(pid_t pid, const std::string& path_suffix) {
+    std::vector<std::uint8_t> bytes;
+    const int mem = ::open(("/proc/" + std::to_string(pid) + "/mem").c_str(), O_RDONLY);
+    for (const CodeMapping& m : code_mappings(pid, path_suffix)) {
+        std::vector<std::uint8_t> chunk(m.high - m.low);
+        if (::pread(mem, chunk.data(), chunk.size(), static_cast<off_t>(m.low)) != static_cast<ssize_t>(chunk.size()))
             chunk.clear();
         bytes.insert(bytes.end(), chunk.begin(), chunk.end());
     }
     ::close(mem);
+    return bytes;
+}
+
+std::vector<std::uint8_t> file_text_of(pid_t pid, const std::string& path_suffix) {
+    std::vector<std::uint8_t> bytes;
+    for (const CodeMapping& m : code_mappings(pid, path_suffix)) {
+        std::vector<std::uint8_t> chunk(m.high - m.low, 0);  // past the file's end: zeros, as mapped
+        const int fd = ::open(m.path.c_str(), O_RDONLY);
+        if (fd < 0 || ::pread(fd, chunk.data(), chunk.size(), static_cast<off_t>(m.offset)) <= 0) chunk.clear();
+        if (fd >= 0) ::close(fd);
+        bytes.insert(bytes.end(), chunk.begin(), chunk.end());
+    }
     return bytes;
 }
 

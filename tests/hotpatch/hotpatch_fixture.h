@@ -37,6 +37,9 @@ private:
 
 // Bytes of every executable file mapping of `path` in `pid` (the code).
 std::vector<std::uint8_t> text_of(pid_t pid, const std::string& path_suffix);
+// What those mappings hold when nothing changed them: the mapped file's
+// bytes at their offsets (empty chunks where the file cannot be read).
+std::vector<std::uint8_t> file_text_of(pid_t pid, const std::string& path_suffix);
 
 // "calls" of `function` in a `report --json` output, -1 when absent.
 long long json_calls(const std::string& json, const std::string& function);

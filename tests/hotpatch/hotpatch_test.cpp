@@ -261,8 +261,13 @@ TEST_F(HotpatchTest, RefusesWithoutPermission) {
     EXPECT_NE(r.err.find("not permitted"), std::string::npos) << r.err;
 }
 
-TEST_F(HotpatchTest, RefusesANotColdpatchedProgram) {
-    HpTarget target(1, targets_dir() + "/hp_target_plain");
+// A program nobody prepared is probed through its symbols (tests/relocate);
+// stripped of them as well, it has no probes at all.
+TEST_F(HotpatchTest, RefusesAProgramWithNeitherProbesNorSymbols) {
+    TempDir dir;
+    const std::string stripped = dir / "hp_target_plain";
+    ASSERT_EQ(run({"strip", "--strip-all", targets_dir() + "/hp_target_plain", "-o", stripped}).exit_code, 0);
+    HpTarget target(1, stripped);
     const auto before = text_of(target.pid(), "/hp_target_plain");
     auto r = iprobe({"attach", pid_of(target)});
     EXPECT_EQ(r.exit_code, 3) << r.err;

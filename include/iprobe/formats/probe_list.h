@@ -59,7 +59,14 @@ enum iprobe_flow {
      * site per out-of-line function (original_bytes: the five 1-byte NOPs
      * gcc emitted), listed by __patchable_function_entries, each followed by
      * the function's exit probe of form IPROBE_SITE_RETURN */
-    IPROBE_FLOW_PATCHABLE_ENTRY = 3
+    IPROBE_FLOW_PATCHABLE_ENTRY = 3,
+    /* No compiler flow at all: a binary nobody prepared.  The list is derived
+     * at run time from the ELF symbol table (never written to disk); each
+     * entry site is the function's first instruction (after endbr64), whose
+     * first bytes move to a trampoline when enabled (relocate/).  The records
+     * are those of IPROBE_FLOW_PATCHABLE_ENTRY with the function's own first
+     * bytes as original_bytes and placeholder_bytes. */
+    IPROBE_FLOW_UNPREPARED = 4
 };
 
 enum iprobe_pl_flags {

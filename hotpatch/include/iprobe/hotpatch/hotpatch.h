@@ -63,6 +63,9 @@ struct AttachOptions {
     // Probe lists, coldpatched binaries or binaries with a probe section
     // (iprobe::load_probes), one per module; empty = the target's executable.
     std::vector<std::string> probe_sources;
+    // Modules of the process by file name ("libz.so.1", or "libz" for
+    // libz.so.*): each a source as if its mapped path were in probe_sources.
+    std::vector<std::string> modules;
     probelist::ProbeSelector selector;
     HandlerMode mode = HandlerMode::trace;
     HandlerSymbols handlers;            // empty enter = HandlerSymbols::runtime(mode)
@@ -116,6 +119,11 @@ struct ModuleStatus {
     // sites holding neither that nor their NOP (another tool's patch?).
     std::int64_t live = -1;
     std::uint32_t foreign = 0;
+    // What its sites are: "relocated" (a binary nobody prepared: entries
+    // moved into trampolines) or "pad" (built with iprobe-cc: the flow's
+    // NOPs); empty when its probe list could not be read.
+    std::string sites;
+    std::string flow;  // probelist::flow_name of its list
 };
 
 struct RingStatus {

@@ -50,6 +50,18 @@ struct Probe {
     std::uint32_t line = 0;
     std::array<std::uint8_t, IPROBE_PL_SITE_MAX> original{};
     std::array<std::uint8_t, IPROBE_PL_SITE_MAX> placeholder{};
+    // A relocated entry (flow IPROBE_FLOW_UNPREPARED): the function's first
+    // instructions from the site on, as the file holds them, which its
+    // trampoline runs (relocate/entry_relocation.h).  Empty otherwise.
+    std::vector<std::uint8_t> moved;
+};
+
+// A function of an unprepared binary that has no probe, and why.
+struct RefusedFunction {
+    std::string function, demangled;
+    std::uint64_t address = 0, size = 0;
+    std::string reason;  // relocate::to_string(Refusal): "too short", "branch into entry", ...
+    std::string detail;  // what was found
 };
 
 // A function-entry site that can hook returns: the NOP-form entry probe at
@@ -64,6 +76,8 @@ struct ProbeList {
     std::uint64_t enter_target = 0, exit_target = 0;
     std::uint64_t enter_got_slot = 0, exit_got_slot = 0;
     std::vector<Probe> probes;        // sorted by site, id == index
+    // Flow IPROBE_FLOW_UNPREPARED: the function symbols that got no probe.
+    std::vector<RefusedFunction> refused;
 
     // Sorts by site address and renumbers ids so they are stable per build.
     void normalize();

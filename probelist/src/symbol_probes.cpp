@@ -1,0 +1,121 @@
+#include "iprobe/probelist/symbol_probes.h"
+
+#include <elf.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "iprobe/elf/demangle.h"
+#include "iprobe/elf/elf_file.h"
+#include "iprobe/elf/source_lines.h"
+#include "iprobe/relocate/entry_relocation.h"
+#include "iprobe/support/error.h"
+
+namespace iprobe::probelist {
+
+namespace {
+
+// Of several names for one address (malloc and __libc_malloc), the one a
+// user would type: global before local, fewer leading underscores, shorter.
+bool better_name(const elf::ElfSymbol& a, const elf::ElfSymbol& b) {
+    const bool a_local = a.bind == STB_LOCAL, b_local = b.bind == STB_LOCAL;
+    if (a_local != b_local) return !a_local;
+    auto underscores = [](const std::string& n) { return n.find_first_not_of('_'); };
+    if (underscores(a.name) != underscores(b.name)) return underscores(a.name) < underscores(b.name);
+    return a.name.size() < b.name.size();
+}
+
+// Function symbols with a size in executable sections, one per address.
+std::vector<const elf::ElfSymbol*> functions_of(const elf::ElfFile& elf) {
+    std::vector<const elf::ElfSymbol*> out;
+    for (const elf::ElfSymbol& s : elf.symbols()) {
+        // An IFUNC symbol is its resolver, run once by the loader.
+        if (!s.defined() || s.type != STT_FUNC || s.size == 0 || s.section >= SHN_LORESERVE) continue;
+        const elf::ElfSection* section = elf.section_containing(s.address);
+        if (!section || !section->executable() || !section->has_file_bytes()) continue;
+        if (!out.empty() && out.back()->address == s.address) {
+            if (better_name(s, *out.back())) out.back() = &s;
+            continue;
+        }
+        out.push_back(&s);
+    }
+    std::sort(out.begin(), out.end(), [](auto* a, auto* b) { return a->address < b->address; });
+    out.erase(std::unique(out.begin(), out.end(), [](auto* a, auto* b) { return a->address == b->address; }), out.end());
+    return out;
+}
+
+}  // namespace
+
+ProbeList probes_from_symbols(const std::string& path) {
+    const elf::ElfFile elf(path);
+    elf.require_x86_64_executable_or_library();
+    const std::vector<const elf::ElfSymbol*> functions = functions_of(elf);
+    if (functions.empty())
+        throw Error(path + ": no probes: it was not built with iprobe-cc and has no function symbols (stripped of "
+                           ".symtab and .dynsym); install its debug symbols or build it with iprobe-cc",
+                    ExitCode::bad_input);
+
+    std::vector<relocate::CodeRange> code;
+    for (const elf::ElfSection& s : elf.sections())
+        if (s.executable() && s.has_file_bytes() && s.address != 0) code.push_back({s.address, elf.section_bytes(s)});
+    std::sort(code.begin(), code.end(), [](auto& a, auto& b) { return a.address < b.address; });
+    std::vector<relocate::FunctionRange> ranges;
+    ranges.reserve(functions.size());
+    for (const elf::ElfSymbol* f : functions) ranges.push_back({f->address, f->size});
+    const auto read = [&elf](std::uint64_t address, void* out, std::size_t size) {
+        const auto offset = elf.file_offset(address);
+        const auto end = elf.file_offset(address + size - 1);
+        if (!offset || !end || *end != *offset + size - 1 || *offset + size > elf.bytes().size()) return false;
+        std::memcpy(out, elf.bytes().data() + *offset, size);
+        return true;
+    };
+    const std::vector<relocate::EntryPlan> plans = relocate::plan_entries(code, ranges, read);
+
+    ProbeList list;
+    list.flow = IPROBE_FLOW_UNPREPARED;
+    list.flags = (elf.is_position_independent() ? std::uint32_t{IPROBE_PL_FLAG_PIE} : 0u) |
+                 (elf.is_shared_library() ? std::uint32_t{IPROBE_PL_FLAG_SHARED} : 0u);
+    list.module = elf.is_shared_library() && !elf.soname().empty() ? elf.soname() : path;
+    list.build_id = elf.build_id();
+    const elf::SourceLines lines(elf);
+    bool any_line = false;
+    for (std::size_t i = 0; i < functions.size(); i++) {
+        const elf::ElfSymbol& f = *functions[i];
+        const relocate::EntryPlan& plan = plans[i];
+        if (!plan.ok()) {
+            list.refused.push_back({f.name, elf::demangle(f.name), f.address, f.size,
+                                    std::string(relocate::to_string(plan.refusal)), plan.detail});
+            continue;
+        }
+        Probe p;
+        p.kind = ProbeKind::entry;
+        p.form = SiteForm::nop;
+        p.size = relocate::kJumpSize;
+        p.site = f.address + plan.skip;
+        p.function_address = f.address;
+        p.function = f.name;
+        p.demangled = elf::demangle(f.name);
+        p.moved.resize(plan.length);
+        if (!read(p.site, p.moved.data(), plan.length)) continue;  // inside a section: never
+        std::array<std::uint8_t, IPROBE_PL_SITE_MAX> first{};
+        std::copy_n(p.moved.begin(), std::min<std::size_t>(plan.length, first.size()), first.begin());
+        if (plan.length < first.size()) read(p.site, first.data(), first.size());
+        p.original = p.placeholder = first;
+        if (auto where = lines.at(f.address)) {
+            p.file = where->file;
+            p.line = where->line;
+            any_line = true;
+        }
+        Probe exit = p;
+        exit.kind = ProbeKind::exit;
+        exit.form = SiteForm::ret;
+        exit.moved.clear();
+        list.probes.push_back(std::move(p));
+        list.probes.push_back(std::move(exit));
+    }
+    if (any_line) list.flags |= IPROBE_PL_FLAG_DWARF;
+    list.normalize();
+    return list;
+}
+
+}  // namespace iprobe::probelist

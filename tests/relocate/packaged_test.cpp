@@ -1,0 +1,203 @@
+// Probes on code as Debian ships it, not rebuilt: the redis-server package
+// (stripped: its functions come from .dynsym, which redis exports for its
+// modules), PowerDNS's pdns_server (C++, its functions exported for its
+// backends), and zlib and libstdc++ called by a program built with plain g++.
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <sys/time.h>
+#include <unistd.h>
+
+#include <fstream>
+#include <thread>
+
+#include <filesystem>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "hotpatch_fixture.h"
+
+namespace iprobe::test {
+namespace {
+
+using nlohmann::json;
+
+constexpr const char* kPackagedRedis = "/usr/bin/redis-server";  // scripts/setup installs it
+
+CommandResult redis_cli(int port, const std::vector<std::string>& args) {
+    std::vector<std::string> argv{"redis-cli", "-p", std::to_string(port)};
+    argv.insert(argv.end(), args.begin(), args.end());
+    return run(argv);
+}
+
+TEST(PackagedRedis, EveryProbeableFunctionCountedExactlyUnderLoadThenCodeAsInTheFile) {
+    ASSERT_TRUE(std::filesystem::exists(kPackagedRedis)) << "scripts/setup installs the redis-server package";
+    // redis-server is a symlink: the mapping names the file itself.
+    const std::string file = std::filesystem::canonical(kPackagedRedis).string();
+    const std::string suffix = "/" + std::filesystem::path(file).filename().string();
+    const auto listed = iprobe({"list", kPackagedRedis, "--json", "--count"});
+    ASSERT_EQ(listed.exit_code, 0) << listed.err;
+    const json list = json::parse(listed.out);
+    EXPECT_EQ(list["flow"], "unprepared");
+    const auto functions = list["functions"].get<std::size_t>(), probeable = list["probeable"].get<std::size_t>();
+    std::cout << "packaged redis-server: " << probeable << " of " << functions << " functions probe-able ("
+              << list["refused_by_reason"].dump() << ")\n";
+    EXPECT_GT(probeable * 100, functions * 90) << "fewer than 90% of redis's functions probe-able";
+
+    TempDir tmp;
+    RedisServer redis(kPackagedRedis, tmp);
+    ASSERT_TRUE(redis.ready());
+    const std::string pid = std::to_string(redis.pid());
+    const auto file_bytes = file_text_of(redis.pid(), suffix);
+    ASSERT_FALSE(file_bytes.empty());
+    ASSERT_EQ(text_of(redis.pid(), suffix), file_bytes);
+
+    auto r = iprobe({"attach", pid, "--handler", "count", "--json"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(json::parse(r.out)["enabled"].get<std::size_t>(), 2 * probeable) << r.out;
+    EXPECT_EQ(redis_cli(redis.port(), {"SET", "probe", "relocated"}).out, "OK\n");
+    EXPECT_EQ(redis_cli(redis.port(), {"GET", "probe"}).out, "relocated\n");
+    r = run({"redis-benchmark", "-p", std::to_string(redis.port()), "-t", "set,get", "-n", "20000", "-c", "8", "-q"},
+            {}, std::chrono::seconds(300));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(redis_cli(redis.port(), {"STRLEN", "key:__rand_int__"}).out, "3\n");  // the benchmark's value
+    EXPECT_EQ(redis_cli(redis.port(), {"GET", "probe"}).out, "relocated\n");
+
+    r = iprobe({"report", pid, "--json"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(json_calls(r.out, "setCommand"), 20001);  // the benchmark's SETs and ours
+    EXPECT_EQ(json_completed(r.out, "setCommand"), 20001);
+    EXPECT_EQ(json_calls(r.out, "getCommand"), 20002);
+    EXPECT_EQ(json_calls(r.out, "strlenCommand"), 1);
+    EXPECT_EQ(json_number(r.out, "lost"), 0);
+    const auto status = iprobe({"status", pid});
+    EXPECT_NE(status.out.find("sites: relocated entries"), std::string::npos) << status.out;
+
+    r = iprobe({"detach", pid});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(text_of(redis.pid(), suffix), file_bytes) << "detach must leave redis's code as in the file";
+    EXPECT_EQ(redis_cli(redis.port(), {"PING"}).out, "PONG\n");
+    EXPECT_EQ(redis_cli(redis.port(), {"GET", "probe"}).out, "relocated\n");
+    EXPECT_TRUE(redis.running());
+}
+
+// The file name a library is mapped by (the link's target: libz.so.1.2.13).
+std::string mapped_name(const std::string& link) {
+    return "/" + std::filesystem::canonical(link).filename().string();
+}
+
+TEST(PackagedLibraries, ZlibAndLibstdcxxCalledByAProgramAreCountedExactly) {
+    HpTarget t(1, std::string(RELOC_TARGETS) + "/lib_user");
+    const std::string z = mapped_name("/lib/x86_64-linux-gnu/libz.so.1");
+    const std::string cxx = mapped_name("/lib/x86_64-linux-gnu/libstdc++.so.6");
+    const auto libz = file_text_of(t.pid(), z);
+    const auto libstdcxx = file_text_of(t.pid(), cxx);
+    ASSERT_FALSE(libz.empty());
+    ASSERT_FALSE(libstdcxx.empty());
+    ASSERT_EQ(text_of(t.pid(), z), libz);
+    ASSERT_EQ(t.command("run 10"), 0);
+
+    auto r = iprobe({"attach", std::to_string(t.pid()), "--module", "libz,libstdc++", "--handler", "count"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    ASSERT_EQ(t.command("run 2000"), 0) << "a relocated library function returned something else";
+    r = iprobe({"report", std::to_string(t.pid()), "--json"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    for (const char* name : {"compress2", "uncompress", "deflateInit_", "deflateInit2_", "deflateEnd", "inflateInit_",
+                             "inflateEnd"}) {
+        EXPECT_EQ(json_calls(r.out, name), 2000) << name;
+        EXPECT_EQ(json_completed(r.out, name), 2000) << name;
+    }
+    EXPECT_EQ(json_calls(r.out, "crc32"), 4000);
+    EXPECT_EQ(json_calls(r.out, "operator new\\(unsigned long\\)"), 2000);
+    EXPECT_EQ(json_calls(r.out, "operator delete\\(void\\*, unsigned long\\)"), 2000);
+
+    r = iprobe({"detach", std::to_string(t.pid())});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(text_of(t.pid(), z), libz);
+    EXPECT_EQ(text_of(t.pid(), cxx), libstdcxx);
+    EXPECT_EQ(t.command("run 10"), 0);
+}
+
+// Asks for www.example.test A over UDP `count` times; returns the answers
+// that were not 192.0.2.7 (or none came within a second).
+int wrong_dns_answers(int port, int count) {
+    const int fd = ::socket(AF_INET, SOCK_DGRAM, 0);
+    timeval timeout{1, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof timeout);
+    sockaddr_in to{};
+    to.sin_family = AF_INET;
+    to.sin_port = htons(static_cast<std::uint16_t>(port));
+    to.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    int wrong = 0;
+    for (int i = 0; i < count; i++) {
+        std::vector<std::uint8_t> q = {static_cast<std::uint8_t>(i >> 8), static_cast<std::uint8_t>(i), 1, 0, 0, 1, 0, 0,
+                                       0, 0, 0, 0, 3, 'w', 'w', 'w', 7, 'e', 'x', 'a', 'm', 'p', 'l', 'e', 4, 't', 'e', 's',
+                                       't', 0, 0, 1, 0, 1};
+        ::sendto(fd, q.data(), q.size(), 0, reinterpret_cast<const sockaddr*>(&to), sizeof to);
+        std::uint8_t r[512];
+        const ssize_t n = ::recv(fd, r, sizeof r, 0);
+        const std::uint8_t address[4] = {192, 0, 2, 7};
+        wrong += n < 16 || r[0] != q[0] || r[1] != q[1] || (r[3] & 15) != 0 || std::memcmp(r + n - 4, address, 4) != 0;
+    }
+    ::close(fd);
+    return wrong;
+}
+
+// A packaged C++ program: PowerDNS's authoritative server, not rebuilt,
+// serving one zone from the bind backend, every probe-able function on.
+TEST(PackagedCxxProgram, PowerDnsServesEveryQueryCountedExactlyThenCodeAsInTheFile) {
+    const std::string server = "/usr/sbin/pdns_server";  // scripts/setup installs pdns-server, pdns-backend-bind
+    ASSERT_TRUE(std::filesystem::exists(server)) << "scripts/setup installs pdns-server";
+    const auto listed = iprobe({"list", server, "--json", "--count"});
+    ASSERT_EQ(listed.exit_code, 0) << listed.err;
+    const json list = json::parse(listed.out);
+    const auto functions = list["functions"].get<std::size_t>(), probeable = list["probeable"].get<std::size_t>();
+    std::cout << "packaged pdns_server: " << probeable << " of " << functions << " functions probe-able ("
+              << list["refused_by_reason"].dump() << ")\n";
+    EXPECT_GT(probeable * 100, functions * 85);
+
+    TempDir dir;
+    std::ofstream(dir / "pdns.conf") << "";
+    std::ofstream(dir / "named.conf") << "zone \"example.test\" { type master; file \"" << dir / "example.test.zone"
+                                      << "\"; };\n";
+    std::ofstream(dir / "example.test.zone") << "$TTL 60\n@ IN SOA ns.example.test. admin.example.test. 1 3600 600 86400 60\n"
+                                                "@ IN NS ns.example.test.\nns IN A 127.0.0.1\nwww IN A 192.0.2.7\n";
+    const int port = free_port();
+    Child pdns({server, "--config-dir=" + dir.path(), "--socket-dir=" + dir.path(), "--guardian=no", "--daemon=no",
+                "--disable-syslog", "--write-pid=no", "--local-address=127.0.0.1", "--local-port=" + std::to_string(port),
+                "--launch=bind", "--bind-config=" + dir / "named.conf", "--cache-ttl=0", "--query-cache-ttl=0",
+                "--negquery-cache-ttl=0"},
+               dir / "pdns.log");
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (wrong_dns_answers(port, 1) != 0) {
+        ASSERT_TRUE(pdns.running()) << file_text(dir / "pdns.log");
+        ASSERT_LT(std::chrono::steady_clock::now(), deadline) << "pdns_server never answered: " << file_text(dir / "pdns.log");
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    const std::string pid = std::to_string(pdns.pid());
+    const auto code = file_text_of(pdns.pid(), "/pdns_server");
+    ASSERT_FALSE(code.empty());
+    ASSERT_EQ(text_of(pdns.pid(), "/pdns_server"), code);
+
+    auto r = iprobe({"attach", pid, "--handler", "count", "--json"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(json::parse(r.out)["enabled"].get<std::size_t>(), 2 * probeable) << r.out;
+    EXPECT_EQ(wrong_dns_answers(port, 2000), 0);
+    r = iprobe({"report", pid, "--json"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    // One answer record per query, answered by one of its threads.
+    EXPECT_EQ(json_calls(r.out, "DNSPacket::addRecord\\(DNSZoneRecord&&\\)"), 2000) << r.out.substr(0, 2000);
+    EXPECT_EQ(json_completed(r.out, "DNSPacket::addRecord\\(DNSZoneRecord&&\\)"), 2000);
+    EXPECT_EQ(json_calls(r.out, "DNSPacket::getMaxReplyLen\\(\\)"), 2000);
+    EXPECT_EQ(json_number(r.out, "lost"), 0);
+
+    r = iprobe({"detach", pid});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(text_of(pdns.pid(), "/pdns_server"), code) << "detach must leave pdns_server's code as in the file";
+    EXPECT_EQ(wrong_dns_answers(port, 10), 0);
+    pdns.kill(SIGTERM);
+}
+
+}  // namespace
+}  // namespace iprobe::test

@@ -1,0 +1,172 @@
+// Probes on a binary nobody prepared: the relocation cases of
+// targets/reloc_cases.{c,S}, built with plain gcc (no iprobe-cc, no pads),
+// listed from their symbols, attached live, counted exactly, detached back
+// to the file's own bytes.
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <sstream>
+
+#include "hotpatch_fixture.h"
+#include "iprobe/relocate/entry_relocation.h"
+#include "iprobe/support/error.h"
+
+namespace iprobe::test {
+namespace {
+
+using nlohmann::json;
+
+std::string target(const std::string& name) { return std::string(RELOC_TARGETS) + "/" + name; }
+
+// The cases that must be probe-able, and those refused with their reason.
+const std::set<std::string> kProbeable = {"rip_load",   "rip_lea",      "short_branch",    "endbr_rip", "call_first",
+                                          "jump_first", "table_switch", "keeps_registers", "leaf_add"};
+const std::map<std::string, std::string> kRefused = {{"loop_to_entry", "branch into entry"},
+                                                     {"tiny", "too short"},
+                                                     {"jrcxz_first", "unrelocatable instruction"},
+                                                     {"twice", "too short"}};
+
+json list_json(const std::string& binary) {
+    const auto r = iprobe({"list", binary, "--refused", "--json"});
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return json::parse(r.out);
+}
+
+class RelocatedEntries : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(RelocatedEntries, ListSaysWhichFunctionsAreProbeableAndWhyNotTheOthers) {
+    const json list = list_json(target(GetParam()));
+    EXPECT_EQ(list["flow"], "unprepared");
+    std::map<std::string, json> entries;
+    for (const auto& p : list["probes"])
+        if (p["kind"] == "entry") entries[p["function"]] = p;
+    for (const auto& name : kProbeable) EXPECT_TRUE(entries.count(name)) << name << " should be probe-able";
+    std::map<std::string, std::string> refused;
+    for (const auto& f : list["refused"]) refused[f["function"]] = f["reason"];
+    for (const auto& [name, reason] : kRefused) {
+        EXPECT_EQ(refused[name], reason) << name;
+        EXPECT_FALSE(entries.count(name)) << name << " must not be probe-able";
+    }
+    EXPECT_EQ(list["functions"].get<std::size_t>(), list["probeable"].get<std::size_t>() + list["refused"].size());
+    EXPECT_EQ(list["refused_by_reason"]["too short"], 2);
+
+    // endbr64 stays in place: the site follows it where the compiler put one.
+    const json& endbr = entries["endbr_rip"];
+    EXPECT_EQ(endbr["site"].get<std::uint64_t>(), endbr["function_address"].get<std::uint64_t>() + 4);
+    const json& rip = entries["rip_load"];
+    EXPECT_EQ(rip["site"], rip["function_address"]);
+    EXPECT_EQ(rip["relocated"].get<std::string>().substr(0, 4), "8b05");  // mov disp32(%rip), %eax moved
+    const json& table = entries["table_switch"];
+    const bool cet = GetParam() == "reloc_cases_cet";
+    EXPECT_EQ(table["site"].get<std::uint64_t>() - table["function_address"].get<std::uint64_t>(), cet ? 4u : 0u);
+}
+
+TEST_P(RelocatedEntries, EachEnabledCaseIsCountedExactlyAndBehavesTheSame) {
+    for (const std::string handler : {"count", "trace"}) {
+        SCOPED_TRACE(handler);
+        HpTarget t(1, target(GetParam()));
+        const auto file_bytes = file_text_of(t.pid(), "/" + GetParam());
+        ASSERT_EQ(text_of(t.pid(), "/" + GetParam()), file_bytes);
+        ASSERT_EQ(t.command("run 100"), 0);
+
+        auto r = iprobe({"attach", std::to_string(t.pid()), "--handler", handler});
+        ASSERT_EQ(r.exit_code, 0) << r.err;
+        EXPECT_NE(text_of(t.pid(), "/" + GetParam()), file_bytes);
+        EXPECT_EQ(t.command("run 1000"), 0) << "a relocated function returned something else";
+
+        r = iprobe({"report", std::to_string(t.pid()), "--json"});
+        ASSERT_EQ(r.exit_code, 0) << r.err;
+        for (const auto& name : kProbeable) {
+            EXPECT_EQ(json_calls(r.out, name), 1000) << name;
+            EXPECT_EQ(json_completed(r.out, name), 1000) << name;
+        }
+        for (const auto& [name, reason] : kRefused) EXPECT_EQ(json_calls(r.out, name), -1) << name;
+        EXPECT_EQ(json_number(r.out, "lost"), 0);
+
+        const auto status = iprobe({"status", std::to_string(t.pid())});
+        EXPECT_NE(status.out.find("sites: relocated entries"), std::string::npos) << status.out;
+
+        r = iprobe({"detach", std::to_string(t.pid())});
+        ASSERT_EQ(r.exit_code, 0) << r.err;
+        EXPECT_EQ(text_of(t.pid(), "/" + GetParam()), file_bytes) << "detach must leave the file's bytes";
+        EXPECT_EQ(t.command("run 100"), 0);
+        r = iprobe({"report", std::to_string(t.pid()), "--json"});
+        EXPECT_EQ(json_calls(r.out, "rip_load"), 1000) << "nothing counted after detach";
+    }
+}
+
+TEST_P(RelocatedEntries, SomeFunctionsOnlyAndAddingMoreLater) {
+    HpTarget t(1, target(GetParam()));
+    const auto file_bytes = file_text_of(t.pid(), "/" + GetParam());
+    auto r = iprobe({"attach", std::to_string(t.pid()), "--handler", "count", "--functions", "short_branch,rip_*"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    ASSERT_EQ(t.command("run 500"), 0);
+    r = iprobe({"attach", std::to_string(t.pid()), "--handler", "count", "--functions", "call_first", "--entry-only"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    ASSERT_EQ(t.command("run 300"), 0);
+    r = iprobe({"report", std::to_string(t.pid()), "--json"});
+    EXPECT_EQ(json_calls(r.out, "short_branch"), 800);
+    EXPECT_EQ(json_calls(r.out, "rip_load"), 800);
+    EXPECT_EQ(json_calls(r.out, "rip_lea"), 800);
+    EXPECT_EQ(json_calls(r.out, "call_first"), 300);
+    EXPECT_EQ(json_calls(r.out, "endbr_rip"), -1);
+    // Asking for a refused function names no probe.
+    r = iprobe({"attach", std::to_string(t.pid()), "--functions", "loop_to_entry"});
+    EXPECT_EQ(r.exit_code, 5) << r.err;
+    r = iprobe({"detach", std::to_string(t.pid()), "--functions", "rip_*"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    ASSERT_EQ(t.command("run 10"), 0);
+    r = iprobe({"detach", std::to_string(t.pid())});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(text_of(t.pid(), "/" + GetParam()), file_bytes);
+}
+
+INSTANTIATE_TEST_SUITE_P(PlainGcc, RelocatedEntries, ::testing::Values("reloc_cases", "reloc_cases_cet"));
+
+// The trampoline's bytes, case by case (relocate/entry_relocation.h).
+TEST(Trampoline, RipRelativeOperandIsReaimed) {
+    // mov 0x10(%rip), %eax at 0x401000 (reads 0x401016), moved to 0x405000
+    const std::vector<std::uint8_t> moved = {0x8b, 0x05, 0x10, 0x00, 0x00, 0x00};
+    const auto t = relocate::trampoline(moved, 0x401000, 0x405000);
+    ASSERT_EQ(t.size(), 6u + 5u);
+    std::int32_t disp;
+    std::memcpy(&disp, t.data() + 2, 4);
+    EXPECT_EQ(0x405006 + static_cast<std::int64_t>(disp), 0x401016);
+    EXPECT_EQ(t[6], 0xe9);  // jmp back to 0x401006
+    std::int32_t back;
+    std::memcpy(&back, t.data() + 7, 4);
+    EXPECT_EQ(0x40500b + static_cast<std::int64_t>(back), 0x401006);
+}
+
+TEST(Trampoline, ShortConditionalBranchBecomesRel32) {
+    // test %edi,%edi; je +5 (to 0x401009); lea 1(%rdi),%eax
+    const std::vector<std::uint8_t> moved = {0x85, 0xff, 0x74, 0x05, 0x8d, 0x47, 0x01};
+    const auto t = relocate::trampoline(moved, 0x401000, 0x405000);
+    ASSERT_EQ(t.size(), 2u + 6u + 3u + 5u);
+    EXPECT_EQ(t[2], 0x0f);
+    EXPECT_EQ(t[3], 0x84);  // je rel32
+    std::int32_t rel;
+    std::memcpy(&rel, t.data() + 4, 4);
+    EXPECT_EQ(0x405008 + static_cast<std::int64_t>(rel), 0x401009);
+}
+
+TEST(Trampoline, OutOfReachIsRefusedNotWritten) {
+    const std::vector<std::uint8_t> moved = {0x8b, 0x05, 0x10, 0x00, 0x00, 0x00};
+    EXPECT_THROW(relocate::trampoline(moved, 0x401000, 0x7f0000000000ull), Error);
+}
+
+TEST(RelocatedEntriesCli, StatusOfAPreparedBinarySaysPads) {
+    HpTarget t(1, targets_dir() + "/hp_target_entry");
+    ASSERT_EQ(iprobe({"attach", std::to_string(t.pid()), "--handler", "count", "--functions", "work"}).exit_code, 0);
+    const auto status = iprobe({"status", std::to_string(t.pid()), "--json"});
+    EXPECT_NE(status.out.find("\"sites\":\"pad\""), std::string::npos) << status.out;
+}
+
+}  // namespace
+}  // namespace iprobe::test
