@@ -44,6 +44,8 @@ AttachStats attach(const AttachOptions& options) {
     std::uint32_t capacity = 4096;
     for (auto& s : lists) capacity += static_cast<std::uint32_t>(s.list.probes.size()) * 2;
 
+    bool injected = false;  // by this attach: said when it fails after that
+    try {
     return with_world_stopped(options.pid, options.safe_point_timeout, [&](StoppedProcess& process,
                                                                             Clock::time_point started,
                                                                             Clock::time_point deadline) {
@@ -55,8 +57,11 @@ AttachStats attach(const AttachOptions& options) {
         for (auto& s : lists) targets.push_back(&match_module(s, modules, options.pid));
         for (std::size_t li = 0; li < lists.size(); li++) check_selected_sites(process.memory(), lists[li], *targets[li]);
         const LoadedLibrary libc = libc_of(options.pid, modules);
+        use_landings(process, libc, find_loaded(options.pid, modules, runtime_path));
 
         Injected runtime = ensure_library(process, maps, modules, libc, runtime_path, deadline);
+        use_landings(process, libc, runtime.library);
+        injected = injected || runtime.injected;
         Injected handler_lib = handler_path == runtime_path
                                    ? runtime
                                    : ensure_library(process, maps, modules, libc, handler_path, deadline);
@@ -88,7 +93,8 @@ AttachStats attach(const AttachOptions& options) {
             iprobe_rt_control layout = region_layout(g, tsc.hz ? tsc : calibrate_tsc());
             layout.owner_pid = static_cast<std::uint32_t>(own_pid);
             const auto create_at = runtime.library.symbol("iprobe_rt_create_region");
-            if (!create_at) throw Error(runtime.library.path + " is not the iprobe runtime of this version", ExitCode::bad_input);
+            if (!create_at || !process.landing().with_result)
+                throw Error(runtime.library.path + " is not the iprobe runtime of this version", ExitCode::bad_input);
             fresh_fd = static_cast<std::int64_t>(process.call(*create_at, {layout.region_size}));
             if (fresh_fd < 0)
                 throw Error("the runtime in process " + std::to_string(options.pid) + " could not create its region: " +
@@ -253,6 +259,15 @@ AttachStats attach(const AttachOptions& options) {
         stats.pause_us = elapsed_us(started);
         return stats;
     });
+    } catch (const Error& e) {
+        // The runtime cannot be unloaded (linked -z nodelete: its fork and
+        // thread-exit handlers are registered in libc), so say where it is.
+        if (!injected || !process_exists(options.pid)) throw;
+        throw Error(std::string(e.what()) + "; the runtime it loaded stays in the process, inert (no probe on, " +
+                        "nothing running; a later attach uses it): 'iprobe status " + std::to_string(options.pid) +
+                        "' shows it",
+                    e.code());
+    }
 }
 
 DetachStats detach(const DetachOptions& options) {
@@ -388,7 +403,8 @@ Status status(pid_t pid) {
         ModuleStatus ms;
         ms.path.assign(m.path, ::strnlen(m.path, sizeof m.path));
         ms.probes_path.assign(m.probes_path, ::strnlen(m.probes_path, sizeof m.probes_path));
-        ms.build_id = probelist::hex(std::span<const std::uint8_t>(m.build_id, m.build_id_size));
+        ms.build_id = probelist::hex(
+            std::span<const std::uint8_t>(m.build_id, std::min<std::size_t>(m.build_id_size, sizeof m.build_id)));
         ms.load_bias = m.load_bias;
         ms.stub_page = m.stub_page;
         ms.probes = m.probe_count;
