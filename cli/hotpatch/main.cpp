@@ -222,6 +222,8 @@ int cmd_detach(const Args& args) {
             .field("disabled", static_cast<std::uint64_t>(st.disabled))
             .field("still_enabled", static_cast<std::uint64_t>(st.still_enabled))
             .field("not_restored", static_cast<std::uint64_t>(st.not_restored))
+            .field("sites_restored", static_cast<std::uint64_t>(st.sites_restored))
+            .field("region_problem", st.region_problem)
             .field("threads", static_cast<std::uint64_t>(st.threads))
             .field("pause_us", st.pause_us)
             .field("stop_us", st.stop_us)
@@ -229,8 +231,12 @@ int cmd_detach(const Args& args) {
         std::cout << j.str() << "\n";
     } else {
         std::cout << "disabled " << st.disabled << " probes in process " << args.pid << " (" << st.still_enabled
-                  << " still on); " << st.threads << " threads stopped for " << st.pause_us << " us\n";
+                  << " still on): " << st.sites_restored << " sites restored from the probe lists; " << st.threads
+                  << " threads stopped for " << st.pause_us << " us\n";
     }
+    if (!st.region_problem.empty())
+        std::cerr << "iprobe detach: the region was not used (" << st.region_problem
+                  << "); the code was restored from the probe lists and the binaries, the region's flags left as they were\n";
     if (st.not_restored) {
         std::cerr << "iprobe detach: " << st.not_restored << " of the selected sites still hold a live call after detach; "
                   << "see 'iprobe status " << args.pid << "'\n";

@@ -273,13 +273,24 @@ AttachStats attach(const AttachOptions& options) {
 DetachStats detach(const DetachOptions& options) {
     check_target(options.pid);
     SessionLock lock(options.pid);
-    Region region = Region::open(options.pid);
-    ProcessMemory memory(options.pid);
     // Sites, lists and stubs come from the process's maps and code, never
-    // from its region (see live_sites.h).  Planned while the target runs:
+    // from its region (see live_sites.h): a region the target rewrote, or
+    // none, only means no flags to clear.  Planned while the target runs:
     // only we rewrite its sites, under the session lock, and apply_patches()
     // checks every site again once it is stopped.
-    const std::vector<AttachedModule> modules = attached_modules(options.pid, region, memory);
+    std::optional<Region> region;
+    std::string region_problem;
+    try {
+        region = Region::try_open(options.pid);
+    } catch (const Error& e) {
+        if (e.code() != ExitCode::bad_input) throw;
+        region_problem = e.what();
+    }
+    ProcessMemory memory(options.pid);
+    const std::vector<AttachedModule> modules = probed_modules(options.pid, region ? &*region : nullptr, memory);
+    if (!region && region_problem.empty() && modules.empty())
+        throw Error("process " + std::to_string(options.pid) + " has no iprobe region and no probed module: nothing to detach",
+                    ExitCode::not_found);
     StubChecker stubs(memory);
     std::vector<Patch> patches;
     std::size_t probes_off = 0;            // probes the patches turn off (an entry site serves two)
@@ -287,9 +298,11 @@ DetachStats detach(const DetachOptions& options) {
     std::vector<std::pair<const AttachedModule*, std::size_t>> selected;
     const probelist::ProbeMatcher matcher(options.selector);
     for (const AttachedModule& m : modules) {
-        const iprobe_rt_module& rm = region.modules()[m.region_index];
-        const bool ids_match = m.list.probes.size() == rm.probe_count && rm.first_probe <= region.probe_capacity() &&
-                               rm.probe_count <= region.probe_capacity() - rm.first_probe;
+        const iprobe_rt_module rm = region && m.region_index != kNotInRegion ? region->modules()[m.region_index]
+                                                                             : iprobe_rt_module{};
+        const bool ids_match = region && m.region_index != kNotInRegion && m.list.probes.size() == rm.probe_count &&
+                               rm.first_probe <= region->probe_capacity() &&
+                               rm.probe_count <= region->probe_capacity() - rm.first_probe;
         std::vector<std::uint64_t> addresses;
         std::vector<std::size_t> which;
         for (std::size_t k = 0; k < m.list.probes.size(); k++)
@@ -354,17 +367,21 @@ DetachStats detach(const DetachOptions& options) {
         if (!unsafe_pcs(process, patches).empty()) throw RetryLater{};
         throw_if_interrupted();
         apply_patches(process, patches);
-        iprobe_rt_probe* probes = region.probes();
-        const std::uint64_t off_at = realtime_ns();
-        for (auto g : flags_off) set_live(probes[g], false, off_at);
-        update_timed(region);
-        region.control()->generation++;
+        if (region) {
+            iprobe_rt_probe* probes = region->probes();
+            const std::uint64_t off_at = realtime_ns();
+            for (auto g : flags_off) set_live(probes[g], false, off_at);
+            update_timed(*region);
+            region->control()->generation++;
+        }
         st.stop_us = process.stop_us;
         process.release();
         st.pause_us = elapsed_us(started);
         st.disabled = probes_off;
+        st.sites_restored = patches.size();
         return st;
     });
+    stats.region_problem = region_problem;
     // What detach reports is what the code now holds, read back site by site.
     StubChecker stubs_after(memory);
     std::vector<std::vector<SiteState>> states;
