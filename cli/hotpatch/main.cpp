@@ -232,6 +232,8 @@ int cmd_detach(const Args& args) {
             .field("disabled", static_cast<std::uint64_t>(st.disabled))
             .field("still_enabled", static_cast<std::uint64_t>(st.still_enabled))
             .field("not_restored", static_cast<std::uint64_t>(st.not_restored))
+            .field("sites_restored", static_cast<std::uint64_t>(st.sites_restored))
+            .field("region_problem", st.region_problem)
             .field("threads", static_cast<std::uint64_t>(st.threads))
             .field("pause_us", st.pause_us)
             .field("stop_us", st.stop_us)
@@ -239,8 +241,12 @@ int cmd_detach(const Args& args) {
         std::cout << j.str() << "\n";
     } else {
         std::cout << "disabled " << st.disabled << " probes in process " << args.pid << " (" << st.still_enabled
-                  << " still on); " << st.threads << " threads stopped for " << st.pause_us << " us\n";
+                  << " still on): " << st.sites_restored << " sites restored from the probe lists; " << st.threads
+                  << " threads stopped for " << st.pause_us << " us\n";
     }
+    if (!st.region_problem.empty())
+        std::cerr << "iprobe detach: the region was not used (" << st.region_problem
+                  << "); the code was restored from the probe lists and the binaries, the region's flags left as they were\n";
     if (st.not_restored) {
         std::cerr << "iprobe detach: " << st.not_restored << " of the selected sites still hold a live call after detach; "
                   << "see 'iprobe status " << args.pid << "'\n";
@@ -287,7 +293,9 @@ int cmd_status(const Args& args) {
     std::cout << "process " << st.pid << ": runtime " << (st.runtime_loaded ? "loaded (" + st.runtime_path + ")" : "not loaded")
               << "\n";
     if (!st.region) {
-        std::cout << "no iprobe region: never attached\n";
+        std::cout << (st.runtime_loaded ? "no iprobe region: the runtime is loaded but inert (an attach was interrupted "
+                                          "before it made one; the next attach uses it)\n"
+                                        : "no iprobe region: never attached\n");
         return 0;
     }
     for (const auto& m : st.modules) {
@@ -343,6 +351,9 @@ public:
         std::fflush(stdout);
     }
     void print(const Event& e, const ProbeInfo& info) {
+        // Nesting per thread; the tids come from the target's rings (or a
+        // file), so the table is bounded: past kMaxThreads they start over.
+        if (depth_.size() >= kMaxThreads && !depth_.count(e.tid)) depth_.clear();
         int& d = depth_[e.tid];
         if (e.kind == probelist::ProbeKind::exit && d > 0) d--;
         line_.clear();
@@ -386,12 +397,14 @@ public:
                 line_ = (first_ ? "" : ",\n") + j.str();
             }
         }
-        if (e.kind == probelist::ProbeKind::entry) d++;
+        if (e.kind == probelist::ProbeKind::entry && d < kMaxDepth) d++;
         first_ = false;
         std::fwrite(line_.data(), 1, line_.size(), stdout);
     }
 
 private:
+    static constexpr std::size_t kMaxThreads = 1u << 16;
+    static constexpr int kMaxDepth = 256;  // indentation stops growing there
     std::string format_;
     pid_t pid_;
     std::unordered_map<std::uint32_t, int> depth_;
@@ -405,12 +418,15 @@ int cmd_trace(const Args& args) {
     if (args.flag("--output") && args.flag("--format")) usage_error("--output writes the binary file; convert it later with --input FILE --format");
     if (args.flag("--input")) {
         if (args.flag("--duration")) usage_error("--duration is for a live trace, not --input");
-        const TraceFile file = read_trace_file(args.value("--input"));
+        TraceFileReader file(args.value("--input"));
         const ProbeInfo unknown{"?", "?", "", 0, probelist::ProbeKind::entry, ""};
-        EventPrinter printer(format, file.pid);
-        for (const auto& e : file.events) printer.print(e, e.probe < file.probes.size() ? file.probes[e.probe] : unknown);
+        EventPrinter printer(format, file.pid());
+        const auto& probes = file.probes();
+        // A chunk at a time: Ctrl-C (or a closed pipe) ends it between two.
+        while (!g_stop && file.next([&](const Event& e) { printer.print(e, e.probe < probes.size() ? probes[e.probe] : unknown); })) {
+        }
         printer.finish();
-        return 0;
+        return g_stop ? static_cast<int>(ExitCode::interrupted) : 0;
     }
     const double seconds = parse_duration(args);
     TraceReader reader(args.pid);
@@ -447,11 +463,16 @@ int report_folded(const Args& args) {
     const double ns_per_tick = 1e9 / reader.tsc_hz();
     std::map<std::string, std::uint64_t> folded;
     std::unordered_map<std::uint32_t, std::vector<Frame>> stacks;
+    // The events come from rings the target can write: threads, stack depth
+    // and distinct paths are bounded (deeper frames are not folded in).
+    constexpr std::size_t kMaxThreads = 1u << 14, kMaxDepth = 512, kMaxPathBytes = 64u << 20;
+    std::size_t path_bytes = 0;
     auto sink = [&](const Event& e) {
         const ProbeInfo& info = reader.probe(e.probe);
+        if (stacks.size() >= kMaxThreads && !stacks.count(e.tid)) return;
         auto& stack = stacks[e.tid];
         if (e.kind == probelist::ProbeKind::entry) {
-            stack.push_back({info.function, e.tsc, 0});
+            if (stack.size() < kMaxDepth) stack.push_back({info.function, e.tsc, 0});
         } else if (e.kind == probelist::ProbeKind::exit) {
             // Unwind to the matching frame (events may have been dropped).
             auto it = std::find_if(stack.rbegin(), stack.rend(), [&](const Frame& f) { return f.function == info.function; });
@@ -464,7 +485,14 @@ int report_folded(const Args& args) {
             if (!stack.empty()) stack.back().children += ticks;
             std::string path;
             for (const auto& f : stack) path += f.function + ";";
-            folded[path + info.function] += static_cast<std::uint64_t>(static_cast<double>(self) * ns_per_tick);
+            path += info.function;
+            auto at = folded.find(path);
+            if (at == folded.end()) {
+                if (path_bytes + path.size() > kMaxPathBytes) return;
+                path_bytes += path.size();
+                at = folded.emplace(path, 0).first;
+            }
+            at->second += static_cast<std::uint64_t>(static_cast<double>(self) * ns_per_tick);
         }
     };
     collect(reader, seconds, sink, false);

@@ -45,6 +45,8 @@ AttachStats attach(const AttachOptions& options) {
     std::uint32_t capacity = 4096;
     for (auto& s : lists) capacity += static_cast<std::uint32_t>(s.list.probes.size()) * 2;
 
+    bool injected = false;  // by this attach: said when it fails after that
+    try {
     return with_world_stopped(options.pid, options.safe_point_timeout, [&](StoppedProcess& process,
                                                                             Clock::time_point started,
                                                                             Clock::time_point deadline) {
@@ -56,8 +58,11 @@ AttachStats attach(const AttachOptions& options) {
         for (auto& s : lists) targets.push_back(&match_module(s, modules, options.pid));
         for (std::size_t li = 0; li < lists.size(); li++) check_selected_sites(process.memory(), lists[li], *targets[li]);
         const LoadedLibrary libc = libc_of(options.pid, modules);
+        use_landings(process, libc, find_loaded(options.pid, modules, runtime_path));
 
         Injected runtime = ensure_library(process, maps, modules, libc, runtime_path, deadline);
+        use_landings(process, libc, runtime.library);
+        injected = injected || runtime.injected;
         Injected handler_lib = handler_path == runtime_path
                                    ? runtime
                                    : ensure_library(process, maps, modules, libc, handler_path, deadline);
@@ -89,7 +94,8 @@ AttachStats attach(const AttachOptions& options) {
             iprobe_rt_control layout = region_layout(g, tsc.hz ? tsc : calibrate_tsc());
             layout.owner_pid = static_cast<std::uint32_t>(own_pid);
             const auto create_at = runtime.library.symbol("iprobe_rt_create_region");
-            if (!create_at) throw Error(runtime.library.path + " is not the iprobe runtime of this version", ExitCode::bad_input);
+            if (!create_at || !process.landing().with_result)
+                throw Error(runtime.library.path + " is not the iprobe runtime of this version", ExitCode::bad_input);
             fresh_fd = static_cast<std::int64_t>(process.call(*create_at, {layout.region_size}));
             if (fresh_fd < 0)
                 throw Error("the runtime in process " + std::to_string(options.pid) + " could not create its region: " +
@@ -259,18 +265,38 @@ AttachStats attach(const AttachOptions& options) {
         stats.pause_us = elapsed_us(started);
         return stats;
     });
+    } catch (const Error& e) {
+        // The runtime cannot be unloaded (linked -z nodelete: its fork and
+        // thread-exit handlers are registered in libc), so say where it is.
+        if (!injected || !process_exists(options.pid)) throw;
+        throw Error(std::string(e.what()) + "; the runtime it loaded stays in the process, inert (no probe on, " +
+                        "nothing running; a later attach uses it): 'iprobe status " + std::to_string(options.pid) +
+                        "' shows it",
+                    e.code());
+    }
 }
 
 DetachStats detach(const DetachOptions& options) {
     check_target(options.pid);
     SessionLock lock(options.pid);
-    Region region = Region::open(options.pid);
-    ProcessMemory memory(options.pid);
     // Sites, lists and stubs come from the process's maps and code, never
-    // from its region (see live_sites.h).  Planned while the target runs:
+    // from its region (see live_sites.h): a region the target rewrote, or
+    // none, only means no flags to clear.  Planned while the target runs:
     // only we rewrite its sites, under the session lock, and apply_patches()
     // checks every site again once it is stopped.
-    const std::vector<AttachedModule> modules = attached_modules(options.pid, region, memory);
+    std::optional<Region> region;
+    std::string region_problem;
+    try {
+        region = Region::try_open(options.pid);
+    } catch (const Error& e) {
+        if (e.code() != ExitCode::bad_input) throw;
+        region_problem = e.what();
+    }
+    ProcessMemory memory(options.pid);
+    const std::vector<AttachedModule> modules = probed_modules(options.pid, region ? &*region : nullptr, memory);
+    if (!region && region_problem.empty() && modules.empty())
+        throw Error("process " + std::to_string(options.pid) + " has no iprobe region and no probed module: nothing to detach",
+                    ExitCode::not_found);
     StubChecker stubs(memory);
     std::vector<Patch> patches;
     std::size_t probes_off = 0;            // probes the patches turn off (an entry site serves two)
@@ -278,9 +304,11 @@ DetachStats detach(const DetachOptions& options) {
     std::vector<std::pair<const AttachedModule*, std::size_t>> selected;
     const probelist::ProbeMatcher matcher(options.selector);
     for (const AttachedModule& m : modules) {
-        const iprobe_rt_module& rm = region.modules()[m.region_index];
-        const bool ids_match = m.list.probes.size() == rm.probe_count && rm.first_probe <= region.probe_capacity() &&
-                               rm.probe_count <= region.probe_capacity() - rm.first_probe;
+        const iprobe_rt_module rm = region && m.region_index != kNotInRegion ? region->modules()[m.region_index]
+                                                                             : iprobe_rt_module{};
+        const bool ids_match = region && m.region_index != kNotInRegion && m.list.probes.size() == rm.probe_count &&
+                               rm.first_probe <= region->probe_capacity() &&
+                               rm.probe_count <= region->probe_capacity() - rm.first_probe;
         std::vector<std::uint64_t> addresses;
         std::vector<std::size_t> which;
         for (std::size_t k = 0; k < m.list.probes.size(); k++)
@@ -345,17 +373,21 @@ DetachStats detach(const DetachOptions& options) {
         if (!unsafe_pcs(process, patches).empty()) throw RetryLater{};
         throw_if_interrupted();
         apply_patches(process, patches);
-        iprobe_rt_probe* probes = region.probes();
-        const std::uint64_t off_at = realtime_ns();
-        for (auto g : flags_off) set_live(probes[g], false, off_at);
-        update_timed(region);
-        region.control()->generation++;
+        if (region) {
+            iprobe_rt_probe* probes = region->probes();
+            const std::uint64_t off_at = realtime_ns();
+            for (auto g : flags_off) set_live(probes[g], false, off_at);
+            update_timed(*region);
+            region->control()->generation++;
+        }
         st.stop_us = process.stop_us;
         process.release();
         st.pause_us = elapsed_us(started);
         st.disabled = probes_off;
+        st.sites_restored = patches.size();
         return st;
     });
+    stats.region_problem = region_problem;
     // What detach reports is what the code now holds, read back site by site.
     StubChecker stubs_after(memory);
     std::vector<std::vector<SiteState>> states;
@@ -394,7 +426,8 @@ Status status(pid_t pid) {
         ModuleStatus ms;
         ms.path.assign(m.path, ::strnlen(m.path, sizeof m.path));
         ms.probes_path.assign(m.probes_path, ::strnlen(m.probes_path, sizeof m.probes_path));
-        ms.build_id = probelist::hex(std::span<const std::uint8_t>(m.build_id, m.build_id_size));
+        ms.build_id = probelist::hex(
+            std::span<const std::uint8_t>(m.build_id, std::min<std::size_t>(m.build_id_size, sizeof m.build_id)));
         ms.load_bias = m.load_bias;
         ms.stub_page = m.stub_page;
         ms.probes = m.probe_count;

@@ -4,11 +4,13 @@
 #include <elfutils/libdwfl.h>
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <array>
 #include <climits>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <map>
 
 #include "iprobe/support/error.h"
 #include "iprobe/support/install_layout.h"
@@ -179,21 +181,60 @@ std::string read_c_string(const StoppedProcess& process, std::uint64_t address) 
     return out;
 }
 
-std::uint64_t remote_dlopen(StoppedProcess& process, const LoadedLibrary& libc, const std::string& path) {
+std::uint64_t sigreturn_code(const LoadedLibrary& libc) {
+    // glibc's __restore_rt, the return address of every signal handler it
+    // installs: mov $15, %rax; syscall.  Not exported: found in .text.
+    static const std::uint8_t kCode[] = {0x48, 0xc7, 0xc0, 0x0f, 0x00, 0x00, 0x00, 0x0f, 0x05};
+    static std::map<const elf::ElfFile*, std::uint64_t> found;  // ElfFiles live in elf_cache()
+    auto [it, fresh] = found.try_emplace(libc.elf.get(), 0);
+    if (fresh)
+        if (const elf::ElfSection* text = libc.elf->section(".text")) {
+            const auto bytes = libc.elf->section_bytes(*text);
+            const auto at = std::search(bytes.begin(), bytes.end(), std::begin(kCode), std::end(kCode));
+            if (at != bytes.end()) it->second = text->address + static_cast<std::uint64_t>(at - bytes.begin());
+        }
+    return it->second ? libc.bias + it->second : 0;
+}
+
+void use_landings(StoppedProcess& process, const LoadedLibrary& libc, const std::optional<LoadedLibrary>& runtime) {
+    StoppedProcess::CallLanding landing;
+    landing.sigreturn = sigreturn_code(libc);
+    if (runtime) landing.with_result = runtime->symbol("iprobe_rt_call_landing").value_or(0);
+    if (!landing.sigreturn && !landing.with_result)
+        throw Error("cannot call functions in process " + std::to_string(process.pid()) + " safely: its libc (" +
+                        libc.path + ") has no signal-return code iprobe recognises; start it with LD_PRELOAD=" +
+                        default_runtime_library(),
+                    ExitCode::unavailable);
+    process.set_landing(landing);
+}
+
+namespace {
+
+std::string syscall_name(long nr) {
+    static const std::map<long, const char*> names = {{0, "read"},      {2, "open"},     {3, "close"},
+                                                      {5, "fstat"},     {9, "mmap"},     {10, "mprotect"},
+                                                      {257, "openat"},  {262, "newfstatat"}};
+    const auto it = names.find(nr);
+    return it != names.end() ? it->second : "system call " + std::to_string(nr);
+}
+
+}  // namespace
+
+void remote_dlopen(StoppedProcess& process, const LoadedLibrary& libc, const std::string& path) {
     const auto dlopen_at = libc.symbol("dlopen");
     if (!dlopen_at)
         throw Error("this glibc does not export dlopen from libc.so.6 (glibc >= 2.34 needed); start the target with "
                     "LD_PRELOAD=" + path,
                     ExitCode::unavailable);
     const std::uint64_t handle = process.call(*dlopen_at, {RTLD_NOW | RTLD_GLOBAL}, &path);
-    if (handle == 0) {
-        std::string why;
-        if (auto dlerror_at = libc.symbol("dlerror"))
-            if (const std::uint64_t msg = process.call(*dlerror_at, {})) why = read_c_string(process, msg);
-        throw Error("dlopen(" + path + ") failed inside process " + std::to_string(process.pid()) + ": " + why,
-                    ExitCode::failure);
-    }
-    return handle;
+    // Without a landing that keeps rax the handle is unknown: the maps say
+    // whether the library came in (ensure_library).
+    if (!process.landing().with_result || handle != 0) return;
+    std::string why;
+    if (auto dlerror_at = libc.symbol("dlerror"))
+        if (const std::uint64_t msg = process.call(*dlerror_at, {})) why = read_c_string(process, msg);
+    throw Error("dlopen(" + path + ") failed inside process " + std::to_string(process.pid()) + ": " + why,
+                ExitCode::failure);
 }
 
 HandlerSymbols resolve_handlers(const AttachOptions& options) {
@@ -248,17 +289,24 @@ Injected ensure_library(StoppedProcess& process, std::vector<Mapping>& maps, std
         throw RetryLater{};
     }
     const std::string copied = make_visible_to(process.pid(), path);
+    std::optional<LoadedLibrary> lib;
     try {
         remote_dlopen(process, libc, path);
+        maps = read_maps(process.pid());
+        modules = running_modules(process.memory(), maps);
+        lib = find_loaded(process.pid(), modules, path);
+        if (!lib) {
+            const auto [nr, err] = process.last_call_failed_syscall();
+            throw Error("dlopen(" + path + ") failed inside process " + std::to_string(process.pid()) +
+                            (err ? ": " + syscall_name(nr) + " failed in it: " + std::strerror(err)
+                                 : std::string(": the library is not mapped after it")),
+                        ExitCode::failure);
+        }
     } catch (...) {
         std::error_code ec;
         if (!copied.empty()) std::filesystem::remove(copied, ec);
         throw;
     }
-    maps = read_maps(process.pid());
-    modules = running_modules(process.memory(), maps);
-    auto lib = find_loaded(process.pid(), modules, path);
-    if (!lib) throw Error("dlopen of " + path + " succeeded but it is not mapped in process " + std::to_string(process.pid()));
     return {*lib, true};
 }
 

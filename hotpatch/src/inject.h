@@ -66,7 +66,13 @@ std::string unsafe_for_dlopen(const StoppedProcess& process, const std::vector<M
 
 std::string read_c_string(const StoppedProcess& process, std::uint64_t address);
 
-std::uint64_t remote_dlopen(StoppedProcess& process, const LoadedLibrary& libc, const std::string& path);
+// Where `process`'s function calls return (StoppedProcess::CallLanding):
+// libc's signal-return code, and the runtime's landing once it is loaded.
+std::uint64_t sigreturn_code(const LoadedLibrary& libc);
+void use_landings(StoppedProcess& process, const LoadedLibrary& libc, const std::optional<LoadedLibrary>& runtime);
+
+// dlopen(path) inside the target; the caller checks the maps for it.
+void remote_dlopen(StoppedProcess& process, const LoadedLibrary& libc, const std::string& path);
 
 HandlerSymbols resolve_handlers(const AttachOptions& options);
 

@@ -1,5 +1,6 @@
 #include "live_sites.h"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -31,6 +32,46 @@ std::optional<probelist::ProbeList> list_of(pid_t pid, const RunningModule& runn
 
 }  // namespace
 
+namespace {
+
+AttachedModule with_sites(std::uint32_t region_index, const RunningModule& running, probelist::ProbeList list) {
+    AttachedModule a{region_index, running, std::move(list), {}};
+    a.sites.reserve(a.list.probes.size());
+    for (const probelist::Probe& p : a.list.probes)
+        a.sites.push_back(a.running.holds_code(p.site, p.size) ? a.running.load_bias + p.site : 0);
+    return a;
+}
+
+}  // namespace
+
+std::vector<AttachedModule> probed_modules(pid_t pid, const Region* region, const ProcessMemory& memory) {
+    const std::vector<RunningModule> running = running_modules(memory, read_maps(pid));
+    std::vector<AttachedModule> out;
+    auto known = [&](const RunningModule& r) {
+        return std::any_of(out.begin(), out.end(), [&](const AttachedModule& a) { return a.running.path == r.path; });
+    };
+    for (const RunningModule& r : running) {
+        if (r.build_id.empty()) continue;
+        auto beside = probe_list_at(target_view(pid, r.path));
+        if (beside && beside->build_id == r.build_id) out.push_back(with_sites(kNotInRegion, r, std::move(*beside)));
+    }
+    // A list recorded elsewhere (attach --probes DIR/LIST): only as
+    // module_probe_list() allows; a module the region names wrongly, or
+    // twice, is passed over.
+    for (std::uint32_t i = 0; region && i < region->module_count(); i++) {
+        const iprobe_rt_module m = region->modules()[i];
+        const RunningModule* mapped = mapped_module(m, running);
+        if (!mapped) continue;
+        if (known(*mapped)) {
+            for (auto& a : out)  // its flags in the region, cleared as the sites go
+                if (a.running.path == mapped->path && a.region_index == kNotInRegion) a.region_index = i;
+            continue;
+        }
+        if (auto list = list_of(pid, *mapped, m)) out.push_back(with_sites(i, *mapped, std::move(*list)));
+    }
+    return out;
+}
+
 std::vector<AttachedModule> attached_modules(pid_t pid, const Region& region, const ProcessMemory& memory) {
     const std::vector<RunningModule> running = running_modules(memory, read_maps(pid));
     std::vector<AttachedModule> out;
@@ -44,11 +85,7 @@ std::vector<AttachedModule> attached_modules(pid_t pid, const Region& region, co
                             " (beside it, or at " + region_string(m.probes_path, sizeof m.probes_path) +
                             "): moved, replaced or of another build; nothing was changed",
                         ExitCode::not_found);
-        AttachedModule a{i, *mapped, std::move(*list), {}};
-        a.sites.reserve(a.list.probes.size());
-        for (const probelist::Probe& p : a.list.probes)
-            a.sites.push_back(a.running.holds_code(p.site, p.size) ? a.running.load_bias + p.site : 0);
-        out.push_back(std::move(a));
+        out.push_back(with_sites(i, *mapped, std::move(*list)));
     }
     return out;
 }

@@ -19,8 +19,10 @@
 
 namespace iprobe::hotpatch {
 
+inline constexpr std::uint32_t kNotInRegion = UINT32_MAX;
+
 struct AttachedModule {
-    std::uint32_t region_index = 0;  // in the region's module table
+    std::uint32_t region_index = kNotInRegion;  // in the region's module table
     RunningModule running;
     probelist::ProbeList list;
     // Per list probe: its address in the target, 0 where the list's offset
@@ -31,6 +33,12 @@ struct AttachedModule {
 // The region's modules that are still mapped, each with its probe list.
 // Throws Error(not_found) when a mapped module's list cannot be found.
 std::vector<AttachedModule> attached_modules(pid_t pid, const Region& region, const ProcessMemory& memory);
+
+// What detach restores, needing nothing from the region: every mapped
+// module whose probe list lies beside it (and describes its build), plus the
+// region's other modules when there is a sound region (`region` may be
+// null: unreadable, or rewritten by the target).
+std::vector<AttachedModule> probed_modules(pid_t pid, const Region* region, const ProcessMemory& memory);
 
 enum class SiteState : std::uint8_t {
     absent,       // no address (outside the module's code)

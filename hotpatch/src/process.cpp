@@ -1,16 +1,21 @@
 #include "process.h"
 
+#include <cpuid.h>
 #include <dirent.h>
+#include <elf.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/ptrace.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstddef>
 #include <cstring>
 #include <fstream>
 #include <sstream>
@@ -204,7 +209,9 @@ void StoppedProcess::wait_pending_stopped(Deadline deadline) {
 }
 
 void StoppedProcess::seize_all() {
-    constexpr long options = PTRACE_O_TRACECLONE | PTRACE_O_TRACEEXIT;
+    // TRACESYSGOOD: a system-call stop of a call() is told from a SIGTRAP,
+    // and if we die during one the kernel resumes the thread with no signal.
+    constexpr long options = PTRACE_O_TRACECLONE | PTRACE_O_TRACEEXIT | PTRACE_O_TRACESYSGOOD;
     // Threads may be created while we stop the others: repeat until the
     // task list holds nothing we have not stopped (new clones of stopped
     // threads are auto-attached and show up as PTRACE_EVENT_CLONE).
@@ -324,9 +331,127 @@ StoppedThread& StoppedProcess::call_thread() {
     return threads_.front();
 }
 
+namespace {
+
+// The kernel's x86-64 signal frame as rt_sigreturn reads it: the return
+// address (pretcode), then struct ucontext with struct sigcontext inside
+// (<asm/sigcontext.h>, <asm-generic/ucontext.h>; glibc's ucontext_t differs).
+struct KernelSigcontext {
+    std::uint64_t r8, r9, r10, r11, r12, r13, r14, r15, rdi, rsi, rbp, rbx, rdx, rax, rcx, rsp, rip, eflags;
+    std::uint16_t cs, gs, fs, ss;
+    std::uint64_t err, trapno, oldmask, cr2, fpstate;
+    std::uint64_t reserved1[8];
+};
+struct KernelUcontext {
+    std::uint64_t flags;
+    std::uint64_t link;  // unused by rt_sigreturn: the landing keeps the call's result here
+    std::uint64_t stack_sp;
+    std::int32_t stack_flags, pad;
+    std::uint64_t stack_size;
+    KernelSigcontext mcontext;
+    std::uint64_t sigmask;
+};
+static_assert(sizeof(KernelSigcontext) == 256 && sizeof(KernelUcontext) == 304 &&
+              offsetof(KernelUcontext, mcontext) == 40 && offsetof(KernelUcontext, link) == 8);
+constexpr std::uint64_t kUcFpXstate = 1, kUcSigcontextSs = 2;
+constexpr std::uint32_t kFpXstateMagic1 = 0x46505853, kFpXstateMagic2 = 0x46505845;
+constexpr std::size_t kFxsaveSize = 512, kSwReservedAt = 464;
+constexpr unsigned kTileData = 18;  // XFEATURE_XTILE_DATA
+// An invalid mode: rt_sigreturn's restore of the alternate signal stack
+// fails (EINVAL, ignored by the kernel) and leaves the thread's own as it is.
+constexpr std::int32_t kKeepAltstack = 3;
+
+// The registers a thread stopped by PTRACE_INTERRUPT goes back to user mode
+// with: a system call it was interrupted in is restarted (rt_sigreturn
+// restarts nothing, so the frame must hold the restart already).
+user_regs_struct as_resumed(user_regs_struct r) {
+    if (static_cast<std::int64_t>(r.orig_rax) >= 0) {
+        const auto rv = static_cast<std::int64_t>(r.rax);
+        if (rv == -512 || rv == -513 || rv == -514) {  // ERESTARTSYS, ERESTARTNOINTR, ERESTARTNOHAND
+            r.rax = r.orig_rax;
+            r.rip -= 2;
+        } else if (rv == -516) {  // ERESTART_RESTARTBLOCK
+            r.rax = SYS_restart_syscall;
+            r.rip -= 2;
+        }
+    }
+    r.orig_rax = static_cast<unsigned long long>(-1);
+    return r;
+}
+
+// The thread's FPU, SSE and AVX state as a signal frame holds it (XSAVE
+// standard format with its software-reserved words and the closing magic),
+// or the legacy FXSAVE image (restored as such) where XSAVE is unknown.
+struct VectorState {
+    std::vector<std::uint8_t> frame;   // written to the target, 64-byte aligned there
+    std::vector<std::uint8_t> regset;  // NT_X86_XSTATE as read, to set it back
+    bool xsave = false;
+};
+
+VectorState vector_state(pid_t tid) {
+    VectorState v;
+    std::vector<std::uint8_t> buf(64 * 1024);
+    iovec iov{buf.data(), buf.size()};
+    if (::ptrace(PTRACE_GETREGSET, tid, reinterpret_cast<void*>(NT_X86_XSTATE), &iov) == 0 && iov.iov_len > kFxsaveSize &&
+        iov.iov_len + 4 <= buf.size()) {
+        // The regset is the XSAVE standard format with XCR0 in its first
+        // software-reserved word (as gdb reads it).  A signal frame's
+        // software words say which of it rt_sigreturn restores: the
+        // features of XCR0 but AMX tile data (enabled per process, never
+        // in the default state), up to the end of the last one.
+        std::uint64_t xcr0 = 0;
+        std::memcpy(&xcr0, buf.data() + kSwReservedAt, 8);
+        const std::uint64_t features = xcr0 & ~(1ull << kTileData);
+        std::uint32_t xstate_size = kFxsaveSize + 64;
+        for (unsigned i = 2; i < 63; i++)
+            if (features >> i & 1) {
+                unsigned size = 0, offset = 0, ecx = 0, edx = 0;
+                __cpuid_count(0xd, i, size, offset, ecx, edx);
+                xstate_size = std::max(xstate_size, offset + size);
+            }
+        if (xstate_size <= iov.iov_len) {
+            std::uint64_t header_features = 0;
+            std::memcpy(&header_features, buf.data() + kFxsaveSize, 8);
+            header_features &= features;
+            std::memcpy(buf.data() + kFxsaveSize, &header_features, 8);
+            const std::uint32_t sw[5] = {kFpXstateMagic1, xstate_size + 4, static_cast<std::uint32_t>(features),
+                                         static_cast<std::uint32_t>(features >> 32), xstate_size};
+            buf.resize(iov.iov_len);
+            v.regset = buf;
+            std::memcpy(buf.data() + kSwReservedAt, sw, sizeof sw);
+            buf.resize(xstate_size + 4);
+            std::memcpy(buf.data() + xstate_size, &kFpXstateMagic2, 4);
+            v.frame = std::move(buf);
+            v.xsave = true;
+            return v;
+        }
+    }
+    v.frame.assign(kFxsaveSize, 0);
+    if (::ptrace(PTRACE_GETFPREGS, tid, nullptr, v.frame.data()) != 0) throw Error("cannot read the FPU state of thread " + std::to_string(tid));
+    std::fill(v.frame.begin() + kSwReservedAt, v.frame.end(), 0);  // no magic: FXSAVE only
+    return v;
+}
+
+void set_vector_state(pid_t tid, const VectorState& v) {
+    if (v.xsave) {
+        std::vector<std::uint8_t> buf = v.regset;
+        iovec iov{buf.data(), buf.size()};
+        ::ptrace(PTRACE_SETREGSET, tid, reinterpret_cast<void*>(NT_X86_XSTATE), &iov);
+    } else {
+        ::ptrace(PTRACE_SETFPREGS, tid, nullptr, const_cast<std::uint8_t*>(v.frame.data()));
+    }
+}
+
+bool is_syscall_stop(int status) { return WIFSTOPPED(status) && WSTOPSIG(status) == (SIGTRAP | 0x80); }
+
+}  // namespace
+
 std::uint64_t StoppedProcess::call(std::uint64_t function, std::vector<std::uint64_t> args,
                                    const std::string* string_arg, std::chrono::milliseconds timeout) {
     throw_if_interrupted();
+    const std::uint64_t landing = landing_.with_result ? landing_.with_result : landing_.sigreturn;
+    if (!landing) throw Error("no return landing in process " + std::to_string(pid_) + " (libc's signal return code not found)",
+                              ExitCode::unavailable);
     StoppedThread& chosen = call_thread();
     const pid_t tid = chosen.tid;
     auto thread = [&]() -> StoppedThread& {
@@ -335,22 +460,45 @@ std::uint64_t StoppedProcess::call(std::uint64_t function, std::vector<std::uint
         throw_gone();
     };
     user_regs_struct saved{};
-    user_fpregs_struct saved_fp{};
-    if (::ptrace(PTRACE_GETREGS, tid, nullptr, &saved) != 0 || ::ptrace(PTRACE_GETFPREGS, tid, nullptr, &saved_fp) != 0)
+    std::uint64_t sigmask = 0;
+    if (::ptrace(PTRACE_GETREGS, tid, nullptr, &saved) != 0 ||
+        ::ptrace(PTRACE_GETSIGMASK, tid, reinterpret_cast<void*>(sizeof sigmask), &sigmask) != 0)
         throw_gone();
+    const VectorState vectors = vector_state(tid);
+
+    // Below the red zone, from the top: the string argument, the vector
+    // state (64-byte aligned), the ucontext, the return address (the
+    // landing), where the call's own stack begins.
+    const std::uint64_t top = saved.rsp - 128 - 256;
+    std::uint64_t at = top;
+    std::uint64_t string_at = 0;
+    if (string_arg) {
+        at = (at - string_arg->size() - 1) & ~std::uint64_t{15};
+        string_at = at;
+    }
+    const std::uint64_t vectors_at = (at - vectors.frame.size()) & ~std::uint64_t{63};
+    const std::uint64_t context_at = (vectors_at - sizeof(KernelUcontext)) & ~std::uint64_t{15};
+    const std::uint64_t sp = context_at - 8;  // 16-byte aligned + 8 at the function's entry, as after a call
+
+    const user_regs_struct back = as_resumed(saved);
+    KernelUcontext uc{};
+    uc.flags = kUcSigcontextSs | (vectors.xsave ? kUcFpXstate : 0);
+    uc.stack_flags = kKeepAltstack;
+    KernelSigcontext& mc = uc.mcontext;
+    mc = {back.r8, back.r9, back.r10, back.r11, back.r12, back.r13, back.r14, back.r15, back.rdi, back.rsi, back.rbp,
+          back.rbx, back.rdx, back.rax, back.rcx, back.rsp, back.rip, back.eflags,
+          static_cast<std::uint16_t>(back.cs), 0, 0, static_cast<std::uint16_t>(back.ss), 0, 0, 0, 0, vectors_at, {}};
+    uc.sigmask = sigmask;
+
+    std::vector<std::uint8_t> frame(top - sp, 0);
+    std::memcpy(frame.data(), &landing, 8);
+    std::memcpy(frame.data() + (context_at - sp), &uc, sizeof uc);
+    std::memcpy(frame.data() + (vectors_at - sp), vectors.frame.data(), vectors.frame.size());
+    if (string_arg) std::memcpy(frame.data() + (string_at - sp), string_arg->c_str(), string_arg->size() + 1);
+    write(sp, frame.data(), frame.size());
 
     user_regs_struct regs = saved;
-    std::uint64_t sp = saved.rsp - 128 - 256;  // below the red zone, with room
-    if (string_arg) {
-        sp -= string_arg->size() + 1;
-        sp &= ~std::uint64_t{15};
-        write(sp, string_arg->c_str(), string_arg->size() + 1);
-        args.insert(args.begin(), sp);
-    }
-    sp &= ~std::uint64_t{15};
-    sp -= 8;  // return address 0: the call ends in a SIGSEGV at rip 0
-    const std::uint64_t trap_return = 0;
-    write(sp, &trap_return, sizeof trap_return);
+    if (string_arg) args.insert(args.begin(), string_at);
     regs.rsp = sp;
     regs.rip = function;
     regs.rax = 0;
@@ -359,16 +507,23 @@ std::uint64_t StoppedProcess::call(std::uint64_t function, std::vector<std::uint
     unsigned long long* arg_regs[] = {&regs.rdi, &regs.rsi, &regs.rdx, &regs.rcx, &regs.r8, &regs.r9};
     for (std::size_t i = 0; i < args.size() && i < 6; i++) *arg_regs[i] = args[i];
 
+    // While a tracer lives the thread is taken back at rt_sigreturn's exit;
+    // the restore below is for a call abandoned (timeout) or crashed.
     auto restore = [&] {
         ::ptrace(PTRACE_SETREGS, tid, nullptr, &saved);
-        ::ptrace(PTRACE_SETFPREGS, tid, nullptr, &saved_fp);
+        set_vector_state(tid, vectors);
     };
+    // From here on the thread may run on its own: the frame is in place.
     if (::ptrace(PTRACE_SETREGS, tid, nullptr, &regs) != 0) throw_gone();
-    if (::ptrace(PTRACE_CONT, tid, nullptr, nullptr) != 0) throw_gone();
+    if (::ptrace(PTRACE_SYSCALL, tid, nullptr, nullptr) != 0) throw_gone();
 
     // Not interruptible: stopping a thread inside dlopen would leave the
     // loader's lock held.  The call is bounded by `timeout` instead.
     const auto deadline = Clock::now() + timeout;
+    failed_syscall_ = {-1, 0};
+    long syscall_nr = -1;
+    bool returning = false;  // at rt_sigreturn's entry from our frame
+    std::uint64_t last_result = 0;
     Report report;
     for (;;) {
         if (!next_report(report, deadline, false)) {
@@ -401,18 +556,34 @@ std::uint64_t StoppedProcess::call(std::uint64_t function, std::vector<std::uint
             throw_gone();
         }
         if (!WIFSTOPPED(status)) continue;
+        if (is_syscall_stop(status)) {
+            __ptrace_syscall_info info{};
+            if (::ptrace(PTRACE_GET_SYSCALL_INFO, tid, reinterpret_cast<void*>(sizeof info), &info) <= 0) throw_gone();
+            if (info.op == PTRACE_SYSCALL_INFO_ENTRY) {
+                syscall_nr = static_cast<long>(info.entry.nr);
+                returning = info.entry.nr == SYS_rt_sigreturn && info.stack_pointer == context_at;
+            } else if (info.op == PTRACE_SYSCALL_INFO_EXIT) {
+                if (returning) {
+                    // Back in its own context, stopped: what it resumes with on detach.
+                    std::uint64_t result = last_result;
+                    if (landing == landing_.with_result) read(context_at + offsetof(KernelUcontext, link), &result, 8);
+                    ::ptrace(PTRACE_GETREGS, tid, nullptr, &thread().regs);
+                    wait_pending_stopped(Clock::now() + kStopTimeout);
+                    return result;
+                }
+                last_result = static_cast<std::uint64_t>(info.exit.rval);
+                if (info.exit.is_error && failed_syscall_.second == 0)
+                    failed_syscall_ = {syscall_nr, static_cast<int>(-info.exit.rval)};
+            }
+            if (::ptrace(PTRACE_SYSCALL, tid, nullptr, nullptr) != 0) throw_gone();
+            continue;
+        }
         const int event = event_of(status);
         const int sig = WSTOPSIG(status);
-        if (event == 0 && sig == SIGSEGV) {
-            user_regs_struct after{};
-            ::ptrace(PTRACE_GETREGS, tid, nullptr, &after);
+        if (event == 0 && (sig == SIGSEGV || sig == SIGBUS || sig == SIGILL || sig == SIGFPE)) {
             restore();
-            if (after.rip == trap_return) {
-                wait_pending_stopped(Clock::now() + kStopTimeout);
-                return after.rax;
-            }
-            throw Error("a function call inside process " + std::to_string(pid_) +
-                        " crashed (SIGSEGV); registers restored");
+            throw Error("a function call inside process " + std::to_string(pid_) + " crashed (" + strsignal(sig) +
+                        "); registers restored");
         }
         if (event == PTRACE_EVENT_EXIT) {
             ::ptrace(PTRACE_DETACH, tid, nullptr, nullptr);
@@ -425,7 +596,7 @@ std::uint64_t StoppedProcess::call(std::uint64_t function, std::vector<std::uint
         } else if (event == 0 && thread().pending_signal == 0) {
             thread().pending_signal = sig;  // deliver later
         }
-        ::ptrace(PTRACE_CONT, tid, nullptr, nullptr);
+        if (::ptrace(PTRACE_SYSCALL, tid, nullptr, nullptr) != 0) throw_gone();
     }
 }
 

@@ -15,6 +15,7 @@
 #include <chrono>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "iprobe/hotpatch/hotpatch.h"
@@ -81,12 +82,35 @@ public:
         return memory_.read_value<T>(address);
     }
 
-    // Calls `function(args...)` in one stopped thread and returns rax.  A
-    // string, when given, is copied below the red zone and passed as the
-    // first argument.
+    // Where the calls below return: code in the target that ends a call with
+    // rt_sigreturn from the frame call() leaves above the return address,
+    // which holds the borrowed thread's whole context (registers, FPU and
+    // vector state, signal mask).  A thread in a call thus needs no tracer
+    // to get back: if this process is killed at any moment of a call, the
+    // thread finishes it and resumes exactly where it was stopped.
+    //   sigreturn:   libc's own signal-return code (mov $15, %eax; syscall),
+    //                found in every glibc; it keeps no result;
+    //   with_result: the runtime's iprobe_rt_call_landing, which first keeps
+    //                rax in the frame.
+    struct CallLanding {
+        std::uint64_t sigreturn = 0;
+        std::uint64_t with_result = 0;
+    };
+    void set_landing(const CallLanding& landing) { landing_ = landing; }
+    const CallLanding& landing() const { return landing_; }
+
+    // Calls `function(args...)` in one stopped thread (set_landing() first).
+    // Returns rax when the landing keeps it, else the result of the last
+    // system call the function made (what libc's mmap or munmap returns, as
+    // -errno on failure).  A string, when given, is copied below the red zone
+    // and passed as the first argument.
     std::uint64_t call(std::uint64_t function, std::vector<std::uint64_t> args,
                        const std::string* string_arg = nullptr,
                        std::chrono::milliseconds timeout = std::chrono::seconds(20));
+    // The errno of the first system call of the last call() that failed (0:
+    // none), with its number: why a dlopen failed when no landing keeps
+    // dlerror()'s answer.
+    std::pair<long, int> last_call_failed_syscall() const { return failed_syscall_; }
 
     // Resumes and detaches everything now (also done by the destructor).
     void release();
@@ -114,6 +138,8 @@ private:
     std::vector<StoppedThread> threads_;  // ptrace-stopped
     std::vector<pid_t> pending_;          // seized or auto-attached, not stopped yet
     bool leader_gone_ = false;            // the thread-group leader exited: the process is dying
+    CallLanding landing_;
+    std::pair<long, int> failed_syscall_{-1, 0};
     bool released_ = false;
 };
 

@@ -1,10 +1,13 @@
 #include "iprobe/hotpatch/trace_file.h"
 
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
 #include <cstring>
-#include <fstream>
-#include <iterator>
 
 #include "iprobe/support/error.h"
+#include "iprobe/support/file.h"
 
 namespace iprobe::hotpatch {
 
@@ -103,45 +106,100 @@ void TraceFileWriter::finish(const std::vector<ProbeInfo>& probes) {
     if (std::fflush(file_) != 0 || std::ferror(file_)) throw_errno("cannot write " + path_);
 }
 
-TraceFile read_trace_file(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) throw Error("cannot read " + path, ExitCode::not_found);
-    const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    if (bytes.size() < kHeader + kFooter || std::memcmp(bytes.data(), kMagic, sizeof kMagic) != 0)
+namespace {
+
+// The probe table holds a name per probe of the traced process: 256 MiB is
+// some millions of functions.
+constexpr std::uint64_t kMaxTable = 256ull << 20;
+constexpr std::size_t kChunk = 1u << 20;
+
+void read_exactly(int fd, void* out, std::size_t size, std::uint64_t at, const std::string& path) {
+    auto* p = static_cast<char*>(out);
+    while (size > 0) {
+        const ssize_t n = ::pread(fd, p, size, static_cast<off_t>(at));
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) throw_errno("cannot read " + path, ExitCode::bad_input);
+        if (n == 0) throw Error(path + ": the trace file changed size while being read", ExitCode::bad_input);
+        p += n, at += static_cast<std::uint64_t>(n), size -= static_cast<std::size_t>(n);
+    }
+}
+
+}  // namespace
+
+TraceFileReader::TraceFileReader(const std::string& path) : path_(path) {
+    std::uint64_t size = 0;
+    fd_ = open_regular_file(path, &size).release();
+    char head[kHeader];
+    if (size < kHeader + kFooter || (read_exactly(fd_, head, sizeof head, 0, path), std::memcmp(head, kMagic, sizeof kMagic) != 0))
         throw Error(path + " is not an iprobe trace file (written by 'iprobe trace --output')", ExitCode::bad_input);
-    if (std::memcmp(bytes.data() + bytes.size() - sizeof kEnd, kEnd, sizeof kEnd) != 0)
+    char foot[kFooter];
+    read_exactly(fd_, foot, sizeof foot, size - kFooter, path);
+    if (std::memcmp(foot + 8, kEnd, sizeof kEnd) != 0)
         throw Error(path + ": the trace file ends early (the trace was killed before it finished)", ExitCode::bad_input);
-    TraceFile out;
-    Cursor head(bytes, sizeof kMagic, kHeader, path);
-    if (head.get<std::uint32_t>() != kVersion) throw Error(path + ": unknown trace file version", ExitCode::bad_input);
-    out.pid = static_cast<pid_t>(head.get<std::uint32_t>());
+    const std::string head_bytes(head, sizeof head);
+    Cursor header(head_bytes, sizeof kMagic, kHeader, path);
+    if (header.get<std::uint32_t>() != kVersion) throw Error(path + ": unknown trace file version", ExitCode::bad_input);
+    pid_ = static_cast<pid_t>(header.get<std::uint32_t>());
     std::uint64_t table_at;
-    std::memcpy(&table_at, bytes.data() + bytes.size() - kFooter, 8);
-    if (table_at < kHeader || table_at > bytes.size() - kFooter)
+    std::memcpy(&table_at, foot, 8);
+    if (table_at < kHeader || table_at > size - kFooter)
         throw Error(path + ": corrupt trace file (probe table offset)", ExitCode::bad_input);
-    Cursor table(bytes, table_at, bytes.size() - kFooter, path);
+    if (size - kFooter - table_at > kMaxTable)
+        throw Error(path + ": corrupt trace file (a probe table of " + std::to_string(size - kFooter - table_at) +
+                        " bytes)",
+                    ExitCode::bad_input);
+    std::string table_bytes(size - kFooter - table_at, '\0');
+    read_exactly(fd_, table_bytes.data(), table_bytes.size(), table_at, path);
+    Cursor table(table_bytes, 0, table_bytes.size(), path);
     const std::uint32_t count = table.get<std::uint32_t>();
-    if (count > bytes.size()) throw Error(path + ": corrupt trace file (probe count)", ExitCode::bad_input);
+    if (count > table_bytes.size() / 3) throw Error(path + ": corrupt trace file (probe count)", ExitCode::bad_input);
+    probes_.reserve(count);
     for (std::uint32_t i = 0; i < count; i++) {
         ProbeInfo p;
         p.kind = kind_of(table.get<std::uint8_t>(), path);
         p.function = table.string(table.get<std::uint16_t>());
-        out.probes.push_back(std::move(p));
+        probes_.push_back(std::move(p));
     }
-    Cursor events(bytes, kHeader, table_at, path);
-    while (!events.done()) {
+    at_ = kHeader;
+    end_ = table_at;
+}
+
+TraceFileReader::~TraceFileReader() {
+    if (fd_ >= 0) ::close(fd_);
+}
+
+bool TraceFileReader::next(const std::function<void(const Event&)>& sink) {
+    if (at_ >= end_) {
+        if (!carry_.empty()) throw Error(path_ + ": corrupt trace file (truncated record)", ExitCode::bad_input);
+        return false;
+    }
+    const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(kChunk, end_ - at_));
+    std::string bytes = std::move(carry_);
+    const std::size_t from = bytes.size();
+    bytes.resize(from + n);
+    read_exactly(fd_, bytes.data() + from, n, at_, path_);
+    at_ += n;
+    carry_.clear();
+    std::size_t used = 0;
+    while (bytes.size() - used >= kEventHead) {
+        const auto nargs = static_cast<std::uint8_t>(bytes[used + 17]);
+        if (nargs > 4) throw Error(path_ + ": corrupt trace file (argument count)", ExitCode::bad_input);
+        const std::size_t length = kEventHead + 8u * nargs;
+        if (bytes.size() - used < length) break;
+        Cursor event(bytes, used, used + length, path_);
         Event e;
-        e.time_ns = events.get<std::uint64_t>();
-        e.probe = events.get<std::uint32_t>();
-        e.tid = events.get<std::uint32_t>();
-        e.kind = kind_of(events.get<std::uint8_t>(), path);
-        e.nargs = events.get<std::uint8_t>();
-        e.depth = events.get<std::uint16_t>();
-        if (e.nargs > 4) throw Error(path + ": corrupt trace file (argument count)", ExitCode::bad_input);
-        for (int i = 0; i < e.nargs; i++) e.args[i] = events.get<std::uint64_t>();
-        out.events.push_back(e);
+        e.time_ns = event.get<std::uint64_t>();
+        e.probe = event.get<std::uint32_t>();
+        e.tid = event.get<std::uint32_t>();
+        e.kind = kind_of(event.get<std::uint8_t>(), path_);
+        e.nargs = event.get<std::uint8_t>();
+        e.depth = event.get<std::uint16_t>();
+        for (int i = 0; i < e.nargs; i++) e.args[i] = event.get<std::uint64_t>();
+        sink(e);
+        used += length;
     }
-    return out;
+    carry_ = bytes.substr(used);
+    return true;
 }
 
 }  // namespace iprobe::hotpatch

@@ -6,6 +6,7 @@
 #include <map>
 #include <optional>
 
+#include "iprobe/hotpatch/hotpatch.h"
 #include "iprobe/support/error.h"
 #include "iprobe/support/json.h"
 #include "iprobe/support/lock_file.h"
@@ -148,6 +149,7 @@ std::size_t TraceReader::drain(const std::function<void(const Event&)>& sink) {
     const double ns_per_tick = 1e9 / static_cast<double>(hz ? hz : 1);
     std::size_t events = 0;
     for (std::uint32_t i = 0; i < region.ring_count(); i++) {
+        if (interrupted()) break;  // Ctrl-C: within one ring's worth of events
         iprobe_rt_ring* ring = region.ring(i);
         if (!region.touched(ring, sizeof *ring)) continue;
         const std::uint32_t state = __atomic_load_n(&ring->state, __ATOMIC_ACQUIRE);
@@ -158,7 +160,18 @@ std::size_t TraceReader::drain(const std::function<void(const Event&)>& sink) {
         if (head > tail) {
             if (head - tail > records_per_ring) tail = head - records_per_ring;  // never read unpublished slots
             const iprobe_rt_record* records = region.records(i);
+            // Pages of the ring never written hold no event (a head the
+            // target made up): skipped, never faulted in.
+            const std::vector<unsigned char> written = region.touched_pages(records, records_per_ring * sizeof *records);
+            const auto first_page = reinterpret_cast<std::uintptr_t>(records) & ~std::uintptr_t{4095};
+            auto page_of = [&](std::uint64_t index) {
+                return (reinterpret_cast<std::uintptr_t>(&records[index & mask]) - first_page) / 4096;
+            };
             while (tail < head) {
+                if (const std::size_t page = page_of(tail); page >= written.size() || !written[page]) {
+                    tail++;
+                    continue;
+                }
                 const iprobe_rt_record& r = records[tail & mask];
                 Event e;
                 e.tsc = r.tsc;

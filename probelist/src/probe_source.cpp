@@ -2,8 +2,9 @@
 
 #include <sys/stat.h>
 
+#include <unistd.h>
+
 #include <cstring>
-#include <fstream>
 #include <optional>
 
 #include "iprobe/probelist/site_section.h"
@@ -20,10 +21,13 @@ bool exists(const std::string& path) {
     return ::stat(path.c_str(), &st) == 0;
 }
 
+// Checked before anything is read: a FIFO, device or directory is refused
+// (bad_input) without blocking.
 bool starts_with_magic(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
+    const UniqueFd fd = open_regular_file(path);
     char magic[IPROBE_PL_MAGIC_SIZE] = {};
-    return in.read(magic, sizeof magic) && std::memcmp(magic, IPROBE_PL_MAGIC, IPROBE_PL_MAGIC_SIZE) == 0;
+    return ::pread(fd.get(), magic, sizeof magic, 0) == static_cast<ssize_t>(sizeof magic) &&
+           std::memcmp(magic, IPROBE_PL_MAGIC, IPROBE_PL_MAGIC_SIZE) == 0;
 }
 
 // The list a build prepared for `path`, if any.

@@ -11,18 +11,32 @@
 
 namespace iprobe {
 
-std::vector<std::uint8_t> read_file(const std::string& path) {
+UniqueFd open_regular_file(const std::string& path, std::uint64_t* size) {
     // O_NONBLOCK: opening a FIFO must not wait for a writer; only regular
     // files are read.
     UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY));
-    if (!fd) throw_errno("cannot open " + path, ExitCode::not_found);
+    if (!fd)
+        throw_errno("cannot open " + path, errno == EACCES || errno == EPERM ? ExitCode::permission
+                                           : errno == ENOENT || errno == ENOTDIR ? ExitCode::not_found
+                                                                                 : ExitCode::bad_input);
     struct stat st {};
     if (::fstat(fd.get(), &st) != 0) throw_errno("cannot stat " + path);
     if (!S_ISREG(st.st_mode))
         throw Error(path + ": not a regular file (" +
                         (S_ISDIR(st.st_mode) ? "a directory" : S_ISFIFO(st.st_mode) ? "a FIFO" : "a device or socket") + ")",
                     ExitCode::bad_input);
-    std::vector<std::uint8_t> data(static_cast<std::size_t>(st.st_size));
+    if (size) *size = static_cast<std::uint64_t>(st.st_size);
+    return fd;
+}
+
+std::vector<std::uint8_t> read_file(const std::string& path, std::uint64_t max_bytes) {
+    std::uint64_t size = 0;
+    UniqueFd fd = open_regular_file(path, &size);
+    if (size > max_bytes)
+        throw Error(path + ": " + std::to_string(size) + " bytes, more than iprobe reads of such a file (" +
+                        std::to_string(max_bytes >> 20) + " MiB)",
+                    ExitCode::bad_input);
+    std::vector<std::uint8_t> data(static_cast<std::size_t>(size));
     std::size_t done = 0;
     while (done < data.size()) {
         const ssize_t n = ::read(fd.get(), data.data() + done, data.size() - done);

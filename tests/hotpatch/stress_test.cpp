@@ -16,6 +16,7 @@
 #include <random>
 #include <set>
 #include <sstream>
+#include <stdexcept>
 #include <thread>
 
 #include "hotpatch_fixture.h"
@@ -176,6 +177,108 @@ TEST_F(StressTest, FaultsAtRandomPointsOfAttachAndDetach) {
     std::printf("stress: %d runs, %d hangs/crashes, %d undocumented codes, %d unreaped, %d code changed, %d locks left;%s\n",
                 tally.runs, tally.hangs, tally.bad_codes, tally.unreaped, tally.code_changed, tally.locks_left,
                 codes.str().c_str());
+}
+
+// kill_target (targets/kill_target.c): four threads, one sleeping with known
+// values in every register it can check, aborting if any changed.
+class KillTarget {
+public:
+    KillTarget() {
+        child_ = Child({targets_dir() + "/kill_target"}, dir_ / "out");
+        const auto deadline = Clock::now() + 20s;
+        while (file_text(dir_ / "out").find("ready") == std::string::npos) {
+            if (Clock::now() > deadline || !child_.running()) throw std::runtime_error("kill_target did not start");
+            std::this_thread::sleep_for(2ms);
+        }
+    }
+    ~KillTarget() {
+        child_.kill(SIGKILL);
+        child_.wait(10s);
+    }
+    pid_t pid() const { return child_.pid(); }
+    bool running() { return child_.running(); }
+
+private:
+    TempDir dir_;
+    Child child_;
+};
+
+int kill_attach_runs() {
+    const char* env = std::getenv("IPROBE_KILL_ATTACH_RUNS");
+    return env && *env ? std::atoi(env) : 50;
+}
+
+// The attacher SIGKILLed at a random moment of its run (0-100 ms after it
+// starts: injecting the runtime, creating the region, writing the sites):
+// the target keeps running correctly every time (registers, vector state and
+// signal mask as they were: kill_target checks), and is either untouched or
+// attached and detachable back to exactly its code.
+TEST_F(StressTest, AttacherKilledAnywhereNeverHarmsTheTarget) {
+    const int total = kill_attach_runs();
+    std::mt19937 rng(std::random_device{}());
+    // Uniform over the attacher's whole run: at least 100 ms, longer where a
+    // whole attach (tool start, runtime injected) takes longer here.
+    std::int64_t window_us = 100000;
+    {
+        KillTarget target;
+        const auto started = Clock::now();
+        const auto a = iprobe({"attach", std::to_string(target.pid())});
+        ASSERT_EQ(a.exit_code, 0) << a.err;
+        window_us = std::max<std::int64_t>(
+            window_us, std::chrono::duration_cast<std::chrono::microseconds>(Clock::now() - started).count() * 5 / 4);
+    }
+    int untouched = 0, runtime_left = 0, attached = 0, deaths = 0, undetachable = 0, changed = 0;
+    for (int run = 0; run < total; run++) {
+        KillTarget target;
+        const std::string pid = std::to_string(target.pid());
+        const auto before = text_of(target.pid(), "/kill_target");
+        Tool tool({iprobe_bin(), "attach", pid});
+        const auto delay = std::chrono::microseconds(rng() % (window_us + 1));
+        std::this_thread::sleep_for(delay);
+        tool.child.kill(SIGKILL);
+        tool.finish(Clock::now());
+        // The borrowed thread finishes a call on its own; give it the time,
+        // and kill_target a few of its 2 ms checks.
+        std::this_thread::sleep_for(30ms);
+        std::ostringstream what;
+        what << "run " << run << ", attacher killed after " << delay.count() << " us";
+        if (!target.running()) {
+            deaths++;
+            ADD_FAILURE() << what.str() << ": the target died";
+            continue;
+        }
+        if (text_of(target.pid(), "/kill_target") == before) {
+            untouched++;
+            // The runtime may have come in before the kill: inert, and said so.
+            if (file_text("/proc/" + pid + "/maps").find("libiprobe-rt.so") != std::string::npos) {
+                runtime_left++;
+                const auto st = iprobe({"status", pid});
+                EXPECT_EQ(st.exit_code, 0) << what.str() << st.err;
+                EXPECT_NE(st.out.find("runtime loaded"), std::string::npos) << what.str() << st.out;
+            }
+        } else {
+            attached++;
+            const auto d = iprobe({"detach", pid});
+            if (d.exit_code != 0) {
+                undetachable++;
+                ADD_FAILURE() << what.str() << ": detach exited " << d.exit_code << ": " << d.err;
+            }
+        }
+        if (text_of(target.pid(), "/kill_target") != before) {
+            changed++;
+            ADD_FAILURE() << what.str() << ": the code differs from before the attach";
+        }
+        std::this_thread::sleep_for(10ms);
+        if (!target.running()) {
+            deaths++;
+            ADD_FAILURE() << what.str() << ": the target died after the detach";
+        }
+    }
+    std::printf("attacher killed %d times within %lld ms of its start: %d target deaths, %d untouched (%d with the "
+                "runtime loaded), %d attached (%d not detachable), %d left with other code\n",
+                total, static_cast<long long>(window_us / 1000), deaths, untouched, runtime_left, attached,
+                undetachable, changed);
+    EXPECT_EQ(deaths, 0);
 }
 
 }  // namespace

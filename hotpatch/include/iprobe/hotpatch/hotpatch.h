@@ -103,6 +103,10 @@ struct DetachStats {
     std::size_t disabled = 0;       // sites turned from a live call back into their NOP
     std::size_t still_enabled = 0;  // sites of the process still holding a live call
     std::size_t not_restored = 0;   // of those, selected ones: detach failed for them
+    std::size_t sites_restored = 0; // sites rewritten (from the probe lists and the code)
+    // Why the region was not used (the target rewrote it): detach needs
+    // nothing from it, only its flags were left as they were.  Empty when sound.
+    std::string region_problem;
     std::size_t threads = 0;
     std::uint64_t pause_us = 0;
     std::uint64_t stop_us = 0;

@@ -40,13 +40,31 @@ private:
     std::uint64_t events_ = 0;
 };
 
-struct TraceFile {
-    pid_t pid = 0;
-    std::vector<ProbeInfo> probes;
-    std::vector<Event> events;
-};
+// Reads a trace file in bounded pieces: whatever its size, memory holds
+// the probe table and one chunk of events.  The constructor checks the file
+// before reading anything: a regular file (no FIFO, device or directory:
+// Error(bad_input), one line), within the size limits, header, footer and
+// probe table sound.  Throws Error(bad_input) on anything malformed.
+class TraceFileReader {
+public:
+    explicit TraceFileReader(const std::string& path);
+    ~TraceFileReader();
+    TraceFileReader(const TraceFileReader&) = delete;
+    TraceFileReader& operator=(const TraceFileReader&) = delete;
 
-// Reads a whole trace file; throws Error(bad_input) on anything malformed.
-TraceFile read_trace_file(const std::string& path);
+    pid_t pid() const { return pid_; }
+    const std::vector<ProbeInfo>& probes() const { return probes_; }
+    // Hands the next chunk's events (at most 1 MiB of the file) to `sink`;
+    // false once every event was read.
+    bool next(const std::function<void(const Event&)>& sink);
+
+private:
+    std::string path_;
+    int fd_ = -1;
+    pid_t pid_ = 0;
+    std::vector<ProbeInfo> probes_;
+    std::uint64_t at_ = 0, end_ = 0;  // events: [at_, end_) still to read
+    std::string carry_;               // an event cut by the previous chunk's end
+};
 
 }  // namespace iprobe::hotpatch
