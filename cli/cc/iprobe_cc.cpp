@@ -211,6 +211,19 @@ std::string static_hooks_object() {
     return (iprobe::InstallLayout::current().lib() / "iprobe" / "iprobe-static-hooks.o").string();
 }
 
+// The linker script fragment that keeps gcc's pad records out of entry-flow
+// links (entry_records.ld says why), beside the wrapper.
+std::string entry_records_script() {
+    return (iprobe::InstallLayout::current().lib() / "iprobe" / "iprobe-entry-records.ld").string();
+}
+
+// gold cannot read INSERT; every other linker gets the script.
+bool links_with_gold(const Invocation& inv) {
+    for (const auto& a : inv.args)
+        if (a == "-fuse-ld=gold") return true;
+    return false;
+}
+
 int run_compiler(const std::string& compiler, const std::vector<std::string>& args, bool replace_process) {
     std::vector<char*> argv;
     argv.push_back(const_cast<char*>(compiler.c_str()));
@@ -249,6 +262,9 @@ int coldpatch_output(const std::string& output) {
     iprobe::coldpatch::ColdpatchOptions options;
     options.allow_no_placeholders = true;
     const auto result = iprobe::coldpatch::coldpatch(output, options);
+    if (result.unnamed_pads)
+        note("warning: " + output + ": " + std::to_string(result.unnamed_pads) +
+             " function(s) have a pad but no symbol (stripped? link without -s and strip later): not probes");
     if (result.outcome == iprobe::coldpatch::ColdpatchOutcome::no_placeholders ||
         result.outcome == iprobe::coldpatch::ColdpatchOutcome::embedded) {
         if (verbose()) note(output + ": no placeholders (nothing instrumented); left unchanged");
@@ -259,6 +275,8 @@ int coldpatch_output(const std::string& output) {
     if (verbose() || (::isatty(STDERR_FILENO) && !(quiet && *quiet))) note(iprobe::coldpatch::summary_line(result));
     if (result.hook_tail_jumps)
         note("warning: " + std::to_string(result.hook_tail_jumps) + " tail jump(s) to a hook left in place");
+    if (result.foreign_pads && verbose())
+        note(output + ": " + std::to_string(result.foreign_pads) + " patchable entries of another form left alone");
     return 0;
 }
 
@@ -293,6 +311,12 @@ int wrap(int argc, char** argv) {
     const bool coldpatch_after = links && inv.mode != Mode::llvm && inv.output != "-" && coldpatch_wanted;
     if (coldpatch_after && inv.mode == Mode::finstrument && inv.is_static && file_exists(static_hooks_object()))
         args.push_back(static_hooks_object());
+    if (links && inv.mode == Mode::entry && !links_with_gold(inv)) {
+        if (!file_exists(entry_records_script()))
+            throw iprobe::Error(entry_records_script() + " not found; build target iprobe-cc or reinstall",
+                                iprobe::ExitCode::unavailable);
+        args.push_back("-Wl,-T," + entry_records_script());
+    }
     if (!coldpatch_after) return run_compiler(compiler, args, true);
 
     const int status = run_compiler(compiler, args, false);

@@ -128,14 +128,16 @@ ColdpatchResult coldpatch(const std::string& path, const ColdpatchOptions& optio
     result.hook_tail_jumps = scan.hook_tail_jumps;
     result.kinds_inferred = scan.kinds_inferred;
     bool found_calls = !scan.list.probes.empty();
-    if (has_patchable_entries(elf)) {
-        auto entries = scan_patchable_entries(elf, result.foreign_pads);
-        const bool any_pad_left = std::any_of(entries.begin(), entries.end(), [&](const probelist::Probe& p) {
+    {
+        auto entries = scan_patchable_entries(elf);
+        result.foreign_pads = entries.foreign_pads;
+        result.unnamed_pads = entries.unnamed_pads;
+        const bool any_pad_left = std::any_of(entries.probes.begin(), entries.probes.end(), [&](const probelist::Probe& p) {
             return p.original != p.placeholder && site_holds(elf, p, p.original.data());
         });
-        if (!found_calls && !entries.empty()) scan.list.flow = IPROBE_FLOW_PATCHABLE_ENTRY;
+        if (!found_calls && !entries.probes.empty()) scan.list.flow = IPROBE_FLOW_PATCHABLE_ENTRY;
         found_calls = found_calls || any_pad_left;
-        for (auto& p : entries) scan.list.probes.push_back(std::move(p));
+        for (auto& p : entries.probes) scan.list.probes.push_back(std::move(p));
         scan.list.normalize();
     }
     const auto marked = probelist::read_site_section(path);
@@ -161,8 +163,7 @@ ColdpatchResult coldpatch(const std::string& path, const ColdpatchOptions& optio
     if (result.list.probes.empty()) {
         if (!options.allow_no_placeholders)
             throw Error(path + ": no placeholders: no calls to " + kEnterHook + "/" + kExitHook +
-                            " and no " + kPatchableEntriesSection +
-                            " found; compile with iprobe-cc (-fpatchable-function-entry=5,0 or "
+                            " and no function starting with a patchable-entry pad found; compile with iprobe-cc (-fpatchable-function-entry=5,0 or "
                             "-finstrument-functions)",
                         ExitCode::bad_input);
         result.outcome = ColdpatchOutcome::no_placeholders;

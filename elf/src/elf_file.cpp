@@ -451,4 +451,30 @@ std::vector<std::uint64_t> ElfFile::patchable_entries() const {
     return pads;
 }
 
+std::vector<std::uint64_t> ElfFile::unwind_starts() const {
+    // .eh_frame_hdr: version 1, eh_frame_ptr_enc, fde_count_enc, table_enc,
+    // eh_frame_ptr, fde_count, then (initial location, FDE) pairs, each
+    // relative to the section's start (DW_EH_PE_datarel | DW_EH_PE_sdata4).
+    constexpr std::uint8_t kUdata4 = 0x03, kSdata4 = 0x0b, kPcrel = 0x10, kDatarel = 0x30;
+    std::vector<std::uint64_t> starts;
+    const ElfSection* hdr = section(".eh_frame_hdr");
+    if (!hdr) return starts;
+    const auto bytes = section_bytes(*hdr);
+    if (bytes.size() < 12 || bytes[0] != 1 || (bytes[1] & 0x0f) != kSdata4 || bytes[2] != kUdata4 ||
+        bytes[3] != (kDatarel | kSdata4) || (bytes[1] & 0x70 & ~kPcrel) != 0)
+        return starts;
+    std::uint32_t count = 0;
+    std::memcpy(&count, bytes.data() + 8, 4);
+    if (count > (bytes.size() - 12) / 8) return starts;
+    starts.reserve(count);
+    for (std::uint32_t i = 0; i < count; ++i) {
+        std::int32_t relative = 0;
+        std::memcpy(&relative, bytes.data() + 12 + 8 * std::size_t{i}, 4);
+        starts.push_back(hdr->address + static_cast<std::uint64_t>(static_cast<std::int64_t>(relative)));
+    }
+    std::sort(starts.begin(), starts.end());
+    starts.erase(std::unique(starts.begin(), starts.end()), starts.end());
+    return starts;
+}
+
 }  // namespace iprobe::elf

@@ -59,6 +59,37 @@ std::map<std::uint64_t, std::string> disassembly(const std::string& binary) {
     return out;
 }
 
+std::map<std::string, std::uint64_t> padded_functions(const std::string& binary) {
+    std::map<std::string, std::uint64_t> padded;
+    std::istringstream lines(objdump(binary));
+    std::string line, function;
+    std::uint64_t pad = 0;
+    int nops = 0;
+    static const std::regex function_re(R"(^[0-9a-f]+ <(.+)>:$)");
+    static const std::regex insn_re(R"(^\s*([0-9a-f]+):\s+(\S+)\s*(.*)$)");
+    std::smatch m;
+    while (std::getline(lines, line)) {
+        if (std::regex_match(line, m, function_re)) {
+            function = m[1];
+            nops = 0;
+            continue;
+        }
+        if (function.empty() || !std::regex_match(line, m, insn_re)) continue;
+        const std::string mnemonic = m[2], operands = m[3];
+        const std::uint64_t address = std::stoull(m[1], nullptr, 16);
+        if (mnemonic == "endbr64" && nops == 0) continue;
+        if (mnemonic == "nopl" && operands.ends_with("(%rax,%rax,1)") && nops == 0) {
+            padded[function] = address;
+        } else if (mnemonic == "nop" && operands.empty()) {
+            if (nops++ == 0) pad = address;
+            if (nops < 5) continue;
+            padded[function] = pad;
+        }
+        function.clear();
+    }
+    return padded;
+}
+
 void compile(const std::string& dir, const std::string& command_line) {
     const auto r = sh("cd '" + dir + "' && " + command_line, std::chrono::seconds(300));
     ASSERT_EQ(r.exit_code, 0) << command_line << "\n" << r.out << r.err;

@@ -25,6 +25,12 @@ HookCalls count_hook_calls(const std::string& binary);
 // address -> "mnemonic operands" of every instruction, per objdump -d.
 std::map<std::uint64_t, std::string> disassembly(const std::string& binary);
 
+// Functions (symbol name -> address of the pad) whose first instruction,
+// after an endbr64, is the entry flow's pad: five 1-byte `nop`s, or one
+// `nopl D(%rax,%rax,1)` (coldpatched, or clang's).  Per objdump -d, so the set is
+// binutils' view, not coldpatch's.
+std::map<std::string, std::uint64_t> padded_functions(const std::string& binary);
+
 // Compiles with the given shell command line (run in `dir`); fails the test
 // with the compiler's stderr when it does not succeed.
 void compile(const std::string& dir, const std::string& command_line);

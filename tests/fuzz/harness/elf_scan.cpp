@@ -9,10 +9,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
         const elf::ElfFile elf(std::vector<std::uint8_t>(data, data + size), "fuzz input");
         if (!elf.is_x86_64()) return;
         fuzz::refusal_allowed([&] { (void)coldpatch::scan_placeholders(elf, "fuzz"); });
-        if (coldpatch::has_patchable_entries(elf)) {
-            std::size_t foreign = 0;
-            (void)coldpatch::scan_patchable_entries(elf, foreign);
-        }
+        (void)coldpatch::scan_patchable_entries(elf);
     });
     return 0;
 }

@@ -38,13 +38,21 @@ PlaceholderScan scan_placeholders(const elf::ElfFile& elf, const std::string& mo
 // The section gcc's -fpatchable-function-entry lists each function's pad in.
 inline constexpr char kPatchableEntriesSection[] = "__patchable_function_entries";
 
-bool has_patchable_entries(const elf::ElfFile& elf);
+// The entry-NOP flow's pads (=5,0: five 1-byte NOPs, or their coldpatched
+// 5-byte NOP) found in a linked binary.
+struct PatchableEntryScan {
+    // An entry and an exit probe per function whose first instruction (after
+    // endbr64) is the pad, from the function symbols and from any records
+    // left in __patchable_function_entries.
+    std::vector<probelist::Probe> probes;
+    // Records of pads of another size, or outside any function symbol.
+    std::size_t foreign_pads = 0;
+    // Functions (by .eh_frame_hdr) that start with the pad but have no
+    // symbol (a stripped binary): padded, yet not probes.
+    std::size_t unnamed_pads = 0;
+};
 
-// The entry-NOP flow: one NOP-form entry probe per function pad recorded in
-// __patchable_function_entries that holds the =5,0 pad (five 1-byte NOPs) or
-// its coldpatched 5-byte NOP.  Pads of another size, or outside any function
-// symbol, are counted in `foreign_pads` and left alone.
-std::vector<probelist::Probe> scan_patchable_entries(const elf::ElfFile& elf, std::size_t& foreign_pads);
+PatchableEntryScan scan_patchable_entries(const elf::ElfFile& elf);
 
 struct ColdpatchOptions {
     std::string output;       // patched binary; default: the input, in place
@@ -70,6 +78,7 @@ struct ColdpatchResult {
     std::size_t hook_tail_jumps = 0;
     std::size_t kinds_inferred = 0;
     std::size_t foreign_pads = 0;   // patchable entries not of iprobe's =5,0 form
+    std::size_t unnamed_pads = 0;   // padded functions without a symbol: not probes
     double elapsed_ms = 0;
 };
 

@@ -139,6 +139,13 @@ public:
     // unique; relocated where the linker left zeros.  Empty without the section.
     std::vector<std::uint64_t> patchable_entries() const;
 
+    // Where each function with unwind information starts: the initial
+    // locations of .eh_frame_hdr's search table (gcc and clang give every
+    // function one), sorted.  An independent view of the functions, for a
+    // binary whose symbols are stripped.  Empty without the table or in an
+    // encoding other than the linkers' (datarel sdata4).
+    std::vector<std::uint64_t> unwind_starts() const;
+
 private:
     void load(std::string origin);
     void read_sections();
