@@ -29,6 +29,7 @@ constexpr Subcommand kSubcommands[] = {
     {"status", "iprobe-hotpatch", "show what is enabled in a process"},
     {"trace", "iprobe-hotpatch", "stream a process's probe events live"},
     {"report", "iprobe-hotpatch", "per-function calls and latency of a traced process"},
+    {"run", "iprobe-hotpatch", "start a program with probes on before its own code runs"},
     {"mirror", "iprobe-mirror", "proxy that duplicates live traffic to a debug copy"},
     {"replay", "iprobe-mirror", "replay a recorded traffic file into a service"},
     {"clone", "iprobe-launcher", "live-clone a running service into a sandbox (CRIU)"},

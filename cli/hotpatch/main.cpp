@@ -1,6 +1,9 @@
 // iprobe-hotpatch: `iprobe attach|detach|status|trace|report` (argv[1] is
 // the subcommand, set by the iprobe dispatcher).
+#include <fcntl.h>
 #include <poll.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
 #include <signal.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -13,6 +16,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -23,6 +27,7 @@
 
 #include "iprobe/hotpatch/attach_report.h"
 #include "iprobe/hotpatch/hotpatch.h"
+#include "iprobe/hotpatch/run.h"
 #include "iprobe/support/args.h"
 #include "iprobe/support/error.h"
 #include "iprobe/support/glob.h"
@@ -47,7 +52,8 @@ constexpr const char* kSynopsis =
     "       iprobe trace  PID [--duration S] [--format text|json|chrome | --output FILE]\n"
     "       iprobe trace  --input FILE [--format text|json|chrome]\n"
     "       iprobe report PID[,PID…] [--json] [--since-last|--reset] [--duration S] [--at-exit]\n"
-    "       iprobe report PID --folded [--duration S]";
+    "       iprobe report PID --folded [--duration S]\n"
+    "       iprobe run [--exec] [--report FILE] [--json] [attach's options] -- PROGRAM [ARGS…]";
 
 constexpr const char* kAbout =
     "attach  turns the placeholder NOPs of a running, coldpatched process into calls to\n"
@@ -93,7 +99,7 @@ constexpr const char* kFooter =
     "            130 interrupted (SIGINT/SIGTERM; an attach or detach in progress is undone first)";
 
 ArgSpec spec_of(const std::string& command) {
-    return ArgSpec("iprobe " + command, kSynopsis, kAbout,
+    ArgSpec spec("iprobe " + command, kSynopsis, kAbout,
     {
         {"--probes", "LIST", "probe list(s), coldpatched binaries or libraries, comma-separated\n(default: the process's executable)"},
         {"--module", "NAME,...", "attach: the probes of a loaded library (or the executable) by file name,\ne.g. libz.so.1 or libz"},
@@ -113,9 +119,13 @@ ArgSpec spec_of(const std::string& command) {
         {"--reset", "", "report: mark now as the start for the next --since-last"},
         {"--at-exit", "", "report: wait until the process exits, then report its totals"},
         {"--folded", "", "report: folded stacks for flamegraph.pl (consumes the event stream)"},
+        {"--exec", "", "run: PROGRAM replaces iprobe (same PID); the report is written after it exits"},
+        {"--report", "FILE", "run: write the report to FILE (%p: the program's PID) instead of stderr"},
         {"--json", "", "machine-readable output"},
     },
                    kFooter);
+    if (command == "run") spec.command_after_dashes();
+    return spec;
 }
 
 [[noreturn]] void usage_error(const std::string& message) {
@@ -129,6 +139,7 @@ struct Args {
     std::map<std::string, std::string> values;
     std::vector<std::string> probes;
     std::vector<std::string> modules;  // attach --module
+    std::vector<std::string> program;  // run: what follows --
     bool flag(const std::string& name) const { return values.count(name) != 0; }
     std::string value(const std::string& name, const std::string& fallback = {}) const {
         auto it = values.find(name);
@@ -151,8 +162,16 @@ Args parse(int argc, char** argv) {
         for (auto& m : split_list(list)) args.modules.push_back(m);
     for (const char* name : {"--functions", "--files", "--entry-only", "--exit-only", "--handler", "--buffer",
                              "--ring-records", "--runtime", "--duration", "--format", "--output", "--input",
-                             "--since-last", "--reset", "--at-exit", "--folded", "--json"})
+                             "--since-last", "--reset", "--at-exit", "--folded", "--json", "--exec", "--report"})
         if (parsed.has(name)) args.values[name] = parsed.value(name);
+    if (args.command == "run") {
+        if (!parsed.positionals().empty()) usage_error("unexpected argument " + parsed.positionals().front() + " (the program follows --)");
+        args.program = parsed.command();
+        if (args.program.empty()) usage_error("missing the program: iprobe run [OPTIONS] -- PROGRAM [ARGS]");
+        return args;
+    }
+    for (const char* name : {"--exec", "--report"})
+        if (args.flag(name)) usage_error(std::string(name) + " is an option of 'iprobe run'");
     if (parsed.positionals().size() > 1) usage_error("unexpected argument " + parsed.positionals()[1]);
     if (!parsed.positionals().empty()) {
         const auto pids = split_list(parsed.positionals().front());
@@ -199,7 +218,8 @@ std::uint32_t ring_records_for(const std::string& text) {
     return out;
 }
 
-int cmd_attach(const Args& args) {
+// attach's and run's options: which probes, what they do.
+AttachOptions attach_options_of(const Args& args) {
     AttachOptions o;
     o.pid = args.pid;
     o.probe_sources = args.probes;
@@ -214,7 +234,11 @@ int cmd_attach(const Args& args) {
         o.ring_records = static_cast<std::uint32_t>(parse_unsigned_or_usage(args.value("--ring-records"), "--ring-records", 1, 1u << 30));
     if (args.flag("--buffer")) o.ring_records = ring_records_for(args.value("--buffer"));
     o.runtime_library = args.value("--runtime");
-    const AttachStats st = attach(o);
+    return o;
+}
+
+int cmd_attach(const Args& args) {
+    const AttachStats st = attach(attach_options_of(args));
     if (args.flag("--json")) std::cout << attach_json(st, args.pid) << "\n";
     else std::cout << attach_summary(st, args.pid) << "\n";
     return 0;
@@ -526,6 +550,70 @@ std::string probed_percent(const FunctionStats& f, std::uint64_t now) {
     return buf;
 }
 
+// What `iprobe report` prints (and `iprobe run` writes when the program
+// exits): the rows of one or several processes, merged by function.
+std::string format_report(std::vector<std::vector<FunctionStats>> per_process,
+                          const std::vector<const TraceReader*>& readers, const std::vector<pid_t>& pids, bool json) {
+    auto rows = per_process.size() == 1 ? std::move(per_process.front()) : merge_functions(per_process);
+    std::sort(rows.begin(), rows.end(), [](const FunctionStats& a, const FunctionStats& b) {
+        return a.inclusive_ns != b.inclusive_ns ? a.inclusive_ns > b.inclusive_ns
+               : a.calls != b.calls             ? a.calls > b.calls
+                                                : a.function < b.function;
+    });
+    std::uint64_t unmatched = 0, unhooked = 0, lost = 0, dropped = 0;
+    for (const auto& r : readers) {
+        unmatched += r->unmatched_exits();
+        unhooked += r->unhooked_returns();
+        lost += r->lost_events();
+        dropped += r->dropped();
+    }
+    if (json) {
+        JsonWriter j;
+        j.begin_object().field("pid", static_cast<std::int64_t>(pids.front()));
+        if (pids.size() > 1) {
+            j.key("pids").begin_array();
+            for (pid_t pid : pids) j.value(static_cast<std::int64_t>(pid));
+            j.end_array();
+        }
+        j.key("functions").begin_array();
+        for (const auto& f : rows) {
+            j.begin_object();
+            hotpatch::write_function_stats_fields(j, f);
+            j.end_object();
+        }
+        j.end_array()
+            .field("unmatched_exits", unmatched)
+            .field("unhooked_returns", unhooked)
+            .field("lost", lost)
+            .field("trace_dropped", dropped)
+            .end_object();
+        return j.str() + "\n";
+    }
+    std::string out;
+    char line[512];
+    auto append = [&](int n) { out.append(line, static_cast<std::size_t>(std::clamp(n, 0, static_cast<int>(sizeof line) - 1))); };
+    const std::uint64_t now = realtime_ns();
+    append(std::snprintf(line, sizeof line, "%-40s %12s %12s %14s %14s %10s %10s %10s %10s %7s\n", "function", "calls",
+                         "completed", "incl total ns", "excl total ns", "mean ns", "p50 ns", "p99 ns", "max ns", "probed"));
+    for (const auto& f : rows) {
+        // The name apart: a long demangled name is not cut (%-40s only pads).
+        out += f.function;
+        if (f.function.size() < 40) out.append(40 - f.function.size(), ' ');
+        append(std::snprintf(line, sizeof line,
+                             " %12" PRIu64 " %12" PRIu64 " %14" PRIu64 " %14" PRIu64 " %10" PRIu64 " %10" PRIu64
+                             " %10" PRIu64 " %10" PRIu64 " %7s\n",
+                             f.calls, f.completed, f.inclusive_ns, f.exclusive_ns, f.timed ? f.inclusive_ns / f.timed : 0,
+                             f.p50_ns, f.p99_ns, f.max_ns, probed_percent(f, now).c_str()));
+    }
+    if (lost) append(std::snprintf(line, sizeof line, "lost: %" PRIu64 " calls (no thread slot free, or an unknown site)\n", lost));
+    if (unhooked)
+        append(std::snprintf(line, sizeof line,
+                             "unhooked: %" PRIu64 " calls whose exit could not be hooked (deeper than a thread's %d-frame "
+                             "return stack); not in `completed`\n",
+                             unhooked, IPROBE_RT_RETURN_STACK_FRAMES));
+    return out;
+}
+
 int cmd_report(const Args& args) {
     if (args.flag("--folded")) {
         if (!args.more_pids.empty()) usage_error("--folded reads one process's event stream: give one PID");
@@ -564,63 +652,160 @@ int cmd_report(const Args& args) {
         }
         return 0;
     }
-    auto rows = per_process.size() == 1 ? std::move(per_process.front()) : merge_functions(per_process);
-    std::sort(rows.begin(), rows.end(), [](const FunctionStats& a, const FunctionStats& b) {
-        return a.inclusive_ns != b.inclusive_ns ? a.inclusive_ns > b.inclusive_ns
-               : a.calls != b.calls             ? a.calls > b.calls
-                                                : a.function < b.function;
-    });
-    std::uint64_t unmatched = 0, unhooked = 0, lost = 0, dropped = 0;
-    for (const auto& r : readers) {
-        unmatched += r->unmatched_exits();
-        unhooked += r->unhooked_returns();
-        lost += r->lost_events();
-        dropped += r->dropped();
-    }
-    if (args.flag("--json")) {
-        JsonWriter j;
-        j.begin_object().field("pid", static_cast<std::int64_t>(args.pid));
-        if (pids.size() > 1) {
-            j.key("pids").begin_array();
-            for (pid_t pid : pids) j.value(static_cast<std::int64_t>(pid));
-            j.end_array();
-        }
-        j.key("functions").begin_array();
-        for (const auto& f : rows) {
-            j.begin_object();
-            hotpatch::write_function_stats_fields(j, f);
-            j.end_object();
-        }
-        j.end_array()
-            .field("unmatched_exits", unmatched)
-            .field("unhooked_returns", unhooked)
-            .field("lost", lost)
-            .field("trace_dropped", dropped)
-            .end_object();
-        std::cout << j.str() << "\n";
-        return 0;
-    }
-    const std::uint64_t now = realtime_ns();
-    std::printf("%-40s %12s %12s %14s %14s %10s %10s %10s %10s %7s\n", "function", "calls", "completed", "incl total ns",
-                "excl total ns", "mean ns", "p50 ns", "p99 ns", "max ns", "probed");
-    for (const auto& f : rows)
-        std::printf("%-40s %12" PRIu64 " %12" PRIu64 " %14" PRIu64 " %14" PRIu64 " %10" PRIu64 " %10" PRIu64
-                    " %10" PRIu64 " %10" PRIu64 " %7s\n",
-                    f.function.c_str(), f.calls, f.completed, f.inclusive_ns, f.exclusive_ns,
-                    f.timed ? f.inclusive_ns / f.timed : 0, f.p50_ns, f.p99_ns, f.max_ns, probed_percent(f, now).c_str());
-    if (lost) std::printf("lost: %" PRIu64 " calls (no thread slot free, or an unknown site)\n", lost);
-    if (unhooked)
-        std::printf("unhooked: %" PRIu64 " calls whose exit could not be hooked (deeper than a thread's %d-frame "
-                    "return stack); not in `completed`\n",
-                    unhooked, IPROBE_RT_RETURN_STACK_FRAMES);
+    std::vector<const TraceReader*> read;
+    for (const auto& r : readers) read.push_back(r.get());
+    const std::string report = format_report(std::move(per_process), read, pids, args.flag("--json"));
+    std::fwrite(report.data(), 1, report.size(), stdout);
     return 0;
+}
+
+
+// `iprobe run`'s report: written once the program has exited, to stderr or
+// to FILE (%p: the program's PID), whole or not at all (renamed into place).
+void write_exit_report(TraceReader& reader, pid_t pid, const Args& args) {
+    std::vector<std::vector<FunctionStats>> rows{reader.functions(reader.sums(), nullptr)};
+    const std::string report = format_report(std::move(rows), {&reader}, {pid}, args.flag("--json"));
+    std::string path = args.value("--report");
+    if (path.empty()) {
+        std::fwrite(report.data(), 1, report.size(), stderr);
+        return;
+    }
+    for (std::size_t at; (at = path.find("%p")) != std::string::npos;) path.replace(at, 2, std::to_string(pid));
+    const std::string tmp = path + ".tmp" + std::to_string(::getpid());
+    {
+        std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+        out << report;
+        if (!out.flush()) {
+            ::unlink(tmp.c_str());
+            throw Error("cannot write the report of process " + std::to_string(pid) + " to " + path);
+        }
+    }
+    if (::rename(tmp.c_str(), path.c_str()) != 0) {
+        ::unlink(tmp.c_str());
+        throw_errno("cannot write the report of process " + std::to_string(pid) + " to " + path);
+    }
+}
+
+// Enables the probes in the held program, keeps its region mapped for the
+// report, lets it go.  Null: the program could not be executed (it said why).
+std::unique_ptr<TraceReader> probe_held(int prober_fd, pid_t program, const AttachOptions& options) {
+    std::unique_ptr<TraceReader> reader;
+    const bool started = enable_when_held(prober_fd, program, options, [&] {
+        reader = std::make_unique<TraceReader>(program, TraceReader::Access::aggregates);
+    }).has_value();
+    ::close(prober_fd);
+    return started ? std::move(reader) : nullptr;
+}
+
+[[noreturn]] void exec_or_exit(const Args& args, const std::string& runtime, int program_fd) {
+    exec_held(args.program, runtime, program_fd);
+    const int err = errno;
+    std::fprintf(stderr, "iprobe run: cannot run %s: %s\n", args.program.front().c_str(), std::strerror(err));
+    ::_exit(err == ENOENT ? 127 : 126);
+}
+
+volatile sig_atomic_t g_forward_to = 0;
+
+// Signals sent to iprobe (kill, a supervisor) go on to the program; the
+// terminal's (Ctrl-C, Ctrl-\) reach it directly, as the same process group.
+void forward_signal(int sig, siginfo_t* info, void*) {
+    if (g_forward_to > 0 && info->si_code != SI_KERNEL) ::kill(static_cast<pid_t>(g_forward_to), sig);
+}
+
+int exit_status_of(int status) {
+    if (WIFEXITED(status)) return WEXITSTATUS(status);
+    if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+    return static_cast<int>(ExitCode::failure);
+}
+
+// iprobe stays the program's parent: waits for it, reports, exits as it did.
+int run_as_child(const Args& args, const AttachOptions& options, const std::string& runtime, HoldChannel channel) {
+    const pid_t child = ::fork();
+    if (child < 0) throw_errno("fork");
+    if (child == 0) {
+        ::close(channel.prober);
+        exec_or_exit(args, runtime, channel.program);
+    }
+    ::close(channel.program);
+    std::unique_ptr<TraceReader> reader;
+    try {
+        reader = probe_held(channel.prober, child, options);
+    } catch (...) {
+        int status = 0;
+        while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
+        }
+        throw;
+    }
+    int status = 0;
+    if (!reader) {
+        while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
+        }
+        return exit_status_of(status);
+    }
+    g_forward_to = child;
+    struct sigaction sa {};
+    sa.sa_sigaction = forward_signal;
+    sa.sa_flags = SA_SIGINFO | SA_RESTART;
+    for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2}) ::sigaction(sig, &sa, nullptr);
+    while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
+    }
+    write_exit_report(*reader, child, args);
+    return exit_status_of(status);
+}
+
+// The program takes iprobe's place; a helper, moved out of its process tree
+// (it is not the program's child, so nothing waiting for the program's
+// children sees it) and out of the terminal's signals, probes it and writes
+// the report after it exits.
+int run_in_place(const Args& args, const AttachOptions& options, const std::string& runtime, HoldChannel channel) {
+    const pid_t program = ::getpid();
+    const pid_t middle = ::fork();
+    if (middle < 0) throw_errno("fork");
+    if (middle == 0) {
+        const pid_t helper = ::fork();
+        if (helper != 0) ::_exit(helper < 0 ? 1 : 0);
+        ::setsid();
+        ::close(channel.program);
+        const int null = ::open("/dev/null", O_RDWR | O_CLOEXEC);
+        if (null >= 0) {
+            ::dup2(null, STDIN_FILENO);
+            ::dup2(null, STDOUT_FILENO);
+        }
+        const pid_t self = ::getpid();
+        if (::write(channel.prober, &self, sizeof self) != sizeof self) ::_exit(1);
+        ::_exit(run_reporting_errors("iprobe run", [&] {
+            const auto reader = probe_held(channel.prober, program, options);
+            if (!reader) return 0;
+            wait_for_exit(program);
+            write_exit_report(*reader, program, args);
+            return 0;
+        }));
+    }
+    ::close(channel.prober);
+    int status = 0;
+    while (::waitpid(middle, &status, 0) < 0 && errno == EINTR) {
+    }
+    pid_t helper = 0;
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0 ||
+        ::read(channel.program, &helper, sizeof helper) != sizeof helper)
+        throw Error("cannot start iprobe run's helper process");
+    ::prctl(PR_SET_PTRACER, static_cast<unsigned long>(helper), 0, 0, 0);  // Yama, where present
+    exec_or_exit(args, runtime, channel.program);
+}
+
+int cmd_run(const Args& args) {
+    AttachOptions options = attach_options_of(args);
+    const std::string runtime = runtime_to_preload(options);
+    options.runtime_library = runtime;
+    if (args.flag("--exec")) return run_in_place(args, options, runtime, HoldChannel::open());
+    return run_as_child(args, options, runtime, HoldChannel::open());
 }
 
 }  // namespace
 
 int main(int argc, char** argv) {
     if (argc < 2 || std::strcmp(argv[1], "-h") == 0 || std::strcmp(argv[1], "--help") == 0) {
-        std::cout << spec_of("attach|detach|status|trace|report").help();
+        std::cout << spec_of("attach|detach|status|trace|report|run").help();
         return argc < 2 ? 2 : 0;
     }
     struct sigaction sa {};
@@ -635,13 +820,14 @@ int main(int argc, char** argv) {
         const std::string command = argv[1];
         g_command = command;
         if (command != "attach" && command != "detach" && command != "status" && command != "trace" &&
-            command != "report")
+            command != "report" && command != "run")
             usage_error("unknown command '" + command + "'");
         const Args args = parse(argc, argv);
         if (command == "attach") return cmd_attach(args);
         if (command == "detach") return cmd_detach(args);
         if (command == "status") return cmd_status(args);
         if (command == "trace") return cmd_trace(args);
+        if (command == "run") return cmd_run(args);
         return cmd_report(args);
     });
 }

@@ -151,7 +151,7 @@ static struct run longest_free_run(const struct iprobe_rt_thread_state* t) {
  * old: an entry on another stack (swapcontext) may still return, and one
  * whose slot still holds the address it saved may be on its way to its unit
  * (prepared, the unit's call not made yet: a signal handler can land there). */
-static void collect(struct iprobe_rt_thread_state* t) {
+static int collect(struct iprobe_rt_thread_state* t) {
     enum { HELD = IPROBE_RT_RETURN_MAX_CHUNKS * IPROBE_RT_RETURN_CHUNK };
     uint8_t suspect[HELD / 8] = {0};
     int suspects = 0;
@@ -169,7 +169,8 @@ static void collect(struct iprobe_rt_thread_state* t) {
             suspects++;
         }
     }
-    if (!suspects) return;
+    if (!suspects) return 0;
+    int freed = 0;
     for (uint32_t index = 0; index < IPROBE_RT_RETURN_ENTRIES; index++) {
         const struct iprobe_rt_return* target = entry_of_unit(__atomic_load_n(&iprobe_rt_return_pool[index].ret, __ATOMIC_RELAXED));
         if (!target) continue;
@@ -184,9 +185,31 @@ static void collect(struct iprobe_rt_thread_state* t) {
         struct iprobe_rt_return* e = chunk_start(t->chunks[k]);
         for (int i = 0; i < IPROBE_RT_RETURN_CHUNK; i++) {
             const uint32_t bit = k * IPROBE_RT_RETURN_CHUNK + (uint32_t)i;
-            if (suspect[bit / 8] & (1u << (bit % 8))) __atomic_store_n(&e[i].ret, 0, __ATOMIC_RELAXED);
+            if (suspect[bit / 8] & (1u << (bit % 8))) {
+                __atomic_store_n(&e[i].ret, 0, __ATOMIC_RELAXED);
+                freed++;
+            }
         }
     }
+    return freed;
+}
+
+/* Whether this slow path collects (see collect_backoff): always, until a
+ * collection frees nothing; then every 2nd, 4th, ... 1024th time, back to
+ * always once one frees an entry.  Entries LIFO returns give back are found
+ * by the free-run scan meanwhile; only abandoned ones wait. */
+static int collect_now(struct iprobe_rt_thread_state* t) {
+    if (t->collect_skip) {
+        t->collect_skip--;
+        return 0;
+    }
+    if (collect(t)) {
+        t->collect_backoff = 0;
+        return 1;
+    }
+    t->collect_backoff = t->collect_backoff ? (uint16_t)(t->collect_backoff < 512 ? 2 * t->collect_backoff : 1024) : 1;
+    t->collect_skip = t->collect_backoff;
+    return 0;
 }
 
 /* A new run of free entries for the fast path, [next, limit): returns are
@@ -202,10 +225,7 @@ static int grow(struct iprobe_rt_thread_state* t) {
     __atomic_store_n(&t->limit, (struct iprobe_rt_return*)0, __ATOMIC_RELAXED);
     BARRIER();
     struct run run = longest_free_run(t);
-    if (run.end - run.start < GOOD_RUN && t->count) {
-        collect(t);
-        run = longest_free_run(t);
-    }
+    if (run.end - run.start < GOOD_RUN && t->count && collect_now(t)) run = longest_free_run(t);
     if (run.end - run.start < GOOD_RUN && t->count < IPROBE_RT_RETURN_MAX_CHUNKS && claim_chunk(t)) {
         run.start = chunk_start(t->chunks[t->count - 1]);
         run.end = run.start + IPROBE_RT_RETURN_CHUNK;

@@ -92,6 +92,12 @@ struct iprobe_rt_thread_state {
     uint8_t busy;                   /* in a slow path: a nested hook (signal) is not taken */
     uint8_t retired;                /* the thread is exiting: no more hooks */
     uint16_t chunks[IPROBE_RT_RETURN_MAX_CHUNKS];
+    /* Deeper than its return stack, a thread comes to the slow path at each
+     * call: a collection (a system call reading every held slot) is then
+     * made only every collect_backoff-th time while collections free
+     * nothing (doubling up to 1024), instead of at every call. */
+    uint16_t collect_skip;
+    uint16_t collect_backoff;
 };
 
 _Static_assert(sizeof(struct iprobe_rt_return) == IPROBE_RT_RETURN_ENTRY_SIZE, "entry size");

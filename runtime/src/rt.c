@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -752,10 +753,40 @@ static void after_fork_in_child(void) {
     g_pending_fd = -1;
 }
 
+/* `iprobe run` (hotpatch/include/iprobe/hotpatch/run.h) started this
+ * program with the runtime preloaded: say so, and wait before any of the
+ * program's own code runs until the prober has enabled its probes.  Byte 0
+ * goes on; any other byte is the exit code of a failed attach, which the
+ * prober has already explained.  The runtime leaves LD_PRELOAD as it found
+ * it, so the programs this one starts run as without iprobe. */
+static void run_hold(void) {
+    const char* fd_text = getenv("IPROBE_RUN_FD");
+    if (!fd_text) return;
+    const int fd = atoi(fd_text);
+    const char* preload = getenv("IPROBE_RUN_LD_PRELOAD");
+    if (preload) setenv("LD_PRELOAD", preload, 1);
+    else unsetenv("LD_PRELOAD");
+    unsetenv("IPROBE_RUN_LD_PRELOAD");
+    unsetenv("IPROBE_RUN_FD");
+    const unsigned char ready = 'r';
+    unsigned char reply = 1;
+    ssize_t n;
+    do n = write(fd, &ready, 1);
+    while (n < 0 && errno == EINTR);
+    if (n == 1) {
+        do n = read(fd, &reply, 1);
+        while (n < 0 && errno == EINTR);
+        if (n != 1) reply = 1;
+    }
+    close(fd);
+    if (reply != 0) _exit(reply);
+}
+
 __attribute__((constructor)) static void runtime_init(void) {
     uintptr_t thread_pointer;
     __asm__("mov %%fs:0, %0" : "=r"(thread_pointer));
     iprobe_rt_state.stats_tpoff = (int64_t)((uintptr_t)&iprobe_rt_thread.stats - thread_pointer);
     g_thread_key_ok = pthread_key_create(&g_thread_key, retire_thread) == 0;
     pthread_atfork(0, 0, after_fork_in_child);
+    run_hold();
 }

@@ -255,8 +255,9 @@ TEST_F(HotpatchTest, RefusesNoSuchProcess) {
 
 TEST_F(HotpatchTest, RefusesWithoutPermission) {
     HpTarget target(1);
-    auto r = run({"setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", iprobe_bin(), "attach",
-                  pid_of(target), "--probes", targets_dir() + "/hp_target.probes"});
+    const ToolsForAnotherUser tools;
+    auto r = run(ToolsForAnotherUser::as_nobody(
+        {tools.iprobe(), "attach", pid_of(target), "--probes", tools.reachable(targets_dir() + "/hp_target.probes")}));
     EXPECT_EQ(r.exit_code, 4) << r.out << r.err;
     EXPECT_NE(r.err.find("not permitted"), std::string::npos) << r.err;
 }

@@ -303,8 +303,9 @@ TEST_F(LauncherClone, NameInUseIsRefused) {
 }
 
 TEST_F(LauncherClone, NotRootIsRefusedAndProductionUntouched) {
-    auto r = run({"setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", iprobe_bin(), "clone",
-                  std::to_string(redis_->pid()), "--netns", clone_name_});
+    const ToolsForAnotherUser tools;
+    auto r = run(ToolsForAnotherUser::as_nobody(
+        {tools.iprobe(), "clone", std::to_string(redis_->pid()), "--netns", clone_name_}));
     EXPECT_EQ(r.exit_code, 4) << r.err;
     EXPECT_NE(r.err.find("root"), std::string::npos) << r.err;
     EXPECT_FALSE(netns_exists(clone_name_));

@@ -376,9 +376,10 @@ TEST_F(LauncherDebug, MissingCriuFailsCleanlyAndProductionServes) {
 
 TEST_F(LauncherDebug, NotRootIsRefusedAndNothingStarts) {
     ASSERT_NO_FATAL_FAILURE(start_redis());
-    auto r = run({"setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", bin("iprobe"), "debug",
-                  std::to_string(redis_->pid()), "--listen", "127.0.0.1:" + std::to_string(listen_port_),
-                  "--production", "127.0.0.1:" + std::to_string(port_)});
+    const ToolsForAnotherUser tools;
+    auto r = run(ToolsForAnotherUser::as_nobody({tools.iprobe(), "debug", std::to_string(redis_->pid()), "--listen",
+                                                 "127.0.0.1:" + std::to_string(listen_port_), "--production",
+                                                 "127.0.0.1:" + std::to_string(port_)}));
     EXPECT_EQ(r.exit_code, 4) << r.err;
     EXPECT_NE(r.err.find("root"), std::string::npos) << r.err;
     EXPECT_FALSE(netns_exists("iprobe-debug-" + std::to_string(redis_->pid())));

@@ -256,6 +256,55 @@ std::string file_text(const std::string& path) {
 
 bool is_root() { return ::geteuid() == 0; }
 
+CpuTimes cpu_times(pid_t pid) {
+    CpuTimes t;
+    std::error_code ec;
+    for (const auto& task : std::filesystem::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
+        std::ifstream in(task.path() / "schedstat");
+        std::uint64_t on_cpu = 0, waiting = 0;
+        if (in >> on_cpu >> waiting) {
+            t.on_cpu_ns += on_cpu;
+            t.waiting_ns += waiting;
+        }
+    }
+    return t;
+}
+
+ToolsForAnotherUser::ToolsForAnotherUser() {
+    namespace fs = std::filesystem;
+    std::string tmpl = "/tmp/iprobe-tools.XXXXXX";
+    if (!::mkdtemp(tmpl.data())) throw std::runtime_error("mkdtemp failed");
+    root_ = tmpl;
+    const fs::path from = build_dir(), to = root_;
+    const auto all = fs::perms::owner_all | fs::perms::group_read | fs::perms::group_exec | fs::perms::others_read |
+                     fs::perms::others_exec;
+    fs::permissions(to, all);
+    for (const char* dir : {"bin", "libexec/iprobe", "lib"}) fs::create_directories(to / dir);
+    fs::copy_file(from / "bin/iprobe", to / "bin/iprobe");
+    fs::copy(from / "libexec/iprobe", to / "libexec/iprobe", fs::copy_options::recursive | fs::copy_options::copy_symlinks);
+    fs::copy_file(from / "lib/libiprobe-rt.so", to / "lib/libiprobe-rt.so");
+    for (const auto& entry : fs::recursive_directory_iterator(to))
+        if (entry.is_directory()) fs::permissions(entry.path(), all);
+}
+
+ToolsForAnotherUser::~ToolsForAnotherUser() {
+    std::error_code ec;
+    std::filesystem::remove_all(root_, ec);
+}
+
+std::string ToolsForAnotherUser::reachable(const std::string& file) const {
+    namespace fs = std::filesystem;
+    const fs::path copy = fs::path(root_) / fs::path(file).filename();
+    fs::copy_file(file, copy, fs::copy_options::overwrite_existing);
+    fs::permissions(copy, fs::perms::owner_read | fs::perms::owner_write | fs::perms::group_read | fs::perms::others_read);
+    return copy.string();
+}
+
+std::vector<std::string> ToolsForAnotherUser::as_nobody(std::vector<std::string> args) {
+    args.insert(args.begin(), {"setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"});
+    return args;
+}
+
 std::string cloning_unavailable() {
     static const std::string why = [] {
         if (!is_root()) return std::string("iprobe clone needs root (CRIU, namespaces)");

@@ -101,6 +101,37 @@ private:
     bool ready_ = false;
 };
 
+// The iprobe tools where another, unprivileged user can run them, for tests
+// that check what such a user is refused: the checkout may sit under a
+// directory of mode 0700 (a home: CI clones there), out of that user's
+// reach.  bin/iprobe, libexec/iprobe and the runtime are copied into a
+// directory of mode 0755 under /tmp, removed on destruction.
+class ToolsForAnotherUser {
+public:
+    ToolsForAnotherUser();
+    ~ToolsForAnotherUser();
+    ToolsForAnotherUser(const ToolsForAnotherUser&) = delete;
+    ToolsForAnotherUser& operator=(const ToolsForAnotherUser&) = delete;
+    std::string iprobe() const { return root_ + "/bin/iprobe"; }
+    // A copy of `file` (a probe list the user must read), readable by all.
+    std::string reachable(const std::string& file) const;
+    // argv that runs `args` as nobody (uid/gid 65534, no groups).
+    static std::vector<std::string> as_nobody(std::vector<std::string> args);
+
+private:
+    std::string root_;
+};
+
+// How much of the machine a process got: the time its threads ran on a CPU
+// and the time they were runnable but waited for one (the run queue), from
+// /proc/PID/task/*/schedstat.  For capacity tests, to tell "too slow" from
+// "the machine was too busy to judge".
+struct CpuTimes {
+    std::uint64_t on_cpu_ns = 0;
+    std::uint64_t waiting_ns = 0;
+};
+CpuTimes cpu_times(pid_t pid);
+
 std::vector<std::uint8_t> file_bytes(const std::string& path);
 std::string file_text(const std::string& path);
 bool is_root();
