@@ -6,6 +6,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <linux/if_packet.h>
+#include <ifaddrs.h>
 #include <net/if.h>
 #include <netdb.h>
 #include <sys/resource.h>
@@ -79,6 +80,25 @@ Error activation_error(pcap_t* p, int status, const CaptureOptions& o) {
     default:
         return Error(where + pcap_statustostr(status) + ": " + pcap_geterr(p), ExitCode::failure);
     }
+}
+
+// Whether `key`'s server address is one the capture's interface carries
+// (any interface for "any"; every 127.x on lo).
+bool served_on(const std::string& interface, const FlowKey& key) {
+    if (interface == "any") return true;
+    if (interface == "lo" && key.family == AF_INET && key.server[0] == 127) return true;
+    ifaddrs* list = nullptr;
+    if (::getifaddrs(&list) != 0) return false;
+    bool found = false;
+    for (const ifaddrs* a = list; a && !found; a = a->ifa_next) {
+        if (!a->ifa_addr || interface != a->ifa_name || a->ifa_addr->sa_family != key.family) continue;
+        if (key.family == AF_INET)
+            found = std::memcmp(&reinterpret_cast<const sockaddr_in*>(a->ifa_addr)->sin_addr, key.server.data(), 4) == 0;
+        else
+            found = std::memcmp(&reinterpret_cast<const sockaddr_in6*>(a->ifa_addr)->sin6_addr, key.server.data(), 16) == 0;
+    }
+    ::freeifaddrs(list);
+    return found;
 }
 
 }  // namespace
@@ -244,6 +264,18 @@ Capture::Capture(Proxy& px, const CaptureOptions& options)
     w_.want(EPOLLIN);
     production_here_ = diag_.listening(AF_INET, static_cast<std::uint16_t>(options_.port)) ||
                        diag_.listening(AF_INET6, static_cast<std::uint16_t>(options_.port));
+    if (production_here_) follow_open_connections();
+}
+
+// Production's connections open before the capture: known from its sockets
+// at once, so one that stays quiet is listed (joining) instead of unseen
+// until it speaks.
+void Capture::follow_open_connections() {
+    for (const int family : {AF_INET, AF_INET6})
+        for (const auto& [key, connection] : diag_.connections(family, static_cast<std::uint16_t>(options_.port))) {
+            if (!served_on(options_.interface, key) || flows_.count(key) || flows_.size() >= kMaxFlows) continue;
+            flows_.emplace(key, std::make_unique<Flow>(*this, key));
+        }
 }
 
 Capture::~Capture() {
@@ -312,6 +344,7 @@ void Capture::packet(const TcpPacket& p, std::int64_t at_us) {
             f.last_packet_us = at_us;
             f.segment(dir, s);
             if (f.tracker().phase() == TcpConnectionTracker::Phase::closed && !f.counted_closed) flow_closed(f);
+            if (f.tracker().phase() == TcpConnectionTracker::Phase::unjoinable) note_unjoinable(f);
             return;
         }
         // A new connection on the same ports: the old one ended unseen.
@@ -331,13 +364,21 @@ void Capture::packet(const TcpPacket& p, std::int64_t at_us) {
     flows_.emplace(key, std::move(flow));
     f.segment(dir, s);
     if (f.tracker().phase() == TcpConnectionTracker::Phase::closed && !f.counted_closed) flow_closed(f);
+    if (f.tracker().phase() == TcpConnectionTracker::Phase::unjoinable) note_unjoinable(f);
+}
+
+// A connection the mirror will never follow: counted once, when that is known.
+void Capture::note_unjoinable(Flow& f) {
+    if (f.counted_unjoinable || f.followed()) return;
+    f.counted_unjoinable = true;
+    ++counters.unjoinable;
 }
 
 void Capture::flow_closed(Flow& f) {
     f.counted_closed = true;
     f.closed_at = Clock::now();
     closed_.emplace_back(f.closed_at, f.key());
-    if (!f.followed()) ++counters.unjoinable;
+    note_unjoinable(f);
 }
 
 void Capture::forget(Flow& f) {
@@ -347,7 +388,7 @@ void Capture::forget(Flow& f) {
         counters.closed_streams.retransmitted_bytes += c.retransmitted_bytes;
         counters.closed_streams.overlapping_bytes += c.overlapping_bytes;
     }
-    if (!f.counted_closed && !f.followed()) ++counters.unjoinable;
+    if (!f.counted_closed) note_unjoinable(f);
     const FlowKey key = f.key();
     flows_.erase(key);
 }
@@ -431,6 +472,8 @@ MirrorStats::Capture Capture::snapshot() const {
     s.connections_from_start = counters.from_start;
     s.connections_joined = counters.joined;
     s.connections_unjoinable = counters.unjoinable;
+    for (const auto& [key, flow] : flows_)
+        if (flow->tracker().phase() == TcpConnectionTracker::Phase::joining) ++s.connections_joining;
     s.lost_connections = counters.lost_connections;
     s.lost_reply_connections = counters.lost_reply_connections;
     s.checked_with_production = counters.checked_with_production;
@@ -450,6 +493,21 @@ MirrorStats::Capture Capture::snapshot() const {
     s.cpu_s = static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
               static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
     return s;
+}
+
+void Capture::unfollowed(std::vector<MirrorStats::ConnectionStats>& out, std::size_t max, Clock::time_point now) const {
+    for (const auto& [key, flow] : flows_) {
+        if (out.size() >= max) return;
+        const auto phase = flow->tracker().phase();
+        if (phase != TcpConnectionTracker::Phase::joining && phase != TcpConnectionTracker::Phase::unjoinable) continue;
+        MirrorStats::ConnectionStats s;
+        s.age_ms = std::chrono::duration<double, std::milli>(now - flow->first_seen).count();
+        MirrorStats::ConnectionStats::Captured c;
+        c.client = key.client_str();
+        c.status = phase == TcpConnectionTracker::Phase::joining ? "joining" : "unjoinable";
+        s.captured = std::move(c);
+        out.push_back(std::move(s));
+    }
 }
 
 }  // namespace mirror_impl

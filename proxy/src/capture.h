@@ -41,6 +41,8 @@ public:
     std::uint32_t syn_seq() const { return syn_seq_; }
     void set_syn_seq(std::uint32_t seq) { syn_seq_ = seq; }
     Clock::time_point closed_at{};  // when the tracker saw it end (for the table's expiry)
+    const Clock::time_point first_seen = Clock::now();
+    bool counted_unjoinable = false;
     std::int64_t last_packet_us = 0;  // the capture's stamp of its latest packet (realtime)
     bool counted_closed = false;
 
@@ -101,6 +103,9 @@ public:
     // Periodic: the kernel's drop count, expiry of finished flows.
     void tick();
     MirrorStats::Capture snapshot() const;
+    // Connections seen but not followed (waiting to join, or unjoinable):
+    // listed with the open ones, never invisible.
+    void unfollowed(std::vector<MirrorStats::ConnectionStats>& out, std::size_t max, Clock::time_point now) const;
     std::string description() const { return options_.str(); }
 
     Proxy& proxy() { return px_; }
@@ -115,6 +120,8 @@ private:
     void packet(const TcpPacket& p, std::int64_t at_us);
     std::string filter_expression() const;
     void forget(Flow& flow);
+    void note_unjoinable(Flow& flow);
+    void follow_open_connections();
     void drops_noticed();
     void check_with_production();
 

@@ -124,6 +124,7 @@ void write_stats_fields(JsonWriter& j, const MirrorStats& s) {
         j.field("connections_from_start", c.connections_from_start);
         j.field("connections_joined", c.connections_joined);
         j.field("connections_unjoinable", c.connections_unjoinable);
+        j.field("connections_joining", c.connections_joining);
         j.field("lost_connections", c.lost_connections);
         j.field("lost_reply_connections", c.lost_reply_connections);
         j.field("checked_with_production", c.checked_with_production);
@@ -161,7 +162,9 @@ void write_stats_fields(JsonWriter& j, const MirrorStats& s) {
         j.end_array();
         if (c.captured) {
             j.field("client", c.captured->client);
-            j.field("capture", c.captured->joined ? "joined" : "from_start");
+            j.field("capture", c.captured->status != "followed" ? c.captured->status
+                               : c.captured->joined                ? "joined"
+                                                                   : "from_start");
             j.field("lost_client_bytes", c.captured->lost_client_bytes);
             j.field("lost_replies", c.captured->lost_replies);
         }
@@ -301,7 +304,9 @@ MirrorStats parse_mirror_stats(std::string_view text) {
             if (c.contains("capture")) {
                 MirrorStats::ConnectionStats::Captured captured;
                 read(c, "client", captured.client);
-                captured.joined = c.value("capture", "") == "joined";
+                const std::string how = c.value("capture", "");
+                captured.joined = how == "joined";
+                if (how == "joining" || how == "unjoinable") captured.status = how;
                 read(c, "lost_client_bytes", captured.lost_client_bytes);
                 read(c, "lost_replies", captured.lost_replies);
                 cs.captured = std::move(captured);
@@ -332,6 +337,7 @@ MirrorStats parse_mirror_stats(std::string_view text) {
             read(c, "connections_from_start", cap.connections_from_start);
             read(c, "connections_joined", cap.connections_joined);
             read(c, "connections_unjoinable", cap.connections_unjoinable);
+            read(c, "connections_joining", cap.connections_joining);
             read(c, "lost_connections", cap.lost_connections);
             read(c, "lost_reply_connections", cap.lost_reply_connections);
             read(c, "checked_with_production", cap.checked_with_production);

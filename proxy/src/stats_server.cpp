@@ -115,6 +115,7 @@ MirrorStats Proxy::snapshot() const {
         }
         if (s.open_connections.size() < kMaxListedConnections) s.open_connections.push_back(std::move(cs));
     }
+    if (capture_) capture_->unfollowed(s.open_connections, kMaxListedConnections, now);
     return s;
 }
 

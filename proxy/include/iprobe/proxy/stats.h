@@ -102,6 +102,9 @@ struct MirrorStats {
         std::uint64_t flows = 0;            // connections followed now (open, joining, or just closed)
         std::uint64_t untracked_flows = 0;  // not followed: the flow table was full
         std::uint64_t connections_from_start = 0, connections_joined = 0, connections_unjoinable = 0;
+        // Connections open now that are not followed yet: waiting for a
+        // request to join at (listed in open_connections as "joining").
+        std::uint64_t connections_joining = 0;
         // Client bytes lost to the capture: that connection's debug side closed.
         std::uint64_t lost_connections = 0;
         // Production's replies lost to the capture: the copy still fed, its replies no longer compared.
@@ -135,9 +138,12 @@ struct MirrorStats {
         std::vector<Leg> debug;  // one per --debug address
         // Capture mode: whose connection, followed from its SYN or joined,
         // and what of it the capture lost.
+        // A connection the capture sees but does not follow (no debug legs):
+        // status "joining" (no request start seen yet) or "unjoinable".
         struct Captured {
             std::string client;
             bool joined = false, lost_client_bytes = false, lost_replies = false;
+            std::string status = "followed";  // followed | joining | unjoinable
             bool operator==(const Captured&) const = default;
         };
         std::optional<Captured> captured;
