@@ -63,6 +63,12 @@ Proxy::Proxy(const MirrorOptions& options) : opt(options) {
         stats_listener_.kind = Acceptor::Kind::stats;
         stats_listener_.w = Watched(epfd, listen_on(*opt.stats, "--stats"), &stats_listener_);
     }
+    if (!opt.hook_socket.empty()) {
+        hook_listener_.px = this;
+        hook_listener_.kind = Acceptor::Kind::hook;
+        hook_listener_.w = Watched(epfd, listen_unix(opt.hook_socket), &hook_listener_);
+        hook_listener_.w.want(EPOLLIN);
+    }
     if (opt.control_fd >= 0) {
         control_.px = this;
         control_.w = Watched(epfd, UniqueFd(opt.control_fd), &control_);
@@ -77,6 +83,7 @@ Proxy::Proxy(const MirrorOptions& options) : opt(options) {
 }
 
 Proxy::~Proxy() {
+    if (!opt.hook_socket.empty()) ::unlink(opt.hook_socket.c_str());
     connections_.clear();
     capture_.reset();
     slots_.clear();
@@ -225,6 +232,21 @@ void Acceptor::on_event(std::uint32_t) {
     case Kind::clients: px->accept_clients(*this); break;
     case Kind::debug_clients: px->accept_debug_client(*this); break;
     case Kind::stats: px->accept_stats(*this); break;
+    case Kind::hook: px->accept_hook(*this); break;
+    }
+}
+
+// Each connection to --hook-socket speaks as the control channel does.
+void Proxy::accept_hook(Acceptor& a) {
+    std::erase_if(hook_channels_, [](const auto& c) { return !c->w; });
+    for (;;) {
+        UniqueFd fd(::accept4(a.w.fd(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
+        if (!fd) return;
+        auto channel = std::make_unique<ControlChannel>();
+        channel->px = this;
+        channel->w = Watched(epfd, std::move(fd), channel.get());
+        channel->w.want(EPOLLIN);
+        hook_channels_.push_back(std::move(channel));
     }
 }
 
@@ -237,6 +259,16 @@ MirrorCommandReply Proxy::execute(const MirrorCommand& command) {
     MirrorCommandReply reply;
     reply.at_s = ms_since(stats.started) / 1000.0;
     reply.open_connections = stats.active;
+    if (command.kind != MirrorCommand::Kind::record) {
+        if (!capture_ || !opt.hold) {
+            reply.error = "checkpoint and release are for a capture started with --hold";
+            return reply;
+        }
+        if (command.kind == MirrorCommand::Kind::checkpoint) capture_->checkpoint(reply);
+        else capture_->release(reply);
+        reply.ok = reply.error.empty();
+        return reply;
+    }
     try {
         // Connections already open keep the recording they started in, which
         // ends when the last of them closes.

@@ -392,7 +392,7 @@ struct Slot final : Handler {
 
 struct Acceptor final : Handler {
     Proxy* px;
-    enum class Kind { clients, debug_clients, stats } kind;
+    enum class Kind { clients, debug_clients, stats, hook } kind;
     Watched w;
     void on_event(std::uint32_t events) override;
 };
@@ -444,6 +444,7 @@ public:
     void accept_clients(Acceptor& a);
     void accept_debug_client(Acceptor& a);
     void accept_stats(Acceptor& a);
+    void accept_hook(Acceptor& a);
     void retire(MirroredStream* c) { retired_.insert(c); }
     // Capture mode: connections are made by the capture, not accepted.
     std::uint32_t new_connection_id() { return next_id_++; }
@@ -482,9 +483,10 @@ private:
     std::unique_ptr<Capture> capture_;  // capture mode: the packet source instead of clients_
     std::vector<DebugLeg*> debug_queue_;  // bytes waiting for the next debug pass
     Clock::time_point last_debug_pass_{};
-    Acceptor clients_, debug_clients_, stats_listener_;
+    Acceptor clients_, debug_clients_, stats_listener_, hook_listener_;
     SignalHandler signals_;
     ControlChannel control_;
+    std::vector<std::unique_ptr<ControlChannel>> hook_channels_;  // the CRIU hook's connections
     std::map<std::uint32_t, std::unique_ptr<MirroredStream>> connections_;
     std::set<MirroredStream*> retired_;
     std::set<StatsClient*> retired_stats_;

@@ -105,6 +105,13 @@ struct MirrorStats {
         // Connections open now that are not followed yet: waiting for a
         // request to join at (listed in open_connections as "joining").
         std::uint64_t connections_joining = 0;
+        // --hold: the clone's start.  Production's connections when it was
+        // checkpointed, those fed to the clone from the first request the
+        // checkpoint did not hold (skipping the requests it did), and those
+        // the clone misses requests of (each also a diverged connection).
+        bool holding = false;
+        std::uint64_t checkpoint_connections = 0, resumed_connections = 0, skipped_requests = 0;
+        std::uint64_t missed_connections = 0, missed_requests = 0;
         // Client bytes lost to the capture: that connection's debug side closed.
         std::uint64_t lost_connections = 0;
         // Production's replies lost to the capture: the copy still fed, its replies no longer compared.
