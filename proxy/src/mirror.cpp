@@ -141,6 +141,7 @@ void Proxy::run() {
         tick();
     }
     debug_pass();  // what was queued for the debug copy still goes out
+    reorders.classify(Clock::now(), true);
 }
 
 // While debug legs exist the loop wakes at least once per batch for them.
@@ -168,6 +169,8 @@ void Proxy::reap() {
     if (!retired_.empty())
         std::erase_if(debug_queue_, [&](DebugLeg* leg) { return retired_.count(&leg->owner()) != 0; });
     for (MirroredStream* c : retired_) connections_.erase(c->id());
+    // Nothing open: no later reply can explain a difference still waiting.
+    if (!retired_.empty() && connections_.empty()) reorders.classify(Clock::now(), true);
     retired_.clear();
     for (StatsClient* s : retired_stats_) {
         for (auto it = stats_clients_.begin(); it != stats_clients_.end(); ++it) {
@@ -190,6 +193,7 @@ void Proxy::tick() {
     if (now - last_tick_ < std::chrono::milliseconds(100)) return;  // timeouts are coarse; the scan is O(connections)
     last_tick_ = now;
     if (capture_) capture_->tick();
+    reorders.classify(now, false);
     for (auto& [id, c] : connections_)
         if (c->lingering() && now >= c->linger_deadline()) c->linger_timeout();
     for (auto it = slots_.begin(); it != slots_.end();) {

@@ -18,6 +18,8 @@ void write_divergence_fields(JsonWriter& j, const DivergenceStats& d, CompareSou
     j.field("mismatches", d.mismatches);
     j.field("diverged_connections", d.diverged_connections);
     j.field("unchecked_connections", d.unchecked_connections);
+    j.field("reordered", d.reordered);
+    j.field("unclassified", d.unclassified);
     j.key("reports").begin_array();
     for (const auto& r : d.reports) {
         j.begin_object();
@@ -261,6 +263,8 @@ MirrorStats parse_mirror_stats(std::string_view text) {
         read(v, "compared", s.divergence.compared);
         read(v, "ignored", s.divergence.ignored);
         read(v, "mismatches", s.divergence.mismatches);
+        read(v, "reordered", s.divergence.reordered);
+        read(v, "unclassified", s.divergence.unclassified);
         read(v, "diverged_connections", s.divergence.diverged_connections);
         read(v, "unchecked_connections", s.divergence.unchecked_connections);
         for (const Json& r : array(v, "reports")) {

@@ -34,7 +34,14 @@ struct DivergenceReportStats {
 // by `iprobe replay --compare` (the replayed service's against the recorded).
 struct DivergenceStats {
     std::string mode;  // off | stream | resp | http
+    // mismatches: replies that differ and that no other interleaving of
+    // concurrent connections explains (the copy diverged); reordered: replies
+    // that differ only as another interleaving would make them (the copy's
+    // reply is production's reply to the same request sent at about the same
+    // time, see proxy/README.md); unclassified: differences not yet told
+    // apart (at most a second old).
     std::uint64_t compared = 0, ignored = 0, mismatches = 0, diverged_connections = 0, unchecked_connections = 0;
+    std::uint64_t reordered = 0, unclassified = 0;
     std::vector<DivergenceReportStats> reports;  // the first difference of each diverged connection (<= 100)
     bool operator==(const DivergenceStats&) const = default;
 };
