@@ -92,7 +92,15 @@ const ArgSpec kMirrorSpec(
                             "file descriptor N and close it: for a supervisor waiting on a pipe"},
         {"--control-fd", "N", "a socket on which a supervisor sends commands, one JSON line each,\n"
                               "answered on it: {\"command\":\"record\",\"path\":FILE} records the\n"
-                              "connections opened from then on into FILE (\"\" stops recording)"},
+                              "connections opened from then on into FILE (\"\" stops recording);\n"
+                              "with --hold, {\"command\":\"checkpoint\"} (production frozen now) and\n"
+                              "{\"command\":\"release\"} (the clone is ready)"},
+        {"--hold", "", "capture: keep every connection's bytes, feeding no copy yet, until\n"
+                       "the release command; the checkpoint command marks, from production's\n"
+                       "sockets, the first request each connection's copy must start at\n"
+                       "(how `iprobe debug --capture` gives its clone every write)"},
+        {"--hook-socket", "PATH", "a Unix socket taking the same commands as --control-fd (the CRIU\n"
+                                  "post-dump hook sends checkpoint there)"},
     },
     "Once listening it prints one line on stdout: \"listening on ADDR:PORT\" (with\n"
     "--json: {\"event\":\"listening\",...}); port 0 picks a free port.  SIGTERM/SIGINT\n"
@@ -181,6 +189,9 @@ int mirror_main(int argc, char** argv) {
     opt.record_path = a.value("--record");
     const int ready_fd = a.has("--ready-fd") ? parse_ready_fd(a.value("--ready-fd")) : -1;
     if (a.has("--control-fd")) opt.control_fd = parse_control_fd(a.value("--control-fd"));
+    opt.hold = a.has("--hold");
+    opt.hook_socket = a.value("--hook-socket");
+    if (opt.hold && !opt.capture) kMirrorSpec.fail("--hold is for --capture (a proxy holds nothing back)");
     if (opt.capture) {
         if (a.has("--join")) {
             const std::string join = a.value("--join");

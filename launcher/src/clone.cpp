@@ -20,6 +20,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -27,6 +28,8 @@
 
 #include "clone_steps.h"
 #include "criu.h"
+#include "iprobe/formats/checkpoint_hook.h"
+#include "iprobe/support/install_layout.h"
 #include "iprobe/support/error.h"
 #include "iprobe/support/fd.h"
 #include "iprobe/support/file.h"
@@ -145,8 +148,11 @@ double dump_production(const CloneOptions& o, const Criu& criu, const std::strin
     // Dump from inside production's network namespace: CRIU then treats it
     // as its own (no netns image) and the clone can be restored into any.
     std::vector<std::string> dump_args = {criu.path, "dump", "-t", std::to_string(o.pid), "-D", images,
-                                          "--leave-running", "--tcp-close", "--ext-unix-sk",
-                                          "--file-locks", "-v2", "-o", dump_log};
+                                          "--leave-running", "--tcp-close", "--skip-in-flight",
+                                          "--ext-unix-sk", "--file-locks", "-v2", "-o", dump_log};
+    // --skip-in-flight: a connection still in a listener's accept queue
+    // (a client connecting at the freeze) is left to production, which
+    // accepts it as it resumes, instead of failing the dump.
     // A service started from a shell or a supervisor that did not make it a
     // session leader shares its session with processes outside the tree;
     // CRIU checkpoints such a tree only as a "shell job" (the clone then
@@ -243,6 +249,26 @@ void save_checkpoint(const Checkpoint& cp) {
 
 }  // namespace
 
+// An environment variable set for the children started meanwhile (CRIU, and
+// its action scripts), the previous value back after.
+class ScopedEnv {
+public:
+    ScopedEnv(const char* name, const std::string& value) : name_(name) {
+        if (const char* old = std::getenv(name)) old_ = old;
+        ::setenv(name, value.c_str(), 1);
+    }
+    ~ScopedEnv() {
+        if (old_) ::setenv(name_, old_->c_str(), 1);
+        else ::unsetenv(name_);
+    }
+    ScopedEnv(const ScopedEnv&) = delete;
+    ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+private:
+    const char* name_;
+    std::optional<std::string> old_;
+};
+
 Checkpoint take_checkpoint(const CloneOptions& o, const std::string& dir) {
     const std::string name = checked_clone_name(o, "iprobe clone");
     Criu criu = find_criu();
@@ -261,7 +287,15 @@ Checkpoint take_checkpoint(const CloneOptions& o, const std::string& dir) {
     rollback.images = cp.dir;
     fs::create_directories(cp.dir + "/images");
     cp.pid = o.pid;
-    cp.dump_ms = dump_production(o, criu, name, tree.size(), cp.dir + "/images", cp.dir + "/dump.log", cp.shell_job, {});
+    std::vector<std::string> hook_args;
+    std::optional<ScopedEnv> hook_env;
+    if (!o.frozen_hook_socket.empty()) {
+        hook_args = {"--action-script", (InstallLayout::current().libexec() / "iprobe-criu-hook").string()};
+        hook_env.emplace(IPROBE_CHECKPOINT_HOOK_SOCKET_ENV, o.frozen_hook_socket);
+    }
+    cp.dump_ms =
+        dump_production(o, criu, name, tree.size(), cp.dir + "/images", cp.dir + "/dump.log", cp.shell_job, hook_args);
+    hook_env.reset();
     cp.taken_at_s = realtime_s();
     const DumpStats stats = read_dump_stats(cp.dir + "/images");
     cp.freeze_ms = static_cast<double>(stats.frozen_us) / 1e3;

@@ -144,6 +144,12 @@ DebugSession::DebugSession(DebugOptions o) : o_(std::move(o)), events_(o_.json, 
         c.name = i == 0 ? name_ : name_ + "-" + std::to_string(i + 1);
         // Short and unique per session: interface names stop at 15 bytes.
         c.veth = "ipd" + std::to_string(getpid()) + (i == 0 ? "" : "c" + std::to_string(i));
+        if (o_.container.empty()) c.debug_address = subnet_addr(c.subnet, 2) + ":" + std::to_string(port_);
+    }
+    if (o_.capture && o_.container.empty()) {
+        fs::create_directories("/run/iprobe");
+        hook_socket_ = "/run/iprobe/debug-hook-" + std::to_string(getpid()) + ".sock";
+        hold_pending_ = true;
     }
     int lifeline[2];
     if (::pipe2(lifeline, O_CLOEXEC) < 0) throw_errno("pipe");
@@ -165,10 +171,10 @@ void DebugSession::start_mirror() {
     const std::string divergence = divergence_mode();
     std::vector<std::string> debug_addresses;
     for (const Clone& c : clones_) debug_addresses.push_back(c.debug_address);
-    MirrorCommand command =
-        mirror_command(o_, mirror_tool_, debug_addresses, port_, divergence, protocol_of_service(o_.pid));
+    MirrorCommand command = mirror_command(o_, mirror_tool_, debug_addresses, port_, divergence,
+                                           protocol_of_service(o_.pid), hold_pending_ ? hook_socket_ : "");
     command.argv.insert(command.argv.end(), {"--control-fd", "4"});
-    if (ring_) {
+    if (ring_ && !hold_pending_) {  // holding, the recording starts at the checkpoint
         command.argv.insert(command.argv.end(), {"--record", input_path(recording_)});
         recording_on_ = true;
     }
@@ -210,6 +216,45 @@ void DebugSession::switch_recording(const std::string& path) {
     if (!r.ok) throw Error("the mirror could not record into " + path + ": " + r.error);
     recording_on_ = !path.empty();
     recording_.open_at_start = r.open_connections;
+}
+
+// The first generation's clones are ready: the mirror feeds each connection
+// held since before the checkpoint from the first request the checkpoint did
+// not hold, and says what the clones miss.
+void DebugSession::release_held_connections() {
+    hold_pending_ = false;
+    const std::string line =
+        proxy::to_json(proxy::MirrorCommand{proxy::MirrorCommand::Kind::release, ""}) + "\n";
+    if (::send(mirror_control_.get(), line.data(), line.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(line.size()))
+        throw Error("the mirror's control socket is closed");
+    const auto answer = read_line(mirror_control_.get(), std::chrono::seconds(5), "the mirror's release command");
+    if (!answer) throw Error("the mirror's control socket closed");
+    const proxy::MirrorCommandReply r = proxy::parse_mirror_command_reply(*answer);
+    if (!r.ok) throw Error("the mirror could not feed the clone from the checkpoint: " + r.error);
+    recording_.open_at_start = r.missed.size();
+    std::string human = "the clone's start: capture began before the checkpoint; " + std::to_string(r.connections) +
+                        " connection(s) open at the checkpoint, " + std::to_string(r.resumed) +
+                        " fed to the clone from the first request the checkpoint did not hold (" +
+                        std::to_string(r.skipped_requests) + " request(s) it held skipped)";
+    if (r.missed.empty()) {
+        human += "; the clone has every request production took";
+    } else {
+        human += "; the clone MISSES requests of " + std::to_string(r.missed.size()) +
+                 " connection(s) and has diverged from its start:";
+        for (const auto& m : r.missed)
+            human += "\n  connection " + std::to_string(m.connection) + " (" + m.client + "): " +
+                     (m.requests ? std::to_string(m.requests) + " request(s): " : std::string()) + m.reason;
+    }
+    event("capture-start", human, [&](JsonWriter& w) {
+        w.field("t_s", now_s()).field("connections", r.connections).field("resumed", r.resumed);
+        w.field("skipped_requests", r.skipped_requests).field("diverged", !r.missed.empty());
+        w.key("missed").begin_array();
+        for (const auto& m : r.missed) {
+            w.begin_object().field("connection", m.connection).field("client", m.client);
+            w.field("requests", m.requests).field("reason", m.reason).end_object();
+        }
+        w.end_array();
+    });
 }
 
 // Keeps the record ring within --max-size.  A generation whose input alone
@@ -292,6 +337,7 @@ void DebugSession::teardown() {
     for (Clone& c : clones_) stop_child(c.trace, SIGINT, true);
     remove_clones();
     stop_child(mirror_, SIGTERM);
+    if (!hook_socket_.empty()) ::unlink(hook_socket_.c_str());
 }
 
 int DebugSession::run() {
@@ -309,9 +355,11 @@ int DebugSession::run() {
 
     prepare_probes();
     if (!o_.record_dir.empty()) ring_ = std::make_unique<RecordRing>(o_.record_dir, o_.record_max_bytes);
-    // Clone first so the mirror's debug side exists when clients come.
+    // Clone first so the mirror's debug side exists when clients come; with
+    // --capture the capture comes first and holds what the clone must get.
+    if (hold_pending_) start_mirror();
     make_generation();
-    start_mirror();
+    if (mirror_ < 0) start_mirror();
     double last_clone = now_ms();
     long long overflows_seen = 0, diverged_seen = 0;
     int exit_code = 0;

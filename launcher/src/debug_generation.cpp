@@ -145,6 +145,7 @@ void DebugSession::make_generation() {
     co.progress = [this](const std::string& line) {
         if (!o_.json) std::fprintf(stderr, "iprobe debug: %s\n", line.c_str());
     };
+    if (hold_pending_) co.frozen_hook_socket = hook_socket_;
     const Checkpoint cp = take_checkpoint(co, dir);
     // Connections the mirror opens from now on are the input that follows
     // this checkpoint (the first generation's mirror starts recording there).
@@ -174,6 +175,7 @@ void DebugSession::make_generation() {
             attach_probes(c, c.clone.clone_pid_in_ns,
                           {"nsenter", "--target", std::to_string(c.clone.keeper_pid), "--pid", "--mount", "--"});
     }
+    if (hold_pending_) release_held_connections();
     if (ring_) {
         ring_->save(recording_);
         event("record",

@@ -119,6 +119,7 @@ private:
     void report_generation();
     void start_mirror();
     void switch_recording(const std::string& path);
+    void release_held_connections();
     void teardown();
     void stop_child(pid_t& pid, int sig, bool group = false);
     void relay_trace(Clone& c, bool drain);
@@ -137,6 +138,11 @@ private:
     ContainerCloneResult container_clone_;  // --container: the clone is a podman container
     bool have_container_clone_ = false;
     pid_t mirror_ = -1;
+    // --capture: the mirror captures from before the first checkpoint and
+    // holds every connection until that clone is ready (hook_socket_: where
+    // CRIU's post-dump hook tells it production is frozen).
+    std::string hook_socket_;
+    bool hold_pending_ = false;
     UniqueFd mirror_out_;
     UniqueFd mirror_control_;  // our end of the mirror's --control-fd socket
     // Only this process holds the write end (close-on-exec: not the mirror

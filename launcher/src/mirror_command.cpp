@@ -17,12 +17,13 @@ std::string capture_interface(const std::string& production) {
 
 MirrorCommand mirror_command(const DebugOptions& o, const std::string& tool,
                              const std::vector<std::string>& debug_addresses, int port, const std::string& divergence,
-                             const std::string& join) {
+                             const std::string& join, const std::string& hook_socket) {
     MirrorCommand m;
     m.argv = {tool, "mirror"};
     if (o.capture) {
         m.capture = capture_interface(o.production) + ":" + std::to_string(port);
         m.argv.insert(m.argv.end(), {"--capture", m.capture, "--join", join.empty() ? "off" : join});
+        if (!hook_socket.empty()) m.argv.insert(m.argv.end(), {"--hold", "--hook-socket", hook_socket});
     } else {
         m.argv.insert(m.argv.end(), {"--listen", o.listen, "--production", o.production});
     }

@@ -22,9 +22,11 @@ struct MirrorCommand {
 // `debug_addresses`: the clones, one --debug each; `port`: production's;
 // `join`: its protocol (resp, http) when known, for joining connections
 // already open.
+// `hook_socket` (capture): the mirror holds every connection back from the
+// clone until it is released, the CRIU hook marking the checkpoint there.
 MirrorCommand mirror_command(const DebugOptions& o, const std::string& tool,
                              const std::vector<std::string>& debug_addresses, int port, const std::string& divergence,
-                             const std::string& join);
+                             const std::string& join, const std::string& hook_socket = {});
 
 // How the session announces the mirror: a line for people, fields for --json.
 std::string mirror_summary(const DebugOptions& o, const MirrorCommand& m, const std::string& divergence,

@@ -4,6 +4,8 @@
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <sys/stat.h>
+#include <sys/un.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -88,6 +90,25 @@ UniqueFd listen_on(const Endpoint& at, std::string_view what) {
         throw_errno(std::string(what) + " " + at.str() + ": bind");
     }
     if (::listen(fd.get(), 1024) != 0) throw_errno(std::string(what) + " " + at.str() + ": listen");
+    return fd;
+}
+
+UniqueFd listen_unix(const std::string& path) {
+    sockaddr_un at{};
+    at.sun_family = AF_UNIX;
+    if (path.empty() || path.size() >= sizeof at.sun_path)
+        throw Error("--hook-socket '" + path + "': a path of 1 to " + std::to_string(sizeof at.sun_path - 1) +
+                        " bytes",
+                    ExitCode::usage);
+    std::memcpy(at.sun_path, path.data(), path.size());
+    UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+    if (!fd) throw_errno("--hook-socket: socket");
+    ::unlink(path.c_str());
+    const mode_t old = ::umask(077);
+    const int bound = ::bind(fd.get(), reinterpret_cast<const sockaddr*>(&at), sizeof at);
+    ::umask(old);
+    if (bound != 0) throw_errno("--hook-socket " + path + ": bind");
+    if (::listen(fd.get(), 16) != 0) throw_errno("--hook-socket " + path + ": listen");
     return fd;
 }
 

@@ -6,6 +6,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <linux/if_packet.h>
+#include <ifaddrs.h>
 #include <net/if.h>
 #include <netdb.h>
 #include <sys/resource.h>
@@ -81,6 +82,25 @@ Error activation_error(pcap_t* p, int status, const CaptureOptions& o) {
     }
 }
 
+// Whether `key`'s server address is one the capture's interface carries
+// (any interface for "any"; every 127.x on lo).
+bool served_on(const std::string& interface, const FlowKey& key) {
+    if (interface == "any") return true;
+    if (interface == "lo" && key.family == AF_INET && key.server[0] == 127) return true;
+    ifaddrs* list = nullptr;
+    if (::getifaddrs(&list) != 0) return false;
+    bool found = false;
+    for (const ifaddrs* a = list; a && !found; a = a->ifa_next) {
+        if (!a->ifa_addr || interface != a->ifa_name || a->ifa_addr->sa_family != key.family) continue;
+        if (key.family == AF_INET)
+            found = std::memcmp(&reinterpret_cast<const sockaddr_in*>(a->ifa_addr)->sin_addr, key.server.data(), 4) == 0;
+        else
+            found = std::memcmp(&reinterpret_cast<const sockaddr_in6*>(a->ifa_addr)->sin6_addr, key.server.data(), 16) == 0;
+    }
+    ::freeifaddrs(list);
+    return found;
+}
+
 }  // namespace
 
 // --- Flow
@@ -101,6 +121,7 @@ void Flow::flow_opened(bool mid_stream) {
     auto c = std::make_unique<CapturedConnection>(px, capture_, px.new_connection_id(), *this, mid_stream);
     connection_ = c.get();
     px.adopt(std::move(c));
+    capture_.connection_opened(*connection_, key_);
 }
 
 void Flow::flow_bytes(FlowDirection dir, std::span<const std::uint8_t> bytes) {
@@ -129,37 +150,215 @@ void Flow::flow_lost(FlowDirection dir) {
 // --- CapturedConnection
 
 CapturedConnection::CapturedConnection(Proxy& px, Capture& capture, std::uint32_t id, Flow& flow, bool joined)
-    : MirroredStream(px, id), capture_(capture), flow_(&flow), client_(flow.key().client_str()), joined_(joined) {
+    : MirroredStream(px, id),
+      capture_(capture),
+      flow_(&flow),
+      client_(flow.key().client_str()),
+      key_(flow.key()),
+      joined_(joined),
+      held_(capture.holding()),
+      after_checkpoint_(capture.holding() && capture.checkpointed() && capture.packet_us() > capture.checkpoint_us()) {
     ++px_.stats.accepted;
     ++px_.stats.active;
+    if (held_) return;  // fed to the copies at release()
     if (recorder_) recorder_->add(RecordKind::open, id_, px_.now_ns());
     open_legs();
 }
 
 CapturedConnection::~CapturedConnection() {
+    capture_.connection_gone(*this);
     if (flow_) flow_->detach();
+    held_ = false;
     close_source();
 }
 
 void CapturedConnection::bytes(FlowDirection dir, std::span<const std::uint8_t> b) {
     if (dir == FlowDirection::to_server) {
         px_.stats.bytes_client_to_production += b.size();
+        if (held_) return keep(0, b);
         if (recorder_) recorder_->add(RecordKind::data, id_, px_.now_ns(), b.data(), b.size());
         client_bytes(b.data(), b.size());
     } else {
         px_.stats.bytes_production_to_client += b.size();
+        if (held_ || replies_to_skip_ > 0) {
+            keep(1, b);
+            skip_held_replies();
+            if (!held_) deliver_replies();
+            return settle();
+        }
         if (recorder_) recorder_->add(RecordKind::reply, id_, px_.now_ns(), b.data(), b.size());
         production_bytes(b.data(), b.size());
     }
     settle();
 }
 
+// --- the clone's start (--hold)
+
+// Until the clone is ready: both directions kept from the connection's start
+// (at most --buffer each; past that the clone cannot have it whole).
+void CapturedConnection::keep(int dir, std::span<const std::uint8_t> b) {
+    if (kept_overflow_) return;
+    if (kept_[dir].size() + b.size() > px_.opt.buffer) {
+        kept_overflow_ = true;
+        kept_[0].clear();
+        kept_[1].clear();
+        if (gap_.empty()) gap_ = "more than --buffer arrived before the clone was ready";
+        return;
+    }
+    kept_[dir].append(reinterpret_cast<const char*>(b.data()), b.size());
+}
+
+// How far production had read this connection when it was checkpointed: the
+// clone's memory holds every request read by then (executed, or executed by
+// the clone as it resumes); the first request not wholly read is the first
+// the clone must be fed.  A request read in part is fed whole: the clone
+// drops the part it holds when it finds the connection closed.
+void CapturedConnection::checkpoint_reached(const std::optional<SocketDiag::Connection>& at) {
+    if (boundary_known()) return;
+    if (lost_[0]) gap_ = "client bytes lost to the capture before the clone was ready";
+    if (!gap_.empty()) return;
+    const std::uint64_t captured = kept_[0].size();
+    std::uint64_t read = captured;  // no socket at the checkpoint: production had read all it would
+    if (after_checkpoint_) {
+        read = 0;
+        if (joined_ && at && at->unread > 0) {
+            gap_ = std::to_string(at->unread) + " bytes production had not read at the checkpoint came before the "
+                   "capture could join the connection";
+            return;
+        }
+    } else if (at && !joined_ && at->counted) {
+        read = at->bytes_received - at->unread;  // exact: followed from its first byte
+    } else if (at) {
+        // Joined mid-stream: the bytes production had not read are the last
+        // it had received, and the capture has delivered exactly those it
+        // received by then (nothing of this connection captured since).
+        if (at->unread > captured) {
+            gap_ = std::to_string(at->unread - captured) + " bytes production had not read at the checkpoint came "
+                   "before the capture joined the connection";
+            return;
+        }
+        read = captured - at->unread;
+    }
+    if (read > captured) {
+        gap_ = "production had read " + std::to_string(read - captured) + " bytes more than the capture delivered";
+        return;
+    }
+    std::uint64_t start = 0, requests = 0;
+    if (read > 0) {
+        const Protocol framing = capture_.framing();
+        if (framing != Protocol::resp && framing != Protocol::http) {
+            gap_ = "no protocol to tell where a request starts (--join)";
+            return;
+        }
+        const auto framer = Framer::create(framing, Role::request, px_.opt.rules);
+        std::vector<Message> requests_kept;
+        framer->feed({reinterpret_cast<const std::uint8_t*>(kept_[0].data()), kept_[0].size()}, requests_kept);
+        for (Message& m : requests_kept) {
+            if (start + m.size > read) break;
+            start += m.size;
+            ++requests;
+            skipped_requests_.push_back(std::move(m));
+        }
+        if (start < read && framer->failed()) {
+            gap_ = "the requests before the checkpoint could not be framed: " + framer->error();
+            return;
+        }
+    }
+    kept_[0].erase(0, start);
+    boundary_ = start;
+    replies_to_skip_ = requests;
+    capture_.counters.skipped_requests += requests;
+    skip_held_replies();
+}
+
+// Production's replies to the requests the checkpoint held are not the
+// clone's to give: dropped as they come.
+void CapturedConnection::skip_held_replies() {
+    if (replies_to_skip_ == 0 || !boundary_) return;
+    const auto framer = Framer::create(capture_.framing(), Role::response, px_.opt.rules);
+    for (const Message& r : skipped_requests_) framer->expect(r);
+    std::vector<Message> replies;
+    framer->feed({reinterpret_cast<const std::uint8_t*>(kept_[1].data()), kept_[1].size()}, replies);
+    std::size_t skipped = 0, bytes = 0;
+    for (const Message& m : replies) {
+        if (skipped == replies_to_skip_) break;
+        bytes += m.size;
+        ++skipped;
+    }
+    if (framer->failed()) {
+        replies_to_skip_ = 0;  // the copies are still fed; their replies cannot be paired any more
+        kept_[1].clear();
+        lost_[1] = true;
+        return;
+    }
+    kept_[1].erase(0, bytes);
+    replies_to_skip_ -= skipped;
+    skipped_requests_.erase(skipped_requests_.begin(), skipped_requests_.begin() + static_cast<std::ptrdiff_t>(skipped));
+}
+
+void CapturedConnection::deliver_replies() {
+    if (replies_to_skip_ > 0 || kept_[1].empty()) return;
+    if (recorder_) recorder_->add(RecordKind::reply, id_, px_.now_ns(), kept_[1].data(), kept_[1].size());
+    production_bytes(reinterpret_cast<const std::uint8_t*>(kept_[1].data()), kept_[1].size());
+    kept_[1].clear();
+    if (ended_[1]) production_ended();
+}
+
+void CapturedConnection::missed(MirrorCommandReply& reply, std::uint64_t requests, const std::string& why) {
+    ++capture_.counters.missed_connections;
+    capture_.counters.missed_requests += requests;
+    ++px_.stats.diverged_connections;
+    reply.missed.push_back({id_, client_, requests, why});
+    px_.log("connection %u (%s): the clone misses its requests from the checkpoint on (%s): diverged from its start",
+            id_, client_.c_str(), why.c_str());
+    if (px_.stats.reports.size() < kMaxReports)
+        px_.stats.reports.push_back(
+            {id_, 0, "(requests from the checkpoint on)", "(served)", "(missed: " + why + ")", ms_since(px_.stats.started), 0});
+}
+
+void CapturedConnection::release(MirrorCommandReply& reply) {
+    if (!held_) return;
+    held_ = false;
+    if (!boundary_known()) checkpoint_reached(std::nullopt);
+    if (!gap_.empty()) {
+        missed(reply, 0, gap_);
+        kept_[0].clear();
+        kept_[1].clear();
+        replies_to_skip_ = 0;
+        recorder_.reset();
+        if (closed_while_held_) end_source();
+        return;
+    }
+    ++reply.resumed;
+    ++capture_.counters.resumed;
+    recorder_ = px_.recorder;  // what the clone is fed is the input that follows its checkpoint
+    if (recorder_) recorder_->add(RecordKind::open, id_, px_.now_ns());
+    open_legs();
+    if (!kept_[0].empty()) {
+        if (recorder_) recorder_->add(RecordKind::data, id_, px_.now_ns(), kept_[0].data(), kept_[0].size());
+        client_bytes(reinterpret_cast<const std::uint8_t*>(kept_[0].data()), kept_[0].size());
+        kept_[0].clear();
+    }
+    if (lost_[1]) stop_comparing("production's replies were lost to the capture (its ring was full)");
+    deliver_replies();
+    if (ended_[0]) {
+        if (recorder_) recorder_->add(RecordKind::close, id_, px_.now_ns());
+        client_ended();
+    }
+    if (closed_while_held_) finish_source();
+    settle();
+}
+
 void CapturedConnection::ended(FlowDirection dir) {
     ended_[static_cast<int>(dir)] = true;
+    if (held_) {
+        if (ended_[0] && ended_[1]) close_source();
+        return;
+    }
     if (dir == FlowDirection::to_server) {
         if (recorder_) recorder_->add(RecordKind::close, id_, px_.now_ns());
         client_ended();
-    } else {
+    } else if (replies_to_skip_ == 0) {
         production_ended();
     }
     if (ended_[0] && ended_[1]) close_source();
@@ -173,6 +372,16 @@ void CapturedConnection::reset() {
 
 void CapturedConnection::lost(FlowDirection dir) {
     lost_[static_cast<int>(dir)] = true;
+    if (held_) {
+        if (dir == FlowDirection::to_server) {
+            ++capture_.counters.lost_connections;
+            if (gap_.empty()) gap_ = "client bytes lost to the capture (its ring was full) before the clone was ready";
+            close_source();
+        } else {
+            ++capture_.counters.lost_reply_connections;
+        }
+        return;
+    }
     if (dir == FlowDirection::to_server) {
         ++capture_.counters.lost_connections;
         px_.rate_limited_log(capture_.counters.lost_connections,
@@ -189,9 +398,17 @@ void CapturedConnection::lost(FlowDirection dir) {
 }
 
 void CapturedConnection::close_source() {
-    if (source_closed_) return;
+    if (source_closed_ || closed_while_held_) return;
     --px_.stats.active;
     ++px_.stats.closed;
+    if (held_) {
+        closed_while_held_ = true;  // kept until release()
+        return;
+    }
+    finish_source();
+}
+
+void CapturedConnection::finish_source() {
     if (recorder_ && !ended_[0]) recorder_->add(RecordKind::close, id_, px_.now_ns());
     recorder_.reset();
     end_source();
@@ -199,12 +416,17 @@ void CapturedConnection::close_source() {
 
 void CapturedConnection::describe_source(MirrorStats::ConnectionStats& s) const {
     s.captured = MirrorStats::ConnectionStats::Captured{client_, joined_, lost_[0], lost_[1]};
+    if (held_) s.captured->status = "held";
 }
 
 // --- Capture
 
 Capture::Capture(Proxy& px, const CaptureOptions& options)
-    : px_(px), options_(options), request_start_(request_start_test(options.join)), pcap_(nullptr, pcap_close) {
+    : px_(px),
+      options_(options),
+      request_start_(request_start_test(options.join)),
+      pcap_(nullptr, pcap_close),
+      holding_(px.opt.hold) {
     char error[PCAP_ERRBUF_SIZE] = "";
     pcap_.reset(pcap_create(options_.interface.c_str(), error));
     if (!pcap_) throw Error("--capture " + options_.str() + ": " + error, ExitCode::failure);
@@ -244,6 +466,18 @@ Capture::Capture(Proxy& px, const CaptureOptions& options)
     w_.want(EPOLLIN);
     production_here_ = diag_.listening(AF_INET, static_cast<std::uint16_t>(options_.port)) ||
                        diag_.listening(AF_INET6, static_cast<std::uint16_t>(options_.port));
+    if (production_here_) follow_open_connections();
+}
+
+// Production's connections open before the capture: known from its sockets
+// at once, so one that stays quiet is listed (joining) instead of unseen
+// until it speaks.
+void Capture::follow_open_connections() {
+    for (const int family : {AF_INET, AF_INET6})
+        for (const auto& [key, connection] : diag_.connections(family, static_cast<std::uint16_t>(options_.port))) {
+            if (!served_on(options_.interface, key) || flows_.count(key) || flows_.size() >= kMaxFlows) continue;
+            flows_.emplace(key, std::make_unique<Flow>(*this, key));
+        }
 }
 
 Capture::~Capture() {
@@ -292,6 +526,7 @@ void Capture::frame(const pcap_pkthdr& header, const std::uint8_t* bytes) {
 }
 
 void Capture::packet(const TcpPacket& p, std::int64_t at_us) {
+    packet_us_ = at_us;
     const auto port = static_cast<std::uint16_t>(options_.port);
     const bool to_server = p.dst_port == port;
     if (!to_server && p.src_port != port) return;
@@ -309,9 +544,14 @@ void Capture::packet(const TcpPacket& p, std::int64_t at_us) {
         Flow& f = *it->second;
         const bool same_syn = f.opened_from_syn() && f.syn_seq() == s.seq;
         if (!syn || same_syn) {
+            // The first packet of a held connection from after the
+            // checkpoint: the capture has delivered all it had before.
+            if (holding_ && checkpointed() && at_us > checkpoint_us_)
+                if (CapturedConnection* c = f.connection(); c && c->held() && !c->boundary_known()) resolve(*c, key);
             f.last_packet_us = at_us;
             f.segment(dir, s);
             if (f.tracker().phase() == TcpConnectionTracker::Phase::closed && !f.counted_closed) flow_closed(f);
+            if (f.tracker().phase() == TcpConnectionTracker::Phase::unjoinable) note_unjoinable(f);
             return;
         }
         // A new connection on the same ports: the old one ended unseen.
@@ -331,13 +571,21 @@ void Capture::packet(const TcpPacket& p, std::int64_t at_us) {
     flows_.emplace(key, std::move(flow));
     f.segment(dir, s);
     if (f.tracker().phase() == TcpConnectionTracker::Phase::closed && !f.counted_closed) flow_closed(f);
+    if (f.tracker().phase() == TcpConnectionTracker::Phase::unjoinable) note_unjoinable(f);
+}
+
+// A connection the mirror will never follow: counted once, when that is known.
+void Capture::note_unjoinable(Flow& f) {
+    if (f.counted_unjoinable || f.followed()) return;
+    f.counted_unjoinable = true;
+    ++counters.unjoinable;
 }
 
 void Capture::flow_closed(Flow& f) {
     f.counted_closed = true;
     f.closed_at = Clock::now();
     closed_.emplace_back(f.closed_at, f.key());
-    if (!f.followed()) ++counters.unjoinable;
+    note_unjoinable(f);
 }
 
 void Capture::forget(Flow& f) {
@@ -347,7 +595,7 @@ void Capture::forget(Flow& f) {
         counters.closed_streams.retransmitted_bytes += c.retransmitted_bytes;
         counters.closed_streams.overlapping_bytes += c.overlapping_bytes;
     }
-    if (!f.counted_closed && !f.followed()) ++counters.unjoinable;
+    if (!f.counted_closed) note_unjoinable(f);
     const FlowKey key = f.key();
     flows_.erase(key);
 }
@@ -431,9 +679,17 @@ MirrorStats::Capture Capture::snapshot() const {
     s.connections_from_start = counters.from_start;
     s.connections_joined = counters.joined;
     s.connections_unjoinable = counters.unjoinable;
+    for (const auto& [key, flow] : flows_)
+        if (flow->tracker().phase() == TcpConnectionTracker::Phase::joining) ++s.connections_joining;
     s.lost_connections = counters.lost_connections;
     s.lost_reply_connections = counters.lost_reply_connections;
     s.checked_with_production = counters.checked_with_production;
+    s.holding = holding_;
+    s.checkpoint_connections = counters.checkpoint_connections;
+    s.resumed_connections = counters.resumed;
+    s.skipped_requests = counters.skipped_requests;
+    s.missed_connections = counters.missed_connections;
+    s.missed_requests = counters.missed_requests;
     TcpStreamReassembler::Counters sum = counters.closed_streams;
     for (const auto& [key, flow] : flows_)
         for (const FlowDirection dir : {FlowDirection::to_server, FlowDirection::to_client}) {
@@ -450,6 +706,84 @@ MirrorStats::Capture Capture::snapshot() const {
     s.cpu_s = static_cast<double>(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) +
               static_cast<double>(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec) / 1e6;
     return s;
+}
+
+// --- the clone's start (--hold)
+
+Protocol Capture::framing() const {
+    if (options_.join == Protocol::resp || options_.join == Protocol::http) return options_.join;
+    return px_.opt.divergence;
+}
+
+void Capture::connection_opened(CapturedConnection& c, const FlowKey& key) {
+    if (!c.held()) return;
+    held_.push_back(&c);
+    if (c.opened_after_checkpoint()) resolve(c, key);
+}
+
+void Capture::resolve(CapturedConnection& c, const FlowKey& key) {
+    const auto it = at_checkpoint_.find(key);
+    c.checkpoint_reached(it == at_checkpoint_.end() ? std::nullopt : std::optional(it->second));
+}
+
+// Production is frozen (CRIU's post-dump hook): how far it has read each
+// connection, from its own sockets.  Quick: production waits for the answer.
+void Capture::checkpoint(MirrorCommandReply& reply) {
+    if (checkpointed()) {
+        reply.error = "a checkpoint was already marked";
+        return;
+    }
+    if (production_here_)
+        for (const int family : {AF_INET, AF_INET6})
+            for (auto& [key, connection] : diag_.connections(family, static_cast<std::uint16_t>(options_.port)))
+                if (served_on(options_.interface, key)) at_checkpoint_.emplace(key, connection);
+    checkpoint_us_ = realtime_us();
+    counters.checkpoint_connections = at_checkpoint_.size();
+    reply.connections = at_checkpoint_.size();
+}
+
+// The clone is ready: every held connection goes to it from the first
+// request the checkpoint did not hold.
+void Capture::release(MirrorCommandReply& reply) {
+    if (!checkpointed()) {
+        // The hook never reached us: where each connection's copy must
+        // start is unknown; the clone is told so, never fed a guess.
+        checkpoint_us_ = realtime_us();
+        for (CapturedConnection* c : held_) c->fail_hold("the checkpoint hook did not reach the mirror");
+    }
+    if (!holding_) {
+        reply.error = "already released";
+        return;
+    }
+    on_event(EPOLLIN);  // what the ring holds from before now
+    holding_ = false;
+    std::vector<CapturedConnection*> held;
+    held.swap(held_);
+    for (CapturedConnection* c : held) {
+        if (!c->boundary_known()) resolve(*c, c->key());
+        c->release(reply);
+    }
+    reply.connections = counters.checkpoint_connections;
+    reply.skipped_requests = counters.skipped_requests;
+    px_.log("the clone's start: %zu connection(s) fed from the first request the checkpoint did not hold (%llu "
+            "request(s) it held skipped), %zu missed",
+            static_cast<std::size_t>(reply.resumed), static_cast<unsigned long long>(reply.skipped_requests),
+            reply.missed.size());
+}
+
+void Capture::unfollowed(std::vector<MirrorStats::ConnectionStats>& out, std::size_t max, Clock::time_point now) const {
+    for (const auto& [key, flow] : flows_) {
+        if (out.size() >= max) return;
+        const auto phase = flow->tracker().phase();
+        if (phase != TcpConnectionTracker::Phase::joining && phase != TcpConnectionTracker::Phase::unjoinable) continue;
+        MirrorStats::ConnectionStats s;
+        s.age_ms = std::chrono::duration<double, std::milli>(now - flow->first_seen).count();
+        MirrorStats::ConnectionStats::Captured c;
+        c.client = key.client_str();
+        c.status = phase == TcpConnectionTracker::Phase::joining ? "joining" : "unjoinable";
+        s.captured = std::move(c);
+        out.push_back(std::move(s));
+    }
 }
 
 }  // namespace mirror_impl

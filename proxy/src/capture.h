@@ -33,6 +33,7 @@ public:
     const FlowKey& key() const { return key_; }
     // The mirrored connection is gone (retired by the proxy) or the flow is.
     void detach() { connection_ = nullptr; }
+    CapturedConnection* connection() const { return connection_; }
     bool opened_from_syn() const { return from_syn_; }
     // Followed at all: opened from its SYN or joined.
     bool followed() const { return tracker_.stream(FlowDirection::to_server).started(); }
@@ -41,6 +42,8 @@ public:
     std::uint32_t syn_seq() const { return syn_seq_; }
     void set_syn_seq(std::uint32_t seq) { syn_seq_ = seq; }
     Clock::time_point closed_at{};  // when the tracker saw it end (for the table's expiry)
+    const Clock::time_point first_seen = Clock::now();
+    bool counted_unjoinable = false;
     std::int64_t last_packet_us = 0;  // the capture's stamp of its latest packet (realtime)
     bool counted_closed = false;
 
@@ -72,16 +75,45 @@ public:
     void lost(FlowDirection dir);
     void detach() { flow_ = nullptr; }
 
+    // --hold: the connection is kept, not yet fed to a copy, until release().
+    bool held() const { return held_; }
+    bool opened_after_checkpoint() const { return after_checkpoint_; }
+    bool boundary_known() const { return boundary_.has_value() || !gap_.empty(); }
+    // Where the clone's copy of this connection starts: production's socket
+    // at the checkpoint (nullopt: it had none), from which the offset in the
+    // client stream that production had read then follows.
+    void checkpoint_reached(const std::optional<SocketDiag::Connection>& at_checkpoint);
+    const FlowKey& key() const { return key_; }
+    // Feeds the copies from the first request the checkpoint did not hold.
+    void release(MirrorCommandReply& reply);
+    void fail_hold(const std::string& why) {
+        if (gap_.empty()) gap_ = why;
+    }
+
 private:
     void close_source();
     void describe_source(MirrorStats::ConnectionStats& s) const override;
+    void keep(int dir, std::span<const std::uint8_t> bytes);
+    void skip_held_replies();
+    void deliver_replies();
+    void finish_source();
+    void missed(MirrorCommandReply& reply, std::uint64_t requests, const std::string& why);
 
     Capture& capture_;
     Flow* flow_;
     std::string client_;
+    FlowKey key_;
     bool joined_;
     bool ended_[2] = {false, false};
     bool lost_[2] = {false, false};
+    // --hold
+    bool held_ = false, after_checkpoint_ = false, closed_while_held_ = false;
+    std::string kept_[2];                  // client bytes, production's replies, since the start
+    bool kept_overflow_ = false;
+    std::optional<std::uint64_t> boundary_;  // client bytes production had read at the checkpoint
+    std::string gap_;                        // why the clone cannot have this connection whole
+    std::uint64_t replies_to_skip_ = 0;      // production's replies to requests the checkpoint held
+    std::vector<Message> skipped_requests_;  // for an HTTP reply framer's expect()
 };
 
 struct CaptureCounters {
@@ -89,6 +121,8 @@ struct CaptureCounters {
     std::uint64_t from_start = 0, joined = 0, unjoinable = 0;
     std::uint64_t lost_connections = 0, lost_reply_connections = 0;
     std::uint64_t checked_with_production = 0;  // connections compared with production's socket after drops
+    std::uint64_t checkpoint_connections = 0, resumed = 0, skipped_requests = 0, missed_connections = 0,
+                  missed_requests = 0;
     TcpStreamReassembler::Counters closed_streams;  // of flows no longer in the table
 };
 
@@ -101,9 +135,24 @@ public:
     // Periodic: the kernel's drop count, expiry of finished flows.
     void tick();
     MirrorStats::Capture snapshot() const;
+    // Connections seen but not followed (waiting to join, or unjoinable):
+    // listed with the open ones, never invisible.
+    void unfollowed(std::vector<MirrorStats::ConnectionStats>& out, std::size_t max, Clock::time_point now) const;
     std::string description() const { return options_.str(); }
 
     Proxy& proxy() { return px_; }
+    // --hold: production frozen now (MirrorCommand checkpoint); the clone is
+    // ready (release).
+    void checkpoint(MirrorCommandReply& reply);
+    void release(MirrorCommandReply& reply);
+    bool holding() const { return holding_; }
+    bool checkpointed() const { return checkpoint_us_ != 0; }
+    // The capture's stamp of the packet being handled, and the checkpoint's.
+    std::int64_t packet_us() const { return packet_us_; }
+    std::int64_t checkpoint_us() const { return checkpoint_us_; }
+    void connection_opened(CapturedConnection& c, const FlowKey& key);
+    void connection_gone(CapturedConnection& c) { std::erase(held_, &c); }
+    Protocol framing() const;
     const CaptureOptions& options() const { return options_; }
     CaptureCounters counters;
     RequestStartTest request_start() const { return request_start_; }
@@ -115,6 +164,8 @@ private:
     void packet(const TcpPacket& p, std::int64_t at_us);
     std::string filter_expression() const;
     void forget(Flow& flow);
+    void note_unjoinable(Flow& flow);
+    void follow_open_connections();
     void drops_noticed();
     void check_with_production();
 
@@ -144,6 +195,12 @@ private:
     std::vector<Check> checks_;
     Clock::time_point checks_due_{};
     Clock::time_point last_expiry_{};
+    // --hold
+    void resolve(CapturedConnection& c, const FlowKey& key);
+    bool holding_ = false;
+    std::int64_t packet_us_ = 0, checkpoint_us_ = 0;
+    std::unordered_map<FlowKey, SocketDiag::Connection, FlowKeyHash> at_checkpoint_;
+    std::vector<CapturedConnection*> held_;
 };
 
 }  // namespace iprobe::proxy::mirror_impl

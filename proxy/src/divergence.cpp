@@ -93,26 +93,90 @@ void DebugLeg::copy_replies(std::span<const std::uint8_t> bytes) {
 void DebugLeg::compare() {
     if (!checking_) return;
     px_.stats.ignored += queues_.match(px_.opt.rules, [&](std::uint64_t index, const Message& req, const Message& prod,
-                                                          const Message& dbg) {
+                                                          const Message& dbg, Clock::time_point prod_at) {
         ++px_.stats.compared;
-        if (prod.hash != dbg.hash) report(index, req.summary, prod.excerpt, dbg.excerpt);
+        if (prod.hash == dbg.hash) return;
+        ReorderClassifier::Mismatch m;
+        m.connection = owner_.id();
+        m.target = target_;
+        m.request = req.hash;
+        m.production = prod.hash;
+        m.copy = dbg.hash;
+        m.production_at = prod_at;
+        m.seen_at = Clock::now();
+        m.index = index;
+        m.request_text = req.summary;
+        m.production_excerpt = prod.excerpt;
+        m.copy_excerpt = dbg.excerpt;
+        px_.reorders.add(std::move(m));
     });
 }
 
 void DebugLeg::report(std::uint64_t index, const std::string& request, const std::string& prod, const std::string& dbg) {
-    ++px_.stats.mismatches;
-    if (reported_) return;
     reported_ = true;
-    ++px_.stats.diverged_connections;
-    ++counters().diverged_connections;
-    const char* unit = stream_ ? "byte offset" : "reply";
-    px_.rate_limited_log(px_.stats.diverged_connections,
-                         "divergence on connection %u (debug copy %s), %s %llu%s%s%s: production \"%s\", debug copy \"%s\"",
-                         owner_.id(), px_.opt.debug[target_].str().c_str(), unit, static_cast<unsigned long long>(index),
-                         request.empty() ? "" : " to '", printable(request).c_str(), request.empty() ? "" : "'",
-                         printable(prod, 80).c_str(), printable(dbg, 80).c_str());
-    if (px_.stats.reports.size() < kMaxReports)
-        px_.stats.reports.push_back({owner_.id(), index, request, prod, dbg, ms_since(px_.stats.started), target_});
+    px_.diverged(owner_.id(), target_, index, request, prod, dbg);
+}
+
+void Proxy::diverged(std::uint32_t connection, std::uint32_t target, std::uint64_t index, const std::string& request,
+                     const std::string& prod, const std::string& dbg) {
+    ++stats.mismatches;
+    if (!stats.diverged_legs.insert({connection, target}).second) return;
+    ++stats.diverged_connections;
+    ++stats.targets[target].diverged_connections;
+    const char* unit = opt.divergence == Protocol::stream ? "byte offset" : "reply";
+    rate_limited_log(stats.diverged_connections,
+                     "divergence on connection %u (debug copy %s), %s %llu%s%s%s: production \"%s\", debug copy \"%s\"",
+                     connection, opt.debug[target].str().c_str(), unit, static_cast<unsigned long long>(index),
+                     request.empty() ? "" : " to '", printable(request).c_str(), request.empty() ? "" : "'",
+                     printable(prod, 80).c_str(), printable(dbg, 80).c_str());
+    if (stats.reports.size() < kMaxReports)
+        stats.reports.push_back({connection, index, request, prod, dbg, ms_since(stats.started), target});
+}
+
+std::uint64_t ReorderClassifier::key(std::uint32_t target, std::uint64_t request, std::uint64_t reply) {
+    return (request * 0x9e3779b97f4a7c15ULL) ^ (reply + 0x632be59bd9b4e019ULL + (std::uint64_t(target) << 48));
+}
+
+void ReorderClassifier::add(Mismatch m) {
+    by_production_.emplace(key(m.target, m.request, m.production), first_id_ + list_.size());
+    list_.push_back(std::move(m));
+    ++pending_;
+}
+
+void ReorderClassifier::classify(Clock::time_point now, bool all) {
+    for (std::size_t i = 0; i < list_.size(); ++i) {
+        Mismatch& m = list_[i];
+        if (m.classified) continue;
+        if (!all && now - m.seen_at < kSettle) break;  // later ones are younger still
+        m.classified = true;
+        --pending_;
+        bool explained = false;
+        const auto [from, to] = by_production_.equal_range(key(m.target, m.request, m.copy));
+        for (auto it = from; it != to && !explained; ++it) {
+            Mismatch& p = list_[static_cast<std::size_t>(it->second - first_id_)];
+            if (&p == &m || p.claimed || p.target != m.target || p.request != m.request || p.production != m.copy)
+                continue;
+            const auto apart = p.production_at > m.production_at ? p.production_at - m.production_at
+                                                                 : m.production_at - p.production_at;
+            if (apart > kWindow) continue;
+            p.claimed = explained = true;
+        }
+        if (explained) ++px_.stats.reordered;
+        else px_.diverged(m.connection, m.target, m.index, m.request_text, m.production_excerpt, m.copy_excerpt);
+    }
+    // Forget what no later difference can pair with any more.
+    while (!list_.empty() && list_.front().classified &&
+           (all || now - list_.front().seen_at > kSettle + 2 * kWindow)) {
+        const Mismatch& m = list_.front();
+        const auto [from, to] = by_production_.equal_range(key(m.target, m.request, m.production));
+        for (auto it = from; it != to; ++it)
+            if (it->second == first_id_) {
+                by_production_.erase(it);
+                break;
+            }
+        list_.pop_front();
+        ++first_id_;
+    }
 }
 
 // Both streams have ended: any reply production sent that the debug copy

@@ -448,9 +448,34 @@ private:
     std::vector<Expected> pending_;
 };
 
+// An inline command line ("PING", "SET k v"): a command name of letters
+// (at most 32), then printable arguments, ended by "\n" or "\r\n".
+bool inline_command_line(std::string_view line) {
+    if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
+    std::size_t name = 0;
+    while (name < line.size() && std::isalpha(static_cast<unsigned char>(line[name]))) ++name;
+    if (name == 0 || name > 32 || (name < line.size() && line[name] != ' ')) return false;
+    for (const char c : line)
+        if (static_cast<unsigned char>(c) < 0x20 && c != '\t') return false;
+    return true;
+}
+
 bool starts_resp_request(std::span<const std::uint8_t> bytes) {
+    const std::string_view whole(reinterpret_cast<const char*>(bytes.data()), bytes.size());
+    if (!whole.empty() && whole[0] != '*') {
+        // Inline commands (redis-cli typed, telnet, health checks): the segment
+        // is whole lines, each one such command; a bulk string's tail cut off
+        // mid-message rarely is (and then shows as mismatches, not silence).
+        if (whole.size() > 64 * 1024 || whole.back() != '\n') return false;
+        for (std::size_t at = 0; at < whole.size();) {
+            const std::size_t nl = whole.find('\n', at);
+            if (!inline_command_line(whole.substr(at, nl - at))) return false;
+            at = nl + 1;
+        }
+        return true;
+    }
     // "*<count>\r\n$<length>\r\n": a count of 1 to 7 digits, then a bulk string's length.
-    const std::string_view s(reinterpret_cast<const char*>(bytes.data()), std::min<std::size_t>(bytes.size(), 32));
+    const std::string_view s = whole.substr(0, 32);
     if (s.size() < 6 || s[0] != '*' || s[1] < '1' || s[1] > '9') return false;
     std::size_t i = 2;
     while (i < s.size() && i < 9 && std::isdigit(static_cast<unsigned char>(s[i]))) ++i;

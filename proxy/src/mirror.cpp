@@ -63,6 +63,12 @@ Proxy::Proxy(const MirrorOptions& options) : opt(options) {
         stats_listener_.kind = Acceptor::Kind::stats;
         stats_listener_.w = Watched(epfd, listen_on(*opt.stats, "--stats"), &stats_listener_);
     }
+    if (!opt.hook_socket.empty()) {
+        hook_listener_.px = this;
+        hook_listener_.kind = Acceptor::Kind::hook;
+        hook_listener_.w = Watched(epfd, listen_unix(opt.hook_socket), &hook_listener_);
+        hook_listener_.w.want(EPOLLIN);
+    }
     if (opt.control_fd >= 0) {
         control_.px = this;
         control_.w = Watched(epfd, UniqueFd(opt.control_fd), &control_);
@@ -77,6 +83,7 @@ Proxy::Proxy(const MirrorOptions& options) : opt(options) {
 }
 
 Proxy::~Proxy() {
+    if (!opt.hook_socket.empty()) ::unlink(opt.hook_socket.c_str());
     connections_.clear();
     capture_.reset();
     slots_.clear();
@@ -134,6 +141,7 @@ void Proxy::run() {
         tick();
     }
     debug_pass();  // what was queued for the debug copy still goes out
+    reorders.classify(Clock::now(), true);
 }
 
 // While debug legs exist the loop wakes at least once per batch for them.
@@ -161,6 +169,8 @@ void Proxy::reap() {
     if (!retired_.empty())
         std::erase_if(debug_queue_, [&](DebugLeg* leg) { return retired_.count(&leg->owner()) != 0; });
     for (MirroredStream* c : retired_) connections_.erase(c->id());
+    // Nothing open: no later reply can explain a difference still waiting.
+    if (!retired_.empty() && connections_.empty()) reorders.classify(Clock::now(), true);
     retired_.clear();
     for (StatsClient* s : retired_stats_) {
         for (auto it = stats_clients_.begin(); it != stats_clients_.end(); ++it) {
@@ -183,6 +193,7 @@ void Proxy::tick() {
     if (now - last_tick_ < std::chrono::milliseconds(100)) return;  // timeouts are coarse; the scan is O(connections)
     last_tick_ = now;
     if (capture_) capture_->tick();
+    reorders.classify(now, false);
     for (auto& [id, c] : connections_)
         if (c->lingering() && now >= c->linger_deadline()) c->linger_timeout();
     for (auto it = slots_.begin(); it != slots_.end();) {
@@ -225,6 +236,21 @@ void Acceptor::on_event(std::uint32_t) {
     case Kind::clients: px->accept_clients(*this); break;
     case Kind::debug_clients: px->accept_debug_client(*this); break;
     case Kind::stats: px->accept_stats(*this); break;
+    case Kind::hook: px->accept_hook(*this); break;
+    }
+}
+
+// Each connection to --hook-socket speaks as the control channel does.
+void Proxy::accept_hook(Acceptor& a) {
+    std::erase_if(hook_channels_, [](const auto& c) { return !c->w; });
+    for (;;) {
+        UniqueFd fd(::accept4(a.w.fd(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC));
+        if (!fd) return;
+        auto channel = std::make_unique<ControlChannel>();
+        channel->px = this;
+        channel->w = Watched(epfd, std::move(fd), channel.get());
+        channel->w.want(EPOLLIN);
+        hook_channels_.push_back(std::move(channel));
     }
 }
 
@@ -237,6 +263,16 @@ MirrorCommandReply Proxy::execute(const MirrorCommand& command) {
     MirrorCommandReply reply;
     reply.at_s = ms_since(stats.started) / 1000.0;
     reply.open_connections = stats.active;
+    if (command.kind != MirrorCommand::Kind::record) {
+        if (!capture_ || !opt.hold) {
+            reply.error = "checkpoint and release are for a capture started with --hold";
+            return reply;
+        }
+        if (command.kind == MirrorCommand::Kind::checkpoint) capture_->checkpoint(reply);
+        else capture_->release(reply);
+        reply.ok = reply.error.empty();
+        return reply;
+    }
     try {
         // Connections already open keep the recording they started in, which
         // ends when the last of them closes.

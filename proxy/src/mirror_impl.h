@@ -28,6 +28,8 @@
 #include <span>
 #include <string>
 #include <string_view>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "iprobe/proxy/debug_buffer.h"
@@ -160,6 +162,8 @@ struct Stats {
     double windows_min = 0, windows_max = 0, windows_sum = 0;
     std::deque<double> windows_recent;
     std::uint64_t compared = 0, ignored = 0, mismatches = 0, diverged_connections = 0, unchecked_connections = 0;
+    std::uint64_t reordered = 0;
+    std::set<std::pair<std::uint32_t, std::uint32_t>> diverged_legs;  // (connection, target) reported
     std::vector<DivergenceReport> reports;
     std::uint64_t aggregator_unclaimed = 0, aggregator_debug_unmatched = 0;
 
@@ -175,6 +179,42 @@ struct Stats {
 
 class Proxy;
 class MirroredStream;
+
+// Replies of a copy that differ from production's are either the copy's own
+// (it diverged) or only another interleaving of concurrent connections: the
+// copy is fed each connection on its own, so two clients INCRementing one
+// key see the counter's values dealt out differently.  A difference is
+// `reordered` when the copy's reply is production's reply to the same
+// request (same bytes) that production answered within kReorderWindow of
+// this one, and whose own copy reply differed too; each production reply
+// explains one difference at most.  Judged a second after the difference
+// was seen (its partner may come later); the rest diverged.
+class ReorderClassifier {
+public:
+    static constexpr auto kWindow = std::chrono::seconds(1);
+    static constexpr auto kSettle = std::chrono::seconds(1);
+    struct Mismatch {
+        std::uint32_t connection = 0, target = 0;
+        std::uint64_t request = 0, production = 0, copy = 0;  // hashes
+        Clock::time_point production_at{}, seen_at{};
+        std::uint64_t index = 0;
+        std::string request_text, production_excerpt, copy_excerpt;
+        bool classified = false, claimed = false;
+    };
+    explicit ReorderClassifier(Proxy& px) : px_(px) {}
+    void add(Mismatch m);
+    // `all`: the mirror stops; nothing waits for a partner any more.
+    void classify(Clock::time_point now, bool all);
+    std::uint64_t pending() const { return pending_; }
+
+private:
+    static std::uint64_t key(std::uint32_t target, std::uint64_t request, std::uint64_t reply);
+    Proxy& px_;
+    std::deque<Mismatch> list_;
+    std::uint64_t first_id_ = 0;
+    std::unordered_multimap<std::uint64_t, std::uint64_t> by_production_;  // key(production reply) -> id
+    std::uint64_t pending_ = 0;
+};
 
 // One debug copy's side (one per --debug address) of one mirrored connection:
 // its socket, the bounded buffer that feeds it the client's bytes, and the
@@ -392,7 +432,7 @@ struct Slot final : Handler {
 
 struct Acceptor final : Handler {
     Proxy* px;
-    enum class Kind { clients, debug_clients, stats } kind;
+    enum class Kind { clients, debug_clients, stats, hook } kind;
     Watched w;
     void on_event(std::uint32_t events) override;
 };
@@ -435,6 +475,11 @@ public:
     int epfd = -1;
     int debug_epfd = -1;  // debug legs of duplicated connections, polled once per kDebugBatch
     Stats stats;
+    ReorderClassifier reorders{*this};
+    // A copy's reply differed for good: counted, and the connection's first
+    // reported (per copy).
+    void diverged(std::uint32_t connection, std::uint32_t target, std::uint64_t index, const std::string& request,
+                  const std::string& production, const std::string& copy);
     // New connections record into it; one that opened under an earlier
     // recording keeps writing there (see MirrorCommand::Kind::record).
     std::shared_ptr<Recorder> recorder;
@@ -444,6 +489,7 @@ public:
     void accept_clients(Acceptor& a);
     void accept_debug_client(Acceptor& a);
     void accept_stats(Acceptor& a);
+    void accept_hook(Acceptor& a);
     void retire(MirroredStream* c) { retired_.insert(c); }
     // Capture mode: connections are made by the capture, not accepted.
     std::uint32_t new_connection_id() { return next_id_++; }
@@ -482,9 +528,10 @@ private:
     std::unique_ptr<Capture> capture_;  // capture mode: the packet source instead of clients_
     std::vector<DebugLeg*> debug_queue_;  // bytes waiting for the next debug pass
     Clock::time_point last_debug_pass_{};
-    Acceptor clients_, debug_clients_, stats_listener_;
+    Acceptor clients_, debug_clients_, stats_listener_, hook_listener_;
     SignalHandler signals_;
     ControlChannel control_;
+    std::vector<std::unique_ptr<ControlChannel>> hook_channels_;  // the CRIU hook's connections
     std::map<std::uint32_t, std::unique_ptr<MirroredStream>> connections_;
     std::set<MirroredStream*> retired_;
     std::set<StatsClient*> retired_stats_;

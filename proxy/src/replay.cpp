@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <signal.h>
 #include <vector>
 
@@ -25,13 +26,32 @@ using Clock = std::chrono::steady_clock;
 
 constexpr std::size_t kMaxReports = 100;
 
+class ReplyCheck;
+
+// A reply that differed, judged once the replay is over: requests that were
+// in flight at production at the same time (each sent before the other was
+// answered) may have run there in either order, whatever order the
+// recording lists them in.  A difference is `reordered` when the replayed
+// reply is production's reply to the same request (same bytes) concurrent
+// with it, whose own replayed reply differed too; each production reply
+// explains one difference at most.  The rest diverged.
+struct Difference {
+    ReplyCheck* check;
+    std::uint64_t index;
+    std::uint64_t request, production, replayed;  // hashes
+    std::uint64_t sent_ns, answered_ns;           // at production, as recorded
+    std::string request_text, production_excerpt, replayed_excerpt;
+    bool claimed = false;
+};
+
 // The service's replies on one replayed connection against production's, as
 // recorded.  Everything production sent is known up front, so it is framed
 // (and the requests with it) before the first byte goes out.
 class ReplyCheck {
 public:
-    ReplyCheck(std::uint32_t connection, const ReplayOptions& opt, DivergenceStats& out)
-        : connection_(connection), opt_(opt), out_(out) {
+    ReplyCheck(std::uint32_t connection, const ReplayOptions& opt, DivergenceStats& out,
+               std::vector<Difference>& differences)
+        : connection_(connection), opt_(opt), out_(out), differences_(differences) {
         if (opt.compare == Protocol::stream) {
             stream_ = std::make_unique<StreamComparer>(std::size_t(64) << 20);
         } else {
@@ -40,22 +60,37 @@ public:
             framer_[1] = Framer::create(opt.compare, Role::response, opt.rules);
         }
     }
-    void request(const std::string& bytes) {
+    void request(const std::string& bytes, std::uint64_t t_ns) {
         if (!request_framer_ || failed_) return;
         scratch_.clear();
         request_framer_->feed(as_span(bytes), scratch_);
         if (request_framer_->failed()) return fail();
+        sent_ns_.insert(sent_ns_.end(), scratch_.size(), t_ns);
         for (auto& m : scratch_) {
             framer_[0]->expect(m);
             framer_[1]->expect(m);
             queues_.requests.push_back(std::move(m));
         }
     }
-    void recorded_reply(const std::string& bytes) {
+    void recorded_reply(const std::string& bytes, std::uint64_t t_ns) {
         saw_reference_ = true;
         feed(0, as_span(bytes));
+        answered_ns_.resize(std::max(answered_ns_.size(), queues_.replies[0].size() + matched_reference_), t_ns);
+    }
+    void report(std::uint64_t index, const std::string& request, const std::string& ref, const std::string& copy) {
+        ++out_.mismatches;
+        if (reported_) return;
+        reported_ = true;
+        ++out_.diverged_connections;
+        if (out_.reports.size() < kMaxReports)
+            out_.reports.push_back({connection_, index, stream_ != nullptr, request, ref, copy, 0, 0});
     }
     void reply(std::span<const std::uint8_t> bytes) { feed(1, bytes); }
+    // The service's replies framed so far; nullopt once they cannot be told apart.
+    std::optional<std::uint64_t> replies() const {
+        if (failed_ || stream_) return std::nullopt;
+        return replies_;
+    }
     // The service closed (or the drain ended): what is left unmatched on
     // either side is a difference too.
     void finish(bool service_closed) {
@@ -104,23 +139,23 @@ private:
         scratch_.clear();
         framer_[side]->feed(bytes, scratch_);
         if (framer_[side]->failed()) return fail();
+        if (side == 1) replies_ += scratch_.size();
         for (auto& m : scratch_) queues_.replies[side].push_back(std::move(m));
         match();
     }
     void match() {
+        const std::size_t before = queues_.replies[0].size();
         out_.ignored += queues_.match(opt_.rules, [&](std::uint64_t index, const Message& req, const Message& ref,
-                                                      const Message& copy) {
+                                                      const Message& copy, auto) {
             ++out_.compared;
-            if (ref.hash != copy.hash) report(index, req.summary, ref.excerpt, copy.excerpt);
+            if (ref.hash == copy.hash) return;
+            const auto at = [](const std::vector<std::uint64_t>& v, std::uint64_t i) {
+                return i < v.size() ? v[i] : std::uint64_t(0);
+            };
+            differences_.push_back({this, index, req.hash, ref.hash, copy.hash, at(sent_ns_, index),
+                                    at(answered_ns_, index), req.summary, ref.excerpt, copy.excerpt});
         });
-    }
-    void report(std::uint64_t index, const std::string& request, const std::string& ref, const std::string& copy) {
-        ++out_.mismatches;
-        if (reported_) return;
-        reported_ = true;
-        ++out_.diverged_connections;
-        if (out_.reports.size() < kMaxReports)
-            out_.reports.push_back({connection_, index, stream_ != nullptr, request, ref, copy, 0, 0});
+        matched_reference_ += before - queues_.replies[0].size();
     }
     void fail() {
         if (failed_) return;
@@ -131,11 +166,15 @@ private:
     std::uint32_t connection_;
     const ReplayOptions& opt_;
     DivergenceStats& out_;
+    std::vector<Difference>& differences_;
+    std::vector<std::uint64_t> sent_ns_, answered_ns_;  // per request, at production (recorded)
+    std::size_t matched_reference_ = 0;                 // reference replies popped by match()
     std::unique_ptr<Framer> request_framer_, framer_[2];
     std::unique_ptr<StreamComparer> stream_;
     ReplyQueues queues_;
     std::vector<Message> scratch_;
     bool saw_reference_ = false, reported_ = false, failed_ = false, done_ = false;
+    std::uint64_t replies_ = 0;
 };
 
 struct ReplayConnection {
@@ -147,7 +186,35 @@ struct ReplayConnection {
     bool shut = false;
     bool done = false;       // the service closed too (or failed)
     std::unique_ptr<ReplyCheck> check;
+    // Ordered replay: the requests handed to the connection so far.
+    std::unique_ptr<Framer> sent_framer;
+    std::uint64_t requests_sent = 0;
+    std::vector<Message> scratch;
+    // Requests sent that the service has not answered yet (0 when unknown).
+    std::uint64_t unanswered() const {
+        if (done || !check) return 0;
+        const auto answered = check->replies();
+        return answered && *answered < requests_sent ? requests_sent - *answered : 0;
+    }
 };
+
+void classify_differences(std::vector<Difference>& differences, DivergenceStats& out) {
+    std::multimap<std::pair<std::uint64_t, std::uint64_t>, Difference*> by_production;
+    for (Difference& d : differences) by_production.emplace(std::pair(d.request, d.production), &d);
+    for (Difference& d : differences) {
+        bool explained = false;
+        const auto [from, to] = by_production.equal_range(std::pair(d.request, d.replayed));
+        for (auto it = from; it != to && !explained; ++it) {
+            Difference& p = *it->second;
+            const bool concurrent = p.sent_ns <= d.answered_ns && d.sent_ns <= p.answered_ns;
+            if (&p == &d || p.claimed || !concurrent) continue;
+            p.claimed = explained = true;
+        }
+        if (explained) ++out.reordered;
+        else d.check->report(d.index, d.request_text, d.production_excerpt, d.replayed_excerpt);
+    }
+    differences.clear();
+}
 
 }  // namespace
 
@@ -158,20 +225,33 @@ ReplayResult run_replay(const ReplayOptions& opt) {
     if (!records.empty()) result.recorded_s = static_cast<double>(records.back().t_ns) / 1e9;
 
     std::map<std::uint32_t, ReplayConnection> conns;
+    std::vector<Difference> differences;
     result.comparison.mode = protocol_name(opt.compare);
     if (opt.compare != Protocol::off) {
         // Production's side of every connection, framed before anything is sent.
         for (const Record& r : records) {
             if (r.kind == RecordKind::open) {
-                conns[r.connection].check = std::make_unique<ReplyCheck>(r.connection, opt, result.comparison);
+                conns[r.connection].check =
+                    std::make_unique<ReplyCheck>(r.connection, opt, result.comparison, differences);
                 continue;
             }
             auto it = conns.find(r.connection);
             if (it == conns.end()) continue;
-            if (r.kind == RecordKind::data) it->second.check->request(r.bytes);
-            if (r.kind == RecordKind::reply) it->second.check->recorded_reply(r.bytes);
+            if (r.kind == RecordKind::data) it->second.check->request(r.bytes, r.t_ns);
+            if (r.kind == RecordKind::reply) it->second.check->recorded_reply(r.bytes, r.t_ns);
         }
     }
+    // Production's order across connections: a request waits for every
+    // other connection's requests sent before it to be answered.
+    result.ordered = opt.ordered && (opt.compare == Protocol::resp || opt.compare == Protocol::http);
+    if (result.ordered)
+        for (auto& [id, c] : conns) c.sent_framer = Framer::create(opt.compare, Role::request, opt.rules);
+    const auto others_answered = [&](std::uint32_t connection) {
+        for (const auto& [id, c] : conns)
+            if (id != connection && c.unanswered() > 0) return false;
+        return true;
+    };
+    Clock::time_point waiting_since{};
     const auto start = Clock::now();
     std::size_t next = 0;
     char buf[65536];
@@ -186,6 +266,12 @@ ReplayResult run_replay(const ReplayOptions& opt) {
                 const auto due = start + std::chrono::nanoseconds(static_cast<std::int64_t>(static_cast<double>(r.t_ns) / opt.speed));
                 if (due > now) break;
             }
+            if (result.ordered && r.kind == RecordKind::data && !others_answered(r.connection)) {
+                if (waiting_since == Clock::time_point{}) waiting_since = now;
+                if (now - waiting_since < std::chrono::duration<double>(opt.order_wait_s)) break;
+                ++result.order_timeouts;
+            }
+            waiting_since = {};
             ++next;
             if (r.kind == RecordKind::reply) continue;  // production's answer, not input
             if (r.kind == RecordKind::open) {
@@ -201,7 +287,14 @@ ReplayResult run_replay(const ReplayOptions& opt) {
             auto it = conns.find(r.connection);
             if (it == conns.end() || it->second.done) continue;
             if (r.kind == RecordKind::data) {
-                it->second.out.append(r.bytes);
+                ReplayConnection& c = it->second;
+                c.out.append(r.bytes);
+                if (c.sent_framer) {
+                    c.scratch.clear();
+                    c.sent_framer->feed({reinterpret_cast<const std::uint8_t*>(r.bytes.data()), r.bytes.size()},
+                                        c.scratch);
+                    c.requests_sent += c.scratch.size();
+                }
             } else {
                 it->second.ended = true;
             }
@@ -229,7 +322,7 @@ ReplayResult run_replay(const ReplayOptions& opt) {
             timeout_ms = static_cast<int>(std::clamp<std::int64_t>(
                 std::chrono::duration_cast<std::chrono::milliseconds>(due - Clock::now()).count(), 0, 100));
         } else if (next < records.size()) {
-            timeout_ms = 0;
+            timeout_ms = waiting_since == Clock::time_point{} ? 0 : 5;  // waiting for replies: poll wakes for them
         }
         ::poll(fds.data(), fds.size(), timeout_ms);
         for (std::size_t i = 0; i < fds.size(); ++i) {
@@ -286,6 +379,7 @@ ReplayResult run_replay(const ReplayOptions& opt) {
         }
     }
     result.elapsed_s = std::chrono::duration<double>(Clock::now() - start).count();
+    classify_differences(differences, result.comparison);
     for (auto& [id, c] : conns)
         if (c.check) c.check->finish(false);
     return result;
@@ -300,6 +394,8 @@ std::string to_json(const ReplayResult& r) {
     j.field("bytes_sent", r.bytes_sent);
     j.field("bytes_received", r.bytes_received);
     j.field("unfinished", r.unfinished);
+    j.field("ordered", r.ordered);
+    j.field("order_timeouts", r.order_timeouts);
     j.field("recorded_s", r.recorded_s);
     j.field("elapsed_s", r.elapsed_s);
     j.key("comparison").begin_object();

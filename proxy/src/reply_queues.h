@@ -18,9 +18,10 @@ struct ReplyQueues {
     std::deque<std::chrono::steady_clock::time_point> reference_at;  // when each waiting reference reply arrived
     std::uint64_t index = 0;                     // replies matched so far
 
-    // Pops every matched pair; `on_pair(index, request, reference, copy)`
-    // for each one whose request is not ignored by `rules`.  Returns the
-    // number of ignored pairs.
+    // Pops every matched pair; `on_pair(index, request, reference, copy,
+    // reference_at)` for each one whose request is not ignored by `rules`
+    // (reference_at: when the reference reply arrived, if kept).  Returns
+    // the number of ignored pairs.
     template <typename OnPair>
     std::uint64_t match(const DivergenceRules& rules, OnPair&& on_pair) {
         std::uint64_t ignored = 0;
@@ -29,7 +30,11 @@ struct ReplyQueues {
             Message copy = std::move(replies[1].front());
             replies[0].pop_front();
             replies[1].pop_front();
-            if (!reference_at.empty()) reference_at.pop_front();
+            std::chrono::steady_clock::time_point ref_at{};
+            if (!reference_at.empty()) {
+                ref_at = reference_at.front();
+                reference_at.pop_front();
+            }
             Message req;
             if (!requests.empty()) {
                 req = std::move(requests.front());
@@ -40,7 +45,7 @@ struct ReplyQueues {
                 ++ignored;
                 continue;
             }
-            on_pair(at, req, ref, copy);
+            on_pair(at, req, ref, copy, ref_at);
         }
         return ignored;
     }

@@ -80,6 +80,46 @@ bool SocketDiag::listening(int family, std::uint16_t port) {
     return found;
 }
 
+namespace {
+
+SocketDiag::Connection connection_of(const inet_diag_msg& m, const nlmsghdr* h) {
+    SocketDiag::Connection c;
+    c.open = m.idiag_state != kTcpTimeWait;
+    c.unread = m.idiag_rqueue;
+    auto attr_len = static_cast<int>(h->nlmsg_len - NLMSG_LENGTH(sizeof m));
+    for (auto* a = reinterpret_cast<const rtattr*>(&m + 1); RTA_OK(a, attr_len); a = RTA_NEXT(a, attr_len)) {
+        if (a->rta_type != INET_DIAG_INFO) continue;
+        tcp_info info{};
+        std::memcpy(&info, RTA_DATA(a), std::min<std::size_t>(RTA_PAYLOAD(a), sizeof info));
+        c.counted = RTA_PAYLOAD(a) >= offsetof(tcp_info, tcpi_bytes_received) + sizeof info.tcpi_bytes_received;
+        if (c.counted) c.bytes_received = info.tcpi_bytes_received;
+    }
+    return c;
+}
+
+}  // namespace
+
+std::vector<std::pair<FlowKey, SocketDiag::Connection>> SocketDiag::connections(int family, std::uint16_t port) {
+    std::vector<std::pair<FlowKey, Connection>> out;
+    if (!fd_) return out;
+    inet_diag_req_v2 diag{};
+    diag.sdiag_family = static_cast<std::uint8_t>(family);
+    diag.sdiag_protocol = IPPROTO_TCP;
+    diag.idiag_states = ~0u & ~(1u << kTcpListen) & ~(1u << kTcpTimeWait);
+    diag.idiag_ext = 1u << (INET_DIAG_INFO - 1);
+    exchange(fd_.get(), ++seq_, diag, true, [&](const inet_diag_msg& m, const nlmsghdr* h) {
+        if (ntohs(m.id.idiag_sport) != port || m.id.idiag_dport == 0) return;
+        FlowKey key;
+        key.family = family;
+        key.server_port = port;
+        key.client_port = ntohs(m.id.idiag_dport);
+        std::memcpy(key.server.data(), m.id.idiag_src, family == AF_INET ? 4 : 16);
+        std::memcpy(key.client.data(), m.id.idiag_dst, family == AF_INET ? 4 : 16);
+        out.emplace_back(key, connection_of(m, h));
+    });
+    return out;
+}
+
 std::optional<SocketDiag::Connection> SocketDiag::lookup(const FlowKey& key) {
     if (!fd_) return std::nullopt;
     inet_diag_req_v2 diag{};
@@ -94,19 +134,8 @@ std::optional<SocketDiag::Connection> SocketDiag::lookup(const FlowKey& key) {
     std::memcpy(diag.id.idiag_dst, key.client.data(), key.family == AF_INET ? 4 : 16);
     diag.id.idiag_cookie[0] = diag.id.idiag_cookie[1] = INET_DIAG_NOCOOKIE;
     std::optional<Connection> found;
-    exchange(fd_.get(), ++seq_, diag, false, [&](const inet_diag_msg& m, const nlmsghdr* h) {
-        Connection c;
-        c.open = m.idiag_state != kTcpTimeWait;
-        auto attr_len = static_cast<int>(h->nlmsg_len - NLMSG_LENGTH(sizeof m));
-        for (auto* a = reinterpret_cast<const rtattr*>(&m + 1); RTA_OK(a, attr_len); a = RTA_NEXT(a, attr_len)) {
-            if (a->rta_type != INET_DIAG_INFO) continue;
-            tcp_info info{};
-            std::memcpy(&info, RTA_DATA(a), std::min<std::size_t>(RTA_PAYLOAD(a), sizeof info));
-            c.counted = RTA_PAYLOAD(a) >= offsetof(tcp_info, tcpi_bytes_received) + sizeof info.tcpi_bytes_received;
-            if (c.counted) c.bytes_received = info.tcpi_bytes_received;
-        }
-        found = c;
-    });
+    exchange(fd_.get(), ++seq_, diag, false,
+             [&](const inet_diag_msg& m, const nlmsghdr* h) { found = connection_of(m, h); });
     return found;
 }
 

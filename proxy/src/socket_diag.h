@@ -6,6 +6,8 @@
 
 #include <cstdint>
 #include <optional>
+#include <utility>
+#include <vector>
 
 #include "iprobe/support/fd.h"
 
@@ -26,10 +28,14 @@ public:
         bool open = false;                 // established or closing; false: TIME_WAIT
         bool counted = false;              // the kernel reports bytes_received (4.1 and later)
         std::uint64_t bytes_received = 0;  // in order, from the client
+        std::uint32_t unread = 0;          // of those, still in the socket's receive queue
     };
     // Production's side of the connection `key`; nullopt when it has no
     // socket any more.
     std::optional<Connection> lookup(const FlowKey& key);
+    // Every connection production accepted on `port` (not listening, not
+    // TIME_WAIT), client first in each key.
+    std::vector<std::pair<FlowKey, Connection>> connections(int family, std::uint16_t port);
 
 private:
     UniqueFd fd_;

@@ -18,6 +18,8 @@ void write_divergence_fields(JsonWriter& j, const DivergenceStats& d, CompareSou
     j.field("mismatches", d.mismatches);
     j.field("diverged_connections", d.diverged_connections);
     j.field("unchecked_connections", d.unchecked_connections);
+    j.field("reordered", d.reordered);
+    j.field("unclassified", d.unclassified);
     j.key("reports").begin_array();
     for (const auto& r : d.reports) {
         j.begin_object();
@@ -124,6 +126,13 @@ void write_stats_fields(JsonWriter& j, const MirrorStats& s) {
         j.field("connections_from_start", c.connections_from_start);
         j.field("connections_joined", c.connections_joined);
         j.field("connections_unjoinable", c.connections_unjoinable);
+        j.field("connections_joining", c.connections_joining);
+        j.field("holding", c.holding);
+        j.field("checkpoint_connections", c.checkpoint_connections);
+        j.field("resumed_connections", c.resumed_connections);
+        j.field("skipped_requests", c.skipped_requests);
+        j.field("missed_connections", c.missed_connections);
+        j.field("missed_requests", c.missed_requests);
         j.field("lost_connections", c.lost_connections);
         j.field("lost_reply_connections", c.lost_reply_connections);
         j.field("checked_with_production", c.checked_with_production);
@@ -161,7 +170,9 @@ void write_stats_fields(JsonWriter& j, const MirrorStats& s) {
         j.end_array();
         if (c.captured) {
             j.field("client", c.captured->client);
-            j.field("capture", c.captured->joined ? "joined" : "from_start");
+            j.field("capture", c.captured->status != "followed" ? c.captured->status
+                               : c.captured->joined                ? "joined"
+                                                                   : "from_start");
             j.field("lost_client_bytes", c.captured->lost_client_bytes);
             j.field("lost_replies", c.captured->lost_replies);
         }
@@ -252,6 +263,8 @@ MirrorStats parse_mirror_stats(std::string_view text) {
         read(v, "compared", s.divergence.compared);
         read(v, "ignored", s.divergence.ignored);
         read(v, "mismatches", s.divergence.mismatches);
+        read(v, "reordered", s.divergence.reordered);
+        read(v, "unclassified", s.divergence.unclassified);
         read(v, "diverged_connections", s.divergence.diverged_connections);
         read(v, "unchecked_connections", s.divergence.unchecked_connections);
         for (const Json& r : array(v, "reports")) {
@@ -301,7 +314,9 @@ MirrorStats parse_mirror_stats(std::string_view text) {
             if (c.contains("capture")) {
                 MirrorStats::ConnectionStats::Captured captured;
                 read(c, "client", captured.client);
-                captured.joined = c.value("capture", "") == "joined";
+                const std::string how = c.value("capture", "");
+                captured.joined = how == "joined";
+                if (how != "joined" && how != "from_start") captured.status = how;
                 read(c, "lost_client_bytes", captured.lost_client_bytes);
                 read(c, "lost_replies", captured.lost_replies);
                 cs.captured = std::move(captured);
@@ -332,6 +347,13 @@ MirrorStats parse_mirror_stats(std::string_view text) {
             read(c, "connections_from_start", cap.connections_from_start);
             read(c, "connections_joined", cap.connections_joined);
             read(c, "connections_unjoinable", cap.connections_unjoinable);
+            read(c, "connections_joining", cap.connections_joining);
+            read(c, "holding", cap.holding);
+            read(c, "checkpoint_connections", cap.checkpoint_connections);
+            read(c, "resumed_connections", cap.resumed_connections);
+            read(c, "skipped_requests", cap.skipped_requests);
+            read(c, "missed_connections", cap.missed_connections);
+            read(c, "missed_requests", cap.missed_requests);
             read(c, "lost_connections", cap.lost_connections);
             read(c, "lost_reply_connections", cap.lost_reply_connections);
             read(c, "checked_with_production", cap.checked_with_production);
@@ -407,21 +429,36 @@ MirrorReady parse_ready_event(std::string_view text) {
     }
 }
 
+namespace {
+constexpr std::pair<MirrorCommand::Kind, const char*> kCommandNames[] = {
+    {MirrorCommand::Kind::record, "record"},
+    {MirrorCommand::Kind::checkpoint, "checkpoint"},
+    {MirrorCommand::Kind::release, "release"},
+};
+}  // namespace
+
 std::string to_json(const MirrorCommand& command) {
     JsonWriter j;
-    j.begin_object().field("command", "record").field("path", command.path).end_object();
+    j.begin_object();
+    for (const auto& [kind, name] : kCommandNames)
+        if (kind == command.kind) j.field("command", name);
+    if (command.kind == MirrorCommand::Kind::record) j.field("path", command.path);
+    j.end_object();
     return j.str();
 }
 
 MirrorCommand parse_mirror_command(std::string_view text) {
     try {
         const Json doc = Json::parse(text);
-        if (!doc.is_object() || doc.value("command", "") != "record")
-            throw Error("mirror command: unknown command (only \"record\")", ExitCode::bad_input);
-        MirrorCommand c;
-        c.kind = MirrorCommand::Kind::record;
-        c.path = doc.value("path", "");
-        return c;
+        const std::string name = doc.is_object() ? doc.value("command", "") : "";
+        for (const auto& [kind, known] : kCommandNames)
+            if (name == known) {
+                MirrorCommand c;
+                c.kind = kind;
+                c.path = doc.value("path", "");
+                return c;
+            }
+        throw Error("mirror command: unknown command '" + name + "' (record, checkpoint, release)", ExitCode::bad_input);
     } catch (const Json::exception& e) {
         throw Error(std::string("mirror command: ") + e.what(), ExitCode::bad_input);
     }
@@ -431,7 +468,15 @@ std::string to_json(const MirrorCommandReply& reply) {
     JsonWriter j;
     j.begin_object().field("ok", reply.ok);
     if (!reply.error.empty()) j.field("error", reply.error);
-    j.field("open_connections", reply.open_connections).field("at_s", reply.at_s).end_object();
+    j.field("open_connections", reply.open_connections).field("at_s", reply.at_s);
+    j.field("connections", reply.connections).field("resumed", reply.resumed);
+    j.field("skipped_requests", reply.skipped_requests);
+    j.key("missed").begin_array();
+    for (const auto& m : reply.missed) {
+        j.begin_object().field("connection", m.connection).field("client", m.client);
+        j.field("requests", m.requests).field("reason", m.reason).end_object();
+    }
+    j.end_array().end_object();
     return j.str();
 }
 
@@ -444,6 +489,17 @@ MirrorCommandReply parse_mirror_command_reply(std::string_view text) {
         read(doc, "error", r.error);
         read(doc, "open_connections", r.open_connections);
         read(doc, "at_s", r.at_s);
+        read(doc, "connections", r.connections);
+        read(doc, "resumed", r.resumed);
+        read(doc, "skipped_requests", r.skipped_requests);
+        for (const Json& m : array(doc, "missed")) {
+            MissedConnection missed;
+            read(m, "connection", missed.connection);
+            read(m, "client", missed.client);
+            read(m, "requests", missed.requests);
+            read(m, "reason", missed.reason);
+            r.missed.push_back(std::move(missed));
+        }
         return r;
     } catch (const Json::exception& e) {
         throw Error(std::string("mirror command reply: ") + e.what(), ExitCode::bad_input);

@@ -77,6 +77,8 @@ MirrorStats Proxy::snapshot() const {
     s.divergence.compared = stats.compared;
     s.divergence.ignored = stats.ignored;
     s.divergence.mismatches = stats.mismatches;
+    s.divergence.reordered = stats.reordered;
+    s.divergence.unclassified = reorders.pending();
     s.divergence.diverged_connections = stats.diverged_connections;
     s.divergence.unchecked_connections = stats.unchecked_connections;
     const bool byte_offsets = opt.divergence == Protocol::stream || opt.upstream.has_value();
@@ -115,6 +117,7 @@ MirrorStats Proxy::snapshot() const {
         }
         if (s.open_connections.size() < kMaxListedConnections) s.open_connections.push_back(std::move(cs));
     }
+    if (capture_) capture_->unfollowed(s.open_connections, kMaxListedConnections, now);
     return s;
 }
 

@@ -439,6 +439,47 @@ TEST_F(CaptureMirror, ConnectionsOpenBeforeTheCaptureAreJoinedAtTheirNextCommand
     EXPECT_EQ(m.stop(), 0) << m.log();
 }
 
+// Redis' inline commands ("PING\r\n", what redis-cli typed, telnet and health
+// checks send) join as multibulk ones do; a connection that says nothing is
+// listed as joining, never invisible.
+TEST_F(CaptureMirror, EveryRespFramingOfAnOpenConnectionJoinsAndAnIdleOneIsListed) {
+    const TwoHosts& net = *hosts_;
+    RedisIn& copy = *copy_;
+    RespClient inline_client(net.clients, net.prod_ip, 6379), multibulk(net.clients, net.prod_ip, 6379),
+        idle(net.clients, net.prod_ip, 6379);
+    inline_client.send("PING\r\n");
+    ASSERT_EQ(inline_client.reply(), "+PONG");
+    ASSERT_EQ(multibulk.command({"PING"}), "+PONG");
+    ASSERT_EQ(idle.command({"PING"}), "+PONG");
+    MirrorProcess m(net.prod, dir,
+                    {"--capture", net.prod_if + ":6379", "--debug", "127.0.0.1:6390", "--divergence", "resp"});
+    constexpr int kCommands = 50;
+    for (int i = 0; i < kCommands; ++i) {
+        inline_client.send("SET inline:" + std::to_string(i) + " v" + std::to_string(i) + "\r\n");
+        ASSERT_EQ(inline_client.reply(), "+OK");
+        inline_client.send("PING\r\n");
+        ASSERT_EQ(inline_client.reply(), "+PONG");
+        ASSERT_EQ(multibulk.command({"SET", "multibulk:" + std::to_string(i), "v"}), "+OK");
+    }
+    ASSERT_TRUE(m.wait([](const MirrorStats& s) { return s.divergence.compared >= 3 * kCommands; })) << m.stats_text();
+    MirrorStats s = m.stats();
+    EXPECT_EQ(s.capture->connections_joined, 2u) << m.stats_text();
+    EXPECT_EQ(s.capture->connections_joining, 1u) << m.stats_text();
+    EXPECT_EQ(s.capture->connections_unjoinable, 0u);
+    int listed_joining = 0;
+    for (const auto& c : s.open_connections)
+        if (c.captured && c.captured->status == "joining") ++listed_joining;
+    EXPECT_EQ(listed_joining, 1) << m.stats_text();
+    EXPECT_EQ(s.divergence.mismatches, 0u) << m.stats_text();
+    EXPECT_EQ(copy.cli({"GET", "inline:49"}), "v49");
+    EXPECT_EQ(copy.cli({"DBSIZE"}), std::to_string(2 * kCommands));
+    // The idle connection speaks at last: joined then.
+    ASSERT_EQ(idle.command({"SET", "idle", "1"}), "+OK");
+    ASSERT_TRUE(m.wait([](const MirrorStats& s) { return s.capture->connections_joined == 3; })) << m.stats_text();
+    EXPECT_EQ(m.stats().capture->connections_joining, 0u);
+    EXPECT_EQ(m.stop(), 0) << m.log();
+}
+
 TEST_F(CaptureMirror, CaptureLossEndsOnlyTheConnectionThatLostBytes) {
     const TwoHosts& net = *hosts_;
     RedisIn &production = *production_, &copy = *copy_;

@@ -335,6 +335,15 @@ TEST(ProxyRequestStart, RecognisesRespAndHttpRequestsOnly) {
     EXPECT_FALSE(resp(bytes("*3\r\n:1\r\n")));
     EXPECT_FALSE(resp(bytes("value-bytes\r\n")));
     EXPECT_FALSE(resp(bytes("*0\r\n")));
+    // Inline commands: whole lines, each a command name and its arguments.
+    EXPECT_TRUE(resp(bytes("PING\r\n")));
+    EXPECT_TRUE(resp(bytes("SET k v\r\n")));
+    EXPECT_TRUE(resp(bytes("ping\n")));
+    EXPECT_TRUE(resp(bytes("PING\r\nINCR n\r\n")));
+    EXPECT_FALSE(resp(bytes("PING")));                 // the line is not whole
+    EXPECT_FALSE(resp(bytes("PING\r\n*1\r\n$4\r\n")));  // a multibulk tail cut off
+    EXPECT_FALSE(resp(bytes("SET k \x01v\r\n")));
+    EXPECT_FALSE(resp(bytes("12345\r\n")));
     EXPECT_TRUE(http(bytes("GET /index.html HTTP/1.1\r\nHost: x\r\n\r\n")));
     EXPECT_TRUE(http(bytes("POST /api HTTP/1.0\r\n")));
     EXPECT_FALSE(http(bytes("HTTP/1.1 200 OK\r\n")));

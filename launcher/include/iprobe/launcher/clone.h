@@ -34,6 +34,11 @@ struct CloneOptions {
     // every write end is closed (the caller exited or was killed), the clone
     // ends itself.  -1: the clone lives until `iprobe clone --destroy`.
     int lifeline_fd = -1;
+    // take_checkpoint: while CRIU holds production frozen after the dump, the
+    // mirror listening on this Unix socket is told so (iprobe-criu-hook, see
+    // include/iprobe/formats/checkpoint_hook.h), and production resumes once
+    // it answered.  Empty: no hook.
+    std::string frozen_hook_socket;
 };
 
 // Timings are milliseconds.

@@ -26,6 +26,9 @@ Endpoint parse_endpoint(std::string_view text, std::string_view what);
 
 // A non-blocking listening socket; Error(busy) when the port is in use.
 UniqueFd listen_on(const Endpoint& at, std::string_view what);
+// A non-blocking listening Unix stream socket at `path` (mode 0600; an old
+// socket file there is replaced).
+UniqueFd listen_unix(const std::string& path);
 // The address a socket is actually bound to (resolves port 0).
 Endpoint local_endpoint(int fd);
 // Starts a non-blocking connect; the fd is valid even when the connect is in

@@ -72,8 +72,10 @@ protected:
 
 // Whether `bytes` (a client's segment) begins a request: where a connection
 // already open can be joined mid-stream.  RESP: an array of bulk strings
-// ("*3\r\n$3\r\nSET..."), which every redis client sends; HTTP/1.x: a request
-// line ("GET /path HTTP/1.1").  Null for protocols without such a mark.
+// ("*3\r\n$3\r\nSET..."), which redis client libraries send, or whole lines
+// of inline commands ("PING\r\n", "SET k v\r\n": redis-cli, telnet, health
+// checks); HTTP/1.x: a request line ("GET /path HTTP/1.1").  Null for
+// protocols without such a mark.
 using RequestStartTest = bool (*)(std::span<const std::uint8_t> bytes);
 RequestStartTest request_start_test(Protocol protocol);
 

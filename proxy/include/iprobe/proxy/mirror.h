@@ -73,6 +73,10 @@ struct MirrorOptions {
     std::string record_path;               // client->server and production's replies (see recording.h)
     std::optional<Endpoint> stats;
     int control_fd = -1;                   // commands from a supervisor (MirrorCommand), answered there
+    // Capture: hold every connection's bytes (no debug copy yet) until the
+    // `release` command; `checkpoint` marks where the clone's copy starts.
+    bool hold = false;
+    std::string hook_socket;               // a Unix socket taking MirrorCommands too (the CRIU hook)
     bool json = false;   // ready line and final stats as JSON on stdout
     bool quiet = false;  // no per-event log lines on stderr
 };
@@ -93,14 +97,34 @@ struct MirrorCommand {
         // recording).  Connections already open keep recording where they
         // started, so a recording holds whole connections only.
         record,
+        // Capture with `hold`: production is frozen for a checkpoint now
+        // (sent by the CRIU hook, include/iprobe/formats/checkpoint_hook.h):
+        // read how far production has read each connection.
+        checkpoint,
+        // Capture with `hold`: the clone restored from that checkpoint is
+        // ready.  Each connection is fed to it from the first request the
+        // checkpoint did not include; what cannot be is in the reply.
+        release,
     } kind = Kind::record;
     std::string path;
+};
+// A connection the clone is missing requests of, from the clone's start.
+struct MissedConnection {
+    std::uint32_t connection = 0;
+    std::string client;
+    std::uint64_t requests = 0;  // known to be missed (0: unknown how many)
+    std::string reason;
 };
 struct MirrorCommandReply {
     bool ok = false;
     std::string error;
     std::uint64_t open_connections = 0;  // connections open now (in no new recording)
     double at_s = 0;                     // the mirror's uptime when the command took effect
+    // checkpoint: production's connections read; release: connections fed to
+    // the clone from the checkpoint on, requests skipped because the
+    // checkpoint held them, and what the clone misses.
+    std::uint64_t connections = 0, resumed = 0, skipped_requests = 0;
+    std::vector<MissedConnection> missed;
 };
 std::string to_json(const MirrorCommand& command);
 std::string to_json(const MirrorCommandReply& reply);

@@ -34,7 +34,14 @@ struct DivergenceReportStats {
 // by `iprobe replay --compare` (the replayed service's against the recorded).
 struct DivergenceStats {
     std::string mode;  // off | stream | resp | http
+    // mismatches: replies that differ and that no other interleaving of
+    // concurrent connections explains (the copy diverged); reordered: replies
+    // that differ only as another interleaving would make them (the copy's
+    // reply is production's reply to the same request sent at about the same
+    // time, see proxy/README.md); unclassified: differences not yet told
+    // apart (at most a second old).
     std::uint64_t compared = 0, ignored = 0, mismatches = 0, diverged_connections = 0, unchecked_connections = 0;
+    std::uint64_t reordered = 0, unclassified = 0;
     std::vector<DivergenceReportStats> reports;  // the first difference of each diverged connection (<= 100)
     bool operator==(const DivergenceStats&) const = default;
 };
@@ -102,6 +109,16 @@ struct MirrorStats {
         std::uint64_t flows = 0;            // connections followed now (open, joining, or just closed)
         std::uint64_t untracked_flows = 0;  // not followed: the flow table was full
         std::uint64_t connections_from_start = 0, connections_joined = 0, connections_unjoinable = 0;
+        // Connections open now that are not followed yet: waiting for a
+        // request to join at (listed in open_connections as "joining").
+        std::uint64_t connections_joining = 0;
+        // --hold: the clone's start.  Production's connections when it was
+        // checkpointed, those fed to the clone from the first request the
+        // checkpoint did not hold (skipping the requests it did), and those
+        // the clone misses requests of (each also a diverged connection).
+        bool holding = false;
+        std::uint64_t checkpoint_connections = 0, resumed_connections = 0, skipped_requests = 0;
+        std::uint64_t missed_connections = 0, missed_requests = 0;
         // Client bytes lost to the capture: that connection's debug side closed.
         std::uint64_t lost_connections = 0;
         // Production's replies lost to the capture: the copy still fed, its replies no longer compared.
@@ -135,9 +152,12 @@ struct MirrorStats {
         std::vector<Leg> debug;  // one per --debug address
         // Capture mode: whose connection, followed from its SYN or joined,
         // and what of it the capture lost.
+        // A connection the capture sees but does not follow (no debug legs):
+        // status "joining" (no request start seen yet) or "unjoinable".
         struct Captured {
             std::string client;
             bool joined = false, lost_client_bytes = false, lost_replies = false;
+            std::string status = "followed";  // followed | joining | unjoinable
             bool operator==(const Captured&) const = default;
         };
         std::optional<Captured> captured;
