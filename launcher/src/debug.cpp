@@ -172,7 +172,9 @@ void DebugSession::start_mirror() {
         command.argv.insert(command.argv.end(), {"--record", input_path(recording_)});
         recording_on_ = true;
     }
-    mirror_ = spawn(command.argv, out_wr.get(), 2, false, {ready_wr.get(), control_theirs.get()});
+    // A group of its own: a terminal's Ctrl-C reaches the launcher only, which
+    // then ends the session in order (the mirror's final stats first).
+    mirror_ = spawn(command.argv, out_wr.get(), 2, true, {ready_wr.get(), control_theirs.get()});
     out_wr.reset();
     ready_wr.reset();
     control_theirs.reset();
@@ -296,13 +298,18 @@ void DebugSession::teardown() {
 
 int DebugSession::run() {
     // Started in the background by a shell, SIGINT comes ignored; an
-    // ignored signal never reaches the signalfd.
+    // ignored signal never reaches the signalfd.  Ctrl-C, SIGTERM and SIGHUP
+    // (the terminal gone) all end the session the same way: reports, final
+    // stats, everything removed, exit 0.  Every child leads a process group
+    // of its own, so a signal to ours reaches none of them.
     ::signal(SIGINT, SIG_DFL);
     ::signal(SIGTERM, SIG_DFL);
+    ::signal(SIGHUP, SIG_DFL);
     sigset_t mask;
     sigemptyset(&mask);
     sigaddset(&mask, SIGINT);
     sigaddset(&mask, SIGTERM);
+    sigaddset(&mask, SIGHUP);
     sigaddset(&mask, SIGCHLD);
     sigprocmask(SIG_BLOCK, &mask, nullptr);
     UniqueFd sigfd(::signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK));
@@ -314,7 +321,7 @@ int DebugSession::run() {
     start_mirror();
     double last_clone = now_ms();
     long long overflows_seen = 0, diverged_seen = 0;
-    int exit_code = 0;
+    int exit_code = 0, stop_signal = 0;
     const int tick_ms = o_.adapt ? 250 : 1000;
     double last_adapt = 0;
     for (;;) {
@@ -332,12 +339,19 @@ int DebugSession::run() {
         bool stop = false;
         signalfd_siginfo si;
         while (::read(sigfd.get(), &si, sizeof si) == sizeof si) {
-            if (si.ssi_signo == SIGINT || si.ssi_signo == SIGTERM) stop = true;
+            if (si.ssi_signo == SIGINT || si.ssi_signo == SIGTERM || si.ssi_signo == SIGHUP) {
+                stop = true;
+                stop_signal = static_cast<int>(si.ssi_signo);
+            }
         }
         int status;
-        if (mirror_ > 0 && ::waitpid(mirror_, &status, WNOHANG) == mirror_) {
+        if (!stop && mirror_ > 0 && ::waitpid(mirror_, &status, WNOHANG) == mirror_) {
             mirror_ = -1;
-            event("error", "the mirror exited; stopping");
+            const std::string how = WIFSIGNALED(status) ? std::string("was killed by signal ") + ::strsignal(WTERMSIG(status))
+                                                        : "exited with " + std::to_string(WEXITSTATUS(status));
+            event("error", "the mirror " + how + "; stopping", [&](JsonWriter& w) {
+                w.field("message", "the mirror " + how + "; stopping").field("t_s", now_s());
+            });
             exit_code = 1;
             stop = true;
         }
@@ -394,9 +408,11 @@ int DebugSession::run() {
     }
     // Relayed whole (with the open connections), as the mirror serves it.
     const auto final_stats = proxy::fetch_mirror_stats(stats_at_, std::chrono::seconds(2));
-    event("stopping", "stopping: removing the clone and the mirror; production keeps running", [&](JsonWriter& w) {
+    const std::string why = stop_signal ? std::string(" (") + sigabbrev_np(stop_signal) + ")" : std::string();
+    event("stopping", "stopping" + why + ": removing the clone and the mirror; production keeps running", [&](JsonWriter& w) {
         if (!final_stats) w.key("stats").null();
         else w.key("stats").raw(*final_stats);
+        if (stop_signal) w.field("signal", std::string("SIG") + sigabbrev_np(stop_signal));
     });
     teardown();
     return exit_code;
