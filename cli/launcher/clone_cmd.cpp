@@ -126,6 +126,19 @@ void print_result(const CloneResult& r, bool json, bool alive_known = true) {
     if (!alive_known && r.keeper_pid <= 0) std::printf("  state        not running (remove with --destroy)\n");
 }
 
+void print_removed(const std::string& name, const std::vector<Removed>& removed, bool json) {
+    if (json) {
+        JsonWriter w;
+        w.begin_object().field("destroyed", name).key("removed").begin_array();
+        for (const auto& r : removed) w.begin_object().field("kind", r.kind).field("what", r.what).end_object();
+        w.end_array().end_object();
+        std::printf("%s\n", w.str().c_str());
+        return;
+    }
+    std::printf("clone %s destroyed\n", name.c_str());
+    for (const auto& r : removed) std::printf("  removed %-10s %s\n", r.kind.c_str(), r.what.c_str());
+}
+
 }  // namespace
 
 int clone_main(const std::vector<std::string>& args) {
@@ -143,13 +156,16 @@ int clone_main(const std::vector<std::string>& args) {
     if (a.positionals().size() > 1) kSpec.fail("unexpected argument '" + a.positionals()[1] + "'");
     if (!a.positionals().empty()) o.pid = parse_pid(a.positionals().front());
     if (!destroy.empty()) {
-        if (!to.empty()) destroy_agent_clone(to, destroy);
-        else if (is_container_clone(destroy)) destroy_container_clone(destroy);
-        else destroy_clone(destroy);
-        if (json)
-            std::printf("{\"destroyed\":\"%s\"}\n", destroy.c_str());
-        else
-            std::printf("clone %s destroyed\n", destroy.c_str());
+        std::vector<Removed> removed;
+        if (!to.empty()) {
+            destroy_agent_clone(to, destroy);
+            removed.push_back({"agent-clone", destroy + " on " + to});
+        } else if (is_container_clone(destroy)) {
+            removed = destroy_container_clone(destroy);
+        } else {
+            removed = destroy_clone(destroy);
+        }
+        print_removed(destroy, removed, json);
         return 0;
     }
     if (list) {

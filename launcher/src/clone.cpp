@@ -188,22 +188,43 @@ namespace {
 
 // `scratch_too`: also a scratch checkpoint left by a launcher killed before
 // it could remove it.  Not when making a clone: that launcher's own new
-// checkpoint may be there.
-void remove_clone(const std::string& name, bool scratch_too) {
+// checkpoint may be there.  Returns what it removed.
+std::vector<Removed> remove_clone(const std::string& name, bool scratch_too) {
     // A launcher killed before it recorded the clone left at most a state
     // directory without a state file and its scratch checkpoint.
     const bool remains_only = !fs::exists(state_dir(name) + "/state");
     if (remains_only && !fs::exists(state_dir(name)) && !(scratch_too && fs::exists(scratch_checkpoint_dir(name))))
         read_state(name);  // throws: no such clone
     State st = remains_only ? State{} : read_state(name);
-    kill_keeper(to_pid(st["keeper_pid"]), st["keeper_start"]);
+    std::vector<Removed> removed;
+    auto keeper_gone = [&](pid_t keeper, const std::string& started) {
+        if (!still_running(keeper, started)) return;
+        kill_keeper(keeper, started);
+        removed.push_back({"clone", "keeper PID " + std::to_string(keeper) + " and the clone's processes"});
+    };
+    keeper_gone(to_pid(st["keeper_pid"]), st["keeper_start"]);
     // Killed mid-restore, the launcher had not learned its keeper's PID.
     if (st["keeper_pid"].empty() && !st["netns"].empty())
-        for (pid_t keeper : keepers_in(st["netns"])) kill_keeper(keeper, start_time(keeper));
-    if (!st["veth"].empty()) delete_link(st["veth"]);
-    if (st["created_netns"] == "1") delete_netns(name);
-    if (scratch_too) remove_tree(scratch_checkpoint_dir(name));
-    remove_tree(state_dir(name));
+        for (pid_t keeper : keepers_in(st["netns"])) keeper_gone(keeper, start_time(keeper));
+    if (!st["veth"].empty() && fs::exists("/sys/class/net/" + st["veth"])) {
+        delete_link(st["veth"]);
+        removed.push_back({"veth", st["veth"]});
+    }
+    // Recorded before `ip netns add` ran: a launcher killed while it ran
+    // leaves a namespace it never got to note as made.
+    if (st["created_netns"] == "1" && fs::exists(netns_path_of(name))) {
+        delete_netns(name);
+        removed.push_back({"netns", name});
+    }
+    if (scratch_too && fs::exists(scratch_checkpoint_dir(name))) {
+        remove_tree(scratch_checkpoint_dir(name));
+        removed.push_back({"checkpoint", scratch_checkpoint_dir(name)});
+    }
+    if (fs::exists(state_dir(name))) {
+        remove_tree(state_dir(name));
+        removed.push_back({"state", state_dir(name)});
+    }
+    return removed;
 }
 
 // Refuses a name in use; removes what a clone of that name left behind when
@@ -339,13 +360,16 @@ CloneResult restore_clone(const Checkpoint& cp, const RestoreOptions& ro) {
 
     throw_if_interrupted("the clone's file copies were removed");
     const std::string netns_path = netns_path_of(name);
-    const bool created_netns = ensure_netns(name);
+    // Recorded before the namespace is made: killed while `ip netns add`
+    // runs, this launcher leaves --destroy what it needs to remove it.
+    const bool created_netns = !fs::exists(netns_path);
+    record_restoring(name, netns_path, created_netns);
     if (created_netns) {
         rollback.netns = name;
+        ensure_netns(name);
         // Sockets bound to production's own addresses must find them.
         add_addresses_to_loopback(name, cp.addresses);
     }
-    record_restoring(name, netns_path, created_netns);
 
     const double restore_start = now_ms();
     progress(progress_to, "restoring the clone into network namespace " + name + " and a new PID namespace");
@@ -433,10 +457,10 @@ CloneResult load_clone(const std::string& name) {
     return r;
 }
 
-void destroy_clone(const std::string& name) {
+std::vector<Removed> destroy_clone(const std::string& name) {
     require_root("iprobe clone --destroy");
     validate_name(name);
-    remove_clone(name, true);
+    return remove_clone(name, true);
 }
 
 std::vector<std::string> list_clones() {

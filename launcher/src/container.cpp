@@ -208,7 +208,7 @@ pid_t container_main_pid(const std::string& container) {
 
 bool is_container_clone(const std::string& name) { return fs::exists(state_file(name)); }
 
-void destroy_container_clone(const std::string& name) {
+std::vector<Removed> destroy_container_clone(const std::string& name) {
     require_root("iprobe clone --destroy");
     validate_name(name);
     std::ifstream in(state_file(name));
@@ -216,12 +216,21 @@ void destroy_container_clone(const std::string& name) {
     if (!(in >> id)) throw Error("no container clone named '" + name + "'", ExitCode::not_found);
     in >> network;
     const std::string podman = podman_path();
-    RunResult rm = run({podman, "container", "rm", "--force", "--time", "1", id});
-    if (!rm.ok() && run({podman, "container", "exists", id}).ok())
-        throw Error("podman could not remove clone " + name + ": " + podman_errors(rm));
-    if (!network.empty()) run({podman, "network", "rm", "--force", network});
+    std::vector<Removed> removed;
+    if (run({podman, "container", "exists", id}).ok()) {
+        RunResult rm = run({podman, "container", "rm", "--force", "--time", "1", id});
+        if (!rm.ok() && run({podman, "container", "exists", id}).ok())
+            throw Error("podman could not remove clone " + name + ": " + podman_errors(rm));
+        removed.push_back({"container", name + " (" + id.substr(0, 12) + ")"});
+    }
+    if (!network.empty() && run({podman, "network", "exists", network}).ok()) {
+        run({podman, "network", "rm", "--force", network});
+        removed.push_back({"network", network});
+    }
     std::error_code ec;
     fs::remove(state_file(name), ec);
+    removed.push_back({"state", state_file(name)});
+    return removed;
 }
 
 }  // namespace iprobe::launcher

@@ -95,8 +95,18 @@ struct RestoreOptions {
 // A clone of `checkpoint` named options.name, as clone_process makes one.
 CloneResult restore_clone(const Checkpoint& checkpoint, const RestoreOptions& options);
 
-// Kills the clone's process tree and removes its namespace and copies.
-void destroy_clone(const std::string& name);
+// One thing `--destroy` removed: kind is "clone" (its keeper and every
+// process of the clone), "netns", "veth", "state", "checkpoint",
+// "container", "network"; what names it (a PID, a name, a path).
+struct Removed {
+    std::string kind;
+    std::string what;
+};
+
+// Kills the clone's process tree and removes its namespace and copies, and
+// whatever a launcher killed half-way left of clone `name`; returns what it
+// removed.  Throws Error(not_found) when nothing of that name exists.
+std::vector<Removed> destroy_clone(const std::string& name);
 
 // Names of clones that exist (their state under /run/iprobe/clones).
 std::vector<std::string> list_clones();

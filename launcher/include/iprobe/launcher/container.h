@@ -9,6 +9,9 @@
 
 #include <functional>
 #include <string>
+#include <vector>
+
+#include "iprobe/launcher/clone.h"
 
 namespace iprobe::launcher {
 
@@ -41,7 +44,8 @@ pid_t container_main_pid(const std::string& container);
 // Whether NAME is a container clone made by clone_container.
 bool is_container_clone(const std::string& name);
 
-// Removes a container clone (and only one made by clone_container).
-void destroy_container_clone(const std::string& name);
+// Removes a container clone (and only one made by clone_container) and its
+// network; returns what it removed.
+std::vector<Removed> destroy_container_clone(const std::string& name);
 
 }  // namespace iprobe::launcher
