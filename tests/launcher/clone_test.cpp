@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <regex>
 
 #include "redis_fixture.h"
 
@@ -160,6 +161,26 @@ TEST_F(LauncherClone, DestroyRemovesCloneAndNamespaceAndLeavesProduction) {
     expect_production_serves();
     auto again = run({iprobe_bin(), "clone", "--destroy", clone_name_});
     EXPECT_EQ(again.exit_code, 5) << again.err;
+}
+
+// `--list` shows the clone as its command did: the same total, never less
+// than its checkpoint and restore (it listed the restore's time alone).
+TEST_F(LauncherClone, ListShowsTheCloneWithTheTimesItsCommandPrinted) {
+    auto r = clone();
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    auto list = run({iprobe_bin(), "clone", "--list", "--json"});
+    ASSERT_EQ(list.exit_code, 0) << list.err;
+    const std::regex entry(R"re(\{"name":")re" + clone_name_ +
+                           R"re(","kind":"local","where":"/run/netns/[^"]+","clone_pid":([0-9]+),"running":true,"unavailable_us":([0-9]+),"freezing_us":([0-9]+),"freeze_us":([0-9]+),"checkpoint_us":([0-9]+),"restore_us":([0-9]+),"total_us":([0-9]+)\})re");
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(list.out, m, entry)) << list.out;
+    EXPECT_EQ(std::stoll(m[1]), json_number(r.out, "clone_pid"));
+    EXPECT_EQ(std::stoll(m[2]), std::stoll(m[3]) + std::stoll(m[4]));
+    EXPECT_EQ(std::stoll(m[4]), json_number(r.out, "freeze_us"));
+    EXPECT_EQ(std::stoll(m[5]), json_number(r.out, "dump_us"));
+    EXPECT_EQ(std::stoll(m[6]), json_number(r.out, "restore_us"));
+    EXPECT_EQ(std::stoll(m[7]), json_number(r.out, "total_us"));
+    EXPECT_GE(std::stoll(m[7]), std::stoll(m[5]) + std::stoll(m[6]));
 }
 
 // The keepers of clone `name`: PID 1 of the clone's PID namespace, in its

@@ -114,4 +114,7 @@ std::vector<std::string> list_clones();
 // Reads a clone's recorded state; throws Error(not_found).
 CloneResult load_clone(const std::string& name);
 
+// The network namespace a local clone `name` runs in (/run/netns/NAME).
+std::string netns_path_of_clone(const std::string& name);
+
 }  // namespace iprobe::launcher
