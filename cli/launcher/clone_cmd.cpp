@@ -73,6 +73,7 @@ void print_container_result(const ContainerCloneResult& r, bool json) {
             .field("address", r.address)
             .field("network", r.network)
             .field("clone_pid", static_cast<std::int64_t>(r.clone_pid))
+            .field("unavailable_us", static_cast<std::int64_t>((r.freezing_ms + r.freeze_ms) * 1e3))
             .field("freeze_us", static_cast<std::int64_t>(r.freeze_ms * 1e3))
             .field("freezing_us", static_cast<std::int64_t>(r.freezing_ms * 1e3))
             .field("checkpoint_us", static_cast<std::int64_t>(r.checkpoint_ms * 1e3))
@@ -96,7 +97,8 @@ void print_container_result(const ContainerCloneResult& r, bool json) {
     for (const auto& [prod, copy] : r.volumes)
         std::printf("  volume       %s: a copy of production's %s\n", copy.c_str(), prod.c_str());
     std::printf("  pid          %d (host)\n", r.clone_pid);
-    std::printf("  freeze       %.3f ms production frozen (+%.3f ms stopping it)\n", r.freeze_ms, r.freezing_ms);
+    std::printf("  unavailable  %.1f ms production could not answer (stopping it %.1f ms, frozen %.1f ms)\n",
+                r.freezing_ms + r.freeze_ms, r.freezing_ms, r.freeze_ms);
     std::printf("  time         checkpoint %.1f ms, restore %.1f ms, total %.1f ms\n", r.checkpoint_ms, r.restore_ms,
                 r.total_ms);
 }
@@ -112,6 +114,7 @@ void print_result(const CloneResult& r, bool json, bool alive_known = true) {
             .field("clone_pid", static_cast<std::int64_t>(r.clone_pid))
             .field("clone_pid_in_ns", static_cast<std::int64_t>(r.clone_pid_in_ns))
             .field("keeper_pid", static_cast<std::int64_t>(r.keeper_pid))
+            .field("unavailable_us", us(r.freezing_ms + r.freeze_ms))
             .field("freeze_us", us(r.freeze_ms))
             .field("freezing_us", us(r.freezing_ms))
             .field("dump_us", us(r.dump_ms))
@@ -133,7 +136,8 @@ void print_result(const CloneResult& r, bool json, bool alive_known = true) {
         std::printf("  host         %s (its network; these PIDs are that host's)\n", r.netns_path.c_str() + 6);
     else
         std::printf("  netns        %s   (enter: nsenter --net=%s ...)\n", r.netns_path.c_str(), r.netns_path.c_str());
-    std::printf("  freeze       %.3f ms production frozen (+%.3f ms stopping it)\n", r.freeze_ms, r.freezing_ms);
+    std::printf("  unavailable  %.1f ms production could not answer (stopping it %.1f ms, frozen %.1f ms)\n",
+                r.freezing_ms + r.freeze_ms, r.freezing_ms, r.freeze_ms);
     std::printf("  time         dump %.1f ms, restore %.1f ms, total %.1f ms\n", r.dump_ms, r.restore_ms, r.total_ms);
     for (const auto& s : r.snapshots) std::printf("  private copy %s\n", s.c_str());
     if (!r.images_dir.empty()) std::printf("  images       %s\n", r.images_dir.c_str());

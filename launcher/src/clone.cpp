@@ -288,7 +288,8 @@ Checkpoint take_checkpoint(const CloneOptions& o, const std::string& dir) {
     cp.freeze_ms = static_cast<double>(stats.frozen_us) / 1e3;
     cp.freezing_ms = static_cast<double>(stats.freezing_us) / 1e3;
     cp.pages_written = stats.pages_written;
-    progress(o, "production frozen for " + fmt_ms(cp.freeze_ms) + " ms");
+    progress(o, "production could not answer for " + fmt_ms(cp.freezing_ms + cp.freeze_ms) + " ms (stopping it " +
+                    fmt_ms(cp.freezing_ms) + " ms, frozen " + fmt_ms(cp.freeze_ms) + " ms)");
     throw_if_interrupted("the checkpoint was removed");
 
     // Copies are taken right after the dump, production running on: the

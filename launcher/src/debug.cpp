@@ -409,10 +409,25 @@ int DebugSession::run() {
     // Relayed whole (with the open connections), as the mirror serves it.
     const auto final_stats = proxy::fetch_mirror_stats(stats_at_, std::chrono::seconds(2));
     const std::string why = stop_signal ? std::string(" (") + sigabbrev_np(stop_signal) + ")" : std::string();
-    event("stopping", "stopping" + why + ": removing the clone and the mirror; production keeps running", [&](JsonWriter& w) {
+    std::string latency;
+    if (pinger_) {
+        const ClientPinger::Latency l = pinger_->latency();
+        char line[160];
+        std::snprintf(line, sizeof line, "; production answered a PING in %.2f ms (p50), %.2f ms (p99), %.1f ms (max)",
+                      l.p50_us / 1e3, l.p99_us / 1e3, l.max_us / 1e3);
+        latency = line;
+    }
+    event("stopping", "stopping" + why + ": removing the clone and the mirror; production keeps running" + latency,
+          [&](JsonWriter& w) {
         if (!final_stats) w.key("stats").null();
         else w.key("stats").raw(*final_stats);
         if (stop_signal) w.field("signal", std::string("SIG") + sigabbrev_np(stop_signal));
+        if (pinger_) {
+            // Production's latency as a client saw it through the session.
+            const ClientPinger::Latency l = pinger_->latency();
+            w.key("production_latency").begin_object().field("samples", l.samples).field("p50_us", l.p50_us);
+            w.field("p99_us", l.p99_us).field("max_us", l.max_us).field("by", "a PING every 10 ms on a connection of its own").end_object();
+        }
     });
     teardown();
     return exit_code;

@@ -602,7 +602,10 @@ CloneResult clone_to_agent(const CloneOptions& o, const std::string& agent) {
         throw;
     }
     const DumpStats stats = read_dump_stats(work + "/images");
-    progress(o, "production frozen for " + fmt_ms(static_cast<double>(stats.frozen_us) / 1e3) + " ms");
+    progress(o, "production could not answer for " +
+                    fmt_ms(static_cast<double>(stats.freezing_us + stats.frozen_us) / 1e3) + " ms (stopping it " +
+                    fmt_ms(static_cast<double>(stats.freezing_us) / 1e3) + " ms, frozen " +
+                    fmt_ms(static_cast<double>(stats.frozen_us) / 1e3) + " ms)");
 
     for (const auto& entry : fs::directory_iterator(work + "/images"))
         if (entry.is_regular_file()) channel.send_file("FILE", entry.path().filename().string(), entry.path().string());

@@ -404,6 +404,15 @@ TEST_P(LauncherDebugStop, SignalToTheSessionsGroupEndsItCleanlyWithStatsAndTheRe
     EXPECT_TRUE(last.starts_with(R"({"event":"stopping","stats":{)")) << last;
     EXPECT_NE(last.find(std::string(R"("signal":"SIG)") + sigabbrev_np(sig) + "\""), std::string::npos) << last;
     EXPECT_NE(last.find(R"("client_to_production":)"), std::string::npos) << last;
+    // Production as its clients felt it: a PING every 10 ms through the
+    // session, and the longest wait around the checkpoint in the clone event.
+    EXPECT_GT(json_number(last, "samples"), 0) << last;
+    EXPECT_GT(json_number(last, "p99_us"), 0) << last;
+    const auto clone_events = events(out_path(), "clone");
+    ASSERT_FALSE(clone_events.empty());
+    EXPECT_GT(json_number(clone_events[0], "client_seen_us"), 0) << clone_events[0];
+    EXPECT_EQ(json_number(clone_events[0], "unavailable_us") >= json_number(clone_events[0], "freeze_us"), true)
+        << clone_events[0];
     // Nothing left: clones, namespaces, state, the mirror.
     for (const auto& n : netns) {
         EXPECT_FALSE(netns_exists(n)) << n;
