@@ -519,6 +519,11 @@ void run_clone_agent(const AgentOptions& o) {
     const proxy::Endpoint at = proxy::parse_endpoint(o.listen, "--listen");
     if (o.state_dir.empty()) throw Error("--state-dir is required", ExitCode::usage);
     fs::create_directories(o.state_dir);
+    // The keeper mounts a private /dev/shm for each clone, over the images.
+    if (under(fs::weakly_canonical(o.state_dir).string(), "/dev/shm"))
+        throw Error("--state-dir " + o.state_dir + " lies in /dev/shm, which each clone gets a private one of (its "
+                    "images would be hidden from the restore); use a directory elsewhere",
+                    ExitCode::usage);
     // The keeper gives each clone a private /run/iprobe over this directory.
     fs::create_directories("/run/iprobe");
     UniqueFd listener = proxy::listen_on(at, "--listen");
