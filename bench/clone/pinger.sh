@@ -59,31 +59,7 @@ json_field() { grep -o "\"$2\":[^,}]*" <<<"$1" | head -1 | cut -d: -f2 | tr -d '
 in_a() { nsenter --net="/run/netns/$a" "$@"; }
 
 # CRIU's stats-dump image: "frozen_ms unavailable_ms".
-dump_stats() {
-  python3 - "$1" <<'PY'
-import struct, sys
-b = open(sys.argv[1], "rb").read()
-(n,) = struct.unpack_from("<I", b, 8)
-msg = b[12:12 + n]
-def fields(m):
-    i = 0
-    while i < len(m):
-        def varint():
-            nonlocal i
-            v = s = 0
-            while True:
-                c = m[i]; i += 1; v |= (c & 0x7f) << s; s += 7
-                if c < 0x80: return v
-        t = varint(); f, w = t >> 3, t & 7
-        if w == 0: yield f, varint()
-        elif w == 2:
-            l = varint(); yield f, m[i:i + l]; i += l
-        elif w == 1: i += 8
-        elif w == 5: i += 4
-d = dict(fields(dict(fields(msg))[1]))
-print("%.1f %.1f" % (d.get(2, 0) / 1000, (d.get(1, 0) + d.get(2, 0)) / 1000))
-PY
-}
+dump_stats() { python3 "$root/bench/clone/criu_stats.py" "$1" | awk '{ printf "%.1f %.1f\n", $1, $1 + $2 }'; }
 
 # Runs "$@" while the pinger ($ping_ns, $ping_host, $ping_port) watches;
 # prints its worst wait (ms).
@@ -103,15 +79,9 @@ client_ms_around() {
 shim="$work/shim"; mkdir -p "$shim"
 echo tcp-close >"$shim/criu.conf"
 printf '#!/bin/sh\nCRIU_CONFIG_FILE=%s/criu.conf exec %s "$@"\n' "$shim" "$criu" >"$shim/criu"; chmod +x "$shim/criu"
-if [[ $modes == *container* ]] && ! podman image exists "$image"; then
-  mkdir -p "$work/rootfs/usr/bin" "$work/rootfs/tmp" "$work/rootfs/data"
-  cp /usr/bin/redis-server "$work/rootfs/usr/bin/"
-  for lib in $(ldd /usr/bin/redis-server | grep -o '/[^ ]*'); do
-    mkdir -p "$work/rootfs$(dirname "$lib")"; cp -L "$lib" "$work/rootfs$lib"
-  done
-  tar -C "$work/rootfs" -cf "$work/rootfs.tar" . && podman import "$work/rootfs.tar" "$image" >/dev/null
-  rm -rf "$work/rootfs" "$work/rootfs.tar"
-fi
+# shellcheck source=bench/clone/redis_image.sh
+. "$root/bench/clone/redis_image.sh"
+[[ $modes != *container* ]] || redis_image "$image" "$rdir"
 nofile=$(ulimit -Hn); nproc=$(ulimit -Hu)
 [[ $nofile == unlimited || $nofile -gt 1048576 ]] && nofile=1048576
 [[ $nproc == unlimited || $nproc -gt 32768 ]] && nproc=32768
