@@ -63,6 +63,8 @@ const ArgSpec kSpec(
     "130 interrupted (Ctrl-C, SIGTERM, SIGHUP: the checkpoint runs to its end, then\n"
     "what was made of the clone is removed).");
 
+std::int64_t us(double ms) { return static_cast<std::int64_t>(ms * 1e3 + 0.5); }
+
 void print_container_result(const ContainerCloneResult& r, bool json) {
     if (json) {
         JsonWriter w;
@@ -74,6 +76,7 @@ void print_container_result(const ContainerCloneResult& r, bool json) {
             .field("network", r.network)
             .field("clone_pid", static_cast<std::int64_t>(r.clone_pid))
             .field("unavailable_us", static_cast<std::int64_t>((r.freezing_ms + r.freeze_ms) * 1e3))
+            .field("client_seen_us", r.client_seen_ms < 0 ? -1 : us(r.client_seen_ms))
             .field("freeze_us", static_cast<std::int64_t>(r.freeze_ms * 1e3))
             .field("freezing_us", static_cast<std::int64_t>(r.freezing_ms * 1e3))
             .field("checkpoint_us", static_cast<std::int64_t>(r.checkpoint_ms * 1e3))
@@ -99,11 +102,11 @@ void print_container_result(const ContainerCloneResult& r, bool json) {
     std::printf("  pid          %d (host)\n", r.clone_pid);
     std::printf("  unavailable  %.1f ms production could not answer (stopping it %.1f ms, frozen %.1f ms)\n",
                 r.freezing_ms + r.freeze_ms, r.freezing_ms, r.freeze_ms);
+    if (r.client_seen_ms >= 0)
+        std::printf("  a client     waited %.1f ms at most for a reply (a PING every 1 ms)\n", r.client_seen_ms);
     std::printf("  time         checkpoint %.1f ms, restore %.1f ms, total %.1f ms\n", r.checkpoint_ms, r.restore_ms,
                 r.total_ms);
 }
-
-std::int64_t us(double ms) { return static_cast<std::int64_t>(ms * 1e3 + 0.5); }
 
 void print_result(const CloneResult& r, bool json, bool alive_known = true) {
     if (json) {
@@ -115,6 +118,7 @@ void print_result(const CloneResult& r, bool json, bool alive_known = true) {
             .field("clone_pid_in_ns", static_cast<std::int64_t>(r.clone_pid_in_ns))
             .field("keeper_pid", static_cast<std::int64_t>(r.keeper_pid))
             .field("unavailable_us", us(r.freezing_ms + r.freeze_ms))
+            .field("client_seen_us", r.client_seen_ms < 0 ? -1 : us(r.client_seen_ms))
             .field("freeze_us", us(r.freeze_ms))
             .field("freezing_us", us(r.freezing_ms))
             .field("dump_us", us(r.dump_ms))
@@ -138,6 +142,8 @@ void print_result(const CloneResult& r, bool json, bool alive_known = true) {
         std::printf("  netns        %s   (enter: nsenter --net=%s ...)\n", r.netns_path.c_str(), r.netns_path.c_str());
     std::printf("  unavailable  %.1f ms production could not answer (stopping it %.1f ms, frozen %.1f ms)\n",
                 r.freezing_ms + r.freeze_ms, r.freezing_ms, r.freeze_ms);
+    if (r.client_seen_ms >= 0)
+        std::printf("  a client     waited %.1f ms at most for a reply (a PING every 1 ms)\n", r.client_seen_ms);
     std::printf("  time         dump %.1f ms, restore %.1f ms, total %.1f ms\n", r.dump_ms, r.restore_ms, r.total_ms);
     for (const auto& s : r.snapshots) std::printf("  private copy %s\n", s.c_str());
     if (!r.images_dir.empty()) std::printf("  images       %s\n", r.images_dir.c_str());

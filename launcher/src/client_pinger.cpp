@@ -1,15 +1,21 @@
 #include "client_pinger.h"
 
+#include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
 
 #include "iprobe/proxy/address.h"
 #include "iprobe/support/error.h"
 #include "iprobe/support/fd.h"
+#include "iprobe/support/proc.h"
 #include "process.h"
 
 namespace iprobe::launcher {
@@ -42,9 +48,41 @@ double percentile(std::vector<double> v, double p) {
 
 }  // namespace
 
-std::unique_ptr<ClientPinger> ClientPinger::start(const std::string& address, std::chrono::microseconds interval) {
+std::string protocol_of_service(pid_t pid) {
+    std::ifstream in("/proc/" + std::to_string(pid) + "/comm");
+    std::string comm;
+    std::getline(in, comm);
+    for (const char* resp : {"redis-server", "keydb-server", "valkey-server", "redis-check-aof"})
+        if (comm == resp) return "resp";
+    for (const char* http : {"nginx", "httpd", "apache2", "lighttpd", "caddy", "h2o", "varnishd"})
+        if (comm == http) return "http";
+    return {};
+}
+
+std::unique_ptr<ClientPinger> ClientPinger::watch(pid_t pid) {
+    if (protocol_of_service(pid) != "resp") return nullptr;
+    const auto listeners = proc::tcp_listeners(pid);
+    if (listeners.empty()) return nullptr;
+    const std::string host = listeners.front().address == "0.0.0.0" ? "127.0.0.1" : listeners.front().address;
+    return start(host + ":" + std::to_string(listeners.front().port), std::chrono::milliseconds(1),
+                 "/proc/" + std::to_string(pid) + "/ns/net");
+}
+
+std::unique_ptr<ClientPinger> ClientPinger::start(const std::string& address, std::chrono::microseconds interval,
+                                                  const std::string& netns) {
     try {
-        UniqueFd fd = proxy::start_connect(proxy::parse_endpoint(address, "production"));
+        UniqueFd fd;
+        if (netns.empty()) {
+            fd = proxy::start_connect(proxy::parse_endpoint(address, "production"));
+        } else {
+            // A socket stays in the namespace it was made in: made by a
+            // thread that joined production's.
+            const proxy::Endpoint to = proxy::parse_endpoint(address, "production");
+            std::thread([&] {
+                UniqueFd ns(::open(netns.c_str(), O_RDONLY | O_CLOEXEC));
+                if (ns && ::setns(ns.get(), CLONE_NEWNET) == 0) fd = proxy::start_connect(to);
+            }).join();
+        }
         pollfd p{fd.get(), POLLOUT, 0};
         int error = 0;
         socklen_t len = sizeof error;
@@ -69,6 +107,10 @@ ClientPinger::~ClientPinger() {
 }
 
 void ClientPinger::loop() {
+    // Signals are the launcher's to handle (its InterruptGuard, signalfd).
+    sigset_t all;
+    sigfillset(&all);
+    ::pthread_sigmask(SIG_BLOCK, &all, nullptr);
     while (!stop_) {
         const double sent = now_ms() * 1e3;
         {

@@ -7,6 +7,8 @@
 #pragma once
 
 #include <atomic>
+#include <sys/types.h>
+
 #include <chrono>
 #include <memory>
 #include <cstdint>
@@ -18,11 +20,22 @@
 
 namespace iprobe::launcher {
 
+// The reply protocol of a service known by its program ("resp" for redis
+// and its kin, "http" for web servers); empty when unknown.
+std::string protocol_of_service(pid_t pid);
+
 class ClientPinger {
 public:
     // Connects to `address` (ADDR:PORT, in the caller's network namespace);
     // null when the service does not answer a PING there.
-    static std::unique_ptr<ClientPinger> start(const std::string& address, std::chrono::microseconds interval);
+    // `netns`: a network namespace to connect from (/proc/PID/ns/net); empty:
+    // the caller's.
+    static std::unique_ptr<ClientPinger> start(const std::string& address, std::chrono::microseconds interval,
+                                               const std::string& netns = {});
+    // A PING every millisecond to the service `pid` is, from inside its
+    // network namespace, on the first port it listens on; null when it is
+    // not a RESP service (by its program) or listens on no TCP port.
+    static std::unique_ptr<ClientPinger> watch(pid_t pid);
     ~ClientPinger();
     ClientPinger(const ClientPinger&) = delete;
     ClientPinger& operator=(const ClientPinger&) = delete;

@@ -25,6 +25,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "client_pinger.h"
 #include "clone_steps.h"
 #include "criu.h"
 #include "iprobe/support/error.h"
@@ -418,7 +419,11 @@ CloneResult clone_process(const CloneOptions& o) {
     named.name = name;
     // Also between the checkpoint and the restore: an interrupt there removes the checkpoint.
     InterruptGuard interrupts;
+    // Production as one of its clients sees the checkpoint.
+    auto client = ClientPinger::watch(o.pid);
     const Checkpoint cp = take_checkpoint(named, dir);
+    const double client_seen_ms = client ? client->window_max_us() / 1e3 : -1;
+    client.reset();
     struct RemoveUnlessKept {
         std::string dir;
         ~RemoveUnlessKept() {
@@ -426,6 +431,7 @@ CloneResult clone_process(const CloneOptions& o) {
         }
     } cleanup{keep ? std::string() : dir};
     CloneResult r = restore_clone(cp, {name, o.progress, o.lifeline_fd});
+    r.client_seen_ms = client_seen_ms;
     r.total_ms = now_ms() - t0;
     // The list shows what this command printed: its whole time.
     State st = read_state(name);

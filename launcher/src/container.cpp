@@ -12,6 +12,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "client_pinger.h"
 #include "criu.h"
 #include "iprobe/launcher/clone.h"
 #include "iprobe/support/error.h"
@@ -300,8 +301,11 @@ ContainerCloneResult clone_container(const ContainerCloneOptions& o) {
                                            "--compress", "none", "--export", work.archive()};
     if (!volumes.made.empty()) checkpoint.push_back("--ignore-volumes");
     checkpoint.push_back(o.container);
+    auto client = ClientPinger::watch(container_main_pid(o.container));
     RunResult dump = run(work.podman(podman, checkpoint));
     r.checkpoint_ms = now_ms() - t;
+    r.client_seen_ms = client ? client->window_max_us() / 1e3 : -1;
+    client.reset();
     if (!dump.ok())
         throw Error("podman could not checkpoint container '" + o.container +
                         "'; production keeps running. podman says: " + podman_errors(dump),

@@ -95,19 +95,6 @@ std::optional<proxy::MirrorStats> mirror_stats(const proxy::Endpoint& at) {
     return proxy::parse_mirror_stats(*doc);
 }
 
-// The reply protocol of a service we know by its program, for divergence
-// checking by message; empty when unknown.
-std::string protocol_of_service(pid_t pid) {
-    std::ifstream in("/proc/" + std::to_string(pid) + "/comm");
-    std::string comm;
-    std::getline(in, comm);
-    for (const char* resp : {"redis-server", "keydb-server", "valkey-server", "redis-check-aof"})
-        if (comm == resp) return "resp";
-    for (const char* http : {"nginx", "httpd", "apache2", "lighttpd", "caddy", "h2o", "varnishd"})
-        if (comm == http) return "http";
-    return {};
-}
-
 std::string joined(const std::vector<std::string>& items, std::size_t max) {
     std::string out;
     for (std::size_t i = 0; i < items.size() && i < max; ++i) out += (i ? ", " : "") + items[i];

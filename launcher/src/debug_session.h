@@ -43,9 +43,7 @@ std::vector<int> pick_subnets(int count);
 std::string subnet_addr(int subnet, int host);
 // The mirror's counters; nullopt while it does not answer.
 std::optional<proxy::MirrorStats> mirror_stats(const proxy::Endpoint& at);
-// The reply protocol of a service we know by its program, for divergence
-// checking by message; empty when unknown.
-std::string protocol_of_service(pid_t pid);
+using launcher::protocol_of_service;  // client_pinger.h
 std::string joined(const std::vector<std::string>& items, std::size_t max = SIZE_MAX);
 std::string percent(double share);
 

@@ -23,6 +23,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "client_pinger.h"
 #include "clone_steps.h"
 #include "criu.h"
 #include "iprobe/proxy/address.h"
@@ -591,12 +592,14 @@ CloneResult clone_to_agent(const CloneOptions& o, const std::string& agent) {
 
     progress(o, "memory goes to the page server at " + host_of(at) + ":" + port);
     double dump_ms = 0;
+    std::unique_ptr<ClientPinger> client;  // production as one of its clients sees the checkpoint
     try {
         const std::uint64_t port_number = number_in(port, "page server port");
         if (port_number == 0 || port_number > 65535)
             throw Error("bad page server port '" + port + "' in the clone protocol", ExitCode::bad_input);
         const UniqueFd page_server = connect_page_server(o.pid, with_port(at, static_cast<int>(port_number)));
         const CorkedTailPusher pusher(page_server.get());
+        client = ClientPinger::watch(o.pid);
         dump_ms = dump_production(o, criu, name, tree.size(), work + "/images", work + "/dump.log", shell_job,
                                   {"--page-server", "--ps-socket", "3"}, page_server.get());
     } catch (const Error&) {
@@ -606,6 +609,8 @@ CloneResult clone_to_agent(const CloneOptions& o, const std::string& agent) {
         }
         throw;
     }
+    const double client_seen_ms = client ? client->window_max_us() / 1e3 : -1;
+    client.reset();
     const DumpStats stats = read_dump_stats(work + "/images");
     progress(o, "production could not answer for " +
                     fmt_ms(static_cast<double>(stats.freezing_us + stats.frozen_us) / 1e3) + " ms (stopping it " +
@@ -638,6 +643,7 @@ CloneResult clone_to_agent(const CloneOptions& o, const std::string& agent) {
     r.restore_ms = static_cast<double>(number_in(restored[3], "restore time")) / 1e3;
     r.pages_written = stats.pages_written;
     r.snapshots = snapshots;
+    r.client_seen_ms = client_seen_ms;
     r.total_ms = now_ms() - t0;
     record_remote_clone(r, agent);
     return r;

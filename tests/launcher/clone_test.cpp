@@ -103,6 +103,11 @@ TEST_F(LauncherClone, CloneAnswersWithProductionsDatasetWhileProductionServesThr
     EXPECT_NE(nspid.find(std::to_string(redis_->pid())), std::string::npos) << nspid;
     EXPECT_EQ(json_number(r.out, "clone_pid_in_ns"), redis_->pid());
     EXPECT_GE(json_number(r.out, "freeze_us"), 0);
+    // The freeze as a client felt it (a PING every 1 ms) and as CRIU counts
+    // it, stopping included: the same wait, to within the pings' spacing.
+    const long long seen = json_number(r.out, "client_seen_us"), unavailable = json_number(r.out, "unavailable_us");
+    EXPECT_GT(seen, 0) << r.out;
+    EXPECT_EQ(unavailable, json_number(r.out, "freezing_us") + json_number(r.out, "freeze_us")) << r.out;
     EXPECT_TRUE(netns_exists(clone_name_));
 
     EXPECT_EQ(clone_cli({"PING"}), "PONG");

@@ -294,6 +294,8 @@ TEST_F(LauncherContainerAsRun, PublishedPortNamedVolumeAndOwnNetworkAreRemappedF
     ASSERT_TRUE(std::regex_search(r.out, m, std::regex(R"re("ports":\{"6379/tcp":"127\.0\.0\.1:([0-9]+)"\})re")))
         << r.out;
     const int clone_port = std::stoi(m[1]);
+    EXPECT_TRUE(std::regex_search(r.out, std::regex(R"re("client_seen_us":[1-9][0-9]*)re")))
+        << "production's freeze as a client felt it: " << r.out;
     EXPECT_NE(clone_port, published_);
     const std::string clone_volume = "iprobe-" + clone_ + "-ipt-vol-" + tag_;
     EXPECT_NE(r.out.find("\"volumes\":{\"ipt-vol-" + tag_ + "\":\"" + clone_volume + "\"}"), std::string::npos) << r.out;

@@ -127,6 +127,7 @@ TEST_F(LauncherRemote, CloneRunsOnTheSecondHostAndServesMirroredTraffic) {
     EXPECT_TRUE(same_netns(clone_pid, host_b_->path())) << "the clone must run in the second host's network";
     EXPECT_EQ(json_number(r.out, "clone_pid_in_ns"), redis_->pid());
     EXPECT_GE(json_number(r.out, "freeze_us"), 0);
+    EXPECT_GT(json_number(r.out, "client_seen_us"), 0) << "production's freeze as a client felt it: " << r.out;
     EXPECT_GT(json_number(r.out, "pages_written"), 0);
     EXPECT_TRUE(fs::exists(agent_dir_ / (name_ + "/images"))) << "the agent keeps the clone's state in its own directory";
 

@@ -48,6 +48,10 @@ struct CloneResult {
     double dump_ms = 0;             // criu dump, wall clock
     double restore_ms = 0;          // criu restore, wall clock
     double total_ms = 0;
+    // The longest a client of production waited for a reply meanwhile (a
+    // PING every 1 ms on a connection of its own; RESP services), -1 when
+    // not measured.
+    double client_seen_ms = -1;
     unsigned long long pages_written = 0;
     std::vector<std::string> snapshots;  // paths the clone sees as private copies
     std::string images_dir;              // empty unless kept

@@ -33,6 +33,7 @@ struct ContainerCloneResult {
     double freeze_ms = 0;   // production frozen (CRIU frozen_time)
     double freezing_ms = 0; // time CRIU took to stop it
     double checkpoint_ms = 0, restore_ms = 0, total_ms = 0;
+    double client_seen_ms = -1;  // as CloneResult::client_seen_ms
     unsigned long long pages_written = 0;
     // What would have collided with production, and what the clone has
     // instead: each port production publishes is published by the clone on
