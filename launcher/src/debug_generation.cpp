@@ -227,8 +227,10 @@ void DebugSession::make_generation() {
 // that lets the mirror reach the service where it listens.
 void DebugSession::connect_clone(Clone& c) {
     const std::string host_ip = subnet_addr(c.subnet, 1), clone_ip = subnet_addr(c.subnet, 2);
-    create_veth(c.name, c.veth, host_ip + "/30", clone_ip + "/30");
+    // Recorded first: a launcher killed while the pair is made leaves
+    // --destroy its name.
     record_clone_veth(c.name, c.veth);
+    create_veth(c.name, c.veth, host_ip + "/30", clone_ip + "/30");
     const std::string ns = "--net=" + c.clone.netns_path;
     const std::string target = service_ip_;
     const bool loopback = target.rfind("127.", 0) == 0;
