@@ -40,17 +40,12 @@ cleanup() {
 trap cleanup EXIT
 
 now_ms() { date +%s%3N; }
+# shellcheck source=bench/clone/redis_image.sh
+. "$root/bench/clone/redis_image.sh"
 json_field() { grep -o "\"$2\":[^,}]*" <<<"$1" | head -1 | cut -d: -f2 | tr -d '"'; }
 
 # The image: redis-server and the libraries it loads, from this host.
-if ! podman image exists "$image"; then
-  mkdir -p "$work/rootfs/usr/bin" "$work/rootfs/tmp" "$work/rootfs/data"
-  cp /usr/bin/redis-server "$work/rootfs/usr/bin/"
-  for lib in $(ldd /usr/bin/redis-server | grep -o '/[^ ]*'); do
-    mkdir -p "$work/rootfs$(dirname "$lib")"; cp -L "$lib" "$work/rootfs$lib"
-  done
-  tar -C "$work/rootfs" -cf "$work/rootfs.tar" . && podman import "$work/rootfs.tar" "$image" >/dev/null
-fi
+redis_image "$image" "$work"
 nofile=$(ulimit -Hn); nproc=$(ulimit -Hu)
 [[ $nofile == unlimited || $nofile -gt 1048576 ]] && nofile=1048576
 [[ $nproc == unlimited || $nproc -gt 32768 ]] && nproc=32768

@@ -6,6 +6,7 @@
 #include "commands.h"
 #include "iprobe/launcher/clone.h"
 #include "iprobe/launcher/container.h"
+#include "iprobe/launcher/inventory.h"
 #include "iprobe/launcher/remote.h"
 #include "iprobe/support/args.h"
 #include "iprobe/support/error.h"
@@ -49,8 +50,11 @@ const ArgSpec kSpec(
         {"--no-default-snapshots", "", "copy only --fs-snapshot paths"},
         {"--keep-images", "DIR", "keep the checkpoint in DIR (must be empty): CRIU's images,\n"
                                  "the file copies and checkpoint.json"},
-        {"--destroy", "NAME", "kill a clone, remove its namespace and copies"},
-        {"--list", "", "show existing clones"},
+        {"--destroy", "NAME", "remove clone NAME, whatever its kind (and what a killed\n"
+                              "iprobe left of it); says what it removed"},
+        {"--list", "", "every clone on this host, of every kind: local, --container,\n"
+                       "--to (made here, running elsewhere), and those an\n"
+                       "iprobe clone-agent here holds for other hosts"},
         {"--json", "", "machine-readable output"},
     },
     "Needs root and CRIU >= 4.2 (scripts/setup installs it; IPROBE_CRIU overrides).\n"
@@ -58,6 +62,8 @@ const ArgSpec kSpec(
     "5 no such process/container/clone, 6 clone name in use, 7 CRIU or podman missing,\n"
     "130 interrupted (Ctrl-C, SIGTERM, SIGHUP: the checkpoint runs to its end, then\n"
     "what was made of the clone is removed).");
+
+std::int64_t us(double ms) { return static_cast<std::int64_t>(ms * 1e3 + 0.5); }
 
 void print_container_result(const ContainerCloneResult& r, bool json) {
     if (json) {
@@ -69,25 +75,38 @@ void print_container_result(const ContainerCloneResult& r, bool json) {
             .field("address", r.address)
             .field("network", r.network)
             .field("clone_pid", static_cast<std::int64_t>(r.clone_pid))
+            .field("unavailable_us", static_cast<std::int64_t>((r.freezing_ms + r.freeze_ms) * 1e3))
+            .field("client_seen_us", r.client_seen_ms < 0 ? -1 : us(r.client_seen_ms))
             .field("freeze_us", static_cast<std::int64_t>(r.freeze_ms * 1e3))
             .field("freezing_us", static_cast<std::int64_t>(r.freezing_ms * 1e3))
             .field("checkpoint_us", static_cast<std::int64_t>(r.checkpoint_ms * 1e3))
             .field("restore_us", static_cast<std::int64_t>(r.restore_ms * 1e3))
             .field("total_us", static_cast<std::int64_t>(r.total_ms * 1e3))
-            .field("pages_written", static_cast<std::uint64_t>(r.pages_written))
-            .end_object();
+            .field("pages_written", static_cast<std::uint64_t>(r.pages_written));
+        w.key("ports").begin_object();
+        for (const auto& [port, at] : r.ports) w.field(port, at);
+        w.end_object();
+        w.key("volumes").begin_object();
+        for (const auto& [prod, copy] : r.volumes) w.field(prod, copy);
+        w.end_object().end_object();
         std::printf("%s\n", w.str().c_str());
         return;
     }
     std::printf("clone %s (container %.12s) of container %s\n", r.name.c_str(), r.id.c_str(), r.source.c_str());
     std::printf("  address      %s on network %s (the clone's alone, isolated)\n", r.address.c_str(), r.network.c_str());
+    for (const auto& [port, at] : r.ports)
+        std::printf("  port         %s published at %s (production's host port is production's)\n", port.c_str(),
+                    at.c_str());
+    for (const auto& [prod, copy] : r.volumes)
+        std::printf("  volume       %s: a copy of production's %s\n", copy.c_str(), prod.c_str());
     std::printf("  pid          %d (host)\n", r.clone_pid);
-    std::printf("  freeze       %.3f ms production frozen (+%.3f ms stopping it)\n", r.freeze_ms, r.freezing_ms);
+    std::printf("  unavailable  %.1f ms production could not answer (stopping it %.1f ms, frozen %.1f ms)\n",
+                r.freezing_ms + r.freeze_ms, r.freezing_ms, r.freeze_ms);
+    if (r.client_seen_ms >= 0)
+        std::printf("  a client     waited %.1f ms at most for a reply (a PING every 1 ms)\n", r.client_seen_ms);
     std::printf("  time         checkpoint %.1f ms, restore %.1f ms, total %.1f ms\n", r.checkpoint_ms, r.restore_ms,
                 r.total_ms);
 }
-
-std::int64_t us(double ms) { return static_cast<std::int64_t>(ms * 1e3 + 0.5); }
 
 void print_result(const CloneResult& r, bool json, bool alive_known = true) {
     if (json) {
@@ -98,6 +117,8 @@ void print_result(const CloneResult& r, bool json, bool alive_known = true) {
             .field("clone_pid", static_cast<std::int64_t>(r.clone_pid))
             .field("clone_pid_in_ns", static_cast<std::int64_t>(r.clone_pid_in_ns))
             .field("keeper_pid", static_cast<std::int64_t>(r.keeper_pid))
+            .field("unavailable_us", us(r.freezing_ms + r.freeze_ms))
+            .field("client_seen_us", r.client_seen_ms < 0 ? -1 : us(r.client_seen_ms))
             .field("freeze_us", us(r.freeze_ms))
             .field("freezing_us", us(r.freezing_ms))
             .field("dump_us", us(r.dump_ms))
@@ -119,11 +140,54 @@ void print_result(const CloneResult& r, bool json, bool alive_known = true) {
         std::printf("  host         %s (its network; these PIDs are that host's)\n", r.netns_path.c_str() + 6);
     else
         std::printf("  netns        %s   (enter: nsenter --net=%s ...)\n", r.netns_path.c_str(), r.netns_path.c_str());
-    std::printf("  freeze       %.3f ms production frozen (+%.3f ms stopping it)\n", r.freeze_ms, r.freezing_ms);
+    std::printf("  unavailable  %.1f ms production could not answer (stopping it %.1f ms, frozen %.1f ms)\n",
+                r.freezing_ms + r.freeze_ms, r.freezing_ms, r.freeze_ms);
+    if (r.client_seen_ms >= 0)
+        std::printf("  a client     waited %.1f ms at most for a reply (a PING every 1 ms)\n", r.client_seen_ms);
     std::printf("  time         dump %.1f ms, restore %.1f ms, total %.1f ms\n", r.dump_ms, r.restore_ms, r.total_ms);
     for (const auto& s : r.snapshots) std::printf("  private copy %s\n", s.c_str());
     if (!r.images_dir.empty()) std::printf("  images       %s\n", r.images_dir.c_str());
     if (!alive_known && r.keeper_pid <= 0) std::printf("  state        not running (remove with --destroy)\n");
+}
+
+void print_inventory(const std::vector<InventoryEntry>& clones, bool json) {
+    if (json) {
+        JsonWriter w;
+        w.begin_array();
+        for (const auto& c : clones) {
+            w.begin_object().field("name", c.name).field("kind", c.kind).field("where", c.where);
+            w.field("clone_pid", static_cast<std::int64_t>(c.clone_pid)).field("running", c.running);
+            w.field("unavailable_us", us(c.unavailable_ms)).field("freezing_us", us(c.freezing_ms));
+            w.field("freeze_us", us(c.freeze_ms)).field("checkpoint_us", us(c.checkpoint_ms));
+            w.field("restore_us", us(c.restore_ms)).field("total_us", us(c.total_ms)).end_object();
+        }
+        w.end_array();
+        std::printf("%s\n", w.str().c_str());
+        return;
+    }
+    if (clones.empty()) {
+        std::printf("no clones\n");
+        return;
+    }
+    std::printf("%-28s %-9s %8s %-8s %11s %13s %10s %9s  %s\n", "NAME", "KIND", "PID", "STATE", "UNAVAIL ms",
+                "CHECKPOINT ms", "RESTORE ms", "TOTAL ms", "WHERE");
+    for (const auto& c : clones)
+        std::printf("%-28s %-9s %8d %-8s %11.1f %13.1f %10.1f %9.1f  %s\n", c.name.c_str(), c.kind.c_str(), c.clone_pid,
+                    c.running ? "running" : "remains", c.unavailable_ms, c.checkpoint_ms, c.restore_ms, c.total_ms,
+                    c.where.c_str());
+}
+
+void print_removed(const std::string& name, const std::vector<Removed>& removed, bool json) {
+    if (json) {
+        JsonWriter w;
+        w.begin_object().field("destroyed", name).key("removed").begin_array();
+        for (const auto& r : removed) w.begin_object().field("kind", r.kind).field("what", r.what).end_object();
+        w.end_array().end_object();
+        std::printf("%s\n", w.str().c_str());
+        return;
+    }
+    std::printf("clone %s destroyed\n", name.c_str());
+    for (const auto& r : removed) std::printf("  removed %-10s %s\n", r.kind.c_str(), r.what.c_str());
 }
 
 }  // namespace
@@ -143,23 +207,18 @@ int clone_main(const std::vector<std::string>& args) {
     if (a.positionals().size() > 1) kSpec.fail("unexpected argument '" + a.positionals()[1] + "'");
     if (!a.positionals().empty()) o.pid = parse_pid(a.positionals().front());
     if (!destroy.empty()) {
-        if (!to.empty()) destroy_agent_clone(to, destroy);
-        else if (is_container_clone(destroy)) destroy_container_clone(destroy);
-        else destroy_clone(destroy);
-        if (json)
-            std::printf("{\"destroyed\":\"%s\"}\n", destroy.c_str());
-        else
-            std::printf("clone %s destroyed\n", destroy.c_str());
+        std::vector<Removed> removed;
+        if (!to.empty()) {
+            destroy_agent_clone(to, destroy);
+            removed.push_back({"agent-clone", destroy + " on " + to});
+        } else {
+            removed = destroy_any_clone(destroy);
+        }
+        print_removed(destroy, removed, json);
         return 0;
     }
     if (list) {
-        auto names = list_clones();
-        if (json) std::printf("[");
-        for (size_t i = 0; i < names.size(); ++i) {
-            if (json && i) std::printf(",");
-            print_result(load_clone(names[i]), json, false);
-        }
-        if (json) std::printf("]\n");
+        print_inventory(list_every_clone(), json);
         return 0;
     }
     if (!container.empty()) {

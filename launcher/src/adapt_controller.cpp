@@ -1,6 +1,7 @@
 #include "iprobe/launcher/adapt_controller.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <numeric>
 
@@ -29,7 +30,8 @@ AdaptController::AdaptController(std::size_t functions, double entry_ns, double 
       cost_(functions, 0),
       cost_per_byte_(functions, 0),
       measured_(functions, false),
-      calm_s_(config.calm_s) {}
+      calm_s_(config.calm_s),
+      step_share_(config.restore_share) {}
 
 std::size_t AdaptController::on_count() const { return static_cast<std::size_t>(std::count(on_.begin(), on_.end(), true)); }
 
@@ -130,8 +132,10 @@ AdaptDecision AdaptController::restore(const AdaptObservation& o) {
         if (!on_[f]) off.push_back(f);
     std::stable_sort(off.begin(), off.end(), [&](std::size_t a, std::size_t b) { return predicted(a) < predicted(b); });
     const double idle = std::max(0.0, 1.0 - busy_);
+    const std::size_t step =
+        std::max(c_.restore_min, static_cast<std::size_t>(std::ceil(next_step_share() * static_cast<double>(off.size()))));
     for (std::size_t f : off) {
-        if (d.cost + predicted(f) > idle * c_.headroom) break;
+        if (d.functions.size() >= step || d.cost + predicted(f) > idle * c_.headroom) break;
         d.functions.push_back(f);
         d.cost += predicted(f);
     }
@@ -146,6 +150,11 @@ AdaptDecision AdaptController::restore(const AdaptObservation& o) {
     return d;
 }
 
+// The previous restore held (no drop since): a larger step this time.
+double AdaptController::next_step_share() const {
+    return last_restore_ > last_drop_ ? std::min(1.0, 2 * step_share_) : step_share_;
+}
+
 void AdaptController::applied(const AdaptDecision& d, double t_s) {
     if (d.action == AdaptDecision::Action::none) return;
     const bool restoring = d.action == AdaptDecision::Action::restore;
@@ -153,10 +162,15 @@ void AdaptController::applied(const AdaptDecision& d, double t_s) {
     if (restoring) {
         // A long quiet time since the last drop: the load has settled.
         if (t_s - last_drop_ > 4 * calm_s_) calm_s_ = std::max(c_.calm_s, calm_s_ / 2);
+        step_share_ = next_step_share();
         last_restore_ = t_s;
     } else {
-        // Dropped again soon after a restore: wait longer before the next.
-        if (t_s - last_restore_ < 2 * calm_s_) calm_s_ = std::min(c_.max_calm_s, 2 * calm_s_);
+        // Dropped again soon after a restore: wait longer before the next,
+        // and bring back less at a time.
+        if (t_s - last_restore_ < 2 * calm_s_) {
+            calm_s_ = std::min(c_.max_calm_s, 2 * calm_s_);
+            step_share_ = std::max(1.0 / static_cast<double>(std::max<std::size_t>(1, on_.size())), step_share_ / 2);
+        }
         last_drop_ = t_s;
     }
     calm_since_ = -1;

@@ -26,6 +26,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "client_pinger.h"
 #include "clone_steps.h"
 #include "criu.h"
 #include "iprobe/formats/checkpoint_hook.h"
@@ -194,22 +195,43 @@ namespace {
 
 // `scratch_too`: also a scratch checkpoint left by a launcher killed before
 // it could remove it.  Not when making a clone: that launcher's own new
-// checkpoint may be there.
-void remove_clone(const std::string& name, bool scratch_too) {
+// checkpoint may be there.  Returns what it removed.
+std::vector<Removed> remove_clone(const std::string& name, bool scratch_too) {
     // A launcher killed before it recorded the clone left at most a state
     // directory without a state file and its scratch checkpoint.
     const bool remains_only = !fs::exists(state_dir(name) + "/state");
     if (remains_only && !fs::exists(state_dir(name)) && !(scratch_too && fs::exists(scratch_checkpoint_dir(name))))
         read_state(name);  // throws: no such clone
     State st = remains_only ? State{} : read_state(name);
-    kill_keeper(to_pid(st["keeper_pid"]), st["keeper_start"]);
+    std::vector<Removed> removed;
+    auto keeper_gone = [&](pid_t keeper, const std::string& started) {
+        if (!still_running(keeper, started)) return;
+        kill_keeper(keeper, started);
+        removed.push_back({"clone", "keeper PID " + std::to_string(keeper) + " and the clone's processes"});
+    };
+    keeper_gone(to_pid(st["keeper_pid"]), st["keeper_start"]);
     // Killed mid-restore, the launcher had not learned its keeper's PID.
     if (st["keeper_pid"].empty() && !st["netns"].empty())
-        for (pid_t keeper : keepers_in(st["netns"])) kill_keeper(keeper, start_time(keeper));
-    if (!st["veth"].empty()) delete_link(st["veth"]);
-    if (st["created_netns"] == "1") delete_netns(name);
-    if (scratch_too) remove_tree(scratch_checkpoint_dir(name));
-    remove_tree(state_dir(name));
+        for (pid_t keeper : keepers_in(st["netns"])) keeper_gone(keeper, start_time(keeper));
+    if (!st["veth"].empty() && fs::exists("/sys/class/net/" + st["veth"])) {
+        delete_link(st["veth"]);
+        removed.push_back({"veth", st["veth"]});
+    }
+    // Recorded before `ip netns add` ran: a launcher killed while it ran
+    // leaves a namespace it never got to note as made.
+    if (st["created_netns"] == "1" && fs::exists(netns_path_of(name))) {
+        delete_netns(name);
+        removed.push_back({"netns", name});
+    }
+    if (scratch_too && fs::exists(scratch_checkpoint_dir(name))) {
+        remove_tree(scratch_checkpoint_dir(name));
+        removed.push_back({"checkpoint", scratch_checkpoint_dir(name)});
+    }
+    if (fs::exists(state_dir(name))) {
+        remove_tree(state_dir(name));
+        removed.push_back({"state", state_dir(name)});
+    }
+    return removed;
 }
 
 // Refuses a name in use; removes what a clone of that name left behind when
@@ -301,7 +323,8 @@ Checkpoint take_checkpoint(const CloneOptions& o, const std::string& dir) {
     cp.freeze_ms = static_cast<double>(stats.frozen_us) / 1e3;
     cp.freezing_ms = static_cast<double>(stats.freezing_us) / 1e3;
     cp.pages_written = stats.pages_written;
-    progress(o, "production frozen for " + fmt_ms(cp.freeze_ms) + " ms");
+    progress(o, "production could not answer for " + fmt_ms(cp.freezing_ms + cp.freeze_ms) + " ms (stopping it " +
+                    fmt_ms(cp.freezing_ms) + " ms, frozen " + fmt_ms(cp.freeze_ms) + " ms)");
     throw_if_interrupted("the checkpoint was removed");
 
     // Copies are taken right after the dump, production running on: the
@@ -373,13 +396,16 @@ CloneResult restore_clone(const Checkpoint& cp, const RestoreOptions& ro) {
 
     throw_if_interrupted("the clone's file copies were removed");
     const std::string netns_path = netns_path_of(name);
-    const bool created_netns = ensure_netns(name);
+    // Recorded before the namespace is made: killed while `ip netns add`
+    // runs, this launcher leaves --destroy what it needs to remove it.
+    const bool created_netns = !fs::exists(netns_path);
+    record_restoring(name, netns_path, created_netns);
     if (created_netns) {
         rollback.netns = name;
+        ensure_netns(name);
         // Sockets bound to production's own addresses must find them.
         add_addresses_to_loopback(name, cp.addresses);
     }
-    record_restoring(name, netns_path, created_netns);
 
     const double restore_start = now_ms();
     progress(progress_to, "restoring the clone into network namespace " + name + " and a new PID namespace");
@@ -405,7 +431,10 @@ CloneResult restore_clone(const Checkpoint& cp, const RestoreOptions& ro) {
     r.restore_ms = restore_ms;
     r.pages_written = cp.pages_written;
     r.snapshots = cp.snapshots;
-    r.total_ms = now_ms() - t0;
+    // As if the checkpoint had been taken for this clone alone (several
+    // clones, or a recorded generation, share one): never less than
+    // checkpoint + restore.
+    r.total_ms = cp.dump_ms + (now_ms() - t0);
     record_state(r, created_netns, keeper_started, cp.pid);
     rollback.armed = false;
     return r;
@@ -424,7 +453,11 @@ CloneResult clone_process(const CloneOptions& o) {
     named.name = name;
     // Also between the checkpoint and the restore: an interrupt there removes the checkpoint.
     InterruptGuard interrupts;
+    // Production as one of its clients sees the checkpoint.
+    auto client = ClientPinger::watch(o.pid);
     const Checkpoint cp = take_checkpoint(named, dir);
+    const double client_seen_ms = client ? client->window_max_us() / 1e3 : -1;
+    client.reset();
     struct RemoveUnlessKept {
         std::string dir;
         ~RemoveUnlessKept() {
@@ -432,13 +465,16 @@ CloneResult clone_process(const CloneOptions& o) {
         }
     } cleanup{keep ? std::string() : dir};
     CloneResult r = restore_clone(cp, {name, o.progress, o.lifeline_fd});
+    r.client_seen_ms = client_seen_ms;
+    r.total_ms = now_ms() - t0;
+    // The list shows what this command printed: its whole time.
+    State st = read_state(name);
     if (keep) {
         r.images_dir = dir;
-        State st = read_state(name);
         st["images"] = dir;
-        save_state(name, st);
     }
-    r.total_ms = now_ms() - t0;
+    st["total_ms"] = fmt_ms(r.total_ms);
+    save_state(name, st);
     return r;
 }
 
@@ -467,10 +503,10 @@ CloneResult load_clone(const std::string& name) {
     return r;
 }
 
-void destroy_clone(const std::string& name) {
+std::vector<Removed> destroy_clone(const std::string& name) {
     require_root("iprobe clone --destroy");
     validate_name(name);
-    remove_clone(name, true);
+    return remove_clone(name, true);
 }
 
 std::vector<std::string> list_clones() {
@@ -481,6 +517,8 @@ std::vector<std::string> list_clones() {
     std::sort(names.begin(), names.end());
     return names;
 }
+
+std::string netns_path_of_clone(const std::string& name) { return netns_path_of(name); }
 
 void record_clone_veth(const std::string& name, const std::string& veth) {
     State st = read_state(name);

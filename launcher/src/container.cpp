@@ -2,13 +2,17 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
+#include <functional>
+#include <optional>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
-#include <regex>
-#include <sstream>
 
+#include <nlohmann/json.hpp>
+
+#include "client_pinger.h"
 #include "criu.h"
 #include "iprobe/launcher/clone.h"
 #include "iprobe/support/error.h"
@@ -24,6 +28,8 @@ namespace {
 const char* const kContainerStateRoot = "/run/iprobe/container-clones";
 
 std::string state_file(const std::string& name) { return std::string(kContainerStateRoot) + "/" + name; }
+
+using Json = nlohmann::json;
 
 void progress(const ContainerCloneOptions& o, const std::string& line) {
     if (o.progress) o.progress(line);
@@ -72,6 +78,7 @@ public:
     Workspace& operator=(const Workspace&) = delete;
 
     std::string archive() const { return dir_ + "/checkpoint.tar"; }
+    const std::string& dir() const { return dir_; }
     // `podman ARGS` with iprobe's CRIU in front of the runtime's.
     std::vector<std::string> podman(const std::string& podman, std::vector<std::string> args) const {
         const char* path = std::getenv("PATH");
@@ -85,10 +92,22 @@ private:
     std::string dir_;
 };
 
-double stat_us(const std::string& json, const std::string& key) {
-    std::smatch m;
-    if (!std::regex_search(json, m, std::regex("\"" + key + "\": *([0-9]+)"))) return 0;
-    return std::stod(m[1]);
+// CRIU's statistics in `podman container checkpoint --print-stats` output.
+struct CheckpointStats {
+    double frozen_us = 0, freezing_us = 0, pages_written = 0;
+};
+
+CheckpointStats checkpoint_stats(const std::string& out) {
+    CheckpointStats st;
+    const Json doc = Json::parse(out, nullptr, false);
+    if (!doc.is_object() || !doc.contains("container_statistics") || !doc["container_statistics"].is_array()) return st;
+    for (const auto& c : doc["container_statistics"]) {
+        const Json criu = c.value("criu_statistics", Json::object());
+        st.frozen_us = criu.value("frozen_time", 0.0);
+        st.freezing_us = criu.value("freezing_time", 0.0);
+        st.pages_written = criu.value("pages_written", 0.0);
+    }
+    return st;
 }
 
 std::string podman_errors(const RunResult& r) {
@@ -108,8 +127,7 @@ namespace {
 std::string move_to_own_network(const std::string& podman, const std::string& clone) {
     const std::string network = "iprobe-" + clone;
     run({podman, "network", "rm", "--force", network});  // a remnant of a clone that died with its host
-    RunResult networks = run({podman, "container", "inspect", "--format",
-                              "{{range $name, $_ := .NetworkSettings.Networks}}{{$name}} {{end}}", clone});
+    RunResult networks = run({podman, "container", "inspect", clone});
     auto fail = [&](const std::string& what, const RunResult& why) {
         run({podman, "container", "rm", "--force", clone});
         run({podman, "network", "rm", "--force", network});
@@ -121,11 +139,116 @@ std::string move_to_own_network(const std::string& podman, const std::string& cl
     if (RunResult made = run({podman, "network", "create", "--opt", "isolate=true", network}); !made.ok())
         fail("network create", made);
     if (RunResult joined = run({podman, "network", "connect", network, clone}); !joined.ok()) fail("network connect", joined);
-    std::istringstream old_networks(networks.out);
-    for (std::string name; old_networks >> name;)
+    const Json doc = Json::parse(networks.out, nullptr, false);
+    std::vector<std::string> old_networks;
+    const Json nets = doc.is_array() && !doc.empty() && doc[0].is_object()
+                          ? doc[0].value("/NetworkSettings/Networks"_json_pointer, Json::object())
+                          : Json::object();
+    for (auto it = nets.begin(); it != nets.end(); ++it) old_networks.push_back(it.key());
+    for (const auto& name : old_networks)
         if (RunResult left = run({podman, "network", "disconnect", name, clone}); !left.ok())
             fail("network disconnect " + name, left);
     return network;
+}
+
+}  // namespace
+
+namespace {
+
+// What `podman container inspect` says of production, read before anything
+// is frozen: whatever would make the restore collide with production or
+// fail is known (and remapped, or refused) while production runs untouched.
+struct Production {
+    std::string id;
+    bool running = false;
+    std::vector<std::string> ports;  // published container ports, "6379/tcp"
+    struct Volume {
+        std::string name, source, destination;
+    };
+    std::vector<Volume> volumes;                  // named volumes
+    std::vector<std::string> writable_binds;      // host directories bound read-write ("HOST -> DEST")
+};
+
+Production inspect_production(const std::string& podman, const std::string& container) {
+    RunResult inspect = run({podman, "container", "inspect", container});
+    const Json doc = inspect.ok() ? Json::parse(inspect.out, nullptr, false) : Json();
+    if (!doc.is_array() || doc.empty() || !doc[0].is_object())
+        throw Error("no podman container '" + container + "' (`podman ps` lists them)", ExitCode::not_found);
+    const Json& c = doc[0];
+    Production p;
+    try {
+        p.id = c.at("Id").get<std::string>();
+        p.running = c.at("State").value("Running", false);
+        const Json ports = c.value("HostConfig", Json::object()).value("PortBindings", Json::object());
+        for (const auto& [port, bindings] : ports.items())
+            if (bindings.is_array() && !bindings.empty()) p.ports.push_back(port);
+        for (const auto& m : c.value("Mounts", Json::array())) {
+            const std::string type = m.value("Type", "");
+            if (type == "volume")
+                p.volumes.push_back({m.value("Name", ""), m.value("Source", ""), m.value("Destination", "")});
+            else if (type == "bind" && m.value("RW", false))
+                p.writable_binds.push_back(m.value("Source", "") + " -> " + m.value("Destination", ""));
+        }
+    } catch (const Json::exception& e) {
+        throw Error("cannot read `podman container inspect " + container + "`: " + e.what(), ExitCode::failure);
+    }
+    return p;
+}
+
+// The clone's own copy of each named volume, made before the freeze (and
+// removed again on failure, or with the clone).
+struct CloneVolumes {
+    std::string podman;
+    std::vector<std::pair<Production::Volume, std::string>> made;  // production's -> the clone's name
+    bool keep = false;
+    ~CloneVolumes() {
+        if (keep) return;
+        for (const auto& [_, name] : made) run({podman, "volume", "rm", "--force", name});
+    }
+    std::string mountpoint(const std::string& name) const {
+        return trimmed(run_checked({podman, "volume", "inspect", "--format", "{{.Mountpoint}}", name},
+                                   "finding volume " + name));
+    }
+};
+
+// The checkpoint archive names production's volumes (config.dump and the
+// runtime spec, spec.dump); the clone's must be mounted instead.  The
+// archive is unpacked, both rewritten, and packed again (GNU tar's --delete
+// and append yield an archive podman's restore then fails on).
+void remap_volumes(const std::string& archive, const std::string& work, const CloneVolumes& volumes) {
+    const std::string dir = work + "/unpacked";
+    fs::create_directories(dir);
+    run_checked({"tar", "-C", dir, "-xf", archive}, "unpacking the checkpoint archive");
+    auto rewrite = [&](const std::string& file, const std::function<void(Json&)>& edit) {
+        std::ifstream in(dir + "/" + file);
+        Json doc = Json::parse(in, nullptr, false);
+        if (doc.is_discarded()) throw Error("the checkpoint archive's " + file + " is not JSON");
+        edit(doc);
+        std::ofstream(dir + "/" + file) << doc.dump();
+    };
+    rewrite("config.dump", [&](Json& config) {
+        for (auto& v : config["namedVolumes"])
+            for (const auto& [prod, clone] : volumes.made)
+                if (v.value("volumeName", "") == prod.name) v["volumeName"] = clone;
+    });
+    rewrite("spec.dump", [&](Json& spec) {
+        for (auto& m : spec["mounts"])
+            for (const auto& [prod, clone] : volumes.made)
+                if (m.value("source", "") == prod.source) m["source"] = volumes.mountpoint(clone);
+    });
+    fs::remove(archive);
+    run_checked({"tar", "-C", dir, "-cf", archive, "."}, "packing the checkpoint archive");
+    fs::remove_all(dir);
+}
+
+void save_container_state(const ContainerCloneResult& r) {
+    Json volumes = Json::array();
+    for (const auto& [_, clone] : r.volumes) volumes.push_back(clone);
+    const Json doc = {{"id", r.id},           {"network", r.network},         {"source", r.source},
+                      {"address", r.address}, {"clone_pid", r.clone_pid},     {"volumes", volumes},
+                      {"freeze_ms", r.freeze_ms}, {"freezing_ms", r.freezing_ms}, {"checkpoint_ms", r.checkpoint_ms},
+                      {"restore_ms", r.restore_ms}, {"total_ms", r.total_ms}};
+    std::ofstream(state_file(r.name)) << doc.dump() << "\n";
 }
 
 }  // namespace
@@ -135,22 +258,37 @@ ContainerCloneResult clone_container(const ContainerCloneOptions& o) {
     require_root("iprobe clone --container");
     const std::string podman = podman_path();
     const Criu criu = find_criu();
-    RunResult inspect = run({podman, "container", "inspect", "--format", "{{.Id}} {{.State.Running}}", o.container});
-    if (!inspect.ok()) throw Error("no podman container '" + o.container + "' (`podman ps` lists them)", ExitCode::not_found);
-    std::istringstream fields(inspect.out);
-    std::string source_id, running;
-    fields >> source_id >> running;
-    if (running != "true")
+    const Production prod = inspect_production(podman, o.container);
+    if (!prod.running)
         throw Error("container '" + o.container + "' is not running: there is nothing live to clone", ExitCode::bad_input);
 
     ContainerCloneResult r;
     r.source = o.container;
     r.name = o.name.empty() ? o.container + "-iprobe-clone" : o.name;
     validate_name(r.name);
+    // Everything that would fail after the freeze is refused before it.
     if (run({podman, "container", "exists", r.name}).ok())
         throw Error("a container named '" + r.name + "' exists; remove it with `iprobe clone --destroy " + r.name +
                         "` (if iprobe made it) or pick another --netns name",
                     ExitCode::busy);
+    if (!prod.writable_binds.empty())
+        throw Error("container '" + o.container + "' bind-mounts host files read-write (" + prod.writable_binds.front() +
+                        "): a clone would write into production's files, and podman's checkpoint does not copy "
+                        "them. Use a named volume (the clone gets a copy of it) or mount it read-only; production "
+                        "is untouched",
+                    ExitCode::unavailable);
+    CloneVolumes volumes{podman, {}};
+    for (const auto& v : prod.volumes) {
+        const std::string copy = "iprobe-" + r.name + "-" + v.name;
+        if (run({podman, "volume", "exists", copy}).ok())
+            throw Error("a podman volume named '" + copy + "' exists (left by a clone named " + r.name +
+                            "?); remove it with `podman volume rm " + copy + "`",
+                        ExitCode::busy);
+        if (RunResult made = run({podman, "volume", "create", copy}); !made.ok())
+            throw Error("cannot create the clone's copy of volume " + v.name + ": " + podman_errors(made) +
+                        "; production is untouched");
+        volumes.made.emplace_back(v, copy);
+    }
 
     Workspace work(criu);
     progress(o, "checkpointing container " + o.container + " with podman and CRIU " + criu.version +
@@ -158,44 +296,75 @@ ContainerCloneResult clone_container(const ContainerCloneOptions& o) {
     double t = now_ms();
     // Uncompressed: the archive lives only until the restore, and compressing
     // it (podman's default, zstd) made a 1 GB clone serve after 12.4 s, not 9.9.
-    RunResult dump = run(work.podman(podman, {"container", "checkpoint", "--leave-running", "--print-stats",
-                                              "--compress", "none", "--export", work.archive(), o.container}));
+    // Volumes are copied straight into the clone's (below), not exported.
+    std::vector<std::string> checkpoint = {"container", "checkpoint", "--leave-running", "--print-stats",
+                                           "--compress", "none", "--export", work.archive()};
+    if (!volumes.made.empty()) checkpoint.push_back("--ignore-volumes");
+    checkpoint.push_back(o.container);
+    auto client = ClientPinger::watch(container_main_pid(o.container));
+    RunResult dump = run(work.podman(podman, checkpoint));
     r.checkpoint_ms = now_ms() - t;
+    r.client_seen_ms = client ? client->window_max_us() / 1e3 : -1;
+    client.reset();
     if (!dump.ok())
         throw Error("podman could not checkpoint container '" + o.container +
                         "'; production keeps running. podman says: " + podman_errors(dump),
                     ExitCode::failure);
-    r.freeze_ms = stat_us(dump.out, "frozen_time") / 1e3;
-    r.freezing_ms = stat_us(dump.out, "freezing_time") / 1e3;
-    r.pages_written = static_cast<unsigned long long>(stat_us(dump.out, "pages_written"));
-    char frozen[64];
-    std::snprintf(frozen, sizeof frozen, "production frozen for %.1f ms", r.freeze_ms);
+    const CheckpointStats stats = checkpoint_stats(dump.out);
+    r.freeze_ms = stats.frozen_us / 1e3;
+    r.freezing_ms = stats.freezing_us / 1e3;
+    r.pages_written = static_cast<unsigned long long>(stats.pages_written);
+    char frozen[128];
+    std::snprintf(frozen, sizeof frozen, "production could not answer for %.1f ms (stopping it %.1f ms, frozen %.1f ms)",
+                  r.freezing_ms + r.freeze_ms, r.freezing_ms, r.freeze_ms);
     progress(o, frozen);
 
+    // Volumes: copied right after the checkpoint, production running on, so
+    // the clone's files may be slightly ahead of its memory, never behind.
+    for (const auto& [v, copy] : volumes.made) {
+        run_checked({"cp", "-a", "--reflink=auto", v.source + "/.", volumes.mountpoint(copy) + "/"},
+                    "copying volume " + v.name + " for the clone");
+        r.volumes.emplace_back(v.name, copy);
+    }
+    if (!volumes.made.empty()) remap_volumes(work.archive(), work.dir(), volumes);
+
     progress(o, "restoring the clone as container " + r.name + " on a network of its own");
+    std::vector<std::string> restore = {"container", "restore", "--import", work.archive(), "--name", r.name,
+                                        "--ignore-static-ip", "--ignore-static-mac"};
+    if (!volumes.made.empty()) restore.push_back("--ignore-volumes");
+    // Production's host ports are taken: the clone publishes each of its
+    // ports on a free loopback port instead (podman picks it).
+    for (const auto& port : prod.ports) restore.insert(restore.end(), {"--publish", "127.0.0.1::" + port});
     t = now_ms();
-    RunResult restore = run(work.podman(podman, {"container", "restore", "--import", work.archive(), "--name", r.name,
-                                                 "--ignore-static-ip", "--ignore-static-mac"}));
+    RunResult restored = run(work.podman(podman, restore));
     r.restore_ms = now_ms() - t;
-    if (!restore.ok()) {
+    if (!restored.ok()) {
         run({podman, "container", "rm", "--force", r.name});
         throw Error("podman could not restore the clone; production is untouched. podman says: " +
-                        podman_errors(restore),
+                        podman_errors(restored),
                     ExitCode::failure);
     }
     r.network = move_to_own_network(podman, r.name);
-    RunResult clone = run({podman, "container", "inspect", "--format",
-                           "{{.Id}} {{.State.Pid}} {{(index .NetworkSettings.Networks \"" + r.network + "\").IPAddress}}",
-                           r.name});
-    std::istringstream cf(clone.out);
-    cf >> r.id >> r.clone_pid >> r.address;
-    if (!clone.ok() || r.id.empty()) {
+    RunResult clone = run({podman, "container", "inspect", r.name});
+    const Json doc = clone.ok() ? Json::parse(clone.out, nullptr, false) : Json();
+    try {
+        const Json& c = doc.at(0);
+        r.id = c.at("Id").get<std::string>();
+        r.clone_pid = c.at("State").at("Pid").get<pid_t>();
+        r.address = c.at("NetworkSettings").at("Networks").at(r.network).at("IPAddress").get<std::string>();
+        for (const auto& port : prod.ports) {
+            const Json& b = c.at("NetworkSettings").at("Ports").at(port).at(0);
+            r.ports.emplace_back(port, b.value("HostIp", "") + ":" + b.value("HostPort", ""));
+        }
+    } catch (const Json::exception& e) {
         run({podman, "container", "rm", "--force", r.name});
         run({podman, "network", "rm", "--force", r.network});
-        throw Error("the restored clone " + r.name + " cannot be inspected: " + podman_errors(clone));
+        throw Error("the restored clone " + r.name + " cannot be inspected: " +
+                    (clone.ok() ? std::string(e.what()) : podman_errors(clone)));
     }
-    std::ofstream(state_file(r.name)) << r.id << "\n" << r.network << "\n";
     r.total_ms = now_ms() - t0;
+    save_container_state(r);
+    volumes.keep = true;
     return r;
 }
 
@@ -208,20 +377,68 @@ pid_t container_main_pid(const std::string& container) {
 
 bool is_container_clone(const std::string& name) { return fs::exists(state_file(name)); }
 
-void destroy_container_clone(const std::string& name) {
+std::optional<ContainerCloneResult> load_container_clone(const std::string& name) {
+    std::ifstream in(state_file(name));
+    const Json doc = Json::parse(in, nullptr, false);
+    if (!doc.is_object()) return std::nullopt;
+    ContainerCloneResult r;
+    r.name = name;
+    r.id = doc.value("id", "");
+    r.network = doc.value("network", "");
+    r.source = doc.value("source", "");
+    r.address = doc.value("address", "");
+    r.clone_pid = doc.value("clone_pid", -1);
+    for (const auto& v : doc.value("volumes", Json::array())) r.volumes.emplace_back("", v.get<std::string>());
+    r.freeze_ms = doc.value("freeze_ms", 0.0);
+    r.freezing_ms = doc.value("freezing_ms", 0.0);
+    r.checkpoint_ms = doc.value("checkpoint_ms", 0.0);
+    r.restore_ms = doc.value("restore_ms", 0.0);
+    r.total_ms = doc.value("total_ms", 0.0);
+    return r;
+}
+
+bool container_running(const std::string& id) {
+    const std::string podman = find_program("podman");
+    if (podman.empty()) return false;
+    const RunResult r = run({podman, "container", "inspect", "--format", "{{.State.Running}}", id});
+    return r.ok() && trimmed(r.out) == "true";
+}
+
+std::vector<std::string> list_container_clones() {
+    std::vector<std::string> names;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(kContainerStateRoot, ec))
+        if (e.is_regular_file()) names.push_back(e.path().filename().string());
+    std::sort(names.begin(), names.end());
+    return names;
+}
+
+std::vector<Removed> destroy_container_clone(const std::string& name) {
     require_root("iprobe clone --destroy");
     validate_name(name);
-    std::ifstream in(state_file(name));
-    std::string id, network;
-    if (!(in >> id)) throw Error("no container clone named '" + name + "'", ExitCode::not_found);
-    in >> network;
+    const auto clone = load_container_clone(name);
+    if (!clone || clone->id.empty()) throw Error("no container clone named '" + name + "'", ExitCode::not_found);
     const std::string podman = podman_path();
-    RunResult rm = run({podman, "container", "rm", "--force", "--time", "1", id});
-    if (!rm.ok() && run({podman, "container", "exists", id}).ok())
-        throw Error("podman could not remove clone " + name + ": " + podman_errors(rm));
-    if (!network.empty()) run({podman, "network", "rm", "--force", network});
+    std::vector<Removed> removed;
+    if (run({podman, "container", "exists", clone->id}).ok()) {
+        RunResult rm = run({podman, "container", "rm", "--force", "--time", "1", clone->id});
+        if (!rm.ok() && run({podman, "container", "exists", clone->id}).ok())
+            throw Error("podman could not remove clone " + name + ": " + podman_errors(rm));
+        removed.push_back({"container", name + " (" + clone->id.substr(0, 12) + ")"});
+    }
+    if (!clone->network.empty() && run({podman, "network", "exists", clone->network}).ok()) {
+        run({podman, "network", "rm", "--force", clone->network});
+        removed.push_back({"network", clone->network});
+    }
+    for (const auto& [_, volume] : clone->volumes)
+        if (run({podman, "volume", "exists", volume}).ok()) {
+            run({podman, "volume", "rm", "--force", volume});
+            removed.push_back({"volume", volume});
+        }
     std::error_code ec;
     fs::remove(state_file(name), ec);
+    removed.push_back({"state", state_file(name)});
+    return removed;
 }
 
 }  // namespace iprobe::launcher

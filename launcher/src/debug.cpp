@@ -95,19 +95,6 @@ std::optional<proxy::MirrorStats> mirror_stats(const proxy::Endpoint& at) {
     return proxy::parse_mirror_stats(*doc);
 }
 
-// The reply protocol of a service we know by its program, for divergence
-// checking by message; empty when unknown.
-std::string protocol_of_service(pid_t pid) {
-    std::ifstream in("/proc/" + std::to_string(pid) + "/comm");
-    std::string comm;
-    std::getline(in, comm);
-    for (const char* resp : {"redis-server", "keydb-server", "valkey-server", "redis-check-aof"})
-        if (comm == resp) return "resp";
-    for (const char* http : {"nginx", "httpd", "apache2", "lighttpd", "caddy", "h2o", "varnishd"})
-        if (comm == http) return "http";
-    return {};
-}
-
 std::string joined(const std::vector<std::string>& items, std::size_t max) {
     std::string out;
     for (std::size_t i = 0; i < items.size() && i < max; ++i) out += (i ? ", " : "") + items[i];
@@ -178,7 +165,9 @@ void DebugSession::start_mirror() {
         command.argv.insert(command.argv.end(), {"--record", input_path(recording_)});
         recording_on_ = true;
     }
-    mirror_ = spawn(command.argv, out_wr.get(), 2, false, {ready_wr.get(), control_theirs.get()});
+    // A group of its own: a terminal's Ctrl-C reaches the launcher only, which
+    // then ends the session in order (the mirror's final stats first).
+    mirror_ = spawn(command.argv, out_wr.get(), 2, true, {ready_wr.get(), control_theirs.get()});
     out_wr.reset();
     ready_wr.reset();
     control_theirs.reset();
@@ -342,13 +331,18 @@ void DebugSession::teardown() {
 
 int DebugSession::run() {
     // Started in the background by a shell, SIGINT comes ignored; an
-    // ignored signal never reaches the signalfd.
+    // ignored signal never reaches the signalfd.  Ctrl-C, SIGTERM and SIGHUP
+    // (the terminal gone) all end the session the same way: reports, final
+    // stats, everything removed, exit 0.  Every child leads a process group
+    // of its own, so a signal to ours reaches none of them.
     ::signal(SIGINT, SIG_DFL);
     ::signal(SIGTERM, SIG_DFL);
+    ::signal(SIGHUP, SIG_DFL);
     sigset_t mask;
     sigemptyset(&mask);
     sigaddset(&mask, SIGINT);
     sigaddset(&mask, SIGTERM);
+    sigaddset(&mask, SIGHUP);
     sigaddset(&mask, SIGCHLD);
     sigprocmask(SIG_BLOCK, &mask, nullptr);
     UniqueFd sigfd(::signalfd(-1, &mask, SFD_CLOEXEC | SFD_NONBLOCK));
@@ -362,7 +356,7 @@ int DebugSession::run() {
     if (mirror_ < 0) start_mirror();
     double last_clone = now_ms();
     long long overflows_seen = 0, diverged_seen = 0;
-    int exit_code = 0;
+    int exit_code = 0, stop_signal = 0;
     const int tick_ms = o_.adapt ? 250 : 1000;
     double last_adapt = 0;
     for (;;) {
@@ -380,12 +374,19 @@ int DebugSession::run() {
         bool stop = false;
         signalfd_siginfo si;
         while (::read(sigfd.get(), &si, sizeof si) == sizeof si) {
-            if (si.ssi_signo == SIGINT || si.ssi_signo == SIGTERM) stop = true;
+            if (si.ssi_signo == SIGINT || si.ssi_signo == SIGTERM || si.ssi_signo == SIGHUP) {
+                stop = true;
+                stop_signal = static_cast<int>(si.ssi_signo);
+            }
         }
         int status;
-        if (mirror_ > 0 && ::waitpid(mirror_, &status, WNOHANG) == mirror_) {
+        if (!stop && mirror_ > 0 && ::waitpid(mirror_, &status, WNOHANG) == mirror_) {
             mirror_ = -1;
-            event("error", "the mirror exited; stopping");
+            const std::string how = WIFSIGNALED(status) ? std::string("was killed by signal ") + ::strsignal(WTERMSIG(status))
+                                                        : "exited with " + std::to_string(WEXITSTATUS(status));
+            event("error", "the mirror " + how + "; stopping", [&](JsonWriter& w) {
+                w.field("message", "the mirror " + how + "; stopping").field("t_s", now_s());
+            });
             exit_code = 1;
             stop = true;
         }
@@ -442,9 +443,26 @@ int DebugSession::run() {
     }
     // Relayed whole (with the open connections), as the mirror serves it.
     const auto final_stats = proxy::fetch_mirror_stats(stats_at_, std::chrono::seconds(2));
-    event("stopping", "stopping: removing the clone and the mirror; production keeps running", [&](JsonWriter& w) {
+    const std::string why = stop_signal ? std::string(" (") + sigabbrev_np(stop_signal) + ")" : std::string();
+    std::string latency;
+    if (pinger_) {
+        const ClientPinger::Latency l = pinger_->latency();
+        char line[160];
+        std::snprintf(line, sizeof line, "; production answered a PING in %.2f ms (p50), %.2f ms (p99), %.1f ms (max)",
+                      l.p50_us / 1e3, l.p99_us / 1e3, l.max_us / 1e3);
+        latency = line;
+    }
+    event("stopping", "stopping" + why + ": removing the clone and the mirror; production keeps running" + latency,
+          [&](JsonWriter& w) {
         if (!final_stats) w.key("stats").null();
         else w.key("stats").raw(*final_stats);
+        if (stop_signal) w.field("signal", std::string("SIG") + sigabbrev_np(stop_signal));
+        if (pinger_) {
+            // Production's latency as a client saw it through the session.
+            const ClientPinger::Latency l = pinger_->latency();
+            w.key("production_latency").begin_object().field("samples", l.samples).field("p50_us", l.p50_us);
+            w.field("p99_us", l.p99_us).field("max_us", l.max_us).field("by", "a PING every 10 ms on a connection of its own").end_object();
+        }
     });
     teardown();
     return exit_code;

@@ -86,12 +86,40 @@ std::vector<std::vector<std::string>> DebugSession::split_functions() const {
     return shares;
 }
 
+// A PING every millisecond on a connection of its own while production is
+// checkpointed: the longest reply is the time production could not answer,
+// as its clients felt it (CRIU's frozen_time leaves out the stopping phase,
+// ~100 ms under podman).  A capturing mirror would take the connection for
+// a client's, so with --capture it is only made before the mirror starts.
+void DebugSession::start_client_view() {
+    if (protocol_of_service(o_.pid) != "resp" || (o_.capture && mirror_ > 0)) {
+        pinger_.reset();
+        return;
+    }
+    if (!pinger_) pinger_ = ClientPinger::start(service_ip_ + ":" + std::to_string(port_), std::chrono::milliseconds(1));
+    if (!pinger_) return;
+    pinger_->set_interval(std::chrono::milliseconds(1));
+    pinger_->begin_window();
+}
+
+double DebugSession::end_client_view() {
+    if (!pinger_) return -1;
+    const double seen_us = pinger_->window_max_us();
+    // Through the session: a sample of production's latency every 10 ms
+    // (not with --capture, see above).
+    if (o_.capture) pinger_.reset();
+    else pinger_->set_interval(std::chrono::milliseconds(10));
+    return seen_us;
+}
+
 void DebugSession::make_container_clone() {
     Clone& c = clones_.front();
     ContainerCloneOptions co{o_.container, name_, [this](const std::string& line) {
                                  if (!o_.json) std::fprintf(stderr, "iprobe debug: %s\n", line.c_str());
                              }};
+    start_client_view();
     container_clone_ = clone_container(co);
+    const double client_seen_us = end_client_view();
     have_container_clone_ = true;
     c.alive = true;
     c.debug_address = container_clone_.address + ":" + std::to_string(port_);
@@ -104,9 +132,13 @@ void DebugSession::make_container_clone() {
                   .field("clone_pid", static_cast<std::int64_t>(container_clone_.clone_pid))
                   .field("debug_address", c.debug_address)
                   .field("freeze_us", static_cast<std::int64_t>(container_clone_.freeze_ms * 1e3))
+                  .field("unavailable_us",
+                         static_cast<std::int64_t>((container_clone_.freezing_ms + container_clone_.freeze_ms) * 1e3))
                   .field("total_us", static_cast<std::int64_t>(container_clone_.total_ms * 1e3))
                   .field("generation", generation_);
+              if (client_seen_us >= 0) w.field("client_seen_us", static_cast<std::int64_t>(client_seen_us));
           });
+    say_client_seen(client_seen_us);
     // The probe tools run here, on its host PID (attach puts the runtime
     // inside the container's file system for its dlopen).
     if (probing()) attach_probes(c, container_clone_.clone_pid, {});
@@ -146,7 +178,10 @@ void DebugSession::make_generation() {
         if (!o_.json) std::fprintf(stderr, "iprobe debug: %s\n", line.c_str());
     };
     if (hold_pending_) co.frozen_hook_socket = hook_socket_;
+    start_client_view();
     const Checkpoint cp = take_checkpoint(co, dir);
+    const double client_seen_us = end_client_view();
+    say_client_seen(client_seen_us);
     // Connections the mirror opens from now on are the input that follows
     // this checkpoint (the first generation's mirror starts recording there).
     if (ring_ && mirror_ > 0) switch_recording(input_path(recording_));
@@ -168,8 +203,10 @@ void DebugSession::make_generation() {
                       .field("netns", c.clone.netns_path)
                       .field("debug_address", c.debug_address)
                       .field("freeze_us", static_cast<std::int64_t>(cp.freeze_ms * 1e3))
+                      .field("unavailable_us", static_cast<std::int64_t>((cp.freezing_ms + cp.freeze_ms) * 1e3))
                       .field("total_us", static_cast<std::int64_t>(c.clone.total_ms * 1e3))
                       .field("generation", generation_);
+                  if (client_seen_us >= 0) w.field("client_seen_us", static_cast<std::int64_t>(client_seen_us));
               });
         if (probing())
             attach_probes(c, c.clone.clone_pid_in_ns,
@@ -192,8 +229,10 @@ void DebugSession::make_generation() {
 // that lets the mirror reach the service where it listens.
 void DebugSession::connect_clone(Clone& c) {
     const std::string host_ip = subnet_addr(c.subnet, 1), clone_ip = subnet_addr(c.subnet, 2);
-    create_veth(c.name, c.veth, host_ip + "/30", clone_ip + "/30");
+    // Recorded first: a launcher killed while the pair is made leaves
+    // --destroy its name.
     record_clone_veth(c.name, c.veth);
+    create_veth(c.name, c.veth, host_ip + "/30", clone_ip + "/30");
     const std::string ns = "--net=" + c.clone.netns_path;
     const std::string target = service_ip_;
     const bool loopback = target.rfind("127.", 0) == 0;

@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <map>
 #include <memory>
@@ -17,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "client_pinger.h"
 #include "clone_probes.h"
 #include "iprobe/launcher/adapt_controller.h"
 #include "iprobe/launcher/clone.h"
@@ -41,9 +43,7 @@ std::vector<int> pick_subnets(int count);
 std::string subnet_addr(int subnet, int host);
 // The mirror's counters; nullopt while it does not answer.
 std::optional<proxy::MirrorStats> mirror_stats(const proxy::Endpoint& at);
-// The reply protocol of a service we know by its program, for divergence
-// checking by message; empty when unknown.
-std::string protocol_of_service(pid_t pid);
+using launcher::protocol_of_service;  // client_pinger.h
 std::string joined(const std::vector<std::string>& items, std::size_t max = SIZE_MAX);
 std::string percent(double share);
 
@@ -125,6 +125,16 @@ private:
     void relay_trace(Clone& c, bool drain);
     void adapt_tick();
     void trim_recording();
+    // Around a checkpoint: production's freeze as a client sees it (a RESP
+    // service only); -1 when not measured.
+    void start_client_view();
+    double end_client_view();
+    void say_client_seen(double client_seen_us) const {
+        if (client_seen_us >= 0 && !o_.json)
+            std::fprintf(stderr, "iprobe debug: a client of production waited at most %.1f ms for a reply meanwhile "
+                                 "(a PING every 1 ms)\n",
+                         client_seen_us / 1e3);
+    }
     std::string divergence_mode() const;
     std::vector<std::vector<std::string>> split_functions() const;
 
@@ -161,6 +171,7 @@ private:
     std::unique_ptr<RecordRing> ring_;
     GenerationInfo recording_;
     bool recording_on_ = false;
+    std::unique_ptr<ClientPinger> pinger_;  // a client of production's own (RESP services)
     double last_trim_s_ = 0;
 };
 

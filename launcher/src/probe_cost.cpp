@@ -32,7 +32,7 @@ public:
         UniqueFd in_rd(in[0]), out_wr(out[1]);
         to_.reset(in[1]);
         from_.reset(out[0]);
-        pid_ = spawn({path}, out_wr.get(), -1, false, {}, in_rd.get());
+        pid_ = spawn({path}, out_wr.get(), -1, true, {}, in_rd.get());
     }
     ~CostTarget() {
         to_.reset();

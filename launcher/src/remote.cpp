@@ -21,11 +21,15 @@
 #include <sstream>
 #include <thread>
 
+#include <nlohmann/json.hpp>
+
+#include "client_pinger.h"
 #include "clone_steps.h"
 #include "criu.h"
 #include "iprobe/proxy/address.h"
 #include "iprobe/support/error.h"
 #include "iprobe/support/fd.h"
+#include "iprobe/support/file.h"
 #include "iprobe/support/number.h"
 #include "process.h"
 
@@ -299,6 +303,43 @@ private:
     std::jthread thread_;
 };
 
+void write_json(const std::string& path, const nlohmann::json& doc) {
+    const std::string text = doc.dump() + "\n";
+    write_file_atomic(path, text.data(), text.size());
+}
+
+nlohmann::json read_json(const std::string& path) {
+    std::ifstream in(path);
+    return in ? nlohmann::json::parse(in, nullptr, false) : nlohmann::json();
+}
+
+// Where `iprobe clone --to` notes the clones it made on other hosts, and
+// where each running agent notes itself (its address and state directory).
+const char* const kRemoteRoot = "/run/iprobe/remote-clones";
+const char* const kAgentRoot = "/run/iprobe/agents";
+
+// The agent's own record, removed when it stops.
+class AgentRegistration {
+public:
+    AgentRegistration(const std::string& listen, const std::string& state_dir)
+        : path_(std::string(kAgentRoot) + "/" + std::to_string(::getpid()) + ".json") {
+        fs::create_directories(kAgentRoot);
+        write_json(path_, {{"pid", ::getpid()},
+                           {"start", start_time(::getpid())},
+                           {"listen", listen},
+                           {"state_dir", fs::absolute(state_dir).string()}});
+    }
+    ~AgentRegistration() {
+        std::error_code ec;
+        fs::remove(path_, ec);
+    }
+    AgentRegistration(const AgentRegistration&) = delete;
+    AgentRegistration& operator=(const AgentRegistration&) = delete;
+
+private:
+    std::string path_;
+};
+
 // ---- the agent ---------------------------------------------------------------
 
 struct AgentClone {
@@ -395,6 +436,13 @@ private:
         }
         clones_[name] = {dir, keeper, keeper_started};
         partial.armed = false;
+        // For `iprobe clone --list` on this host: what the agent holds.
+        write_json(dir + "/clone.json", {{"name", name},
+                                         {"clone_pid", clone_pid},
+                                         {"keeper_pid", keeper},
+                                         {"keeper_start", keeper_started},
+                                         {"source_pid", source},
+                                         {"restore_ms", restore_ms}});
         say("clone " + name + ": restored as PID " + std::to_string(clone_pid) + " in " + fmt_ms(restore_ms) + " ms");
         channel.send_line("RESTORED " + std::to_string(clone_pid) + " " + std::to_string(keeper) + " " +
                           std::to_string(static_cast<long long>(restore_ms * 1e3)));
@@ -472,6 +520,11 @@ void run_clone_agent(const AgentOptions& o) {
     const proxy::Endpoint at = proxy::parse_endpoint(o.listen, "--listen");
     if (o.state_dir.empty()) throw Error("--state-dir is required", ExitCode::usage);
     fs::create_directories(o.state_dir);
+    // The keeper mounts a private /dev/shm for each clone, over the images.
+    if (under(fs::weakly_canonical(o.state_dir).string(), "/dev/shm"))
+        throw Error("--state-dir " + o.state_dir + " lies in /dev/shm, which each clone gets a private one of (its "
+                    "images would be hidden from the restore); use a directory elsewhere",
+                    ExitCode::usage);
     // The keeper gives each clone a private /run/iprobe over this directory.
     fs::create_directories("/run/iprobe");
     UniqueFd listener = proxy::listen_on(at, "--listen");
@@ -484,6 +537,7 @@ void run_clone_agent(const AgentOptions& o) {
     if (!signals) throw_errno("signalfd");
     Agent agent(o, criu);
     const std::string address = host_of(proxy::local_endpoint(listener.get()));
+    const AgentRegistration registration(proxy::local_endpoint(listener.get()).str(), o.state_dir);
     if (o.progress) o.progress("listening on " + proxy::local_endpoint(listener.get()).str() + ", CRIU " + criu.version);
     for (;;) {
         pollfd fds[2] = {{listener.get(), POLLIN, 0}, {signals.get(), POLLIN, 0}};
@@ -538,12 +592,14 @@ CloneResult clone_to_agent(const CloneOptions& o, const std::string& agent) {
 
     progress(o, "memory goes to the page server at " + host_of(at) + ":" + port);
     double dump_ms = 0;
+    std::unique_ptr<ClientPinger> client;  // production as one of its clients sees the checkpoint
     try {
         const std::uint64_t port_number = number_in(port, "page server port");
         if (port_number == 0 || port_number > 65535)
             throw Error("bad page server port '" + port + "' in the clone protocol", ExitCode::bad_input);
         const UniqueFd page_server = connect_page_server(o.pid, with_port(at, static_cast<int>(port_number)));
         const CorkedTailPusher pusher(page_server.get());
+        client = ClientPinger::watch(o.pid);
         dump_ms = dump_production(o, criu, name, tree.size(), work + "/images", work + "/dump.log", shell_job,
                                   {"--page-server", "--ps-socket", "3"}, page_server.get());
     } catch (const Error&) {
@@ -553,8 +609,13 @@ CloneResult clone_to_agent(const CloneOptions& o, const std::string& agent) {
         }
         throw;
     }
+    const double client_seen_ms = client ? client->window_max_us() / 1e3 : -1;
+    client.reset();
     const DumpStats stats = read_dump_stats(work + "/images");
-    progress(o, "production frozen for " + fmt_ms(static_cast<double>(stats.frozen_us) / 1e3) + " ms");
+    progress(o, "production could not answer for " +
+                    fmt_ms(static_cast<double>(stats.freezing_us + stats.frozen_us) / 1e3) + " ms (stopping it " +
+                    fmt_ms(static_cast<double>(stats.freezing_us) / 1e3) + " ms, frozen " +
+                    fmt_ms(static_cast<double>(stats.frozen_us) / 1e3) + " ms)");
 
     for (const auto& entry : fs::directory_iterator(work + "/images"))
         if (entry.is_regular_file()) channel.send_file("FILE", entry.path().filename().string(), entry.path().string());
@@ -582,7 +643,9 @@ CloneResult clone_to_agent(const CloneOptions& o, const std::string& agent) {
     r.restore_ms = static_cast<double>(number_in(restored[3], "restore time")) / 1e3;
     r.pages_written = stats.pages_written;
     r.snapshots = snapshots;
+    r.client_seen_ms = client_seen_ms;
     r.total_ms = now_ms() - t0;
+    record_remote_clone(r, agent);
     return r;
 }
 
@@ -592,6 +655,74 @@ void destroy_agent_clone(const std::string& agent, const std::string& name) {
     Channel channel(connect_to(at, agent));
     channel.send_line("DESTROY " + name);
     expect_reply(channel, "DESTROYED", 0, kIoTimeoutMs);
+    forget_remote_clone(name);
+}
+
+void record_remote_clone(const CloneResult& r, const std::string& agent) {
+    fs::create_directories(kRemoteRoot);
+    write_json(std::string(kRemoteRoot) + "/" + r.name,
+               {{"agent", agent},
+                {"clone_pid", r.clone_pid},
+                {"keeper_pid", r.keeper_pid},
+                {"freeze_ms", r.freeze_ms},
+                {"freezing_ms", r.freezing_ms},
+                {"dump_ms", r.dump_ms},
+                {"restore_ms", r.restore_ms},
+                {"total_ms", r.total_ms}});
+}
+
+void forget_remote_clone(const std::string& name) {
+    std::error_code ec;
+    fs::remove(std::string(kRemoteRoot) + "/" + name, ec);
+}
+
+std::vector<RemoteCloneRecord> remote_clones() {
+    std::vector<RemoteCloneRecord> out;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(kRemoteRoot, ec)) {
+        const auto doc = read_json(e.path());
+        if (!doc.is_object()) continue;
+        RemoteCloneRecord r;
+        r.agent = doc.value("agent", "");
+        r.clone.name = e.path().filename().string();
+        r.clone.netns_path = "agent " + r.agent;
+        r.clone.clone_pid = doc.value("clone_pid", -1);
+        r.clone.keeper_pid = doc.value("keeper_pid", -1);
+        r.clone.freeze_ms = doc.value("freeze_ms", 0.0);
+        r.clone.freezing_ms = doc.value("freezing_ms", 0.0);
+        r.clone.dump_ms = doc.value("dump_ms", 0.0);
+        r.clone.restore_ms = doc.value("restore_ms", 0.0);
+        r.clone.total_ms = doc.value("total_ms", 0.0);
+        out.push_back(std::move(r));
+    }
+    return out;
+}
+
+std::vector<AgentHeldClone> agent_held_clones() {
+    std::vector<AgentHeldClone> out;
+    std::error_code ec;
+    for (const auto& e : fs::directory_iterator(kAgentRoot, ec)) {
+        const auto agent = read_json(e.path());
+        if (!agent.is_object() || !still_running(agent.value("pid", -1), agent.value("start", ""))) continue;
+        for (const auto& dir : fs::directory_iterator(agent.value("state_dir", ""), ec)) {
+            const auto doc = read_json(dir.path() / "clone.json");
+            if (!doc.is_object()) continue;
+            AgentHeldClone c;
+            c.agent = agent.value("listen", "");
+            c.state_dir = dir.path().string();
+            c.clone.name = doc.value("name", "");
+            c.clone.netns_path = "held by the agent on " + c.agent;
+            c.clone.clone_pid = doc.value("clone_pid", -1);
+            c.clone.clone_pid_in_ns = doc.value("source_pid", -1);
+            c.clone.keeper_pid = still_running(doc.value("keeper_pid", -1), doc.value("keeper_start", ""))
+                                     ? doc.value("keeper_pid", -1)
+                                     : -1;
+            c.clone.restore_ms = doc.value("restore_ms", 0.0);
+            c.clone.total_ms = c.clone.restore_ms;
+            out.push_back(std::move(c));
+        }
+    }
+    return out;
 }
 
 }  // namespace iprobe::launcher

@@ -24,6 +24,7 @@ public:
         JsonWriter w;
         w.begin_object().field("event", what);
         if (fields) fields(w);
+        else w.field("message", human);  // never an event that says nothing
         w.end_object();
         std::printf("%s\n", w.str().c_str());
         std::fflush(stdout);

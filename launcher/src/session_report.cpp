@@ -65,6 +65,13 @@ double probed_s(const GenerationReport::Row& row) {
     return total;
 }
 
+// The share of the generation's window the function was probed (its counts
+// cover that share of the traffic).
+double probed_share(const GenerationReport::Row& row, const GenerationReport& r) {
+    const double window = r.end_s - r.start_s;
+    return window > 0 ? std::min(1.0, probed_s(row) / window) : 1.0;
+}
+
 }  // namespace
 
 void write_report(JsonWriter& j, const GenerationReport& r) {
@@ -73,7 +80,7 @@ void write_report(JsonWriter& j, const GenerationReport& r) {
     for (const auto& row : r.rows) {
         j.begin_object();
         hotpatch::write_function_stats_fields(j, row.stats);
-        j.field("clone", row.clone).field("probed_s", probed_s(row));
+        j.field("clone", row.clone).field("probed_s", probed_s(row)).field("probed_share", probed_share(row, r));
         j.key("probed").begin_array();
         for (const auto& [from, to] : row.probed) j.begin_array().value(from).value(to).end_array();
         j.end_array();
@@ -85,8 +92,8 @@ void write_report(JsonWriter& j, const GenerationReport& r) {
 std::string report_table(const GenerationReport& r) {
     std::string out;
     char line[256];
-    std::snprintf(line, sizeof line, "%-36s %12s %12s %14s %6s %s\n", "function", "calls", "completed", "incl total ns",
-                  "clone", "probed (session s)");
+    std::snprintf(line, sizeof line, "%-36s %12s %12s %14s %6s %8s %s\n", "function", "calls", "completed",
+                  "incl total ns", "clone", "probed", "when (session s)");
     out += line;
     for (const auto& row : r.rows) {
         std::string spans;
@@ -95,9 +102,10 @@ std::string report_table(const GenerationReport& r) {
             std::snprintf(span, sizeof span, "%s%.1f-%.1f", spans.empty() ? "" : ",", from, to);
             spans += span;
         }
-        std::snprintf(line, sizeof line, "%-36s %12" PRIu64 " %12" PRIu64 " %14" PRIu64 " %6s %s\n",
+        std::snprintf(line, sizeof line, "%-36s %12" PRIu64 " %12" PRIu64 " %14" PRIu64 " %6s %7.1f%% %s\n",
                       row.stats.function.c_str(), row.stats.calls, row.stats.completed, row.stats.inclusive_ns,
-                      row.clone >= 0 ? std::to_string(row.clone + 1).c_str() : "*", spans.c_str());
+                      row.clone >= 0 ? std::to_string(row.clone + 1).c_str() : "*", 100.0 * probed_share(row, r),
+                      spans.c_str());
         out += line;
     }
     return out;

@@ -97,4 +97,33 @@ char state(pid_t pid, pid_t tid) {
     return s && !s->empty() ? (*s)[0] : 0;
 }
 
+std::vector<Listener> tcp_listeners(pid_t pid) {
+    std::vector<std::string> inodes;
+    std::error_code ec;
+    for (const auto& fd : std::filesystem::directory_iterator(path_of(pid, "fd"), ec)) {
+        const std::string target = std::filesystem::read_symlink(fd.path(), ec).string();
+        if (!ec && target.rfind("socket:[", 0) == 0) inodes.push_back(target.substr(8, target.size() - 9));
+    }
+    std::vector<Listener> out;
+    std::ifstream in(path_of(pid, "net/tcp"));
+    std::string line;
+    std::getline(in, line);  // header
+    while (std::getline(in, line)) {
+        // "  0: 0100007F:18EB 00000000:0000 0A ... uid timeout inode"
+        std::istringstream f(line);
+        std::string slot, local, remote, st, queues, timer, retrans, uid, timeout, inode;
+        if (!(f >> slot >> local >> remote >> st >> queues >> timer >> retrans >> uid >> timeout >> inode)) continue;
+        if (st != "0A" || std::find(inodes.begin(), inodes.end(), inode) == inodes.end()) continue;
+        const auto colon = local.find(':');
+        if (colon != 8) continue;
+        const unsigned long ip = std::stoul(local.substr(0, 8), nullptr, 16);  // host order of the bytes as stored
+        Listener l;
+        l.address = std::to_string(ip & 0xff) + "." + std::to_string((ip >> 8) & 0xff) + "." +
+                    std::to_string((ip >> 16) & 0xff) + "." + std::to_string((ip >> 24) & 0xff);
+        l.port = static_cast<int>(std::stoul(local.substr(colon + 1), nullptr, 16));
+        out.push_back(std::move(l));
+    }
+    return out;
+}
+
 }  // namespace iprobe::proc

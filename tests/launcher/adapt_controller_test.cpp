@@ -3,6 +3,7 @@
 // flap.  (debug_window_test.cpp runs it against a real clone.)
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <vector>
 
 #include "iprobe/launcher/adapt_controller.h"
@@ -183,6 +184,50 @@ TEST(AdaptController, DoesNotFlapWhenARestoreMakesItFallBehindAgain) {
     EXPECT_EQ(drops, restores + 1);
     for (std::size_t i = 1; i < gaps.size(); ++i) EXPECT_GT(gaps[i], gaps[i - 1] * 1.5) << i;
     EXPECT_GE(s.controller().calm_s(), 16.0);
+}
+
+// At saturation nothing fits and the predicted costs are too low: with
+// 400 functions dropped, the restores come in steps (cheapest first, a
+// quarter of the dropped, then half, then all, while they hold), never all
+// at once, and a restore the clone cannot carry halves the next step.
+TEST(AdaptController, RestoresStepwiseCheapestFirstAndSmallerAfterAFlap) {
+    std::vector<double> rates;
+    for (int f = 0; f < 400; ++f) rates.push_back(1e2 * (f + 1));  // f=399: 0.12% of a CPU, 24% in all
+    Scenario s(rates);
+    s.step(0.25, 0.0, 0, 0.9);
+    ASSERT_EQ(s.step(0.25, 0.0, 3000, 1.0).action, Action::drop);
+    ASSERT_EQ(s.controller().on_count(), 0u) << "far behind at saturation: everything goes";
+    std::vector<std::size_t> steps;
+    AdaptDecision d;
+    // Calm and idle: all 400 fit the idle time as predicted (what made the
+    // controller bring every one back at once), yet it restores in steps.
+    for (int i = 0; i < 200 && s.controller().on_count() < 400; ++i) {
+        d = s.step(0.25, 0.0, 10, 0.0);
+        if (d.action == Action::restore) {
+            steps.push_back(d.functions.size());
+            // Cheapest first: each restored function costs no more than any still off.
+            for (std::size_t f : d.functions)
+                for (std::size_t g = 0; g < 400; ++g)
+                    if (!s.controller().on(g)) {
+                        EXPECT_LE(f, g);
+                    }
+            if (steps.size() == 2) break;
+        }
+    }
+    ASSERT_EQ(steps.size(), 2u);
+    EXPECT_EQ(steps[0], 100u) << "a quarter of the 400 dropped";
+    EXPECT_EQ(steps[1], 150u) << "half of the 300 still off, the first step having held";
+    EXPECT_NEAR(s.controller().restore_step(), 0.5, 1e-9);
+    // Now the clone falls behind again: the next restore brings back less.
+    ASSERT_EQ(s.step(0.25, 0.7, 500, 1.0).action, Action::drop);
+    EXPECT_NEAR(s.controller().restore_step(), 0.25, 1e-9);
+    const std::size_t off = 400 - s.controller().on_count();
+    for (int i = 0; i < 400; ++i) {
+        d = s.step(0.25, 0.0, 10, 0.0);
+        if (d.action == Action::restore) break;
+    }
+    ASSERT_EQ(d.action, Action::restore);
+    EXPECT_EQ(d.functions.size(), static_cast<std::size_t>(std::ceil(0.25 * static_cast<double>(off))));
 }
 
 TEST(AdaptController, ProbesThatCostNothingMeasurableAreNotBlamed) {

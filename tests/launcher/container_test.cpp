@@ -74,6 +74,7 @@ protected:
         // runc: crun 1.8 refuses hosts with cgroups v1 and v2 mixed.
         std::vector<std::string> argv = {"podman", "--runtime", "runc", "run", "-d", "--name", prod_};
         for (const auto& u : ulimits_within_ours()) argv.push_back(u);
+        argv.insert(argv.end(), run_options_.begin(), run_options_.end());
         argv.insert(argv.end(), {image_, "/usr/bin/redis-server", "--save", "", "--appendonly", "no",
                                  "--protected-mode", "no", "--dir", "/data"});
         const auto started = run(argv, {}, std::chrono::seconds(120));
@@ -82,7 +83,9 @@ protected:
             // the OCI runtime on this host's kernel or cgroup layout.
             GTEST_SKIP() << "podman cannot run a container on this host: " << trimmed(started.err);
         }
-        address_ = trimmed(run({"podman", "inspect", "--format", "{{.NetworkSettings.IPAddress}}", prod_}).out);
+        address_ = trimmed(run({"podman", "inspect", "--format",
+                                "{{range .NetworkSettings.Networks}}{{.IPAddress}} {{end}}", prod_})
+                               .out);
         for (int i = 0; i < 100 && redis_at(address_, {"PING"}) != "PONG"; ++i)
             std::this_thread::sleep_for(std::chrono::milliseconds(50));
         ASSERT_EQ(redis_at(address_, {"PING"}), "PONG");
@@ -95,6 +98,36 @@ protected:
     TempDir dir_;
     std::string image_ = kImage, server_ = "/usr/bin/redis-server";
     std::string prod_, clone_, address_;
+    std::vector<std::string> run_options_;  // `podman run` options production is started with
+};
+
+// Production started as people run it: a published port, a named volume for
+// its data, a network other than podman's default.
+class LauncherContainerAsRun : public LauncherContainer {
+protected:
+    void SetUp() override {
+        IPROBE_SKIP_UNLESS_CLONING_WORKS();
+        tag_ = std::to_string(getpid());
+        published_ = free_port();
+        ASSERT_EQ(run({"podman", "network", "create", "ipt-net-" + tag_}).exit_code, 0);
+        ASSERT_EQ(run({"podman", "volume", "create", "ipt-vol-" + tag_}).exit_code, 0);
+        run_options_ = {"-p", "127.0.0.1:" + std::to_string(published_) + ":6379", "-v", "ipt-vol-" + tag_ + ":/data",
+                        "--network", "ipt-net-" + tag_};
+        LauncherContainer::SetUp();
+    }
+    void TearDown() override {
+        LauncherContainer::TearDown();
+        run({"podman", "volume", "rm", "--force", "ipt-vol-" + tag_});
+        run({"podman", "network", "rm", "--force", "ipt-net-" + tag_});
+    }
+    std::string production(const std::vector<std::string>& args) { return redis_at("127.0.0.1", args, published_); }
+    static std::string redis_at(const std::string& host, const std::vector<std::string>& args, int port = 6379) {
+        std::vector<std::string> argv = {"redis-cli", "-h", host, "-p", std::to_string(port)};
+        argv.insert(argv.end(), args.begin(), args.end());
+        return trimmed(run(argv).out);
+    }
+    std::string tag_;
+    int published_ = 0;
 };
 
 // Production runs redis built with iprobe-cc: probes go into the clone.
@@ -238,6 +271,77 @@ TEST_F(LauncherContainerProbed, DebugTracesExactlyTheMirroredCommandsInTheCloneC
     debug.kill(SIGTERM);
     EXPECT_EQ(debug.wait(std::chrono::seconds(60)), 0);
     EXPECT_NE(run({"podman", "container", "exists", clone_}).exit_code, 0);
+    clone_.clear();
+}
+
+// The clone cannot have production's host port, volume or address: it
+// publishes on a free loopback port, writes into a copy of the volume taken
+// at the checkpoint, and runs alone on a network of its own; nothing of that
+// fails after production was frozen (podman restored onto production's
+// published port with `bind: address already in use`).
+TEST_F(LauncherContainerAsRun, PublishedPortNamedVolumeAndOwnNetworkAreRemappedForTheClone) {
+    ASSERT_EQ(production({"SET", "marker", "before-clone"}), "OK");
+    ASSERT_EQ(production({"SAVE"}), "OK");
+    const std::string volume = trimmed(run({"podman", "volume", "inspect", "--format", "{{.Mountpoint}}", "ipt-vol-" + tag_}).out);
+    const std::string prod_rdb = file_text(volume + "/dump.rdb");
+    ASSERT_FALSE(prod_rdb.empty());
+    auto r = run({bin("iprobe"), "clone", "--container", prod_, "--netns", clone_, "--json"}, {},
+                 std::chrono::seconds(180));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(r.out, m, std::regex(R"re("address":"([0-9.]+)")re"))) << r.out;
+    const std::string clone_address = m[1];
+    ASSERT_TRUE(std::regex_search(r.out, m, std::regex(R"re("ports":\{"6379/tcp":"127\.0\.0\.1:([0-9]+)"\})re")))
+        << r.out;
+    const int clone_port = std::stoi(m[1]);
+    EXPECT_TRUE(std::regex_search(r.out, std::regex(R"re("client_seen_us":[1-9][0-9]*)re")))
+        << "production's freeze as a client felt it: " << r.out;
+    EXPECT_NE(clone_port, published_);
+    const std::string clone_volume = "iprobe-" + clone_ + "-ipt-vol-" + tag_;
+    EXPECT_NE(r.out.find("\"volumes\":{\"ipt-vol-" + tag_ + "\":\"" + clone_volume + "\"}"), std::string::npos) << r.out;
+
+    EXPECT_EQ(redis_at(clone_address, {"GET", "marker"}), "before-clone");
+    EXPECT_EQ(redis_at("127.0.0.1", {"GET", "marker"}, clone_port), "before-clone");
+    // Production keeps its port; the clone's SAVE goes to its own volume.
+    EXPECT_EQ(redis_at(clone_address, {"SET", "only-in-clone", "1"}), "OK");
+    EXPECT_EQ(redis_at(clone_address, {"SAVE"}), "OK");
+    EXPECT_EQ(file_text(volume + "/dump.rdb"), prod_rdb) << "the clone wrote into production's volume";
+    const std::string copy = trimmed(run({"podman", "volume", "inspect", "--format", "{{.Mountpoint}}", clone_volume}).out);
+    EXPECT_NE(file_text(copy + "/dump.rdb"), prod_rdb);
+    EXPECT_EQ(production({"EXISTS", "only-in-clone"}), "0");
+    EXPECT_EQ(production({"GET", "marker"}), "before-clone");
+
+    // In the one list of clones, as a container clone, with the freeze
+    // clients saw (podman's stopping phase included).
+    const auto list = run({bin("iprobe"), "clone", "--list", "--json"});
+    ASSERT_TRUE(std::regex_search(list.out, m, std::regex(R"re(\{"name":")re" + clone_ +
+                                                          R"re(","kind":"container"[^}]*"running":true,"unavailable_us":([0-9]+),"freezing_us":([0-9]+),"freeze_us":([0-9]+))re")))
+        << list.out;
+    EXPECT_EQ(std::stoll(m[1]), std::stoll(m[2]) + std::stoll(m[3]));
+    EXPECT_GT(std::stoll(m[2]), 0) << "podman's freezing phase is part of what clients wait through";
+    auto d = run({bin("iprobe"), "clone", "--destroy", clone_, "--json"});
+    EXPECT_EQ(d.exit_code, 0) << d.err;
+    EXPECT_NE(d.out.find(R"({"kind":"volume","what":")" + clone_volume + "\"}"), std::string::npos) << d.out;
+    EXPECT_NE(run({"podman", "container", "exists", clone_}).exit_code, 0);
+    EXPECT_NE(run({"podman", "volume", "exists", clone_volume}).exit_code, 0);
+    EXPECT_NE(run({"podman", "network", "exists", "iprobe-" + clone_}).exit_code, 0);
+    EXPECT_EQ(production({"PING"}), "PONG");
+    clone_.clear();
+}
+
+// A host directory bound read-write would be shared by the clone (podman's
+// checkpoint does not copy it): refused before anything is frozen.
+TEST_F(LauncherContainer, WritableBindMountIsRefusedBeforeTheFreeze) {
+    run({"podman", "rm", "--force", "--time", "1", prod_}, {}, std::chrono::seconds(60));
+    fs::create_directories(dir_ / "data");
+    run_options_ = {"-v", dir_ / "data" + ":/data"};
+    LauncherContainer::SetUp();
+    auto r = run({bin("iprobe"), "clone", "--container", prod_, "--netns", clone_}, {}, std::chrono::seconds(120));
+    EXPECT_EQ(r.exit_code, 7) << r.err;
+    EXPECT_NE(r.err.find("read-write"), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("checkpointing"), std::string::npos) << "production was checkpointed: " << r.err;
+    EXPECT_NE(run({"podman", "container", "exists", clone_}).exit_code, 0);
+    EXPECT_EQ(redis_at(address_, {"PING"}), "PONG");
     clone_.clear();
 }
 

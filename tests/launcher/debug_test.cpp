@@ -68,13 +68,13 @@ protected:
         ASSERT_TRUE(redis_->ready()) << "redis-server did not start";
         ASSERT_EQ(redis_->cli({"SET", "before", "debug"}), "OK");
     }
-    void start_debug(const std::vector<std::string>& extra = {}) {
+    void start_debug(const std::vector<std::string>& extra = {}, Session session = Session::inherit) {
         std::vector<std::string> argv = {"nsenter", "--net=" + prod_ns_->path(), bin("iprobe"), "debug",
                                          std::to_string(redis_->pid()), "--listen",
                                          "127.0.0.1:" + std::to_string(listen_port_), "--production",
                                          "127.0.0.1:" + std::to_string(port_), "--json"};
         argv.insert(argv.end(), extra.begin(), extra.end());
-        debug_ = std::make_unique<Child>(argv, out_path());
+        debug_ = std::make_unique<Child>(argv, out_path(), std::vector<std::string>{}, session);
         ASSERT_TRUE(wait_for_event(out_path(), "mirror", 1, *debug_)) << file_text(out_path());
         auto clone = events(out_path(), "clone");
         ASSERT_FALSE(clone.empty());
@@ -359,6 +359,76 @@ TEST_F(LauncherDebug, KilledSessionTakesItsCloneAlongAndTheNextStartsClean) {
     EXPECT_EQ(clone_eventually({"GET", "k"}, "v"), "v");
     stop_debug_and_check_clean();
 }
+
+// Ctrl-C at a terminal (SIGINT to the whole foreground process group),
+// SIGTERM from a supervisor, SIGHUP when the terminal goes: each ends the
+// session as its user asked, not as a failure.  The mirror, the traces and
+// the clones run in process groups of their own, so the signal reaches the
+// launcher alone, which reports, takes the mirror's final stats and removes
+// everything.
+class LauncherDebugStop : public LauncherDebug, public ::testing::WithParamInterface<std::pair<int, int>> {};
+
+TEST_P(LauncherDebugStop, SignalToTheSessionsGroupEndsItCleanlyWithStatsAndTheReport) {
+    const auto [sig, clones] = GetParam();
+    std::string server = finstrument_redis();
+    ASSERT_FALSE(server.empty()) << "scripts/build-redis --mode finstrument failed";
+    ASSERT_NO_FATAL_FAILURE(start_redis(server));
+    ASSERT_NO_FATAL_FAILURE(start_debug({"--probes", server + ".probes", "--functions", "setCommand", "--clones",
+                                         std::to_string(clones), "--no-trace"},
+                                        Session::own));
+    ASSERT_TRUE(wait_for_event(out_path(), "attached", static_cast<size_t>(clones), *debug_)) << file_text(out_path());
+    for (int i = 0; i < 3; ++i) EXPECT_EQ(via_mirror({"SET", "s" + std::to_string(i), "v"}), "OK");
+    std::vector<std::string> netns;
+    for (const auto& c : events(out_path(), "clone")) netns.push_back(fs::path(json_string(c, "netns")).filename().string());
+    ASSERT_EQ(netns.size(), static_cast<size_t>(clones));
+    for (const auto& n : netns) {
+        std::string got;
+        for (int i = 0; i < 100 && (got = redis_cli("/run/netns/" + n, port_, {"DBSIZE"})) != "4"; ++i)
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        EXPECT_EQ(got, "4") << n;
+    }
+    debug_->kill(sig);  // the whole process group, as a terminal does
+    EXPECT_EQ(debug_->wait(std::chrono::seconds(60)), 0) << file_text(out_path());
+    debug_.reset();
+    const std::string out = file_text(out_path());
+    EXPECT_TRUE(events(out_path(), "error").empty()) << out;
+    // The per-function report: the three SETs, counted in the clone that probed setCommand.
+    const auto reports = events(out_path(), "report");
+    ASSERT_EQ(reports.size(), 1u) << out;
+    EXPECT_NE(reports[0].find(R"("name":"setCommand","calls":3,)"), std::string::npos) << reports[0];
+    // The last event is "stopping" with the mirror's final stats and the signal.
+    std::istringstream lines(out);
+    std::string line, last;
+    while (std::getline(lines, line))
+        if (line.starts_with("{\"event\":")) last = line;
+    EXPECT_TRUE(last.starts_with(R"({"event":"stopping","stats":{)")) << last;
+    EXPECT_NE(last.find(std::string(R"("signal":"SIG)") + sigabbrev_np(sig) + "\""), std::string::npos) << last;
+    EXPECT_NE(last.find(R"("client_to_production":)"), std::string::npos) << last;
+    // Production as its clients felt it: a PING every 10 ms through the
+    // session, and the longest wait around the checkpoint in the clone event.
+    EXPECT_GT(json_number(last, "samples"), 0) << last;
+    EXPECT_GT(json_number(last, "p99_us"), 0) << last;
+    const auto clone_events = events(out_path(), "clone");
+    ASSERT_FALSE(clone_events.empty());
+    EXPECT_GT(json_number(clone_events[0], "client_seen_us"), 0) << clone_events[0];
+    EXPECT_EQ(json_number(clone_events[0], "unavailable_us") >= json_number(clone_events[0], "freeze_us"), true)
+        << clone_events[0];
+    // Nothing left: clones, namespaces, state, the mirror.
+    for (const auto& n : netns) {
+        EXPECT_FALSE(netns_exists(n)) << n;
+        EXPECT_FALSE(fs::exists("/run/iprobe/clones/" + n)) << n;
+    }
+    EXPECT_LT(connect_in_netns(prod_ns_->path(), listen_port_), 0);
+    EXPECT_EQ(redis_->cli({"DBSIZE"}), "4");
+}
+
+INSTANTIATE_TEST_SUITE_P(Signals, LauncherDebugStop,
+                         ::testing::Values(std::pair{SIGINT, 2}, std::pair{SIGINT, 1}, std::pair{SIGTERM, 2},
+                                           std::pair{SIGHUP, 1}),
+                         [](const auto& info) {
+                             return std::string(sigabbrev_np(info.param.first)) + "_" +
+                                    std::to_string(info.param.second) + "clones";
+                         });
 
 TEST_F(LauncherDebug, MissingCriuFailsCleanlyAndProductionServes) {
     ASSERT_NO_FATAL_FAILURE(start_redis());

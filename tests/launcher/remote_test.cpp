@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include <filesystem>
+#include <regex>
 #include <fstream>
 #include <memory>
 #include <thread>
@@ -89,6 +90,8 @@ protected:
             agent_->kill(SIGTERM);
             agent_->wait(std::chrono::seconds(20));
         }
+        // The note a clone --to keeps here, once its agent is gone.
+        run({iprobe_bin(), "clone", "--destroy", name_});
         redis_.reset();
         host_a_.reset();
         host_b_.reset();
@@ -124,6 +127,7 @@ TEST_F(LauncherRemote, CloneRunsOnTheSecondHostAndServesMirroredTraffic) {
     EXPECT_TRUE(same_netns(clone_pid, host_b_->path())) << "the clone must run in the second host's network";
     EXPECT_EQ(json_number(r.out, "clone_pid_in_ns"), redis_->pid());
     EXPECT_GE(json_number(r.out, "freeze_us"), 0);
+    EXPECT_GT(json_number(r.out, "client_seen_us"), 0) << "production's freeze as a client felt it: " << r.out;
     EXPECT_GT(json_number(r.out, "pages_written"), 0);
     EXPECT_TRUE(fs::exists(agent_dir_ / (name_ + "/images"))) << "the agent keeps the clone's state in its own directory";
 
@@ -158,6 +162,31 @@ TEST_F(LauncherRemote, CloneRunsOnTheSecondHostAndServesMirroredTraffic) {
     EXPECT_TRUE(gone(clone_pid)) << "the clone outlived --destroy";
     EXPECT_FALSE(fs::exists(agent_dir_ / name_)) << "the agent kept the destroyed clone's state";
     EXPECT_EQ(redis_->cli({"GET", "marker"}), "before-clone");
+}
+
+// One inventory: the clone made here with --to is listed here (kind
+// "remote"), the one the agent holds is listed on its host ("agent"; both
+// hosts are this machine in the test), with consistent timings, and
+// --destroy without --to finds the agent from the list.
+TEST_F(LauncherRemote, ListShowsTheRemoteCloneAndDestroyNeedsOnlyItsName) {
+    auto r = clone_to_b();
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const long long clone_pid = json_number(r.out, "clone_pid");
+    auto list = in_a({iprobe_bin(), "clone", "--list", "--json"});
+    ASSERT_EQ(list.exit_code, 0) << list.err;
+    const std::regex remote(R"re(\{"name":")re" + name_ + R"re(","kind":"remote"[^}]*"checkpoint_us":([0-9]+),"restore_us":([0-9]+),"total_us":([0-9]+)\})re");
+    std::smatch m;
+    ASSERT_TRUE(std::regex_search(list.out, m, remote)) << list.out;
+    EXPECT_GE(std::stoll(m[3]), std::stoll(m[1]) + std::stoll(m[2])) << "total below checkpoint + restore: " << m[0];
+    EXPECT_EQ(std::stoll(m[3]), json_number(r.out, "total_us")) << "not what the clone command printed: " << m[0];
+    EXPECT_NE(list.out.find(R"({"name":")" + name_ + R"(","kind":"agent")"), std::string::npos) << list.out;
+    auto d = in_a({iprobe_bin(), "clone", "--destroy", name_, "--json"});
+    EXPECT_EQ(d.exit_code, 0) << d.err;
+    EXPECT_NE(d.out.find(R"("kind":"remote")"), std::string::npos) << d.out;
+    EXPECT_TRUE(gone(clone_pid)) << "the clone outlived --destroy";
+    EXPECT_FALSE(fs::exists(agent_dir_ / name_));
+    EXPECT_EQ(in_a({iprobe_bin(), "clone", "--list", "--json"}).out.find("\"" + name_ + "\""), std::string::npos);
+    EXPECT_EQ(in_a({iprobe_bin(), "clone", "--destroy", name_}).exit_code, 5);
 }
 
 TEST_F(LauncherRemote, StoppingTheAgentTakesItsClonesAlong) {

@@ -20,7 +20,11 @@
 //    nearly full).
 //  - Caught up (fill and lag below the low marks) for a calm period: the
 //    cheapest dropped functions come back, as many as the clone's measured
-//    idle time pays for with headroom (an increase bounded by measurement).
+//    idle time pays for with headroom (an increase bounded by measurement),
+//    and in steps: at most a share of those dropped at a time, a share that
+//    doubles while restores hold and halves when one did not (at
+//    saturation, predicted costs are too low to trust: a clone that could
+//    not carry any probe got all of them back at once, and lost them all).
 //  - No flapping: a drop soon after a restore doubles the calm period
 //    (up to a limit); a long quiet time resets it.
 #pragma once
@@ -43,6 +47,11 @@ struct AdaptConfig {
     double calm_s = 2;                             // caught up this long before a restore
     double max_calm_s = 60;
     double headroom = 0.5;                         // restore what fits in this share of idle time
+    // Stepwise restore: at most this share of the dropped functions per
+    // restore (never fewer than restore_min); doubled after a restore that
+    // held, halved after one the clone could not carry.
+    double restore_share = 0.25;
+    std::size_t restore_min = 8;
 };
 
 // Per function, cumulative: entry events (calls) and exit events (completed).
@@ -82,12 +91,14 @@ public:
     double cost(std::size_t f) const { return cost_[f]; }  // CPU share, last measured while on
     double total_cost() const;                             // of the functions on
     double calm_s() const { return calm_s_; }
+    double restore_step() const { return step_share_; }  // share of the dropped a restore may bring back
 
 private:
     void measure(const AdaptObservation& o);
     bool falling_behind(const AdaptObservation& o) const;
     AdaptDecision drop(const AdaptObservation& o);
     AdaptDecision restore(const AdaptObservation& o);
+    double next_step_share() const;
 
     AdaptConfig c_;
     double entry_ns_, exit_ns_;
@@ -104,6 +115,7 @@ private:
     double calm_since_ = -1;             // when fill and lag last went below the low marks
     double last_drop_ = -1e9, last_restore_ = -1e9;
     double calm_s_;
+    double step_share_;
 };
 
 }  // namespace iprobe::launcher

@@ -53,6 +53,10 @@ struct CloneResult {
     double dump_ms = 0;             // criu dump, wall clock
     double restore_ms = 0;          // criu restore, wall clock
     double total_ms = 0;
+    // The longest a client of production waited for a reply meanwhile (a
+    // PING every 1 ms on a connection of its own; RESP services), -1 when
+    // not measured.
+    double client_seen_ms = -1;
     unsigned long long pages_written = 0;
     std::vector<std::string> snapshots;  // paths the clone sees as private copies
     std::string images_dir;              // empty unless kept
@@ -100,13 +104,26 @@ struct RestoreOptions {
 // A clone of `checkpoint` named options.name, as clone_process makes one.
 CloneResult restore_clone(const Checkpoint& checkpoint, const RestoreOptions& options);
 
-// Kills the clone's process tree and removes its namespace and copies.
-void destroy_clone(const std::string& name);
+// One thing `--destroy` removed: kind is "clone" (its keeper and every
+// process of the clone), "netns", "veth", "state", "checkpoint",
+// "container", "network"; what names it (a PID, a name, a path).
+struct Removed {
+    std::string kind;
+    std::string what;
+};
+
+// Kills the clone's process tree and removes its namespace and copies, and
+// whatever a launcher killed half-way left of clone `name`; returns what it
+// removed.  Throws Error(not_found) when nothing of that name exists.
+std::vector<Removed> destroy_clone(const std::string& name);
 
 // Names of clones that exist (their state under /run/iprobe/clones).
 std::vector<std::string> list_clones();
 
 // Reads a clone's recorded state; throws Error(not_found).
 CloneResult load_clone(const std::string& name);
+
+// The network namespace a local clone `name` runs in (/run/netns/NAME).
+std::string netns_path_of_clone(const std::string& name);
 
 }  // namespace iprobe::launcher

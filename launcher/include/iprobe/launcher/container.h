@@ -8,7 +8,12 @@
 #include <sys/types.h>
 
 #include <functional>
+#include <optional>
 #include <string>
+#include <utility>
+#include <vector>
+
+#include "iprobe/launcher/clone.h"
 
 namespace iprobe::launcher {
 
@@ -28,7 +33,15 @@ struct ContainerCloneResult {
     double freeze_ms = 0;   // production frozen (CRIU frozen_time)
     double freezing_ms = 0; // time CRIU took to stop it
     double checkpoint_ms = 0, restore_ms = 0, total_ms = 0;
+    double client_seen_ms = -1;  // as CloneResult::client_seen_ms
     unsigned long long pages_written = 0;
+    // What would have collided with production, and what the clone has
+    // instead: each port production publishes is published by the clone on
+    // a free loopback port ("6379/tcp" -> "127.0.0.1:41339"); each named
+    // volume is a copy of its own, taken right after the checkpoint
+    // (production's volume -> the clone's, iprobe-NAME-VOLUME).
+    std::vector<std::pair<std::string, std::string>> ports;
+    std::vector<std::pair<std::string, std::string>> volumes;
 };
 
 // Clones `options.container`.  Production keeps running throughout; on any
@@ -41,7 +54,16 @@ pid_t container_main_pid(const std::string& container);
 // Whether NAME is a container clone made by clone_container.
 bool is_container_clone(const std::string& name);
 
-// Removes a container clone (and only one made by clone_container).
-void destroy_container_clone(const std::string& name);
+// A container clone's record (what clone_container returned); nullopt when
+// there is none of that name.
+std::optional<ContainerCloneResult> load_container_clone(const std::string& name);
+// Whether podman runs the container `id`.
+bool container_running(const std::string& id);
+// Names of the container clones iprobe made.
+std::vector<std::string> list_container_clones();
+
+// Removes a container clone (and only one made by clone_container) and its
+// network; returns what it removed.
+std::vector<Removed> destroy_container_clone(const std::string& name);
 
 }  // namespace iprobe::launcher

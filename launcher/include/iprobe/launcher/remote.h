@@ -8,6 +8,7 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "iprobe/launcher/clone.h"
 
@@ -30,5 +31,24 @@ CloneResult clone_to_agent(const CloneOptions& options, const std::string& agent
 
 // Kills a clone the agent at `agent` restored and removes what it kept.
 void destroy_agent_clone(const std::string& agent, const std::string& name);
+
+// What `iprobe clone --to` made, noted on production's host
+// (/run/iprobe/remote-clones/NAME) for --list and --destroy.
+struct RemoteCloneRecord {
+    std::string agent;  // HOST:PORT
+    CloneResult clone;  // as clone_to_agent returned it (that host's PIDs)
+};
+void record_remote_clone(const CloneResult& clone, const std::string& agent);
+void forget_remote_clone(const std::string& name);
+std::vector<RemoteCloneRecord> remote_clones();
+
+// Clones the agents running on this host hold for other hosts (each agent
+// notes itself in /run/iprobe/agents and each clone in its --state-dir).
+struct AgentHeldClone {
+    std::string agent;      // its --listen address
+    std::string state_dir;  // the clone's directory there
+    CloneResult clone;      // restore_ms and total_ms are the restore's; keeper_pid -1 when gone
+};
+std::vector<AgentHeldClone> agent_held_clones();
 
 }  // namespace iprobe::launcher

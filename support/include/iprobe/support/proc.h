@@ -41,4 +41,13 @@ std::optional<std::string> stat_field(pid_t pid, int number, pid_t tid = 0);
 // The state letter (R, S, D, T, t, Z, X, ...), or 0 when the process is gone.
 char state(pid_t pid, pid_t tid = 0);
 
+// The IPv4 TCP sockets the process holds open that listen: address
+// (dotted) and port, from /proc/PID/fd and its network namespace's
+// /proc/PID/net/tcp.  Empty when none, or the process is gone.
+struct Listener {
+    std::string address;
+    int port = 0;
+};
+std::vector<Listener> tcp_listeners(pid_t pid);
+
 }  // namespace iprobe::proc
