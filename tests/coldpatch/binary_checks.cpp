@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <regex>
+#include <set>
 #include <sstream>
 
 #include "testutil.h"
@@ -88,6 +89,15 @@ std::map<std::string, std::uint64_t> padded_functions(const std::string& binary)
         function.clear();
     }
     return padded;
+}
+
+void expect_an_entry_probe_per_padded_function(const std::string& binary, const probelist::ProbeList& list) {
+    std::set<std::uint64_t> padded, entries;
+    for (const auto& [name, pad] : padded_functions(binary)) padded.insert(pad);
+    for (const auto& p : list.probes)
+        if (p.kind == probelist::ProbeKind::entry) entries.insert(p.site);
+    EXPECT_EQ(entries, padded) << binary << ": an entry probe per function starting with a pad";
+    EXPECT_EQ(list.probes.size(), 2 * entries.size()) << binary << ": an entry and an exit per pad";
 }
 
 void compile(const std::string& dir, const std::string& command_line) {

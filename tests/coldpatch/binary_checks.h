@@ -31,6 +31,11 @@ std::map<std::uint64_t, std::string> disassembly(const std::string& binary);
 // binutils' view, not coldpatch's.
 std::map<std::string, std::uint64_t> padded_functions(const std::string& binary);
 
+// Every function whose first instruction is a pad (padded_functions) is an
+// entry probe at that pad, every entry probe is such a pad, and each has
+// its exit probe.
+void expect_an_entry_probe_per_padded_function(const std::string& binary, const probelist::ProbeList& list);
+
 // Compiles with the given shell command line (run in `dir`); fails the test
 // with the compiler's stderr when it does not succeed.
 void compile(const std::string& dir, const std::string& command_line);

@@ -65,13 +65,7 @@ protected:
         // The LLVM flow's list is in the binary itself, the others' beside it.
         const probelist::ProbeList list = flow() == "llvm" ? probelist::read_site_section(binary).value()
                                                            : probelist::ProbeList::load(binary + ".probes");
-        if (flow() != "finstrument") {
-            std::set<std::uint64_t> padded, entries;
-            for (const auto& [name, pad] : padded_functions(binary)) padded.insert(pad);
-            for (const auto& p : list.probes)
-                if (p.kind == probelist::ProbeKind::entry) entries.insert(p.site);
-            EXPECT_EQ(entries, padded) << binary << ": an entry probe per function starting with a pad";
-        }
+        if (flow() != "finstrument") expect_an_entry_probe_per_padded_function(binary, list);
         Names names;
         for (const auto& p : list.probes)
             if (p.kind == probelist::ProbeKind::entry) names.insert(p.demangled);
