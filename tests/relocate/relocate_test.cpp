@@ -25,12 +25,14 @@ using nlohmann::json;
 std::string target(const std::string& name) { return std::string(RELOC_TARGETS) + "/" + name; }
 
 // The cases that must be probe-able, and those refused with their reason.
-const std::set<std::string> kProbeable = {"rip_load",   "rip_lea",      "short_branch",    "endbr_rip", "call_first",
-                                          "jump_first", "table_switch", "keeps_registers", "leaf_add"};
+const std::set<std::string> kProbeable = {"rip_load",     "rip_lea",         "short_branch", "endbr_rip",
+                                          "call_first",   "jump_first",      "table_switch", "keeps_registers",
+                                          "leaf_add",     "keeps_r11"};
 const std::map<std::string, std::string> kRefused = {{"loop_to_entry", "branch into entry"},
                                                      {"tiny", "too short"},
                                                      {"jrcxz_first", "unrelocatable instruction"},
-                                                     {"twice", "too short"}};
+                                                     {"twice", "too short"},
+                                                     {"r11_leaf", "caller keeps r11"}};
 
 json list_json(const std::string& binary) {
     const auto r = iprobe({"list", binary, "--refused", "--json"});
