@@ -348,15 +348,13 @@ bool r11_read_after(Disassembler& dis, const Region& region, std::uint64_t from)
 
 // The functions (by start address) some caller keeps a value in r11 across
 // a call of: directly, or through a tail call from one that is.
-std::vector<std::uint64_t> r11_kept_across(Disassembler& dis, const std::vector<Region>& regions, const Sweep& swept,
-                                           std::span<const FunctionRange> functions) {
+std::vector<std::uint64_t> r11_kept_across(Disassembler& dis, const std::vector<Region>& regions, const Sweep& swept) {
     auto function_region = [&](std::uint64_t start) -> std::ptrdiff_t {
         auto it = std::lower_bound(regions.begin(), regions.end(), start,
                                    [](const Region& r, std::uint64_t a) { return r.low < a; });
         if (it == regions.end() || it->low != start || it->function < 0) return -1;
         return it - regions.begin();
     };
-    (void)functions;
     std::vector<std::uint64_t> kept;
     std::vector<std::pair<std::uint64_t, std::uint64_t>> tails;  // (from function, to function)
     for (const CallSite& c : swept.calls) {
@@ -408,7 +406,7 @@ std::vector<EntryPlan> plan_entries(std::span<const CodeRange> code, std::span<c
         if (regions[r].function >= 0 && region_of[static_cast<std::size_t>(regions[r].function)] < 0)
             region_of[static_cast<std::size_t>(regions[r].function)] = static_cast<std::ptrdiff_t>(r);
 
-    const std::vector<std::uint64_t> keeps_r11 = r11_kept_across(dis, regions, swept, functions);
+    const std::vector<std::uint64_t> keeps_r11 = r11_kept_across(dis, regions, swept);
     std::vector<EntryPlan> plans(functions.size());
     for (std::size_t f = 0; f < functions.size(); f++) {
         EntryPlan& plan = plans[f];

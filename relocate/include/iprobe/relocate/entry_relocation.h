@@ -42,7 +42,6 @@ enum class Refusal : std::uint8_t {
     undecodable,        // Capstone cannot decode the function
     caller_keeps_r11,   // a caller keeps a value in r11 across a call of it (IPA-RA): the stubs use r11
 };
-inline constexpr int kRefusalKinds = 7;
 
 // "too short", "branch into entry", ... (how `iprobe list` says it)
 std::string_view to_string(Refusal refusal);
