@@ -118,9 +118,13 @@ TEST_P(RelocatedEntries, SomeFunctionsOnlyAndAddingMoreLater) {
     EXPECT_EQ(json_calls(r.out, "rip_lea"), 800);
     EXPECT_EQ(json_calls(r.out, "call_first"), 300);
     EXPECT_EQ(json_calls(r.out, "endbr_rip"), -1);
-    // Asking for a refused function names no probe.
+    // Asking for a refused function names no probe, and says why.
     r = iprobe({"attach", std::to_string(t.pid()), "--functions", "loop_to_entry"});
     EXPECT_EQ(r.exit_code, 5) << r.err;
+    EXPECT_NE(r.err.find("loop_to_entry: branch into entry"), std::string::npos) << r.err;
+    r = iprobe({"attach", std::to_string(t.pid()), "--handler", "count", "--functions", "tiny,jump_first", "--json"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(json_number(r.out, "refused"), 1) << r.out;
     r = iprobe({"detach", std::to_string(t.pid()), "--functions", "rip_*"});
     ASSERT_EQ(r.exit_code, 0) << r.err;
     ASSERT_EQ(t.command("run 10"), 0);
