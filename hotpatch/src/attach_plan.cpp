@@ -63,20 +63,35 @@ std::vector<SelectedList> load_lists(const AttachOptions& options) {
     std::vector<SelectedList> lists;
     std::size_t total = 0, selected = 0;
     for (const auto& source : sources) {
-        SelectedList s{source, probelist::load_probes_or_symbols(source), {}};
+        SelectedList s{source, probelist::load_probes_or_symbols(source), {}, {}};
         if (s.list.probes.empty())
             throw Error(source + ": the probe list is empty; was the binary built with iprobe-cc?", ExitCode::bad_input);
         total += s.list.probes.size();
         lists.push_back(std::move(s));
     }
+    std::string refusal;  // the first refused function matched, and why
     for (auto& s : lists) {
         s.selected = options.selector.select(s.list);
         selected += s.selected.size();
+        for (const probelist::RefusedFunction& f : s.list.refused) {
+            probelist::Probe as_probe;
+            as_probe.function = f.function;
+            as_probe.demangled = f.demangled;
+            if (!options.selector.matches(as_probe)) continue;
+            s.refused.push_back(&f);
+            if (refusal.empty()) refusal = f.demangled + ": " + f.reason + " (" + f.detail + ")";
+        }
     }
-    if (selected == 0)
+    if (selected == 0) {
+        std::size_t refused = 0;
+        for (const auto& s : lists) refused += s.refused.size();
         throw Error("no probe matches " + describe_selector(options.selector) + " among " + std::to_string(total) +
-                        " probes; see 'iprobe list " + sources.front() + "'",
+                        " probes" +
+                        (refused ? "; " + std::to_string(refused) + " matching function(s) cannot be probed, " + refusal
+                                 : std::string()) +
+                        "; see 'iprobe list " + sources.front() + (refused ? " --refused'" : "'"),
                     ExitCode::not_found);
+    }
     return lists;
 }
 

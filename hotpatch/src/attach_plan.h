@@ -23,6 +23,7 @@ struct SelectedList {
     std::string source;
     probelist::ProbeList list;
     std::vector<const probelist::Probe*> selected;
+    std::vector<const probelist::RefusedFunction*> refused;  // matched, but cannot be probed
 };
 
 std::string describe_selector(const probelist::ProbeSelector& s);

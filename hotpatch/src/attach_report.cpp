@@ -14,6 +14,9 @@ std::string attach_summary(const AttachStats& st, std::optional<pid_t> pid) {
            " on in total); " + std::to_string(st.threads) + " threads stopped for " + std::to_string(st.pause_us) +
            " us";
     if (st.runtime_injected) out += "; runtime injected";
+    if (st.refused)
+        out += "\n" + std::to_string(st.refused) + " matching function(s) cannot be probed (" + st.refused_example +
+               (st.refused > 1 ? ", ..." : "") + "): see 'iprobe list FILE --refused'";
     return out;
 }
 
@@ -29,6 +32,7 @@ std::string attach_json(const AttachStats& st, pid_t pid) {
         .field("pause_us", st.pause_us)
         .field("stop_us", st.stop_us)
         .field("runtime_injected", st.runtime_injected)
+        .field("refused", static_cast<std::uint64_t>(st.refused))
         .end_object();
     return j.str();
 }
@@ -45,6 +49,7 @@ AttachStats parse_attach_json(std::string_view text) {
         doc.at("pause_us").get_to(st.pause_us);
         doc.at("stop_us").get_to(st.stop_us);
         doc.at("runtime_injected").get_to(st.runtime_injected);
+        if (doc.contains("refused")) doc.at("refused").get_to(st.refused);
         return st;
     } catch (const nlohmann::json::exception& e) {
         throw Error(std::string("not an attach report: ") + e.what(), ExitCode::bad_input);

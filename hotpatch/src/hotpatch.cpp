@@ -52,6 +52,11 @@ AttachStats attach(const AttachOptions& options) {
                                                                             Clock::time_point deadline) {
         AttachStats stats;
         stats.threads = process.threads().size();
+        for (const auto& s : lists) {
+            stats.refused += s.refused.size();
+            if (stats.refused_example.empty() && !s.refused.empty())
+                stats.refused_example = s.refused.front()->demangled + ": " + s.refused.front()->reason;
+        }
         auto maps = read_maps(options.pid);
         auto modules = running_modules(process.memory(), maps);
         std::vector<const RunningModule*> targets;

@@ -25,12 +25,14 @@ using nlohmann::json;
 std::string target(const std::string& name) { return std::string(RELOC_TARGETS) + "/" + name; }
 
 // The cases that must be probe-able, and those refused with their reason.
-const std::set<std::string> kProbeable = {"rip_load",   "rip_lea",      "short_branch",    "endbr_rip", "call_first",
-                                          "jump_first", "table_switch", "keeps_registers", "leaf_add"};
+const std::set<std::string> kProbeable = {"rip_load",     "rip_lea",         "short_branch", "endbr_rip",
+                                          "call_first",   "jump_first",      "table_switch", "keeps_registers",
+                                          "leaf_add",     "keeps_r11"};
 const std::map<std::string, std::string> kRefused = {{"loop_to_entry", "branch into entry"},
                                                      {"tiny", "too short"},
                                                      {"jrcxz_first", "unrelocatable instruction"},
-                                                     {"twice", "too short"}};
+                                                     {"twice", "too short"},
+                                                     {"r11_leaf", "caller keeps r11"}};
 
 json list_json(const std::string& binary) {
     const auto r = iprobe({"list", binary, "--refused", "--json"});
@@ -116,9 +118,13 @@ TEST_P(RelocatedEntries, SomeFunctionsOnlyAndAddingMoreLater) {
     EXPECT_EQ(json_calls(r.out, "rip_lea"), 800);
     EXPECT_EQ(json_calls(r.out, "call_first"), 300);
     EXPECT_EQ(json_calls(r.out, "endbr_rip"), -1);
-    // Asking for a refused function names no probe.
+    // Asking for a refused function names no probe, and says why.
     r = iprobe({"attach", std::to_string(t.pid()), "--functions", "loop_to_entry"});
     EXPECT_EQ(r.exit_code, 5) << r.err;
+    EXPECT_NE(r.err.find("loop_to_entry: branch into entry"), std::string::npos) << r.err;
+    r = iprobe({"attach", std::to_string(t.pid()), "--handler", "count", "--functions", "tiny,jump_first", "--json"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(json_number(r.out, "refused"), 1) << r.out;
     r = iprobe({"detach", std::to_string(t.pid()), "--functions", "rip_*"});
     ASSERT_EQ(r.exit_code, 0) << r.err;
     ASSERT_EQ(t.command("run 10"), 0);

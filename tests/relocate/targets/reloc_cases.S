@@ -142,6 +142,29 @@ leaf_add:
     ret
     .size leaf_add, . - leaf_add
 
+/* long keeps_r11(long x): keeps x + 1 in r11 across a call of r11_leaf,
+ * which leaves r11 alone (IPA-RA): r11_leaf is refused ("caller keeps
+ * r11"), since a probe's stubs use r11.  Returns 2x + 1. */
+    .globl keeps_r11
+    .type keeps_r11, @function
+    .p2align 4
+keeps_r11:
+    lea 1(%rdi), %r11
+    call r11_leaf
+    add %r11, %rax
+    ret
+    .size keeps_r11, . - keeps_r11
+
+/* long r11_leaf(long x): x, touching nothing but rax */
+    .globl r11_leaf
+    .type r11_leaf, @function
+    .p2align 4
+r11_leaf:
+    mov %rdi, %rax
+    add $0, %rax
+    ret
+    .size r11_leaf, . - r11_leaf
+
     .globl twice
     .type twice, @function
     .p2align 4

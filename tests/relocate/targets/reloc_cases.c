@@ -22,6 +22,7 @@ int call_first(int x);
 int jump_first(int x);
 int jrcxz_first(int x);
 long keeps_registers(long x);
+long keeps_r11(long x);
 
 /* A switch gcc compiles to a jump table (the cases are dense). */
 __attribute__((noinline)) int table_switch(int x) {
@@ -58,6 +59,7 @@ static long run(long n) {
         wrong += table_switch(x) != table_switch_expected(x);
         wrong += jrcxz_first(x) != (x == 0 ? 0 : x + 1);
         wrong += keeps_registers(x) != 8L * x + 28;
+        wrong += keeps_r11(x) != 2L * x + 1;
     }
     return wrong;
 }

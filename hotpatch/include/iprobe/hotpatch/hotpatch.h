@@ -87,6 +87,11 @@ struct AttachStats {
     std::uint64_t stop_us = 0;       // of which: until every thread was stopped
     bool runtime_injected = false;
     bool handler_injected = false;
+    // Functions of a binary nobody prepared that the selector matched but
+    // that have no probe ('iprobe list FILE --refused' says why), and the
+    // first of them with its reason.
+    std::size_t refused = 0;
+    std::string refused_example;
     std::vector<std::string> modules;  // module paths touched
 };
 
