@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -95,6 +96,12 @@ std::optional<std::string> stat_field(pid_t pid, int number, pid_t tid) {
 char state(pid_t pid, pid_t tid) {
     const auto s = stat_field(pid, 3, tid);
     return s && !s->empty() ? (*s)[0] : 0;
+}
+
+bool kernel_thread(pid_t pid) {
+    constexpr unsigned long kPfKthread = 0x00200000;
+    const auto flags = stat_field(pid, 9);
+    return flags && (std::strtoul(flags->c_str(), nullptr, 10) & kPfKthread) != 0;
 }
 
 }  // namespace iprobe::proc
