@@ -98,8 +98,31 @@ constexpr const char* kFooter =
     "exit codes: 0 ok, 1 failed, 2 usage, 3 bad input, 4 permission, 5 not found, 6 busy, 7 unavailable,\n"
     "            130 interrupted (SIGINT/SIGTERM; an attach or detach in progress is undone first)";
 
+// The synopsis lines of one command (all of them for the overview): its
+// usage errors show its own line, not attach's.
+std::string synopsis_of(const std::string& command) {
+    std::string out;
+    std::size_t from = 0;
+    const std::string text = kSynopsis;
+    bool keep = false;  // a continuation line goes with its command's
+    while (from < text.size()) {
+        const std::size_t end = std::min(text.find('\n', from), text.size());
+        std::string line = text.substr(from, end - from);
+        from = end + 1;
+        if (line.find("iprobe ") == std::string::npos) {
+            if (keep) out += "\n" + line;
+            continue;
+        }
+        line.erase(0, line.find("iprobe "));
+        const std::string name = line.substr(7, line.find(' ', 7) - 7);
+        keep = command.find('|') == std::string::npos ? name == command : command.find(name) != std::string::npos;
+        if (keep) out += (out.empty() ? "usage: " : "\n       ") + line;
+    }
+    return out;
+}
+
 ArgSpec spec_of(const std::string& command) {
-    ArgSpec spec("iprobe " + command, kSynopsis, kAbout,
+    ArgSpec spec("iprobe " + command, synopsis_of(command), kAbout,
     {
         {"--probes", "LIST", "probe list(s), coldpatched binaries or libraries, comma-separated\n(default: the process's executable)"},
         {"--module", "NAME,...", "attach: the probes of a loaded library (or the executable) by file name,\ne.g. libz.so.1 or libz"},

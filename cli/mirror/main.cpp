@@ -203,6 +203,8 @@ int mirror_main(int argc, char** argv) {
         }
         if (opt.divergence != Protocol::off && opt.debug.empty())
             kMirrorSpec.fail("--divergence needs --debug (a copy to compare with)");
+        if (opt.debug.empty() && opt.record_path.empty())
+            kMirrorSpec.fail("--capture needs --debug ADDR:PORT (the copy that gets the captured traffic) or --record FILE");
     } else if (opt.upstream) {
         if (opt.production || !opt.debug.empty())
             kMirrorSpec.fail("--upstream (aggregator) does not take --production/--debug; use --listen and --debug-listen");
@@ -212,6 +214,8 @@ int mirror_main(int argc, char** argv) {
         if (opt.debug_listen) kMirrorSpec.fail("--debug-listen belongs to the aggregator (--upstream)");
         if (opt.divergence != Protocol::off && opt.debug.empty())
             kMirrorSpec.fail("--divergence needs --debug (a copy to compare with)");
+        if (opt.debug.empty() && opt.record_path.empty())
+            kMirrorSpec.fail("--capture needs --debug ADDR:PORT (the copy that gets the captured traffic) or --record FILE");
     }
     if (!rules_path.empty()) opt.rules = DivergenceRules::load(rules_path);
 

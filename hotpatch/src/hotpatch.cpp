@@ -273,7 +273,7 @@ AttachStats attach(const AttachOptions& options) {
     } catch (const Error& e) {
         // The runtime cannot be unloaded (linked -z nodelete: its fork and
         // thread-exit handlers are registered in libc), so say where it is.
-        if (!injected || !process_exists(options.pid)) throw;
+        if (!injected || !process_alive(options.pid)) throw;
         throw Error(std::string(e.what()) + "; the runtime it loaded stays in the process, inert (no probe on, " +
                         "nothing running; a later attach uses it): 'iprobe status " + std::to_string(options.pid) +
                         "' shows it",
@@ -405,18 +405,11 @@ DetachStats detach(const DetachOptions& options) {
     return stats;
 }
 
-Status status(pid_t pid) {
-    check_target(pid);
-    Status st;
-    st.pid = pid;
-    for (const auto& m : read_maps(pid))
-        if (basename_of(m.path) == kRuntimeName) {
-            st.runtime_loaded = true;
-            st.runtime_path = m.path;
-        }
-    auto opened = Region::try_open(pid);
-    if (!opened) return st;
-    Region& region = *opened;
+namespace {
+
+// What the region says (its own bookkeeping; the code is read apart): every
+// count clamped by Region, every size of a string or id by its field.
+void add_region_status(const Region& region, Status& st) {
     st.region = true;
     const auto* cb = region.control();
     st.ring_records = region.ring_records();
@@ -440,22 +433,6 @@ Status status(pid_t pid) {
             for (std::uint32_t p = 0; p < m.probe_count; p++) ms.enabled += region.probes()[m.first_probe + p].enabled;
         st.modules.push_back(ms);
     }
-    try {
-        const ProcessMemory memory(pid);
-        StubChecker stubs(memory);
-        for (const AttachedModule& m : attached_modules(pid, region, memory)) {
-            ModuleStatus& ms = st.modules[m.region_index];
-            ms.live = 0;
-            ms.sites = m.list.flow == IPROBE_FLOW_UNPREPARED ? "relocated" : "pad";
-            ms.flow = probelist::flow_name(m.list.flow);
-            for (SiteState state : site_states(m, memory, stubs)) {
-                ms.live += state == SiteState::live;
-                ms.foreign += state == SiteState::other;
-            }
-        }
-    } catch (const Error& e) {
-        st.sites_unread = e.what();
-    }
     for (std::uint32_t i = 0; i < region.thread_count(); i++)
         if (__atomic_load_n(&region.thread(i)->state, __ATOMIC_ACQUIRE) != IPROBE_RT_RING_FREE) st.threads++;
     for (std::uint32_t i = 0; i < region.ring_count(); i++) {
@@ -471,6 +448,46 @@ Status status(pid_t pid) {
         rs.pending = head > r->tail ? head - r->tail : 0;
         rs.dropped = r->dropped;
         st.rings.push_back(rs);
+    }
+}
+
+}  // namespace
+
+Status region_status(UniqueFd region_fd) {
+    Status st;
+    const Region region = Region::adopt(std::move(region_fd), "the region");
+    add_region_status(region, st);
+    return st;
+}
+
+Status status(pid_t pid) {
+    check_target(pid);
+    Status st;
+    st.pid = pid;
+    for (const auto& m : read_maps(pid))
+        if (basename_of(m.path) == kRuntimeName) {
+            st.runtime_loaded = true;
+            st.runtime_path = m.path;
+        }
+    auto opened = Region::try_open(pid);
+    if (!opened) return st;
+    Region& region = *opened;
+    add_region_status(region, st);
+    try {
+        const ProcessMemory memory(pid);
+        StubChecker stubs(memory);
+        for (const AttachedModule& m : attached_modules(pid, region, memory)) {
+            ModuleStatus& ms = st.modules[m.region_index];
+            ms.live = 0;
+            ms.sites = m.list.flow == IPROBE_FLOW_UNPREPARED ? "relocated" : "pad";
+            ms.flow = probelist::flow_name(m.list.flow);
+            for (SiteState state : site_states(m, memory, stubs)) {
+                ms.live += state == SiteState::live;
+                ms.foreign += state == SiteState::other;
+            }
+        }
+    } catch (const Error& e) {
+        st.sites_unread = e.what();
     }
     return st;
 }

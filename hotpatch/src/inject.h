@@ -37,7 +37,8 @@ class ElfCache {
 public:
     std::shared_ptr<elf::ElfFile> get(pid_t pid, const std::string& mapped_path) {
         auto& slot = files_[mapped_path];
-        if (!slot) slot = std::make_shared<elf::ElfFile>(target_view(pid, mapped_path));
+        if (!slot)
+            slot = reading_target(pid, [&] { return std::make_shared<elf::ElfFile>(target_view(pid, mapped_path)); });
         return slot;
     }
     void preload(pid_t pid, const std::string& mapped_path) {

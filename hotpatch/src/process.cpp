@@ -58,7 +58,13 @@ void check_target(pid_t pid) {
         throw Error("no such process: " + std::to_string(pid), ExitCode::not_found);
     if (pid == ::getpid()) throw Error("iprobe cannot attach to itself", ExitCode::usage);
     const char state = proc::state(pid);
-    if (state == 'Z' || state == 'X') throw Error("process " + std::to_string(pid) + " is a zombie", ExitCode::not_found);
+    if (state == 'Z' || state == 'X')
+        throw Error("process " + std::to_string(pid) + " is a zombie (it exited; its parent has not reaped it): nothing runs in it",
+                    ExitCode::not_found);
+    if (proc::kernel_thread(pid))
+        throw Error("process " + std::to_string(pid) + " (" + proc::stat_field(pid, 2).value_or("?") +
+                        ") is a kernel thread: it runs no user code, there is nothing to probe",
+                    ExitCode::bad_input);
     // The kernel's ptrace access check guards /proc/PID/mem: ask it early.
     UniqueFd mem(::open(proc_path(pid, "mem").c_str(), O_RDONLY | O_CLOEXEC));
     if (!mem && (errno == EACCES || errno == EPERM))

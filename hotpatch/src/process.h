@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "iprobe/hotpatch/hotpatch.h"
+#include "iprobe/support/error.h"
 #include "iprobe/support/fd.h"
 #include "iprobe/support/proc.h"
 
@@ -29,6 +30,21 @@ using Mapping = proc::Mapping;
 std::vector<Mapping> read_maps(pid_t pid);
 std::vector<pid_t> list_threads(pid_t pid);
 bool process_exists(pid_t pid);
+// Alive and not dying (a zombie leader still answers kill(pid, 0)).
+bool process_alive(pid_t pid);
+// "process PID exited while iprobe was attached; nothing was left changed"
+[[noreturn]] void throw_gone(pid_t pid);
+// Runs `read` (a read of the target's files or memory); if it fails because
+// the target is gone, says that instead of the raw error of the read.
+template <typename Read>
+auto reading_target(pid_t pid, Read&& read) {
+    try {
+        return read();
+    } catch (const Error&) {
+        if (!process_alive(pid)) throw_gone(pid);
+        throw;
+    }
+}
 // Throws Error(not_found / permission) when the pid cannot be a target.
 void check_target(pid_t pid);
 

@@ -155,7 +155,7 @@ std::optional<struct iprobe_rt_state> runtime_state(pid_t pid) {
             m.path.compare(m.path.size() - std::strlen(kRuntimeName), std::string::npos, kRuntimeName) != 0 ||
             (m.path.size() > std::strlen(kRuntimeName) && m.path[m.path.size() - std::strlen(kRuntimeName) - 1] != '/'))
             continue;
-        const elf::ElfFile elf(target_view(pid, m.path));
+        const elf::ElfFile elf = reading_target(pid, [&] { return elf::ElfFile(target_view(pid, m.path)); });
         const elf::ElfSymbol* symbol = elf.symbol_named("iprobe_rt_state");
         if (!symbol || !symbol->defined()) return std::nullopt;
         const std::uint64_t bias = m.start - elf.first_load_vaddr();

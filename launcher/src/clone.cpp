@@ -292,6 +292,7 @@ private:
 };
 
 Checkpoint take_checkpoint(const CloneOptions& o, const std::string& dir) {
+    require_user_process(o.pid);
     const std::string name = checked_clone_name(o, "iprobe clone");
     Criu criu = find_criu();
     std::vector<pid_t> tree = process_tree(o.pid);

@@ -53,6 +53,8 @@ pid_t session_of(pid_t pid);
 // CRIU refuses such a tree only after freezing it, so it is refused here,
 // before production is touched.
 void require_visible_session_leaders(const std::vector<pid_t>& tree);
+// A process there is something to clone of: not a zombie, not a kernel thread.
+void require_user_process(pid_t pid);
 
 // A terminal open in the tree (a service started from an interactive shell
 // keeps its stdio on the shell's pty) makes CRIU's restore fail after the

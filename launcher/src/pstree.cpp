@@ -70,6 +70,19 @@ pid_t session_of(pid_t pid) {
     return sid < 0 ? pid : sid;
 }
 
+void require_user_process(pid_t pid) {
+    const char state = proc::state(pid);
+    if (state == 0) throw Error("no process " + std::to_string(pid), ExitCode::not_found);
+    if (state == 'Z' || state == 'X')
+        throw Error("PID " + std::to_string(pid) + " is a zombie (it exited; its parent has not reaped it): there is "
+                        "nothing to clone",
+                    ExitCode::not_found);
+    if (proc::kernel_thread(pid))
+        throw Error("PID " + std::to_string(pid) + " (" + proc::stat_field(pid, 2).value_or("?") +
+                        ") is a kernel thread: it has no user memory to clone",
+                    ExitCode::bad_input);
+}
+
 void require_visible_session_leaders(const std::vector<pid_t>& tree) {
     for (pid_t pid : tree) {
         if (session_seen_by(pid) != 0) continue;

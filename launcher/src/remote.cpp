@@ -566,6 +566,7 @@ void run_clone_agent(const AgentOptions& o) {
 
 CloneResult clone_to_agent(const CloneOptions& o, const std::string& agent) {
     const double t0 = now_ms();
+    require_user_process(o.pid);
     const std::string name = checked_clone_name(o, "iprobe clone --to");
     const Criu criu = find_criu();
     const proxy::Endpoint at = proxy::parse_endpoint(agent, "--to");

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -124,6 +125,12 @@ std::vector<Listener> tcp_listeners(pid_t pid) {
         out.push_back(std::move(l));
     }
     return out;
+}
+
+bool kernel_thread(pid_t pid) {
+    constexpr unsigned long kPfKthread = 0x00200000;
+    const auto flags = stat_field(pid, 9);
+    return flags && (std::strtoul(flags->c_str(), nullptr, 10) & kPfKthread) != 0;
 }
 
 }  // namespace iprobe::proc

@@ -16,6 +16,7 @@
 #include <random>
 #include <set>
 #include <sstream>
+#include <algorithm>
 #include <stdexcept>
 #include <thread>
 
@@ -279,6 +280,46 @@ TEST_F(StressTest, AttacherKilledAnywhereNeverHarmsTheTarget) {
                 total, static_cast<long long>(window_us / 1000), deaths, untouched, runtime_left, attached,
                 undetachable, changed);
     EXPECT_EQ(deaths, 0);
+}
+
+// The detacher SIGKILLed at a random moment of its run: the target keeps
+// running, and the next detach gives it back exactly its code (a killed
+// detach may leave some or all sites live: nothing else can undo them).
+TEST_F(StressTest, DetacherKilledAnywhereTheNextDetachRestores) {
+    const int total = std::max(1, kill_attach_runs() / 2);
+    std::mt19937 rng(std::random_device{}());
+    int deaths = 0, left_live = 0, not_restored = 0;
+    for (int run = 0; run < total; run++) {
+        KillTarget target;
+        const std::string pid = std::to_string(target.pid());
+        const auto before = text_of(target.pid(), "/kill_target");
+        const auto a = iprobe({"attach", pid});
+        ASSERT_EQ(a.exit_code, 0) << a.err;
+        Tool tool({iprobe_bin(), "detach", pid});
+        const auto delay = std::chrono::microseconds(rng() % 150001);
+        std::this_thread::sleep_for(delay);
+        tool.child.kill(SIGKILL);
+        tool.finish(Clock::now());
+        std::this_thread::sleep_for(20ms);
+        std::ostringstream what;
+        what << "run " << run << ", detacher killed after " << delay.count() << " us";
+        if (!target.running()) {
+            deaths++;
+            ADD_FAILURE() << what.str() << ": the target died";
+            continue;
+        }
+        if (text_of(target.pid(), "/kill_target") != before) {
+            left_live++;
+            const auto d = iprobe({"detach", pid});
+            EXPECT_EQ(d.exit_code, 0) << what.str() << ": " << d.err;
+        }
+        if (text_of(target.pid(), "/kill_target") != before) {
+            not_restored++;
+            ADD_FAILURE() << what.str() << ": the next detach did not restore the code";
+        }
+    }
+    std::printf("detacher killed %d times: %d target deaths, %d left sites live (all restored by the next detach: %s)\n",
+                total, deaths, left_live, not_restored ? "no" : "yes");
 }
 
 }  // namespace

@@ -20,6 +20,8 @@
 #include <string>
 #include <vector>
 
+#include "iprobe/support/fd.h"
+
 #include "iprobe/probelist/probe_list.h"
 
 namespace iprobe::hotpatch {
@@ -157,6 +159,9 @@ struct Status {
 };
 
 Status status(pid_t pid);
+// The region's part of a status (modules, rings, threads, counters) from a
+// descriptor of it: what the fuzzer drives (tests/fuzz/harness/region.cpp).
+Status region_status(UniqueFd region_fd);
 
 // Makes an attach or detach in progress stop at its next wait, undo what it
 // did, let the target go and throw Error(ExitCode::interrupted); a call made

@@ -40,6 +40,8 @@ std::vector<long> status_numbers(pid_t pid, std::string_view key);
 std::optional<std::string> stat_field(pid_t pid, int number, pid_t tid = 0);
 // The state letter (R, S, D, T, t, Z, X, ...), or 0 when the process is gone.
 char state(pid_t pid, pid_t tid = 0);
+// A kernel thread (PF_KTHREAD): no user memory, nothing to probe or clone.
+bool kernel_thread(pid_t pid);
 
 // The IPv4 TCP sockets the process holds open that listen: address
 // (dotted) and port, from /proc/PID/fd and its network namespace's
