@@ -41,7 +41,10 @@ const ArgSpec kSpec(
     {
         {"--listen", "ADDR:PORT", "where clients connect (the mirror's listening address)"},
         {"--capture", "", "no proxy: capture production's traffic on its port (lo for a\n"
-                          "loopback address, else every interface) and feed the clone from it"},
+                          "loopback address, else every interface) and feed the clone from it;\n"
+                          "the capture starts before the checkpoint and the clone gets each\n"
+                          "connection from the first request the checkpoint did not hold\n"
+                          "(event capture-start: what it misses, if anything)"},
         {"--production", "ADDR:PORT", "the service's own address"},
         {"--container", "NAME", "production is podman container NAME: the clone is a\n"
                                 "new container (`iprobe clone --container`), fed at its\n"

@@ -81,8 +81,9 @@ const ArgSpec kMirrorSpec(
                                        "  http.ignore-body GLOB      bodies for request paths matching GLOB are not compared\n"
                                        "always ignored: replies to COMMAND INFO TIME RANDOMKEY CLIENT HELLO LASTSAVE\n"
                                        "SLOWLOG MEMORY LATENCY DEBUG CONFIG, and the Date header.  Replies that\n"
-                                       "depend on how requests of different connections interleave (INCR of a\n"
-                                       "key shared by clients) can differ legitimately and are reported."},
+                                       "differ only as another interleaving of concurrent connections would\n"
+                                       "make them (INCR of a key shared by clients) are counted reordered,\n"
+                                       "apart from divergence (proxy/README.md)."},
         {"--record", "FILE", "save every client->server stream and production's replies with\n"
                              "timestamps (zstd) for `iprobe replay`"},
         {"--stats", "ADDR:PORT", "serve the counters as JSON (HTTP GET or any line); SIGUSR1 prints them to stderr"},
@@ -114,9 +115,12 @@ const ArgSpec kReplaySpec(
     "recorded client connection is opened again and its bytes are sent in order at\n"
     "the recorded times scaled by --speed (default 1; 0 = as fast as possible).\n"
     "Replies are read; with --compare they are compared with production's replies\n"
-    "as recorded (how faithful the replay was), else discarded.  Order across\n"
-    "connections follows the\n"
-    "timestamps only.  After the last byte it waits up to --drain-timeout (default\n"
+    "as recorded (how faithful the replay was), else discarded.  With --compare\n"
+    "resp or http, requests go in production's order across connections: each\n"
+    "once the other connections' earlier requests were answered, and a difference\n"
+    "only another order of requests concurrent at production explains is counted\n"
+    "reordered; otherwise order across connections follows the timestamps only.\n"
+    "After the last byte it waits up to --drain-timeout (default\n"
     "10) seconds for the service to answer and close each connection.",
     {
         {"--to", "ADDR:PORT", "the service to feed"},

@@ -351,7 +351,12 @@ int DebugSession::run() {
     if (!o_.record_dir.empty()) ring_ = std::make_unique<RecordRing>(o_.record_dir, o_.record_max_bytes);
     // Clone first so the mirror's debug side exists when clients come; with
     // --capture the capture comes first and holds what the clone must get.
-    if (hold_pending_) start_mirror();
+    if (hold_pending_) {
+        start_mirror();
+        // A request production has not read when it is frozen must have been
+        // captured: let requests that arrived before the capture be read.
+        std::this_thread::sleep_for(std::chrono::milliseconds(250));
+    }
     make_generation();
     if (mirror_ < 0) start_mirror();
     double last_clone = now_ms();

@@ -161,7 +161,7 @@ CapturedConnection::CapturedConnection(Proxy& px, Capture& capture, std::uint32_
     ++px_.stats.accepted;
     ++px_.stats.active;
     if (held_) return;  // fed to the copies at release()
-    if (recorder_) recorder_->add(RecordKind::open, id_, px_.now_ns());
+    if (recorder_) recorder_->add(RecordKind::open, id_, capture_.packet_ns());
     open_legs();
 }
 
@@ -176,7 +176,7 @@ void CapturedConnection::bytes(FlowDirection dir, std::span<const std::uint8_t> 
     if (dir == FlowDirection::to_server) {
         px_.stats.bytes_client_to_production += b.size();
         if (held_) return keep(0, b);
-        if (recorder_) recorder_->add(RecordKind::data, id_, px_.now_ns(), b.data(), b.size());
+        if (recorder_) recorder_->add(RecordKind::data, id_, capture_.packet_ns(), b.data(), b.size());
         client_bytes(b.data(), b.size());
     } else {
         px_.stats.bytes_production_to_client += b.size();
@@ -186,7 +186,7 @@ void CapturedConnection::bytes(FlowDirection dir, std::span<const std::uint8_t> 
             if (!held_) deliver_replies();
             return settle();
         }
-        if (recorder_) recorder_->add(RecordKind::reply, id_, px_.now_ns(), b.data(), b.size());
+        if (recorder_) recorder_->add(RecordKind::reply, id_, capture_.packet_ns(), b.data(), b.size());
         production_bytes(b.data(), b.size());
     }
     settle();
@@ -203,9 +203,25 @@ void CapturedConnection::keep(int dir, std::span<const std::uint8_t> b) {
         kept_[0].clear();
         kept_[1].clear();
         if (gap_.empty()) gap_ = "more than --buffer arrived before the clone was ready";
+        arrivals_.clear();
         return;
     }
     kept_[dir].append(reinterpret_cast<const char*>(b.data()), b.size());
+    arrivals_.push_back({capture_.next_arrival(), capture_.packet_ns(), dir, b.size()});
+}
+
+// The first `bytes` of direction `dir` kept are not the clone's.
+void CapturedConnection::drop_arrivals(int dir, std::size_t bytes) {
+    for (auto it = arrivals_.begin(); it != arrivals_.end() && bytes > 0;) {
+        if (it->dir != dir) {
+            ++it;
+            continue;
+        }
+        const std::size_t n = std::min(bytes, it->size);
+        it->size -= n;
+        bytes -= n;
+        it = it->size == 0 ? arrivals_.erase(it) : it + 1;
+    }
 }
 
 // How far production had read this connection when it was checkpointed: the
@@ -265,6 +281,7 @@ void CapturedConnection::checkpoint_reached(const std::optional<SocketDiag::Conn
         }
     }
     kept_[0].erase(0, start);
+    drop_arrivals(0, start);
     boundary_ = start;
     replies_to_skip_ = requests;
     capture_.counters.skipped_requests += requests;
@@ -287,18 +304,20 @@ void CapturedConnection::skip_held_replies() {
     }
     if (framer->failed()) {
         replies_to_skip_ = 0;  // the copies are still fed; their replies cannot be paired any more
+        drop_arrivals(1, kept_[1].size());
         kept_[1].clear();
         lost_[1] = true;
         return;
     }
     kept_[1].erase(0, bytes);
+    drop_arrivals(1, bytes);
     replies_to_skip_ -= skipped;
     skipped_requests_.erase(skipped_requests_.begin(), skipped_requests_.begin() + static_cast<std::ptrdiff_t>(skipped));
 }
 
-void CapturedConnection::deliver_replies() {
+void CapturedConnection::deliver_replies(bool record) {
     if (replies_to_skip_ > 0 || kept_[1].empty()) return;
-    if (recorder_) recorder_->add(RecordKind::reply, id_, px_.now_ns(), kept_[1].data(), kept_[1].size());
+    if (recorder_ && record) recorder_->add(RecordKind::reply, id_, capture_.packet_ns(), kept_[1].data(), kept_[1].size());
     production_bytes(reinterpret_cast<const std::uint8_t*>(kept_[1].data()), kept_[1].size());
     kept_[1].clear();
     if (ended_[1]) production_ended();
@@ -316,7 +335,7 @@ void CapturedConnection::missed(MirrorCommandReply& reply, std::uint64_t request
             {id_, 0, "(requests from the checkpoint on)", "(served)", "(missed: " + why + ")", ms_since(px_.stats.started), 0});
 }
 
-void CapturedConnection::release(MirrorCommandReply& reply) {
+void CapturedConnection::release(MirrorCommandReply& reply, std::vector<HeldRecord>& records) {
     if (!held_) return;
     held_ = false;
     if (!boundary_known()) checkpoint_reached(std::nullopt);
@@ -332,20 +351,38 @@ void CapturedConnection::release(MirrorCommandReply& reply) {
     ++reply.resumed;
     ++capture_.counters.resumed;
     recorder_ = px_.recorder;  // what the clone is fed is the input that follows its checkpoint
-    if (recorder_) recorder_->add(RecordKind::open, id_, px_.now_ns());
+    if (recorder_) {
+        // As the capture saw it, interleaved with the other connections' by
+        // Capture::release: the recording keeps production's order.
+        const std::uint64_t first = arrivals_.empty() ? capture_.next_arrival() : arrivals_.front().order;
+        records.push_back({2 * first, recorder_, RecordKind::open, id_,
+                           arrivals_.empty() ? capture_.packet_ns() : arrivals_.front().t_ns, {}});
+        std::size_t at[2] = {0, 0};
+        for (const Arrival& a : arrivals_) {
+            if (a.dir == 1 && replies_to_skip_ > 0) continue;  // recorded as they are fed
+            records.push_back({2 * a.order + 1, recorder_, a.dir == 0 ? RecordKind::data : RecordKind::reply, id_,
+                               a.t_ns, kept_[a.dir].substr(at[a.dir], a.size)});
+            at[a.dir] += a.size;
+        }
+        if (ended_[0])
+            records.push_back({records.back().order, recorder_, RecordKind::close, id_, records.back().t_ns, {}});
+    }
+    arrivals_.clear();
     open_legs();
     if (!kept_[0].empty()) {
-        if (recorder_) recorder_->add(RecordKind::data, id_, px_.now_ns(), kept_[0].data(), kept_[0].size());
         client_bytes(reinterpret_cast<const std::uint8_t*>(kept_[0].data()), kept_[0].size());
         kept_[0].clear();
     }
     if (lost_[1]) stop_comparing("production's replies were lost to the capture (its ring was full)");
-    deliver_replies();
-    if (ended_[0]) {
-        if (recorder_) recorder_->add(RecordKind::close, id_, px_.now_ns());
-        client_ended();
+    deliver_replies(false);
+    if (ended_[0]) client_ended();
+    if (closed_while_held_) {
+        if (recorder_ && !ended_[0])
+            records.push_back({records.empty() ? 0 : records.back().order, recorder_, RecordKind::close, id_,
+                               capture_.packet_ns(), {}});
+        recorder_.reset();
+        end_source();
     }
-    if (closed_while_held_) finish_source();
     settle();
 }
 
@@ -356,7 +393,7 @@ void CapturedConnection::ended(FlowDirection dir) {
         return;
     }
     if (dir == FlowDirection::to_server) {
-        if (recorder_) recorder_->add(RecordKind::close, id_, px_.now_ns());
+        if (recorder_) recorder_->add(RecordKind::close, id_, capture_.packet_ns());
         client_ended();
     } else if (replies_to_skip_ == 0) {
         production_ended();
@@ -409,7 +446,7 @@ void CapturedConnection::close_source() {
 }
 
 void CapturedConnection::finish_source() {
-    if (recorder_ && !ended_[0]) recorder_->add(RecordKind::close, id_, px_.now_ns());
+    if (recorder_ && !ended_[0]) recorder_->add(RecordKind::close, id_, capture_.packet_ns());
     recorder_.reset();
     end_source();
 }
@@ -426,7 +463,8 @@ Capture::Capture(Proxy& px, const CaptureOptions& options)
       options_(options),
       request_start_(request_start_test(options.join)),
       pcap_(nullptr, pcap_close),
-      holding_(px.opt.hold) {
+      holding_(px.opt.hold),
+      started_us_(realtime_us() - static_cast<std::int64_t>(px.now_ns() / 1000)) {
     char error[PCAP_ERRBUF_SIZE] = "";
     pcap_.reset(pcap_create(options_.interface.c_str(), error));
     if (!pcap_) throw Error("--capture " + options_.str() + ": " + error, ExitCode::failure);
@@ -502,12 +540,14 @@ std::string Capture::filter_expression() const {
 }
 
 void Capture::on_event(std::uint32_t) {
+    ring_drained_ = false;
     for (int round = 0; round < 64; ++round) {
         const int n = pcap_dispatch(pcap_.get(), -1, on_frame, reinterpret_cast<u_char*>(this));
         if (n < 0)
             throw Error("capture on " + options_.str() + " failed: " + pcap_geterr(pcap_.get()), ExitCode::unavailable);
         if (n == 0) {
             drained_at_ = Clock::now();
+            ring_drained_ = true;
             break;
         }
     }
@@ -619,6 +659,10 @@ void Capture::tick() {
                 flow->tracker().capture_dropped_while_silent();
         drops_noticed_us_ = 0;
     }
+    // A suspected hole ages only while the ring holds nothing more: after a
+    // stall the segment may still wait in a block not read yet.
+    if (ring_drained_)
+        for (auto& [key, flow] : flows_) flow->tracker().age_suspected_losses();
     const auto now = Clock::now();
     if (now - last_expiry_ < std::chrono::seconds(1)) return;
     last_expiry_ = now;
@@ -759,10 +803,14 @@ void Capture::release(MirrorCommandReply& reply) {
     holding_ = false;
     std::vector<CapturedConnection*> held;
     held.swap(held_);
+    std::vector<HeldRecord> records;
     for (CapturedConnection* c : held) {
         if (!c->boundary_known()) resolve(*c, c->key());
-        c->release(reply);
+        c->release(reply, records);
     }
+    std::stable_sort(records.begin(), records.end(),
+                     [](const HeldRecord& a, const HeldRecord& b) { return a.order < b.order; });
+    for (const HeldRecord& r : records) r.recorder->add(r.kind, r.connection, r.t_ns, r.bytes.data(), r.bytes.size());
     reply.connections = counters.checkpoint_connections;
     reply.skipped_requests = counters.skipped_requests;
     px_.log("the clone's start: %zu connection(s) fed from the first request the checkpoint did not hold (%llu "

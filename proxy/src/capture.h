@@ -19,6 +19,17 @@ namespace iprobe::proxy::mirror_impl {
 class Capture;
 class CapturedConnection;
 
+// --hold: a record of what a released connection was fed, written once every
+// held connection's are known, in the order the capture saw them.
+struct HeldRecord {
+    std::uint64_t order = 0;
+    std::shared_ptr<Recorder> recorder;
+    RecordKind kind = RecordKind::data;
+    std::uint32_t connection = 0;
+    std::uint64_t t_ns = 0;
+    std::string bytes;
+};
+
 // One followed connection: the tracker rebuilding both directions, and the
 // mirrored connection it feeds once it is open (from its SYN, or joined).
 class Flow final : public TcpFlowSink {
@@ -84,8 +95,9 @@ public:
     // client stream that production had read then follows.
     void checkpoint_reached(const std::optional<SocketDiag::Connection>& at_checkpoint);
     const FlowKey& key() const { return key_; }
-    // Feeds the copies from the first request the checkpoint did not hold.
-    void release(MirrorCommandReply& reply);
+    // Feeds the copies from the first request the checkpoint did not hold;
+    // what it fed, for the recording, goes to `records`.
+    void release(MirrorCommandReply& reply, std::vector<HeldRecord>& records);
     void fail_hold(const std::string& why) {
         if (gap_.empty()) gap_ = why;
     }
@@ -95,8 +107,9 @@ private:
     void describe_source(MirrorStats::ConnectionStats& s) const override;
     void keep(int dir, std::span<const std::uint8_t> bytes);
     void skip_held_replies();
-    void deliver_replies();
+    void deliver_replies(bool record = true);
     void finish_source();
+    void drop_arrivals(int dir, std::size_t bytes);
     void missed(MirrorCommandReply& reply, std::uint64_t requests, const std::string& why);
 
     Capture& capture_;
@@ -114,6 +127,12 @@ private:
     std::string gap_;                        // why the clone cannot have this connection whole
     std::uint64_t replies_to_skip_ = 0;      // production's replies to requests the checkpoint held
     std::vector<Message> skipped_requests_;  // for an HTTP reply framer's expect()
+    struct Arrival {
+        std::uint64_t order, t_ns;
+        int dir;
+        std::size_t size;
+    };
+    std::deque<Arrival> arrivals_;  // what kept_ holds, piece by piece, in capture order
 };
 
 struct CaptureCounters {
@@ -149,9 +168,16 @@ public:
     bool checkpointed() const { return checkpoint_us_ != 0; }
     // The capture's stamp of the packet being handled, and the checkpoint's.
     std::int64_t packet_us() const { return packet_us_; }
+    // The packet's stamp on the recording's clock (ns since the mirror
+    // started): a request is stamped before production ran it, a reply
+    // after, so a replay can tell which requests ran at the same time.
+    std::uint64_t packet_ns() const {
+        return packet_us_ > started_us_ ? static_cast<std::uint64_t>(packet_us_ - started_us_) * 1000 : 0;
+    }
     std::int64_t checkpoint_us() const { return checkpoint_us_; }
     void connection_opened(CapturedConnection& c, const FlowKey& key);
     void connection_gone(CapturedConnection& c) { std::erase(held_, &c); }
+    std::uint64_t next_arrival() { return ++arrivals_; }
     Protocol framing() const;
     const CaptureOptions& options() const { return options_; }
     CaptureCounters counters;
@@ -181,6 +207,7 @@ private:
     pcap_stat kernel_{};
     std::int64_t drops_noticed_us_ = 0;  // when the kernel's drop count last rose, until acted on
     Clock::time_point drained_at_{};     // the last time the ring had nothing more to read
+    bool ring_drained_ = true;           // the last read of the ring reached its end
     // Production's sockets are in this network namespace: after drops, each
     // connection followed from its SYN is checked against what production's
     // socket received (first the socket is read, then, once the ring has
@@ -199,8 +226,10 @@ private:
     void resolve(CapturedConnection& c, const FlowKey& key);
     bool holding_ = false;
     std::int64_t packet_us_ = 0, checkpoint_us_ = 0;
+    std::int64_t started_us_ = 0;  // the mirror's start, on the packets' clock
     std::unordered_map<FlowKey, SocketDiag::Connection, FlowKeyHash> at_checkpoint_;
     std::vector<CapturedConnection*> held_;
+    std::uint64_t arrivals_ = 0;
 };
 
 }  // namespace iprobe::proxy::mirror_impl

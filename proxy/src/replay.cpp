@@ -41,7 +41,6 @@ struct Difference {
     std::uint64_t request, production, replayed;  // hashes
     std::uint64_t sent_ns, answered_ns;           // at production, as recorded
     std::string request_text, production_excerpt, replayed_excerpt;
-    bool claimed = false;
 };
 
 // The service's replies on one replayed connection against production's, as
@@ -199,27 +198,67 @@ struct ReplayConnection {
 };
 
 void classify_differences(std::vector<Difference>& differences, DivergenceStats& out) {
-    std::multimap<std::pair<std::uint64_t, std::uint64_t>, Difference*> by_production;
-    for (Difference& d : differences) by_production.emplace(std::pair(d.request, d.production), &d);
-    for (Difference& d : differences) {
-        bool explained = false;
-        const auto [from, to] = by_production.equal_range(std::pair(d.request, d.replayed));
-        for (auto it = from; it != to && !explained; ++it) {
-            Difference& p = *it->second;
-            const bool concurrent = p.sent_ns <= d.answered_ns && d.sent_ns <= p.answered_ns;
-            if (&p == &d || p.claimed || !concurrent) continue;
-            p.claimed = explained = true;
+    // Differences to the same request whose times at production overlap,
+    // directly or through others, form a group any order of which production
+    // may have run; within it each production reply explains one replayed
+    // reply.  Groups: by request, swept in order of sending.
+    std::vector<Difference*> by_time;
+    for (Difference& d : differences) by_time.push_back(&d);
+    std::stable_sort(by_time.begin(), by_time.end(), [](const Difference* a, const Difference* b) {
+        return a->request != b->request ? a->request < b->request : a->sent_ns < b->sent_ns;
+    });
+    std::map<const Difference*, std::size_t> group_of;
+    std::map<std::pair<std::size_t, std::uint64_t>, std::size_t> explaining;  // (group, production reply) -> unused
+    std::size_t group = 0;
+    std::uint64_t group_request = 0, group_end = 0;
+    for (std::size_t i = 0; i < by_time.size(); ++i) {
+        const Difference& d = *by_time[i];
+        if (i == 0 || d.request != group_request || d.sent_ns > group_end) {
+            ++group;
+            group_request = d.request;
+            group_end = d.answered_ns;
         }
-        if (explained) ++out.reordered;
-        else d.check->report(d.index, d.request_text, d.production_excerpt, d.replayed_excerpt);
+        group_end = std::max(group_end, d.answered_ns);
+        group_of[&d] = group;
+        ++explaining[{group, d.production}];
+    }
+    for (Difference& d : differences) {
+        const auto it = explaining.find({group_of[&d], d.replayed});
+        if (it != explaining.end() && it->second > 0) {
+            --it->second;
+            ++out.reordered;
+        } else {
+            d.check->report(d.index, d.request_text, d.production_excerpt, d.replayed_excerpt);
+        }
     }
     differences.clear();
 }
 
 }  // namespace
 
+// Production's order across connections, from the records' stamps (the
+// mirror's reads, or the capture's packet stamps, which a capture may hand
+// over slightly out of order): each connection's records keep their order,
+// the connections are merged by time.
+void in_production_order(std::vector<Record>& records) {
+    std::map<std::uint32_t, std::uint64_t> latest;
+    std::vector<std::pair<std::uint64_t, std::size_t>> keys;
+    keys.reserve(records.size());
+    for (std::size_t i = 0; i < records.size(); ++i) {
+        std::uint64_t& t = latest[records[i].connection];
+        t = std::max(t, records[i].t_ns);
+        keys.emplace_back(t, i);
+    }
+    std::stable_sort(keys.begin(), keys.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+    std::vector<Record> ordered;
+    ordered.reserve(records.size());
+    for (const auto& [t, i] : keys) ordered.push_back(std::move(records[i]));
+    records.swap(ordered);
+}
+
 ReplayResult run_replay(const ReplayOptions& opt) {
-    const std::vector<Record> records = read_recording(opt.path);
+    std::vector<Record> records = read_recording(opt.path);
+    if (opt.ordered && (opt.compare == Protocol::resp || opt.compare == Protocol::http)) in_production_order(records);
     ::signal(SIGPIPE, SIG_IGN);
     ReplayResult result;
     if (!records.empty()) result.recorded_s = static_cast<double>(records.back().t_ns) / 1e9;

@@ -176,6 +176,7 @@ void TcpConnectionTracker::open_from_syn(const TcpSegment& s) {
 void TcpConnectionTracker::join(const TcpSegment& s) {
     phase_ = Phase::open;
     lost_[0] = lost_[1] = ended_[0] = ended_[1] = fin_seen_[0] = fin_seen_[1] = false;
+    suspected_[0] = suspected_[1] = false;
     client_.start(s.seq);
     server_.start(s.ack);
     sink_.flow_opened(true);
@@ -219,7 +220,7 @@ void TcpConnectionTracker::follow(FlowDirection dir, const TcpSegment& s) {
     // the server's bytes start.
     if (dir == FlowDirection::to_server && s.has(TcpSegment::kAck) && !server_.started()) server_.start(s.ack);
     if (s.has(TcpSegment::kAck)) {
-        if (!lost_[index(other)] && theirs.acknowledged_hole(s.ack)) lose(other);
+        if (!lost_[index(other)] && theirs.acknowledged_hole(s.ack)) suspect(other, s.ack);
         theirs.acknowledged(s.ack);
     }
     const std::size_t carried = s.payload.size() + s.missing;
@@ -234,6 +235,35 @@ void TcpConnectionTracker::follow(FlowDirection dir, const TcpSegment& s) {
     if (s.has(TcpSegment::kFin)) {
         fin_seen_[d] = true;
         mine.fin(s.seq + static_cast<std::uint32_t>(carried));
+    }
+    clear_filled_suspicions();
+    check_ends();
+    rejoin_after_loss();
+}
+
+void TcpConnectionTracker::suspect(FlowDirection dir, std::uint32_t ack) {
+    const int d = index(dir);
+    // The furthest acknowledgment: the bytes before it must all come.
+    if (!suspected_[d] || static_cast<std::int32_t>(ack - suspected_ack_[d]) > 0) suspected_ack_[d] = ack;
+    if (!suspected_[d]) suspected_age_[d] = 0;
+    suspected_[d] = true;
+}
+
+void TcpConnectionTracker::clear_filled_suspicions() {
+    for (const FlowDirection dir : {FlowDirection::to_server, FlowDirection::to_client}) {
+        const int d = index(dir);
+        if (suspected_[d] && (lost_[d] || !stream(dir).acknowledged_hole(suspected_ack_[d]))) suspected_[d] = false;
+    }
+}
+
+void TcpConnectionTracker::age_suspected_losses() {
+    if (phase_ != Phase::open) return;
+    clear_filled_suspicions();
+    for (const FlowDirection dir : {FlowDirection::to_server, FlowDirection::to_client}) {
+        const int d = index(dir);
+        if (!suspected_[d] || ++suspected_age_[d] < 2) continue;
+        suspected_[d] = false;
+        lose(dir);
     }
     check_ends();
     rejoin_after_loss();

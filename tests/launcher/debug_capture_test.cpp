@@ -153,6 +153,62 @@ TEST(LauncherDebugCapture, WritesAcrossTheCheckpointAllReachTheClone) {
     EXPECT_FALSE(fs::exists("/run/iprobe/debug-hook-" + std::to_string(debug.pid()) + ".sock"));
 }
 
+// Two clients INCRementing one key across the session's start, recorded:
+// investigate restores the checkpoint and replays the recorded input (the
+// held requests from the checkpoint on, in the order the capture saw them)
+// and every reply equals production's, which only holds when the input
+// starts exactly at the checkpoint and keeps production's order.
+TEST(LauncherDebugCapture, ARecordedCaptureStartsAtTheCheckpointAndInvestigatesWithoutDifferences) {
+    IPROBE_SKIP_UNLESS_CLONING_WORKS();
+    TempDir dir, records;
+    Netns prod("ipt-dcap4-" + std::to_string(getpid()));
+    const int port = free_port();
+    Redis redis(prod.path(), port, dir.path());
+    ASSERT_TRUE(redis.ready());
+    std::atomic<bool> stop{false};
+    std::atomic<int> incrs{0};
+    std::string failure;
+    std::vector<std::thread> clients;
+    for (int c = 0; c < 2; ++c)
+        clients.emplace_back([&] {
+            const int fd = connect_in_netns(prod.path(), port);
+            while (!stop && fd >= 0) {
+                const std::string got = command(fd, {"INCR", "shared"});
+                if (got.empty() || got[0] == '(') {
+                    failure = got;
+                    break;
+                }
+                ++incrs;
+            }
+            if (fd >= 0) ::close(fd);
+        });
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    const std::string out = dir / "debug.out", record = records / "record";
+    Child debug({"nsenter", "--net=" + prod.path(), bin("iprobe"), "debug", std::to_string(redis.pid()), "--capture",
+                 "--production", "127.0.0.1:" + std::to_string(port), "--record", record, "--json"},
+                out);
+    ASSERT_TRUE(wait_for_event(out, "capture-start", 1, debug)) << file_text(out);
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    stop = true;
+    for (auto& t : clients) t.join();
+    EXPECT_EQ(failure, "");
+    EXPECT_EQ(redis.cli({"GET", "shared"}), std::to_string(incrs.load()));
+    const auto start = events(out, "capture-start").at(0);
+    EXPECT_NE(start.find("\"missed\":[]"), std::string::npos) << start;
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    debug.kill(SIGTERM);
+    EXPECT_EQ(debug.wait(std::chrono::seconds(30)), 0);
+
+    const auto r = run({bin("iprobe"), "investigate", record, "--json"}, {}, std::chrono::seconds(120));
+    EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+    const auto replay = r.out.find("\"event\":\"replay\"");
+    ASSERT_NE(replay, std::string::npos) << r.out << r.err;
+    const std::string result = r.out.substr(replay);
+    EXPECT_NE(result.find("\"mismatches\":0,\"diverged_connections\":0"), std::string::npos) << result;
+    EXPECT_GT(json_number(result, "compared"), 100) << result;
+    EXPECT_EQ(r.out.find("\"event\":\"warning\""), std::string::npos) << r.out;
+}
+
 TEST(LauncherDebugCapture, ProductionsOwnClientsFeedTheCloneWithoutBeingRepointed) {
     IPROBE_SKIP_UNLESS_CLONING_WORKS();
     TempDir dir;

@@ -77,6 +77,25 @@ protected:
         EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
         return parse(r.out);
     }
+    // `iprobe investigate RECORD ARGS --json`: its output, and its report and
+    // replay result events.
+    struct Investigation {
+        CommandResult run;
+        Json report, replay;
+    };
+    Investigation investigate(const std::string& record, const std::vector<std::string>& args) {
+        std::vector<std::string> argv = {bin("iprobe"), "investigate", record};
+        argv.insert(argv.end(), args.begin(), args.end());
+        argv.push_back("--json");
+        Investigation i{run(argv, {}, std::chrono::seconds(120)), {}, {}};
+        std::istringstream lines(i.run.out);
+        for (std::string line; std::getline(lines, line);) {
+            const Json e = parse(line);
+            if (e.value("event", "") == "report") i.report = e;
+            if (e.value("event", "") == "replay") i.replay = e["result"];
+        }
+        return i;
+    }
     std::string via_mirror(const std::vector<std::string>& args) { return redis_cli(prod_ns_->path(), listen_port_, args); }
     // Sends `commands` (RESP) on one connection through --listen and reads
     // `replies` bytes of answers.
@@ -222,17 +241,9 @@ TEST_F(DebugWindow, InvestigateReproducesTheExactCallsOfTheRecordedTrafficWithNe
     // Production moved on since; the recording did not.
     ASSERT_EQ(redis_->cli({"SET", "k0", "changed-later"}), "OK");
 
-    const auto r = run({bin("iprobe"), "investigate", record, "--functions",
-                        "setCommand,getCommand,incrCommand,processCommand", "--json"},
-                       {}, std::chrono::seconds(120));
+    const auto [r, report, replay] =
+        investigate(record, {"--functions", "setCommand,getCommand,incrCommand,processCommand"});
     ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-    Json report, replay;
-    std::istringstream lines(r.out);
-    for (std::string line; std::getline(lines, line);) {
-        const Json e = parse(line);
-        if (e.value("event", "") == "report") report = e;
-        if (e.value("event", "") == "replay") replay = e["result"];
-    }
     const auto calls = calls_of(report);
     EXPECT_EQ(calls.at("setCommand"), 5u) << r.out;
     EXPECT_EQ(calls.at("incrCommand"), 2u) << r.out;
@@ -264,16 +275,8 @@ TEST_F(DebugWindow, ConcurrentWritersOfOneKeyAreNoDivergenceLiveOrInvestigated) 
     EXPECT_EQ(divergence.value("mismatches", -1), 0) << stopping;
     EXPECT_EQ(divergence.value("diverged_connections", -1), 0) << stopping;
 
-    const auto r = run({bin("iprobe"), "investigate", record, "--functions", "incrCommand", "--json"}, {},
-                       std::chrono::seconds(120));
+    const auto [r, report, replay] = investigate(record, {"--functions", "incrCommand"});
     ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-    Json report, replay;
-    std::istringstream lines(r.out);
-    for (std::string line; std::getline(lines, line);) {
-        const Json e = parse(line);
-        if (e.value("event", "") == "report") report = e;
-        if (e.value("event", "") == "replay") replay = e["result"];
-    }
     EXPECT_EQ(calls_of(report).at("incrCommand"), 3000u) << r.out;
     EXPECT_TRUE(replay.value("ordered", false)) << r.out;
     EXPECT_GE(replay["comparison"].value("compared", 0), 3000) << r.out;

@@ -293,6 +293,11 @@ TEST(TcpConnectionTracker, BytesTheServerAcknowledgedButTheCaptureMissedAreALoss
     t.segment(C, seg(third, 7001, kAck, kGet));
     EXPECT_EQ(e.log.size(), 1u);  // waiting: it may be a reordering
     t.segment(S, seg(7001, third + static_cast<std::uint32_t>(kGet.size()), kAck, "+OK\r\n"));
+    // Suspected (the capture may hand the segment over late), lost at the
+    // second look.
+    t.age_suspected_losses();
+    EXPECT_EQ(e.log.size(), 1u);
+    t.age_suspected_losses();
     EXPECT_EQ(e.log, (std::vector<std::string>{"opened", "client lost"}));
     EXPECT_TRUE(t.lost(C));
     EXPECT_FALSE(t.lost(S));
@@ -300,6 +305,25 @@ TEST(TcpConnectionTracker, BytesTheServerAcknowledgedButTheCaptureMissedAreALoss
     t.segment(C, seg(third + 100, 7006, kAck, kGet));
     EXPECT_EQ(e.to_server, kSet);
     EXPECT_EQ(e.to_client, "+OK\r\n");  // the other direction goes on
+}
+
+// The capture's ring is filled by every CPU: the server's acknowledgment may
+// be handed over before the segment it acknowledges.  Not a loss.
+TEST(TcpConnectionTracker, AnAcknowledgmentCapturedBeforeItsSegmentIsNoLoss) {
+    Events e;
+    TcpConnectionTracker t(1 << 20, nullptr, e);
+    t.segment(C, seg(100, 0, kSyn));
+    t.segment(S, seg(7000, 101, kSyn | kAck));
+    t.segment(C, seg(101, 7001, kAck, kSet));
+    const std::uint32_t after = 101 + static_cast<std::uint32_t>(kSet.size() + kGet.size());
+    t.segment(S, seg(7001, after, kAck, "+OK\r\n"));
+    t.age_suspected_losses();
+    t.segment(C, seg(101 + static_cast<std::uint32_t>(kSet.size()), 7001, kAck, kGet));
+    t.age_suspected_losses();
+    t.age_suspected_losses();
+    EXPECT_FALSE(t.lost(C));
+    EXPECT_EQ(e.to_server, kSet + kGet);
+    EXPECT_EQ(e.log, (std::vector<std::string>{"opened"}));
 }
 
 TEST(TcpConnectionTracker, APayloadCutShortByTheSnapLengthIsALoss) {

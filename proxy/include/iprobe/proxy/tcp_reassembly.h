@@ -152,6 +152,12 @@ public:
     // The client's stream lost bytes by other evidence (production's own
     // socket received more than was captured).
     void client_bytes_lost();
+    // An acknowledgment of bytes the capture has not delivered is only a
+    // suspicion at first: the kernel's capture ring is filled by every CPU,
+    // so a segment may be handed over after the acknowledgment it caused.
+    // The owner calls this periodically (every 100 ms); a hole still open at
+    // the second call is a loss.
+    void age_suspected_losses();
 
     Phase phase() const { return phase_; }
     bool lost(FlowDirection dir) const { return lost_[index(dir)]; }
@@ -179,7 +185,12 @@ private:
     TcpFlowSink& sink_;
     Phase phase_ = Phase::joining;
     TcpStreamReassembler client_, server_;
+    void suspect(FlowDirection dir, std::uint32_t ack);
+    void clear_filled_suspicions();
     bool lost_[2] = {false, false};
+    bool suspected_[2] = {false, false};
+    std::uint32_t suspected_ack_[2] = {0, 0};
+    int suspected_age_[2] = {0, 0};
     bool ended_[2] = {false, false};
     bool fin_seen_[2] = {false, false};
     std::vector<Held> held_;
