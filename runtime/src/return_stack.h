@@ -6,15 +6,17 @@
  * pool, and the function goes on through that entry's own unit of a sled,
  * 32 bytes each:
  *
- *   unit i + 0:   call *%r11          the function's body (r11 = the site's end);
- *                                     pushes unit + 3, the trampoline, into the
- *                                     return-address slot and the return stack buffer
- *   unit i + 3:   lea unit(%rip), %r11
+ *   unit i + 0:   call *-16(%rsp)     the function's body (at the site's end, which the
+ *                                     entry left below the stack); pushes unit + 4, the
+ *                                     trampoline, into the return-address slot and the
+ *                                     return stack buffer
+ *   unit i + 4:   mov %r11, -8(%rsp)  the caller's r11, kept (callers may hold values in it)
+ *                 lea unit(%rip), %r11
  *                 jmp iprobe_rt_return_common
- *   unit i + 16:  .quad &pool[i] - (unit i + 16)
+ *   unit i + 24:  .quad &pool[i] - (unit i + 24)
  *
- * The function's `ret` comes to unit + 3 as the return stack buffer
- * predicted, and the common tail leaves with `push; ret` to the real return
+ * The function's `ret` comes to unit + 4 as the return stack buffer
+ * predicted, and the common tail leaves with a `ret` to the real return
  * address, which pops the caller's own prediction: no return is mispredicted.
  *
  * Because every entry has its own trampoline, a return finds its entry from

@@ -44,8 +44,25 @@
     .type iprobe_rt_return_trampolines, @function
 iprobe_rt_return_trampolines:
     .cfi_startproc
-    .cfi_def_cfa rsp, 8
-    .cfi_val_offset rsp, -8
+    /* CFA = rsp + 8 - n, n the trampolines still ahead in this unit's chain
+     * (a tail call whose caller and callee both hook the one slot chains
+     * their entries: e->ret is another unit's trampoline), at most 7: each
+     * unit of a chain is a frame of its own, nearer the caller the further
+     * out, never sharing a CFA with another (libgcc's phase 2 finds the
+     * handler's frame by its CFA; gdb stops at a repeated frame id).  A
+     * trampoline is an address IPROBE_RT_RETURN_UNIT_TRAMPOLINE past a 32-byte boundary whose unit holds
+     * the same self-relative pointer as this one (entries and units are
+     * both 32 bytes: every unit holds the same value).
+     *   breg7 8; breg16 0; dup; const1s -32; and; plus_uconst UNIT_ENTRY; deref; swap   [c K t]
+     *   loop: const1s -32; and; plus_uconst UNIT_ENTRY; dup; deref; plus; deref     [c K t']
+     *         dup; lit31; and; lit<UNIT_TRAMPOLINE>; ne; bra done
+     *         dup; const1s -32; and; plus_uconst UNIT_ENTRY; deref; pick 2; ne; bra done
+     *         rot; rot; lit1; minus; rot                                  [c-1 K t']
+     *         pick 2; breg7 1; eq; bra done; skip loop
+     *   done: drop; drop                                                  [c]
+     * The caller's rsp is this frame's (the hooked function has returned). */
+    .cfi_escape 0x0f, 60, 0x77, 0x08, 0x80, 0x00, 0x12, 0x09, 0xe0, 0x1a, 0x23, IPROBE_RT_RETURN_UNIT_ENTRY, 0x06, 0x16, 0x09, 0xe0, 0x1a, 0x23, IPROBE_RT_RETURN_UNIT_ENTRY, 0x12, 0x06, 0x22, 0x06, 0x12, 0x4f, 0x1a, 0x30 + IPROBE_RT_RETURN_UNIT_TRAMPOLINE, 0x2e, 0x28, 0x1d, 0x00, 0x12, 0x09, 0xe0, 0x1a, 0x23, IPROBE_RT_RETURN_UNIT_ENTRY, 0x06, 0x15, 0x02, 0x2e, 0x28, 0x10, 0x00, 0x17, 0x17, 0x31, 0x1c, 0x17, 0x15, 0x02, 0x77, 0x01, 0x29, 0x28, 0x03, 0x00, 0x2f, 0xd2, 0xff, 0x13, 0x13
+    .cfi_escape 0x16, 0x07, 2, 0x77, 0x00
     .cfi_escape 0x16, 0x10, 11, 0x80, 0x00, 0x09, 0xe0, 0x1a, 0x23, IPROBE_RT_RETURN_UNIT_ENTRY, 0x12, 0x06, 0x22, 0x06
     .fill IPROBE_RT_RETURN_UNIT_SIZE, 1, 0xcc
     .globl iprobe_rt_return_sled

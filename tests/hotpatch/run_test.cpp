@@ -64,6 +64,22 @@ TEST(IprobeRun, ProbesThatCannotBeEnabledStopTheProgramBeforeItRuns) {
     EXPECT_EQ(r.out, "") << "none of the program's code ran";
 }
 
+// A tail call whose caller and callee both hook the one return slot chains
+// their return entries; an exception thrown through both must still find
+// its handler (each unit of the chain a frame with a CFA of its own).
+TEST(IprobeRun, AnExceptionThroughAHookedTailCallIsCaught) {
+    const std::string program = targets_dir() + "/tail_throw";
+    const auto list = run({bin("iprobe"), "list", program, "--functions", "outer*", "--kind", "exit", "--count"});
+    ASSERT_EQ(list.out, "1\n") << list.err;
+    const auto r = iprobe({"run", "--handler", "count", "--json", "--", program, "3"});
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(r.out, "caught 3\n");
+    // (json_calls takes a regular expression)
+    EXPECT_EQ(json_calls(r.err, "outer\\(int\\)"), 3) << r.err;
+    EXPECT_EQ(json_calls(r.err, "inner\\(unsigned int\\)"), 3) << r.err;
+    EXPECT_EQ(json_completed(r.err, "inner\\(unsigned int\\)"), 0) << "thrown out of, never returned: " << r.err;
+}
+
 TEST(IprobeRun, AProgramThatCannotBeRunIsReportedAsShellsDo) {
     const auto r = iprobe({"run", "--", "/nonexistent/program"});
     EXPECT_EQ(r.exit_code, 127) << r.err;
