@@ -14,6 +14,11 @@ std::string attach_summary(const AttachStats& st, std::optional<pid_t> pid) {
            " on in total); " + std::to_string(st.threads) + " threads stopped for " + std::to_string(st.pause_us) +
            " us";
     if (st.runtime_injected) out += "; runtime injected";
+    if (!st.patched_skipped.empty()) {
+        out += "; skipped " + std::to_string(st.patched_skipped.size()) +
+               " functions replaced by 'iprobe patch' (probe their replacement instead):";
+        for (const auto& f : st.patched_skipped) out += " " + f;
+    }
     return out;
 }
 
@@ -29,7 +34,10 @@ std::string attach_json(const AttachStats& st, pid_t pid) {
         .field("pause_us", st.pause_us)
         .field("stop_us", st.stop_us)
         .field("runtime_injected", st.runtime_injected)
-        .end_object();
+        .key("patched_skipped")
+        .begin_array();
+    for (const auto& f : st.patched_skipped) j.value(f);
+    j.end_array().end_object();
     return j.str();
 }
 
@@ -45,6 +53,7 @@ AttachStats parse_attach_json(std::string_view text) {
         doc.at("pause_us").get_to(st.pause_us);
         doc.at("stop_us").get_to(st.stop_us);
         doc.at("runtime_injected").get_to(st.runtime_injected);
+        if (doc.contains("patched_skipped")) doc.at("patched_skipped").get_to(st.patched_skipped);
         return st;
     } catch (const nlohmann::json::exception& e) {
         throw Error(std::string("not an attach report: ") + e.what(), ExitCode::bad_input);

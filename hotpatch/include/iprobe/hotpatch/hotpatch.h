@@ -85,6 +85,9 @@ struct AttachStats {
     bool runtime_injected = false;
     bool handler_injected = false;
     std::vector<std::string> modules;  // module paths touched
+    // Selected functions left alone because `iprobe patch` replaced them
+    // (their entry jumps to the replacement; see live_patch.h).
+    std::vector<std::string> patched_skipped;
 };
 
 AttachStats attach(const AttachOptions& options);
