@@ -24,6 +24,26 @@ bool type_of(Dwarf_Die* die, Dwarf_Die* out) {
 
 std::string type_name(Dwarf_Die* die, int depth);
 
+// A base type by what the ABI sees (encoding and size), spelled as C does:
+// gcc says "long int" where clang says "long", and long long is long here.
+std::string base_type_name(Dwarf_Die* die, const std::string& name) {
+    Dwarf_Attribute attr;
+    Dwarf_Word encoding = 0;
+    if (!dwarf_attr_integrate(die, DW_AT_encoding, &attr) || dwarf_formudata(&attr, &encoding) != 0) return name;
+    const int size = dwarf_bytesize(die);
+    const bool is_signed = encoding == DW_ATE_signed || encoding == DW_ATE_signed_char;
+    const bool is_unsigned = encoding == DW_ATE_unsigned || encoding == DW_ATE_unsigned_char;
+    if (encoding == DW_ATE_boolean) return "bool";
+    if (encoding == DW_ATE_signed_char && size == 1) return "char";
+    if (is_signed || is_unsigned) {
+        const char* names[] = {"?", "char", "short", "?", "int", "?", "?", "?", "long"};
+        const std::string base = size == 16 ? "__int128" : size > 0 && size <= 8 ? names[size] : name;
+        return (is_unsigned ? "unsigned " : size == 1 ? "signed " : "") + base;
+    }
+    if (encoding == DW_ATE_float) return size == 4 ? "float" : size == 8 ? "double" : size == 16 ? "long double" : name;
+    return name;
+}
+
 // The type `die` refers to by DW_AT_type, or "void" when it names none.
 std::string referred(Dwarf_Die* die, int depth) {
     Dwarf_Die type;
@@ -34,7 +54,7 @@ std::string type_name(Dwarf_Die* die, int depth) {
     if (depth > kMaxDepth) return "?";
     const std::string name = die_name(die);
     switch (dwarf_tag(die)) {
-    case DW_TAG_base_type: return name;
+    case DW_TAG_base_type: return base_type_name(die, name);
     case DW_TAG_typedef: return referred(die, depth);
     case DW_TAG_pointer_type: return referred(die, depth) + "*";
     case DW_TAG_reference_type: return referred(die, depth) + "&";

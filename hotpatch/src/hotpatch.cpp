@@ -420,10 +420,11 @@ Status status(pid_t pid) {
                 ms.foreign += state == SiteState::other;
             }
         }
-        // Entries replaced by `iprobe patch` are ours, not foreign code.
+        // Entries replaced by `iprobe patch` are ours, not foreign code: one
+        // site serving two probes (the function's entry and its exit).
         for (const PatchedFunction& f : patched_functions(pid))
             for (ModuleStatus& ms : st.modules)
-                if (ms.path == f.module && ms.foreign) ms.foreign--;
+                if (ms.path == f.module) ms.foreign -= std::min<std::uint32_t>(ms.foreign, 2);
     } catch (const Error& e) {
         st.sites_unread = e.what();
     }
