@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "iprobe/launcher/adapt_controller.h"
+#include "clone_patches.h"
 #include "clone_probes.h"
 #include "iprobe/launcher/clone.h"
 #include "iprobe/launcher/container.h"
@@ -109,6 +110,9 @@ void DebugSession::make_container_clone() {
           });
     // The probe tools run here, on its host PID (attach puts the runtime
     // inside the container's file system for its dlopen).
+    if (!patch_args_.empty())
+        patch_clone(events_, hotpatch_tool_, {}, container_clone_.clone_pid, container_clone_.clone_pid, "clone " + name_,
+                    patch_args_);
     if (probing()) attach_probes(c, container_clone_.clone_pid, {});
 }
 
@@ -170,9 +174,12 @@ void DebugSession::make_generation() {
                       .field("total_us", static_cast<std::int64_t>(c.clone.total_ms * 1e3))
                       .field("generation", generation_);
               });
-        if (probing())
-            attach_probes(c, c.clone.clone_pid_in_ns,
-                          {"nsenter", "--target", std::to_string(c.clone.keeper_pid), "--pid", "--mount", "--"});
+        const std::vector<std::string> in_clone = {"nsenter", "--target", std::to_string(c.clone.keeper_pid), "--pid",
+                                                   "--mount", "--"};
+        if (!patch_args_.empty())
+            patch_clone(events_, hotpatch_tool_, in_clone, c.clone.clone_pid_in_ns, c.clone.clone_pid, clone_label(c),
+                        patch_args_);
+        if (probing()) attach_probes(c, c.clone.clone_pid_in_ns, in_clone);
     }
     if (ring_) {
         ring_->save(recording_);

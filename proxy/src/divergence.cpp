@@ -101,7 +101,11 @@ void DebugLeg::compare() {
 
 void DebugLeg::report(std::uint64_t index, const std::string& request, const std::string& prod, const std::string& dbg) {
     ++px_.stats.mismatches;
-    if (reported_) return;
+    if (reported_) {
+        if (px_.opt.rules.every_difference && px_.stats.reports.size() < kMaxReports)
+            px_.stats.reports.push_back({owner_.id(), index, request, prod, dbg, ms_since(px_.stats.started), target_});
+        return;
+    }
     reported_ = true;
     ++px_.stats.diverged_connections;
     ++counters().diverged_connections;
