@@ -58,7 +58,7 @@ AttachStats attach(const AttachOptions& options) {
         // A function replaced by `iprobe patch` keeps its patch: its probes
         // are skipped (the replacement has probes of its own).
         for (std::size_t li = 0; li < lists.size(); li++)
-            for (auto& f : drop_redirected(process.memory(), lists[li].list, targets[li]->load_bias, lists[li].selected))
+            for (auto& f : drop_redirected(process.memory(), lists[li].list, *targets[li], lists[li].selected))
                 stats.patched_skipped.push_back(f);
         if (!stats.patched_skipped.empty() &&
             std::all_of(lists.begin(), lists.end(), [](const SelectedList& s) { return s.selected.empty(); }))

@@ -110,6 +110,10 @@ EntrySite find_function(const std::vector<ListedModule>& modules, const std::str
                     ExitCode::bad_input);
     }
     const EntrySite& e = found.front();
+    if (!e.module->running.holds_code(e.probe->site, e.probe->size))
+        throw Error("the probe list of " + e.module->running.path + " puts " + e.probe->demangled +
+                        " outside its code: it is corrupt or of another build",
+                    ExitCode::bad_input);
     if (!is_entry_site(e.module->list, *e.probe)) {
         if (e.module->list.flow == IPROBE_FLOW_FINSTRUMENT)
             throw Error(e.probe->demangled + " in " + e.module->running.path +

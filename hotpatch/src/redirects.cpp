@@ -92,12 +92,14 @@ std::uint64_t patch_stub_for(StoppedProcess& process, const LoadedLibrary& libc,
 namespace iprobe::hotpatch {
 
 std::vector<std::string> drop_redirected(const ProcessMemory& memory, const probelist::ProbeList& list,
-                                         std::uint64_t load_bias, std::vector<const probelist::Probe*>& selected) {
+                                         const RunningModule& running, std::vector<const probelist::Probe*>& selected) {
+    const std::uint64_t load_bias = running.load_bias;
     auto entry_of = [&](const probelist::Probe* p) -> const probelist::Probe* {
         const std::uint32_t id = p->form == probelist::SiteForm::ret && p->id > 0 ? p->id - 1 : p->id;
+        if (id >= list.probes.size()) return nullptr;
         const probelist::Probe& e = list.probes[id];
         return e.kind == probelist::ProbeKind::entry && e.form == probelist::SiteForm::nop && e.size == 5 &&
-                       probelist::serves_returns(list.probes, id)
+                       probelist::serves_returns(list.probes, id) && running.holds_code(e.site, e.size)
                    ? &e
                    : nullptr;
     };

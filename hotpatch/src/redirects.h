@@ -55,7 +55,8 @@ namespace iprobe::hotpatch {
 
 // Drops from `selected` every probe of a function whose entry is redirected
 // (attach must not overwrite a patch); returns those functions, once each.
+// Sites outside the module's code are left for attach's own checks.
 std::vector<std::string> drop_redirected(const ProcessMemory& memory, const probelist::ProbeList& list,
-                                         std::uint64_t load_bias, std::vector<const probelist::Probe*>& selected);
+                                         const RunningModule& running, std::vector<const probelist::Probe*>& selected);
 
 }  // namespace iprobe::hotpatch

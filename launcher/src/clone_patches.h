@@ -32,7 +32,7 @@ void patch_clone(const SessionEvents& say, const std::string& hotpatch_tool, con
 std::size_t say_changes(const SessionEvents& say, const proxy::DivergenceStats& d, std::size_t from, const char* copy);
 
 // The patch's effect in total: replies compared, how many changed, on how
-// many connections, and the changed ones listed (at most the checker's 100).
-void say_patch_effect(const SessionEvents& say, const proxy::DivergenceStats& d, const char* copy);
+// many connections; in JSON the changed ones too (at most the checker's 100).
+void say_patch_effect(const SessionEvents& say, const proxy::DivergenceStats& d);
 
 }  // namespace iprobe::launcher

@@ -406,7 +406,7 @@ int DebugSession::run() {
     if (!o_.patches.empty() && final_stats) {
         const proxy::MirrorStats parsed = proxy::parse_mirror_stats(*final_stats);
         changes_said_ = say_changes(events_, parsed.divergence, changes_said_, "patched clone");
-        say_patch_effect(events_, parsed.divergence, "patched clone");
+        say_patch_effect(events_, parsed.divergence);
     }
     event("stopping", "stopping: removing the clone and the mirror; production keeps running", [&](JsonWriter& w) {
         if (!final_stats) w.key("stats").null();

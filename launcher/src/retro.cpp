@@ -297,10 +297,8 @@ int run_investigate(const InvestigateOptions& o) {
         else std::printf("%s", report_table(report).c_str());
         std::fflush(stdout);
     }
-    if (!patch_args.empty()) {
-        say_changes(say, result.comparison, 0, "patched clone");
-        say_patch_effect(say, result.comparison, "patched clone");
-    }
+    // The replay's summary above lists the changed replies for people.
+    if (!patch_args.empty()) say_patch_effect(say, result.comparison);
     if (result.connect_failures || result.send_failures) return static_cast<int>(ExitCode::failure);
     // With --patch, replies that differ are the patch's effect, not a failure.
     return result.comparison.mismatches && patch_args.empty() ? static_cast<int>(ExitCode::failure) : 0;
