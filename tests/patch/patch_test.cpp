@@ -221,6 +221,18 @@ TEST_F(Patch, TheFinstrumentFlowIsRefusedWithTheReason) {
     EXPECT_EQ(text_of(s.pid(), "patch_service_fin"), before);
 }
 
+TEST_F(Patch, AFunctionTheRuntimeCallsIsRefused) {
+    Child program({target("runtime_clash")});
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+    const auto before = text_of(program.pid(), "runtime_clash");
+    const auto r = cli({"patch", std::to_string(program.pid()), "--function", "close", "--with",
+                        target("libquote_fix.so") + ":quote", "--force"});
+    EXPECT_EQ(r.exit_code, 3) << r.err;
+    EXPECT_NE(r.err.find("called by the iprobe runtime"), std::string::npos) << r.err;
+    EXPECT_EQ(text_of(program.pid(), "runtime_clash"), before);
+    EXPECT_TRUE(program.running());
+}
+
 TEST_F(Patch, StatusListsWhatIsPatchedAfterTheToolExitsAndRevertRestoresTheCode) {
     Service s("patch_service");
     const auto before = text_of(s.pid(), "patch_service");
