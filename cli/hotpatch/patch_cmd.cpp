@@ -74,6 +74,23 @@ void write_function(JsonWriter& j, const PatchedFunction& f) {
     j.end_object();
 }
 
+// {"pid":…,KEY:[functions],["injected":[…],]"threads":…,"pause_us":…,"stop_us":…}
+std::string report_json(pid_t pid, const char* key, const std::vector<PatchedFunction>& functions,
+                        const std::vector<std::string>* injected, std::size_t threads, std::uint64_t pause_us,
+                        std::uint64_t stop_us) {
+    JsonWriter j;
+    j.begin_object().field("pid", static_cast<std::int64_t>(pid)).key(key).begin_array();
+    for (const auto& f : functions) write_function(j, f);
+    j.end_array();
+    if (injected) {
+        j.key("injected").begin_array();
+        for (const auto& lib : *injected) j.value(lib);
+        j.end_array();
+    }
+    j.field("threads", static_cast<std::uint64_t>(threads)).field("pause_us", pause_us).field("stop_us", stop_us);
+    return j.end_object().str();
+}
+
 std::string describe(const PatchedFunction& f) {
     return f.function + " -> " + (f.library.empty() ? "(unmapped)" : f.library) + ":" +
            (f.symbol.empty() ? hex(f.replacement) : f.symbol) + (f.stub ? " (through a stub)" : "");
@@ -115,15 +132,7 @@ int run_patch(int argc, char** argv) {
         RevertOptions o{pid, rest, sources, {}};
         const RevertStats st = revert(o);
         if (json) {
-            JsonWriter j;
-            j.begin_object().field("pid", static_cast<std::int64_t>(pid)).key("reverted").begin_array();
-            for (const auto& f : st.reverted) write_function(j, f);
-            j.end_array()
-                .field("threads", static_cast<std::uint64_t>(st.threads))
-                .field("pause_us", st.pause_us)
-                .field("stop_us", st.stop_us)
-                .end_object();
-            std::cout << j.str() << "\n";
+            std::cout << report_json(pid, "reverted", st.reverted, nullptr, st.threads, st.pause_us, st.stop_us) << "\n";
         } else if (st.reverted.empty()) {
             std::cout << "nothing is patched in process " << pid << "\n";
         } else {
@@ -146,17 +155,7 @@ int run_patch(int argc, char** argv) {
     for (std::size_t i = 0; i < functions.size(); i++) o.patches.push_back(parse_with(functions[i], withs[i]));
     const PatchStats st = patch(o);
     if (json) {
-        JsonWriter j;
-        j.begin_object().field("pid", static_cast<std::int64_t>(pid)).key("patched").begin_array();
-        for (const auto& f : st.patched) write_function(j, f);
-        j.end_array().key("injected").begin_array();
-        for (const auto& lib : st.injected) j.value(lib);
-        j.end_array()
-            .field("threads", static_cast<std::uint64_t>(st.threads))
-            .field("pause_us", st.pause_us)
-            .field("stop_us", st.stop_us)
-            .end_object();
-        std::cout << j.str() << "\n";
+        std::cout << report_json(pid, "patched", st.patched, &st.injected, st.threads, st.pause_us, st.stop_us) << "\n";
         return 0;
     }
     for (const auto& f : st.patched) {
