@@ -138,6 +138,10 @@ int debug_main(const std::vector<std::string>& args) {
         kSpec.fail("PID (or --container), --listen (or --capture) and --production are required");
     if (o.capture && !o.listen.empty())
         kSpec.fail("--capture puts nothing in production's path: drop --listen (clients keep using --production)");
+    if (!o.patches.empty() && o.recloning == DebugOptions::Recloning::on_divergence)
+        kSpec.fail("--patch changes replies on purpose: --recloning on-divergence would re-clone at each; use another --recloning");
+    if (!o.patches.empty() && o.divergence == "off")
+        kSpec.fail("--patch lists the replies the patch changed: it needs --divergence resp, http or stream, not off");
     if (o.divergence == "off" && o.recloning == DebugOptions::Recloning::on_divergence)
         kSpec.fail("--recloning on-divergence needs divergence checking; drop --divergence off");
     return run_debug(o);

@@ -197,6 +197,11 @@ TEST_F(PatchDebug, ABadPatchSpecOrALibraryThatIsNotThereStartsNothing) {
              "--production", "127.0.0.1:" + std::to_string(port_), "--divergence", "resp", "--patch",
              "quote=/nonexistent/fix.so"});
     EXPECT_EQ(r.exit_code, 5) << r.err;
+    // Re-cloning at each divergence would re-clone at each change the patch makes.
+    r = run({bin("iprobe"), "debug", std::to_string(pid_), "--listen", "127.0.0.1:" + std::to_string(listen_port_),
+             "--production", "127.0.0.1:" + std::to_string(port_), "--divergence", "resp", "--recloning",
+             "on-divergence", "--patch", "quote=" + target("libquote_fix.so")});
+    EXPECT_EQ(r.exit_code, 2) << r.err;
     // An unknown protocol and no --divergence: the changes could not be found.
     r = run({bin("iprobe"), "debug", std::to_string(pid_), "--listen", "127.0.0.1:" + std::to_string(listen_port_),
              "--production", "127.0.0.1:" + std::to_string(port_), "--patch", "quote=" + target("libquote_fix.so")});
