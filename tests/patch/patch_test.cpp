@@ -249,6 +249,20 @@ TEST_F(Patch, StatusListsWhatIsPatchedAfterTheToolExitsAndRevertRestoresTheCode)
     EXPECT_EQ(doc["patched"][0]["library"], target("libquote_fix.so"));
     const auto text = cli({"status", s.pid_text()});
     EXPECT_NE(text.out.find("quote -> " + target("libquote_fix.so") + ":quote_v2"), std::string::npos) << text.out;
+    // Two functions in one command, one stop; --revert without names puts both back.
+    r = cli({"patch", s.pid_text(), "--function", "quote", "--with", target("libquote_fix.so"), "--function", "main",
+             "--with", target("libquote_fix.so") + ":main_v2", "--json"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(parse(r)["patched"].size(), 2u) << r.out;
+    EXPECT_EQ(parse(cli({"status", s.pid_text(), "--json"}))["patched"].size(), 2u);
+    r = cli({"patch", s.pid_text(), "--revert", "--json"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(parse(r)["reverted"].size(), 2u) << r.out;
+    EXPECT_EQ(text_of(s.pid(), "patch_service"), before);
+    EXPECT_EQ(cli({"patch", s.pid_text(), "--function", "quote", "--with", target("libquote_fix.so"), "--function",
+                   "quote", "--with", target("libquote_fix.so")})
+                  .exit_code,
+              2);
     // Patching again replaces the replacement.
     r = cli({"patch", s.pid_text(), "--function", "quote", "--with", target("libquote_fix.so")});
     ASSERT_EQ(r.exit_code, 0) << r.err;

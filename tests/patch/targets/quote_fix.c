@@ -15,4 +15,7 @@ long quote(long item) {
     return item * rate;
 }
 long quote_v2(long item) { return quote(item); }
+/* For a second patch in the same command: main is never called again, so
+   replacing it changes nothing the service does. */
+int main_v2(int argc, char** argv) { return argv ? argc : 0; }
 #endif
