@@ -129,8 +129,6 @@ EntrySite find_function(const std::vector<ListedModule>& modules, const std::str
     return e;
 }
 
-std::uint64_t link_entry(const probelist::Probe& p) { return p.site; }
-
 // Functions the runtime itself calls: patching one could make its own
 // handlers (or a probe on the replacement) run the replacement.
 std::set<std::string> runtime_imports() {
@@ -191,7 +189,8 @@ std::string symbol_at(pid_t pid, const std::vector<RunningModule>& running, std:
     return {};
 }
 
-std::vector<std::pair<EntrySite, Redirect>> redirected_entries(pid_t pid, const ProcessMemory& memory,
+// Every function entry of `modules` that holds a redirect, with it.
+std::vector<std::pair<EntrySite, Redirect>> redirected_entries(const ProcessMemory& memory,
                                                                const std::vector<ListedModule>& modules) {
     std::vector<std::pair<EntrySite, Redirect>> out;
     StubChecker stubs(memory);
@@ -207,7 +206,6 @@ std::vector<std::pair<EntrySite, Redirect>> redirected_entries(pid_t pid, const 
         for (std::size_t k = 0; k < sites.size(); k++)
             if (auto r = redirect_at(memory, addresses[k], text[k].data(), 5, stubs)) out.emplace_back(sites[k], *r);
     }
-    (void)pid;
     return out;
 }
 
@@ -222,29 +220,48 @@ PatchedFunction describe(pid_t pid, const std::vector<RunningModule>& running, c
     return f;
 }
 
-}  // namespace
+// Where both have DWARF, F and its replacement must agree on what they take
+// and return; records how they compared.
+void compare_signatures(PlannedPatch& p, pid_t pid, const elf::ElfFile& library, std::uint64_t replacement, bool force) {
+    const probelist::Probe& probe = *p.site.probe;
+    std::optional<std::string> mine;
+    try {
+        // The entry site is the function's first instruction: its link address is the function's.
+        mine = elf::function_signature(*elf_cache().get(pid, p.site.module->running.path), probe.site);
+    } catch (const Error&) {
+    }
+    const std::optional<std::string> theirs = elf::function_signature(library, replacement);
+    p.report.signature = mine.value_or("");
+    if (!mine || !theirs) {
+        p.report.signature_check = "unchecked";
+    } else if (*mine == *theirs) {
+        p.report.signature_check = "match";
+    } else if (force) {
+        p.report.signature_check = "forced";
+    } else {
+        throw Error("signatures differ: " + probe.demangled + " is " + *mine + " but " + p.symbol + " in " + p.library +
+                        " is " + *theirs + "; nothing was patched (--force patches anyway)",
+                    ExitCode::bad_input);
+    }
+}
 
-PatchStats patch(const PatchOptions& o) {
-    check_target(o.pid);
-    target_owner(o.pid);
-    if (o.patches.empty()) throw Error("nothing to patch: give --function F --with LIB.so[:SYMBOL]", ExitCode::usage);
-    SessionLock lock(o.pid);
-    const ProcessMemory memory(o.pid);
-    const std::vector<ListedModule> modules = listed_modules(o.pid, memory, o.probe_sources);
+// One --function/--with pair checked, while the target runs.
+struct PatchPlanner {
+    PatchPlanner(const PatchOptions& o, const std::vector<ListedModule>& m) : options(o), modules(m) {
+        // A replacement's own module is looked at last when naming F.
+        for (const FunctionPatch& fp : o.patches) replacement_modules.insert(library_path(fp.library));
+    }
+    const PatchOptions& options;
+    const std::vector<ListedModule>& modules;
     const std::set<std::string> imports = runtime_imports();
-
-    std::map<std::string, std::unique_ptr<elf::ElfFile>> libraries;
-    std::vector<PlannedPatch> plan;
     std::set<std::string> replacement_modules;
-    for (const FunctionPatch& fp : o.patches) replacement_modules.insert(library_path(fp.library));
-    for (const FunctionPatch& fp : o.patches) {
+    std::map<std::string, std::unique_ptr<elf::ElfFile>> libraries;
+
+    PlannedPatch plan(const FunctionPatch& fp) {
         PlannedPatch p;
         p.library = library_path(fp.library);
-        p.site = find_function(modules, fp.function, o.pid, replacement_modules);
+        p.site = find_function(modules, fp.function, options.pid, replacement_modules);
         const probelist::Probe& probe = *p.site.probe;
-        for (const PlannedPatch& earlier : plan)
-            if (earlier.site.address == p.site.address)
-                throw Error(probe.demangled + " is patched twice in one command", ExitCode::usage);
         if (imports.count(probe.function))
             throw Error(probe.demangled + " is called by the iprobe runtime itself (" + std::string(kRuntimeName) +
                             "): replacing it could run the replacement inside the probes' own handlers; not patched",
@@ -268,26 +285,30 @@ PatchStats patch(const PatchOptions& o) {
         p.report.entry = p.site.address;
         p.report.library = p.library;
         p.report.symbol = p.symbol;
-        std::optional<std::string> mine, theirs;
-        try {
-            mine = elf::function_signature(*elf_cache().get(o.pid, p.site.module->running.path), link_entry(probe));
-        } catch (const Error&) {
-        }
-        theirs = elf::function_signature(*lib, replacement->address);
-        p.report.signature = mine.value_or("");
-        if (!mine || !theirs) {
-            p.report.signature_check = "unchecked";
-        } else if (*mine != *theirs) {
-            if (!o.force)
-                throw Error("signatures differ: " + probe.demangled + " is " + *mine + " but " + p.symbol + " in " +
-                                p.library + " is " + *theirs + "; nothing was patched (--force patches anyway)",
-                            ExitCode::bad_input);
-            p.report.signature_check = "forced";
-        } else {
-            p.report.signature_check = "match";
-        }
+        compare_signatures(p, options.pid, *lib, replacement->address, options.force);
+        return p;
+    }
+};
+
+}  // namespace
+
+PatchStats patch(const PatchOptions& o) {
+    check_target(o.pid);
+    target_owner(o.pid);
+    if (o.patches.empty()) throw Error("nothing to patch: give --function F --with LIB.so[:SYMBOL]", ExitCode::usage);
+    SessionLock lock(o.pid);
+    const ProcessMemory memory(o.pid);
+    const std::vector<ListedModule> modules = listed_modules(o.pid, memory, o.probe_sources);
+    PatchPlanner planner(o, modules);
+    std::vector<PlannedPatch> plan;
+    for (const FunctionPatch& fp : o.patches) {
+        PlannedPatch p = planner.plan(fp);
+        for (const PlannedPatch& earlier : plan)
+            if (earlier.site.address == p.site.address)
+                throw Error(p.report.function + " is patched twice in one command", ExitCode::usage);
         plan.push_back(std::move(p));
     }
+    const auto& libraries = planner.libraries;
 
     std::set<std::string> injected;
     for (const auto& m : read_maps(o.pid))
@@ -342,7 +363,7 @@ RevertStats revert(const RevertOptions& o) {
     SessionLock lock(o.pid);
     const ProcessMemory memory(o.pid);
     const std::vector<ListedModule> modules = listed_modules(o.pid, memory, o.probe_sources);
-    const auto redirected = redirected_entries(o.pid, memory, modules);
+    const auto redirected = redirected_entries(memory, modules);
     const std::vector<RunningModule> running = running_modules(memory, read_maps(o.pid));
     std::vector<std::pair<EntrySite, Redirect>> chosen;
     if (o.functions.empty()) {
@@ -397,7 +418,7 @@ std::vector<PatchedFunction> patched_functions(pid_t pid) {
     const std::vector<ListedModule> modules = listed_modules(pid, memory, {});
     const std::vector<RunningModule> running = running_modules(memory, read_maps(pid));
     std::vector<PatchedFunction> out;
-    for (const auto& [site, redirect] : redirected_entries(pid, memory, modules))
+    for (const auto& [site, redirect] : redirected_entries(memory, modules))
         out.push_back(describe(pid, running, site, redirect));
     return out;
 }
