@@ -46,7 +46,7 @@ ArgSpec patch_spec() {
                    {
                        {"--function", "F", "the function to replace (repeatable, each with its --with)"},
                        {"--with", "LIB.so[:SYMBOL]", "its replacement: a shared object and the function in it"},
-                       {"--probes", "LIST,…", "modules (binaries, libraries, probe lists) where F is looked for\n"
+                       {"--probes", "LIST,...", "modules (binaries, libraries, probe lists) where F is looked for\n"
                                               "(default: every module of the process with a probe list)"},
                        {"--force", "", "patch even when the signatures differ"},
                        {"--revert", "", "put the entries back (the functions named after it, or all)"},
