@@ -27,6 +27,7 @@ constexpr Subcommand kSubcommands[] = {
     {"attach", "iprobe-hotpatch", "enable probes in a running process"},
     {"detach", "iprobe-hotpatch", "disable probes, restoring the NOPs"},
     {"status", "iprobe-hotpatch", "show what is enabled in a process"},
+    {"patch", "iprobe-hotpatch", "replace a function of a running process by one from a shared object"},
     {"trace", "iprobe-hotpatch", "stream a process's probe events live"},
     {"report", "iprobe-hotpatch", "per-function calls and latency of a traced process"},
     {"run", "iprobe-hotpatch", "start a program with probes on before its own code runs"},

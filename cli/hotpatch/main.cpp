@@ -31,6 +31,7 @@
 #include "iprobe/support/args.h"
 #include "iprobe/support/error.h"
 #include "iprobe/support/glob.h"
+#include "patch_cmd.h"
 #include "iprobe/support/json.h"
 #include "iprobe/hotpatch/trace_file.h"
 #include "iprobe/support/number.h"
@@ -48,7 +49,7 @@ constexpr const char* kSynopsis =
     "usage: iprobe attach PID [--probes LIST[,LIST…]] [--module NAME[,NAME…]] [--functions GLOB,…] [--files GLOB,…]\n"
     "                     [--entry-only|--exit-only] [--handler trace|count] [--buffer SIZE] [--json]\n"
     "       iprobe detach PID [--functions GLOB,…] [--entry-only|--exit-only] [--json]\n"
-    "       iprobe status PID [--json]\n"
+    "       iprobe status PID [--json]   (also lists functions replaced by 'iprobe patch')\n"
     "       iprobe trace  PID [--duration S] [--format text|json|chrome | --output FILE]\n"
     "       iprobe trace  --input FILE [--format text|json|chrome]\n"
     "       iprobe report PID[,PID…] [--json] [--since-last|--reset] [--duration S] [--at-exit]\n"
@@ -304,6 +305,7 @@ int cmd_detach(const Args& args) {
 
 int cmd_status(const Args& args) {
     const Status st = status(args.pid);
+    const std::vector<PatchedFunction> patches = patched_functions(args.pid);
     if (args.flag("--json")) {
         JsonWriter j;
         j.begin_object().field("pid", static_cast<std::int64_t>(st.pid)).field("runtime_loaded", st.runtime_loaded);
@@ -332,13 +334,15 @@ int cmd_status(const Args& args) {
             .field("no_slot_events", st.no_slot_events)
             .field("unknown_site_events", st.unknown_site_events)
             .field("unhooked_returns", st.unhooked_returns)
-            .field("sites_unread", st.sites_unread)
-            .end_object();
+            .field("sites_unread", st.sites_unread);
+        write_patches_json(j, patches);
+        j.end_object();
         std::cout << j.str() << "\n";
         return 0;
     }
     std::cout << "process " << st.pid << ": runtime " << (st.runtime_loaded ? "loaded (" + st.runtime_path + ")" : "not loaded")
               << "\n";
+    print_patches(std::cout, patches);
     if (!st.region) {
         std::cout << (st.runtime_loaded ? "no iprobe region: the runtime is loaded but inert (an attach was interrupted "
                                           "before it made one; the next attach uses it)\n"
@@ -842,6 +846,7 @@ int main(int argc, char** argv) {
     return run_reporting_errors(std::string("iprobe ") + argv[1], [&] {
         const std::string command = argv[1];
         g_command = command;
+        if (command == "patch") return run_patch(argc, argv);
         if (command != "attach" && command != "detach" && command != "status" && command != "trace" &&
             command != "report" && command != "run")
             usage_error("unknown command '" + command + "'");

@@ -17,7 +17,7 @@ const ArgSpec kSpec(
     "                    [--probes LIST [--functions GLOB]] [--buffer SIZE] [--divergence MODE]\n"
     "                    [--recloning off|on-overflow|on-divergence|periodic:SECONDS]\n"
     "                    [--adapt] [--clones N] [--record DIR [--max-size SIZE]] [--no-trace]\n"
-    "                    [--name NAME] [--json]",
+    "                    [--patch F=LIB.so[:SYMBOL]…] [--name NAME] [--json]",
     "Debugs a running service on a live copy of it, with production's traffic:\n"
     "  1. clones PID with CRIU (`iprobe clone`) into its own network and PID\n"
     "     namespaces, connected to this host by a veth pair (10.213.x.y/30);\n"
@@ -36,6 +36,11 @@ const ArgSpec kSpec(
     "production is left as it was.  When a generation of clones ends (a\n"
     "re-clone, or the end) its per-function report is printed (\"report\"):\n"
     "the clones' counts merged, and when each function was probed.\n"
+    "With --patch F=LIB.so[:SYMBOL] (active debugging) the clones, never\n"
+    "production, run F replaced by SYMBOL of LIB.so (`iprobe patch`), and every\n"
+    "reply the patch changed is said (\"changed\": the request, production's\n"
+    "reply, the patched clone's), with the total at the end (\"patch-effect\";\n"
+    "docs/active-debugging.md).\n"
     "The debug window (how long a clone keeps up with production's traffic)\n"
     "and the three ways to stretch it: docs/debug-window.md.",
     {
@@ -74,6 +79,9 @@ const ArgSpec kSpec(
         {"--max-size", "SIZE", "--record: bound on DIR (default 1G; K/M/G): the oldest\n"
                                "generations go first; a generation alone larger stops recording"},
         {"--no-trace", "", "no event stream: the aggregates only (reports, iprobe report)"},
+        {"--patch", "F=LIB.so[:SYMBOL]", "replace function F by SYMBOL (default F) of LIB.so in the\n"
+                                         "clones only and list the replies it changes (repeatable;\n"
+                                         "needs --divergence resp|http|stream for an unknown protocol)"},
         {"--name", "NAME", "clone/namespace name (default iprobe-debug-PID)"},
         {"--json", "", "JSON lines on stdout: the session's events, the\n"
                        "clone's trace as {\"event\":\"trace\",...}, the\n"
@@ -109,6 +117,7 @@ int debug_main(const std::vector<std::string>& args) {
     o.container = a.value("--container");
     o.name = a.value("--name");
     o.json = a.has("--json");
+    o.patches = a.values("--patch");
     if (a.has("--divergence")) {
         o.divergence = a.value("--divergence");
         if (o.divergence != "auto" && o.divergence != "stream" && o.divergence != "resp" && o.divergence != "http" &&
@@ -132,6 +141,10 @@ int debug_main(const std::vector<std::string>& args) {
         kSpec.fail("PID (or --container), --listen (or --capture) and --production are required");
     if (o.capture && !o.listen.empty())
         kSpec.fail("--capture puts nothing in production's path: drop --listen (clients keep using --production)");
+    if (!o.patches.empty() && o.recloning == DebugOptions::Recloning::on_divergence)
+        kSpec.fail("--patch changes replies on purpose: --recloning on-divergence would re-clone at each; use another --recloning");
+    if (!o.patches.empty() && o.divergence == "off")
+        kSpec.fail("--patch lists the replies the patch changed: it needs --divergence resp, http or stream, not off");
     if (o.divergence == "off" && o.recloning == DebugOptions::Recloning::on_divergence)
         kSpec.fail("--recloning on-divergence needs divergence checking; drop --divergence off");
     return run_debug(o);

@@ -14,7 +14,8 @@ namespace {
 const ArgSpec kSpec(
     "iprobe investigate",
     "usage: iprobe investigate DIR [--generation N] [--probes LIST] [--functions GLOB,...]\n"
-    "                          [--speed X] [--compare MODE] [--trace] [--name NAME] [--json]",
+    "                          [--speed X] [--compare MODE] [--trace] [--patch F=LIB.so[:SYMBOL]…]\n"
+    "                          [--name NAME] [--json]",
     "Retro-logging: looks back at what a service did, with probes nobody thought\n"
     "of at the time.  DIR was written by `iprobe debug --record DIR`: for each\n"
     "generation of clones, production's checkpoint and the client input from\n"
@@ -23,7 +24,11 @@ const ArgSpec kSpec(
     "replays the recorded input into it and prints the per-function report: the\n"
     "calls that input caused.  The clone's replies are compared with\n"
     "production's replies as recorded: how faithful the replay was.  The clone\n"
-    "is removed at the end; production and DIR are not touched.",
+    "is removed at the end; production and DIR are not touched.\n"
+    "With --patch F=LIB.so[:SYMBOL] the clone runs F replaced by SYMBOL of LIB.so\n"
+    "(`iprobe patch`) during the replay, and every reply the patch changed is\n"
+    "listed (\"changed\", then \"patch-effect\"): the same changes a live\n"
+    "`iprobe debug --patch` session would have shown on that input.",
     {
         {"--generation", "N", "which generation (default: the newest)"},
         {"--probes", "LIST", "probe list(s) to attach (default: the service's executable)"},
@@ -32,10 +37,12 @@ const ArgSpec kSpec(
         {"--compare", "MODE", "reply comparison: auto (default: as the session compared), resp,\n"
                               "http, stream or off"},
         {"--trace", "", "also stream the clone's events (trace) on stdout"},
+        {"--patch", "F=LIB.so[:SYMBOL]", "replace function F by SYMBOL (default F) of LIB.so in the clone\n"
+                                         "and list the replies it changes (repeatable)"},
         {"--name", "NAME", "the clone's name (default iprobe-investigate-PID)"},
         {"--json", "", "JSON lines on stdout: clone, attached, trace, replay, report"},
     },
-    "exit codes: 0 ok (replies as production's), 1 failed or the replies differed,\n"
+    "exit codes: 0 ok (replies as production's, or any with --patch), 1 failed or the replies differed,\n"
     "2 usage, 3 bad input, 4 permission, 5 not found, 7 unavailable");
 
 }  // namespace
@@ -60,6 +67,7 @@ int investigate_main(const std::vector<std::string>& args) {
     if (o.trace && o.probes.empty() && o.functions.empty()) kSpec.fail("--trace streams probe events: give --functions or --probes");
     o.name = a.value("--name");
     o.json = a.has("--json");
+    o.patches = a.values("--patch");
     return run_investigate(o);
 }
 

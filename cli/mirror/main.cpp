@@ -84,6 +84,8 @@ const ArgSpec kMirrorSpec(
                                        "differ only as another interleaving of concurrent connections would\n"
                                        "make them (INCR of a key shared by clients) are counted reordered,\n"
                                        "apart from divergence (proxy/README.md)."},
+        {"--every-difference", "", "with --divergence: report every reply that differs (up to 100), not only\n"
+                                   "each connection's first (what `iprobe debug --patch` shows)"},
         {"--record", "FILE", "save every client->server stream and production's replies with\n"
                              "timestamps (zstd) for `iprobe replay`"},
         {"--stats", "ADDR:PORT", "serve the counters as JSON (HTTP GET or any line); SIGUSR1 prints them to stderr"},
@@ -129,6 +131,8 @@ const ArgSpec kReplaySpec(
         {"--compare", "MODE", "compare the replies with the recorded ones: resp, http, stream or off\n"
                               "(default); exit 1 when any differ"},
         {"--divergence-rules", "FILE", "leave more noise out of the comparison (as `iprobe mirror`)"},
+        {"--every-difference", "", "with --compare: report every reply that differs (up to 100), not only\n"
+                                   "each connection's first"},
         {"--json", "", "the result as JSON on stdout"},
     });
 
@@ -222,6 +226,7 @@ int mirror_main(int argc, char** argv) {
             kMirrorSpec.fail("--capture needs --debug ADDR:PORT (the copy that gets the captured traffic) or --record FILE");
     }
     if (!rules_path.empty()) opt.rules = DivergenceRules::load(rules_path);
+    opt.rules.every_difference = a.has("--every-difference");
 
     run_mirror(opt, [&](const MirrorReady& r) {
         if (opt.json) {
@@ -258,6 +263,7 @@ int replay_main(int argc, char** argv) {
     if (a.has("--drain-timeout")) opt.drain_timeout_s = parse_number(a.value("--drain-timeout"), "--drain-timeout");
     if (a.has("--compare")) opt.compare = parse_protocol(a.value("--compare"));
     if (a.has("--divergence-rules")) opt.rules = DivergenceRules::load(a.value("--divergence-rules"));
+    opt.rules.every_difference = a.has("--every-difference");
     const ReplayResult r = run_replay(opt);
     if (json) {
         std::printf("%s\n", to_json(r).c_str());

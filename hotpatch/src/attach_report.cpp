@@ -17,6 +17,11 @@ std::string attach_summary(const AttachStats& st, std::optional<pid_t> pid) {
     if (st.refused)
         out += "\n" + std::to_string(st.refused) + " matching function(s) cannot be probed (" + st.refused_example +
                (st.refused > 1 ? ", ..." : "") + "): see 'iprobe list FILE --refused'";
+    if (!st.patched_skipped.empty()) {
+        out += "; skipped " + std::to_string(st.patched_skipped.size()) +
+               " functions replaced by 'iprobe patch' (probe their replacement instead):";
+        for (const auto& f : st.patched_skipped) out += " " + f;
+    }
     return out;
 }
 
@@ -33,7 +38,10 @@ std::string attach_json(const AttachStats& st, pid_t pid) {
         .field("stop_us", st.stop_us)
         .field("runtime_injected", st.runtime_injected)
         .field("refused", static_cast<std::uint64_t>(st.refused))
-        .end_object();
+        .key("patched_skipped")
+        .begin_array();
+    for (const auto& f : st.patched_skipped) j.value(f);
+    j.end_array().end_object();
     return j.str();
 }
 
@@ -50,6 +58,7 @@ AttachStats parse_attach_json(std::string_view text) {
         doc.at("stop_us").get_to(st.stop_us);
         doc.at("runtime_injected").get_to(st.runtime_injected);
         if (doc.contains("refused")) doc.at("refused").get_to(st.refused);
+        if (doc.contains("patched_skipped")) doc.at("patched_skipped").get_to(st.patched_skipped);
         return st;
     } catch (const nlohmann::json::exception& e) {
         throw Error(std::string("not an attach report: ") + e.what(), ExitCode::bad_input);

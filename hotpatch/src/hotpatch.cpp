@@ -16,6 +16,8 @@
 #include "live_sites.h"
 #include "modules.h"
 #include "patch.h"
+#include "redirects.h"
+#include "iprobe/hotpatch/live_patch.h"
 #include "process.h"
 #include "region.h"
 #include "relocated_entries.h"
@@ -61,6 +63,17 @@ AttachStats attach(const AttachOptions& options) {
         auto modules = running_modules(process.memory(), maps);
         std::vector<const RunningModule*> targets;
         for (auto& s : lists) targets.push_back(&match_module(s, modules, options.pid));
+        // A function replaced by `iprobe patch` keeps its patch: its probes
+        // are skipped (the replacement has probes of its own).
+        for (std::size_t li = 0; li < lists.size(); li++)
+            for (auto& f : drop_redirected(process.memory(), lists[li].list, *targets[li], lists[li].selected))
+                stats.patched_skipped.push_back(f);
+        if (!stats.patched_skipped.empty() &&
+            std::all_of(lists.begin(), lists.end(), [](const SelectedList& s) { return s.selected.empty(); }))
+            throw Error(stats.patched_skipped.front() + (stats.patched_skipped.size() > 1 ? " and the others selected are" : " is") +
+                            " replaced by 'iprobe patch' (its entry jumps to the replacement): probe the replacement "
+                            "(iprobe attach PID --probes LIB.so --functions SYMBOL), or revert it first",
+                        ExitCode::busy);
         for (std::size_t li = 0; li < lists.size(); li++) check_selected_sites(process.memory(), lists[li], *targets[li]);
         const LoadedLibrary libc = libc_of(options.pid, modules);
         use_landings(process, libc, find_loaded(options.pid, modules, runtime_path));
@@ -486,6 +499,11 @@ Status status(pid_t pid) {
                 ms.foreign += state == SiteState::other;
             }
         }
+        // Entries replaced by `iprobe patch` are ours, not foreign code: one
+        // site serving two probes (the function's entry and its exit).
+        for (const PatchedFunction& f : patched_functions(pid))
+            for (ModuleStatus& ms : st.modules)
+                if (ms.path == f.module) ms.foreign -= std::min<std::uint32_t>(ms.foreign, 2);
     } catch (const Error& e) {
         st.sites_unread = e.what();
     }

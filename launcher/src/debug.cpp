@@ -1,6 +1,7 @@
 #include "iprobe/launcher/debug.h"
 
 #include "debug_session.h"
+#include "clone_patches.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -121,7 +122,12 @@ DebugSession::DebugSession(DebugOptions o) : o_(std::move(o)), events_(o_.json, 
         throw Error("--production wants an IPv4 ADDR:PORT, got '" + o_.production + "'", ExitCode::usage);
     if (!o_.capture) port_of(o_.listen, "--listen");
     mirror_tool_ = libexec_tool("iprobe-mirror");
-    if (probing()) hotpatch_tool_ = libexec_tool("iprobe-hotpatch");
+    if (probing() || !o_.patches.empty()) hotpatch_tool_ = libexec_tool("iprobe-hotpatch");
+    patch_args_ = patch_arguments(o_.patches);
+    if (!o_.patches.empty() && divergence_mode() == "off")
+        throw Error("--patch shows the replies the patch changed, so the mirror must compare them: give --divergence "
+                    "resp or http (or stream)",
+                    ExitCode::usage);
     clones_.resize(static_cast<std::size_t>(o_.clones));
     const std::vector<int> subnets = o_.container.empty() ? pick_subnets(o_.clones) : std::vector<int>{0};
     for (int i = 0; i < o_.clones; ++i) {
@@ -403,6 +409,9 @@ int DebugSession::run() {
             adapt_tick();
         }
         trim_recording();
+        if (!o_.patches.empty())
+            if (const auto stats = mirror_stats(stats_at_))
+                changes_said_ = say_changes(events_, stats->divergence, changes_said_, "patched clone");
         bool reclone = false;
         std::string why;
         if (o_.recloning == DebugOptions::Recloning::periodic && now_ms() - last_clone >= o_.period_s * 1000.0) {
@@ -448,6 +457,11 @@ int DebugSession::run() {
     }
     // Relayed whole (with the open connections), as the mirror serves it.
     const auto final_stats = proxy::fetch_mirror_stats(stats_at_, std::chrono::seconds(2));
+    if (!o_.patches.empty() && final_stats) {
+        const proxy::MirrorStats parsed = proxy::parse_mirror_stats(*final_stats);
+        changes_said_ = say_changes(events_, parsed.divergence, changes_said_, "patched clone");
+        say_patch_effect(events_, parsed.divergence);
+    }
     const std::string why = stop_signal ? std::string(" (") + sigabbrev_np(stop_signal) + ")" : std::string();
     std::string latency;
     if (pinger_) {

@@ -17,6 +17,7 @@
 #include <nlohmann/json.hpp>
 
 #include "iprobe/launcher/adapt_controller.h"
+#include "clone_patches.h"
 #include "clone_probes.h"
 #include "iprobe/launcher/clone.h"
 #include "iprobe/launcher/container.h"
@@ -141,6 +142,9 @@ void DebugSession::make_container_clone() {
     say_client_seen(client_seen_us);
     // The probe tools run here, on its host PID (attach puts the runtime
     // inside the container's file system for its dlopen).
+    if (!patch_args_.empty())
+        patch_clone(events_, hotpatch_tool_, {}, container_clone_.clone_pid, container_clone_.clone_pid, "clone " + name_,
+                    patch_args_);
     if (probing()) attach_probes(c, container_clone_.clone_pid, {});
 }
 
@@ -208,9 +212,12 @@ void DebugSession::make_generation() {
                       .field("generation", generation_);
                   if (client_seen_us >= 0) w.field("client_seen_us", static_cast<std::int64_t>(client_seen_us));
               });
-        if (probing())
-            attach_probes(c, c.clone.clone_pid_in_ns,
-                          {"nsenter", "--target", std::to_string(c.clone.keeper_pid), "--pid", "--mount", "--"});
+        const std::vector<std::string> in_clone = {"nsenter", "--target", std::to_string(c.clone.keeper_pid), "--pid",
+                                                   "--mount", "--"};
+        if (!patch_args_.empty())
+            patch_clone(events_, hotpatch_tool_, in_clone, c.clone.clone_pid_in_ns, c.clone.clone_pid, clone_label(c),
+                        patch_args_);
+        if (probing()) attach_probes(c, c.clone.clone_pid_in_ns, in_clone);
     }
     if (hold_pending_) release_held_connections();
     if (ring_) {

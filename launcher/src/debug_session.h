@@ -141,6 +141,8 @@ private:
     DebugOptions o_;
     SessionEvents events_;
     std::string name_, mirror_tool_, hotpatch_tool_;
+    std::vector<std::string> patch_args_;  // `iprobe patch` arguments for --patch (clones only)
+    std::size_t changes_said_ = 0;         // the mirror's reports already said as "changed" events
     std::string service_ip_;  // production's listening address, as the clone has it too
     int port_ = 0, stats_port_ = 0;
     proxy::Endpoint stats_at_;  // the mirror's, as it reported when ready

@@ -31,6 +31,7 @@ MirrorCommand mirror_command(const DebugOptions& o, const std::string& tool,
     m.argv.insert(m.argv.end(), {"--stats", "127.0.0.1:0", "--ready-fd", "3"});
     if (!o.buffer.empty()) m.argv.insert(m.argv.end(), {"--buffer", o.buffer});
     if (divergence != "off") m.argv.insert(m.argv.end(), {"--divergence", divergence});
+    if (!o.patches.empty()) m.argv.push_back("--every-difference");  // each reply the patch changed
     return m;
 }
 

@@ -17,6 +17,7 @@
 #include "clone_probes.h"
 #include "iprobe/launcher/clone.h"
 #include "iprobe/proxy/replay.h"
+#include "clone_patches.h"
 #include "iprobe/support/error.h"
 #include "iprobe/support/fd.h"
 #include "iprobe/support/file.h"
@@ -205,7 +206,8 @@ int run_investigate(const InvestigateOptions& o) {
     if (!fs::exists(input_path(g))) throw Error(g.dir + " has no recorded input (input.rec)", ExitCode::not_found);
     const bool probing = !o.probes.empty() || !o.functions.empty();
     std::string hotpatch_tool;
-    if (probing) {
+    const std::vector<std::string> patch_args = patch_arguments(o.patches);
+    if (probing || !patch_args.empty()) {
         const auto tool = InstallLayout::current().helper("iprobe-hotpatch");
         if (!tool)
             throw Error("iprobe investigate needs iprobe-hotpatch in " + InstallLayout::current().libexec().string(),
@@ -217,6 +219,11 @@ int run_investigate(const InvestigateOptions& o) {
     replay.to = proxy::parse_endpoint(g.service, "the recorded service address");
     replay.speed = o.speed;
     replay.compare = proxy::parse_protocol(o.compare == "auto" ? g.protocol : o.compare);
+    replay.rules.every_difference = !patch_args.empty();
+    if (!patch_args.empty() && replay.compare == proxy::Protocol::off)
+        throw Error("--patch lists the replies the patch changed, so they must be compared: give --compare resp, http or "
+                    "stream (this generation was recorded without a protocol)",
+                    ExitCode::usage);
 
     // The clone ends with this process, whatever ends it.
     int lifeline[2];
@@ -252,6 +259,9 @@ int run_investigate(const InvestigateOptions& o) {
 
     CloneProbes probes(hotpatch_tool, {"nsenter", "--target", std::to_string(clone.keeper_pid), "--pid", "--mount", "--"},
                        cp.pid, clone.clone_pid, split_list(o.probes));
+    if (!patch_args.empty())
+        patch_clone(say, hotpatch_tool, {"nsenter", "--target", std::to_string(clone.keeper_pid), "--pid", "--mount", "--"},
+                    cp.pid, clone.clone_pid, "clone " + name, patch_args);
     pid_t trace = -1;
     UniqueFd trace_out;
     if (probing) {
@@ -287,8 +297,11 @@ int run_investigate(const InvestigateOptions& o) {
         else std::printf("%s", report_table(report).c_str());
         std::fflush(stdout);
     }
+    // The replay's summary above lists the changed replies for people.
+    if (!patch_args.empty()) say_patch_effect(say, result.comparison);
     if (result.connect_failures || result.send_failures) return static_cast<int>(ExitCode::failure);
-    return result.comparison.mismatches ? static_cast<int>(ExitCode::failure) : 0;
+    // With --patch, replies that differ are the patch's effect, not a failure.
+    return result.comparison.mismatches && patch_args.empty() ? static_cast<int>(ExitCode::failure) : 0;
 }
 
 }  // namespace iprobe::launcher

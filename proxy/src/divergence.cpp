@@ -120,7 +120,13 @@ void DebugLeg::report(std::uint64_t index, const std::string& request, const std
 void Proxy::diverged(std::uint32_t connection, std::uint32_t target, std::uint64_t index, const std::string& request,
                      const std::string& prod, const std::string& dbg) {
     ++stats.mismatches;
-    if (!stats.diverged_legs.insert({connection, target}).second) return;
+    if (!stats.diverged_legs.insert({connection, target}).second) {
+        // Past a connection's first difference only where every one is asked
+        // for (what `iprobe debug --patch` shows).
+        if (opt.rules.every_difference && stats.reports.size() < kMaxReports)
+            stats.reports.push_back({connection, index, request, prod, dbg, ms_since(stats.started), target});
+        return;
+    }
     ++stats.diverged_connections;
     ++stats.targets[target].diverged_connections;
     const char* unit = opt.divergence == Protocol::stream ? "byte offset" : "reply";

@@ -78,7 +78,11 @@ public:
     }
     void report(std::uint64_t index, const std::string& request, const std::string& ref, const std::string& copy) {
         ++out_.mismatches;
-        if (reported_) return;
+        if (reported_) {
+            if (opt_.rules.every_difference && out_.reports.size() < kMaxReports)
+                out_.reports.push_back({connection_, index, stream_ != nullptr, request, ref, copy, 0, 0});
+            return;
+        }
         reported_ = true;
         ++out_.diverged_connections;
         if (out_.reports.size() < kMaxReports)

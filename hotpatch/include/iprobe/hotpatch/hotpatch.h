@@ -95,6 +95,9 @@ struct AttachStats {
     std::size_t refused = 0;
     std::string refused_example;
     std::vector<std::string> modules;  // module paths touched
+    // Selected functions left alone because `iprobe patch` replaced them
+    // (their entry jumps to the replacement; see live_patch.h).
+    std::vector<std::string> patched_skipped;
 };
 
 AttachStats attach(const AttachOptions& options);

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace iprobe::launcher {
 
@@ -38,6 +39,9 @@ struct DebugOptions {
     // on, kept in this directory for `iprobe investigate` (retro.h).
     std::string record_dir;
     std::uint64_t record_max_bytes = std::uint64_t(1) << 30;
+    // Active debugging: F=LIB.so[:SYMBOL], applied with `iprobe patch` in
+    // the clones only; the mirror then lists every reply the patch changed.
+    std::vector<std::string> patches;
 };
 
 // Runs until SIGINT/SIGTERM (or the mirror exits), then removes the clone,

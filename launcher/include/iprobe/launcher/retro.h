@@ -67,6 +67,9 @@ struct InvestigateOptions {
     bool trace = false;        // stream the clone's events
     bool json = false;
     std::string name;          // the clone's; default iprobe-investigate-PID
+    // F=LIB.so[:SYMBOL]: applied in the clone before the replay (`iprobe
+    // patch`); every reply it changed is then listed.
+    std::vector<std::string> patches;
 };
 
 // Restores, probes, replays, reports, removes the clone.  Returns the exit

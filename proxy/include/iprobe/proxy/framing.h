@@ -29,6 +29,9 @@ struct DivergenceRules {
     std::vector<std::string> ignore_commands;  // upper case
     std::vector<std::string> ignore_headers;   // lower case
     std::vector<std::string> ignore_body_paths;
+    // Report every reply that differs (up to the report limit), not only the
+    // first of each connection: what a patched clone changed (`iprobe debug --patch`).
+    bool every_difference = false;
 
     static DivergenceRules parse(std::string_view text, std::string_view origin);  // throws Error(bad_input)
     static DivergenceRules load(const std::string& path);

@@ -1,0 +1,121 @@
+#include "clone_patches.h"
+
+#include <sys/stat.h>
+
+#include <filesystem>
+
+#include <nlohmann/json.hpp>
+
+#include "iprobe/support/error.h"
+#include "process.h"
+
+namespace fs = std::filesystem;
+
+namespace iprobe::launcher {
+
+namespace {
+
+std::string trimmed(std::string s) {
+    while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+    return s;
+}
+
+// A reply as one readable line: CR LF shown, long ones cut.
+std::string one_line(const std::string& s, std::size_t max = 120) {
+    std::string out;
+    for (char c : s.substr(0, max)) {
+        if (c == '\r') out += "\\r";
+        else if (c == '\n') out += "\\n";
+        else if (static_cast<unsigned char>(c) < 0x20) out += '.';
+        else out += c;
+    }
+    return s.size() > max ? out + "..." : out;
+}
+
+}  // namespace
+
+std::vector<std::string> patch_arguments(const std::vector<std::string>& specs) {
+    std::vector<std::string> out;
+    for (const std::string& spec : specs) {
+        const auto eq = spec.find('=');
+        if (eq == std::string::npos || eq == 0 || eq + 1 == spec.size())
+            throw Error("--patch wants F=LIB.so[:SYMBOL], not '" + spec + "'", ExitCode::usage);
+        std::string with = spec.substr(eq + 1);
+        const auto slash = with.rfind('/');
+        const auto colon = with.find(':', slash == std::string::npos ? 0 : slash);
+        const std::string library = with.substr(0, colon);
+        std::error_code ec;
+        const fs::path absolute = fs::absolute(library, ec);
+        struct stat st {};
+        if (ec || ::stat(absolute.c_str(), &st) != 0 || !S_ISREG(st.st_mode))
+            throw Error("--patch " + spec + ": replacement library " + library + " not found", ExitCode::not_found);
+        with = absolute.string() + (colon == std::string::npos ? std::string() : with.substr(colon));
+        out.insert(out.end(), {"--function", spec.substr(0, eq), "--with", with});
+    }
+    return out;
+}
+
+void patch_clone(const SessionEvents& say, const std::string& hotpatch_tool, const std::vector<std::string>& in_clone,
+                 pid_t pid_in_clone, pid_t host_pid, const std::string& label, const std::vector<std::string>& arguments) {
+    std::vector<std::string> argv = in_clone;
+    argv.insert(argv.end(), {hotpatch_tool, "patch", std::to_string(pid_in_clone), "--json"});
+    argv.insert(argv.end(), arguments.begin(), arguments.end());
+    const RunResult r = run(argv);
+    if (!r.ok())
+        throw Error("iprobe patch in " + label + " (PID " + std::to_string(host_pid) + ") failed: " + trimmed(r.err),
+                    ExitCode::failure);
+    nlohmann::json doc;
+    try {
+        doc = nlohmann::json::parse(r.out);
+    } catch (const nlohmann::json::exception& e) {
+        throw Error("iprobe patch in " + label + " printed no report: " + e.what());
+    }
+    std::string human;
+    for (const auto& f : doc.value("patched", nlohmann::json::array()))
+        human += (human.empty() ? "" : ", ") + f.value("function", "") + " -> " + f.value("library", "") + ":" +
+                 f.value("symbol", "") + " (signature " + f.value("signature_check", "") + ")";
+    say("patched",
+        "patched in " + label + " (PID " + std::to_string(host_pid) + ") only: " + human + "; " +
+            std::to_string(doc.value("threads", 0)) + " threads stopped for " + std::to_string(doc.value("pause_us", 0)) +
+            " us",
+        [&](JsonWriter& w) {
+            w.field("clone_pid", static_cast<std::int64_t>(host_pid));
+            w.key("patch").raw(trimmed(r.out));
+        });
+}
+
+std::size_t say_changes(const SessionEvents& say, const proxy::DivergenceStats& d, std::size_t from, const char* copy) {
+    for (std::size_t i = from; i < d.reports.size(); i++) {
+        const auto& r = d.reports[i];
+        say("changed",
+            "changed reply " + std::to_string(r.index) + " of connection " + std::to_string(r.connection) + " to '" +
+                one_line(r.request) + "': production " + one_line(r.production) + ", " + copy + " " + one_line(r.debug),
+            [&](JsonWriter& w) {
+                w.field("connection", r.connection).field("reply_index", r.index).field("request", r.request);
+                w.field("production", r.production).field("patched", r.debug);
+            });
+    }
+    return d.reports.size();
+}
+
+void say_patch_effect(const SessionEvents& say, const proxy::DivergenceStats& d) {
+    std::string human = "the patch changed " + std::to_string(d.mismatches) + " of " + std::to_string(d.compared) +
+                        " replies compared (" + std::to_string(d.diverged_connections) + " connections; " +
+                        std::to_string(d.ignored) + " not compared by rule, " + std::to_string(d.unchecked_connections) +
+                        " connections not comparable)";
+    if (d.mismatches > d.reports.size())
+        human += "; the first " + std::to_string(d.reports.size()) + " are listed (\"changed\")";
+    say("patch-effect", human, [&](JsonWriter& w) {
+        w.field("compared", d.compared).field("changed", d.mismatches).field("changed_connections", d.diverged_connections);
+        w.field("ignored", d.ignored).field("unchecked_connections", d.unchecked_connections);
+        w.field("listed", static_cast<std::uint64_t>(d.reports.size()));
+        w.key("changes").begin_array();
+        for (const auto& r : d.reports) {
+            w.begin_object().field("connection", r.connection).field("reply_index", r.index).field("request", r.request);
+            w.field("production", r.production).field("patched", r.debug).end_object();
+        }
+        w.end_array();
+    });
+}
+
+}  // namespace iprobe::launcher
