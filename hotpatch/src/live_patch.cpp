@@ -38,7 +38,7 @@ std::vector<ListedModule> listed_modules(pid_t pid, const ProcessMemory& memory,
     std::vector<ListedModule> out;
     if (!sources.empty()) {
         for (const std::string& source : sources) {
-            SelectedList s{source, probelist::load_probes(source), {}};
+            SelectedList s{source, probelist::load_probes(source), {}, {}};
             out.push_back({match_module(s, running, pid), std::move(s.list)});
         }
         return out;
