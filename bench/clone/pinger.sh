@@ -154,7 +154,7 @@ for mb in "${sizes[@]}"; do
         local)
           hand_client=$(client_ms_around by_hand_local)
           read -r hand_frozen hand_unavail < <(dump_stats "$work/images/stats-dump")
-          tool_client=$(client_ms_around "$iprobe" clone "$redis_pid" --netns "$clone" --no-default-snapshots --json)
+          tool_client=$(client_ms_around "$iprobe" clone "$redis_pid" --netns "$clone" --no-default-snapshots --json)  # no --ping: the bench's pinger measures
           out=$(cat "$work/op.out") ;;
         remote)
           hand_client=$(client_ms_around by_hand_remote)

@@ -55,6 +55,10 @@ const ArgSpec kSpec(
         {"--list", "", "every clone on this host, of every kind: local, --container,\n"
                        "--to (made here, running elsewhere), and those an\n"
                        "iprobe clone-agent here holds for other hosts"},
+        {"--ping", "", "also measure the freeze as a client of production feels it\n"
+                       "(RESP services): a PING every 1 ms on a connection of its\n"
+                       "own while the checkpoint is taken (client_seen_us);\n"
+                       "production serves those PINGs too"},
         {"--json", "", "machine-readable output"},
     },
     "Needs root and CRIU >= 4.2 (scripts/setup installs it; IPROBE_CRIU overrides).\n"
@@ -204,6 +208,7 @@ int clone_main(const std::vector<std::string>& args) {
         for (auto& p : split_list(paths)) o.fs_snapshot.push_back(p);
     o.default_snapshots = !a.has("--no-default-snapshots");
     o.keep_images = a.value("--keep-images");
+    o.client_view = a.has("--ping");
     if (a.positionals().size() > 1) kSpec.fail("unexpected argument '" + a.positionals()[1] + "'");
     if (!a.positionals().empty()) o.pid = parse_pid(a.positionals().front());
     if (!destroy.empty()) {
@@ -224,7 +229,7 @@ int clone_main(const std::vector<std::string>& args) {
     if (!container.empty()) {
         if (!to.empty()) throw Error("--to clones a process, not a container (--container)", ExitCode::usage);
         if (o.pid >= 0) kSpec.fail("give a PID or --container, not both");
-        ContainerCloneOptions c{container, o.name, {}};
+        ContainerCloneOptions c{container, o.name, {}, o.client_view};
         if (!json) c.progress = [](const std::string& line) { std::fprintf(stderr, "iprobe clone: %s\n", line.c_str()); };
         print_container_result(clone_container(c), json);
         return 0;

@@ -34,6 +34,10 @@ struct CloneOptions {
     // every write end is closed (the caller exited or was killed), the clone
     // ends itself.  -1: the clone lives until `iprobe clone --destroy`.
     int lifeline_fd = -1;
+    // Measure the freeze as a client of production (RESP services): a PING
+    // every 1 ms on a connection of its own while the checkpoint is taken.
+    // Off by default: production serves those requests too.
+    bool client_view = false;
 };
 
 // Timings are milliseconds.
