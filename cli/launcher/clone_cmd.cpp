@@ -19,10 +19,10 @@ namespace {
 const ArgSpec kSpec(
     "iprobe clone",
     "usage: iprobe clone PID [--netns NAME] [--fs-snapshot PATHS] [--no-default-snapshots]\n"
-    "                        [--keep-images DIR] [--json]\n"
-    "       iprobe clone PID --to HOST:PORT [--netns NAME] [--fs-snapshot PATHS] [--json]\n"
-    "       iprobe clone --container CONTAINER [--netns NAME] [--json]\n"
-    "       iprobe clone --destroy NAME [--to HOST:PORT]\n"
+    "                        [--keep-images DIR] [--ping] [--json]\n"
+    "       iprobe clone PID --to HOST:PORT [--netns NAME] [--fs-snapshot PATHS] [--ping] [--json]\n"
+    "       iprobe clone --container CONTAINER [--netns NAME] [--ping] [--json]\n"
+    "       iprobe clone --destroy NAME [--to HOST:PORT] [--json]\n"
     "       iprobe clone --list [--json]",
     "Makes a live copy of a running service with CRIU: production is checkpointed\n"
     "and keeps running (frozen only while CRIU copies its memory); the copy runs in\n"
@@ -63,7 +63,8 @@ const ArgSpec kSpec(
     },
     "Needs root and CRIU >= 4.2 (scripts/setup installs it; IPROBE_CRIU overrides).\n"
     "Exit codes: 0 ok, 1 CRIU failed (production untouched), 2 usage, 4 not root,\n"
-    "5 no such process/container/clone, 6 clone name in use, 7 CRIU or podman missing,\n"
+    "5 no such process/container/clone, 6 clone name in use, 7 CRIU or podman missing\n"
+    "(or a container bind-mounts host files read-write: refused before the freeze),\n"
     "130 interrupted (Ctrl-C, SIGTERM, SIGHUP: the checkpoint runs to its end, then\n"
     "what was made of the clone is removed).");
 
