@@ -103,7 +103,7 @@ populate() {  # host port MB [netns]
 }
 start_process_redis() {
   nsenter --net="/run/netns/$a" setsid redis-server --port 17382 --save '' --appendonly no --protected-mode no \
-    --enable-debug-command yes --dir "$rdir" </dev/null >/dev/null 2>&1 &
+    --enable-debug-command yes --dir "$rdir" </dev/null >/dev/null 2>&1 3>&- &  # not flock(1)'s lock: CRIU would restore it
   redis_pid=$!
   for _ in $(seq 200); do [[ $(in_a redis-cli -p 17382 PING 2>/dev/null) == PONG ]] && break; sleep 0.05; done
   ping_ns="/run/netns/$a" ping_host=127.0.0.1 ping_port=17382
