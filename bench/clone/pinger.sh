@@ -173,7 +173,8 @@ print("%.1f %.1f" % (c["frozen_time"] / 1000, (c["frozen_time"] + c["freezing_ti
           out=$(cat "$work/op.out") ;;
       esac
       tool_frozen=$(json_field "$out" freeze_us); tool_unavail=$(json_field "$out" unavailable_us)
-      "$iprobe" clone --destroy "$clone" >/dev/null
+      if [[ $mode == remote ]]; then in_a "$iprobe" clone --destroy "$clone" >/dev/null  # from A: the agent is reached there
+      else "$iprobe" clone --destroy "$clone" >/dev/null; fi
       printf '%-9s %-7s %-5s | %8s %8s %10s | %8s %8.1f %10.1f\n' "$mode" "$mb" "$round" "$hand_client" \
         "$hand_frozen" "$hand_unavail" "$tool_client" "$(bc -l <<<"$tool_frozen/1000")" \
         "$(bc -l <<<"$tool_unavail/1000")"
