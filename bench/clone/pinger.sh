@@ -59,7 +59,10 @@ json_field() { grep -o "\"$2\":[^,}]*" <<<"$1" | head -1 | cut -d: -f2 | tr -d '
 in_a() { nsenter --net="/run/netns/$a" "$@"; }
 
 # CRIU's stats-dump image: "frozen_ms unavailable_ms".
-dump_stats() { python3 "$root/bench/clone/criu_stats.py" "$1" | awk '{ printf "%.1f %.1f\n", $1, $1 + $2 }'; }
+dump_stats() {
+  if [[ -f $1 ]]; then python3 "$root/bench/clone/criu_stats.py" "$1" | awk '{ printf "%.1f %.1f\n", $1, $1 + $2 }'
+  else echo "- -"; fi  # CRIU left no stats-dump (seen with --page-server at 100 MB)
+}
 
 # Runs "$@" while the pinger ($ping_ns, $ping_host, $ping_port) watches;
 # prints its worst wait (ms).
