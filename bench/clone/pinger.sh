@@ -59,7 +59,10 @@ json_field() { grep -o "\"$2\":[^,}]*" <<<"$1" | head -1 | cut -d: -f2 | tr -d '
 in_a() { nsenter --net="/run/netns/$a" "$@"; }
 
 # CRIU's stats-dump image: "frozen_ms unavailable_ms".
-dump_stats() { python3 "$root/bench/clone/criu_stats.py" "$1" | awk '{ printf "%.1f %.1f\n", $1, $1 + $2 }'; }
+dump_stats() {
+  if [[ -f $1 ]]; then python3 "$root/bench/clone/criu_stats.py" "$1" | awk '{ printf "%.1f %.1f\n", $1, $1 + $2 }'
+  else echo "- -"; fi  # CRIU left no stats-dump (seen with --page-server at 100 MB)
+}
 
 # Runs "$@" while the pinger ($ping_ns, $ping_host, $ping_port) watches;
 # prints its worst wait (ms).
@@ -103,7 +106,7 @@ populate() {  # host port MB [netns]
 }
 start_process_redis() {
   nsenter --net="/run/netns/$a" setsid redis-server --port 17382 --save '' --appendonly no --protected-mode no \
-    --enable-debug-command yes --dir "$rdir" </dev/null >/dev/null 2>&1 &
+    --enable-debug-command yes --dir "$rdir" </dev/null >/dev/null 2>&1 3>&- &  # not flock(1)'s lock: CRIU would restore it
   redis_pid=$!
   for _ in $(seq 200); do [[ $(in_a redis-cli -p 17382 PING 2>/dev/null) == PONG ]] && break; sleep 0.05; done
   ping_ns="/run/netns/$a" ping_host=127.0.0.1 ping_port=17382
@@ -154,7 +157,7 @@ for mb in "${sizes[@]}"; do
         local)
           hand_client=$(client_ms_around by_hand_local)
           read -r hand_frozen hand_unavail < <(dump_stats "$work/images/stats-dump")
-          tool_client=$(client_ms_around "$iprobe" clone "$redis_pid" --netns "$clone" --no-default-snapshots --json)
+          tool_client=$(client_ms_around "$iprobe" clone "$redis_pid" --netns "$clone" --no-default-snapshots --json)  # no --ping: the bench's pinger measures
           out=$(cat "$work/op.out") ;;
         remote)
           hand_client=$(client_ms_around by_hand_remote)
@@ -173,7 +176,8 @@ print("%.1f %.1f" % (c["frozen_time"] / 1000, (c["frozen_time"] + c["freezing_ti
           out=$(cat "$work/op.out") ;;
       esac
       tool_frozen=$(json_field "$out" freeze_us); tool_unavail=$(json_field "$out" unavailable_us)
-      "$iprobe" clone --destroy "$clone" >/dev/null
+      if [[ $mode == remote ]]; then in_a "$iprobe" clone --destroy "$clone" >/dev/null  # from A: the agent is reached there
+      else "$iprobe" clone --destroy "$clone" >/dev/null; fi
       printf '%-9s %-7s %-5s | %8s %8s %10s | %8s %8.1f %10.1f\n' "$mode" "$mb" "$round" "$hand_client" \
         "$hand_frozen" "$hand_unavail" "$tool_client" "$(bc -l <<<"$tool_frozen/1000")" \
         "$(bc -l <<<"$tool_unavail/1000")"

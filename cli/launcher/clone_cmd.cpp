@@ -19,10 +19,10 @@ namespace {
 const ArgSpec kSpec(
     "iprobe clone",
     "usage: iprobe clone PID [--netns NAME] [--fs-snapshot PATHS] [--no-default-snapshots]\n"
-    "                        [--keep-images DIR] [--json]\n"
-    "       iprobe clone PID --to HOST:PORT [--netns NAME] [--fs-snapshot PATHS] [--json]\n"
-    "       iprobe clone --container CONTAINER [--netns NAME] [--json]\n"
-    "       iprobe clone --destroy NAME [--to HOST:PORT]\n"
+    "                        [--keep-images DIR] [--ping] [--json]\n"
+    "       iprobe clone PID --to HOST:PORT [--netns NAME] [--fs-snapshot PATHS] [--ping] [--json]\n"
+    "       iprobe clone --container CONTAINER [--netns NAME] [--ping] [--json]\n"
+    "       iprobe clone --destroy NAME [--to HOST:PORT] [--json]\n"
     "       iprobe clone --list [--json]",
     "Makes a live copy of a running service with CRIU: production is checkpointed\n"
     "and keeps running (frozen only while CRIU copies its memory); the copy runs in\n"
@@ -55,11 +55,16 @@ const ArgSpec kSpec(
         {"--list", "", "every clone on this host, of every kind: local, --container,\n"
                        "--to (made here, running elsewhere), and those an\n"
                        "iprobe clone-agent here holds for other hosts"},
+        {"--ping", "", "also measure the freeze as a client of production feels it\n"
+                       "(RESP services): a PING every 1 ms on a connection of its\n"
+                       "own while the checkpoint is taken (client_seen_us);\n"
+                       "production serves those PINGs too"},
         {"--json", "", "machine-readable output"},
     },
     "Needs root and CRIU >= 4.2 (scripts/setup installs it; IPROBE_CRIU overrides).\n"
     "Exit codes: 0 ok, 1 CRIU failed (production untouched), 2 usage, 4 not root,\n"
-    "5 no such process/container/clone, 6 clone name in use, 7 CRIU or podman missing,\n"
+    "5 no such process/container/clone, 6 clone name in use, 7 CRIU or podman missing\n"
+    "(or a container bind-mounts host files read-write: refused before the freeze),\n"
     "130 interrupted (Ctrl-C, SIGTERM, SIGHUP: the checkpoint runs to its end, then\n"
     "what was made of the clone is removed).");
 
@@ -204,6 +209,7 @@ int clone_main(const std::vector<std::string>& args) {
         for (auto& p : split_list(paths)) o.fs_snapshot.push_back(p);
     o.default_snapshots = !a.has("--no-default-snapshots");
     o.keep_images = a.value("--keep-images");
+    o.client_view = a.has("--ping");
     if (a.positionals().size() > 1) kSpec.fail("unexpected argument '" + a.positionals()[1] + "'");
     if (!a.positionals().empty()) o.pid = parse_pid(a.positionals().front());
     if (!destroy.empty()) {
@@ -224,7 +230,7 @@ int clone_main(const std::vector<std::string>& args) {
     if (!container.empty()) {
         if (!to.empty()) throw Error("--to clones a process, not a container (--container)", ExitCode::usage);
         if (o.pid >= 0) kSpec.fail("give a PID or --container, not both");
-        ContainerCloneOptions c{container, o.name, {}};
+        ContainerCloneOptions c{container, o.name, {}, o.client_view};
         if (!json) c.progress = [](const std::string& line) { std::fprintf(stderr, "iprobe clone: %s\n", line.c_str()); };
         print_container_result(clone_container(c), json);
         return 0;

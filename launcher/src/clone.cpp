@@ -455,7 +455,7 @@ CloneResult clone_process(const CloneOptions& o) {
     // Also between the checkpoint and the restore: an interrupt there removes the checkpoint.
     InterruptGuard interrupts;
     // Production as one of its clients sees the checkpoint.
-    auto client = ClientPinger::watch(o.pid);
+    auto client = o.client_view ? ClientPinger::watch(o.pid) : nullptr;
     const Checkpoint cp = take_checkpoint(named, dir);
     const double client_seen_ms = client ? client->window_max_us() / 1e3 : -1;
     client.reset();

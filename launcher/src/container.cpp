@@ -301,7 +301,7 @@ ContainerCloneResult clone_container(const ContainerCloneOptions& o) {
                                            "--compress", "none", "--export", work.archive()};
     if (!volumes.made.empty()) checkpoint.push_back("--ignore-volumes");
     checkpoint.push_back(o.container);
-    auto client = ClientPinger::watch(container_main_pid(o.container));
+    auto client = o.client_view ? ClientPinger::watch(container_main_pid(o.container)) : nullptr;
     RunResult dump = run(work.podman(podman, checkpoint));
     r.checkpoint_ms = now_ms() - t;
     r.client_seen_ms = client ? client->window_max_us() / 1e3 : -1;

@@ -600,7 +600,7 @@ CloneResult clone_to_agent(const CloneOptions& o, const std::string& agent) {
             throw Error("bad page server port '" + port + "' in the clone protocol", ExitCode::bad_input);
         const UniqueFd page_server = connect_page_server(o.pid, with_port(at, static_cast<int>(port_number)));
         const CorkedTailPusher pusher(page_server.get());
-        client = ClientPinger::watch(o.pid);
+        if (o.client_view) client = ClientPinger::watch(o.pid);
         dump_ms = dump_production(o, criu, name, tree.size(), work + "/images", work + "/dump.log", shell_job,
                                   {"--page-server", "--ps-socket", "3"}, page_server.get());
     } catch (const Error&) {

@@ -86,7 +86,7 @@ TEST_F(LauncherClone, CloneAnswersWithProductionsDatasetWhileProductionServesThr
     IncrLoop client(prod_ns_->path(), port_, "counter");
     ASSERT_EQ(client.error(), "");
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
-    auto r = clone();
+    auto r = clone({"--ping"});
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
     client.stop();
     ASSERT_EQ(r.exit_code, 0) << r.err;

@@ -285,7 +285,7 @@ TEST_F(LauncherContainerAsRun, PublishedPortNamedVolumeAndOwnNetworkAreRemappedF
     const std::string volume = trimmed(run({"podman", "volume", "inspect", "--format", "{{.Mountpoint}}", "ipt-vol-" + tag_}).out);
     const std::string prod_rdb = file_text(volume + "/dump.rdb");
     ASSERT_FALSE(prod_rdb.empty());
-    auto r = run({bin("iprobe"), "clone", "--container", prod_, "--netns", clone_, "--json"}, {},
+    auto r = run({bin("iprobe"), "clone", "--container", prod_, "--netns", clone_, "--ping", "--json"}, {},
                  std::chrono::seconds(180));
     ASSERT_EQ(r.exit_code, 0) << r.err;
     std::smatch m;

@@ -103,9 +103,11 @@ protected:
         return run(argv, {}, timeout);
     }
 
-    CommandResult clone_to_b() {
-        return in_a({iprobe_bin(), "clone", std::to_string(redis_->pid()), "--to", agent_address_, "--netns", name_,
-                     "--json"});
+    CommandResult clone_to_b(const std::vector<std::string>& extra = {}) {
+        std::vector<std::string> argv = {iprobe_bin(), "clone", std::to_string(redis_->pid()), "--to", agent_address_,
+                                         "--netns", name_, "--json"};
+        argv.insert(argv.end(), extra.begin(), extra.end());
+        return in_a(argv);
     }
 
     std::string clone_cli(const std::vector<std::string>& args) { return redis_cli(host_b_->path(), port_, args); }
@@ -120,7 +122,7 @@ protected:
 };
 
 TEST_F(LauncherRemote, CloneRunsOnTheSecondHostAndServesMirroredTraffic) {
-    auto r = clone_to_b();
+    auto r = clone_to_b({"--ping"});
     ASSERT_EQ(r.exit_code, 0) << r.err;
     const long long clone_pid = json_number(r.out, "clone_pid");
     ASSERT_GT(clone_pid, 1) << r.out;

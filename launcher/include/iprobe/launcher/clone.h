@@ -39,6 +39,10 @@ struct CloneOptions {
     // include/iprobe/formats/checkpoint_hook.h), and production resumes once
     // it answered.  Empty: no hook.
     std::string frozen_hook_socket;
+    // Measure the freeze as a client of production (RESP services): a PING
+    // every 1 ms on a connection of its own while the checkpoint is taken.
+    // Off by default: production serves those requests too.
+    bool client_view = false;
 };
 
 // Timings are milliseconds.

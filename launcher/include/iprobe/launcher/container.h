@@ -21,6 +21,7 @@ struct ContainerCloneOptions {
     std::string container;  // production's container, name or ID
     std::string name;       // the clone's container name; default <container>-iprobe-clone
     std::function<void(const std::string&)> progress;  // one line per step, may be empty
+    bool client_view = false;  // as CloneOptions::client_view
 };
 
 struct ContainerCloneResult {
