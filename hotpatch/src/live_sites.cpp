@@ -52,7 +52,10 @@ std::vector<AttachedModule> probed_modules(pid_t pid, const Region* region, cons
     };
     for (const RunningModule& r : running) {
         if (r.build_id.empty()) continue;
-        auto beside = probe_list_at(target_view(pid, r.path));
+        // Relocated entries of modules nobody prepared are found through the
+        // region below: deriving every loaded library's list here would
+        // sweep all of libc's code at each detach.
+        auto beside = prepared_probe_list_at(target_view(pid, r.path));
         if (beside && beside->build_id == r.build_id) out.push_back(with_sites(kNotInRegion, r, std::move(*beside)));
     }
     // A list recorded elsewhere (attach --probes DIR/LIST): only as

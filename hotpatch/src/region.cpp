@@ -371,7 +371,9 @@ std::optional<probelist::ProbeList> list_file(const UniqueFd& file) {
 
 }  // namespace
 
-std::optional<probelist::ProbeList> probe_list_at(const std::string& path) {
+namespace {
+
+std::optional<probelist::ProbeList> list_of_file(const std::string& path, bool or_symbols) {
     const UniqueFd file = regular_file(path);
     if (!file) return std::nullopt;
     if (auto list = list_file(file)) return list;
@@ -379,10 +381,20 @@ std::optional<probelist::ProbeList> probe_list_at(const std::string& path) {
         if (auto list = list_file(side)) return list;
     try {
         if (auto list = probelist::read_site_section(fd_path(file))) return list;
-        return probelist::probes_from_symbols(fd_path(file));  // nobody prepared it
+        if (or_symbols) return probelist::probes_from_symbols(fd_path(file));  // nobody prepared it
     } catch (const std::exception&) {
-        return std::nullopt;
     }
+    return std::nullopt;
+}
+
+}  // namespace
+
+std::optional<probelist::ProbeList> prepared_probe_list_at(const std::string& path) {
+    return list_of_file(path, false);
+}
+
+std::optional<probelist::ProbeList> probe_list_at(const std::string& path) {
+    return list_of_file(path, true);
 }
 
 std::optional<probelist::ProbeList> module_probe_list(const iprobe_rt_module& module) {

@@ -103,10 +103,15 @@ private:
 };
 
 // The probe list of the module at `path`: the file itself when it is a list,
-// else its side list (FILE.probes), else its embedded section.  Only regular
+// else its side list (FILE.probes), else its embedded section, else the list
+// derived from its symbols.  Only regular
 // files are opened (never a FIFO or a device), and a list file is read only
 // up to a bounded size.
 std::optional<probelist::ProbeList> probe_list_at(const std::string& path);
+// The same without the list derived from the symbols of a file nobody
+// prepared (which sweeps all its code: seconds for libc and libstdc++), for
+// scans over every module a process has loaded.
+std::optional<probelist::ProbeList> prepared_probe_list_at(const std::string& path);
 
 // The probe list a region's module was enabled from: probe_list_at() the
 // path the region records, only if that file belongs to root or to the
