@@ -222,8 +222,6 @@ int mirror_main(int argc, char** argv) {
         if (opt.debug_listen) kMirrorSpec.fail("--debug-listen belongs to the aggregator (--upstream)");
         if (opt.divergence != Protocol::off && opt.debug.empty())
             kMirrorSpec.fail("--divergence needs --debug (a copy to compare with)");
-        if (opt.debug.empty() && opt.record_path.empty())
-            kMirrorSpec.fail("--capture needs --debug ADDR:PORT (the copy that gets the captured traffic) or --record FILE");
     }
     if (!rules_path.empty()) opt.rules = DivergenceRules::load(rules_path);
     opt.rules.every_difference = a.has("--every-difference");
