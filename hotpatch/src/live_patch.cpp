@@ -321,6 +321,9 @@ PatchStats patch(const PatchOptions& o) {
         auto maps = read_maps(o.pid);
         auto running = running_modules(process.memory(), maps);
         const LoadedLibrary libc = libc_of(o.pid, running);
+        // Where the remote dlopen returns, whatever becomes of this tool
+        // (docs/hotpatch.md, "Function calls inside a target").
+        use_landings(process, libc, find_loaded(o.pid, running, default_runtime_library()));
         std::map<std::string, LoadedLibrary> loaded;
         for (const auto& [path, elf] : libraries) {
             Injected in = ensure_library(process, maps, running, libc, path, deadline);
