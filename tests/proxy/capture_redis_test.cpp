@@ -237,11 +237,13 @@ public:
         }
         return false;
     }
-    // Every connection seen has closed and its debug side finished.
+    // Idle: every connection seen has closed and its debug side finished,
+    // and every difference is told apart (the mirror holds one for up to a
+    // second before calling it a divergence rather than a reordering).
     bool wait_idle(std::uint64_t connections) const {
         return wait([&](const MirrorStats& s) {
             return s.connections.accepted >= connections && s.connections.active == 0 &&
-                   s.connections.lingering_debug == 0;
+                   s.connections.lingering_debug == 0 && s.divergence.unclassified == 0;
         });
     }
     void signal(int sig) { ::kill(child_.pid(), sig); }
