@@ -90,12 +90,9 @@ nofile=$(ulimit -Hn); nproc=$(ulimit -Hu)
 [[ $nproc == unlimited || $nproc -gt 32768 ]] && nproc=32768
 
 # Hosts A (production) and B (the agent) joined by a veth pair.
-ip netns add "$a"; ip netns add "$b"
-ip -n "$a" link set lo up; ip -n "$b" link set lo up
-ip link add "ipb-a$$" type veth peer name "ipb-b$$"
-ip link set "ipb-a$$" netns "$a"; ip link set "ipb-b$$" netns "$b"
-ip -n "$a" addr add 10.233.0.1/24 dev "ipb-a$$"; ip -n "$b" addr add 10.233.0.2/24 dev "ipb-b$$"
-ip -n "$a" link set "ipb-a$$" up; ip -n "$b" link set "ipb-b$$" up
+# shellcheck source=bench/clone/two_hosts.sh
+. "$root/bench/clone/two_hosts.sh"
+two_hosts "$a" "$b" "ipb$$" 10.233.0
 if [[ $modes == *remote* ]]; then
   nsenter --net="/run/netns/$b" "$iprobe" clone-agent --listen 10.233.0.2:17398 --state-dir "$rdir/agent" 2>"$work/agent.log" &
   agent_pid=$!

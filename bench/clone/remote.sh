@@ -47,12 +47,9 @@ wait_pong_in() {  # netns-path address port deadline_ms
 }
 
 mkdir -p "$work/redis"
-ip netns add "$a"; ip netns add "$b"
-ip -n "$a" link set lo up; ip -n "$b" link set lo up
-ip link add "irb-a$$" type veth peer name "irb-b$$"
-ip link set "irb-a$$" netns "$a"; ip link set "irb-b$$" netns "$b"
-ip -n "$a" addr add 10.232.0.1/24 dev "irb-a$$"; ip -n "$b" addr add 10.232.0.2/24 dev "irb-b$$"
-ip -n "$a" link set "irb-a$$" up; ip -n "$b" link set "irb-b$$" up
+# shellcheck source=bench/clone/two_hosts.sh
+. "$root/bench/clone/two_hosts.sh"
+two_hosts "$a" "$b" "irb$$" 10.232.0
 nsenter --net="/run/netns/$b" "$iprobe" clone-agent --listen 10.232.0.2:17399 --state-dir "$work/agent" \
   2>"$work/agent.log" &
 agent_pid=$!
