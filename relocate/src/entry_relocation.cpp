@@ -209,7 +209,8 @@ std::vector<Region> regions_of(std::span<const CodeRange> code, std::span<const 
     std::vector<Region> regions;
     std::size_t f = 0;
     for (const CodeRange& c : code) {
-        const std::uint64_t end = c.address + c.bytes.size();
+        // Sizes come from the file: an end past 2^64 is clamped, never wrapped.
+        const std::uint64_t end = c.address + std::min<std::uint64_t>(c.bytes.size(), ~std::uint64_t{0} - c.address);
         std::uint64_t at = c.address;
         auto add = [&](std::uint64_t low, std::uint64_t high, std::ptrdiff_t function) {
             if (high <= low) return;
@@ -218,7 +219,7 @@ std::vector<Region> regions_of(std::span<const CodeRange> code, std::span<const 
         while (f < functions.size() && functions[f].address < c.address) f++;
         for (; f < functions.size() && functions[f].address < end; f++) {
             const FunctionRange& fn = functions[f];
-            const std::uint64_t high = std::min(end, fn.address + fn.size);
+            const std::uint64_t high = fn.size < end - fn.address ? fn.address + fn.size : end;
             if (fn.address < at) {  // overlaps the one before: sweep what it adds
                 add(at, high, static_cast<std::ptrdiff_t>(f));
                 at = std::max(at, high);

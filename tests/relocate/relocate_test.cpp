@@ -167,6 +167,30 @@ TEST(Trampoline, OutOfReachIsRefusedNotWritten) {
     EXPECT_THROW(relocate::trampoline(moved, 0x401000, 0x7f0000000000ull), Error);
 }
 
+// Symbol sizes and section sizes come from the file: ends past 2^64 must
+// clamp to the code, not wrap below it (found by the symbol_probes fuzzer).
+TEST(PlanEntries, SizesThatWrapPastTheAddressSpaceAreClamped) {
+    // push %rbp; mov %rsp,%rbp; nop x4; pop %rbp; ret, twice
+    const std::vector<std::uint8_t> bytes = {0x55, 0x48, 0x89, 0xe5, 0x90, 0x90, 0x90, 0x90, 0x5d, 0xc3,
+                                             0x55, 0x48, 0x89, 0xe5, 0x90, 0x90, 0x90, 0x90, 0x5d, 0xc3};
+    const std::vector<relocate::CodeRange> code = {{0x401000, bytes}};
+    const std::vector<relocate::FunctionRange> functions = {{0x401000, ~std::uint64_t{0} - 0x10},
+                                                            {0x40100a, 10}};
+    const auto none = [](std::uint64_t, void*, std::size_t) { return false; };
+    const auto plans = relocate::plan_entries(code, functions, none);
+    ASSERT_EQ(plans.size(), 2u);
+    EXPECT_TRUE(plans[0].ok()) << plans[0].detail;
+    EXPECT_EQ(plans[0].length, 5u);  // push, mov, nop: the jump's 5 bytes
+    EXPECT_EQ(relocate::to_string(plans[1].refusal), "undecodable");
+    EXPECT_EQ(plans[1].detail, "outside the executable sections");  // all of it is the first's
+
+    const std::vector<relocate::CodeRange> at_the_top = {{~std::uint64_t{0} - 4, bytes}};
+    const std::vector<relocate::FunctionRange> one = {{~std::uint64_t{0} - 4, 10}};
+    const auto top = relocate::plan_entries(at_the_top, one, none);
+    ASSERT_EQ(top.size(), 1u);
+    EXPECT_FALSE(top[0].ok());
+}
+
 TEST(RelocatedEntriesCli, StatusOfAPreparedBinarySaysPads) {
     HpTarget t(1, targets_dir() + "/hp_target_entry");
     ASSERT_EQ(iprobe({"attach", std::to_string(t.pid()), "--handler", "count", "--functions", "work"}).exit_code, 0);
