@@ -13,6 +13,7 @@
 
 #include <climits>
 #include <cstring>
+#include <thread>
 
 #include "iprobe/support/number.h"
 
@@ -52,6 +53,11 @@ constexpr auto kClosedFlowMemory = std::chrono::seconds(30);
 // timeout: the acknowledgment was dropped) before its client stream counts
 // as lost; one that speaks again is judged by its sequence numbers instead.
 constexpr auto kSilenceAfterDrops = std::chrono::seconds(3);
+// The kernel stamps a packet once it has copied it into the ring, so a packet
+// the ring took before the filter was in place may be stamped a little after:
+// the capture starts this long after the filter is in place (CaptureStart),
+// and the mirror says it is capturing only then.
+constexpr auto kFilterSettle = std::chrono::milliseconds(5);
 
 std::int64_t realtime_us() {
     timespec ts{};
@@ -487,6 +493,10 @@ Capture::Capture(Proxy& px, const CaptureOptions& options)
     const int set = pcap_setfilter(p, &program);
     pcap_freecode(&program);
     if (set != 0) throw Error("--capture " + options_.str() + ": installing the filter: " + std::string(pcap_geterr(p)));
+    // pcap_setfilter rejected every packet for a moment while it swapped
+    // filters; the ring holds packets from before that moment.
+    start_ = CaptureStart(realtime_us() + std::chrono::microseconds(kFilterSettle).count());
+    std::this_thread::sleep_for(kFilterSettle);
     if (pcap_setnonblock(p, 1, error) != 0) throw Error("--capture " + options_.str() + ": " + error);
     // Loopback shows every packet twice, leaving and arriving: the socket is
     // told to skip the leaving copy, which the kernel then neither clones nor
@@ -558,11 +568,13 @@ void Capture::on_frame(u_char* self, const pcap_pkthdr* header, const u_char* by
 }
 
 void Capture::frame(const pcap_pkthdr& header, const std::uint8_t* bytes) {
+    const std::int64_t at_us = static_cast<std::int64_t>(header.ts.tv_sec) * 1000000 + header.ts.tv_usec;
+    if (!start_.admits(at_us)) return;
     TcpPacket p;
     if (!parse_tcp_packet(linktype_, {bytes, header.caplen}, p)) return;
     ++counters.packets;
     if (p.segment.missing > 0) ++counters.truncated_packets;
-    packet(p, static_cast<std::int64_t>(header.ts.tv_sec) * 1000000 + header.ts.tv_usec);
+    packet(p, at_us);
 }
 
 void Capture::packet(const TcpPacket& p, std::int64_t at_us) {
@@ -715,6 +727,7 @@ MirrorStats::Capture Capture::snapshot() const {
     s.filter = filter_;
     s.ring_bytes = options_.ring;
     s.packets = counters.packets;
+    s.packets_before_start = start_.set_aside();
     s.kernel_drops = kernel_.ps_drop;
     s.interface_drops = kernel_.ps_ifdrop;
     s.truncated_packets = counters.truncated_packets;

@@ -199,6 +199,7 @@ private:
     CaptureOptions options_;
     RequestStartTest request_start_;
     std::unique_ptr<pcap_t, void (*)(pcap_t*)> pcap_;
+    CaptureStart start_{INT64_MAX};  // set once the filter is in place
     int linktype_ = 0;
     std::string filter_;
     Watched w_;

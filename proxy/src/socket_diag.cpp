@@ -21,7 +21,8 @@ namespace iprobe::proxy::mirror_impl {
 
 namespace {
 
-constexpr int kTcpListen = 10, kTcpTimeWait = 6;  // the kernel's TCP states (include/net/tcp_states.h)
+// The kernel's TCP states (include/net/tcp_states.h).
+constexpr int kTcpTimeWait = 6, kTcpCloseWait = 8, kTcpLastAck = 9, kTcpListen = 10, kTcpClosing = 11;
 
 struct Request {
     nlmsghdr header;
@@ -93,6 +94,14 @@ SocketDiag::Connection connection_of(const inet_diag_msg& m, const nlmsghdr* h) 
         std::memcpy(&info, RTA_DATA(a), std::min<std::size_t>(RTA_PAYLOAD(a), sizeof info));
         c.counted = RTA_PAYLOAD(a) >= offsetof(tcp_info, tcpi_bytes_received) + sizeof info.tcpi_bytes_received;
         if (c.counted) c.bytes_received = info.tcpi_bytes_received;
+    }
+    // The client's FIN takes one sequence number, which the kernel counts in
+    // bytes_received and, until production has read to the end of the
+    // stream, in the receive queue; counted as a byte it would make
+    // production look one byte further on than any captured stream.
+    if (m.idiag_state == kTcpCloseWait || m.idiag_state == kTcpLastAck || m.idiag_state == kTcpClosing) {
+        if (c.counted && c.bytes_received > 0) --c.bytes_received;
+        if (c.unread > 0) --c.unread;
     }
     return c;
 }

@@ -27,6 +27,7 @@ public:
     struct Connection {
         bool open = false;                 // established or closing; false: TIME_WAIT
         bool counted = false;              // the kernel reports bytes_received (4.1 and later)
+        // Stream bytes (the client's FIN, one sequence number, not counted).
         std::uint64_t bytes_received = 0;  // in order, from the client
         std::uint32_t unread = 0;          // of those, still in the socket's receive queue
     };

@@ -118,6 +118,7 @@ void write_stats_fields(JsonWriter& j, const MirrorStats& s) {
         j.field("filter", c.filter);
         j.field("ring_bytes", c.ring_bytes);
         j.field("packets", c.packets);
+        j.field("packets_before_start", c.packets_before_start);
         j.field("kernel_drops", c.kernel_drops);
         j.field("interface_drops", c.interface_drops);
         j.field("truncated_packets", c.truncated_packets);
@@ -339,6 +340,7 @@ MirrorStats parse_mirror_stats(std::string_view text) {
             read(c, "filter", cap.filter);
             read(c, "ring_bytes", cap.ring_bytes);
             read(c, "packets", cap.packets);
+            read(c, "packets_before_start", cap.packets_before_start);
             read(c, "kernel_drops", cap.kernel_drops);
             read(c, "interface_drops", cap.interface_drops);
             read(c, "truncated_packets", cap.truncated_packets);

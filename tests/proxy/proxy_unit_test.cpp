@@ -316,6 +316,7 @@ TEST(ProxyMirrorStats, DocumentRoundTripsThroughTheOneDefinition) {
     c.filter = "tcp port 6379 and inbound";
     c.ring_bytes = 1 << 20;
     c.packets = 1000;
+    c.packets_before_start = 15;
     c.kernel_drops = 12;
     c.interface_drops = 1;
     c.truncated_packets = 2;

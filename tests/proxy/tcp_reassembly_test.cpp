@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
@@ -347,6 +348,121 @@ TEST(TcpConnectionTracker, ResetEndsTheConnection) {
     EXPECT_EQ(e.log, (std::vector<std::string>{"opened", "reset"}));
     t.segment(C, seg(101 + kGet.size(), 7001, kAck, kGet));
     EXPECT_EQ(e.to_server, kGet);
+}
+
+TEST(CaptureStart, TheCaptureStartsAtTheFirstPacketStampedAfterTheFilterAndStaysStarted) {
+    CaptureStart start(1000);
+    EXPECT_FALSE(start.admits(900));
+    EXPECT_FALSE(start.admits(1000));
+    EXPECT_TRUE(start.admits(1001));
+    // Later in the ring's order, stamped earlier (another CPU's packet): the
+    // capture has started, nothing after its start is set aside.
+    EXPECT_TRUE(start.admits(999));
+    EXPECT_TRUE(start.admits(1002));
+    EXPECT_EQ(start.set_aside(), 2u);
+}
+
+namespace {
+
+// One connection's segments as the capture's ring held them at the start of
+// `iprobe debug --capture` (LauncherDebugCapture.WritesAcrossTheCheckpoint-
+// AllReachTheClone, a client writing SET w1:NNNN v as fast as redis answers,
+// open before the session): stamp, direction, sequence and acknowledgment
+// numbers, payload length.  Between 282554 and 282606 libpcap swapped its
+// filters and the ring took nothing: two requests and a reply of this
+// connection reached redis but not the capture.
+struct Captured {
+    std::int64_t at_us;
+    FlowDirection dir;
+    std::uint32_t seq, ack, length;
+};
+const std::vector<Captured> kAcrossTheFilterSwap = {
+    {282392, S, 2954890063u, 1651128134u, 5},  {282420, C, 1651128134u, 2954890068u, 33},
+    {282430, S, 2954890068u, 1651128167u, 5},  {282444, C, 1651128167u, 2954890073u, 33},
+    {282465, S, 2954890073u, 1651128200u, 5},  {282475, C, 1651128200u, 2954890078u, 33},
+    {282482, S, 2954890078u, 1651128233u, 5},  {282490, C, 1651128233u, 2954890083u, 33},
+    {282508, S, 2954890083u, 1651128266u, 5},  {282519, C, 1651128266u, 2954890088u, 33},
+    {282527, S, 2954890088u, 1651128299u, 5},  {282535, C, 1651128299u, 2954890093u, 33},
+    {282554, S, 2954890093u, 1651128332u, 5},
+    // The filter swap: [C 1651128332, S 2954890098, C 1651128365] never captured.
+    {282606, S, 2954890103u, 1651128398u, 5},  {282617, C, 1651128398u, 2954890108u, 33},
+    {282623, S, 2954890108u, 1651128431u, 5},  {282631, C, 1651128431u, 2954890113u, 33},
+    {282649, S, 2954890113u, 1651128464u, 5},  {282659, C, 1651128464u, 2954890118u, 33},
+    {282667, S, 2954890118u, 1651128497u, 5},  {282675, C, 1651128497u, 2954890123u, 33},
+    {282692, S, 2954890123u, 1651128530u, 5},
+};
+constexpr std::int64_t kFilterSwapEnd = 282580;
+
+// The request starting at client sequence number `seq`: 33 bytes, its key
+// telling requests apart.
+std::string request_at(std::uint32_t seq) {
+    const std::string key = "w1:" + std::to_string(seq % 10000 + 10000).substr(1);
+    return "*3\r\n$3\r\nSET\r\n$" + std::to_string(key.size()) + "\r\n" + key + "\r\n$1\r\nv\r\n";
+}
+
+// Feeds `segments` through a capture started at `start` (all of them, when
+// none) to a tracker, aging suspicions as the capture's 100 ms tick would
+// with the ring read to its end.
+struct Replayed {
+    Events events;
+    TcpConnectionTracker tracker{1 << 20, request_start_test(Protocol::resp), events};
+    std::string requests_after_start;  // the client bytes a capture from `start` holds whole
+};
+void replay(const std::vector<Captured>& segments, std::optional<CaptureStart> start, Replayed& r) {
+    for (const Captured& c : segments) {
+        if (start && !start->admits(c.at_us)) continue;
+        const std::string payload = c.dir == C ? request_at(c.seq) : std::string("+OK\r\n");
+        ASSERT_EQ(payload.size(), c.length);
+        r.tracker.segment(c.dir, seg(c.seq, c.ack, kAck, payload));
+        if (c.dir == C) r.requests_after_start += payload;
+    }
+    r.tracker.age_suspected_losses();
+    r.tracker.age_suspected_losses();
+}
+
+}  // namespace
+
+// What the capture wrongly declared lost: a connection joined from packets
+// the ring took before libpcap's filter swap shows the bytes the swap hid as
+// acknowledged and never captured.  A capture that starts after the swap
+// joins it at its next request and has every byte from there.
+TEST(CaptureStart, AConnectionSeenAcrossTheFilterSwapIsJoinedAfterItWithNothingLost) {
+    Replayed whole;  // every packet the ring held, as before the fix
+    replay(kAcrossTheFilterSwap, std::nullopt, whole);
+    EXPECT_EQ(whole.events.log, (std::vector<std::string>{"joined", "client lost", "server lost"}));
+
+    Replayed after;
+    CaptureStart start(kFilterSwapEnd);
+    replay(kAcrossTheFilterSwap, start, after);
+    EXPECT_EQ(after.events.log, (std::vector<std::string>{"joined"}));
+    EXPECT_FALSE(after.tracker.lost(C));
+    EXPECT_FALSE(after.tracker.lost(S));
+    // Joined at the first request after the swap: every request from there, and
+    // the replies to them (the one before it is production's reply to a
+    // request the capture never had whole).
+    EXPECT_EQ(after.events.to_server, after.requests_after_start);
+    EXPECT_EQ(after.events.to_server.size(), 4u * 33);
+    EXPECT_EQ(after.events.to_client, "+OK\r\n+OK\r\n+OK\r\n+OK\r\n");
+}
+
+// The same hole after the capture's start is a loss the capture made: said
+// (flow_lost, which the mirror counts in lost_connections and
+// lost_reply_connections) and the connection
+// joined again at its next request, never fed a stream with a hole.
+TEST(CaptureStart, BytesMissedAfterTheCapturesStartAreStillALoss) {
+    Replayed r;
+    CaptureStart start(282000);  // before every packet: the hole is the capture's own
+    replay(kAcrossTheFilterSwap, start, r);
+    EXPECT_EQ(start.set_aside(), 0u);
+    EXPECT_TRUE(r.tracker.lost(C));
+    EXPECT_TRUE(r.tracker.lost(S));  // the reply in the hole too
+    EXPECT_EQ(r.events.log, (std::vector<std::string>{"joined", "client lost", "server lost"}));
+    // The requests up to the hole, whole; none of those after it on this copy.
+    EXPECT_EQ(r.events.to_server.size(), 6u * 33);
+    EXPECT_EQ(r.events.to_server, r.requests_after_start.substr(0, 6 * 33));
+    // Followed again from its next request, as a new mirrored connection.
+    r.tracker.segment(C, seg(1651128530u, 2954890128u, kAck, request_at(1651128530u)));
+    EXPECT_EQ(r.events.log, (std::vector<std::string>{"joined", "client lost", "server lost", "joined"}));
 }
 
 TEST(ProxyRequestStart, RecognisesRespAndHttpRequestsOnly) {

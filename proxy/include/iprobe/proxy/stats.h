@@ -103,6 +103,9 @@ struct MirrorStats {
         std::int64_t port = 0;
         std::uint64_t ring_bytes = 0;
         std::uint64_t packets = 0;          // TCP segments handed to the mirror
+        // Taken by the ring before the capture's filter was in place: set
+        // aside, the capture starts after them (tcp_reassembly.h, CaptureStart).
+        std::uint64_t packets_before_start = 0;
         std::uint64_t kernel_drops = 0;     // the ring was full (the kernel's count)
         std::uint64_t interface_drops = 0;
         std::uint64_t truncated_packets = 0;

@@ -5,7 +5,8 @@
 // overlapping, duplicated by the path, sequence numbers wrapping, a
 // connection's start possibly missed (it was open before the capture began),
 // and — when the capture's ring is full — segments the receiver got but the
-// capture did not.  TcpStreamReassembler turns one direction back into the
+// capture did not.  CaptureStart says where the capture's view has no gaps
+// from.  TcpStreamReassembler turns one direction back into the
 // byte stream the receiver read; TcpConnectionTracker follows both directions
 // of a connection, joins connections already open at a request boundary, and
 // proves capture loss from the receiver's own acknowledgments.
@@ -101,6 +102,35 @@ private:
     std::map<std::uint64_t, std::vector<std::uint8_t>> pending_;  // by position, never overlapping
     std::size_t pending_bytes_ = 0;
     Counters counters_;
+};
+
+// Where a capture's view of the wire starts to have no gaps.  libpcap attaches
+// its BPF filter to a ring that is already taking packets, and while it swaps
+// filters it rejects every packet for a moment (a reject-all filter while it
+// drains the socket), which no drop count includes.  A connection seen on
+// both sides of that moment shows bytes its receiver acknowledged and the
+// capture never had: a loss production never had.  So the capture starts
+// after it, at the first packet in the ring's order stamped after `from_us`
+// (the packets' clock, read once the filter was in place and a margin for
+// the kernel's stamping had passed): that packet and every one the ring
+// holds after it passed the final filter.  The packets before it are set
+// aside, the ones after it are the capture: a connection it finds open is
+// joined, as one open before the capture began.
+class CaptureStart {
+public:
+    explicit CaptureStart(std::int64_t from_us) : from_us_(from_us) {}
+    // Whether the next packet in the ring's order, stamped `at_us`, is captured.
+    bool admits(std::int64_t at_us) {
+        if (!started_ && at_us > from_us_) started_ = true;
+        if (!started_) ++set_aside_;
+        return started_;
+    }
+    std::uint64_t set_aside() const { return set_aside_; }
+
+private:
+    std::int64_t from_us_;
+    bool started_ = false;
+    std::uint64_t set_aside_ = 0;
 };
 
 enum class FlowDirection : std::uint8_t { to_server = 0, to_client = 1 };
