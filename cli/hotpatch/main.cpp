@@ -47,7 +47,7 @@ std::string g_command = "attach";
 
 constexpr const char* kSynopsis =
     "usage: iprobe attach PID [--probes LIST[,LIST…]] [--module NAME[,NAME…]] [--functions GLOB,…] [--files GLOB,…]\n"
-    "                     [--entry-only|--exit-only] [--handler trace|count] [--buffer SIZE] [--json]\n"
+    "                     [--entry-only|--exit-only] [--handler trace|count [--completed]] [--buffer SIZE] [--json]\n"
     "       iprobe detach PID [--functions GLOB,…] [--entry-only|--exit-only] [--json]\n"
     "       iprobe status PID [--json]   (also lists functions replaced by 'iprobe patch')\n"
     "       iprobe trace  PID [--duration S] [--format text|json|chrome | --output FILE]\n"
@@ -69,7 +69,10 @@ constexpr const char* kAbout =
     "        Every handler keeps exact per-function sums in each thread's own slot\n"
     "        of the process's region. --handler trace (default) also times calls\n"
     "        (inclusive/exclusive, latency histogram) and logs entry/exit events to a\n"
-    "        per-thread ring for 'iprobe trace'; count only counts calls.\n"
+    "        per-thread ring for 'iprobe trace'; count only counts calls, from the\n"
+    "        entries alone (exits untouched, so it costs what a compiled-in counter\n"
+    "        costs); --completed (or --exit-only) turns the exits on to count\n"
+    "        completed calls too.\n"
     "        --buffer SIZE (bytes, K/M/G suffix; default 512K) sets each thread's\n"
     "        event ring when the first attach creates the region.\n"
     "detach  puts the NOPs back (all probes, or those matching --functions and the kind).\n"
@@ -132,6 +135,7 @@ ArgSpec spec_of(const std::string& command) {
         {"--entry-only", "", "only entry probes"},
         {"--exit-only", "", "only exit probes"},
         {"--handler", "trace|count", "attach: what enabled probes do (default trace)"},
+        {"--completed", "", "attach, run: with --handler count, also count completed calls (turns the exits\non: every return then goes through a return trampoline)"},
         {"--buffer", "SIZE", "attach: each thread's event ring (K/M/G suffix; default 512K)"},
         {"--ring-records", "N", "attach: each thread's event ring in records (instead of --buffer)"},
         {"--runtime", "PATH", "attach: the runtime library to inject (default: the installed one)"},
@@ -184,7 +188,7 @@ Args parse(int argc, char** argv) {
         for (auto& p : split_list(list)) args.probes.push_back(p);
     for (const auto& list : parsed.values("--module"))
         for (auto& m : split_list(list)) args.modules.push_back(m);
-    for (const char* name : {"--functions", "--files", "--entry-only", "--exit-only", "--handler", "--buffer",
+    for (const char* name : {"--functions", "--files", "--entry-only", "--exit-only", "--handler", "--completed", "--buffer",
                              "--ring-records", "--runtime", "--duration", "--format", "--output", "--input",
                              "--since-last", "--reset", "--at-exit", "--folded", "--json", "--exec", "--report"})
         if (parsed.has(name)) args.values[name] = parsed.value(name);
@@ -253,6 +257,9 @@ AttachOptions attach_options_of(const Args& args) {
     if (handler == "trace") o.mode = HandlerMode::trace;
     else if (handler == "count") o.mode = HandlerMode::count;
     else usage_error("--handler must be trace or count");
+    if (args.flag("--completed") && o.mode != HandlerMode::count)
+        usage_error("--completed is for --handler count (trace keeps completed calls and times anyway)");
+    o.count_exits = args.flag("--completed");
     if (args.flag("--ring-records") && args.flag("--buffer")) usage_error("--ring-records and --buffer exclude each other");
     if (args.flag("--ring-records"))
         o.ring_records = static_cast<std::uint32_t>(parse_unsigned_or_usage(args.value("--ring-records"), "--ring-records", 1, 1u << 30));
@@ -622,16 +629,24 @@ std::string format_report(std::vector<std::vector<FunctionStats>> per_process,
     const std::uint64_t now = realtime_ns();
     append(std::snprintf(line, sizeof line, "%-40s %12s %12s %14s %14s %10s %10s %10s %10s %7s\n", "function", "calls",
                          "completed", "incl total ns", "excl total ns", "mean ns", "p50 ns", "p99 ns", "max ns", "probed"));
+    bool absent = false;
     for (const auto& f : rows) {
         // The name apart: a long demangled name is not cut (%-40s only pads).
         out += f.function;
         if (f.function.size() < 40) out.append(40 - f.function.size(), ' ');
-        append(std::snprintf(line, sizeof line,
-                             " %12" PRIu64 " %12" PRIu64 " %14" PRIu64 " %14" PRIu64 " %10" PRIu64 " %10" PRIu64
-                             " %10" PRIu64 " %10" PRIu64 " %7s\n",
-                             f.calls, f.completed, f.inclusive_ns, f.exclusive_ns, f.timed ? f.inclusive_ns / f.timed : 0,
-                             f.p50_ns, f.p99_ns, f.max_ns, probed_percent(f, now).c_str()));
+        // A field the handler did not keep is '-', never 0.
+        auto kept = [](bool has, std::uint64_t v) { return has ? std::to_string(v) : std::string("-"); };
+        const bool times = f.has_times();
+        absent = absent || !times;
+        append(std::snprintf(line, sizeof line, " %12" PRIu64 " %12s %14s %14s %10s %10s %10s %10s %7s\n", f.calls,
+                             kept(f.has_completed(), f.completed).c_str(), kept(times, f.inclusive_ns).c_str(),
+                             kept(times, f.exclusive_ns).c_str(), kept(times, f.timed ? f.inclusive_ns / f.timed : 0).c_str(),
+                             kept(times, f.p50_ns).c_str(), kept(times, f.p99_ns).c_str(), kept(times, f.max_ns).c_str(),
+                             probed_percent(f, now).c_str()));
     }
+    if (absent)
+        out += "-: not kept by the handler (count keeps calls; with --completed also completed calls; trace keeps "
+               "times)\n";
     if (lost) append(std::snprintf(line, sizeof line, "lost: %" PRIu64 " calls (no thread slot free, or an unknown site)\n", lost));
     if (unhooked)
         append(std::snprintf(line, sizeof line,

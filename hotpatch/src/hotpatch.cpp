@@ -55,6 +55,7 @@ AttachStats attach(const AttachOptions& options) {
         AttachStats stats;
         stats.threads = process.threads().size();
         for (const auto& s : lists) {
+            stats.exits_left_off += s.exits_left_off;
             stats.refused += s.refused.size();
             if (stats.refused_example.empty() && !s.refused.empty())
                 stats.refused_example = s.refused.front()->demangled + ": " + s.refused.front()->reason;
@@ -272,7 +273,10 @@ AttachStats attach(const AttachOptions& options) {
         }
         apply_patches(process, patches);
         const std::uint64_t live_at = realtime_ns();
-        for (const auto& e : enables) set_live(region.probes()[e.global], true, live_at);
+        for (const auto& e : enables) {
+            set_live(region.probes()[e.global], true, live_at);
+            region.probes()[e.global].kept |= kept_by(options.mode, region.probes()[e.global].kind);
+        }
         update_timed(region);
         region.control()->generation++;
         stats.enabled = newly_enabled;

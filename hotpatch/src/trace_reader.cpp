@@ -231,6 +231,7 @@ std::vector<ProbeState> TraceReader::probe_states() const {
         out[i].live = p.enabled != 0;
         out[i].live_ns = p.live_ns;
         out[i].live_since_ns = p.enabled ? p.live_since_ns : 0;
+        out[i].kept = p.kept;
     }
     return out;
 }
@@ -288,6 +289,7 @@ std::vector<FunctionStats> TraceReader::functions(const std::vector<iprobe_rt_fn
         if (stat >= names.size()) continue;
         if (!names[stat]) names[stat] = &impl_->probes[i];
         keep_longest(live[stat], states[i].live_ns, states[i].live_since_ns);
+        live[stat].kept |= states[i].kept;
     }
     const std::uint64_t window_start = window_start_ns();
     const double ns_per_tick = 1e9 / tsc_hz();
@@ -314,6 +316,7 @@ std::vector<FunctionStats> TraceReader::functions(const std::vector<iprobe_rt_fn
         f.live_ns = live[i].live_ns;
         f.live_since_ns = live[i].live_since_ns;
         f.window_start_ns = window_start;
+        if (live[i].kept) f.kept = live[i].kept;  // else made before kept was recorded: all shown
         fill_times(f);
         out.push_back(std::move(f));
     }
@@ -321,17 +324,22 @@ std::vector<FunctionStats> TraceReader::functions(const std::vector<iprobe_rt_fn
 }
 
 void write_function_stats_fields(JsonWriter& j, const FunctionStats& f) {
-    j.field("name", f.function)
-        .field("calls", f.calls)
-        .field("completed", f.completed)
-        .field("timed", f.timed)
-        .field("inclusive_ns", f.inclusive_ns)
-        .field("exclusive_ns", f.exclusive_ns)
-        .field("mean_ns", f.timed ? f.inclusive_ns / f.timed : 0)
-        .field("p50_ns", f.p50_ns)
-        .field("p99_ns", f.p99_ns)
-        .field("max_ns", f.max_ns)
-        .field("live_ns", f.live_ns)
+    j.field("name", f.function).field("calls", f.calls);
+    // Only what the handlers kept: the others are absent, not 0.
+    if (f.has_completed()) j.field("completed", f.completed);
+    if (f.has_times())
+        j.field("timed", f.timed)
+            .field("inclusive_ns", f.inclusive_ns)
+            .field("exclusive_ns", f.exclusive_ns)
+            .field("mean_ns", f.timed ? f.inclusive_ns / f.timed : 0)
+            .field("p50_ns", f.p50_ns)
+            .field("p99_ns", f.p99_ns)
+            .field("max_ns", f.max_ns);
+    j.key("fields").begin_array().value("calls");
+    if (f.has_completed()) j.value("completed");
+    if (f.has_times()) j.value("times");
+    j.end_array();
+    j.field("live_ns", f.live_ns)
         .field("live_since_ns", f.live_since_ns)
         .field("window_start_ns", f.window_start_ns);
     if (f.kind == probelist::ProbeKind::point) j.field("kind", "point");
@@ -349,6 +357,7 @@ std::vector<FunctionStats> merge_functions(const std::vector<std::vector<Functio
             }
             FunctionStats& m = out[it->second];
             add(m.raw, f.raw);
+            m.kept |= f.kept;
             ProbeState longest{IPROBE_RT_NO_STAT, m.live_since_ns != 0, m.live_ns, m.live_since_ns};
             keep_longest(longest, f.live_ns, f.live_since_ns);
             m.live_ns = longest.live_ns;

@@ -68,6 +68,16 @@ enum iprobe_rt_ring_state {
 
 /* Thread slots use the same states; a retired slot keeps its sums. */
 
+/* Which of a function's sums a probe's handler keeps, so a report shows
+ * only those (never an estimate): the count handler keeps `calls` from an
+ * entry and, only where its exit was asked for, `completed` from the exit;
+ * the trace handler also times calls whose entry and exit are both on. */
+enum iprobe_rt_kept {
+    IPROBE_RT_KEPT_CALLS = 1,
+    IPROBE_RT_KEPT_COMPLETED = 2,
+    IPROBE_RT_KEPT_TIMES = 4
+};
+
 /* One event; 32 bytes so records never straddle a cache line. */
 struct iprobe_rt_record {
     uint64_t tsc;        /* rdtsc at the event */
@@ -132,7 +142,9 @@ struct iprobe_rt_probe {
                           * IPROBE_RT_NO_STAT when none */
     uint8_t timed;       /* entry probe whose function's exit probe is enabled too:
                           * its calls are timed (else only counted) */
-    uint8_t pad[3];
+    uint8_t kept;        /* enum iprobe_rt_kept: what the handlers that turned this
+                          * probe on keep for it (OR over attaches; 0: not recorded) */
+    uint8_t pad[2];
     /* Written by the attacher when it turns the site on or off, so a report
      * can say for which part of the time a function's counts were kept. */
     uint64_t live_since_ns;  /* CLOCK_REALTIME when the site last became live; 0 while off */

@@ -61,6 +61,14 @@ struct FunctionStats {
     std::uint64_t probed_ns(std::uint64_t now_ns) const {
         return live_ns + (live_since_ns && now_ns > live_since_ns ? now_ns - live_since_ns : 0);
     }
+    // What its handlers kept (enum iprobe_rt_kept): a field they did not
+    // keep is absent from a report, never shown as 0 or estimated.
+    std::uint8_t kept = IPROBE_RT_KEPT_CALLS | IPROBE_RT_KEPT_COMPLETED | IPROBE_RT_KEPT_TIMES;
+    bool has_completed() const { return kept & IPROBE_RT_KEPT_COMPLETED; }
+    bool has_times() const {
+        constexpr std::uint8_t all = IPROBE_RT_KEPT_CALLS | IPROBE_RT_KEPT_COMPLETED | IPROBE_RT_KEPT_TIMES;
+        return (kept & all) == all;
+    }
     iprobe_rt_fn_stats raw{};  // the sums these were made from, in clock ticks
     double ns_per_tick = 1;
 };
@@ -82,6 +90,7 @@ struct ProbeState {
     bool live = false;                       // the site holds its call now
     std::uint64_t live_ns = 0;               // finished stretches it was live
     std::uint64_t live_since_ns = 0;         // CLOCK_REALTIME since when it is live (0: off)
+    std::uint8_t kept = 0;                   // enum iprobe_rt_kept (0: not recorded)
 };
 
 struct ThreadDrops {
