@@ -278,9 +278,8 @@ void check_selected_sites(const ProcessMemory& memory, const SelectedList& s, co
         check_site_bytes(s, running, *s.selected[k], addresses[k], text[k].data(), stubs_seen);
 }
 
-std::uint32_t find_or_add_module(Region& region, const RunningModule& running, const SelectedList& s) {
-    iprobe_rt_control* cb = region.control();
-    iprobe_rt_module* mods = region.modules();
+std::optional<std::uint32_t> find_module(const Region& region, const RunningModule& running, const SelectedList& s) {
+    const iprobe_rt_module* mods = region.modules();
     for (std::uint32_t i = 0; i < region.module_count(); i++)
         if (mods[i].load_bias == running.load_bias &&
             running.path == std::string(mods[i].path, ::strnlen(mods[i].path, sizeof mods[i].path)) &&
@@ -291,6 +290,13 @@ std::uint32_t find_or_add_module(Region& region, const RunningModule& running, c
                             ExitCode::bad_input);
             return i;
         }
+    return std::nullopt;
+}
+
+std::uint32_t find_or_add_module(Region& region, const RunningModule& running, const SelectedList& s) {
+    if (const auto found = find_module(region, running, s)) return *found;
+    iprobe_rt_control* cb = region.control();
+    iprobe_rt_module* mods = region.modules();
     if (region.module_count() >= cb->module_capacity || cb->module_count >= cb->module_capacity)
         throw Error("too many modules attached in this process");
     if (region.probe_count() + s.list.probes.size() > region.probe_capacity())

@@ -112,5 +112,7 @@ EntrySitePlan plan_entry_site(const SelectedList& s, const RunningModule& runnin
 void check_selected_sites(const ProcessMemory& memory, const SelectedList& s, const RunningModule& running);
 
 std::uint32_t find_or_add_module(Region& region, const RunningModule& running, const SelectedList& s);
+// Its index in the region when attached before.
+std::optional<std::uint32_t> find_module(const Region& region, const RunningModule& running, const SelectedList& s);
 
 }  // namespace iprobe::hotpatch

@@ -167,10 +167,14 @@ void ensure_stub_page(StoppedProcess& process, const LoadedLibrary& libc, const 
     module.stub_used = 0;
 }
 
+bool has_site_stubs(const iprobe_rt_module& module, std::uint32_t slots) {
+    return module.site_stubs && module.site_stub_slots >= std::max(slots, module.probe_count);
+}
+
 void ensure_site_stubs(StoppedProcess& process, const LoadedLibrary& libc, const RunningModule& running,
                        iprobe_rt_module& module, std::uint32_t slots) {
+    if (has_site_stubs(module, slots)) return;
     slots = std::max(slots, module.probe_count);
-    if (module.site_stubs && module.site_stub_slots >= slots) return;
     const std::uint64_t bytes = (std::uint64_t{slots} * kSiteStubSize + kPage - 1) / kPage * kPage;
     module.site_stubs = map_stubs_near(process, libc, running, bytes);
     module.site_stub_slots = slots;

@@ -78,6 +78,8 @@ void ensure_stub_page(StoppedProcess& process, const LoadedLibrary& libc, const 
 
 // One site-stub slot per probe id of the module (or `slots`, at least as
 // many: relocated_entries.h), mapped on first use.
+// The module has its per-site stub area, for `slots` probe ids at least.
+bool has_site_stubs(const iprobe_rt_module& module, std::uint32_t slots);
 void ensure_site_stubs(StoppedProcess& process, const LoadedLibrary& libc, const RunningModule& running,
                        iprobe_rt_module& module, std::uint32_t slots = 0);
 
