@@ -50,7 +50,7 @@ constexpr const char* kSynopsis =
     "                     [--entry-only|--exit-only] [--handler trace|count [--completed]] [--buffer SIZE] [--json]\n"
     "       iprobe detach PID [--functions GLOB,…] [--entry-only|--exit-only] [--json]\n"
     "       iprobe status PID [--json]   (also lists functions replaced by 'iprobe patch')\n"
-    "       iprobe trace  PID [--duration S] [--format text|json|chrome | --output FILE]\n"
+    "       iprobe trace  PID [--duration S] [--lossless] [--format text|json|chrome | --output FILE]\n"
     "       iprobe trace  --input FILE [--format text|json|chrome]\n"
     "       iprobe report PID[,PID…] [--json] [--since-last|--reset] [--duration S] [--at-exit]\n"
     "       iprobe report PID --folded [--duration S]\n"
@@ -80,7 +80,9 @@ constexpr const char* kAbout =
     "trace   streams events live, symbolized (Ctrl-C or --duration ends it);\n"
     "        chrome writes Chrome trace-event JSON that Perfetto opens. --output\n"
     "        writes a compact binary file instead (20 bytes an event), which\n"
-    "        --input FILE converts to any --format later.\n"
+    "        --input FILE converts to any --format later. --lossless: every event,\n"
+    "        the traced threads waiting for the reader when their ring is full\n"
+    "        (the default drops and counts, never slowing the target).\n"
     "report  prints calls, completed calls, inclusive/exclusive time and p50/p99/max\n"
     "        latency per function since the first attach: exact at any event rate,\n"
     "        changes nothing (two reports agree), still answers after detach.\n"
@@ -142,6 +144,7 @@ ArgSpec spec_of(const std::string& command) {
         {"--duration", "S", "trace, report: stop after S seconds"},
         {"--format", "text|json|chrome", "trace: output format (default text)"},
         {"--output", "FILE", "trace: write the compact binary event file instead"},
+        {"--lossless", "", "trace: every event: a thread whose ring is full waits for the reader instead\nof dropping (slows the target down to the reader's pace; default: lossy, drops counted)"},
         {"--input", "FILE", "trace: convert a file written by --output (no PID)"},
         {"--since-last", "", "report: only what happened since the last --since-last or --reset"},
         {"--reset", "", "report: mark now as the start for the next --since-last"},
@@ -189,7 +192,7 @@ Args parse(int argc, char** argv) {
     for (const auto& list : parsed.values("--module"))
         for (auto& m : split_list(list)) args.modules.push_back(m);
     for (const char* name : {"--functions", "--files", "--entry-only", "--exit-only", "--handler", "--completed", "--buffer",
-                             "--ring-records", "--runtime", "--duration", "--format", "--output", "--input",
+                             "--ring-records", "--runtime", "--duration", "--format", "--output", "--input", "--lossless",
                              "--since-last", "--reset", "--at-exit", "--folded", "--json", "--exec", "--report"})
         if (parsed.has(name)) args.values[name] = parsed.value(name);
     if (args.command == "run") {
@@ -393,7 +396,9 @@ void collect(TraceReader& reader, double seconds, const std::function<void(const
     reader.drain(sink);
     if (seconds == 0 || (seconds < 0 && !until_stop)) return;
     while (!g_stop && alive(reader.pid()) && (seconds < 0 || std::chrono::steady_clock::now() < end)) {
-        if (reader.drain(sink) == 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        // Lossless: threads may be waiting on a full ring, so look again soon.
+        if (reader.drain(sink) == 0)
+            std::this_thread::sleep_for(std::chrono::microseconds(reader.lossless() ? 200 : 5000));
     }
     reader.drain(sink);
 }
@@ -488,6 +493,7 @@ int cmd_trace(const Args& args) {
     }
     const double seconds = parse_duration(args);
     TraceReader reader(args.pid);
+    if (args.flag("--lossless")) reader.set_lossless(true);
     if (args.flag("--output")) {
         TraceFileWriter writer(args.value("--output"), args.pid);
         collect(reader, seconds, [&](const Event& e) { writer.write(e); }, true);
@@ -497,6 +503,12 @@ int cmd_trace(const Args& args) {
         EventPrinter printer(format, args.pid);
         collect(reader, seconds, [&](const Event& e) { printer.print(e, reader.probe(e.probe)); }, true);
         printer.finish();
+    }
+    if (args.flag("--lossless")) {
+        if (const std::uint64_t gave_up = reader.lossless_timeouts())
+            std::cerr << "iprobe: lossless: " << gave_up << " waits for this reader gave up after "
+                      << IPROBE_RT_LOSSLESS_WAIT_S << " s (the trace went lossy then)\n";
+        reader.set_lossless(false);
     }
     if (const std::uint64_t dropped = reader.take_dropped()) {
         std::cerr << "iprobe: " << dropped << " events dropped (ring full; report's sums are unaffected):";

@@ -268,6 +268,7 @@ std::optional<PlannedAhead> plan_ahead(const AttachOptions& options, std::vector
             },
             [](iprobe_rt_module&, std::uint64_t) -> std::uint64_t { throw NeedsStop{}; }};
         ahead.plan = plan_sites(memory, ahead.region, lists, targets, handlers, *handler_lib, state->stats_tpoff, found_only);
+        drop_written_stubs(memory, ahead.plan.site_stubs);
         insert_sites(ahead.region, ahead.plan);
         return ahead;
     } catch (const NeedsStop&) {

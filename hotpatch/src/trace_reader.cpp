@@ -93,6 +93,7 @@ std::uint64_t wall_clock_ns(std::uint64_t tsc, std::uint64_t tsc_base, std::uint
 struct TraceReader::Impl {
     std::optional<LockFile> reader_lock;
     bool stream = false;  // the one consumer of the event rings
+    bool lossless = false;  // this reader asked the threads to wait for it
     pid_t pid = 0;
     Region region;
     std::vector<ProbeInfo> probes;
@@ -137,7 +138,21 @@ TraceReader::TraceReader(UniqueFd region, Access access) : impl_(std::make_uniqu
     impl_->load_new_modules();
 }
 
-TraceReader::~TraceReader() = default;
+TraceReader::~TraceReader() {
+    if (impl_ && impl_->lossless) set_lossless(false);
+}
+
+void TraceReader::set_lossless(bool on) {
+    if (!impl_->stream) throw Error("only the reader of the event stream can make it lossless");
+    impl_->lossless = on;
+    __atomic_store_n(&impl_->region.control()->lossless, on ? 1u : 0u, __ATOMIC_RELEASE);
+}
+
+bool TraceReader::lossless() const { return impl_->lossless; }
+
+std::uint64_t TraceReader::lossless_timeouts() const {
+    return __atomic_load_n(&impl_->region.control()->lossless_timeouts, __ATOMIC_RELAXED);
+}
 
 std::size_t TraceReader::drain(const std::function<void(const Event&)>& sink) {
     if (!impl_->stream) throw Error("this reader does not consume the event stream");

@@ -45,6 +45,7 @@ extern "C" {
 #define IPROBE_RT_STACK_DEPTH 120  /* timed frames per thread; deeper calls are counted, not timed */
 #define IPROBE_RT_NO_STAT 0xffffffffu
 #define IPROBE_RT_RETURN_STACK_FRAMES 1024 /* hooked returns per thread (runtime/src/return_stack.h) */
+#define IPROBE_RT_LOSSLESS_WAIT_S 2        /* longest wait for room in a lossless trace */
 
 enum iprobe_rt_record_kind {
     IPROBE_RT_REC_ENTRY = 1,
@@ -228,7 +229,14 @@ struct iprobe_rt_control {
     uint32_t pad3;
     uint64_t unhooked_returns;   /* entries whose return could not be hooked (a thread deeper
                                   * than its return stack, the pool exhausted): exits not seen */
-    uint64_t reserved[6];
+    /* Set by a reader that wants every event (`iprobe trace --lossless`): a
+     * thread whose ring is full waits for it (spinning, then yielding) instead
+     * of dropping; after IPROBE_RT_LOSSLESS_WAIT_S without room the runtime
+     * clears it (a reader killed before it could) and drops, counted. */
+    uint32_t lossless;
+    uint32_t pad4;
+    uint64_t lossless_timeouts;  /* waits that gave up (and cleared `lossless`) */
+    uint64_t reserved[4];
 };
 
 #ifdef __cplusplus

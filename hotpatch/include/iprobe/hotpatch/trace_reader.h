@@ -139,6 +139,15 @@ public:
     // stack, the pool exhausted): their exits are missing from `completed`.
     std::uint64_t unhooked_returns() const;
 
+    // Lossless (Access::stream only): while on, a thread whose ring is full
+    // waits for this reader instead of dropping (the default is lossy and
+    // counted).  The destructor turns it off; a reader killed before that
+    // leaves at most one bounded wait (IPROBE_RT_LOSSLESS_WAIT_S), after
+    // which the runtime turns it off itself, counted in lossless_timeouts().
+    void set_lossless(bool on);
+    bool lossless() const;
+    std::uint64_t lossless_timeouts() const;
+
     // Event-stream drops (full rings), per thread and in all; never in the sums.
     std::vector<ThreadDrops> drops_by_thread() const;
     std::uint64_t dropped() const;                // since the first attach
