@@ -391,16 +391,20 @@ double parse_duration(const Args& args) {
 bool alive(pid_t pid) { return ::kill(pid, 0) == 0 || errno == EPERM; }
 
 // Drains until the duration ends, Ctrl-C, or the process exits.
-void collect(TraceReader& reader, double seconds, const std::function<void(const Event&)>& sink, bool until_stop) {
+void collect(TraceReader& reader, double seconds, const std::function<std::size_t()>& drain, bool until_stop) {
     const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(std::max(seconds, 0.0));
-    reader.drain(sink);
+    drain();
     if (seconds == 0 || (seconds < 0 && !until_stop)) return;
     while (!g_stop && alive(reader.pid()) && (seconds < 0 || std::chrono::steady_clock::now() < end)) {
         // Lossless: threads may be waiting on a full ring, so look again soon.
-        if (reader.drain(sink) == 0)
+        if (drain() == 0)
             std::this_thread::sleep_for(std::chrono::microseconds(reader.lossless() ? 200 : 5000));
     }
-    reader.drain(sink);
+    drain();
+}
+
+void collect(TraceReader& reader, double seconds, const std::function<void(const Event&)>& sink, bool until_stop) {
+    collect(reader, seconds, [&] { return reader.drain(sink); }, until_stop);
 }
 
 // Prints events as text, JSON lines or Chrome trace-event JSON.
@@ -496,7 +500,10 @@ int cmd_trace(const Args& args) {
     if (args.flag("--lossless")) reader.set_lossless(true);
     if (args.flag("--output")) {
         TraceFileWriter writer(args.value("--output"), args.pid);
-        collect(reader, seconds, [&](const Event& e) { writer.write(e); }, true);
+        // Raw runs of records, converted in bulk: the writer keeps up with the threads.
+        const WallClock clock = reader.wall_clock();
+        collect(reader, seconds, [&] { return reader.drain_runs([&](const RecordRun& run) { writer.write(run, clock); }); },
+                true);
         writer.finish(reader.probes());
         std::cerr << "iprobe: " << writer.events() << " events written to " << args.value("--output") << "\n";
     } else {

@@ -154,15 +154,20 @@ std::uint64_t TraceReader::lossless_timeouts() const {
     return __atomic_load_n(&impl_->region.control()->lossless_timeouts, __ATOMIC_RELAXED);
 }
 
-std::size_t TraceReader::drain(const std::function<void(const Event&)>& sink) {
+WallClock TraceReader::wall_clock() const {
+    const auto* cb = impl_->region.control();
+    const std::uint64_t hz = cb->tsc_hz;
+    return {cb->tsc_base, cb->realtime_ns_base, 1e9 / static_cast<double>(hz ? hz : 1)};
+}
+
+std::uint64_t WallClock::ns(std::uint64_t tsc) const { return wall_clock_ns(tsc, tsc_base, realtime_base, ns_per_tick); }
+
+std::size_t TraceReader::drain_runs(const std::function<void(const RecordRun&)>& sink) {
     if (!impl_->stream) throw Error("this reader does not consume the event stream");
     const Region& region = impl_->region;
-    const auto* cb = region.control();
     const std::uint64_t records_per_ring = region.ring_records();
     const std::uint64_t mask = records_per_ring - 1;
-    const std::uint64_t hz = cb->tsc_hz, tsc_base = cb->tsc_base, realtime_base = cb->realtime_ns_base;
-    const double ns_per_tick = 1e9 / static_cast<double>(hz ? hz : 1);
-    std::size_t events = 0;
+    std::size_t consumed = 0;
     for (std::uint32_t i = 0; i < region.ring_count(); i++) {
         if (interrupted()) break;  // Ctrl-C: within one ring's worth of events
         iprobe_rt_ring* ring = region.ring(i);
@@ -176,42 +181,20 @@ std::size_t TraceReader::drain(const std::function<void(const Event&)>& sink) {
             if (head - tail > records_per_ring) tail = head - records_per_ring;  // never read unpublished slots
             const iprobe_rt_record* records = region.records(i);
             // Pages of the ring never written hold no event (a head the
-            // target made up): skipped, never faulted in.
+            // target made up): skipped, never faulted in.  A run ends at a
+            // page's end (a record never straddles one) or the ring's.
             const std::vector<unsigned char> written = region.touched_pages(records, records_per_ring * sizeof *records);
             const auto first_page = reinterpret_cast<std::uintptr_t>(records) & ~std::uintptr_t{4095};
-            auto page_of = [&](std::uint64_t index) {
-                return (reinterpret_cast<std::uintptr_t>(&records[index & mask]) - first_page) / 4096;
-            };
             while (tail < head) {
-                if (const std::size_t page = page_of(tail); page >= written.size() || !written[page]) {
-                    tail++;
-                    continue;
+                const auto at = reinterpret_cast<std::uintptr_t>(&records[tail & mask]);
+                const std::uint64_t page = (at - first_page) / 4096;
+                const std::uint64_t in_page = (4096 - at % 4096) / sizeof *records;
+                const std::uint64_t end = std::min({head, tail + in_page, tail + records_per_ring - (tail & mask)});
+                if (page < written.size() && written[page]) {
+                    sink({records, mask, tail, end, end == head, i});
+                    consumed += end - tail;
                 }
-                const iprobe_rt_record& r = records[tail & mask];
-                Event e;
-                e.tsc = r.tsc;
-                e.time_ns = wall_clock_ns(r.tsc, tsc_base, realtime_base, ns_per_tick);
-                e.probe = r.probe;
-                e.tid = r.tid;
-                e.depth = r.depth;
-                tail++;
-                if (r.kind == IPROBE_RT_REC_POINT) {
-                    e.kind = probelist::ProbeKind::point;
-                    if (r.nargs && tail < head) {
-                        const auto* more = reinterpret_cast<const iprobe_rt_args_record*>(&records[tail & mask]);
-                        e.nargs = std::min<std::uint8_t>(r.nargs, 4);
-                        std::memcpy(e.args, more->args, sizeof e.args);
-                        tail++;
-                    }
-                } else if (r.kind == IPROBE_RT_REC_EXIT) {
-                    e.kind = probelist::ProbeKind::exit;
-                } else if (r.kind == IPROBE_RT_REC_ENTRY) {
-                    e.kind = probelist::ProbeKind::entry;
-                } else {
-                    continue;
-                }
-                sink(e);
-                events++;
+                tail = end;
             }
             __atomic_store_n(&ring->tail, tail, __ATOMIC_RELEASE);
         }
@@ -221,6 +204,68 @@ std::size_t TraceReader::drain(const std::function<void(const Event&)>& sink) {
             __atomic_compare_exchange_n(&ring->state, &expected, IPROBE_RT_RING_FREE, false, __ATOMIC_ACQ_REL,
                                         __ATOMIC_RELAXED);
         }
+    }
+    return consumed;
+}
+
+std::size_t TraceReader::drain(const std::function<void(const Event&)>& sink) {
+    const WallClock clock = wall_clock();
+    std::size_t events = 0;
+    bool args_next = false;  // the previous run ended with a POINT whose arguments follow
+    Event point;
+    std::uint32_t ring = UINT32_MAX;
+    drain_runs([&](const RecordRun& run) {
+        if (args_next && run.ring != ring) {  // its ring's next page was skipped
+            point.nargs = 0;
+            args_next = false;
+            sink(point);
+            events++;
+        }
+        ring = run.ring;
+        for (std::uint64_t at = run.from; at < run.to; at++) {
+            const iprobe_rt_record& r = run.records[at & run.mask];
+            if (args_next) {
+                std::memcpy(point.args, reinterpret_cast<const iprobe_rt_args_record*>(&r)->args, sizeof point.args);
+                args_next = false;
+                sink(point);
+                events++;
+                continue;
+            }
+            Event e;
+            e.tsc = r.tsc;
+            e.time_ns = clock.ns(r.tsc);
+            e.probe = r.probe;
+            e.tid = r.tid;
+            e.depth = r.depth;
+            if (r.kind == IPROBE_RT_REC_POINT) {
+                e.kind = probelist::ProbeKind::point;
+                if (r.nargs && !(run.last && at + 1 == run.to)) {
+                    e.nargs = std::min<std::uint8_t>(r.nargs, 4);
+                    point = e;
+                    args_next = true;
+                    continue;
+                }
+            } else if (r.kind == IPROBE_RT_REC_EXIT) {
+                e.kind = probelist::ProbeKind::exit;
+            } else if (r.kind == IPROBE_RT_REC_ENTRY) {
+                e.kind = probelist::ProbeKind::entry;
+            } else {
+                continue;
+            }
+            sink(e);
+            events++;
+        }
+        if (run.last && args_next) {  // cut by the ring's end: the point without its arguments
+            point.nargs = 0;
+            args_next = false;
+            sink(point);
+            events++;
+        }
+    });
+    if (args_next) {
+        point.nargs = 0;
+        sink(point);
+        events++;
     }
     return events;
 }

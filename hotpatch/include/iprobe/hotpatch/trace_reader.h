@@ -93,6 +93,23 @@ struct ProbeState {
     std::uint8_t kept = 0;                   // enum iprobe_rt_kept (0: not recorded)
 };
 
+// Raw records of one ring, published and in written pages: indices
+// [from, to) of records[index & mask].  `last`: `to` is what the ring had
+// published (a POINT's argument record cannot follow in a later run).
+struct RecordRun {
+    const iprobe_rt_record* records = nullptr;
+    std::uint64_t mask = 0, from = 0, to = 0;
+    bool last = false;
+    std::uint32_t ring = 0;
+};
+
+// Region clock ticks to CLOCK_REALTIME ns (saturating, never wrapping).
+struct WallClock {
+    std::uint64_t tsc_base = 0, realtime_base = 0;
+    double ns_per_tick = 1;
+    std::uint64_t ns(std::uint64_t tsc) const;
+};
+
 struct ThreadDrops {
     std::uint32_t tid = 0;
     std::uint64_t dropped = 0;  // records lost because the ring was full
@@ -116,6 +133,10 @@ public:
     // Consumes every published record of every ring, oldest first per thread
     // (Access::stream only).
     std::size_t drain(const std::function<void(const Event&)>& sink);
+    // The same, as runs of raw records (a writer's bulk copy); returns the
+    // records consumed.
+    std::size_t drain_runs(const std::function<void(const RecordRun&)>& sink);
+    WallClock wall_clock() const;
 
     // Probe metadata by global index (re-reads the module table when it grew).
     const ProbeInfo& probe(std::uint32_t index);
