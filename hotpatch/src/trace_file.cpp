@@ -79,7 +79,10 @@ TraceFileWriter::~TraceFileWriter() {
 }
 
 void TraceFileWriter::write(const Event& e) {
-    char buf[kEventHead + sizeof e.args];
+    end_of_stream();
+    if (buffer_.empty()) buffer_.resize(1u << 20);
+    if (used_ + kEventHead + sizeof e.args > buffer_.size()) flush_buffer();
+    char* buf = buffer_.data() + used_;
     const std::uint8_t kind = kind_code(e.kind), nargs = std::min<std::uint8_t>(e.nargs, 4);
     std::memcpy(buf, &e.time_ns, 8);
     std::memcpy(buf + 8, &e.probe, 4);
@@ -88,7 +91,7 @@ void TraceFileWriter::write(const Event& e) {
     buf[17] = static_cast<char>(nargs);
     std::memcpy(buf + 18, &e.depth, 2);
     std::memcpy(buf + kEventHead, e.args, 8u * nargs);
-    ::fwrite_unlocked(buf, 1, kEventHead + 8u * nargs, file_);
+    used_ += kEventHead + 8u * nargs;
     events_++;
 }
 
