@@ -2,6 +2,7 @@
 
 #include <time.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <optional>
@@ -94,6 +95,11 @@ struct TraceReader::Impl {
     std::optional<LockFile> reader_lock;
     bool stream = false;  // the one consumer of the event rings
     bool lossless = false;  // this reader asked the threads to wait for it
+    // Per ring, what mincore() already said (a memfd page stays resident
+    // from its first write until the region dies): 1 its header was
+    // written, 2 every page of its records too.  Saves a drain pass its
+    // system calls per ring.
+    std::vector<std::uint8_t> ring_known;
     pid_t pid = 0;
     Region region;
     std::vector<ProbeInfo> probes;
@@ -168,10 +174,13 @@ std::size_t TraceReader::drain_runs(const std::function<void(const RecordRun&)>&
     const std::uint64_t records_per_ring = region.ring_records();
     const std::uint64_t mask = records_per_ring - 1;
     std::size_t consumed = 0;
+    auto& known = impl_->ring_known;
+    known.resize(region.ring_count(), 0);
     for (std::uint32_t i = 0; i < region.ring_count(); i++) {
         if (interrupted()) break;  // Ctrl-C: within one ring's worth of events
         iprobe_rt_ring* ring = region.ring(i);
-        if (!region.touched(ring, sizeof *ring)) continue;
+        if (!known[i] && !region.touched(ring, sizeof *ring)) continue;
+        known[i] = std::max<std::uint8_t>(known[i], 1);
         const std::uint32_t state = __atomic_load_n(&ring->state, __ATOMIC_ACQUIRE);
         if (state == IPROBE_RT_RING_FREE) continue;
         const std::uint64_t head = __atomic_load_n(&ring->head, __ATOMIC_ACQUIRE);
@@ -183,14 +192,18 @@ std::size_t TraceReader::drain_runs(const std::function<void(const RecordRun&)>&
             // Pages of the ring never written hold no event (a head the
             // target made up): skipped, never faulted in.  A run ends at a
             // page's end (a record never straddles one) or the ring's.
-            const std::vector<unsigned char> written = region.touched_pages(records, records_per_ring * sizeof *records);
+            std::vector<unsigned char> written;
+            if (known[i] < 2) {
+                written = region.touched_pages(records, records_per_ring * sizeof *records);
+                if (std::all_of(written.begin(), written.end(), [](unsigned char w) { return w != 0; })) known[i] = 2;
+            }
             const auto first_page = reinterpret_cast<std::uintptr_t>(records) & ~std::uintptr_t{4095};
             while (tail < head) {
                 const auto at = reinterpret_cast<std::uintptr_t>(&records[tail & mask]);
                 const std::uint64_t page = (at - first_page) / 4096;
                 const std::uint64_t in_page = (4096 - at % 4096) / sizeof *records;
                 const std::uint64_t end = std::min({head, tail + in_page, tail + records_per_ring - (tail & mask)});
-                if (page < written.size() && written[page]) {
+                if (known[i] == 2 || (page < written.size() && written[page])) {
                     sink({records, mask, tail, end, end == head, i});
                     consumed += end - tail;
                 }
