@@ -253,6 +253,9 @@ std::optional<PlannedAhead> plan_ahead(const AttachOptions& options, std::vector
         for (auto& s : lists) targets.push_back(&match_module(s, modules, options.pid));
         for (std::size_t li = 0; li < lists.size(); li++)
             for (auto& f : drop_redirected(memory, lists[li].list, *targets[li], lists[li].selected)) redirected.push_back(f);
+        // Nothing left to enable: the stop refuses it (and says why).
+        if (std::all_of(lists.begin(), lists.end(), [](const SelectedList& s) { return s.selected.empty(); }))
+            return std::nullopt;
         for (std::size_t li = 0; li < lists.size(); li++) check_selected_sites(memory, lists[li], *targets[li]);
         const StubAreas found_only{
             [](Region& r, const RunningModule& running, const SelectedList& s) {
