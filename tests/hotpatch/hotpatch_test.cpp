@@ -185,6 +185,16 @@ TEST_F(HotpatchTest, LosslessTraceWritesEveryEventOfEveryThread) {
             dropped_before = dropped;
         }
     }
+    // A lossless reader killed outright never gets to turn lossless off: the
+    // threads wait for it at most IPROBE_RT_LOSSLESS_WAIT_S, then the runtime
+    // turns it off itself and they go on dropping, counted.
+    Child killed({iprobe_bin(), "trace", pid, "--output", dir / "killed.trace", "--lossless"}, dir / "trace.out");
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    killed.kill(SIGKILL);
+    killed.wait();
+    EXPECT_EQ(target.command("burst " + std::to_string(kCalls), std::chrono::seconds(60)), kWorkers * kCalls);
+    const long long dropped = json_number(iprobe({"report", pid, "--json"}).out, "trace_dropped");
+    EXPECT_GT(dropped, dropped_before) << "the events nobody read are counted";
 }
 
 TEST_F(HotpatchTest, CountHandlerCountsExactly) {
