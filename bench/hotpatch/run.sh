@@ -16,14 +16,19 @@
 # usage: bench/hotpatch/run.sh [BUILD_DIR]   (as root; builds what it needs)
 # env: MAX_EXP (default 8), PAUSE_SIZES (default "1000 10000 100000"), SKIP_BPF=1,
 #      REPEATS (default 3, fastest kept), SECTIONS (default "1 2 3 4"),
-#      BASELINE=BUILD_DIR and LOAD=N for section 2 (see there)
+#      BASELINE=BUILD_DIR and LOAD=N for section 2 (see there),
+#      VARIANTS (section 1: the columns to measure, default all)
+#   5. instructions per call (callgrind) of native, NOPs, the plain ++ hook,
+#      and of the count handler's path read from the live process (callgrind
+#      cannot run a process iprobe attaches to): the NOP's count with the
+#      NOP replaced by the site's jmp and the stub's fast path
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 build="$(cd "${1:-${IPROBE_BUILD_DIR:-$root/build}}" && pwd)"
 here="$root/bench/hotpatch"
 max_exp=${MAX_EXP:-8}
 pause_sizes=${PAUSE_SIZES:-"1000 10000 100000"}
-sections=" ${SECTIONS:-1 2 3 4} "
+sections=" ${SECTIONS:-1 2 3 4 5} "
 want() { [[ $sections == *" $1 "* ]]; }
 iprobe="$build/bin/iprobe"
 work="$build/bench-hotpatch"
@@ -53,9 +58,11 @@ clang-14 -O2 -fxray-instrument -fxray-instruction-threshold=1 -DWITH_XRAY -o "$w
 repeats=${REPEATS:-3}
 # Runs a variant $repeats times (fresh process each) and keeps, per size, the
 # fastest run: the machine is shared, and preemption only ever adds time.
+variants=" ${VARIANTS:-native disabled count count_completed trace fi_count fi_trace llvm_count llvm_trace plain floor xray bpftrace} "
 run_variant() {  # name binary [attach args...]
   local name=$1 binary=$2
   shift 2
+  [[ $variants == *" $name "* ]] || return 0
   : >"$work/result.$name.all"
   for ((r = 0; r < repeats; r++)); do
     start "$binary" "$max_exp"
@@ -72,6 +79,7 @@ log "1. enabled cost per call (each call = an entry and an exit event where inst
 run_variant native "$work/loop_native"
 run_variant disabled "$work/loop_iprobe"
 run_variant count "$work/loop_iprobe" --functions empty --handler count
+run_variant count_completed "$work/loop_iprobe" --functions empty --handler count --completed
 run_variant trace "$work/loop_iprobe" --functions empty --ring-records 8388608
 run_variant fi_count "$work/loop_finstrument" --functions empty --handler count
 run_variant fi_trace "$work/loop_finstrument" --functions empty --ring-records 8388608
@@ -81,7 +89,7 @@ run_variant plain "$work/loop_plain"
 run_variant floor "$work/loop_floor" --functions empty --handler count \
   --probes "$work/loop_floor_list.probes" --runtime "$build/lib/libiprobe-rt-hooks.so"
 run_variant xray "$work/loop_xray"
-if [[ -z ${SKIP_BPF:-} ]] && command -v bpftrace >/dev/null; then
+if [[ -z ${SKIP_BPF:-} && $variants == *" bpftrace "* ]] && command -v bpftrace >/dev/null; then
   bpf_exp=$((max_exp < 5 ? max_exp : 5))
   bpftrace -e "uprobe:$work/loop_native:empty { @c = count(); }" >"$work/bpftrace.out" 2>&1 &
   bpf=$!
@@ -92,22 +100,24 @@ if [[ -z ${SKIP_BPF:-} ]] && command -v bpftrace >/dev/null; then
   kill -INT "$bpf"; wait "$bpf" || true
 fi
 
-printf '\n| calls | native | NOPs (disabled) | count | trace | finstrument count | finstrument trace | llvm count | llvm trace | plain ++ hook (floor) | iprobe count compiled in | XRay patched | bpftrace uprobe | count / floor | trace ns/event |\n'
-printf '|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n'
+printf '\n| calls | native | NOPs (disabled) | count | count --completed | trace | finstrument count | finstrument trace | llvm count | llvm trace | plain ++ hook (floor) | iprobe count compiled in | XRay patched | bpftrace uprobe | count / floor | trace ns/event |\n'
+printf '|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n'
 n=1
 for ((e = 1; e <= max_exp; e++)); do
   n=$((n * 10))
   row="| 10^$e"
-  for v in native disabled count trace fi_count fi_trace llvm_count llvm_trace plain floor xray bpftrace; do
+  for v in native disabled count count_completed trace fi_count fi_trace llvm_count llvm_trace plain floor xray bpftrace; do
     x=$(ns_at "$work/result.$v" "$n" 2>/dev/null || true)
     row+=" | ${x:--}"
   done
-  c=$(ns_at "$work/result.count" "$n"); f=$(ns_at "$work/result.plain" "$n"); t=$(ns_at "$work/result.trace" "$n")
-  row+=" | $(awk -v c="$c" -v f="$f" 'BEGIN { printf "%.2f", c / f }') | $(awk -v t="$t" 'BEGIN { printf "%.1f", t / 2 }') |"
+  c=$(ns_at "$work/result.count" "$n" 2>/dev/null || true); f=$(ns_at "$work/result.plain" "$n" 2>/dev/null || true)
+  t=$(ns_at "$work/result.trace" "$n" 2>/dev/null || true)
+  row+=" | $(awk -v c="$c" -v f="$f" 'BEGIN { if (c && f) printf "%.2f", c / f; else printf "-" }')"
+  row+=" | $(awk -v t="$t" 'BEGIN { if (t) printf "%.1f", t / 2; else printf "-" }') |"
   echo "$row"
 done
 echo "(CPU ns per call of empty(), fastest of $repeats runs; instrumented variants fire an entry and an exit event per call;"
-echo " count, trace: the entry flow, iprobe-cc's default, whose exit goes through a return trampoline; count / floor and trace ns/event are the entry flow's)"
+echo " count: the entry flow, iprobe-cc's default, entries only (exits untouched); count --completed and trace: the exit too, through a return trampoline; count / floor and trace ns/event are the entry flow's)"
 echo "trace ring: 2^23 records per thread (its pages are faulted in at the first event: the 10^1 row carries that one-time cost); events beyond it in the largest runs are dropped (counted), not blocking"
 
 fi
@@ -132,9 +142,12 @@ for probes in $pause_sizes; do
   for tool in "${tools[@]}"; do
     start "$work/many_$fns"
     sleep 0.5
-    on=$("$tool" attach "$pid" --handler count --json)
+    # Entries and exits: --completed where the count handler takes it (a
+    # build before it turned both on without it).
+    both=(); "$tool" attach --help 2>/dev/null | grep -q -- --completed && both=(--completed)
+    on=$("$tool" attach "$pid" --handler count "${both[@]}" --json)
     off=$("$tool" detach "$pid" --json)
-    on2=$("$tool" attach "$pid" --handler count --json)
+    on2=$("$tool" attach "$pid" --handler count "${both[@]}" --json)
     off2=$("$tool" detach "$pid" --json)
     kill "$pid"; wait "$pid" 2>/dev/null || true
     label=$([[ $tool == "$iprobe" ]] && echo "this build" || echo "baseline")
@@ -202,4 +215,29 @@ for threads in 8 64; do
 done
 printf '\n'
 "$work/clocks"
+fi
+
+if want 5; then
+log "5. instructions per call"
+# Instructions a binary executes for the 10^6 calls of its 10^6 round: the
+# total under callgrind with MAX 6 minus with MAX 5 (startup cancels out).
+collected() {  # binary max_exp
+  start valgrind --tool=callgrind --callgrind-out-file=/dev/null "$1" "$2"
+  finish
+  sed -n 's/.*Collected : \([0-9]*\).*/\1/p' "$out"
+}
+per_call() { local a b; a=$(collected "$1" 5); b=$(collected "$1" 6); awk -v a="$a" -v b="$b" 'BEGIN { printf "%.2f", (b - a) / 1e6 }'; }
+native_ir=$(per_call "$work/loop_native")
+nops_ir=$(per_call "$work/loop_iprobe")
+plain_ir=$(per_call "$work/loop_plain")
+start "$work/loop_iprobe" 1
+"$iprobe" attach "$pid" --functions empty --handler count >/dev/null
+python3 "$here/site_path.py" "$pid" "$work/loop_iprobe" empty "$iprobe" >"$work/site_path.txt"
+finish
+site_ir=$(head -n 1 "$work/site_path.txt")
+count_ir=$(awk -v n="$nops_ir" -v s="$site_ir" 'BEGIN { printf "%.2f", n - 1 + s }')
+printf '\n| instructions per call of empty() | native | NOPs (disabled) | count (entry only) | plain ++ hook (floor) | count / floor |\n|---|---|---|---|---|---|\n'
+awk -v a="$native_ir" -v b="$nops_ir" -v c="$count_ir" -v d="$plain_ir" 'BEGIN { printf "| | %s | %s | %s | %s | %.2f |\n", a, b, c, d, c / d }'
+echo "(callgrind for native, NOPs and the plain hook; count = the NOPs' count with the NOP replaced by the site's path, read from the live process:)"
+tail -n +2 "$work/site_path.txt"
 fi

@@ -47,10 +47,10 @@ std::string g_command = "attach";
 
 constexpr const char* kSynopsis =
     "usage: iprobe attach PID [--probes LIST[,LIST…]] [--module NAME[,NAME…]] [--functions GLOB,…] [--files GLOB,…]\n"
-    "                     [--entry-only|--exit-only] [--handler trace|count] [--buffer SIZE] [--json]\n"
+    "                     [--entry-only|--exit-only] [--handler trace|count [--completed]] [--buffer SIZE] [--json]\n"
     "       iprobe detach PID [--functions GLOB,…] [--entry-only|--exit-only] [--json]\n"
     "       iprobe status PID [--json]   (also lists functions replaced by 'iprobe patch')\n"
-    "       iprobe trace  PID [--duration S] [--format text|json|chrome | --output FILE]\n"
+    "       iprobe trace  PID [--duration S] [--lossless] [--format text|json|chrome | --output FILE]\n"
     "       iprobe trace  --input FILE [--format text|json|chrome]\n"
     "       iprobe report PID[,PID…] [--json] [--since-last|--reset] [--duration S] [--at-exit]\n"
     "       iprobe report PID --folded [--duration S]\n"
@@ -69,7 +69,10 @@ constexpr const char* kAbout =
     "        Every handler keeps exact per-function sums in each thread's own slot\n"
     "        of the process's region. --handler trace (default) also times calls\n"
     "        (inclusive/exclusive, latency histogram) and logs entry/exit events to a\n"
-    "        per-thread ring for 'iprobe trace'; count only counts calls.\n"
+    "        per-thread ring for 'iprobe trace'; count only counts calls, from the\n"
+    "        entries alone (exits untouched, so it costs what a compiled-in counter\n"
+    "        costs); --completed (or --exit-only) turns the exits on to count\n"
+    "        completed calls too.\n"
     "        --buffer SIZE (bytes, K/M/G suffix; default 512K) sets each thread's\n"
     "        event ring when the first attach creates the region.\n"
     "detach  puts the NOPs back (all probes, or those matching --functions and the kind).\n"
@@ -77,7 +80,9 @@ constexpr const char* kAbout =
     "trace   streams events live, symbolized (Ctrl-C or --duration ends it);\n"
     "        chrome writes Chrome trace-event JSON that Perfetto opens. --output\n"
     "        writes a compact binary file instead (20 bytes an event), which\n"
-    "        --input FILE converts to any --format later.\n"
+    "        --input FILE converts to any --format later. --lossless: every event,\n"
+    "        the traced threads waiting for the reader when their ring is full\n"
+    "        (the default drops and counts, never slowing the target).\n"
     "report  prints calls, completed calls, inclusive/exclusive time and p50/p99/max\n"
     "        latency per function since the first attach: exact at any event rate,\n"
     "        changes nothing (two reports agree), still answers after detach.\n"
@@ -132,12 +137,14 @@ ArgSpec spec_of(const std::string& command) {
         {"--entry-only", "", "only entry probes"},
         {"--exit-only", "", "only exit probes"},
         {"--handler", "trace|count", "attach: what enabled probes do (default trace)"},
+        {"--completed", "", "attach, run: with --handler count, also count completed calls (turns the exits\non: every return then goes through a return trampoline)"},
         {"--buffer", "SIZE", "attach: each thread's event ring (K/M/G suffix; default 512K)"},
         {"--ring-records", "N", "attach: each thread's event ring in records (instead of --buffer)"},
         {"--runtime", "PATH", "attach: the runtime library to inject (default: the installed one)"},
         {"--duration", "S", "trace, report: stop after S seconds"},
         {"--format", "text|json|chrome", "trace: output format (default text)"},
         {"--output", "FILE", "trace: write the compact binary event file instead"},
+        {"--lossless", "", "trace: every event: a thread whose ring is full waits for the reader instead\nof dropping (slows the target down to the reader's pace; default: lossy, drops counted)"},
         {"--input", "FILE", "trace: convert a file written by --output (no PID)"},
         {"--since-last", "", "report: only what happened since the last --since-last or --reset"},
         {"--reset", "", "report: mark now as the start for the next --since-last"},
@@ -184,8 +191,8 @@ Args parse(int argc, char** argv) {
         for (auto& p : split_list(list)) args.probes.push_back(p);
     for (const auto& list : parsed.values("--module"))
         for (auto& m : split_list(list)) args.modules.push_back(m);
-    for (const char* name : {"--functions", "--files", "--entry-only", "--exit-only", "--handler", "--buffer",
-                             "--ring-records", "--runtime", "--duration", "--format", "--output", "--input",
+    for (const char* name : {"--functions", "--files", "--entry-only", "--exit-only", "--handler", "--completed", "--buffer",
+                             "--ring-records", "--runtime", "--duration", "--format", "--output", "--input", "--lossless",
                              "--since-last", "--reset", "--at-exit", "--folded", "--json", "--exec", "--report"})
         if (parsed.has(name)) args.values[name] = parsed.value(name);
     if (args.command == "run") {
@@ -253,6 +260,9 @@ AttachOptions attach_options_of(const Args& args) {
     if (handler == "trace") o.mode = HandlerMode::trace;
     else if (handler == "count") o.mode = HandlerMode::count;
     else usage_error("--handler must be trace or count");
+    if (args.flag("--completed") && o.mode != HandlerMode::count)
+        usage_error("--completed is for --handler count (trace keeps completed calls and times anyway)");
+    o.count_exits = args.flag("--completed");
     if (args.flag("--ring-records") && args.flag("--buffer")) usage_error("--ring-records and --buffer exclude each other");
     if (args.flag("--ring-records"))
         o.ring_records = static_cast<std::uint32_t>(parse_unsigned_or_usage(args.value("--ring-records"), "--ring-records", 1, 1u << 30));
@@ -381,14 +391,20 @@ double parse_duration(const Args& args) {
 bool alive(pid_t pid) { return ::kill(pid, 0) == 0 || errno == EPERM; }
 
 // Drains until the duration ends, Ctrl-C, or the process exits.
-void collect(TraceReader& reader, double seconds, const std::function<void(const Event&)>& sink, bool until_stop) {
+void collect(TraceReader& reader, double seconds, const std::function<std::size_t()>& drain, bool until_stop) {
     const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(std::max(seconds, 0.0));
-    reader.drain(sink);
+    drain();
     if (seconds == 0 || (seconds < 0 && !until_stop)) return;
     while (!g_stop && alive(reader.pid()) && (seconds < 0 || std::chrono::steady_clock::now() < end)) {
-        if (reader.drain(sink) == 0) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        // Lossless: threads may be waiting on a full ring, so look again soon.
+        if (drain() == 0)
+            std::this_thread::sleep_for(std::chrono::microseconds(reader.lossless() ? 200 : 5000));
     }
-    reader.drain(sink);
+    drain();
+}
+
+void collect(TraceReader& reader, double seconds, const std::function<void(const Event&)>& sink, bool until_stop) {
+    collect(reader, seconds, [&] { return reader.drain(sink); }, until_stop);
 }
 
 // Prints events as text, JSON lines or Chrome trace-event JSON.
@@ -481,15 +497,25 @@ int cmd_trace(const Args& args) {
     }
     const double seconds = parse_duration(args);
     TraceReader reader(args.pid);
+    if (args.flag("--lossless")) reader.set_lossless(true);
     if (args.flag("--output")) {
         TraceFileWriter writer(args.value("--output"), args.pid);
-        collect(reader, seconds, [&](const Event& e) { writer.write(e); }, true);
+        // Raw runs of records, converted in bulk: the writer keeps up with the threads.
+        const WallClock clock = reader.wall_clock();
+        collect(reader, seconds, [&] { return reader.drain_runs([&](const RecordRun& run) { writer.write(run, clock); }); },
+                true);
         writer.finish(reader.probes());
         std::cerr << "iprobe: " << writer.events() << " events written to " << args.value("--output") << "\n";
     } else {
         EventPrinter printer(format, args.pid);
         collect(reader, seconds, [&](const Event& e) { printer.print(e, reader.probe(e.probe)); }, true);
         printer.finish();
+    }
+    if (args.flag("--lossless")) {
+        if (const std::uint64_t gave_up = reader.lossless_timeouts())
+            std::cerr << "iprobe: lossless: " << gave_up << " waits for this reader gave up after "
+                      << IPROBE_RT_LOSSLESS_WAIT_S << " s (the trace went lossy then)\n";
+        reader.set_lossless(false);
     }
     if (const std::uint64_t dropped = reader.take_dropped()) {
         std::cerr << "iprobe: " << dropped << " events dropped (ring full; report's sums are unaffected):";
@@ -622,16 +648,24 @@ std::string format_report(std::vector<std::vector<FunctionStats>> per_process,
     const std::uint64_t now = realtime_ns();
     append(std::snprintf(line, sizeof line, "%-40s %12s %12s %14s %14s %10s %10s %10s %10s %7s\n", "function", "calls",
                          "completed", "incl total ns", "excl total ns", "mean ns", "p50 ns", "p99 ns", "max ns", "probed"));
+    bool absent = false;
     for (const auto& f : rows) {
         // The name apart: a long demangled name is not cut (%-40s only pads).
         out += f.function;
         if (f.function.size() < 40) out.append(40 - f.function.size(), ' ');
-        append(std::snprintf(line, sizeof line,
-                             " %12" PRIu64 " %12" PRIu64 " %14" PRIu64 " %14" PRIu64 " %10" PRIu64 " %10" PRIu64
-                             " %10" PRIu64 " %10" PRIu64 " %7s\n",
-                             f.calls, f.completed, f.inclusive_ns, f.exclusive_ns, f.timed ? f.inclusive_ns / f.timed : 0,
-                             f.p50_ns, f.p99_ns, f.max_ns, probed_percent(f, now).c_str()));
+        // A field the handler did not keep is '-', never 0.
+        auto kept = [](bool has, std::uint64_t v) { return has ? std::to_string(v) : std::string("-"); };
+        const bool times = f.has_times();
+        absent = absent || !times;
+        append(std::snprintf(line, sizeof line, " %12" PRIu64 " %12s %14s %14s %10s %10s %10s %10s %7s\n", f.calls,
+                             kept(f.has_completed(), f.completed).c_str(), kept(times, f.inclusive_ns).c_str(),
+                             kept(times, f.exclusive_ns).c_str(), kept(times, f.timed ? f.inclusive_ns / f.timed : 0).c_str(),
+                             kept(times, f.p50_ns).c_str(), kept(times, f.p99_ns).c_str(), kept(times, f.max_ns).c_str(),
+                             probed_percent(f, now).c_str()));
     }
+    if (absent)
+        out += "-: not kept by the handler (count keeps calls; with --completed also completed calls; trace keeps "
+               "times)\n";
     if (lost) append(std::snprintf(line, sizeof line, "lost: %" PRIu64 " calls (no thread slot free, or an unknown site)\n", lost));
     if (unhooked)
         append(std::snprintf(line, sizeof line,

@@ -70,8 +70,13 @@ std::vector<SelectedList> load_lists(const AttachOptions& options) {
         lists.push_back(std::move(s));
     }
     std::string refusal;  // the first refused function matched, and why
+    const bool entries_only = leaves_exits_off(options);
     for (auto& s : lists) {
         s.selected = options.selector.select(s.list);
+        if (entries_only)
+            s.exits_left_off = std::erase_if(s.selected, [](const probelist::Probe* p) {
+                return p->kind == probelist::ProbeKind::exit;
+            });
         selected += s.selected.size();
         for (const probelist::RefusedFunction& f : s.list.refused) {
             probelist::Probe as_probe;
@@ -93,6 +98,19 @@ std::vector<SelectedList> load_lists(const AttachOptions& options) {
                     ExitCode::not_found);
     }
     return lists;
+}
+
+bool leaves_exits_off(const AttachOptions& options) {
+    const auto& kinds = options.selector.kinds;
+    return options.mode == HandlerMode::count && options.handlers.enter.empty() && !options.count_exits &&
+           std::find(kinds.begin(), kinds.end(), probelist::ProbeKind::exit) == kinds.end();
+}
+
+std::uint8_t kept_by(HandlerMode mode, std::uint8_t kind) {
+    const std::uint8_t times = mode == HandlerMode::trace ? IPROBE_RT_KEPT_TIMES : 0;
+    if (kind == static_cast<std::uint8_t>(probelist::ProbeKind::exit)) return IPROBE_RT_KEPT_COMPLETED | times;
+    if (kind == static_cast<std::uint8_t>(probelist::ProbeKind::entry)) return IPROBE_RT_KEPT_CALLS | times;
+    return IPROBE_RT_KEPT_CALLS;
 }
 
 std::string hex_id(const std::vector<std::uint8_t>& id) { return id.empty() ? "(none)" : probelist::hex(id); }
@@ -260,9 +278,8 @@ void check_selected_sites(const ProcessMemory& memory, const SelectedList& s, co
         check_site_bytes(s, running, *s.selected[k], addresses[k], text[k].data(), stubs_seen);
 }
 
-std::uint32_t find_or_add_module(Region& region, const RunningModule& running, const SelectedList& s) {
-    iprobe_rt_control* cb = region.control();
-    iprobe_rt_module* mods = region.modules();
+std::optional<std::uint32_t> find_module(const Region& region, const RunningModule& running, const SelectedList& s) {
+    const iprobe_rt_module* mods = region.modules();
     for (std::uint32_t i = 0; i < region.module_count(); i++)
         if (mods[i].load_bias == running.load_bias &&
             running.path == std::string(mods[i].path, ::strnlen(mods[i].path, sizeof mods[i].path)) &&
@@ -273,6 +290,13 @@ std::uint32_t find_or_add_module(Region& region, const RunningModule& running, c
                             ExitCode::bad_input);
             return i;
         }
+    return std::nullopt;
+}
+
+std::uint32_t find_or_add_module(Region& region, const RunningModule& running, const SelectedList& s) {
+    if (const auto found = find_module(region, running, s)) return *found;
+    iprobe_rt_control* cb = region.control();
+    iprobe_rt_module* mods = region.modules();
     if (region.module_count() >= cb->module_capacity || cb->module_count >= cb->module_capacity)
         throw Error("too many modules attached in this process");
     if (region.probe_count() + s.list.probes.size() > region.probe_capacity())

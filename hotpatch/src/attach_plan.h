@@ -24,7 +24,15 @@ struct SelectedList {
     probelist::ProbeList list;
     std::vector<const probelist::Probe*> selected;
     std::vector<const probelist::RefusedFunction*> refused;  // matched, but cannot be probed
+    std::size_t exits_left_off = 0;  // matched exits the count handler does not need
 };
+
+// The runtime's count handler counts calls from entries alone: exits are
+// turned on only where asked for (AttachOptions::count_exits, --exit-only).
+bool leaves_exits_off(const AttachOptions& options);
+
+// What a probe of `kind` turned on with `mode` keeps (enum iprobe_rt_kept).
+std::uint8_t kept_by(HandlerMode mode, std::uint8_t kind);
 
 std::string describe_selector(const probelist::ProbeSelector& s);
 
@@ -104,5 +112,7 @@ EntrySitePlan plan_entry_site(const SelectedList& s, const RunningModule& runnin
 void check_selected_sites(const ProcessMemory& memory, const SelectedList& s, const RunningModule& running);
 
 std::uint32_t find_or_add_module(Region& region, const RunningModule& running, const SelectedList& s);
+// Its index in the region when attached before.
+std::optional<std::uint32_t> find_module(const Region& region, const RunningModule& running, const SelectedList& s);
 
 }  // namespace iprobe::hotpatch

@@ -14,6 +14,9 @@ std::string attach_summary(const AttachStats& st, std::optional<pid_t> pid) {
            " on in total); " + std::to_string(st.threads) + " threads stopped for " + std::to_string(st.pause_us) +
            " us";
     if (st.runtime_injected) out += "; runtime injected";
+    if (st.exits_left_off)
+        out += "; " + std::to_string(st.exits_left_off) +
+               " exit probes left off (the count handler counts calls from entries; --completed counts completed calls too)";
     if (st.refused)
         out += "\n" + std::to_string(st.refused) + " matching function(s) cannot be probed (" + st.refused_example +
                (st.refused > 1 ? ", ..." : "") + "): see 'iprobe list FILE --refused'";
@@ -38,6 +41,7 @@ std::string attach_json(const AttachStats& st, pid_t pid) {
         .field("stop_us", st.stop_us)
         .field("runtime_injected", st.runtime_injected)
         .field("refused", static_cast<std::uint64_t>(st.refused))
+        .field("exits_left_off", static_cast<std::uint64_t>(st.exits_left_off))
         .key("patched_skipped")
         .begin_array();
     for (const auto& f : st.patched_skipped) j.value(f);
@@ -58,6 +62,7 @@ AttachStats parse_attach_json(std::string_view text) {
         doc.at("stop_us").get_to(st.stop_us);
         doc.at("runtime_injected").get_to(st.runtime_injected);
         if (doc.contains("refused")) doc.at("refused").get_to(st.refused);
+        if (doc.contains("exits_left_off")) doc.at("exits_left_off").get_to(st.exits_left_off);
         if (doc.contains("patched_skipped")) doc.at("patched_skipped").get_to(st.patched_skipped);
         return st;
     } catch (const nlohmann::json::exception& e) {

@@ -7,6 +7,8 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <functional>
+#include <optional>
 #include <map>
 #include <set>
 
@@ -28,6 +30,259 @@
 
 namespace iprobe::hotpatch {
 
+namespace {
+
+// A site this attach turns on: its probe's flag and its key in the site hash.
+struct Enable {
+    std::uint32_t global;          // the probe to flag enabled
+    std::uint64_t return_address;  // its site's key in the site hash
+    std::uint32_t keyed;           // the probe that key resolves to
+};
+
+// Everything an attach writes, worked out from the code as it is.
+struct SitesPlan {
+    std::vector<Patch> patches;
+    std::vector<SiteStub> site_stubs;
+    std::vector<Enable> enables;
+    std::set<std::string> touched;
+    std::size_t selected = 0, newly_enabled = 0, already_enabled = 0;
+};
+
+// Where a module's region entry and stub areas come from: added and mapped
+// (remote calls: the world stopped), or, planning while the target runs,
+// only found (NeedsStop when missing).
+struct StubAreas {
+    std::function<std::uint32_t(Region&, const RunningModule&, const SelectedList&)> module;
+    std::function<void(const RunningModule&, iprobe_rt_module&)> page;
+    std::function<void(const RunningModule&, iprobe_rt_module&, std::uint32_t)> site_stubs;
+    std::function<std::uint64_t(iprobe_rt_module&, std::uint64_t)> shared_stub;
+};
+struct NeedsStop {};
+
+SitesPlan plan_sites(const ProcessMemory& memory, Region& region, std::vector<SelectedList>& lists,
+                     const std::vector<const RunningModule*>& targets, const HandlerSymbols& handlers,
+                     const LoadedLibrary& handler_lib, std::int64_t stats_tpoff, const StubAreas& areas) {
+    SitesPlan plan;
+    auto& [patches, site_stubs, enables, touched, selected, newly_enabled, already_enabled] = plan;
+    StubChecker stubs_seen(memory);
+    std::map<const std::string*, std::uint64_t> handler_addresses;  // keyed as `stubs` below
+
+    for (std::size_t li = 0; li < lists.size(); li++) {
+        auto& s = lists[li];
+        const RunningModule& running = *targets[li];
+        const std::uint32_t mi = areas.module(region, running, s);
+        iprobe_rt_module& module = region.modules()[mi];
+        touched.insert(running.path);
+        if (s.selected.empty()) continue;
+        std::vector<std::uint64_t> addresses;
+        addresses.reserve(s.selected.size());
+        for (const probelist::Probe* p : s.selected) addresses.push_back(running.load_bias + p->site);
+        const std::vector<SiteText> text = read_sites(memory, addresses);
+        areas.page(running, module);
+        // Keyed by the handler symbol's identity: one of the six in `handlers`.
+        std::map<const std::string*, std::uint64_t> stubs;
+        // Looked up once per symbol, not once per site: a symbol search
+        // is a scan of the library's table, 10k of them a millisecond.
+        auto handler_address = [&](const std::string& symbol) {
+            auto& known = handler_addresses[&symbol];
+            if (known) return known;
+            const auto target = handler_lib.symbol(symbol);
+            if (!target) throw Error(handler_lib.path + " has no symbol " + symbol, ExitCode::bad_input);
+            return known = *target;
+        };
+        patches.reserve(patches.size() + s.selected.size());
+        site_stubs.reserve(site_stubs.size() + s.selected.size());
+        enables.reserve(enables.size() + s.selected.size());
+        // Function-entry sites serving an entry and an exit probe:
+        // gathered first, then planned once per site (entry_sites.h).
+        std::map<std::uint32_t, std::pair<EntryVariant, std::size_t>> entry_sites;  // entry id -> wanted, text index
+        for (std::size_t k = 0; k < s.selected.size(); k++) {
+            const probelist::Probe* p = s.selected[k];
+            selected++;
+            const bool is_exit = p->form == probelist::SiteForm::ret;
+            if (is_exit || (!handlers.entry_enter.empty() && probelist::serves_returns(s.list.probes, p->id))) {
+                auto& [wanted, at] = entry_sites[is_exit ? p->id - 1 : p->id];
+                (is_exit ? wanted.exit : wanted.enter) = true;
+                at = k;
+                continue;
+            }
+            if (!p->moved.empty())  // a relocated entry: never a call written over a function's code
+                throw Error("the handler library has no entry point for function-entry sites, which " +
+                                p->demangled + " of an unprepared binary needs",
+                            ExitCode::unavailable);
+            const std::uint64_t site = addresses[k];
+            const std::uint8_t* now = text[k].data();
+            const std::uint32_t global = module.first_probe + p->id;
+            const std::uint64_t ret = site + p->size;
+            if (std::memcmp(now, p->placeholder.data(), p->size) == 0) {
+                const std::string& symbol = handler_symbol(handlers, *p);
+                if (symbol.empty())
+                    throw Error("the handler library has no entry point for " + std::string(to_string(p->kind)) +
+                                    (p->form == probelist::SiteForm::nop ? " NOP-form" : "") + " sites (" + p->demangled + ")",
+                                ExitCode::unavailable);
+                std::uint64_t callee = 0;
+                if (const std::string& by_id = id_symbol(handlers, *p); !by_id.empty()) {
+                    areas.site_stubs(running, module, site_stub_slots_for(s.list));
+                    const std::uint32_t id = handlers.site_id == HandlerSymbols::SiteId::counter
+                                                 ? counter_offset(region.probes()[global].stat, p->kind)
+                                                 : global;
+                    callee = module.site_stubs + kSiteStubSize * p->id;
+                    const bool inline_count = handlers.site_id == HandlerSymbols::SiteId::counter &&
+                                              stats_tpoff != 0 && stats_tpoff >= INT32_MIN &&
+                                              stats_tpoff < 0 && id <= INT32_MAX;
+                    site_stubs.push_back(
+                        {module.site_stubs, callee, inline_count ? count_stub_bytes(static_cast<std::int32_t>(stats_tpoff), id,
+                                                                 handler_address(by_id))
+                                              : site_stub_bytes(id, handler_address(by_id))});
+                } else {
+                    auto& stub = stubs[&symbol];
+                    if (!stub) stub = areas.shared_stub(module, handler_address(symbol));
+                    callee = stub;
+                }
+                patches.push_back({site, SiteBytes(now, p->size), call_bytes(site, p->size, callee)});
+                enables.push_back({global, ret, global});
+                newly_enabled++;
+            } else {
+                // Enabled already, or a live compiler hook (binary not
+                // coldpatched, hooks served by a linked runtime): register
+                // the site, write nothing.
+                check_site_bytes(s, running, *p, site, now, stubs_seen);
+                already_enabled++;
+                enables.push_back({global, ret, global});
+            }
+        }
+        if (entry_sites.empty()) continue;
+        areas.site_stubs(running, module, site_stub_slots_for(s.list));
+        const bool counting = handlers.site_id == HandlerSymbols::SiteId::counter;
+        EntrySiteHandlers entry_handlers{handlers, {}, 0};
+        if (!handlers.entry_enter.empty()) entry_handlers.targets.enter = handler_address(handlers.entry_enter);
+        if (!handlers.entry_return.empty()) entry_handlers.targets.exit = handler_address(handlers.entry_return);
+        if (!handlers.entry_enter_return.empty())
+            entry_handlers.targets.both = handler_address(handlers.entry_enter_return);
+        for (const auto& [entry_id, wanted_at] : entry_sites) {
+            const auto& [wanted, at] = wanted_at;
+            const std::uint32_t global = module.first_probe + entry_id;
+            const std::uint32_t id =
+                counting ? counter_offset(region.probes()[global].stat, probelist::ProbeKind::entry) : global;
+            entry_handlers.inline_count_tpoff = counting && stats_tpoff >= INT32_MIN && stats_tpoff < 0 &&
+                                                        id <= INT32_MAX
+                                                    ? static_cast<std::int32_t>(stats_tpoff)
+                                                    : 0;
+            const EntrySitePlan plan = plan_entry_site(s, running, module, entry_id, id, wanted, text[at].data(),
+                                                       entry_handlers, memory, stubs_seen);
+            site_stubs.push_back(plan.entry_slot);
+            site_stubs.push_back(plan.exit_slot);
+            if (plan.trampoline) site_stubs.push_back(*plan.trampoline);
+            if (plan.patch) patches.push_back(*plan.patch);
+            const std::uint64_t ret = running.load_bias + s.list.probes[entry_id].site + s.list.probes[entry_id].size;
+            for (const bool exit : {false, true}) {
+                if (!(exit ? plan.after.exit : plan.after.enter)) continue;
+                enables.push_back({global + (exit ? 1u : 0u), ret, global});
+                if (!(exit ? wanted.exit : wanted.enter)) continue;
+                if (exit ? plan.before.exit : plan.before.enter) already_enabled++;
+                else newly_enabled++;
+            }
+        }
+    }
+    sort_by_address(patches);
+    return plan;
+}
+
+void insert_sites(Region& region, const SitesPlan& plan) {
+    for (const auto& e : plan.enables) region.insert_site(e.return_address, e.keyed, region.probes()[e.keyed].stat);
+}
+
+// The stop's part of an attach, the sites inserted in the hash: stubs,
+// then the code (before_code runs in between), then the probes' flags.
+AttachStats finish_attach(StoppedProcess& process, Region& region, const SitesPlan& plan, HandlerMode mode,
+                          AttachStats stats, Clock::time_point started, const std::function<void()>& before_code) {
+    if (!unsafe_pcs(process, plan.patches).empty()) throw RetryLater{};
+    throw_if_interrupted();
+    std::vector<SiteStub> site_stubs = plan.site_stubs;
+    write_site_stubs(process, site_stubs);
+    before_code();
+    apply_patches(process, plan.patches);
+    const std::uint64_t live_at = realtime_ns();
+    for (const auto& e : plan.enables) {
+        set_live(region.probes()[e.global], true, live_at);
+        region.probes()[e.global].kept |= kept_by(mode, region.probes()[e.global].kind);
+    }
+    update_timed(region);
+    region.control()->generation++;
+    stats.selected = plan.selected;
+    stats.already_enabled = plan.already_enabled;
+    stats.enabled = plan.newly_enabled;
+    for (std::uint32_t i = 0; i < region.probe_count(); i++) stats.total_enabled += region.probes()[i].enabled;
+    stats.modules.assign(plan.touched.begin(), plan.touched.end());
+    stats.stop_us = process.stop_us;
+    process.release();
+    stats.pause_us = elapsed_us(started);
+    return stats;
+}
+
+bool same_maps(const std::vector<Mapping>& a, const std::vector<Mapping>& b) {
+    return std::equal(a.begin(), a.end(), b.begin(), b.end(), [](const Mapping& x, const Mapping& y) {
+        return x.start == y.start && x.end == y.end && x.offset == y.offset && x.perms == y.perms && x.path == y.path;
+    });
+}
+
+struct PlannedAhead {
+    std::vector<Mapping> maps;  // as planned: the stop checks they are unchanged
+    Region region;
+    SitesPlan plan;
+};
+
+// The plan of an attach that needs no remote call, made while the target
+// runs, its sites already in the hash (insert-only: a key whose code is not
+// live yet is never looked up); nullopt when the stop must do it all.
+std::optional<PlannedAhead> plan_ahead(const AttachOptions& options, std::vector<SelectedList>& lists,
+                                       const HandlerSymbols& handlers, const std::string& handler_path,
+                                       const std::optional<struct iprobe_rt_state>& state,
+                                       std::vector<std::string>& redirected) {
+    if (!state || !state->control || state->mapped_pid != static_cast<std::uint32_t>(pid_in_own_namespace(options.pid)))
+        return std::nullopt;
+    try {
+        std::optional<Region> region = Region::try_open(options.pid);
+        if (!region) return std::nullopt;
+        PlannedAhead ahead{read_maps(options.pid), std::move(*region), {}};
+        const ProcessMemory memory(options.pid);
+        const std::vector<RunningModule> modules = running_modules(memory, ahead.maps);
+        const std::optional<LoadedLibrary> handler_lib = find_loaded(options.pid, modules, handler_path);
+        if (!handler_lib) return std::nullopt;
+        std::vector<const RunningModule*> targets;
+        for (auto& s : lists) targets.push_back(&match_module(s, modules, options.pid));
+        for (std::size_t li = 0; li < lists.size(); li++)
+            for (auto& f : drop_redirected(memory, lists[li].list, *targets[li], lists[li].selected)) redirected.push_back(f);
+        // Nothing left to enable: the stop refuses it (and says why).
+        if (std::all_of(lists.begin(), lists.end(), [](const SelectedList& s) { return s.selected.empty(); }))
+            return std::nullopt;
+        for (std::size_t li = 0; li < lists.size(); li++) check_selected_sites(memory, lists[li], *targets[li]);
+        const StubAreas found_only{
+            [](Region& r, const RunningModule& running, const SelectedList& s) {
+                const auto index = find_module(r, running, s);
+                if (!index) throw NeedsStop{};
+                return *index;
+            },
+            [](const RunningModule&, iprobe_rt_module& module) {
+                if (!module.stub_page) throw NeedsStop{};
+            },
+            [](const RunningModule&, iprobe_rt_module& module, std::uint32_t slots) {
+                if (!has_site_stubs(module, slots)) throw NeedsStop{};
+            },
+            [](iprobe_rt_module&, std::uint64_t) -> std::uint64_t { throw NeedsStop{}; }};
+        ahead.plan = plan_sites(memory, ahead.region, lists, targets, handlers, *handler_lib, state->stats_tpoff, found_only);
+        drop_written_stubs(memory, ahead.plan.site_stubs);
+        insert_sites(ahead.region, ahead.plan);
+        return ahead;
+    } catch (const NeedsStop&) {
+        return std::nullopt;
+    } catch (const Error&) {
+        return std::nullopt;  // the stop plans again, and says what is wrong
+    }
+}
+
+}  // namespace
+
 AttachStats attach(const AttachOptions& options) {
     check_target(options.pid);
     target_owner(options.pid);  // not_found when it is gone
@@ -47,6 +302,12 @@ AttachStats attach(const AttachOptions& options) {
     std::uint32_t capacity = 4096;
     for (auto& s : lists) capacity += static_cast<std::uint32_t>(s.list.probes.size()) * 2;
 
+    // Planned while the target runs when nothing needs it stopped (the
+    // runtime, its region and the modules' stub areas are there already):
+    // the stop then only checks and writes.
+    std::vector<std::string> redirected;  // functions `iprobe patch` replaced, found while planning
+    std::optional<PlannedAhead> ahead = plan_ahead(options, lists, handlers, handler_path, before, redirected);
+
     bool injected = false;  // by this attach: said when it fails after that
     try {
     return with_world_stopped(options.pid, options.safe_point_timeout, [&](StoppedProcess& process,
@@ -55,9 +316,15 @@ AttachStats attach(const AttachOptions& options) {
         AttachStats stats;
         stats.threads = process.threads().size();
         for (const auto& s : lists) {
+            stats.exits_left_off += s.exits_left_off;
             stats.refused += s.refused.size();
             if (stats.refused_example.empty() && !s.refused.empty())
                 stats.refused_example = s.refused.front()->demangled + ": " + s.refused.front()->reason;
+        }
+        stats.patched_skipped = redirected;
+        if (ahead && same_maps(read_maps(options.pid), ahead->maps)) {
+            // Planned while the target ran; only the writes are left.
+            return finish_attach(process, ahead->region, ahead->plan, options.mode, std::move(stats), started, [] {});
         }
         auto maps = read_maps(options.pid);
         auto modules = running_modules(process.memory(), maps);
@@ -125,163 +392,25 @@ AttachStats attach(const AttachOptions& options) {
         } else {
             region = std::move(*existing);
         }
-        std::vector<Patch> patches;
-        StubChecker stubs_seen(process.memory());
-        struct Enable {
-            std::uint32_t global;         // the probe to flag enabled
-            std::uint64_t return_address; // its site's key in the site hash
-            std::uint32_t keyed;          // the probe that key resolves to
-        };
-        std::vector<Enable> enables;
-        std::set<std::string> touched;
-        std::vector<SiteStub> site_stubs;
-        std::map<const std::string*, std::uint64_t> handler_addresses;  // keyed as `stubs` below
-        std::size_t newly_enabled = 0;
-
-        for (std::size_t li = 0; li < lists.size(); li++) {
-            auto& s = lists[li];
-            const RunningModule& running = *targets[li];
-            const std::uint32_t mi = find_or_add_module(region, running, s);
-            iprobe_rt_module& module = region.modules()[mi];
-            touched.insert(running.path);
-            if (s.selected.empty()) continue;
-            std::vector<std::uint64_t> addresses;
-            addresses.reserve(s.selected.size());
-            for (const probelist::Probe* p : s.selected) addresses.push_back(running.load_bias + p->site);
-            const std::vector<SiteText> text = read_sites(process.memory(), addresses);
-            ensure_stub_page(process, libc, running, module);
-            // Keyed by the handler symbol's identity: one of the six in `handlers`.
-            std::map<const std::string*, std::uint64_t> stubs;
-            // Looked up once per symbol, not once per site: a symbol search
-            // is a scan of the library's table, 10k of them a millisecond.
-            auto handler_address = [&](const std::string& symbol) {
-                auto& known = handler_addresses[&symbol];
-                if (known) return known;
-                const auto target = handler_lib.library.symbol(symbol);
-                if (!target) throw Error(handler_lib.library.path + " has no symbol " + symbol, ExitCode::bad_input);
-                return known = *target;
-            };
-            patches.reserve(patches.size() + s.selected.size());
-            site_stubs.reserve(site_stubs.size() + s.selected.size());
-            enables.reserve(enables.size() + s.selected.size());
-            // Function-entry sites serving an entry and an exit probe:
-            // gathered first, then planned once per site (entry_sites.h).
-            std::map<std::uint32_t, std::pair<EntryVariant, std::size_t>> entry_sites;  // entry id -> wanted, text index
-            for (std::size_t k = 0; k < s.selected.size(); k++) {
-                const probelist::Probe* p = s.selected[k];
-                stats.selected++;
-                const bool is_exit = p->form == probelist::SiteForm::ret;
-                if (is_exit || (!handlers.entry_enter.empty() && probelist::serves_returns(s.list.probes, p->id))) {
-                    auto& [wanted, at] = entry_sites[is_exit ? p->id - 1 : p->id];
-                    (is_exit ? wanted.exit : wanted.enter) = true;
-                    at = k;
-                    continue;
-                }
-                if (!p->moved.empty())  // a relocated entry: never a call written over a function's code
-                    throw Error("the handler library has no entry point for function-entry sites, which " +
-                                    p->demangled + " of an unprepared binary needs",
-                                ExitCode::unavailable);
-                const std::uint64_t site = addresses[k];
-                const std::uint8_t* now = text[k].data();
-                const std::uint32_t global = module.first_probe + p->id;
-                const std::uint64_t ret = site + p->size;
-                if (std::memcmp(now, p->placeholder.data(), p->size) == 0) {
-                    const std::string& symbol = handler_symbol(handlers, *p);
-                    if (symbol.empty())
-                        throw Error("the handler library has no entry point for " + std::string(to_string(p->kind)) +
-                                        (p->form == probelist::SiteForm::nop ? " NOP-form" : "") + " sites (" + p->demangled + ")",
-                                    ExitCode::unavailable);
-                    std::uint64_t callee = 0;
-                    if (const std::string& by_id = id_symbol(handlers, *p); !by_id.empty()) {
-                        ensure_site_stubs(process, libc, running, module, site_stub_slots_for(s.list));
-                        const std::uint32_t id = handlers.site_id == HandlerSymbols::SiteId::counter
-                                                     ? counter_offset(region.probes()[global].stat, p->kind)
-                                                     : global;
-                        callee = module.site_stubs + kSiteStubSize * p->id;
-                        const bool inline_count = handlers.site_id == HandlerSymbols::SiteId::counter &&
-                                                  state.stats_tpoff != 0 && state.stats_tpoff >= INT32_MIN &&
-                                                  state.stats_tpoff < 0 && id <= INT32_MAX;
-                        site_stubs.push_back(
-                            {module.site_stubs, callee, inline_count ? count_stub_bytes(static_cast<std::int32_t>(state.stats_tpoff), id,
-                                                                     handler_address(by_id))
-                                                  : site_stub_bytes(id, handler_address(by_id))});
-                    } else {
-                        auto& stub = stubs[&symbol];
-                        if (!stub) stub = stub_for(process, module, handler_address(symbol));
-                        callee = stub;
-                    }
-                    patches.push_back({site, SiteBytes(now, p->size), call_bytes(site, p->size, callee)});
-                    enables.push_back({global, ret, global});
-                    newly_enabled++;
-                } else {
-                    // Enabled already, or a live compiler hook (binary not
-                    // coldpatched, hooks served by a linked runtime): register
-                    // the site, write nothing.
-                    check_site_bytes(s, running, *p, site, now, stubs_seen);
-                    stats.already_enabled++;
-                    enables.push_back({global, ret, global});
-                }
-            }
-            if (entry_sites.empty()) continue;
-            ensure_site_stubs(process, libc, running, module, site_stub_slots_for(s.list));
-            const bool counting = handlers.site_id == HandlerSymbols::SiteId::counter;
-            EntrySiteHandlers entry_handlers{handlers, {}, 0};
-            if (!handlers.entry_enter.empty()) entry_handlers.targets.enter = handler_address(handlers.entry_enter);
-            if (!handlers.entry_return.empty()) entry_handlers.targets.exit = handler_address(handlers.entry_return);
-            if (!handlers.entry_enter_return.empty())
-                entry_handlers.targets.both = handler_address(handlers.entry_enter_return);
-            for (const auto& [entry_id, wanted_at] : entry_sites) {
-                const auto& [wanted, at] = wanted_at;
-                const std::uint32_t global = module.first_probe + entry_id;
-                const std::uint32_t id =
-                    counting ? counter_offset(region.probes()[global].stat, probelist::ProbeKind::entry) : global;
-                entry_handlers.inline_count_tpoff = counting && state.stats_tpoff >= INT32_MIN && state.stats_tpoff < 0 &&
-                                                            id <= INT32_MAX
-                                                        ? static_cast<std::int32_t>(state.stats_tpoff)
-                                                        : 0;
-                const EntrySitePlan plan = plan_entry_site(s, running, module, entry_id, id, wanted, text[at].data(),
-                                                           entry_handlers, process.memory(), stubs_seen);
-                site_stubs.push_back(plan.entry_slot);
-                site_stubs.push_back(plan.exit_slot);
-                if (plan.trampoline) site_stubs.push_back(*plan.trampoline);
-                if (plan.patch) patches.push_back(*plan.patch);
-                const std::uint64_t ret = running.load_bias + s.list.probes[entry_id].site + s.list.probes[entry_id].size;
-                for (const bool exit : {false, true}) {
-                    if (!(exit ? plan.after.exit : plan.after.enter)) continue;
-                    enables.push_back({global + (exit ? 1u : 0u), ret, global});
-                    if (!(exit ? wanted.exit : wanted.enter)) continue;
-                    if (exit ? plan.before.exit : plan.before.enter) stats.already_enabled++;
-                    else newly_enabled++;
-                }
-            }
-        }
-        sort_by_address(patches);
-        if (!unsafe_pcs(process, patches).empty()) throw RetryLater{};
-        throw_if_interrupted();
-
-        write_site_stubs(process, site_stubs);
-
+        StubAreas areas{
+            [](Region& r, const RunningModule& running, const SelectedList& s) { return find_or_add_module(r, running, s); },
+            [&](const RunningModule& running, iprobe_rt_module& module) { ensure_stub_page(process, libc, running, module); },
+            [&](const RunningModule& running, iprobe_rt_module& module, std::uint32_t slots) {
+                ensure_site_stubs(process, libc, running, module, slots);
+            },
+            [&](iprobe_rt_module& module, std::uint64_t target) { return stub_for(process, module, target); }};
+        const SitesPlan plan = plan_sites(process.memory(), region, lists, targets, handlers, handler_lib.library,
+                                          state.stats_tpoff, areas);
         // Table first, code second: a site only becomes live once its
         // return address resolves.
-        for (const auto& e : enables) region.insert_site(e.return_address, e.keyed, region.probes()[e.keyed].stat);
-        if (fresh_fd >= 0) {
+        insert_sites(region, plan);
+        return finish_attach(process, region, plan, options.mode, std::move(stats), started, [&] {
+            if (fresh_fd < 0) return;
             const auto rc = static_cast<std::int64_t>(process.call(*map_at, {static_cast<std::uint64_t>(fresh_fd)}));
             if (rc != 0)
                 throw Error("the runtime in process " + std::to_string(options.pid) + " could not map its region: " +
                             std::strerror(static_cast<int>(-rc)));
-        }
-        apply_patches(process, patches);
-        const std::uint64_t live_at = realtime_ns();
-        for (const auto& e : enables) set_live(region.probes()[e.global], true, live_at);
-        update_timed(region);
-        region.control()->generation++;
-        stats.enabled = newly_enabled;
-        for (std::uint32_t i = 0; i < region.probe_count(); i++) stats.total_enabled += region.probes()[i].enabled;
-        stats.modules.assign(touched.begin(), touched.end());
-        stats.stop_us = process.stop_us;
-        process.release();
-        stats.pause_us = elapsed_us(started);
-        return stats;
+        });
     });
     } catch (const Error& e) {
         // The runtime cannot be unloaded (linked -z nodelete: its fork and

@@ -167,19 +167,47 @@ void ensure_stub_page(StoppedProcess& process, const LoadedLibrary& libc, const 
     module.stub_used = 0;
 }
 
+bool has_site_stubs(const iprobe_rt_module& module, std::uint32_t slots) {
+    return module.site_stubs && module.site_stub_slots >= std::max(slots, module.probe_count);
+}
+
 void ensure_site_stubs(StoppedProcess& process, const LoadedLibrary& libc, const RunningModule& running,
                        iprobe_rt_module& module, std::uint32_t slots) {
+    if (has_site_stubs(module, slots)) return;
     slots = std::max(slots, module.probe_count);
-    if (module.site_stubs && module.site_stub_slots >= slots) return;
     const std::uint64_t bytes = (std::uint64_t{slots} * kSiteStubSize + kPage - 1) / kPage * kPage;
     module.site_stubs = map_stubs_near(process, libc, running, bytes);
     module.site_stub_slots = slots;
 }
 
-void write_site_stubs(StoppedProcess& process, std::vector<SiteStub>& stubs) {
+namespace {
+void sort_stubs(std::vector<SiteStub>& stubs) {
     std::sort(stubs.begin(), stubs.end(), [](const SiteStub& a, const SiteStub& b) {
         return a.area != b.area ? a.area < b.area : a.address < b.address;
     });
+}
+}  // namespace
+
+void drop_written_stubs(const ProcessMemory& memory, std::vector<SiteStub>& stubs) {
+    sort_stubs(stubs);
+    std::vector<SiteStub> left;
+    std::vector<std::uint8_t> held;
+    for (std::size_t i = 0; i < stubs.size();) {
+        std::size_t j = i;
+        while (j + 1 < stubs.size() && stubs[j + 1].area == stubs[i].area) j++;
+        const std::uint64_t low = stubs[i].address;
+        held.resize(stubs[j].address + kSiteStubSize - low);
+        memory.read(low, held.data(), held.size());
+        for (std::size_t k = i; k <= j; k++)
+            if (!std::equal(stubs[k].bytes.begin(), stubs[k].bytes.end(), held.data() + (stubs[k].address - low)))
+                left.push_back(stubs[k]);
+        i = j + 1;
+    }
+    stubs = std::move(left);
+}
+
+void write_site_stubs(StoppedProcess& process, std::vector<SiteStub>& stubs) {
+    sort_stubs(stubs);
     for (std::size_t i = 0; i < stubs.size();) {
         std::size_t j = i;
         while (j + 1 < stubs.size() && stubs[j + 1].area == stubs[i].area) j++;

@@ -51,6 +51,10 @@ struct SiteStub {
 // site is a NOP, but a thread may still be inside it from before a detach:
 // throws RetryLater until none is.
 void write_site_stubs(StoppedProcess& process, std::vector<SiteStub>& stubs);
+// Drops the stubs whose slots already hold them (read while the target
+// runs: only iprobe writes stubs, under the session lock), so the stop
+// reads and writes only the others.
+void drop_written_stubs(const ProcessMemory& memory, std::vector<SiteStub>& stubs);
 
 // No thread may be stopped strictly inside a range about to change
 // (`patches` sorted by address).
@@ -78,6 +82,8 @@ void ensure_stub_page(StoppedProcess& process, const LoadedLibrary& libc, const 
 
 // One site-stub slot per probe id of the module (or `slots`, at least as
 // many: relocated_entries.h), mapped on first use.
+// The module has its per-site stub area, for `slots` probe ids at least.
+bool has_site_stubs(const iprobe_rt_module& module, std::uint32_t slots);
 void ensure_site_stubs(StoppedProcess& process, const LoadedLibrary& libc, const RunningModule& running,
                        iprobe_rt_module& module, std::uint32_t slots = 0);
 

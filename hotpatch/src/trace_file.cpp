@@ -65,6 +65,8 @@ private:
 TraceFileWriter::TraceFileWriter(const std::string& path, pid_t pid) : path_(path) {
     file_ = std::fopen(path.c_str(), "wb");
     if (!file_) throw_errno("cannot write " + path);
+    // Events are small: written through a large buffer, unlocked (one writer).
+    std::setvbuf(file_, nullptr, _IOFBF, 1u << 20);
     std::string head(kMagic, sizeof kMagic);
     put(head, kVersion);
     put(head, static_cast<std::uint32_t>(pid));
@@ -77,7 +79,10 @@ TraceFileWriter::~TraceFileWriter() {
 }
 
 void TraceFileWriter::write(const Event& e) {
-    char buf[kEventHead + sizeof e.args];
+    end_of_stream();
+    if (buffer_.empty()) buffer_.resize(1u << 20);
+    if (used_ + kEventHead + sizeof e.args > buffer_.size()) flush_buffer();
+    char* buf = buffer_.data() + used_;
     const std::uint8_t kind = kind_code(e.kind), nargs = std::min<std::uint8_t>(e.nargs, 4);
     std::memcpy(buf, &e.time_ns, 8);
     std::memcpy(buf + 8, &e.probe, 4);
@@ -86,11 +91,59 @@ void TraceFileWriter::write(const Event& e) {
     buf[17] = static_cast<char>(nargs);
     std::memcpy(buf + 18, &e.depth, 2);
     std::memcpy(buf + kEventHead, e.args, 8u * nargs);
-    std::fwrite(buf, 1, kEventHead + 8u * nargs, file_);
+    used_ += kEventHead + 8u * nargs;
     events_++;
 }
 
+void TraceFileWriter::flush_buffer() {
+    if (used_ && ::fwrite_unlocked(buffer_.data(), 1, used_, file_) != used_) throw_errno("cannot write " + path_);
+    used_ = 0;
+}
+
+void TraceFileWriter::end_of_stream() {
+    if (!args_next_) return;
+    buffer_[used_ - kEventHead + 17] = 0;  // the head still in the buffer: no arguments after all
+    args_next_ = false;
+    events_++;
+}
+
+void TraceFileWriter::write(const RecordRun& run, const WallClock& clock) {
+    constexpr std::size_t kMost = kEventHead + 32;  // one event with its arguments
+    if (buffer_.empty()) buffer_.resize(1u << 20);
+    if (args_next_ && run.ring != ring_) end_of_stream();
+    ring_ = run.ring;
+    for (std::uint64_t at = run.from; at < run.to; at++) {
+        // Room for an event and its arguments: a head waiting for them is
+        // never flushed, so end_of_stream() can still change it.
+        if (!args_next_ && used_ + kMost > buffer_.size()) flush_buffer();
+        const iprobe_rt_record& r = run.records[at & run.mask];
+        char* out = buffer_.data() + used_;
+        if (args_next_) {  // the POINT's four arguments, its head already written
+            std::memcpy(out, reinterpret_cast<const iprobe_rt_args_record*>(&r)->args, 32);
+            used_ += 32;
+            args_next_ = false;
+            events_++;
+            continue;
+        }
+        if (r.kind < IPROBE_RT_REC_ENTRY || r.kind > IPROBE_RT_REC_POINT) continue;
+        const std::uint64_t time_ns = clock.ns(r.tsc);
+        std::memcpy(out, &time_ns, 8);
+        std::memcpy(out + 8, &r.probe, 4);
+        std::memcpy(out + 12, &r.tid, 4);
+        out[16] = static_cast<char>(r.kind - IPROBE_RT_REC_ENTRY);  // entry 0, exit 1, point 2
+        // A point's arguments are in the next record; at the ring's end, none.
+        const bool args = r.kind == IPROBE_RT_REC_POINT && r.nargs && !(run.last && at + 1 == run.to);
+        out[17] = static_cast<char>(args ? 4 : 0);
+        std::memcpy(out + 18, &r.depth, 2);
+        used_ += kEventHead;
+        if (args) args_next_ = true;
+        else events_++;
+    }
+}
+
 void TraceFileWriter::finish(const std::vector<ProbeInfo>& probes) {
+    end_of_stream();
+    flush_buffer();
     const long table_at = std::ftell(file_);
     std::string table;
     put(table, static_cast<std::uint32_t>(probes.size()));

@@ -2,6 +2,7 @@
 
 #include <time.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <optional>
@@ -93,6 +94,12 @@ std::uint64_t wall_clock_ns(std::uint64_t tsc, std::uint64_t tsc_base, std::uint
 struct TraceReader::Impl {
     std::optional<LockFile> reader_lock;
     bool stream = false;  // the one consumer of the event rings
+    bool lossless = false;  // this reader asked the threads to wait for it
+    // Per ring, what mincore() already said (a memfd page stays resident
+    // from its first write until the region dies): 1 its header was
+    // written, 2 every page of its records too.  Saves a drain pass its
+    // system calls per ring.
+    std::vector<std::uint8_t> ring_known;
     pid_t pid = 0;
     Region region;
     std::vector<ProbeInfo> probes;
@@ -137,21 +144,43 @@ TraceReader::TraceReader(UniqueFd region, Access access) : impl_(std::make_uniqu
     impl_->load_new_modules();
 }
 
-TraceReader::~TraceReader() = default;
+TraceReader::~TraceReader() {
+    if (impl_ && impl_->lossless) set_lossless(false);
+}
 
-std::size_t TraceReader::drain(const std::function<void(const Event&)>& sink) {
+void TraceReader::set_lossless(bool on) {
+    if (!impl_->stream) throw Error("only the reader of the event stream can make it lossless");
+    impl_->lossless = on;
+    __atomic_store_n(&impl_->region.control()->lossless, on ? 1u : 0u, __ATOMIC_RELEASE);
+}
+
+bool TraceReader::lossless() const { return impl_->lossless; }
+
+std::uint64_t TraceReader::lossless_timeouts() const {
+    return __atomic_load_n(&impl_->region.control()->lossless_timeouts, __ATOMIC_RELAXED);
+}
+
+WallClock TraceReader::wall_clock() const {
+    const auto* cb = impl_->region.control();
+    const std::uint64_t hz = cb->tsc_hz;
+    return {cb->tsc_base, cb->realtime_ns_base, 1e9 / static_cast<double>(hz ? hz : 1)};
+}
+
+std::uint64_t WallClock::ns(std::uint64_t tsc) const { return wall_clock_ns(tsc, tsc_base, realtime_base, ns_per_tick); }
+
+std::size_t TraceReader::drain_runs(const std::function<void(const RecordRun&)>& sink) {
     if (!impl_->stream) throw Error("this reader does not consume the event stream");
     const Region& region = impl_->region;
-    const auto* cb = region.control();
     const std::uint64_t records_per_ring = region.ring_records();
     const std::uint64_t mask = records_per_ring - 1;
-    const std::uint64_t hz = cb->tsc_hz, tsc_base = cb->tsc_base, realtime_base = cb->realtime_ns_base;
-    const double ns_per_tick = 1e9 / static_cast<double>(hz ? hz : 1);
-    std::size_t events = 0;
+    std::size_t consumed = 0;
+    auto& known = impl_->ring_known;
+    known.resize(region.ring_count(), 0);
     for (std::uint32_t i = 0; i < region.ring_count(); i++) {
         if (interrupted()) break;  // Ctrl-C: within one ring's worth of events
         iprobe_rt_ring* ring = region.ring(i);
-        if (!region.touched(ring, sizeof *ring)) continue;
+        if (!known[i] && !region.touched(ring, sizeof *ring)) continue;
+        known[i] = std::max<std::uint8_t>(known[i], 1);
         const std::uint32_t state = __atomic_load_n(&ring->state, __ATOMIC_ACQUIRE);
         if (state == IPROBE_RT_RING_FREE) continue;
         const std::uint64_t head = __atomic_load_n(&ring->head, __ATOMIC_ACQUIRE);
@@ -161,42 +190,24 @@ std::size_t TraceReader::drain(const std::function<void(const Event&)>& sink) {
             if (head - tail > records_per_ring) tail = head - records_per_ring;  // never read unpublished slots
             const iprobe_rt_record* records = region.records(i);
             // Pages of the ring never written hold no event (a head the
-            // target made up): skipped, never faulted in.
-            const std::vector<unsigned char> written = region.touched_pages(records, records_per_ring * sizeof *records);
+            // target made up): skipped, never faulted in.  A run ends at a
+            // page's end (a record never straddles one) or the ring's.
+            std::vector<unsigned char> written;
+            if (known[i] < 2) {
+                written = region.touched_pages(records, records_per_ring * sizeof *records);
+                if (std::all_of(written.begin(), written.end(), [](unsigned char w) { return w != 0; })) known[i] = 2;
+            }
             const auto first_page = reinterpret_cast<std::uintptr_t>(records) & ~std::uintptr_t{4095};
-            auto page_of = [&](std::uint64_t index) {
-                return (reinterpret_cast<std::uintptr_t>(&records[index & mask]) - first_page) / 4096;
-            };
             while (tail < head) {
-                if (const std::size_t page = page_of(tail); page >= written.size() || !written[page]) {
-                    tail++;
-                    continue;
+                const auto at = reinterpret_cast<std::uintptr_t>(&records[tail & mask]);
+                const std::uint64_t page = (at - first_page) / 4096;
+                const std::uint64_t in_page = (4096 - at % 4096) / sizeof *records;
+                const std::uint64_t end = std::min({head, tail + in_page, tail + records_per_ring - (tail & mask)});
+                if (known[i] == 2 || (page < written.size() && written[page])) {
+                    sink({records, mask, tail, end, end == head, i});
+                    consumed += end - tail;
                 }
-                const iprobe_rt_record& r = records[tail & mask];
-                Event e;
-                e.tsc = r.tsc;
-                e.time_ns = wall_clock_ns(r.tsc, tsc_base, realtime_base, ns_per_tick);
-                e.probe = r.probe;
-                e.tid = r.tid;
-                e.depth = r.depth;
-                tail++;
-                if (r.kind == IPROBE_RT_REC_POINT) {
-                    e.kind = probelist::ProbeKind::point;
-                    if (r.nargs && tail < head) {
-                        const auto* more = reinterpret_cast<const iprobe_rt_args_record*>(&records[tail & mask]);
-                        e.nargs = std::min<std::uint8_t>(r.nargs, 4);
-                        std::memcpy(e.args, more->args, sizeof e.args);
-                        tail++;
-                    }
-                } else if (r.kind == IPROBE_RT_REC_EXIT) {
-                    e.kind = probelist::ProbeKind::exit;
-                } else if (r.kind == IPROBE_RT_REC_ENTRY) {
-                    e.kind = probelist::ProbeKind::entry;
-                } else {
-                    continue;
-                }
-                sink(e);
-                events++;
+                tail = end;
             }
             __atomic_store_n(&ring->tail, tail, __ATOMIC_RELEASE);
         }
@@ -206,6 +217,68 @@ std::size_t TraceReader::drain(const std::function<void(const Event&)>& sink) {
             __atomic_compare_exchange_n(&ring->state, &expected, IPROBE_RT_RING_FREE, false, __ATOMIC_ACQ_REL,
                                         __ATOMIC_RELAXED);
         }
+    }
+    return consumed;
+}
+
+std::size_t TraceReader::drain(const std::function<void(const Event&)>& sink) {
+    const WallClock clock = wall_clock();
+    std::size_t events = 0;
+    bool args_next = false;  // the previous run ended with a POINT whose arguments follow
+    Event point;
+    std::uint32_t ring = UINT32_MAX;
+    drain_runs([&](const RecordRun& run) {
+        if (args_next && run.ring != ring) {  // its ring's next page was skipped
+            point.nargs = 0;
+            args_next = false;
+            sink(point);
+            events++;
+        }
+        ring = run.ring;
+        for (std::uint64_t at = run.from; at < run.to; at++) {
+            const iprobe_rt_record& r = run.records[at & run.mask];
+            if (args_next) {
+                std::memcpy(point.args, reinterpret_cast<const iprobe_rt_args_record*>(&r)->args, sizeof point.args);
+                args_next = false;
+                sink(point);
+                events++;
+                continue;
+            }
+            Event e;
+            e.tsc = r.tsc;
+            e.time_ns = clock.ns(r.tsc);
+            e.probe = r.probe;
+            e.tid = r.tid;
+            e.depth = r.depth;
+            if (r.kind == IPROBE_RT_REC_POINT) {
+                e.kind = probelist::ProbeKind::point;
+                if (r.nargs && !(run.last && at + 1 == run.to)) {
+                    e.nargs = std::min<std::uint8_t>(r.nargs, 4);
+                    point = e;
+                    args_next = true;
+                    continue;
+                }
+            } else if (r.kind == IPROBE_RT_REC_EXIT) {
+                e.kind = probelist::ProbeKind::exit;
+            } else if (r.kind == IPROBE_RT_REC_ENTRY) {
+                e.kind = probelist::ProbeKind::entry;
+            } else {
+                continue;
+            }
+            sink(e);
+            events++;
+        }
+        if (run.last && args_next) {  // cut by the ring's end: the point without its arguments
+            point.nargs = 0;
+            args_next = false;
+            sink(point);
+            events++;
+        }
+    });
+    if (args_next) {
+        point.nargs = 0;
+        sink(point);
+        events++;
     }
     return events;
 }
@@ -231,6 +304,7 @@ std::vector<ProbeState> TraceReader::probe_states() const {
         out[i].live = p.enabled != 0;
         out[i].live_ns = p.live_ns;
         out[i].live_since_ns = p.enabled ? p.live_since_ns : 0;
+        out[i].kept = p.kept;
     }
     return out;
 }
@@ -288,6 +362,7 @@ std::vector<FunctionStats> TraceReader::functions(const std::vector<iprobe_rt_fn
         if (stat >= names.size()) continue;
         if (!names[stat]) names[stat] = &impl_->probes[i];
         keep_longest(live[stat], states[i].live_ns, states[i].live_since_ns);
+        live[stat].kept |= states[i].kept;
     }
     const std::uint64_t window_start = window_start_ns();
     const double ns_per_tick = 1e9 / tsc_hz();
@@ -314,6 +389,7 @@ std::vector<FunctionStats> TraceReader::functions(const std::vector<iprobe_rt_fn
         f.live_ns = live[i].live_ns;
         f.live_since_ns = live[i].live_since_ns;
         f.window_start_ns = window_start;
+        if (live[i].kept) f.kept = live[i].kept;  // else made before kept was recorded: all shown
         fill_times(f);
         out.push_back(std::move(f));
     }
@@ -321,17 +397,22 @@ std::vector<FunctionStats> TraceReader::functions(const std::vector<iprobe_rt_fn
 }
 
 void write_function_stats_fields(JsonWriter& j, const FunctionStats& f) {
-    j.field("name", f.function)
-        .field("calls", f.calls)
-        .field("completed", f.completed)
-        .field("timed", f.timed)
-        .field("inclusive_ns", f.inclusive_ns)
-        .field("exclusive_ns", f.exclusive_ns)
-        .field("mean_ns", f.timed ? f.inclusive_ns / f.timed : 0)
-        .field("p50_ns", f.p50_ns)
-        .field("p99_ns", f.p99_ns)
-        .field("max_ns", f.max_ns)
-        .field("live_ns", f.live_ns)
+    j.field("name", f.function).field("calls", f.calls);
+    // Only what the handlers kept: the others are absent, not 0.
+    if (f.has_completed()) j.field("completed", f.completed);
+    if (f.has_times())
+        j.field("timed", f.timed)
+            .field("inclusive_ns", f.inclusive_ns)
+            .field("exclusive_ns", f.exclusive_ns)
+            .field("mean_ns", f.timed ? f.inclusive_ns / f.timed : 0)
+            .field("p50_ns", f.p50_ns)
+            .field("p99_ns", f.p99_ns)
+            .field("max_ns", f.max_ns);
+    j.key("fields").begin_array().value("calls");
+    if (f.has_completed()) j.value("completed");
+    if (f.has_times()) j.value("times");
+    j.end_array();
+    j.field("live_ns", f.live_ns)
         .field("live_since_ns", f.live_since_ns)
         .field("window_start_ns", f.window_start_ns);
     if (f.kind == probelist::ProbeKind::point) j.field("kind", "point");
@@ -349,6 +430,7 @@ std::vector<FunctionStats> merge_functions(const std::vector<std::vector<Functio
             }
             FunctionStats& m = out[it->second];
             add(m.raw, f.raw);
+            m.kept |= f.kept;
             ProbeState longest{IPROBE_RT_NO_STAT, m.live_since_ns != 0, m.live_ns, m.live_since_ns};
             keep_longest(longest, f.live_ns, f.live_since_ns);
             m.live_ns = longest.live_ns;

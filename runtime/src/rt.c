@@ -396,6 +396,32 @@ static inline __attribute__((always_inline)) void count(uintptr_t return_address
     add_local(kind == IPROBE_RT_REC_EXIT ? &stats[stat].completed : &stats[stat].calls, 1);
 }
 
+/* A lossless trace: wait until the reader has freed room for the records
+ * up to `end`, spinning a little, then yielding (a raw syscall: no libc, no
+ * errno, vector registers untouched).  0 when the trace is lossy, the reader
+ * has stopped asking, or it left the ring full for IPROBE_RT_LOSSLESS_WAIT_S
+ * (it died before clearing the flag: cleared here, so no thread waits again). */
+static __attribute__((noinline, cold)) int wait_for_room(struct iprobe_rt_control* cb, struct thread_producer* t,
+                                                          uint64_t end) {
+    const uint64_t start = timestamp(), patience = cb->tsc_hz * IPROBE_RT_LOSSLESS_WAIT_S;
+    for (uint32_t spins = 0;; spins++) {
+        if (!__atomic_load_n(&cb->lossless, __ATOMIC_ACQUIRE)) return 0;
+        t->tail_seen = __atomic_load_n(&t->ring->tail, __ATOMIC_ACQUIRE);
+        if (end - t->tail_seen <= t->mask + 1) return 1;
+        if (spins < 256) {
+            __builtin_ia32_pause();
+            continue;
+        }
+        long rc = SYS_sched_yield;
+        __asm__ __volatile__("syscall" : "+a"(rc) : : "rcx", "r11", "memory");
+        if ((spins & 63) == 0 && timestamp() - start > patience) {
+            __atomic_store_n(&cb->lossless, 0, __ATOMIC_RELEASE);
+            __atomic_fetch_add(&cb->lossless_timeouts, 1, __ATOMIC_RELAXED);
+            return 0;
+        }
+    }
+}
+
 static inline __attribute__((always_inline)) void emit_probe(struct iprobe_rt_control* cb, int32_t probe, uint32_t stat,
                                                              uint8_t kind, const uint64_t* args, enum frame_use use) {
     const uint64_t now = timestamp();
@@ -424,7 +450,8 @@ static inline __attribute__((always_inline)) void emit_probe(struct iprobe_rt_co
         /* Handlers nest LIFO: any nested reservation made after ours has
          * been rolled back already, unless the reader freed room meanwhile,
          * in which case our slots fit too. */
-        if (index + need - t->tail_seen > t->mask + 1 && cas_local(&t->reserve, index + need, index)) {
+        if (index + need - t->tail_seen > t->mask + 1 && !wait_for_room(cb, t, index + need) &&
+            cas_local(&t->reserve, index + need, index)) {
             __atomic_fetch_add(&t->ring->dropped, need, __ATOMIC_RELAXED);
             goto out;
         }

@@ -5,6 +5,8 @@
 // (return_test.cpp has the hard cases).
 #include <unistd.h>
 
+#include <cstring>
+
 #include <gtest/gtest.h>
 
 #include "hotpatch_fixture.h"
@@ -39,7 +41,7 @@ TEST_F(EntryFlowTest, CountsAndTracesExactlyThenDetachesToIdenticalText) {
     const auto text_before = text_of(target.pid(), "/hp_target_entry");
     ASSERT_FALSE(text_before.empty());
 
-    auto a = iprobe({"attach", pid, "--functions", "counted", "--handler", "count"});
+    auto a = iprobe({"attach", pid, "--functions", "counted", "--handler", "count", "--completed"});
     ASSERT_EQ(a.exit_code, 0) << a.err;
     EXPECT_NE(a.out.find("enabled 2 probes"), std::string::npos) << a.out;
     EXPECT_EQ(target.command("burst " + std::to_string(kBurst)), kThreads * kBurst);
@@ -68,6 +70,63 @@ TEST_F(EntryFlowTest, CountsAndTracesExactlyThenDetachesToIdenticalText) {
     EXPECT_TRUE(target.child().running());
 }
 
+// Where the enabled site `counted` jumps: the one changed 5-byte site of
+// the module must be a `jmp rel32`; the first bytes of its target.
+std::vector<std::uint8_t> site_target(pid_t pid, const std::vector<std::uint8_t>& before) {
+    const std::vector<std::uint64_t> changed = changed_code(pid, "/hp_target_entry", before);
+    if (changed.empty() || changed.back() - changed.front() >= 5) return {};
+    const std::uint64_t site = changed.front();  // the jmp's opcode e9 replaced the NOP's 0f
+    std::vector<std::uint8_t> jmp = memory_of(pid, site, 5);
+    if (jmp.size() != 5 || jmp[0] != 0xe9) return {};
+    std::int32_t rel;
+    std::memcpy(&rel, jmp.data() + 1, 4);
+    return memory_of(pid, site + 5 + static_cast<std::int64_t>(rel), 7);
+}
+
+// The count handler turns the entry on alone: calls exact, the exit left as
+// it was (the site jumps to the stub that counts inline and jumps back to
+// the function: no return trampoline, no return stack), and the report has
+// no `completed` nor times for it, rather than zeros.  --completed turns the
+// exit on too.
+TEST_F(EntryFlowTest, CountHandlerTurnsTheEntryOnAloneUnlessCompletedCallsAreAskedFor) {
+    HpTarget target(kThreads, binary_);
+    const std::string pid = std::to_string(target.pid());
+    const auto text_before = text_of(target.pid(), "/hp_target_entry");
+    auto a = iprobe({"attach", pid, "--functions", "counted", "--handler", "count", "--json"});
+    ASSERT_EQ(a.exit_code, 0) << a.err;
+    EXPECT_EQ(json_number(a.out, "enabled"), 1) << a.out;
+    EXPECT_EQ(json_number(a.out, "exits_left_off"), 1) << a.out;
+    const std::vector<std::uint8_t> inline_count = {0x41, 0x53, 0x64, 0x4c, 0x8b, 0x1c, 0x25};  // push %r11; mov %fs:..,%r11
+    EXPECT_EQ(site_target(target.pid(), text_before), inline_count) << "the entry-only count stub";
+    EXPECT_EQ(target.command("burst " + std::to_string(kBurst)), kThreads * kBurst);
+    auto r = iprobe({"report", pid, "--json"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(json_calls(r.out, "counted"), kThreads * kBurst) << r.out;
+    EXPECT_EQ(json_completed(r.out, "counted"), -1) << "completed is absent, not 0: " << r.out;
+    EXPECT_NE(r.out.find("\"fields\":[\"calls\"]"), std::string::npos) << r.out;
+    EXPECT_EQ(r.out.find("inclusive_ns"), std::string::npos) << r.out;
+    r = iprobe({"report", pid});
+    EXPECT_NE(r.out.find("-: not kept by the handler"), std::string::npos) << r.out;
+    ASSERT_EQ(iprobe({"detach", pid}).exit_code, 0);
+    EXPECT_EQ(text_of(target.pid(), "/hp_target_entry"), text_before);
+
+    a = iprobe({"attach", pid, "--functions", "counted", "--handler", "count", "--completed", "--json"});
+    ASSERT_EQ(a.exit_code, 0) << a.err;
+    EXPECT_EQ(json_number(a.out, "enabled"), 2) << a.out;
+    const std::vector<std::uint8_t> push_site_end = {0xff, 0x35};  // the entry-and-exit stub: push site_end(%rip)
+    const auto both = site_target(target.pid(), text_before);
+    ASSERT_GE(both.size(), 2u);
+    EXPECT_EQ(std::vector<std::uint8_t>(both.begin(), both.begin() + 2), push_site_end);
+    EXPECT_EQ(target.command("burst 1000"), kThreads * 1000);
+    r = iprobe({"report", pid, "--json"});
+    EXPECT_EQ(json_calls(r.out, "counted"), kThreads * (kBurst + 1000)) << r.out;
+    EXPECT_EQ(json_completed(r.out, "counted"), kThreads * 1000) << r.out;
+    EXPECT_NE(r.out.find("\"fields\":[\"calls\",\"completed\"]"), std::string::npos) << r.out;
+    ASSERT_EQ(iprobe({"detach", pid}).exit_code, 0);
+    EXPECT_EQ(text_of(target.pid(), "/hp_target_entry"), text_before);
+    EXPECT_EQ(iprobe({"attach", pid, "--handler", "trace", "--completed"}).exit_code, 2) << "--completed is count's";
+}
+
 // A real service built the way users build it: redis from Debian source with
 // CC="iprobe-cc --flow=entry".  Every SET the client sends is counted once.
 TEST_F(EntryFlowTest, RedisCommandsCountedExactlyWhileServing) {
@@ -81,7 +140,7 @@ TEST_F(EntryFlowTest, RedisCommandsCountedExactlyWhileServing) {
     const std::string pid = std::to_string(redis.pid());
     const auto text_before = text_of(redis.pid(), "/redis-server");
 
-    auto a = iprobe({"attach", pid, "--functions", "setCommand,getCommand", "--handler", "count"});
+    auto a = iprobe({"attach", pid, "--functions", "setCommand,getCommand", "--handler", "count", "--completed"});
     ASSERT_EQ(a.exit_code, 0) << a.err;
     EXPECT_NE(a.out.find("enabled 4 probes"), std::string::npos) << a.out;
     constexpr int kRequests = 5000;

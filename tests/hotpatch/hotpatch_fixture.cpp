@@ -111,6 +111,24 @@ std::vector<std::uint8_t> text_of(pid_t pid, const std::string& path_suffix) {
     return bytes;
 }
 
+std::vector<std::uint64_t> changed_code(pid_t pid, const std::string& path_suffix, const std::vector<std::uint8_t>& before) {
+    const std::vector<std::uint8_t> now = text_of(pid, path_suffix);
+    std::vector<std::uint64_t> out;
+    std::size_t at = 0;
+    for (const CodeMapping& m : code_mappings(pid, path_suffix))
+        for (std::uint64_t a = m.low; a < m.high; a++, at++)
+            if (at < now.size() && at < before.size() && now[at] != before[at]) out.push_back(a);
+    return out;
+}
+
+std::vector<std::uint8_t> memory_of(pid_t pid, std::uint64_t address, std::size_t size) {
+    std::vector<std::uint8_t> bytes(size);
+    const int mem = ::open(("/proc/" + std::to_string(pid) + "/mem").c_str(), O_RDONLY);
+    if (mem < 0 || ::pread(mem, bytes.data(), size, static_cast<off_t>(address)) != static_cast<ssize_t>(size)) bytes.clear();
+    if (mem >= 0) ::close(mem);
+    return bytes;
+}
+
 std::vector<std::uint8_t> file_text_of(pid_t pid, const std::string& path_suffix) {
     std::vector<std::uint8_t> bytes;
     for (const CodeMapping& m : code_mappings(pid, path_suffix)) {

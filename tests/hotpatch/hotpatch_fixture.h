@@ -41,6 +41,12 @@ std::vector<std::uint8_t> text_of(pid_t pid, const std::string& path_suffix);
 // bytes at their offsets (empty chunks where the file cannot be read).
 std::vector<std::uint8_t> file_text_of(pid_t pid, const std::string& path_suffix);
 
+// Addresses of the code bytes of `path` in `pid` that differ from `before`
+// (a text_of() taken earlier, the mappings unchanged).
+std::vector<std::uint64_t> changed_code(pid_t pid, const std::string& path_suffix, const std::vector<std::uint8_t>& before);
+// `size` bytes of `pid`'s memory at `address` (empty when unreadable).
+std::vector<std::uint8_t> memory_of(pid_t pid, std::uint64_t address, std::size_t size);
+
 // "calls" of `function` in a `report --json` output, -1 when absent.
 long long json_calls(const std::string& json, const std::string& function);
 // Its "completed", -1 when absent.

@@ -21,6 +21,7 @@
 #include "iprobe/formats/rt_layout.h"
 #include "iprobe/formats/probe_list.h"
 #include "iprobe/hotpatch/attach_report.h"
+#include "iprobe/hotpatch/trace_file.h"
 #include "iprobe/support/error.h"
 
 namespace iprobe::test {
@@ -136,6 +137,64 @@ TEST_F(HotpatchTest, Survives200AttachDetachCyclesUnderLoadThenCountsExactly) {
     EXPECT_EQ(json_calls(r.out, "counted"), -1) << "nothing happened since the last --since-last: " << r.out;
     ASSERT_EQ(iprobe({"detach", pid}).exit_code, 0);
     EXPECT_EQ(text_of(target.pid(), "/hp_target"), text_before);
+}
+
+// Entries and exits of `function` in a file written by `iprobe trace --output`.
+std::pair<long long, long long> events_in_file(const std::string& path, const std::string& function) {
+    hotpatch::TraceFileReader file(path);
+    long long entries = 0, exits = 0;
+    while (file.next([&](const hotpatch::Event& e) {
+        if (e.probe >= file.probes().size() || file.probes()[e.probe].function != function) return;
+        (e.kind == probelist::ProbeKind::entry ? entries : exits)++;
+    })) {
+    }
+    return {entries, exits};
+}
+
+// Millions of events from 4 threads through rings of 1024 records: the
+// default trace drops what the writer cannot keep up with, every one
+// counted (written + dropped = 2 x calls); --lossless makes the threads
+// wait for it instead, and the file holds every event.
+TEST_F(HotpatchTest, LosslessTraceWritesEveryEventOfEveryThread) {
+    constexpr int kWorkers = 4;
+    constexpr long kCalls = 500000;  // per thread and burst
+    HpTarget target(kWorkers, targets_dir() + "/hp_target_entry");
+    const std::string pid = pid_of(target);
+    ASSERT_EQ(iprobe({"attach", pid, "--functions", "counted", "--ring-records", "1024"}).exit_code, 0);
+    TempDir dir;
+    long long dropped_before = 0;
+    for (const bool lossless : {false, true}) {
+        SCOPED_TRACE(lossless ? "lossless" : "lossy");
+        const std::string file = dir / (lossless ? "lossless.trace" : "lossy.trace");
+        std::vector<std::string> argv{iprobe_bin(), "trace", pid, "--output", file};
+        if (lossless) argv.push_back("--lossless");
+        Child trace(argv, dir / "trace.out");
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the reader is draining
+        EXPECT_EQ(target.command("burst " + std::to_string(kCalls), std::chrono::seconds(300)), kWorkers * kCalls);
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        trace.kill(SIGINT);
+        ASSERT_EQ(trace.wait(std::chrono::seconds(60)), 0);
+        const auto [entries, exits] = events_in_file(file, "counted");
+        const long long dropped = json_number(iprobe({"report", pid, "--json"}).out, "trace_dropped");
+        if (lossless) {
+            EXPECT_EQ(dropped, dropped_before) << "nothing dropped while lossless";
+            EXPECT_EQ(entries, kWorkers * kCalls);
+            EXPECT_EQ(exits, kWorkers * kCalls);
+        } else {
+            EXPECT_EQ(entries + exits + dropped, 2 * kWorkers * kCalls) << "every event written or counted dropped";
+            dropped_before = dropped;
+        }
+    }
+    // A lossless reader killed outright never gets to turn lossless off: the
+    // threads wait for it at most IPROBE_RT_LOSSLESS_WAIT_S, then the runtime
+    // turns it off itself and they go on dropping, counted.
+    Child killed({iprobe_bin(), "trace", pid, "--output", dir / "killed.trace", "--lossless"}, dir / "trace.out");
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    killed.kill(SIGKILL);
+    killed.wait();
+    EXPECT_EQ(target.command("burst " + std::to_string(kCalls), std::chrono::seconds(60)), kWorkers * kCalls);
+    const long long dropped = json_number(iprobe({"report", pid, "--json"}).out, "trace_dropped");
+    EXPECT_GT(dropped, dropped_before) << "the events nobody read are counted";
 }
 
 TEST_F(HotpatchTest, CountHandlerCountsExactly) {

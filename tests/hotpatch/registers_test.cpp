@@ -24,7 +24,9 @@ protected:
     }
     long check() { return target_->command("check " + std::to_string(kCalls), std::chrono::seconds(120)); }
     void attach(const std::string& handler) {
-        auto a = iprobe({"attach", pid_, "--functions", "rg_leaf", "--handler", handler});
+        std::vector<std::string> args{"attach", pid_, "--functions", "rg_leaf", "--handler", handler};
+        if (handler == "count") args.push_back("--completed");  // entry and exit, then one detached
+        auto a = iprobe(args);
         ASSERT_EQ(a.exit_code, 0) << a.err;
     }
     void detach(const std::vector<std::string>& how = {}) {

@@ -34,7 +34,9 @@ protected:
     }
 
     void attach(const std::string& functions, const std::string& handler = "count") {
-        auto a = iprobe({"attach", pid_, "--functions", functions, "--handler", handler});
+        std::vector<std::string> args{"attach", pid_, "--functions", functions, "--handler", handler};
+        if (handler == "count") args.push_back("--completed");  // these cases count returns
+        auto a = iprobe(args);
         ASSERT_EQ(a.exit_code, 0) << a.err;
     }
     long command(const std::string& line) { return target_->command(line, std::chrono::seconds(300)); }

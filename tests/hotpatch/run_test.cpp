@@ -24,7 +24,7 @@ std::string wait_for_file(const std::string& path) {
 }
 
 TEST(IprobeRun, CountsEveryCallFromTheFirstConstructorOnAndExitsAsTheProgramDid) {
-    const auto r = iprobe({"run", "--handler", "count", "--json", "--", target(), "1000", "3"});
+    const auto r = iprobe({"run", "--handler", "count", "--completed", "--json", "--", target(), "1000", "3"});
     EXPECT_EQ(r.exit_code, 3) << r.err;
     EXPECT_NE(r.out.find("preload (unset)"), std::string::npos) << "LD_PRELOAD is as iprobe found it: " << r.out;
     // the report is iprobe report's, on stderr: the constructor's call and main's
@@ -71,7 +71,7 @@ TEST(IprobeRun, AnExceptionThroughAHookedTailCallIsCaught) {
     const std::string program = targets_dir() + "/tail_throw";
     const auto list = run({bin("iprobe"), "list", program, "--functions", "outer*", "--kind", "exit", "--count"});
     ASSERT_EQ(list.out, "1\n") << list.err;
-    const auto r = iprobe({"run", "--handler", "count", "--json", "--", program, "3"});
+    const auto r = iprobe({"run", "--handler", "count", "--completed", "--json", "--", program, "3"});
     EXPECT_EQ(r.exit_code, 0) << r.err;
     EXPECT_EQ(r.out, "caught 3\n");
     // (json_calls takes a regular expression)

@@ -53,7 +53,7 @@ TEST(PackagedRedis, EveryProbeableFunctionCountedExactlyUnderLoadThenCodeAsInThe
     ASSERT_FALSE(file_bytes.empty());
     ASSERT_EQ(text_of(redis.pid(), suffix), file_bytes);
 
-    auto r = iprobe({"attach", pid, "--handler", "count", "--json"});
+    auto r = iprobe({"attach", pid, "--handler", "count", "--completed", "--json"});
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_EQ(json::parse(r.out)["enabled"].get<std::size_t>(), 2 * probeable) << r.out;
     EXPECT_EQ(redis_cli(redis.port(), {"SET", "probe", "relocated"}).out, "OK\n");
@@ -101,7 +101,7 @@ TEST(PackagedLibraries, ZlibAndLibstdcxxCalledByAProgramAreCountedExactly) {
     ASSERT_EQ(text_of(t.pid(), z), libz);
     ASSERT_EQ(t.command("run 10"), 0);
 
-    auto r = iprobe({"attach", std::to_string(t.pid()), "--module", "libz,libstdc++", "--handler", "count"});
+    auto r = iprobe({"attach", std::to_string(t.pid()), "--module", "libz,libstdc++", "--handler", "count", "--completed"});
     ASSERT_EQ(r.exit_code, 0) << r.err;
     ASSERT_EQ(t.command("run 2000"), 0) << "a relocated library function returned something else";
     r = iprobe({"report", std::to_string(t.pid()), "--json"});
@@ -183,7 +183,7 @@ TEST(PackagedCxxProgram, PowerDnsServesEveryQueryCountedExactlyThenCodeAsInTheFi
     ASSERT_FALSE(code.empty());
     ASSERT_EQ(text_of(pdns.pid(), "/pdns_server"), code);
 
-    auto r = iprobe({"attach", pid, "--handler", "count", "--json"});
+    auto r = iprobe({"attach", pid, "--handler", "count", "--completed", "--json"});
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_EQ(json::parse(r.out)["enabled"].get<std::size_t>(), 2 * probeable) << r.out;
     EXPECT_EQ(wrong_dns_answers(port, 2000), 0);

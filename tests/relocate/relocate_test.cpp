@@ -77,7 +77,9 @@ TEST_P(RelocatedEntries, EachEnabledCaseIsCountedExactlyAndBehavesTheSame) {
         ASSERT_EQ(text_of(t.pid(), "/" + GetParam()), file_bytes);
         ASSERT_EQ(t.command("run 100"), 0);
 
-        auto r = iprobe({"attach", std::to_string(t.pid()), "--handler", handler});
+        std::vector<std::string> attach{"attach", std::to_string(t.pid()), "--handler", handler};
+        if (handler == "count") attach.push_back("--completed");
+        auto r = iprobe(attach);
         ASSERT_EQ(r.exit_code, 0) << r.err;
         EXPECT_NE(text_of(t.pid(), "/" + GetParam()), file_bytes);
         EXPECT_EQ(t.command("run 1000"), 0) << "a relocated function returned something else";

@@ -56,7 +56,7 @@ TEST_F(RuntimeTest, ForkedChildNeverWritesIntoTheParentsRings) {
 TEST_F(RuntimeTest, InlinedCountStubsAreExactUnderSignalsAndSilentInAForkedChild) {
     HpTarget target(2);
     const std::string pid = std::to_string(target.pid());
-    ASSERT_EQ(iprobe({"attach", pid, "--handler", "count", "--functions", "counted,in_signal"}).exit_code, 0);
+    ASSERT_EQ(iprobe({"attach", pid, "--handler", "count", "--completed", "--functions", "counted,in_signal"}).exit_code, 0);
     const long handlers = target.command("signals 300000");
     ASSERT_GT(handlers, 100) << "the signal sender did not interrupt the loop";
     auto r = iprobe({"report", pid, "--json"});

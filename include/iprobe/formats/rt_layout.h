@@ -45,6 +45,7 @@ extern "C" {
 #define IPROBE_RT_STACK_DEPTH 120  /* timed frames per thread; deeper calls are counted, not timed */
 #define IPROBE_RT_NO_STAT 0xffffffffu
 #define IPROBE_RT_RETURN_STACK_FRAMES 1024 /* hooked returns per thread (runtime/src/return_stack.h) */
+#define IPROBE_RT_LOSSLESS_WAIT_S 2        /* longest wait for room in a lossless trace */
 
 enum iprobe_rt_record_kind {
     IPROBE_RT_REC_ENTRY = 1,
@@ -67,6 +68,16 @@ enum iprobe_rt_ring_state {
 };
 
 /* Thread slots use the same states; a retired slot keeps its sums. */
+
+/* Which of a function's sums a probe's handler keeps, so a report shows
+ * only those (never an estimate): the count handler keeps `calls` from an
+ * entry and, only where its exit was asked for, `completed` from the exit;
+ * the trace handler also times calls whose entry and exit are both on. */
+enum iprobe_rt_kept {
+    IPROBE_RT_KEPT_CALLS = 1,
+    IPROBE_RT_KEPT_COMPLETED = 2,
+    IPROBE_RT_KEPT_TIMES = 4
+};
 
 /* One event; 32 bytes so records never straddle a cache line. */
 struct iprobe_rt_record {
@@ -132,7 +143,9 @@ struct iprobe_rt_probe {
                           * IPROBE_RT_NO_STAT when none */
     uint8_t timed;       /* entry probe whose function's exit probe is enabled too:
                           * its calls are timed (else only counted) */
-    uint8_t pad[3];
+    uint8_t kept;        /* enum iprobe_rt_kept: what the handlers that turned this
+                          * probe on keep for it (OR over attaches; 0: not recorded) */
+    uint8_t pad[2];
     /* Written by the attacher when it turns the site on or off, so a report
      * can say for which part of the time a function's counts were kept. */
     uint64_t live_since_ns;  /* CLOCK_REALTIME when the site last became live; 0 while off */
@@ -216,7 +229,14 @@ struct iprobe_rt_control {
     uint32_t pad3;
     uint64_t unhooked_returns;   /* entries whose return could not be hooked (a thread deeper
                                   * than its return stack, the pool exhausted): exits not seen */
-    uint64_t reserved[6];
+    /* Set by a reader that wants every event (`iprobe trace --lossless`): a
+     * thread whose ring is full waits for it (spinning, then yielding) instead
+     * of dropping; after IPROBE_RT_LOSSLESS_WAIT_S without room the runtime
+     * clears it (a reader killed before it could) and drops, counted. */
+    uint32_t lossless;
+    uint32_t pad4;
+    uint64_t lossless_timeouts;  /* waits that gave up (and cleared `lossless`) */
+    uint64_t reserved[4];
 };
 
 #ifdef __cplusplus

@@ -70,6 +70,10 @@ struct AttachOptions {
     std::vector<std::string> modules;
     probelist::ProbeSelector selector;
     HandlerMode mode = HandlerMode::trace;
+    // The count handler turns entries on only (exits untouched: no return
+    // trampoline, no return stack) unless this is set or the selector names
+    // exit probes (--exit-only): then it also counts completed calls.
+    bool count_exits = false;
     HandlerSymbols handlers;            // empty enter = HandlerSymbols::runtime(mode)
     std::string runtime_library;        // empty = default_runtime_library()
     // Per-thread event ring (trace stream), when the region is created:
@@ -95,6 +99,9 @@ struct AttachStats {
     std::size_t refused = 0;
     std::string refused_example;
     std::vector<std::string> modules;  // module paths touched
+    // Exit probes the selector matched that the count handler leaves off
+    // (AttachOptions::count_exits).
+    std::size_t exits_left_off = 0;
     // Selected functions left alone because `iprobe patch` replaced them
     // (their entry jumps to the replacement; see live_patch.h).
     std::vector<std::string> patched_skipped;

@@ -30,6 +30,12 @@ public:
     TraceFileWriter& operator=(const TraceFileWriter&) = delete;
 
     void write(const Event& event);
+    // Raw records as drained (TraceReader::drain_runs), converted in bulk;
+    // a POINT's argument record may come in the next run of its ring.
+    void write(const RecordRun& run, const WallClock& clock);
+    // After the last run: a point still waiting for its arguments is
+    // written without them.
+    void end_of_stream();
     // Writes the probe names (index = global probe index) and the footer.
     void finish(const std::vector<ProbeInfo>& probes);
     std::uint64_t events() const { return events_; }
@@ -38,6 +44,11 @@ private:
     std::string path_;
     std::FILE* file_ = nullptr;
     std::uint64_t events_ = 0;
+    std::vector<char> buffer_;     // events not yet handed to file_
+    std::size_t used_ = 0;
+    bool args_next_ = false;       // the last record was a POINT whose arguments follow
+    std::uint32_t ring_ = UINT32_MAX;
+    void flush_buffer();
 };
 
 // Reads a trace file in bounded pieces: whatever its size, memory holds

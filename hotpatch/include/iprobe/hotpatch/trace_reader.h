@@ -61,6 +61,14 @@ struct FunctionStats {
     std::uint64_t probed_ns(std::uint64_t now_ns) const {
         return live_ns + (live_since_ns && now_ns > live_since_ns ? now_ns - live_since_ns : 0);
     }
+    // What its handlers kept (enum iprobe_rt_kept): a field they did not
+    // keep is absent from a report, never shown as 0 or estimated.
+    std::uint8_t kept = IPROBE_RT_KEPT_CALLS | IPROBE_RT_KEPT_COMPLETED | IPROBE_RT_KEPT_TIMES;
+    bool has_completed() const { return kept & IPROBE_RT_KEPT_COMPLETED; }
+    bool has_times() const {
+        constexpr std::uint8_t all = IPROBE_RT_KEPT_CALLS | IPROBE_RT_KEPT_COMPLETED | IPROBE_RT_KEPT_TIMES;
+        return (kept & all) == all;
+    }
     iprobe_rt_fn_stats raw{};  // the sums these were made from, in clock ticks
     double ns_per_tick = 1;
 };
@@ -82,6 +90,24 @@ struct ProbeState {
     bool live = false;                       // the site holds its call now
     std::uint64_t live_ns = 0;               // finished stretches it was live
     std::uint64_t live_since_ns = 0;         // CLOCK_REALTIME since when it is live (0: off)
+    std::uint8_t kept = 0;                   // enum iprobe_rt_kept (0: not recorded)
+};
+
+// Raw records of one ring, published and in written pages: indices
+// [from, to) of records[index & mask].  `last`: `to` is what the ring had
+// published (a POINT's argument record cannot follow in a later run).
+struct RecordRun {
+    const iprobe_rt_record* records = nullptr;
+    std::uint64_t mask = 0, from = 0, to = 0;
+    bool last = false;
+    std::uint32_t ring = 0;
+};
+
+// Region clock ticks to CLOCK_REALTIME ns (saturating, never wrapping).
+struct WallClock {
+    std::uint64_t tsc_base = 0, realtime_base = 0;
+    double ns_per_tick = 1;
+    std::uint64_t ns(std::uint64_t tsc) const;
 };
 
 struct ThreadDrops {
@@ -107,6 +133,10 @@ public:
     // Consumes every published record of every ring, oldest first per thread
     // (Access::stream only).
     std::size_t drain(const std::function<void(const Event&)>& sink);
+    // The same, as runs of raw records (a writer's bulk copy); returns the
+    // records consumed.
+    std::size_t drain_runs(const std::function<void(const RecordRun&)>& sink);
+    WallClock wall_clock() const;
 
     // Probe metadata by global index (re-reads the module table when it grew).
     const ProbeInfo& probe(std::uint32_t index);
@@ -129,6 +159,15 @@ public:
     // Calls whose return could not be hooked (deeper than a thread's return
     // stack, the pool exhausted): their exits are missing from `completed`.
     std::uint64_t unhooked_returns() const;
+
+    // Lossless (Access::stream only): while on, a thread whose ring is full
+    // waits for this reader instead of dropping (the default is lossy and
+    // counted).  The destructor turns it off; a reader killed before that
+    // leaves at most one bounded wait (IPROBE_RT_LOSSLESS_WAIT_S), after
+    // which the runtime turns it off itself, counted in lossless_timeouts().
+    void set_lossless(bool on);
+    bool lossless() const;
+    std::uint64_t lossless_timeouts() const;
 
     // Event-stream drops (full rings), per thread and in all; never in the sums.
     std::vector<ThreadDrops> drops_by_thread() const;

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# A complete trace of a real program, side by side with uftrace: lua 5.4
+# (Debian source) running bench/coldpatch/mixed.lua with every function
+# traced, entries and exits, to a file.
+#   plain        lua built with iprobe-cc, no probe on
+#   iprobe       the same binary, every probe on (trace handler), written by
+#                `iprobe trace --output FILE --lossless`
+#   uftrace      lua built with gcc -pg, `uftrace record` (every function)
+# Each lua waits on its stdin before running the script (lua -e 'io.read()'),
+# so the probes and the writer are in place first; the wall time is from
+# then until the trace file is complete.
+# usage: bench/hotpatch/lua_trace.sh [BUILD_DIR]   env: SCALE (mixed.lua's, default 1), RUNS (default 1)
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+build="$(cd "${1:-${IPROBE_BUILD_DIR:-$root/build}}" && pwd)"
+iprobe="$build/bin/iprobe"
+work="$build/bench/lua_trace"
+mkdir -p "$work"
+scale=${SCALE:-1}
+runs=${RUNS:-1}
+script="$root/bench/coldpatch/mixed.lua"
+src="$("$root/scripts/fetch-source" lua5.4)/src"
+sources=()
+for f in "$src"/*.c; do [[ $(basename "$f") == luac.c ]] || sources+=("$f"); done
+echo '#define DEB_HOST_MULTIARCH "x86_64-linux-gnu"' >"$work/lua5.4-deb-multiarch.h"
+flags=(-O2 -std=gnu99 -DLUA_COMPAT_5_3 -DLUA_USE_LINUX -I"$work" -Wno-unknown-attributes)
+[[ -x $work/lua-entry ]] || IPROBE_CC_QUIET=1 "$build/bin/iprobe-cc" "${flags[@]}" "${sources[@]}" -o "$work/lua-entry" -Wl,-E -ldl -lm
+[[ -x $work/lua-pg ]] || gcc -pg "${flags[@]}" "${sources[@]}" -o "$work/lua-pg" -Wl,-E -ldl -lm
+now() { date +%s.%N; }
+elapsed() { awk -v a="$1" -v b="$2" 'BEGIN { printf "%.2f", b - a }'; }
+
+for ((r = 0; r < runs; r++)); do
+  # plain
+  t0=$(now); "$work/lua-entry" "$script" "$scale" >/dev/null; plain=$(elapsed "$t0" "$(now)")
+
+  # iprobe: every probe on, the lossless writer draining into a file
+  rm -f "$work/go" "$work/iprobe.trace"; mkfifo "$work/go"
+  "$work/lua-entry" -e 'io.read()' "$script" "$scale" <"$work/go" >/dev/null &
+  lua=$!
+  exec 3>"$work/go"
+  "$iprobe" attach "$lua" --buffer 4M --json >"$work/attach.json"
+  "$iprobe" trace "$lua" --output "$work/iprobe.trace" --lossless 2>"$work/trace.err" &
+  writer=$!
+  sleep 0.5
+  t0=$(now); echo >&3; exec 3>&-
+  wait "$lua"; wait "$writer"
+  traced=$(elapsed "$t0" "$(now)")
+  events=$(sed -n 's/^iprobe: \([0-9]*\) events written.*/\1/p' "$work/trace.err")
+  dropped=$(sed -n 's/.* \([0-9]*\) events dropped.*/\1/p' "$work/trace.err"); dropped=${dropped:-0}
+  bytes=$(stat -c %s "$work/iprobe.trace")
+  probes=$(sed -n 's/.*"total_enabled":\([0-9]*\).*/\1/p' "$work/attach.json")
+
+  # uftrace: the -pg build, every function
+  rm -rf "$work/uftrace.data"
+  t0=$(now)
+  uftrace record --no-libcall -d "$work/uftrace.data" "$work/lua-pg" "$script" "$scale" >/dev/null
+  uf=$(elapsed "$t0" "$(now)")
+  ufbytes=$(du -cb "$work"/uftrace.data/*.dat | tail -n 1 | cut -f1)
+  ufevents=$((ufbytes / 16))  # uftrace's records: 16 bytes an entry or exit (struct uftrace_record, no arguments)
+
+  printf '\n| run | plain lua | iprobe trace --lossless (%s probes) | uftrace record | iprobe events written | dropped | bytes/event | events/s written | uftrace events (data / 16 B) | uftrace events/s | iprobe / uftrace events/s |\n|---|---|---|---|---|---|---|---|---|---|---|\n' "$probes"
+  awk -v r="$r" -v p="$plain" -v t="$traced" -v u="$uf" -v e="$events" -v d="$dropped" -v b="$bytes" -v ue="$ufevents" \
+    'BEGIN { printf "| %d | %.2f s | %.2f s | %.2f s | %d | %d | %.1f | %.1fM | %d | %.1fM | %.2f |\n", r, p, t, u, e, d, b / e, e / t / 1e6, ue, ue / u / 1e6, (e / t) / (ue / u) }'
+  rm -rf "$work/uftrace.data" "$work/iprobe.trace"
+done
