@@ -592,7 +592,7 @@ CloneResult clone_to_agent(const CloneOptions& o, const std::string& agent) {
     } remove_work{work};
 
     progress(o, "memory goes to the page server at " + host_of(at) + ":" + port);
-    double dump_ms = 0;
+    Dumped dumped;
     std::unique_ptr<ClientPinger> client;  // production as one of its clients sees the checkpoint
     try {
         const std::uint64_t port_number = number_in(port, "page server port");
@@ -601,8 +601,8 @@ CloneResult clone_to_agent(const CloneOptions& o, const std::string& agent) {
         const UniqueFd page_server = connect_page_server(o.pid, with_port(at, static_cast<int>(port_number)));
         const CorkedTailPusher pusher(page_server.get());
         if (o.client_view) client = ClientPinger::watch(o.pid);
-        dump_ms = dump_production(o, criu, name, tree.size(), work + "/images", work + "/dump.log", shell_job,
-                                  {"--page-server", "--ps-socket", "3"}, page_server.get());
+        dumped = dump_production(o, criu, name, tree.size(), work + "/images", work + "/dump.log", shell_job,
+                                 page_server.get());
     } catch (const Error&) {
         try {
             channel.send_line("ABORT");
@@ -612,7 +612,7 @@ CloneResult clone_to_agent(const CloneOptions& o, const std::string& agent) {
     }
     const double client_seen_ms = client ? client->window_max_us() / 1e3 : -1;
     client.reset();
-    const DumpStats stats = read_dump_stats(work + "/images");
+    const DumpStats& stats = dumped.stats;
     progress(o, "production could not answer for " +
                     fmt_ms(static_cast<double>(stats.freezing_us + stats.frozen_us) / 1e3) + " ms (stopping it " +
                     fmt_ms(static_cast<double>(stats.freezing_us) / 1e3) + " ms, frozen " +
@@ -640,7 +640,7 @@ CloneResult clone_to_agent(const CloneOptions& o, const std::string& agent) {
     r.keeper_pid = static_cast<pid_t>(number_in(restored[2], "keeper PID"));
     r.freeze_ms = static_cast<double>(stats.frozen_us) / 1e3;
     r.freezing_ms = static_cast<double>(stats.freezing_us) / 1e3;
-    r.dump_ms = dump_ms;
+    r.dump_ms = dumped.dump_ms;
     r.restore_ms = static_cast<double>(number_in(restored[3], "restore time")) / 1e3;
     r.pages_written = stats.pages_written;
     r.snapshots = snapshots;
