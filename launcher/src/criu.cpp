@@ -384,7 +384,10 @@ PageServer criu_page_server(const std::string& criu, const std::string& images_d
     const LogPlace log = log_place(log_path);
     const UniqueFd images = open_dir(images_dir), work = open_dir(log.dir);
     criu_req req;
-    req.set_type(PAGE_SERVER);
+    // Not PAGE_SERVER: in its daemon mode CRIU 4.2 answers pid 0 (the
+    // daemon's parent returns 0 from cr_page_server); the child variant
+    // answers the server's own PID, which outlives criu swrk all the same.
+    req.set_type(PAGE_SERVER_CHLD);
     criu_opts& opts = *req.mutable_opts();
     opts.set_images_dir_fd(images.get());
     opts.set_work_dir_fd(work.get());

@@ -75,8 +75,8 @@ struct DumpOutcome {
 };
 DumpOutcome criu_dump(const std::string& criu, const DumpRequest& request);
 
-// A page server receiving one dump into `images_dir` (criu page-server
-// --daemon), listening on `address` on a port it picks.
+// A page server receiving one dump into `images_dir` (criu page-server),
+// listening on `address` on a port it picks; it ends after that dump.
 struct PageServer {
     CriuReply reply;
     pid_t pid = -1;
