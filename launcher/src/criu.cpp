@@ -13,6 +13,7 @@
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
 
 // Generated from CRIU's own schemas (launcher/CMakeLists.txt).
 #include "rpc.pb.h"
@@ -152,14 +153,11 @@ private:
 bool nofile_raise_fails() {
     rlimit limit{};
     if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) return false;
-    std::optional<std::uint64_t> nr_open;
-    try {
-        const auto text = read_file("/proc/sys/fs/nr_open");
-        std::string s(text.begin(), text.end());
-        while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
-        nr_open = parse_unsigned(s);
-    } catch (const Error&) {
-    }
+    // A /proc file: its size says 0, so read as a stream.
+    std::ifstream file("/proc/sys/fs/nr_open");
+    std::string text;
+    if (!std::getline(file, text)) return false;
+    const auto nr_open = parse_unsigned(text);
     if (!nr_open || *nr_open <= limit.rlim_max) return false;
     __user_cap_header_struct header{_LINUX_CAPABILITY_VERSION_3, 0};
     __user_cap_data_struct caps[2]{};
@@ -170,7 +168,7 @@ bool nofile_raise_fails() {
 Criu locate_criu() {
     std::vector<std::string> tried;
     if (const char* env = getenv("IPROBE_CRIU"); env && *env) {
-        const auto version = criu_version(env);
+        const auto version = query_criu_version(env);
         if (!version)
             throw Error(std::string("IPROBE_CRIU=") + env + " does not run as criu (`" + env +
                             " swrk` answered no VERSION request); unset it to use the CRIU scripts/setup installs",
@@ -185,7 +183,7 @@ Criu locate_criu() {
     // into libexec/iprobe (launcher/CMakeLists.txt).
     const std::string private_criu = (InstallLayout::current().libexec() / "criu").string();
     auto consider = [&](const std::string& path) -> std::optional<Criu> {
-        const auto version = criu_version(path);
+        const auto version = query_criu_version(path);
         if (version && version->at_least(kMinMajor, kMinMinor)) return Criu{path, version->text()};
         tried.push_back(path + (version ? " (" + version->text() + ")" : " (does not run)"));
         return std::nullopt;
@@ -316,7 +314,7 @@ std::optional<std::string> receive_packet(int socket) {
     }
 }
 
-std::optional<CriuVersion> criu_version(const std::string& criu) {
+std::optional<CriuVersion> query_criu_version(const std::string& criu) {
     try {
         SwrkSession session(criu, -1);
         criu_req req;
@@ -422,6 +420,7 @@ RestoreReply parse_restore_reply(const std::string& packet, int status) {
     if (!resp.ParseFromString(packet) || resp.type() != RESTORE)
         throw Error("CRIU answered the restore with a message that is not a restore's criu_resp");
     r.reply = reply_of(resp);
+    r.reply.first_error_is_harmless_rlimit = !r.reply.success && nofile_raise_fails();
     if (resp.has_restore()) r.restored_pid = resp.restore().pid();
     return r;
 }

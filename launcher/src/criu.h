@@ -38,7 +38,7 @@ struct CriuReply {
     // CRIU answers with its first error only.  Where it cannot raise its
     // RLIMIT_NOFILE to fs.nr_open (no CAP_SYS_RESOURCE, as in many
     // containers), its first error in a dump is always that harmless one,
-    // whatever went wrong after it: set by criu_dump when that holds here.
+    // whatever went wrong after it (a restore's too): set when that holds here.
     bool first_error_is_harmless_rlimit = false;
     // "CRIU's message (errno N: text)", or how criu ended without one.
     std::string describe() const;
@@ -54,7 +54,7 @@ struct CriuVersion {
 
 // Asks `criu` (an executable: the wrapper scripts/setup writes or a system
 // criu) for its version; nullopt when it does not run as criu swrk.
-std::optional<CriuVersion> criu_version(const std::string& criu);
+std::optional<CriuVersion> query_criu_version(const std::string& criu);
 
 // A dump of production (`criu dump --leave-running` and the options every
 // iprobe clone uses: --tcp-close --skip-in-flight --ext-unix-sk --file-locks).
