@@ -24,7 +24,6 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <optional>
 #include <sstream>
 #include <string_view>
 #include <thread>
@@ -35,7 +34,6 @@
 #include "clone_steps.h"
 #include "criu.h"
 #include "iprobe/formats/checkpoint_hook.h"
-#include "iprobe/support/install_layout.h"
 #include "iprobe/support/error.h"
 #include "iprobe/support/fd.h"
 #include "iprobe/support/file.h"

@@ -186,6 +186,16 @@ void stop(pid_t pid) {
     ::waitpid(pid, nullptr, 0);
 }
 
+// A dump of `pid` into DIR/images, CRIU's log and statistics in DIR.
+DumpRequest dump_into(const test::TempDir& dir, pid_t pid) {
+    fs::create_directories(dir.path() + "/images");
+    DumpRequest request;
+    request.pid = pid;
+    request.images_dir = dir.path() + "/images";
+    request.log_path = dir.path() + "/dump.log";
+    return request;
+}
+
 TEST(CriuRpc, VersionComesFromTheVersionRequest) {
     IPROBE_SKIP_UNLESS_CLONING_WORKS();
     const Criu criu = find_criu();
@@ -201,14 +211,10 @@ TEST(CriuRpc, DumpOfAProcessThatIsNotThereIsATypedFailureWithCriusMessage) {
     IPROBE_SKIP_UNLESS_CLONING_WORKS();
     const Criu criu = find_criu();
     test::TempDir dir;
-    fs::create_directories(dir.path() + "/images");
     // A PID that was there a moment ago and is gone now.
     const pid_t gone = start_sleeper();
     stop(gone);
-    DumpRequest request;
-    request.pid = gone;
-    request.images_dir = dir.path() + "/images";
-    request.log_path = dir.path() + "/dump.log";
+    const DumpRequest request = dump_into(dir, gone);
     const DumpOutcome outcome = criu_dump(criu.path, request);
     EXPECT_FALSE(outcome.reply.success);
     EXPECT_FALSE(outcome.reply.died_status) << "criu answered nothing: " << outcome.reply.describe();
@@ -221,13 +227,9 @@ TEST(CriuRpc, DumpAnswersSuccessAndItsStatisticsAndTheProcessRunsOn) {
     IPROBE_SKIP_UNLESS_CLONING_WORKS();
     const Criu criu = find_criu();
     test::TempDir dir;
-    fs::create_directories(dir.path() + "/images");
     const pid_t sleeper = start_sleeper();
     std::this_thread::sleep_for(std::chrono::milliseconds(100));  // exec'd
-    DumpRequest request;
-    request.pid = sleeper;
-    request.images_dir = dir.path() + "/images";
-    request.log_path = dir.path() + "/dump.log";
+    DumpRequest request = dump_into(dir, sleeper);
     int post_dump_calls = 0;
     request.post_dump = [&] {
         ++post_dump_calls;
