@@ -21,7 +21,10 @@
 #             command line against this one's RPC): freeze = stopping +
 #             frozen (unavailable_us), as clients feel it
 #
-# Needs root, a built iprobe (scripts/build) and CRIU (scripts/setup).
+# Needs root, a built iprobe (scripts/build) and CRIU (scripts/setup).  Under
+# flock(1), use `flock -o`: a redis that inherits the lock's descriptor is
+# cloned holding that lock, and the clone's restore waits for it forever
+# (CRIU restores file locks).
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -106,7 +109,7 @@ printf '\n'
 for mb in "${sizes[@]}"; do
   keys=$((mb * 1000))
   setsid nsenter --net="/run/netns/$ns" /usr/bin/redis-server --port "$port" --save '' --appendonly no \
-    --daemonize no --dir "$work" --logfile "$work/redis.log" --enable-debug-command yes </dev/null >/dev/null 2>&1 &
+    --daemonize no --dir "$work" --logfile "$work/redis.log" --enable-debug-command yes </dev/null >/dev/null 2>&1 3>&- &
   redis_pid=$!
   for _ in $(seq 100); do [[ $(cli PING 2>/dev/null) == PONG ]] && break; sleep 0.05; done
   cli DEBUG POPULATE "$keys" key "$value_size" >/dev/null
