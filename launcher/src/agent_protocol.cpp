@@ -1,4 +1,4 @@
-#include "agent_protocol.h"
+#include "iprobe/launcher/agent_protocol.h"
 
 #include <array>
 #include <limits>

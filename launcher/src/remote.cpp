@@ -24,7 +24,7 @@
 
 #include "client_pinger.h"
 #include "clone_steps.h"
-#include "agent_protocol.h"
+#include "iprobe/launcher/agent_protocol.h"
 #include "criu.h"
 #include "iprobe/proxy/address.h"
 #include "iprobe/support/error.h"

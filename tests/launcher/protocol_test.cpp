@@ -1,5 +1,5 @@
 // The launcher's typed crossings: the clone agent's JSON lines
-// (agent_protocol.h), CRIU's RPC requests and answers (criu.h, CRIU's own
+// (agent_protocol.h), CRIU's RPC requests and answers (criu_rpc.h, CRIU's own
 // rpc.proto) and its statistics image.  Each message round-trips byte for
 // byte, hostile strings included; a real CRIU answers a dump it cannot do
 // with a typed failure, and one it can with its statistics.
@@ -15,9 +15,9 @@
 #include <thread>
 #include <vector>
 
-#include "agent_protocol.h"
-#include "criu.h"
+#include "iprobe/launcher/agent_protocol.h"
 #include "iprobe/launcher/clone.h"
+#include "iprobe/launcher/criu_rpc.h"
 #include "iprobe/support/error.h"
 #include "rpc.pb.h"
 #include "testutil.h"
