@@ -15,13 +15,22 @@
 #   sudo bench/clone/run.sh                 # sizes 10 100 1000 (MB)
 #   sudo bench/clone/run.sh 10 100          # chosen sizes
 #   IPROBE_BUILD_DIR=build-x bench/clone/run.sh
+#   IPROBE_COMPARE_BUILD=/path/build bench/clone/run.sh
+#             adds the `iprobe clone` of another build, on the same redis
+#             right before this build's (e.g. one that drove CRIU by its
+#             command line against this one's RPC): freeze = stopping +
+#             frozen (unavailable_us), as clients feel it
 #
-# Needs root, a built iprobe (scripts/build) and CRIU (scripts/setup).
+# Needs root, a built iprobe (scripts/build) and CRIU (scripts/setup).  Under
+# flock(1), use `flock -o`: a redis that inherits the lock's descriptor is
+# cloned holding that lock, and the clone's restore waits for it forever
+# (CRIU restores file locks).
 set -euo pipefail
 
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 build="${IPROBE_BUILD_DIR:-$root/build}"
 iprobe="$build/bin/iprobe"
+compare="${IPROBE_COMPARE_BUILD:+$IPROBE_COMPARE_BUILD/bin/iprobe}"
 criu="${IPROBE_CRIU:-$root/third_party/cache/criu/bin/criu}"
 sizes=("$@")
 ((${#sizes[@]})) || sizes=(10 100 1000)
@@ -80,16 +89,27 @@ criu_tcp_dump() {
 }
 
 iprobe_clone() {
-  "$iprobe" clone "$redis_pid" --netns "$clone" --no-default-snapshots --json >"$work/clone.json"
+  "${1:-$iprobe}" clone "$redis_pid" --netns "$clone" --no-default-snapshots --json >"$work/clone.json"
 }
 
-printf '%-7s %-7s | %-9s | %-21s | %-32s | %-8s\n' "" "" "base" "criu-tcp (dump only)" "iprobe clone (dump+restore)" "fork"
-printf '%-7s %-7s | %9s | %10s %10s | %10s %10s %10s | %8s\n' \
-  "size_MB" "used_MB" "max_ms" "freeze_ms" "max_ms" "freeze_ms" "total_ms" "max_ms" "fork_ms"
+# "freeze_ms total_ms unavailable_ms" of the clone just made.
+clone_times() {
+  python3 -c '
+import json, sys
+j = json.load(open(sys.argv[1]))
+print("%.1f %.1f %.1f" % (j["freeze_us"] / 1000, j["total_us"] / 1000, j["unavailable_us"] / 1000))' "$work/clone.json"
+}
+
+printf '%-7s %-7s | %-9s | %-21s | %-43s | %-8s' "" "" "base" "criu-tcp (dump only)" "iprobe clone (dump+restore)" "fork"
+[[ -n $compare ]] && printf ' | %-43s' "iprobe clone of IPROBE_COMPARE_BUILD"
+printf '\n%-7s %-7s | %9s | %10s %10s | %10s %10s %10s %10s | %8s' \
+  "size_MB" "used_MB" "max_ms" "freeze_ms" "max_ms" "freeze_ms" "unavail_ms" "total_ms" "max_ms" "fork_ms"
+[[ -n $compare ]] && printf ' | %10s %10s %10s %10s' "freeze_ms" "unavail_ms" "total_ms" "max_ms"
+printf '\n'
 for mb in "${sizes[@]}"; do
   keys=$((mb * 1000))
   setsid nsenter --net="/run/netns/$ns" /usr/bin/redis-server --port "$port" --save '' --appendonly no \
-    --daemonize no --dir "$work" --logfile "$work/redis.log" --enable-debug-command yes </dev/null >/dev/null 2>&1 &
+    --daemonize no --dir "$work" --logfile "$work/redis.log" --enable-debug-command yes </dev/null >/dev/null 2>&1 3>&- &
   redis_pid=$!
   for _ in $(seq 100); do [[ $(cli PING 2>/dev/null) == PONG ]] && break; sleep 0.05; done
   cli DEBUG POPULATE "$keys" key "$value_size" >/dev/null
@@ -101,14 +121,22 @@ for mb in "${sizes[@]}"; do
   # Long enough to cover the checkpoint (about 1 s per 100 MB here, plus margin).
   requests=$(awk -v r="$rps" -v mb="$mb" 'BEGIN { printf "%d", r * (3 + mb / 50) }')
 
+  rm -f "$work/criu.stats"
   criu_max=$(max_latency_around criu_tcp_dump)
-  read -r criu_freeze _ <"$work/criu.stats"
+  # A dump that failed (said above) leaves its columns '-'; the rest goes on.
+  criu_freeze=-
+  [[ -s $work/criu.stats ]] && read -r criu_freeze _ <"$work/criu.stats"
+
+  compared=
+  if [[ -n $compare ]]; then
+    compare_max=$(max_latency_around iprobe_clone "$compare")
+    read -r c_freeze c_total c_unavailable < <(clone_times)
+    "$iprobe" clone --destroy "$clone" >/dev/null
+    compared=$(printf ' | %10s %10s %10s %10s' "$c_freeze" "$c_unavailable" "$c_total" "$compare_max")
+  fi
 
   iprobe_max=$(max_latency_around iprobe_clone)
-  read -r freeze total < <(python3 -c '
-import json, sys
-j = json.load(open(sys.argv[1]))
-print("%.1f %.1f" % (j["freeze_us"] / 1000, j["total_us"] / 1000))' "$work/clone.json")
+  read -r freeze total unavailable < <(clone_times)
   clone_keys=$(nsenter --net="/run/netns/$clone" redis-cli -p "$port" DBSIZE)
   [[ $clone_keys == "$keys" ]] || echo "warning: clone has $clone_keys keys, expected $keys" >&2
   "$iprobe" clone --destroy "$clone" >/dev/null
@@ -120,7 +148,8 @@ print("%.1f %.1f" % (j["freeze_us"] / 1000, j["total_us"] / 1000))' "$work/clone
   done
   fork_ms=$(cli INFO stats | tr -d '\r' | awk -F: '/^latest_fork_usec:/ { printf "%.1f", $2 / 1000 }')
 
-  printf '%-7s %-7s | %9s | %10s %10s | %10s %10s %10s | %8s\n' \
-    "$mb" "$used" "$base_max" "$criu_freeze" "$criu_max" "$freeze" "$total" "$iprobe_max" "$fork_ms"
+  printf '%-7s %-7s | %9s | %10s %10s | %10s %10s %10s %10s | %8s%s\n' \
+    "$mb" "$used" "$base_max" "$criu_freeze" "$criu_max" "$freeze" "$unavailable" "$total" "$iprobe_max" "$fork_ms" \
+    "$compared"
   kill "$redis_pid"; wait "$redis_pid" 2>/dev/null || true; redis_pid=
 done

@@ -4,7 +4,11 @@
 #include <poll.h>
 #include <sched.h>
 #include <signal.h>
+#include <net/if.h>
+#include <sys/ioctl.h>
 #include <sys/mount.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -20,8 +24,8 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <optional>
 #include <sstream>
+#include <string_view>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -30,7 +34,6 @@
 #include "clone_steps.h"
 #include "criu.h"
 #include "iprobe/formats/checkpoint_hook.h"
-#include "iprobe/support/install_layout.h"
 #include "iprobe/support/error.h"
 #include "iprobe/support/fd.h"
 #include "iprobe/support/file.h"
@@ -130,61 +133,114 @@ struct Rollback {
 };
 
 // What the user can do about the usual causes of a failed dump.
-std::string dump_failure_hint(pid_t pid, const std::string& reasons) {
+// Whether loopback is down in `pid`'s network namespace: CRIU, which probes
+// the kernel's features there before it dumps anything, then fails.
+bool loopback_down(pid_t pid) {
+    const UniqueFd netns(::open(("/proc/" + std::to_string(pid) + "/ns/net").c_str(), O_RDONLY | O_CLOEXEC));
+    if (!netns) return false;
+    bool down = false;
+    // A namespace is a property of the thread: asked from one of our own.
+    std::thread([&] {
+        if (::setns(netns.get(), CLONE_NEWNET) != 0) return;
+        const UniqueFd s(::socket(AF_INET, SOCK_DGRAM | SOCK_CLOEXEC, 0));
+        ifreq ifr{};
+        std::strncpy(ifr.ifr_name, "lo", sizeof ifr.ifr_name - 1);
+        if (s && ::ioctl(s.get(), SIOCGIFFLAGS, &ifr) == 0) down = !(ifr.ifr_flags & IFF_UP);
+    }).join();
+    return down;
+}
+
+// A process of the tree with a perf_event file open (which CRIU cannot
+// checkpoint): "PID N fd K", or "".
+std::string perf_event_holder(pid_t root) {
+    for (pid_t pid : process_tree(root)) {
+        std::error_code ec;
+        for (const auto& entry : fs::directory_iterator("/proc/" + std::to_string(pid) + "/fd", ec)) {
+            std::error_code link_ec;
+            if (fs::read_symlink(entry.path(), link_ec).string() == "anon_inode:[perf_event]")
+                return "PID " + std::to_string(pid) + " fd " + entry.path().filename().string();
+        }
+    }
+    return {};
+}
+
+std::string dump_failure_hint(pid_t pid) {
+    if (const std::string holder = perf_event_holder(pid); !holder.empty())
+        return "\n  hint: " + holder + " is a perf_event file (a profiler's counter), which CRIU cannot "
+               "checkpoint; clone the service while nothing profiles it through that file";
     if (!same_ns(pid, "mnt"))
         return "\n  hint: the service runs in a mount namespace of its own (e.g. started with `ip netns exec`), "
                "which CRIU must checkpoint too; start it with `nsenter --net=/run/netns/NAME ...` instead";
-    if (reasons.find("kerndat") != std::string::npos && reasons.find("unreachable") != std::string::npos)
+    if (loopback_down(pid))
         return "\n  hint: loopback is down in the service's network namespace; CRIU needs it up "
                "(ip link set lo up)";
     return {};
 }
 
-// Checkpoints production with `criu dump --leave-running`; returns the wall
-// time.  On failure CRIU has resumed production; the error says so and
-// keeps CRIU's log.
-double dump_production(const CloneOptions& o, const Criu& criu, const std::string& name, size_t processes,
-                       const std::string& images, const std::string& dump_log, bool& shell_job,
-                       const std::vector<std::string>& extra_args, int fd3) {
-    // Dump from inside production's network namespace: CRIU then treats it
-    // as its own (no netns image) and the clone can be restored into any.
-    std::vector<std::string> dump_args = {criu.path, "dump", "-t", std::to_string(o.pid), "-D", images,
-                                          "--leave-running", "--tcp-close", "--skip-in-flight",
-                                          "--ext-unix-sk", "--file-locks", "-v2", "-o", dump_log};
-    // --skip-in-flight: a connection still in a listener's accept queue
-    // (a client connecting at the freeze) is left to production, which
-    // accepts it as it resumes, instead of failing the dump.
-    // A service started from a shell or a supervisor that did not make it a
-    // session leader shares its session with processes outside the tree;
-    // CRIU checkpoints such a tree only as a "shell job" (the clone then
-    // joins the keeper's session).
+// Tells the mirror listening on `socket_path` that production is frozen and
+// waits for its answer, at most IPROBE_CHECKPOINT_HOOK_TIMEOUT_MS
+// (include/iprobe/formats/checkpoint_hook.h).  Never fails: a mirror that
+// does not answer must not cost production its checkpoint (the session then
+// reports the clone's start as unknown).
+void tell_mirror_production_is_frozen(const std::string& socket_path) {
+    sockaddr_un at{};
+    at.sun_family = AF_UNIX;
+    if (socket_path.size() >= sizeof at.sun_path) return;
+    std::memcpy(at.sun_path, socket_path.c_str(), socket_path.size() + 1);
+    const UniqueFd fd(::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    if (!fd || ::connect(fd.get(), reinterpret_cast<const sockaddr*>(&at), sizeof at) != 0) return;
+    const std::string_view command = IPROBE_CHECKPOINT_HOOK_COMMAND;
+    if (::send(fd.get(), command.data(), command.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(command.size())) return;
+    const double deadline = now_ms() + IPROBE_CHECKPOINT_HOOK_TIMEOUT_MS;
+    char reply[4096];
+    for (;;) {
+        const double left = deadline - now_ms();
+        pollfd p{fd.get(), POLLIN, 0};
+        if (left <= 0 || ::poll(&p, 1, static_cast<int>(left) + 1) != 1) return;
+        const ssize_t n = ::read(fd.get(), reply, sizeof reply);
+        if (n <= 0 || std::memchr(reply, '\n', static_cast<std::size_t>(n))) return;
+    }
+}
+
+// Checkpoints production with CRIU's DUMP request (leave_running); returns
+// the wall time.  On failure CRIU has resumed production; the error says
+// so with CRIU's own message, and keeps CRIU's log for the user.
+Dumped dump_production(const CloneOptions& o, const Criu& criu, const std::string& name, size_t processes,
+                       const std::string& images, const std::string& dump_log, bool& shell_job, int page_server_fd) {
+    DumpRequest request;
+    request.pid = o.pid;
+    request.images_dir = images;
+    request.log_path = dump_log;
+    request.page_server_fd = page_server_fd;
+    // CRIU checkpoints a tree that shares its session with processes
+    // outside it only as a "shell job" (the clone then joins the keeper's
+    // session).
     shell_job = session_of(o.pid) != o.pid;
-    if (shell_job) dump_args.push_back("--shell-job");
-    dump_args.insert(dump_args.end(), extra_args.begin(), extra_args.end());
+    request.shell_job = shell_job;
+    if (!o.frozen_hook_socket.empty())
+        request.post_dump = [&socket = o.frozen_hook_socket] { tell_mirror_production_is_frozen(socket); };
     UniqueFd prod_netns;
     if (!same_ns(o.pid, "net")) {
         prod_netns.reset(::open(("/proc/" + std::to_string(o.pid) + "/ns/net").c_str(), O_RDONLY | O_CLOEXEC));
         if (!prod_netns) throw_errno("open production's network namespace");
     }
-    int netns_fd = prod_netns.get();
+    request.netns_fd = prod_netns.get();
     progress(o, "checkpointing PID " + std::to_string(o.pid) + " (" + std::to_string(processes) +
                     " process(es)) with CRIU " + criu.version + ", production keeps running");
-    double dump_start = now_ms();
-    RunResult dump =
-        run(dump_args, [netns_fd] { return netns_fd < 0 || ::setns(netns_fd, CLONE_NEWNET) == 0; }, fd3);
-    double dump_ms = now_ms() - dump_start;
-    if (!dump.ok()) {
-        bool still_running = alive(o.pid);
-        std::string reasons = criu_log_errors(dump_log);
-        if (reasons.empty()) reasons = "\n  " + dump.err;
-        reasons += dump_failure_hint(o.pid, reasons);
+    const double dump_start = now_ms();
+    const DumpOutcome outcome = criu_dump(criu.path, request);
+    const double dump_ms = now_ms() - dump_start;
+    const CriuReply& dump = outcome.reply;
+    if (!dump.success) {
+        const bool still_running = alive(o.pid);
         throw Error("criu dump of PID " + std::to_string(o.pid) + " failed; " +
                         (still_running ? "production was resumed and keeps running"
                                        : "production is NOT running any more") +
-                        ". CRIU says:" + reasons + keep_criu_log(dump_log, name, "dump"),
+                        ". CRIU says: " + dump.describe() + dump_failure_hint(o.pid) +
+                        keep_criu_log(dump_log, name, "dump"),
                     ExitCode::failure);
     }
-    return dump_ms;
+    return {dump_ms, outcome.stats};
 }
 
 }  // namespace clone_steps
@@ -271,26 +327,6 @@ void save_checkpoint(const Checkpoint& cp) {
 
 }  // namespace
 
-// An environment variable set for the children started meanwhile (CRIU, and
-// its action scripts), the previous value back after.
-class ScopedEnv {
-public:
-    ScopedEnv(const char* name, const std::string& value) : name_(name) {
-        if (const char* old = std::getenv(name)) old_ = old;
-        ::setenv(name, value.c_str(), 1);
-    }
-    ~ScopedEnv() {
-        if (old_) ::setenv(name_, old_->c_str(), 1);
-        else ::unsetenv(name_);
-    }
-    ScopedEnv(const ScopedEnv&) = delete;
-    ScopedEnv& operator=(const ScopedEnv&) = delete;
-
-private:
-    const char* name_;
-    std::optional<std::string> old_;
-};
-
 Checkpoint take_checkpoint(const CloneOptions& o, const std::string& dir) {
     require_user_process(o.pid);
     const std::string name = checked_clone_name(o, "iprobe clone");
@@ -310,17 +346,11 @@ Checkpoint take_checkpoint(const CloneOptions& o, const std::string& dir) {
     rollback.images = cp.dir;
     fs::create_directories(cp.dir + "/images");
     cp.pid = o.pid;
-    std::vector<std::string> hook_args;
-    std::optional<ScopedEnv> hook_env;
-    if (!o.frozen_hook_socket.empty()) {
-        hook_args = {"--action-script", (InstallLayout::current().libexec() / "iprobe-criu-hook").string()};
-        hook_env.emplace(IPROBE_CHECKPOINT_HOOK_SOCKET_ENV, o.frozen_hook_socket);
-    }
-    cp.dump_ms =
-        dump_production(o, criu, name, tree.size(), cp.dir + "/images", cp.dir + "/dump.log", cp.shell_job, hook_args);
-    hook_env.reset();
+    const Dumped dumped =
+        dump_production(o, criu, name, tree.size(), cp.dir + "/images", cp.dir + "/dump.log", cp.shell_job);
+    cp.dump_ms = dumped.dump_ms;
+    const DumpStats& stats = dumped.stats;
     cp.taken_at_s = realtime_s();
-    const DumpStats stats = read_dump_stats(cp.dir + "/images");
     cp.freeze_ms = static_cast<double>(stats.frozen_us) / 1e3;
     cp.freezing_ms = static_cast<double>(stats.freezing_us) / 1e3;
     cp.pages_written = stats.pages_written;

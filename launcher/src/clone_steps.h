@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "criu.h"
 #include "iprobe/launcher/clone.h"
 
 namespace iprobe::launcher {
@@ -36,9 +37,17 @@ std::string fmt_ms(double v);
 // What every way of cloning PID checks before touching it (root, the process
 // exists); returns the clone's name, o.name or iprobe-clone-PID, validated.
 std::string checked_clone_name(const CloneOptions& o, const char* command);
-double dump_production(const CloneOptions& o, const Criu& criu, const std::string& name, size_t processes,
+// Checkpoints production (criu_dump), telling the mirror at
+// o.frozen_hook_socket while CRIU holds it frozen; `page_server_fd`: a
+// connection to a page server the memory goes to.  Returns the wall time
+// and CRIU's statistics; throws with CRIU's message, production resumed.
+struct Dumped {
+    double dump_ms = 0;
+    DumpStats stats;
+};
+Dumped dump_production(const CloneOptions& o, const Criu& criu, const std::string& name, size_t processes,
                        const std::string& images, const std::string& dump_log, bool& shell_job,
-                       const std::vector<std::string>& extra_args, int fd3 = -1);
+                       int page_server_fd = -1);
 
 // ---- the process tree (pstree.cpp)
 std::string readlink_str(const std::string& path);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <functional>
+#include <map>
 #include <optional>
 #include <cstdlib>
 #include <filesystem>
@@ -30,6 +31,89 @@ const char* const kContainerStateRoot = "/run/iprobe/container-clones";
 std::string state_file(const std::string& name) { return std::string(kContainerStateRoot) + "/" + name; }
 
 using Json = nlohmann::json;
+
+// ---- what podman says, as typed as podman's JSON is: only the fields read
+// here, each optional field defaulted (podman omits empty ones).
+
+struct PortBinding {
+    std::string host_ip, host_port;
+};
+void from_json(const Json& j, PortBinding& b) {
+    b.host_ip = j.value("HostIp", "");
+    b.host_port = j.value("HostPort", "");
+}
+
+struct Mount {
+    std::string type, name, source, destination;
+    bool rw = false;
+};
+void from_json(const Json& j, Mount& m) {
+    m.type = j.value("Type", "");
+    m.name = j.value("Name", "");
+    m.source = j.value("Source", "");
+    m.destination = j.value("Destination", "");
+    m.rw = j.value("RW", false);
+}
+
+struct NetworkAttachment {
+    std::string ip_address;
+};
+void from_json(const Json& j, NetworkAttachment& n) { n.ip_address = j.value("IPAddress", ""); }
+
+// One element of `podman container inspect`.
+struct PodmanContainer {
+    std::string id;
+    bool running = false;
+    pid_t pid = 0;
+    std::map<std::string, std::vector<PortBinding>> port_bindings;  // HostConfig: what it asked for
+    std::vector<Mount> mounts;
+    std::map<std::string, NetworkAttachment> networks;
+    std::map<std::string, std::vector<PortBinding>> ports;  // NetworkSettings: what it got
+};
+void from_json(const Json& j, PodmanContainer& c) {
+    c.id = j.at("Id").get<std::string>();
+    const Json& state = j.at("State");
+    c.running = state.value("Running", false);
+    c.pid = state.value("Pid", 0);
+    const auto map_of_bindings = [](const Json& ports) {
+        std::map<std::string, std::vector<PortBinding>> out;
+        if (!ports.is_object()) return out;
+        for (const auto& [port, bindings] : ports.items())
+            out[port] = bindings.is_array() ? bindings.get<std::vector<PortBinding>>() : std::vector<PortBinding>{};
+        return out;
+    };
+    c.port_bindings = map_of_bindings(j.value("HostConfig", Json::object()).value("PortBindings", Json::object()));
+    if (const Json mounts = j.value("Mounts", Json::array()); mounts.is_array()) c.mounts = mounts.get<std::vector<Mount>>();
+    const Json net = j.value("NetworkSettings", Json::object());
+    if (const Json networks = net.value("Networks", Json::object()); networks.is_object())
+        c.networks = networks.get<std::map<std::string, NetworkAttachment>>();
+    c.ports = map_of_bindings(net.value("Ports", Json::object()));
+}
+
+// `podman container inspect NAME`'s container, or nullopt when podman
+// knows none of that name.  Throws Error(failure) when podman answers
+// something that is not its inspect JSON.
+std::optional<PodmanContainer> inspect_container(const std::string& podman, const std::string& container) {
+    const RunResult r = run({podman, "container", "inspect", container});
+    if (!r.ok()) return std::nullopt;
+    try {
+        const Json doc = Json::parse(r.out);
+        if (!doc.is_array() || doc.empty()) return std::nullopt;
+        return doc.at(0).get<PodmanContainer>();
+    } catch (const Json::exception& e) {
+        throw Error("cannot read `podman container inspect " + container + "`: " + e.what(), ExitCode::failure);
+    }
+}
+
+// CRIU's statistics in `podman container checkpoint --print-stats` output.
+struct CheckpointStats {
+    double frozen_us = 0, freezing_us = 0, pages_written = 0;
+};
+void from_json(const Json& j, CheckpointStats& st) {
+    st.frozen_us = j.value("frozen_time", 0.0);
+    st.freezing_us = j.value("freezing_time", 0.0);
+    st.pages_written = j.value("pages_written", 0.0);
+}
 
 void progress(const ContainerCloneOptions& o, const std::string& line) {
     if (o.progress) o.progress(line);
@@ -92,22 +176,19 @@ private:
     std::string dir_;
 };
 
-// CRIU's statistics in `podman container checkpoint --print-stats` output.
-struct CheckpointStats {
-    double frozen_us = 0, freezing_us = 0, pages_written = 0;
-};
-
+// The last container's CRIU statistics in `podman container checkpoint
+// --print-stats` output (one container is checkpointed).
 CheckpointStats checkpoint_stats(const std::string& out) {
-    CheckpointStats st;
-    const Json doc = Json::parse(out, nullptr, false);
-    if (!doc.is_object() || !doc.contains("container_statistics") || !doc["container_statistics"].is_array()) return st;
-    for (const auto& c : doc["container_statistics"]) {
-        const Json criu = c.value("criu_statistics", Json::object());
-        st.frozen_us = criu.value("frozen_time", 0.0);
-        st.freezing_us = criu.value("freezing_time", 0.0);
-        st.pages_written = criu.value("pages_written", 0.0);
+    try {
+        const Json doc = Json::parse(out);
+        CheckpointStats st;
+        for (const auto& c : doc.at("container_statistics"))
+            st = c.value("criu_statistics", Json::object()).get<CheckpointStats>();
+        return st;
+    } catch (const Json::exception& e) {
+        throw Error(std::string("podman checkpointed, but its --print-stats output is not what it prints: ") +
+                    e.what());
     }
-    return st;
 }
 
 std::string podman_errors(const RunResult& r) {
@@ -127,7 +208,7 @@ namespace {
 std::string move_to_own_network(const std::string& podman, const std::string& clone) {
     const std::string network = "iprobe-" + clone;
     run({podman, "network", "rm", "--force", network});  // a remnant of a clone that died with its host
-    RunResult networks = run({podman, "container", "inspect", clone});
+    const auto inspected = inspect_container(podman, clone);
     auto fail = [&](const std::string& what, const RunResult& why) {
         run({podman, "container", "rm", "--force", clone});
         run({podman, "network", "rm", "--force", network});
@@ -135,17 +216,11 @@ std::string move_to_own_network(const std::string& podman, const std::string& cl
                         podman_errors(why),
                     ExitCode::failure);
     };
-    if (!networks.ok()) fail("inspect", networks);
+    if (!inspected) fail("inspect", run({podman, "container", "inspect", clone}));
     if (RunResult made = run({podman, "network", "create", "--opt", "isolate=true", network}); !made.ok())
         fail("network create", made);
     if (RunResult joined = run({podman, "network", "connect", network, clone}); !joined.ok()) fail("network connect", joined);
-    const Json doc = Json::parse(networks.out, nullptr, false);
-    std::vector<std::string> old_networks;
-    const Json nets = doc.is_array() && !doc.empty() && doc[0].is_object()
-                          ? doc[0].value("/NetworkSettings/Networks"_json_pointer, Json::object())
-                          : Json::object();
-    for (auto it = nets.begin(); it != nets.end(); ++it) old_networks.push_back(it.key());
-    for (const auto& name : old_networks)
+    for (const auto& [name, _] : inspected->networks)
         if (RunResult left = run({podman, "network", "disconnect", name, clone}); !left.ok())
             fail("network disconnect " + name, left);
     return network;
@@ -170,27 +245,18 @@ struct Production {
 };
 
 Production inspect_production(const std::string& podman, const std::string& container) {
-    RunResult inspect = run({podman, "container", "inspect", container});
-    const Json doc = inspect.ok() ? Json::parse(inspect.out, nullptr, false) : Json();
-    if (!doc.is_array() || doc.empty() || !doc[0].is_object())
-        throw Error("no podman container '" + container + "' (`podman ps` lists them)", ExitCode::not_found);
-    const Json& c = doc[0];
+    const auto c = inspect_container(podman, container);
+    if (!c) throw Error("no podman container '" + container + "' (`podman ps` lists them)", ExitCode::not_found);
     Production p;
-    try {
-        p.id = c.at("Id").get<std::string>();
-        p.running = c.at("State").value("Running", false);
-        const Json ports = c.value("HostConfig", Json::object()).value("PortBindings", Json::object());
-        for (const auto& [port, bindings] : ports.items())
-            if (bindings.is_array() && !bindings.empty()) p.ports.push_back(port);
-        for (const auto& m : c.value("Mounts", Json::array())) {
-            const std::string type = m.value("Type", "");
-            if (type == "volume")
-                p.volumes.push_back({m.value("Name", ""), m.value("Source", ""), m.value("Destination", "")});
-            else if (type == "bind" && m.value("RW", false))
-                p.writable_binds.push_back(m.value("Source", "") + " -> " + m.value("Destination", ""));
-        }
-    } catch (const Json::exception& e) {
-        throw Error("cannot read `podman container inspect " + container + "`: " + e.what(), ExitCode::failure);
+    p.id = c->id;
+    p.running = c->running;
+    for (const auto& [port, bindings] : c->port_bindings)
+        if (!bindings.empty()) p.ports.push_back(port);
+    for (const auto& m : c->mounts) {
+        if (m.type == "volume")
+            p.volumes.push_back({m.name, m.source, m.destination});
+        else if (m.type == "bind" && m.rw)
+            p.writable_binds.push_back(m.source + " -> " + m.destination);
     }
     return p;
 }
@@ -206,8 +272,12 @@ struct CloneVolumes {
         for (const auto& [_, name] : made) run({podman, "volume", "rm", "--force", name});
     }
     std::string mountpoint(const std::string& name) const {
-        return trimmed(run_checked({podman, "volume", "inspect", "--format", "{{.Mountpoint}}", name},
-                                   "finding volume " + name));
+        const std::string out = run_checked({podman, "volume", "inspect", name}, "finding volume " + name);
+        try {
+            return Json::parse(out).at(0).at("Mountpoint").get<std::string>();
+        } catch (const Json::exception& e) {
+            throw Error("cannot read `podman volume inspect " + name + "`: " + e.what());
+        }
     }
 };
 
@@ -345,22 +415,24 @@ ContainerCloneResult clone_container(const ContainerCloneOptions& o) {
                     ExitCode::failure);
     }
     r.network = move_to_own_network(podman, r.name);
-    RunResult clone = run({podman, "container", "inspect", r.name});
-    const Json doc = clone.ok() ? Json::parse(clone.out, nullptr, false) : Json();
     try {
-        const Json& c = doc.at(0);
-        r.id = c.at("Id").get<std::string>();
-        r.clone_pid = c.at("State").at("Pid").get<pid_t>();
-        r.address = c.at("NetworkSettings").at("Networks").at(r.network).at("IPAddress").get<std::string>();
+        const auto c = inspect_container(podman, r.name);
+        if (!c) throw Error("podman knows no container " + r.name + " any more");
+        r.id = c->id;
+        r.clone_pid = c->pid;
+        const auto on_network = c->networks.find(r.network);
+        if (on_network == c->networks.end()) throw Error("it is not on network " + r.network);
+        r.address = on_network->second.ip_address;
         for (const auto& port : prod.ports) {
-            const Json& b = c.at("NetworkSettings").at("Ports").at(port).at(0);
-            r.ports.emplace_back(port, b.value("HostIp", "") + ":" + b.value("HostPort", ""));
+            const auto published = c->ports.find(port);
+            if (published == c->ports.end() || published->second.empty())
+                throw Error("podman published no host port for its " + port);
+            r.ports.emplace_back(port, published->second.front().host_ip + ":" + published->second.front().host_port);
         }
-    } catch (const Json::exception& e) {
+    } catch (const Error& e) {
         run({podman, "container", "rm", "--force", r.name});
         run({podman, "network", "rm", "--force", r.network});
-        throw Error("the restored clone " + r.name + " cannot be inspected: " +
-                    (clone.ok() ? std::string(e.what()) : podman_errors(clone)));
+        throw Error("the restored clone " + r.name + " cannot be inspected: " + e.what());
     }
     r.total_ms = now_ms() - t0;
     save_container_state(r);
@@ -369,8 +441,8 @@ ContainerCloneResult clone_container(const ContainerCloneOptions& o) {
 }
 
 pid_t container_main_pid(const std::string& container) {
-    RunResult r = run({podman_path(), "container", "inspect", "--format", "{{.State.Pid}}", container});
-    const pid_t pid = r.ok() ? static_cast<pid_t>(std::atol(r.out.c_str())) : 0;
+    const auto c = inspect_container(podman_path(), container);
+    const pid_t pid = c && c->running ? c->pid : 0;
     if (pid <= 0) throw Error("no running podman container '" + container + "' (`podman ps` lists them)", ExitCode::not_found);
     return pid;
 }
@@ -400,8 +472,12 @@ std::optional<ContainerCloneResult> load_container_clone(const std::string& name
 bool container_running(const std::string& id) {
     const std::string podman = find_program("podman");
     if (podman.empty()) return false;
-    const RunResult r = run({podman, "container", "inspect", "--format", "{{.State.Running}}", id});
-    return r.ok() && trimmed(r.out) == "true";
+    try {
+        const auto c = inspect_container(podman, id);
+        return c && c->running;
+    } catch (const Error&) {
+        return false;
+    }
 }
 
 std::vector<std::string> list_container_clones() {

@@ -1,24 +1,12 @@
-// Internal: CRIU's statistics image and invocation details.
+// Internal: the checks and the kept log every way of cloning shares; CRIU
+// itself is driven through iprobe/launcher/criu_rpc.h.
 #pragma once
 
-#include <cstdint>
 #include <string>
-#include <vector>
+
+#include "iprobe/launcher/criu_rpc.h"
 
 namespace iprobe::launcher {
-
-// CRIU's stats-dump image (protobuf DumpStatsEntry inside StatsEntry).
-struct DumpStats {
-    std::uint64_t freezing_us = 0;  // stopping the tasks
-    std::uint64_t frozen_us = 0;    // tasks stopped until resumed
-    std::uint64_t memdump_us = 0;
-    std::uint64_t memwrite_us = 0;
-    std::uint64_t pages_scanned = 0;
-    std::uint64_t pages_written = 0;
-};
-
-// Parses IMAGES/stats-dump; throws Error(failure) when absent or malformed.
-DumpStats read_dump_stats(const std::string& images_dir);
 
 // Throws Error(permission) naming `what` unless running as root.
 void require_root(const char* what);
@@ -31,9 +19,5 @@ void validate_name(const std::string& name);
 // /tmp/iprobe-clone-NAME-STEP.log; returns "\n  full log: PATH" for an
 // error message, or "" when it could not be copied.
 std::string keep_criu_log(const std::string& log_path, const std::string& name, const char* step);
-
-// The lines of a CRIU log that say why it failed ("Error (...)"), most
-// useful last, at most `max_lines`.
-std::string criu_log_errors(const std::string& log_path, std::size_t max_lines = 6);
 
 }  // namespace iprobe::launcher

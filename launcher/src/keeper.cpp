@@ -98,28 +98,46 @@ void write_int(int fd, int v) { (void)!::write(fd, &v, sizeof v); }
     }
 }
 
-// Waits for `criu restore`.  When the launcher that asked for the clone is
-// gone (killed, or interrupted before it could say so), nobody would record
-// or remove the clone: the restore is abandoned instead, and PID 1 exiting
-// takes whatever CRIU restored so far with it.
-int wait_restore(pid_t criu, int status_fd) {
-    int status = 0;
+// The keeper's descriptors CRIU reads the images and writes its log
+// through (criu_opts.images_dir_fd, work_dir_fd: /proc/1/fd/N to CRIU).
+constexpr int kImagesFd = 5, kWorkDirFd = 6;
+
+// What the keeper tells start_keeper, in order, on its status pipe: the
+// stage (0: CRIU answered or ended, < 0: a step before it failed) and an
+// errno; after stage 0, criu's wait status, the length of CRIU's answer
+// (0: none) and the answer, a criu_resp, as CRIU sent it.
+constexpr int kCriuAnswered = 0;
+
+// Waits for CRIU's answer to the restore.  When the launcher that asked for
+// the clone is gone (killed, or interrupted before it could say so), nobody
+// would record or remove the clone: the restore is abandoned instead, and
+// PID 1 exiting takes whatever CRIU restored so far with it.
+std::string wait_restore_answer(const SwrkChild& criu, int status_fd) {
     for (;;) {
-        const pid_t r = ::waitpid(criu, &status, WNOHANG);
-        if (r == criu) return status;
-        if (r < 0 && errno != EINTR) _exit(1);
-        pollfd reader{status_fd, 0, 0};  // a pipe's writer sees POLLERR once its reader is closed
-        if (::poll(&reader, 1, 100) > 0 && (reader.revents & POLLERR)) {
-            ::kill(criu, SIGKILL);
+        // A pipe's writer sees POLLERR once its reader is closed.
+        pollfd p[2] = {{criu.socket, POLLIN, 0}, {status_fd, 0, 0}};
+        if (::poll(p, 2, -1) < 0) {
+            if (errno == EINTR) continue;
             _exit(1);
         }
+        if (p[1].revents & POLLERR) {
+            ::kill(criu.pid, SIGKILL);
+            _exit(1);
+        }
+        if (p[0].revents) return receive_packet(criu.socket).value_or(std::string());
     }
 }
 
 // Runs as PID 1 of the new PID namespace, in a private mount namespace:
 // gives CRIU a /proc of that namespace and the snapshot copies in place of
 // the originals, restores, then reaps until the clone is gone.
-[[noreturn]] void keeper_main(const KeeperPlan& plan, int status_fd) {
+// The restore as the keeper makes it: built before the fork.
+struct RestoreCall {
+    std::string work_dir;  // where CRIU writes plan.restore_log
+    std::string request;   // a criu_req (restore_request)
+};
+
+[[noreturn]] void keeper_main(const KeeperPlan& plan, const RestoreCall& call, int status_fd) {
     ::setsid();
     // `iprobe debug` blocks signals it reads through a signalfd; CRIU must
     // not inherit that.
@@ -170,51 +188,61 @@ int wait_restore(pid_t criu, int status_fd) {
         if (::mount(copy.c_str(), original.c_str(), nullptr, MS_BIND | MS_REC, nullptr) != 0) fail(-3);
     }
 
-    std::vector<std::string> args = {plan.criu, "restore", "-D", plan.images_mount, "-d", "--tcp-close",
-                                     "--ext-unix-sk", "--file-locks", "-v2", "-o", plan.restore_log};
-    if (plan.shell_job) args.push_back("--shell-job");
-    std::vector<char*> argv;
-    for (auto& a : args) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    pid_t criu = ::fork();
-    if (criu < 0) fail(-4);
-    if (criu == 0) {
-        ::close_range(3, ~0U, 0);
-        ::execv(argv[0], argv.data());
-        _exit(127);
+    // Each opened onto its number before the next is opened: none overwrites another.
+    const auto open_as = [](const std::string& dir, int target) {
+        const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+        if (fd < 0 || fd == target) return fd == target;
+        const bool moved = ::dup2(fd, target) == target;
+        ::close(fd);
+        return moved;
+    };
+    if (!open_as(plan.images_mount, kImagesFd) || !open_as(call.work_dir, kWorkDirFd)) fail(-9);
+    const SwrkChild criu = start_swrk(plan.criu, -1);
+    if (criu.pid < 0) fail(-4);
+    const std::string answer = send_packet(criu.socket, call.request) ? wait_restore_answer(criu, status_fd)
+                                                                              : std::string();
+    ::close(criu.socket);
+    int status = 0;
+    while (::waitpid(criu.pid, &status, 0) < 0 && errno == EINTR) {
     }
-    int status = wait_restore(criu, status_fd);
-    int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+    bool restored = false;
+    try {
+        restored = parse_restore_reply(answer, status).reply.success;
+    } catch (const std::exception&) {
+    }
     // iprobe's own per-PID state (locks of attach and trace) must not meet
     // production's: the clone has production's PID.  Mounted after the
     // restore, which still needed the clone's state directory under it.
-    if (code == 0 && ::mount("tmpfs", kStateRootParent, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0700") != 0) fail(-8);
-    write_int(status_fd, code);
+    if (restored && ::mount("tmpfs", kStateRootParent, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0700") != 0) fail(-8);
+    write_int(status_fd, kCriuAnswered);
     write_int(status_fd, 0);
+    write_int(status_fd, status);
+    write_int(status_fd, static_cast<int>(answer.size()));
+    (void)!::write(status_fd, answer.data(), answer.size());
     ::close(status_fd);
-    if (code != 0) _exit(1);
+    if (!restored) _exit(1);
     reap_until_gone(lifeline);
 }
 
-bool read_int(int fd, int& v, int timeout_ms) {
-    size_t got = 0;
-    char* p = reinterpret_cast<char*>(&v);
-    while (got < sizeof v) {
+bool read_exactly(int fd, char* p, std::size_t size, int timeout_ms) {
+    std::size_t got = 0;
+    while (got < size) {
         pollfd pfd{fd, POLLIN, 0};
         int r = ::poll(&pfd, 1, timeout_ms);
         if (r < 0 && errno == EINTR && !interrupted()) continue;
         if (r <= 0) return false;
-        ssize_t n = ::read(fd, p + got, sizeof v - got);
+        ssize_t n = ::read(fd, p + got, size - got);
         if (n <= 0) return false;
         got += static_cast<size_t>(n);
     }
     return true;
 }
 
+bool read_int(int fd, int& v, int timeout_ms) { return read_exactly(fd, reinterpret_cast<char*>(&v), sizeof v, timeout_ms); }
+
 // The state directory goes away with the failed clone: the log is kept.
 Error restore_failed(const KeeperPlan& plan, const std::string& headline) {
-    return Error(headline + ", production is untouched. CRIU says:" + criu_log_errors(plan.restore_log) +
-                 keep_criu_log(plan.restore_log, plan.name, "restore"));
+    return Error(headline + ", production is untouched" + keep_criu_log(plan.restore_log, plan.name, "restore"));
 }
 
 }  // namespace
@@ -222,6 +250,9 @@ Error restore_failed(const KeeperPlan& plan, const std::string& headline) {
 pid_t start_keeper(const KeeperPlan& plan, const std::string& netns_path) {
     UniqueFd netns(::open(netns_path.c_str(), O_RDONLY | O_CLOEXEC));
     if (!netns) throw_errno("open " + netns_path);
+    const auto slash = plan.restore_log.rfind('/');
+    const RestoreCall call{plan.restore_log.substr(0, slash),
+                           restore_request(kImagesFd, kWorkDirFd, plan.restore_log.substr(slash + 1), plan.shell_job)};
     int fds[2];
     if (::pipe2(fds, O_CLOEXEC) < 0) throw_errno("pipe");
     UniqueFd rd(fds[0]), wr(fds[1]);
@@ -236,7 +267,7 @@ pid_t start_keeper(const KeeperPlan& plan, const std::string& netns_path) {
             _exit(1);
         }
         pid_t keeper = ::fork();
-        if (keeper == 0) keeper_main(plan, wr.get());
+        if (keeper == 0) keeper_main(plan, call, wr.get());
         write_int(wr.get(), keeper);
         _exit(keeper < 0 ? 1 : 0);
     }
@@ -257,19 +288,28 @@ pid_t start_keeper(const KeeperPlan& plan, const std::string& netns_path) {
         throw restore_failed(plan, "the clone's keeper process died before CRIU finished restoring");
     }
     read_int(rd.get(), err, 1000);
-    if (stage != 0) {
+    if (stage < 0) {
         ::kill(keeper, SIGKILL);
-        if (stage < 0) {
-            const char* what = stage == -1   ? "making mounts private"
-                               : stage == -2 ? "mounting /proc"
-                               : stage == -3 ? "bind-mounting the file snapshots"
-                               : stage == -6 ? "mounting a private /dev/shm"
-                               : stage == -7 ? "binding the checkpoint images"
-                               : stage == -8 ? "mounting a private /run/iprobe"
-                                             : "starting criu";
-            throw Error(std::string("preparing the clone failed while ") + what + ": " + std::strerror(err));
-        }
-        throw restore_failed(plan, "criu restore failed (exit " + std::to_string(stage) + ")");
+        const char* what = stage == -1   ? "making mounts private"
+                           : stage == -2 ? "mounting /proc"
+                           : stage == -3 ? "bind-mounting the file snapshots"
+                           : stage == -6 ? "mounting a private /dev/shm"
+                           : stage == -7 ? "binding the checkpoint images"
+                           : stage == -8 ? "mounting a private /run/iprobe"
+                           : stage == -9 ? "opening the images for CRIU"
+                                         : "starting criu";
+        throw Error(std::string("preparing the clone failed while ") + what + ": " + std::strerror(err));
+    }
+    int criu_status = 0, length = 0;
+    std::string answer;
+    if (read_int(rd.get(), criu_status, 1000) && read_int(rd.get(), length, 1000) && length > 0 && length < (1 << 20)) {
+        answer.resize(static_cast<std::size_t>(length));
+        if (!read_exactly(rd.get(), answer.data(), answer.size(), 1000)) answer.clear();
+    }
+    const RestoreReply restored = parse_restore_reply(answer, criu_status);
+    if (!restored.reply.success) {
+        ::kill(keeper, SIGKILL);
+        throw restore_failed(plan, "criu restore failed: " + restored.reply.describe());
     }
     return keeper;
 }

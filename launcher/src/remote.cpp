@@ -18,19 +18,18 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
-#include <sstream>
 #include <thread>
 
 #include <nlohmann/json.hpp>
 
 #include "client_pinger.h"
 #include "clone_steps.h"
+#include "iprobe/launcher/agent_protocol.h"
 #include "criu.h"
 #include "iprobe/proxy/address.h"
 #include "iprobe/support/error.h"
 #include "iprobe/support/fd.h"
 #include "iprobe/support/file.h"
-#include "iprobe/support/number.h"
 #include "process.h"
 
 namespace fs = std::filesystem;
@@ -41,74 +40,35 @@ using namespace clone_steps;
 
 namespace {
 
-// The control protocol, one line per request or reply:
-//   client                                   agent
-//   CLONE NAME SHELL_JOB(0|1) SOURCE_PID  ->
-//                                         <- PAGESERVER PORT     (CRIU page server on the agent's address)
-//   (criu dump --page-server: pages go straight to the agent)
-//   FILE SIZE NAME + SIZE bytes           ->  an image CRIU kept local
-//   SNAPSHOT SIZE INDEX PATH + SIZE bytes ->  a tar of one file snapshot
-//   RESTORE                               ->
-//                                         <- RESTORED CLONE_PID KEEPER_PID RESTORE_US
-//   ABORT                                 ->  (the dump failed: the agent drops it all)
-//   DESTROY NAME                          ->
-//                                         <- DESTROYED
-// Any step may be answered with ERROR EXIT_CODE MESSAGE (newlines as \n).
+namespace protocol = agent_protocol;
+
+// The control protocol: agent_protocol.h.
 constexpr std::size_t kMaxLine = 64 * 1024;
 constexpr int kIoTimeoutMs = 30000;
 constexpr int kRestoreTimeoutMs = 600000;
-
-std::string escape_line(const std::string& text) {
-    std::string out;
-    for (char c : text) out += c == '\n' ? std::string("\\n") : std::string(1, c);
-    return out;
-}
-
-std::string unescape_line(const std::string& text) {
-    std::string out;
-    for (std::size_t i = 0; i < text.size(); i++) {
-        if (text[i] == '\\' && i + 1 < text.size() && text[i + 1] == 'n') {
-            out += '\n';
-            i++;
-        } else {
-            out += text[i];
-        }
-    }
-    return out;
-}
 
 // A blocking control connection where every wait has a deadline.
 class Channel {
 public:
     explicit Channel(UniqueFd fd) : fd_(std::move(fd)) {}
 
-    void send_line(const std::string& line) {
-        const std::string framed = line + "\n";
-        write_all(framed.data(), framed.size());
+    void send(const protocol::Message& message) {
+        const std::string line = protocol::encode(message);
+        write_all(line.data(), line.size());
     }
 
-    std::string read_line(int timeout_ms = kIoTimeoutMs) {
-        for (;;) {
-            const auto newline = buffered_.find('\n');
-            if (newline != std::string::npos) {
-                std::string line = buffered_.substr(0, newline);
-                buffered_.erase(0, newline + 1);
-                return line;
-            }
-            if (buffered_.size() > kMaxLine) throw Error("the peer sent a line longer than 64 KiB", ExitCode::bad_input);
-            char chunk[4096];
-            buffered_.append(chunk, read_some(chunk, sizeof chunk, timeout_ms));
-        }
-    }
+    protocol::Message receive(int timeout_ms = kIoTimeoutMs) { return protocol::decode(read_line(timeout_ms)); }
 
-    void send_file(const std::string& header_before_size, const std::string& header_after_size,
-                   const std::string& path) {
+    // A file's bytes after `header` (protocol::File or protocol::Snapshot),
+    // whose size is set here.
+    template <typename Header>
+    void send_file(Header header, const std::string& path) {
         UniqueFd file(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
         if (!file) throw_errno("open " + path);
-        const auto size = fs::file_size(path);
-        send_line(header_before_size + " " + std::to_string(size) + " " + header_after_size);
+        header.size = fs::file_size(path);
+        send(header);
         char chunk[1 << 16];
-        for (std::uintmax_t sent = 0; sent < size;) {
+        for (std::uintmax_t sent = 0; sent < header.size;) {
             const ssize_t n = ::read(file.get(), chunk, sizeof chunk);
             if (n <= 0) throw_errno("read " + path);
             write_all(chunk, static_cast<std::size_t>(n));
@@ -129,6 +89,20 @@ public:
     }
 
 private:
+    std::string read_line(int timeout_ms) {
+        for (;;) {
+            const auto newline = buffered_.find('\n');
+            if (newline != std::string::npos) {
+                std::string line = buffered_.substr(0, newline);
+                buffered_.erase(0, newline + 1);
+                return line;
+            }
+            if (buffered_.size() > kMaxLine) throw Error("the peer sent a line longer than 64 KiB", ExitCode::bad_input);
+            char chunk[4096];
+            buffered_.append(chunk, read_some(chunk, sizeof chunk, timeout_ms));
+        }
+    }
+
     void write_all(const char* data, std::size_t size) {
         while (size > 0) {
             pollfd p{fd_.get(), POLLOUT, 0};
@@ -165,39 +139,18 @@ private:
     std::string buffered_;
 };
 
-std::vector<std::string> words(const std::string& line, std::size_t at_most) {
-    std::vector<std::string> out;
-    std::size_t at = 0;
-    while (at < line.size() && out.size() + 1 < at_most) {
-        const auto space = line.find(' ', at);
-        if (space == std::string::npos) break;
-        out.push_back(line.substr(at, space - at));
-        at = space + 1;
-    }
-    out.push_back(line.substr(at));
-    return out;
-}
-
-std::uint64_t number_in(const std::string& text, const std::string& what) {
-    const auto n = parse_unsigned(text);
-    if (!n) throw Error("bad " + what + " '" + text + "' in the clone protocol", ExitCode::bad_input);
-    return *n;
-}
-
 // A reply of the expected kind, or the agent's error as ours.
-std::vector<std::string> expect_reply(Channel& channel, const std::string& kind, std::size_t fields, int timeout_ms) {
-    const std::string line = channel.read_line(timeout_ms);
-    auto w = words(line, fields + 1);
-    if (line.rfind("ERROR ", 0) == 0) {
-        auto e = words(line, 3);
-        // Not an optional held across the throw: GCC 12 at -Os warns (wrongly) that it may be unset.
-        const std::uint64_t code = e.size() == 3 ? parse_unsigned(e[1]).value_or(256) : 256;
-        throw Error("the clone agent says: " + unescape_line(e.size() == 3 ? e[2] : line),
-                    code < 256 ? static_cast<ExitCode>(code) : ExitCode::failure);
-    }
-    if (w[0] != kind || w.size() != fields + 1)
-        throw Error("the clone agent answered '" + line.substr(0, 200) + "', expected " + kind, ExitCode::bad_input);
-    return w;
+template <typename Reply>
+Reply expect_reply(Channel& channel, int timeout_ms) {
+    const protocol::Message message = channel.receive(timeout_ms);
+    if (const auto* failure = std::get_if<protocol::Failure>(&message))
+        throw Error("the clone agent says: " + failure->message,
+                    failure->exit_code > 0 && failure->exit_code < 256 ? static_cast<ExitCode>(failure->exit_code)
+                                                                        : ExitCode::failure);
+    if (const auto* reply = std::get_if<Reply>(&message)) return *reply;
+    throw Error(std::string("the clone agent answered '") + protocol::type_name(message) + "', expected '" +
+                    protocol::type_name(Reply{}) + "'",
+                ExitCode::bad_input);
 }
 
 std::string host_of(const proxy::Endpoint& at) {
@@ -361,11 +314,11 @@ public:
     }
 
     void serve(Channel& channel, const std::string& address) {
-        const std::string request = channel.read_line();
-        const auto w = words(request, 4);
-        if (w[0] == "CLONE" && w.size() == 4) return receive_clone(channel, address, w);
-        if (w[0] == "DESTROY" && w.size() == 2) return destroy(channel, w[1]);
-        throw Error("unknown request '" + request.substr(0, 100) + "'", ExitCode::usage);
+        const protocol::Message request = channel.receive();
+        if (const auto* clone = std::get_if<protocol::Clone>(&request)) return receive_clone(channel, address, *clone);
+        if (const auto* destroy = std::get_if<protocol::Destroy>(&request)) return destroy_clone(channel, destroy->name);
+        throw Error(std::string("'") + protocol::type_name(request) + "' is not a request this agent serves",
+                    ExitCode::usage);
     }
 
 private:
@@ -373,11 +326,11 @@ private:
         if (options_.progress) options_.progress(line);
     }
 
-    void receive_clone(Channel& channel, const std::string& address, const std::vector<std::string>& w) {
-        const std::string name = w[1];
+    void receive_clone(Channel& channel, const std::string& address, const protocol::Clone& request) {
+        const std::string& name = request.name;
         validate_name(name);
-        const bool shell_job = w[2] == "1";
-        const auto source = static_cast<pid_t>(number_in(w[3], "source PID"));
+        const bool shell_job = request.shell_job;
+        const pid_t source = request.source_pid;
         const std::string dir = options_.state_dir + "/" + name;
         if (clones_.count(name) || fs::exists(dir))
             throw Error("this agent already holds a clone named '" + name + "'", ExitCode::busy);
@@ -393,31 +346,32 @@ private:
             }
         } partial{dir};
 
-        const int port = free_port(address);
-        run_checked({criu_.path, "page-server", "--daemon", "--pidfile", dir + "/page-server.pid", "-D", dir + "/images",
-                     "--address", address, "--port", std::to_string(port), "-v2", "-o", dir + "/page-server.log"},
-                    "starting CRIU's page server");
-        partial.page_server = read_pid(dir + "/page-server.pid");
-        say("clone " + name + ": page server on " + address + ":" + std::to_string(port));
-        channel.send_line("PAGESERVER " + std::to_string(port));
+        const PageServer ps = criu_page_server(criu_.path, dir + "/images", dir + "/page-server.log", address);
+        if (!ps.reply.success || ps.pid <= 0 || ps.port <= 0)
+            throw Error("CRIU's page server did not start on " + address + ": " + ps.reply.describe() +
+                        keep_criu_log(dir + "/page-server.log", name, "page-server"));
+        partial.page_server = ps.pid;
+        say("clone " + name + ": page server on " + address + ":" + std::to_string(ps.port));
+        channel.send(protocol::PageServerReady{ps.port});
 
         std::vector<std::pair<std::string, std::string>> binds;
         for (;;) {
-            const std::string line = channel.read_line(kRestoreTimeoutMs);
-            const auto f = words(line, 4);
-            if (f[0] == "FILE" && f.size() == 3) {
-                if (f[2].empty() || f[2].find('/') != std::string::npos || f[2] == "." || f[2] == "..")
-                    throw Error("bad image name '" + f[2] + "'", ExitCode::bad_input);
-                channel.receive_file(dir + "/images/" + f[2], number_in(f[1], "size"));
-            } else if (f[0] == "SNAPSHOT" && f.size() == 4) {
-                binds.push_back(receive_snapshot(channel, dir, number_in(f[1], "size"), number_in(f[2], "index"), f[3]));
-            } else if (line == "RESTORE") {
+            const protocol::Message message = channel.receive(kRestoreTimeoutMs);
+            if (const auto* file = std::get_if<protocol::File>(&message)) {
+                if (file->name.empty() || file->name.find('/') != std::string::npos ||
+                    file->name.find('\0') != std::string::npos || file->name == "." || file->name == "..")
+                    throw Error("bad image name '" + file->name + "'", ExitCode::bad_input);
+                channel.receive_file(dir + "/images/" + file->name, file->size);
+            } else if (const auto* snapshot = std::get_if<protocol::Snapshot>(&message)) {
+                binds.push_back(receive_snapshot(channel, dir, *snapshot));
+            } else if (std::holds_alternative<protocol::Restore>(message)) {
                 break;
-            } else if (line == "ABORT") {
+            } else if (std::holds_alternative<protocol::Abort>(message)) {
                 say("clone " + name + ": the checkpoint failed on production's host; dropped");
                 return;
             } else {
-                throw Error("unexpected '" + line.substr(0, 100) + "' while receiving a clone", ExitCode::bad_input);
+                throw Error(std::string("unexpected '") + protocol::type_name(message) + "' while receiving a clone",
+                            ExitCode::bad_input);
             }
         }
         wait_for_exit(partial.page_server, "CRIU's page server");
@@ -444,15 +398,16 @@ private:
                                          {"source_pid", source},
                                          {"restore_ms", restore_ms}});
         say("clone " + name + ": restored as PID " + std::to_string(clone_pid) + " in " + fmt_ms(restore_ms) + " ms");
-        channel.send_line("RESTORED " + std::to_string(clone_pid) + " " + std::to_string(keeper) + " " +
-                          std::to_string(static_cast<long long>(restore_ms * 1e3)));
+        channel.send(protocol::Restored{clone_pid, keeper, static_cast<std::uint64_t>(restore_ms * 1e3)});
     }
 
     // A tar of one snapshot, unpacked beside the others and bound over the
     // original path inside the clone's mount namespace.
-    std::pair<std::string, std::string> receive_snapshot(Channel& channel, const std::string& dir, std::uint64_t size,
-                                                         std::uint64_t index, const std::string& original) {
-        if (original.empty() || original[0] != '/' || original.find("/../") != std::string::npos)
+    std::pair<std::string, std::string> receive_snapshot(Channel& channel, const std::string& dir,
+                                                         const protocol::Snapshot& snapshot) {
+        const std::string& original = snapshot.path;
+        if (original.empty() || original[0] != '/' || original.find("/../") != std::string::npos ||
+            original.find('\0') != std::string::npos)
             throw Error("bad snapshot path '" + original + "'", ExitCode::bad_input);
         // Bound over `original` inside the clone, it would hide the images
         // being restored.
@@ -461,41 +416,23 @@ private:
             throw Error("the clone needs a private copy of " + original + ", which holds this agent's --state-dir " +
                             options_.state_dir + "; start the agent with a --state-dir outside it",
                         ExitCode::bad_input);
-        const std::string into = dir + "/fs/" + std::to_string(index);
+        const std::string into = dir + "/fs/" + std::to_string(snapshot.index);
         fs::create_directories(into);
         const std::string tar = into + ".tar";
-        channel.receive_file(tar, size);
+        channel.receive_file(tar, snapshot.size);
         run_checked({"tar", "-xpf", tar, "-C", into}, "unpacking the snapshot of " + original);
         fs::remove(tar);
         return {into + "/" + fs::path(original).filename().string(), original};
     }
 
-    void destroy(Channel& channel, const std::string& name) {
+    void destroy_clone(Channel& channel, const std::string& name) {
         const auto it = clones_.find(name);
         if (it == clones_.end()) throw Error("this agent holds no clone named '" + name + "'", ExitCode::not_found);
         kill_keeper(it->second.keeper, it->second.keeper_started);
         remove_tree(it->second.dir);
         clones_.erase(it);
         say("clone " + name + " destroyed");
-        channel.send_line("DESTROYED");
-    }
-
-    static int free_port(const std::string& address) {
-        const proxy::Endpoint at = proxy::parse_endpoint(address.find(':') != std::string::npos ? "[" + address + "]:0"
-                                                                                                 : address + ":0",
-                                                         "page server address");
-        UniqueFd s(::socket(at.family(), SOCK_STREAM | SOCK_CLOEXEC, 0));
-        if (!s || ::bind(s.get(), reinterpret_cast<const sockaddr*>(&at.addr), at.len) != 0)
-            throw_errno("cannot find a free port on " + address + " for CRIU's page server");
-        return proxy::local_endpoint(s.get()).port();
-    }
-
-    static pid_t read_pid(const std::string& path) {
-        std::ifstream in(path);
-        long long pid = -1;
-        in >> pid;
-        if (pid <= 0) throw Error("CRIU's page server did not write its PID to " + path);
-        return static_cast<pid_t>(pid);
+        channel.send(protocol::Destroyed{});
     }
 
     // The page server ends once the dump has sent its last page.
@@ -555,7 +492,7 @@ void run_clone_agent(const AgentOptions& o) {
         } catch (const Error& e) {
             if (o.progress) o.progress(std::string("request failed: ") + e.what());
             try {
-                channel.send_line("ERROR " + std::to_string(static_cast<int>(e.code())) + " " + escape_line(e.what()));
+                channel.send(protocol::Failure{static_cast<int>(e.code()), e.what()});
             } catch (const Error&) {
             }
         } catch (const std::exception& e) {
@@ -577,8 +514,8 @@ CloneResult clone_to_agent(const CloneOptions& o, const std::string& agent) {
 
     Channel channel(connect_to(at, agent));
     bool shell_job = session_of(o.pid) != o.pid;
-    channel.send_line("CLONE " + name + " " + (shell_job ? "1" : "0") + " " + std::to_string(o.pid));
-    const auto port = expect_reply(channel, "PAGESERVER", 1, kIoTimeoutMs)[1];
+    channel.send(protocol::Clone{name, shell_job, o.pid});
+    const int port = expect_reply<protocol::PageServerReady>(channel, kIoTimeoutMs).port;
 
     // Only the images CRIU keeps local (a few hundred KB at most) pass
     // through here; the memory goes to the page server directly.
@@ -591,57 +528,56 @@ CloneResult clone_to_agent(const CloneOptions& o, const std::string& agent) {
         ~RemoveWork() { remove_tree(dir); }
     } remove_work{work};
 
-    progress(o, "memory goes to the page server at " + host_of(at) + ":" + port);
-    double dump_ms = 0;
+    progress(o, "memory goes to the page server at " + host_of(at) + ":" + std::to_string(port));
+    Dumped dumped;
     std::unique_ptr<ClientPinger> client;  // production as one of its clients sees the checkpoint
     try {
-        const std::uint64_t port_number = number_in(port, "page server port");
-        if (port_number == 0 || port_number > 65535)
-            throw Error("bad page server port '" + port + "' in the clone protocol", ExitCode::bad_input);
-        const UniqueFd page_server = connect_page_server(o.pid, with_port(at, static_cast<int>(port_number)));
+        if (port <= 0 || port > 65535)
+            throw Error("bad page server port " + std::to_string(port) + " in the clone protocol", ExitCode::bad_input);
+        const UniqueFd page_server = connect_page_server(o.pid, with_port(at, port));
         const CorkedTailPusher pusher(page_server.get());
         if (o.client_view) client = ClientPinger::watch(o.pid);
-        dump_ms = dump_production(o, criu, name, tree.size(), work + "/images", work + "/dump.log", shell_job,
-                                  {"--page-server", "--ps-socket", "3"}, page_server.get());
+        dumped = dump_production(o, criu, name, tree.size(), work + "/images", work + "/dump.log", shell_job,
+                                 page_server.get());
     } catch (const Error&) {
         try {
-            channel.send_line("ABORT");
+            channel.send(protocol::Abort{});
         } catch (const Error&) {
         }
         throw;
     }
     const double client_seen_ms = client ? client->window_max_us() / 1e3 : -1;
     client.reset();
-    const DumpStats stats = read_dump_stats(work + "/images");
+    const DumpStats& stats = dumped.stats;
     progress(o, "production could not answer for " +
                     fmt_ms(static_cast<double>(stats.freezing_us + stats.frozen_us) / 1e3) + " ms (stopping it " +
                     fmt_ms(static_cast<double>(stats.freezing_us) / 1e3) + " ms, frozen " +
                     fmt_ms(static_cast<double>(stats.frozen_us) / 1e3) + " ms)");
 
     for (const auto& entry : fs::directory_iterator(work + "/images"))
-        if (entry.is_regular_file()) channel.send_file("FILE", entry.path().filename().string(), entry.path().string());
+        if (entry.is_regular_file()) channel.send_file(protocol::File{entry.path().filename().string(), 0}, entry.path().string());
     for (std::size_t i = 0; i < snapshots.size(); i++) {
         const fs::path original(snapshots[i]);
         const std::string tar = work + "/snapshot.tar";
         run_checked({"tar", "-cpf", tar, "-C", original.parent_path().string(), original.filename().string()},
                     "packing " + snapshots[i] + " for the clone");
-        channel.send_file("SNAPSHOT", std::to_string(i) + " " + snapshots[i], tar);
+        channel.send_file(protocol::Snapshot{i, snapshots[i], 0}, tar);
         fs::remove(tar);
     }
     progress(o, "restoring the clone on " + agent);
-    channel.send_line("RESTORE");
-    const auto restored = expect_reply(channel, "RESTORED", 3, kRestoreTimeoutMs);
+    channel.send(protocol::Restore{});
+    const auto restored = expect_reply<protocol::Restored>(channel, kRestoreTimeoutMs);
 
     CloneResult r;
     r.name = name;
     r.netns_path = "agent " + agent;
-    r.clone_pid = static_cast<pid_t>(number_in(restored[1], "clone PID"));
+    r.clone_pid = restored.clone_pid;
     r.clone_pid_in_ns = o.pid;
-    r.keeper_pid = static_cast<pid_t>(number_in(restored[2], "keeper PID"));
+    r.keeper_pid = restored.keeper_pid;
     r.freeze_ms = static_cast<double>(stats.frozen_us) / 1e3;
     r.freezing_ms = static_cast<double>(stats.freezing_us) / 1e3;
-    r.dump_ms = dump_ms;
-    r.restore_ms = static_cast<double>(number_in(restored[3], "restore time")) / 1e3;
+    r.dump_ms = dumped.dump_ms;
+    r.restore_ms = static_cast<double>(restored.restore_us) / 1e3;
     r.pages_written = stats.pages_written;
     r.snapshots = snapshots;
     r.client_seen_ms = client_seen_ms;
@@ -654,8 +590,8 @@ void destroy_agent_clone(const std::string& agent, const std::string& name) {
     validate_name(name);
     const proxy::Endpoint at = proxy::parse_endpoint(agent, "--to");
     Channel channel(connect_to(at, agent));
-    channel.send_line("DESTROY " + name);
-    expect_reply(channel, "DESTROYED", 0, kIoTimeoutMs);
+    channel.send(protocol::Destroy{name});
+    expect_reply<protocol::Destroyed>(channel, kIoTimeoutMs);
     forget_remote_clone(name);
 }
 

@@ -631,6 +631,39 @@ TEST(LauncherCloneLocks, ServiceHoldingALockIsClonedWithALockOfItsOwn) {
     EXPECT_EQ(run({bin("iprobe"), "clone", "--destroy", name}).exit_code, 0);
 }
 
+// The clone's namespace already has production's port taken: CRIU cannot
+// bind the clone's listener there and says so in its RPC answer (cr_errmsg,
+// cr_errno).  The error carries CRIU's own words and the kept log, nothing
+// of the clone is left, and production and the port's owner serve on.
+TEST(LauncherCloneFailure, RestoreIntoABusyPortIsCriusOwnErrorAndProductionServes) {
+    IPROBE_SKIP_UNLESS_CLONING_WORKS();
+    const std::string id = std::to_string(getpid());
+    Netns production_ns("ipt-busyp-" + id), clone_ns("ipt-busyc-" + id);
+    TempDir production_dir, squatter_dir;
+    const int port = free_port();
+    Redis production(production_ns.path(), port, production_dir.path());
+    ASSERT_TRUE(production.ready());
+    ASSERT_EQ(production.cli({"SET", "marker", "production"}), "OK");
+    Redis squatter(clone_ns.path(), port, squatter_dir.path());
+    ASSERT_TRUE(squatter.ready());
+    const auto r = run({bin("iprobe"), "clone", std::to_string(production.pid()), "--netns", clone_ns.name()});
+    EXPECT_EQ(r.exit_code, 1) << r.err;
+    EXPECT_NE(r.err.find("criu restore failed: "), std::string::npos) << r.err;
+    // CRIU's answer carries its first error; where CRIU cannot raise its
+    // RLIMIT_NOFILE (no CAP_SYS_RESOURCE, as in many containers) that is
+    // always that harmless one, and the error says so.
+    const bool first_error_masked = r.err.find("harmless failure to raise RLIMIT_NOFILE") != std::string::npos;
+    if (!first_error_masked) {
+        EXPECT_NE(r.err.find("Address already in use"), std::string::npos) << "not CRIU's reason: " << r.err;
+    }
+    EXPECT_NE(r.err.find("production is untouched"), std::string::npos) << r.err;
+    expect_kept_log(r.err, clone_ns.name(), "restore");
+    EXPECT_FALSE(fs::exists("/run/iprobe/clones/" + clone_ns.name()));
+    EXPECT_TRUE(keepers_of(clone_ns.name()).empty());
+    EXPECT_EQ(production.cli({"GET", "marker"}), "production");
+    EXPECT_EQ(squatter.cli({"PING"}), "PONG");
+}
+
 TEST(LauncherCloneFailure, ServiceCriuCannotDumpKeepsServing) {
     IPROBE_SKIP_UNLESS_CLONING_WORKS();
     Netns ns("ipt-perf-" + std::to_string(getpid()));

@@ -35,8 +35,8 @@ struct CloneOptions {
     // ends itself.  -1: the clone lives until `iprobe clone --destroy`.
     int lifeline_fd = -1;
     // take_checkpoint: while CRIU holds production frozen after the dump, the
-    // mirror listening on this Unix socket is told so (iprobe-criu-hook, see
-    // include/iprobe/formats/checkpoint_hook.h), and production resumes once
+    // mirror listening on this Unix socket is told so (CRIU's post-dump
+    // notification, include/iprobe/formats/checkpoint_hook.h), and production resumes once
     // it answered.  Empty: no hook.
     std::string frozen_hook_socket;
     // Measure the freeze as a client of production (RESP services): a PING

@@ -98,7 +98,7 @@ struct MirrorCommand {
         // started, so a recording holds whole connections only.
         record,
         // Capture with `hold`: production is frozen for a checkpoint now
-        // (sent by the CRIU hook, include/iprobe/formats/checkpoint_hook.h):
+        // (sent at CRIU's post-dump notification, include/iprobe/formats/checkpoint_hook.h):
         // read how far production has read each connection.
         checkpoint,
         // Capture with `hold`: the clone restored from that checkpoint is
