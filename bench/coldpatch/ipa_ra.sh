@@ -40,7 +40,7 @@ done
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 build="$(cd "${IPROBE_BUILD_DIR:-$root/build}" && pwd)"
 cc="$build/bin/iprobe-cc"
-[[ -x $cc && -f $build/lib/IProbePass.so && -f $build/lib/iprobe/iprobe-gcc-plugin.so ]] ||
+[[ -x $cc && -f $build/lib/IProbePass.so && -f $build/lib/iprobe/iprobe_pad.so ]] ||
   { echo "build iprobe first (iprobe-cc, IProbePass, the gcc plugin)" >&2; exit 7; }
 work="$build/bench/ipa_ra"
 mkdir -p "$work"

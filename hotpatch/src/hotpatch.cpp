@@ -177,9 +177,9 @@ AttachStats attach(const AttachOptions& options) {
                     at = k;
                     continue;
                 }
-                if (!p->moved.empty())  // a relocated entry: never a call written over a function's code
+                if (p->relocated)  // a relocated entry: never a call written over a function's code
                     throw Error("the handler library has no entry point for function-entry sites, which " +
-                                    p->demangled + " of an unprepared binary needs",
+                                    p->demangled + " (an entry without a pad) needs",
                                 ExitCode::unavailable);
                 const std::uint64_t site = addresses[k];
                 const std::uint8_t* now = text[k].data();
@@ -492,7 +492,7 @@ Status status(pid_t pid) {
         for (const AttachedModule& m : attached_modules(pid, region, memory)) {
             ModuleStatus& ms = st.modules[m.region_index];
             ms.live = 0;
-            ms.sites = m.list.flow == IPROBE_FLOW_UNPREPARED ? "relocated" : "pad";
+            ms.sites = m.list.flow == IPROBE_FLOW_UNPREPARED ? "relocated" : m.list.has_relocated() ? "pad+relocated" : "pad";
             ms.flow = probelist::flow_name(m.list.flow);
             for (SiteState state : site_states(m, memory, stubs)) {
                 ms.live += state == SiteState::live;
