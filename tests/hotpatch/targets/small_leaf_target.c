@@ -2,11 +2,8 @@
  * instructions, which iprobe-cc leaves without a pad by default and lists as
  * a relocated entry; big_function calls it and keeps its pad.  "calls N"
  * makes N calls of big_function, each calling small_leaf once, and answers
- * their sum.  Protocol of the hotpatch fixture: argv THREADS FIFO,
- * "ready PID", then one "ok NAME VALUE" per command line read from the FIFO. */
-#include <stdio.h>
-#include <string.h>
-#include <unistd.h>
+ * their sum (fixture_serve.h). */
+#include "fixture_serve.h"
 
 volatile long sink;
 
@@ -27,27 +24,6 @@ static long calls(long n) {
     return sum;
 }
 
-int main(int argc, char** argv) {
-    if (argc < 3) {
-        fprintf(stderr, "usage: small_leaf_target THREADS FIFO\n");
-        return 2;
-    }
-    setvbuf(stdout, 0, _IOLBF, 0);
-    printf("ready %d\n", (int)getpid());
-    char line[256];
-    for (;;) {
-        FILE* in = fopen(argv[2], "r");
-        if (!in) return 1;
-        while (fgets(line, sizeof line, in)) {
-            char name[64];
-            long n = 0;
-            if (sscanf(line, "%63s %ld", name, &n) < 1) continue;
-            if (!strcmp(name, "quit")) {
-                printf("ok quit 0\n");
-                return 0;
-            }
-            printf("ok %s %ld\n", name, !strcmp(name, "calls") ? calls(n) : -1L);
-        }
-        fclose(in);
-    }
-}
+static long answer(const char* name, long n) { return !strcmp(name, "calls") ? calls(n) : -1L; }
+
+int main(int argc, char** argv) { return fixture_serve(argc, argv, "small_leaf_target", answer); }
