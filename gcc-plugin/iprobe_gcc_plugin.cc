@@ -13,17 +13,17 @@
 // body, so it is streamed with -flto and reaches the link-time compilation.
 // A function's own patchable_function_entry attribute wins.
 //
-// Small leaves lose the pad again just before the pad is emitted (the
+// Small functions lose the pad again just before the pad is emitted (the
 // pass before i386's endbr_and_patchable_area, when the code is final; the
-// pad's size is in crtl since expansion):
-// a function that calls nothing and has fewer than pad-threshold machine
-// instructions (-fplugin-arg-iprobe_pad-pad-threshold=N, default
-// kDefaultThreshold; 0 pads everything).  For such a function the NOP is a
-// large share of each call, and a probe costs nothing to lose: coldpatch
-// lists it as a relocated entry (its first instructions move to a
-// trampoline when enabled, relocate/).  A leaf whose first instructions a
-// branch targets, or that is too short to hold the 5-byte jump, or that has
-// a jump table keeps its pad, since relocation would refuse it.
+// pad's size is in crtl since expansion): a function of fewer than
+// pad-threshold machine instructions (-fplugin-arg-iprobe_pad-pad-threshold=N,
+// default kDefaultThreshold; 0 pads everything), as XRay's
+// -fxray-instruction-threshold.  For such a function the NOP is a large
+// share of each call, and its probe is not lost: coldpatch lists it as a
+// relocated entry (its first instructions move to a trampoline when
+// enabled, relocate/).  One whose first instructions a branch of its own
+// may target, that is too short to hold the 5-byte jump or that has a jump
+// table keeps its pad, since relocation would refuse it.
 #include "gcc-plugin.h"
 #include "plugin-version.h"
 
@@ -81,15 +81,15 @@ bool emits_code(rtx_insn* insn) {
     return code != USE && code != CLOBBER;
 }
 
-// Should the function being compiled keep its pad?  Yes unless it is a
-// leaf of fewer than pad_threshold instructions whose entry relocate/ can
-// move: at least kPadBytes bytes (by gcc's upper bound of each length)
-// before the first label, so that no branch of its own lands in them.
+// Should the function being compiled keep its pad?  Yes unless it has
+// fewer than pad_threshold instructions and an entry relocate/ can move: at
+// least kPadBytes bytes (by gcc's upper bound of each length) before the
+// first label, so that no branch of its own lands in them.
 bool keeps_pad() {
     int instructions = 0, entry_bytes = 0;
     bool label_seen = false;
     for (rtx_insn* insn = get_insns(); insn; insn = NEXT_INSN(insn)) {
-        if (CALL_P(insn) || JUMP_TABLE_DATA_P(insn)) return true;
+        if (JUMP_TABLE_DATA_P(insn)) return true;
         if (LABEL_P(insn) && instructions > 0) label_seen = true;
         if (!emits_code(insn)) continue;
         if (++instructions >= pad_threshold) return true;
@@ -113,7 +113,7 @@ void mark_unpadded(tree decl) {
     emit_insn_before(gen_rtx_ASM_INPUT_loc(VOIDmode, ggc_strdup(label.c_str()), DECL_SOURCE_LOCATION(decl)), first);
 }
 
-// Drops the pad from small leaves (see the top of the file).
+// Drops the pad from small functions (see the top of the file).
 const pass_data kUnpadData = {RTL_PASS, "iprobe_unpad", OPTGROUP_NONE, TV_NONE, PROP_rtl, 0, 0, 0, 0};
 
 class UnpadSmallLeaves : public rtl_opt_pass {
@@ -150,7 +150,7 @@ bool parse_arguments(const plugin_name_args* args) {
 }
 
 plugin_info kInfo = {"0.2",
-                     "iprobe: patchable_function_entry(5,0) on every function but small leaves, IPA-RA kept; "
+                     "iprobe: patchable_function_entry(5,0) on every function but small ones, IPA-RA kept; "
                      "pad-threshold=N (default 64, 0: every function)"};
 
 }  // namespace

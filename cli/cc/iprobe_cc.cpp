@@ -41,13 +41,13 @@ constexpr char kHelp[] =
     "  for this gcc; otherwise, and with clang, they add -fpatchable-function-entry=5,0):\n"
     "  five NOPs at the start of every function compiled out of line, nothing in inlined\n"
     "  copies.  The plugin keeps gcc's interprocedural register allocation, which the\n"
-    "  option turns off.  It leaves small leaves unpadded: a function that calls nothing\n"
-    "  and has fewer than N machine instructions (--pad-threshold=N, default 64; 0 pads\n"
-    "  every function, as XRay's -fxray-instruction-threshold), where the NOP would be a\n"
-    "  large share of each call.  Such a function is no probe lost: the probe list has it\n"
-    "  as a relocated entry (its first instructions move to a trampoline when enabled,\n"
-    "  as for binaries nobody prepared); one that cannot be relocated either is reported\n"
-    "  with the reason (and by 'iprobe list --refused').  Link steps (an executable or shared object) leave gcc's records\n"
+    "  option turns off.  It leaves small functions unpadded: fewer than N machine\n"
+    "  instructions (--pad-threshold=N, default 64; 0 pads every function, as XRay's\n"
+    "  -fxray-instruction-threshold), where the NOP would be a large share of each call.\n"
+    "  Such a function is no probe lost: the probe list has it as a relocated entry (its\n"
+    "  first instructions move to a trampoline when enabled, as for binaries nobody\n"
+    "  prepared); one that cannot be relocated either is reported with the reason (and\n"
+    "  by 'iprobe list --refused').  Link steps (an executable or shared object) leave gcc's records\n"
     "  of the pads out (lib/iprobe/iprobe-entry-records.ld: gcc 12 ties them to the wrong\n"
     "  section, and a discarded COMDAT copy would fail the link; not with -fuse-ld=gold)\n"
     "  and are followed by 'iprobe coldpatch' of the output, done in-process: each\n"
@@ -270,7 +270,7 @@ std::string gcc_plugin_for(const std::string& compiler) {
 // merges them into the 5-byte NOP an enabled entry turns into a call (clang
 // emits that one NOP itself).  With the plugin every function gets the pad
 // as an attribute, and gcc keeps its interprocedural register allocation.
-// Small leaves stay unpadded below the threshold (the plugin decides; the
+// Small functions stay unpadded below the threshold (the plugin decides; the
 // option pads every function).
 std::vector<std::string> entry_flags(const std::string& compiler, const std::string& pad_threshold) {
     if (const char* custom = std::getenv("IPROBE_CFLAGS")) return split_words(custom);

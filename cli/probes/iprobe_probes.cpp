@@ -52,8 +52,8 @@ const ArgSpec kListSpec(
     "probe per function symbol with a size (.symtab, else .dynsym) whose first\n"
     "instructions can be relocated (flow 'unprepared'); the summary says how many\n"
     "functions are probe-able and why the others are not (--refused lists them).\n"
-    "An entry-flow binary's functions without a pad (small leaves iprobe-cc left\n"
-    "unpadded, code it did not compile) are such relocated entries too: the summary\n"
+    "An entry-flow binary's functions iprobe-cc left without a pad (small ones,\n"
+    "under its --pad-threshold) are such relocated entries too (KIND entry*): the summary\n"
     "counts padded and relocated ones and the refused, with their reasons.",
     {
         {"--functions", "GLOB[,GLOB]", "only functions matching a GLOB (demangled or raw); repeatable", "-f"},

@@ -67,7 +67,7 @@ bool has_embedded_functions(const std::optional<probelist::ProbeList>& marked) {
 }
 
 // The entry flow's functions the gcc plugin left without a pad (small
-// leaves, marked) become relocated entries beside the padded ones; those
+// ones, marked) become relocated entries beside the padded ones; those
 // that cannot be relocated either are kept in `result`, with the reason.
 void add_unpadded_functions(const elf::ElfFile& elf, const std::set<std::uint64_t>& marked,
                             std::vector<probelist::Probe>& probes, ColdpatchResult& result) {

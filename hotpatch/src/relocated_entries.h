@@ -1,6 +1,6 @@
 // Function entries without a pad: of binaries nobody prepared (flow
 // IPROBE_FLOW_UNPREPARED) and the entry flow's unpadded functions (small
-// leaves; probelist/symbol_probes.h): the site is the function's first instruction
+// functions; probelist/symbol_probes.h): the site is the function's first instruction
 // (after an endbr64), served exactly as a pad is (entry_sites.h: a jmp to
 // one of three stubs of the site's own, exits through return trampolines),
 // except that its handler goes on through a trampoline holding the

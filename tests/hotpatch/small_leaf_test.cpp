@@ -1,4 +1,4 @@
-// The entry flow's pad threshold: iprobe-cc leaves a small leaf without a
+// The entry flow's pad threshold: iprobe-cc leaves a small function without a
 // pad (its NOP would be a large share of each call) and lists it as a
 // relocated entry, so no probe is lost: counted exactly beside a padded
 // function, and detach restores the code byte for byte.  --pad-threshold=0

@@ -109,7 +109,7 @@ enum iprobe_pl_record_flags {
      * The probe is named after the enclosing function, but fires for the
      * inlined ones too. */
     IPROBE_PL_RECORD_SHARED_SITE = 1u << 0,
-    /* An entry with no pad (IPROBE_FLOW_PATCHABLE_ENTRY: a small leaf the gcc
+    /* An entry with no pad (IPROBE_FLOW_PATCHABLE_ENTRY: a small function the gcc
      * plugin left unpadded, marked by IPROBE_UNPADDED_MARKER): relocated
      * when enabled, as in IPROBE_FLOW_UNPREPARED; original_bytes ==
      * placeholder_bytes == the function's own first bytes at the site, and

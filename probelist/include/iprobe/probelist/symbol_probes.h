@@ -3,7 +3,7 @@
 // is stripped), whose first instructions relocate/ can move into a
 // trampoline; the others are refused with the reason.  The whole list of a
 // binary nobody prepared (no iprobe-cc), and the entry flow's functions
-// the gcc plugin left without a pad (small leaves).
+// the gcc plugin left without a pad (small functions).
 #pragma once
 
 #include <cstdint>
@@ -27,7 +27,7 @@ struct RelocatedEntries {
 // on the stack) are refused.
 RelocatedEntries relocated_entries(const elf::ElfFile& elf, const std::set<std::uint64_t>* only = nullptr);
 
-// The functions the gcc plugin left without a pad (small leaves), by the
+// The functions the gcc plugin left without a pad (small functions), by the
 // label it puts at their first instruction (IPROBE_UNPADDED_MARKER).
 std::set<std::uint64_t> marked_unpadded(const elf::ElfFile& elf);
 
