@@ -22,8 +22,9 @@
 // share of each call, and its probe is not lost: coldpatch lists it as a
 // relocated entry (its first instructions move to a trampoline when
 // enabled, relocate/).  One whose first instructions a branch of its own
-// may target, that is too short to hold the 5-byte jump or that has a jump
-// table keeps its pad, since relocation would refuse it.
+// may target, that is too short to hold the 5-byte jump, that has a jump
+// table, a computed jump or an indirect tail call keeps its pad, since
+// relocation would refuse it.
 #include "gcc-plugin.h"
 #include "plugin-version.h"
 
@@ -81,6 +82,14 @@ bool emits_code(rtx_insn* insn) {
     return code != USE && code != CLOBBER;
 }
 
+// `jmp *%rax` to another function: relocate/ cannot tell it from a jump
+// inside this one, so it would refuse the entry.
+bool indirect_tail_call(rtx_insn* insn) {
+    if (!CALL_P(insn) || !SIBLING_CALL_P(insn)) return false;
+    const rtx call = get_call_rtx_from(insn);
+    return !call || !MEM_P(XEXP(call, 0)) || GET_CODE(XEXP(XEXP(call, 0), 0)) != SYMBOL_REF;
+}
+
 // Should the function being compiled keep its pad?  Yes unless it has
 // fewer than pad_threshold instructions and an entry relocate/ can move: at
 // least kPadBytes bytes (by gcc's upper bound of each length) before the
@@ -89,7 +98,8 @@ bool keeps_pad() {
     int instructions = 0, entry_bytes = 0;
     bool label_seen = false;
     for (rtx_insn* insn = get_insns(); insn; insn = NEXT_INSN(insn)) {
-        if (JUMP_TABLE_DATA_P(insn)) return true;
+        if (JUMP_TABLE_DATA_P(insn) || (JUMP_P(insn) && computed_jump_p(insn)) || indirect_tail_call(insn))
+            return true;
         if (LABEL_P(insn) && instructions > 0) label_seen = true;
         if (!emits_code(insn)) continue;
         if (++instructions >= pad_threshold) return true;
