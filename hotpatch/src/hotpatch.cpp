@@ -20,6 +20,7 @@
 #include "iprobe/hotpatch/live_patch.h"
 #include "process.h"
 #include "region.h"
+#include "iprobe/probelist/symbol_probes.h"
 #include "relocated_entries.h"
 #include "session.h"
 #include "stubs.h"
@@ -63,6 +64,10 @@ AttachStats attach(const AttachOptions& options) {
         auto modules = running_modules(process.memory(), maps);
         std::vector<const RunningModule*> targets;
         for (auto& s : lists) targets.push_back(&match_module(s, modules, options.pid));
+        // A list given as FILE.probes has no moved bytes for its relocated
+        // entries (small functions without a pad): the module's file has them.
+        for (std::size_t li = 0; li < lists.size(); li++)
+            probelist::add_relocation_plans(lists[li].list, target_view(options.pid, targets[li]->path));
         // A function replaced by `iprobe patch` keeps its patch: its probes
         // are skipped (the replacement has probes of its own).
         for (std::size_t li = 0; li < lists.size(); li++)

@@ -157,7 +157,9 @@ ProbeList probes_from_symbols(const std::string& path) {
 }
 
 void add_relocation_plans(ProbeList& list, const std::string& binary) {
-    if (list.flow == IPROBE_FLOW_UNPREPARED || !list.has_relocated()) return;
+    const bool moved_missing = std::any_of(list.probes.begin(), list.probes.end(),
+                                           [](const Probe& p) { return p.relocated && p.moved.empty(); });
+    if (list.flow == IPROBE_FLOW_UNPREPARED || !moved_missing) return;
     const elf::ElfFile elf(binary);
     if (elf.build_id() != list.build_id) return;  // another build: its plans would not be this list's
     const std::set<std::uint64_t> unpadded = marked_unpadded(elf);
@@ -168,7 +170,7 @@ void add_relocation_plans(ProbeList& list, const std::string& binary) {
     for (Probe& p : list.probes)
         if (p.relocated)
             if (auto it = moved_at.find(p.site); it != moved_at.end()) p.moved = std::move(*it->second);
-    list.refused = std::move(planned.refused);
+    if (list.refused.empty()) list.refused = std::move(planned.refused);  // (never replaced: it may be pointed to)
 }
 
 }  // namespace iprobe::probelist

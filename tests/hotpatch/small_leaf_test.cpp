@@ -116,5 +116,18 @@ TEST_F(SmallLeafAttach, CountsBothExactlyThenDetachRestoresTheCode) {
     }
 }
 
+// The list given as a file (iprobe run --probes, the corpus's wrappers): the
+// moved bytes come from the running module's file.
+TEST_F(SmallLeafAttach, ProbeListGivenAsAFileStillRelocates) {
+    HpTarget target(1, unpadded_);
+    const std::string pid = std::to_string(target.pid());
+    auto a = iprobe({"attach", pid, "--probes", unpadded_ + ".probes", "--functions", "small_leaf", "--handler", "count"});
+    ASSERT_EQ(a.exit_code, 0) << a.err;
+    EXPECT_EQ(target.command("calls 1000"), 1000);
+    auto r = iprobe({"report", pid, "--json"});
+    EXPECT_EQ(json_calls(r.out, "small_leaf"), 1000) << r.out;
+    ASSERT_EQ(iprobe({"detach", pid}).exit_code, 0);
+}
+
 }  // namespace
 }  // namespace iprobe::test

@@ -39,6 +39,7 @@ ProbeList probes_from_symbols(const std::string& path);
 // A list with relocated entries read from a binary's side list gets what the file does
 // not store: its relocated entries' `moved` bytes and the refused functions,
 // planned again from `binary` (the same plan coldpatch made at link time).
+// Nothing when its relocated entries have their bytes already.
 void add_relocation_plans(ProbeList& list, const std::string& binary);
 
 }  // namespace iprobe::probelist
