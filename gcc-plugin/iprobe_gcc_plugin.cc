@@ -24,7 +24,8 @@
 // enabled, relocate/).  One whose first instructions a branch of its own
 // may target, that is too short to hold the 5-byte jump, that has a jump
 // table, a computed jump or an indirect tail call keeps its pad, since
-// relocation would refuse it.
+// relocation would refuse it, and so does one with a call among its first
+// instructions (the callee would return into the trampoline).
 #include "gcc-plugin.h"
 #include "plugin-version.h"
 
@@ -101,6 +102,10 @@ bool keeps_pad() {
         if (JUMP_TABLE_DATA_P(insn) || (JUMP_P(insn) && computed_jump_p(insn)) || indirect_tail_call(insn))
             return true;
         if (LABEL_P(insn) && instructions > 0) label_seen = true;
+        // A call among the moved instructions would return into the
+        // trampoline, where no unwinder, backtrace() or gdb finds a frame
+        // (a margin over gcc's length estimates).
+        if (CALL_P(insn) && !label_seen && entry_bytes < 2 * kPadBytes) return true;
         if (!emits_code(insn)) continue;
         if (++instructions >= pad_threshold) return true;
         if (!label_seen) entry_bytes += get_attr_length(insn);
