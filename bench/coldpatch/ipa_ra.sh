@@ -4,7 +4,9 @@
 # real programs from Debian source, side by side:
 #   native-gcc         gcc -O2
 #   entry              iprobe-cc (default flow; the gcc plugin pads every
-#                      function by attribute, IPA-RA kept)
+#                      function by attribute, IPA-RA kept, but leaves below
+#                      its --pad-threshold, relocated entries instead)
+#   entry-padall       iprobe-cc --pad-threshold=0 (every function padded)
 #   entry-option       iprobe-cc with IPROBE_GCC_PLUGIN=0 (-fpatchable-function-entry=5,0,
 #                      which turns gcc's IPA-RA off: the cost before the plugin)
 #   native-gcc-noipara gcc -O2 -fno-ipa-ra  \  the lower bound: the NOP's own cost,
@@ -14,7 +16,9 @@
 # "NOPs" is the calls of padded functions (one NOP each), from callgrind's
 # per-function call counts of the entry build.
 #
-#   bench/coldpatch/ipa_ra.sh [--lua-only] [--requests N]
+#   bench/coldpatch/ipa_ra.sh [--lua-only] [--requests N] [--variants V,V,...]
+#
+# --variants runs only those builds (native-gcc, the base, always).
 #
 # lua5.4 runs bench/coldpatch/mixed.lua (scale 1) with its string-hash seed
 # and sort pivots fixed (-Dluai_makeseed, -Dl_randomizePivot: lua 5.4 draws
@@ -28,10 +32,12 @@ set -euo pipefail
 
 redis=1
 requests=50000
+only=()
 while (($#)); do
   case $1 in
     --lua-only) redis=0; shift ;;
     --requests) requests=$2; shift 2 ;;
+    --variants) IFS=, read -r -a only <<<"native-gcc,$2"; shift 2 ;;
     -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -40,13 +46,18 @@ done
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 build="$(cd "${IPROBE_BUILD_DIR:-$root/build}" && pwd)"
 cc="$build/bin/iprobe-cc"
-[[ -x $cc && -f $build/lib/IProbePass.so && -f $build/lib/iprobe/iprobe-gcc-plugin.so ]] ||
+[[ -x $cc && -f $build/lib/IProbePass.so && -f $build/lib/iprobe/iprobe_pad.so ]] ||
   { echo "build iprobe first (iprobe-cc, IProbePass, the gcc plugin)" >&2; exit 7; }
 work="$build/bench/ipa_ra"
 mkdir -p "$work"
-variants=(native-gcc entry entry-option native-gcc-noipara entry-noipara native-clang llvm)
+variants=(native-gcc entry entry-padall entry-option native-gcc-noipara entry-noipara native-clang llvm)
+if ((${#only[@]})); then
+  kept=()
+  for v in "${variants[@]}"; do [[ " ${only[*]} " == *" $v "* ]] && kept+=("$v"); done
+  variants=("${kept[@]}")
+fi
 declare -A compiler=(
-  [native-gcc]="gcc" [entry]="$cc" [entry-option]="env IPROBE_GCC_PLUGIN=0 $cc"
+  [native-gcc]="gcc" [entry]="$cc" [entry-padall]="$cc --pad-threshold=0" [entry-option]="env IPROBE_GCC_PLUGIN=0 $cc"
   [native-gcc-noipara]="gcc -fno-ipa-ra" [entry-noipara]="$cc -fno-ipa-ra"
   [native-clang]="clang-14" [llvm]="$cc --flow=llvm")
 base_of() {
@@ -56,10 +67,12 @@ base_of() {
     *) echo native-gcc ;;
   esac
 }
-# Calls of the functions the entry build padded: one NOP executed each.
+# Calls of the functions the entry build padded: one NOP executed each
+# (relocated entries, small leaves left unpadded, have none).
 nops_of() {  # callgrind output of the entry build, its binary
   local names
-  names=$("$build/bin/iprobe" list "$2" --json | grep -o '"function":"[^"]*"' | sort -u | sed 's/"function":"//; s/"$//')
+  names=$("$build/bin/iprobe" list "$2" --kind entry --json | grep -o '"relocated_entry":false,"function":"[^"]*"' |
+    sort -u | sed 's/.*"function":"//; s/"$//')
   # calls= lines follow cfn= lines in the callgrind file; sum calls into padded functions
   awk -v list="$names" 'BEGIN { n = split(list, f, "\n"); for (i = 1; i <= n; i++) padded[f[i]] = 1 }
     /^c?fn=/ { s = $0; sub(/^c?fn=/, "", s); if (match(s, /^\([0-9]+\)/)) { id = substr(s, 1, RLENGTH); rest = substr(s, RLENGTH + 2); if (rest != "") name[id] = rest; s = name[id] } if ($0 ~ /^cfn=/) callee = s }
@@ -108,6 +121,7 @@ for v in "${variants[@]}"; do
   case $v in
     native-gcc) mode=native extra= env= ;;
     entry) mode=entry extra= env= ;;
+    entry-padall) mode=entry extra= env=IPROBE_PAD_THRESHOLD=0 ;;
     entry-option) mode=entry extra= env=IPROBE_GCC_PLUGIN=0 ;;
     native-gcc-noipara) mode=native extra=-fno-ipa-ra env= ;;
     entry-noipara) mode=entry extra=-fno-ipa-ra env= ;;

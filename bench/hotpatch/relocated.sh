@@ -25,7 +25,9 @@ cmake --build "$build" --target iprobe iprobe-hotpatch iprobe-probes iprobe-cc i
 
 export IPROBE_CC_QUIET=1
 gcc -O2 -DFIVE_BYTE_BODY -o "$work/loop_plain" "$here/loop.c" -lpthread
-"$build/bin/iprobe-cc" -O2 -DFIVE_BYTE_BODY -o "$work/loop_entry" "$here/loop.c" -lpthread
+# --pad-threshold=0: empty() is a small leaf, which iprobe-cc would otherwise
+# leave unpadded (a relocated entry, as in the plain build)
+"$build/bin/iprobe-cc" --pad-threshold=0 -O2 -DFIVE_BYTE_BODY -o "$work/loop_entry" "$here/loop.c" -lpthread
 "$iprobe" list "$work/loop_plain" --functions empty --kind entry --json | grep -q '"selected":1' ||
   { log "empty() of the plain build is not probe-able"; exit 1; }
 

@@ -40,7 +40,9 @@ cmake --build "$build" --target iprobe iprobe-hotpatch iprobe-probes iprobe-cc i
 # ---- builds ----
 export IPROBE_CC_QUIET=1
 gcc -O2 -o "$work/loop_native" "$here/loop.c" -lpthread
-"$build/bin/iprobe-cc" -O2 -o "$work/loop_iprobe" "$here/loop.c" -lpthread  # the default flow: entry
+# the default flow: entry; every function padded (loop.c's are small leaves,
+# which by default would be relocated entries: bench/hotpatch/relocated.sh)
+"$build/bin/iprobe-cc" --pad-threshold=0 -O2 -o "$work/loop_iprobe" "$here/loop.c" -lpthread
 "$build/bin/iprobe-cc" --flow=finstrument -O2 -o "$work/loop_finstrument" "$here/loop.c" -lpthread
 "$build/bin/iprobe-cc" --flow=llvm -O2 -o "$work/loop_llvm" "$here/loop.c" -lpthread
 gcc -O2 -finstrument-functions -fno-optimize-sibling-calls -o "$work/loop_floor" "$here/loop.c" \

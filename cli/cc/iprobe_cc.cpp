@@ -29,7 +29,7 @@ constexpr bool kCxx = IPROBE_CC_CXX;
 constexpr const char* kSelf = kCxx ? "iprobe-c++" : "iprobe-cc";
 
 constexpr char kHelp[] =
-    "usage: %1$s [--flow=finstrument|entry|llvm] COMPILER-ARGS...\n"
+    "usage: %1$s [--flow=finstrument|entry|llvm] [--pad-threshold=N] COMPILER-ARGS...\n"
     "       %1$s --iprobe-help\n"
     "\n"
     "A drop-in C%2$s compiler: use it as CC/CXX (./configure CC=iprobe-cc, make CC=iprobe-cc,\n"
@@ -37,11 +37,17 @@ constexpr char kHelp[] =
     "--help, --version, -E, -M, -S, -c and the like behave exactly as the real compiler's.\n"
     "\n"
     "entry flow (default):\n"
-    "  compile steps load iprobe's gcc plugin (lib/iprobe/iprobe-gcc-plugin.so, when built\n"
+    "  compile steps load iprobe's gcc plugin (lib/iprobe/iprobe_pad.so, when built\n"
     "  for this gcc; otherwise, and with clang, they add -fpatchable-function-entry=5,0):\n"
     "  five NOPs at the start of every function compiled out of line, nothing in inlined\n"
     "  copies.  The plugin keeps gcc's interprocedural register allocation, which the\n"
-    "  option turns off.  Link steps (an executable or shared object) leave gcc's records\n"
+    "  option turns off.  It leaves small functions unpadded: fewer than N machine\n"
+    "  instructions (--pad-threshold=N, default 64; 0 pads every function, as XRay's\n"
+    "  -fxray-instruction-threshold), where the NOP would be a large share of each call.\n"
+    "  Such a function is no probe lost: the probe list has it as a relocated entry (its\n"
+    "  first instructions move to a trampoline when enabled, as for binaries nobody\n"
+    "  prepared); one that cannot be relocated either is reported with the reason (and\n"
+    "  by 'iprobe list --refused').  Link steps (an executable or shared object) leave gcc's records\n"
     "  of the pads out (lib/iprobe/iprobe-entry-records.ld: gcc 12 ties them to the wrong\n"
     "  section, and a discarded COMDAT copy would fail the link; not with -fuse-ld=gold)\n"
     "  and are followed by 'iprobe coldpatch' of the output, done in-process: each\n"
@@ -66,6 +72,7 @@ constexpr char kHelp[] =
     "environment:\n"
     "  IPROBE_CC, IPROBE_CXX   real compiler (default gcc / g++; clang-14 / clang++-14 in llvm flow)\n"
     "  IPROBE_FLOW             entry (default), finstrument or llvm\n"
+    "  IPROBE_PAD_THRESHOLD    entry flow with the gcc plugin: as --pad-threshold=N\n"
     "  IPROBE_EXCLUDE          finstrument flow: comma-separated path fragments excluded from\n"
     "                          instrumentation (gcc only; default /usr/include,/usr/lib; empty: none)\n"
     "  IPROBE_CFLAGS           replaces all flags added to compile steps (space-separated)\n"
@@ -91,6 +98,17 @@ Mode parse_flow(std::string_view text) {
                         iprobe::ExitCode::usage);
 }
 
+// A count of machine instructions, as the plugin takes it; anything else is
+// a usage error.
+std::string parse_pad_threshold(std::string_view text) {
+    const bool digits = !text.empty() && text.size() <= 7 && text.find_first_not_of("0123456789") == text.npos;
+    if (!digits)
+        throw iprobe::Error("--pad-threshold wants a count of machine instructions (0 pads every function), not '" +
+                                std::string(text) + "'",
+                            iprobe::ExitCode::usage);
+    return std::string(text);
+}
+
 struct Invocation {
     std::vector<std::string> args;  // compiler arguments, without ours
     Mode mode = Mode::entry;
@@ -100,6 +118,7 @@ struct Invocation {
     bool is_static = false;         // -static, -static-pie: glibc's aliased hooks
     bool has_inputs = false;
     std::string output;             // -o value, "" = default
+    std::string pad_threshold;      // --pad-threshold=N, "" = the plugin's default
 };
 
 bool verbose() { return std::getenv("IPROBE_CC_VERBOSE") && *std::getenv("IPROBE_CC_VERBOSE"); }
@@ -127,10 +146,15 @@ Invocation parse(int argc, char** argv) {
     Invocation inv;
     for (const char* name : {"IPROBE_MODE", "IPROBE_FLOW"})
         if (const char* m = std::getenv(name); m && *m) inv.mode = parse_flow(m);
+    if (const char* t = std::getenv("IPROBE_PAD_THRESHOLD"); t && *t) inv.pad_threshold = parse_pad_threshold(t);
     for (int i = 1; i < argc; ++i) {
         const std::string_view a = argv[i];
         if (a.starts_with("--flow=") || a.starts_with("--mode=")) {
             inv.mode = parse_flow(a.substr(7));
+            continue;
+        }
+        if (a.starts_with("--pad-threshold=")) {
+            inv.pad_threshold = parse_pad_threshold(a.substr(16));
             continue;
         }
         inv.args.emplace_back(a);
@@ -235,7 +259,7 @@ std::string gcc_plugin_for(const std::string& compiler) {
     if (is_clang(compiler)) return {};
     if (const char* env = std::getenv("IPROBE_GCC_PLUGIN"); env && *env)
         return std::string_view(env) == "0" ? std::string{} : std::string(env);
-    const std::string plugin = (iprobe::InstallLayout::current().lib() / "iprobe" / "iprobe-gcc-plugin.so").string();
+    const std::string plugin = (iprobe::InstallLayout::current().lib() / "iprobe" / "iprobe_pad.so").string();
     const std::string_view built_for = IPROBE_GCC_PLUGIN_VERSION;
     if (built_for.empty() || !file_exists(plugin) || compiler_version(compiler) != built_for) return {};
     return plugin;
@@ -246,9 +270,15 @@ std::string gcc_plugin_for(const std::string& compiler) {
 // merges them into the 5-byte NOP an enabled entry turns into a call (clang
 // emits that one NOP itself).  With the plugin every function gets the pad
 // as an attribute, and gcc keeps its interprocedural register allocation.
-std::vector<std::string> entry_flags(const std::string& compiler) {
+// Small functions stay unpadded below the threshold (the plugin decides; the
+// option pads every function).
+std::vector<std::string> entry_flags(const std::string& compiler, const std::string& pad_threshold) {
     if (const char* custom = std::getenv("IPROBE_CFLAGS")) return split_words(custom);
-    if (const std::string plugin = gcc_plugin_for(compiler); !plugin.empty()) return {"-fplugin=" + plugin};
+    if (const std::string plugin = gcc_plugin_for(compiler); !plugin.empty()) {
+        std::vector<std::string> flags{"-fplugin=" + plugin};
+        if (!pad_threshold.empty()) flags.push_back("-fplugin-arg-iprobe_pad-pad-threshold=" + pad_threshold);
+        return flags;
+    }
     return {"-fpatchable-function-entry=5,0"};
 }
 
@@ -319,6 +349,21 @@ int run_compiler(const std::string& compiler, const std::vector<std::string>& ar
     return 128 + WTERMSIG(status);
 }
 
+// Functions with neither a pad nor a relocatable entry: no probe, said so
+// (gcc's cold parts are no functions of their own, listed by --refused only).
+void report_unprobed_functions(const std::string& output, const std::vector<iprobe::probelist::RefusedFunction>& refused) {
+    std::size_t count = 0;
+    std::string first;
+    for (const auto& f : refused) {
+        if (f.reason == "cold part") continue;
+        if (count++ < 3) first += std::string(first.empty() ? "" : ", ") + f.demangled + " (" + f.reason + ")";
+    }
+    if (count == 0) return;
+    note("warning: " + output + ": " + std::to_string(count) +
+         " function(s) have no pad and cannot be relocated, so no probe: " + first + (count > 3 ? ", ..." : "") +
+         " (see 'iprobe list " + output + " --refused'; --pad-threshold=0 pads every function iprobe-cc compiles)");
+}
+
 int coldpatch_output(const std::string& output) {
     iprobe::coldpatch::ColdpatchOptions options;
     options.allow_no_placeholders = true;
@@ -326,6 +371,7 @@ int coldpatch_output(const std::string& output) {
     if (result.unnamed_pads)
         note("warning: " + output + ": " + std::to_string(result.unnamed_pads) +
              " function(s) have a pad but no symbol (stripped? link without -s and strip later): not probes");
+    report_unprobed_functions(output, result.refused);
     if (result.outcome == iprobe::coldpatch::ColdpatchOutcome::no_placeholders ||
         result.outcome == iprobe::coldpatch::ColdpatchOutcome::embedded) {
         if (verbose()) note(output + ": no placeholders (nothing instrumented); left unchanged");
@@ -362,7 +408,7 @@ int wrap(int argc, char** argv) {
     std::vector<std::string> args;
     if (compiles) {
         const auto extra = inv.mode == Mode::llvm    ? llvm_flags()
-                           : inv.mode == Mode::entry ? entry_flags(compiler)
+                           : inv.mode == Mode::entry ? entry_flags(compiler, inv.pad_threshold)
                                                      : finstrument_flags(compiler);
         args.insert(args.end(), extra.begin(), extra.end());
     }

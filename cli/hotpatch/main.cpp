@@ -367,6 +367,9 @@ int cmd_status(const Args& args) {
         std::cout << " (" << m.probes_path << ")\n";
         if (m.sites == "relocated")
             std::cout << "    sites: relocated entries (a binary nobody prepared: first instructions moved to trampolines)\n";
+        else if (m.sites == "pad+relocated")
+            std::cout << "    sites: pads (built with iprobe-cc, flow " << m.flow
+                      << "), and relocated entries for the functions without one (small functions)\n";
         else if (!m.sites.empty())
             std::cout << "    sites: pads (built with iprobe-cc, flow " << m.flow << ")\n";
     }

@@ -51,13 +51,16 @@ const ArgSpec kListSpec(
     "x86-64 binary (nobody prepared it: no iprobe-cc) gets one entry and one exit\n"
     "probe per function symbol with a size (.symtab, else .dynsym) whose first\n"
     "instructions can be relocated (flow 'unprepared'); the summary says how many\n"
-    "functions are probe-able and why the others are not (--refused lists them).",
+    "functions are probe-able and why the others are not (--refused lists them).\n"
+    "An entry-flow binary's functions iprobe-cc left without a pad (small ones,\n"
+    "under its --pad-threshold) are such relocated entries too (KIND entry*): the summary\n"
+    "counts padded and relocated ones and the refused, with their reasons.",
     {
         {"--functions", "GLOB[,GLOB]", "only functions matching a GLOB (demangled or raw); repeatable", "-f"},
         {"--file", "GLOB", "only probes whose source path or its basename match; repeatable"},
         {"--kind", "K[,K]", "only these kinds: entry, exit, point", "-k"},
         {"--count", "", "print only the number of matching probes"},
-        {"--refused", "", "unprepared binary: the functions that got no probe, each with its reason"},
+        {"--refused", "", "the functions that got no probe (unprepared binary, or the entry flow's unpadded ones), each with its reason"},
         {"--json", "", "machine-readable output (all fields)"},
     },
     "exit codes: 0 ok, 2 usage, 3 bad input, 5 not found");
@@ -90,15 +93,24 @@ void write_list_header_json(iprobe::JsonWriter& j, const iprobe::probelist::Prob
     j.field("exit_got_slot", list.exit_got_slot);
 }
 
-// Unprepared binary: how many function symbols are probe-able, and why not the others.
+// Unprepared binary, or an entry-flow one with functions without a pad: how
+// many function symbols are probe-able (how many relocated), and why not
+// the others.
 struct Refusals {
-    std::size_t functions = 0, probeable = 0;
+    std::size_t functions = 0, probeable = 0, relocated = 0;
     std::map<std::string, std::size_t> by_reason;
 };
 
+bool lists_functions(const iprobe::probelist::ProbeList& list) {
+    return list.flow == IPROBE_FLOW_UNPREPARED || list.has_relocated() || !list.refused.empty();
+}
+
 Refusals refusals_of(const iprobe::probelist::ProbeList& list) {
     Refusals r;
-    for (const auto& p : list.probes) r.probeable += p.kind == iprobe::probelist::ProbeKind::entry;
+    for (const auto& p : list.probes) {
+        r.probeable += p.kind == iprobe::probelist::ProbeKind::entry;
+        r.relocated += p.relocated;
+    }
     for (const auto& f : list.refused) r.by_reason[f.reason]++;
     r.functions = r.probeable + list.refused.size();
     return r;
@@ -108,6 +120,7 @@ void write_refusals_json(iprobe::JsonWriter& j, const iprobe::probelist::ProbeLi
     const Refusals r = refusals_of(list);
     j.field("functions", static_cast<std::uint64_t>(r.functions));
     j.field("probeable", static_cast<std::uint64_t>(r.probeable));
+    j.field("relocated", static_cast<std::uint64_t>(r.relocated));
     j.key("refused_by_reason").begin_object();
     for (const auto& [reason, n] : r.by_reason) j.field(reason, static_cast<std::uint64_t>(n));
     j.end_object();
@@ -128,8 +141,11 @@ void write_refusals_json(iprobe::JsonWriter& j, const iprobe::probelist::ProbeLi
 
 void print_refusals(const iprobe::probelist::ProbeList& list, bool each, const iprobe::probelist::ProbeSelector& selector) {
     const Refusals r = refusals_of(list);
-    std::printf("# %zu of %zu functions probe-able (%.1f%%)", r.probeable, r.functions,
+    std::printf("# %zu of %zu functions probe-able (%.1f%%", r.probeable, r.functions,
                 r.functions ? 100.0 * static_cast<double>(r.probeable) / static_cast<double>(r.functions) : 0.0);
+    if (list.flow != IPROBE_FLOW_UNPREPARED)
+        std::printf("; %zu padded, %zu relocated", r.probeable - r.relocated, r.relocated);
+    std::printf(")");
     const char* sep = "; refused: ";
     for (const auto& [reason, n] : r.by_reason) {
         std::printf("%s%zu %s", sep, n, reason.c_str());
@@ -157,6 +173,7 @@ void write_probe_json(iprobe::JsonWriter& j, const iprobe::probelist::Probe& p) 
     j.field("site", p.site);
     j.field("function_address", p.function_address);
     j.field("shared_site", p.shared_site);
+    j.field("relocated_entry", p.relocated);
     j.field("function", p.function);
     j.field("demangled", p.demangled);
     j.field("file", p.file);
@@ -225,7 +242,7 @@ int run_list(int argc, char** argv) {
         for (const auto& k : iprobe::split_list(list)) selector.kinds.push_back(iprobe::probelist::parse_probe_kind(k));
     const bool json = a.has("--json"), count_only = a.has("--count"), refused = a.has("--refused");
     const iprobe::probelist::ProbeList list = iprobe::probelist::load_probes_or_symbols(file);
-    const bool unprepared = list.flow == IPROBE_FLOW_UNPREPARED;
+    const bool functions = lists_functions(list);
     const auto selected = selector.select(list);
     if (json) {
         iprobe::JsonWriter j;
@@ -233,7 +250,7 @@ int run_list(int argc, char** argv) {
         write_list_header_json(j, list);
         j.field("total", static_cast<std::uint64_t>(list.probes.size()));
         j.field("selected", static_cast<std::uint64_t>(selected.size()));
-        if (unprepared) write_refusals_json(j, list, refused && !count_only);
+        if (functions) write_refusals_json(j, list, refused && !count_only);
         if (!count_only) {
             j.key("probes").begin_array();
             for (const auto* p : selected) write_probe_json(j, *p);
@@ -250,14 +267,19 @@ int run_list(int argc, char** argv) {
     std::printf("# module %s  build-id %s  flow %s  %zu of %zu probes\n", list.module.c_str(),
                 list.build_id.empty() ? "(none)" : list.build_id_hex().c_str(),
                 std::string(iprobe::probelist::flow_name(list.flow)).c_str(), selected.size(), list.probes.size());
-    if (unprepared) print_refusals(list, refused, selector);
+    if (functions) print_refusals(list, refused, selector);
     if (refused) return 0;
-    std::printf("%-6s %-5s %-18s %-40s %s\n", "ID", "KIND", "ADDRESS", "FUNCTION", "SOURCE");
+    if (list.has_relocated() && list.flow != IPROBE_FLOW_UNPREPARED)
+        std::printf("# entry*: no pad, relocated when enabled\n");
+    std::printf("%-6s %-6s %-18s %-40s %s\n", "ID", "KIND", "ADDRESS", "FUNCTION", "SOURCE");
     std::string line;
     for (const auto* p : selected) {
         std::string source = p->file.empty() ? "-" : p->file + ":" + std::to_string(p->line);
-        std::printf("%-6u %-5s %-18s %-40s %s\n", p->id, std::string(iprobe::probelist::to_string(p->kind)).c_str(),
-                    hex_address(p->site).c_str(), p->demangled.c_str(), source.c_str());
+        // A relocated entry of a padded binary is marked: the exception there.
+        const std::string kind = std::string(iprobe::probelist::to_string(p->kind)) +
+                                 (p->relocated && list.flow != IPROBE_FLOW_UNPREPARED ? "*" : "");
+        std::printf("%-6u %-6s %-18s %-40s %s\n", p->id, kind.c_str(), hex_address(p->site).c_str(),
+                    p->demangled.c_str(), source.c_str());
     }
     return 0;
 }

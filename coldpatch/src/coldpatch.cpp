@@ -10,6 +10,7 @@
 #include <set>
 
 #include "iprobe/probelist/site_section.h"
+#include "iprobe/probelist/symbol_probes.h"
 #include "iprobe/support/error.h"
 #include "iprobe/support/file.h"
 
@@ -63,6 +64,21 @@ void merge_marked_sites(const probelist::ProbeList& marked, probelist::ProbeList
 bool has_embedded_functions(const std::optional<probelist::ProbeList>& marked) {
     return marked && std::any_of(marked->probes.begin(), marked->probes.end(),
                                  [](const probelist::Probe& p) { return p.kind != probelist::ProbeKind::point; });
+}
+
+// The entry flow's functions the gcc plugin left without a pad (small
+// ones, marked) become relocated entries beside the padded ones; those
+// that cannot be relocated either are kept in `result`, with the reason.
+void add_unpadded_functions(const elf::ElfFile& elf, const std::set<std::uint64_t>& marked,
+                            std::vector<probelist::Probe>& probes, ColdpatchResult& result) {
+    if (marked.empty()) return;
+    probelist::RelocatedEntries unpadded = probelist::relocated_entries(elf, &marked);
+    for (auto& p : unpadded.probes) {
+        result.relocated += p.relocated;
+        p.moved.clear();  // read from the binary when enabled: the list keeps the first bytes only
+        probes.push_back(std::move(p));
+    }
+    result.refused = std::move(unpadded.refused);
 }
 
 void count_kinds(ColdpatchResult& r) {
@@ -135,7 +151,9 @@ ColdpatchResult coldpatch(const std::string& path, const ColdpatchOptions& optio
         const bool any_pad_left = std::any_of(entries.probes.begin(), entries.probes.end(), [&](const probelist::Probe& p) {
             return p.original != p.placeholder && site_holds(elf, p, p.original.data());
         });
-        if (!found_calls && !entries.probes.empty()) scan.list.flow = IPROBE_FLOW_PATCHABLE_ENTRY;
+        const std::set<std::uint64_t> unpadded = probelist::marked_unpadded(elf);
+        if (!found_calls && (!entries.probes.empty() || !unpadded.empty())) scan.list.flow = IPROBE_FLOW_PATCHABLE_ENTRY;
+        add_unpadded_functions(elf, unpadded, entries.probes, result);
         found_calls = found_calls || any_pad_left;
         for (auto& p : entries.probes) scan.list.probes.push_back(std::move(p));
         scan.list.normalize();
@@ -191,7 +209,9 @@ std::string summary_line(const ColdpatchResult& r) {
         case ColdpatchOutcome::patched: break;
     }
     std::string line = "coldpatched " + name + ": " + std::to_string(r.list.probes.size()) + " probes (" +
-                       std::to_string(r.entries) + " entry, " + std::to_string(r.exits) + " exit";
+                       std::to_string(r.entries) + " entry" +
+                       (r.relocated ? " (" + std::to_string(r.relocated) + " relocated, without a pad)" : std::string()) +
+                       ", " + std::to_string(r.exits) + " exit";
     if (r.points) line += ", " + std::to_string(r.points) + " point";
     line += ") in " + std::string(ms) + " ms -> " + r.probes_path;
     return line;

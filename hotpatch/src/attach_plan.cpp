@@ -252,7 +252,7 @@ EntrySitePlan plan_entry_site(const SelectedList& s, const RunningModule& runnin
                         " (a function-entry site whose exit is a return trampoline)",
                     ExitCode::unavailable);
     // A relocated entry goes on through its trampoline, a pad right after itself.
-    if (!entry.moved.empty()) plan.trampoline = relocated_trampoline(module, entry, site);
+    if (entry.relocated) plan.trampoline = relocated_trampoline(module, entry, site);
     const EntrySiteStubs stubs = entry_site_stubs(id, handlers.targets, handlers.inline_count_tpoff, module.site_stubs,
                                                   entry_id, plan.trampoline ? plan.trampoline->address : site + entry.size);
     plan.entry_slot = {module.site_stubs, variant_stub(module.site_stubs, entry_id, {true, false}), stubs.entry_slot};

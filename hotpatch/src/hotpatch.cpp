@@ -22,6 +22,7 @@
 #include "iprobe/hotpatch/live_patch.h"
 #include "process.h"
 #include "region.h"
+#include "iprobe/probelist/symbol_probes.h"
 #include "relocated_entries.h"
 #include "session.h"
 #include "stubs.h"
@@ -106,9 +107,9 @@ SitesPlan plan_sites(const ProcessMemory& memory, Region& region, std::vector<Se
                 at = k;
                 continue;
             }
-            if (!p->moved.empty())  // a relocated entry: never a call written over a function's code
+            if (p->relocated)  // a relocated entry: never a call written over a function's code
                 throw Error("the handler library has no entry point for function-entry sites, which " +
-                                p->demangled + " of an unprepared binary needs",
+                                p->demangled + " (an entry without a pad) needs",
                             ExitCode::unavailable);
             const std::uint64_t site = addresses[k];
             const std::uint8_t* now = text[k].data();
@@ -330,6 +331,10 @@ AttachStats attach(const AttachOptions& options) {
         auto modules = running_modules(process.memory(), maps);
         std::vector<const RunningModule*> targets;
         for (auto& s : lists) targets.push_back(&match_module(s, modules, options.pid));
+        // A list given as FILE.probes has no moved bytes for its relocated
+        // entries (small functions without a pad): the module's file has them.
+        for (std::size_t li = 0; li < lists.size(); li++)
+            probelist::add_relocation_plans(lists[li].list, target_view(options.pid, targets[li]->path));
         // A function replaced by `iprobe patch` keeps its patch: its probes
         // are skipped (the replacement has probes of its own).
         for (std::size_t li = 0; li < lists.size(); li++)
@@ -621,7 +626,7 @@ Status status(pid_t pid) {
         for (const AttachedModule& m : attached_modules(pid, region, memory)) {
             ModuleStatus& ms = st.modules[m.region_index];
             ms.live = 0;
-            ms.sites = m.list.flow == IPROBE_FLOW_UNPREPARED ? "relocated" : "pad";
+            ms.sites = m.list.flow == IPROBE_FLOW_UNPREPARED ? "relocated" : m.list.has_relocated() ? "pad+relocated" : "pad";
             ms.flow = probelist::flow_name(m.list.flow);
             for (SiteState state : site_states(m, memory, stubs)) {
                 ms.live += state == SiteState::live;

@@ -11,10 +11,14 @@ static_assert(relocate::kMaxTrampoline <= kSiteStubSize, "a trampoline fits a si
 
 std::uint32_t site_stub_slots_for(const probelist::ProbeList& list) {
     const auto probes = static_cast<std::uint32_t>(list.probes.size());
-    return list.flow == IPROBE_FLOW_UNPREPARED ? 2 * probes : probes;
+    return list.flow == IPROBE_FLOW_UNPREPARED || list.has_relocated() ? 2 * probes : probes;
 }
 
 SiteStub relocated_trampoline(const iprobe_rt_module& module, const probelist::Probe& entry, std::uint64_t site) {
+    if (entry.moved.empty())
+        throw Error(entry.demangled + " has no pad and its list was read without the binary, whose first " +
+                        "instructions its trampoline needs: name the binary (or its module), not its probe list",
+                    ExitCode::bad_input);
     if (module.site_stub_slots < module.probe_count + entry.id + 1)
         throw Error("the site-stub area of " + std::string(module.path) + " has no room for the trampoline of " +
                         entry.demangled,

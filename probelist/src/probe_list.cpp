@@ -66,6 +66,10 @@ std::string hex(std::span<const std::uint8_t> bytes) {
 
 std::string ProbeList::build_id_hex() const { return hex(build_id); }
 
+bool ProbeList::has_relocated() const {
+    return std::any_of(probes.begin(), probes.end(), [](const Probe& p) { return p.relocated; });
+}
+
 void ProbeList::normalize() {
     std::stable_sort(probes.begin(), probes.end(),
                      [](const Probe& a, const Probe& b) { return a.site < b.site; });
@@ -134,7 +138,8 @@ std::vector<std::uint8_t> ProbeList::serialize() const {
         r.kind = static_cast<std::uint8_t>(p.kind);
         r.site_form = static_cast<std::uint8_t>(p.form);
         r.site_size = p.size;
-        r.flags = p.shared_site ? IPROBE_PL_RECORD_SHARED_SITE : 0;
+        r.flags = static_cast<std::uint8_t>((p.shared_site ? IPROBE_PL_RECORD_SHARED_SITE : 0) |
+                                            (p.relocated ? IPROBE_PL_RECORD_RELOCATED : 0));
         r.site_address = p.site;
         r.function_address = p.function_address;
         r.function_name = strings.add(p.function);
@@ -235,12 +240,15 @@ ProbeList ProbeList::deserialize(std::span<const std::uint8_t> bytes, const std:
                 throw bad("site_address", "overlaps record " + std::to_string(i - 1) +
                                               " (records are sorted by site and sites are distinct)");
         }
+        if ((r.flags & IPROBE_PL_RECORD_RELOCATED) && (r.kind != IPROBE_KIND_ENTRY || r.site_form != IPROBE_SITE_NOP))
+            throw bad("flags", "relocated is only for NOP-form entry records");
         Probe& p = list.probes[i];
         p.id = r.id;
         p.kind = static_cast<ProbeKind>(r.kind);
         p.form = static_cast<SiteForm>(r.site_form);
         p.size = r.site_size;
         p.shared_site = (r.flags & IPROBE_PL_RECORD_SHARED_SITE) != 0;
+        p.relocated = (r.flags & IPROBE_PL_RECORD_RELOCATED) != 0;
         p.site = r.site_address;
         p.function_address = r.function_address;
         const std::string record = "record " + std::to_string(i) + ": ";

@@ -35,7 +35,11 @@ std::optional<ProbeList> prepared_probes(const std::string& path) {
     if (!exists(path)) throw Error(path + ": no such file", ExitCode::not_found);
     if (starts_with_magic(path)) return ProbeList::load(path);
     const std::string side = path + IPROBE_PL_SUFFIX;
-    if (exists(side)) return ProbeList::load(side);
+    if (exists(side)) {
+        ProbeList list = ProbeList::load(side);
+        add_relocation_plans(list, path);  // the binary is at hand: its unpadded entries' bytes
+        return list;
+    }
     return read_site_section(path);
 }
 

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <map>
 
 #include "iprobe/elf/demangle.h"
 #include "iprobe/elf/elf_file.h"
@@ -44,16 +45,31 @@ std::vector<const elf::ElfSymbol*> functions_of(const elf::ElfFile& elf) {
     return out;
 }
 
+// gcc's split-off cold code (foo.cold, foo.cold.3): reached by a jump from
+// its function, never called.
+bool is_cold_part(const std::string& name) {
+    const auto dot = name.find(".cold");
+    return dot != std::string::npos && (dot + 5 == name.size() || name[dot + 5] == '.');
+}
+
 }  // namespace
 
-ProbeList probes_from_symbols(const std::string& path) {
-    const elf::ElfFile elf(path);
-    elf.require_x86_64_executable_or_library();
-    const std::vector<const elf::ElfSymbol*> functions = functions_of(elf);
-    if (functions.empty())
-        throw Error(path + ": no probes: it was not built with iprobe-cc and has no function symbols (stripped of "
-                           ".symtab and .dynsym); install its debug symbols or build it with iprobe-cc",
-                    ExitCode::bad_input);
+std::set<std::uint64_t> marked_unpadded(const elf::ElfFile& elf) {
+    constexpr std::string_view kSuffix = IPROBE_UNPADDED_MARKER;
+    std::set<std::uint64_t> starts;
+    for (const elf::ElfSymbol& s : elf.symbols()) {
+        if (!s.defined() || s.type != STT_NOTYPE || !s.name.ends_with(kSuffix)) continue;
+        const elf::ElfSymbol* f = elf.function_at(s.address);
+        // The label is the first instruction: the function's, or after its endbr64.
+        if (f && (f->address == s.address || f->address + 4 == s.address)) starts.insert(f->address);
+    }
+    return starts;
+}
+
+RelocatedEntries relocated_entries(const elf::ElfFile& elf, const std::set<std::uint64_t>* only) {
+    std::vector<const elf::ElfSymbol*> functions = functions_of(elf);
+    RelocatedEntries out;
+    if (functions.empty()) return out;
 
     std::vector<relocate::CodeRange> code;
     for (const elf::ElfSection& s : elf.sections())
@@ -71,26 +87,28 @@ ProbeList probes_from_symbols(const std::string& path) {
     };
     const std::vector<relocate::EntryPlan> plans = relocate::plan_entries(code, ranges, read);
 
-    ProbeList list;
-    list.flow = IPROBE_FLOW_UNPREPARED;
-    list.flags = (elf.is_position_independent() ? std::uint32_t{IPROBE_PL_FLAG_PIE} : 0u) |
-                 (elf.is_shared_library() ? std::uint32_t{IPROBE_PL_FLAG_SHARED} : 0u);
-    list.module = elf.is_shared_library() && !elf.soname().empty() ? elf.soname() : path;
-    list.build_id = elf.build_id();
     const elf::SourceLines lines(elf);
-    bool any_line = false;
+    // Every function is planned (each is a place branches come from), those
+    // not in `only` are left out here.
     for (std::size_t i = 0; i < functions.size(); i++) {
         const elf::ElfSymbol& f = *functions[i];
         const relocate::EntryPlan& plan = plans[i];
+        if (only && !only->contains(f.address)) continue;
+        if (is_cold_part(f.name)) {
+            out.refused.push_back({f.name, elf::demangle(f.name), f.address, f.size, "cold part",
+                                   "code gcc split off its function, entered by a jump: no call to count"});
+            continue;
+        }
         if (!plan.ok()) {
-            list.refused.push_back({f.name, elf::demangle(f.name), f.address, f.size,
-                                    std::string(relocate::to_string(plan.refusal)), plan.detail});
+            out.refused.push_back({f.name, elf::demangle(f.name), f.address, f.size,
+                                   std::string(relocate::to_string(plan.refusal)), plan.detail});
             continue;
         }
         Probe p;
         p.kind = ProbeKind::entry;
         p.form = SiteForm::nop;
         p.size = relocate::kJumpSize;
+        p.relocated = true;
         p.site = f.address + plan.skip;
         p.function_address = f.address;
         p.function = f.name;
@@ -104,18 +122,55 @@ ProbeList probes_from_symbols(const std::string& path) {
         if (auto where = lines.at(f.address)) {
             p.file = where->file;
             p.line = where->line;
-            any_line = true;
+            out.any_line = true;
         }
         Probe exit = p;
         exit.kind = ProbeKind::exit;
         exit.form = SiteForm::ret;
+        exit.relocated = false;
         exit.moved.clear();
-        list.probes.push_back(std::move(p));
-        list.probes.push_back(std::move(exit));
+        out.probes.push_back(std::move(p));
+        out.probes.push_back(std::move(exit));
     }
-    if (any_line) list.flags |= IPROBE_PL_FLAG_DWARF;
+    return out;
+}
+
+ProbeList probes_from_symbols(const std::string& path) {
+    const elf::ElfFile elf(path);
+    elf.require_x86_64_executable_or_library();
+    if (functions_of(elf).empty())
+        throw Error(path + ": no probes: it was not built with iprobe-cc and has no function symbols (stripped of "
+                           ".symtab and .dynsym); install its debug symbols or build it with iprobe-cc",
+                    ExitCode::bad_input);
+    RelocatedEntries entries = relocated_entries(elf);
+    ProbeList list;
+    list.flow = IPROBE_FLOW_UNPREPARED;
+    list.flags = (elf.is_position_independent() ? std::uint32_t{IPROBE_PL_FLAG_PIE} : 0u) |
+                 (elf.is_shared_library() ? std::uint32_t{IPROBE_PL_FLAG_SHARED} : 0u) |
+                 (entries.any_line ? std::uint32_t{IPROBE_PL_FLAG_DWARF} : 0u);
+    list.module = elf.is_shared_library() && !elf.soname().empty() ? elf.soname() : path;
+    list.build_id = elf.build_id();
+    list.probes = std::move(entries.probes);
+    list.refused = std::move(entries.refused);
     list.normalize();
     return list;
+}
+
+void add_relocation_plans(ProbeList& list, const std::string& binary) {
+    const bool moved_missing = std::any_of(list.probes.begin(), list.probes.end(),
+                                           [](const Probe& p) { return p.relocated && p.moved.empty(); });
+    if (list.flow == IPROBE_FLOW_UNPREPARED || !moved_missing) return;
+    const elf::ElfFile elf(binary);
+    if (elf.build_id() != list.build_id) return;  // another build: its plans would not be this list's
+    const std::set<std::uint64_t> unpadded = marked_unpadded(elf);
+    RelocatedEntries planned = relocated_entries(elf, &unpadded);
+    std::map<std::uint64_t, std::vector<std::uint8_t>*> moved_at;
+    for (Probe& p : planned.probes)
+        if (p.relocated) moved_at[p.site] = &p.moved;
+    for (Probe& p : list.probes)
+        if (p.relocated)
+            if (auto it = moved_at.find(p.site); it != moved_at.end()) p.moved = std::move(*it->second);
+    if (list.refused.empty()) list.refused = std::move(planned.refused);  // (never replaced: it may be pointed to)
 }
 
 }  // namespace iprobe::probelist

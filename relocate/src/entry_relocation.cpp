@@ -6,7 +6,6 @@
 #include <climits>
 #include <cstring>
 #include <sstream>
-#include <unordered_set>
 
 #include "iprobe/support/error.h"
 
@@ -57,27 +56,6 @@ public:
                 return true;
             }
         return false;
-    }
-    // Does it read / fully write r11 (r11d zero-extends: a full write)?
-    // `xor %r11d, %r11d` and the like only write it.
-    void r11_access(bool* reads, bool* writes) const {
-        cs_regs read, written;
-        std::uint8_t nread = 0, nwritten = 0;
-        *reads = *writes = false;
-        if (cs_regs_access(handle_, insn_, read, &nread, written, &nwritten) != CS_ERR_OK) {
-            *reads = true;  // unknown: taken to need it
-            return;
-        }
-        for (std::uint8_t i = 0; i < nread; i++) *reads |= is_r11(read[i]);
-        for (std::uint8_t i = 0; i < nwritten; i++)
-            *writes |= written[i] == X86_REG_R11 || written[i] == X86_REG_R11D;
-        const bool zero_idiom = (insn_->id == X86_INS_XOR || insn_->id == X86_INS_SUB) && x86().op_count == 2 &&
-                                x86().operands[0].type == X86_OP_REG && x86().operands[1].type == X86_OP_REG &&
-                                x86().operands[0].reg == x86().operands[1].reg;
-        if (zero_idiom && *writes) *reads = false;
-    }
-    static bool is_r11(std::uint16_t reg) {
-        return reg == X86_REG_R11 || reg == X86_REG_R11D || reg == X86_REG_R11W || reg == X86_REG_R11B;
     }
     // The memory operand, when the instruction has one.
     const cs_x86_op* memory_operand() const {
@@ -130,22 +108,10 @@ void table_targets(const std::vector<std::uint64_t>& relative_tables, const std:
         }
 }
 
-// A direct call (or a tail jump: `tail`) from a region to `target`;
-// `after` is where the caller goes on when it returns.
-struct CallSite {
-    std::uint64_t target, after;
-    std::size_t region;
-    bool tail;
-};
-
 struct Sweep {
     std::vector<Target> targets;
     std::vector<bool> undecodable;       // per region
     std::vector<std::string> indirect;   // per region: an indirect jump without a table ("" if none)
-    std::vector<CallSite> calls;
-    // per region: it writes r11, or calls what may (an indirect call, the
-    // PLT): no caller can keep a value in r11 across a call of it
-    std::vector<bool> clobbers_r11;
 };
 
 // Every branch target of every region, decoded linearly.
@@ -153,7 +119,6 @@ Sweep sweep(Disassembler& dis, const std::vector<Region>& regions, const ReadByt
     Sweep s;
     s.undecodable.assign(regions.size(), false);
     s.indirect.assign(regions.size(), {});
-    s.clobbers_r11.assign(regions.size(), false);
     for (std::size_t r = 0; r < regions.size(); r++) {
         const Region& region = regions[r];
         const std::uint8_t* at = region.bytes.data();
@@ -172,16 +137,11 @@ Sweep sweep(Disassembler& dis, const std::vector<Region>& regions, const ReadByt
             }
             std::uint64_t target;
             const unsigned id = dis.insn().id;
-            bool reads_r11, writes_r11;
-            dis.r11_access(&reads_r11, &writes_r11);
-            if (writes_r11) s.clobbers_r11[r] = true;
             if (dis.relative_target(&target)) {
                 const bool call = dis.in_group(X86_GRP_CALL);
                 s.targets.push_back({target, r, call});
-                s.calls.push_back({target, address, r, !call});  // jumps: a tail call when to a function
                 continue;
             }
-            if (dis.in_group(X86_GRP_CALL)) s.clobbers_r11[r] = true;  // indirect: anything
             const cs_x86_op* mem = dis.memory_operand();
             if (id == X86_INS_LEA && mem && mem->mem.base == X86_REG_RIP) {
                 relative_tables.push_back(address + static_cast<std::int64_t>(mem->mem.disp));
@@ -305,83 +265,6 @@ bool rewrite_displacement(Disassembler& dis, std::uint8_t* bytes, std::size_t si
     return false;
 }
 
-// Can the value r11 holds at `from` (right after a call returned) still be
-// read on some path through the region's code?  A forward search over
-// direct branches, ended on each path by a full write of r11 or a return;
-// an indirect jump, leaving the region's bytes or a long search count as
-// a read.  gcc's IPA-RA keeps values in r11 across a call of a function it
-// knows leaves r11 alone; the stubs and return trampolines of a relocated
-// entry do not.
-bool r11_read_after(Disassembler& dis, const Region& region, std::uint64_t from) {
-    constexpr std::size_t kBudget = 512;
-    std::vector<std::uint64_t> work{from};
-    std::unordered_set<std::uint64_t> seen;
-    std::size_t decoded = 0;
-    while (!work.empty()) {
-        const std::uint64_t at = work.back();
-        work.pop_back();
-        if (at < region.low || at >= region.high) continue;  // another function: r11 is no argument
-        if (!seen.insert(at).second) continue;
-        if (++decoded > kBudget) return true;
-        const std::uint8_t* p = region.bytes.data() + (at - region.low);
-        std::size_t left = region.high - at;
-        std::uint64_t next = at;
-        if (!dis.next(&p, &left, &next)) return true;
-        bool reads, writes;
-        dis.r11_access(&reads, &writes);
-        if (reads) return true;
-        if (writes) continue;
-        const unsigned id = dis.insn().id;
-        if (id == X86_INS_RET) continue;
-        std::uint64_t target;
-        if (dis.relative_target(&target) && !dis.in_group(X86_GRP_CALL)) {
-            work.push_back(target);
-            if (id == X86_INS_JMP) continue;
-        } else if (id == X86_INS_JMP) {
-            const cs_x86_op* mem = dis.memory_operand();
-            if (mem && mem->mem.base == X86_REG_RIP) continue;  // a tail call through the GOT
-            return true;
-        }
-        work.push_back(next);
-    }
-    return false;
-}
-
-// The functions (by start address) some caller keeps a value in r11 across
-// a call of: directly, or through a tail call from one that is.
-std::vector<std::uint64_t> r11_kept_across(Disassembler& dis, const std::vector<Region>& regions, const Sweep& swept) {
-    auto function_region = [&](std::uint64_t start) -> std::ptrdiff_t {
-        auto it = std::lower_bound(regions.begin(), regions.end(), start,
-                                   [](const Region& r, std::uint64_t a) { return r.low < a; });
-        if (it == regions.end() || it->low != start || it->function < 0) return -1;
-        return it - regions.begin();
-    };
-    std::vector<std::uint64_t> kept;
-    std::vector<std::pair<std::uint64_t, std::uint64_t>> tails;  // (from function, to function)
-    for (const CallSite& c : swept.calls) {
-        const std::ptrdiff_t callee = function_region(c.target);
-        if (callee < 0 || swept.clobbers_r11[static_cast<std::size_t>(callee)]) continue;
-        if (c.tail) {
-            if (regions[c.region].function >= 0 && static_cast<std::size_t>(callee) != c.region)
-                tails.emplace_back(regions[c.region].low, c.target);
-            continue;
-        }
-        if (std::find(kept.begin(), kept.end(), c.target) != kept.end()) continue;
-        if (r11_read_after(dis, regions[c.region], c.after)) kept.push_back(c.target);
-    }
-    for (bool grew = true; grew;) {
-        grew = false;
-        for (const auto& [from, to] : tails)
-            if (std::find(kept.begin(), kept.end(), from) != kept.end() &&
-                std::find(kept.begin(), kept.end(), to) == kept.end()) {
-                kept.push_back(to);
-                grew = true;
-            }
-    }
-    std::sort(kept.begin(), kept.end());
-    return kept;
-}
-
 }  // namespace
 
 std::string_view to_string(Refusal refusal) {
@@ -392,7 +275,6 @@ std::string_view to_string(Refusal refusal) {
     case Refusal::indirect_jump: return "indirect jump";
     case Refusal::unrelocatable: return "unrelocatable instruction";
     case Refusal::undecodable: return "undecodable";
-    case Refusal::caller_keeps_r11: return "caller keeps r11";
     }
     return "?";
 }
@@ -407,7 +289,6 @@ std::vector<EntryPlan> plan_entries(std::span<const CodeRange> code, std::span<c
         if (regions[r].function >= 0 && region_of[static_cast<std::size_t>(regions[r].function)] < 0)
             region_of[static_cast<std::size_t>(regions[r].function)] = static_cast<std::ptrdiff_t>(r);
 
-    const std::vector<std::uint64_t> keeps_r11 = r11_kept_across(dis, regions, swept);
     std::vector<EntryPlan> plans(functions.size());
     for (std::size_t f = 0; f < functions.size(); f++) {
         EntryPlan& plan = plans[f];
@@ -432,11 +313,6 @@ std::vector<EntryPlan> plan_entries(std::span<const CodeRange> code, std::span<c
         }
         if (!swept.indirect[static_cast<std::size_t>(r)].empty()) {
             plan = {Refusal::indirect_jump, swept.indirect[static_cast<std::size_t>(r)] + " (no jump table found)", 0, 0};
-            continue;
-        }
-        if (std::binary_search(keeps_r11.begin(), keeps_r11.end(), start)) {
-            plan = {Refusal::caller_keeps_r11,
-                    "a caller keeps a value in r11 across its call (gcc's IPA-RA), which the probe's stubs use", 0, 0};
             continue;
         }
         // Anything landing in [start, site + length) but a call of the

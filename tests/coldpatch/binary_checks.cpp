@@ -94,10 +94,11 @@ std::map<std::string, std::uint64_t> padded_functions(const std::string& binary)
 void expect_an_entry_probe_per_padded_function(const std::string& binary, const probelist::ProbeList& list) {
     std::set<std::uint64_t> padded, entries;
     for (const auto& [name, pad] : padded_functions(binary)) padded.insert(pad);
+    std::size_t relocated = 0;  // small leaves left without a pad (the gcc plugin's threshold)
     for (const auto& p : list.probes)
-        if (p.kind == probelist::ProbeKind::entry) entries.insert(p.site);
+        if (p.kind == probelist::ProbeKind::entry) p.relocated ? void(++relocated) : void(entries.insert(p.site));
     EXPECT_EQ(entries, padded) << binary << ": an entry probe per function starting with a pad";
-    EXPECT_EQ(list.probes.size(), 2 * entries.size()) << binary << ": an entry and an exit per pad";
+    EXPECT_EQ(list.probes.size(), 2 * (entries.size() + relocated)) << binary << ": an entry and an exit per function";
 }
 
 void compile(const std::string& dir, const std::string& command_line) {

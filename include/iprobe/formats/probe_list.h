@@ -58,7 +58,8 @@ enum iprobe_flow {
     /* gcc -fpatchable-function-entry=5,0 + coldpatch: one 5-byte NOP entry
      * site per out-of-line function (original_bytes: the five 1-byte NOPs
      * gcc emitted), listed by __patchable_function_entries, each followed by
-     * the function's exit probe of form IPROBE_SITE_RETURN */
+     * the function's exit probe of form IPROBE_SITE_RETURN; function symbols
+     * without a pad are entries of IPROBE_PL_RECORD_RELOCATED */
     IPROBE_FLOW_PATCHABLE_ENTRY = 3,
     /* No compiler flow at all: a binary nobody prepared.  The list is derived
      * at run time from the ELF symbol table (never written to disk); each
@@ -107,8 +108,19 @@ enum iprobe_pl_record_flags {
      * of several functions inlined into one caller into this single call.
      * The probe is named after the enclosing function, but fires for the
      * inlined ones too. */
-    IPROBE_PL_RECORD_SHARED_SITE = 1u << 0
+    IPROBE_PL_RECORD_SHARED_SITE = 1u << 0,
+    /* An entry with no pad (IPROBE_FLOW_PATCHABLE_ENTRY: a small function the gcc
+     * plugin left unpadded, marked by IPROBE_UNPADDED_MARKER): relocated
+     * when enabled, as in IPROBE_FLOW_UNPREPARED; original_bytes ==
+     * placeholder_bytes == the function's own first bytes at the site, and
+     * the moved instructions are read from the binary (relocate/). */
+    IPROBE_PL_RECORD_RELOCATED = 1u << 1
 };
+
+/* The gcc plugin's mark on a function it left without a pad: a local
+ * symbol without a type, NAME IPROBE_UNPADDED_MARKER, at the function's
+ * first instruction (after any endbr64). */
+#define IPROBE_UNPADDED_MARKER ".iprobe_nopad"
 
 struct iprobe_pl_record {
     uint32_t id;             /* stable within a build: index in site order */

@@ -143,8 +143,9 @@ leaf_add:
     .size leaf_add, . - leaf_add
 
 /* long keeps_r11(long x): keeps x + 1 in r11 across a call of r11_leaf,
- * which leaves r11 alone (IPA-RA): r11_leaf is refused ("caller keeps
- * r11"), since a probe's stubs use r11.  Returns 2x + 1. */
+ * which leaves r11 alone, as gcc's IPA-RA lets a caller do: r11_leaf is
+ * probe-able, and its probe (stubs, handler, trampoline, return
+ * trampoline) must keep r11.  Returns 2x + 1. */
     .globl keeps_r11
     .type keeps_r11, @function
     .p2align 4

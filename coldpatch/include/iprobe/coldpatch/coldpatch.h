@@ -79,6 +79,10 @@ struct ColdpatchResult {
     std::size_t kinds_inferred = 0;
     std::size_t foreign_pads = 0;   // patchable entries not of iprobe's =5,0 form
     std::size_t unnamed_pads = 0;   // padded functions without a symbol: not probes
+    // Entry flow: functions without a pad listed as relocated entries, and
+    // those that cannot be relocated either (no probe), with the reason.
+    std::size_t relocated = 0;
+    std::vector<probelist::RefusedFunction> refused;
     double elapsed_ms = 0;
 };
 

@@ -141,8 +141,9 @@ struct ModuleStatus {
     std::int64_t live = -1;
     std::uint32_t foreign = 0;
     // What its sites are: "relocated" (a binary nobody prepared: entries
-    // moved into trampolines) or "pad" (built with iprobe-cc: the flow's
-    // NOPs); empty when its probe list could not be read.
+    // moved into trampolines), "pad" (built with iprobe-cc: the flow's
+    // NOPs) or "pad+relocated" (the entry flow's functions without a pad
+    // relocated); empty when its probe list could not be read.
     std::string sites;
     std::string flow;  // probelist::flow_name of its list
 };

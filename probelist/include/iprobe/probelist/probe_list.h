@@ -42,6 +42,7 @@ struct Probe {
     SiteForm form = SiteForm::call_rel32;
     std::uint8_t size = 5;
     bool shared_site = false;         // IPROBE_PL_RECORD_SHARED_SITE
+    bool relocated = false;           // IPROBE_PL_RECORD_RELOCATED (entry only): no pad, `moved` when enabled
     std::uint64_t site = 0;           // link-time vaddr
     std::uint64_t function_address = 0;
     std::string function;             // raw symbol
@@ -50,9 +51,11 @@ struct Probe {
     std::uint32_t line = 0;
     std::array<std::uint8_t, IPROBE_PL_SITE_MAX> original{};
     std::array<std::uint8_t, IPROBE_PL_SITE_MAX> placeholder{};
-    // A relocated entry (flow IPROBE_FLOW_UNPREPARED): the function's first
-    // instructions from the site on, as the file holds them, which its
-    // trampoline runs (relocate/entry_relocation.h).  Empty otherwise.
+    // A relocated entry (flow IPROBE_FLOW_UNPREPARED, or an unpadded function
+    // of the entry flow): the function's first instructions from the site
+    // on, as the file holds them, which its trampoline runs
+    // (relocate/entry_relocation.h).  Empty otherwise, and for a list read
+    // without its binary.
     std::vector<std::uint8_t> moved;
 };
 
@@ -76,7 +79,8 @@ struct ProbeList {
     std::uint64_t enter_target = 0, exit_target = 0;
     std::uint64_t enter_got_slot = 0, exit_got_slot = 0;
     std::vector<Probe> probes;        // sorted by site, id == index
-    // Flow IPROBE_FLOW_UNPREPARED: the function symbols that got no probe.
+    // The function symbols that got no probe (flow IPROBE_FLOW_UNPREPARED,
+    // and unpadded functions of the entry flow when read with the binary).
     std::vector<RefusedFunction> refused;
 
     // Sorts by site address and renumbers ids so they are stable per build.
@@ -89,6 +93,8 @@ struct ProbeList {
     static ProbeList load(const std::string& path);
 
     std::string build_id_hex() const;
+    // Has entries relocated when enabled (a trampoline slot each).
+    bool has_relocated() const;
 };
 
 // Which probes a user asked for.  Empty lists mean "all".

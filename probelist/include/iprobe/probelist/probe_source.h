@@ -8,7 +8,8 @@ namespace iprobe::probelist {
 
 // The probes of a module, whichever way it was built.  `path` may be
 //   - a probe list (FILE.probes),
-//   - a coldpatched binary (its FILE.probes beside it), or
+//   - a coldpatched binary (its FILE.probes beside it; its relocated entries
+//     get their moved bytes and the refused functions from the binary), or
 //   - a binary with an IPROBE_PL_SECTION section (LLVM flow).
 // Throws Error(not_found / bad_input) saying what to do when there are none.
 ProbeList load_probes(const std::string& path);

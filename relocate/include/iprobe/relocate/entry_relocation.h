@@ -17,10 +17,11 @@
 //     operands are re-aimed, relative jumps and calls re-encoded with rel32;
 //     loop/jrcxz/xbegin (rel8 or relative-only forms) and a call ending inside
 //     the first 5 bytes (its callee would return into the jump) are refused;
-//   - no caller may keep a value in r11 across a call of it (gcc's IPA-RA
-//     does, for a callee it knows leaves r11 alone): a probe's stub and
-//     return trampoline use r11.  Each call of a function that writes no r11
-//     and calls nothing that may is followed forward until r11 is written.
+//   - a caller may keep any value in any register the function leaves
+//     alone (gcc's IPA-RA: r11 too, for a callee that does not write it):
+//     the trampoline uses no register, and the probe's stubs, handlers and
+//     return trampolines keep every register but those the function itself
+//     changes (tests/hotpatch/registers_test.cpp, reloc_cases.S keeps_r11).
 #pragma once
 
 #include <cstdint>
@@ -40,7 +41,6 @@ enum class Refusal : std::uint8_t {
     indirect_jump,      // the function has an indirect jump whose table could not be read
     unrelocatable,      // an instruction of the first bytes cannot run elsewhere
     undecodable,        // Capstone cannot decode the function
-    caller_keeps_r11,   // a caller keeps a value in r11 across a call of it (IPA-RA): the stubs use r11
 };
 
 // "too short", "branch into entry", ... (how `iprobe list` says it)
