@@ -97,7 +97,7 @@ TEST_F(SmallLeafAttach, CountsBothExactlyThenDetachRestoresTheCode) {
         ASSERT_FALSE(text_before.empty());
         ASSERT_EQ(text_before, file_text_of(target.pid(), name));
 
-        auto a = iprobe({"attach", pid, "--functions", "small_leaf,big_function", "--handler", "count"});
+        auto a = iprobe({"attach", pid, "--functions", "small_leaf,big_function", "--handler", "count", "--completed"});
         ASSERT_EQ(a.exit_code, 0) << a.err;
         EXPECT_NE(a.out.find("enabled 4 probes"), std::string::npos) << a.out;
         EXPECT_NE(text_of(target.pid(), name), text_before) << "the sites are live";
