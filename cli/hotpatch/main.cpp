@@ -25,7 +25,10 @@
 #include <unordered_map>
 #include <vector>
 
+#include "iprobe/hotpatch/agent.h"
+#include "iprobe/hotpatch/agent_protocol.h"
 #include "iprobe/hotpatch/attach_report.h"
+#include "iprobe/hotpatch/output.h"
 #include "iprobe/hotpatch/hotpatch.h"
 #include "iprobe/hotpatch/run.h"
 #include "iprobe/support/args.h"
@@ -54,7 +57,8 @@ constexpr const char* kSynopsis =
     "       iprobe trace  --input FILE [--format text|json|chrome]\n"
     "       iprobe report PID[,PID…] [--json] [--since-last|--reset] [--duration S] [--at-exit]\n"
     "       iprobe report PID --folded [--duration S]\n"
-    "       iprobe run [--exec] [--report FILE] [--json] [attach's options] -- PROGRAM [ARGS…]";
+    "       iprobe run [--exec] [--report FILE] [--json] [attach's options] -- PROGRAM [ARGS…]\n"
+    "       iprobe agent PID [--probes LIST[,LIST…]] [--handler trace|count] [--buffer SIZE]";
 
 constexpr const char* kAbout =
     "attach  turns the placeholder NOPs of a running, coldpatched process into calls to\n"
@@ -263,7 +267,7 @@ AttachOptions attach_options_of(const Args& args) {
 
 int cmd_attach(const Args& args) {
     const AttachStats st = attach(attach_options_of(args));
-    if (args.flag("--json")) std::cout << attach_json(st, args.pid) << "\n";
+    if (args.flag("--json")) std::cout << to_json(st, args.pid) << "\n";
     else std::cout << attach_summary(st, args.pid) << "\n";
     return 0;
 }
@@ -274,19 +278,7 @@ int cmd_detach(const Args& args) {
     o.selector = selector_of(args);
     const DetachStats st = detach(o);
     if (args.flag("--json")) {
-        JsonWriter j;
-        j.begin_object()
-            .field("pid", static_cast<std::int64_t>(args.pid))
-            .field("disabled", static_cast<std::uint64_t>(st.disabled))
-            .field("still_enabled", static_cast<std::uint64_t>(st.still_enabled))
-            .field("not_restored", static_cast<std::uint64_t>(st.not_restored))
-            .field("sites_restored", static_cast<std::uint64_t>(st.sites_restored))
-            .field("region_problem", st.region_problem)
-            .field("threads", static_cast<std::uint64_t>(st.threads))
-            .field("pause_us", st.pause_us)
-            .field("stop_us", st.stop_us)
-            .end_object();
-        std::cout << j.str() << "\n";
+        std::cout << to_json(st, args.pid) << "\n";
     } else {
         std::cout << "disabled " << st.disabled << " probes in process " << args.pid << " (" << st.still_enabled
                   << " still on): " << st.sites_restored << " sites restored from the probe lists; " << st.threads
@@ -402,63 +394,30 @@ public:
         std::fflush(stdout);
     }
     void print(const Event& e, const ProbeInfo& info) {
-        // Nesting per thread; the tids come from the target's rings (or a
-        // file), so the table is bounded: past kMaxThreads they start over.
-        if (depth_.size() >= kMaxThreads && !depth_.count(e.tid)) depth_.clear();
-        int& d = depth_[e.tid];
-        if (e.kind == probelist::ProbeKind::exit && d > 0) d--;
-        line_.clear();
+        const TraceRecord r = nesting_.record(e, info);
         if (format_ == "text") {
-            char head[96];
-            std::snprintf(head, sizeof head, "%" PRIu64 ".%09" PRIu64 " %7u ",
-                          static_cast<std::uint64_t>(e.time_ns / 1000000000ull),
-                          static_cast<std::uint64_t>(e.time_ns % 1000000000ull), e.tid);
-            line_ = head;
-            line_.append(static_cast<std::size_t>(d) * 2, ' ');
-            line_ += e.kind == probelist::ProbeKind::entry ? "-> " : e.kind == probelist::ProbeKind::exit ? "<- " : "@ ";
-            line_ += info.function;
-            if (e.kind == probelist::ProbeKind::point)
-                for (int i = 0; i < e.nargs; i++) line_ += (i ? ", " : " (") + std::to_string(e.args[i]) + (i + 1 == e.nargs ? ")" : "");
-            if (e.depth) line_ += "  [in signal handler]";
-            line_ += "\n";
+            line_ = trace_text_line(r);
+        } else if (format_ == "json") {
+            line_ = to_json(r) + "\n";
         } else {
             JsonWriter j;
-            if (format_ == "json") {
-                j.begin_object()
-                    .field("time_ns", e.time_ns)
-                    .field("tid", e.tid)
-                    .field("kind", to_string(e.kind))
-                    .field("function", info.function)
-                    .field("depth", d);
-                if (e.kind == probelist::ProbeKind::point) {
-                    j.key("args").begin_array();
-                    for (int i = 0; i < e.nargs; i++) j.value(e.args[i]);
-                    j.end_array();
-                }
-                j.end_object();
-                line_ = j.str() + "\n";
-            } else {
-                j.begin_object()
-                    .field("name", info.function)
-                    .field("ph", e.kind == probelist::ProbeKind::entry ? "B" : e.kind == probelist::ProbeKind::exit ? "E" : "i")
-                    .field("ts", static_cast<double>(e.time_ns) / 1000.0)
-                    .field("pid", static_cast<std::int64_t>(pid_))
-                    .field("tid", e.tid)
-                    .end_object();
-                line_ = (first_ ? "" : ",\n") + j.str();
-            }
+            j.begin_object()
+                .field("name", r.function)
+                .field("ph", r.kind == probelist::ProbeKind::entry ? "B" : r.kind == probelist::ProbeKind::exit ? "E" : "i")
+                .field("ts", static_cast<double>(r.time_ns) / 1000.0)
+                .field("pid", static_cast<std::int64_t>(pid_))
+                .field("tid", r.tid)
+                .end_object();
+            line_ = (first_ ? "" : ",\n") + j.str();
         }
-        if (e.kind == probelist::ProbeKind::entry && d < kMaxDepth) d++;
         first_ = false;
         std::fwrite(line_.data(), 1, line_.size(), stdout);
     }
 
 private:
-    static constexpr std::size_t kMaxThreads = 1u << 16;
-    static constexpr int kMaxDepth = 256;  // indentation stops growing there
     std::string format_;
     pid_t pid_;
-    std::unordered_map<std::uint32_t, int> depth_;
+    CallNesting nesting_;
     bool first_ = true;
     std::string line_;
 };
@@ -820,6 +779,16 @@ int run_in_place(const Args& args, const AttachOptions& options, const std::stri
     exec_or_exit(args, runtime, channel.program);
 }
 
+// One long-lived agent for the process (the launcher's, in a clone): its
+// sources loaded once, requests on stdin, replies and the trace on stdout.
+int cmd_agent(const Args& args) {
+    AgentOptions o;
+    o.pid = args.pid;
+    o.probe_sources = args.probes;
+    o.attach = attach_options_of(args);
+    return serve_agent(o, STDIN_FILENO, STDOUT_FILENO);
+}
+
 int cmd_run(const Args& args) {
     AttachOptions options = attach_options_of(args);
     const std::string runtime = runtime_to_preload(options);
@@ -832,7 +801,7 @@ int cmd_run(const Args& args) {
 
 int main(int argc, char** argv) {
     if (argc < 2 || std::strcmp(argv[1], "-h") == 0 || std::strcmp(argv[1], "--help") == 0) {
-        std::cout << spec_of("attach|detach|status|trace|report|run").help();
+        std::cout << spec_of("attach|detach|status|trace|report|run|agent").help();
         return argc < 2 ? 2 : 0;
     }
     struct sigaction sa {};
@@ -848,7 +817,7 @@ int main(int argc, char** argv) {
         g_command = command;
         if (command == "patch") return run_patch(argc, argv);
         if (command != "attach" && command != "detach" && command != "status" && command != "trace" &&
-            command != "report" && command != "run")
+            command != "report" && command != "run" && command != "agent")
             usage_error("unknown command '" + command + "'");
         const Args args = parse(argc, argv);
         if (command == "attach") return cmd_attach(args);
@@ -856,6 +825,7 @@ int main(int argc, char** argv) {
         if (command == "status") return cmd_status(args);
         if (command == "trace") return cmd_trace(args);
         if (command == "run") return cmd_run(args);
+        if (command == "agent") return cmd_agent(args);
         return cmd_report(args);
     });
 }

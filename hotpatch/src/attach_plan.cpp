@@ -45,7 +45,44 @@ std::string module_source(pid_t pid, const std::string& name) {
     return target_view(pid, found.front());
 }
 
+std::vector<ProbeSelection> select_probes(const std::vector<std::string>& sources,
+                                          const probelist::ProbeSelector& selector) {
+    std::vector<ProbeSelection> out;
+    for (const auto& source : sources) {
+        auto list = std::make_shared<const probelist::ProbeList>(probelist::load_probes_or_symbols(source));
+        ProbeSelection s{source, list, {}};
+        for (const probelist::Probe* p : selector.select(*list)) s.probes.push_back(p->id);
+        out.push_back(std::move(s));
+    }
+    return out;
+}
+
+namespace {
+
+// A caller's selections as attach's lists (the lists copied, not reloaded).
+std::vector<SelectedList> given_lists(const std::vector<ProbeSelection>& selections) {
+    std::vector<SelectedList> lists;
+    std::size_t selected = 0;
+    for (const ProbeSelection& sel : selections) {
+        if (!sel.list) throw Error("a probe selection of " + sel.source + " has no probe list", ExitCode::bad_input);
+        SelectedList& s = lists.emplace_back(SelectedList{sel.source, *sel.list, {}, {}});
+        for (std::uint32_t id : sel.probes) {
+            if (id >= s.list.probes.size())
+                throw Error(sel.source + " has no probe " + std::to_string(id) + " (" +
+                                std::to_string(s.list.probes.size()) + " probes)",
+                            ExitCode::bad_input);
+            s.selected.push_back(&s.list.probes[id]);
+        }
+        selected += s.selected.size();
+    }
+    if (selected == 0) throw Error("no probe selected", ExitCode::not_found);
+    return lists;
+}
+
+}  // namespace
+
 std::vector<SelectedList> load_lists(const AttachOptions& options) {
+    if (!options.selections.empty()) return given_lists(options.selections);
     std::vector<std::string> sources = options.probe_sources;
     for (const std::string& name : options.modules) sources.push_back(module_source(options.pid, name));
     if (sources.empty()) {

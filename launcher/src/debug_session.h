@@ -85,9 +85,7 @@ struct Clone {
     std::unique_ptr<AdaptController> adapt;
     ProbeTimeline timeline;
     BusiestThread cpu;
-    pid_t trace = -1;
-    UniqueFd trace_out;          // its trace, relayed (JSON, or text with several clones)
-    std::string trace_partial;   // its last incomplete line
+    bool tracing = false;        // its agent streams the trace to us
 };
 
 class DebugSession {
@@ -122,7 +120,9 @@ private:
     void release_held_connections();
     void teardown();
     void stop_child(pid_t& pid, int sig, bool group = false);
-    void relay_trace(Clone& c, bool drain);
+    // Writes what the clone's agent sent of its trace; false once the agent is gone.
+    bool relay_trace(Clone& c);
+    void stop_traces();
     void adapt_tick();
     void trim_recording();
     // Around a checkpoint: production's freeze as a client sees it (a RESP
