@@ -234,6 +234,7 @@ void AgentClient::receive(const std::string& line) {
     else if (auto* e = std::get_if<agent::TraceEnd>(&m)) dropped_ += e->dropped;
     else if (auto* x = std::get_if<agent::Exit>(&m)) {
         alive_ = false;
+        target_exited_ = true;
         exit_reason_ = x->reason;
     }
 }

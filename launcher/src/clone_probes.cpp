@@ -17,6 +17,7 @@
 #include "iprobe/hotpatch/output.h"
 #include "iprobe/probelist/probe_source.h"
 #include "iprobe/support/json.h"
+#include "iprobe/support/proc.h"
 #include "iprobe/support/error.h"
 #include "process.h"
 
@@ -95,6 +96,12 @@ CloneProbes::~CloneProbes() {
     }
     ::kill(-agent_pid_, SIGKILL);
     ::waitpid(agent_pid_, &status, 0);
+}
+
+bool CloneProbes::target_exited() const {
+    if (agent_->target_exited()) return true;
+    const char state = proc::state(host_pid_);
+    return state == 0 || state == 'Z' || state == 'X';
 }
 
 std::string CloneProbes::why_gone() {

@@ -59,6 +59,10 @@ public:
     std::vector<hotpatch::TraceRecord> take_trace() { return agent_->take_trace(); }
     std::uint64_t trace_dropped() const { return agent_->trace_dropped(); }
     std::string why_gone();
+    // The agent ended because the clone's process exited (it said so, or the
+    // process is gone: a CRIU clone's PID namespace ends with it, taking the
+    // agent along before it can say anything), not by dying on its own.
+    bool target_exited() const;
     pid_t agent_pid() const { return agent_pid_; }
 
     // The region's per-function sums, read here (after the first attach).

@@ -275,7 +275,8 @@ void DebugSession::adapt_tick() {
     if (!stats) return;
     const double t = now_s();
     for (Clone& c : clones_) {
-        if (!c.adapt || !c.alive || static_cast<std::size_t>(c.index) >= stats->debug_targets.size()) continue;
+        if (!c.adapt || !c.alive || c.process_gone_said || static_cast<std::size_t>(c.index) >= stats->debug_targets.size())
+            continue;
         const auto& target = stats->debug_targets[static_cast<std::size_t>(c.index)];
         AdaptObservation o;
         o.t_s = t;
@@ -375,9 +376,18 @@ int DebugSession::run() {
             if (c.probes && c.probes->fd() >= 0) p.push_back({c.probes->fd(), POLLIN, 0});
         ::poll(p.data(), p.size(), tick_ms);
         std::string agent_gone;
-        for (Clone& c : clones_)
-            if (!relay_trace(c) && agent_gone.empty())
+        for (Clone& c : clones_) {
+            if (relay_trace(c) || c.process_gone_said) continue;
+            if (c.probes->target_exited()) {
+                // The clone itself ended: said once; its aggregates stay
+                // readable, and divergence (or the end) re-clones as before.
+                c.process_gone_said = true;
+                event("clone-exited", clone_label(c) + ": its process exited; its probe agent ended with it",
+                      [&](JsonWriter& w) { w.field("clone", c.index).field("t_s", now_s()); });
+            } else if (agent_gone.empty()) {
                 agent_gone = "the probe agent of " + clone_label(c) + " ended (" + c.probes->why_gone() + ")";
+            }
+        }
         if (p[1].revents) {
             char buf[512];
             ssize_t n = ::read(mirror_out_.get(), buf, sizeof buf);

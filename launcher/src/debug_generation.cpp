@@ -47,12 +47,11 @@ namespace iprobe::launcher::debug_session {
 // them off and on), never the user's globs.
 void DebugSession::prepare_probes() {
     if (!probing()) return;
-    probe_sources_ = split_list(o_.probes);
-    if (probe_sources_.empty()) probe_sources_ = {fs::read_symlink("/proc/" + std::to_string(o_.pid) + "/exe").string()};
-    functions_ = selected_functions(probe_sources_, split_list(o_.functions));
-    if (functions_.empty())
-        throw Error("no probed function matches --functions " + o_.functions + " in " + joined(probe_sources_),
-                    ExitCode::not_found);
+    std::vector<std::string> sources = split_list(o_.probes);
+    // A container's program is known once its clone runs (make_container_clone).
+    if (sources.empty() && o_.container.empty())
+        sources = {fs::read_symlink("/proc/" + std::to_string(o_.pid) + "/exe").string()};
+    if (!sources.empty()) select_functions(std::move(sources));
     if (!o_.adapt && o_.clones == 1) return;
     cost_ = measure_probe_cost();
     event("probe-cost",
@@ -63,6 +62,14 @@ void DebugSession::prepare_probes() {
               w.field("entry_ns", cost_.entry_ns).field("exit_ns", cost_.exit_ns).field("unprobed_ns", cost_.unprobed_ns);
               w.field("functions", static_cast<std::uint64_t>(functions_.size()));
           });
+}
+
+void DebugSession::select_functions(std::vector<std::string> sources) {
+    probe_sources_ = std::move(sources);
+    functions_ = selected_functions(probe_sources_, split_list(o_.functions));
+    if (functions_.empty())
+        throw Error("no probed function matches --functions " + o_.functions + " in " + joined(probe_sources_),
+                    ExitCode::not_found);
 }
 
 // Each clone's share of the functions.  The first generation deals them
@@ -150,7 +157,14 @@ void DebugSession::make_container_clone() {
     if (!patch_args_.empty())
         patch_clone(events_, hotpatch_tool_, {}, container_clone_.clone_pid, container_clone_.clone_pid, "clone " + name_,
                     patch_args_);
-    if (probing()) attach_probes(c, container_clone_.clone_pid, {});
+    if (probing()) {
+        if (functions_.empty()) {  // no --probes: the container's program, as this host sees it
+            const std::string proc = "/proc/" + std::to_string(container_clone_.clone_pid);
+            select_functions({proc + "/root" + fs::read_symlink(proc + "/exe").string()});
+        }
+        c.functions = functions_;
+        attach_probes(c, container_clone_.clone_pid, {});
+    }
 }
 
 // One checkpoint of production, restored once per clone.  Recorded, it is
@@ -387,6 +401,7 @@ void DebugSession::remove_clones() {
     for (Clone& c : clones_) {
         c.adapt.reset();
         c.probes.reset();
+        c.process_gone_said = false;
         c.timeline = ProbeTimeline();
         if (!c.alive) continue;
         try {

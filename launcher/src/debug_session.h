@@ -86,6 +86,7 @@ struct Clone {
     ProbeTimeline timeline;
     BusiestThread cpu;
     bool tracing = false;        // its agent streams the trace to us
+    bool process_gone_said = false;  // its process exited, and the session said so
 };
 
 class DebugSession {
@@ -108,6 +109,8 @@ private:
         return o_.clones > 1 ? "clone " + std::to_string(c.index + 1) + " (" + c.name + ")" : "clone " + c.name;
     }
     void prepare_probes();
+    // Selects --functions from `sources`, once: the names every clone's agent is handed.
+    void select_functions(std::vector<std::string> sources);
     void make_generation();
     void make_container_clone();
     void connect_clone(Clone& c);

@@ -367,6 +367,23 @@ TEST_F(LauncherDebug, AProbeAgentThatDiesEndsTheSessionSayingSoAndTheCloneGoes) 
     EXPECT_EQ(redis_->cli({"PING"}), "PONG");
 }
 
+// The clone's process ending is not its agent dying: the agent says so, the
+// session tells its user and goes on (divergence or the user ends it).
+TEST_F(LauncherDebug, ACloneWhoseProcessExitsIsSaidAndTheSessionGoesOn) {
+    std::string server = finstrument_redis();
+    ASSERT_FALSE(server.empty()) << "scripts/build-redis --mode finstrument failed";
+    ASSERT_NO_FATAL_FAILURE(start_redis(server));
+    ASSERT_NO_FATAL_FAILURE(start_debug({"--probes", server + ".probes", "--functions", "processCommand", "--no-trace"}));
+    ASSERT_TRUE(wait_for_event(out_path(), "attached", 1, *debug_)) << file_text(out_path());
+    ASSERT_EQ(::kill(static_cast<pid_t>(clone_pid_), SIGKILL), 0);
+    EXPECT_TRUE(wait_for_event(out_path(), "clone-exited", 1, *debug_)) << file_text(out_path());
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    EXPECT_TRUE(debug_->running()) << file_text(out_path());
+    EXPECT_TRUE(events(out_path(), "error").empty()) << file_text(out_path());
+    EXPECT_EQ(via_mirror({"SET", "still", "served"}), "OK");
+    stop_debug_and_check_clean();
+}
+
 // A session killed outright (SIGKILL: no teardown runs) takes its clone
 // along, and the next session with the same clone name starts clean.
 TEST_F(LauncherDebug, KilledSessionTakesItsCloneAlongAndTheNextStartsClean) {

@@ -56,6 +56,8 @@ public:
     std::vector<TraceRecord> take_trace();
     std::uint64_t trace_dropped() const { return dropped_; }  // from its TraceEnd messages
     bool alive() const { return alive_; }
+    // It ended because its target exited (it said so), not by dying itself.
+    bool target_exited() const { return target_exited_; }
     const std::string& exit_reason() const { return exit_reason_; }
 
 private:
@@ -70,6 +72,7 @@ private:
     std::deque<agent::Reply> replies_;
     std::uint64_t dropped_ = 0;
     bool alive_ = true;
+    bool target_exited_ = false;
     std::string exit_reason_;
 };
 
