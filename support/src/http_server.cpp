@@ -49,6 +49,20 @@ void respond(int fd, const HttpResponse& r, bool head_only) {
     send_all(fd, out);
 }
 
+// Ends the answer, then reads what the client still sends (at most 64 KiB,
+// a quarter second of quiet) before closing: closing with unread input would reset the connection
+// and lose the answer on its way.
+void close_gently(UniqueFd fd) {
+    ::shutdown(fd.get(), SHUT_WR);
+    char buf[4096];
+    std::size_t drained = 0;
+    for (pollfd p{fd.get(), POLLIN, 0}; drained < 65536 && ::poll(&p, 1, 250) > 0;) {
+        const ssize_t n = ::recv(fd.get(), buf, sizeof buf, 0);
+        if (n <= 0) break;
+        drained += static_cast<std::size_t>(n);
+    }
+}
+
 // The request head (up to the blank line), or empty when the client sent
 // none in time; `too_large` when it outgrew kMaxHead.
 std::string read_head(int fd, bool& too_large) {
@@ -68,6 +82,7 @@ std::string read_head(int fd, bool& too_large) {
         if (n <= 0) return {};
         head.append(buf, static_cast<std::size_t>(n));
     }
+    too_large = head.size() > kMaxHead;
     return head;
 }
 
@@ -128,29 +143,25 @@ bool HttpEndpoint::serve_one(std::chrono::milliseconds wait,
     if (::poll(&p, 1, static_cast<int>(wait.count())) <= 0) return false;
     UniqueFd conn(::accept4(listener_.get(), nullptr, nullptr, SOCK_CLOEXEC));
     if (!conn) return false;
+    answer(conn.get(), handler);
+    close_gently(std::move(conn));
+    return true;
+}
+
+void HttpEndpoint::answer(int fd, const std::function<HttpResponse(std::string_view path)>& handler) {
     bool too_large = false;
-    const std::string head = read_head(conn.get(), too_large);
-    if (too_large) {
-        respond(conn.get(), {431, {}, "request head larger than 8 KiB\n"}, false);
-        return true;
-    }
-    if (head.empty()) return true;  // nothing in time: closed
+    const std::string head = read_head(fd, too_large);
+    if (too_large) return respond(fd, {431, {}, "request head larger than 8 KiB\n"}, false);
+    if (head.empty()) return;  // nothing in time
     // "METHOD TARGET HTTP/1.x"
     const std::string line = head.substr(0, head.find_first_of("\r\n"));
     const auto sp1 = line.find(' '), sp2 = line.rfind(' ');
-    if (sp1 == std::string::npos || sp2 <= sp1 || line.compare(sp2 + 1, 5, "HTTP/") != 0) {
-        respond(conn.get(), {400, {}, "malformed request line\n"}, false);
-        return true;
-    }
+    if (sp1 == std::string::npos || sp2 <= sp1 || line.compare(sp2 + 1, 5, "HTTP/") != 0)
+        return respond(fd, {400, {}, "malformed request line\n"}, false);
     const std::string method = line.substr(0, sp1);
-    std::string target = line.substr(sp1 + 1, sp2 - sp1 - 1);
-    if (method != "GET" && method != "HEAD") {
-        respond(conn.get(), {405, {}, "only GET\n"}, false);
-        return true;
-    }
-    target = target.substr(0, target.find('?'));
-    respond(conn.get(), handler(target), method == "HEAD");
-    return true;
+    const std::string target = line.substr(sp1 + 1, sp2 - sp1 - 1);
+    if (method != "GET" && method != "HEAD") return respond(fd, {405, {}, "only GET\n"}, false);
+    respond(fd, handler(target.substr(0, target.find('?'))), method == "HEAD");
 }
 
 }  // namespace iprobe

@@ -36,6 +36,8 @@ public:
     bool serve_one(std::chrono::milliseconds wait, const std::function<HttpResponse(std::string_view path)>& handler);
 
 private:
+    void answer(int fd, const std::function<HttpResponse(std::string_view path)>& handler);
+
     UniqueFd listener_;
     std::string address_;
 };
