@@ -2,6 +2,7 @@
 
 #include <poll.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -22,7 +23,9 @@ bool send_line(int fd, const std::string& text) {
     std::string line = text + "\n";
     std::size_t done = 0;
     while (done < line.size()) {
-        const ssize_t n = ::write(fd, line.data() + done, line.size() - done);
+        // A socket's reader gone is EPIPE, not SIGPIPE (a pipe's is the caller's to ignore).
+        ssize_t n = ::send(fd, line.data() + done, line.size() - done, MSG_NOSIGNAL);
+        if (n < 0 && errno == ENOTSOCK) n = ::write(fd, line.data() + done, line.size() - done);
         if (n < 0 && errno == EINTR) continue;
         if (n <= 0) return false;
         done += static_cast<std::size_t>(n);
@@ -36,22 +39,7 @@ bool alive(pid_t pid) { return ::kill(pid, 0) == 0 || errno == EPERM; }
 // them, and what is on.
 class Agent {
 public:
-    Agent(const AgentOptions& options, int out_fd) : options_(options), out_(out_fd) {
-        std::vector<std::string> sources = options.probe_sources;
-        if (sources.empty()) {
-            std::error_code ec;
-            const auto exe = std::filesystem::read_symlink("/proc/" + std::to_string(options.pid) + "/exe", ec);
-            if (ec) throw Error("no process " + std::to_string(options.pid) + " (or its executable cannot be read)", ExitCode::not_found);
-            sources.push_back(exe.string());
-        }
-        lists_ = select_probes(sources, probelist::ProbeSelector{});
-        for (std::size_t l = 0; l < lists_.size(); ++l)
-            for (const probelist::Probe& p : lists_[l].list->probes) {
-                auto [it, fresh] = probes_of_.try_emplace(p.function);
-                if (fresh) order_.push_back(p.function);
-                it->second.push_back({l, p.id});
-            }
-    }
+    Agent(const AgentOptions& options, int out_fd) : options_(options), out_(out_fd) {}
 
     bool send(const agent::Message& m) { return send_line(out_, agent::encode(m)); }
 
@@ -90,8 +78,31 @@ public:
     }
 
 private:
+    // The sources, loaded at the first request that needs them (a session
+    // that only patches never does), and each function's probes in them.
+    void load_sources() {
+        if (!lists_.empty()) return;
+        std::vector<std::string> sources = options_.probe_sources;
+        if (sources.empty()) {
+            std::error_code ec;
+            const auto exe = std::filesystem::read_symlink("/proc/" + std::to_string(options_.pid) + "/exe", ec);
+            if (ec)
+                throw Error("no process " + std::to_string(options_.pid) + " (or its executable cannot be read)",
+                            ExitCode::not_found);
+            sources.push_back(exe.string());
+        }
+        lists_ = select_probes(sources, probelist::ProbeSelector{});
+        for (std::size_t l = 0; l < lists_.size(); ++l)
+            for (const probelist::Probe& p : lists_[l].list->probes) {
+                auto [it, fresh] = probes_of_.try_emplace(p.function);
+                if (fresh) order_.push_back(p.function);
+                it->second.push_back({l, p.id});
+            }
+    }
+
     // The probes of `functions` in each list (all of them when empty).
-    std::vector<ProbeSelection> selection_of(const std::vector<std::string>& functions) const {
+    std::vector<ProbeSelection> selection_of(const std::vector<std::string>& functions) {
+        load_sources();
         std::vector<ProbeSelection> out;
         for (const auto& l : lists_) out.push_back({l.source, l.list, {}});
         for (const std::string& f : functions.empty() ? order_ : functions) {
@@ -109,7 +120,7 @@ private:
     AttachStats attach(const std::vector<std::string>& functions) {
         AttachOptions o = options_.attach;
         o.pid = options_.pid;
-        o.selections = selection_of(functions);
+        o.selections = selection_of(functions);  // loads the sources: order_ is known after
         const AttachStats st = hotpatch::attach(o);
         for (const auto& f : functions.empty() ? order_ : functions)
             if (on_set_.insert(f).second) on_.push_back(f);
@@ -142,6 +153,14 @@ private:
     }
     void apply(const agent::Status&, agent::Reply& r) {
         r.status = agent::AgentStatus{options_.pid, on_, tracing(), records_};
+    }
+    void apply(const agent::Patch& p, agent::Reply& r) {
+        PatchOptions o;
+        o.pid = options_.pid;
+        o.patches = p.patches;
+        o.force = p.force;
+        o.safe_point_timeout = options_.attach.safe_point_timeout;
+        r.patched = hotpatch::patch(o);
     }
     void apply(const agent::Trace& t, agent::Reply&) {
         if (!t.on) {

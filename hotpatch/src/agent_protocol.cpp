@@ -83,6 +83,40 @@ TraceRecord record_of(const Json& doc) {
     return r;
 }
 
+Json patch_fields(const PatchStats& st) {
+    Json functions = Json::array();
+    for (const PatchedFunction& f : st.patched)
+        functions.push_back({{"function", f.function},   {"module", f.module},
+                             {"entry", f.entry},         {"library", f.library},
+                             {"symbol", f.symbol},       {"replacement", f.replacement},
+                             {"stub", f.stub},           {"signature_check", f.signature_check},
+                             {"signature", f.signature}});
+    return {{"patched", functions}, {"injected", st.injected}, {"threads", st.threads},
+            {"pause_us", st.pause_us}, {"stop_us", st.stop_us}};
+}
+
+PatchStats patch_of(const Json& doc) {
+    PatchStats st;
+    for (const Json& f : doc.at("patched")) {
+        PatchedFunction p;
+        f.at("function").get_to(p.function);
+        f.at("module").get_to(p.module);
+        f.at("entry").get_to(p.entry);
+        f.at("library").get_to(p.library);
+        f.at("symbol").get_to(p.symbol);
+        f.at("replacement").get_to(p.replacement);
+        f.at("stub").get_to(p.stub);
+        f.at("signature_check").get_to(p.signature_check);
+        f.at("signature").get_to(p.signature);
+        st.patched.push_back(std::move(p));
+    }
+    doc.at("injected").get_to(st.injected);
+    doc.at("threads").get_to(st.threads);
+    doc.at("pause_us").get_to(st.pause_us);
+    doc.at("stop_us").get_to(st.stop_us);
+    return st;
+}
+
 // Parses `text` as one JSON object and decodes it; any mismatch is the
 // caller's bad input, said with `what` it should have been.
 template <typename F>
@@ -155,6 +189,14 @@ std::string encode(const Request& request) {
                    [&](const Select& s) { j["op"] = "select"; j["functions"] = s.functions; },
                    [&](const Status&) { j["op"] = "status"; },
                    [&](const Trace& t) { j["op"] = "trace"; j["on"] = t.on; },
+                   [&](const Patch& p) {
+                       j["op"] = "patch";
+                       j["force"] = p.force;
+                       Json patches = Json::array();
+                       for (const FunctionPatch& f : p.patches)
+                           patches.push_back({{"function", f.function}, {"library", f.library}, {"symbol", f.symbol}});
+                       j["patches"] = patches;
+                   },
                },
                request.body);
     return j.dump();
@@ -171,6 +213,14 @@ Request decode_request(std::string_view line) {
         else if (op == "select") r.body = Select{functions()};
         else if (op == "status") r.body = Status{};
         else if (op == "trace") r.body = Trace{doc.value("on", true)};
+        else if (op == "patch") {
+            Patch p;
+            p.force = doc.value("force", false);
+            for (const Json& f : doc.at("patches"))
+                p.patches.push_back({f.at("function").get<std::string>(), f.at("library").get<std::string>(),
+                                     f.value("symbol", std::string())});
+            r.body = p;
+        }
         else throw Json::other_error::create(501, "unknown op '" + op + "'", nullptr);
         return r;
     });
@@ -193,6 +243,7 @@ std::string encode(const Message& message) {
                        }
                        if (r.attached) j["attached"] = attach_fields(*r.attached);
                        if (r.detached) j["detached"] = detach_fields(*r.detached);
+                       if (r.patched) j["patched"] = patch_fields(*r.patched);
                        if (r.status)
                            j["status"] = {{"pid", r.status->pid},
                                           {"functions", r.status->functions},
@@ -223,6 +274,7 @@ Message decode_message(std::string_view line) {
         }
         if (doc.contains("attached")) r.attached = attach_of(doc.at("attached"));
         if (doc.contains("detached")) r.detached = detach_of(doc.at("detached"));
+        if (doc.contains("patched")) r.patched = patch_of(doc.at("patched"));
         if (doc.contains("status")) {
             const Json& s = doc.at("status");
             AgentStatus st;

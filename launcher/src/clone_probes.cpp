@@ -139,6 +139,16 @@ void CloneProbes::detach(const std::vector<std::string>& functions) {
     }
 }
 
+hotpatch::PatchStats CloneProbes::patch(const std::vector<hotpatch::FunctionPatch>& patches) {
+    try {
+        return *agent_->call(hotpatch::agent::Patch{patches, false}).patched;
+    } catch (const Error& e) {
+        throw Error("patch in the clone (PID " + std::to_string(host_pid_) + ") failed: " + e.what() +
+                        (agent_->alive() ? std::string() : " (" + why_gone() + ")"),
+                    e.code());
+    }
+}
+
 void CloneProbes::start_trace() { agent_->call(hotpatch::agent::Trace{true}); }
 
 void CloneProbes::stop_trace() {

@@ -50,6 +50,8 @@ public:
     // Error with the agent's message, or saying the agent is gone.
     hotpatch::AttachStats attach(const std::vector<std::string>& functions);
     void detach(const std::vector<std::string>& functions);
+    // `iprobe patch` in the clone (live_patch.h).
+    hotpatch::PatchStats patch(const std::vector<hotpatch::FunctionPatch>& patches);
     // The trace stream: records arrive on fd(), pump() reads them.
     void start_trace();
     void stop_trace();

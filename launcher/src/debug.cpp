@@ -123,7 +123,7 @@ DebugSession::DebugSession(DebugOptions o) : o_(std::move(o)), events_(o_.json, 
     if (!o_.capture) port_of(o_.listen, "--listen");
     mirror_tool_ = libexec_tool("iprobe-mirror");
     if (probing() || !o_.patches.empty()) hotpatch_tool_ = libexec_tool("iprobe-hotpatch");
-    patch_args_ = patch_arguments(o_.patches);
+    patches_ = patch_requests(o_.patches);
     if (!o_.patches.empty() && divergence_mode() == "off")
         throw Error("--patch shows the replies the patch changed, so the mirror must compare them: give --divergence "
                     "resp or http (or stream)",

@@ -154,9 +154,7 @@ void DebugSession::make_container_clone() {
     say_client_seen(client_seen_us);
     // The probe tools run here, on its host PID (attach puts the runtime
     // inside the container's file system for its dlopen).
-    if (!patch_args_.empty())
-        patch_clone(events_, hotpatch_tool_, {}, container_clone_.clone_pid, container_clone_.clone_pid, "clone " + name_,
-                    patch_args_);
+    if (!patches_.empty()) patch_clone(events_, agent_of(c, container_clone_.clone_pid, {}), "clone " + name_, patches_);
     if (probing()) {
         if (functions_.empty()) {  // no --probes: the container's program, as this host sees it
             const std::string proc = "/proc/" + std::to_string(container_clone_.clone_pid);
@@ -233,9 +231,8 @@ void DebugSession::make_generation() {
               });
         const std::vector<std::string> in_clone = {"nsenter", "--target", std::to_string(c.clone.keeper_pid), "--pid",
                                                    "--mount", "--"};
-        if (!patch_args_.empty())
-            patch_clone(events_, hotpatch_tool_, in_clone, c.clone.clone_pid_in_ns, c.clone.clone_pid, clone_label(c),
-                        patch_args_);
+        if (!patches_.empty())
+            patch_clone(events_, agent_of(c, c.clone.clone_pid_in_ns, in_clone), clone_label(c), patches_);
         if (probing()) attach_probes(c, c.clone.clone_pid_in_ns, in_clone);
     }
     if (hold_pending_) release_held_connections();
@@ -278,7 +275,13 @@ void DebugSession::connect_clone(Clone& c) {
                     "making the mirror's connections local in the clone");
 }
 
-void DebugSession::attach_probes(Clone& c, pid_t pid_in_clone, std::vector<std::string> in_clone) {
+CloneProbes& DebugSession::agent_of(Clone& c, pid_t pid_in_clone, const std::vector<std::string>& in_clone) {
+    const pid_t host_pid = o_.container.empty() ? c.clone.clone_pid : container_clone_.clone_pid;
+    if (!c.probes) c.probes = std::make_unique<CloneProbes>(hotpatch_tool_, in_clone, pid_in_clone, host_pid, probe_sources_);
+    return *c.probes;
+}
+
+void DebugSession::attach_probes(Clone& c, pid_t pid_in_clone, const std::vector<std::string>& in_clone) {
     const pid_t host_pid = o_.container.empty() ? c.clone.clone_pid : container_clone_.clone_pid;
     if (c.functions.empty()) {
         event("attached", clone_label(c) + ": no functions to probe in this clone (fewer functions than clones)",
@@ -286,8 +289,7 @@ void DebugSession::attach_probes(Clone& c, pid_t pid_in_clone, std::vector<std::
         return;
     }
     // The clone's one probe agent: every change from now on is a message.
-    c.probes = std::make_unique<CloneProbes>(hotpatch_tool_, in_clone, pid_in_clone, host_pid, probe_sources_);
-    const hotpatch::AttachStats stats = c.probes->attach(c.functions);
+    const hotpatch::AttachStats stats = agent_of(c, pid_in_clone, in_clone).attach(c.functions);
     for (const auto& f : c.functions) c.timeline.on(f, now_s());
     // The agent runs inside the clone's PID namespace: its PID there means nothing here.
     event("attached",

@@ -114,7 +114,9 @@ private:
     void make_generation();
     void make_container_clone();
     void connect_clone(Clone& c);
-    void attach_probes(Clone& c, pid_t pid_in_clone, std::vector<std::string> in_clone);
+    // The clone's one probe agent, started at the first need (probes, patches).
+    CloneProbes& agent_of(Clone& c, pid_t pid_in_clone, const std::vector<std::string>& in_clone);
+    void attach_probes(Clone& c, pid_t pid_in_clone, const std::vector<std::string>& in_clone);
     void drop_generation();
     void remove_clones();
     void report_generation();
@@ -144,7 +146,7 @@ private:
     DebugOptions o_;
     SessionEvents events_;
     std::string name_, mirror_tool_, hotpatch_tool_;
-    std::vector<std::string> patch_args_;  // `iprobe patch` arguments for --patch (clones only)
+    std::vector<hotpatch::FunctionPatch> patches_;  // --patch (clones only)
     std::size_t changes_said_ = 0;         // the mirror's reports already said as "changed" events
     std::string service_ip_;  // production's listening address, as the clone has it too
     int port_ = 0, stats_port_ = 0;

@@ -194,8 +194,8 @@ int run_investigate(const InvestigateOptions& o) {
     if (!fs::exists(input_path(g))) throw Error(g.dir + " has no recorded input (input.rec)", ExitCode::not_found);
     const bool probing = !o.probes.empty() || !o.functions.empty();
     std::string hotpatch_tool;
-    const std::vector<std::string> patch_args = patch_arguments(o.patches);
-    if (probing || !patch_args.empty()) {
+    const std::vector<hotpatch::FunctionPatch> patches = patch_requests(o.patches);
+    if (probing || !patches.empty()) {
         const auto tool = InstallLayout::current().helper("iprobe-hotpatch");
         if (!tool)
             throw Error("iprobe investigate needs iprobe-hotpatch in " + InstallLayout::current().libexec().string(),
@@ -207,8 +207,8 @@ int run_investigate(const InvestigateOptions& o) {
     replay.to = proxy::parse_endpoint(g.service, "the recorded service address");
     replay.speed = o.speed;
     replay.compare = proxy::parse_protocol(o.compare == "auto" ? g.protocol : o.compare);
-    replay.rules.every_difference = !patch_args.empty();
-    if (!patch_args.empty() && replay.compare == proxy::Protocol::off)
+    replay.rules.every_difference = !patches.empty();
+    if (!patches.empty() && replay.compare == proxy::Protocol::off)
         throw Error("--patch lists the replies the patch changed, so they must be compared: give --compare resp, http or "
                     "stream (this generation was recorded without a protocol)",
                     ExitCode::usage);
@@ -246,16 +246,19 @@ int run_investigate(const InvestigateOptions& o) {
             [&](JsonWriter& w) { w.field("open_at_start", g.open_at_start); });
 
     const std::vector<std::string> in_clone = {"nsenter", "--target", std::to_string(clone.keeper_pid), "--pid", "--mount", "--"};
-    if (!patch_args.empty()) patch_clone(say, hotpatch_tool, in_clone, cp.pid, clone.clone_pid, "clone " + name, patch_args);
     // Selected once, here, from the sources the agent loads: it is handed names.
-    std::optional<CloneProbes> probes;
+    std::vector<std::string> sources = split_list(o.probes), functions;
     if (probing) {
-        std::vector<std::string> sources = split_list(o.probes);
         if (sources.empty()) sources = {fs::read_symlink("/proc/" + std::to_string(clone.clone_pid) + "/exe").string()};
-        const std::vector<std::string> functions = selected_functions(sources, split_list(o.functions));
+        functions = selected_functions(sources, split_list(o.functions));
         if (functions.empty())
             throw Error("no probed function matches --functions " + o.functions + " in " + sources.front(), ExitCode::not_found);
-        probes.emplace(hotpatch_tool, in_clone, cp.pid, clone.clone_pid, sources);
+    }
+    // The clone's one agent, for its patches and its probes.
+    std::optional<CloneProbes> probes;
+    if (probing || !patches.empty()) probes.emplace(hotpatch_tool, in_clone, cp.pid, clone.clone_pid, sources);
+    if (!patches.empty()) patch_clone(say, *probes, "clone " + name, patches);
+    if (probing) {
         const auto stats = probes->attach(functions);
         say("attached", "probes attached in the clone: " + hotpatch::attach_summary(stats),
             [&](JsonWriter& w) { w.field("probes", static_cast<std::uint64_t>(stats.total_enabled)); });
@@ -264,7 +267,7 @@ int run_investigate(const InvestigateOptions& o) {
     // The trace is written as the agent sends it, while the replay runs.
     std::atomic<bool> replayed{false};
     std::thread relay_thread;
-    if (probes && o.trace)
+    if (probing && o.trace)
         relay_thread = std::thread([&] {
             for (bool more = true; more;) {
                 more = !replayed;
@@ -281,7 +284,7 @@ int run_investigate(const InvestigateOptions& o) {
     const proxy::ReplayResult result = replay_in(clone.netns_path, replay);
     replayed = true;
     if (relay_thread.joinable()) relay_thread.join();
-    if (probes && o.trace) {
+    if (probing && o.trace) {
         try {
             probes->stop_trace();
         } catch (const Error&) {
@@ -304,10 +307,10 @@ int run_investigate(const InvestigateOptions& o) {
         std::fflush(stdout);
     }
     // The replay's summary above lists the changed replies for people.
-    if (!patch_args.empty()) say_patch_effect(say, result.comparison);
+    if (!patches.empty()) say_patch_effect(say, result.comparison);
     if (result.connect_failures || result.send_failures) return static_cast<int>(ExitCode::failure);
     // With --patch, replies that differ are the patch's effect, not a failure.
-    return result.comparison.mismatches && patch_args.empty() ? static_cast<int>(ExitCode::failure) : 0;
+    return result.comparison.mismatches && patches.empty() ? static_cast<int>(ExitCode::failure) : 0;
 }
 
 }  // namespace iprobe::launcher

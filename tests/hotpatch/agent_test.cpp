@@ -78,7 +78,8 @@ TEST(AgentProtocol, TraceRecordsRoundTripInTheFieldOrderTheCliPrints) {
 
 TEST(AgentProtocol, EveryRequestAndMessageRoundTrips) {
     const std::vector<agent::RequestBody> bodies = {agent::Attach{{"a", "b\"c"}}, agent::Attach{}, agent::Detach{{"x"}},
-                                                     agent::Select{{}}, agent::Status{}, agent::Trace{false}};
+                                                     agent::Select{{}}, agent::Status{}, agent::Trace{false},
+                                                     agent::Patch{{{"f", "/lib/x.so", "g"}, {"h", "/lib/y.so", ""}}, true}};
     std::uint64_t id = 1;
     for (const auto& body : bodies) {
         const agent::Request back = agent::decode_request(agent::encode(agent::Request{id, body}));
@@ -90,6 +91,14 @@ TEST(AgentProtocol, EveryRequestAndMessageRoundTrips) {
                 const T& sent = std::get<T>(body);
                 if constexpr (std::is_same_v<T, agent::Trace>) {
                     EXPECT_EQ(b.on, sent.on);
+                } else if constexpr (std::is_same_v<T, agent::Patch>) {
+                    EXPECT_EQ(b.force, sent.force);
+                    ASSERT_EQ(b.patches.size(), sent.patches.size());
+                    for (std::size_t i = 0; i < b.patches.size(); ++i) {
+                        EXPECT_EQ(b.patches[i].function, sent.patches[i].function);
+                        EXPECT_EQ(b.patches[i].library, sent.patches[i].library);
+                        EXPECT_EQ(b.patches[i].symbol, sent.patches[i].symbol);
+                    }
                 } else if constexpr (!std::is_same_v<T, agent::Status>) {
                     EXPECT_EQ(b.functions, sent.functions);
                 }
@@ -102,6 +111,14 @@ TEST(AgentProtocol, EveryRequestAndMessageRoundTrips) {
     full.attached = some_attach();
     full.detached = some_detach();
     full.status = agent::AgentStatus{123, {"f", "g"}, true, 77};
+    PatchStats patched;
+    patched.patched = {{"quote(int)", "/srv/app", 0x401000, "/tmp/fix.so", "quote", 0x7f0000001000, 0x7f0000002000,
+                        "match", "int (int)"}};
+    patched.injected = {"/tmp/fix.so"};
+    patched.threads = 4;
+    patched.pause_us = 321;
+    patched.stop_us = 21;
+    full.patched = patched;
     agent::Reply failed;
     failed.id = 10;
     failed.ok = false;
@@ -122,6 +139,18 @@ TEST(AgentProtocol, EveryRequestAndMessageRoundTrips) {
             EXPECT_EQ(b.attached, r->attached);
             EXPECT_EQ(b.detached, r->detached);
             EXPECT_EQ(b.status, r->status);
+            ASSERT_EQ(b.patched.has_value(), r->patched.has_value());
+            if (r->patched) {
+                ASSERT_EQ(b.patched->patched.size(), 1u);
+                const PatchedFunction &x = b.patched->patched[0], &y = r->patched->patched[0];
+                EXPECT_EQ(std::tie(x.function, x.module, x.entry, x.library, x.symbol, x.replacement, x.stub,
+                                   x.signature_check, x.signature),
+                          std::tie(y.function, y.module, y.entry, y.library, y.symbol, y.replacement, y.stub,
+                                   y.signature_check, y.signature));
+                EXPECT_EQ(b.patched->injected, r->patched->injected);
+                EXPECT_EQ(std::tie(b.patched->threads, b.patched->pause_us, b.patched->stop_us),
+                          std::tie(r->patched->threads, r->patched->pause_us, r->patched->stop_us));
+            }
         } else if (const auto* t = std::get_if<TraceRecord>(&m)) {
             EXPECT_EQ(std::get<TraceRecord>(back), *t);
         } else if (const auto* e = std::get_if<agent::TraceEnd>(&m)) {

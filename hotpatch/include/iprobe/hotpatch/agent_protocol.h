@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "iprobe/hotpatch/hotpatch.h"
+#include "iprobe/hotpatch/live_patch.h"
 #include "iprobe/hotpatch/trace_reader.h"
 #include "iprobe/probelist/probe_list.h"
 
@@ -56,11 +57,16 @@ struct Select {
     std::vector<std::string> functions;
 };
 struct Status {};
+// Replaces functions (`iprobe patch`, live_patch.h) in the agent's target.
+struct Patch {
+    std::vector<FunctionPatch> patches;
+    bool force = false;
+};
 // Starts (or stops) the trace stream: TraceRecord messages until stopped.
 struct Trace {
     bool on = true;
 };
-using RequestBody = std::variant<Attach, Detach, Select, Status, Trace>;
+using RequestBody = std::variant<Attach, Detach, Select, Status, Trace, Patch>;
 
 struct Request {
     std::uint64_t id = 0;
@@ -86,6 +92,7 @@ struct Reply {
     std::optional<AttachStats> attached;  // Attach, Select (what it turned on)
     std::optional<DetachStats> detached;  // Detach, Select (what it turned off)
     std::optional<AgentStatus> status;    // Status
+    std::optional<PatchStats> patched;    // Patch
 };
 // The trace's end (Trace{false}, or the target exited): what the stream lost.
 struct TraceEnd {
