@@ -6,7 +6,6 @@
 
 #include "iprobe/hotpatch/output.h"
 #include "iprobe/support/error.h"
-#include "process.h"
 
 namespace fs = std::filesystem;
 

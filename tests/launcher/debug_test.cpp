@@ -83,6 +83,15 @@ protected:
         ASSERT_FALSE(clone_netns_.empty());
         ASSERT_GT(clone_pid_, 1) << clone.back();
     }
+    // The iprobe-cc redis as production, a session probing processCommand
+    // in its clone (no trace), once the probes are attached.
+    void start_probed_debug() {
+        const std::string server = finstrument_redis();
+        ASSERT_FALSE(server.empty()) << "scripts/build-redis --mode finstrument failed";
+        ASSERT_NO_FATAL_FAILURE(start_redis(server));
+        ASSERT_NO_FATAL_FAILURE(start_debug({"--probes", server + ".probes", "--functions", "processCommand", "--no-trace"}));
+        ASSERT_TRUE(wait_for_event(out_path(), "attached", 1, *debug_)) << file_text(out_path());
+    }
     std::string out_path() const { return dir_ / out_name_; }
     std::string via_mirror(const std::vector<std::string>& args) {
         return redis_cli(prod_ns_->path(), listen_port_, args);
@@ -335,11 +344,7 @@ TEST_F(LauncherDebug, DivergenceRecloningReplacesACloneThatAnswersDifferently) {
 // The clone's probes are one agent process inside its PID namespace; when
 // it dies the session says so and ends, taking the clone along.
 TEST_F(LauncherDebug, AProbeAgentThatDiesEndsTheSessionSayingSoAndTheCloneGoes) {
-    std::string server = finstrument_redis();
-    ASSERT_FALSE(server.empty()) << "scripts/build-redis --mode finstrument failed";
-    ASSERT_NO_FATAL_FAILURE(start_redis(server));
-    ASSERT_NO_FATAL_FAILURE(start_debug({"--probes", server + ".probes", "--functions", "processCommand", "--no-trace"}));
-    ASSERT_TRUE(wait_for_event(out_path(), "attached", 1, *debug_)) << file_text(out_path());
+    ASSERT_NO_FATAL_FAILURE(start_probed_debug());
     // The agents of this clone: processes in its PID namespace running `iprobe-hotpatch agent`.
     const auto ns_of = [](long long pid) {
         std::error_code ec;
@@ -370,11 +375,7 @@ TEST_F(LauncherDebug, AProbeAgentThatDiesEndsTheSessionSayingSoAndTheCloneGoes) 
 // The clone's process ending is not its agent dying: the agent says so, the
 // session tells its user and goes on (divergence or the user ends it).
 TEST_F(LauncherDebug, ACloneWhoseProcessExitsIsSaidAndTheSessionGoesOn) {
-    std::string server = finstrument_redis();
-    ASSERT_FALSE(server.empty()) << "scripts/build-redis --mode finstrument failed";
-    ASSERT_NO_FATAL_FAILURE(start_redis(server));
-    ASSERT_NO_FATAL_FAILURE(start_debug({"--probes", server + ".probes", "--functions", "processCommand", "--no-trace"}));
-    ASSERT_TRUE(wait_for_event(out_path(), "attached", 1, *debug_)) << file_text(out_path());
+    ASSERT_NO_FATAL_FAILURE(start_probed_debug());
     ASSERT_EQ(::kill(static_cast<pid_t>(clone_pid_), SIGKILL), 0);
     EXPECT_TRUE(wait_for_event(out_path(), "clone-exited", 1, *debug_)) << file_text(out_path());
     std::this_thread::sleep_for(std::chrono::milliseconds(1500));
