@@ -1,9 +1,5 @@
 #include "iprobe/hotpatch/attach_report.h"
 
-#include <nlohmann/json.hpp>
-
-#include "iprobe/support/error.h"
-#include "iprobe/support/json.h"
 
 namespace iprobe::hotpatch {
 
@@ -26,48 +22,6 @@ std::string attach_summary(const AttachStats& st, std::optional<pid_t> pid) {
         for (const auto& f : st.patched_skipped) out += " " + f;
     }
     return out;
-}
-
-std::string attach_json(const AttachStats& st, pid_t pid) {
-    JsonWriter j;
-    j.begin_object()
-        .field("pid", static_cast<std::int64_t>(pid))
-        .field("selected", static_cast<std::uint64_t>(st.selected))
-        .field("enabled", static_cast<std::uint64_t>(st.enabled))
-        .field("already_enabled", static_cast<std::uint64_t>(st.already_enabled))
-        .field("total_enabled", static_cast<std::uint64_t>(st.total_enabled))
-        .field("threads", static_cast<std::uint64_t>(st.threads))
-        .field("pause_us", st.pause_us)
-        .field("stop_us", st.stop_us)
-        .field("runtime_injected", st.runtime_injected)
-        .field("refused", static_cast<std::uint64_t>(st.refused))
-        .field("exits_left_off", static_cast<std::uint64_t>(st.exits_left_off))
-        .key("patched_skipped")
-        .begin_array();
-    for (const auto& f : st.patched_skipped) j.value(f);
-    j.end_array().end_object();
-    return j.str();
-}
-
-AttachStats parse_attach_json(std::string_view text) {
-    try {
-        const auto doc = nlohmann::json::parse(text);
-        AttachStats st;
-        doc.at("selected").get_to(st.selected);
-        doc.at("enabled").get_to(st.enabled);
-        doc.at("already_enabled").get_to(st.already_enabled);
-        doc.at("total_enabled").get_to(st.total_enabled);
-        doc.at("threads").get_to(st.threads);
-        doc.at("pause_us").get_to(st.pause_us);
-        doc.at("stop_us").get_to(st.stop_us);
-        doc.at("runtime_injected").get_to(st.runtime_injected);
-        if (doc.contains("refused")) doc.at("refused").get_to(st.refused);
-        if (doc.contains("exits_left_off")) doc.at("exits_left_off").get_to(st.exits_left_off);
-        if (doc.contains("patched_skipped")) doc.at("patched_skipped").get_to(st.patched_skipped);
-        return st;
-    } catch (const nlohmann::json::exception& e) {
-        throw Error(std::string("not an attach report: ") + e.what(), ExitCode::bad_input);
-    }
 }
 
 }  // namespace iprobe::hotpatch

@@ -450,7 +450,19 @@ DetachStats detach(const DetachOptions& options) {
     std::vector<std::uint32_t> flags_off;  // region probe flags to clear
     std::vector<std::pair<const AttachedModule*, std::size_t>> selected;
     const probelist::ProbeMatcher matcher(options.selector);
+    // Given selections: the chosen ids of the module whose list is the
+    // selection's (same build-id, same probes).
+    auto chosen_of = [&](const AttachedModule& m) -> std::optional<std::vector<bool>> {
+        if (options.selections.empty()) return std::nullopt;
+        std::vector<bool> chosen(m.list.probes.size(), false);
+        for (const ProbeSelection& sel : options.selections)
+            if (sel.list && sel.list->build_id == m.list.build_id && sel.list->probes.size() == m.list.probes.size())
+                for (std::uint32_t id : sel.probes)
+                    if (id < chosen.size()) chosen[id] = true;
+        return chosen;
+    };
     for (const AttachedModule& m : modules) {
+        const std::optional<std::vector<bool>> chosen = chosen_of(m);
         const iprobe_rt_module rm = region && m.region_index != kNotInRegion ? region->modules()[m.region_index]
                                                                              : iprobe_rt_module{};
         const bool ids_match = region && m.region_index != kNotInRegion && m.list.probes.size() == rm.probe_count &&
@@ -459,7 +471,7 @@ DetachStats detach(const DetachOptions& options) {
         std::vector<std::uint64_t> addresses;
         std::vector<std::size_t> which;
         for (std::size_t k = 0; k < m.list.probes.size(); k++)
-            if (m.sites[k] && matcher.matches(m.list.probes[k])) {
+            if (m.sites[k] && (chosen ? (*chosen)[k] : matcher.matches(m.list.probes[k]))) {
                 addresses.push_back(m.sites[k]);
                 which.push_back(k);
             }

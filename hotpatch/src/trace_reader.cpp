@@ -396,6 +396,18 @@ std::vector<FunctionStats> TraceReader::functions(const std::vector<iprobe_rt_fn
     return out;
 }
 
+TraceRecord CallNesting::record(const Event& e, const ProbeInfo& info) {
+    constexpr std::size_t kMaxThreads = 1u << 16;
+    constexpr int kMaxDepth = 256;
+    if (depth_.size() >= kMaxThreads && !depth_.count(e.tid)) depth_.clear();
+    int& d = depth_[e.tid];
+    if (e.kind == probelist::ProbeKind::exit && d > 0) d--;
+    TraceRecord r{e.time_ns, e.tid, e.kind, info.function, d, {}, e.depth != 0};
+    if (e.kind == probelist::ProbeKind::point) r.args.assign(e.args, e.args + std::min<int>(e.nargs, 4));
+    if (e.kind == probelist::ProbeKind::entry && d < kMaxDepth) d++;
+    return r;
+}
+
 void write_function_stats_fields(JsonWriter& j, const FunctionStats& f) {
     j.field("name", f.function).field("calls", f.calls);
     // Only what the handlers kept: the others are absent, not 0.

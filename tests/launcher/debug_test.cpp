@@ -83,6 +83,15 @@ protected:
         ASSERT_FALSE(clone_netns_.empty());
         ASSERT_GT(clone_pid_, 1) << clone.back();
     }
+    // The iprobe-cc redis as production, a session probing processCommand
+    // in its clone (no trace), once the probes are attached.
+    void start_probed_debug() {
+        const std::string server = finstrument_redis();
+        ASSERT_FALSE(server.empty()) << "scripts/build-redis --mode finstrument failed";
+        ASSERT_NO_FATAL_FAILURE(start_redis(server));
+        ASSERT_NO_FATAL_FAILURE(start_debug({"--probes", server + ".probes", "--functions", "processCommand", "--no-trace"}));
+        ASSERT_TRUE(wait_for_event(out_path(), "attached", 1, *debug_)) << file_text(out_path());
+    }
     std::string out_path() const { return dir_ / out_name_; }
     std::string via_mirror(const std::vector<std::string>& args) {
         return redis_cli(prod_ns_->path(), listen_port_, args);
@@ -329,6 +338,50 @@ TEST_F(LauncherDebug, DivergenceRecloningReplacesACloneThatAnswersDifferently) {
     EXPECT_EQ(via_mirror({"GET", "x"}), "production");
     std::this_thread::sleep_for(std::chrono::milliseconds(2500));
     EXPECT_EQ(events(out_path(), "reclone").size(), 1u) << file_text(out_path());
+    stop_debug_and_check_clean();
+}
+
+// The clone's probes are one agent process inside its PID namespace; when
+// it dies the session says so and ends, taking the clone along.
+TEST_F(LauncherDebug, AProbeAgentThatDiesEndsTheSessionSayingSoAndTheCloneGoes) {
+    ASSERT_NO_FATAL_FAILURE(start_probed_debug());
+    // The agents of this clone: processes in its PID namespace running `iprobe-hotpatch agent`.
+    const auto ns_of = [](long long pid) {
+        std::error_code ec;
+        return fs::read_symlink("/proc/" + std::to_string(pid) + "/ns/pid", ec).string();
+    };
+    std::vector<pid_t> agents;
+    for (const auto& entry : fs::directory_iterator("/proc")) {
+        const std::string name = entry.path().filename();
+        if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+        const std::string cmdline = file_text(entry.path() / "cmdline");
+        if (cmdline.find(std::string("iprobe-hotpatch\0agent\0", 22)) != std::string::npos &&
+            ns_of(std::stoll(name)) == ns_of(clone_pid_))
+            agents.push_back(std::stoi(name));
+    }
+    ASSERT_EQ(agents.size(), 1u) << "one probe agent per clone";
+    ASSERT_EQ(::kill(agents.front(), SIGKILL), 0);
+    EXPECT_EQ(debug_->wait(std::chrono::seconds(60)), 1) << file_text(out_path());
+    const auto errors = events(out_path(), "error");
+    ASSERT_FALSE(errors.empty()) << file_text(out_path());
+    EXPECT_NE(errors.back().find("the probe agent of clone"), std::string::npos) << errors.back();
+    debug_.reset();
+    EXPECT_FALSE(netns_exists(fs::path(clone_netns_).filename().string()));
+    EXPECT_FALSE(fs::exists("/proc/" + std::to_string(clone_pid_)) &&
+                 file_text("/proc/" + std::to_string(clone_pid_) + "/stat").find(") Z") == std::string::npos);
+    EXPECT_EQ(redis_->cli({"PING"}), "PONG");
+}
+
+// The clone's process ending is not its agent dying: the agent says so, the
+// session tells its user and goes on (divergence or the user ends it).
+TEST_F(LauncherDebug, ACloneWhoseProcessExitsIsSaidAndTheSessionGoesOn) {
+    ASSERT_NO_FATAL_FAILURE(start_probed_debug());
+    ASSERT_EQ(::kill(static_cast<pid_t>(clone_pid_), SIGKILL), 0);
+    EXPECT_TRUE(wait_for_event(out_path(), "clone-exited", 1, *debug_)) << file_text(out_path());
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    EXPECT_TRUE(debug_->running()) << file_text(out_path());
+    EXPECT_TRUE(events(out_path(), "error").empty()) << file_text(out_path());
+    EXPECT_EQ(via_mirror({"SET", "still", "served"}), "OK");
     stop_debug_and_check_clean();
 }
 

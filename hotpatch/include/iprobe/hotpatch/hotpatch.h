@@ -17,6 +17,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -60,8 +61,26 @@ struct HandlerSymbols {
     static HandlerSymbols runtime(HandlerMode mode);  // the runtime's own handlers
 };
 
+// Probes chosen once by the caller: a probe list it loaded (from `source`,
+// a path as the target sees it) and the ids of the probes it picked.  Handed
+// to attach and detach instead of sources and a selector, so neither loads
+// or matches again (a session turning functions on and off, fperf).
+struct ProbeSelection {
+    std::string source;
+    std::shared_ptr<const probelist::ProbeList> list;
+    std::vector<std::uint32_t> probes;  // ids (indices into list->probes)
+};
+
+// Loads `sources` and picks with `selector` (exactly what attach would):
+// one selection per source, empty ones included.
+std::vector<ProbeSelection> select_probes(const std::vector<std::string>& sources,
+                                          const probelist::ProbeSelector& selector);
+
 struct AttachOptions {
     pid_t pid = 0;
+    // Chosen already: when not empty, probe_sources, modules and selector
+    // are not used.
+    std::vector<ProbeSelection> selections;
     // Probe lists, coldpatched binaries or binaries with a probe section
     // (iprobe::load_probes), one per module; empty = the target's executable.
     std::vector<std::string> probe_sources;
@@ -105,6 +124,7 @@ struct AttachStats {
     // Selected functions left alone because `iprobe patch` replaced them
     // (their entry jumps to the replacement; see live_patch.h).
     std::vector<std::string> patched_skipped;
+    bool operator==(const AttachStats&) const = default;
 };
 
 AttachStats attach(const AttachOptions& options);
@@ -112,6 +132,9 @@ AttachStats attach(const AttachOptions& options);
 struct DetachOptions {
     pid_t pid = 0;
     probelist::ProbeSelector selector;  // empty = every enabled probe
+    // Chosen already (matched to the process's modules by build-id): when
+    // not empty, only these probes, and the selector is not used.
+    std::vector<ProbeSelection> selections;
     std::chrono::milliseconds safe_point_timeout{3000};
 };
 
@@ -127,6 +150,7 @@ struct DetachStats {
     std::size_t threads = 0;
     std::uint64_t pause_us = 0;
     std::uint64_t stop_us = 0;
+    bool operator==(const DetachStats&) const = default;
 };
 
 DetachStats detach(const DetachOptions& options);

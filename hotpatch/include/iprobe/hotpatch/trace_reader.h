@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "iprobe/probelist/probe_list.h"
@@ -41,6 +42,30 @@ struct ProbeInfo {
     std::uint32_t line = 0;
     probelist::ProbeKind kind = probelist::ProbeKind::entry;
     std::string module;
+};
+
+// One event of the trace stream, symbolized, with its nesting in its
+// thread (what `iprobe trace --format json` prints a line of,
+// and a probe agent sends: agent_protocol.h).
+struct TraceRecord {
+    std::uint64_t time_ns = 0;  // CLOCK_REALTIME
+    std::uint32_t tid = 0;
+    probelist::ProbeKind kind = probelist::ProbeKind::entry;
+    std::string function;       // demangled
+    int depth = 0;              // calls of this thread open around it
+    std::vector<std::uint64_t> args;  // a point's arguments
+    bool in_signal = false;     // logged by a signal handler that interrupted the thread
+    bool operator==(const TraceRecord&) const = default;
+};
+// The nesting of each thread's calls as events come (the tids come from
+// the target's rings, so the table is bounded: past 65536 threads it starts
+// over; deeper than 256 calls it stops growing).
+class CallNesting {
+public:
+    TraceRecord record(const Event& event, const ProbeInfo& info);
+
+private:
+    std::unordered_map<std::uint32_t, int> depth_;
 };
 
 // One function's aggregates (ticks converted to ns).
