@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "iprobe/hotpatch/attach_report.h"
+#include "iprobe/hotpatch/histogram.h"
 #include "iprobe/hotpatch/hotpatch.h"
 #include "iprobe/hotpatch/run.h"
 #include "iprobe/support/args.h"
@@ -48,12 +49,14 @@ std::string g_command = "attach";
 constexpr const char* kSynopsis =
     "usage: iprobe attach PID [--probes LIST[,LIST…]] [--module NAME[,NAME…]] [--functions GLOB,…] [--files GLOB,…]\n"
     "                     [--entry-only|--exit-only] [--handler trace|count] [--buffer SIZE] [--json]\n"
+    "                     [--when EXPR] [--min-duration TIME] [--retval]\n"
     "       iprobe detach PID [--functions GLOB,…] [--entry-only|--exit-only] [--json]\n"
     "       iprobe status PID [--json]   (also lists functions replaced by 'iprobe patch')\n"
     "       iprobe trace  PID [--duration S] [--format text|json|chrome | --output FILE]\n"
     "       iprobe trace  --input FILE [--format text|json|chrome]\n"
     "       iprobe report PID[,PID…] [--json] [--since-last|--reset] [--duration S] [--at-exit]\n"
     "       iprobe report PID --folded [--duration S]\n"
+    "       iprobe report PID --hist [--json] [--since-last|--duration S]\n"
     "       iprobe run [--exec] [--report FILE] [--json] [attach's options] -- PROGRAM [ARGS…]";
 
 constexpr const char* kAbout =
@@ -72,6 +75,17 @@ constexpr const char* kAbout =
     "        per-thread ring for 'iprobe trace'; count only counts calls.\n"
     "        --buffer SIZE (bytes, K/M/G suffix; default 512K) sets each thread's\n"
     "        event ring when the first attach creates the region.\n"
+    "        --when EXPR records a function's events only for calls EXPR holds for,\n"
+    "        checked in the target; every call is still counted ('report' shows\n"
+    "        calls and matched). EXPR: parameter names (DWARF) or arg0..arg5, retval,\n"
+    "        duration (2ms, 500us, 10ns, 1s), integers, \"strings\" (== or != a\n"
+    "        char* parameter), == != < <= > >=, && || ! and parentheses, e.g.\n"
+    "        'n == 10', 'len > 4096 && retval < 0', 'key == \"user:42\"'. A name\n"
+    "        a selected function lacks is refused (exit 3). Attaching again with\n"
+    "        another --when (or none) changes it on the running process.\n"
+    "        --min-duration TIME records only calls at least TIME long\n"
+    "        (duration >= TIME, with --when: both). --retval keeps a log2\n"
+    "        histogram of each function's integer return value (report --hist).\n"
     "detach  puts the NOPs back (all probes, or those matching --functions and the kind).\n"
     "status  shows the runtime, modules, enabled probes, threads and event drops.\n"
     "trace   streams events live, symbolized (Ctrl-C or --duration ends it);\n"
@@ -85,6 +99,8 @@ constexpr const char* kAbout =
     "        --since-last: only what happened since the last --since-last or --reset.\n"
     "        --reset: mark now as the start for the next --since-last.\n"
     "        --at-exit: wait until the process exits, then report its totals.\n"
+    "        --hist: each function's log2 latency histogram (its buckets add up to\n"
+    "        its timed calls), and of its return value after attach --retval.\n"
     "        --folded: folded stacks (exclusive ns) for flamegraph.pl, from the event\n"
     "        stream (consumes it, like trace).\n"
     "        'probed' is the share of the time since the first attach that the\n"
@@ -143,6 +159,10 @@ ArgSpec spec_of(const std::string& command) {
         {"--reset", "", "report: mark now as the start for the next --since-last"},
         {"--at-exit", "", "report: wait until the process exits, then report its totals"},
         {"--folded", "", "report: folded stacks for flamegraph.pl (consumes the event stream)"},
+        {"--hist", "", "report: per function, the log2 latency (and --retval value) histogram"},
+        {"--when", "EXPR", "attach: record only calls EXPR holds for (e.g. 'n == 10', 'duration > 2ms')"},
+        {"--min-duration", "TIME", "attach: record only calls at least TIME long (2ms, 500us, 10ns, 1s)"},
+        {"--retval", "", "attach: keep a log2 histogram of each function's integer return value"},
         {"--exec", "", "run: PROGRAM replaces iprobe (same PID); the report is written after it exits"},
         {"--report", "FILE", "run: write the report to FILE (%p: the program's PID) instead of stderr"},
         {"--json", "", "machine-readable output"},
@@ -186,7 +206,8 @@ Args parse(int argc, char** argv) {
         for (auto& m : split_list(list)) args.modules.push_back(m);
     for (const char* name : {"--functions", "--files", "--entry-only", "--exit-only", "--handler", "--buffer",
                              "--ring-records", "--runtime", "--duration", "--format", "--output", "--input",
-                             "--since-last", "--reset", "--at-exit", "--folded", "--json", "--exec", "--report"})
+                             "--since-last", "--reset", "--at-exit", "--folded", "--json", "--exec", "--report",
+                             "--hist", "--when", "--min-duration", "--retval"})
         if (parsed.has(name)) args.values[name] = parsed.value(name);
     if (args.command == "run") {
         if (!parsed.positionals().empty()) usage_error("unexpected argument " + parsed.positionals().front() + " (the program follows --)");
@@ -258,6 +279,12 @@ AttachOptions attach_options_of(const Args& args) {
         o.ring_records = static_cast<std::uint32_t>(parse_unsigned_or_usage(args.value("--ring-records"), "--ring-records", 1, 1u << 30));
     if (args.flag("--buffer")) o.ring_records = ring_records_for(args.value("--buffer"));
     o.runtime_library = args.value("--runtime");
+    o.when = args.value("--when");
+    o.min_duration = args.value("--min-duration");
+    o.retval_histogram = args.flag("--retval");
+    if (args.flag("--when") && o.when.empty()) usage_error("--when needs an expression, e.g. --when 'n == 10'");
+    if ((!o.when.empty() || !o.min_duration.empty() || o.retval_histogram) && o.mode != HandlerMode::trace)
+        usage_error("--when, --min-duration and --retval need --handler trace");
     return o;
 }
 
@@ -580,7 +607,8 @@ std::string probed_percent(const FunctionStats& f, std::uint64_t now) {
 // What `iprobe report` prints (and `iprobe run` writes when the program
 // exits): the rows of one or several processes, merged by function.
 std::string format_report(std::vector<std::vector<FunctionStats>> per_process,
-                          const std::vector<const TraceReader*>& readers, const std::vector<pid_t>& pids, bool json) {
+                          const std::vector<const TraceReader*>& readers, const std::vector<pid_t>& pids, bool json,
+                          bool histograms = false) {
     auto rows = per_process.size() == 1 ? std::move(per_process.front()) : merge_functions(per_process);
     std::sort(rows.begin(), rows.end(), [](const FunctionStats& a, const FunctionStats& b) {
         return a.inclusive_ns != b.inclusive_ns ? a.inclusive_ns > b.inclusive_ns
@@ -606,6 +634,7 @@ std::string format_report(std::vector<std::vector<FunctionStats>> per_process,
         for (const auto& f : rows) {
             j.begin_object();
             hotpatch::write_function_stats_fields(j, f);
+            if (histograms) hotpatch::write_histogram_fields(j, f);
             j.end_object();
         }
         j.end_array()
@@ -632,6 +661,21 @@ std::string format_report(std::vector<std::vector<FunctionStats>> per_process,
                              f.calls, f.completed, f.inclusive_ns, f.exclusive_ns, f.timed ? f.inclusive_ns / f.timed : 0,
                              f.p50_ns, f.p99_ns, f.max_ns, probed_percent(f, now).c_str()));
     }
+    bool conditioned = false;
+    for (const auto& f : rows) conditioned = conditioned || f.conditioned;
+    if (conditioned) {
+        out += "\nrecorded under --when/--min-duration (every call above is counted; its events only when matched):\n";
+        append(std::snprintf(line, sizeof line, "%-40s %12s %12s %12s\n", "function", "calls", "matched", "undecided"));
+        for (const auto& f : rows) {
+            if (!f.conditioned) continue;
+            out += f.function;
+            if (f.function.size() < 40) out.append(40 - f.function.size(), ' ');
+            append(std::snprintf(line, sizeof line, " %12" PRIu64 " %12" PRIu64 " %12" PRIu64 "\n", f.calls,
+                                 f.raw.matched, f.raw.undecided));
+        }
+    }
+    if (histograms)
+        for (const auto& f : rows) out += "\n" + hotpatch::histogram_text(f);
     if (lost) append(std::snprintf(line, sizeof line, "lost: %" PRIu64 " calls (no thread slot free, or an unknown site)\n", lost));
     if (unhooked)
         append(std::snprintf(line, sizeof line,
@@ -644,6 +688,7 @@ std::string format_report(std::vector<std::vector<FunctionStats>> per_process,
 int cmd_report(const Args& args) {
     if (args.flag("--folded")) {
         if (!args.more_pids.empty()) usage_error("--folded reads one process's event stream: give one PID");
+        if (args.flag("--hist")) usage_error("--folded and --hist exclude each other");
         return report_folded(args);
     }
     if (args.flag("--since-last") + args.flag("--reset") + args.flag("--duration") > 1)
@@ -681,7 +726,8 @@ int cmd_report(const Args& args) {
     }
     std::vector<const TraceReader*> read;
     for (const auto& r : readers) read.push_back(r.get());
-    const std::string report = format_report(std::move(per_process), read, pids, args.flag("--json"));
+    const std::string report =
+        format_report(std::move(per_process), read, pids, args.flag("--json"), args.flag("--hist"));
     std::fwrite(report.data(), 1, report.size(), stdout);
     return 0;
 }

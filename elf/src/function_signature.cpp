@@ -100,22 +100,121 @@ struct DwarfCloser {
     void operator()(Dwarf* d) const { dwarf_end(d); }
 };
 
-}  // namespace
-
-std::optional<std::string> function_signature(const ElfFile& elf, std::uint64_t entry) {
-    if (!elf.section(".debug_info") && !elf.section(".zdebug_info")) return std::nullopt;
-    std::unique_ptr<Dwarf, DwarfCloser> dwarf(dwarf_begin_elf(elf.native_handle(), DWARF_C_READ, nullptr));
-    if (!dwarf) return std::nullopt;
-    Dwarf_Die unit, function;
-    bool found = dwarf_addrdie(dwarf.get(), entry, &unit) && find_subprogram(&unit, entry, &function, 0);
+// The DIE of the function whose code starts at `entry`; `dwarf` keeps it valid.
+bool find_function(const ElfFile& elf, std::uint64_t entry, std::unique_ptr<Dwarf, DwarfCloser>& dwarf,
+                   Dwarf_Die* function) {
+    if (!elf.section(".debug_info") && !elf.section(".zdebug_info")) return false;
+    dwarf.reset(dwarf_begin_elf(elf.native_handle(), DWARF_C_READ, nullptr));
+    if (!dwarf) return false;
+    Dwarf_Die unit;
+    bool found = dwarf_addrdie(dwarf.get(), entry, &unit) && find_subprogram(&unit, entry, function, 0);
     // No aranges (clang): walk every unit.
     for (Dwarf_Off offset = 0, next = 0; !found;) {
         std::size_t header = 0;
         if (dwarf_nextcu(dwarf.get(), offset, &next, &header, nullptr, nullptr, nullptr) != 0) break;
-        found = dwarf_offdie(dwarf.get(), offset + header, &unit) && find_subprogram(&unit, entry, &function, 0);
+        found = dwarf_offdie(dwarf.get(), offset + header, &unit) && find_subprogram(&unit, entry, function, 0);
         offset = next;
     }
-    if (!found) return std::nullopt;
+    return found;
+}
+
+// Follows typedefs and qualifiers to the type the ABI sees.
+bool strip_type(Dwarf_Die* type, int depth = 0) {
+    if (depth > kMaxDepth) return false;
+    const int tag = dwarf_tag(type);
+    if (tag == DW_TAG_typedef || tag == DW_TAG_const_type || tag == DW_TAG_volatile_type ||
+        tag == DW_TAG_restrict_type || tag == DW_TAG_atomic_type) {
+        Dwarf_Die next;
+        if (!type_of(type, &next)) return false;  // const void
+        *type = next;
+        return strip_type(type, depth + 1);
+    }
+    return true;
+}
+
+ParameterInfo describe_value(Dwarf_Die* die) {
+    ParameterInfo info;
+    info.name = die_name(die);
+    info.type = referred(die, 0);
+    Dwarf_Die type;
+    if (!type_of(die, &type) || !strip_type(&type)) return info;
+    const int tag = dwarf_tag(&type);
+    const int size = dwarf_bytesize(&type);
+    Dwarf_Attribute attr;
+    Dwarf_Word encoding = 0;
+    switch (tag) {
+    case DW_TAG_pointer_type:
+    case DW_TAG_reference_type:
+    case DW_TAG_rvalue_reference_type: {
+        info.is_integer = true;
+        info.size = 8;
+        Dwarf_Die pointee;
+        if (tag == DW_TAG_pointer_type && type_of(&type, &pointee) && strip_type(&pointee) &&
+            dwarf_tag(&pointee) == DW_TAG_base_type && dwarf_bytesize(&pointee) == 1 &&
+            dwarf_attr_integrate(&pointee, DW_AT_encoding, &attr) && dwarf_formudata(&attr, &encoding) == 0)
+            info.is_char_pointer = encoding == DW_ATE_signed_char || encoding == DW_ATE_unsigned_char ||
+                                   encoding == DW_ATE_signed || encoding == DW_ATE_unsigned;
+        break;
+    }
+    case DW_TAG_enumeration_type: {
+        info.is_integer = size > 0 && size <= 8;
+        info.size = static_cast<unsigned>(size > 0 ? size : 4);
+        Dwarf_Die base;
+        info.is_signed = !type_of(&type, &base) ||
+                         (dwarf_attr_integrate(&base, DW_AT_encoding, &attr) && dwarf_formudata(&attr, &encoding) == 0 &&
+                          (encoding == DW_ATE_signed || encoding == DW_ATE_signed_char));
+        break;
+    }
+    case DW_TAG_base_type:
+        if (dwarf_attr_integrate(&type, DW_AT_encoding, &attr) && dwarf_formudata(&attr, &encoding) == 0 && size > 0 &&
+            size <= 8 && encoding != DW_ATE_float) {
+            info.is_integer = true;
+            info.size = static_cast<unsigned>(size);
+            info.is_signed = encoding == DW_ATE_signed || encoding == DW_ATE_signed_char;
+        } else {
+            info.size = static_cast<unsigned>(size > 0 ? size : 0);
+        }
+        break;
+    default: info.size = static_cast<unsigned>(size > 0 ? size : 0); break;
+    }
+    return info;
+}
+
+}  // namespace
+
+std::optional<FunctionParameters> function_parameters(const ElfFile& elf, std::uint64_t entry) {
+    std::unique_ptr<Dwarf, DwarfCloser> dwarf;
+    Dwarf_Die function;
+    if (!find_function(elf, entry, dwarf, &function)) return std::nullopt;
+    FunctionParameters out;
+    Dwarf_Die type;
+    if (type_of(&function, &type)) out.returns = describe_value(&function);
+    if (out.returns) out.returns->name.clear();
+    // Integer-class values take the next integer register; a struct larger
+    // than 16 bytes goes to memory, one of up to 16 takes one or two
+    // (whichever class: counted as taking its registers, never read).
+    int next = 0;
+    Dwarf_Die param;
+    if (dwarf_child(&function, &param) == 0) do {
+            if (dwarf_tag(&param) != DW_TAG_formal_parameter) continue;
+            ParameterInfo p = describe_value(&param);
+            if (p.is_integer) {
+                p.integer_register = next < 6 ? next : -1;
+                next++;
+            } else if (p.size > 8 && p.size <= 16 && p.type.rfind("long double", 0) != 0) {
+                next += 2;
+            } else if (p.size <= 8 && p.type != "float" && p.type != "double" && p.size > 0) {
+                next += 1;  // a small struct or union: one register (integer class assumed)
+            }
+            out.parameters.push_back(std::move(p));
+        } while (dwarf_siblingof(&param, &param) == 0);
+    return out;
+}
+
+std::optional<std::string> function_signature(const ElfFile& elf, std::uint64_t entry) {
+    std::unique_ptr<Dwarf, DwarfCloser> dwarf;
+    Dwarf_Die function;
+    if (!find_function(elf, entry, dwarf, &function)) return std::nullopt;
     std::string out = referred(&function, 0) + "(";
     Dwarf_Die param;
     bool first = true;

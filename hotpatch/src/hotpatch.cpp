@@ -18,6 +18,7 @@
 #include "patch.h"
 #include "redirects.h"
 #include "iprobe/hotpatch/live_patch.h"
+#include "attach_conditions.h"
 #include "process.h"
 #include "region.h"
 #include "relocated_entries.h"
@@ -33,6 +34,11 @@ AttachStats attach(const AttachOptions& options) {
     target_owner(options.pid);  // not_found when it is gone
     std::vector<SelectedList> lists = load_lists(options);
     const HandlerSymbols handlers = resolve_handlers(options);
+    const Condition condition = attach_condition(options);
+    if ((!condition.empty() || options.retval_histogram) &&
+        (options.mode != HandlerMode::trace || !options.handlers.enter.empty()))
+        throw Error("--when, --min-duration and --retval need the runtime's trace handler (--handler trace)",
+                    ExitCode::usage);
     const std::string runtime_path = runtime_path_of(options);
     const std::string handler_path = handlers.library.empty() ? runtime_path : canonical_or_same(handlers.library);
     SessionLock lock(options.pid);
@@ -89,6 +95,8 @@ AttachStats attach(const AttachOptions& options) {
         // Modules may have moved in `modules` after an injection: re-match.
         targets.clear();
         for (auto& s : lists) targets.push_back(&match_module(s, modules, options.pid));
+        // Refused here, before anything is written.
+        const ConditionPlan conditions = plan_conditions(condition, options, lists, targets);
 
         const auto state_at = runtime.library.symbol("iprobe_rt_state");
         const auto map_at = runtime.library.symbol("iprobe_rt_map_region");
@@ -264,6 +272,11 @@ AttachStats attach(const AttachOptions& options) {
         // Table first, code second: a site only becomes live once its
         // return address resolves.
         for (const auto& e : enables) region.insert_site(e.return_address, e.keyed, region.probes()[e.keyed].stat);
+        // Conditions before code: a site going live finds its condition there.
+        std::vector<std::uint32_t> first_probes;
+        for (std::size_t li = 0; li < lists.size(); li++)
+            first_probes.push_back(region.modules()[find_or_add_module(region, *targets[li], lists[li])].first_probe);
+        apply_conditions(region, conditions, first_probes);
         if (fresh_fd >= 0) {
             const auto rc = static_cast<std::int64_t>(process.call(*map_at, {static_cast<std::uint64_t>(fresh_fd)}));
             if (rc != 0)

@@ -4,6 +4,7 @@
 
 #include <cstring>
 #include <map>
+#include <set>
 #include <optional>
 
 #include "iprobe/hotpatch/hotpatch.h"
@@ -44,7 +45,10 @@ void add(iprobe_rt_fn_stats& to, const iprobe_rt_fn_stats& s) {
     to.inclusive_ticks += s.inclusive_ticks;
     to.exclusive_ticks += s.exclusive_ticks;
     to.max_ticks = std::max(to.max_ticks, s.max_ticks);
+    to.matched += s.matched;
+    to.undecided += s.undecided;
     for (int b = 0; b < IPROBE_RT_HIST_BUCKETS; b++) to.histogram[b] += s.histogram[b];
+    for (int b = 0; b < IPROBE_RT_RETVAL_BUCKETS; b++) to.retval_histogram[b] += s.retval_histogram[b];
 }
 
 std::uint64_t minus(std::uint64_t a, std::uint64_t b) { return a > b ? a - b : 0; }
@@ -231,6 +235,8 @@ std::vector<ProbeState> TraceReader::probe_states() const {
         out[i].live = p.enabled != 0;
         out[i].live_ns = p.live_ns;
         out[i].live_since_ns = p.enabled ? p.live_since_ns : 0;
+        out[i].condition = p.condition;
+        out[i].retval_hist = p.retval_hist != 0;
     }
     return out;
 }
@@ -282,12 +288,15 @@ std::vector<FunctionStats> TraceReader::functions(const std::vector<iprobe_rt_fn
     // were live: the longest of them.
     std::vector<const ProbeInfo*> names(sums.size(), nullptr);
     std::vector<ProbeState> live(sums.size());
+    std::set<std::uint32_t> conditioned, with_retval;  // functions with a condition, with a retval histogram
     const std::vector<ProbeState> states = probe_states();
     for (std::uint32_t i = 0; i < states.size() && i < impl_->probes.size(); i++) {
         const std::uint32_t stat = states[i].stat;
         if (stat >= names.size()) continue;
         if (!names[stat]) names[stat] = &impl_->probes[i];
         keep_longest(live[stat], states[i].live_ns, states[i].live_since_ns);
+        if (states[i].condition) conditioned.insert(stat);
+        if (states[i].retval_hist) with_retval.insert(stat);
     }
     const std::uint64_t window_start = window_start_ns();
     const double ns_per_tick = 1e9 / tsc_hz();
@@ -301,7 +310,11 @@ std::vector<FunctionStats> TraceReader::functions(const std::vector<iprobe_rt_fn
             s.timed = minus(s.timed, b.timed);
             s.inclusive_ticks = minus(s.inclusive_ticks, b.inclusive_ticks);
             s.exclusive_ticks = minus(s.exclusive_ticks, b.exclusive_ticks);
+            s.matched = minus(s.matched, b.matched);
+            s.undecided = minus(s.undecided, b.undecided);
             for (int k = 0; k < IPROBE_RT_HIST_BUCKETS; k++) s.histogram[k] = minus(s.histogram[k], b.histogram[k]);
+            for (int k = 0; k < IPROBE_RT_RETVAL_BUCKETS; k++)
+                s.retval_histogram[k] = minus(s.retval_histogram[k], b.retval_histogram[k]);
         }
         if (s.calls == 0 && s.completed == 0) continue;
         FunctionStats f;
@@ -314,6 +327,8 @@ std::vector<FunctionStats> TraceReader::functions(const std::vector<iprobe_rt_fn
         f.live_ns = live[i].live_ns;
         f.live_since_ns = live[i].live_since_ns;
         f.window_start_ns = window_start;
+        f.conditioned = conditioned.count(i) || s.matched || s.undecided;
+        f.retval_histogram = with_retval.count(i) != 0;
         fill_times(f);
         out.push_back(std::move(f));
     }
@@ -334,6 +349,7 @@ void write_function_stats_fields(JsonWriter& j, const FunctionStats& f) {
         .field("live_ns", f.live_ns)
         .field("live_since_ns", f.live_since_ns)
         .field("window_start_ns", f.window_start_ns);
+    if (f.conditioned) j.field("matched", f.raw.matched).field("undecided", f.raw.undecided);
     if (f.kind == probelist::ProbeKind::point) j.field("kind", "point");
 }
 
@@ -354,6 +370,8 @@ std::vector<FunctionStats> merge_functions(const std::vector<std::vector<Functio
             m.live_ns = longest.live_ns;
             m.live_since_ns = longest.live_since_ns;
             m.window_start_ns = std::min(m.window_start_ns, f.window_start_ns);
+            m.conditioned = m.conditioned || f.conditioned;
+            m.retval_histogram = m.retval_histogram || f.retval_histogram;
         }
     for (FunctionStats& f : out) fill_times(f);
     return out;

@@ -165,6 +165,7 @@ iprobe_rt_return_common:
     sub $32, %rsp
     movdqa %xmm0, 0(%rsp)
     movdqa %xmm1, 16(%rsp)
+    mov %rax, %rsi                     /* the return value, for conditions and histograms */
     call iprobe_rt_return_at
     movdqa 0(%rsp), %xmm0
     movdqa 16(%rsp), %xmm1

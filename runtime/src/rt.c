@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "iprobe/runtime/rt.h"
+#include "condition.h"
 #include "return_stack_internal.h"
 
 #define EXPORT __attribute__((visibility("default")))
@@ -92,6 +93,8 @@ static struct {
     uint32_t monotonic; /* no invariant TSC: timestamps are CLOCK_MONOTONIC ns */
     uint32_t probe_capacity;
     uint64_t stat_bytes; /* a thread's sums: stat_capacity records */
+    const struct iprobe_cond_program* conditions;
+    uint32_t condition_capacity;
 } g_geometry;
 
 static inline __attribute__((always_inline)) uint64_t timestamp(void) {
@@ -309,7 +312,8 @@ enum frame_use {
  * reserved in one instruction, so a signal handler probing in between nests
  * above it. */
 static inline __attribute__((always_inline)) void enter_timed(struct iprobe_rt_control* cb, int32_t probe,
-                                                              uint32_t stat, uint64_t now, enum frame_use use) {
+                                                              uint32_t stat, uint64_t now, enum frame_use use,
+                                                              const uint64_t* frame_args) {
     struct iprobe_rt_fn_stats* stats = thread_stats(cb);
     if (UNLIKELY(!stats)) return;
     add_local(&stats[stat].calls, 1);
@@ -323,18 +327,23 @@ static inline __attribute__((always_inline)) void enter_timed(struct iprobe_rt_c
         f->stat = stat;
         f->start = now;
         f->children = 0;
+        if (frame_args)
+            for (int i = 0; i < IPROBE_COND_ARGS; i++) f->args[i] = frame_args[i];
     }
 }
 
 /* Exit of a call: completed, timed against its frame when the frame on top
- * is this function's (frames skipped by longjmp are dropped on the way). */
-static inline __attribute__((always_inline)) void exit_timed(struct iprobe_rt_control* cb, uint32_t stat,
-                                                             uint64_t now, enum frame_use use) {
+ * is this function's (frames skipped by longjmp are dropped on the way).
+ * With `held`, the call's duration and the arguments its entry kept in the
+ * frame go there: 1 when they did, 0 when the call had no frame. */
+static inline __attribute__((always_inline)) int exit_timed(struct iprobe_rt_control* cb, uint32_t stat,
+                                                            uint64_t now, enum frame_use use,
+                                                            struct iprobe_cond_values* held) {
     struct iprobe_rt_fn_stats* stats = thread_stats(cb);
-    if (UNLIKELY(!stats)) return;
+    if (UNLIKELY(!stats)) return 0;
     struct iprobe_rt_fn_stats* s = &stats[stat];
     add_local(&s->completed, 1);
-    if (use == FRAME_NONE) return;
+    if (use == FRAME_NONE) return 0;
     struct iprobe_rt_thread* slot = t_producer.slot;
     uint32_t depth = *(volatile uint32_t*)&slot->depth;
     uint32_t top = depth;
@@ -345,11 +354,15 @@ static inline __attribute__((always_inline)) void exit_timed(struct iprobe_rt_co
         } else {
             add_local(&slot->unmatched_exits, 1);
         }
-        return;
+        return 0;
     }
     const struct iprobe_rt_frame* f = &slot->stack[top - 1];
     const uint64_t ticks = now > f->start ? now - f->start : 0;
     const uint64_t self = ticks > f->children ? ticks - f->children : 0;
+    if (held) {
+        held->duration = ticks;
+        for (int i = 0; i < IPROBE_COND_ARGS; i++) held->args[i] = f->args[i];
+    }
     if (top >= 2) add_local(&slot->stack[top - 2].children, ticks);
     *(volatile uint32_t*)&slot->depth = top - 1;
     add_local(&s->timed, 1);
@@ -357,6 +370,7 @@ static inline __attribute__((always_inline)) void exit_timed(struct iprobe_rt_co
     add_local(&s->exclusive_ticks, self);
     add_local(&s->histogram[log2_bucket(ticks)], 1);
     if (ticks > s->max_ticks) s->max_ticks = ticks;
+    return 1;
 }
 
 static inline __attribute__((always_inline)) void aggregate(struct iprobe_rt_control* cb, int32_t probe,
@@ -364,9 +378,9 @@ static inline __attribute__((always_inline)) void aggregate(struct iprobe_rt_con
                                                             enum frame_use use) {
     if (UNLIKELY(stat >= g_geometry.stat_capacity)) return;
     if (kind == IPROBE_RT_REC_ENTRY) {
-        enter_timed(cb, probe, stat, now, use);
+        enter_timed(cb, probe, stat, now, use, 0);
     } else if (kind == IPROBE_RT_REC_EXIT) {
-        exit_timed(cb, stat, now, use);
+        exit_timed(cb, stat, now, use, 0);
     } else {
         struct iprobe_rt_fn_stats* stats = thread_stats(cb);
         if (LIKELY(stats != 0)) add_local(&stats[stat].calls, 1);
@@ -396,10 +410,10 @@ static inline __attribute__((always_inline)) void count(uintptr_t return_address
     add_local(kind == IPROBE_RT_REC_EXIT ? &stats[stat].completed : &stats[stat].calls, 1);
 }
 
-static inline __attribute__((always_inline)) void emit_probe(struct iprobe_rt_control* cb, int32_t probe, uint32_t stat,
-                                                             uint8_t kind, const uint64_t* args, enum frame_use use) {
-    const uint64_t now = timestamp();
-    aggregate(cb, probe, stat, kind, now, use);
+/* Appends one event (two with a point's args) to this thread's ring, never
+ * blocking: a full ring drops it, counted. */
+static inline __attribute__((always_inline)) void ring_append(struct iprobe_rt_control* cb, int32_t probe,
+                                                              uint8_t kind, uint64_t now, const uint64_t* args) {
     struct thread_producer* t = &t_producer;
     if (UNLIKELY(!t->ring)) {
         if (t->no_ring) {
@@ -455,6 +469,13 @@ out:
             BARRIER();
         } while (*(volatile uint64_t*)&t->reserve != published);
     }
+}
+
+static inline __attribute__((always_inline)) void emit_probe(struct iprobe_rt_control* cb, int32_t probe, uint32_t stat,
+                                                             uint8_t kind, const uint64_t* args, enum frame_use use) {
+    const uint64_t now = timestamp();
+    aggregate(cb, probe, stat, kind, now, use);
+    ring_append(cb, probe, kind, now, args);
 }
 
 static inline __attribute__((always_inline)) void emit(uintptr_t return_address, uint8_t kind, const uint64_t* args) {
@@ -569,11 +590,128 @@ __attribute__((visibility("hidden"))) uint64_t iprobe_rt_trace_return_at(uint64_
     return hook_return(slot, IPROBE_RT_RETURN_TRACE, (uint32_t)id + 1, 0);
 }
 
+/* ---- `--when`: conditions on the trace handler at function-entry sites ----
+ * Every call is aggregated as without one (calls, completed, times stay
+ * exact); only its events in the ring are filtered.  A condition on the
+ * arguments is decided at entry and the decision rides in the return hook's
+ * cookie; one on retval or duration is decided at exit, its entry's
+ * arguments kept in the call's frame, and both events are written then (the
+ * entry's with its own time). */
+#define COOKIE_TIMED 1u       /* the entry pushed a frame */
+#define COOKIE_CONDITIONED 2u /* a condition decides what is recorded */
+#define COOKIE_MATCHED 4u     /* decided at entry: it held */
+#define COOKIE_HELD 8u        /* decided at exit; program index + 1 in the upper half */
+
+static inline const struct iprobe_cond_program* condition_program(uint32_t condition) {
+    return condition - 1 < g_geometry.condition_capacity ? &g_geometry.conditions[condition - 1] : 0;
+}
+
+/* The six integer argument registers from ENTRY_SITE_CALL's saved ones
+ * (rdi, rsi, rdx, rcx, rax, r8, r9, ...). */
+static inline __attribute__((always_inline)) void entry_args(const uint64_t* saved, uint64_t* args) {
+    args[0] = saved[0], args[1] = saved[1], args[2] = saved[2];
+    args[3] = saved[3], args[4] = saved[5], args[5] = saved[6];
+}
+
+static __attribute__((noinline)) uint64_t conditioned_enter(struct iprobe_rt_control* cb, uint32_t id,
+                                                            const struct iprobe_rt_probe* p, uint32_t condition,
+                                                            const uint64_t* saved, const uint64_t* slot) {
+    const struct iprobe_cond_program* program = condition_program(condition);
+    const uint32_t stat = p->stat;
+    if (UNLIKELY(stat >= g_geometry.stat_capacity)) return 0;
+    struct iprobe_cond_values v;
+    entry_args(saved, v.args);
+    v.retval = 0;
+    v.duration = 0;
+    const uint64_t timed = p->timed;
+    if (program && (program->needs & IPROBE_COND_AT_EXIT)) {
+        const uint64_t unit =
+            timed ? hook_return(slot, IPROBE_RT_RETURN_TRACE, id + 1,
+                                COOKIE_TIMED | COOKIE_CONDITIONED | COOKIE_HELD | (uint64_t)condition << 32)
+                  : 0;
+        const uint64_t now = timestamp();
+        enter_timed(cb, (int32_t)id, stat, now, unit ? FRAME_MATCH : FRAME_NONE, v.args);
+        struct iprobe_rt_fn_stats* stats = iprobe_rt_thread.stats;
+        if (!unit && stats) add_local(&stats[stat].undecided, 1); /* its exit will not be seen */
+        return unit;
+    }
+    const int match = program && iprobe_cond_evaluate(program, &v);
+    const uint64_t unit =
+        hook_return(slot, IPROBE_RT_RETURN_TRACE, id + 1, timed | COOKIE_CONDITIONED | (match ? COOKIE_MATCHED : 0));
+    const uint64_t now = timestamp();
+    enter_timed(cb, (int32_t)id, stat, now, unit && timed ? FRAME_MATCH : FRAME_NONE, 0);
+    if (!match) return unit;
+    struct iprobe_rt_fn_stats* stats = iprobe_rt_thread.stats;
+    if (stats) add_local(&stats[stat].matched, 1);
+    ring_append(cb, (int32_t)id, IPROBE_RT_REC_ENTRY, now, 0);
+    return unit;
+}
+
+static __attribute__((noinline)) void conditioned_exit(const struct iprobe_rt_return* e, uint64_t retval) {
+    struct iprobe_rt_control* cb = control();
+    if (UNLIKELY(!cb)) {
+        count_unserved();
+        return;
+    }
+    const uint32_t probe = e->arg;
+    if (UNLIKELY(probe >= g_geometry.probe_capacity || probe == 0)) return;
+    const uint32_t stat = probe_of(cb, (int32_t)probe)->stat;
+    if (UNLIKELY(stat >= g_geometry.stat_capacity)) return;
+    const uint64_t now = timestamp();
+    const uint64_t cookie = e->cookie;
+    if (!(cookie & COOKIE_HELD)) {
+        exit_timed(cb, stat, now, cookie & COOKIE_TIMED ? FRAME_MATCH : FRAME_NONE, 0);
+        if (cookie & COOKIE_MATCHED) ring_append(cb, (int32_t)probe, IPROBE_RT_REC_EXIT, now, 0);
+        return;
+    }
+    struct iprobe_cond_values v;
+    v.retval = retval;
+    const int have = exit_timed(cb, stat, now, FRAME_MATCH, &v);
+    struct iprobe_rt_fn_stats* stats = iprobe_rt_thread.stats;
+    if (UNLIKELY(!stats)) return;
+    if (!have) {
+        add_local(&stats[stat].undecided, 1);
+        return;
+    }
+    const struct iprobe_cond_program* program = condition_program((uint32_t)(cookie >> 32));
+    if (!program || !iprobe_cond_evaluate(program, &v)) return;
+    add_local(&stats[stat].matched, 1);
+    ring_append(cb, (int32_t)probe - 1, IPROBE_RT_REC_ENTRY, now - v.duration, 0);
+    ring_append(cb, (int32_t)probe, IPROBE_RT_REC_EXIT, now, 0);
+}
+
+/* The log2 histogram of an exit probe's integer return value, when the
+ * attacher asked for it (iprobe_rt_probe.retval_hist). */
+static inline uint32_t retval_bucket(uint64_t raw, uint8_t spec) {
+    const uint8_t width = spec & 0x0f;
+    int64_t v = (int64_t)raw;
+    if (width == 1) v = spec & IPROBE_RT_RETVAL_SIGNED ? (int8_t)raw : (int64_t)(uint8_t)raw;
+    else if (width == 2) v = spec & IPROBE_RT_RETVAL_SIGNED ? (int16_t)raw : (int64_t)(uint16_t)raw;
+    else if (width == 4) v = spec & IPROBE_RT_RETVAL_SIGNED ? (int32_t)raw : (int64_t)(uint32_t)raw;
+    if (v == 0) return IPROBE_RT_RETVAL_ZERO_BUCKET;
+    if (v < 0 && (spec & IPROBE_RT_RETVAL_SIGNED)) {
+        const uint32_t bits = 64u - (uint32_t)__builtin_clzll(0 - (uint64_t)v);
+        return IPROBE_RT_RETVAL_ZERO_BUCKET - (bits < IPROBE_RT_RETVAL_ZERO_BUCKET ? bits : IPROBE_RT_RETVAL_ZERO_BUCKET);
+    }
+    const uint32_t bits = 64u - (uint32_t)__builtin_clzll((uint64_t)v);
+    const uint32_t top = IPROBE_RT_RETVAL_BUCKETS - 1 - IPROBE_RT_RETVAL_ZERO_BUCKET;
+    return IPROBE_RT_RETVAL_ZERO_BUCKET + (bits < top ? bits : top);
+}
+
+static inline void retval_sample(uint32_t probe, uint64_t retval) {
+    struct iprobe_rt_control* cb = control();
+    if (!cb || probe >= g_geometry.probe_capacity) return;
+    const struct iprobe_rt_probe* p = probe_of(cb, (int32_t)probe);
+    const uint8_t spec = p->retval_hist;
+    if (LIKELY(spec == 0) || p->stat >= g_geometry.stat_capacity) return;
+    struct iprobe_rt_fn_stats* stats = iprobe_rt_thread.stats;
+    if (stats) add_local(&stats[p->stat].retval_histogram[retval_bucket(retval, spec)], 1);
+}
+
 /* The return is hooked first: an entry whose exit will not be seen is
  * counted but pushes no frame. */
 __attribute__((visibility("hidden"))) uint64_t iprobe_rt_trace_enter_return_at(uint64_t id, const uint64_t* saved,
                                                                                const uint64_t* slot) {
-    (void)saved;
     struct iprobe_rt_control* cb = control();
     if (UNLIKELY(!cb)) {
         count_unserved();
@@ -581,6 +719,8 @@ __attribute__((visibility("hidden"))) uint64_t iprobe_rt_trace_enter_return_at(u
     }
     if (UNLIKELY(id + 1 >= g_geometry.probe_capacity)) return 0;
     const struct iprobe_rt_probe* p = probe_of(cb, (int32_t)id);
+    const uint32_t condition = __atomic_load_n(&p->condition, __ATOMIC_RELAXED);
+    if (UNLIKELY(condition != 0)) return conditioned_enter(cb, (uint32_t)id, p, condition, saved, slot);
     const uint64_t timed = p->timed;
     const uint64_t unit = hook_return(slot, IPROBE_RT_RETURN_TRACE, (uint32_t)id + 1, timed);
     emit_probe(cb, (int32_t)id, p->stat, IPROBE_RT_REC_ENTRY, 0, unit && timed ? FRAME_MATCH : FRAME_NONE);
@@ -589,11 +729,14 @@ __attribute__((visibility("hidden"))) uint64_t iprobe_rt_trace_enter_return_at(u
 
 /* A hooked return other than count's (which return_trampolines.S serves
  * itself): the return registers are saved by the caller. */
-__attribute__((visibility("hidden"))) void iprobe_rt_return_at(const struct iprobe_rt_return* e) {
-    if (e->handler == IPROBE_RT_RETURN_TRACE)
-        emit_id(e->arg, IPROBE_RT_REC_EXIT, e->cookie ? FRAME_MATCH : FRAME_NONE);
-    else
+__attribute__((visibility("hidden"))) void iprobe_rt_return_at(const struct iprobe_rt_return* e, uint64_t retval) {
+    if (e->handler == IPROBE_RT_RETURN_TRACE) {
+        if (UNLIKELY(e->cookie & COOKIE_CONDITIONED)) conditioned_exit(e, retval);
+        else emit_id(e->arg, IPROBE_RT_REC_EXIT, e->cookie ? FRAME_MATCH : FRAME_NONE);
+        retval_sample(e->arg, retval);
+    } else {
         iprobe_rt_return_callback_run(e);
+    }
 }
 
 EXPORT uint64_t iprobe_rt_hook_return(const uint64_t* slot, iprobe_rt_return_callback on_return, uint64_t cookie) {
@@ -720,6 +863,8 @@ EXPORT int iprobe_rt_map_region(int fd) {
     g_geometry.probe_capacity = cb->probe_capacity;
     g_geometry.stat_bytes = (uint64_t)cb->stat_capacity * sizeof(struct iprobe_rt_fn_stats);
     g_geometry.monotonic = cb->clock == IPROBE_RT_CLOCK_MONOTONIC;
+    g_geometry.conditions = (const struct iprobe_cond_program*)((const char*)cb + cb->conditions_offset);
+    g_geometry.condition_capacity = cb->condition_capacity;
     iprobe_rt_state.region_fd = fd;
     iprobe_rt_state.region_size = (uint64_t)st.st_size;
     iprobe_rt_state.mapped_pid = (uint32_t)getpid();

@@ -12,6 +12,7 @@
  *   struct iprobe_rt_probe   [probe_capacity]  at probes_offset   (global probe index)
  *   struct iprobe_rt_site    [1 << hash_bits]  at hash_offset     (return address -> probe)
  *   struct iprobe_rt_fn_stats[stat_capacity]   at baseline_offset (reader's `--since-last` mark)
+ *   struct iprobe_cond_program[condition_capacity] at conditions_offset (`--when`, append-only)
  *   per thread: struct iprobe_rt_thread + struct iprobe_rt_fn_stats[stat_capacity]
  *                                            at threads_offset + i * thread_stride
  *   per ring: struct iprobe_rt_ring + records  at rings_offset + i * ring_stride
@@ -32,19 +33,26 @@
 
 #include <stdint.h>
 
+#include "iprobe/formats/condition.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 #define IPROBE_RT_MAGIC "IPROBERT"
-#define IPROBE_RT_VERSION 4u
+#define IPROBE_RT_VERSION 5u
 #define IPROBE_RT_MEMFD_PREFIX "iprobe." /* memfd name iprobe.<pid>: /proc/PID/fd shows /memfd:iprobe.<pid> (deleted) */
 #define IPROBE_RT_PATH_MAX 256
 #define IPROBE_RT_CACHELINE 64
 #define IPROBE_RT_HIST_BUCKETS 48  /* completed calls by floor(log2(inclusive ticks)) */
 #define IPROBE_RT_STACK_DEPTH 120  /* timed frames per thread; deeper calls are counted, not timed */
+#define IPROBE_RT_RETVAL_BUCKETS 64 /* completed calls by signed log2 of the integer return value */
+#define IPROBE_RT_RETVAL_ZERO_BUCKET 32 /* value 0; 32 + bit length for v > 0 (capped 31), 32 - bit length of -v for v < 0 */
+#define IPROBE_RT_CONDITIONS 4096  /* compiled `--when` programs a region holds (append-only) */
 #define IPROBE_RT_NO_STAT 0xffffffffu
 #define IPROBE_RT_RETURN_STACK_FRAMES 1024 /* hooked returns per thread (runtime/src/return_stack.h) */
+
+#define IPROBE_RT_RETVAL_SIGNED 0x80u
 
 enum iprobe_rt_record_kind {
     IPROBE_RT_REC_ENTRY = 1,
@@ -132,7 +140,10 @@ struct iprobe_rt_probe {
                           * IPROBE_RT_NO_STAT when none */
     uint8_t timed;       /* entry probe whose function's exit probe is enabled too:
                           * its calls are timed (else only counted) */
-    uint8_t pad[3];
+    uint8_t retval_hist; /* exit probe: 0, or the return value's width in bytes (1, 2, 4, 8)
+                          * | IPROBE_RT_RETVAL_SIGNED: keep its log2 histogram */
+    uint16_t condition;  /* entry probe: 0, or 1 + the index of its `--when` program in the
+                          * conditions table (the trace handler; one store switches it) */
     /* Written by the attacher when it turns the site on or off, so a report
      * can say for which part of the time a function's counts were kept. */
     uint64_t live_since_ns;  /* CLOCK_REALTIME when the site last became live; 0 while off */
@@ -147,8 +158,11 @@ struct iprobe_rt_fn_stats {
     uint64_t exclusive_ticks;  /* inclusive minus timed callees */
     uint64_t timed;            /* completed calls with a time */
     uint64_t max_ticks;
-    uint64_t reserved[2];
+    uint64_t matched;          /* calls a `--when` condition held for (their events recorded) */
+    uint64_t undecided;        /* calls whose exit-time condition could not be evaluated: their
+                                * entry had no frame (deeper than IPROBE_RT_STACK_DEPTH) */
     uint64_t histogram[IPROBE_RT_HIST_BUCKETS];
+    uint64_t retval_histogram[IPROBE_RT_RETVAL_BUCKETS]; /* with retval_hist on the exit probe */
 };
 
 struct iprobe_rt_frame {
@@ -156,6 +170,8 @@ struct iprobe_rt_frame {
     uint32_t pad;
     uint64_t start;            /* tsc at entry */
     uint64_t children;         /* ticks spent in timed callees */
+    uint64_t args[IPROBE_COND_ARGS]; /* integer argument registers at entry, for a condition
+                                      * decided at exit (set only then) */
 };
 
 struct iprobe_rt_thread {
@@ -216,7 +232,10 @@ struct iprobe_rt_control {
     uint32_t pad3;
     uint64_t unhooked_returns;   /* entries whose return could not be hooked (a thread deeper
                                   * than its return stack, the pool exhausted): exits not seen */
-    uint64_t reserved[6];
+    uint64_t conditions_offset;  /* struct iprobe_cond_program[condition_capacity] */
+    uint32_t condition_capacity;
+    uint32_t condition_count;    /* programs written so far (never rewritten: a thread may be reading one) */
+    uint64_t reserved[4];
 };
 
 #ifdef __cplusplus

@@ -77,6 +77,14 @@ struct AttachOptions {
     std::uint32_t ring_records = 1u << 14;
     std::uint32_t max_threads = 512;        // thread slots and rings, when the region is created
     std::chrono::milliseconds safe_point_timeout{3000};
+    // `--when EXPR` and `--min-duration TIME` (condition.h): the trace
+    // handler records a selected function's events only for calls they hold
+    // for; every call is still counted.  Empty: every call is recorded.  Each
+    // attach sets the selected functions' condition (none when empty).
+    std::string when;
+    std::string min_duration;
+    // Keep a log2 histogram of each selected function's integer return value.
+    bool retval_histogram = false;
 };
 
 struct AttachStats {

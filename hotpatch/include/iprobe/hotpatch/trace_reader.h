@@ -61,6 +61,10 @@ struct FunctionStats {
     std::uint64_t probed_ns(std::uint64_t now_ns) const {
         return live_ns + (live_since_ns && now_ns > live_since_ns ? now_ns - live_since_ns : 0);
     }
+    // A `--when`/`--min-duration` condition is (or was) on: raw.matched
+    // counts the calls it held for (their events recorded).
+    bool conditioned = false;
+    bool retval_histogram = false;  // raw.retval_histogram is kept (attach --retval)
     iprobe_rt_fn_stats raw{};  // the sums these were made from, in clock ticks
     double ns_per_tick = 1;
 };
@@ -82,6 +86,8 @@ struct ProbeState {
     bool live = false;                       // the site holds its call now
     std::uint64_t live_ns = 0;               // finished stretches it was live
     std::uint64_t live_since_ns = 0;         // CLOCK_REALTIME since when it is live (0: off)
+    std::uint16_t condition = 0;             // iprobe_rt_probe.condition (entry probes)
+    bool retval_hist = false;                // the return value's histogram is kept (exit probes)
 };
 
 struct ThreadDrops {

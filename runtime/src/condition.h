@@ -1,0 +1,29 @@
+/* The runtime's evaluator of compiled `--when` conditions
+ * (iprobe/formats/condition.h).  C11, no libc on its path but two raw
+ * syscalls for string compares; async-signal-safe, no allocation. */
+#ifndef IPROBE_RT_CONDITION_H
+#define IPROBE_RT_CONDITION_H
+
+#include "iprobe/formats/condition.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* 1 when `program` holds for `values`, 0 when not, and 0 for a malformed
+ * program (an unknown opcode, an index out of range, a stack under- or
+ * overflow): the target can write its region.  An empty program holds. */
+int iprobe_cond_evaluate(const struct iprobe_cond_program* program, const struct iprobe_cond_values* values)
+    __attribute__((visibility("hidden")));
+
+/* Copies up to `size` bytes of this process's memory at `address` into
+ * `out` without ever faulting (process_vm_readv on itself): the bytes
+ * copied, which stop short at the first unreadable page (0 for NULL or a
+ * dangling pointer). */
+uint64_t iprobe_cond_read_memory(void* out, uint64_t address, uint64_t size) __attribute__((visibility("hidden")));
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
