@@ -85,24 +85,18 @@ private:
         return n;
     }
 
-    NodePtr expression() {
-        NodePtr l = conjunction();
+    // operand (token operand)*, left-associative.
+    NodePtr chain(std::string_view token, Node::Kind kind, NodePtr (Parser::*operand)()) {
+        NodePtr l = (this->*operand)();
         for (;;) {
             skip_space();
             const std::size_t p = at_;
-            if (!take("||")) return l;
-            l = binary(Node::Kind::or_, l, conjunction(), p);
+            if (!take(token)) return l;
+            l = binary(kind, l, (this->*operand)(), p);
         }
     }
-    NodePtr conjunction() {
-        NodePtr l = unary();
-        for (;;) {
-            skip_space();
-            const std::size_t p = at_;
-            if (!take("&&")) return l;
-            l = binary(Node::Kind::and_, l, unary(), p);
-        }
-    }
+    NodePtr expression() { return chain("||", Node::Kind::or_, &Parser::conjunction); }
+    NodePtr conjunction() { return chain("&&", Node::Kind::and_, &Parser::unary); }
     NodePtr unary() {
         skip_space();
         const std::size_t p = at_;

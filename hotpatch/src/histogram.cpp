@@ -37,15 +37,21 @@ std::uint64_t most_of(const std::vector<Bucket>& buckets) {
     return most;
 }
 
-}  // namespace
-
-std::vector<LatencyBucket> latency_buckets(const FunctionStats& f) {
+// The first and last bucket holding a count; {-1, -1} when none does.
+std::pair<int, int> span(const std::uint64_t* counts, int n) {
     int first = -1, last = -1;
-    for (int b = 0; b < IPROBE_RT_HIST_BUCKETS; b++)
-        if (f.raw.histogram[b]) {
+    for (int b = 0; b < n; b++)
+        if (counts[b]) {
             if (first < 0) first = b;
             last = b;
         }
+    return {first, last};
+}
+
+}  // namespace
+
+std::vector<LatencyBucket> latency_buckets(const FunctionStats& f) {
+    const auto [first, last] = span(f.raw.histogram, IPROBE_RT_HIST_BUCKETS);
     std::vector<LatencyBucket> out;
     for (int b = first; first >= 0 && b <= last; b++) {
         const std::uint64_t low = b == 0 ? 0 : 1ull << b;
@@ -56,12 +62,7 @@ std::vector<LatencyBucket> latency_buckets(const FunctionStats& f) {
 }
 
 std::vector<ValueBucket> retval_buckets(const FunctionStats& f) {
-    int first = -1, last = -1;
-    for (int b = 0; b < IPROBE_RT_RETVAL_BUCKETS; b++)
-        if (f.raw.retval_histogram[b]) {
-            if (first < 0) first = b;
-            last = b;
-        }
+    const auto [first, last] = span(f.raw.retval_histogram, IPROBE_RT_RETVAL_BUCKETS);
     std::vector<ValueBucket> out;
     constexpr int zero = IPROBE_RT_RETVAL_ZERO_BUCKET;
     for (int b = first; first >= 0 && b <= last; b++) {
