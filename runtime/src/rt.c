@@ -591,12 +591,16 @@ __attribute__((visibility("hidden"))) uint64_t iprobe_rt_trace_return_at(uint64_
 }
 
 /* ---- `--when`: conditions on the trace handler at function-entry sites ----
- * Every call is aggregated as without one (calls, completed, times stay
- * exact); only its events in the ring are filtered.  A condition on the
- * arguments is decided at entry and the decision rides in the return hook's
- * cookie; one on retval or duration is decided at exit, its entry's
- * arguments kept in the call's frame, and both events are written then (the
- * entry's with its own time). */
+ * Every call is counted and completed as without one (calls and completed
+ * stay exact); only what is recorded is filtered.  A condition on the
+ * arguments is decided at entry: a call it holds for is timed and its
+ * events written, one it does not hold for costs what the count handler
+ * does (its exit goes through the count handler's return), so the times
+ * and the latency histogram are those of the matching calls.  One on retval
+ * or duration is decided at exit: every call is timed (the duration is what
+ * it reads), the entry's arguments are kept in the call's frame, and a
+ * matching call's two events are written then (the entry's with its own
+ * time). */
 #define COOKIE_TIMED 1u       /* the entry pushed a frame */
 #define COOKIE_CONDITIONED 2u /* a condition decides what is recorded */
 #define COOKIE_MATCHED 4u     /* decided at entry: it held */
@@ -635,12 +639,20 @@ static __attribute__((noinline)) uint64_t conditioned_enter(struct iprobe_rt_con
         if (!unit && stats) add_local(&stats[stat].undecided, 1); /* its exit will not be seen */
         return unit;
     }
-    const int match = program && iprobe_cond_evaluate(program, &v);
-    const uint64_t unit =
-        hook_return(slot, IPROBE_RT_RETURN_TRACE, id + 1, timed | COOKIE_CONDITIONED | (match ? COOKIE_MATCHED : 0));
+    if (!program || !iprobe_cond_evaluate(program, &v)) {
+        /* Not recorded: counted, and completed through the count handler's
+         * return (the cost of a count), not timed. */
+        struct iprobe_rt_fn_stats* stats = thread_stats(cb);
+        if (UNLIKELY(!stats)) return 0;
+        add_local(&stats[stat].calls, 1);
+        return hook_return(slot, IPROBE_RT_RETURN_COUNT,
+                           stat * (uint32_t)sizeof(struct iprobe_rt_fn_stats) +
+                               (uint32_t)__builtin_offsetof(struct iprobe_rt_fn_stats, completed),
+                           0);
+    }
+    const uint64_t unit = hook_return(slot, IPROBE_RT_RETURN_TRACE, id + 1, timed | COOKIE_CONDITIONED | COOKIE_MATCHED);
     const uint64_t now = timestamp();
     enter_timed(cb, (int32_t)id, stat, now, unit && timed ? FRAME_MATCH : FRAME_NONE, 0);
-    if (!match) return unit;
     struct iprobe_rt_fn_stats* stats = iprobe_rt_thread.stats;
     if (stats) add_local(&stats[stat].matched, 1);
     ring_append(cb, (int32_t)id, IPROBE_RT_REC_ENTRY, now, 0);

@@ -76,6 +76,7 @@ TEST_F(WhenTest, RecursiveFunctionRecordsExactlyTheMatchingCalls) {
     EXPECT_EQ(fib["completed"], kRuns * fib_calls(15)) << fib;
     EXPECT_EQ(fib["matched"], kRuns * fib_calls_with(15, 10)) << fib;
     EXPECT_EQ(fib["undecided"], 0) << fib;
+    EXPECT_EQ(fib["timed"], kRuns * fib_calls_with(15, 10)) << "the times are the matching calls'\n" << fib;
     EXPECT_EQ(events("fib"), std::make_pair(kRuns * fib_calls_with(15, 10), kRuns * fib_calls_with(15, 10)));
 
     // Another condition on the running process; then none at all.
@@ -128,6 +129,7 @@ TEST_F(WhenTest, DurationConditionAndMinDuration) {
         EXPECT_EQ(events("sleepy"), std::make_pair(2LL, 2LL)) << how[0];
     }
     const json f = function(report(), "sleepy");
+    EXPECT_EQ(f["timed"], 10) << "decided at exit: every call timed\n" << f;
     EXPECT_EQ(f["calls"], 10) << f;
     EXPECT_EQ(f["completed"], 10) << f;
     EXPECT_EQ(f["matched"], 4) << f;
