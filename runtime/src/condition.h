@@ -16,10 +16,9 @@ extern "C" {
 int iprobe_cond_evaluate(const struct iprobe_cond_program* program, const struct iprobe_cond_values* values)
     __attribute__((visibility("hidden")));
 
-/* Copies up to `size` bytes of this process's memory at `address` into
- * `out` without ever faulting (process_vm_readv on itself): the bytes
- * copied, which stop short at the first unreadable page (0 for NULL or a
- * dangling pointer). */
+/* Copies `size` bytes of this process's memory at `address` into `out`
+ * without ever faulting (process_vm_readv on itself): the bytes copied,
+ * fewer (or 0: NULL, a dangling pointer) when any of them is unreadable. */
 uint64_t iprobe_cond_read_memory(void* out, uint64_t address, uint64_t size) __attribute__((visibility("hidden")));
 
 #ifdef __cplusplus

@@ -17,7 +17,7 @@
 #include <unistd.h>
 
 #include "iprobe/runtime/rt.h"
-#include "condition.h"
+#include "condition_eval.h"
 #include "return_stack_internal.h"
 
 #define EXPORT __attribute__((visibility("default")))
@@ -639,7 +639,7 @@ static __attribute__((noinline)) uint64_t conditioned_enter(struct iprobe_rt_con
         if (!unit && stats) add_local(&stats[stat].undecided, 1); /* its exit will not be seen */
         return unit;
     }
-    if (!program || !iprobe_cond_evaluate(program, &v)) {
+    if (!program || !iprobe_cond_holds(program, &v)) {
         /* Not recorded: counted, and completed through the count handler's
          * return (the cost of a count), not timed. */
         struct iprobe_rt_fn_stats* stats = thread_stats(cb);
@@ -686,7 +686,7 @@ static __attribute__((noinline)) void conditioned_exit(const struct iprobe_rt_re
         return;
     }
     const struct iprobe_cond_program* program = condition_program((uint32_t)(cookie >> 32));
-    if (!program || !iprobe_cond_evaluate(program, &v)) return;
+    if (!program || !iprobe_cond_holds(program, &v)) return;
     add_local(&stats[stat].matched, 1);
     ring_append(cb, (int32_t)probe - 1, IPROBE_RT_REC_ENTRY, now - v.duration, 0);
     ring_append(cb, (int32_t)probe, IPROBE_RT_REC_EXIT, now, 0);
