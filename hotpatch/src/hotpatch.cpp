@@ -22,6 +22,7 @@
 #include "region.h"
 #include "relocated_entries.h"
 #include "session.h"
+#include "values_plan.h"
 #include "stubs.h"
 #include "iprobe/runtime/rt.h"
 #include "iprobe/support/error.h"
@@ -43,6 +44,12 @@ AttachStats attach(const AttachOptions& options) {
     elf_cache().preload(options.pid, handler_path);
     const auto before = runtime_state(options.pid);
     const TscCalibration tsc = before && before->control ? TscCalibration{} : calibrate_tsc();
+
+    if (options.values.any() && options.mode != HandlerMode::trace)
+        throw Error("--args, --retval and --backtrace record into the trace stream: use them with --handler trace",
+                    ExitCode::usage);
+    std::vector<ValuesPlan> values_plans;
+    for (const auto& s : lists) values_plans.push_back(plan_values(options.pid, s, options.values));
 
     std::uint32_t capacity = 4096;
     for (auto& s : lists) capacity += static_cast<std::uint32_t>(s.list.probes.size()) * 2;
@@ -137,6 +144,7 @@ AttachStats attach(const AttachOptions& options) {
         std::vector<SiteStub> site_stubs;
         std::map<const std::string*, std::uint64_t> handler_addresses;  // keyed as `stubs` below
         std::size_t newly_enabled = 0;
+        std::map<std::uint32_t, std::uint64_t> value_specs;  // global probe index -> spec word
 
         for (std::size_t li = 0; li < lists.size(); li++) {
             auto& s = lists[li];
@@ -144,6 +152,9 @@ AttachStats attach(const AttachOptions& options) {
             const std::uint32_t mi = find_or_add_module(region, running, s);
             iprobe_rt_module& module = region.modules()[mi];
             touched.insert(running.path);
+            for (const auto& [id, spec] : values_plans[li].specs) value_specs[module.first_probe + id] = spec_word(spec);
+            stats.values_unavailable += values_plans[li].unavailable;
+            stats.values_untyped += values_plans[li].untyped;
             if (s.selected.empty()) continue;
             std::vector<std::uint64_t> addresses;
             addresses.reserve(s.selected.size());
@@ -264,6 +275,13 @@ AttachStats attach(const AttachOptions& options) {
         // Table first, code second: a site only becomes live once its
         // return address resolves.
         for (const auto& e : enables) region.insert_site(e.return_address, e.keyed, region.probes()[e.keyed].stat);
+        // What each enabled probe captures, before its site is live (an
+        // attach without value options turns them off again).
+        for (const auto& e : enables) {
+            const auto spec = value_specs.find(e.global);
+            __atomic_store_n(reinterpret_cast<std::uint64_t*>(&region.probes()[e.global].values),
+                             spec == value_specs.end() ? 0 : spec->second, __ATOMIC_RELEASE);
+        }
         if (fresh_fd >= 0) {
             const auto rc = static_cast<std::int64_t>(process.call(*map_at, {static_cast<std::uint64_t>(fresh_fd)}));
             if (rc != 0)
