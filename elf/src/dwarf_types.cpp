@@ -1,5 +1,7 @@
 #include "dwarf_types.h"
 
+#include <cstddef>
+
 namespace iprobe::elf {
 
 
@@ -75,8 +77,12 @@ static bool find_subprogram(Dwarf_Die* die, std::uint64_t entry, Dwarf_Die* out,
     do {
         const int tag = dwarf_tag(&child);
         if (tag == DW_TAG_subprogram) {
-            Dwarf_Addr low = 0;
-            if (dwarf_lowpc(&child, &low) == 0 && low == entry) {
+            // One range, or several (gcc's hot and cold parts): the entry starts one.
+            Dwarf_Addr low = 0, base = 0, start = 0, end = 0;
+            bool starts = dwarf_lowpc(&child, &low) == 0 && low == entry;
+            for (std::ptrdiff_t at = 0; !starts && (at = dwarf_ranges(&child, at, &base, &start, &end)) > 0;)
+                starts = start == entry;
+            if (starts) {
                 *out = child;
                 return true;
             }

@@ -658,23 +658,30 @@ static uint32_t caller_chain(const uint64_t* slot, uint64_t* out, uint32_t max) 
     const struct iprobe_rt_thread_state* t = &iprobe_rt_thread;
     uint64_t above = (uint64_t)(uintptr_t)slot;
     while (n < max) {
-        const struct iprobe_rt_return* best = 0;
+        /* the nearest slot above: at most one of the entries naming it is
+         * live, the one whose trampoline it holds */
+        uint64_t nearest = UINT64_MAX;
         for (unsigned c = 0; c < t->count && c < IPROBE_RT_RETURN_MAX_CHUNKS; c++) {
             const struct iprobe_rt_return* e = &iprobe_rt_return_pool[(uint32_t)t->chunks[c] * IPROBE_RT_RETURN_CHUNK];
             for (unsigned i = 0; i < IPROBE_RT_RETURN_CHUNK; i++, e++)
-                if (e->ret && e->slot > above && (!best || e->slot < best->slot)) best = e;
+                if (e->ret && e->slot > above && e->slot < nearest) nearest = e->slot;
         }
-        if (!best) break;
-        above = best->slot;
+        if (nearest == UINT64_MAX) break;
+        above = nearest;
         uint64_t held = 0;
         struct {
             uint64_t base, len;
-        } local = {(uint64_t)(uintptr_t)&held, 8}, remote = {best->slot, 8};
+        } local = {(uint64_t)(uintptr_t)&held, 8}, remote = {nearest, 8};
         if (raw_syscall6(SYS_process_vm_readv, (long)g_pid, (long)(uintptr_t)&local, 1, (long)(uintptr_t)&remote, 1,
-                         0) != 8 ||
-            held != iprobe_rt_return_unit(best) + IPROBE_RT_RETURN_UNIT_TRAMPOLINE)
+                         0) != 8)
             continue;
-        out[n++] = iprobe_rt_real_return_address(best->ret);
+        for (unsigned c = 0; c < t->count && c < IPROBE_RT_RETURN_MAX_CHUNKS; c++) {
+            const struct iprobe_rt_return* e = &iprobe_rt_return_pool[(uint32_t)t->chunks[c] * IPROBE_RT_RETURN_CHUNK];
+            for (unsigned i = 0; i < IPROBE_RT_RETURN_CHUNK; i++, e++)
+                if (e->ret && e->slot == nearest && held == iprobe_rt_return_unit(e) + IPROBE_RT_RETURN_UNIT_TRAMPOLINE &&
+                    n < max)
+                    out[n++] = iprobe_rt_real_return_address(e->ret);
+        }
     }
     return n;
 }
