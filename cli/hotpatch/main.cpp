@@ -49,7 +49,7 @@ std::string g_command = "attach";
 constexpr const char* kSynopsis =
     "usage: iprobe attach PID [--probes LIST[,LIST…]] [--module NAME[,NAME…]] [--functions GLOB,…] [--files GLOB,…]\n"
     "                     [--entry-only|--exit-only] [--handler trace|count] [--buffer SIZE] [--json]\n"
-    "                     [--when EXPR] [--min-duration TIME] [--retval]\n"
+    "                     [--args] [--retval] [--backtrace[=DEPTH]] [--when EXPR] [--min-duration TIME]\n"
     "       iprobe detach PID [--functions GLOB,…] [--entry-only|--exit-only] [--json]\n"
     "       iprobe status PID [--json]   (also lists functions replaced by 'iprobe patch')\n"
     "       iprobe trace  PID [--duration S] [--format text|json|chrome | --output FILE]\n"
@@ -148,6 +148,10 @@ ArgSpec spec_of(const std::string& command) {
         {"--entry-only", "", "only entry probes"},
         {"--exit-only", "", "only exit probes"},
         {"--handler", "trace|count", "attach: what enabled probes do (default trace)"},
+        {"--args", "", "attach: record each call's arguments (typed from DWARF; else arg0..arg5 raw)"},
+        {"--retval", "", "attach: record each call's return value (and keep its log2 histogram: report --hist)"},
+        {"--backtrace", "", "attach: record the callers of each call (--backtrace=DEPTH, default 8)"},
+        {"--backtrace-depth", "N", "attach: caller frames --backtrace records (1-32)"},
         {"--buffer", "SIZE", "attach: each thread's event ring (K/M/G suffix; default 512K)"},
         {"--ring-records", "N", "attach: each thread's event ring in records (instead of --buffer)"},
         {"--runtime", "PATH", "attach: the runtime library to inject (default: the installed one)"},
@@ -162,7 +166,6 @@ ArgSpec spec_of(const std::string& command) {
         {"--hist", "", "report: per function, the log2 latency (and --retval value) histogram"},
         {"--when", "EXPR", "attach: record only calls EXPR holds for (e.g. 'n == 10', 'duration > 2ms')"},
         {"--min-duration", "TIME", "attach: record only calls at least TIME long (2ms, 500us, 10ns, 1s)"},
-        {"--retval", "", "attach: keep a log2 histogram of each function's integer return value"},
         {"--exec", "", "run: PROGRAM replaces iprobe (same PID); the report is written after it exits"},
         {"--report", "FILE", "run: write the report to FILE (%p: the program's PID) instead of stderr"},
         {"--json", "", "machine-readable output"},
@@ -195,7 +198,22 @@ Args parse(int argc, char** argv) {
     Args args;
     args.command = argv[1];
     const ArgSpec spec = spec_of(args.command);
-    const ParsedArgs parsed = spec.parse(argc, argv, 2);
+    // --backtrace=DEPTH is --backtrace --backtrace-depth DEPTH (up to a "--")
+    std::vector<std::string> words;
+    for (int i = 0; i < argc; i++) {
+        const std::string w = argv[i];
+        const bool options_end = std::find(words.begin(), words.end(), "--") != words.end();
+        if (!options_end && w.rfind("--backtrace=", 0) == 0) {
+            words.push_back("--backtrace");
+            words.push_back("--backtrace-depth");
+            words.push_back(w.substr(std::strlen("--backtrace=")));
+        } else {
+            words.push_back(w);
+        }
+    }
+    std::vector<char*> word_ptrs;
+    for (auto& w : words) word_ptrs.push_back(w.data());
+    const ParsedArgs parsed = spec.parse(static_cast<int>(word_ptrs.size()), word_ptrs.data(), 2);
     if (parsed.help_requested()) {
         std::cout << spec.help();
         std::exit(0);
@@ -204,10 +222,10 @@ Args parse(int argc, char** argv) {
         for (auto& p : split_list(list)) args.probes.push_back(p);
     for (const auto& list : parsed.values("--module"))
         for (auto& m : split_list(list)) args.modules.push_back(m);
-    for (const char* name : {"--functions", "--files", "--entry-only", "--exit-only", "--handler", "--buffer",
+    for (const char* name : {"--args", "--retval", "--backtrace", "--backtrace-depth", "--functions", "--files", "--entry-only", "--exit-only", "--handler", "--buffer",
                              "--ring-records", "--runtime", "--duration", "--format", "--output", "--input",
                              "--since-last", "--reset", "--at-exit", "--folded", "--json", "--exec", "--report",
-                             "--hist", "--when", "--min-duration", "--retval"})
+                             "--hist", "--when", "--min-duration"})
         if (parsed.has(name)) args.values[name] = parsed.value(name);
     if (args.command == "run") {
         if (!parsed.positionals().empty()) usage_error("unexpected argument " + parsed.positionals().front() + " (the program follows --)");
@@ -281,10 +299,17 @@ AttachOptions attach_options_of(const Args& args) {
     o.runtime_library = args.value("--runtime");
     o.when = args.value("--when");
     o.min_duration = args.value("--min-duration");
-    o.retval_histogram = args.flag("--retval");
     if (args.flag("--when") && o.when.empty()) usage_error("--when needs an expression, e.g. --when 'n == 10'");
-    if ((!o.when.empty() || !o.min_duration.empty() || o.retval_histogram) && o.mode != HandlerMode::trace)
-        usage_error("--when, --min-duration and --retval need --handler trace");
+    o.values.args = args.flag("--args");
+    o.values.retval = args.flag("--retval");
+    if (args.flag("--backtrace-depth") && !args.flag("--backtrace")) usage_error("--backtrace-depth goes with --backtrace");
+    if (args.flag("--backtrace"))
+        o.values.backtrace = static_cast<unsigned>(
+            parse_unsigned_or_usage(args.value("--backtrace-depth", "8"), "--backtrace depth", 1, IPROBE_RT_BACKTRACE_MAX));
+    if (o.values.any() && o.mode != HandlerMode::trace) usage_error("--args, --retval and --backtrace need --handler trace");
+    o.retval_histogram = o.values.retval;  // the value is captured and its histogram kept
+    if ((!o.when.empty() || !o.min_duration.empty()) && o.mode != HandlerMode::trace)
+        usage_error("--when and --min-duration need --handler trace");
     return o;
 }
 
@@ -431,23 +456,38 @@ public:
     void print(const Event& e, const ProbeInfo& info) {
         // Nesting per thread; the tids come from the target's rings (or a
         // file), so the table is bounded: past kMaxThreads they start over.
-        if (depth_.size() >= kMaxThreads && !depth_.count(e.tid)) depth_.clear();
-        int& d = depth_[e.tid];
-        if (e.kind == probelist::ProbeKind::exit && d > 0) d--;
+        if (stacks_.size() >= kMaxThreads && !stacks_.count(e.tid)) stacks_.clear();
+        auto& stack = stacks_[e.tid];
+        // A frame at or above an open one's return slot (the stack grows
+        // down) means the open one is gone without an exit: unwound.
+        if (e.frame && e.depth == 0)
+            while (!stack.empty() && stack.back().frame &&
+                   (e.kind == probelist::ProbeKind::entry ? stack.back().frame <= e.frame : stack.back().frame < e.frame)) {
+                print_unwound(e, stack.back(), stack.size() - 1);
+                stack.pop_back();
+            }
+        std::string call = info.function;
+        if (e.kind == probelist::ProbeKind::entry && e.has_values) call += "(" + joined_args(e) + ")";
+        if (e.kind == probelist::ProbeKind::exit && !stack.empty()) {
+            if (stack.back().function == info.function) call = stack.back().call;
+            stack.pop_back();
+        }
+        const std::size_t d = std::min<std::size_t>(stack.size(), kMaxDepth);
         line_.clear();
         if (format_ == "text") {
-            char head[96];
-            std::snprintf(head, sizeof head, "%" PRIu64 ".%09" PRIu64 " %7u ",
-                          static_cast<std::uint64_t>(e.time_ns / 1000000000ull),
-                          static_cast<std::uint64_t>(e.time_ns % 1000000000ull), e.tid);
-            line_ = head;
-            line_.append(static_cast<std::size_t>(d) * 2, ' ');
+            line_ = text_head(e.time_ns, e.tid, d);
             line_ += e.kind == probelist::ProbeKind::entry ? "-> " : e.kind == probelist::ProbeKind::exit ? "<- " : "@ ";
-            line_ += info.function;
+            line_ += call;
+            if (e.retval) line_ += " = " + e.retval->text;
             if (e.kind == probelist::ProbeKind::point)
                 for (int i = 0; i < e.nargs; i++) line_ += (i ? ", " : " (") + std::to_string(e.args[i]) + (i + 1 == e.nargs ? ")" : "");
             if (e.depth) line_ += "  [in signal handler]";
             line_ += "\n";
+            for (const Frame& f : e.backtrace) {
+                line_ += std::string(28 + 2 * d, ' ') + "   from " + (f.function.empty() ? hex(f.address) : f.function);
+                if (!f.file.empty()) line_ += " (" + f.file + ":" + std::to_string(f.line) + ")";
+                line_ += "\n";
+            }
         } else {
             JsonWriter j;
             if (format_ == "json") {
@@ -456,10 +496,31 @@ public:
                     .field("tid", e.tid)
                     .field("kind", to_string(e.kind))
                     .field("function", info.function)
-                    .field("depth", d);
+                    .field("depth", static_cast<std::uint64_t>(d));
                 if (e.kind == probelist::ProbeKind::point) {
                     j.key("args").begin_array();
                     for (int i = 0; i < e.nargs; i++) j.value(e.args[i]);
+                    j.end_array();
+                }
+                if (e.kind == probelist::ProbeKind::entry && e.has_values) {
+                    j.key("args").begin_array();
+                    for (const Value& v : e.values) {
+                        j.begin_object().field("name", v.name).field("type", v.type).key("value").raw(v.json);
+                        j.end_object();
+                    }
+                    j.end_array();
+                }
+                if (e.retval) {
+                    j.key("retval").begin_object().field("type", e.retval->type).key("value").raw(e.retval->json);
+                    j.end_object();
+                }
+                if (!e.backtrace.empty()) {
+                    j.key("backtrace").begin_array();
+                    for (const Frame& f : e.backtrace) {
+                        j.begin_object().field("address", hex(f.address)).field("function", f.function);
+                        if (!f.file.empty()) j.field("file", f.file).field("line", f.line);
+                        j.end_object();
+                    }
                     j.end_array();
                 }
                 j.end_object();
@@ -470,22 +531,77 @@ public:
                     .field("ph", e.kind == probelist::ProbeKind::entry ? "B" : e.kind == probelist::ProbeKind::exit ? "E" : "i")
                     .field("ts", static_cast<double>(e.time_ns) / 1000.0)
                     .field("pid", static_cast<std::int64_t>(pid_))
-                    .field("tid", e.tid)
-                    .end_object();
+                    .field("tid", e.tid);
+                if (e.has_values || !e.backtrace.empty()) {
+                    j.key("args").begin_object();
+                    for (const Value& v : e.values) j.key(v.name).raw(v.json);
+                    if (e.retval) j.key("retval").raw(e.retval->json);
+                    if (!e.backtrace.empty()) {
+                        j.key("backtrace").begin_array();
+                        for (const Frame& f : e.backtrace) j.value(f.function.empty() ? hex(f.address) : f.function);
+                        j.end_array();
+                    }
+                    j.end_object();
+                }
+                j.end_object();
                 line_ = (first_ ? "" : ",\n") + j.str();
             }
         }
-        if (e.kind == probelist::ProbeKind::entry && d < kMaxDepth) d++;
+        if (e.kind == probelist::ProbeKind::entry) stack.push_back({e.frame, info.function, std::move(call)});
         first_ = false;
         std::fwrite(line_.data(), 1, line_.size(), stdout);
     }
 
 private:
+    struct OpenCall {
+        std::uint64_t frame;   // its return slot, 0 when unknown
+        std::string function;
+        std::string call;      // "fib(n=10)"
+    };
+    static std::string hex(std::uint64_t v) {
+        char buf[24];
+        std::snprintf(buf, sizeof buf, "0x%" PRIx64, v);
+        return buf;
+    }
+    static std::string joined_args(const Event& e) {
+        std::string out;
+        for (const Value& v : e.values) out += (out.empty() ? "" : ", ") + v.name + "=" + v.text;
+        return out;
+    }
+    static std::string text_head(std::uint64_t time_ns, std::uint32_t tid, std::size_t depth) {
+        char head[96];
+        std::snprintf(head, sizeof head, "%" PRIu64 ".%09" PRIu64 " %7u ", static_cast<std::uint64_t>(time_ns / 1000000000ull),
+                      static_cast<std::uint64_t>(time_ns % 1000000000ull), tid);
+        return head + std::string(depth * 2, ' ');
+    }
+    // A call whose frame was unwound (an exception, longjmp): no exit, no value.
+    void print_unwound(const Event& at, const OpenCall& open, std::size_t depth) {
+        std::string out;
+        if (format_ == "text") {
+            out = text_head(at.time_ns, at.tid, std::min<std::size_t>(depth, kMaxDepth)) + "<- " + open.call +
+                  "  unwound (no return value)\n";
+        } else {
+            JsonWriter j;
+            j.begin_object();
+            if (format_ == "json") {
+                j.field("time_ns", at.time_ns).field("tid", at.tid).field("kind", "exit").field("function", open.function)
+                    .field("depth", static_cast<std::uint64_t>(depth)).field("unwound", true);
+            } else {
+                j.field("name", open.function).field("ph", "E").field("ts", static_cast<double>(at.time_ns) / 1000.0)
+                    .field("pid", static_cast<std::int64_t>(pid_)).field("tid", at.tid);
+                j.key("args").begin_object().field("unwound", true).end_object();
+            }
+            j.end_object();
+            out = format_ == "json" ? j.str() + "\n" : (first_ ? "" : ",\n") + j.str();
+        }
+        first_ = false;
+        std::fwrite(out.data(), 1, out.size(), stdout);
+    }
     static constexpr std::size_t kMaxThreads = 1u << 16;
-    static constexpr int kMaxDepth = 256;  // indentation stops growing there
+    static constexpr std::size_t kMaxDepth = 256;  // indentation stops growing there
     std::string format_;
     pid_t pid_;
-    std::unordered_map<std::uint32_t, int> depth_;
+    std::unordered_map<std::uint32_t, std::vector<OpenCall>> stacks_;
     bool first_ = true;
     std::string line_;
 };

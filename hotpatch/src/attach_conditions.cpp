@@ -3,27 +3,39 @@
 #include <cstring>
 #include <set>
 
-#include "iprobe/elf/function_signature.h"
-#include "inject.h"
+#include "iprobe/elf/function_values.h"
+#include "values_plan.h"
 
 namespace iprobe::hotpatch {
 
 namespace {
 
-ConditionSignature signature_of(const std::optional<elf::FunctionParameters>& f) {
+ConditionSignature signature_of(const std::optional<elf::FunctionValues>& f) {
     ConditionSignature s;
-    if (!f) return s;
+    if (!f || !f->typed) return s;
     s.has_dwarf = true;
-    for (const auto& p : f->parameters) {
-        if (p.name.empty()) continue;
-        s.parameters.push_back(
-            {p.name, p.type, p.is_integer ? p.integer_register : -1, p.size ? p.size : 8, p.is_signed, p.is_char_pointer});
+    auto integer = [](const elf::ValueType& t) {
+        using C = elf::ValueClass;
+        return t.cls == C::signed_int || t.cls == C::unsigned_int || t.cls == C::boolean || t.cls == C::enumeration ||
+               t.cls == C::pointer || t.cls == C::string;
+    };
+    auto condition_value = [&](const elf::ValueSlot& v) {
+        ConditionParameter c{v.name, v.type.name, -1, v.type.size ? v.type.size : 8,
+                             v.type.cls == elf::ValueClass::signed_int || v.type.cls == elf::ValueClass::enumeration,
+                             v.type.cls == elf::ValueClass::string};
+        // One integer register holds it whole (a clone's constant or a value in memory: none).
+        if (integer(v.type) && v.parts.size() == 1 && !v.parts[0].vector && v.type.size <= 8)
+            c.register_index = v.parts[0].reg;
+        return c;
+    };
+    for (const auto& p : f->params)
+        if (!p.name.empty()) s.parameters.push_back(condition_value(p));
+    s.returns_value = f->ret.has_value();
+    if (f->ret) {
+        s.retval = condition_value(*f->ret);
+        s.retval.name = "retval";
+        if (s.retval.register_index < 0) s.retval = {"retval", f->ret->type.name, -1, 8, true, false};
     }
-    s.returns_value = f->returns.has_value();
-    if (f->returns && f->returns->is_integer)
-        s.retval = {"retval", f->returns->type, 0, f->returns->size, f->returns->is_signed, f->returns->is_char_pointer};
-    else if (f->returns)
-        s.retval = {"retval", f->returns->type, -1, 8, true, false};
     return s;
 }
 
@@ -49,13 +61,15 @@ Condition attach_condition(const AttachOptions& options) {
 }
 
 ConditionPlan plan_conditions(const Condition& condition, const AttachOptions& options,
-                              const std::vector<SelectedList>& lists, const std::vector<const RunningModule*>& targets) {
+                              const std::vector<SelectedList>& lists) {
     ConditionPlan plan(lists.size());
     const bool wanted = !condition.empty() || options.retval_histogram;
     std::vector<std::string> lacking;
     std::size_t lacking_count = 0;
     for (std::size_t li = 0; li < lists.size(); li++) {
         const SelectedList& s = lists[li];
+        std::shared_ptr<elf::ElfFile> dwarf;
+        bool dwarf_tried = false;
         std::set<std::uint32_t> exits_on;
         for (const probelist::Probe* p : s.selected)
             if (p->form == probelist::SiteForm::ret) exits_on.insert(p->id - 1);
@@ -75,13 +89,10 @@ ConditionPlan plan_conditions(const Condition& condition, const AttachOptions& o
                 throw Error("--when '" + condition.text() + "' reads retval or duration, which " + p->demangled +
                                 "'s exit probe gives: drop --entry-only",
                             ExitCode::usage);
-            std::optional<elf::FunctionParameters> params;
-            try {
-                params = elf::function_parameters(*elf_cache().get(options.pid, targets[li]->path),
-                                                  p->function_address ? p->function_address : p->site);
-            } catch (const Error&) {
-            }
-            const ConditionSignature signature = signature_of(params);
+            if (!dwarf_tried) dwarf = dwarf_of(options.pid, s), dwarf_tried = true;
+            std::optional<elf::FunctionValues> values;
+            if (dwarf && p->function_address) values = elf::function_values(*dwarf, p->function_address, p->function);
+            const ConditionSignature signature = signature_of(values);
             if (options.retval_histogram) planned.retval_hist = retval_spec(signature);
             if (condition.empty()) continue;
             if (const auto missing = unknown_name(condition, signature)) {

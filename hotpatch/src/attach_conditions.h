@@ -12,7 +12,6 @@
 #include "attach_plan.h"
 #include "iprobe/hotpatch/condition.h"
 #include "iprobe/hotpatch/hotpatch.h"
-#include "modules.h"
 #include "region.h"
 
 namespace iprobe::hotpatch {
@@ -31,13 +30,14 @@ using ConditionPlan = std::vector<std::map<std::uint32_t, FunctionCondition>>;
 Condition attach_condition(const AttachOptions& options);
 
 // Compiles `condition` for every selected function-entry probe of `lists`
-// (DWARF of the module `targets[i]` maps).  Throws Error(bad_input) naming
+// (their modules' DWARF, as the target sees its files), before the target
+// stops.  Throws Error(bad_input) naming
 // every function that lacks a name the condition uses and what it has,
 // Error(usage) when a condition needs what the selection cannot give
 // (a retval or duration without exit probes; sites other than function
 // entries).
 ConditionPlan plan_conditions(const Condition& condition, const AttachOptions& options,
-                              const std::vector<SelectedList>& lists, const std::vector<const RunningModule*>& targets);
+                              const std::vector<SelectedList>& lists);
 
 // Writes each function's program (reusing an identical one the region
 // holds), then sets the entry probe's condition and its exit probe's

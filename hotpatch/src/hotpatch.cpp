@@ -23,6 +23,7 @@
 #include "region.h"
 #include "relocated_entries.h"
 #include "session.h"
+#include "values_plan.h"
 #include "stubs.h"
 #include "iprobe/runtime/rt.h"
 #include "iprobe/support/error.h"
@@ -39,6 +40,8 @@ AttachStats attach(const AttachOptions& options) {
         (options.mode != HandlerMode::trace || !options.handlers.enter.empty()))
         throw Error("--when, --min-duration and --retval need the runtime's trace handler (--handler trace)",
                     ExitCode::usage);
+    // Planned (and refused) before the target stops.
+    const ConditionPlan conditions = plan_conditions(condition, options, lists);
     const std::string runtime_path = runtime_path_of(options);
     const std::string handler_path = handlers.library.empty() ? runtime_path : canonical_or_same(handlers.library);
     SessionLock lock(options.pid);
@@ -49,6 +52,12 @@ AttachStats attach(const AttachOptions& options) {
     elf_cache().preload(options.pid, handler_path);
     const auto before = runtime_state(options.pid);
     const TscCalibration tsc = before && before->control ? TscCalibration{} : calibrate_tsc();
+
+    if (options.values.any() && options.mode != HandlerMode::trace)
+        throw Error("--args, --retval and --backtrace record into the trace stream: use them with --handler trace",
+                    ExitCode::usage);
+    std::vector<ValuesPlan> values_plans;
+    for (const auto& s : lists) values_plans.push_back(plan_values(options.pid, s, options.values));
 
     std::uint32_t capacity = 4096;
     for (auto& s : lists) capacity += static_cast<std::uint32_t>(s.list.probes.size()) * 2;
@@ -95,8 +104,6 @@ AttachStats attach(const AttachOptions& options) {
         // Modules may have moved in `modules` after an injection: re-match.
         targets.clear();
         for (auto& s : lists) targets.push_back(&match_module(s, modules, options.pid));
-        // Refused here, before anything is written.
-        const ConditionPlan conditions = plan_conditions(condition, options, lists, targets);
 
         const auto state_at = runtime.library.symbol("iprobe_rt_state");
         const auto map_at = runtime.library.symbol("iprobe_rt_map_region");
@@ -145,6 +152,7 @@ AttachStats attach(const AttachOptions& options) {
         std::vector<SiteStub> site_stubs;
         std::map<const std::string*, std::uint64_t> handler_addresses;  // keyed as `stubs` below
         std::size_t newly_enabled = 0;
+        std::map<std::uint32_t, std::uint64_t> value_specs;  // global probe index -> spec word
 
         for (std::size_t li = 0; li < lists.size(); li++) {
             auto& s = lists[li];
@@ -152,6 +160,9 @@ AttachStats attach(const AttachOptions& options) {
             const std::uint32_t mi = find_or_add_module(region, running, s);
             iprobe_rt_module& module = region.modules()[mi];
             touched.insert(running.path);
+            for (const auto& [id, spec] : values_plans[li].specs) value_specs[module.first_probe + id] = spec_word(spec);
+            stats.values_unavailable += values_plans[li].unavailable;
+            stats.values_untyped += values_plans[li].untyped;
             if (s.selected.empty()) continue;
             std::vector<std::uint64_t> addresses;
             addresses.reserve(s.selected.size());
@@ -277,6 +288,13 @@ AttachStats attach(const AttachOptions& options) {
         for (std::size_t li = 0; li < lists.size(); li++)
             first_probes.push_back(region.modules()[find_or_add_module(region, *targets[li], lists[li])].first_probe);
         apply_conditions(region, conditions, first_probes);
+        // What each enabled probe captures, before its site is live (an
+        // attach without value options turns them off again).
+        for (const auto& e : enables) {
+            const auto spec = value_specs.find(e.global);
+            __atomic_store_n(reinterpret_cast<std::uint64_t*>(&region.probes()[e.global].values),
+                             spec == value_specs.end() ? 0 : spec->second, __ATOMIC_RELEASE);
+        }
         if (fresh_fd >= 0) {
             const auto rc = static_cast<std::int64_t>(process.call(*map_at, {static_cast<std::uint64_t>(fresh_fd)}));
             if (rc != 0)

@@ -12,6 +12,7 @@
 #include "iprobe/support/json.h"
 #include "iprobe/support/lock_file.h"
 #include "region.h"
+#include "values_reader.h"
 
 namespace iprobe::hotpatch {
 
@@ -102,6 +103,7 @@ struct TraceReader::Impl {
     std::vector<ProbeInfo> probes;
     std::uint32_t modules_loaded = 0;
     ProbeInfo unknown{"?", "?", "", 0, probelist::ProbeKind::entry, ""};
+    std::unique_ptr<ValuesReader> values;  // made at the first values record
 
     void load_new_modules() {
         const std::uint32_t count = region.module_count();
@@ -192,10 +194,18 @@ std::size_t TraceReader::drain(const std::function<void(const Event&)>& sink) {
                         std::memcpy(e.args, more->args, sizeof e.args);
                         tail++;
                     }
-                } else if (r.kind == IPROBE_RT_REC_EXIT) {
-                    e.kind = probelist::ProbeKind::exit;
-                } else if (r.kind == IPROBE_RT_REC_ENTRY) {
-                    e.kind = probelist::ProbeKind::entry;
+                } else if (r.kind == IPROBE_RT_REC_EXIT || r.kind == IPROBE_RT_REC_ENTRY) {
+                    e.kind = r.kind == IPROBE_RT_REC_EXIT ? probelist::ProbeKind::exit : probelist::ProbeKind::entry;
+                    e.frame = r.frame;
+                    if (r.nargs) {
+                        std::vector<std::uint64_t> words;
+                        for (unsigned k = 0; k < r.nargs && tail < head; k++, tail++) {
+                            const auto* more = reinterpret_cast<const iprobe_rt_args_record*>(&records[tail & mask]);
+                            words.insert(words.end(), more->args, more->args + 4);
+                        }
+                        if (!impl_->values) impl_->values = std::make_unique<ValuesReader>(impl_->region, impl_->pid);
+                        impl_->values->decode(e, words);
+                    }
                 } else {
                     continue;
                 }

@@ -21,6 +21,14 @@ int iprobe_cond_evaluate(const struct iprobe_cond_program* program, const struct
  * fewer (or 0: NULL, a dangling pointer) when any of them is unreadable. */
 uint64_t iprobe_cond_read_memory(void* out, uint64_t address, uint64_t size) __attribute__((visibility("hidden")));
 
+/* The runtime's decision for the values path (rt.c): whether the --when of
+ * the function whose entry probe is `entry_probe` holds for `v`; without a
+ * condition, 1 for an entry and, for an exit, whether its entry was recorded. */
+struct iprobe_rt_control;
+struct iprobe_rt_values;
+int iprobe_rt_condition_match(const struct iprobe_rt_control* cb, uint32_t entry_probe,
+                              const struct iprobe_rt_values* v) __attribute__((visibility("hidden")));
+
 #ifdef __cplusplus
 }
 #endif

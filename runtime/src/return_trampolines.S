@@ -154,8 +154,8 @@ iprobe_rt_return_common:
     .cfi_def_cfa_register rbp
     push %rbx
     .cfi_offset rbx, -64
-    push %rax
     push %rdx
+    push %rax
     push %r9
     push %r10
     mov %r11, %rbx
@@ -165,7 +165,7 @@ iprobe_rt_return_common:
     sub $32, %rsp
     movdqa %xmm0, 0(%rsp)
     movdqa %xmm1, 16(%rsp)
-    mov %rax, %rsi                     /* the return value, for conditions and histograms */
+    lea -24(%rbp), %rsi                /* rax, rdx as the function returned them */
     call iprobe_rt_return_at
     movdqa 0(%rsp), %xmm0
     movdqa 16(%rsp), %xmm1
@@ -174,8 +174,8 @@ iprobe_rt_return_common:
     lea -40(%rbp), %rsp
     pop %r10
     pop %r9
-    pop %rdx
     pop %rax
+    pop %rdx
     pop %rbx
     .cfi_restore rbx
     pop %rbp

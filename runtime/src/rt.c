@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdlib.h>
+#include <stddef.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -19,6 +20,7 @@
 #include "iprobe/runtime/rt.h"
 #include "condition_eval.h"
 #include "return_stack_internal.h"
+#include "values_match.h"
 
 #define EXPORT __attribute__((visibility("default")))
 #define LIKELY(x) __builtin_expect(!!(x), 1)
@@ -373,18 +375,23 @@ static inline __attribute__((always_inline)) int exit_timed(struct iprobe_rt_con
     return 1;
 }
 
-static inline __attribute__((always_inline)) void aggregate(struct iprobe_rt_control* cb, int32_t probe,
-                                                            uint32_t stat, uint8_t kind, uint64_t now,
-                                                            enum frame_use use) {
-    if (UNLIKELY(stat >= g_geometry.stat_capacity)) return;
+/* A call's event in this thread's sums.  `frame_args` (an entry) keep the
+ * arguments in its frame; `held` (an exit) gets them back with the call's
+ * duration: 1 when it did. */
+static inline __attribute__((always_inline)) int aggregate(struct iprobe_rt_control* cb, int32_t probe,
+                                                           uint32_t stat, uint8_t kind, uint64_t now,
+                                                           enum frame_use use, const uint64_t* frame_args,
+                                                           struct iprobe_cond_values* held) {
+    if (UNLIKELY(stat >= g_geometry.stat_capacity)) return 0;
     if (kind == IPROBE_RT_REC_ENTRY) {
-        enter_timed(cb, probe, stat, now, use, 0);
+        enter_timed(cb, probe, stat, now, use, frame_args);
     } else if (kind == IPROBE_RT_REC_EXIT) {
-        exit_timed(cb, stat, now, use, 0);
+        return exit_timed(cb, stat, now, use, held);
     } else {
         struct iprobe_rt_fn_stats* stats = thread_stats(cb);
         if (LIKELY(stats != 0)) add_local(&stats[stat].calls, 1);
     }
+    return 0;
 }
 
 /* The count handler: calls (entries, points) and completed calls (exits),
@@ -410,10 +417,20 @@ static inline __attribute__((always_inline)) void count(uintptr_t return_address
     add_local(kind == IPROBE_RT_REC_EXIT ? &stats[stat].completed : &stats[stat].calls, 1);
 }
 
-/* Appends one event (two with a point's args) to this thread's ring, never
- * blocking: a full ring drops it, counted. */
+/* What a values event appends after its record (continuation records), and
+ * the function's frame; `record` 0: counted in the sums, not recorded. */
+struct payload {
+    const uint64_t* words;
+    uint32_t nwords;
+    uint8_t record;
+    uint64_t frame;
+};
+
+/* Appends one event (two with a point's args, more with values) to this
+ * thread's ring, never blocking: a full ring drops it, counted. */
 static inline __attribute__((always_inline)) void ring_append(struct iprobe_rt_control* cb, int32_t probe,
-                                                              uint8_t kind, uint64_t now, const uint64_t* args) {
+                                                              uint8_t kind, uint64_t now, const uint64_t* args,
+                                                              const struct payload* values) {
     struct thread_producer* t = &t_producer;
     if (UNLIKELY(!t->ring)) {
         if (t->no_ring) {
@@ -427,7 +444,8 @@ static inline __attribute__((always_inline)) void ring_append(struct iprobe_rt_c
         }
         if (!claim_ring(t, cb)) return;
     }
-    const uint64_t need = args ? 2 : 1;
+    const uint64_t extra = values ? (values->nwords + 3) / 4 : 0;
+    const uint64_t need = args ? 2 : 1 + extra;
     t->depth++;
     BARRIER();
     /* One instruction, so a signal handler probing in this thread sees the
@@ -448,11 +466,21 @@ static inline __attribute__((always_inline)) void ring_append(struct iprobe_rt_c
     record->probe = (uint32_t)probe;
     record->tid = t->tid;
     record->kind = kind;
-    record->nargs = args ? 4 : 0;
+    record->nargs = args ? 4 : (uint8_t)extra;
     record->depth = (uint16_t)(t->depth - 1);
+    record->frame = values ? values->frame : 0;
     if (args) {
         struct iprobe_rt_args_record* more = (struct iprobe_rt_args_record*)&t->records[(index + 1) & t->mask];
         for (int i = 0; i < 4; i++) more->args[i] = args[i];
+    }
+    if (values) {
+        for (uint64_t r = 0; r < extra; r++) {
+            uint64_t* to = ((struct iprobe_rt_args_record*)&t->records[(index + 1 + r) & t->mask])->args;
+            for (uint32_t w = 0; w < 4; w++) {
+                const uint32_t from = (uint32_t)r * 4 + w;
+                to[w] = from < values->nwords ? values->words[from] : 0;
+            }
+        }
     }
 out:
     BARRIER();
@@ -471,11 +499,18 @@ out:
     }
 }
 
+static inline __attribute__((always_inline)) void emit_probe_at(struct iprobe_rt_control* cb, int32_t probe,
+                                                                uint32_t stat, uint8_t kind, const uint64_t* args,
+                                                                enum frame_use use, uint64_t now,
+                                                                const struct payload* values) {
+    aggregate(cb, probe, stat, kind, now, use, 0, 0);
+    if (values && !values->record) return;
+    ring_append(cb, probe, kind, now, args, values);
+}
+
 static inline __attribute__((always_inline)) void emit_probe(struct iprobe_rt_control* cb, int32_t probe, uint32_t stat,
                                                              uint8_t kind, const uint64_t* args, enum frame_use use) {
-    const uint64_t now = timestamp();
-    aggregate(cb, probe, stat, kind, now, use);
-    ring_append(cb, probe, kind, now, args);
+    emit_probe_at(cb, probe, stat, kind, args, use, timestamp(), 0);
 }
 
 static inline __attribute__((always_inline)) void emit(uintptr_t return_address, uint8_t kind, const uint64_t* args) {
@@ -550,6 +585,282 @@ static uint64_t* count_target(uint64_t calls) {
     return stats ? (uint64_t*)(stats + calls) : 0;
 }
 
+/* ---- values (arguments, return registers, backtraces) ----
+ * A probe whose iprobe_rt_probe.values is not all zero goes through these:
+ * its values are gathered in one struct iprobe_rt_values, handed to
+ * iprobe_rt_values_match() (values_match.c), and appended to the record as
+ * continuation records (rt_layout.h).  The return hook's cookie carries
+ * what the exit needs: whether the entry pushed a timed frame, was recorded,
+ * and when it ran. */
+#define COOKIE_TIMED 1u
+#define COOKIE_VALUES 2u  /* the entry went through values_enter: the bits below are set */
+#define COOKIE_MATCHED 4u /* ... and was recorded (a --when decided at entry held) */
+#define COOKIE_CONDITIONED 8u /* a --when decides what is recorded (without values) */
+#define COOKIE_HELD 16u   /* its --when is decided at exit: the entry kept its arguments in its frame */
+#define COOKIE_SHIFT 5    /* values: at this timestamp */
+
+/* A function's `--when` program (its entry probe's condition), 0 when none. */
+static inline const struct iprobe_cond_program* condition_program(uint32_t condition) {
+    return condition - 1 < g_geometry.condition_capacity ? &g_geometry.conditions[condition - 1] : 0;
+}
+
+_Static_assert(sizeof(struct iprobe_rt_values_spec) == 8, "one store, one load");
+_Static_assert(offsetof(struct iprobe_rt_probe, values) % 8 == 0, "aligned");
+
+static uint32_t g_pid; /* this process, for process_vm_readv on itself (set at map) */
+
+static inline __attribute__((always_inline)) uint64_t spec_word(const struct iprobe_rt_probe* p) {
+    return __atomic_load_n((const uint64_t*)&p->values, __ATOMIC_RELAXED);
+}
+
+static inline __attribute__((always_inline)) struct iprobe_rt_values_spec spec_of(uint64_t word) {
+    struct iprobe_rt_values_spec spec;
+    __builtin_memcpy(&spec, &word, sizeof spec);
+    return spec;
+}
+
+/* The low 64 bits of xmm0-7.  The runtime's C code never touches a vector
+ * register (-mgeneral-regs-only) and the entry points before it keep them:
+ * here they still hold the function's arguments (at exit, xmm0/xmm1 its
+ * return value: return_trampolines.S saves them around this C). */
+#define READ_XMM(n, into) __asm__ __volatile__("movq %%xmm" #n ", %0" : "=r"(into))
+static inline __attribute__((always_inline)) void read_xmm_args(uint64_t* x) {
+    READ_XMM(0, x[0]);
+    READ_XMM(1, x[1]);
+    READ_XMM(2, x[2]);
+    READ_XMM(3, x[3]);
+    READ_XMM(4, x[4]);
+    READ_XMM(5, x[5]);
+    READ_XMM(6, x[6]);
+    READ_XMM(7, x[7]);
+}
+
+static inline long raw_syscall6(long n, long a, long b, long c, long d, long e, long f) {
+    register long r10 __asm__("r10") = d;
+    register long r8 __asm__("r8") = e;
+    register long r9 __asm__("r9") = f;
+    long ret;
+    __asm__ __volatile__("syscall"
+                         : "=a"(ret)
+                         : "0"(n), "D"(a), "S"(b), "d"(c), "r"(r10), "r"(r8), "r"(r9)
+                         : "rcx", "r11", "memory");
+    return ret;
+}
+
+/* process_vm_readv on ourselves rather than a fault guard: it cannot fault
+ * whatever the pointer (unmapped, PROT_NONE, a guard page), installs no
+ * signal handler in the target (whose own SIGSEGV handler stays in charge)
+ * and is async-signal-safe; the price, a system call, is paid only by
+ * char* arguments.  The remote range is split at the page boundary, since
+ * the kernel never transfers part of one iovec: a string ending just before
+ * an unmapped page is still read. */
+uint64_t iprobe_rt_copy_string(uint64_t s, char out[IPROBE_RT_STRING_BYTES]) {
+    for (int i = 0; i < IPROBE_RT_STRING_BYTES; i++) out[i] = 0;
+    if (!s) return IPROBE_RT_STRING_NULL;
+    struct iovec_raw {
+        uint64_t base, len;
+    } local = {(uint64_t)(uintptr_t)out, IPROBE_RT_STRING_BYTES}, remote[2];
+    const uint64_t first = 4096 - (s & 4095);
+    unsigned n = 1;
+    remote[0].base = s;
+    remote[0].len = first < IPROBE_RT_STRING_BYTES ? first : IPROBE_RT_STRING_BYTES;
+    if (remote[0].len < IPROBE_RT_STRING_BYTES) {
+        remote[1].base = s + remote[0].len;
+        remote[1].len = IPROBE_RT_STRING_BYTES - remote[0].len;
+        n = 2;
+    }
+    const long got = raw_syscall6(SYS_process_vm_readv, (long)g_pid, (long)(uintptr_t)&local, 1,
+                                  (long)(uintptr_t)remote, (long)n, 0);
+    if (got <= 0) return IPROBE_RT_STRING_UNREADABLE;
+    int end = 0;
+    while (end < got && out[end]) end++;
+    for (int i = end; i < IPROBE_RT_STRING_BYTES; i++) out[i] = 0;
+    return (uint64_t)got;
+}
+
+/* Return addresses of the callers, nearest first: the function's own
+ * (exact: its return slot), then those its probed callers' hooked returns
+ * keep in this thread's return entries (return_stack.h), by the stack
+ * address of their slots.  No unwinding of unprobed frames: at -O2 there
+ * are no frame pointers to follow and CFI is too costly at every call; a
+ * slot is trusted only while it still holds its trampoline, read without
+ * faulting (an entry of a frame an exception skipped, or of another stack). */
+static uint32_t caller_chain(const uint64_t* slot, uint64_t* out, uint32_t max) {
+    if (!max) return 0;
+    uint32_t n = 0;
+    out[n++] = iprobe_rt_real_return_address(*slot);
+    const struct iprobe_rt_thread_state* t = &iprobe_rt_thread;
+    uint64_t above = (uint64_t)(uintptr_t)slot;
+    while (n < max) {
+        /* the nearest slot above: at most one of the entries naming it is
+         * live, the one whose trampoline it holds */
+        uint64_t nearest = UINT64_MAX;
+        for (unsigned c = 0; c < t->count && c < IPROBE_RT_RETURN_MAX_CHUNKS; c++) {
+            const struct iprobe_rt_return* e = &iprobe_rt_return_pool[(uint32_t)t->chunks[c] * IPROBE_RT_RETURN_CHUNK];
+            for (unsigned i = 0; i < IPROBE_RT_RETURN_CHUNK; i++, e++)
+                if (e->ret && e->slot > above && e->slot < nearest) nearest = e->slot;
+        }
+        if (nearest == UINT64_MAX) break;
+        above = nearest;
+        uint64_t held = 0;
+        struct {
+            uint64_t base, len;
+        } local = {(uint64_t)(uintptr_t)&held, 8}, remote = {nearest, 8};
+        if (raw_syscall6(SYS_process_vm_readv, (long)g_pid, (long)(uintptr_t)&local, 1, (long)(uintptr_t)&remote, 1,
+                         0) != 8)
+            continue;
+        for (unsigned c = 0; c < t->count && c < IPROBE_RT_RETURN_MAX_CHUNKS; c++) {
+            const struct iprobe_rt_return* e = &iprobe_rt_return_pool[(uint32_t)t->chunks[c] * IPROBE_RT_RETURN_CHUNK];
+            for (unsigned i = 0; i < IPROBE_RT_RETURN_CHUNK; i++, e++)
+                if (e->ret && e->slot == nearest && held == iprobe_rt_return_unit(e) + IPROBE_RT_RETURN_UNIT_TRAMPOLINE &&
+                    n < max)
+                    out[n++] = iprobe_rt_real_return_address(e->ret);
+        }
+    }
+    return n;
+}
+
+/* The words of an entry's continuation records (rt_layout.h), into `w`. */
+static uint32_t entry_words(struct iprobe_rt_values_spec spec, const struct iprobe_rt_values* v, const uint64_t* slot,
+                            uint64_t* w) {
+    uint32_t n = 0;
+    const uint32_t gprs = spec.gprs < IPROBE_RT_VALUES_GPRS ? spec.gprs : IPROBE_RT_VALUES_GPRS;
+    const uint32_t xmms = spec.xmms < IPROBE_RT_VALUES_XMMS ? spec.xmms : IPROBE_RT_VALUES_XMMS;
+    for (uint32_t i = 0; i < gprs; i++) w[n++] = v->gpr[i];
+    for (uint32_t i = 0; i < xmms; i++) w[n++] = v->xmm[i];
+    for (uint32_t i = 0; i < gprs; i++) {
+        if (!(spec.strings & (1u << i))) continue;
+        w[n] = iprobe_rt_copy_string(v->gpr[i], (char*)&w[n + 1]);
+        n += 1 + IPROBE_RT_STRING_BYTES / 8;
+    }
+    if (spec.flags & IPROBE_RT_VALUES_BACKTRACE) {
+        const uint32_t depth = spec.backtrace < IPROBE_RT_BACKTRACE_MAX ? spec.backtrace : IPROBE_RT_BACKTRACE_MAX;
+        w[n] = caller_chain(slot, &w[n + 1], depth);
+        n += 1 + (uint32_t)w[n];
+    }
+    return n;
+}
+
+/* An entry whose probe captures values: `hook` says whether its return is
+ * hooked too (both probes on); returns the unit, as the trace handler does. */
+static __attribute__((noinline)) uint64_t values_enter(struct iprobe_rt_control* cb, uint32_t id,
+                                                       const struct iprobe_rt_probe* p, uint64_t word,
+                                                       const uint64_t* saved, const uint64_t* slot, int hook) {
+    struct iprobe_rt_values v;
+    const struct iprobe_rt_values_spec spec = spec_of(word);
+    if (spec.xmms) read_xmm_args(v.xmm); /* first: before anything that could call out */
+    const uint64_t now = timestamp();
+    v.kind = IPROBE_RT_REC_ENTRY;
+    v.has_return = v.has_duration = 0;
+    v.entry_matched = 1;
+    /* saved: rdi, rsi, rdx, rcx, rax, r8, r9 (ENTRY_SITE_CALL) */
+    v.gpr[0] = saved[0], v.gpr[1] = saved[1], v.gpr[2] = saved[2], v.gpr[3] = saved[3];
+    v.gpr[4] = saved[5], v.gpr[5] = saved[6];
+    v.ret[0] = v.ret[1] = v.xret[0] = v.xret[1] = v.duration = 0;
+    const uint64_t timed = hook ? p->timed : 0;
+    /* A --when on retval or duration: decided at exit, the arguments kept in the frame. */
+    const uint32_t condition = __atomic_load_n(&p->condition, __ATOMIC_RELAXED);
+    const struct iprobe_cond_program* program = condition ? condition_program(condition) : 0;
+    const int at_exit = program && (program->needs & IPROBE_COND_AT_EXIT);
+    const int matched = at_exit ? 0 : iprobe_rt_values_match(cb, id, spec, &v);
+    uint64_t unit = 0;
+    if (hook)
+        unit = hook_return(slot, IPROBE_RT_RETURN_TRACE, id + 1,
+                           (now << COOKIE_SHIFT) | COOKIE_VALUES | (matched ? COOKIE_MATCHED : 0) |
+                               (at_exit && timed ? COOKIE_HELD : 0) | timed);
+    uint64_t words[IPROBE_RT_VALUES_MAX_WORDS];
+    struct payload out = {words, 0, (uint8_t)matched, (uint64_t)(uintptr_t)slot};
+    if (matched && (spec.flags & (IPROBE_RT_VALUES_ARGS | IPROBE_RT_VALUES_BACKTRACE)))
+        out.nwords = entry_words(spec, &v, slot, words);
+    aggregate(cb, (int32_t)id, p->stat, IPROBE_RT_REC_ENTRY, now, unit && timed ? FRAME_MATCH : FRAME_NONE,
+              at_exit ? v.gpr : 0, 0);
+    struct iprobe_rt_fn_stats* stats = iprobe_rt_thread.stats;
+    if (condition && stats && p->stat < g_geometry.stat_capacity) {
+        if (matched) add_local(&stats[p->stat].matched, 1);
+        if (at_exit && !(unit && timed)) add_local(&stats[p->stat].undecided, 1); /* no frame to decide at exit */
+    }
+    if (matched) ring_append(cb, (int32_t)id, IPROBE_RT_REC_ENTRY, now, 0, &out);
+    return unit;
+}
+
+/* The exit of a call whose --when is decided at exit (values_enter held its
+ * entry): its arguments and duration from its frame; when the condition
+ * holds, the entry's event (at its own time, with its values) and the
+ * exit's are written together. */
+static __attribute__((noinline)) void held_values_exit(struct iprobe_rt_control* cb, const struct iprobe_rt_return* e,
+                                                       struct iprobe_rt_values_spec spec, struct iprobe_rt_values* v,
+                                                       uint64_t now) {
+    const uint32_t probe = e->arg;
+    if (UNLIKELY(probe == 0)) return;
+    const struct iprobe_rt_probe* entry = probe_of(cb, (int32_t)probe - 1);
+    const uint32_t stat = probe_of(cb, (int32_t)probe)->stat;
+    struct iprobe_cond_values held;
+    const int have = aggregate(cb, (int32_t)probe, stat, IPROBE_RT_REC_EXIT, now, FRAME_MATCH, 0, &held);
+    struct iprobe_rt_fn_stats* stats = iprobe_rt_thread.stats;
+    if (UNLIKELY(!stats || stat >= g_geometry.stat_capacity)) return;
+    if (!have) {
+        add_local(&stats[stat].undecided, 1);
+        return;
+    }
+    for (int i = 0; i < IPROBE_RT_VALUES_GPRS; i++) v->gpr[i] = held.args[i];
+    v->duration = held.duration;
+    v->has_duration = 1;
+    v->entry_matched = 1;
+    if (!iprobe_rt_values_match(cb, probe, spec, v)) return;
+    add_local(&stats[stat].matched, 1);
+    /* The entry's values as it got them, but the vector registers (not kept: 0). */
+    const struct iprobe_rt_values_spec entry_spec = spec_of(spec_word(entry));
+    struct iprobe_rt_values at_entry = *v;
+    at_entry.kind = IPROBE_RT_REC_ENTRY;
+    for (int i = 0; i < IPROBE_RT_VALUES_XMMS; i++) at_entry.xmm[i] = 0;
+    uint64_t words[IPROBE_RT_VALUES_MAX_WORDS];
+    struct payload in = {words, 0, 1, e->slot};
+    if (entry_spec.flags & (IPROBE_RT_VALUES_ARGS | IPROBE_RT_VALUES_BACKTRACE))
+        in.nwords = entry_words(entry_spec, &at_entry, (const uint64_t*)(uintptr_t)e->slot, words);
+    ring_append(cb, (int32_t)probe - 1, IPROBE_RT_REC_ENTRY, now - held.duration, 0, &in);
+    uint64_t ret_words[4] = {v->ret[0], v->ret[1], v->xret[0], v->xret[1]};
+    const struct payload out = {ret_words, (spec.flags & IPROBE_RT_VALUES_RETVAL) ? 4u : 0u, 1, e->slot};
+    ring_append(cb, (int32_t)probe, IPROBE_RT_REC_EXIT, now, 0, &out);
+}
+
+/* An exit whose entry or exit probe captures values: regs = rax, rdx as the
+ * function returned them. */
+static __attribute__((noinline)) void values_exit(const struct iprobe_rt_return* e, const uint64_t* regs,
+                                                  uint64_t word) {
+    struct iprobe_rt_values v;
+    uint64_t xret[2];
+    READ_XMM(0, xret[0]);
+    READ_XMM(1, xret[1]);
+    struct iprobe_rt_control* cb = control();
+    if (UNLIKELY(!cb)) {
+        count_unserved();
+        return;
+    }
+    const uint32_t probe = e->arg;
+    if (UNLIKELY(probe >= g_geometry.probe_capacity)) return;
+    const struct iprobe_rt_values_spec spec = spec_of(word);
+    const uint64_t now = timestamp();
+    v.kind = IPROBE_RT_REC_EXIT;
+    for (int i = 0; i < IPROBE_RT_VALUES_GPRS; i++) v.gpr[i] = 0;
+    for (int i = 0; i < IPROBE_RT_VALUES_XMMS; i++) v.xmm[i] = 0;
+    v.has_return = 1;
+    v.ret[0] = regs[0], v.ret[1] = regs[1];
+    v.xret[0] = xret[0], v.xret[1] = xret[1];
+    v.has_duration = (e->cookie & COOKIE_VALUES) != 0;
+    const uint64_t start = e->cookie >> COOKIE_SHIFT;
+    v.duration = v.has_duration && now > start ? now - start : 0;
+    v.entry_matched = !(e->cookie & COOKIE_VALUES) || (e->cookie & COOKIE_MATCHED);
+    if (e->cookie & COOKIE_HELD) {
+        held_values_exit(cb, e, spec, &v, now);
+        return;
+    }
+    const int matched = iprobe_rt_values_match(cb, probe, spec, &v);
+    uint64_t words[4] = {v.ret[0], v.ret[1], v.xret[0], v.xret[1]};
+    struct payload out = {words, (spec.flags & IPROBE_RT_VALUES_RETVAL) ? 4u : 0u, (uint8_t)matched, e->slot};
+    emit_probe_at(cb, (int32_t)probe, probe_of(cb, (int32_t)probe)->stat, IPROBE_RT_REC_EXIT, 0,
+                  (e->cookie & COOKIE_TIMED) ? FRAME_MATCH : FRAME_NONE, now, &out);
+}
+
 __attribute__((visibility("hidden"))) uint64_t iprobe_rt_count_counter_at(uint64_t id, const uint64_t* saved,
                                                                          const uint64_t* slot) {
     (void)saved, (void)slot;
@@ -574,7 +885,12 @@ __attribute__((visibility("hidden"))) uint64_t iprobe_rt_count_return_at(uint64_
 
 __attribute__((visibility("hidden"))) uint64_t iprobe_rt_trace_enter_id_at(uint64_t id, const uint64_t* saved,
                                                                           const uint64_t* slot) {
-    (void)saved, (void)slot;
+    struct iprobe_rt_control* cb = control();
+    if (LIKELY(cb != 0) && LIKELY(id < g_geometry.probe_capacity)) {
+        const struct iprobe_rt_probe* p = probe_of(cb, (int32_t)id);
+        const uint64_t word = spec_word(p);
+        if (UNLIKELY(word != 0)) return values_enter(cb, (uint32_t)id, p, word, saved, slot, 0);
+    }
     emit_id((uint32_t)id, IPROBE_RT_REC_ENTRY, FRAME_MATCH);
     return 0;
 }
@@ -587,7 +903,11 @@ __attribute__((visibility("hidden"))) uint64_t iprobe_rt_trace_return_at(uint64_
         return 0;
     }
     if (UNLIKELY(id + 1 >= g_geometry.probe_capacity)) return 0;
-    return hook_return(slot, IPROBE_RT_RETURN_TRACE, (uint32_t)id + 1, 0);
+    /* exit only: a values exit still gets its duration */
+    const uint64_t cookie = spec_word(probe_of(control(), (int32_t)id + 1))
+                                ? (timestamp() << COOKIE_SHIFT) | COOKIE_VALUES | COOKIE_MATCHED
+                                : 0;
+    return hook_return(slot, IPROBE_RT_RETURN_TRACE, (uint32_t)id + 1, cookie);
 }
 
 /* ---- `--when`: conditions on the trace handler at function-entry sites ----
@@ -601,14 +921,7 @@ __attribute__((visibility("hidden"))) uint64_t iprobe_rt_trace_return_at(uint64_
  * it reads), the entry's arguments are kept in the call's frame, and a
  * matching call's two events are written then (the entry's with its own
  * time). */
-#define COOKIE_TIMED 1u       /* the entry pushed a frame */
-#define COOKIE_CONDITIONED 2u /* a condition decides what is recorded */
-#define COOKIE_MATCHED 4u     /* decided at entry: it held */
-#define COOKIE_HELD 8u        /* decided at exit; program index + 1 in the upper half */
 
-static inline const struct iprobe_cond_program* condition_program(uint32_t condition) {
-    return condition - 1 < g_geometry.condition_capacity ? &g_geometry.conditions[condition - 1] : 0;
-}
 
 /* The six integer argument registers from ENTRY_SITE_CALL's saved ones
  * (rdi, rsi, rdx, rcx, rax, r8, r9, ...). */
@@ -631,7 +944,7 @@ static __attribute__((noinline)) uint64_t conditioned_enter(struct iprobe_rt_con
     if (program && (program->needs & IPROBE_COND_AT_EXIT)) {
         const uint64_t unit =
             timed ? hook_return(slot, IPROBE_RT_RETURN_TRACE, id + 1,
-                                COOKIE_TIMED | COOKIE_CONDITIONED | COOKIE_HELD | (uint64_t)condition << 32)
+                                COOKIE_TIMED | COOKIE_CONDITIONED | COOKIE_HELD)
                   : 0;
         const uint64_t now = timestamp();
         enter_timed(cb, (int32_t)id, stat, now, unit ? FRAME_MATCH : FRAME_NONE, v.args);
@@ -655,7 +968,7 @@ static __attribute__((noinline)) uint64_t conditioned_enter(struct iprobe_rt_con
     enter_timed(cb, (int32_t)id, stat, now, unit && timed ? FRAME_MATCH : FRAME_NONE, 0);
     struct iprobe_rt_fn_stats* stats = iprobe_rt_thread.stats;
     if (stats) add_local(&stats[stat].matched, 1);
-    ring_append(cb, (int32_t)id, IPROBE_RT_REC_ENTRY, now, 0);
+    ring_append(cb, (int32_t)id, IPROBE_RT_REC_ENTRY, now, 0, 0);
     return unit;
 }
 
@@ -673,7 +986,7 @@ static __attribute__((noinline)) void conditioned_exit(const struct iprobe_rt_re
     const uint64_t cookie = e->cookie;
     if (!(cookie & COOKIE_HELD)) {
         exit_timed(cb, stat, now, cookie & COOKIE_TIMED ? FRAME_MATCH : FRAME_NONE, 0);
-        if (cookie & COOKIE_MATCHED) ring_append(cb, (int32_t)probe, IPROBE_RT_REC_EXIT, now, 0);
+        if (cookie & COOKIE_MATCHED) ring_append(cb, (int32_t)probe, IPROBE_RT_REC_EXIT, now, 0, 0);
         return;
     }
     struct iprobe_cond_values v;
@@ -685,11 +998,12 @@ static __attribute__((noinline)) void conditioned_exit(const struct iprobe_rt_re
         add_local(&stats[stat].undecided, 1);
         return;
     }
-    const struct iprobe_cond_program* program = condition_program((uint32_t)(cookie >> 32));
+    /* the function's condition now (an attach may have changed it since the entry) */
+    const struct iprobe_cond_program* program = condition_program(probe_of(cb, (int32_t)probe - 1)->condition);
     if (!program || !iprobe_cond_holds(program, &v)) return;
     add_local(&stats[stat].matched, 1);
-    ring_append(cb, (int32_t)probe - 1, IPROBE_RT_REC_ENTRY, now - v.duration, 0);
-    ring_append(cb, (int32_t)probe, IPROBE_RT_REC_EXIT, now, 0);
+    ring_append(cb, (int32_t)probe - 1, IPROBE_RT_REC_ENTRY, now - v.duration, 0, 0);
+    ring_append(cb, (int32_t)probe, IPROBE_RT_REC_EXIT, now, 0, 0);
 }
 
 /* The log2 histogram of an exit probe's integer return value, when the
@@ -731,6 +1045,8 @@ __attribute__((visibility("hidden"))) uint64_t iprobe_rt_trace_enter_return_at(u
     }
     if (UNLIKELY(id + 1 >= g_geometry.probe_capacity)) return 0;
     const struct iprobe_rt_probe* p = probe_of(cb, (int32_t)id);
+    const uint64_t word = spec_word(p);
+    if (UNLIKELY(word != 0)) return values_enter(cb, (uint32_t)id, p, word, saved, slot, 1);
     const uint32_t condition = __atomic_load_n(&p->condition, __ATOMIC_RELAXED);
     if (UNLIKELY(condition != 0)) return conditioned_enter(cb, (uint32_t)id, p, condition, saved, slot);
     const uint64_t timed = p->timed;
@@ -739,13 +1055,45 @@ __attribute__((visibility("hidden"))) uint64_t iprobe_rt_trace_enter_return_at(u
     return unit;
 }
 
+/* values_match.c's --when: the program of the function of `entry_probe`
+ * against the values the values path holds (condition.h). */
+__attribute__((visibility("hidden"))) int iprobe_rt_condition_match(const struct iprobe_rt_control* cb,
+                                                                    uint32_t entry_probe,
+                                                                    const struct iprobe_rt_values* v) {
+    const int otherwise = v->kind == IPROBE_RT_REC_EXIT ? v->entry_matched : 1;
+    if (!cb || entry_probe >= g_geometry.probe_capacity) return otherwise;
+    const uint32_t condition =
+        __atomic_load_n(&probe_of((struct iprobe_rt_control*)cb, (int32_t)entry_probe)->condition, __ATOMIC_RELAXED);
+    if (!condition) return otherwise;
+    const struct iprobe_cond_program* program = condition_program(condition);
+    if (!program) return 0;
+    if (!(program->needs & IPROBE_COND_AT_EXIT)) {
+        if (v->kind == IPROBE_RT_REC_EXIT) return v->entry_matched;
+    } else if (v->kind != IPROBE_RT_REC_EXIT || !v->has_duration) {
+        return 0;
+    }
+    struct iprobe_cond_values values;
+    for (int i = 0; i < IPROBE_COND_ARGS; i++) values.args[i] = v->gpr[i];
+    values.retval = v->ret[0];
+    values.duration = v->duration;
+    return iprobe_cond_holds(program, &values);
+}
+
 /* A hooked return other than count's (which return_trampolines.S serves
  * itself): the return registers are saved by the caller. */
-__attribute__((visibility("hidden"))) void iprobe_rt_return_at(const struct iprobe_rt_return* e, uint64_t retval) {
+__attribute__((visibility("hidden"))) void iprobe_rt_return_at(const struct iprobe_rt_return* e, const uint64_t* regs) {
     if (e->handler == IPROBE_RT_RETURN_TRACE) {
-        if (UNLIKELY(e->cookie & COOKIE_CONDITIONED)) conditioned_exit(e, retval);
-        else emit_id(e->arg, IPROBE_RT_REC_EXIT, e->cookie ? FRAME_MATCH : FRAME_NONE);
-        retval_sample(e->arg, retval);
+        const struct iprobe_rt_control* cb = control();
+        const uint64_t word = cb && e->arg < g_geometry.probe_capacity
+                                  ? spec_word(probe_of((struct iprobe_rt_control*)cb, (int32_t)e->arg))
+                                  : 0;
+        if (UNLIKELY(word != 0 || (e->cookie & COOKIE_VALUES)))
+            values_exit(e, regs, word);
+        else if (UNLIKELY(e->cookie & COOKIE_CONDITIONED))
+            conditioned_exit(e, regs[0]);
+        else
+            emit_id(e->arg, IPROBE_RT_REC_EXIT, (e->cookie & COOKIE_TIMED) ? FRAME_MATCH : FRAME_NONE);
+        retval_sample(e->arg, regs[0]);
     } else {
         iprobe_rt_return_callback_run(e);
     }
@@ -877,6 +1225,7 @@ EXPORT int iprobe_rt_map_region(int fd) {
     g_geometry.monotonic = cb->clock == IPROBE_RT_CLOCK_MONOTONIC;
     g_geometry.conditions = (const struct iprobe_cond_program*)((const char*)cb + cb->conditions_offset);
     g_geometry.condition_capacity = cb->condition_capacity;
+    g_pid = (uint32_t)getpid();
     iprobe_rt_state.region_fd = fd;
     iprobe_rt_state.region_size = (uint64_t)st.st_size;
     iprobe_rt_state.mapped_pid = (uint32_t)getpid();

@@ -61,6 +61,65 @@ enum iprobe_rt_record_kind {
     IPROBE_RT_REC_ARGS = 4        /* continuation: the point's integer arguments */
 };
 
+/* ---- values: arguments at entry, return registers at exit, backtraces ----
+ * An ENTRY or EXIT record of a probe whose iprobe_rt_probe.values asks for
+ * them is followed by `nargs` continuation records (32 bytes each, read as
+ * four uint64_t words) holding, in this order:
+ *   entry (spec of the entry probe):
+ *     gpr[0 .. gprs-1]      rdi, rsi, rdx, rcx, r8, r9 as the function got them
+ *     xmm[0 .. xmms-1]      the low 64 bits of xmm0..
+ *     per bit i of `strings`, ascending: one word, the bytes copied from gpr[i]
+ *       (IPROBE_RT_STRING_NULL, IPROBE_RT_STRING_UNREADABLE, or 0..64; a copy
+ *       stops at the first unreadable byte), then 8 words: the bytes
+ *     with IPROBE_RT_VALUES_BACKTRACE: one word n, then n return addresses,
+ *       the caller's first
+ *   exit (spec of the exit probe, IPROBE_RT_VALUES_RETVAL):
+ *     rax, rdx, xmm0 (low 64 bits), xmm1 (low 64 bits)
+ * The words run on across records; the last record's unused words are 0.
+ * Typing is the reader's (DWARF); the target only copies registers. */
+#define IPROBE_RT_VALUES_ARGS 0x01u      /* entry probe: capture gprs/xmms/strings */
+#define IPROBE_RT_VALUES_RETVAL 0x02u    /* exit probe: capture the return registers */
+#define IPROBE_RT_VALUES_BACKTRACE 0x04u /* entry probe: the caller chain, at most `backtrace` frames */
+#define IPROBE_RT_VALUES_GPRS 6
+#define IPROBE_RT_VALUES_XMMS 8
+#define IPROBE_RT_STRING_BYTES 64
+#define IPROBE_RT_STRING_NULL UINT64_MAX            /* the pointer was NULL */
+#define IPROBE_RT_STRING_UNREADABLE (UINT64_MAX - 1) /* not a single byte readable (dangling) */
+#define IPROBE_RT_BACKTRACE_MAX 32
+#define IPROBE_RT_VALUES_MAX_WORDS                                                                      \
+    (IPROBE_RT_VALUES_GPRS + IPROBE_RT_VALUES_XMMS + IPROBE_RT_VALUES_GPRS * (1 + IPROBE_RT_STRING_BYTES / 8) + \
+     1 + IPROBE_RT_BACKTRACE_MAX)
+
+/* What a probe captures: written by the attacher (one 8-byte store, so a
+ * handler reading it while the attacher changes it sees either whole), read
+ * by the handler at each event; all 0 = plain trace. */
+struct iprobe_rt_values_spec {
+    uint8_t flags;      /* IPROBE_RT_VALUES_* */
+    uint8_t gprs;       /* integer argument registers captured, 0..IPROBE_RT_VALUES_GPRS */
+    uint8_t xmms;       /* vector argument registers captured, 0..IPROBE_RT_VALUES_XMMS */
+    uint8_t strings;    /* bit i: gpr[i] is a char* whose first 64 bytes are copied */
+    uint8_t backtrace;  /* caller frames to record, 0..IPROBE_RT_BACKTRACE_MAX */
+    uint8_t condition;  /* reserved for --when (runtime/src/values_match.c): 0 = none */
+    uint16_t reserved;
+};
+
+/* The one place a handler holds a call's values before it records: filled
+ * at entry from the argument registers and at exit from the return
+ * registers, then handed to iprobe_rt_values_match() (the --when / 
+ * --min-duration hook); only a call it accepts is recorded. */
+struct iprobe_rt_values {
+    uint8_t kind;               /* IPROBE_RT_REC_ENTRY or IPROBE_RT_REC_EXIT */
+    uint8_t has_return;         /* exit: 1 when ret/xret hold the function's return registers */
+    uint8_t has_duration;       /* exit: 1 when duration is known (the entry was seen by this handler) */
+    uint8_t entry_matched;      /* exit: 1 when its entry was recorded (or was not seen: exit-only) */
+    uint8_t pad[4];
+    uint64_t gpr[IPROBE_RT_VALUES_GPRS];  /* entry: rdi, rsi, rdx, rcx, r8, r9 */
+    uint64_t xmm[IPROBE_RT_VALUES_XMMS];  /* entry: low 64 bits of xmm0-7 */
+    uint64_t ret[2];            /* exit: rax, rdx */
+    uint64_t xret[2];           /* exit: low 64 bits of xmm0, xmm1 */
+    uint64_t duration;          /* exit: clock ticks (iprobe_rt_control.clock) since the entry */
+};
+
 /* The TSC where it is invariant (constant_tsc and nonstop_tsc: the cheapest
  * correct clock, bench/hotpatch/clocks.c), else CLOCK_MONOTONIC in ns. */
 enum iprobe_rt_clock {
@@ -82,10 +141,14 @@ struct iprobe_rt_record {
     uint32_t probe;      /* global probe index (iprobe_rt_probe) */
     uint32_t tid;
     uint8_t kind;        /* enum iprobe_rt_record_kind */
-    uint8_t nargs;       /* POINT: how many args the next record carries */
+    uint8_t nargs;       /* POINT: how many args the next record carries;
+                          * ENTRY/EXIT: continuation records of values that follow */
     uint16_t depth;      /* handler nesting in this thread (signal re-entrancy), 0 normally */
     uint32_t reserved;
-    uint64_t reserved2;
+    uint64_t frame;      /* ENTRY/EXIT at function-entry sites: the address of the function's
+                          * return-address slot (its stack pointer at entry), so a reader
+                          * pairs an exit with its entry and sees frames an exception or
+                          * longjmp unwound (no exit); 0 elsewhere */
 };
 
 /* The ARGS continuation record reuses the slot as four integers. */
@@ -148,6 +211,7 @@ struct iprobe_rt_probe {
      * can say for which part of the time a function's counts were kept. */
     uint64_t live_since_ns;  /* CLOCK_REALTIME when the site last became live; 0 while off */
     uint64_t live_ns;        /* time the site was live before that */
+    struct iprobe_rt_values_spec values; /* what the handler captures (0: nothing) */
 };
 
 /* One function's sums in one thread (or summed by a reader). */

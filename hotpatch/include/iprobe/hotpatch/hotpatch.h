@@ -60,6 +60,16 @@ struct HandlerSymbols {
     static HandlerSymbols runtime(HandlerMode mode);  // the runtime's own handlers
 };
 
+// What enabled function-entry probes record besides the call (issue 29):
+// the arguments at entry, the return value at exit, the callers' return
+// addresses.  Typed by the reader from DWARF; without it arg0..arg5 raw.
+struct ValueOptions {
+    bool args = false;
+    bool retval = false;
+    unsigned backtrace = 0;  // caller frames, 0 = none (at most IPROBE_RT_BACKTRACE_MAX)
+    bool any() const { return args || retval || backtrace; }
+};
+
 struct AttachOptions {
     pid_t pid = 0;
     // Probe lists, coldpatched binaries or binaries with a probe section
@@ -70,6 +80,7 @@ struct AttachOptions {
     std::vector<std::string> modules;
     probelist::ProbeSelector selector;
     HandlerMode mode = HandlerMode::trace;
+    ValueOptions values;                // trace handler only
     HandlerSymbols handlers;            // empty enter = HandlerSymbols::runtime(mode)
     std::string runtime_library;        // empty = default_runtime_library()
     // Per-thread event ring (trace stream), when the region is created:
@@ -106,6 +117,11 @@ struct AttachStats {
     // Selected functions left alone because `iprobe patch` replaced them
     // (their entry jumps to the replacement; see live_patch.h).
     std::vector<std::string> patched_skipped;
+    // With ValueOptions: selected probes that record no values because they
+    // are not function-entry sites (the -finstrument-functions flow,
+    // developer points), and probes typed without DWARF (arg0..arg5 raw).
+    std::size_t values_unavailable = 0;
+    std::size_t values_untyped = 0;
 };
 
 AttachStats attach(const AttachOptions& options);
