@@ -135,6 +135,29 @@ TEST_F(WhenTest, DurationConditionAndMinDuration) {
     EXPECT_EQ(f["matched"], 4) << f;
 }
 
+// With the values captured (--args --retval): the recorded events carry
+// them, also when the entry is written at exit with its exit.
+TEST_F(WhenTest, RecordedEventsCarryTheirValues) {
+    attached({"--functions", "fib", "--when", "n == 10", "--args", "--retval"});
+    ASSERT_EQ(command("fib 12"), fibonacci(12));
+    const auto t = iprobe({"trace", pid_, "--duration", "0.3", "--format", "text"});
+    ASSERT_EQ(t.exit_code, 0) << t.err;
+    std::size_t entries = 0, exits = 0;
+    for (std::size_t at = 0; (at = t.out.find("-> fib(n=10)", at)) != std::string::npos; at++) entries++;
+    for (std::size_t at = 0; (at = t.out.find("<- fib(n=10) = 55", at)) != std::string::npos; at++) exits++;
+    EXPECT_EQ(entries, static_cast<std::size_t>(fib_calls_with(12, 10))) << t.out;
+    EXPECT_EQ(exits, static_cast<std::size_t>(fib_calls_with(12, 10))) << t.out;
+    EXPECT_EQ(t.out.find("n=9"), std::string::npos) << t.out;
+
+    attached({"--functions", "sleepy", "--when", "duration > 150ms && us > 0", "--args", "--retval"});
+    for (const char* line : {"sleepy 0", "sleepy 300000"}) command(line);
+    const auto s = iprobe({"trace", pid_, "--duration", "0.3", "--format", "text"});
+    EXPECT_NE(s.out.find("-> sleepy(us=300000)"), std::string::npos) << s.out;
+    EXPECT_NE(s.out.find("<- sleepy(us=300000) = 0"), std::string::npos) << s.out;
+    EXPECT_EQ(s.out.find("us=0"), std::string::npos) << s.out;
+    EXPECT_EQ(function(report(), "sleepy")["matched"], 1);
+}
+
 TEST_F(WhenTest, NamesAFunctionLacksAreRefusedAndNothingChanges) {
     const auto a = attach({"--functions", "fib,lookup", "--when", "len > 3"});
     EXPECT_EQ(a.exit_code, 3) << a.err;
