@@ -4,10 +4,11 @@
 # 10^EXP calls) with probes off, the count handler, the trace handler, and
 # the trace handler under conditions that never hold: decided at entry on an
 # argument (`n == -1`), at exit on the duration (`duration > 1s`) and
-# `--min-duration 1s`.  Each variant REPEATS times (fresh process), fastest
-# kept; ratios against the count handler.
+# `--min-duration 1s`; and bpftrace with the same filter on a uprobe and a
+# uretprobe (10^BPF_EXP calls: a trap per event).  Each variant REPEATS
+# times (fresh process), fastest kept; ratios against the count handler.
 # usage: flock /work/notes/bench.lock bench/hotpatch/when.sh [BUILD_DIR]   (as root)
-# env: EXP (default 7), REPEATS (default 5)
+# env: EXP (default 7), REPEATS (default 5), BPF_EXP (default 5), SKIP_BPF=1
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 build="$(cd "${1:-${IPROBE_BUILD_DIR:-$root/build}}" && pwd)"
@@ -43,6 +44,17 @@ log "10^$exp calls of work(n, m), fastest of $repeats runs, thread CPU ns per ca
   best when_entry_nomatch --when 'n == -1'
   best when_exit_nomatch --when 'duration > 1s'
   best min_duration_nomatch --min-duration 1s
+  if [[ -z ${SKIP_BPF:-} ]] && command -v bpftrace >/dev/null; then
+    # the filter the kernel checks per hit, as --when n == -1 (entry) and a return probe
+    bpftrace -e "uprobe:$work/when_loop:work /arg0 == -1/ { @c = count(); } uretprobe:$work/when_loop:work /retval == -1/ { @r = count(); }" \
+      >"$work/bpftrace.out" 2>&1 &
+    bpf=$!
+    sleep 5
+    start "$work/when_loop" "${BPF_EXP:-5}"
+    finish
+    echo "bpftrace_nomatch $(awk '$1 ~ /^[0-9]+$/ { print $2 }' "$out")"
+    kill -INT "$bpf"; wait "$bpf" || true
+  fi
 } >"$work/results"
 count=$(awk '$1 == "count" { print $2 }' "$work/results")
 printf '%-22s %10s %10s\n' variant "ns/call" "x count"

@@ -245,7 +245,37 @@ public:
     iprobe_cond_program run(const Node* root) {
         const ValueKind k = emit(root);
         if (k != ValueKind::boolean) truthy(root, k);
+        fill_fast(program_);
         return program_;
+    }
+
+    // `argN OP constant` as the one range test of the runtime's assembler
+    // entry (condition.h): the set of 64-bit values, after the extension and
+    // the bias, that hold is an interval (or, for !=, all but one value).
+    static void fill_fast(iprobe_cond_program& p) {
+        const iprobe_cond_op* op = p.ops;
+        if (p.op_count != 3 || op[0].opcode != IPROBE_COND_ARG || op[1].opcode != IPROBE_COND_CONST ||
+            op[2].opcode != IPROBE_COND_COMPARE || op[0].operand < 0 || op[0].operand >= IPROBE_COND_ARGS)
+            return;
+        const unsigned bits = op[0].width >= 1 && op[0].width < 8 ? op[0].width * 8u : 64u;
+        p.fast_mask = bits == 64 ? ~0ull : (1ull << bits) - 1;
+        p.fast_signbit = op[0].is_signed && bits < 64 ? 1ull << (bits - 1) : 0;
+        p.fast_bias = op[2].is_signed ? 1ull << 63 : 0;
+        const std::uint64_t c = static_cast<std::uint64_t>(op[1].operand) ^ p.fast_bias;
+        constexpr std::uint64_t kMax = ~0ull;
+        auto range = [&](std::uint64_t low, std::uint64_t high) { p.fast_low = low, p.fast_span = high - low; };
+        auto never = [&] { range(0, kMax), p.fast_invert = 1; };
+        switch (op[2].compare) {
+        case IPROBE_COND_EQ: range(c, c); break;
+        case IPROBE_COND_NE: range(c, c), p.fast_invert = 1; break;
+        case IPROBE_COND_LT: c == 0 ? never() : range(0, c - 1); break;
+        case IPROBE_COND_LE: range(0, c); break;
+        case IPROBE_COND_GT: c == kMax ? never() : range(c + 1, kMax); break;
+        case IPROBE_COND_GE: range(c, kMax); break;
+        default: return;
+        }
+        p.fast_arg = static_cast<std::uint8_t>(op[0].operand);
+        p.fast = 1;
     }
 
 private:

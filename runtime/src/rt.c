@@ -599,6 +599,31 @@ static uint64_t* count_target(uint64_t calls) {
 #define COOKIE_HELD 16u   /* its --when is decided at exit: the entry kept its arguments in its frame */
 #define COOKIE_SHIFT 5    /* values: at this timestamp */
 
+/* What the trace handler's assembler entry (return_trampolines.S,
+ * iprobe_rt_trace_enter_return_nop) reads to reject a call a fast-form
+ * --when does not hold for: set at map, before g_control is published. */
+__attribute__((visibility("hidden"))) uint64_t iprobe_rt_when_probes;     /* the probe table, 0 unmapped */
+__attribute__((visibility("hidden"))) uint64_t iprobe_rt_when_programs;   /* the conditions table */
+__attribute__((visibility("hidden"))) uint32_t iprobe_rt_when_probe_capacity;
+__attribute__((visibility("hidden"))) uint32_t iprobe_rt_when_capacity;   /* programs */
+__attribute__((visibility("hidden"))) uint32_t iprobe_rt_when_stat_capacity;
+_Static_assert(sizeof(struct iprobe_rt_probe) == 56 && offsetof(struct iprobe_rt_probe, stat) == 24 &&
+                   offsetof(struct iprobe_rt_probe, condition) == 30,
+               "return_trampolines.S reads probes");
+_Static_assert(sizeof(struct iprobe_rt_fn_stats) == 960 && offsetof(struct iprobe_rt_fn_stats, calls) == 0 &&
+                   offsetof(struct iprobe_rt_fn_stats, completed) == 8,
+               "return_trampolines.S computes a function's calls");
+_Static_assert(sizeof(struct iprobe_cond_program) == IPROBE_COND_PROGRAM_SIZE &&
+                   offsetof(struct iprobe_cond_program, fast) == IPROBE_COND_FAST &&
+                   offsetof(struct iprobe_cond_program, fast_arg) == IPROBE_COND_FAST_ARG &&
+                   offsetof(struct iprobe_cond_program, fast_invert) == IPROBE_COND_FAST_INVERT &&
+                   offsetof(struct iprobe_cond_program, fast_mask) == IPROBE_COND_FAST_MASK &&
+                   offsetof(struct iprobe_cond_program, fast_signbit) == IPROBE_COND_FAST_SIGNBIT &&
+                   offsetof(struct iprobe_cond_program, fast_bias) == IPROBE_COND_FAST_BIAS &&
+                   offsetof(struct iprobe_cond_program, fast_low) == IPROBE_COND_FAST_LOW &&
+                   offsetof(struct iprobe_cond_program, fast_span) == IPROBE_COND_FAST_SPAN,
+               "return_trampolines.S reads programs");
+
 /* A function's `--when` program (its entry probe's condition), 0 when none. */
 static inline const struct iprobe_cond_program* condition_program(uint32_t condition) {
     return condition - 1 < g_geometry.condition_capacity ? &g_geometry.conditions[condition - 1] : 0;
@@ -1225,6 +1250,11 @@ EXPORT int iprobe_rt_map_region(int fd) {
     g_geometry.monotonic = cb->clock == IPROBE_RT_CLOCK_MONOTONIC;
     g_geometry.conditions = (const struct iprobe_cond_program*)((const char*)cb + cb->conditions_offset);
     g_geometry.condition_capacity = cb->condition_capacity;
+    iprobe_rt_when_programs = (uint64_t)(uintptr_t)g_geometry.conditions;
+    iprobe_rt_when_capacity = cb->condition_capacity;
+    iprobe_rt_when_stat_capacity = cb->stat_capacity;
+    iprobe_rt_when_probe_capacity = cb->probe_capacity;
+    __atomic_store_n(&iprobe_rt_when_probes, (uint64_t)((uintptr_t)cb + cb->probes_offset), __ATOMIC_RELEASE);
     g_pid = (uint32_t)getpid();
     iprobe_rt_state.region_fd = fd;
     iprobe_rt_state.region_size = (uint64_t)st.st_size;

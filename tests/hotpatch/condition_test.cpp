@@ -219,6 +219,42 @@ TEST(ConditionEvaluate, StringsNeverFault) {
     ::munmap(two, page);
 }
 
+// The fast form (the runtime's assembler entry) agrees with the evaluator for
+// every comparison, width and signedness, at the edges of each range.
+TEST(ConditionEvaluate, FastFormAgreesWithTheEvaluator) {
+    const auto fast_holds = [](const iprobe_cond_program& p, std::uint64_t arg) {
+        std::uint64_t x = ((arg & p.fast_mask) ^ p.fast_signbit) - p.fast_signbit;
+        return (((x ^ p.fast_bias) - p.fast_low <= p.fast_span) ? 1 : 0) != p.fast_invert;
+    };
+    ConditionSignature s;
+    s.has_dwarf = true;
+    s.parameters = {{"c", "signed char", 0, 1, true, false},  {"uc", "unsigned char", 1, 1, false, false},
+                    {"i", "int", 2, 4, true, false},          {"u", "unsigned int", 3, 4, false, false},
+                    {"l", "long", 4, 8, true, false},         {"ul", "unsigned long", 5, 8, false, false}};
+    const std::vector<std::string> constants = {"0", "1", "-1", "127", "-128", "255", "2147483647", "-2147483648",
+                                                "4294967295", "0x7fffffffffffffff", "-9223372036854775808", "0xffffffffffffffff"};
+    const std::vector<std::uint64_t> values = {0, 1, 2, 0x7f, 0x80, 0xff, 0x100, 0x7fffffff, 0x80000000, 0xffffffff,
+                                               0x100000000ull, 0x7fffffffffffffffull, 0x8000000000000000ull,
+                                               0xfffffffffffffffeull, 0xffffffffffffffffull, 0x12345678ffffff80ull};
+    int checked = 0;
+    for (const char* name : {"c", "uc", "i", "u", "l", "ul"})
+        for (const char* op : {"==", "!=", "<", "<=", ">", ">="})
+            for (const auto& c : constants) {
+                const std::string text = std::string(name) + " " + op + " " + c;
+                const iprobe_cond_program p = Condition::parse(text).compile(s);
+                ASSERT_EQ(p.fast, 1) << text;
+                for (std::uint64_t v : values) {
+                    iprobe_cond_values in{};
+                    for (auto& a : in.args) a = v;
+                    ASSERT_EQ(fast_holds(p, v), iprobe_cond_evaluate(&p, &in) == 1) << text << " at " << v;
+                    checked++;
+                }
+            }
+    EXPECT_EQ(checked, 6 * 6 * 12 * 16);
+    EXPECT_EQ(Condition::parse("i == 1 && u == 2").compile(s).fast, 0);
+    EXPECT_EQ(Condition::parse("retval == 1").compile(s).fast, 0);
+}
+
 TEST(ConditionEvaluate, MalformedProgramsAreFalseNeverACrash) {
     iprobe_cond_program p{};
     iprobe_cond_values v{};

@@ -16,8 +16,6 @@
 #ifndef IPROBE_FORMATS_CONDITION_H
 #define IPROBE_FORMATS_CONDITION_H
 
-#include <stdint.h>
-
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -26,6 +24,20 @@ extern "C" {
 #define IPROBE_COND_MAX_STRINGS 4
 #define IPROBE_COND_STRING_MAX 64 /* bytes compared at most (the literal's length) */
 #define IPROBE_COND_ARGS 6        /* integer argument registers: rdi rsi rdx rcx r8 r9 */
+/* Offsets the runtime's assembler reads (checked in runtime/src/rt.c). */
+#define IPROBE_COND_PROGRAM_SIZE 864
+#define IPROBE_COND_FAST 16
+#define IPROBE_COND_FAST_ARG 17
+#define IPROBE_COND_FAST_INVERT 18
+#define IPROBE_COND_FAST_MASK 24
+#define IPROBE_COND_FAST_SIGNBIT 32
+#define IPROBE_COND_FAST_BIAS 40
+#define IPROBE_COND_FAST_LOW 48
+#define IPROBE_COND_FAST_SPAN 56
+
+/* The rest is C (the runtime's assembler includes only the numbers above). */
+#ifndef __ASSEMBLER__
+#include <stdint.h>
 
 enum iprobe_cond_opcode {
     IPROBE_COND_CONST = 1,     /* push operand */
@@ -77,6 +89,21 @@ struct iprobe_cond_program {
     uint32_t needs;        /* enum iprobe_cond_needs, or-ed */
     uint32_t string_count; /* <= IPROBE_COND_MAX_STRINGS */
     uint32_t pad;
+    /* The same program when it is `argN OP constant`, as one unsigned range
+     * test the runtime's assembler entry makes before any C runs (a call it
+     * does not hold for then costs what a count does):
+     *   x = ((arg & fast_mask) ^ fast_signbit) - fast_signbit   (width, sign)
+     *   holds = ((x ^ fast_bias) - fast_low <= fast_span) != fast_invert
+     * fast 0: not that shape (the C evaluator decides). */
+    uint8_t fast;
+    uint8_t fast_arg;     /* 0..5 */
+    uint8_t fast_invert;  /* 0 or 1 */
+    uint8_t pad2[5];
+    uint64_t fast_mask;
+    uint64_t fast_signbit;
+    uint64_t fast_bias;   /* 1 << 63 for a signed comparison: signed order as unsigned */
+    uint64_t fast_low;
+    uint64_t fast_span;
     struct iprobe_cond_op ops[IPROBE_COND_MAX_OPS];
     struct iprobe_cond_string strings[IPROBE_COND_MAX_STRINGS];
 };
@@ -87,6 +114,8 @@ struct iprobe_cond_values {
     uint64_t retval;
     uint64_t duration; /* clock ticks (rt_layout.h iprobe_rt_clock) */
 };
+
+#endif /* __ASSEMBLER__ */
 
 #ifdef __cplusplus
 } /* extern "C" */
