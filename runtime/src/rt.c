@@ -602,9 +602,9 @@ static uint64_t* count_target(uint64_t calls) {
 /* What the trace handler's assembler entry (return_trampolines.S,
  * iprobe_rt_trace_enter_return_nop) reads to reject a call a fast-form
  * --when does not hold for: set at map, before g_control is published. */
-__attribute__((visibility("hidden"))) uint64_t iprobe_rt_when_probes;     /* the probe table, 0 unmapped */
+__attribute__((visibility("hidden"))) uint64_t iprobe_rt_when_probes;     /* the probe table */
 __attribute__((visibility("hidden"))) uint64_t iprobe_rt_when_programs;   /* the conditions table */
-__attribute__((visibility("hidden"))) uint32_t iprobe_rt_when_probe_capacity;
+__attribute__((visibility("hidden"))) uint32_t iprobe_rt_when_probe_capacity; /* 0: no region (none yet, a forked child) */
 __attribute__((visibility("hidden"))) uint32_t iprobe_rt_when_capacity;   /* programs */
 __attribute__((visibility("hidden"))) uint32_t iprobe_rt_when_stat_capacity;
 _Static_assert(sizeof(struct iprobe_rt_probe) == 56 && offsetof(struct iprobe_rt_probe, stat) == 24 &&
@@ -1250,11 +1250,12 @@ EXPORT int iprobe_rt_map_region(int fd) {
     g_geometry.monotonic = cb->clock == IPROBE_RT_CLOCK_MONOTONIC;
     g_geometry.conditions = (const struct iprobe_cond_program*)((const char*)cb + cb->conditions_offset);
     g_geometry.condition_capacity = cb->condition_capacity;
+    /* The capacity last: the assembler reads it first (x86 keeps both orders). */
+    iprobe_rt_when_probes = (uint64_t)((uintptr_t)cb + cb->probes_offset);
     iprobe_rt_when_programs = (uint64_t)(uintptr_t)g_geometry.conditions;
     iprobe_rt_when_capacity = cb->condition_capacity;
     iprobe_rt_when_stat_capacity = cb->stat_capacity;
-    iprobe_rt_when_probe_capacity = cb->probe_capacity;
-    __atomic_store_n(&iprobe_rt_when_probes, (uint64_t)((uintptr_t)cb + cb->probes_offset), __ATOMIC_RELEASE);
+    __atomic_store_n(&iprobe_rt_when_probe_capacity, cb->probe_capacity, __ATOMIC_RELEASE);
     g_pid = (uint32_t)getpid();
     iprobe_rt_state.region_fd = fd;
     iprobe_rt_state.region_size = (uint64_t)st.st_size;
@@ -1270,6 +1271,8 @@ EXPORT int iprobe_rt_map_region(int fd) {
 static void after_fork_in_child(void) {
     struct iprobe_rt_control* cb = control();
     __atomic_store_n(&g_control, (struct iprobe_rt_control*)0, __ATOMIC_RELEASE);
+    /* The trace handler's assembler entry stops reading the region too. */
+    __atomic_store_n(&iprobe_rt_when_probe_capacity, 0u, __ATOMIC_RELEASE);
     memset(&t_producer, 0, sizeof t_producer);
     iprobe_rt_thread.stats = 0;
     /* Hooked returns of this thread's frames must still find their way back. */
