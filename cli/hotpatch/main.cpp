@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "iprobe/hotpatch/attach_report.h"
+#include "iprobe/hotpatch/condition.h"
 #include "iprobe/hotpatch/histogram.h"
 #include "iprobe/hotpatch/hotpatch.h"
 #include "iprobe/hotpatch/run.h"
@@ -300,6 +301,9 @@ AttachOptions attach_options_of(const Args& args) {
     o.when = args.value("--when");
     o.min_duration = args.value("--min-duration");
     if (args.flag("--when") && o.when.empty()) usage_error("--when needs an expression, e.g. --when 'n == 10'");
+    // Syntax first, before the target is looked at (exit 3 with a caret).
+    if (!o.when.empty()) (void)hotpatch::Condition::parse(o.when);
+    if (!o.min_duration.empty()) (void)hotpatch::Condition::min_duration(o.min_duration);
     o.values.args = args.flag("--args");
     o.values.retval = args.flag("--retval");
     if (args.flag("--backtrace-depth") && !args.flag("--backtrace")) usage_error("--backtrace-depth goes with --backtrace");

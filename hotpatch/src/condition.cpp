@@ -12,7 +12,8 @@ namespace iprobe::hotpatch {
 namespace {
 
 std::string caret_message(const std::string& reason, std::string_view text, std::size_t position) {
-    return "--when: " + reason + "\n  " + std::string(text) + "\n  " + std::string(position, ' ') + "^";
+    const std::string option = reason.rfind("--", 0) == 0 ? "" : "--when: ";  // --min-duration names itself
+    return option + reason + "\n  " + std::string(text) + "\n  " + std::string(position, ' ') + "^";
 }
 
 }  // namespace
@@ -60,7 +61,8 @@ public:
         if (at_ >= text_.size()) fail("empty expression", at_);
         NodePtr e = expression();
         skip_space();
-        if (at_ < text_.size()) fail("unexpected '" + std::string(1, text_[at_]) + "'", at_);
+        if (at_ < text_.size())
+            fail(text_[at_] == '=' ? "'=' is no comparison: use ==" : "unexpected '" + std::string(1, text_[at_]) + "'", at_);
         return e;
     }
 
