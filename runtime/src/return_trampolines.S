@@ -264,6 +264,16 @@ iprobe_rt_return_common:
 #define WHEN_PROBE_STAT 24
 #define WHEN_PROBE_CONDITION 30
 #define WHEN_FN_STATS_SIZE 960
+.macro WHEN_RESTORE
+    pop %r11
+    .cfi_adjust_cfa_offset -8
+    pop %rdx
+    .cfi_adjust_cfa_offset -8
+    pop %rcx
+    .cfi_adjust_cfa_offset -8
+    pop %rax
+    .cfi_adjust_cfa_offset -8
+.endm
     .p2align 4
     .globl iprobe_rt_trace_enter_return_nop
     .type iprobe_rt_trace_enter_return_nop, @function
@@ -330,24 +340,10 @@ iprobe_rt_trace_enter_return_nop:
     jnz 9f                                          /* it holds: traced, in C */
     imul $WHEN_FN_STATS_SIZE, %rax, %rax            /* the offset of its calls */
     mov %rax, 32(%rsp)
-    pop %r11
-    .cfi_adjust_cfa_offset -8
-    pop %rdx
-    .cfi_adjust_cfa_offset -8
-    pop %rcx
-    .cfi_adjust_cfa_offset -8
-    pop %rax
-    .cfi_adjust_cfa_offset -8
+    WHEN_RESTORE
     jmp iprobe_rt_count_enter_return_nop
 9:  .cfi_restore_state
-    pop %r11
-    .cfi_adjust_cfa_offset -8
-    pop %rdx
-    .cfi_adjust_cfa_offset -8
-    pop %rcx
-    .cfi_adjust_cfa_offset -8
-    pop %rax
-    .cfi_adjust_cfa_offset -8
+    WHEN_RESTORE
     jmp iprobe_rt_trace_enter_return_slow
     .cfi_endproc
     .size iprobe_rt_trace_enter_return_nop, . - iprobe_rt_trace_enter_return_nop
