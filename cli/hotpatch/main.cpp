@@ -26,6 +26,8 @@
 #include <vector>
 
 #include "iprobe/hotpatch/attach_report.h"
+#include "iprobe/hotpatch/condition.h"
+#include "iprobe/hotpatch/histogram.h"
 #include "iprobe/hotpatch/hotpatch.h"
 #include "iprobe/hotpatch/run.h"
 #include "iprobe/support/args.h"
@@ -48,12 +50,14 @@ std::string g_command = "attach";
 constexpr const char* kSynopsis =
     "usage: iprobe attach PID [--probes LIST[,LIST…]] [--module NAME[,NAME…]] [--functions GLOB,…] [--files GLOB,…]\n"
     "                     [--entry-only|--exit-only] [--handler trace|count [--completed]] [--buffer SIZE] [--json]\n"
+    "                     [--args] [--retval] [--backtrace[=DEPTH]] [--when EXPR] [--min-duration TIME]\n"
     "       iprobe detach PID [--functions GLOB,…] [--entry-only|--exit-only] [--json]\n"
     "       iprobe status PID [--json]   (also lists functions replaced by 'iprobe patch')\n"
     "       iprobe trace  PID [--duration S] [--lossless] [--format text|json|chrome | --output FILE]\n"
     "       iprobe trace  --input FILE [--format text|json|chrome]\n"
     "       iprobe report PID[,PID…] [--json] [--since-last|--reset] [--duration S] [--at-exit]\n"
     "       iprobe report PID --folded [--duration S]\n"
+    "       iprobe report PID --hist [--json] [--since-last|--duration S]\n"
     "       iprobe run [--exec] [--report FILE] [--json] [attach's options] -- PROGRAM [ARGS…]";
 
 constexpr const char* kAbout =
@@ -75,6 +79,17 @@ constexpr const char* kAbout =
     "        completed calls too.\n"
     "        --buffer SIZE (bytes, K/M/G suffix; default 512K) sets each thread's\n"
     "        event ring when the first attach creates the region.\n"
+    "        --when EXPR records a function's events only for calls EXPR holds for,\n"
+    "        checked in the target; every call is still counted ('report' shows\n"
+    "        calls and matched). EXPR: parameter names (DWARF) or arg0..arg5, retval,\n"
+    "        duration (2ms, 500us, 10ns, 1s), integers, \"strings\" (== or != a\n"
+    "        char* parameter), == != < <= > >=, && || ! and parentheses, e.g.\n"
+    "        'n == 10', 'len > 4096 && retval < 0', 'key == \"user:42\"'. A name\n"
+    "        a selected function lacks is refused (exit 3). Attaching again with\n"
+    "        another --when (or none) changes it on the running process.\n"
+    "        --min-duration TIME records only calls at least TIME long\n"
+    "        (duration >= TIME, with --when: both). --retval keeps a log2\n"
+    "        histogram of each function's integer return value (report --hist).\n"
     "detach  puts the NOPs back (all probes, or those matching --functions and the kind).\n"
     "status  shows the runtime, modules, enabled probes, threads and event drops.\n"
     "trace   streams events live, symbolized (Ctrl-C or --duration ends it);\n"
@@ -90,6 +105,8 @@ constexpr const char* kAbout =
     "        --since-last: only what happened since the last --since-last or --reset.\n"
     "        --reset: mark now as the start for the next --since-last.\n"
     "        --at-exit: wait until the process exits, then report its totals.\n"
+    "        --hist: each function's log2 latency histogram (its buckets add up to\n"
+    "        its timed calls), and of its return value after attach --retval.\n"
     "        --folded: folded stacks (exclusive ns) for flamegraph.pl, from the event\n"
     "        stream (consumes it, like trace).\n"
     "        'probed' is the share of the time since the first attach that the\n"
@@ -138,6 +155,10 @@ ArgSpec spec_of(const std::string& command) {
         {"--exit-only", "", "only exit probes"},
         {"--handler", "trace|count", "attach: what enabled probes do (default trace)"},
         {"--completed", "", "attach, run: with --handler count, also count completed calls (turns the exits\non: every return then goes through a return trampoline)"},
+        {"--args", "", "attach: record each call's arguments (typed from DWARF; else arg0..arg5 raw)"},
+        {"--retval", "", "attach: record each call's return value (and keep its log2 histogram: report --hist)"},
+        {"--backtrace", "", "attach: record the callers of each call (--backtrace=DEPTH, default 8)"},
+        {"--backtrace-depth", "N", "attach: caller frames --backtrace records (1-32)"},
         {"--buffer", "SIZE", "attach: each thread's event ring (K/M/G suffix; default 512K)"},
         {"--ring-records", "N", "attach: each thread's event ring in records (instead of --buffer)"},
         {"--runtime", "PATH", "attach: the runtime library to inject (default: the installed one)"},
@@ -150,6 +171,9 @@ ArgSpec spec_of(const std::string& command) {
         {"--reset", "", "report: mark now as the start for the next --since-last"},
         {"--at-exit", "", "report: wait until the process exits, then report its totals"},
         {"--folded", "", "report: folded stacks for flamegraph.pl (consumes the event stream)"},
+        {"--hist", "", "report: per function, the log2 latency (and --retval value) histogram"},
+        {"--when", "EXPR", "attach: record only calls EXPR holds for (e.g. 'n == 10', 'duration > 2ms')"},
+        {"--min-duration", "TIME", "attach: record only calls at least TIME long (2ms, 500us, 10ns, 1s)"},
         {"--exec", "", "run: PROGRAM replaces iprobe (same PID); the report is written after it exits"},
         {"--report", "FILE", "run: write the report to FILE (%p: the program's PID) instead of stderr"},
         {"--json", "", "machine-readable output"},
@@ -182,7 +206,22 @@ Args parse(int argc, char** argv) {
     Args args;
     args.command = argv[1];
     const ArgSpec spec = spec_of(args.command);
-    const ParsedArgs parsed = spec.parse(argc, argv, 2);
+    // --backtrace=DEPTH is --backtrace --backtrace-depth DEPTH (up to a "--")
+    std::vector<std::string> words;
+    for (int i = 0; i < argc; i++) {
+        const std::string w = argv[i];
+        const bool options_end = std::find(words.begin(), words.end(), "--") != words.end();
+        if (!options_end && w.rfind("--backtrace=", 0) == 0) {
+            words.push_back("--backtrace");
+            words.push_back("--backtrace-depth");
+            words.push_back(w.substr(std::strlen("--backtrace=")));
+        } else {
+            words.push_back(w);
+        }
+    }
+    std::vector<char*> word_ptrs;
+    for (auto& w : words) word_ptrs.push_back(w.data());
+    const ParsedArgs parsed = spec.parse(static_cast<int>(word_ptrs.size()), word_ptrs.data(), 2);
     if (parsed.help_requested()) {
         std::cout << spec.help();
         std::exit(0);
@@ -191,9 +230,11 @@ Args parse(int argc, char** argv) {
         for (auto& p : split_list(list)) args.probes.push_back(p);
     for (const auto& list : parsed.values("--module"))
         for (auto& m : split_list(list)) args.modules.push_back(m);
-    for (const char* name : {"--functions", "--files", "--entry-only", "--exit-only", "--handler", "--completed", "--buffer",
-                             "--ring-records", "--runtime", "--duration", "--format", "--output", "--input", "--lossless",
-                             "--since-last", "--reset", "--at-exit", "--folded", "--json", "--exec", "--report"})
+    for (const char* name : {"--args", "--retval", "--backtrace", "--backtrace-depth", "--functions", "--files",
+                             "--entry-only", "--exit-only", "--handler", "--completed", "--buffer", "--ring-records",
+                             "--runtime", "--duration", "--format", "--output", "--input", "--lossless", "--since-last",
+                             "--reset", "--at-exit", "--folded", "--json", "--exec", "--report", "--hist", "--when",
+                             "--min-duration"})
         if (parsed.has(name)) args.values[name] = parsed.value(name);
     if (args.command == "run") {
         if (!parsed.positionals().empty()) usage_error("unexpected argument " + parsed.positionals().front() + " (the program follows --)");
@@ -268,6 +309,22 @@ AttachOptions attach_options_of(const Args& args) {
         o.ring_records = static_cast<std::uint32_t>(parse_unsigned_or_usage(args.value("--ring-records"), "--ring-records", 1, 1u << 30));
     if (args.flag("--buffer")) o.ring_records = ring_records_for(args.value("--buffer"));
     o.runtime_library = args.value("--runtime");
+    o.when = args.value("--when");
+    o.min_duration = args.value("--min-duration");
+    if (args.flag("--when") && o.when.empty()) usage_error("--when needs an expression, e.g. --when 'n == 10'");
+    // Syntax first, before the target is looked at (exit 3 with a caret).
+    if (!o.when.empty()) (void)hotpatch::Condition::parse(o.when);
+    if (!o.min_duration.empty()) (void)hotpatch::Condition::min_duration(o.min_duration);
+    o.values.args = args.flag("--args");
+    o.values.retval = args.flag("--retval");
+    if (args.flag("--backtrace-depth") && !args.flag("--backtrace")) usage_error("--backtrace-depth goes with --backtrace");
+    if (args.flag("--backtrace"))
+        o.values.backtrace = static_cast<unsigned>(
+            parse_unsigned_or_usage(args.value("--backtrace-depth", "8"), "--backtrace depth", 1, IPROBE_RT_BACKTRACE_MAX));
+    if (o.values.any() && o.mode != HandlerMode::trace) usage_error("--args, --retval and --backtrace need --handler trace");
+    o.retval_histogram = o.values.retval;  // the value is captured and its histogram kept
+    if ((!o.when.empty() || !o.min_duration.empty()) && o.mode != HandlerMode::trace)
+        usage_error("--when and --min-duration need --handler trace");
     return o;
 }
 
@@ -420,23 +477,38 @@ public:
     void print(const Event& e, const ProbeInfo& info) {
         // Nesting per thread; the tids come from the target's rings (or a
         // file), so the table is bounded: past kMaxThreads they start over.
-        if (depth_.size() >= kMaxThreads && !depth_.count(e.tid)) depth_.clear();
-        int& d = depth_[e.tid];
-        if (e.kind == probelist::ProbeKind::exit && d > 0) d--;
+        if (stacks_.size() >= kMaxThreads && !stacks_.count(e.tid)) stacks_.clear();
+        auto& stack = stacks_[e.tid];
+        // A frame at or above an open one's return slot (the stack grows
+        // down) means the open one is gone without an exit: unwound.
+        if (e.frame && e.depth == 0)
+            while (!stack.empty() && stack.back().frame &&
+                   (e.kind == probelist::ProbeKind::entry ? stack.back().frame <= e.frame : stack.back().frame < e.frame)) {
+                print_unwound(e, stack.back(), stack.size() - 1);
+                stack.pop_back();
+            }
+        std::string call = info.function;
+        if (e.kind == probelist::ProbeKind::entry && e.has_values) call += "(" + joined_args(e) + ")";
+        if (e.kind == probelist::ProbeKind::exit && !stack.empty()) {
+            if (stack.back().function == info.function) call = stack.back().call;
+            stack.pop_back();
+        }
+        const std::size_t d = std::min<std::size_t>(stack.size(), kMaxDepth);
         line_.clear();
         if (format_ == "text") {
-            char head[96];
-            std::snprintf(head, sizeof head, "%" PRIu64 ".%09" PRIu64 " %7u ",
-                          static_cast<std::uint64_t>(e.time_ns / 1000000000ull),
-                          static_cast<std::uint64_t>(e.time_ns % 1000000000ull), e.tid);
-            line_ = head;
-            line_.append(static_cast<std::size_t>(d) * 2, ' ');
+            line_ = text_head(e.time_ns, e.tid, d);
             line_ += e.kind == probelist::ProbeKind::entry ? "-> " : e.kind == probelist::ProbeKind::exit ? "<- " : "@ ";
-            line_ += info.function;
+            line_ += call;
+            if (e.retval) line_ += " = " + e.retval->text;
             if (e.kind == probelist::ProbeKind::point)
                 for (int i = 0; i < e.nargs; i++) line_ += (i ? ", " : " (") + std::to_string(e.args[i]) + (i + 1 == e.nargs ? ")" : "");
             if (e.depth) line_ += "  [in signal handler]";
             line_ += "\n";
+            for (const Frame& f : e.backtrace) {
+                line_ += std::string(28 + 2 * d, ' ') + "   from " + (f.function.empty() ? hex(f.address) : f.function);
+                if (!f.file.empty()) line_ += " (" + f.file + ":" + std::to_string(f.line) + ")";
+                line_ += "\n";
+            }
         } else {
             JsonWriter j;
             if (format_ == "json") {
@@ -445,10 +517,31 @@ public:
                     .field("tid", e.tid)
                     .field("kind", to_string(e.kind))
                     .field("function", info.function)
-                    .field("depth", d);
+                    .field("depth", static_cast<std::uint64_t>(d));
                 if (e.kind == probelist::ProbeKind::point) {
                     j.key("args").begin_array();
                     for (int i = 0; i < e.nargs; i++) j.value(e.args[i]);
+                    j.end_array();
+                }
+                if (e.kind == probelist::ProbeKind::entry && e.has_values) {
+                    j.key("args").begin_array();
+                    for (const Value& v : e.values) {
+                        j.begin_object().field("name", v.name).field("type", v.type).key("value").raw(v.json);
+                        j.end_object();
+                    }
+                    j.end_array();
+                }
+                if (e.retval) {
+                    j.key("retval").begin_object().field("type", e.retval->type).key("value").raw(e.retval->json);
+                    j.end_object();
+                }
+                if (!e.backtrace.empty()) {
+                    j.key("backtrace").begin_array();
+                    for (const Frame& f : e.backtrace) {
+                        j.begin_object().field("address", hex(f.address)).field("function", f.function);
+                        if (!f.file.empty()) j.field("file", f.file).field("line", f.line);
+                        j.end_object();
+                    }
                     j.end_array();
                 }
                 j.end_object();
@@ -459,22 +552,77 @@ public:
                     .field("ph", e.kind == probelist::ProbeKind::entry ? "B" : e.kind == probelist::ProbeKind::exit ? "E" : "i")
                     .field("ts", static_cast<double>(e.time_ns) / 1000.0)
                     .field("pid", static_cast<std::int64_t>(pid_))
-                    .field("tid", e.tid)
-                    .end_object();
+                    .field("tid", e.tid);
+                if (e.has_values || !e.backtrace.empty()) {
+                    j.key("args").begin_object();
+                    for (const Value& v : e.values) j.key(v.name).raw(v.json);
+                    if (e.retval) j.key("retval").raw(e.retval->json);
+                    if (!e.backtrace.empty()) {
+                        j.key("backtrace").begin_array();
+                        for (const Frame& f : e.backtrace) j.value(f.function.empty() ? hex(f.address) : f.function);
+                        j.end_array();
+                    }
+                    j.end_object();
+                }
+                j.end_object();
                 line_ = (first_ ? "" : ",\n") + j.str();
             }
         }
-        if (e.kind == probelist::ProbeKind::entry && d < kMaxDepth) d++;
+        if (e.kind == probelist::ProbeKind::entry) stack.push_back({e.frame, info.function, std::move(call)});
         first_ = false;
         std::fwrite(line_.data(), 1, line_.size(), stdout);
     }
 
 private:
+    struct OpenCall {
+        std::uint64_t frame;   // its return slot, 0 when unknown
+        std::string function;
+        std::string call;      // "fib(n=10)"
+    };
+    static std::string hex(std::uint64_t v) {
+        char buf[24];
+        std::snprintf(buf, sizeof buf, "0x%" PRIx64, v);
+        return buf;
+    }
+    static std::string joined_args(const Event& e) {
+        std::string out;
+        for (const Value& v : e.values) out += (out.empty() ? "" : ", ") + v.name + "=" + v.text;
+        return out;
+    }
+    static std::string text_head(std::uint64_t time_ns, std::uint32_t tid, std::size_t depth) {
+        char head[96];
+        std::snprintf(head, sizeof head, "%" PRIu64 ".%09" PRIu64 " %7u ", static_cast<std::uint64_t>(time_ns / 1000000000ull),
+                      static_cast<std::uint64_t>(time_ns % 1000000000ull), tid);
+        return head + std::string(depth * 2, ' ');
+    }
+    // A call whose frame was unwound (an exception, longjmp): no exit, no value.
+    void print_unwound(const Event& at, const OpenCall& open, std::size_t depth) {
+        std::string out;
+        if (format_ == "text") {
+            out = text_head(at.time_ns, at.tid, std::min<std::size_t>(depth, kMaxDepth)) + "<- " + open.call +
+                  "  unwound (no return value)\n";
+        } else {
+            JsonWriter j;
+            j.begin_object();
+            if (format_ == "json") {
+                j.field("time_ns", at.time_ns).field("tid", at.tid).field("kind", "exit").field("function", open.function)
+                    .field("depth", static_cast<std::uint64_t>(depth)).field("unwound", true);
+            } else {
+                j.field("name", open.function).field("ph", "E").field("ts", static_cast<double>(at.time_ns) / 1000.0)
+                    .field("pid", static_cast<std::int64_t>(pid_)).field("tid", at.tid);
+                j.key("args").begin_object().field("unwound", true).end_object();
+            }
+            j.end_object();
+            out = format_ == "json" ? j.str() + "\n" : (first_ ? "" : ",\n") + j.str();
+        }
+        first_ = false;
+        std::fwrite(out.data(), 1, out.size(), stdout);
+    }
     static constexpr std::size_t kMaxThreads = 1u << 16;
-    static constexpr int kMaxDepth = 256;  // indentation stops growing there
+    static constexpr std::size_t kMaxDepth = 256;  // indentation stops growing there
     std::string format_;
     pid_t pid_;
-    std::unordered_map<std::uint32_t, int> depth_;
+    std::unordered_map<std::uint32_t, std::vector<OpenCall>> stacks_;
     bool first_ = true;
     std::string line_;
 };
@@ -606,7 +754,8 @@ std::string probed_percent(const FunctionStats& f, std::uint64_t now) {
 // What `iprobe report` prints (and `iprobe run` writes when the program
 // exits): the rows of one or several processes, merged by function.
 std::string format_report(std::vector<std::vector<FunctionStats>> per_process,
-                          const std::vector<const TraceReader*>& readers, const std::vector<pid_t>& pids, bool json) {
+                          const std::vector<const TraceReader*>& readers, const std::vector<pid_t>& pids, bool json,
+                          bool histograms = false) {
     auto rows = per_process.size() == 1 ? std::move(per_process.front()) : merge_functions(per_process);
     std::sort(rows.begin(), rows.end(), [](const FunctionStats& a, const FunctionStats& b) {
         return a.inclusive_ns != b.inclusive_ns ? a.inclusive_ns > b.inclusive_ns
@@ -632,6 +781,7 @@ std::string format_report(std::vector<std::vector<FunctionStats>> per_process,
         for (const auto& f : rows) {
             j.begin_object();
             hotpatch::write_function_stats_fields(j, f);
+            if (histograms) hotpatch::write_histogram_fields(j, f);
             j.end_object();
         }
         j.end_array()
@@ -666,6 +816,21 @@ std::string format_report(std::vector<std::vector<FunctionStats>> per_process,
     if (absent)
         out += "-: not kept by the handler (count keeps calls; with --completed also completed calls; trace keeps "
                "times)\n";
+    bool conditioned = false;
+    for (const auto& f : rows) conditioned = conditioned || f.conditioned;
+    if (conditioned) {
+        out += "\nrecorded under --when/--min-duration (every call above is counted; its events only when matched):\n";
+        append(std::snprintf(line, sizeof line, "%-40s %12s %12s %12s\n", "function", "calls", "matched", "undecided"));
+        for (const auto& f : rows) {
+            if (!f.conditioned) continue;
+            out += f.function;
+            if (f.function.size() < 40) out.append(40 - f.function.size(), ' ');
+            append(std::snprintf(line, sizeof line, " %12" PRIu64 " %12" PRIu64 " %12" PRIu64 "\n", f.calls,
+                                 f.raw.matched, f.raw.undecided));
+        }
+    }
+    if (histograms)
+        for (const auto& f : rows) out += "\n" + hotpatch::histogram_text(f);
     if (lost) append(std::snprintf(line, sizeof line, "lost: %" PRIu64 " calls (no thread slot free, or an unknown site)\n", lost));
     if (unhooked)
         append(std::snprintf(line, sizeof line,
@@ -678,6 +843,7 @@ std::string format_report(std::vector<std::vector<FunctionStats>> per_process,
 int cmd_report(const Args& args) {
     if (args.flag("--folded")) {
         if (!args.more_pids.empty()) usage_error("--folded reads one process's event stream: give one PID");
+        if (args.flag("--hist")) usage_error("--folded and --hist exclude each other");
         return report_folded(args);
     }
     if (args.flag("--since-last") + args.flag("--reset") + args.flag("--duration") > 1)
@@ -715,7 +881,8 @@ int cmd_report(const Args& args) {
     }
     std::vector<const TraceReader*> read;
     for (const auto& r : readers) read.push_back(r.get());
-    const std::string report = format_report(std::move(per_process), read, pids, args.flag("--json"));
+    const std::string report =
+        format_report(std::move(per_process), read, pids, args.flag("--json"), args.flag("--hist"));
     std::fwrite(report.data(), 1, report.size(), stdout);
     return 0;
 }

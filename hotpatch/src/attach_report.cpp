@@ -25,6 +25,14 @@ std::string attach_summary(const AttachStats& st, std::optional<pid_t> pid) {
                " functions replaced by 'iprobe patch' (probe their replacement instead):";
         for (const auto& f : st.patched_skipped) out += " " + f;
     }
+    if (st.values_unavailable)
+        out += "\n" + std::to_string(st.values_unavailable) +
+               " selected probe(s) record no values: not function-entry sites (the -finstrument-functions flow); "
+               "build with the entry or LLVM flow";
+    if (st.values_untyped)
+        out += "\n" + std::to_string(st.values_untyped) +
+               " function(s) without DWARF: arguments recorded as arg0..arg5, raw (build with -g, or install the "
+               "debug file)";
     return out;
 }
 
@@ -42,6 +50,8 @@ std::string attach_json(const AttachStats& st, pid_t pid) {
         .field("runtime_injected", st.runtime_injected)
         .field("refused", static_cast<std::uint64_t>(st.refused))
         .field("exits_left_off", static_cast<std::uint64_t>(st.exits_left_off))
+        .field("values_unavailable", static_cast<std::uint64_t>(st.values_unavailable))
+        .field("values_untyped", static_cast<std::uint64_t>(st.values_untyped))
         .key("patched_skipped")
         .begin_array();
     for (const auto& f : st.patched_skipped) j.value(f);

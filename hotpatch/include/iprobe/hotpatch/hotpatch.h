@@ -60,6 +60,16 @@ struct HandlerSymbols {
     static HandlerSymbols runtime(HandlerMode mode);  // the runtime's own handlers
 };
 
+// What enabled function-entry probes record besides the call (issue 29):
+// the arguments at entry, the return value at exit, the callers' return
+// addresses.  Typed by the reader from DWARF; without it arg0..arg5 raw.
+struct ValueOptions {
+    bool args = false;
+    bool retval = false;
+    unsigned backtrace = 0;  // caller frames, 0 = none (at most IPROBE_RT_BACKTRACE_MAX)
+    bool any() const { return args || retval || backtrace; }
+};
+
 struct AttachOptions {
     pid_t pid = 0;
     // Probe lists, coldpatched binaries or binaries with a probe section
@@ -74,6 +84,7 @@ struct AttachOptions {
     // trampoline, no return stack) unless this is set or the selector names
     // exit probes (--exit-only): then it also counts completed calls.
     bool count_exits = false;
+    ValueOptions values;                // trace handler only
     HandlerSymbols handlers;            // empty enter = HandlerSymbols::runtime(mode)
     std::string runtime_library;        // empty = default_runtime_library()
     // Per-thread event ring (trace stream), when the region is created:
@@ -81,6 +92,14 @@ struct AttachOptions {
     std::uint32_t ring_records = 1u << 14;
     std::uint32_t max_threads = 512;        // thread slots and rings, when the region is created
     std::chrono::milliseconds safe_point_timeout{3000};
+    // `--when EXPR` and `--min-duration TIME` (condition.h): the trace
+    // handler records a selected function's events only for calls they hold
+    // for; every call is still counted.  Empty: every call is recorded.  Each
+    // attach sets the selected functions' condition (none when empty).
+    std::string when;
+    std::string min_duration;
+    // Keep a log2 histogram of each selected function's integer return value.
+    bool retval_histogram = false;
 };
 
 struct AttachStats {
@@ -105,6 +124,11 @@ struct AttachStats {
     // Selected functions left alone because `iprobe patch` replaced them
     // (their entry jumps to the replacement; see live_patch.h).
     std::vector<std::string> patched_skipped;
+    // With ValueOptions: selected probes that record no values because they
+    // are not function-entry sites (the -finstrument-functions flow,
+    // developer points), and probes typed without DWARF (arg0..arg5 raw).
+    std::size_t values_unavailable = 0;
+    std::size_t values_untyped = 0;
 };
 
 AttachStats attach(const AttachOptions& options);

@@ -10,6 +10,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -23,6 +24,22 @@ class JsonWriter;
 
 namespace iprobe::hotpatch {
 
+// A value an event carries (`attach --args --retval`), typed by the reader.
+struct Value {
+    std::string name;  // parameter name, arg0..arg5 without DWARF; empty for a return value
+    std::string type;  // as C spells it
+    std::string text;  // as `trace --format text` prints it: 10, RED, "key", NULL, {x = 1, y = 2}
+    std::string json;  // the same as a JSON value
+};
+
+// A caller in a backtrace (`attach --backtrace`), nearest first.
+struct Frame {
+    std::uint64_t address = 0;  // return address
+    std::string function;       // empty when no module names it
+    std::string file;
+    std::uint32_t line = 0;
+};
+
 struct Event {
     std::uint64_t tsc = 0;
     std::uint64_t time_ns = 0;  // CLOCK_REALTIME nanoseconds
@@ -32,6 +49,14 @@ struct Event {
     std::uint16_t depth = 0;    // handler nesting (signal re-entrancy)
     std::uint8_t nargs = 0;     // POINT events
     std::uint64_t args[4] = {0, 0, 0, 0};
+    // Function-entry sites: the function's return-address slot (0 elsewhere):
+    // an exit pairs with the entry of the same frame; an open frame below a
+    // later event's was unwound (an exception, longjmp): it has no exit.
+    std::uint64_t frame = 0;
+    bool has_values = false;         // entry: args recorded; exit: the return registers
+    std::vector<Value> values;       // entry: the arguments
+    std::optional<Value> retval;     // exit: nullopt for void (or not recorded)
+    std::vector<Frame> backtrace;
 };
 
 struct ProbeInfo {
@@ -69,6 +94,10 @@ struct FunctionStats {
         constexpr std::uint8_t all = IPROBE_RT_KEPT_CALLS | IPROBE_RT_KEPT_COMPLETED | IPROBE_RT_KEPT_TIMES;
         return (kept & all) == all;
     }
+    // A `--when`/`--min-duration` condition is (or was) on: raw.matched
+    // counts the calls it held for (their events recorded).
+    bool conditioned = false;
+    bool retval_histogram = false;  // raw.retval_histogram is kept (attach --retval)
     iprobe_rt_fn_stats raw{};  // the sums these were made from, in clock ticks
     double ns_per_tick = 1;
 };
@@ -90,6 +119,8 @@ struct ProbeState {
     bool live = false;                       // the site holds its call now
     std::uint64_t live_ns = 0;               // finished stretches it was live
     std::uint64_t live_since_ns = 0;         // CLOCK_REALTIME since when it is live (0: off)
+    std::uint16_t condition = 0;             // iprobe_rt_probe.condition (entry probes)
+    bool retval_hist = false;                // the return value's histogram is kept (exit probes)
     std::uint8_t kept = 0;                   // enum iprobe_rt_kept (0: not recorded)
 };
 
