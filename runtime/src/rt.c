@@ -456,11 +456,18 @@ static inline __attribute__((always_inline)) void emit_probe_at(struct iprobe_rt
         for (int i = 0; i < 4; i++) more->args[i] = args[i];
     }
     if (values) {
-        for (uint64_t r = 0; r < extra; r++) {
+        const uint64_t* from = values->words;
+        uint32_t left = values->nwords;
+        for (uint64_t r = 0; r < extra; r++, from += 4, left -= 4) {
             uint64_t* to = ((struct iprobe_rt_args_record*)&t->records[(index + 1 + r) & t->mask])->args;
-            for (uint32_t w = 0; w < 4; w++) {
-                const uint32_t from = (uint32_t)r * 4 + w;
-                to[w] = from < values->nwords ? values->words[from] : 0;
+            if (LIKELY(left >= 4)) {
+                to[0] = from[0], to[1] = from[1], to[2] = from[2], to[3] = from[3];
+            } else {
+                to[0] = from[0];
+                to[1] = left > 1 ? from[1] : 0;
+                to[2] = left > 2 ? from[2] : 0;
+                to[3] = 0;
+                break;
             }
         }
     }
@@ -722,7 +729,6 @@ static __attribute__((noinline)) uint64_t values_enter(struct iprobe_rt_control*
     /* saved: rdi, rsi, rdx, rcx, rax, r8, r9 (ENTRY_SITE_CALL) */
     v.gpr[0] = saved[0], v.gpr[1] = saved[1], v.gpr[2] = saved[2], v.gpr[3] = saved[3];
     v.gpr[4] = saved[5], v.gpr[5] = saved[6];
-    v.ret[0] = v.ret[1] = v.xret[0] = v.xret[1] = v.duration = 0;
     const int matched = iprobe_rt_values_match(cb, id, spec, &v);
     const uint64_t timed = hook ? p->timed : 0;
     uint64_t unit = 0;
@@ -756,8 +762,6 @@ static __attribute__((noinline)) void values_exit(const struct iprobe_rt_return*
     const struct iprobe_rt_values_spec spec = spec_of(word);
     const uint64_t now = timestamp();
     v.kind = IPROBE_RT_REC_EXIT;
-    for (int i = 0; i < IPROBE_RT_VALUES_GPRS; i++) v.gpr[i] = 0;
-    for (int i = 0; i < IPROBE_RT_VALUES_XMMS; i++) v.xmm[i] = 0;
     v.has_return = 1;
     v.ret[0] = regs[0], v.ret[1] = regs[1];
     v.xret[0] = xret[0], v.xret[1] = xret[1];

@@ -97,8 +97,10 @@ struct iprobe_rt_values_spec {
 
 /* The one place a handler holds a call's values before it records: filled
  * at entry from the argument registers and at exit from the return
- * registers, then handed to iprobe_rt_values_match() (the --when / 
- * --min-duration hook); only a call it accepts is recorded. */
+ * registers, then handed to iprobe_rt_values_match() (the --when /
+ * --min-duration hook); only a call it accepts is recorded.  Only the
+ * fields of its kind are set (entry: gpr, xmm when spec.xmms; exit: the
+ * rest): the others are not cleared, to keep the hot path short. */
 struct iprobe_rt_values {
     uint8_t kind;               /* IPROBE_RT_REC_ENTRY or IPROBE_RT_REC_EXIT */
     uint8_t has_return;         /* exit: 1 when ret/xret hold the function's return registers */
