@@ -135,8 +135,7 @@ ArgSpec spec_of(const std::string& command) {
         {"--handler", "trace|count", "attach: what enabled probes do (default trace)"},
         {"--args", "", "attach: record each call's arguments (typed from DWARF; else arg0..arg5 raw)"},
         {"--retval", "", "attach: record each call's return value"},
-        {"--backtrace", "", "attach: record the callers of each call (--backtrace=DEPTH, default 8)"},
-        {"--backtrace-depth", "N", "attach: caller frames --backtrace records (1-32)"},
+        {"--backtrace", "DEPTH", "attach: record the callers of each call, at most DEPTH (1-32, default 8)", {}, true},
         {"--buffer", "SIZE", "attach: each thread's event ring (K/M/G suffix; default 512K)"},
         {"--ring-records", "N", "attach: each thread's event ring in records (instead of --buffer)"},
         {"--runtime", "PATH", "attach: the runtime library to inject (default: the installed one)"},
@@ -180,22 +179,7 @@ Args parse(int argc, char** argv) {
     Args args;
     args.command = argv[1];
     const ArgSpec spec = spec_of(args.command);
-    // --backtrace=DEPTH is --backtrace --backtrace-depth DEPTH (up to a "--")
-    std::vector<std::string> words;
-    for (int i = 0; i < argc; i++) {
-        const std::string w = argv[i];
-        const bool options_end = std::find(words.begin(), words.end(), "--") != words.end();
-        if (!options_end && w.rfind("--backtrace=", 0) == 0) {
-            words.push_back("--backtrace");
-            words.push_back("--backtrace-depth");
-            words.push_back(w.substr(std::strlen("--backtrace=")));
-        } else {
-            words.push_back(w);
-        }
-    }
-    std::vector<char*> word_ptrs;
-    for (auto& w : words) word_ptrs.push_back(w.data());
-    const ParsedArgs parsed = spec.parse(static_cast<int>(word_ptrs.size()), word_ptrs.data(), 2);
+    const ParsedArgs parsed = spec.parse(argc, argv, 2);
     if (parsed.help_requested()) {
         std::cout << spec.help();
         std::exit(0);
@@ -204,7 +188,7 @@ Args parse(int argc, char** argv) {
         for (auto& p : split_list(list)) args.probes.push_back(p);
     for (const auto& list : parsed.values("--module"))
         for (auto& m : split_list(list)) args.modules.push_back(m);
-    for (const char* name : {"--args", "--retval", "--backtrace", "--backtrace-depth", "--functions", "--files", "--entry-only", "--exit-only", "--handler", "--buffer",
+    for (const char* name : {"--args", "--retval", "--backtrace", "--functions", "--files", "--entry-only", "--exit-only", "--handler", "--buffer",
                              "--ring-records", "--runtime", "--duration", "--format", "--output", "--input",
                              "--since-last", "--reset", "--at-exit", "--folded", "--json", "--exec", "--report"})
         if (parsed.has(name)) args.values[name] = parsed.value(name);
@@ -278,12 +262,8 @@ AttachOptions attach_options_of(const Args& args) {
         o.ring_records = static_cast<std::uint32_t>(parse_unsigned_or_usage(args.value("--ring-records"), "--ring-records", 1, 1u << 30));
     if (args.flag("--buffer")) o.ring_records = ring_records_for(args.value("--buffer"));
     o.runtime_library = args.value("--runtime");
-    o.values.args = args.flag("--args");
-    o.values.retval = args.flag("--retval");
-    if (args.flag("--backtrace-depth") && !args.flag("--backtrace")) usage_error("--backtrace-depth goes with --backtrace");
-    if (args.flag("--backtrace"))
-        o.values.backtrace = static_cast<unsigned>(
-            parse_unsigned_or_usage(args.value("--backtrace-depth", "8"), "--backtrace depth", 1, IPROBE_RT_BACKTRACE_MAX));
+    o.values = value_options_of(args.flag("--args"), args.flag("--retval"), args.flag("--backtrace"),
+                                args.value("--backtrace"));
     if (o.values.any() && o.mode != HandlerMode::trace) usage_error("--args, --retval and --backtrace need --handler trace");
     return o;
 }
