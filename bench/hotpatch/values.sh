@@ -19,7 +19,7 @@ iprobe="$build/bin/iprobe"
 work="$build/bench-values"
 mkdir -p "$work"
 cmake --build "$build" --target iprobe iprobe-hotpatch iprobe-cc iprobe_rt >/dev/null
-. "$here/targets.sh"  # log, start, finish, ns_at
+. "$here/targets.sh"  # log, start, finish, ns_at, run_variant
 
 export IPROBE_CC_QUIET=1
 "$build/bin/iprobe-cc" --flow=entry -O2 -g -o "$work/values_loop" "$here/values_loop.c"
@@ -28,19 +28,6 @@ gcc -O2 -g -pg -o "$work/values_loop_pg" "$here/values_loop.c"
 
 # 2^23 records per thread (256 MiB): a values call is 4 records, so 10^6 calls fit.
 ring=(--ring-records 8388608)
-run_variant() {  # name binary [attach args...]
-  local name=$1 binary=$2
-  shift 2
-  : >"$work/result.$name.all"
-  for ((r = 0; r < repeats; r++)); do
-    start "$binary" "$max_exp"
-    if (($#)); then "$iprobe" attach "$pid" "$@" >/dev/null; fi
-    finish
-    grep -v ready "$out" >>"$work/result.$name.all"
-  done
-  awk '!($1 in m) || $2 < m[$1] { m[$1] = $2 } END { for (n in m) print n, m[n] }' "$work/result.$name.all" |
-    sort -n >"$work/result.$name"
-}
 
 # Interleaved, so both see the same machine.
 : >"$work/result.trace.all"; : >"$work/result.values.all"
