@@ -3,6 +3,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 
 #include "iprobe/elf/demangle.h"
 #include "iprobe/support/error.h"
@@ -137,10 +138,16 @@ ValuesReader::Module& ValuesReader::module(std::uint32_t index) {
     if (index >= region_.module_count()) return m;
     const iprobe_rt_module& rm = region_.modules()[index];
     const std::string path(rm.path, ::strnlen(rm.path, sizeof rm.path));
+    // The region is the target's to write: a path naming a FIFO or a
+    // device is not read.
     auto open = [&](const std::string& p) -> std::shared_ptr<elf::ElfFile> {
         try {
-            if (pid_) return reading_target(pid_, [&] { return std::make_shared<elf::ElfFile>(target_view(pid_, p)); });
-            return std::make_shared<elf::ElfFile>(p);
+            return reading_target(pid_, [&]() -> std::shared_ptr<elf::ElfFile> {
+                const std::string view = pid_ ? target_view(pid_, p) : p;
+                std::error_code ec;
+                if (!std::filesystem::is_regular_file(view, ec)) return nullptr;
+                return std::make_shared<elf::ElfFile>(view);
+            });
         } catch (const Error&) {
             return nullptr;
         }
