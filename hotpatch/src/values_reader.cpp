@@ -184,7 +184,7 @@ Frame ValuesReader::symbolize(std::uint64_t address) {
         if (!m.elf || address < bias) continue;
         const std::uint64_t at = address - bias;
         const elf::ElfSection* section = m.elf->section_containing(at);
-        if (!section || section->name != ".text") continue;
+        if (!section || !section->executable()) continue;
         if (const elf::ElfSymbol* s = m.elf->function_at(at)) f.function = elf::demangle(s->name);
         if (m.lines)
             if (auto where = m.lines->at(at - 1)) f.file = where->file, f.line = where->line;  // the call, not what follows it
