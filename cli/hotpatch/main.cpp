@@ -581,9 +581,16 @@ int cmd_trace(const Args& args) {
     TraceReader reader(args.pid);
     if (args.flag("--output")) {
         TraceFileWriter writer(args.value("--output"), args.pid);
-        collect(reader, seconds, [&](const Event& e) { writer.write(e); }, true);
+        std::uint64_t with_values = 0;  // the file keeps timings only: said, not dropped silently
+        collect(reader, seconds, [&](const Event& e) {
+            writer.write(e);
+            with_values += e.has_values || !e.backtrace.empty();
+        }, true);
         writer.finish(reader.probes());
         std::cerr << "iprobe: " << writer.events() << " events written to " << args.value("--output") << "\n";
+        if (with_values)
+            std::cerr << "iprobe: the binary file keeps no values: " << with_values
+                      << " events' arguments, return values or backtraces are not in it (use --format json)\n";
     } else {
         EventPrinter printer(format, args.pid);
         collect(reader, seconds, [&](const Event& e) { printer.print(e, reader.probe(e.probe)); }, true);

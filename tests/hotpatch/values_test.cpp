@@ -226,6 +226,17 @@ TEST_F(ValuesTest, FinstrumentFlowSaysItRecordsNoValues) {
     EXPECT_EQ(t.find("\"args\""), std::string::npos) << t;
 }
 
+TEST_F(ValuesTest, TheBinaryTraceFileSaysItKeepsNoValues) {
+    ASSERT_TRUE(start("values_c"));
+    attach({"--args", "--retval", "--functions", "v_ints"});
+    target_->command("values");
+    TempDir dir;
+    auto t = iprobe({"trace", pid_, "--duration", "0", "--output", dir / "t.bin"});
+    ASSERT_EQ(t.exit_code, 0) << t.err;
+    EXPECT_NE(t.err.find("2 events written"), std::string::npos) << t.err;
+    EXPECT_NE(t.err.find("keeps no values: 2 events'"), std::string::npos) << t.err;
+}
+
 TEST_F(ValuesTest, ValuesNeedTheTraceHandler) {
     ASSERT_TRUE(start("values_c"));
     auto a = iprobe({"attach", pid_, "--args", "--handler", "count"});
