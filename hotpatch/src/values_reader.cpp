@@ -68,8 +68,13 @@ std::string quoted(const char* s, std::size_t n) {
 
 }  // namespace
 
-Value format_value(const std::string& name, const elf::ValueType& type, const std::uint8_t* bytes) {
+Value format_value(const std::string& name, const elf::ValueType& type, const std::uint8_t* bytes, std::size_t available) {
     Value v{name, type.name, "", ""};
+    if (available < 8 && type.cls != elf::ValueClass::structure && (type.size == 0 || type.size > available)) {
+        v.text = "?";  // a member the registers do not hold whole
+        v.json = "null";
+        return v;
+    }
     switch (type.cls) {
     case elf::ValueClass::signed_int:
         v.text = v.json = std::to_string(signed_of(bytes, type.size));
@@ -112,8 +117,8 @@ Value format_value(const std::string& name, const elf::ValueType& type, const st
         v.json = "{";
         bool first = true;
         for (const auto& m : type.members) {
-            if (m.offset + std::max<std::uint32_t>(m.type->size, 1) > 16) continue;
-            const Value field = format_value(m.name, *m.type, bytes + m.offset);
+            if (m.offset >= available || m.type->size > available - m.offset) continue;
+            const Value field = format_value(m.name, *m.type, bytes + m.offset, available - m.offset);
             v.text += (first ? "" : ", ") + m.name + " = " + field.text;
             v.json += (first ? "" : ",") + json_string(m.name) + ":" + field.json;
             first = false;
@@ -216,7 +221,7 @@ void ValuesReader::decode(Event& e, const std::vector<std::uint64_t>& words) {
             const std::uint64_t v = part.vector ? words[2 + (part.reg & 1)] : words[part.reg & 1];
             std::memcpy(bytes + 8 * i, &v, 8);
         }
-        e.retval = format_value("", f.ret->type, bytes);
+        e.retval = format_value("", f.ret->type, bytes, sizeof bytes);
         return;
     }
     if (e.kind != probelist::ProbeKind::entry) return;
@@ -254,7 +259,7 @@ void ValuesReader::decode(Event& e, const std::vector<std::uint64_t>& words) {
                 const std::uint64_t v = part.vector ? xmm[part.reg % IPROBE_RT_VALUES_XMMS] : gpr[part.reg % IPROBE_RT_VALUES_GPRS];
                 std::memcpy(bytes + 8 * i, &v, 8);
             }
-            Value v = format_value(p.name, p.type, bytes);
+            Value v = format_value(p.name, p.type, bytes, sizeof bytes);
             const auto s = p.type.cls == elf::ValueClass::string ? strings.find(p.parts[0].reg) : strings.end();
             if (s != strings.end()) {
                 const auto& [status, text] = s->second;

@@ -38,7 +38,8 @@ private:
     std::map<std::uint32_t, elf::FunctionValues> functions_;
 };
 
-// A value's bytes (at most 16, little-endian) as its type prints.
-Value format_value(const std::string& name, const elf::ValueType& type, const std::uint8_t* bytes);
+// A value's bytes (`available` of them, little-endian) as its type prints;
+// what lies beyond them prints as "?".
+Value format_value(const std::string& name, const elf::ValueType& type, const std::uint8_t* bytes, std::size_t available);
 
 }  // namespace iprobe::hotpatch
