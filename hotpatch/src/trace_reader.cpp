@@ -200,7 +200,7 @@ std::size_t TraceReader::drain(const std::function<void(const Event&)>& sink) {
                             words.insert(words.end(), more->args, more->args + 4);
                         }
                         if (!impl_->values) impl_->values = std::make_unique<ValuesReader>(impl_->region, impl_->pid);
-                        impl_->values->decode(e, words);
+                        impl_->values->decode(e, r.values, words);
                     }
                 } else {
                     continue;

@@ -198,12 +198,14 @@ Frame ValuesReader::symbolize(std::uint64_t address) {
     return f;
 }
 
-void ValuesReader::decode(Event& e, const std::vector<std::uint64_t>& words) {
+void ValuesReader::decode(Event& e, std::uint32_t packed_spec, const std::vector<std::uint64_t>& words) {
     if (e.probe >= region_.probe_count()) return;
-    const iprobe_rt_probe& probe = region_.probes()[e.probe];
-    iprobe_rt_values_spec spec;
-    const std::uint64_t word = __atomic_load_n(reinterpret_cast<const std::uint64_t*>(&probe.values), __ATOMIC_RELAXED);
-    std::memcpy(&spec, &word, sizeof spec);
+    iprobe_rt_values_spec spec{};
+    spec.flags = static_cast<std::uint8_t>(packed_spec);
+    spec.gprs = static_cast<std::uint8_t>(packed_spec >> 8 & 15);
+    spec.xmms = static_cast<std::uint8_t>(packed_spec >> 12 & 15);
+    spec.strings = static_cast<std::uint8_t>(packed_spec >> 16);
+    spec.backtrace = static_cast<std::uint8_t>(packed_spec >> 24);
     std::size_t at = 0;
     auto next = [&]() { return at < words.size() ? words[at++] : 0; };
     if (e.kind == probelist::ProbeKind::exit) {

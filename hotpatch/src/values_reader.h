@@ -19,8 +19,9 @@ namespace iprobe::hotpatch {
 class ValuesReader {
 public:
     ValuesReader(const Region& region, pid_t pid) : region_(region), pid_(pid) {}
-    // Fills e.values / e.retval / e.backtrace from the words after its record.
-    void decode(Event& e, const std::vector<std::uint64_t>& words);
+    // Fills e.values / e.retval / e.backtrace from the words after its
+    // record, written under `packed_spec` (iprobe_rt_record.values).
+    void decode(Event& e, std::uint32_t packed_spec, const std::vector<std::uint64_t>& words);
 
 private:
     struct Module {

@@ -405,6 +405,7 @@ struct payload {
     uint32_t nwords;
     uint8_t record;
     uint64_t frame;
+    uint32_t spec; /* IPROBE_RT_VALUES_PACK of the spec the words follow */
 };
 
 static inline __attribute__((always_inline)) void emit_probe_at(struct iprobe_rt_control* cb, int32_t probe,
@@ -451,6 +452,7 @@ static inline __attribute__((always_inline)) void emit_probe_at(struct iprobe_rt
     record->nargs = args ? 4 : (uint8_t)extra;
     record->depth = (uint16_t)(t->depth - 1);
     record->frame = values ? values->frame : 0;
+    record->values = values && extra ? values->spec : 0;
     if (args) {
         struct iprobe_rt_args_record* more = (struct iprobe_rt_args_record*)&t->records[(index + 1) & t->mask];
         for (int i = 0; i < 4; i++) more->args[i] = args[i];
@@ -736,7 +738,7 @@ static __attribute__((noinline)) uint64_t values_enter(struct iprobe_rt_control*
         unit = hook_return(slot, IPROBE_RT_RETURN_TRACE, id + 1,
                            (now << COOKIE_SHIFT) | COOKIE_VALUES | (matched ? COOKIE_MATCHED : 0) | timed);
     uint64_t words[IPROBE_RT_VALUES_MAX_WORDS];
-    struct payload out = {words, 0, (uint8_t)matched, (uint64_t)(uintptr_t)slot};
+    struct payload out = {words, 0, (uint8_t)matched, (uint64_t)(uintptr_t)slot, IPROBE_RT_VALUES_PACK(spec)};
     if (matched && (spec.flags & (IPROBE_RT_VALUES_ARGS | IPROBE_RT_VALUES_BACKTRACE)))
         out.nwords = entry_words(spec, &v, slot, words);
     emit_probe_at(cb, (int32_t)id, p->stat, IPROBE_RT_REC_ENTRY, 0, unit && timed ? FRAME_MATCH : FRAME_NONE, now,
@@ -771,7 +773,8 @@ static __attribute__((noinline)) void values_exit(const struct iprobe_rt_return*
     v.entry_matched = !(e->cookie & COOKIE_VALUES) || (e->cookie & COOKIE_MATCHED);
     const int matched = iprobe_rt_values_match(cb, probe, spec, &v);
     uint64_t words[4] = {v.ret[0], v.ret[1], v.xret[0], v.xret[1]};
-    struct payload out = {words, (spec.flags & IPROBE_RT_VALUES_RETVAL) ? 4u : 0u, (uint8_t)matched, e->slot};
+    struct payload out = {words, (spec.flags & IPROBE_RT_VALUES_RETVAL) ? 4u : 0u, (uint8_t)matched, e->slot,
+                          IPROBE_RT_VALUES_PACK(spec)};
     emit_probe_at(cb, (int32_t)probe, probe_of(cb, (int32_t)probe)->stat, IPROBE_RT_REC_EXIT, 0,
                   (e->cookie & COOKIE_TIMED) ? FRAME_MATCH : FRAME_NONE, now, &out);
 }

@@ -226,6 +226,26 @@ TEST_F(ValuesTest, FinstrumentFlowSaysItRecordsNoValues) {
     EXPECT_EQ(t.find("\"args\""), std::string::npos) << t;
 }
 
+// Attaching again with other value options changes what the next calls
+// record; the events already in the ring keep what they were recorded with.
+TEST_F(ValuesTest, AttachAgainChangesWhatIsRecordedAndEarlierEventsKeepTheirs) {
+    ASSERT_TRUE(start("values_c"));
+    attach({"--args", "--retval", "--functions", "v_ints"});
+    target_->command("values");
+    attach({"--functions", "v_ints"});
+    target_->command("values");
+    attach({"--retval", "--functions", "v_ints"});
+    target_->command("values");
+    const std::string t = trace("json");
+    const std::string args = "\"args\":[" + arg("a", "int", "7");
+    EXPECT_EQ(lines_with(t, {entry_of("v_ints")}).size(), 3u) << t;
+    EXPECT_EQ(lines_with(t, {entry_of("v_ints"), args}).size(), 1u) << t;
+    EXPECT_EQ(lines_with(t, {exit_of("v_ints")}).size(), 3u) << t;
+    EXPECT_EQ(lines_with(t, {exit_of("v_ints"), retval("long", "16")}).size(), 2u) << t;
+    auto r = iprobe({"report", pid_, "--json"});
+    EXPECT_EQ(json_calls(r.out, "v_ints"), 3) << r.out;
+}
+
 TEST_F(ValuesTest, TheBinaryTraceFileSaysItKeepsNoValues) {
     ASSERT_TRUE(start("values_c"));
     attach({"--args", "--retval", "--functions", "v_ints"});

@@ -82,6 +82,11 @@ enum iprobe_rt_record_kind {
     (IPROBE_RT_VALUES_GPRS + IPROBE_RT_VALUES_XMMS + IPROBE_RT_VALUES_GPRS * (1 + IPROBE_RT_STRING_BYTES / 8) + \
      1 + IPROBE_RT_BACKTRACE_MAX)
 
+/* A spec as a record carries it: flags, gprs | xmms << 4, strings, backtrace. */
+#define IPROBE_RT_VALUES_PACK(s)                                                                      \
+    ((uint32_t)(s).flags | (uint32_t)(((s).gprs & 15u) | ((s).xmms & 15u) << 4) << 8 |               \
+     (uint32_t)(s).strings << 16 | (uint32_t)(s).backtrace << 24)
+
 /* What a probe captures: written by the attacher (one 8-byte store, so a
  * handler reading it while the attacher changes it sees either whole), read
  * by the handler at each event; all 0 = plain trace. */
@@ -138,7 +143,9 @@ struct iprobe_rt_record {
     uint8_t nargs;       /* POINT: how many args the next record carries;
                           * ENTRY/EXIT: continuation records of values that follow */
     uint16_t depth;      /* handler nesting in this thread (signal re-entrancy), 0 normally */
-    uint32_t reserved;
+    uint32_t values;     /* ENTRY/EXIT with continuation records: the spec they were written
+                          * under (IPROBE_RT_VALUES_PACK), so a reader never types them by a
+                          * spec a later attach changed; 0 otherwise */
     uint64_t frame;      /* ENTRY/EXIT at function-entry sites: the address of the function's
                           * return-address slot (its stack pointer at entry), so a reader
                           * pairs an exit with its entry and sees frames an exception or
