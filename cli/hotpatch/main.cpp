@@ -157,8 +157,7 @@ ArgSpec spec_of(const std::string& command) {
         {"--completed", "", "attach, run: with --handler count, also count completed calls (turns the exits\non: every return then goes through a return trampoline)"},
         {"--args", "", "attach: record each call's arguments (typed from DWARF; else arg0..arg5 raw)"},
         {"--retval", "", "attach: record each call's return value (and keep its log2 histogram: report --hist)"},
-        {"--backtrace", "", "attach: record the callers of each call (--backtrace=DEPTH, default 8)"},
-        {"--backtrace-depth", "N", "attach: caller frames --backtrace records (1-32)"},
+        {"--backtrace", "DEPTH", "attach: record the callers of each call, at most DEPTH (1-32, default 8)", {}, true},
         {"--buffer", "SIZE", "attach: each thread's event ring (K/M/G suffix; default 512K)"},
         {"--ring-records", "N", "attach: each thread's event ring in records (instead of --buffer)"},
         {"--runtime", "PATH", "attach: the runtime library to inject (default: the installed one)"},
@@ -206,22 +205,7 @@ Args parse(int argc, char** argv) {
     Args args;
     args.command = argv[1];
     const ArgSpec spec = spec_of(args.command);
-    // --backtrace=DEPTH is --backtrace --backtrace-depth DEPTH (up to a "--")
-    std::vector<std::string> words;
-    for (int i = 0; i < argc; i++) {
-        const std::string w = argv[i];
-        const bool options_end = std::find(words.begin(), words.end(), "--") != words.end();
-        if (!options_end && w.rfind("--backtrace=", 0) == 0) {
-            words.push_back("--backtrace");
-            words.push_back("--backtrace-depth");
-            words.push_back(w.substr(std::strlen("--backtrace=")));
-        } else {
-            words.push_back(w);
-        }
-    }
-    std::vector<char*> word_ptrs;
-    for (auto& w : words) word_ptrs.push_back(w.data());
-    const ParsedArgs parsed = spec.parse(static_cast<int>(word_ptrs.size()), word_ptrs.data(), 2);
+    const ParsedArgs parsed = spec.parse(argc, argv, 2);
     if (parsed.help_requested()) {
         std::cout << spec.help();
         std::exit(0);
@@ -230,7 +214,7 @@ Args parse(int argc, char** argv) {
         for (auto& p : split_list(list)) args.probes.push_back(p);
     for (const auto& list : parsed.values("--module"))
         for (auto& m : split_list(list)) args.modules.push_back(m);
-    for (const char* name : {"--args", "--retval", "--backtrace", "--backtrace-depth", "--functions", "--files",
+    for (const char* name : {"--args", "--retval", "--backtrace", "--functions", "--files",
                              "--entry-only", "--exit-only", "--handler", "--completed", "--buffer", "--ring-records",
                              "--runtime", "--duration", "--format", "--output", "--input", "--lossless", "--since-last",
                              "--reset", "--at-exit", "--folded", "--json", "--exec", "--report", "--hist", "--when",
@@ -315,12 +299,8 @@ AttachOptions attach_options_of(const Args& args) {
     // Syntax first, before the target is looked at (exit 3 with a caret).
     if (!o.when.empty()) (void)hotpatch::Condition::parse(o.when);
     if (!o.min_duration.empty()) (void)hotpatch::Condition::min_duration(o.min_duration);
-    o.values.args = args.flag("--args");
-    o.values.retval = args.flag("--retval");
-    if (args.flag("--backtrace-depth") && !args.flag("--backtrace")) usage_error("--backtrace-depth goes with --backtrace");
-    if (args.flag("--backtrace"))
-        o.values.backtrace = static_cast<unsigned>(
-            parse_unsigned_or_usage(args.value("--backtrace-depth", "8"), "--backtrace depth", 1, IPROBE_RT_BACKTRACE_MAX));
+    o.values = value_options_of(args.flag("--args"), args.flag("--retval"), args.flag("--backtrace"),
+                                args.value("--backtrace"));
     if (o.values.any() && o.mode != HandlerMode::trace) usage_error("--args, --retval and --backtrace need --handler trace");
     o.retval_histogram = o.values.retval;  // the value is captured and its histogram kept
     if ((!o.when.empty() || !o.min_duration.empty()) && o.mode != HandlerMode::trace)
@@ -652,8 +632,12 @@ int cmd_trace(const Args& args) {
         const WallClock clock = reader.wall_clock();
         collect(reader, seconds, [&] { return reader.drain_runs([&](const RecordRun& run) { writer.write(run, clock); }); },
                 true);
+        const std::uint64_t with_values = writer.without_values();  // the file keeps timings only: said, not dropped
         writer.finish(reader.probes());
         std::cerr << "iprobe: " << writer.events() << " events written to " << args.value("--output") << "\n";
+        if (with_values)
+            std::cerr << "iprobe: the binary file keeps no values: " << with_values
+                      << " events' arguments, return values or backtraces are not in it (use --format json)\n";
     } else {
         EventPrinter printer(format, args.pid);
         collect(reader, seconds, [&](const Event& e) { printer.print(e, reader.probe(e.probe)); }, true);

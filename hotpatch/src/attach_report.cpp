@@ -1,6 +1,12 @@
 #include "iprobe/hotpatch/attach_report.h"
 
+#include <cctype>
+#include <cerrno>
+#include <cstdlib>
+
 #include <nlohmann/json.hpp>
+
+#include "iprobe/formats/rt_layout.h"
 
 #include "iprobe/support/error.h"
 #include "iprobe/support/json.h"
@@ -73,11 +79,42 @@ AttachStats parse_attach_json(std::string_view text) {
         doc.at("runtime_injected").get_to(st.runtime_injected);
         if (doc.contains("refused")) doc.at("refused").get_to(st.refused);
         if (doc.contains("exits_left_off")) doc.at("exits_left_off").get_to(st.exits_left_off);
+        if (doc.contains("values_unavailable")) doc.at("values_unavailable").get_to(st.values_unavailable);
+        if (doc.contains("values_untyped")) doc.at("values_untyped").get_to(st.values_untyped);
         if (doc.contains("patched_skipped")) doc.at("patched_skipped").get_to(st.patched_skipped);
         return st;
     } catch (const nlohmann::json::exception& e) {
         throw Error(std::string("not an attach report: ") + e.what(), ExitCode::bad_input);
     }
+}
+
+ValueOptions value_options_of(bool args, bool retval, bool backtrace, const std::string& depth) {
+    ValueOptions v;
+    v.args = args;
+    v.retval = retval;
+    if (backtrace) {
+        v.backtrace = 8;
+        if (!depth.empty()) {
+            char* end = nullptr;
+            errno = 0;
+            const unsigned long n = std::strtoul(depth.c_str(), &end, 10);
+            if (errno || *end || !std::isdigit(static_cast<unsigned char>(depth[0])) || n < 1 ||
+                n > IPROBE_RT_BACKTRACE_MAX)
+                throw Error("--backtrace=DEPTH wants 1 to " + std::to_string(IPROBE_RT_BACKTRACE_MAX) + ", not '" +
+                                depth + "'",
+                            ExitCode::usage);
+            v.backtrace = static_cast<unsigned>(n);
+        }
+    }
+    return v;
+}
+
+std::vector<std::string> value_option_args(const ValueOptions& values) {
+    std::vector<std::string> out;
+    if (values.args) out.push_back("--args");
+    if (values.retval) out.push_back("--retval");
+    if (values.backtrace) out.push_back("--backtrace=" + std::to_string(values.backtrace));
+    return out;
 }
 
 }  // namespace iprobe::hotpatch

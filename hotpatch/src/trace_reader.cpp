@@ -235,6 +235,7 @@ std::size_t TraceReader::drain(const std::function<void(const Event&)>& sink) {
     Event pending;
     std::uint32_t remaining = 0;       // continuation records still to read
     std::vector<std::uint64_t> words;  // values read so far
+    std::uint32_t spec = 0;            // the spec they were written under (iprobe_rt_record.values)
     std::uint32_t ring = UINT32_MAX;
     std::uint64_t next_at = 0;         // where the pending event's next record is
     auto finish = [&] {                // the pending event with what it got
@@ -242,7 +243,7 @@ std::size_t TraceReader::drain(const std::function<void(const Event&)>& sink) {
             if (remaining) pending.nargs = 0;
         } else if (!words.empty()) {
             if (!impl_->values) impl_->values = std::make_unique<ValuesReader>(impl_->region, impl_->pid);
-            impl_->values->decode(pending, words);
+            impl_->values->decode(pending, spec, words);
         }
         remaining = 0;
         words.clear();
@@ -286,6 +287,7 @@ std::size_t TraceReader::drain(const std::function<void(const Event&)>& sink) {
                 e.kind = r.kind == IPROBE_RT_REC_EXIT ? probelist::ProbeKind::exit : probelist::ProbeKind::entry;
                 e.frame = r.frame;
                 more = r.nargs;
+                spec = r.values;
             } else {
                 continue;
             }

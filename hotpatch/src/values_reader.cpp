@@ -3,6 +3,7 @@
 #include <charconv>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 
 #include "iprobe/elf/demangle.h"
 #include "iprobe/support/error.h"
@@ -67,8 +68,13 @@ std::string quoted(const char* s, std::size_t n) {
 
 }  // namespace
 
-Value format_value(const std::string& name, const elf::ValueType& type, const std::uint8_t* bytes) {
+Value format_value(const std::string& name, const elf::ValueType& type, const std::uint8_t* bytes, std::size_t available) {
     Value v{name, type.name, "", ""};
+    if (available < 8 && type.cls != elf::ValueClass::structure && (type.size == 0 || type.size > available)) {
+        v.text = "?";  // a member the registers do not hold whole
+        v.json = "null";
+        return v;
+    }
     switch (type.cls) {
     case elf::ValueClass::signed_int:
         v.text = v.json = std::to_string(signed_of(bytes, type.size));
@@ -111,8 +117,8 @@ Value format_value(const std::string& name, const elf::ValueType& type, const st
         v.json = "{";
         bool first = true;
         for (const auto& m : type.members) {
-            if (m.offset + std::max<std::uint32_t>(m.type->size, 1) > 16) continue;
-            const Value field = format_value(m.name, *m.type, bytes + m.offset);
+            if (m.offset >= available || m.type->size > available - m.offset) continue;
+            const Value field = format_value(m.name, *m.type, bytes + m.offset, available - m.offset);
             v.text += (first ? "" : ", ") + m.name + " = " + field.text;
             v.json += (first ? "" : ",") + json_string(m.name) + ":" + field.json;
             first = false;
@@ -137,10 +143,16 @@ ValuesReader::Module& ValuesReader::module(std::uint32_t index) {
     if (index >= region_.module_count()) return m;
     const iprobe_rt_module& rm = region_.modules()[index];
     const std::string path(rm.path, ::strnlen(rm.path, sizeof rm.path));
+    // The region is the target's to write: a path naming a FIFO or a
+    // device is not read.
     auto open = [&](const std::string& p) -> std::shared_ptr<elf::ElfFile> {
         try {
-            if (pid_) return reading_target(pid_, [&] { return std::make_shared<elf::ElfFile>(target_view(pid_, p)); });
-            return std::make_shared<elf::ElfFile>(p);
+            return reading_target(pid_, [&]() -> std::shared_ptr<elf::ElfFile> {
+                const std::string view = pid_ ? target_view(pid_, p) : p;
+                std::error_code ec;
+                if (!std::filesystem::is_regular_file(view, ec)) return nullptr;
+                return std::make_shared<elf::ElfFile>(view);
+            });
         } catch (const Error&) {
             return nullptr;
         }
@@ -177,7 +189,7 @@ Frame ValuesReader::symbolize(std::uint64_t address) {
         if (!m.elf || address < bias) continue;
         const std::uint64_t at = address - bias;
         const elf::ElfSection* section = m.elf->section_containing(at);
-        if (!section || section->name != ".text") continue;
+        if (!section || !section->executable()) continue;
         if (const elf::ElfSymbol* s = m.elf->function_at(at)) f.function = elf::demangle(s->name);
         if (m.lines)
             if (auto where = m.lines->at(at - 1)) f.file = where->file, f.line = where->line;  // the call, not what follows it
@@ -186,12 +198,14 @@ Frame ValuesReader::symbolize(std::uint64_t address) {
     return f;
 }
 
-void ValuesReader::decode(Event& e, const std::vector<std::uint64_t>& words) {
+void ValuesReader::decode(Event& e, std::uint32_t packed_spec, const std::vector<std::uint64_t>& words) {
     if (e.probe >= region_.probe_count()) return;
-    const iprobe_rt_probe& probe = region_.probes()[e.probe];
-    iprobe_rt_values_spec spec;
-    const std::uint64_t word = __atomic_load_n(reinterpret_cast<const std::uint64_t*>(&probe.values), __ATOMIC_RELAXED);
-    std::memcpy(&spec, &word, sizeof spec);
+    iprobe_rt_values_spec spec{};
+    spec.flags = static_cast<std::uint8_t>(packed_spec);
+    spec.gprs = static_cast<std::uint8_t>(packed_spec >> 8 & 15);
+    spec.xmms = static_cast<std::uint8_t>(packed_spec >> 12 & 15);
+    spec.strings = static_cast<std::uint8_t>(packed_spec >> 16);
+    spec.backtrace = static_cast<std::uint8_t>(packed_spec >> 24);
     std::size_t at = 0;
     auto next = [&]() { return at < words.size() ? words[at++] : 0; };
     if (e.kind == probelist::ProbeKind::exit) {
@@ -209,7 +223,7 @@ void ValuesReader::decode(Event& e, const std::vector<std::uint64_t>& words) {
             const std::uint64_t v = part.vector ? words[2 + (part.reg & 1)] : words[part.reg & 1];
             std::memcpy(bytes + 8 * i, &v, 8);
         }
-        e.retval = format_value("", f.ret->type, bytes);
+        e.retval = format_value("", f.ret->type, bytes, sizeof bytes);
         return;
     }
     if (e.kind != probelist::ProbeKind::entry) return;
@@ -247,7 +261,7 @@ void ValuesReader::decode(Event& e, const std::vector<std::uint64_t>& words) {
                 const std::uint64_t v = part.vector ? xmm[part.reg % IPROBE_RT_VALUES_XMMS] : gpr[part.reg % IPROBE_RT_VALUES_GPRS];
                 std::memcpy(bytes + 8 * i, &v, 8);
             }
-            Value v = format_value(p.name, p.type, bytes);
+            Value v = format_value(p.name, p.type, bytes, sizeof bytes);
             const auto s = p.type.cls == elf::ValueClass::string ? strings.find(p.parts[0].reg) : strings.end();
             if (s != strings.end()) {
                 const auto& [status, text] = s->second;

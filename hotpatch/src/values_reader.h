@@ -19,8 +19,9 @@ namespace iprobe::hotpatch {
 class ValuesReader {
 public:
     ValuesReader(const Region& region, pid_t pid) : region_(region), pid_(pid) {}
-    // Fills e.values / e.retval / e.backtrace from the words after its record.
-    void decode(Event& e, const std::vector<std::uint64_t>& words);
+    // Fills e.values / e.retval / e.backtrace from the words after its
+    // record, written under `packed_spec` (iprobe_rt_record.values).
+    void decode(Event& e, std::uint32_t packed_spec, const std::vector<std::uint64_t>& words);
 
 private:
     struct Module {
@@ -38,7 +39,8 @@ private:
     std::map<std::uint32_t, elf::FunctionValues> functions_;
 };
 
-// A value's bytes (at most 16, little-endian) as its type prints.
-Value format_value(const std::string& name, const elf::ValueType& type, const std::uint8_t* bytes);
+// A value's bytes (`available` of them, little-endian) as its type prints;
+// what lies beyond them prints as "?".
+Value format_value(const std::string& name, const elf::ValueType& type, const std::uint8_t* bytes, std::size_t available);
 
 }  // namespace iprobe::hotpatch

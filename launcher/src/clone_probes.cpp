@@ -38,12 +38,13 @@ std::vector<std::string> selected_functions(const std::vector<std::string>& sour
 }
 
 CloneProbes::CloneProbes(std::string hotpatch_tool, std::vector<std::string> in_clone, pid_t pid_in_clone,
-                         pid_t host_pid, std::vector<std::string> probe_sources)
+                         pid_t host_pid, std::vector<std::string> probe_sources, hotpatch::ValueOptions values)
     : hotpatch_tool_(std::move(hotpatch_tool)),
       in_clone_(std::move(in_clone)),
       pid_in_clone_(pid_in_clone),
       host_pid_(host_pid),
-      probe_sources_(std::move(probe_sources)) {}
+      probe_sources_(std::move(probe_sources)),
+      values_(values) {}
 
 std::vector<std::string> CloneProbes::tool(const std::vector<std::string>& args) const {
     std::vector<std::string> argv = in_clone_;
@@ -56,6 +57,7 @@ hotpatch::AttachStats CloneProbes::attach(const std::vector<std::string>& functi
     std::vector<std::string> args = {"attach", std::to_string(pid_in_clone_), "--json"};
     if (!probe_sources_.empty()) args.insert(args.end(), {"--probes", joined(probe_sources_)});
     if (!functions.empty()) args.insert(args.end(), {"--functions", joined(functions)});
+    for (auto& option : hotpatch::value_option_args(values_)) args.push_back(std::move(option));
     const RunResult r = run(tool(args));
     if (!r.ok())
         throw Error("iprobe attach in the clone (PID " + std::to_string(host_pid_) + ") failed: " + trimmed(r.err));

@@ -28,8 +28,9 @@ public:
     // `host_pid`: the clone's root as this host sees it; `in_clone` the
     // command prefix that runs a tool where the clone is (empty: here) and
     // `pid_in_clone` its PID there.
+    // `values`: what each attach asks the probes to record (--args, ...).
     CloneProbes(std::string hotpatch_tool, std::vector<std::string> in_clone, pid_t pid_in_clone, pid_t host_pid,
-                std::vector<std::string> probe_sources);
+                std::vector<std::string> probe_sources, hotpatch::ValueOptions values = {});
 
     // `functions`: globs or symbols (empty: every probe of the sources).
     // Throws Error with the tool's message.
@@ -58,6 +59,7 @@ private:
     std::vector<std::string> in_clone_;
     pid_t pid_in_clone_, host_pid_;
     std::vector<std::string> probe_sources_;
+    hotpatch::ValueOptions values_;
     std::unique_ptr<hotpatch::TraceReader> reader_;
     std::vector<std::vector<std::uint32_t>> stats_of_;  // per symbol asked for by events(): its aggregate slots
     std::vector<std::string> stats_for_;                // ... for these symbols

@@ -263,7 +263,8 @@ void DebugSession::attach_probes(Clone& c, pid_t pid_in_clone, std::vector<std::
     const pid_t host_pid = o_.container.empty() ? c.clone.clone_pid : container_clone_.clone_pid;
     std::vector<std::string> sources = probe_sources_;
     if (sources.empty()) sources = split_list(o_.probes);
-    c.probes = std::make_unique<CloneProbes>(hotpatch_tool_, std::move(in_clone), pid_in_clone, host_pid, sources);
+    c.probes =
+        std::make_unique<CloneProbes>(hotpatch_tool_, std::move(in_clone), pid_in_clone, host_pid, sources, o_.values);
     // Named one by one when the session turns them off and on or splits
     // them; else the user's globs as given.
     const bool by_name = !functions_.empty();

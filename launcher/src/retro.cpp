@@ -258,7 +258,7 @@ int run_investigate(const InvestigateOptions& o) {
             [&](JsonWriter& w) { w.field("open_at_start", g.open_at_start); });
 
     CloneProbes probes(hotpatch_tool, {"nsenter", "--target", std::to_string(clone.keeper_pid), "--pid", "--mount", "--"},
-                       cp.pid, clone.clone_pid, split_list(o.probes));
+                       cp.pid, clone.clone_pid, split_list(o.probes), o.values);
     if (!patch_args.empty())
         patch_clone(say, hotpatch_tool, {"nsenter", "--target", std::to_string(clone.keeper_pid), "--pid", "--mount", "--"},
                     cp.pid, clone.clone_pid, "clone " + name, patch_args);

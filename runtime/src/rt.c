@@ -450,6 +450,7 @@ struct payload {
     uint32_t nwords;
     uint8_t record;
     uint64_t frame;
+    uint32_t spec; /* IPROBE_RT_VALUES_PACK of the spec the words follow */
 };
 
 /* Appends one event (two with a point's args, more with values) to this
@@ -497,16 +498,24 @@ static inline __attribute__((always_inline)) void ring_append(struct iprobe_rt_c
     record->nargs = args ? 4 : (uint8_t)extra;
     record->depth = (uint16_t)(t->depth - 1);
     record->frame = values ? values->frame : 0;
+    record->values = values && extra ? values->spec : 0;
     if (args) {
         struct iprobe_rt_args_record* more = (struct iprobe_rt_args_record*)&t->records[(index + 1) & t->mask];
         for (int i = 0; i < 4; i++) more->args[i] = args[i];
     }
     if (values) {
-        for (uint64_t r = 0; r < extra; r++) {
+        const uint64_t* from = values->words;
+        uint32_t left = values->nwords;
+        for (uint64_t r = 0; r < extra; r++, from += 4, left -= 4) {
             uint64_t* to = ((struct iprobe_rt_args_record*)&t->records[(index + 1 + r) & t->mask])->args;
-            for (uint32_t w = 0; w < 4; w++) {
-                const uint32_t from = (uint32_t)r * 4 + w;
-                to[w] = from < values->nwords ? values->words[from] : 0;
+            if (LIKELY(left >= 4)) {
+                to[0] = from[0], to[1] = from[1], to[2] = from[2], to[3] = from[3];
+            } else {
+                to[0] = from[0];
+                to[1] = left > 1 ? from[1] : 0;
+                to[2] = left > 2 ? from[2] : 0;
+                to[3] = 0;
+                break;
             }
         }
     }
@@ -809,7 +818,6 @@ static __attribute__((noinline)) uint64_t values_enter(struct iprobe_rt_control*
     /* saved: rdi, rsi, rdx, rcx, rax, r8, r9 (ENTRY_SITE_CALL) */
     v.gpr[0] = saved[0], v.gpr[1] = saved[1], v.gpr[2] = saved[2], v.gpr[3] = saved[3];
     v.gpr[4] = saved[5], v.gpr[5] = saved[6];
-    v.ret[0] = v.ret[1] = v.xret[0] = v.xret[1] = v.duration = 0;
     const uint64_t timed = hook ? p->timed : 0;
     /* A --when on retval or duration: decided at exit, the arguments kept in the frame. */
     const uint32_t condition = __atomic_load_n(&p->condition, __ATOMIC_RELAXED);
@@ -822,7 +830,7 @@ static __attribute__((noinline)) uint64_t values_enter(struct iprobe_rt_control*
                            (now << COOKIE_SHIFT) | COOKIE_VALUES | (matched ? COOKIE_MATCHED : 0) |
                                (at_exit && timed ? COOKIE_HELD : 0) | timed);
     uint64_t words[IPROBE_RT_VALUES_MAX_WORDS];
-    struct payload out = {words, 0, (uint8_t)matched, (uint64_t)(uintptr_t)slot};
+    struct payload out = {words, 0, (uint8_t)matched, (uint64_t)(uintptr_t)slot, IPROBE_RT_VALUES_PACK(spec)};
     if (matched && (spec.flags & (IPROBE_RT_VALUES_ARGS | IPROBE_RT_VALUES_BACKTRACE)))
         out.nwords = entry_words(spec, &v, slot, words);
     aggregate(cb, (int32_t)id, p->stat, IPROBE_RT_REC_ENTRY, now, unit && timed ? FRAME_MATCH : FRAME_NONE,
@@ -856,6 +864,7 @@ static __attribute__((noinline)) void held_values_exit(struct iprobe_rt_control*
         return;
     }
     for (int i = 0; i < IPROBE_RT_VALUES_GPRS; i++) v->gpr[i] = held.args[i];
+    v->has_args = 1;
     v->duration = held.duration;
     v->has_duration = 1;
     v->entry_matched = 1;
@@ -867,12 +876,13 @@ static __attribute__((noinline)) void held_values_exit(struct iprobe_rt_control*
     at_entry.kind = IPROBE_RT_REC_ENTRY;
     for (int i = 0; i < IPROBE_RT_VALUES_XMMS; i++) at_entry.xmm[i] = 0;
     uint64_t words[IPROBE_RT_VALUES_MAX_WORDS];
-    struct payload in = {words, 0, 1, e->slot};
+    struct payload in = {words, 0, 1, e->slot, IPROBE_RT_VALUES_PACK(entry_spec)};
     if (entry_spec.flags & (IPROBE_RT_VALUES_ARGS | IPROBE_RT_VALUES_BACKTRACE))
         in.nwords = entry_words(entry_spec, &at_entry, (const uint64_t*)(uintptr_t)e->slot, words);
     ring_append(cb, (int32_t)probe - 1, IPROBE_RT_REC_ENTRY, now - held.duration, 0, &in);
     uint64_t ret_words[4] = {v->ret[0], v->ret[1], v->xret[0], v->xret[1]};
-    const struct payload out = {ret_words, (spec.flags & IPROBE_RT_VALUES_RETVAL) ? 4u : 0u, 1, e->slot};
+    const struct payload out = {ret_words, (spec.flags & IPROBE_RT_VALUES_RETVAL) ? 4u : 0u, 1, e->slot,
+                                IPROBE_RT_VALUES_PACK(spec)};
     ring_append(cb, (int32_t)probe, IPROBE_RT_REC_EXIT, now, 0, &out);
 }
 
@@ -894,8 +904,7 @@ static __attribute__((noinline)) void values_exit(const struct iprobe_rt_return*
     const struct iprobe_rt_values_spec spec = spec_of(word);
     const uint64_t now = timestamp();
     v.kind = IPROBE_RT_REC_EXIT;
-    for (int i = 0; i < IPROBE_RT_VALUES_GPRS; i++) v.gpr[i] = 0;
-    for (int i = 0; i < IPROBE_RT_VALUES_XMMS; i++) v.xmm[i] = 0;
+    v.has_args = 0; /* gpr is the entry's only where held_values_exit sets it */
     v.has_return = 1;
     v.ret[0] = regs[0], v.ret[1] = regs[1];
     v.xret[0] = xret[0], v.xret[1] = xret[1];
@@ -909,7 +918,8 @@ static __attribute__((noinline)) void values_exit(const struct iprobe_rt_return*
     }
     const int matched = iprobe_rt_values_match(cb, probe, spec, &v);
     uint64_t words[4] = {v.ret[0], v.ret[1], v.xret[0], v.xret[1]};
-    struct payload out = {words, (spec.flags & IPROBE_RT_VALUES_RETVAL) ? 4u : 0u, (uint8_t)matched, e->slot};
+    struct payload out = {words, (spec.flags & IPROBE_RT_VALUES_RETVAL) ? 4u : 0u, (uint8_t)matched, e->slot,
+                          IPROBE_RT_VALUES_PACK(spec)};
     emit_probe_at(cb, (int32_t)probe, probe_of(cb, (int32_t)probe)->stat, IPROBE_RT_REC_EXIT, 0,
                   (e->cookie & COOKIE_TIMED) ? FRAME_MATCH : FRAME_NONE, now, &out);
 }
@@ -1125,10 +1135,14 @@ __attribute__((visibility("hidden"))) int iprobe_rt_condition_match(const struct
     } else if (v->kind != IPROBE_RT_REC_EXIT || !v->has_duration) {
         return 0;
     }
+    /* Only the fields of the event's kind are set (struct iprobe_rt_values):
+     * at exit the arguments are there only when the entry held them. */
+    const int at_exit = v->kind == IPROBE_RT_REC_EXIT;
+    if (at_exit && (program->needs & IPROBE_COND_NEEDS_ARGS) && !v->has_args) return 0;
     struct iprobe_cond_values values;
-    for (int i = 0; i < IPROBE_COND_ARGS; i++) values.args[i] = v->gpr[i];
-    values.retval = v->ret[0];
-    values.duration = v->duration;
+    for (int i = 0; i < IPROBE_COND_ARGS; i++) values.args[i] = !at_exit || v->has_args ? v->gpr[i] : 0;
+    values.retval = at_exit ? v->ret[0] : 0;
+    values.duration = at_exit ? v->duration : 0;
     return iprobe_cond_holds(program, &values);
 }
 

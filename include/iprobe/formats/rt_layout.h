@@ -91,6 +91,11 @@ enum iprobe_rt_record_kind {
     (IPROBE_RT_VALUES_GPRS + IPROBE_RT_VALUES_XMMS + IPROBE_RT_VALUES_GPRS * (1 + IPROBE_RT_STRING_BYTES / 8) + \
      1 + IPROBE_RT_BACKTRACE_MAX)
 
+/* A spec as a record carries it: flags, gprs | xmms << 4, strings, backtrace. */
+#define IPROBE_RT_VALUES_PACK(s)                                                                      \
+    ((uint32_t)(s).flags | (uint32_t)(((s).gprs & 15u) | ((s).xmms & 15u) << 4) << 8 |               \
+     (uint32_t)(s).strings << 16 | (uint32_t)(s).backtrace << 24)
+
 /* What a probe captures: written by the attacher (one 8-byte store, so a
  * handler reading it while the attacher changes it sees either whole), read
  * by the handler at each event; all 0 = plain trace. */
@@ -106,14 +111,18 @@ struct iprobe_rt_values_spec {
 
 /* The one place a handler holds a call's values before it records: filled
  * at entry from the argument registers and at exit from the return
- * registers, then handed to iprobe_rt_values_match() (the --when / 
- * --min-duration hook); only a call it accepts is recorded. */
+ * registers, then handed to iprobe_rt_values_match() (the --when /
+ * --min-duration hook); only a call it accepts is recorded.  Only the
+ * fields of its kind are set (entry: gpr, xmm when spec.xmms; exit: the
+ * rest): the others are not cleared, to keep the hot path short. */
 struct iprobe_rt_values {
     uint8_t kind;               /* IPROBE_RT_REC_ENTRY or IPROBE_RT_REC_EXIT */
     uint8_t has_return;         /* exit: 1 when ret/xret hold the function's return registers */
     uint8_t has_duration;       /* exit: 1 when duration is known (the entry was seen by this handler) */
     uint8_t entry_matched;      /* exit: 1 when its entry was recorded (or was not seen: exit-only) */
-    uint8_t pad[4];
+    uint8_t has_args;           /* exit: 1 when gpr holds the entry's arguments (a --when decided
+                                 * at exit kept them in the call's frame) */
+    uint8_t pad[3];
     uint64_t gpr[IPROBE_RT_VALUES_GPRS];  /* entry: rdi, rsi, rdx, rcx, r8, r9 */
     uint64_t xmm[IPROBE_RT_VALUES_XMMS];  /* entry: low 64 bits of xmm0-7 */
     uint64_t ret[2];            /* exit: rax, rdx */
@@ -155,7 +164,9 @@ struct iprobe_rt_record {
     uint8_t nargs;       /* POINT: how many args the next record carries;
                           * ENTRY/EXIT: continuation records of values that follow */
     uint16_t depth;      /* handler nesting in this thread (signal re-entrancy), 0 normally */
-    uint32_t reserved;
+    uint32_t values;     /* ENTRY/EXIT with continuation records: the spec they were written
+                          * under (IPROBE_RT_VALUES_PACK), so a reader never types them by a
+                          * spec a later attach changed; 0 otherwise */
     uint64_t frame;      /* ENTRY/EXIT at function-entry sites: the address of the function's
                           * return-address slot (its stack pointer at entry), so a reader
                           * pairs an exit with its entry and sees frames an exception or
