@@ -2,7 +2,13 @@
 // end to end on a program built -O2 -g with iprobe-cc's entry flow
 // (targets/when_target.c): exactly the matching calls recorded, `calls`
 // exact for every call, across a change of condition and a detach.
+#include <signal.h>
+
 #include <algorithm>
+#include <chrono>
+#include <fstream>
+#include <sstream>
+#include <thread>
 
 #include <gtest/gtest.h>
 #include <nlohmann/json.hpp>
@@ -201,6 +207,66 @@ TEST_F(WhenTest, HistogramBucketsAddUpToTheCalls) {
         << text.out;
     EXPECT_NE(text.out.find("fib: return value of " + std::to_string(kRuns * fib_calls(15)) + " calls"), std::string::npos)
         << text.out;
+}
+
+// The count handler turns entries on alone: what needs exits (a --when, a
+// --min-duration, --retval) is refused with it (exit 2),
+// and report --hist shows no latency histogram where no times were kept.
+TEST_F(WhenTest, CountHandlerRefusesWhatNeedsExitsAndShowsNoLatencyItDidNotKeep) {
+    for (const std::vector<std::string>& more : {std::vector<std::string>{"--when", "n == 3"},
+                                                 std::vector<std::string>{"--min-duration", "1ms"},
+                                                 std::vector<std::string>{"--retval"}}) {
+        std::vector<std::string> args{"--functions", "fib", "--handler", "count"};
+        args.insert(args.end(), more.begin(), more.end());
+        const auto a = attach(args);
+        EXPECT_EQ(a.exit_code, 2) << more.front() << ": " << a.err;
+    }
+    attached({"--functions", "fib", "--handler", "count"});
+    ASSERT_EQ(command("fib 10"), fibonacci(10));
+    const json f = function(report({"--hist"}), "fib");
+    EXPECT_EQ(f["calls"], fib_calls(10)) << f;
+    EXPECT_FALSE(f.contains("completed")) << f;
+    EXPECT_FALSE(f.contains("histogram")) << "no times kept, no latency histogram\n" << f;
+    EXPECT_FALSE(f.contains("retval_histogram")) << f;
+    const auto text = iprobe({"report", pid_, "--hist"});
+    EXPECT_EQ(text.exit_code, 0) << text.err;
+    EXPECT_NE(text.out.find("fib: no latency histogram"), std::string::npos) << text.out;
+    EXPECT_EQ(text.out.find("fib: latency of"), std::string::npos) << text.out;
+}
+
+// Values events (an ENTRY and its continuation record, an EXIT without:
+// three records a call, so events straddle the ring's wrap) through a ring
+// of 64 records, drained by a --lossless reader: the threads wait for it,
+// every event arrives whole, its values decoded across the wrap.
+TEST_F(WhenTest, LosslessTraceKeepsEveryValuesEventWhole) {
+    attached({"--functions", "fib", "--args", "--ring-records", "64"});
+    TempDir dir;
+    const std::string out = dir / "trace.json";
+    Child trace({iprobe_bin(), "trace", pid_, "--lossless", "--format", "json"}, out);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the reader is draining
+    constexpr int kTop = 15;
+    ASSERT_EQ(command("fib " + std::to_string(kTop)), fibonacci(kTop));
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    trace.kill(SIGINT);
+    ASSERT_EQ(trace.wait(std::chrono::seconds(60)), 0);
+    std::ifstream in(out);
+    long long entries = 0, exits = 0, with_n1 = 0, wrong = 0;
+    for (std::string line; std::getline(in, line);) {
+        const json e = json::parse(line);
+        if (e.value("function", "") != "fib") continue;
+        if (e["kind"] == "entry") {
+            entries++;
+            if (!e.contains("args") || e["args"].size() != 1 || e["args"][0]["name"] != "n") wrong++;
+            else if (e["args"][0]["value"] == 1) with_n1++;
+        } else {
+            exits++;
+        }
+    }
+    EXPECT_EQ(entries, fib_calls(kTop));
+    EXPECT_EQ(exits, fib_calls(kTop));
+    EXPECT_EQ(with_n1, fib_calls_with(kTop, 1));
+    EXPECT_EQ(wrong, 0);
+    EXPECT_EQ(json_number(iprobe({"report", pid_, "--json"}).out, "trace_dropped"), 0);
 }
 
 }  // namespace
