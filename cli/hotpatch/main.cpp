@@ -29,6 +29,7 @@
 #include "iprobe/hotpatch/agent.h"
 #include "iprobe/hotpatch/agent_protocol.h"
 #include "iprobe/hotpatch/attach_report.h"
+#include "iprobe/hotpatch/condition.h"
 #include "iprobe/hotpatch/output.h"
 #include "iprobe/hotpatch/hotpatch.h"
 #include "iprobe/hotpatch/run.h"
@@ -53,12 +54,14 @@ std::string g_command = "attach";
 constexpr const char* kSynopsis =
     "usage: iprobe attach PID [--probes LIST[,LIST…]] [--module NAME[,NAME…]] [--functions GLOB,…] [--files GLOB,…]\n"
     "                     [--entry-only|--exit-only] [--handler trace|count [--completed]] [--buffer SIZE] [--json]\n"
+    "                     [--args] [--retval] [--backtrace[=DEPTH]] [--when EXPR] [--min-duration TIME]\n"
     "       iprobe detach PID [--functions GLOB,…] [--entry-only|--exit-only] [--json]\n"
     "       iprobe status PID [--json]   (also lists functions replaced by 'iprobe patch')\n"
     "       iprobe trace  PID [--duration S] [--lossless] [--format text|json|chrome | --output FILE]\n"
     "       iprobe trace  --input FILE [--format text|json|chrome]\n"
     "       iprobe report PID[,PID…] [--json] [--since-last|--reset] [--duration S] [--at-exit]\n"
     "       iprobe report PID --folded [--duration S]\n"
+    "       iprobe report PID --hist [--json] [--since-last|--duration S]\n"
     "       iprobe report PID[,PID…] --format prometheus | --serve HOST:PORT\n"
     "       iprobe run [--exec] [--report FILE] [--json] [attach's options] -- PROGRAM [ARGS…]\n"
     "       iprobe agent PID [--probes LIST[,LIST…]] [--handler trace|count [--completed]] [--buffer SIZE]";
@@ -82,6 +85,17 @@ constexpr const char* kAbout =
     "        completed calls too.\n"
     "        --buffer SIZE (bytes, K/M/G suffix; default 512K) sets each thread's\n"
     "        event ring when the first attach creates the region.\n"
+    "        --when EXPR records a function's events only for calls EXPR holds for,\n"
+    "        checked in the target; every call is still counted ('report' shows\n"
+    "        calls and matched). EXPR: parameter names (DWARF) or arg0..arg5, retval,\n"
+    "        duration (2ms, 500us, 10ns, 1s), integers, \"strings\" (== or != a\n"
+    "        char* parameter), == != < <= > >=, && || ! and parentheses, e.g.\n"
+    "        'n == 10', 'len > 4096 && retval < 0', 'key == \"user:42\"'. A name\n"
+    "        a selected function lacks is refused (exit 3). Attaching again with\n"
+    "        another --when (or none) changes it on the running process.\n"
+    "        --min-duration TIME records only calls at least TIME long\n"
+    "        (duration >= TIME, with --when: both). --retval keeps a log2\n"
+    "        histogram of each function's integer return value (report --hist).\n"
     "detach  puts the NOPs back (all probes, or those matching --functions and the kind).\n"
     "status  shows the runtime, modules, enabled probes, threads and event drops.\n"
     "trace   streams events live, symbolized (Ctrl-C or --duration ends it);\n"
@@ -97,6 +111,8 @@ constexpr const char* kAbout =
     "        --since-last: only what happened since the last --since-last or --reset.\n"
     "        --reset: mark now as the start for the next --since-last.\n"
     "        --at-exit: wait until the process exits, then report its totals.\n"
+    "        --hist: each function's log2 latency histogram (its buckets add up to\n"
+    "        its timed calls), and of its return value after attach --retval.\n"
     "        --folded: folded stacks (exclusive ns) for flamegraph.pl, from the event\n"
     "        stream (consumes it, like trace).\n"
     "        'probed' is the share of the time since the first attach that the\n"
@@ -147,6 +163,9 @@ ArgSpec spec_of(const std::string& command) {
         {"--exit-only", "", "only exit probes"},
         {"--handler", "trace|count", "attach: what enabled probes do (default trace)"},
         {"--completed", "", "attach, run: with --handler count, also count completed calls (turns the exits\non: every return then goes through a return trampoline)"},
+        {"--args", "", "attach: record each call's arguments (typed from DWARF; else arg0..arg5 raw)"},
+        {"--retval", "", "attach: record each call's return value (and keep its log2 histogram: report --hist)"},
+        {"--backtrace", "DEPTH", "attach: record the callers of each call, at most DEPTH (1-32, default 8)", {}, true},
         {"--buffer", "SIZE", "attach: each thread's event ring (K/M/G suffix; default 512K)"},
         {"--ring-records", "N", "attach: each thread's event ring in records (instead of --buffer)"},
         {"--runtime", "PATH", "attach: the runtime library to inject (default: the installed one)"},
@@ -160,6 +179,9 @@ ArgSpec spec_of(const std::string& command) {
         {"--reset", "", "report: mark now as the start for the next --since-last"},
         {"--at-exit", "", "report: wait until the process exits, then report its totals"},
         {"--folded", "", "report: folded stacks for flamegraph.pl (consumes the event stream)"},
+        {"--hist", "", "report: per function, the log2 latency (and --retval value) histogram"},
+        {"--when", "EXPR", "attach: record only calls EXPR holds for (e.g. 'n == 10', 'duration > 2ms')"},
+        {"--min-duration", "TIME", "attach: record only calls at least TIME long (2ms, 500us, 10ns, 1s)"},
         {"--exec", "", "run: PROGRAM replaces iprobe (same PID); the report is written after it exits"},
         {"--report", "FILE", "run: write the report to FILE (%p: the program's PID) instead of stderr"},
         {"--json", "", "machine-readable output"},
@@ -201,9 +223,11 @@ Args parse(int argc, char** argv) {
         for (auto& p : split_list(list)) args.probes.push_back(p);
     for (const auto& list : parsed.values("--module"))
         for (auto& m : split_list(list)) args.modules.push_back(m);
-    for (const char* name : {"--functions", "--files", "--entry-only", "--exit-only", "--handler", "--completed", "--buffer",
-                             "--ring-records", "--runtime", "--duration", "--format", "--output", "--input", "--lossless",
-                             "--since-last", "--reset", "--at-exit", "--folded", "--json", "--exec", "--report", "--serve"})
+    for (const char* name : {"--args", "--retval", "--backtrace", "--functions", "--files",
+                             "--entry-only", "--exit-only", "--handler", "--completed", "--buffer", "--ring-records",
+                             "--runtime", "--duration", "--format", "--output", "--input", "--lossless", "--since-last",
+                             "--reset", "--at-exit", "--folded", "--json", "--exec", "--report", "--hist", "--when",
+                             "--min-duration", "--serve"})
         if (parsed.has(name)) args.values[name] = parsed.value(name);
     if (args.command == "run") {
         if (!parsed.positionals().empty()) usage_error("unexpected argument " + parsed.positionals().front() + " (the program follows --)");
@@ -278,6 +302,18 @@ AttachOptions attach_options_of(const Args& args) {
         o.ring_records = static_cast<std::uint32_t>(parse_unsigned_or_usage(args.value("--ring-records"), "--ring-records", 1, 1u << 30));
     if (args.flag("--buffer")) o.ring_records = ring_records_for(args.value("--buffer"));
     o.runtime_library = args.value("--runtime");
+    o.when = args.value("--when");
+    o.min_duration = args.value("--min-duration");
+    if (args.flag("--when") && o.when.empty()) usage_error("--when needs an expression, e.g. --when 'n == 10'");
+    // Syntax first, before the target is looked at (exit 3 with a caret).
+    if (!o.when.empty()) (void)hotpatch::Condition::parse(o.when);
+    if (!o.min_duration.empty()) (void)hotpatch::Condition::min_duration(o.min_duration);
+    o.values = value_options_of(args.flag("--args"), args.flag("--retval"), args.flag("--backtrace"),
+                                args.value("--backtrace"));
+    if (o.values.any() && o.mode != HandlerMode::trace) usage_error("--args, --retval and --backtrace need --handler trace");
+    o.retval_histogram = o.values.retval;  // the value is captured and its histogram kept
+    if ((!o.when.empty() || !o.min_duration.empty()) && o.mode != HandlerMode::trace)
+        usage_error("--when and --min-duration need --handler trace");
     return o;
 }
 
@@ -367,7 +403,8 @@ int cmd_trace(const Args& args) {
         const auto& probes = file.probes();
         // A chunk at a time: Ctrl-C (or a closed pipe) ends it between two.
         while (!g_stop && file.next([&](const Event& e) {
-            out->trace(nesting.record(e, e.probe < probes.size() ? probes[e.probe] : unknown));
+            nesting.records(e, e.probe < probes.size() ? probes[e.probe] : unknown,
+                            [&](const TraceRecord& r) { out->trace(r); });
         })) {
         }
         out->trace_end();
@@ -382,11 +419,18 @@ int cmd_trace(const Args& args) {
         const WallClock clock = reader.wall_clock();
         collect(reader, seconds, [&] { return reader.drain_runs([&](const RecordRun& run) { writer.write(run, clock); }); },
                 true);
+        const std::uint64_t with_values = writer.without_values();  // the file keeps timings only: said, not dropped
         writer.finish(reader.probes());
         std::cerr << "iprobe: " << writer.events() << " events written to " << args.value("--output") << "\n";
+        if (with_values)
+            std::cerr << "iprobe: the binary file keeps no values: " << with_values
+                      << " events' arguments, return values or backtraces are not in it (use --format json)\n";
     } else {
         out->trace_begin(args.pid);
-        collect(reader, seconds, [&](const Event& e) { out->trace(nesting.record(e, reader.probe(e.probe))); }, true);
+        collect(
+            reader, seconds,
+            [&](const Event& e) { nesting.records(e, reader.probe(e.probe), [&](const TraceRecord& r) { out->trace(r); }); },
+            true);
         out->trace_end();
     }
     if (args.flag("--lossless")) {
@@ -525,6 +569,7 @@ int cmd_report(const Args& args) {
     const auto out = args.flag("--serve") ? nullptr : output_of(args, kind);
     if (folded) {
         if (!args.more_pids.empty()) usage_error("--folded reads one process's event stream: give one PID");
+        if (args.flag("--hist")) usage_error("--folded and --hist exclude each other");
         return report_folded(args, *out);
     }
     if (args.flag("--since-last") + args.flag("--reset") + args.flag("--duration") > 1)
@@ -557,7 +602,9 @@ int cmd_report(const Args& args) {
     }
     std::vector<const TraceReader*> read;
     for (const auto& r : readers) read.push_back(r.get());
-    out->report(report_of(std::move(per_process), read, pids));
+    ReportResult result = report_of(std::move(per_process), read, pids);
+    result.histograms = args.flag("--hist");
+    out->report(result);
     return 0;
 }
 

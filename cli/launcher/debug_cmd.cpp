@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "commands.h"
+#include "iprobe/hotpatch/attach_report.h"
 #include "iprobe/launcher/debug.h"
 #include "iprobe/support/args.h"
 #include "iprobe/support/error.h"
@@ -57,6 +58,9 @@ const ArgSpec kSpec(
                                 "yet with --recloning)"},
         {"--probes", "LIST", "probe list(s) to attach in the clone (default: its executable's)"},
         {"--functions", "GLOB", "only probes of functions matching GLOB"},
+        {"--args", "", "the probes record each call's arguments (typed from DWARF)"},
+        {"--retval", "", "the probes record each call's return value"},
+        {"--backtrace", "DEPTH", "the probes record each call's callers, at most DEPTH (default 8)", {}, true},
         {"--buffer", "SIZE", "mirror's per-connection buffer toward the clone"},
         {"--divergence", "MODE", "the mirror compares the clone's replies with\n"
                                  "production's: auto (default: resp for redis-like\n"
@@ -113,6 +117,7 @@ int debug_main(const std::vector<std::string>& args) {
     o.production = a.value("--production");
     o.probes = a.value("--probes");
     o.functions = a.value("--functions");
+    o.values = hotpatch::value_options_of(a.has("--args"), a.has("--retval"), a.has("--backtrace"), a.value("--backtrace"));
     o.buffer = a.value("--buffer");
     o.container = a.value("--container");
     o.name = a.value("--name");

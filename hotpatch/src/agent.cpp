@@ -62,8 +62,11 @@ public:
         bool ok = true;
         reader_->drain([&](const Event& e) {
             if (!ok) return;
-            ok = send(nesting_.record(e, reader_->probe(e.probe)));
-            ++records_;
+            nesting_.records(e, reader_->probe(e.probe), [&](const TraceRecord& r) {
+                if (!ok) return;
+                ok = send(r);
+                ++records_;
+            });
         });
         return ok;
     }
@@ -127,6 +130,16 @@ private:
                             ExitCode::usage);
             o.count_exits = true;
         }
+        // Values and the condition: the request's, else the agent's own.
+        if (how && how->values.any()) {
+            o.values = how->values;
+            o.retval_histogram = how->values.retval;  // as `iprobe attach --retval`
+        }
+        if (how && !how->when.empty()) o.when = how->when;
+        if (how && !how->min_duration.empty()) o.min_duration = how->min_duration;
+        if ((o.values.any() || !o.when.empty() || !o.min_duration.empty()) && o.mode != HandlerMode::trace)
+            throw Error("--args, --retval, --backtrace, --when and --min-duration need the trace handler",
+                        ExitCode::usage);
         o.selections = selection_of(functions);  // loads the sources: order_ is known after
         const AttachStats st = hotpatch::attach(o);
         for (const auto& f : functions.empty() ? order_ : functions)

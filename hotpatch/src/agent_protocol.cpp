@@ -1,5 +1,8 @@
 #include "iprobe/hotpatch/agent_protocol.h"
 
+#include <cstdio>
+#include <cstdlib>
+
 #include <nlohmann/json.hpp>
 
 #include "iprobe/support/error.h"
@@ -10,6 +13,12 @@ namespace iprobe::hotpatch {
 using Json = nlohmann::ordered_json;  // fields in the order written
 
 namespace {
+
+std::string hex_address(std::uint64_t v) {
+    char buf[24];
+    std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
+    return buf;
+}
 
 Json attach_fields(const AttachStats& st) {
     return {{"selected", st.selected},
@@ -24,6 +33,8 @@ Json attach_fields(const AttachStats& st) {
             {"refused", st.refused},
             {"refused_example", st.refused_example},
             {"exits_left_off", st.exits_left_off},
+            {"values_unavailable", st.values_unavailable},
+            {"values_untyped", st.values_untyped},
             {"modules", st.modules},
             {"patched_skipped", st.patched_skipped}};
 }
@@ -42,6 +53,8 @@ AttachStats attach_of(const Json& doc) {
     st.refused = doc.value("refused", std::size_t{0});
     st.refused_example = doc.value("refused_example", std::string());
     st.exits_left_off = doc.value("exits_left_off", std::size_t{0});
+    st.values_unavailable = doc.value("values_unavailable", std::size_t{0});
+    st.values_untyped = doc.value("values_untyped", std::size_t{0});
     st.modules = doc.value("modules", std::vector<std::string>());
     st.patched_skipped = doc.value("patched_skipped", std::vector<std::string>());
     return st;
@@ -73,6 +86,21 @@ probelist::ProbeKind kind_of(const std::string& name) {
     throw Json::other_error::create(501, "unknown probe kind '" + name + "'", nullptr);
 }
 
+Value value_of(const Json& doc) {
+    Value v;
+    v.name = doc.value("name", std::string());
+    doc.at("type").get_to(v.type);
+    v.json = doc.at("value").dump();
+    v.text = doc.contains("text") ? doc.at("text").get<std::string>() : v.json;
+    return v;
+}
+
+std::vector<Value> values_of(const Json& array) {
+    std::vector<Value> out;
+    for (const Json& v : array) out.push_back(value_of(v));
+    return out;
+}
+
 TraceRecord record_of(const Json& doc) {
     TraceRecord r;
     doc.at("time_ns").get_to(r.time_ns);
@@ -80,7 +108,29 @@ TraceRecord record_of(const Json& doc) {
     r.kind = kind_of(doc.at("kind").get<std::string>());
     doc.at("function").get_to(r.function);
     doc.at("depth").get_to(r.depth);
-    r.args = doc.value("args", std::vector<std::uint64_t>());
+    r.unwound = doc.value("unwound", false);
+    if (doc.contains("args")) {
+        if (r.kind == probelist::ProbeKind::point) {
+            doc.at("args").get_to(r.args);
+        } else {
+            r.has_arguments = true;
+            r.arguments = values_of(doc.at("args"));
+        }
+    }
+    if (doc.contains("call_args")) {
+        r.has_arguments = true;
+        r.arguments = values_of(doc.at("call_args"));
+    }
+    if (doc.contains("retval")) r.retval = value_of(doc.at("retval"));
+    if (doc.contains("backtrace"))
+        for (const Json& f : doc.at("backtrace")) {
+            Frame frame;
+            frame.address = std::strtoull(f.at("address").get<std::string>().c_str(), nullptr, 16);
+            frame.function = f.value("function", std::string());
+            frame.file = f.value("file", std::string());
+            frame.line = f.value("line", 0u);
+            r.backtrace.push_back(std::move(frame));
+        }
     r.in_signal = doc.value("in_signal", false);
     return r;
 }
@@ -141,15 +191,48 @@ std::string with_pid(pid_t pid, const Json& fields) {
 
 }  // namespace
 
-void write_trace_record_fields(JsonWriter& j, const TraceRecord& r) {
+void write_trace_record_fields(JsonWriter& j, const TraceRecord& r, bool with_text) {
     j.field("time_ns", r.time_ns)
         .field("tid", r.tid)
         .field("kind", probelist::to_string(r.kind))
         .field("function", r.function)
         .field("depth", r.depth);
+    if (r.unwound) j.field("unwound", true);
     if (r.kind == probelist::ProbeKind::point) {
         j.key("args").begin_array();
         for (std::uint64_t a : r.args) j.value(a);
+        j.end_array();
+    }
+    auto value = [&](const Value& v) {
+        j.field("type", v.type).key("value").raw(v.json.empty() ? "null" : v.json);
+        if (with_text) j.field("text", v.text);
+    };
+    // An exit's arguments are its entry's, for people: sent to a decoder
+    // only ("call_args"), never in the schema.
+    const char* arguments = r.kind == probelist::ProbeKind::entry ? "args"
+                            : r.kind == probelist::ProbeKind::exit && with_text ? "call_args"
+                                                                                : nullptr;
+    if (arguments && r.has_arguments) {
+        j.key(arguments).begin_array();
+        for (const Value& v : r.arguments) {
+            j.begin_object().field("name", v.name);
+            value(v);
+            j.end_object();
+        }
+        j.end_array();
+    }
+    if (r.retval) {
+        j.key("retval").begin_object();
+        value(*r.retval);
+        j.end_object();
+    }
+    if (!r.backtrace.empty()) {
+        j.key("backtrace").begin_array();
+        for (const Frame& f : r.backtrace) {
+            j.begin_object().field("address", hex_address(f.address)).field("function", f.function);
+            if (!f.file.empty()) j.field("file", f.file).field("line", f.line);
+            j.end_object();
+        }
         j.end_array();
     }
     if (r.in_signal) j.field("in_signal", true);
@@ -191,6 +274,11 @@ std::string encode(const Request& request) {
                        j["functions"] = a.functions;
                        if (a.handler) j["handler"] = a.handler == HandlerMode::count ? "count" : "trace";
                        if (a.completed) j["completed"] = true;
+                       if (a.values.args) j["args"] = true;
+                       if (a.values.retval) j["retval"] = true;
+                       if (a.values.backtrace) j["backtrace"] = a.values.backtrace;
+                       if (!a.when.empty()) j["when"] = a.when;
+                       if (!a.min_duration.empty()) j["min_duration"] = a.min_duration;
                    },
                    [&](const Detach& d) { j["op"] = "detach"; j["functions"] = d.functions; },
                    [&](const Select& s) { j["op"] = "select"; j["functions"] = s.functions; },
@@ -217,6 +305,11 @@ Request decode_request(std::string_view line) {
         auto functions = [&] { return doc.value("functions", std::vector<std::string>()); };
         if (op == "attach") {
             Attach a{functions(), std::nullopt, doc.value("completed", false)};
+            a.values.args = doc.value("args", false);
+            a.values.retval = doc.value("retval", false);
+            a.values.backtrace = doc.value("backtrace", 0u);
+            a.when = doc.value("when", std::string());
+            a.min_duration = doc.value("min_duration", std::string());
             if (doc.contains("handler")) {
                 const std::string handler = doc.at("handler").get<std::string>();
                 if (handler != "count" && handler != "trace")
@@ -246,7 +339,7 @@ std::string encode(const Message& message) {
     if (const auto* t = std::get_if<TraceRecord>(&message)) {  // the stream's bulk: written directly
         JsonWriter w;
         w.begin_object().field("type", "trace");
-        write_trace_record_fields(w, *t);
+        write_trace_record_fields(w, *t, true);
         return w.end_object().str();
     }
     Json j;

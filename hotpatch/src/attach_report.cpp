@@ -1,5 +1,11 @@
 #include "iprobe/hotpatch/attach_report.h"
 
+#include <cctype>
+#include <cerrno>
+#include <cstdlib>
+
+#include "iprobe/formats/rt_layout.h"
+#include "iprobe/support/error.h"
 
 namespace iprobe::hotpatch {
 
@@ -21,7 +27,36 @@ std::string attach_summary(const AttachStats& st, std::optional<pid_t> pid) {
                " functions replaced by 'iprobe patch' (probe their replacement instead):";
         for (const auto& f : st.patched_skipped) out += " " + f;
     }
+    if (st.values_unavailable)
+        out += "\n" + std::to_string(st.values_unavailable) +
+               " selected probe(s) record no values: not function-entry sites (the -finstrument-functions flow); "
+               "build with the entry or LLVM flow";
+    if (st.values_untyped)
+        out += "\n" + std::to_string(st.values_untyped) +
+               " function(s) without DWARF: arguments recorded as arg0..arg5, raw (build with -g, or install the "
+               "debug file)";
     return out;
+}
+
+ValueOptions value_options_of(bool args, bool retval, bool backtrace, const std::string& depth) {
+    ValueOptions v;
+    v.args = args;
+    v.retval = retval;
+    if (backtrace) {
+        v.backtrace = 8;
+        if (!depth.empty()) {
+            char* end = nullptr;
+            errno = 0;
+            const unsigned long n = std::strtoul(depth.c_str(), &end, 10);
+            if (errno || *end || !std::isdigit(static_cast<unsigned char>(depth[0])) || n < 1 ||
+                n > IPROBE_RT_BACKTRACE_MAX)
+                throw Error("--backtrace=DEPTH wants 1 to " + std::to_string(IPROBE_RT_BACKTRACE_MAX) + ", not '" +
+                                depth + "'",
+                            ExitCode::usage);
+            v.backtrace = static_cast<unsigned>(n);
+        }
+    }
+    return v;
 }
 
 }  // namespace iprobe::hotpatch

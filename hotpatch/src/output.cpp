@@ -6,6 +6,7 @@
 
 #include "iprobe/hotpatch/agent_protocol.h"
 #include "iprobe/hotpatch/attach_report.h"
+#include "iprobe/hotpatch/histogram.h"
 #include "iprobe/support/error.h"
 #include "iprobe/support/json.h"
 
@@ -89,8 +90,22 @@ public:
             .field("ph", r.kind == probelist::ProbeKind::entry ? "B" : r.kind == probelist::ProbeKind::exit ? "E" : "i")
             .field("ts", static_cast<double>(r.time_ns) / 1000.0)
             .field("pid", static_cast<std::int64_t>(pid_))
-            .field("tid", r.tid)
-            .end_object();
+            .field("tid", r.tid);
+        const bool arguments = r.kind == probelist::ProbeKind::entry && r.has_arguments;
+        if (arguments || r.retval || !r.backtrace.empty() || r.unwound) {
+            j.key("args").begin_object();
+            if (r.unwound) j.field("unwound", true);
+            if (arguments)
+                for (const Value& v : r.arguments) j.key(v.name).raw(v.json.empty() ? "null" : v.json);
+            if (r.retval) j.key("retval").raw(r.retval->json.empty() ? "null" : r.retval->json);
+            if (!r.backtrace.empty()) {
+                j.key("backtrace").begin_array();
+                for (const Frame& f : r.backtrace) j.value(f.function.empty() ? hex(f.address) : f.function);
+                j.end_array();
+            }
+            j.end_object();
+        }
+        j.end_object();
         out_ << (first_ ? "" : ",\n") << j.str();
         first_ = false;
     }
@@ -189,6 +204,21 @@ void TextOutput::report(const ReportResult& r) {
     if (absent)
         out_ << "-: not kept by the handler (count keeps calls; with --completed also completed calls; trace keeps "
                 "times)\n";
+    const bool conditioned =
+        std::any_of(r.functions.begin(), r.functions.end(), [](const FunctionStats& f) { return f.conditioned; });
+    if (conditioned) {
+        out_ << "\nrecorded under --when/--min-duration (every call above is counted; its events only when matched):\n";
+        append(std::snprintf(line, sizeof line, "%-40s %12s %12s %12s\n", "function", "calls", "matched", "undecided"));
+        for (const auto& f : r.functions) {
+            if (!f.conditioned) continue;
+            out_ << f.function;
+            if (f.function.size() < 40) out_ << std::string(40 - f.function.size(), ' ');
+            append(std::snprintf(line, sizeof line, " %12" PRIu64 " %12" PRIu64 " %12" PRIu64 "\n", f.calls,
+                                 f.raw.matched, f.raw.undecided));
+        }
+    }
+    if (r.histograms)
+        for (const auto& f : r.functions) out_ << "\n" << histogram_text(f);
     if (r.lost)
         append(std::snprintf(line, sizeof line, "lost: %" PRIu64 " calls (no thread slot free, or an unknown site)\n", r.lost));
     if (r.unhooked_returns)
@@ -251,6 +281,7 @@ void JsonOutput::report(const ReportResult& r) {
     for (const auto& f : r.functions) {
         j.begin_object();
         write_function_stats_fields(j, f);
+        if (r.histograms) write_histogram_fields(j, f);
         j.end_object();
     }
     j.end_array()
@@ -322,6 +353,22 @@ void PrometheusOutput::report(const ReportResult& r) {
     head(max);
     for (const auto& f : r.functions)
         if (f.has_times()) out_ << max.name << labels(f) << " " << seconds(f.max_ns) << "\n";
+    // Under --when/--min-duration: the calls the condition held for, and
+    // those it could not decide: counted, never silent.
+    const bool conditioned =
+        std::any_of(r.functions.begin(), r.functions.end(), [](const FunctionStats& f) { return f.conditioned; });
+    if (conditioned) {
+        const Family matched{"iprobe_function_matched_total", "counter",
+                             "Calls a --when/--min-duration condition held for (their events recorded)."};
+        head(matched);
+        for (const auto& f : r.functions)
+            if (f.conditioned) out_ << matched.name << labels(f) << " " << sample(f.raw.matched) << "\n";
+        const Family undecided{"iprobe_function_undecided_total", "counter",
+                               "Calls whose exit-time condition could not be evaluated (their entry had no frame)."};
+        head(undecided);
+        for (const auto& f : r.functions)
+            if (f.conditioned) out_ << undecided.name << labels(f) << " " << sample(f.raw.undecided) << "\n";
+    }
     const Family probed{"iprobe_function_probed_seconds", "gauge",
                         "How long the function's probes have been on since the first attach (its counts cover that)."};
     head(probed);
@@ -399,11 +446,25 @@ std::string trace_text_line(const TraceRecord& r) {
     line.append(static_cast<std::size_t>(r.depth) * 2, ' ');
     line += r.kind == probelist::ProbeKind::entry ? "-> " : r.kind == probelist::ProbeKind::exit ? "<- " : "@ ";
     line += r.function;
+    if (r.has_arguments) {  // "f(n=10)", at the entry and at its exit
+        line += "(";
+        for (std::size_t i = 0; i < r.arguments.size(); i++)
+            line += (i ? ", " : "") + r.arguments[i].name + "=" + r.arguments[i].text;
+        line += ")";
+    }
+    if (r.unwound) return line + "  unwound (no return value)\n";
+    if (r.retval) line += " = " + r.retval->text;
     if (r.kind == probelist::ProbeKind::point)
         for (std::size_t i = 0; i < r.args.size(); i++)
             line += (i ? ", " : " (") + std::to_string(r.args[i]) + (i + 1 == r.args.size() ? ")" : "");
     if (r.in_signal) line += "  [in signal handler]";
     line += "\n";
+    for (const Frame& f : r.backtrace) {
+        line += std::string(28 + 2 * static_cast<std::size_t>(r.depth), ' ') + "   from " +
+                (f.function.empty() ? hex(f.address) : f.function);
+        if (!f.file.empty()) line += " (" + f.file + ":" + std::to_string(f.line) + ")";
+        line += "\n";
+    }
     return line;
 }
 

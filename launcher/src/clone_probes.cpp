@@ -70,8 +70,9 @@ std::string session_trace_lines(const std::vector<hotpatch::TraceRecord>& record
 }
 
 CloneProbes::CloneProbes(const std::string& hotpatch_tool, const std::vector<std::string>& in_clone,
-                         pid_t pid_in_clone, pid_t host_pid, const std::vector<std::string>& probe_sources)
-    : host_pid_(host_pid) {
+                         pid_t pid_in_clone, pid_t host_pid, const std::vector<std::string>& probe_sources,
+                         hotpatch::ValueOptions values)
+    : host_pid_(host_pid), values_(values) {
     std::vector<std::string> argv = in_clone;
     argv.insert(argv.end(), {hotpatch_tool, "agent", std::to_string(pid_in_clone)});
     if (!probe_sources.empty()) argv.insert(argv.end(), {"--probes", joined(probe_sources)});
@@ -121,7 +122,9 @@ std::string CloneProbes::why_gone() {
 }
 
 hotpatch::AttachStats CloneProbes::attach(const std::vector<std::string>& functions) {
-    return attach(hotpatch::agent::Attach{functions});
+    hotpatch::agent::Attach request{functions};
+    request.values = values_;
+    return attach(request);
 }
 
 hotpatch::AttachStats CloneProbes::attach(const hotpatch::agent::Attach& request) {

@@ -37,9 +37,11 @@ class CloneProbes {
 public:
     // Starts the agent.  `host_pid`: the clone's root as this host sees it;
     // `in_clone` the command prefix that runs a tool where the clone is
-    // (empty: here) and `pid_in_clone` its PID there.
+    // (empty: here) and `pid_in_clone` its PID there.  `values`: what each
+    // attach asks the probes to record (--args, --retval, --backtrace),
+    // carried in the agent's Attach request.
     CloneProbes(const std::string& hotpatch_tool, const std::vector<std::string>& in_clone, pid_t pid_in_clone,
-                pid_t host_pid, const std::vector<std::string>& probe_sources);
+                pid_t host_pid, const std::vector<std::string>& probe_sources, hotpatch::ValueOptions values = {});
     // Closes the channel (the agent ends), waits for it, kills its group
     // if it lingers.
     ~CloneProbes();
@@ -84,6 +86,7 @@ public:
 
 private:
     pid_t host_pid_;
+    hotpatch::ValueOptions values_;
     pid_t agent_pid_ = -1;
     UniqueFd agent_err_;  // its stderr: what it said before it ended
     std::unique_ptr<hotpatch::AgentClient> agent_;

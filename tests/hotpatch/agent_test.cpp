@@ -13,6 +13,9 @@
 #include "iprobe/hotpatch/agent.h"
 #include "iprobe/hotpatch/agent_protocol.h"
 #include "iprobe/hotpatch/attach_report.h"
+#include "iprobe/hotpatch/output.h"
+
+#include <sstream>
 #include "iprobe/support/error.h"
 
 namespace iprobe::test {
@@ -33,9 +36,20 @@ AttachStats some_attach() {
     st.refused = 1;
     st.refused_example = "f: too short";
     st.exits_left_off = 5;
+    st.values_unavailable = 2;
+    st.values_untyped = 1;
     st.modules = {"/usr/bin/x"};
     st.patched_skipped = {"g", "h \"quoted\"\n"};
     return st;
+}
+
+// An attach of `iprobe debug --args --retval --backtrace=4 --when ...`.
+agent::Attach values_attach() {
+    agent::Attach a{{"setCommand"}};
+    a.values = ValueOptions{true, true, 4};
+    a.when = "key == \"user:42\"";
+    a.min_duration = "2ms";
+    return a;
 }
 
 DetachStats some_detach() {
@@ -60,6 +74,7 @@ TEST(AgentProtocol, ReportsRoundTripAndTheSummaryReadsAsTheCliPrintsIt) {
     plain.refused = 0;
     plain.patched_skipped.clear();
     plain.exits_left_off = 0;
+    plain.values_unavailable = plain.values_untyped = 0;
     EXPECT_EQ(attach_summary(plain, 77),
               "enabled 10 probes in process 77 (2 already on, 12 on in total); 3 threads stopped for 456 us; "
               "runtime injected");
@@ -78,10 +93,79 @@ TEST(AgentProtocol, TraceRecordsRoundTripInTheFieldOrderTheCliPrints) {
     EXPECT_THROW(trace_record_from_json(R"({"time_ns":1,"tid":1,"kind":"sideways","function":"f","depth":0})"), Error);
 }
 
+// Issue 29's values in the typed trace record: the JSON schema `iprobe trace
+// --format json` prints, the text and Chrome writers, and the agent's
+// messages, which give every Value back whole (its text too).
+TEST(AgentProtocol, ValuesTravelInTheTraceRecordAndEachWriterShowsThem) {
+    TraceRecord entry{1000000000, 7, probelist::ProbeKind::entry, "fib", 0, {}, false};
+    entry.has_arguments = true;
+    entry.arguments = {{"n", "int", "10", "10"}, {"s", "const char*", "\"key\"", "\"key\""}};
+    entry.backtrace = {{0x401234, "main", "m.c", 12}, {0x401000, "", "", 0}};
+    TraceRecord exit = entry;
+    exit.kind = probelist::ProbeKind::exit;
+    exit.backtrace.clear();
+    exit.retval = Value{"", "long", "55", "55"};
+    EXPECT_EQ(to_json(entry),
+              R"j({"time_ns":1000000000,"tid":7,"kind":"entry","function":"fib","depth":0,)j"
+              R"j("args":[{"name":"n","type":"int","value":10},{"name":"s","type":"const char*","value":"key"}],)j"
+              R"j("backtrace":[{"address":"0x401234","function":"main","file":"m.c","line":12},)j"
+              R"j({"address":"0x401000","function":""}]})j");
+    EXPECT_EQ(to_json(exit),
+              R"j({"time_ns":1000000000,"tid":7,"kind":"exit","function":"fib","depth":0,"retval":{"type":"long","value":55}})j");
+    EXPECT_EQ(trace_text_line(entry),
+              "1.000000000       7 -> fib(n=10, s=\"key\")\n"
+              "                               from main (m.c:12)\n"
+              "                               from 0x401000\n");
+    EXPECT_EQ(trace_text_line(exit), "1.000000000       7 <- fib(n=10, s=\"key\") = 55\n");
+    TraceRecord unwound = exit;
+    unwound.retval.reset();
+    unwound.unwound = true;
+    EXPECT_EQ(trace_text_line(unwound), "1.000000000       7 <- fib(n=10, s=\"key\")  unwound (no return value)\n");
+    std::ostringstream chrome;
+    const auto writer = make_output(OutputFormat::chrome, chrome);
+    writer->trace_begin(42);
+    writer->trace(entry);
+    writer->trace(exit);
+    writer->trace_end();
+    EXPECT_EQ(chrome.str(),
+              "{\"traceEvents\":[\n"
+              R"j({"name":"fib","ph":"B","ts":1e+06,"pid":42,"tid":7,"args":{"n":10,"s":"key","backtrace":["main","0x401000"]}},)j"
+              "\n"
+              R"j({"name":"fib","ph":"E","ts":1e+06,"pid":42,"tid":7,"args":{"retval":55}})j"
+              "\n]}\n");
+    for (const TraceRecord& r : {entry, exit, unwound}) {
+        const agent::Message back = agent::decode_message(agent::encode(agent::Message{r}));
+        EXPECT_EQ(std::get<TraceRecord>(back), r) << agent::encode(agent::Message{r});
+    }
+    EXPECT_EQ(trace_record_from_json(to_json(entry)).arguments[1].json, "\"key\"");
+}
+
+// matched and undecided under --when are counters beside the calls.
+TEST(AgentProtocol, PrometheusCountsMatchedAndUndecidedOfConditionedFunctions) {
+    ReportResult r;
+    r.pids = {5};
+    FunctionStats f;
+    f.function = "fib";
+    f.calls = 100;
+    f.conditioned = true;
+    f.raw.matched = 7;
+    f.raw.undecided = 2;
+    FunctionStats plain;
+    plain.function = "other";
+    plain.calls = 3;
+    r.functions = {f, plain};
+    std::ostringstream text;
+    make_output(OutputFormat::prometheus, text)->report(r);
+    EXPECT_NE(text.str().find("\niprobe_function_matched_total{function=\"fib\"} 7\n"), std::string::npos) << text.str();
+    EXPECT_NE(text.str().find("\niprobe_function_undecided_total{function=\"fib\"} 2\n"), std::string::npos) << text.str();
+    EXPECT_EQ(text.str().find("iprobe_function_matched_total{function=\"other\"}"), std::string::npos) << text.str();
+}
+
 TEST(AgentProtocol, EveryRequestAndMessageRoundTrips) {
     const std::vector<agent::RequestBody> bodies = {agent::Attach{{"a", "b\"c"}}, agent::Attach{},
                                                      agent::Attach{{"c"}, HandlerMode::count, true},
-                                                     agent::Attach{{"d"}, HandlerMode::trace, false}, agent::Detach{{"x"}},
+                                                     agent::Attach{{"d"}, HandlerMode::trace, false},
+                                                     values_attach(), agent::Detach{{"x"}},
                                                      agent::Select{{}}, agent::Status{}, agent::Trace{false},
                                                      agent::Patch{{{"f", "/lib/x.so", "g"}, {"h", "/lib/y.so", ""}}, true}};
     std::uint64_t id = 1;
@@ -107,6 +191,9 @@ TEST(AgentProtocol, EveryRequestAndMessageRoundTrips) {
                     EXPECT_EQ(b.functions, sent.functions);
                     EXPECT_EQ(b.handler, sent.handler);
                     EXPECT_EQ(b.completed, sent.completed);
+                    EXPECT_EQ(b.values, sent.values);
+                    EXPECT_EQ(b.when, sent.when);
+                    EXPECT_EQ(b.min_duration, sent.min_duration);
                 } else if constexpr (!std::is_same_v<T, agent::Status>) {
                     EXPECT_EQ(b.functions, sent.functions);
                 }

@@ -223,6 +223,40 @@ TEST_F(LauncherDebug, ProbeTraceComesFromTheCloneAndProductionIsNotPatched) {
     EXPECT_NE(last.find(R"("mode":"resp")"), std::string::npos) << "redis: divergence by RESP message by default: " << last;
 }
 
+// Values in the clone: `iprobe debug --args --retval` on a redis built with
+// the entry flow (-O2 -g, Debian's source).  setCommand(client *c) gets its
+// key inside the client; the key itself is a string argument of sdsdup(),
+// which dbAdd calls with it for a new key: each SET shows its key, nested in
+// its setCommand call, with sdsdup's copy as the return value.
+TEST_F(LauncherDebug, ArgsInTheCloneShowTheKeyOfEachSetCommand) {
+    if (!fs::exists(build_dir() + "/libexec/iprobe/iprobe-hotpatch"))
+        FAIL() << "iprobe-hotpatch is not built (target iprobe-hotpatch)";
+    const std::string server = build_redis("entry");
+    ASSERT_FALSE(server.empty());
+    ASSERT_NO_FATAL_FAILURE(start_redis(server));
+    ASSERT_NO_FATAL_FAILURE(start_debug({"--probes", server + ".probes", "--functions", "setCommand,sdsdup", "--args",
+                                         "--retval"}));
+    ASSERT_TRUE(wait_for_event(out_path(), "attached", 1, *debug_)) << file_text(out_path());
+    for (const char* key : {"user:1", "user:22", "user:333"}) EXPECT_EQ(via_mirror({"SET", key, "v"}), "OK");
+    const std::string set_entry = R"("kind":"entry","function":"setCommand","depth":0,"args":[{"name":"c","type":"struct client*","value":"0x)";
+    std::string out;
+    for (int i = 0; i < 100 && count_lines_with(out, R"("kind":"exit","function":"setCommand")") < 3; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        out = file_text(out_path());
+    }
+    EXPECT_EQ(count_lines_with(out, set_entry), 3u) << out;
+    // the retval of a void function: none
+    EXPECT_EQ(count_lines_with(out, R"("kind":"exit","function":"setCommand","depth":0})"), 3u) << out;
+    for (const char* key : {"user:1", "user:22", "user:333"}) {
+        const std::string dup = std::string(R"("kind":"entry","function":"sdsdup","depth":1,"args":[{"name":"s","type":"const char*","value":")") + key + R"("}])";
+        EXPECT_EQ(count_lines_with(out, dup), 1u) << key << "\n" << out;
+    }
+    EXPECT_EQ(count_lines_with(out, R"("kind":"exit","function":"sdsdup","depth":1,"retval":{"type":"char*","value":")"), 3u)
+        << out;
+    EXPECT_EQ(clone_eventually({"GET", "user:333"}, "v"), "v");
+    stop_debug_and_check_clean();
+}
+
 // Without --json, a person reads: the clone by its own PID, the freeze once,
 // where the mirror's stats are, and how replies are compared.
 TEST_F(LauncherDebug, HumanOutputNamesTheCloneItsStatsAddressAndTheFreezeOnce) {

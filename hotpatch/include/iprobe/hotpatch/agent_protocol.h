@@ -37,8 +37,12 @@ std::string to_json(const DetachStats& stats, pid_t pid);
 DetachStats detach_stats_from_json(std::string_view json);
 
 std::string to_json(const TraceRecord& record);
-// Its fields, inside an object the caller opens (a session's "trace" event).
-void write_trace_record_fields(JsonWriter& json, const TraceRecord& record);
+// Its fields, inside an object the caller opens (a session's "trace" event):
+// issue 29's schema, an entry's "args":[{"name","type","value"}], an exit's
+// "retval":{"type","value"}, "backtrace":[{"address","function"[,"file","line"]}].
+// `with_text`: each value also carries its "text" (how people read it), so
+// a decoder gives back the whole Value (the agent's messages).
+void write_trace_record_fields(JsonWriter& json, const TraceRecord& record, bool with_text = false);
 TraceRecord trace_record_from_json(std::string_view json);
 
 namespace agent {
@@ -57,6 +61,13 @@ struct Attach {
     // count completed calls too (`--completed`, AttachOptions::count_exits).
     std::optional<HandlerMode> handler;
     bool completed = false;
+    // What the trace handler records besides the call (`--args --retval
+    // --backtrace`, the return value's histogram with --retval) and for which
+    // calls (`--when EXPR`, `--min-duration TIME`; empty: every call), as
+    // AttachOptions has them.
+    ValueOptions values;
+    std::string when;
+    std::string min_duration;
 };
 struct Detach {
     std::vector<std::string> functions;

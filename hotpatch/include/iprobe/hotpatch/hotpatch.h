@@ -76,6 +76,17 @@ struct ProbeSelection {
 std::vector<ProbeSelection> select_probes(const std::vector<std::string>& sources,
                                           const probelist::ProbeSelector& selector);
 
+// What enabled function-entry probes record besides the call (issue 29):
+// the arguments at entry, the return value at exit, the callers' return
+// addresses.  Typed by the reader from DWARF; without it arg0..arg5 raw.
+struct ValueOptions {
+    bool args = false;
+    bool retval = false;
+    unsigned backtrace = 0;  // caller frames, 0 = none (at most IPROBE_RT_BACKTRACE_MAX)
+    bool any() const { return args || retval || backtrace; }
+    bool operator==(const ValueOptions&) const = default;
+};
+
 struct AttachOptions {
     pid_t pid = 0;
     // Chosen already: when not empty, probe_sources, modules and selector
@@ -93,6 +104,7 @@ struct AttachOptions {
     // trampoline, no return stack) unless this is set or the selector names
     // exit probes (--exit-only): then it also counts completed calls.
     bool count_exits = false;
+    ValueOptions values;                // trace handler only
     HandlerSymbols handlers;            // empty enter = HandlerSymbols::runtime(mode)
     std::string runtime_library;        // empty = default_runtime_library()
     // Per-thread event ring (trace stream), when the region is created:
@@ -100,6 +112,14 @@ struct AttachOptions {
     std::uint32_t ring_records = 1u << 14;
     std::uint32_t max_threads = 512;        // thread slots and rings, when the region is created
     std::chrono::milliseconds safe_point_timeout{3000};
+    // `--when EXPR` and `--min-duration TIME` (condition.h): the trace
+    // handler records a selected function's events only for calls they hold
+    // for; every call is still counted.  Empty: every call is recorded.  Each
+    // attach sets the selected functions' condition (none when empty).
+    std::string when;
+    std::string min_duration;
+    // Keep a log2 histogram of each selected function's integer return value.
+    bool retval_histogram = false;
 };
 
 struct AttachStats {
@@ -124,6 +144,11 @@ struct AttachStats {
     // Selected functions left alone because `iprobe patch` replaced them
     // (their entry jumps to the replacement; see live_patch.h).
     std::vector<std::string> patched_skipped;
+    // With ValueOptions: selected probes that record no values because they
+    // are not function-entry sites (the -finstrument-functions flow,
+    // developer points), and probes typed without DWARF (arg0..arg5 raw).
+    std::size_t values_unavailable = 0;
+    std::size_t values_untyped = 0;
     bool operator==(const AttachStats&) const = default;
 };
 

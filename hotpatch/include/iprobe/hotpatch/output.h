@@ -54,6 +54,9 @@ struct ReportResult {
     std::vector<FunctionStats> functions;  // the heaviest first
     std::uint64_t unmatched_exits = 0, unhooked_returns = 0, lost = 0, trace_dropped = 0;
     std::uint64_t now_ns = 0;  // CLOCK_REALTIME when read: what "probed" shares are of
+    // `report --hist`: each function's log2 latency histogram (and its
+    // return value's, after attach --retval), histogram.h.
+    bool histograms = false;
 };
 struct ResetResult {
     pid_t pid = 0;
