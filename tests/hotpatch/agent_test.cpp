@@ -269,6 +269,27 @@ protected:
     }
 };
 
+// An agent serving `pid` (hp_target's probes) on its own thread over a
+// socket pair; `client` is the other end.  Dropping the client closes the
+// channel, which ends the agent; the future then holds its exit code.
+struct ServedAgent {
+    explicit ServedAgent(pid_t pid, std::uint32_t ring_records = 0) {
+        int pair[2];
+        if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0) throw_errno("socketpair");
+        UniqueFd ours(pair[0]);
+        theirs.reset(pair[1]);
+        options.pid = pid;
+        options.probe_sources = {targets_dir() + "/hp_target"};
+        if (ring_records) options.attach.ring_records = ring_records;
+        served = std::async(std::launch::async, [this] { return serve_agent(options, theirs.get(), theirs.get()); });
+        client = std::make_unique<AgentClient>(std::move(ours), std::chrono::seconds(60));
+    }
+    AgentOptions options;
+    UniqueFd theirs;
+    std::future<int> served;
+    std::unique_ptr<AgentClient> client;  // last: goes first, and the agent with it
+};
+
 // Trace records of `function` of kind `kind` among `records`.
 std::size_t count(const std::vector<TraceRecord>& records, const std::string& function, probelist::ProbeKind kind) {
     return static_cast<std::size_t>(std::count_if(records.begin(), records.end(), [&](const TraceRecord& r) {
@@ -289,16 +310,9 @@ std::vector<TraceRecord> collect(AgentClient& client, const std::function<bool(c
 
 TEST_F(AgentTest, OneAgentAttachesTracesSelectsAndDetachesByNameWithExactCounts) {
     HpTarget target(2);
-    int pair[2];
-    ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair), 0);
-    UniqueFd ours(pair[0]), theirs(pair[1]);
-    AgentOptions options;
-    options.pid = target.pid();
-    options.probe_sources = {targets_dir() + "/hp_target"};
-    options.attach.ring_records = 1u << 12;
-    auto served = std::async(std::launch::async, [&] { return serve_agent(options, theirs.get(), theirs.get()); });
+    ServedAgent server(target.pid(), 1u << 12);
     {
-        AgentClient client(std::move(ours), std::chrono::seconds(60));
+        AgentClient& client = *server.client;
         const agent::Reply attached = client.call(agent::Attach{{"counted"}});
         ASSERT_TRUE(attached.attached);
         EXPECT_EQ(attached.attached->enabled, 2u);  // its entry and exit
@@ -343,9 +357,10 @@ TEST_F(AgentTest, OneAgentAttachesTracesSelectsAndDetachesByNameWithExactCounts)
         EXPECT_EQ(detached.detached->still_enabled, 0u);
         EXPECT_TRUE(client.call(agent::Status{}).status->functions.empty());
         client.call(agent::Trace{false});
-    }  // the channel closes: the agent ends
-    ASSERT_EQ(served.wait_for(std::chrono::seconds(20)), std::future_status::ready);
-    EXPECT_EQ(served.get(), 0);
+    }
+    server.client.reset();  // the channel closes: the agent ends
+    ASSERT_EQ(server.served.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+    EXPECT_EQ(server.served.get(), 0);
 }
 
 // An attach of the count handler through the agent: entries alone (the exit
@@ -353,15 +368,9 @@ TEST_F(AgentTest, OneAgentAttachesTracesSelectsAndDetachesByNameWithExactCounts)
 // keep completed calls from then on; trace's handler refuses --completed.
 TEST_F(AgentTest, ACountAttachCarriesCompletedAndLeavesTheExitsOffWithoutIt) {
     HpTarget target(1);
-    int pair[2];
-    ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair), 0);
-    UniqueFd ours(pair[0]), theirs(pair[1]);
-    AgentOptions options;
-    options.pid = target.pid();
-    options.probe_sources = {targets_dir() + "/hp_target"};
-    auto served = std::async(std::launch::async, [&] { return serve_agent(options, theirs.get(), theirs.get()); });
+    ServedAgent server(target.pid());
     {
-        AgentClient client(std::move(ours), std::chrono::seconds(60));
+        AgentClient& client = *server.client;
         try {
             client.call(agent::Attach{{"counted"}, std::nullopt, true});  // the agent's handler: trace
             ADD_FAILURE() << "completed taken for the trace handler";
@@ -392,28 +401,23 @@ TEST_F(AgentTest, ACountAttachCarriesCompletedAndLeavesTheExitsOffWithoutIt) {
         EXPECT_EQ(counted().completed, 10u);
         client.call(agent::Detach{{"counted"}});
     }
-    ASSERT_EQ(served.wait_for(std::chrono::seconds(20)), std::future_status::ready);
-    EXPECT_EQ(served.get(), 0);
+    server.client.reset();
+    ASSERT_EQ(server.served.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+    EXPECT_EQ(server.served.get(), 0);
 }
 
 TEST_F(AgentTest, TheAgentSaysWhenItsTargetExits) {
     auto target = std::make_unique<HpTarget>(1);
-    int pair[2];
-    ASSERT_EQ(::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair), 0);
-    UniqueFd ours(pair[0]), theirs(pair[1]);
-    AgentOptions options;
-    options.pid = target->pid();
-    options.probe_sources = {targets_dir() + "/hp_target"};
-    auto served = std::async(std::launch::async, [&] { return serve_agent(options, theirs.get(), theirs.get()); });
-    AgentClient client(std::move(ours), std::chrono::seconds(60));
+    ServedAgent server(target->pid());
+    AgentClient& client = *server.client;
     client.call(agent::Attach{{"counted"}});
     target.reset();  // killed
     for (int i = 0; i < 500 && client.pump(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
     EXPECT_FALSE(client.alive());
     EXPECT_NE(client.exit_reason().find("exited"), std::string::npos) << client.exit_reason();
     EXPECT_THROW(client.call(agent::Status{}), Error);
-    ASSERT_EQ(served.wait_for(std::chrono::seconds(20)), std::future_status::ready);
-    EXPECT_EQ(served.get(), 0);
+    ASSERT_EQ(server.served.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+    EXPECT_EQ(server.served.get(), 0);
 }
 
 }  // namespace
