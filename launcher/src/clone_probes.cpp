@@ -51,6 +51,15 @@ std::vector<std::string> selected_functions(const std::vector<std::string>& sour
     return out;
 }
 
+hotpatch::agent::Attach probes_recording(const hotpatch::ValueOptions& values, const std::string& when,
+                                          const std::string& min_duration) {
+    hotpatch::agent::Attach a;
+    a.values = values;
+    a.when = when;
+    a.min_duration = min_duration;
+    return a;
+}
+
 std::string session_trace_lines(const std::vector<hotpatch::TraceRecord>& records, bool json, std::optional<int> clone) {
     std::string out;
     for (const hotpatch::TraceRecord& r : records) {
@@ -71,8 +80,8 @@ std::string session_trace_lines(const std::vector<hotpatch::TraceRecord>& record
 
 CloneProbes::CloneProbes(const std::string& hotpatch_tool, const std::vector<std::string>& in_clone,
                          pid_t pid_in_clone, pid_t host_pid, const std::vector<std::string>& probe_sources,
-                         hotpatch::ValueOptions values)
-    : host_pid_(host_pid), values_(values) {
+                         const hotpatch::agent::Attach& recording)
+    : host_pid_(host_pid), recording_(recording) {
     std::vector<std::string> argv = in_clone;
     argv.insert(argv.end(), {hotpatch_tool, "agent", std::to_string(pid_in_clone)});
     if (!probe_sources.empty()) argv.insert(argv.end(), {"--probes", joined(probe_sources)});
@@ -122,8 +131,8 @@ std::string CloneProbes::why_gone() {
 }
 
 hotpatch::AttachStats CloneProbes::attach(const std::vector<std::string>& functions) {
-    hotpatch::agent::Attach request{functions};
-    request.values = values_;
+    hotpatch::agent::Attach request = recording_;
+    request.functions = functions;
     return attach(request);
 }
 

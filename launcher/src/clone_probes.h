@@ -27,6 +27,11 @@ namespace iprobe::launcher {
 std::vector<std::string> selected_functions(const std::vector<std::string>& sources,
                                             const std::vector<std::string>& function_globs);
 
+// What a session's probes record and for which calls (--args --retval
+// --backtrace, --when, --min-duration), as the agent's Attach carries it.
+hotpatch::agent::Attach probes_recording(const hotpatch::ValueOptions& values, const std::string& when,
+                                          const std::string& min_duration);
+
 // A clone's trace records as a session writes them on stdout: "trace"
 // events (JSON; with "clone": N when `clone` is given) or lines for people
 // (prefixed "[clone N+1] " when given).
@@ -37,11 +42,13 @@ class CloneProbes {
 public:
     // Starts the agent.  `host_pid`: the clone's root as this host sees it;
     // `in_clone` the command prefix that runs a tool where the clone is
-    // (empty: here) and `pid_in_clone` its PID there.  `values`: what each
-    // attach asks the probes to record (--args, --retval, --backtrace),
-    // carried in the agent's Attach request.
+    // (empty: here) and `pid_in_clone` its PID there.  `recording`: what
+    // every attach asks the probes to record and for which calls (its
+    // values, --when, --min-duration; its functions unused), carried in the
+    // agent's Attach request.
     CloneProbes(const std::string& hotpatch_tool, const std::vector<std::string>& in_clone, pid_t pid_in_clone,
-                pid_t host_pid, const std::vector<std::string>& probe_sources, hotpatch::ValueOptions values = {});
+                pid_t host_pid, const std::vector<std::string>& probe_sources,
+                const hotpatch::agent::Attach& recording = {});
     // Closes the channel (the agent ends), waits for it, kills its group
     // if it lingers.
     ~CloneProbes();
@@ -86,7 +93,7 @@ public:
 
 private:
     pid_t host_pid_;
-    hotpatch::ValueOptions values_;
+    hotpatch::agent::Attach recording_;
     pid_t agent_pid_ = -1;
     UniqueFd agent_err_;  // its stderr: what it said before it ended
     std::unique_ptr<hotpatch::AgentClient> agent_;

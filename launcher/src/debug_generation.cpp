@@ -277,7 +277,8 @@ void DebugSession::connect_clone(Clone& c) {
 
 CloneProbes& DebugSession::agent_of(Clone& c, pid_t pid_in_clone, const std::vector<std::string>& in_clone) {
     const pid_t host_pid = o_.container.empty() ? c.clone.clone_pid : container_clone_.clone_pid;
-    if (!c.probes) c.probes = std::make_unique<CloneProbes>(hotpatch_tool_, in_clone, pid_in_clone, host_pid, probe_sources_, o_.values);
+    if (!c.probes) c.probes = std::make_unique<CloneProbes>(hotpatch_tool_, in_clone, pid_in_clone, host_pid, probe_sources_,
+                                                         probes_recording(o_.values, o_.when, o_.min_duration));
     return *c.probes;
 }
 

@@ -256,7 +256,8 @@ int run_investigate(const InvestigateOptions& o) {
     }
     // The clone's one agent, for its patches and its probes.
     std::optional<CloneProbes> probes;
-    if (probing || !patches.empty()) probes.emplace(hotpatch_tool, in_clone, cp.pid, clone.clone_pid, sources, o.values);
+    if (probing || !patches.empty()) probes.emplace(hotpatch_tool, in_clone, cp.pid, clone.clone_pid, sources,
+                                       probes_recording(o.values, o.when, o.min_duration));
     if (!patches.empty()) patch_clone(say, *probes, "clone " + name, patches);
     if (probing) {
         const auto stats = probes->attach(functions);

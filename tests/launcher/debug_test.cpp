@@ -257,6 +257,34 @@ TEST_F(LauncherDebug, ArgsInTheCloneShowTheKeyOfEachSetCommand) {
     stop_debug_and_check_clean();
 }
 
+// --when goes to the clone's agent with the attach: only the calls it holds
+// for are traced (in the clone, by the runtime), the others counted only.
+TEST_F(LauncherDebug, WhenInTheCloneTracesOnlyTheCallsItHoldsFor) {
+    if (!fs::exists(build_dir() + "/libexec/iprobe/iprobe-hotpatch"))
+        FAIL() << "iprobe-hotpatch is not built (target iprobe-hotpatch)";
+    const std::string server = build_redis("entry");
+    ASSERT_FALSE(server.empty());
+    ASSERT_NO_FATAL_FAILURE(start_redis(server));
+    ASSERT_NO_FATAL_FAILURE(start_debug({"--probes", server + ".probes", "--functions", "sdsdup", "--args", "--when",
+                                         "s == \"user:22\""}));
+    ASSERT_TRUE(wait_for_event(out_path(), "attached", 1, *debug_)) << file_text(out_path());
+    for (const char* key : {"user:1", "user:22", "user:333"}) EXPECT_EQ(via_mirror({"SET", key, "v"}), "OK");
+    const std::string matched = R"("kind":"entry","function":"sdsdup")";
+    const std::string user22 = R"("args":[{"name":"s","type":"const char*","value":"user:22"}])";
+    std::string out;
+    for (int i = 0; i < 100 && count_lines_with(out, user22) < 1; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        out = file_text(out_path());
+    }
+    EXPECT_EQ(clone_eventually({"GET", "user:333"}, "v"), "v");  // every SET reached the clone
+    out = file_text(out_path());
+    EXPECT_GE(count_lines_with(out, user22), 1u) << out;
+    EXPECT_EQ(count_lines_with(out, matched), count_lines_with(out, user22)) << out;
+    EXPECT_EQ(count_lines_with(out, R"("value":"user:1")"), 0u) << out;
+    EXPECT_EQ(count_lines_with(out, R"("value":"user:333")"), 0u) << out;
+    stop_debug_and_check_clean();
+}
+
 // Without --json, a person reads: the clone by its own PID, the freeze once,
 // where the mirror's stats are, and how replies are compared.
 TEST_F(LauncherDebug, HumanOutputNamesTheCloneItsStatsAddressAndTheFreezeOnce) {

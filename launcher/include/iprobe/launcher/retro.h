@@ -65,6 +65,7 @@ struct InvestigateOptions {
     std::string probes;        // probe lists (default: the service's executable)
     std::string functions;     // globs
     hotpatch::ValueOptions values;  // what the probes record (--args, --retval, --backtrace)
+    std::string when, min_duration;  // for which calls (--when, --min-duration; empty: every call)
     double speed = 0;          // 0: as fast as possible; 1: the recorded pacing
     std::string compare = "auto";  // resp | http | stream | off | auto (the generation's)
     bool trace = false;        // stream the clone's events
