@@ -35,7 +35,7 @@ work="$build/bench-hotpatch"
 mkdir -p "$work"
 cmake --build "$build" --target iprobe iprobe-hotpatch iprobe-probes iprobe-cc iprobe_rt iprobe_rt_hooks IProbePass >/dev/null
 
-. "$here/targets.sh"  # log, start, finish, ns_at
+. "$here/targets.sh"  # log, start, finish, ns_at, run_variant
 
 # ---- builds ----
 export IPROBE_CC_QUIET=1
@@ -58,23 +58,8 @@ clang-14 -O2 -fxray-instrument -fxray-instruction-threshold=1 -DWITH_XRAY -o "$w
 
 
 repeats=${REPEATS:-3}
-# Runs a variant $repeats times (fresh process each) and keeps, per size, the
-# fastest run: the machine is shared, and preemption only ever adds time.
+# The variants to run (VARIANTS: a subset); run_variant (targets.sh) skips the others.
 variants=" ${VARIANTS:-native disabled count count_completed trace fi_count fi_trace llvm_count llvm_trace plain floor xray bpftrace} "
-run_variant() {  # name binary [attach args...]
-  local name=$1 binary=$2
-  shift 2
-  [[ $variants == *" $name "* ]] || return 0
-  : >"$work/result.$name.all"
-  for ((r = 0; r < repeats; r++)); do
-    start "$binary" "$max_exp"
-    if (($#)); then "$iprobe" attach "$pid" "$@" >/dev/null; fi
-    finish
-    grep -v ready "$out" >>"$work/result.$name.all"
-  done
-  awk '!($1 in m) || $2 < m[$1] { m[$1] = $2 } END { for (n in m) print n, m[n] }' "$work/result.$name.all" |
-    sort -n >"$work/result.$name"
-}
 
 if want 1; then
 log "1. enabled cost per call (each call = an entry and an exit event where instrumented)"

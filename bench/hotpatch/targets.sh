@@ -1,4 +1,4 @@
-# Sourced by bench/hotpatch/run.sh and relocated.sh (which set $work): the
+# Sourced by bench/hotpatch/run.sh, relocated.sh and values.sh (which set $work): the
 # benchmark targets' start and finish, and reading their "N ns" lines.
 log() { printf '%s\n' "$*" >&2; }
 # start BINARY ARGS... : runs it in the background, waits for "ready"; sets $pid, $out
@@ -11,3 +11,22 @@ start() {
 }
 finish() { kill -USR1 "$pid"; wait "$pid"; }
 ns_at() { awk -v n="$2" '$1 == n { print $2 }' "$1"; }
+# run_variant NAME BINARY [ATTACH ARGS...]: runs BINARY $max_exp $repeats
+# times (a fresh process each, attached with ATTACH ARGS by $iprobe when
+# given) and keeps, per size, the fastest run in $work/result.NAME: the
+# machine is shared, and preemption only ever adds time.  A name not in
+# $variants (when the caller sets it) is skipped.
+run_variant() {  # name binary [attach args...]
+  local name=$1 binary=$2
+  shift 2
+  [[ -z ${variants:-} || $variants == *" $name "* ]] || return 0
+  : >"$work/result.$name.all"
+  for ((r = 0; r < repeats; r++)); do
+    start "$binary" "$max_exp"
+    if (($#)); then "$iprobe" attach "$pid" "$@" >/dev/null; fi
+    finish
+    grep -v ready "$out" >>"$work/result.$name.all"
+  done
+  awk '!($1 in m) || $2 < m[$1] { m[$1] = $2 } END { for (n in m) print n, m[n] }' "$work/result.$name.all" |
+    sort -n >"$work/result.$name"
+}

@@ -19,18 +19,24 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <sstream>
 #include <memory>
 #include <string>
 #include <thread>
 #include <unordered_map>
 #include <vector>
 
+#include "iprobe/hotpatch/agent.h"
+#include "iprobe/hotpatch/agent_protocol.h"
 #include "iprobe/hotpatch/attach_report.h"
+#include "iprobe/hotpatch/condition.h"
+#include "iprobe/hotpatch/output.h"
 #include "iprobe/hotpatch/hotpatch.h"
 #include "iprobe/hotpatch/run.h"
 #include "iprobe/support/args.h"
 #include "iprobe/support/error.h"
 #include "iprobe/support/glob.h"
+#include "iprobe/support/http_server.h"
 #include "patch_cmd.h"
 #include "iprobe/support/json.h"
 #include "iprobe/hotpatch/trace_file.h"
@@ -48,13 +54,17 @@ std::string g_command = "attach";
 constexpr const char* kSynopsis =
     "usage: iprobe attach PID [--probes LIST[,LIST…]] [--module NAME[,NAME…]] [--functions GLOB,…] [--files GLOB,…]\n"
     "                     [--entry-only|--exit-only] [--handler trace|count [--completed]] [--buffer SIZE] [--json]\n"
+    "                     [--args] [--retval] [--backtrace[=DEPTH]] [--when EXPR] [--min-duration TIME]\n"
     "       iprobe detach PID [--functions GLOB,…] [--entry-only|--exit-only] [--json]\n"
     "       iprobe status PID [--json]   (also lists functions replaced by 'iprobe patch')\n"
     "       iprobe trace  PID [--duration S] [--lossless] [--format text|json|chrome | --output FILE]\n"
     "       iprobe trace  --input FILE [--format text|json|chrome]\n"
     "       iprobe report PID[,PID…] [--json] [--since-last|--reset] [--duration S] [--at-exit]\n"
     "       iprobe report PID --folded [--duration S]\n"
-    "       iprobe run [--exec] [--report FILE] [--json] [attach's options] -- PROGRAM [ARGS…]";
+    "       iprobe report PID --hist [--json] [--since-last|--duration S]\n"
+    "       iprobe report PID[,PID…] --format prometheus | --serve HOST:PORT\n"
+    "       iprobe run [--exec] [--report FILE] [--json] [attach's options] -- PROGRAM [ARGS…]\n"
+    "       iprobe agent PID [--probes LIST[,LIST…]] [--handler trace|count [--completed]] [--buffer SIZE]";
 
 constexpr const char* kAbout =
     "attach  turns the placeholder NOPs of a running, coldpatched process into calls to\n"
@@ -75,6 +85,17 @@ constexpr const char* kAbout =
     "        completed calls too.\n"
     "        --buffer SIZE (bytes, K/M/G suffix; default 512K) sets each thread's\n"
     "        event ring when the first attach creates the region.\n"
+    "        --when EXPR records a function's events only for calls EXPR holds for,\n"
+    "        checked in the target; every call is still counted ('report' shows\n"
+    "        calls and matched). EXPR: parameter names (DWARF) or arg0..arg5, retval,\n"
+    "        duration (2ms, 500us, 10ns, 1s), integers, \"strings\" (== or != a\n"
+    "        char* parameter), == != < <= > >=, && || ! and parentheses, e.g.\n"
+    "        'n == 10', 'len > 4096 && retval < 0', 'key == \"user:42\"'. A name\n"
+    "        a selected function lacks is refused (exit 3). Attaching again with\n"
+    "        another --when (or none) changes it on the running process.\n"
+    "        --min-duration TIME records only calls at least TIME long\n"
+    "        (duration >= TIME, with --when: both). --retval keeps a log2\n"
+    "        histogram of each function's integer return value (report --hist).\n"
     "detach  puts the NOPs back (all probes, or those matching --functions and the kind).\n"
     "status  shows the runtime, modules, enabled probes, threads and event drops.\n"
     "trace   streams events live, symbolized (Ctrl-C or --duration ends it);\n"
@@ -90,6 +111,8 @@ constexpr const char* kAbout =
     "        --since-last: only what happened since the last --since-last or --reset.\n"
     "        --reset: mark now as the start for the next --since-last.\n"
     "        --at-exit: wait until the process exits, then report its totals.\n"
+    "        --hist: each function's log2 latency histogram (its buckets add up to\n"
+    "        its timed calls), and of its return value after attach --retval.\n"
     "        --folded: folded stacks (exclusive ns) for flamegraph.pl, from the event\n"
     "        stream (consumes it, like trace).\n"
     "        'probed' is the share of the time since the first attach that the\n"
@@ -97,6 +120,8 @@ constexpr const char* kAbout =
     "        detached, or dropped by `iprobe debug --adapt`, count nothing); JSON\n"
     "        gives it as instants: live_ns (finished stretches), live_since_ns (on\n"
     "        since, 0 when off) and window_start_ns (the first attach).\n"
+    "        --format prometheus: the same sums in Prometheus' text exposition format;\n"
+    "        --serve HOST:PORT answers GET /metrics with them (read afresh per scrape).\n"
     "        Several PIDs (PID,PID,...): their rows merged by function, e.g. the\n"
     "        clones of `iprobe debug --clones N`, each probing its share.";
 
@@ -138,11 +163,15 @@ ArgSpec spec_of(const std::string& command) {
         {"--exit-only", "", "only exit probes"},
         {"--handler", "trace|count", "attach: what enabled probes do (default trace)"},
         {"--completed", "", "attach, run: with --handler count, also count completed calls (turns the exits\non: every return then goes through a return trampoline)"},
+        {"--args", "", "attach: record each call's arguments (typed from DWARF; else arg0..arg5 raw)"},
+        {"--retval", "", "attach: record each call's return value (and keep its log2 histogram: report --hist)"},
+        {"--backtrace", "DEPTH", "attach: record the callers of each call, at most DEPTH (1-32, default 8)", {}, true},
         {"--buffer", "SIZE", "attach: each thread's event ring (K/M/G suffix; default 512K)"},
         {"--ring-records", "N", "attach: each thread's event ring in records (instead of --buffer)"},
         {"--runtime", "PATH", "attach: the runtime library to inject (default: the installed one)"},
         {"--duration", "S", "trace, report: stop after S seconds"},
-        {"--format", "text|json|chrome", "trace: output format (default text)"},
+        {"--format", "FORMAT", "text (default), json; trace: chrome; report: folded, prometheus"},
+        {"--serve", "ADDR", "report: answer Prometheus' scrapes of http://ADDR/metrics until Ctrl-C\n(HOST:PORT; port 0 picks one, said on stderr)"},
         {"--output", "FILE", "trace: write the compact binary event file instead"},
         {"--lossless", "", "trace: every event: a thread whose ring is full waits for the reader instead\nof dropping (slows the target down to the reader's pace; default: lossy, drops counted)"},
         {"--input", "FILE", "trace: convert a file written by --output (no PID)"},
@@ -150,6 +179,9 @@ ArgSpec spec_of(const std::string& command) {
         {"--reset", "", "report: mark now as the start for the next --since-last"},
         {"--at-exit", "", "report: wait until the process exits, then report its totals"},
         {"--folded", "", "report: folded stacks for flamegraph.pl (consumes the event stream)"},
+        {"--hist", "", "report: per function, the log2 latency (and --retval value) histogram"},
+        {"--when", "EXPR", "attach: record only calls EXPR holds for (e.g. 'n == 10', 'duration > 2ms')"},
+        {"--min-duration", "TIME", "attach: record only calls at least TIME long (2ms, 500us, 10ns, 1s)"},
         {"--exec", "", "run: PROGRAM replaces iprobe (same PID); the report is written after it exits"},
         {"--report", "FILE", "run: write the report to FILE (%p: the program's PID) instead of stderr"},
         {"--json", "", "machine-readable output"},
@@ -191,9 +223,11 @@ Args parse(int argc, char** argv) {
         for (auto& p : split_list(list)) args.probes.push_back(p);
     for (const auto& list : parsed.values("--module"))
         for (auto& m : split_list(list)) args.modules.push_back(m);
-    for (const char* name : {"--functions", "--files", "--entry-only", "--exit-only", "--handler", "--completed", "--buffer",
-                             "--ring-records", "--runtime", "--duration", "--format", "--output", "--input", "--lossless",
-                             "--since-last", "--reset", "--at-exit", "--folded", "--json", "--exec", "--report"})
+    for (const char* name : {"--args", "--retval", "--backtrace", "--functions", "--files",
+                             "--entry-only", "--exit-only", "--handler", "--completed", "--buffer", "--ring-records",
+                             "--runtime", "--duration", "--format", "--output", "--input", "--lossless", "--since-last",
+                             "--reset", "--at-exit", "--folded", "--json", "--exec", "--report", "--hist", "--when",
+                             "--min-duration", "--serve"})
         if (parsed.has(name)) args.values[name] = parsed.value(name);
     if (args.command == "run") {
         if (!parsed.positionals().empty()) usage_error("unexpected argument " + parsed.positionals().front() + " (the program follows --)");
@@ -268,40 +302,52 @@ AttachOptions attach_options_of(const Args& args) {
         o.ring_records = static_cast<std::uint32_t>(parse_unsigned_or_usage(args.value("--ring-records"), "--ring-records", 1, 1u << 30));
     if (args.flag("--buffer")) o.ring_records = ring_records_for(args.value("--buffer"));
     o.runtime_library = args.value("--runtime");
+    o.when = args.value("--when");
+    o.min_duration = args.value("--min-duration");
+    if (args.flag("--when") && o.when.empty()) usage_error("--when needs an expression, e.g. --when 'n == 10'");
+    // Syntax first, before the target is looked at (exit 3 with a caret).
+    if (!o.when.empty()) (void)hotpatch::Condition::parse(o.when);
+    if (!o.min_duration.empty()) (void)hotpatch::Condition::min_duration(o.min_duration);
+    o.values = value_options_of(args.flag("--args"), args.flag("--retval"), args.flag("--backtrace"),
+                                args.value("--backtrace"));
+    if (o.values.any() && o.mode != HandlerMode::trace) usage_error("--args, --retval and --backtrace need --handler trace");
+    o.retval_histogram = o.values.retval;  // the value is captured and its histogram kept
+    if ((!o.when.empty() || !o.min_duration.empty()) && o.mode != HandlerMode::trace)
+        usage_error("--when and --min-duration need --handler trace");
     return o;
 }
 
+// The writer of --format (--json, --folded: its short forms), checked for
+// the command's result before the command acts.
+std::unique_ptr<Output> output_of(const Args& args, ResultKind kind) {
+    const int given = args.flag("--format") + args.flag("--json") + args.flag("--folded");
+    if (given > 1) usage_error("--format, --json and --folded exclude each other");
+    OutputFormat format = OutputFormat::text;
+    if (args.flag("--json")) format = OutputFormat::json;
+    if (args.flag("--folded")) format = OutputFormat::folded;
+    if (args.flag("--format")) {
+        const auto named = parse_output_format(args.value("--format"));
+        if (!named) usage_error("--format must be text, json, chrome, folded or prometheus, not '" + args.value("--format") + "'");
+        format = *named;
+    }
+    if (!writes(format, kind))
+        usage_error("'iprobe " + args.command + "' cannot write --format " + std::string(to_string(format)));
+    return make_output(format, std::cout);
+}
+
 int cmd_attach(const Args& args) {
-    const AttachStats st = attach(attach_options_of(args));
-    if (args.flag("--json")) std::cout << attach_json(st, args.pid) << "\n";
-    else std::cout << attach_summary(st, args.pid) << "\n";
+    const auto out = output_of(args, ResultKind::attach);
+    out->attached({args.pid, attach(attach_options_of(args))});
     return 0;
 }
 
 int cmd_detach(const Args& args) {
+    const auto out = output_of(args, ResultKind::detach);
     DetachOptions o;
     o.pid = args.pid;
     o.selector = selector_of(args);
     const DetachStats st = detach(o);
-    if (args.flag("--json")) {
-        JsonWriter j;
-        j.begin_object()
-            .field("pid", static_cast<std::int64_t>(args.pid))
-            .field("disabled", static_cast<std::uint64_t>(st.disabled))
-            .field("still_enabled", static_cast<std::uint64_t>(st.still_enabled))
-            .field("not_restored", static_cast<std::uint64_t>(st.not_restored))
-            .field("sites_restored", static_cast<std::uint64_t>(st.sites_restored))
-            .field("region_problem", st.region_problem)
-            .field("threads", static_cast<std::uint64_t>(st.threads))
-            .field("pause_us", st.pause_us)
-            .field("stop_us", st.stop_us)
-            .end_object();
-        std::cout << j.str() << "\n";
-    } else {
-        std::cout << "disabled " << st.disabled << " probes in process " << args.pid << " (" << st.still_enabled
-                  << " still on): " << st.sites_restored << " sites restored from the probe lists; " << st.threads
-                  << " threads stopped for " << st.pause_us << " us\n";
-    }
+    out->detached({args.pid, st});
     if (!st.region_problem.empty())
         std::cerr << "iprobe detach: the region was not used (" << st.region_problem
                   << "); the code was restored from the probe lists and the binaries, the region's flags left as they were\n";
@@ -314,74 +360,8 @@ int cmd_detach(const Args& args) {
 }
 
 int cmd_status(const Args& args) {
-    const Status st = status(args.pid);
-    const std::vector<PatchedFunction> patches = patched_functions(args.pid);
-    if (args.flag("--json")) {
-        JsonWriter j;
-        j.begin_object().field("pid", static_cast<std::int64_t>(st.pid)).field("runtime_loaded", st.runtime_loaded);
-        j.field("runtime", st.runtime_path).field("region", st.region);
-        j.key("modules").begin_array();
-        for (const auto& m : st.modules)
-            j.begin_object()
-                .field("path", m.path)
-                .field("probes_path", m.probes_path)
-                .field("build_id", m.build_id)
-                .field("probes", m.probes)
-                .field("enabled", m.enabled)
-                .field("live", m.live)
-                .field("foreign", m.foreign)
-                .field("sites", m.sites)
-                .field("flow", m.flow)
-                .end_object();
-        j.end_array().key("rings").begin_array();
-        for (const auto& r : st.rings)
-            j.begin_object().field("tid", r.tid).field("state", r.state).field("pending", r.pending).field("dropped", r.dropped).end_object();
-        j.end_array()
-            .field("threads", st.threads)
-            .field("region_bytes", st.region_bytes)
-            .field("trace_dropped", st.dropped)
-            .field("no_ring_events", st.no_ring_events)
-            .field("no_slot_events", st.no_slot_events)
-            .field("unknown_site_events", st.unknown_site_events)
-            .field("unhooked_returns", st.unhooked_returns)
-            .field("sites_unread", st.sites_unread);
-        write_patches_json(j, patches);
-        j.end_object();
-        std::cout << j.str() << "\n";
-        return 0;
-    }
-    std::cout << "process " << st.pid << ": runtime " << (st.runtime_loaded ? "loaded (" + st.runtime_path + ")" : "not loaded")
-              << "\n";
-    print_patches(std::cout, patches);
-    if (!st.region) {
-        std::cout << (st.runtime_loaded ? "no iprobe region: the runtime is loaded but inert (an attach was interrupted "
-                                          "before it made one; the next attach uses it)\n"
-                                        : "no iprobe region: never attached\n");
-        return 0;
-    }
-    for (const auto& m : st.modules) {
-        std::cout << "  " << m.path << ": " << m.enabled << "/" << m.probes << " probes enabled, ";
-        if (m.live < 0) std::cout << "live sites unknown";
-        else std::cout << m.live << " sites live in the code";
-        if (m.foreign) std::cout << ", " << m.foreign << " sites hold other code";
-        std::cout << " (" << m.probes_path << ")\n";
-        if (m.sites == "relocated")
-            std::cout << "    sites: relocated entries (a binary nobody prepared: first instructions moved to trampolines)\n";
-        else if (m.sites == "pad+relocated")
-            std::cout << "    sites: pads (built with iprobe-cc, flow " << m.flow
-                      << "), and relocated entries for the functions without one (small functions)\n";
-        else if (!m.sites.empty())
-            std::cout << "    sites: pads (built with iprobe-cc, flow " << m.flow << ")\n";
-    }
-    if (!st.sites_unread.empty()) std::cout << "  cannot read the live sites: " << st.sites_unread << "\n";
-    std::cout << "  threads: " << st.threads << " slots used of " << st.ring_count << "; region " << st.region_bytes
-              << " bytes (sparse)\n";
-    std::cout << "  event rings: " << st.rings.size() << " in use (" << st.ring_records << " records each); dropped "
-              << st.dropped << " (trace stream only, never in reports), no ring " << st.no_ring_events << "\n";
-    for (const auto& r : st.rings)
-        std::cout << "    tid " << r.tid << " " << r.state << ": " << r.pending << " pending, " << r.dropped << " dropped\n";
-    if (st.unhooked_returns)
-        std::cout << "  unhooked returns: " << st.unhooked_returns << " (calls deeper than a thread's return stack; their exits are not seen)\n";
+    const auto out = output_of(args, ResultKind::status);
+    out->status({status(args.pid), patched_functions(args.pid)});
     return 0;
 }
 
@@ -410,92 +390,24 @@ void collect(TraceReader& reader, double seconds, const std::function<void(const
     collect(reader, seconds, [&] { return reader.drain(sink); }, until_stop);
 }
 
-// Prints events as text, JSON lines or Chrome trace-event JSON.
-class EventPrinter {
-public:
-    EventPrinter(std::string format, pid_t pid) : format_(std::move(format)), pid_(pid) {
-        if (format_ == "chrome") std::cout << "{\"traceEvents\":[\n";
-    }
-    void finish() {
-        if (format_ == "chrome") std::cout << "\n]}\n";
-        std::fflush(stdout);
-    }
-    void print(const Event& e, const ProbeInfo& info) {
-        // Nesting per thread; the tids come from the target's rings (or a
-        // file), so the table is bounded: past kMaxThreads they start over.
-        if (depth_.size() >= kMaxThreads && !depth_.count(e.tid)) depth_.clear();
-        int& d = depth_[e.tid];
-        if (e.kind == probelist::ProbeKind::exit && d > 0) d--;
-        line_.clear();
-        if (format_ == "text") {
-            char head[96];
-            std::snprintf(head, sizeof head, "%" PRIu64 ".%09" PRIu64 " %7u ",
-                          static_cast<std::uint64_t>(e.time_ns / 1000000000ull),
-                          static_cast<std::uint64_t>(e.time_ns % 1000000000ull), e.tid);
-            line_ = head;
-            line_.append(static_cast<std::size_t>(d) * 2, ' ');
-            line_ += e.kind == probelist::ProbeKind::entry ? "-> " : e.kind == probelist::ProbeKind::exit ? "<- " : "@ ";
-            line_ += info.function;
-            if (e.kind == probelist::ProbeKind::point)
-                for (int i = 0; i < e.nargs; i++) line_ += (i ? ", " : " (") + std::to_string(e.args[i]) + (i + 1 == e.nargs ? ")" : "");
-            if (e.depth) line_ += "  [in signal handler]";
-            line_ += "\n";
-        } else {
-            JsonWriter j;
-            if (format_ == "json") {
-                j.begin_object()
-                    .field("time_ns", e.time_ns)
-                    .field("tid", e.tid)
-                    .field("kind", to_string(e.kind))
-                    .field("function", info.function)
-                    .field("depth", d);
-                if (e.kind == probelist::ProbeKind::point) {
-                    j.key("args").begin_array();
-                    for (int i = 0; i < e.nargs; i++) j.value(e.args[i]);
-                    j.end_array();
-                }
-                j.end_object();
-                line_ = j.str() + "\n";
-            } else {
-                j.begin_object()
-                    .field("name", info.function)
-                    .field("ph", e.kind == probelist::ProbeKind::entry ? "B" : e.kind == probelist::ProbeKind::exit ? "E" : "i")
-                    .field("ts", static_cast<double>(e.time_ns) / 1000.0)
-                    .field("pid", static_cast<std::int64_t>(pid_))
-                    .field("tid", e.tid)
-                    .end_object();
-                line_ = (first_ ? "" : ",\n") + j.str();
-            }
-        }
-        if (e.kind == probelist::ProbeKind::entry && d < kMaxDepth) d++;
-        first_ = false;
-        std::fwrite(line_.data(), 1, line_.size(), stdout);
-    }
-
-private:
-    static constexpr std::size_t kMaxThreads = 1u << 16;
-    static constexpr int kMaxDepth = 256;  // indentation stops growing there
-    std::string format_;
-    pid_t pid_;
-    std::unordered_map<std::uint32_t, int> depth_;
-    bool first_ = true;
-    std::string line_;
-};
-
 int cmd_trace(const Args& args) {
-    const std::string format = args.value("--format", "text");
-    if (format != "text" && format != "json" && format != "chrome") usage_error("--format must be text, json or chrome");
-    if (args.flag("--output") && args.flag("--format")) usage_error("--output writes the binary file; convert it later with --input FILE --format");
+    if (args.flag("--output") && (args.flag("--format") || args.flag("--json")))
+        usage_error("--output writes the binary file; convert it later with --input FILE --format");
+    const auto out = output_of(args, ResultKind::trace);
+    CallNesting nesting;
     if (args.flag("--input")) {
         if (args.flag("--duration")) usage_error("--duration is for a live trace, not --input");
         TraceFileReader file(args.value("--input"));
         const ProbeInfo unknown{"?", "?", "", 0, probelist::ProbeKind::entry, ""};
-        EventPrinter printer(format, file.pid());
+        out->trace_begin(file.pid());
         const auto& probes = file.probes();
         // A chunk at a time: Ctrl-C (or a closed pipe) ends it between two.
-        while (!g_stop && file.next([&](const Event& e) { printer.print(e, e.probe < probes.size() ? probes[e.probe] : unknown); })) {
+        while (!g_stop && file.next([&](const Event& e) {
+            nesting.records(e, e.probe < probes.size() ? probes[e.probe] : unknown,
+                            [&](const TraceRecord& r) { out->trace(r); });
+        })) {
         }
-        printer.finish();
+        out->trace_end();
         return g_stop ? static_cast<int>(ExitCode::interrupted) : 0;
     }
     const double seconds = parse_duration(args);
@@ -507,12 +419,19 @@ int cmd_trace(const Args& args) {
         const WallClock clock = reader.wall_clock();
         collect(reader, seconds, [&] { return reader.drain_runs([&](const RecordRun& run) { writer.write(run, clock); }); },
                 true);
+        const std::uint64_t with_values = writer.without_values();  // the file keeps timings only: said, not dropped
         writer.finish(reader.probes());
         std::cerr << "iprobe: " << writer.events() << " events written to " << args.value("--output") << "\n";
+        if (with_values)
+            std::cerr << "iprobe: the binary file keeps no values: " << with_values
+                      << " events' arguments, return values or backtraces are not in it (use --format json)\n";
     } else {
-        EventPrinter printer(format, args.pid);
-        collect(reader, seconds, [&](const Event& e) { printer.print(e, reader.probe(e.probe)); }, true);
-        printer.finish();
+        out->trace_begin(args.pid);
+        collect(
+            reader, seconds,
+            [&](const Event& e) { nesting.records(e, reader.probe(e.probe), [&](const TraceRecord& r) { out->trace(r); }); },
+            true);
+        out->trace_end();
     }
     if (args.flag("--lossless")) {
         if (const std::uint64_t gave_up = reader.lossless_timeouts())
@@ -535,13 +454,14 @@ struct Frame {
 };
 
 // Folded stacks from the event stream (it has the call paths; the sums do not).
-int report_folded(const Args& args) {
-    if (args.flag("--json") || args.flag("--since-last") || args.flag("--reset") || args.flag("--at-exit"))
+int report_folded(const Args& args, Output& out) {
+    if (args.flag("--since-last") || args.flag("--reset") || args.flag("--at-exit") || args.flag("--serve"))
         usage_error("--folded reads the event stream; it takes only --duration");
     const double seconds = parse_duration(args);
     TraceReader reader(args.pid, TraceReader::Access::stream);
     const double ns_per_tick = 1e9 / reader.tsc_hz();
-    std::map<std::string, std::uint64_t> folded;
+    FoldedStacks result;
+    std::map<std::string, std::uint64_t>& folded = result.exclusive_ns;
     std::unordered_map<std::uint32_t, std::vector<Frame>> stacks;
     // The events come from rings the target can write: threads, stack depth
     // and distinct paths are bounded (deeper frames are not folded in).
@@ -576,8 +496,7 @@ int report_folded(const Args& args) {
         }
     };
     collect(reader, seconds, sink, false);
-    for (const auto& [path, ns] : folded)
-        if (ns) std::cout << path << " " << ns << "\n";
+    out.folded(result);
     return 0;
 }
 
@@ -597,91 +516,61 @@ std::uint64_t realtime_ns() {
     return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(ts.tv_nsec);
 }
 
-// Percent of the time since the first attach that a function's probes were on.
-std::string probed_percent(const FunctionStats& f, std::uint64_t now) {
-    if (!f.window_start_ns || now <= f.window_start_ns) return "-";
-    const double share = static_cast<double>(f.probed_ns(now)) / static_cast<double>(now - f.window_start_ns);
-    char buf[16];
-    std::snprintf(buf, sizeof buf, "%.0f%%", 100.0 * std::min(share, 1.0));
-    return buf;
+// What `iprobe report` writes (and `iprobe run` when the program exits):
+// the rows of one or several processes, merged by function.
+ReportResult report_of(std::vector<std::vector<FunctionStats>> per_process, const std::vector<const TraceReader*>& readers,
+                       const std::vector<pid_t>& pids) {
+    ReportResult r;
+    r.pids = pids;
+    r.functions = per_process.size() == 1 ? std::move(per_process.front()) : merge_functions(per_process);
+    sort_report(r.functions);
+    for (const auto& reader : readers) {
+        r.unmatched_exits += reader->unmatched_exits();
+        r.unhooked_returns += reader->unhooked_returns();
+        r.lost += reader->lost_events();
+        r.trace_dropped += reader->dropped();
+    }
+    r.now_ns = realtime_ns();
+    return r;
 }
 
-// What `iprobe report` prints (and `iprobe run` writes when the program
-// exits): the rows of one or several processes, merged by function.
-std::string format_report(std::vector<std::vector<FunctionStats>> per_process,
-                          const std::vector<const TraceReader*>& readers, const std::vector<pid_t>& pids, bool json) {
-    auto rows = per_process.size() == 1 ? std::move(per_process.front()) : merge_functions(per_process);
-    std::sort(rows.begin(), rows.end(), [](const FunctionStats& a, const FunctionStats& b) {
-        return a.inclusive_ns != b.inclusive_ns ? a.inclusive_ns > b.inclusive_ns
-               : a.calls != b.calls             ? a.calls > b.calls
-                                                : a.function < b.function;
-    });
-    std::uint64_t unmatched = 0, unhooked = 0, lost = 0, dropped = 0;
-    for (const auto& r : readers) {
-        unmatched += r->unmatched_exits();
-        unhooked += r->unhooked_returns();
-        lost += r->lost_events();
-        dropped += r->dropped();
+// --serve ADDR: Prometheus scrapes /metrics; each scrape reads the sums
+// afresh.  One connection at a time, until Ctrl-C.
+int serve_report(const Args& args, const std::vector<std::unique_ptr<TraceReader>>& readers, const std::vector<pid_t>& pids) {
+    if (args.flag("--duration") || args.flag("--since-last") || args.flag("--reset") || args.flag("--at-exit"))
+        usage_error("--serve answers every scrape with the totals; it takes none of --duration, --since-last, --reset, --at-exit");
+    const auto format = args.flag("--format") ? parse_output_format(args.value("--format")) : OutputFormat::prometheus;
+    if (format != OutputFormat::prometheus && format != OutputFormat::json)
+        usage_error("--serve writes --format prometheus (default) or json");
+    HttpEndpoint endpoint(args.value("--serve"));
+    std::cerr << "iprobe report: serving " << (format == OutputFormat::json ? "the report as JSON" : "Prometheus metrics")
+              << " of process " << pids.front() << (pids.size() > 1 ? " and the others" : "") << " at http://"
+              << endpoint.address() << "/metrics (Ctrl-C ends it)\n";
+    std::vector<const TraceReader*> read;
+    for (const auto& r : readers) read.push_back(r.get());
+    while (!g_stop) {
+        endpoint.serve_one(std::chrono::milliseconds(200), [&](std::string_view path) -> HttpResponse {
+            if (path != "/metrics") return {404, "text/plain; charset=utf-8", "not found: ask /metrics\n"};
+            std::vector<std::vector<FunctionStats>> per_process;
+            for (const auto& reader : readers) per_process.push_back(reader->functions(reader->sums()));
+            std::ostringstream body;
+            make_output(*format, body)->report(report_of(std::move(per_process), read, pids));
+            return {200, format == OutputFormat::json ? "application/json" : "text/plain; version=0.0.4; charset=utf-8",
+                    body.str()};
+        });
     }
-    if (json) {
-        JsonWriter j;
-        j.begin_object().field("pid", static_cast<std::int64_t>(pids.front()));
-        if (pids.size() > 1) {
-            j.key("pids").begin_array();
-            for (pid_t pid : pids) j.value(static_cast<std::int64_t>(pid));
-            j.end_array();
-        }
-        j.key("functions").begin_array();
-        for (const auto& f : rows) {
-            j.begin_object();
-            hotpatch::write_function_stats_fields(j, f);
-            j.end_object();
-        }
-        j.end_array()
-            .field("unmatched_exits", unmatched)
-            .field("unhooked_returns", unhooked)
-            .field("lost", lost)
-            .field("trace_dropped", dropped)
-            .end_object();
-        return j.str() + "\n";
-    }
-    std::string out;
-    char line[512];
-    auto append = [&](int n) { out.append(line, static_cast<std::size_t>(std::clamp(n, 0, static_cast<int>(sizeof line) - 1))); };
-    const std::uint64_t now = realtime_ns();
-    append(std::snprintf(line, sizeof line, "%-40s %12s %12s %14s %14s %10s %10s %10s %10s %7s\n", "function", "calls",
-                         "completed", "incl total ns", "excl total ns", "mean ns", "p50 ns", "p99 ns", "max ns", "probed"));
-    bool absent = false;
-    for (const auto& f : rows) {
-        // The name apart: a long demangled name is not cut (%-40s only pads).
-        out += f.function;
-        if (f.function.size() < 40) out.append(40 - f.function.size(), ' ');
-        // A field the handler did not keep is '-', never 0.
-        auto kept = [](bool has, std::uint64_t v) { return has ? std::to_string(v) : std::string("-"); };
-        const bool times = f.has_times();
-        absent = absent || !times;
-        append(std::snprintf(line, sizeof line, " %12" PRIu64 " %12s %14s %14s %10s %10s %10s %10s %7s\n", f.calls,
-                             kept(f.has_completed(), f.completed).c_str(), kept(times, f.inclusive_ns).c_str(),
-                             kept(times, f.exclusive_ns).c_str(), kept(times, f.timed ? f.inclusive_ns / f.timed : 0).c_str(),
-                             kept(times, f.p50_ns).c_str(), kept(times, f.p99_ns).c_str(), kept(times, f.max_ns).c_str(),
-                             probed_percent(f, now).c_str()));
-    }
-    if (absent)
-        out += "-: not kept by the handler (count keeps calls; with --completed also completed calls; trace keeps "
-               "times)\n";
-    if (lost) append(std::snprintf(line, sizeof line, "lost: %" PRIu64 " calls (no thread slot free, or an unknown site)\n", lost));
-    if (unhooked)
-        append(std::snprintf(line, sizeof line,
-                             "unhooked: %" PRIu64 " calls whose exit could not be hooked (deeper than a thread's %d-frame "
-                             "return stack); not in `completed`\n",
-                             unhooked, IPROBE_RT_RETURN_STACK_FRAMES));
-    return out;
+    return 0;
 }
 
 int cmd_report(const Args& args) {
-    if (args.flag("--folded")) {
+    const bool folded = args.flag("--folded") || args.value("--format") == "folded";
+    if (folded && args.flag("--serve")) usage_error("--serve answers with the sums, not folded stacks");
+    const ResultKind kind = folded ? ResultKind::folded : args.flag("--reset") ? ResultKind::reset : ResultKind::report;
+    const auto out = args.flag("--serve") ? nullptr : output_of(args, kind);
+    if (folded) {
         if (!args.more_pids.empty()) usage_error("--folded reads one process's event stream: give one PID");
-        return report_folded(args);
+        if (args.flag("--hist")) usage_error("--folded and --hist exclude each other");
+        return report_folded(args, *out);
     }
     if (args.flag("--since-last") + args.flag("--reset") + args.flag("--duration") > 1)
         usage_error("--since-last, --reset and --duration exclude each other");
@@ -690,6 +579,7 @@ int cmd_report(const Args& args) {
     pids.insert(pids.end(), args.more_pids.begin(), args.more_pids.end());
     std::vector<std::unique_ptr<TraceReader>> readers;
     for (pid_t pid : pids) readers.push_back(std::make_unique<TraceReader>(pid, TraceReader::Access::aggregates));
+    if (args.flag("--serve")) return serve_report(args, readers, pids);
     if (args.flag("--at-exit"))
         for (pid_t pid : pids) wait_for_exit(pid);
     std::vector<std::vector<iprobe_rt_fn_stats>> since(readers.size());
@@ -707,19 +597,14 @@ int cmd_report(const Args& args) {
         per_process.push_back(readers[i]->functions(sums, since[i].empty() ? nullptr : &since[i]));
     }
     if (args.flag("--reset")) {
-        if (args.flag("--json")) {
-            JsonWriter j;
-            j.begin_object().field("pid", static_cast<std::int64_t>(args.pid)).field("reset", true).end_object();
-            std::cout << j.str() << "\n";
-        } else {
-            std::cout << "reset: the next 'iprobe report " << args.pid << " --since-last' counts from now\n";
-        }
+        out->reset({args.pid});
         return 0;
     }
     std::vector<const TraceReader*> read;
     for (const auto& r : readers) read.push_back(r.get());
-    const std::string report = format_report(std::move(per_process), read, pids, args.flag("--json"));
-    std::fwrite(report.data(), 1, report.size(), stdout);
+    ReportResult result = report_of(std::move(per_process), read, pids);
+    result.histograms = args.flag("--hist");
+    out->report(result);
     return 0;
 }
 
@@ -728,7 +613,10 @@ int cmd_report(const Args& args) {
 // to FILE (%p: the program's PID), whole or not at all (renamed into place).
 void write_exit_report(TraceReader& reader, pid_t pid, const Args& args) {
     std::vector<std::vector<FunctionStats>> rows{reader.functions(reader.sums(), nullptr)};
-    const std::string report = format_report(std::move(rows), {&reader}, {pid}, args.flag("--json"));
+    std::ostringstream text;
+    make_output(args.flag("--json") ? OutputFormat::json : OutputFormat::text, text)
+        ->report(report_of(std::move(rows), {&reader}, {pid}));
+    const std::string report = text.str();
     std::string path = args.value("--report");
     if (path.empty()) {
         std::fwrite(report.data(), 1, report.size(), stderr);
@@ -857,6 +745,16 @@ int run_in_place(const Args& args, const AttachOptions& options, const std::stri
     exec_or_exit(args, runtime, channel.program);
 }
 
+// One long-lived agent for the process (the launcher's, in a clone): its
+// sources loaded once, requests on stdin, replies and the trace on stdout.
+int cmd_agent(const Args& args) {
+    AgentOptions o;
+    o.pid = args.pid;
+    o.probe_sources = args.probes;
+    o.attach = attach_options_of(args);
+    return serve_agent(o, STDIN_FILENO, STDOUT_FILENO);
+}
+
 int cmd_run(const Args& args) {
     AttachOptions options = attach_options_of(args);
     const std::string runtime = runtime_to_preload(options);
@@ -869,7 +767,7 @@ int cmd_run(const Args& args) {
 
 int main(int argc, char** argv) {
     if (argc < 2 || std::strcmp(argv[1], "-h") == 0 || std::strcmp(argv[1], "--help") == 0) {
-        std::cout << spec_of("attach|detach|status|trace|report|run").help();
+        std::cout << spec_of("attach|detach|status|trace|report|run|agent").help();
         return argc < 2 ? 2 : 0;
     }
     struct sigaction sa {};
@@ -885,7 +783,7 @@ int main(int argc, char** argv) {
         g_command = command;
         if (command == "patch") return run_patch(argc, argv);
         if (command != "attach" && command != "detach" && command != "status" && command != "trace" &&
-            command != "report" && command != "run")
+            command != "report" && command != "run" && command != "agent")
             usage_error("unknown command '" + command + "'");
         const Args args = parse(argc, argv);
         if (command == "attach") return cmd_attach(args);
@@ -893,6 +791,7 @@ int main(int argc, char** argv) {
         if (command == "status") return cmd_status(args);
         if (command == "trace") return cmd_trace(args);
         if (command == "run") return cmd_run(args);
+        if (command == "agent") return cmd_agent(args);
         return cmd_report(args);
     });
 }

@@ -1,10 +1,11 @@
-// `iprobe patch`: replace functions of a running process, put them back,
-// and the "patched" part of `iprobe status` (live_patch.h).
+// `iprobe patch`: replace functions of a running process, put them back
+// (live_patch.h).
 #include "patch_cmd.h"
 
 #include <iostream>
 
 #include "iprobe/hotpatch/live_patch.h"
+#include "iprobe/hotpatch/output.h"
 #include "iprobe/support/args.h"
 #include "iprobe/support/error.h"
 #include "iprobe/support/glob.h"
@@ -55,32 +56,13 @@ ArgSpec patch_spec() {
                    kFooter);
 }
 
-std::string hex(std::uint64_t v) {
-    char buf[24];
-    std::snprintf(buf, sizeof buf, "0x%llx", static_cast<unsigned long long>(v));
-    return buf;
-}
-
-void write_function(JsonWriter& j, const PatchedFunction& f) {
-    j.begin_object()
-        .field("function", f.function)
-        .field("module", f.module)
-        .field("entry", hex(f.entry))
-        .field("library", f.library)
-        .field("symbol", f.symbol)
-        .field("replacement", hex(f.replacement))
-        .field("via_stub", f.stub != 0);
-    if (!f.signature_check.empty()) j.field("signature_check", f.signature_check).field("signature", f.signature);
-    j.end_object();
-}
-
 // {"pid":…,KEY:[functions],["injected":[…],]"threads":…,"pause_us":…,"stop_us":…}
 std::string report_json(pid_t pid, const char* key, const std::vector<PatchedFunction>& functions,
                         const std::vector<std::string>* injected, std::size_t threads, std::uint64_t pause_us,
                         std::uint64_t stop_us) {
     JsonWriter j;
     j.begin_object().field("pid", static_cast<std::int64_t>(pid)).key(key).begin_array();
-    for (const auto& f : functions) write_function(j, f);
+    for (const auto& f : functions) write_patched(j, f);
     j.end_array();
     if (injected) {
         j.key("injected").begin_array();
@@ -89,11 +71,6 @@ std::string report_json(pid_t pid, const char* key, const std::vector<PatchedFun
     }
     j.field("threads", static_cast<std::uint64_t>(threads)).field("pause_us", pause_us).field("stop_us", stop_us);
     return j.end_object().str();
-}
-
-std::string describe(const PatchedFunction& f) {
-    return f.function + " -> " + (f.library.empty() ? "(unmapped)" : f.library) + ":" +
-           (f.symbol.empty() ? hex(f.replacement) : f.symbol) + (f.stub ? " (through a stub)" : "");
 }
 
 // "LIB.so:SYMBOL": the symbol after the first ':' of the file name part.
@@ -136,7 +113,7 @@ int run_patch(int argc, char** argv) {
         } else if (st.reverted.empty()) {
             std::cout << "nothing is patched in process " << pid << "\n";
         } else {
-            for (const auto& f : st.reverted) std::cout << "reverted " << describe(f) << "\n";
+            for (const auto& f : st.reverted) std::cout << "reverted " << describe_patched(f) << "\n";
             std::cout << st.threads << " threads stopped for " << st.pause_us << " us\n";
         }
         return 0;
@@ -159,7 +136,7 @@ int run_patch(int argc, char** argv) {
         return 0;
     }
     for (const auto& f : st.patched) {
-        std::cout << "patched " << describe(f);
+        std::cout << "patched " << describe_patched(f);
         if (f.signature_check == "match") std::cout << "; signature " << f.signature << " matches";
         else if (f.signature_check == "forced") std::cout << "; signatures differ (--force)";
         else std::cout << "; signature not checked (no DWARF for one of them; build both with -g)";
@@ -168,18 +145,6 @@ int run_patch(int argc, char** argv) {
     for (const auto& lib : st.injected) std::cout << "loaded " << lib << "\n";
     std::cout << st.threads << " threads stopped for " << st.pause_us << " us\n";
     return 0;
-}
-
-void write_patches_json(JsonWriter& j, const std::vector<PatchedFunction>& patches) {
-    j.key("patched").begin_array();
-    for (const auto& f : patches) write_function(j, f);
-    j.end_array();
-}
-
-void print_patches(std::ostream& out, const std::vector<PatchedFunction>& patches) {
-    if (patches.empty()) return;
-    out << "  patched functions: " << patches.size() << "\n";
-    for (const auto& f : patches) out << "    " << describe(f) << "  [" << f.module << "]\n";
 }
 
 }  // namespace iprobe::hotpatch

@@ -1,4 +1,4 @@
-// `iprobe patch` (patch_cmd.cpp) and the patched functions in `iprobe status`.
+// `iprobe patch` (patch_cmd.cpp).
 #pragma once
 
 #include <ostream>
@@ -10,7 +10,5 @@
 namespace iprobe::hotpatch {
 
 int run_patch(int argc, char** argv);
-void write_patches_json(JsonWriter& j, const std::vector<PatchedFunction>& patches);
-void print_patches(std::ostream& out, const std::vector<PatchedFunction>& patches);
 
 }  // namespace iprobe::hotpatch

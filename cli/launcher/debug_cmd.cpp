@@ -3,6 +3,8 @@
 #include <vector>
 
 #include "commands.h"
+#include "iprobe/hotpatch/attach_report.h"
+#include "iprobe/hotpatch/condition.h"
 #include "iprobe/launcher/debug.h"
 #include "iprobe/support/args.h"
 #include "iprobe/support/error.h"
@@ -57,6 +59,11 @@ const ArgSpec kSpec(
                                 "yet with --recloning)"},
         {"--probes", "LIST", "probe list(s) to attach in the clone (default: its executable's)"},
         {"--functions", "GLOB", "only probes of functions matching GLOB"},
+        {"--args", "", "the probes record each call's arguments (typed from DWARF)"},
+        {"--retval", "", "the probes record each call's return value"},
+        {"--backtrace", "DEPTH", "the probes record each call's callers, at most DEPTH (default 8)", {}, true},
+        {"--when", "EXPR", "the probes record only calls EXPR holds for (as iprobe attach --when)"},
+        {"--min-duration", "TIME", "the probes record only calls at least TIME long (2ms, 500us)"},
         {"--buffer", "SIZE", "mirror's per-connection buffer toward the clone"},
         {"--divergence", "MODE", "the mirror compares the clone's replies with\n"
                                  "production's: auto (default: resp for redis-like\n"
@@ -113,6 +120,12 @@ int debug_main(const std::vector<std::string>& args) {
     o.production = a.value("--production");
     o.probes = a.value("--probes");
     o.functions = a.value("--functions");
+    o.values = hotpatch::value_options_of(a.has("--args"), a.has("--retval"), a.has("--backtrace"), a.value("--backtrace"));
+    o.when = a.value("--when");
+    o.min_duration = a.value("--min-duration");
+    // Syntax first, before anything is cloned (exit 3 with a caret).
+    if (!o.when.empty()) (void)hotpatch::Condition::parse(o.when);
+    if (!o.min_duration.empty()) (void)hotpatch::Condition::min_duration(o.min_duration);
     o.buffer = a.value("--buffer");
     o.container = a.value("--container");
     o.name = a.value("--name");

@@ -2,6 +2,8 @@
 #include <vector>
 
 #include "commands.h"
+#include "iprobe/hotpatch/attach_report.h"
+#include "iprobe/hotpatch/condition.h"
 #include "iprobe/launcher/retro.h"
 #include "iprobe/proxy/framing.h"
 #include "iprobe/support/args.h"
@@ -33,6 +35,11 @@ const ArgSpec kSpec(
         {"--generation", "N", "which generation (default: the newest)"},
         {"--probes", "LIST", "probe list(s) to attach (default: the service's executable)"},
         {"--functions", "GLOB,...", "only probes of functions matching a GLOB"},
+        {"--args", "", "the probes record each call's arguments (typed from DWARF)"},
+        {"--retval", "", "the probes record each call's return value"},
+        {"--backtrace", "DEPTH", "the probes record each call's callers, at most DEPTH (default 8)", {}, true},
+        {"--when", "EXPR", "the probes record only calls EXPR holds for (as iprobe attach --when)"},
+        {"--min-duration", "TIME", "the probes record only calls at least TIME long (2ms, 500us)"},
         {"--speed", "X", "pacing: 0 (default) as fast as possible, 1 as recorded, X times faster"},
         {"--compare", "MODE", "reply comparison: auto (default: as the session compared), resp,\n"
                               "http, stream or off"},
@@ -58,6 +65,12 @@ int investigate_main(const std::vector<std::string>& args) {
         o.generation = static_cast<int>(parse_unsigned_or_usage(a.value("--generation"), "--generation", 1, 999999));
     o.probes = a.value("--probes");
     o.functions = a.value("--functions");
+    o.values = hotpatch::value_options_of(a.has("--args"), a.has("--retval"), a.has("--backtrace"), a.value("--backtrace"));
+    o.when = a.value("--when");
+    o.min_duration = a.value("--min-duration");
+    // Syntax first, before anything is cloned (exit 3 with a caret).
+    if (!o.when.empty()) (void)hotpatch::Condition::parse(o.when);
+    if (!o.min_duration.empty()) (void)hotpatch::Condition::min_duration(o.min_duration);
     if (a.has("--speed")) o.speed = parse_decimal_or_usage(a.value("--speed"), "--speed", 0, 1e6);
     if (a.has("--compare")) {
         o.compare = a.value("--compare");

@@ -1,121 +1,17 @@
 #include "iprobe/elf/function_signature.h"
 
-#include <dwarf.h>
-#include <elfutils/libdw.h>
-
 #include <memory>
 
+#include "dwarf_types.h"
+
 namespace iprobe::elf {
-
-namespace {
-
-constexpr int kMaxDepth = 24;  // DWARF from a file is input: no cycle may recurse forever
-
-std::string die_name(Dwarf_Die* die) {
-    Dwarf_Attribute attr;
-    const char* name = dwarf_formstring(dwarf_attr_integrate(die, DW_AT_name, &attr));
-    return name ? name : "";
-}
-
-bool type_of(Dwarf_Die* die, Dwarf_Die* out) {
-    Dwarf_Attribute attr;
-    return dwarf_attr_integrate(die, DW_AT_type, &attr) && dwarf_formref_die(&attr, out);
-}
-
-std::string type_name(Dwarf_Die* die, int depth);
-
-// A base type by what the ABI sees (encoding and size), spelled as C does:
-// gcc says "long int" where clang says "long", and long long is long here.
-std::string base_type_name(Dwarf_Die* die, const std::string& name) {
-    Dwarf_Attribute attr;
-    Dwarf_Word encoding = 0;
-    if (!dwarf_attr_integrate(die, DW_AT_encoding, &attr) || dwarf_formudata(&attr, &encoding) != 0) return name;
-    const int size = dwarf_bytesize(die);
-    const bool is_signed = encoding == DW_ATE_signed || encoding == DW_ATE_signed_char;
-    const bool is_unsigned = encoding == DW_ATE_unsigned || encoding == DW_ATE_unsigned_char;
-    if (encoding == DW_ATE_boolean) return "bool";
-    if (encoding == DW_ATE_signed_char && size == 1) return "char";
-    if (is_signed || is_unsigned) {
-        const char* names[] = {"?", "char", "short", "?", "int", "?", "?", "?", "long"};
-        const std::string base = size == 16 ? "__int128" : size > 0 && size <= 8 ? names[size] : name;
-        return (is_unsigned ? "unsigned " : size == 1 ? "signed " : "") + base;
-    }
-    if (encoding == DW_ATE_float) return size == 4 ? "float" : size == 8 ? "double" : size == 16 ? "long double" : name;
-    return name;
-}
-
-// The type `die` refers to by DW_AT_type, or "void" when it names none.
-std::string referred(Dwarf_Die* die, int depth) {
-    Dwarf_Die type;
-    return type_of(die, &type) ? type_name(&type, depth + 1) : "void";
-}
-
-std::string type_name(Dwarf_Die* die, int depth) {
-    if (depth > kMaxDepth) return "?";
-    const std::string name = die_name(die);
-    switch (dwarf_tag(die)) {
-    case DW_TAG_base_type: return base_type_name(die, name);
-    case DW_TAG_typedef: return referred(die, depth);
-    case DW_TAG_pointer_type: return referred(die, depth) + "*";
-    case DW_TAG_reference_type: return referred(die, depth) + "&";
-    case DW_TAG_rvalue_reference_type: return referred(die, depth) + "&&";
-    case DW_TAG_const_type: return "const " + referred(die, depth);
-    case DW_TAG_volatile_type: return "volatile " + referred(die, depth);
-    case DW_TAG_restrict_type: return referred(die, depth);
-    case DW_TAG_atomic_type: return "_Atomic " + referred(die, depth);
-    case DW_TAG_array_type: return referred(die, depth) + "[]";
-    case DW_TAG_structure_type: return "struct " + (name.empty() ? "<anonymous>" : name);
-    case DW_TAG_class_type: return "class " + (name.empty() ? "<anonymous>" : name);
-    case DW_TAG_union_type: return "union " + (name.empty() ? "<anonymous>" : name);
-    case DW_TAG_enumeration_type: return "enum " + (name.empty() ? "<anonymous>" : name);
-    case DW_TAG_subroutine_type: return "function returning " + referred(die, depth);
-    case DW_TAG_unspecified_type: return name;  // decltype(nullptr)
-    default: return "<tag " + std::to_string(dwarf_tag(die)) + ">";
-    }
-}
-
-// The subprogram whose code starts at `entry`, anywhere under `die`
-// (namespaces and classes nest them in C++).
-bool find_subprogram(Dwarf_Die* die, std::uint64_t entry, Dwarf_Die* out, int depth) {
-    if (depth > kMaxDepth) return false;
-    Dwarf_Die child;
-    if (dwarf_child(die, &child) != 0) return false;
-    do {
-        const int tag = dwarf_tag(&child);
-        if (tag == DW_TAG_subprogram) {
-            Dwarf_Addr low = 0;
-            if (dwarf_lowpc(&child, &low) == 0 && low == entry) {
-                *out = child;
-                return true;
-            }
-        } else if (tag == DW_TAG_namespace || tag == DW_TAG_structure_type || tag == DW_TAG_class_type ||
-                   tag == DW_TAG_lexical_block) {
-            if (find_subprogram(&child, entry, out, depth + 1)) return true;
-        }
-    } while (dwarf_siblingof(&child, &child) == 0);
-    return false;
-}
-
-struct DwarfCloser {
-    void operator()(Dwarf* d) const { dwarf_end(d); }
-};
-
-}  // namespace
 
 std::optional<std::string> function_signature(const ElfFile& elf, std::uint64_t entry) {
     if (!elf.section(".debug_info") && !elf.section(".zdebug_info")) return std::nullopt;
     std::unique_ptr<Dwarf, DwarfCloser> dwarf(dwarf_begin_elf(elf.native_handle(), DWARF_C_READ, nullptr));
     if (!dwarf) return std::nullopt;
-    Dwarf_Die unit, function;
-    bool found = dwarf_addrdie(dwarf.get(), entry, &unit) && find_subprogram(&unit, entry, &function, 0);
-    // No aranges (clang): walk every unit.
-    for (Dwarf_Off offset = 0, next = 0; !found;) {
-        std::size_t header = 0;
-        if (dwarf_nextcu(dwarf.get(), offset, &next, &header, nullptr, nullptr, nullptr) != 0) break;
-        found = dwarf_offdie(dwarf.get(), offset + header, &unit) && find_subprogram(&unit, entry, &function, 0);
-        offset = next;
-    }
-    if (!found) return std::nullopt;
+    Dwarf_Die function;
+    if (!find_function(dwarf.get(), entry, &function)) return std::nullopt;
     std::string out = referred(&function, 0) + "(";
     Dwarf_Die param;
     bool first = true;

@@ -7,11 +7,10 @@ namespace iprobe::fperf {
 
 namespace {
 
-iprobe::probelist::ProbeSelector selector_of(const ProbeRouting& routing) {
-    iprobe::probelist::ProbeSelector selector;
-    selector.function_globs = routing.function_globs;
-    selector.kinds = {iprobe::probelist::ProbeKind::entry, iprobe::probelist::ProbeKind::exit};
-    return selector;
+std::vector<iprobe::hotpatch::ProbeSelection> selections_of(const ProbeRouting& routing) {
+    std::vector<iprobe::hotpatch::ProbeSelection> out;
+    for (const RoutedProbes& r : routing.selections) out.push_back({r.source, r.list, r.probes});
+    return out;
 }
 
 }  // namespace
@@ -23,8 +22,7 @@ std::vector<std::string> libraries_to_preload() { return {iprobe::hotpatch::defa
 RoutingResult route_probes(const ProbeRouting& routing) {
     iprobe::hotpatch::AttachOptions options;
     options.pid = routing.pid;
-    options.probe_sources = routing.probe_sources;
-    options.selector = selector_of(routing);
+    options.selections = selections_of(routing);
     options.handlers.library = routing.handler_library;
     options.handlers.enter = "fperf_enter";
     options.handlers.exit = "fperf_exit";
@@ -42,7 +40,8 @@ bool unroute_probes(const ProbeRouting& routing) noexcept {
     try {
         iprobe::hotpatch::DetachOptions options;
         options.pid = routing.pid;
-        options.selector = selector_of(routing);
+        options.selections = selections_of(routing);
+        if (options.selections.empty()) return true;  // nothing routed (an empty selection would be every probe)
         iprobe::hotpatch::detach(options);
         return true;
     } catch (...) {

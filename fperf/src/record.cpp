@@ -167,24 +167,24 @@ Profile build_profile(const RecordOptions& o, SharedSession& session, const Daem
 void remove_hot_probes(const ProbeRouting& routing, const std::vector<std::uint64_t>& hot,
                        const std::map<std::uint64_t, std::string>& raw_names, std::set<std::uint64_t>& removed,
                        const Log& log) {
-    ProbeRouting these = routing;
-    these.function_globs.clear();
+    std::set<std::string> names;
     std::vector<std::uint64_t> addresses;
     for (const auto a : hot) {
         const auto it = raw_names.find(a);
         if (it == raw_names.end() || removed.count(a)) continue;
-        these.function_globs.push_back(it->second);
+        names.insert(it->second);
         addresses.push_back(a);
     }
     if (addresses.empty()) return;
-    if (!unroute_probes(these)) return;
+    if (!unroute_probes(routing.only(names))) return;
     removed.insert(addresses.begin(), addresses.end());
-    std::string names;
-    for (std::size_t i = 0; i < these.function_globs.size() && i < 5; i++)
-        names += (i ? ", " : "") + these.function_globs[i];
-    if (these.function_globs.size() > 5) names += ", ...";
+    std::string said;
+    std::size_t n = 0;
+    for (const auto& name : names)
+        if (n++ < 5) said += (said.empty() ? "" : ", ") + name;
+    if (names.size() > 5) said += ", ...";
     log("removed the probes of %zu hot functions (%s): counting them alone would exceed the budget",
-        addresses.size(), names.c_str());
+        addresses.size(), said.c_str());
 }
 
 void sleep_ns(std::uint64_t ns) {
@@ -332,11 +332,20 @@ Routing select_and_route(const RecordOptions& o, const std::string& handler, Pro
     if (bias)
         for (const auto& probe : probes->probes)
             if (probe.kind == iprobe::probelist::ProbeKind::entry) routing.raw_names.emplace(*bias + probe.function_address, probe.function);
+    // Selected here, once, from the lists loaded here: hotpatch is handed
+    // the probes, not paths and globs to load and match again.
+    std::vector<std::pair<std::string, iprobe::probelist::ProbeList>> lists;
+    lists.emplace_back(o.probe_sources.empty() ? p.exe : o.probe_sources.front(), *probes);
+    for (std::size_t i = 1; i < o.probe_sources.size(); ++i)
+        lists.emplace_back(o.probe_sources[i], iprobe::probelist::load_probes(o.probe_sources[i]));
     ProbeRouting r;
     r.pid = pid;
-    r.probe_sources = o.probe_sources.empty() ? std::vector<std::string>{p.exe} : o.probe_sources;
-    r.function_globs = o.function_globs;
+    r.selections = ProbeRouting::select(lists, o.function_globs);
     r.handler_library = handler;
+    if (r.selections.empty()) {
+        if (p.target->is_child()) ::kill(pid, SIGKILL);
+        throw Error("no probe of " + lists.front().first + " matches --functions", ExitCode::not_found);
+    }
     try {
         const auto routed = route_probes(r);
         log("%zu probes routed to the handler%s (pause %" PRIu64 " us)", routed.probes_enabled,

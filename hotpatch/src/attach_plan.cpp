@@ -45,7 +45,54 @@ std::string module_source(pid_t pid, const std::string& name) {
     return target_view(pid, found.front());
 }
 
+std::vector<ProbeSelection> select_probes(const std::vector<std::string>& sources,
+                                          const probelist::ProbeSelector& selector) {
+    std::vector<ProbeSelection> out;
+    for (const auto& source : sources) {
+        auto list = std::make_shared<const probelist::ProbeList>(probelist::load_probes_or_symbols(source));
+        ProbeSelection s{source, list, {}};
+        for (const probelist::Probe* p : selector.select(*list)) s.probes.push_back(p->id);
+        out.push_back(std::move(s));
+    }
+    return out;
+}
+
+namespace {
+
+// A caller's selections as attach's lists (the lists copied, not reloaded).
+// `entries_only` (leaves_exits_off): the count handler leaves the exits of
+// the selected functions off, as for a selector's match, unless the
+// selection holds exit probes alone (the caller's --exit-only).
+std::vector<SelectedList> given_lists(const std::vector<ProbeSelection>& selections, bool entries_only) {
+    std::vector<SelectedList> lists;
+    std::size_t selected = 0;
+    for (const ProbeSelection& sel : selections) {
+        if (!sel.list) throw Error("a probe selection of " + sel.source + " has no probe list", ExitCode::bad_input);
+        SelectedList& s = lists.emplace_back(SelectedList{sel.source, *sel.list, {}, {}});
+        for (std::uint32_t id : sel.probes) {
+            if (id >= s.list.probes.size())
+                throw Error(sel.source + " has no probe " + std::to_string(id) + " (" +
+                                std::to_string(s.list.probes.size()) + " probes)",
+                            ExitCode::bad_input);
+            s.selected.push_back(&s.list.probes[id]);
+        }
+    }
+    const auto is_exit = [](const probelist::Probe* p) { return p->kind == probelist::ProbeKind::exit; };
+    const bool exits_alone = std::all_of(lists.begin(), lists.end(), [&](const SelectedList& s) {
+        return std::all_of(s.selected.begin(), s.selected.end(), is_exit);
+    });
+    for (SelectedList& s : lists) {
+        if (entries_only && !exits_alone) s.exits_left_off = std::erase_if(s.selected, is_exit);
+        selected += s.selected.size();
+    }
+    if (selected == 0) throw Error("no probe selected", ExitCode::not_found);
+    return lists;
+}
+
+}  // namespace
+
 std::vector<SelectedList> load_lists(const AttachOptions& options) {
+    if (!options.selections.empty()) return given_lists(options.selections, leaves_exits_off(options));
     std::vector<std::string> sources = options.probe_sources;
     for (const std::string& name : options.modules) sources.push_back(module_source(options.pid, name));
     if (sources.empty()) {

@@ -20,11 +20,13 @@
 #include "patch.h"
 #include "redirects.h"
 #include "iprobe/hotpatch/live_patch.h"
+#include "attach_conditions.h"
 #include "process.h"
 #include "region.h"
 #include "iprobe/probelist/symbol_probes.h"
 #include "relocated_entries.h"
 #include "session.h"
+#include "values_plan.h"
 #include "stubs.h"
 #include "iprobe/runtime/rt.h"
 #include "iprobe/support/error.h"
@@ -47,6 +49,14 @@ struct SitesPlan {
     std::vector<Enable> enables;
     std::set<std::string> touched;
     std::size_t selected = 0, newly_enabled = 0, already_enabled = 0;
+    std::vector<std::uint32_t> first_probes;  // per list: its module's probe 0 in the region
+};
+
+// What the attach sets on its probes besides turning them on: `--when`
+// programs, the return-value histogram, the values captured.
+struct ProbeSettings {
+    const ConditionPlan& conditions;
+    const std::vector<ValuesPlan>& values;  // per list
 };
 
 // Where a module's region entry and stub areas come from: added and mapped
@@ -64,7 +74,7 @@ SitesPlan plan_sites(const ProcessMemory& memory, Region& region, std::vector<Se
                      const std::vector<const RunningModule*>& targets, const HandlerSymbols& handlers,
                      const LoadedLibrary& handler_lib, std::int64_t stats_tpoff, const StubAreas& areas) {
     SitesPlan plan;
-    auto& [patches, site_stubs, enables, touched, selected, newly_enabled, already_enabled] = plan;
+    auto& [patches, site_stubs, enables, touched, selected, newly_enabled, already_enabled, first_probes] = plan;
     StubChecker stubs_seen(memory);
     std::map<const std::string*, std::uint64_t> handler_addresses;  // keyed as `stubs` below
 
@@ -74,6 +84,7 @@ SitesPlan plan_sites(const ProcessMemory& memory, Region& region, std::vector<Se
         const std::uint32_t mi = areas.module(region, running, s);
         iprobe_rt_module& module = region.modules()[mi];
         touched.insert(running.path);
+        first_probes.push_back(module.first_probe);
         if (s.selected.empty()) continue;
         std::vector<std::uint64_t> addresses;
         addresses.reserve(s.selected.size());
@@ -193,14 +204,33 @@ void insert_sites(Region& region, const SitesPlan& plan) {
     for (const auto& e : plan.enables) region.insert_site(e.return_address, e.keyed, region.probes()[e.keyed].stat);
 }
 
-// The stop's part of an attach, the sites inserted in the hash: stubs,
-// then the code (before_code runs in between), then the probes' flags.
+// Conditions and values before code: a site going live finds them there.
+// Written in the stop (they change what live probes record), one store per
+// probe, so a running thread sees the old setting or the new.
+void apply_settings(Region& region, const SitesPlan& plan, const ProbeSettings& settings) {
+    apply_conditions(region, settings.conditions, plan.first_probes);
+    std::map<std::uint32_t, std::uint64_t> value_specs;  // global probe index -> spec word
+    for (std::size_t li = 0; li < settings.values.size() && li < plan.first_probes.size(); li++)
+        for (const auto& [id, spec] : settings.values[li].specs) value_specs[plan.first_probes[li] + id] = spec_word(spec);
+    // An attach without value options turns them off again.
+    for (const auto& e : plan.enables) {
+        const auto spec = value_specs.find(e.global);
+        __atomic_store_n(reinterpret_cast<std::uint64_t*>(&region.probes()[e.global].values),
+                         spec == value_specs.end() ? 0 : spec->second, __ATOMIC_RELEASE);
+    }
+}
+
+// The stop's part of an attach, the sites inserted in the hash: stubs, the
+// probes' settings, then the code (before_code runs in between), then the
+// probes' flags.
 AttachStats finish_attach(StoppedProcess& process, Region& region, const SitesPlan& plan, HandlerMode mode,
-                          AttachStats stats, Clock::time_point started, const std::function<void()>& before_code) {
+                          const ProbeSettings& settings, AttachStats stats, Clock::time_point started,
+                          const std::function<void()>& before_code) {
     if (!unsafe_pcs(process, plan.patches).empty()) throw RetryLater{};
     throw_if_interrupted();
     std::vector<SiteStub> site_stubs = plan.site_stubs;
     write_site_stubs(process, site_stubs);
+    apply_settings(region, plan, settings);
     before_code();
     apply_patches(process, plan.patches);
     const std::uint64_t live_at = realtime_ns();
@@ -289,6 +319,13 @@ AttachStats attach(const AttachOptions& options) {
     target_owner(options.pid);  // not_found when it is gone
     std::vector<SelectedList> lists = load_lists(options);
     const HandlerSymbols handlers = resolve_handlers(options);
+    const Condition condition = attach_condition(options);
+    if ((!condition.empty() || options.retval_histogram) &&
+        (options.mode != HandlerMode::trace || !options.handlers.enter.empty()))
+        throw Error("--when, --min-duration and --retval need the runtime's trace handler (--handler trace)",
+                    ExitCode::usage);
+    // Planned (and refused) before the target stops.
+    const ConditionPlan conditions = plan_conditions(condition, options, lists);
     const std::string runtime_path = runtime_path_of(options);
     const std::string handler_path = handlers.library.empty() ? runtime_path : canonical_or_same(handlers.library);
     SessionLock lock(options.pid);
@@ -299,6 +336,13 @@ AttachStats attach(const AttachOptions& options) {
     elf_cache().preload(options.pid, handler_path);
     const auto before = runtime_state(options.pid);
     const TscCalibration tsc = before && before->control ? TscCalibration{} : calibrate_tsc();
+
+    if (options.values.any() && options.mode != HandlerMode::trace)
+        throw Error("--args, --retval and --backtrace record into the trace stream: use them with --handler trace",
+                    ExitCode::usage);
+    std::vector<ValuesPlan> values_plans;
+    for (const auto& s : lists) values_plans.push_back(plan_values(options.pid, s, options.values));
+    const ProbeSettings settings{conditions, values_plans};
 
     std::uint32_t capacity = 4096;
     for (auto& s : lists) capacity += static_cast<std::uint32_t>(s.list.probes.size()) * 2;
@@ -323,9 +367,14 @@ AttachStats attach(const AttachOptions& options) {
                 stats.refused_example = s.refused.front()->demangled + ": " + s.refused.front()->reason;
         }
         stats.patched_skipped = redirected;
+        for (const auto& v : values_plans) {
+            stats.values_unavailable += v.unavailable;
+            stats.values_untyped += v.untyped;
+        }
         if (ahead && same_maps(read_maps(options.pid), ahead->maps)) {
             // Planned while the target ran; only the writes are left.
-            return finish_attach(process, ahead->region, ahead->plan, options.mode, std::move(stats), started, [] {});
+            return finish_attach(process, ahead->region, ahead->plan, options.mode, settings, std::move(stats), started,
+                                 [] {});
         }
         auto maps = read_maps(options.pid);
         auto modules = running_modules(process.memory(), maps);
@@ -409,7 +458,7 @@ AttachStats attach(const AttachOptions& options) {
         // Table first, code second: a site only becomes live once its
         // return address resolves.
         insert_sites(region, plan);
-        return finish_attach(process, region, plan, options.mode, std::move(stats), started, [&] {
+        return finish_attach(process, region, plan, options.mode, settings, std::move(stats), started, [&] {
             if (fresh_fd < 0) return;
             const auto rc = static_cast<std::int64_t>(process.call(*map_at, {static_cast<std::uint64_t>(fresh_fd)}));
             if (rc != 0)
@@ -455,7 +504,19 @@ DetachStats detach(const DetachOptions& options) {
     std::vector<std::uint32_t> flags_off;  // region probe flags to clear
     std::vector<std::pair<const AttachedModule*, std::size_t>> selected;
     const probelist::ProbeMatcher matcher(options.selector);
+    // Given selections: the chosen ids of the module whose list is the
+    // selection's (same build-id, same probes).
+    auto chosen_of = [&](const AttachedModule& m) -> std::optional<std::vector<bool>> {
+        if (options.selections.empty()) return std::nullopt;
+        std::vector<bool> chosen(m.list.probes.size(), false);
+        for (const ProbeSelection& sel : options.selections)
+            if (sel.list && sel.list->build_id == m.list.build_id && sel.list->probes.size() == m.list.probes.size())
+                for (std::uint32_t id : sel.probes)
+                    if (id < chosen.size()) chosen[id] = true;
+        return chosen;
+    };
     for (const AttachedModule& m : modules) {
+        const std::optional<std::vector<bool>> chosen = chosen_of(m);
         const iprobe_rt_module rm = region && m.region_index != kNotInRegion ? region->modules()[m.region_index]
                                                                              : iprobe_rt_module{};
         const bool ids_match = region && m.region_index != kNotInRegion && m.list.probes.size() == rm.probe_count &&
@@ -464,7 +525,7 @@ DetachStats detach(const DetachOptions& options) {
         std::vector<std::uint64_t> addresses;
         std::vector<std::size_t> which;
         for (std::size_t k = 0; k < m.list.probes.size(); k++)
-            if (m.sites[k] && matcher.matches(m.list.probes[k])) {
+            if (m.sites[k] && (chosen ? (*chosen)[k] : matcher.matches(m.list.probes[k]))) {
                 addresses.push_back(m.sites[k]);
                 which.push_back(k);
             }

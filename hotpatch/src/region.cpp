@@ -60,6 +60,8 @@ bool sound_layout(const iprobe_rt_control& cb, std::uint64_t size) {
            fits(cb.probes_offset, cb.probe_capacity, sizeof(iprobe_rt_probe)) &&
            fits(cb.hash_offset, 1ull << cb.hash_bits, sizeof(iprobe_rt_site)) &&
            fits(cb.baseline_offset, cb.stat_capacity, sizeof(iprobe_rt_fn_stats)) &&
+           fits(cb.conditions_offset, cb.condition_capacity, sizeof(iprobe_cond_program)) &&
+           cb.condition_capacity <= 0xffff && cb.conditions_offset % 8 == 0 &&
            fits(cb.threads_offset, cb.thread_count, cb.thread_stride) &&
            fits(cb.rings_offset, cb.ring_count, cb.ring_stride) && cb.modules_offset % 8 == 0 &&
            cb.probes_offset % 8 == 0 && cb.hash_offset % 8 == 0 && cb.baseline_offset % 8 == 0 &&
@@ -131,6 +133,9 @@ iprobe_rt_control region_layout(const RegionGeometry& g, const TscCalibration& t
     cb.stat_capacity = g.probe_capacity;
     cb.baseline_offset = at;
     at = round_up(at + sizeof(iprobe_rt_fn_stats) * cb.stat_capacity, kPage);
+    cb.conditions_offset = at;
+    cb.condition_capacity = IPROBE_RT_CONDITIONS;
+    at = round_up(at + sizeof(iprobe_cond_program) * cb.condition_capacity, kPage);
     cb.threads_offset = at;
     cb.thread_count = g.thread_count;
     cb.thread_header_size = static_cast<std::uint32_t>(round_up(sizeof(iprobe_rt_thread), IPROBE_RT_CACHELINE));
@@ -260,6 +265,12 @@ std::uint32_t Region::module_count() const {
 }
 std::uint32_t Region::probe_count() const {
     return std::min(__atomic_load_n(&control_->probe_count, __ATOMIC_ACQUIRE), geometry_.probe_capacity);
+}
+std::uint32_t Region::condition_count() const {
+    return std::min(__atomic_load_n(&control_->condition_count, __ATOMIC_ACQUIRE), geometry_.condition_capacity);
+}
+iprobe_cond_program* Region::conditions() const {
+    return at<iprobe_cond_program>(control_, geometry_.conditions_offset);
 }
 std::uint32_t Region::stat_count() const {
     return std::min(__atomic_load_n(&control_->stat_count, __ATOMIC_ACQUIRE), geometry_.stat_capacity);

@@ -70,6 +70,9 @@ public:
     std::uint32_t probe_count() const;
     std::uint32_t stat_count() const;
     std::uint32_t stat_capacity() const { return geometry_.stat_capacity; }
+    std::uint32_t condition_capacity() const { return geometry_.condition_capacity; }
+    std::uint32_t condition_count() const;
+    iprobe_cond_program* conditions() const;
     std::uint32_t thread_count() const { return geometry_.thread_count; }
     std::uint32_t ring_count() const { return geometry_.ring_count; }
     std::uint32_t ring_records() const { return geometry_.ring_records; }

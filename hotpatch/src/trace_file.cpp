@@ -110,13 +110,21 @@ void TraceFileWriter::end_of_stream() {
 void TraceFileWriter::write(const RecordRun& run, const WallClock& clock) {
     constexpr std::size_t kMost = kEventHead + 32;  // one event with its arguments
     if (buffer_.empty()) buffer_.resize(1u << 20);
-    if (args_next_ && run.ring != ring_) end_of_stream();
+    if (run.ring != ring_ || run.from != next_at_) {  // another ring, or a page of it skipped
+        end_of_stream();
+        values_next_ = 0;
+    }
     ring_ = run.ring;
+    next_at_ = run.to;
     for (std::uint64_t at = run.from; at < run.to; at++) {
         // Room for an event and its arguments: a head waiting for them is
         // never flushed, so end_of_stream() can still change it.
         if (!args_next_ && used_ + kMost > buffer_.size()) flush_buffer();
         const iprobe_rt_record& r = run.records[at & run.mask];
+        if (values_next_) {  // an ENTRY's or EXIT's values: not in the file
+            values_next_--;
+            continue;
+        }
         char* out = buffer_.data() + used_;
         if (args_next_) {  // the POINT's four arguments, its head already written
             std::memcpy(out, reinterpret_cast<const iprobe_rt_args_record*>(&r)->args, 32);
@@ -138,6 +146,10 @@ void TraceFileWriter::write(const RecordRun& run, const WallClock& clock) {
         used_ += kEventHead;
         if (args) args_next_ = true;
         else events_++;
+        if (r.kind != IPROBE_RT_REC_POINT && r.nargs) {
+            values_next_ = r.nargs;
+            without_values_++;
+        }
     }
 }
 

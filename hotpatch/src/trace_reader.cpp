@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <set>
 #include <optional>
 
 #include "iprobe/hotpatch/hotpatch.h"
@@ -12,6 +13,7 @@
 #include "iprobe/support/json.h"
 #include "iprobe/support/lock_file.h"
 #include "region.h"
+#include "values_reader.h"
 
 namespace iprobe::hotpatch {
 
@@ -45,7 +47,10 @@ void add(iprobe_rt_fn_stats& to, const iprobe_rt_fn_stats& s) {
     to.inclusive_ticks += s.inclusive_ticks;
     to.exclusive_ticks += s.exclusive_ticks;
     to.max_ticks = std::max(to.max_ticks, s.max_ticks);
+    to.matched += s.matched;
+    to.undecided += s.undecided;
     for (int b = 0; b < IPROBE_RT_HIST_BUCKETS; b++) to.histogram[b] += s.histogram[b];
+    for (int b = 0; b < IPROBE_RT_RETVAL_BUCKETS; b++) to.retval_histogram[b] += s.retval_histogram[b];
 }
 
 std::uint64_t minus(std::uint64_t a, std::uint64_t b) { return a > b ? a - b : 0; }
@@ -105,6 +110,7 @@ struct TraceReader::Impl {
     std::vector<ProbeInfo> probes;
     std::uint32_t modules_loaded = 0;
     ProbeInfo unknown{"?", "?", "", 0, probelist::ProbeKind::entry, ""};
+    std::unique_ptr<ValuesReader> values;  // made at the first values record
 
     void load_new_modules() {
         const std::uint32_t count = region.module_count();
@@ -224,24 +230,44 @@ std::size_t TraceReader::drain_runs(const std::function<void(const RecordRun&)>&
 std::size_t TraceReader::drain(const std::function<void(const Event&)>& sink) {
     const WallClock clock = wall_clock();
     std::size_t events = 0;
-    bool args_next = false;  // the previous run ended with a POINT whose arguments follow
-    Event point;
+    // An event whose continuation records (a POINT's arguments, an ENTRY's
+    // or EXIT's values) are still to come, perhaps in the ring's next run.
+    Event pending;
+    std::uint32_t remaining = 0;       // continuation records still to read
+    std::vector<std::uint64_t> words;  // values read so far
+    std::uint32_t spec = 0;            // the spec they were written under (iprobe_rt_record.values)
     std::uint32_t ring = UINT32_MAX;
+    std::uint64_t next_at = 0;         // where the pending event's next record is
+    auto finish = [&] {                // the pending event with what it got
+        if (pending.kind == probelist::ProbeKind::point) {
+            if (remaining) pending.nargs = 0;
+        } else if (!words.empty()) {
+            if (!impl_->values) impl_->values = std::make_unique<ValuesReader>(impl_->region, impl_->pid);
+            impl_->values->decode(pending, spec, words);
+        }
+        remaining = 0;
+        words.clear();
+        sink(pending);
+        events++;
+    };
+    bool open = false;  // `pending` holds an event not yet given to the sink
     drain_runs([&](const RecordRun& run) {
-        if (args_next && run.ring != ring) {  // its ring's next page was skipped
-            point.nargs = 0;
-            args_next = false;
-            sink(point);
-            events++;
+        // Its ring's next page was skipped, or another ring: the event ends here.
+        if (open && (run.ring != ring || run.from != next_at)) {
+            finish();
+            open = false;
         }
         ring = run.ring;
         for (std::uint64_t at = run.from; at < run.to; at++) {
             const iprobe_rt_record& r = run.records[at & run.mask];
-            if (args_next) {
-                std::memcpy(point.args, reinterpret_cast<const iprobe_rt_args_record*>(&r)->args, sizeof point.args);
-                args_next = false;
-                sink(point);
-                events++;
+            if (open) {
+                const auto* more = reinterpret_cast<const iprobe_rt_args_record*>(&r);
+                if (pending.kind == probelist::ProbeKind::point) std::memcpy(pending.args, more->args, sizeof pending.args);
+                else words.insert(words.end(), more->args, more->args + 4);
+                if (--remaining == 0) {
+                    finish();
+                    open = false;
+                }
                 continue;
             }
             Event e;
@@ -250,36 +276,36 @@ std::size_t TraceReader::drain(const std::function<void(const Event&)>& sink) {
             e.probe = r.probe;
             e.tid = r.tid;
             e.depth = r.depth;
+            std::uint32_t more = 0;
             if (r.kind == IPROBE_RT_REC_POINT) {
                 e.kind = probelist::ProbeKind::point;
-                if (r.nargs && !(run.last && at + 1 == run.to)) {
+                if (r.nargs) {
                     e.nargs = std::min<std::uint8_t>(r.nargs, 4);
-                    point = e;
-                    args_next = true;
-                    continue;
+                    more = 1;
                 }
-            } else if (r.kind == IPROBE_RT_REC_EXIT) {
-                e.kind = probelist::ProbeKind::exit;
-            } else if (r.kind == IPROBE_RT_REC_ENTRY) {
-                e.kind = probelist::ProbeKind::entry;
+            } else if (r.kind == IPROBE_RT_REC_EXIT || r.kind == IPROBE_RT_REC_ENTRY) {
+                e.kind = r.kind == IPROBE_RT_REC_EXIT ? probelist::ProbeKind::exit : probelist::ProbeKind::entry;
+                e.frame = r.frame;
+                more = r.nargs;
+                spec = r.values;
             } else {
                 continue;
             }
-            sink(e);
-            events++;
+            pending = std::move(e);
+            remaining = more;
+            open = true;
+            if (!remaining) {
+                finish();
+                open = false;
+            }
         }
-        if (run.last && args_next) {  // cut by the ring's end: the point without its arguments
-            point.nargs = 0;
-            args_next = false;
-            sink(point);
-            events++;
+        next_at = run.to;
+        if (open && run.last) {  // cut by what the ring had published: the event with what it got
+            finish();
+            open = false;
         }
     });
-    if (args_next) {
-        point.nargs = 0;
-        sink(point);
-        events++;
-    }
+    if (open) finish();
     return events;
 }
 
@@ -305,6 +331,8 @@ std::vector<ProbeState> TraceReader::probe_states() const {
         out[i].live_ns = p.live_ns;
         out[i].live_since_ns = p.enabled ? p.live_since_ns : 0;
         out[i].kept = p.kept;
+        out[i].condition = p.condition;
+        out[i].retval_hist = p.retval_hist != 0;
     }
     return out;
 }
@@ -356,6 +384,7 @@ std::vector<FunctionStats> TraceReader::functions(const std::vector<iprobe_rt_fn
     // were live: the longest of them.
     std::vector<const ProbeInfo*> names(sums.size(), nullptr);
     std::vector<ProbeState> live(sums.size());
+    std::set<std::uint32_t> conditioned, with_retval;  // functions with a condition, with a retval histogram
     const std::vector<ProbeState> states = probe_states();
     for (std::uint32_t i = 0; i < states.size() && i < impl_->probes.size(); i++) {
         const std::uint32_t stat = states[i].stat;
@@ -363,6 +392,8 @@ std::vector<FunctionStats> TraceReader::functions(const std::vector<iprobe_rt_fn
         if (!names[stat]) names[stat] = &impl_->probes[i];
         keep_longest(live[stat], states[i].live_ns, states[i].live_since_ns);
         live[stat].kept |= states[i].kept;
+        if (states[i].condition) conditioned.insert(stat);
+        if (states[i].retval_hist) with_retval.insert(stat);
     }
     const std::uint64_t window_start = window_start_ns();
     const double ns_per_tick = 1e9 / tsc_hz();
@@ -376,7 +407,11 @@ std::vector<FunctionStats> TraceReader::functions(const std::vector<iprobe_rt_fn
             s.timed = minus(s.timed, b.timed);
             s.inclusive_ticks = minus(s.inclusive_ticks, b.inclusive_ticks);
             s.exclusive_ticks = minus(s.exclusive_ticks, b.exclusive_ticks);
+            s.matched = minus(s.matched, b.matched);
+            s.undecided = minus(s.undecided, b.undecided);
             for (int k = 0; k < IPROBE_RT_HIST_BUCKETS; k++) s.histogram[k] = minus(s.histogram[k], b.histogram[k]);
+            for (int k = 0; k < IPROBE_RT_RETVAL_BUCKETS; k++)
+                s.retval_histogram[k] = minus(s.retval_histogram[k], b.retval_histogram[k]);
         }
         if (s.calls == 0 && s.completed == 0) continue;
         FunctionStats f;
@@ -390,10 +425,53 @@ std::vector<FunctionStats> TraceReader::functions(const std::vector<iprobe_rt_fn
         f.live_since_ns = live[i].live_since_ns;
         f.window_start_ns = window_start;
         if (live[i].kept) f.kept = live[i].kept;  // else made before kept was recorded: all shown
+        f.conditioned = conditioned.count(i) || s.matched || s.undecided;
+        f.retval_histogram = with_retval.count(i) != 0;
         fill_times(f);
         out.push_back(std::move(f));
     }
     return out;
+}
+
+void CallNesting::records(const Event& e, const ProbeInfo& info, const std::function<void(const TraceRecord&)>& sink) {
+    constexpr std::size_t kMaxThreads = 1u << 16, kMaxDepth = 256, kMaxOpen = 1u << 16;
+    if (stacks_.size() >= kMaxThreads && !stacks_.count(e.tid)) stacks_.clear();
+    auto& stack = stacks_[e.tid];
+    const auto depth = [&](std::size_t open) { return static_cast<int>(std::min(open, kMaxDepth)); };
+    // A frame at or above an open one's return slot (the stack grows down)
+    // means the open one is gone without an exit: unwound.
+    if (e.frame && e.depth == 0)
+        while (!stack.empty() && stack.back().frame &&
+               (e.kind == probelist::ProbeKind::entry ? stack.back().frame <= e.frame : stack.back().frame < e.frame)) {
+            TraceRecord u{e.time_ns, e.tid, probelist::ProbeKind::exit, stack.back().function, depth(stack.size() - 1),
+                          {}, false};
+            u.has_arguments = stack.back().has_arguments;
+            u.arguments = std::move(stack.back().arguments);
+            u.unwound = true;
+            stack.pop_back();
+            sink(u);
+        }
+    TraceRecord r{e.time_ns, e.tid, e.kind, info.function, 0, {}, e.depth != 0};
+    if (e.kind == probelist::ProbeKind::point) r.args.assign(e.args, e.args + std::min<int>(e.nargs, 4));
+    if (e.kind == probelist::ProbeKind::entry && e.has_values) {
+        r.has_arguments = true;
+        r.arguments = e.values;
+    }
+    if (e.kind == probelist::ProbeKind::exit && !stack.empty()) {
+        if (stack.back().function == info.function) {
+            r.has_arguments = stack.back().has_arguments;
+            r.arguments = std::move(stack.back().arguments);
+        }
+        stack.pop_back();
+    }
+    r.depth = depth(stack.size());
+    r.retval = e.retval;
+    r.backtrace = e.backtrace;
+    if (e.kind == probelist::ProbeKind::entry) {
+        if (stack.size() >= kMaxOpen) stack.erase(stack.begin());  // bounded: the target writes the rings
+        stack.push_back({e.frame, info.function, r.has_arguments, r.arguments});
+    }
+    sink(r);
 }
 
 void write_function_stats_fields(JsonWriter& j, const FunctionStats& f) {
@@ -415,6 +493,7 @@ void write_function_stats_fields(JsonWriter& j, const FunctionStats& f) {
     j.field("live_ns", f.live_ns)
         .field("live_since_ns", f.live_since_ns)
         .field("window_start_ns", f.window_start_ns);
+    if (f.conditioned) j.field("matched", f.raw.matched).field("undecided", f.raw.undecided);
     if (f.kind == probelist::ProbeKind::point) j.field("kind", "point");
 }
 
@@ -436,6 +515,8 @@ std::vector<FunctionStats> merge_functions(const std::vector<std::vector<Functio
             m.live_ns = longest.live_ns;
             m.live_since_ns = longest.live_since_ns;
             m.window_start_ns = std::min(m.window_start_ns, f.window_start_ns);
+            m.conditioned = m.conditioned || f.conditioned;
+            m.retval_histogram = m.retval_histogram || f.retval_histogram;
         }
     for (FunctionStats& f : out) fill_times(f);
     return out;

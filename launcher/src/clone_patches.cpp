@@ -4,21 +4,14 @@
 
 #include <filesystem>
 
-#include <nlohmann/json.hpp>
-
+#include "iprobe/hotpatch/output.h"
 #include "iprobe/support/error.h"
-#include "process.h"
 
 namespace fs = std::filesystem;
 
 namespace iprobe::launcher {
 
 namespace {
-
-std::string trimmed(std::string s) {
-    while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
-    return s;
-}
 
 // A reply as one readable line: CR LF shown, long ones cut.
 std::string one_line(const std::string& s, std::size_t max = 120) {
@@ -34,8 +27,8 @@ std::string one_line(const std::string& s, std::size_t max = 120) {
 
 }  // namespace
 
-std::vector<std::string> patch_arguments(const std::vector<std::string>& specs) {
-    std::vector<std::string> out;
+std::vector<hotpatch::FunctionPatch> patch_requests(const std::vector<std::string>& specs) {
+    std::vector<hotpatch::FunctionPatch> out;
     for (const std::string& spec : specs) {
         const auto eq = spec.find('=');
         if (eq == std::string::npos || eq == 0 || eq + 1 == spec.size())
@@ -49,38 +42,31 @@ std::vector<std::string> patch_arguments(const std::vector<std::string>& specs) 
         struct stat st {};
         if (ec || ::stat(absolute.c_str(), &st) != 0 || !S_ISREG(st.st_mode))
             throw Error("--patch " + spec + ": replacement library " + library + " not found", ExitCode::not_found);
-        with = absolute.string() + (colon == std::string::npos ? std::string() : with.substr(colon));
-        out.insert(out.end(), {"--function", spec.substr(0, eq), "--with", with});
+        out.push_back({spec.substr(0, eq), absolute.string(),
+                       colon == std::string::npos ? std::string() : with.substr(colon + 1)});
     }
     return out;
 }
 
-void patch_clone(const SessionEvents& say, const std::string& hotpatch_tool, const std::vector<std::string>& in_clone,
-                 pid_t pid_in_clone, pid_t host_pid, const std::string& label, const std::vector<std::string>& arguments) {
-    std::vector<std::string> argv = in_clone;
-    argv.insert(argv.end(), {hotpatch_tool, "patch", std::to_string(pid_in_clone), "--json"});
-    argv.insert(argv.end(), arguments.begin(), arguments.end());
-    const RunResult r = run(argv);
-    if (!r.ok())
-        throw Error("iprobe patch in " + label + " (PID " + std::to_string(host_pid) + ") failed: " + trimmed(r.err),
-                    ExitCode::failure);
-    nlohmann::json doc;
-    try {
-        doc = nlohmann::json::parse(r.out);
-    } catch (const nlohmann::json::exception& e) {
-        throw Error("iprobe patch in " + label + " printed no report: " + e.what());
-    }
+void patch_clone(const SessionEvents& say, CloneProbes& agent, const std::string& label,
+                 const std::vector<hotpatch::FunctionPatch>& patches) {
+    const hotpatch::PatchStats st = agent.patch(patches);
     std::string human;
-    for (const auto& f : doc.value("patched", nlohmann::json::array()))
-        human += (human.empty() ? "" : ", ") + f.value("function", "") + " -> " + f.value("library", "") + ":" +
-                 f.value("symbol", "") + " (signature " + f.value("signature_check", "") + ")";
+    for (const auto& f : st.patched)
+        human += (human.empty() ? "" : ", ") + hotpatch::describe_patched(f) + " (signature " + f.signature_check + ")";
     say("patched",
-        "patched in " + label + " (PID " + std::to_string(host_pid) + ") only: " + human + "; " +
-            std::to_string(doc.value("threads", 0)) + " threads stopped for " + std::to_string(doc.value("pause_us", 0)) +
-            " us",
+        "patched in " + label + " (PID " + std::to_string(agent.host_pid()) + ") only: " + human + "; " +
+            std::to_string(st.threads) + " threads stopped for " + std::to_string(st.pause_us) + " us",
         [&](JsonWriter& w) {
-            w.field("clone_pid", static_cast<std::int64_t>(host_pid));
-            w.key("patch").raw(trimmed(r.out));
+            w.field("clone_pid", static_cast<std::int64_t>(agent.host_pid()));
+            // As `iprobe patch --json` reports it.
+            w.key("patch").begin_object().key("patched").begin_array();
+            for (const auto& f : st.patched) hotpatch::write_patched(w, f);
+            w.end_array().key("injected").begin_array();
+            for (const auto& lib : st.injected) w.value(lib);
+            w.end_array();
+            w.field("threads", static_cast<std::uint64_t>(st.threads)).field("pause_us", st.pause_us);
+            w.field("stop_us", st.stop_us).end_object();
         });
 }
 

@@ -9,23 +9,23 @@
 #include <string>
 #include <vector>
 
+#include "clone_probes.h"
+#include "iprobe/hotpatch/live_patch.h"
 #include "iprobe/proxy/stats.h"
 #include "iprobe/support/json.h"
 #include "session_events.h"
 
 namespace iprobe::launcher {
 
-// The `iprobe patch` arguments (--function F --with LIB.so[:SYMBOL] ...) for
-// specs F=LIB.so[:SYMBOL], the library made absolute (the tool runs in the
-// clone's mount namespace).  Throws Error(usage) for a malformed spec,
-// Error(not_found) for a library that is not there.
-std::vector<std::string> patch_arguments(const std::vector<std::string>& specs);
+// The patches of specs F=LIB.so[:SYMBOL], the library made absolute (the
+// clone's agent runs in the clone's mount namespace).  Throws Error(usage)
+// for a malformed spec, Error(not_found) for a library that is not there.
+std::vector<hotpatch::FunctionPatch> patch_requests(const std::vector<std::string>& specs);
 
-// Runs `iprobe patch PID ...` through `in_clone` (nsenter into the clone's
-// PID and mount namespaces, or nothing) and says what it did.  Throws
-// Error(failure) with the tool's message when it refuses or fails.
-void patch_clone(const SessionEvents& say, const std::string& hotpatch_tool, const std::vector<std::string>& in_clone,
-                 pid_t pid_in_clone, pid_t host_pid, const std::string& label, const std::vector<std::string>& arguments);
+// Applies `patches` through the clone's probe agent and says what it did.
+// Throws Error(failure) with the agent's message when it refuses or fails.
+void patch_clone(const SessionEvents& say, CloneProbes& agent, const std::string& label,
+                 const std::vector<hotpatch::FunctionPatch>& patches);
 
 // The changed replies of `d` from report `from` on, one "changed" event
 // each; returns how many reports it has said.

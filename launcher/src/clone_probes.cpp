@@ -1,9 +1,23 @@
 #include "clone_probes.h"
 
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
 #include <map>
 #include <set>
+#include <thread>
 
+#include "iprobe/hotpatch/agent_protocol.h"
+#include "iprobe/hotpatch/output.h"
 #include "iprobe/probelist/probe_source.h"
+#include "iprobe/support/json.h"
+#include "iprobe/support/proc.h"
 #include "iprobe/support/error.h"
 #include "process.h"
 
@@ -37,46 +51,124 @@ std::vector<std::string> selected_functions(const std::vector<std::string>& sour
     return out;
 }
 
-CloneProbes::CloneProbes(std::string hotpatch_tool, std::vector<std::string> in_clone, pid_t pid_in_clone,
-                         pid_t host_pid, std::vector<std::string> probe_sources)
-    : hotpatch_tool_(std::move(hotpatch_tool)),
-      in_clone_(std::move(in_clone)),
-      pid_in_clone_(pid_in_clone),
-      host_pid_(host_pid),
-      probe_sources_(std::move(probe_sources)) {}
+hotpatch::agent::Attach probes_recording(const hotpatch::ValueOptions& values, const std::string& when,
+                                          const std::string& min_duration) {
+    hotpatch::agent::Attach a;
+    a.values = values;
+    a.when = when;
+    a.min_duration = min_duration;
+    return a;
+}
 
-std::vector<std::string> CloneProbes::tool(const std::vector<std::string>& args) const {
-    std::vector<std::string> argv = in_clone_;
-    argv.push_back(hotpatch_tool_);
-    argv.insert(argv.end(), args.begin(), args.end());
-    return argv;
+std::string session_trace_lines(const std::vector<hotpatch::TraceRecord>& records, bool json, std::optional<int> clone) {
+    std::string out;
+    for (const hotpatch::TraceRecord& r : records) {
+        if (json) {
+            JsonWriter w;
+            w.begin_object().field("event", "trace");
+            if (clone) w.field("clone", *clone);
+            hotpatch::write_trace_record_fields(w, r);
+            out += w.end_object().str();
+            out += '\n';
+        } else {
+            if (clone) out += "[clone " + std::to_string(*clone + 1) + "] ";
+            out += hotpatch::trace_text_line(r);
+        }
+    }
+    return out;
+}
+
+CloneProbes::CloneProbes(const std::string& hotpatch_tool, const std::vector<std::string>& in_clone,
+                         pid_t pid_in_clone, pid_t host_pid, const std::vector<std::string>& probe_sources,
+                         const hotpatch::agent::Attach& recording)
+    : host_pid_(host_pid), recording_(recording) {
+    std::vector<std::string> argv = in_clone;
+    argv.insert(argv.end(), {hotpatch_tool, "agent", std::to_string(pid_in_clone)});
+    if (!probe_sources.empty()) argv.insert(argv.end(), {"--probes", joined(probe_sources)});
+    int pair[2], err[2];
+    if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) < 0) throw_errno("socketpair");
+    UniqueFd ours(pair[0]), theirs(pair[1]);
+    if (::pipe2(err, O_CLOEXEC) < 0) throw_errno("pipe");
+    UniqueFd err_read(err[0]), err_write(err[1]);
+    // Its own process group: nsenter --pid runs the agent as its child.
+    agent_pid_ = spawn(argv, theirs.get(), err_write.get(), true, {}, theirs.get());
+    agent_err_ = std::move(err_read);
+    agent_ = std::make_unique<hotpatch::AgentClient>(std::move(ours));
+}
+
+CloneProbes::~CloneProbes() {
+    agent_.reset();  // its channel closes: the agent stops tracing and ends
+    if (agent_pid_ <= 0) return;
+    int status;
+    for (int i = 0; i < 500; ++i) {
+        if (::waitpid(agent_pid_, &status, WNOHANG) == agent_pid_) return;
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    ::kill(-agent_pid_, SIGKILL);
+    ::waitpid(agent_pid_, &status, 0);
+}
+
+bool CloneProbes::target_exited() const {
+    if (agent_->target_exited()) return true;
+    const char state = proc::state(host_pid_);
+    return state == 0 || state == 'Z' || state == 'X';
+}
+
+std::string CloneProbes::why_gone() {
+    std::string said;
+    char buf[4096];
+    for (;;) {
+        pollfd p{agent_err_.get(), POLLIN, 0};
+        if (!agent_err_ || ::poll(&p, 1, 0) <= 0) break;
+        const ssize_t n = ::read(agent_err_.get(), buf, sizeof buf);
+        if (n <= 0) break;
+        said.append(buf, static_cast<std::size_t>(n));
+        if (said.size() > 4096) break;
+    }
+    said = trimmed(said);
+    const std::string reason = agent_->exit_reason().empty() ? "its channel closed" : agent_->exit_reason();
+    return reason + (said.empty() ? std::string() : ": " + said);
 }
 
 hotpatch::AttachStats CloneProbes::attach(const std::vector<std::string>& functions) {
-    std::vector<std::string> args = {"attach", std::to_string(pid_in_clone_), "--json"};
-    if (!probe_sources_.empty()) args.insert(args.end(), {"--probes", joined(probe_sources_)});
-    if (!functions.empty()) args.insert(args.end(), {"--functions", joined(functions)});
-    const RunResult r = run(tool(args));
-    if (!r.ok())
-        throw Error("iprobe attach in the clone (PID " + std::to_string(host_pid_) + ") failed: " + trimmed(r.err));
-    return hotpatch::parse_attach_json(r.out);
+    hotpatch::agent::Attach request = recording_;
+    request.functions = functions;
+    return attach(request);
+}
+
+hotpatch::AttachStats CloneProbes::attach(const hotpatch::agent::Attach& request) {
+    try {
+        return *agent_->call(request).attached;
+    } catch (const Error& e) {
+        throw Error("attach in the clone (PID " + std::to_string(host_pid_) + ") failed: " + e.what() +
+                        (agent_->alive() ? std::string() : " (" + why_gone() + ")"),
+                    e.code());
+    }
 }
 
 void CloneProbes::detach(const std::vector<std::string>& functions) {
-    if (functions.empty()) return;  // an empty selector would mean every probe
-    const RunResult r = run(tool({"detach", std::to_string(pid_in_clone_), "--functions", joined(functions), "--json"}));
-    if (!r.ok())
-        throw Error("iprobe detach in the clone (PID " + std::to_string(host_pid_) + ") failed: " + trimmed(r.err));
+    if (functions.empty()) return;  // an empty selection would mean every probe
+    try {
+        agent_->call(hotpatch::agent::Detach{functions});
+    } catch (const Error& e) {
+        throw Error("detach in the clone (PID " + std::to_string(host_pid_) + ") failed: " + e.what(), e.code());
+    }
 }
 
-pid_t CloneProbes::start_trace(bool json, int out_fd, int err_fd) const {
-    // Line-buffered so the trace streams through a pipe or file as it comes.
-    std::vector<std::string> argv;
-    if (!find_program("stdbuf").empty()) argv = {"stdbuf", "-oL"};
-    const auto trace = tool({"trace", std::to_string(pid_in_clone_)});
-    argv.insert(argv.end(), trace.begin(), trace.end());
-    if (json) argv.insert(argv.end(), {"--format", "json"});
-    return spawn(argv, out_fd, err_fd, true);
+hotpatch::PatchStats CloneProbes::patch(const std::vector<hotpatch::FunctionPatch>& patches) {
+    try {
+        return *agent_->call(hotpatch::agent::Patch{patches, false}).patched;
+    } catch (const Error& e) {
+        throw Error("patch in the clone (PID " + std::to_string(host_pid_) + ") failed: " + e.what() +
+                        (agent_->alive() ? std::string() : " (" + why_gone() + ")"),
+                    e.code());
+    }
+}
+
+void CloneProbes::start_trace() { agent_->call(hotpatch::agent::Trace{true}); }
+
+void CloneProbes::stop_trace() {
+    if (agent_->alive()) agent_->call(hotpatch::agent::Trace{false});
 }
 
 hotpatch::TraceReader& CloneProbes::reader() {

@@ -123,7 +123,7 @@ DebugSession::DebugSession(DebugOptions o) : o_(std::move(o)), events_(o_.json, 
     if (!o_.capture) port_of(o_.listen, "--listen");
     mirror_tool_ = libexec_tool("iprobe-mirror");
     if (probing() || !o_.patches.empty()) hotpatch_tool_ = libexec_tool("iprobe-hotpatch");
-    patch_args_ = patch_arguments(o_.patches);
+    patches_ = patch_requests(o_.patches);
     if (!o_.patches.empty() && divergence_mode() == "off")
         throw Error("--patch shows the replies the patch changed, so the mirror must compare them: give --divergence "
                     "resp or http (or stream)",
@@ -275,7 +275,8 @@ void DebugSession::adapt_tick() {
     if (!stats) return;
     const double t = now_s();
     for (Clone& c : clones_) {
-        if (!c.adapt || !c.alive || static_cast<std::size_t>(c.index) >= stats->debug_targets.size()) continue;
+        if (!c.adapt || !c.alive || c.process_gone_said || static_cast<std::size_t>(c.index) >= stats->debug_targets.size())
+            continue;
         const auto& target = stats->debug_targets[static_cast<std::size_t>(c.index)];
         AdaptObservation o;
         o.t_s = t;
@@ -329,7 +330,6 @@ std::string DebugSession::divergence_mode() const {
 }
 
 void DebugSession::teardown() {
-    for (Clone& c : clones_) stop_child(c.trace, SIGINT, true);
     remove_clones();
     stop_child(mirror_, SIGTERM);
     if (!hook_socket_.empty()) ::unlink(hook_socket_.c_str());
@@ -373,9 +373,21 @@ int DebugSession::run() {
     for (;;) {
         std::vector<pollfd> p = {{sigfd.get(), POLLIN, 0}, {mirror_out_.get(), POLLIN, 0}};
         for (const Clone& c : clones_)
-            if (c.trace_out) p.push_back({c.trace_out.get(), POLLIN, 0});
+            if (c.probes && c.probes->fd() >= 0) p.push_back({c.probes->fd(), POLLIN, 0});
         ::poll(p.data(), p.size(), tick_ms);
-        for (Clone& c : clones_) relay_trace(c, false);
+        std::string agent_gone;
+        for (Clone& c : clones_) {
+            if (relay_trace(c) || c.process_gone_said) continue;
+            if (c.probes->target_exited()) {
+                // The clone itself ended: said once; its aggregates stay
+                // readable, and divergence (or the end) re-clones as before.
+                c.process_gone_said = true;
+                event("clone-exited", clone_label(c) + ": its process exited; its probe agent ended with it",
+                      [&](JsonWriter& w) { w.field("clone", c.index).field("t_s", now_s()); });
+            } else if (agent_gone.empty()) {
+                agent_gone = "the probe agent of " + clone_label(c) + " ended (" + c.probes->why_gone() + ")";
+            }
+        }
         if (p[1].revents) {
             char buf[512];
             ssize_t n = ::read(mirror_out_.get(), buf, sizeof buf);
@@ -401,8 +413,14 @@ int DebugSession::run() {
             exit_code = 1;
             stop = true;
         }
-        for (Clone& c : clones_)
-            if (c.trace > 0 && ::waitpid(c.trace, &status, WNOHANG) == c.trace) c.trace = -1;
+        if (!stop && !agent_gone.empty()) {
+            // Its clone can no longer be probed: said, and the session ends
+            // as it does when the mirror dies (the clones go with it).
+            event("error", agent_gone + "; stopping",
+                  [&](JsonWriter& w) { w.field("message", agent_gone + "; stopping").field("t_s", now_s()); });
+            exit_code = 1;
+            stop = true;
+        }
         if (stop) break;
         if (o_.adapt && now_ms() - last_adapt >= tick_ms) {
             last_adapt = now_ms();
@@ -448,8 +466,7 @@ int DebugSession::run() {
         }
     }
     // The traces end first, so "stopping" is the session's last line.
-    for (Clone& c : clones_) stop_child(c.trace, SIGINT, true);
-    for (Clone& c : clones_) relay_trace(c, true);
+    stop_traces();
     report_generation();
     if (ring_ && recording_on_) {
         recording_.complete = true;

@@ -19,6 +19,7 @@
 #include "iprobe/launcher/adapt_controller.h"
 #include "clone_patches.h"
 #include "clone_probes.h"
+#include "iprobe/hotpatch/attach_report.h"
 #include "iprobe/launcher/clone.h"
 #include "iprobe/launcher/container.h"
 #include "iprobe/launcher/retro.h"
@@ -41,14 +42,17 @@ namespace iprobe::launcher::debug_session {
 // With --adapt or --clones the functions are named one by one (to turn off
 // and on, to split), so the selection is resolved here, from the same
 // sources attach reads.
+// The selection is made here once, from the sources attach would read:
+// the clones' agents are handed functions by name (to split them, to turn
+// them off and on), never the user's globs.
 void DebugSession::prepare_probes() {
-    if (!probing() || (!o_.adapt && o_.clones == 1)) return;
-    probe_sources_ = split_list(o_.probes);
-    if (probe_sources_.empty()) probe_sources_ = {fs::read_symlink("/proc/" + std::to_string(o_.pid) + "/exe").string()};
-    functions_ = selected_functions(probe_sources_, split_list(o_.functions));
-    if (functions_.empty())
-        throw Error("no probed function matches --functions " + o_.functions + " in " + joined(probe_sources_),
-                    ExitCode::not_found);
+    if (!probing()) return;
+    std::vector<std::string> sources = split_list(o_.probes);
+    // A container's program is known once its clone runs (make_container_clone).
+    if (sources.empty() && o_.container.empty())
+        sources = {fs::read_symlink("/proc/" + std::to_string(o_.pid) + "/exe").string()};
+    if (!sources.empty()) select_functions(std::move(sources));
+    if (!o_.adapt && o_.clones == 1) return;
     cost_ = measure_probe_cost();
     event("probe-cost",
           "a probed call costs " + std::to_string(static_cast<int>(std::lround(cost_.entry_ns + cost_.exit_ns))) +
@@ -58,6 +62,14 @@ void DebugSession::prepare_probes() {
               w.field("entry_ns", cost_.entry_ns).field("exit_ns", cost_.exit_ns).field("unprobed_ns", cost_.unprobed_ns);
               w.field("functions", static_cast<std::uint64_t>(functions_.size()));
           });
+}
+
+void DebugSession::select_functions(std::vector<std::string> sources) {
+    probe_sources_ = std::move(sources);
+    functions_ = selected_functions(probe_sources_, split_list(o_.functions));
+    if (functions_.empty())
+        throw Error("no probed function matches --functions " + o_.functions + " in " + joined(probe_sources_),
+                    ExitCode::not_found);
 }
 
 // Each clone's share of the functions.  The first generation deals them
@@ -142,10 +154,15 @@ void DebugSession::make_container_clone() {
     say_client_seen(client_seen_us);
     // The probe tools run here, on its host PID (attach puts the runtime
     // inside the container's file system for its dlopen).
-    if (!patch_args_.empty())
-        patch_clone(events_, hotpatch_tool_, {}, container_clone_.clone_pid, container_clone_.clone_pid, "clone " + name_,
-                    patch_args_);
-    if (probing()) attach_probes(c, container_clone_.clone_pid, {});
+    if (!patches_.empty()) patch_clone(events_, agent_of(c, container_clone_.clone_pid, {}), "clone " + name_, patches_);
+    if (probing()) {
+        if (functions_.empty()) {  // no --probes: the container's program, as this host sees it
+            const std::string proc = "/proc/" + std::to_string(container_clone_.clone_pid);
+            select_functions({proc + "/root" + fs::read_symlink(proc + "/exe").string()});
+        }
+        c.functions = functions_;
+        attach_probes(c, container_clone_.clone_pid, {});
+    }
 }
 
 // One checkpoint of production, restored once per clone.  Recorded, it is
@@ -214,9 +231,8 @@ void DebugSession::make_generation() {
               });
         const std::vector<std::string> in_clone = {"nsenter", "--target", std::to_string(c.clone.keeper_pid), "--pid",
                                                    "--mount", "--"};
-        if (!patch_args_.empty())
-            patch_clone(events_, hotpatch_tool_, in_clone, c.clone.clone_pid_in_ns, c.clone.clone_pid, clone_label(c),
-                        patch_args_);
+        if (!patches_.empty())
+            patch_clone(events_, agent_of(c, c.clone.clone_pid_in_ns, in_clone), clone_label(c), patches_);
         if (probing()) attach_probes(c, c.clone.clone_pid_in_ns, in_clone);
     }
     if (hold_pending_) release_held_connections();
@@ -259,22 +275,24 @@ void DebugSession::connect_clone(Clone& c) {
                     "making the mirror's connections local in the clone");
 }
 
-void DebugSession::attach_probes(Clone& c, pid_t pid_in_clone, std::vector<std::string> in_clone) {
+CloneProbes& DebugSession::agent_of(Clone& c, pid_t pid_in_clone, const std::vector<std::string>& in_clone) {
     const pid_t host_pid = o_.container.empty() ? c.clone.clone_pid : container_clone_.clone_pid;
-    std::vector<std::string> sources = probe_sources_;
-    if (sources.empty()) sources = split_list(o_.probes);
-    c.probes = std::make_unique<CloneProbes>(hotpatch_tool_, std::move(in_clone), pid_in_clone, host_pid, sources);
-    // Named one by one when the session turns them off and on or splits
-    // them; else the user's globs as given.
-    const bool by_name = !functions_.empty();
-    if (by_name && c.functions.empty()) {
+    if (!c.probes) c.probes = std::make_unique<CloneProbes>(hotpatch_tool_, in_clone, pid_in_clone, host_pid, probe_sources_,
+                                                         probes_recording(o_.values, o_.when, o_.min_duration));
+    return *c.probes;
+}
+
+void DebugSession::attach_probes(Clone& c, pid_t pid_in_clone, const std::vector<std::string>& in_clone) {
+    const pid_t host_pid = o_.container.empty() ? c.clone.clone_pid : container_clone_.clone_pid;
+    if (c.functions.empty()) {
         event("attached", clone_label(c) + ": no functions to probe in this clone (fewer functions than clones)",
               [&](JsonWriter& w) { w.field("clone_pid", static_cast<std::int64_t>(host_pid)).field("clone", c.index).field("functions", 0); });
         return;
     }
-    const hotpatch::AttachStats stats = c.probes->attach(by_name ? c.functions : split_list(o_.functions));
+    // The clone's one probe agent: every change from now on is a message.
+    const hotpatch::AttachStats stats = agent_of(c, pid_in_clone, in_clone).attach(c.functions);
     for (const auto& f : c.functions) c.timeline.on(f, now_s());
-    // The tool ran inside the clone's PID namespace: its PID there means nothing here.
+    // The agent runs inside the clone's PID namespace: its PID there means nothing here.
     event("attached",
           "probes attached in " + clone_label(c) + " (PID " + std::to_string(host_pid) + "): " +
               hotpatch::attach_summary(stats) +
@@ -282,70 +300,52 @@ void DebugSession::attach_probes(Clone& c, pid_t pid_in_clone, std::vector<std::
           [&](JsonWriter& w) {
               w.field("clone_pid", static_cast<std::int64_t>(host_pid)).field("clone", c.index);
               w.field("probes", static_cast<std::uint64_t>(stats.total_enabled));
-              if (by_name) {
-                  w.field("function_count", static_cast<std::uint64_t>(c.functions.size()));
-                  // Named when few enough to read; `iprobe status` has the rest.
-                  if (c.functions.size() <= 64) {
-                      w.key("functions").begin_array();
-                      for (const auto& f : c.functions) w.value(f);
-                      w.end_array();
-                  }
+              w.field("function_count", static_cast<std::uint64_t>(c.functions.size()));
+              // Named when few enough to read; `iprobe status` has the rest.
+              if (c.functions.size() <= 64) {
+                  w.key("functions").begin_array();
+                  for (const auto& f : c.functions) w.value(f);
+                  w.end_array();
               }
           });
     if (o_.adapt)
         c.adapt = std::make_unique<AdaptController>(c.functions.size(), cost_.entry_ns, cost_.exit_ns);
     if (!o_.trace) return;
-    // One clone's text trace goes straight to stdout; JSON, or several
-    // clones, are relayed line by line (tagged with the clone).
-    if (!o_.json && o_.clones == 1) {
-        c.trace = c.probes->start_trace(false, 1, 2);
-        return;
-    }
-    int fds[2];
-    if (::pipe2(fds, O_CLOEXEC) < 0) throw_errno("pipe");
-    UniqueFd rd(fds[0]), wr(fds[1]);
-    c.trace = c.probes->start_trace(o_.json, wr.get(), 2);
-    c.trace_out = std::move(rd);
-    c.trace_partial.clear();
+    c.probes->start_trace();
+    c.tracing = true;
 }
 
-// Each line of a clone's trace becomes a "trace" event of ours (JSON), or a
-// line tagged with the clone (text, several clones), so stdout stays one
-// kind of line.
-void DebugSession::relay_trace(Clone& c, bool drain) {
-    if (!c.trace_out) return;
-    char buf[65536];
-    for (;;) {
-        if (!drain) {
-            pollfd p{c.trace_out.get(), POLLIN, 0};
-            if (::poll(&p, 1, 0) <= 0) return;
+// The records the clone's agent sent: "trace" events of ours (JSON, tagged
+// with the clone when there are several), or lines for people on stdout
+// (tagged likewise).
+bool DebugSession::relay_trace(Clone& c) {
+    if (!c.probes) return true;
+    const bool alive = c.probes->pump();
+    const auto records = c.probes->take_trace();
+    if (records.empty()) return alive;
+    const std::string out =
+        session_trace_lines(records, o_.json, o_.clones > 1 ? std::optional<int>(c.index) : std::nullopt);
+    std::fwrite(out.data(), 1, out.size(), stdout);
+    std::fflush(stdout);
+    return alive;
+}
+
+// Ends every clone's trace stream, writing what it still held.
+void DebugSession::stop_traces() {
+    for (Clone& c : clones_) {
+        if (!c.tracing || !c.probes) continue;
+        try {
+            c.probes->stop_trace();
+        } catch (const Error&) {
+            // the agent is gone: what it sent is relayed below
         }
-        const ssize_t n = ::read(c.trace_out.get(), buf, sizeof buf);
-        if (n <= 0) {
-            c.trace_out.reset();
-            return;
-        }
-        c.trace_partial.append(buf, static_cast<size_t>(n));
-        std::string out;
-        std::size_t start = 0;
-        const std::string tag = o_.clones > 1 ? "\"clone\":" + std::to_string(c.index) + "," : std::string();
-        for (std::size_t nl; (nl = c.trace_partial.find('\n', start)) != std::string::npos; start = nl + 1) {
-            const std::string_view line(c.trace_partial.data() + start, nl - start);
-            if (!o_.json) {
-                out += "[clone " + std::to_string(c.index + 1) + "] ";
-                out += line;
-                out += '\n';
-                continue;
-            }
-            if (line.size() < 2 || line.front() != '{') continue;
-            out += "{\"event\":\"trace\"," + tag;
-            out += line.substr(1);
-            out += '\n';
-        }
-        c.trace_partial.erase(0, start);
-        std::fwrite(out.data(), 1, out.size(), stdout);
-        std::fflush(stdout);
-        if (!drain && static_cast<std::size_t>(n) < sizeof buf) return;
+        relay_trace(c);
+        if (const std::uint64_t dropped = c.probes->trace_dropped())
+            event("trace-dropped",
+                  clone_label(c) + ": " + std::to_string(dropped) +
+                      " trace events dropped (a ring was full; the report's sums are unaffected)",
+                  [&](JsonWriter& w) { w.field("clone", c.index).field("dropped", dropped); });
+        c.tracing = false;
     }
 }
 
@@ -395,8 +395,7 @@ void DebugSession::report_generation() {
 }
 
 void DebugSession::drop_generation() {
-    for (Clone& c : clones_) stop_child(c.trace, SIGINT, true);
-    for (Clone& c : clones_) relay_trace(c, true);
+    stop_traces();
     report_generation();
     remove_clones();
 }
@@ -405,6 +404,7 @@ void DebugSession::remove_clones() {
     for (Clone& c : clones_) {
         c.adapt.reset();
         c.probes.reset();
+        c.process_gone_said = false;
         c.timeline = ProbeTimeline();
         if (!c.alive) continue;
         try {

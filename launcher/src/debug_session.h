@@ -85,9 +85,8 @@ struct Clone {
     std::unique_ptr<AdaptController> adapt;
     ProbeTimeline timeline;
     BusiestThread cpu;
-    pid_t trace = -1;
-    UniqueFd trace_out;          // its trace, relayed (JSON, or text with several clones)
-    std::string trace_partial;   // its last incomplete line
+    bool tracing = false;        // its agent streams the trace to us
+    bool process_gone_said = false;  // its process exited, and the session said so
 };
 
 class DebugSession {
@@ -110,10 +109,14 @@ private:
         return o_.clones > 1 ? "clone " + std::to_string(c.index + 1) + " (" + c.name + ")" : "clone " + c.name;
     }
     void prepare_probes();
+    // Selects --functions from `sources`, once: the names every clone's agent is handed.
+    void select_functions(std::vector<std::string> sources);
     void make_generation();
     void make_container_clone();
     void connect_clone(Clone& c);
-    void attach_probes(Clone& c, pid_t pid_in_clone, std::vector<std::string> in_clone);
+    // The clone's one probe agent, started at the first need (probes, patches).
+    CloneProbes& agent_of(Clone& c, pid_t pid_in_clone, const std::vector<std::string>& in_clone);
+    void attach_probes(Clone& c, pid_t pid_in_clone, const std::vector<std::string>& in_clone);
     void drop_generation();
     void remove_clones();
     void report_generation();
@@ -122,7 +125,9 @@ private:
     void release_held_connections();
     void teardown();
     void stop_child(pid_t& pid, int sig, bool group = false);
-    void relay_trace(Clone& c, bool drain);
+    // Writes what the clone's agent sent of its trace; false once the agent is gone.
+    bool relay_trace(Clone& c);
+    void stop_traces();
     void adapt_tick();
     void trim_recording();
     // Around a checkpoint: production's freeze as a client sees it (a RESP
@@ -141,7 +146,7 @@ private:
     DebugOptions o_;
     SessionEvents events_;
     std::string name_, mirror_tool_, hotpatch_tool_;
-    std::vector<std::string> patch_args_;  // `iprobe patch` arguments for --patch (clones only)
+    std::vector<hotpatch::FunctionPatch> patches_;  // --patch (clones only)
     std::size_t changes_said_ = 0;         // the mirror's reports already said as "changed" events
     std::string service_ip_;  // production's listening address, as the clone has it too
     int port_ = 0, stats_port_ = 0;

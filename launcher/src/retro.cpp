@@ -7,7 +7,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include <poll.h>
+
 #include <algorithm>
+#include <atomic>
+#include <optional>
 #include <cstdio>
 #include <filesystem>
 #include <thread>
@@ -15,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "clone_probes.h"
+#include "iprobe/hotpatch/attach_report.h"
 #include "iprobe/launcher/clone.h"
 #include "iprobe/proxy/replay.h"
 #include "clone_patches.h"
@@ -167,23 +172,6 @@ proxy::ReplayResult replay_in(const std::string& netns_path, const proxy::Replay
 
 // Relays the clone's trace to stdout until it closes; JSON lines become
 // "trace" events, so stdout stays one kind of line.
-void relay(int fd, bool json) {
-    char buf[65536];
-    std::string partial;
-    ssize_t n;
-    while ((n = ::read(fd, buf, sizeof buf)) > 0) {
-        partial.append(buf, static_cast<std::size_t>(n));
-        std::size_t start = 0;
-        for (std::size_t nl; (nl = partial.find('\n', start)) != std::string::npos; start = nl + 1) {
-            const std::string_view line(partial.data() + start, nl - start);
-            if (json && line.starts_with("{")) std::printf("{\"event\":\"trace\",%.*s\n", static_cast<int>(line.size() - 1), line.data() + 1);
-            else if (!json) std::printf("%.*s\n", static_cast<int>(line.size()), line.data());
-        }
-        partial.erase(0, start);
-        std::fflush(stdout);
-    }
-}
-
 }  // namespace
 
 int run_investigate(const InvestigateOptions& o) {
@@ -206,8 +194,8 @@ int run_investigate(const InvestigateOptions& o) {
     if (!fs::exists(input_path(g))) throw Error(g.dir + " has no recorded input (input.rec)", ExitCode::not_found);
     const bool probing = !o.probes.empty() || !o.functions.empty();
     std::string hotpatch_tool;
-    const std::vector<std::string> patch_args = patch_arguments(o.patches);
-    if (probing || !patch_args.empty()) {
+    const std::vector<hotpatch::FunctionPatch> patches = patch_requests(o.patches);
+    if (probing || !patches.empty()) {
         const auto tool = InstallLayout::current().helper("iprobe-hotpatch");
         if (!tool)
             throw Error("iprobe investigate needs iprobe-hotpatch in " + InstallLayout::current().libexec().string(),
@@ -219,8 +207,8 @@ int run_investigate(const InvestigateOptions& o) {
     replay.to = proxy::parse_endpoint(g.service, "the recorded service address");
     replay.speed = o.speed;
     replay.compare = proxy::parse_protocol(o.compare == "auto" ? g.protocol : o.compare);
-    replay.rules.every_difference = !patch_args.empty();
-    if (!patch_args.empty() && replay.compare == proxy::Protocol::off)
+    replay.rules.every_difference = !patches.empty();
+    if (!patches.empty() && replay.compare == proxy::Protocol::off)
         throw Error("--patch lists the replies the patch changed, so they must be compared: give --compare resp, http or "
                     "stream (this generation was recorded without a protocol)",
                     ExitCode::usage);
@@ -257,51 +245,73 @@ int run_investigate(const InvestigateOptions& o) {
                                               "changed production but is not in this input",
             [&](JsonWriter& w) { w.field("open_at_start", g.open_at_start); });
 
-    CloneProbes probes(hotpatch_tool, {"nsenter", "--target", std::to_string(clone.keeper_pid), "--pid", "--mount", "--"},
-                       cp.pid, clone.clone_pid, split_list(o.probes));
-    if (!patch_args.empty())
-        patch_clone(say, hotpatch_tool, {"nsenter", "--target", std::to_string(clone.keeper_pid), "--pid", "--mount", "--"},
-                    cp.pid, clone.clone_pid, "clone " + name, patch_args);
-    pid_t trace = -1;
-    UniqueFd trace_out;
+    const std::vector<std::string> in_clone = {"nsenter", "--target", std::to_string(clone.keeper_pid), "--pid", "--mount", "--"};
+    // Selected once, here, from the sources the agent loads: it is handed names.
+    std::vector<std::string> sources = split_list(o.probes), functions;
     if (probing) {
-        const auto stats = probes.attach(split_list(o.functions));
+        if (sources.empty()) sources = {fs::read_symlink("/proc/" + std::to_string(clone.clone_pid) + "/exe").string()};
+        functions = selected_functions(sources, split_list(o.functions));
+        if (functions.empty())
+            throw Error("no probed function matches --functions " + o.functions + " in " + sources.front(), ExitCode::not_found);
+    }
+    // The clone's one agent, for its patches and its probes.
+    std::optional<CloneProbes> probes;
+    if (probing || !patches.empty()) probes.emplace(hotpatch_tool, in_clone, cp.pid, clone.clone_pid, sources,
+                                       probes_recording(o.values, o.when, o.min_duration));
+    if (!patches.empty()) patch_clone(say, *probes, "clone " + name, patches);
+    if (probing) {
+        const auto stats = probes->attach(functions);
         say("attached", "probes attached in the clone: " + hotpatch::attach_summary(stats),
             [&](JsonWriter& w) { w.field("probes", static_cast<std::uint64_t>(stats.total_enabled)); });
-        if (o.trace) {
-            int fds[2];
-            if (::pipe2(fds, O_CLOEXEC) < 0) throw_errno("pipe");
-            UniqueFd wr(fds[1]);
-            trace_out.reset(fds[0]);
-            trace = probes.start_trace(o.json, wr.get(), 2);
-        }
+        if (o.trace) probes->start_trace();
     }
+    // The trace is written as the agent sends it, while the replay runs.
+    std::atomic<bool> replayed{false};
     std::thread relay_thread;
-    if (trace_out) relay_thread = std::thread([fd = trace_out.get(), json = o.json] { relay(fd, json); });
+    if (probing && o.trace)
+        relay_thread = std::thread([&] {
+            for (bool more = true; more;) {
+                more = !replayed;
+                pollfd p{probes->fd(), POLLIN, 0};
+                ::poll(&p, 1, 50);
+                const bool alive = probes->pump();
+                const std::string out = session_trace_lines(probes->take_trace(), o.json);
+                std::fwrite(out.data(), 1, out.size(), stdout);
+                std::fflush(stdout);
+                if (!alive) break;
+            }
+        });
 
     const proxy::ReplayResult result = replay_in(clone.netns_path, replay);
-    if (trace > 0) {
-        ::kill(-trace, SIGINT);  // it drains what is left, then exits
-        ::waitpid(trace, nullptr, 0);
-    }
+    replayed = true;
     if (relay_thread.joinable()) relay_thread.join();
+    if (probing && o.trace) {
+        try {
+            probes->stop_trace();
+        } catch (const Error&) {
+            // the agent is gone: what it sent was written
+        }
+        const std::string out = session_trace_lines(probes->take_trace(), o.json);
+        std::fwrite(out.data(), 1, out.size(), stdout);
+        std::fflush(stdout);
+    }
     say("replay",
         "replayed " + std::to_string(result.connections) + " connection(s), " + std::to_string(result.bytes_sent) +
             " bytes, in " + std::to_string(result.elapsed_s) + " s (recorded over " + std::to_string(result.recorded_s) +
             " s)" + (replay.compare == proxy::Protocol::off ? std::string() : "; " + proxy::comparison_summary(result.comparison)),
         [&](JsonWriter& w) { w.key("result").raw(proxy::to_json(result)); });
     if (probing) {
-        const GenerationReport report = build_report(g.generation, 0, result.elapsed_s, {probes.functions()}, {});
+        const GenerationReport report = build_report(g.generation, 0, result.elapsed_s, {probes->functions()}, {});
         // The result: on stdout for people too.
         if (o.json) say("report", {}, [&](JsonWriter& w) { write_report(w, report); });
         else std::printf("%s", report_table(report).c_str());
         std::fflush(stdout);
     }
     // The replay's summary above lists the changed replies for people.
-    if (!patch_args.empty()) say_patch_effect(say, result.comparison);
+    if (!patches.empty()) say_patch_effect(say, result.comparison);
     if (result.connect_failures || result.send_failures) return static_cast<int>(ExitCode::failure);
     // With --patch, replies that differ are the patch's effect, not a failure.
-    return result.comparison.mismatches && patch_args.empty() ? static_cast<int>(ExitCode::failure) : 0;
+    return result.comparison.mismatches && patches.empty() ? static_cast<int>(ExitCode::failure) : 0;
 }
 
 }  // namespace iprobe::launcher

@@ -35,7 +35,7 @@
 #include "iprobe/proxy/debug_buffer.h"
 #include "reply_queues.h"
 #include "iprobe/proxy/mirror.h"
-#include "iprobe/proxy/recording.h"
+#include "recording.h"
 #include "iprobe/proxy/stats.h"
 #include "iprobe/support/error.h"
 #include "iprobe/proxy/stream_compare.h"

@@ -1,4 +1,4 @@
-#include "iprobe/proxy/recording.h"
+#include "recording.h"
 
 #include <fcntl.h>
 #include <unistd.h>

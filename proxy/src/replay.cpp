@@ -12,7 +12,7 @@
 #include <signal.h>
 #include <vector>
 
-#include "iprobe/proxy/recording.h"
+#include "recording.h"
 #include "iprobe/proxy/stream_compare.h"
 #include "iprobe/support/error.h"
 #include "iprobe/support/json.h"

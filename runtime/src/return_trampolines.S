@@ -17,6 +17,7 @@
  * keeps no comparison live across a call.
  */
 #include "return_stack.h"
+#include "iprobe/formats/condition.h"
 #include "iprobe/runtime/save_call_restore.inc"
 
     .text
@@ -154,8 +155,8 @@ iprobe_rt_return_common:
     .cfi_def_cfa_register rbp
     push %rbx
     .cfi_offset rbx, -64
-    push %rax
     push %rdx
+    push %rax
     push %r9
     push %r10
     mov %r11, %rbx
@@ -165,6 +166,7 @@ iprobe_rt_return_common:
     sub $32, %rsp
     movdqa %xmm0, 0(%rsp)
     movdqa %xmm1, 16(%rsp)
+    lea -24(%rbp), %rsi                /* rax, rdx as the function returned them */
     call iprobe_rt_return_at
     movdqa 0(%rsp), %xmm0
     movdqa 16(%rsp), %xmm1
@@ -173,8 +175,8 @@ iprobe_rt_return_common:
     lea -40(%rbp), %rsp
     pop %r10
     pop %r9
-    pop %rdx
     pop %rax
+    pop %rdx
     pop %rbx
     .cfi_restore rbx
     pop %rbp
@@ -251,6 +253,101 @@ iprobe_rt_return_common:
 .error "units and pool entries must be the same size"
 .endif
 
+/* ---- the trace handler's entry at function-entry sites ----
+ * Entered as ENTRY_SITE_CALL is, with the id = the entry probe's global
+ * index.  A function whose --when is `argN OP constant` (the program's fast
+ * form, iprobe/formats/condition.h) and does not hold for this call goes on
+ * as the count handler's entry does (its id replaced by the offset of the
+ * function's calls): counted, its return hooked to count it completed, no
+ * C.  Everything else goes to the trace handler in C, which decides again. */
+#define WHEN_PROBE_SIZE 64
+#define WHEN_PROBE_STAT 24
+#define WHEN_PROBE_CONDITION 30
+#define WHEN_FN_STATS_SIZE 960
+.macro WHEN_RESTORE
+    pop %r11
+    .cfi_adjust_cfa_offset -8
+    pop %rdx
+    .cfi_adjust_cfa_offset -8
+    pop %rcx
+    .cfi_adjust_cfa_offset -8
+    pop %rax
+    .cfi_adjust_cfa_offset -8
+.endm
+    .p2align 4
+    .globl iprobe_rt_trace_enter_return_nop
+    .type iprobe_rt_trace_enter_return_nop, @function
+iprobe_rt_trace_enter_return_nop:
+    .cfi_startproc
+    .cfi_def_cfa rsp, 24
+    .cfi_offset rip, -8
+    push %rax
+    .cfi_adjust_cfa_offset 8
+    push %rcx
+    .cfi_adjust_cfa_offset 8
+    push %rdx
+    .cfi_adjust_cfa_offset 8
+    push %r11
+    .cfi_adjust_cfa_offset 8
+    .cfi_remember_state
+    /* [rsp] r11, [8] rdx, [16] rcx, [24] rax, [32] id, [40] the site's end, [48] the return slot */
+    mov 32(%rsp), %eax
+    cmp iprobe_rt_when_probe_capacity(%rip), %eax   /* 0 until a region is mapped */
+    jae 9f
+    imul $WHEN_PROBE_SIZE, %rax, %rax
+    add iprobe_rt_when_probes(%rip), %rax
+    movzwl WHEN_PROBE_CONDITION(%rax), %ecx
+    sub $1, %ecx                                    /* no condition: borrow */
+    jb 9f
+    cmp iprobe_rt_when_capacity(%rip), %ecx
+    jae 9f
+    mov WHEN_PROBE_STAT(%rax), %eax
+    cmp iprobe_rt_when_stat_capacity(%rip), %eax
+    jae 9f
+    imul $IPROBE_COND_PROGRAM_SIZE, %rcx, %rcx
+    add iprobe_rt_when_programs(%rip), %rcx
+    cmpb $0, IPROBE_COND_FAST(%rcx)
+    je 9f
+    /* r11 = the argument register the condition reads, as the function got it */
+    movzbl IPROBE_COND_FAST_ARG(%rcx), %edx
+    cmp $1, %edx
+    jb 1f
+    je 2f
+    cmp $3, %edx
+    jb 3f
+    je 4f
+    cmp $4, %edx
+    je 5f
+    mov %r9, %r11
+    jmp 6f
+1:  mov %rdi, %r11
+    jmp 6f
+2:  mov %rsi, %r11
+    jmp 6f
+3:  mov 8(%rsp), %r11
+    jmp 6f
+4:  mov 16(%rsp), %r11
+    jmp 6f
+5:  mov %r8, %r11
+6:  and IPROBE_COND_FAST_MASK(%rcx), %r11
+    xor IPROBE_COND_FAST_SIGNBIT(%rcx), %r11
+    sub IPROBE_COND_FAST_SIGNBIT(%rcx), %r11
+    xor IPROBE_COND_FAST_BIAS(%rcx), %r11
+    sub IPROBE_COND_FAST_LOW(%rcx), %r11
+    cmp IPROBE_COND_FAST_SPAN(%rcx), %r11
+    setbe %dl
+    xor IPROBE_COND_FAST_INVERT(%rcx), %dl
+    jnz 9f                                          /* it holds: traced, in C */
+    imul $WHEN_FN_STATS_SIZE, %rax, %rax            /* the offset of its calls */
+    mov %rax, 32(%rsp)
+    WHEN_RESTORE
+    jmp iprobe_rt_count_enter_return_nop
+9:  .cfi_restore_state
+    WHEN_RESTORE
+    jmp iprobe_rt_trace_enter_return_slow
+    .cfi_endproc
+    .size iprobe_rt_trace_enter_return_nop, . - iprobe_rt_trace_enter_return_nop
+
 COUNT_ENTRY iprobe_rt_count_enter_return_nop, iprobe_rt_count_enter_return_slow, 1
 COUNT_ENTRY iprobe_rt_count_return_nop, iprobe_rt_count_return_slow, 0
 
@@ -261,7 +358,7 @@ ENTRY_SITE_CALL iprobe_rt_count_return_slow, iprobe_rt_count_return_at, 0
 ENTRY_SITE_CALL iprobe_rt_count_counter_nop, iprobe_rt_count_counter_at, 0
 ENTRY_SITE_CALL iprobe_rt_trace_enter_id_nop, iprobe_rt_trace_enter_id_at, 0
 ENTRY_SITE_CALL iprobe_rt_trace_return_nop, iprobe_rt_trace_return_at, 0
-ENTRY_SITE_CALL iprobe_rt_trace_enter_return_nop, iprobe_rt_trace_enter_return_at, 0
+ENTRY_SITE_CALL iprobe_rt_trace_enter_return_slow, iprobe_rt_trace_enter_return_at, 0
 
 /* uint64_t iprobe_rt_vector_safe_call(uint64_t (*fn)(void*, void*), void* a, void* b):
  * fn(a, b) with xmm0-15 kept.  The runtime's C code uses no vector register

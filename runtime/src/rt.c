@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <stdlib.h>
+#include <stddef.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -17,7 +18,9 @@
 #include <unistd.h>
 
 #include "iprobe/runtime/rt.h"
+#include "condition_eval.h"
 #include "return_stack_internal.h"
+#include "values_match.h"
 
 #define EXPORT __attribute__((visibility("default")))
 #define LIKELY(x) __builtin_expect(!!(x), 1)
@@ -92,6 +95,8 @@ static struct {
     uint32_t monotonic; /* no invariant TSC: timestamps are CLOCK_MONOTONIC ns */
     uint32_t probe_capacity;
     uint64_t stat_bytes; /* a thread's sums: stat_capacity records */
+    const struct iprobe_cond_program* conditions;
+    uint32_t condition_capacity;
 } g_geometry;
 
 static inline __attribute__((always_inline)) uint64_t timestamp(void) {
@@ -309,7 +314,8 @@ enum frame_use {
  * reserved in one instruction, so a signal handler probing in between nests
  * above it. */
 static inline __attribute__((always_inline)) void enter_timed(struct iprobe_rt_control* cb, int32_t probe,
-                                                              uint32_t stat, uint64_t now, enum frame_use use) {
+                                                              uint32_t stat, uint64_t now, enum frame_use use,
+                                                              const uint64_t* frame_args) {
     struct iprobe_rt_fn_stats* stats = thread_stats(cb);
     if (UNLIKELY(!stats)) return;
     add_local(&stats[stat].calls, 1);
@@ -323,18 +329,23 @@ static inline __attribute__((always_inline)) void enter_timed(struct iprobe_rt_c
         f->stat = stat;
         f->start = now;
         f->children = 0;
+        if (frame_args)
+            for (int i = 0; i < IPROBE_COND_ARGS; i++) f->args[i] = frame_args[i];
     }
 }
 
 /* Exit of a call: completed, timed against its frame when the frame on top
- * is this function's (frames skipped by longjmp are dropped on the way). */
-static inline __attribute__((always_inline)) void exit_timed(struct iprobe_rt_control* cb, uint32_t stat,
-                                                             uint64_t now, enum frame_use use) {
+ * is this function's (frames skipped by longjmp are dropped on the way).
+ * With `held`, the call's duration and the arguments its entry kept in the
+ * frame go there: 1 when they did, 0 when the call had no frame. */
+static inline __attribute__((always_inline)) int exit_timed(struct iprobe_rt_control* cb, uint32_t stat,
+                                                            uint64_t now, enum frame_use use,
+                                                            struct iprobe_cond_values* held) {
     struct iprobe_rt_fn_stats* stats = thread_stats(cb);
-    if (UNLIKELY(!stats)) return;
+    if (UNLIKELY(!stats)) return 0;
     struct iprobe_rt_fn_stats* s = &stats[stat];
     add_local(&s->completed, 1);
-    if (use == FRAME_NONE) return;
+    if (use == FRAME_NONE) return 0;
     struct iprobe_rt_thread* slot = t_producer.slot;
     uint32_t depth = *(volatile uint32_t*)&slot->depth;
     uint32_t top = depth;
@@ -345,11 +356,15 @@ static inline __attribute__((always_inline)) void exit_timed(struct iprobe_rt_co
         } else {
             add_local(&slot->unmatched_exits, 1);
         }
-        return;
+        return 0;
     }
     const struct iprobe_rt_frame* f = &slot->stack[top - 1];
     const uint64_t ticks = now > f->start ? now - f->start : 0;
     const uint64_t self = ticks > f->children ? ticks - f->children : 0;
+    if (held) {
+        held->duration = ticks;
+        for (int i = 0; i < IPROBE_COND_ARGS; i++) held->args[i] = f->args[i];
+    }
     if (top >= 2) add_local(&slot->stack[top - 2].children, ticks);
     *(volatile uint32_t*)&slot->depth = top - 1;
     add_local(&s->timed, 1);
@@ -357,20 +372,26 @@ static inline __attribute__((always_inline)) void exit_timed(struct iprobe_rt_co
     add_local(&s->exclusive_ticks, self);
     add_local(&s->histogram[log2_bucket(ticks)], 1);
     if (ticks > s->max_ticks) s->max_ticks = ticks;
+    return 1;
 }
 
-static inline __attribute__((always_inline)) void aggregate(struct iprobe_rt_control* cb, int32_t probe,
-                                                            uint32_t stat, uint8_t kind, uint64_t now,
-                                                            enum frame_use use) {
-    if (UNLIKELY(stat >= g_geometry.stat_capacity)) return;
+/* A call's event in this thread's sums.  `frame_args` (an entry) keep the
+ * arguments in its frame; `held` (an exit) gets them back with the call's
+ * duration: 1 when it did. */
+static inline __attribute__((always_inline)) int aggregate(struct iprobe_rt_control* cb, int32_t probe,
+                                                           uint32_t stat, uint8_t kind, uint64_t now,
+                                                           enum frame_use use, const uint64_t* frame_args,
+                                                           struct iprobe_cond_values* held) {
+    if (UNLIKELY(stat >= g_geometry.stat_capacity)) return 0;
     if (kind == IPROBE_RT_REC_ENTRY) {
-        enter_timed(cb, probe, stat, now, use);
+        enter_timed(cb, probe, stat, now, use, frame_args);
     } else if (kind == IPROBE_RT_REC_EXIT) {
-        exit_timed(cb, stat, now, use);
+        return exit_timed(cb, stat, now, use, held);
     } else {
         struct iprobe_rt_fn_stats* stats = thread_stats(cb);
         if (LIKELY(stats != 0)) add_local(&stats[stat].calls, 1);
     }
+    return 0;
 }
 
 /* The count handler: calls (entries, points) and completed calls (exits),
@@ -422,10 +443,22 @@ static __attribute__((noinline, cold)) int wait_for_room(struct iprobe_rt_contro
     }
 }
 
-static inline __attribute__((always_inline)) void emit_probe(struct iprobe_rt_control* cb, int32_t probe, uint32_t stat,
-                                                             uint8_t kind, const uint64_t* args, enum frame_use use) {
-    const uint64_t now = timestamp();
-    aggregate(cb, probe, stat, kind, now, use);
+/* What a values event appends after its record (continuation records), and
+ * the function's frame; `record` 0: counted in the sums, not recorded. */
+struct payload {
+    const uint64_t* words;
+    uint32_t nwords;
+    uint8_t record;
+    uint64_t frame;
+    uint32_t spec; /* IPROBE_RT_VALUES_PACK of the spec the words follow */
+};
+
+/* Appends one event (two with a point's args, more with values) to this
+ * thread's ring.  A full ring drops it, counted, unless the trace is
+ * lossless (wait_for_room). */
+static inline __attribute__((always_inline)) void ring_append(struct iprobe_rt_control* cb, int32_t probe,
+                                                              uint8_t kind, uint64_t now, const uint64_t* args,
+                                                              const struct payload* values) {
     struct thread_producer* t = &t_producer;
     if (UNLIKELY(!t->ring)) {
         if (t->no_ring) {
@@ -439,7 +472,8 @@ static inline __attribute__((always_inline)) void emit_probe(struct iprobe_rt_co
         }
         if (!claim_ring(t, cb)) return;
     }
-    const uint64_t need = args ? 2 : 1;
+    const uint64_t extra = values ? (values->nwords + 3) / 4 : 0;
+    const uint64_t need = args ? 2 : 1 + extra;
     t->depth++;
     BARRIER();
     /* One instruction, so a signal handler probing in this thread sees the
@@ -461,11 +495,29 @@ static inline __attribute__((always_inline)) void emit_probe(struct iprobe_rt_co
     record->probe = (uint32_t)probe;
     record->tid = t->tid;
     record->kind = kind;
-    record->nargs = args ? 4 : 0;
+    record->nargs = args ? 4 : (uint8_t)extra;
     record->depth = (uint16_t)(t->depth - 1);
+    record->frame = values ? values->frame : 0;
+    record->values = values && extra ? values->spec : 0;
     if (args) {
         struct iprobe_rt_args_record* more = (struct iprobe_rt_args_record*)&t->records[(index + 1) & t->mask];
         for (int i = 0; i < 4; i++) more->args[i] = args[i];
+    }
+    if (values) {
+        const uint64_t* from = values->words;
+        uint32_t left = values->nwords;
+        for (uint64_t r = 0; r < extra; r++, from += 4, left -= 4) {
+            uint64_t* to = ((struct iprobe_rt_args_record*)&t->records[(index + 1 + r) & t->mask])->args;
+            if (LIKELY(left >= 4)) {
+                to[0] = from[0], to[1] = from[1], to[2] = from[2], to[3] = from[3];
+            } else {
+                to[0] = from[0];
+                to[1] = left > 1 ? from[1] : 0;
+                to[2] = left > 2 ? from[2] : 0;
+                to[3] = 0;
+                break;
+            }
+        }
     }
 out:
     BARRIER();
@@ -482,6 +534,20 @@ out:
             BARRIER();
         } while (*(volatile uint64_t*)&t->reserve != published);
     }
+}
+
+static inline __attribute__((always_inline)) void emit_probe_at(struct iprobe_rt_control* cb, int32_t probe,
+                                                                uint32_t stat, uint8_t kind, const uint64_t* args,
+                                                                enum frame_use use, uint64_t now,
+                                                                const struct payload* values) {
+    aggregate(cb, probe, stat, kind, now, use, 0, 0);
+    if (values && !values->record) return;
+    ring_append(cb, probe, kind, now, args, values);
+}
+
+static inline __attribute__((always_inline)) void emit_probe(struct iprobe_rt_control* cb, int32_t probe, uint32_t stat,
+                                                             uint8_t kind, const uint64_t* args, enum frame_use use) {
+    emit_probe_at(cb, probe, stat, kind, args, use, timestamp(), 0);
 }
 
 static inline __attribute__((always_inline)) void emit(uintptr_t return_address, uint8_t kind, const uint64_t* args) {
@@ -556,6 +622,308 @@ static uint64_t* count_target(uint64_t calls) {
     return stats ? (uint64_t*)(stats + calls) : 0;
 }
 
+/* ---- values (arguments, return registers, backtraces) ----
+ * A probe whose iprobe_rt_probe.values is not all zero goes through these:
+ * its values are gathered in one struct iprobe_rt_values, handed to
+ * iprobe_rt_values_match() (values_match.c), and appended to the record as
+ * continuation records (rt_layout.h).  The return hook's cookie carries
+ * what the exit needs: whether the entry pushed a timed frame, was recorded,
+ * and when it ran. */
+#define COOKIE_TIMED 1u
+#define COOKIE_VALUES 2u  /* the entry went through values_enter: the bits below are set */
+#define COOKIE_MATCHED 4u /* ... and was recorded (a --when decided at entry held) */
+#define COOKIE_CONDITIONED 8u /* a --when decides what is recorded (without values) */
+#define COOKIE_HELD 16u   /* its --when is decided at exit: the entry kept its arguments in its frame */
+#define COOKIE_SHIFT 5    /* values: at this timestamp */
+
+/* What the trace handler's assembler entry (return_trampolines.S,
+ * iprobe_rt_trace_enter_return_nop) reads to reject a call a fast-form
+ * --when does not hold for: set at map, before g_control is published. */
+__attribute__((visibility("hidden"))) uint64_t iprobe_rt_when_probes;     /* the probe table */
+__attribute__((visibility("hidden"))) uint64_t iprobe_rt_when_programs;   /* the conditions table */
+__attribute__((visibility("hidden"))) uint32_t iprobe_rt_when_probe_capacity; /* 0: no region (none yet, a forked child) */
+__attribute__((visibility("hidden"))) uint32_t iprobe_rt_when_capacity;   /* programs */
+__attribute__((visibility("hidden"))) uint32_t iprobe_rt_when_stat_capacity;
+_Static_assert(sizeof(struct iprobe_rt_probe) == 64 && offsetof(struct iprobe_rt_probe, stat) == 24 &&
+                   offsetof(struct iprobe_rt_probe, condition) == 30,
+               "return_trampolines.S reads probes");
+_Static_assert(sizeof(struct iprobe_rt_fn_stats) == 960 && offsetof(struct iprobe_rt_fn_stats, calls) == 0 &&
+                   offsetof(struct iprobe_rt_fn_stats, completed) == 8,
+               "return_trampolines.S computes a function's calls");
+_Static_assert(sizeof(struct iprobe_cond_program) == IPROBE_COND_PROGRAM_SIZE &&
+                   offsetof(struct iprobe_cond_program, fast) == IPROBE_COND_FAST &&
+                   offsetof(struct iprobe_cond_program, fast_arg) == IPROBE_COND_FAST_ARG &&
+                   offsetof(struct iprobe_cond_program, fast_invert) == IPROBE_COND_FAST_INVERT &&
+                   offsetof(struct iprobe_cond_program, fast_mask) == IPROBE_COND_FAST_MASK &&
+                   offsetof(struct iprobe_cond_program, fast_signbit) == IPROBE_COND_FAST_SIGNBIT &&
+                   offsetof(struct iprobe_cond_program, fast_bias) == IPROBE_COND_FAST_BIAS &&
+                   offsetof(struct iprobe_cond_program, fast_low) == IPROBE_COND_FAST_LOW &&
+                   offsetof(struct iprobe_cond_program, fast_span) == IPROBE_COND_FAST_SPAN,
+               "return_trampolines.S reads programs");
+
+/* A function's `--when` program (its entry probe's condition), 0 when none. */
+static inline const struct iprobe_cond_program* condition_program(uint32_t condition) {
+    return condition - 1 < g_geometry.condition_capacity ? &g_geometry.conditions[condition - 1] : 0;
+}
+
+_Static_assert(sizeof(struct iprobe_rt_values_spec) == 8, "one store, one load");
+_Static_assert(offsetof(struct iprobe_rt_probe, values) % 8 == 0, "aligned");
+
+static uint32_t g_pid; /* this process, for process_vm_readv on itself (set at map) */
+
+static inline __attribute__((always_inline)) uint64_t spec_word(const struct iprobe_rt_probe* p) {
+    return __atomic_load_n((const uint64_t*)&p->values, __ATOMIC_RELAXED);
+}
+
+static inline __attribute__((always_inline)) struct iprobe_rt_values_spec spec_of(uint64_t word) {
+    struct iprobe_rt_values_spec spec;
+    __builtin_memcpy(&spec, &word, sizeof spec);
+    return spec;
+}
+
+/* The low 64 bits of xmm0-7.  The runtime's C code never touches a vector
+ * register (-mgeneral-regs-only) and the entry points before it keep them:
+ * here they still hold the function's arguments (at exit, xmm0/xmm1 its
+ * return value: return_trampolines.S saves them around this C). */
+#define READ_XMM(n, into) __asm__ __volatile__("movq %%xmm" #n ", %0" : "=r"(into))
+static inline __attribute__((always_inline)) void read_xmm_args(uint64_t* x) {
+    READ_XMM(0, x[0]);
+    READ_XMM(1, x[1]);
+    READ_XMM(2, x[2]);
+    READ_XMM(3, x[3]);
+    READ_XMM(4, x[4]);
+    READ_XMM(5, x[5]);
+    READ_XMM(6, x[6]);
+    READ_XMM(7, x[7]);
+}
+
+static inline long raw_syscall6(long n, long a, long b, long c, long d, long e, long f) {
+    register long r10 __asm__("r10") = d;
+    register long r8 __asm__("r8") = e;
+    register long r9 __asm__("r9") = f;
+    long ret;
+    __asm__ __volatile__("syscall"
+                         : "=a"(ret)
+                         : "0"(n), "D"(a), "S"(b), "d"(c), "r"(r10), "r"(r8), "r"(r9)
+                         : "rcx", "r11", "memory");
+    return ret;
+}
+
+/* process_vm_readv on ourselves rather than a fault guard: it cannot fault
+ * whatever the pointer (unmapped, PROT_NONE, a guard page), installs no
+ * signal handler in the target (whose own SIGSEGV handler stays in charge)
+ * and is async-signal-safe; the price, a system call, is paid only by
+ * char* arguments.  The remote range is split at the page boundary, since
+ * the kernel never transfers part of one iovec: a string ending just before
+ * an unmapped page is still read. */
+uint64_t iprobe_rt_copy_string(uint64_t s, char out[IPROBE_RT_STRING_BYTES]) {
+    for (int i = 0; i < IPROBE_RT_STRING_BYTES; i++) out[i] = 0;
+    if (!s) return IPROBE_RT_STRING_NULL;
+    struct iovec_raw {
+        uint64_t base, len;
+    } local = {(uint64_t)(uintptr_t)out, IPROBE_RT_STRING_BYTES}, remote[2];
+    const uint64_t first = 4096 - (s & 4095);
+    unsigned n = 1;
+    remote[0].base = s;
+    remote[0].len = first < IPROBE_RT_STRING_BYTES ? first : IPROBE_RT_STRING_BYTES;
+    if (remote[0].len < IPROBE_RT_STRING_BYTES) {
+        remote[1].base = s + remote[0].len;
+        remote[1].len = IPROBE_RT_STRING_BYTES - remote[0].len;
+        n = 2;
+    }
+    const long got = raw_syscall6(SYS_process_vm_readv, (long)g_pid, (long)(uintptr_t)&local, 1,
+                                  (long)(uintptr_t)remote, (long)n, 0);
+    if (got <= 0) return IPROBE_RT_STRING_UNREADABLE;
+    int end = 0;
+    while (end < got && out[end]) end++;
+    for (int i = end; i < IPROBE_RT_STRING_BYTES; i++) out[i] = 0;
+    return (uint64_t)got;
+}
+
+/* Return addresses of the callers, nearest first: the function's own
+ * (exact: its return slot), then those its probed callers' hooked returns
+ * keep in this thread's return entries (return_stack.h), by the stack
+ * address of their slots.  No unwinding of unprobed frames: at -O2 there
+ * are no frame pointers to follow and CFI is too costly at every call; a
+ * slot is trusted only while it still holds its trampoline, read without
+ * faulting (an entry of a frame an exception skipped, or of another stack). */
+static uint32_t caller_chain(const uint64_t* slot, uint64_t* out, uint32_t max) {
+    if (!max) return 0;
+    uint32_t n = 0;
+    out[n++] = iprobe_rt_real_return_address(*slot);
+    const struct iprobe_rt_thread_state* t = &iprobe_rt_thread;
+    uint64_t above = (uint64_t)(uintptr_t)slot;
+    while (n < max) {
+        /* the nearest slot above: at most one of the entries naming it is
+         * live, the one whose trampoline it holds */
+        uint64_t nearest = UINT64_MAX;
+        for (unsigned c = 0; c < t->count && c < IPROBE_RT_RETURN_MAX_CHUNKS; c++) {
+            const struct iprobe_rt_return* e = &iprobe_rt_return_pool[(uint32_t)t->chunks[c] * IPROBE_RT_RETURN_CHUNK];
+            for (unsigned i = 0; i < IPROBE_RT_RETURN_CHUNK; i++, e++)
+                if (e->ret && e->slot > above && e->slot < nearest) nearest = e->slot;
+        }
+        if (nearest == UINT64_MAX) break;
+        above = nearest;
+        uint64_t held = 0;
+        struct {
+            uint64_t base, len;
+        } local = {(uint64_t)(uintptr_t)&held, 8}, remote = {nearest, 8};
+        if (raw_syscall6(SYS_process_vm_readv, (long)g_pid, (long)(uintptr_t)&local, 1, (long)(uintptr_t)&remote, 1,
+                         0) != 8)
+            continue;
+        for (unsigned c = 0; c < t->count && c < IPROBE_RT_RETURN_MAX_CHUNKS; c++) {
+            const struct iprobe_rt_return* e = &iprobe_rt_return_pool[(uint32_t)t->chunks[c] * IPROBE_RT_RETURN_CHUNK];
+            for (unsigned i = 0; i < IPROBE_RT_RETURN_CHUNK; i++, e++)
+                if (e->ret && e->slot == nearest && held == iprobe_rt_return_unit(e) + IPROBE_RT_RETURN_UNIT_TRAMPOLINE &&
+                    n < max)
+                    out[n++] = iprobe_rt_real_return_address(e->ret);
+        }
+    }
+    return n;
+}
+
+/* The words of an entry's continuation records (rt_layout.h), into `w`. */
+static uint32_t entry_words(struct iprobe_rt_values_spec spec, const struct iprobe_rt_values* v, const uint64_t* slot,
+                            uint64_t* w) {
+    uint32_t n = 0;
+    const uint32_t gprs = spec.gprs < IPROBE_RT_VALUES_GPRS ? spec.gprs : IPROBE_RT_VALUES_GPRS;
+    const uint32_t xmms = spec.xmms < IPROBE_RT_VALUES_XMMS ? spec.xmms : IPROBE_RT_VALUES_XMMS;
+    for (uint32_t i = 0; i < gprs; i++) w[n++] = v->gpr[i];
+    for (uint32_t i = 0; i < xmms; i++) w[n++] = v->xmm[i];
+    for (uint32_t i = 0; i < gprs; i++) {
+        if (!(spec.strings & (1u << i))) continue;
+        w[n] = iprobe_rt_copy_string(v->gpr[i], (char*)&w[n + 1]);
+        n += 1 + IPROBE_RT_STRING_BYTES / 8;
+    }
+    if (spec.flags & IPROBE_RT_VALUES_BACKTRACE) {
+        const uint32_t depth = spec.backtrace < IPROBE_RT_BACKTRACE_MAX ? spec.backtrace : IPROBE_RT_BACKTRACE_MAX;
+        w[n] = caller_chain(slot, &w[n + 1], depth);
+        n += 1 + (uint32_t)w[n];
+    }
+    return n;
+}
+
+/* An entry whose probe captures values: `hook` says whether its return is
+ * hooked too (both probes on); returns the unit, as the trace handler does. */
+static __attribute__((noinline)) uint64_t values_enter(struct iprobe_rt_control* cb, uint32_t id,
+                                                       const struct iprobe_rt_probe* p, uint64_t word,
+                                                       const uint64_t* saved, const uint64_t* slot, int hook) {
+    struct iprobe_rt_values v;
+    const struct iprobe_rt_values_spec spec = spec_of(word);
+    if (spec.xmms) read_xmm_args(v.xmm); /* first: before anything that could call out */
+    const uint64_t now = timestamp();
+    v.kind = IPROBE_RT_REC_ENTRY;
+    v.has_return = v.has_duration = 0;
+    v.entry_matched = 1;
+    /* saved: rdi, rsi, rdx, rcx, rax, r8, r9 (ENTRY_SITE_CALL) */
+    v.gpr[0] = saved[0], v.gpr[1] = saved[1], v.gpr[2] = saved[2], v.gpr[3] = saved[3];
+    v.gpr[4] = saved[5], v.gpr[5] = saved[6];
+    const uint64_t timed = hook ? p->timed : 0;
+    /* A --when on retval or duration: decided at exit, the arguments kept in the frame. */
+    const uint32_t condition = __atomic_load_n(&p->condition, __ATOMIC_RELAXED);
+    const struct iprobe_cond_program* program = condition ? condition_program(condition) : 0;
+    const int at_exit = program && (program->needs & IPROBE_COND_AT_EXIT);
+    const int matched = at_exit ? 0 : iprobe_rt_values_match(cb, id, spec, &v);
+    uint64_t unit = 0;
+    if (hook)
+        unit = hook_return(slot, IPROBE_RT_RETURN_TRACE, id + 1,
+                           (now << COOKIE_SHIFT) | COOKIE_VALUES | (matched ? COOKIE_MATCHED : 0) |
+                               (at_exit && timed ? COOKIE_HELD : 0) | timed);
+    uint64_t words[IPROBE_RT_VALUES_MAX_WORDS];
+    struct payload out = {words, 0, (uint8_t)matched, (uint64_t)(uintptr_t)slot, IPROBE_RT_VALUES_PACK(spec)};
+    if (matched && (spec.flags & (IPROBE_RT_VALUES_ARGS | IPROBE_RT_VALUES_BACKTRACE)))
+        out.nwords = entry_words(spec, &v, slot, words);
+    aggregate(cb, (int32_t)id, p->stat, IPROBE_RT_REC_ENTRY, now, unit && timed ? FRAME_MATCH : FRAME_NONE,
+              at_exit ? v.gpr : 0, 0);
+    struct iprobe_rt_fn_stats* stats = iprobe_rt_thread.stats;
+    if (condition && stats && p->stat < g_geometry.stat_capacity) {
+        if (matched) add_local(&stats[p->stat].matched, 1);
+        if (at_exit && !(unit && timed)) add_local(&stats[p->stat].undecided, 1); /* no frame to decide at exit */
+    }
+    if (matched) ring_append(cb, (int32_t)id, IPROBE_RT_REC_ENTRY, now, 0, &out);
+    return unit;
+}
+
+/* The exit of a call whose --when is decided at exit (values_enter held its
+ * entry): its arguments and duration from its frame; when the condition
+ * holds, the entry's event (at its own time, with its values) and the
+ * exit's are written together. */
+static __attribute__((noinline)) void held_values_exit(struct iprobe_rt_control* cb, const struct iprobe_rt_return* e,
+                                                       struct iprobe_rt_values_spec spec, struct iprobe_rt_values* v,
+                                                       uint64_t now) {
+    const uint32_t probe = e->arg;
+    if (UNLIKELY(probe == 0)) return;
+    const struct iprobe_rt_probe* entry = probe_of(cb, (int32_t)probe - 1);
+    const uint32_t stat = probe_of(cb, (int32_t)probe)->stat;
+    struct iprobe_cond_values held;
+    const int have = aggregate(cb, (int32_t)probe, stat, IPROBE_RT_REC_EXIT, now, FRAME_MATCH, 0, &held);
+    struct iprobe_rt_fn_stats* stats = iprobe_rt_thread.stats;
+    if (UNLIKELY(!stats || stat >= g_geometry.stat_capacity)) return;
+    if (!have) {
+        add_local(&stats[stat].undecided, 1);
+        return;
+    }
+    for (int i = 0; i < IPROBE_RT_VALUES_GPRS; i++) v->gpr[i] = held.args[i];
+    v->has_args = 1;
+    v->duration = held.duration;
+    v->has_duration = 1;
+    v->entry_matched = 1;
+    if (!iprobe_rt_values_match(cb, probe, spec, v)) return;
+    add_local(&stats[stat].matched, 1);
+    /* The entry's values as it got them, but the vector registers (not kept: 0). */
+    const struct iprobe_rt_values_spec entry_spec = spec_of(spec_word(entry));
+    struct iprobe_rt_values at_entry = *v;
+    at_entry.kind = IPROBE_RT_REC_ENTRY;
+    for (int i = 0; i < IPROBE_RT_VALUES_XMMS; i++) at_entry.xmm[i] = 0;
+    uint64_t words[IPROBE_RT_VALUES_MAX_WORDS];
+    struct payload in = {words, 0, 1, e->slot, IPROBE_RT_VALUES_PACK(entry_spec)};
+    if (entry_spec.flags & (IPROBE_RT_VALUES_ARGS | IPROBE_RT_VALUES_BACKTRACE))
+        in.nwords = entry_words(entry_spec, &at_entry, (const uint64_t*)(uintptr_t)e->slot, words);
+    ring_append(cb, (int32_t)probe - 1, IPROBE_RT_REC_ENTRY, now - held.duration, 0, &in);
+    uint64_t ret_words[4] = {v->ret[0], v->ret[1], v->xret[0], v->xret[1]};
+    const struct payload out = {ret_words, (spec.flags & IPROBE_RT_VALUES_RETVAL) ? 4u : 0u, 1, e->slot,
+                                IPROBE_RT_VALUES_PACK(spec)};
+    ring_append(cb, (int32_t)probe, IPROBE_RT_REC_EXIT, now, 0, &out);
+}
+
+/* An exit whose entry or exit probe captures values: regs = rax, rdx as the
+ * function returned them. */
+static __attribute__((noinline)) void values_exit(const struct iprobe_rt_return* e, const uint64_t* regs,
+                                                  uint64_t word) {
+    struct iprobe_rt_values v;
+    uint64_t xret[2];
+    READ_XMM(0, xret[0]);
+    READ_XMM(1, xret[1]);
+    struct iprobe_rt_control* cb = control();
+    if (UNLIKELY(!cb)) {
+        count_unserved();
+        return;
+    }
+    const uint32_t probe = e->arg;
+    if (UNLIKELY(probe >= g_geometry.probe_capacity)) return;
+    const struct iprobe_rt_values_spec spec = spec_of(word);
+    const uint64_t now = timestamp();
+    v.kind = IPROBE_RT_REC_EXIT;
+    v.has_args = 0; /* gpr is the entry's only where held_values_exit sets it */
+    v.has_return = 1;
+    v.ret[0] = regs[0], v.ret[1] = regs[1];
+    v.xret[0] = xret[0], v.xret[1] = xret[1];
+    v.has_duration = (e->cookie & COOKIE_VALUES) != 0;
+    const uint64_t start = e->cookie >> COOKIE_SHIFT;
+    v.duration = v.has_duration && now > start ? now - start : 0;
+    v.entry_matched = !(e->cookie & COOKIE_VALUES) || (e->cookie & COOKIE_MATCHED);
+    if (e->cookie & COOKIE_HELD) {
+        held_values_exit(cb, e, spec, &v, now);
+        return;
+    }
+    const int matched = iprobe_rt_values_match(cb, probe, spec, &v);
+    uint64_t words[4] = {v.ret[0], v.ret[1], v.xret[0], v.xret[1]};
+    struct payload out = {words, (spec.flags & IPROBE_RT_VALUES_RETVAL) ? 4u : 0u, (uint8_t)matched, e->slot,
+                          IPROBE_RT_VALUES_PACK(spec)};
+    emit_probe_at(cb, (int32_t)probe, probe_of(cb, (int32_t)probe)->stat, IPROBE_RT_REC_EXIT, 0,
+                  (e->cookie & COOKIE_TIMED) ? FRAME_MATCH : FRAME_NONE, now, &out);
+}
+
 __attribute__((visibility("hidden"))) uint64_t iprobe_rt_count_counter_at(uint64_t id, const uint64_t* saved,
                                                                          const uint64_t* slot) {
     (void)saved, (void)slot;
@@ -580,7 +948,12 @@ __attribute__((visibility("hidden"))) uint64_t iprobe_rt_count_return_at(uint64_
 
 __attribute__((visibility("hidden"))) uint64_t iprobe_rt_trace_enter_id_at(uint64_t id, const uint64_t* saved,
                                                                           const uint64_t* slot) {
-    (void)saved, (void)slot;
+    struct iprobe_rt_control* cb = control();
+    if (LIKELY(cb != 0) && LIKELY(id < g_geometry.probe_capacity)) {
+        const struct iprobe_rt_probe* p = probe_of(cb, (int32_t)id);
+        const uint64_t word = spec_word(p);
+        if (UNLIKELY(word != 0)) return values_enter(cb, (uint32_t)id, p, word, saved, slot, 0);
+    }
     emit_id((uint32_t)id, IPROBE_RT_REC_ENTRY, FRAME_MATCH);
     return 0;
 }
@@ -593,14 +966,141 @@ __attribute__((visibility("hidden"))) uint64_t iprobe_rt_trace_return_at(uint64_
         return 0;
     }
     if (UNLIKELY(id + 1 >= g_geometry.probe_capacity)) return 0;
-    return hook_return(slot, IPROBE_RT_RETURN_TRACE, (uint32_t)id + 1, 0);
+    /* exit only: a values exit still gets its duration */
+    const uint64_t cookie = spec_word(probe_of(control(), (int32_t)id + 1))
+                                ? (timestamp() << COOKIE_SHIFT) | COOKIE_VALUES | COOKIE_MATCHED
+                                : 0;
+    return hook_return(slot, IPROBE_RT_RETURN_TRACE, (uint32_t)id + 1, cookie);
+}
+
+/* ---- `--when`: conditions on the trace handler at function-entry sites ----
+ * Every call is counted and completed as without one (calls and completed
+ * stay exact); only what is recorded is filtered.  A condition on the
+ * arguments is decided at entry: a call it holds for is timed and its
+ * events written, one it does not hold for costs what the count handler
+ * does (its exit goes through the count handler's return), so the times
+ * and the latency histogram are those of the matching calls.  One on retval
+ * or duration is decided at exit: every call is timed (the duration is what
+ * it reads), the entry's arguments are kept in the call's frame, and a
+ * matching call's two events are written then (the entry's with its own
+ * time). */
+
+
+/* The six integer argument registers from ENTRY_SITE_CALL's saved ones
+ * (rdi, rsi, rdx, rcx, rax, r8, r9, ...). */
+static inline __attribute__((always_inline)) void entry_args(const uint64_t* saved, uint64_t* args) {
+    args[0] = saved[0], args[1] = saved[1], args[2] = saved[2];
+    args[3] = saved[3], args[4] = saved[5], args[5] = saved[6];
+}
+
+static __attribute__((noinline)) uint64_t conditioned_enter(struct iprobe_rt_control* cb, uint32_t id,
+                                                            const struct iprobe_rt_probe* p, uint32_t condition,
+                                                            const uint64_t* saved, const uint64_t* slot) {
+    const struct iprobe_cond_program* program = condition_program(condition);
+    const uint32_t stat = p->stat;
+    if (UNLIKELY(stat >= g_geometry.stat_capacity)) return 0;
+    struct iprobe_cond_values v;
+    entry_args(saved, v.args);
+    v.retval = 0;
+    v.duration = 0;
+    const uint64_t timed = p->timed;
+    if (program && (program->needs & IPROBE_COND_AT_EXIT)) {
+        const uint64_t unit =
+            timed ? hook_return(slot, IPROBE_RT_RETURN_TRACE, id + 1,
+                                COOKIE_TIMED | COOKIE_CONDITIONED | COOKIE_HELD)
+                  : 0;
+        const uint64_t now = timestamp();
+        enter_timed(cb, (int32_t)id, stat, now, unit ? FRAME_MATCH : FRAME_NONE, v.args);
+        struct iprobe_rt_fn_stats* stats = iprobe_rt_thread.stats;
+        if (!unit && stats) add_local(&stats[stat].undecided, 1); /* its exit will not be seen */
+        return unit;
+    }
+    if (!program || !iprobe_cond_holds(program, &v)) {
+        /* Not recorded: counted, and completed through the count handler's
+         * return (the cost of a count), not timed. */
+        struct iprobe_rt_fn_stats* stats = thread_stats(cb);
+        if (UNLIKELY(!stats)) return 0;
+        add_local(&stats[stat].calls, 1);
+        return hook_return(slot, IPROBE_RT_RETURN_COUNT,
+                           stat * (uint32_t)sizeof(struct iprobe_rt_fn_stats) +
+                               (uint32_t)__builtin_offsetof(struct iprobe_rt_fn_stats, completed),
+                           0);
+    }
+    const uint64_t unit = hook_return(slot, IPROBE_RT_RETURN_TRACE, id + 1, timed | COOKIE_CONDITIONED | COOKIE_MATCHED);
+    const uint64_t now = timestamp();
+    enter_timed(cb, (int32_t)id, stat, now, unit && timed ? FRAME_MATCH : FRAME_NONE, 0);
+    struct iprobe_rt_fn_stats* stats = iprobe_rt_thread.stats;
+    if (stats) add_local(&stats[stat].matched, 1);
+    ring_append(cb, (int32_t)id, IPROBE_RT_REC_ENTRY, now, 0, 0);
+    return unit;
+}
+
+static __attribute__((noinline)) void conditioned_exit(const struct iprobe_rt_return* e, uint64_t retval) {
+    struct iprobe_rt_control* cb = control();
+    if (UNLIKELY(!cb)) {
+        count_unserved();
+        return;
+    }
+    const uint32_t probe = e->arg;
+    if (UNLIKELY(probe >= g_geometry.probe_capacity || probe == 0)) return;
+    const uint32_t stat = probe_of(cb, (int32_t)probe)->stat;
+    if (UNLIKELY(stat >= g_geometry.stat_capacity)) return;
+    const uint64_t now = timestamp();
+    const uint64_t cookie = e->cookie;
+    if (!(cookie & COOKIE_HELD)) {
+        exit_timed(cb, stat, now, cookie & COOKIE_TIMED ? FRAME_MATCH : FRAME_NONE, 0);
+        if (cookie & COOKIE_MATCHED) ring_append(cb, (int32_t)probe, IPROBE_RT_REC_EXIT, now, 0, 0);
+        return;
+    }
+    struct iprobe_cond_values v;
+    v.retval = retval;
+    const int have = exit_timed(cb, stat, now, FRAME_MATCH, &v);
+    struct iprobe_rt_fn_stats* stats = iprobe_rt_thread.stats;
+    if (UNLIKELY(!stats)) return;
+    if (!have) {
+        add_local(&stats[stat].undecided, 1);
+        return;
+    }
+    /* the function's condition now (an attach may have changed it since the entry) */
+    const struct iprobe_cond_program* program = condition_program(probe_of(cb, (int32_t)probe - 1)->condition);
+    if (!program || !iprobe_cond_holds(program, &v)) return;
+    add_local(&stats[stat].matched, 1);
+    ring_append(cb, (int32_t)probe - 1, IPROBE_RT_REC_ENTRY, now - v.duration, 0, 0);
+    ring_append(cb, (int32_t)probe, IPROBE_RT_REC_EXIT, now, 0, 0);
+}
+
+/* The log2 histogram of an exit probe's integer return value, when the
+ * attacher asked for it (iprobe_rt_probe.retval_hist). */
+static inline uint32_t retval_bucket(uint64_t raw, uint8_t spec) {
+    const uint8_t width = spec & 0x0f;
+    int64_t v = (int64_t)raw;
+    if (width == 1) v = spec & IPROBE_RT_RETVAL_SIGNED ? (int8_t)raw : (int64_t)(uint8_t)raw;
+    else if (width == 2) v = spec & IPROBE_RT_RETVAL_SIGNED ? (int16_t)raw : (int64_t)(uint16_t)raw;
+    else if (width == 4) v = spec & IPROBE_RT_RETVAL_SIGNED ? (int32_t)raw : (int64_t)(uint32_t)raw;
+    if (v == 0) return IPROBE_RT_RETVAL_ZERO_BUCKET;
+    if (v < 0 && (spec & IPROBE_RT_RETVAL_SIGNED)) {
+        const uint32_t bits = 64u - (uint32_t)__builtin_clzll(0 - (uint64_t)v);
+        return IPROBE_RT_RETVAL_ZERO_BUCKET - (bits < IPROBE_RT_RETVAL_ZERO_BUCKET ? bits : IPROBE_RT_RETVAL_ZERO_BUCKET);
+    }
+    const uint32_t bits = 64u - (uint32_t)__builtin_clzll((uint64_t)v);
+    const uint32_t top = IPROBE_RT_RETVAL_BUCKETS - 1 - IPROBE_RT_RETVAL_ZERO_BUCKET;
+    return IPROBE_RT_RETVAL_ZERO_BUCKET + (bits < top ? bits : top);
+}
+
+static inline void retval_sample(uint32_t probe, uint64_t retval) {
+    struct iprobe_rt_control* cb = control();
+    if (!cb || probe >= g_geometry.probe_capacity) return;
+    const struct iprobe_rt_probe* p = probe_of(cb, (int32_t)probe);
+    const uint8_t spec = p->retval_hist;
+    if (LIKELY(spec == 0) || p->stat >= g_geometry.stat_capacity) return;
+    struct iprobe_rt_fn_stats* stats = iprobe_rt_thread.stats;
+    if (stats) add_local(&stats[p->stat].retval_histogram[retval_bucket(retval, spec)], 1);
 }
 
 /* The return is hooked first: an entry whose exit will not be seen is
  * counted but pushes no frame. */
 __attribute__((visibility("hidden"))) uint64_t iprobe_rt_trace_enter_return_at(uint64_t id, const uint64_t* saved,
                                                                                const uint64_t* slot) {
-    (void)saved;
     struct iprobe_rt_control* cb = control();
     if (UNLIKELY(!cb)) {
         count_unserved();
@@ -608,19 +1108,62 @@ __attribute__((visibility("hidden"))) uint64_t iprobe_rt_trace_enter_return_at(u
     }
     if (UNLIKELY(id + 1 >= g_geometry.probe_capacity)) return 0;
     const struct iprobe_rt_probe* p = probe_of(cb, (int32_t)id);
+    const uint64_t word = spec_word(p);
+    if (UNLIKELY(word != 0)) return values_enter(cb, (uint32_t)id, p, word, saved, slot, 1);
+    const uint32_t condition = __atomic_load_n(&p->condition, __ATOMIC_RELAXED);
+    if (UNLIKELY(condition != 0)) return conditioned_enter(cb, (uint32_t)id, p, condition, saved, slot);
     const uint64_t timed = p->timed;
     const uint64_t unit = hook_return(slot, IPROBE_RT_RETURN_TRACE, (uint32_t)id + 1, timed);
     emit_probe(cb, (int32_t)id, p->stat, IPROBE_RT_REC_ENTRY, 0, unit && timed ? FRAME_MATCH : FRAME_NONE);
     return unit;
 }
 
+/* values_match.c's --when: the program of the function of `entry_probe`
+ * against the values the values path holds (condition.h). */
+__attribute__((visibility("hidden"))) int iprobe_rt_condition_match(const struct iprobe_rt_control* cb,
+                                                                    uint32_t entry_probe,
+                                                                    const struct iprobe_rt_values* v) {
+    const int otherwise = v->kind == IPROBE_RT_REC_EXIT ? v->entry_matched : 1;
+    if (!cb || entry_probe >= g_geometry.probe_capacity) return otherwise;
+    const uint32_t condition =
+        __atomic_load_n(&probe_of((struct iprobe_rt_control*)cb, (int32_t)entry_probe)->condition, __ATOMIC_RELAXED);
+    if (!condition) return otherwise;
+    const struct iprobe_cond_program* program = condition_program(condition);
+    if (!program) return 0;
+    if (!(program->needs & IPROBE_COND_AT_EXIT)) {
+        if (v->kind == IPROBE_RT_REC_EXIT) return v->entry_matched;
+    } else if (v->kind != IPROBE_RT_REC_EXIT || !v->has_duration) {
+        return 0;
+    }
+    /* Only the fields of the event's kind are set (struct iprobe_rt_values):
+     * at exit the arguments are there only when the entry held them. */
+    const int at_exit = v->kind == IPROBE_RT_REC_EXIT;
+    if (at_exit && (program->needs & IPROBE_COND_NEEDS_ARGS) && !v->has_args) return 0;
+    struct iprobe_cond_values values;
+    for (int i = 0; i < IPROBE_COND_ARGS; i++) values.args[i] = !at_exit || v->has_args ? v->gpr[i] : 0;
+    values.retval = at_exit ? v->ret[0] : 0;
+    values.duration = at_exit ? v->duration : 0;
+    return iprobe_cond_holds(program, &values);
+}
+
 /* A hooked return other than count's (which return_trampolines.S serves
  * itself): the return registers are saved by the caller. */
-__attribute__((visibility("hidden"))) void iprobe_rt_return_at(const struct iprobe_rt_return* e) {
-    if (e->handler == IPROBE_RT_RETURN_TRACE)
-        emit_id(e->arg, IPROBE_RT_REC_EXIT, e->cookie ? FRAME_MATCH : FRAME_NONE);
-    else
+__attribute__((visibility("hidden"))) void iprobe_rt_return_at(const struct iprobe_rt_return* e, const uint64_t* regs) {
+    if (e->handler == IPROBE_RT_RETURN_TRACE) {
+        const struct iprobe_rt_control* cb = control();
+        const uint64_t word = cb && e->arg < g_geometry.probe_capacity
+                                  ? spec_word(probe_of((struct iprobe_rt_control*)cb, (int32_t)e->arg))
+                                  : 0;
+        if (UNLIKELY(word != 0 || (e->cookie & COOKIE_VALUES)))
+            values_exit(e, regs, word);
+        else if (UNLIKELY(e->cookie & COOKIE_CONDITIONED))
+            conditioned_exit(e, regs[0]);
+        else
+            emit_id(e->arg, IPROBE_RT_REC_EXIT, (e->cookie & COOKIE_TIMED) ? FRAME_MATCH : FRAME_NONE);
+        retval_sample(e->arg, regs[0]);
+    } else {
         iprobe_rt_return_callback_run(e);
+    }
 }
 
 EXPORT uint64_t iprobe_rt_hook_return(const uint64_t* slot, iprobe_rt_return_callback on_return, uint64_t cookie) {
@@ -747,6 +1290,15 @@ EXPORT int iprobe_rt_map_region(int fd) {
     g_geometry.probe_capacity = cb->probe_capacity;
     g_geometry.stat_bytes = (uint64_t)cb->stat_capacity * sizeof(struct iprobe_rt_fn_stats);
     g_geometry.monotonic = cb->clock == IPROBE_RT_CLOCK_MONOTONIC;
+    g_geometry.conditions = (const struct iprobe_cond_program*)((const char*)cb + cb->conditions_offset);
+    g_geometry.condition_capacity = cb->condition_capacity;
+    /* The capacity last: the assembler reads it first (x86 keeps both orders). */
+    iprobe_rt_when_probes = (uint64_t)((uintptr_t)cb + cb->probes_offset);
+    iprobe_rt_when_programs = (uint64_t)(uintptr_t)g_geometry.conditions;
+    iprobe_rt_when_capacity = cb->condition_capacity;
+    iprobe_rt_when_stat_capacity = cb->stat_capacity;
+    __atomic_store_n(&iprobe_rt_when_probe_capacity, cb->probe_capacity, __ATOMIC_RELEASE);
+    g_pid = (uint32_t)getpid();
     iprobe_rt_state.region_fd = fd;
     iprobe_rt_state.region_size = (uint64_t)st.st_size;
     iprobe_rt_state.mapped_pid = (uint32_t)getpid();
@@ -761,6 +1313,8 @@ EXPORT int iprobe_rt_map_region(int fd) {
 static void after_fork_in_child(void) {
     struct iprobe_rt_control* cb = control();
     __atomic_store_n(&g_control, (struct iprobe_rt_control*)0, __ATOMIC_RELEASE);
+    /* The trace handler's assembler entry stops reading the region too. */
+    __atomic_store_n(&iprobe_rt_when_probe_capacity, 0u, __ATOMIC_RELEASE);
     memset(&t_producer, 0, sizeof t_producer);
     iprobe_rt_thread.stats = 0;
     /* Hooked returns of this thread's frames must still find their way back. */

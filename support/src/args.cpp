@@ -57,6 +57,10 @@ ParsedArgs ArgSpec::parse(std::span<const std::string> args) const {
         const ArgOption* option = find(name);
         if (!option) fail("unknown option '" + name + "'");
         const std::string key(option->name);
+        if (option->optional_value) {
+            out.values_[key].push_back(eq != std::string::npos ? a.substr(eq + 1) : std::string());
+            continue;
+        }
         if (option->value_name.empty()) {
             if (eq != std::string::npos) fail(key + " takes no value");
             out.values_[key].emplace_back();
@@ -103,7 +107,8 @@ std::string ArgSpec::help() const {
             std::string head = "  ";
             if (!o.short_name.empty()) head += std::string(o.short_name) + ", ";
             head += o.name;
-            if (!o.value_name.empty()) head += " " + std::string(o.value_name);
+            if (o.optional_value) head += "[=" + std::string(o.value_name) + "]";
+            else if (!o.value_name.empty()) head += " " + std::string(o.value_name);
             width = std::max(width, head.size());
             heads.push_back(std::move(head));
         }

@@ -20,7 +20,6 @@
 #include "hotpatch_fixture.h"
 #include "iprobe/formats/rt_layout.h"
 #include "iprobe/formats/probe_list.h"
-#include "iprobe/hotpatch/attach_report.h"
 #include "iprobe/hotpatch/trace_file.h"
 #include "iprobe/support/error.h"
 
@@ -34,35 +33,6 @@ constexpr long kBurst = 100000;
 const std::string kBigRing = "262144";  // records per thread: one burst (entry + exit) fits
 
 std::string pid_of(HpTarget& t) { return std::to_string(t.pid()); }
-
-// The JSON `iprobe attach --json` prints is what the launcher reads back.
-TEST(AttachReport, JsonRoundTripsAndTheSummaryReadsAsTheCliPrintsIt) {
-    hotpatch::AttachStats st;
-    st.selected = 12;
-    st.enabled = 10;
-    st.already_enabled = 2;
-    st.total_enabled = 12;
-    st.threads = 3;
-    st.pause_us = 456;
-    st.stop_us = 123;
-    st.runtime_injected = true;
-    const hotpatch::AttachStats back = hotpatch::parse_attach_json(hotpatch::attach_json(st, 77));
-    EXPECT_EQ(back.selected, 12u);
-    EXPECT_EQ(back.enabled, 10u);
-    EXPECT_EQ(back.already_enabled, 2u);
-    EXPECT_EQ(back.total_enabled, 12u);
-    EXPECT_EQ(back.threads, 3u);
-    EXPECT_EQ(back.pause_us, 456u);
-    EXPECT_EQ(back.stop_us, 123u);
-    EXPECT_TRUE(back.runtime_injected);
-    EXPECT_EQ(hotpatch::attach_summary(back, 77),
-              "enabled 10 probes in process 77 (2 already on, 12 on in total); 3 threads stopped for 456 us; "
-              "runtime injected");
-    EXPECT_EQ(hotpatch::attach_summary(back), "enabled 10 probes (2 already on, 12 on in total); 3 threads stopped for 456 us; "
-                                              "runtime injected");
-    EXPECT_THROW(hotpatch::parse_attach_json("enabled 10 probes"), Error);
-    EXPECT_THROW(hotpatch::parse_attach_json(R"({"enabled":10})"), Error);
-}
 
 class HotpatchTest : public ::testing::Test {
 protected:

@@ -83,6 +83,15 @@ protected:
         ASSERT_FALSE(clone_netns_.empty());
         ASSERT_GT(clone_pid_, 1) << clone.back();
     }
+    // The iprobe-cc redis as production, a session probing processCommand
+    // in its clone (no trace), once the probes are attached.
+    void start_probed_debug() {
+        const std::string server = finstrument_redis();
+        ASSERT_FALSE(server.empty()) << "scripts/build-redis --mode finstrument failed";
+        ASSERT_NO_FATAL_FAILURE(start_redis(server));
+        ASSERT_NO_FATAL_FAILURE(start_debug({"--probes", server + ".probes", "--functions", "processCommand", "--no-trace"}));
+        ASSERT_TRUE(wait_for_event(out_path(), "attached", 1, *debug_)) << file_text(out_path());
+    }
     std::string out_path() const { return dir_ / out_name_; }
     std::string via_mirror(const std::vector<std::string>& args) {
         return redis_cli(prod_ns_->path(), listen_port_, args);
@@ -214,6 +223,68 @@ TEST_F(LauncherDebug, ProbeTraceComesFromTheCloneAndProductionIsNotPatched) {
     EXPECT_NE(last.find(R"("mode":"resp")"), std::string::npos) << "redis: divergence by RESP message by default: " << last;
 }
 
+// Values in the clone: `iprobe debug --args --retval` on a redis built with
+// the entry flow (-O2 -g, Debian's source).  setCommand(client *c) gets its
+// key inside the client; the key itself is a string argument of sdsdup(),
+// which dbAdd calls with it for a new key: each SET shows its key, nested in
+// its setCommand call, with sdsdup's copy as the return value.
+TEST_F(LauncherDebug, ArgsInTheCloneShowTheKeyOfEachSetCommand) {
+    if (!fs::exists(build_dir() + "/libexec/iprobe/iprobe-hotpatch"))
+        FAIL() << "iprobe-hotpatch is not built (target iprobe-hotpatch)";
+    const std::string server = build_redis("entry");
+    ASSERT_FALSE(server.empty());
+    ASSERT_NO_FATAL_FAILURE(start_redis(server));
+    ASSERT_NO_FATAL_FAILURE(start_debug({"--probes", server + ".probes", "--functions", "setCommand,sdsdup", "--args",
+                                         "--retval"}));
+    ASSERT_TRUE(wait_for_event(out_path(), "attached", 1, *debug_)) << file_text(out_path());
+    for (const char* key : {"user:1", "user:22", "user:333"}) EXPECT_EQ(via_mirror({"SET", key, "v"}), "OK");
+    const std::string set_entry = R"("kind":"entry","function":"setCommand","depth":0,"args":[{"name":"c","type":"struct client*","value":"0x)";
+    std::string out;
+    for (int i = 0; i < 100 && count_lines_with(out, R"("kind":"exit","function":"setCommand")") < 3; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        out = file_text(out_path());
+    }
+    EXPECT_EQ(count_lines_with(out, set_entry), 3u) << out;
+    // the retval of a void function: none
+    EXPECT_EQ(count_lines_with(out, R"("kind":"exit","function":"setCommand","depth":0})"), 3u) << out;
+    for (const char* key : {"user:1", "user:22", "user:333"}) {
+        const std::string dup = std::string(R"("kind":"entry","function":"sdsdup","depth":1,"args":[{"name":"s","type":"const char*","value":")") + key + R"("}])";
+        EXPECT_EQ(count_lines_with(out, dup), 1u) << key << "\n" << out;
+    }
+    EXPECT_EQ(count_lines_with(out, R"("kind":"exit","function":"sdsdup","depth":1,"retval":{"type":"char*","value":")"), 3u)
+        << out;
+    EXPECT_EQ(clone_eventually({"GET", "user:333"}, "v"), "v");
+    stop_debug_and_check_clean();
+}
+
+// --when goes to the clone's agent with the attach: only the calls it holds
+// for are traced (in the clone, by the runtime), the others counted only.
+TEST_F(LauncherDebug, WhenInTheCloneTracesOnlyTheCallsItHoldsFor) {
+    if (!fs::exists(build_dir() + "/libexec/iprobe/iprobe-hotpatch"))
+        FAIL() << "iprobe-hotpatch is not built (target iprobe-hotpatch)";
+    const std::string server = build_redis("entry");
+    ASSERT_FALSE(server.empty());
+    ASSERT_NO_FATAL_FAILURE(start_redis(server));
+    ASSERT_NO_FATAL_FAILURE(start_debug({"--probes", server + ".probes", "--functions", "sdsdup", "--args", "--when",
+                                         "s == \"user:22\""}));
+    ASSERT_TRUE(wait_for_event(out_path(), "attached", 1, *debug_)) << file_text(out_path());
+    for (const char* key : {"user:1", "user:22", "user:333"}) EXPECT_EQ(via_mirror({"SET", key, "v"}), "OK");
+    const std::string matched = R"("kind":"entry","function":"sdsdup")";
+    const std::string user22 = R"("args":[{"name":"s","type":"const char*","value":"user:22"}])";
+    std::string out;
+    for (int i = 0; i < 100 && count_lines_with(out, user22) < 1; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        out = file_text(out_path());
+    }
+    EXPECT_EQ(clone_eventually({"GET", "user:333"}, "v"), "v");  // every SET reached the clone
+    out = file_text(out_path());
+    EXPECT_GE(count_lines_with(out, user22), 1u) << out;
+    EXPECT_EQ(count_lines_with(out, matched), count_lines_with(out, user22)) << out;
+    EXPECT_EQ(count_lines_with(out, R"("value":"user:1")"), 0u) << out;
+    EXPECT_EQ(count_lines_with(out, R"("value":"user:333")"), 0u) << out;
+    stop_debug_and_check_clean();
+}
+
 // Without --json, a person reads: the clone by its own PID, the freeze once,
 // where the mirror's stats are, and how replies are compared.
 TEST_F(LauncherDebug, HumanOutputNamesTheCloneItsStatsAddressAndTheFreezeOnce) {
@@ -329,6 +400,50 @@ TEST_F(LauncherDebug, DivergenceRecloningReplacesACloneThatAnswersDifferently) {
     EXPECT_EQ(via_mirror({"GET", "x"}), "production");
     std::this_thread::sleep_for(std::chrono::milliseconds(2500));
     EXPECT_EQ(events(out_path(), "reclone").size(), 1u) << file_text(out_path());
+    stop_debug_and_check_clean();
+}
+
+// The clone's probes are one agent process inside its PID namespace; when
+// it dies the session says so and ends, taking the clone along.
+TEST_F(LauncherDebug, AProbeAgentThatDiesEndsTheSessionSayingSoAndTheCloneGoes) {
+    ASSERT_NO_FATAL_FAILURE(start_probed_debug());
+    // The agents of this clone: processes in its PID namespace running `iprobe-hotpatch agent`.
+    const auto ns_of = [](long long pid) {
+        std::error_code ec;
+        return fs::read_symlink("/proc/" + std::to_string(pid) + "/ns/pid", ec).string();
+    };
+    std::vector<pid_t> agents;
+    for (const auto& entry : fs::directory_iterator("/proc")) {
+        const std::string name = entry.path().filename();
+        if (name.find_first_not_of("0123456789") != std::string::npos) continue;
+        const std::string cmdline = file_text(entry.path() / "cmdline");
+        if (cmdline.find(std::string("iprobe-hotpatch\0agent\0", 22)) != std::string::npos &&
+            ns_of(std::stoll(name)) == ns_of(clone_pid_))
+            agents.push_back(std::stoi(name));
+    }
+    ASSERT_EQ(agents.size(), 1u) << "one probe agent per clone";
+    ASSERT_EQ(::kill(agents.front(), SIGKILL), 0);
+    EXPECT_EQ(debug_->wait(std::chrono::seconds(60)), 1) << file_text(out_path());
+    const auto errors = events(out_path(), "error");
+    ASSERT_FALSE(errors.empty()) << file_text(out_path());
+    EXPECT_NE(errors.back().find("the probe agent of clone"), std::string::npos) << errors.back();
+    debug_.reset();
+    EXPECT_FALSE(netns_exists(fs::path(clone_netns_).filename().string()));
+    EXPECT_FALSE(fs::exists("/proc/" + std::to_string(clone_pid_)) &&
+                 file_text("/proc/" + std::to_string(clone_pid_) + "/stat").find(") Z") == std::string::npos);
+    EXPECT_EQ(redis_->cli({"PING"}), "PONG");
+}
+
+// The clone's process ending is not its agent dying: the agent says so, the
+// session tells its user and goes on (divergence or the user ends it).
+TEST_F(LauncherDebug, ACloneWhoseProcessExitsIsSaidAndTheSessionGoesOn) {
+    ASSERT_NO_FATAL_FAILURE(start_probed_debug());
+    ASSERT_EQ(::kill(static_cast<pid_t>(clone_pid_), SIGKILL), 0);
+    EXPECT_TRUE(wait_for_event(out_path(), "clone-exited", 1, *debug_)) << file_text(out_path());
+    std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+    EXPECT_TRUE(debug_->running()) << file_text(out_path());
+    EXPECT_TRUE(events(out_path(), "error").empty()) << file_text(out_path());
+    EXPECT_EQ(via_mirror({"SET", "still", "served"}), "OK");
     stop_debug_and_check_clean();
 }
 

@@ -126,6 +126,14 @@ protected:
     std::unique_ptr<Child> session_;
 };
 
+// The last PID handed out in the PID namespace of `pid`, as read by a
+// process started there (which takes it): two reads with nothing started in
+// between differ by one.
+long last_pid_in_namespace_of(long long pid) {
+    const auto r = run({"nsenter", "--target", std::to_string(pid), "--pid", "--", "cat", "/proc/sys/kernel/ns_last_pid"});
+    return r.exit_code == 0 ? std::stol(r.out) : -1;
+}
+
 // The calls per function of a "report" event or of `iprobe report --json`.
 std::map<std::string, std::uint64_t> calls_of(const Json& report) {
     std::map<std::string, std::uint64_t> out;
@@ -174,6 +182,11 @@ TEST_F(DebugWindow, AdaptKeepsTheCloneWithinItsBufferWhereTheFixedProbeSetOverfl
         args.push_back("--adapt");
         return args;
     }());
+    // Every change goes to the clone's probe agent as a message: no process
+    // starts in the clone's PID namespace from here on.
+    const long long adapting_clone = json_number(events(out_, "clone").back(), "clone_pid");
+    const long pid_before = last_pid_in_namespace_of(adapting_clone);
+    ASSERT_GT(pid_before, 0);
     const Json adapt_load = paced(half, kCommands, sort);
     EXPECT_EQ(adapt_load.value("replies", 0L), kCommands) << adapt_load;
     // ... and came back once the load was over.
@@ -188,6 +201,8 @@ TEST_F(DebugWindow, AdaptKeepsTheCloneWithinItsBufferWhereTheFixedProbeSetOverfl
     std::string log;
     for (const auto& c : changes) log += c.substr(0, 300) + "\n";
     ASSERT_TRUE(restored()) << log;
+    EXPECT_EQ(last_pid_in_namespace_of(adapting_clone), pid_before + 1)
+        << changes.size() << " adapt changes started processes in the clone";
     const Json first = parse(changes.front());
     EXPECT_EQ(first.value("action", ""), "drop") << log;
     EXPECT_FALSE(first["functions"].empty());

@@ -35,6 +35,18 @@ TEST(Args, BothValueFormsShortNamesFlagsAndRepeats) {
     EXPECT_EQ(empty.value("--output", "x"), "");  // given, and empty: not the fallback
 }
 
+TEST(Args, AnOptionalValueIsGivenOnlyWithEquals) {
+    const ArgSpec s("tool", "usage: tool [--depth[=N]] FILE", "", {{"--depth", "N", "how deep", {}, true}});
+    auto a = parse(s, {"--depth", "in.bin"});
+    EXPECT_TRUE(a.has("--depth"));
+    EXPECT_EQ(a.value("--depth", "none"), "");
+    EXPECT_EQ(a.positionals(), std::vector<std::string>{"in.bin"}) << "the next word is never its value";
+    a = parse(s, {"--depth=3", "in.bin"});
+    EXPECT_EQ(a.value("--depth"), "3");
+    EXPECT_FALSE(parse(s, {"in.bin"}).has("--depth"));
+    EXPECT_NE(s.help().find("  --depth[=N]"), std::string::npos) << s.help();
+}
+
 TEST(Args, DoubleDashEndsOptionsOrStartsACommand) {
     auto a = parse(spec(), {"--json", "--", "--output", "-o"});
     EXPECT_EQ(a.positionals(), (std::vector<std::string>{"--output", "-o"}));

@@ -12,6 +12,7 @@
  *   struct iprobe_rt_probe   [probe_capacity]  at probes_offset   (global probe index)
  *   struct iprobe_rt_site    [1 << hash_bits]  at hash_offset     (return address -> probe)
  *   struct iprobe_rt_fn_stats[stat_capacity]   at baseline_offset (reader's `--since-last` mark)
+ *   struct iprobe_cond_program[condition_capacity] at conditions_offset (`--when`, append-only)
  *   per thread: struct iprobe_rt_thread + struct iprobe_rt_fn_stats[stat_capacity]
  *                                            at threads_offset + i * thread_stride
  *   per ring: struct iprobe_rt_ring + records  at rings_offset + i * ring_stride
@@ -32,26 +33,101 @@
 
 #include <stdint.h>
 
+#include "iprobe/formats/condition.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
 
 #define IPROBE_RT_MAGIC "IPROBERT"
-#define IPROBE_RT_VERSION 4u
+#define IPROBE_RT_VERSION 6u
 #define IPROBE_RT_MEMFD_PREFIX "iprobe." /* memfd name iprobe.<pid>: /proc/PID/fd shows /memfd:iprobe.<pid> (deleted) */
 #define IPROBE_RT_PATH_MAX 256
 #define IPROBE_RT_CACHELINE 64
 #define IPROBE_RT_HIST_BUCKETS 48  /* completed calls by floor(log2(inclusive ticks)) */
 #define IPROBE_RT_STACK_DEPTH 120  /* timed frames per thread; deeper calls are counted, not timed */
+#define IPROBE_RT_RETVAL_BUCKETS 64 /* completed calls by signed log2 of the integer return value */
+#define IPROBE_RT_RETVAL_ZERO_BUCKET 32 /* value 0; 32 + bit length for v > 0 (capped 31), 32 - bit length of -v for v < 0 */
+#define IPROBE_RT_CONDITIONS 4096  /* compiled `--when` programs a region holds (append-only) */
 #define IPROBE_RT_NO_STAT 0xffffffffu
 #define IPROBE_RT_RETURN_STACK_FRAMES 1024 /* hooked returns per thread (runtime/src/return_stack.h) */
 #define IPROBE_RT_LOSSLESS_WAIT_S 2        /* longest wait for room in a lossless trace */
+
+#define IPROBE_RT_RETVAL_SIGNED 0x80u
 
 enum iprobe_rt_record_kind {
     IPROBE_RT_REC_ENTRY = 1,
     IPROBE_RT_REC_EXIT = 2,
     IPROBE_RT_REC_POINT = 3,      /* followed by one IPROBE_RT_REC_ARGS record when nargs > 0 */
     IPROBE_RT_REC_ARGS = 4        /* continuation: the point's integer arguments */
+};
+
+/* ---- values: arguments at entry, return registers at exit, backtraces ----
+ * An ENTRY or EXIT record of a probe whose iprobe_rt_probe.values asks for
+ * them is followed by `nargs` continuation records (32 bytes each, read as
+ * four uint64_t words) holding, in this order:
+ *   entry (spec of the entry probe):
+ *     gpr[0 .. gprs-1]      rdi, rsi, rdx, rcx, r8, r9 as the function got them
+ *     xmm[0 .. xmms-1]      the low 64 bits of xmm0..
+ *     per bit i of `strings`, ascending: one word, the bytes copied from gpr[i]
+ *       (IPROBE_RT_STRING_NULL, IPROBE_RT_STRING_UNREADABLE, or 0..64; a copy
+ *       stops at the first unreadable byte), then 8 words: the bytes
+ *     with IPROBE_RT_VALUES_BACKTRACE: one word n, then n return addresses,
+ *       the caller's first
+ *   exit (spec of the exit probe, IPROBE_RT_VALUES_RETVAL):
+ *     rax, rdx, xmm0 (low 64 bits), xmm1 (low 64 bits)
+ * The words run on across records; the last record's unused words are 0.
+ * Typing is the reader's (DWARF); the target only copies registers. */
+#define IPROBE_RT_VALUES_ARGS 0x01u      /* entry probe: capture gprs/xmms/strings */
+#define IPROBE_RT_VALUES_RETVAL 0x02u    /* exit probe: capture the return registers */
+#define IPROBE_RT_VALUES_BACKTRACE 0x04u /* entry probe: the caller chain, at most `backtrace` frames */
+#define IPROBE_RT_VALUES_GPRS 6
+#define IPROBE_RT_VALUES_XMMS 8
+#define IPROBE_RT_STRING_BYTES 64
+#define IPROBE_RT_STRING_NULL UINT64_MAX            /* the pointer was NULL */
+#define IPROBE_RT_STRING_UNREADABLE (UINT64_MAX - 1) /* not a single byte readable (dangling) */
+#define IPROBE_RT_BACKTRACE_MAX 32
+#define IPROBE_RT_VALUES_MAX_WORDS                                                                      \
+    (IPROBE_RT_VALUES_GPRS + IPROBE_RT_VALUES_XMMS + IPROBE_RT_VALUES_GPRS * (1 + IPROBE_RT_STRING_BYTES / 8) + \
+     1 + IPROBE_RT_BACKTRACE_MAX)
+
+/* A spec as a record carries it: flags, gprs | xmms << 4, strings, backtrace. */
+#define IPROBE_RT_VALUES_PACK(s)                                                                      \
+    ((uint32_t)(s).flags | (uint32_t)(((s).gprs & 15u) | ((s).xmms & 15u) << 4) << 8 |               \
+     (uint32_t)(s).strings << 16 | (uint32_t)(s).backtrace << 24)
+
+/* What a probe captures: written by the attacher (one 8-byte store, so a
+ * handler reading it while the attacher changes it sees either whole), read
+ * by the handler at each event; all 0 = plain trace. */
+struct iprobe_rt_values_spec {
+    uint8_t flags;      /* IPROBE_RT_VALUES_* */
+    uint8_t gprs;       /* integer argument registers captured, 0..IPROBE_RT_VALUES_GPRS */
+    uint8_t xmms;       /* vector argument registers captured, 0..IPROBE_RT_VALUES_XMMS */
+    uint8_t strings;    /* bit i: gpr[i] is a char* whose first 64 bytes are copied */
+    uint8_t backtrace;  /* caller frames to record, 0..IPROBE_RT_BACKTRACE_MAX */
+    uint8_t condition;  /* reserved for --when (runtime/src/values_match.c): 0 = none */
+    uint16_t reserved;
+};
+
+/* The one place a handler holds a call's values before it records: filled
+ * at entry from the argument registers and at exit from the return
+ * registers, then handed to iprobe_rt_values_match() (the --when /
+ * --min-duration hook); only a call it accepts is recorded.  Only the
+ * fields of its kind are set (entry: gpr, xmm when spec.xmms; exit: the
+ * rest): the others are not cleared, to keep the hot path short. */
+struct iprobe_rt_values {
+    uint8_t kind;               /* IPROBE_RT_REC_ENTRY or IPROBE_RT_REC_EXIT */
+    uint8_t has_return;         /* exit: 1 when ret/xret hold the function's return registers */
+    uint8_t has_duration;       /* exit: 1 when duration is known (the entry was seen by this handler) */
+    uint8_t entry_matched;      /* exit: 1 when its entry was recorded (or was not seen: exit-only) */
+    uint8_t has_args;           /* exit: 1 when gpr holds the entry's arguments (a --when decided
+                                 * at exit kept them in the call's frame) */
+    uint8_t pad[3];
+    uint64_t gpr[IPROBE_RT_VALUES_GPRS];  /* entry: rdi, rsi, rdx, rcx, r8, r9 */
+    uint64_t xmm[IPROBE_RT_VALUES_XMMS];  /* entry: low 64 bits of xmm0-7 */
+    uint64_t ret[2];            /* exit: rax, rdx */
+    uint64_t xret[2];           /* exit: low 64 bits of xmm0, xmm1 */
+    uint64_t duration;          /* exit: clock ticks (iprobe_rt_control.clock) since the entry */
 };
 
 /* The TSC where it is invariant (constant_tsc and nonstop_tsc: the cheapest
@@ -85,10 +161,16 @@ struct iprobe_rt_record {
     uint32_t probe;      /* global probe index (iprobe_rt_probe) */
     uint32_t tid;
     uint8_t kind;        /* enum iprobe_rt_record_kind */
-    uint8_t nargs;       /* POINT: how many args the next record carries */
+    uint8_t nargs;       /* POINT: how many args the next record carries;
+                          * ENTRY/EXIT: continuation records of values that follow */
     uint16_t depth;      /* handler nesting in this thread (signal re-entrancy), 0 normally */
-    uint32_t reserved;
-    uint64_t reserved2;
+    uint32_t values;     /* ENTRY/EXIT with continuation records: the spec they were written
+                          * under (IPROBE_RT_VALUES_PACK), so a reader never types them by a
+                          * spec a later attach changed; 0 otherwise */
+    uint64_t frame;      /* ENTRY/EXIT at function-entry sites: the address of the function's
+                          * return-address slot (its stack pointer at entry), so a reader
+                          * pairs an exit with its entry and sees frames an exception or
+                          * longjmp unwound (no exit); 0 elsewhere */
 };
 
 /* The ARGS continuation record reuses the slot as four integers. */
@@ -143,13 +225,18 @@ struct iprobe_rt_probe {
                           * IPROBE_RT_NO_STAT when none */
     uint8_t timed;       /* entry probe whose function's exit probe is enabled too:
                           * its calls are timed (else only counted) */
-    uint8_t kept;        /* enum iprobe_rt_kept: what the handlers that turned this
-                          * probe on keep for it (OR over attaches; 0: not recorded) */
-    uint8_t pad[2];
+    uint8_t retval_hist; /* exit probe: 0, or the return value's width in bytes (1, 2, 4, 8)
+                          * | IPROBE_RT_RETVAL_SIGNED: keep its log2 histogram */
+    uint16_t condition;  /* entry probe: 0, or 1 + the index of its `--when` program in the
+                          * conditions table (the trace handler; one store switches it) */
     /* Written by the attacher when it turns the site on or off, so a report
      * can say for which part of the time a function's counts were kept. */
     uint64_t live_since_ns;  /* CLOCK_REALTIME when the site last became live; 0 while off */
     uint64_t live_ns;        /* time the site was live before that */
+    struct iprobe_rt_values_spec values; /* what the handler captures (0: nothing) */
+    uint8_t kept;        /* enum iprobe_rt_kept: what the handlers that turned this
+                          * probe on keep for it (OR over attaches; 0: not recorded) */
+    uint8_t pad[7];      /* 64 bytes a probe (return_trampolines.S indexes the table) */
 };
 
 /* One function's sums in one thread (or summed by a reader). */
@@ -160,8 +247,11 @@ struct iprobe_rt_fn_stats {
     uint64_t exclusive_ticks;  /* inclusive minus timed callees */
     uint64_t timed;            /* completed calls with a time */
     uint64_t max_ticks;
-    uint64_t reserved[2];
+    uint64_t matched;          /* calls a `--when` condition held for (their events recorded) */
+    uint64_t undecided;        /* calls whose exit-time condition could not be evaluated: their
+                                * entry had no frame (deeper than IPROBE_RT_STACK_DEPTH) */
     uint64_t histogram[IPROBE_RT_HIST_BUCKETS];
+    uint64_t retval_histogram[IPROBE_RT_RETVAL_BUCKETS]; /* with retval_hist on the exit probe */
 };
 
 struct iprobe_rt_frame {
@@ -169,6 +259,8 @@ struct iprobe_rt_frame {
     uint32_t pad;
     uint64_t start;            /* tsc at entry */
     uint64_t children;         /* ticks spent in timed callees */
+    uint64_t args[IPROBE_COND_ARGS]; /* integer argument registers at entry, for a condition
+                                      * decided at exit (set only then) */
 };
 
 struct iprobe_rt_thread {
@@ -236,6 +328,9 @@ struct iprobe_rt_control {
     uint32_t lossless;
     uint32_t pad4;
     uint64_t lossless_timeouts;  /* waits that gave up (and cleared `lossless`) */
+    uint64_t conditions_offset;  /* struct iprobe_cond_program[condition_capacity] */
+    uint32_t condition_capacity;
+    uint32_t condition_count;    /* programs written so far (never rewritten: a thread may be reading one) */
     uint64_t reserved[4];
 };
 

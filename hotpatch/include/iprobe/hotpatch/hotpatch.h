@@ -17,6 +17,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -60,8 +61,37 @@ struct HandlerSymbols {
     static HandlerSymbols runtime(HandlerMode mode);  // the runtime's own handlers
 };
 
+// Probes chosen once by the caller: a probe list it loaded (from `source`,
+// a path as the target sees it) and the ids of the probes it picked.  Handed
+// to attach and detach instead of sources and a selector, so neither loads
+// or matches again (a session turning functions on and off, fperf).
+struct ProbeSelection {
+    std::string source;
+    std::shared_ptr<const probelist::ProbeList> list;
+    std::vector<std::uint32_t> probes;  // ids (indices into list->probes)
+};
+
+// Loads `sources` and picks with `selector` (exactly what attach would):
+// one selection per source, empty ones included.
+std::vector<ProbeSelection> select_probes(const std::vector<std::string>& sources,
+                                          const probelist::ProbeSelector& selector);
+
+// What enabled function-entry probes record besides the call (issue 29):
+// the arguments at entry, the return value at exit, the callers' return
+// addresses.  Typed by the reader from DWARF; without it arg0..arg5 raw.
+struct ValueOptions {
+    bool args = false;
+    bool retval = false;
+    unsigned backtrace = 0;  // caller frames, 0 = none (at most IPROBE_RT_BACKTRACE_MAX)
+    bool any() const { return args || retval || backtrace; }
+    bool operator==(const ValueOptions&) const = default;
+};
+
 struct AttachOptions {
     pid_t pid = 0;
+    // Chosen already: when not empty, probe_sources, modules and selector
+    // are not used.
+    std::vector<ProbeSelection> selections;
     // Probe lists, coldpatched binaries or binaries with a probe section
     // (iprobe::load_probes), one per module; empty = the target's executable.
     std::vector<std::string> probe_sources;
@@ -74,6 +104,7 @@ struct AttachOptions {
     // trampoline, no return stack) unless this is set or the selector names
     // exit probes (--exit-only): then it also counts completed calls.
     bool count_exits = false;
+    ValueOptions values;                // trace handler only
     HandlerSymbols handlers;            // empty enter = HandlerSymbols::runtime(mode)
     std::string runtime_library;        // empty = default_runtime_library()
     // Per-thread event ring (trace stream), when the region is created:
@@ -81,6 +112,14 @@ struct AttachOptions {
     std::uint32_t ring_records = 1u << 14;
     std::uint32_t max_threads = 512;        // thread slots and rings, when the region is created
     std::chrono::milliseconds safe_point_timeout{3000};
+    // `--when EXPR` and `--min-duration TIME` (condition.h): the trace
+    // handler records a selected function's events only for calls they hold
+    // for; every call is still counted.  Empty: every call is recorded.  Each
+    // attach sets the selected functions' condition (none when empty).
+    std::string when;
+    std::string min_duration;
+    // Keep a log2 histogram of each selected function's integer return value.
+    bool retval_histogram = false;
 };
 
 struct AttachStats {
@@ -105,6 +144,12 @@ struct AttachStats {
     // Selected functions left alone because `iprobe patch` replaced them
     // (their entry jumps to the replacement; see live_patch.h).
     std::vector<std::string> patched_skipped;
+    // With ValueOptions: selected probes that record no values because they
+    // are not function-entry sites (the -finstrument-functions flow,
+    // developer points), and probes typed without DWARF (arg0..arg5 raw).
+    std::size_t values_unavailable = 0;
+    std::size_t values_untyped = 0;
+    bool operator==(const AttachStats&) const = default;
 };
 
 AttachStats attach(const AttachOptions& options);
@@ -112,6 +157,9 @@ AttachStats attach(const AttachOptions& options);
 struct DetachOptions {
     pid_t pid = 0;
     probelist::ProbeSelector selector;  // empty = every enabled probe
+    // Chosen already (matched to the process's modules by build-id): when
+    // not empty, only these probes, and the selector is not used.
+    std::vector<ProbeSelection> selections;
     std::chrono::milliseconds safe_point_timeout{3000};
 };
 
@@ -127,6 +175,7 @@ struct DetachStats {
     std::size_t threads = 0;
     std::uint64_t pause_us = 0;
     std::uint64_t stop_us = 0;
+    bool operator==(const DetachStats&) const = default;
 };
 
 DetachStats detach(const DetachOptions& options);

@@ -31,7 +31,9 @@ public:
 
     void write(const Event& event);
     // Raw records as drained (TraceReader::drain_runs), converted in bulk;
-    // a POINT's argument record may come in the next run of its ring.
+    // a POINT's argument record may come in the next run of its ring.  An
+    // ENTRY's or EXIT's values (continuation records) are not kept: passed
+    // over and counted (without_values()).
     void write(const RecordRun& run, const WallClock& clock);
     // After the last run: a point still waiting for its arguments is
     // written without them.
@@ -39,15 +41,21 @@ public:
     // Writes the probe names (index = global probe index) and the footer.
     void finish(const std::vector<ProbeInfo>& probes);
     std::uint64_t events() const { return events_; }
+    // Events written whose arguments, return value or backtrace the file
+    // does not keep (attach --args/--retval/--backtrace).
+    std::uint64_t without_values() const { return without_values_; }
 
 private:
     std::string path_;
     std::FILE* file_ = nullptr;
     std::uint64_t events_ = 0;
+    std::uint64_t without_values_ = 0;
     std::vector<char> buffer_;     // events not yet handed to file_
     std::size_t used_ = 0;
     bool args_next_ = false;       // the last record was a POINT whose arguments follow
+    std::uint32_t values_next_ = 0;  // continuation records of the last ENTRY/EXIT still to pass over
     std::uint32_t ring_ = UINT32_MAX;
+    std::uint64_t next_at_ = 0;      // where the last run of ring_ ended
     void flush_buffer();
 };
 

@@ -10,7 +10,9 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "iprobe/probelist/probe_list.h"
@@ -23,6 +25,24 @@ class JsonWriter;
 
 namespace iprobe::hotpatch {
 
+// A value an event carries (`attach --args --retval`), typed by the reader.
+struct Value {
+    std::string name;  // parameter name, arg0..arg5 without DWARF; empty for a return value
+    std::string type;  // as C spells it
+    std::string text;  // as `trace --format text` prints it: 10, RED, "key", NULL, {x = 1, y = 2}
+    std::string json;  // the same as a JSON value
+    bool operator==(const Value&) const = default;
+};
+
+// A caller in a backtrace (`attach --backtrace`), nearest first.
+struct Frame {
+    std::uint64_t address = 0;  // return address
+    std::string function;       // empty when no module names it
+    std::string file;
+    std::uint32_t line = 0;
+    bool operator==(const Frame&) const = default;
+};
+
 struct Event {
     std::uint64_t tsc = 0;
     std::uint64_t time_ns = 0;  // CLOCK_REALTIME nanoseconds
@@ -32,6 +52,14 @@ struct Event {
     std::uint16_t depth = 0;    // handler nesting (signal re-entrancy)
     std::uint8_t nargs = 0;     // POINT events
     std::uint64_t args[4] = {0, 0, 0, 0};
+    // Function-entry sites: the function's return-address slot (0 elsewhere):
+    // an exit pairs with the entry of the same frame; an open frame below a
+    // later event's was unwound (an exception, longjmp): it has no exit.
+    std::uint64_t frame = 0;
+    bool has_values = false;         // entry: args recorded; exit: the return registers
+    std::vector<Value> values;       // entry: the arguments
+    std::optional<Value> retval;     // exit: nullopt for void (or not recorded)
+    std::vector<Frame> backtrace;
 };
 
 struct ProbeInfo {
@@ -41,6 +69,47 @@ struct ProbeInfo {
     std::uint32_t line = 0;
     probelist::ProbeKind kind = probelist::ProbeKind::entry;
     std::string module;
+};
+
+// One event of the trace stream, symbolized, with its nesting in its
+// thread (what `iprobe trace --format json` prints a line of,
+// and a probe agent sends: agent_protocol.h).
+struct TraceRecord {
+    std::uint64_t time_ns = 0;  // CLOCK_REALTIME
+    std::uint32_t tid = 0;
+    probelist::ProbeKind kind = probelist::ProbeKind::entry;
+    std::string function;       // demangled
+    int depth = 0;              // calls of this thread open around it
+    std::vector<std::uint64_t> args;  // a point's arguments
+    bool in_signal = false;     // logged by a signal handler that interrupted the thread
+    // attach --args: an entry's arguments; at an exit, those of the call it
+    // ends (for "<- f(n=10) = 55"; not in JSON).
+    bool has_arguments = false;
+    std::vector<Value> arguments{};
+    std::optional<Value> retval{};  // attach --retval: an exit's (nullopt for void)
+    std::vector<Frame> backtrace{};  // attach --backtrace, nearest caller first
+    // An exit nobody saw: the call's frame was unwound (an exception,
+    // longjmp), found when a later event of its thread sat at or above it.
+    bool unwound = false;
+    bool operator==(const TraceRecord&) const = default;
+};
+// The nesting of each thread's calls as events come (the tids come from
+// the target's rings, so the table is bounded: past 65536 threads it starts
+// over; indentation stops growing past 256 calls).
+class CallNesting {
+public:
+    // The records `event` makes, in order: the calls its thread had open
+    // that its frame shows were unwound (exits with `unwound`), then its own.
+    void records(const Event& event, const ProbeInfo& info, const std::function<void(const TraceRecord&)>& sink);
+
+private:
+    struct OpenCall {
+        std::uint64_t frame = 0;  // its return slot, 0 when unknown
+        std::string function;
+        bool has_arguments = false;
+        std::vector<Value> arguments;
+    };
+    std::unordered_map<std::uint32_t, std::vector<OpenCall>> stacks_;
 };
 
 // One function's aggregates (ticks converted to ns).
@@ -69,6 +138,10 @@ struct FunctionStats {
         constexpr std::uint8_t all = IPROBE_RT_KEPT_CALLS | IPROBE_RT_KEPT_COMPLETED | IPROBE_RT_KEPT_TIMES;
         return (kept & all) == all;
     }
+    // A `--when`/`--min-duration` condition is (or was) on: raw.matched
+    // counts the calls it held for (their events recorded).
+    bool conditioned = false;
+    bool retval_histogram = false;  // raw.retval_histogram is kept (attach --retval)
     iprobe_rt_fn_stats raw{};  // the sums these were made from, in clock ticks
     double ns_per_tick = 1;
 };
@@ -90,6 +163,8 @@ struct ProbeState {
     bool live = false;                       // the site holds its call now
     std::uint64_t live_ns = 0;               // finished stretches it was live
     std::uint64_t live_since_ns = 0;         // CLOCK_REALTIME since when it is live (0: off)
+    std::uint16_t condition = 0;             // iprobe_rt_probe.condition (entry probes)
+    bool retval_hist = false;                // the return value's histogram is kept (exit probes)
     std::uint8_t kept = 0;                   // enum iprobe_rt_kept (0: not recorded)
 };
 

@@ -8,6 +8,8 @@
 #include <string>
 #include <vector>
 
+#include "iprobe/hotpatch/hotpatch.h"
+
 namespace iprobe::launcher {
 
 struct DebugOptions {
@@ -18,6 +20,8 @@ struct DebugOptions {
     std::string production;      // ADDR:PORT production listens on
     std::string probes;          // probe list for `iprobe attach` in the clone (empty: none)
     std::string functions;       // function glob for attach
+    hotpatch::ValueOptions values;  // what the clones' probes record (--args, --retval, --backtrace)
+    std::string when, min_duration;  // for which calls (--when, --min-duration; empty: every call)
     std::string buffer;          // mirror's per-connection buffer ("4M"); empty: mirror's default
     std::string name;            // clone name; default iprobe-debug-PID
     // The mirror's reply comparison: stream|resp|http|off, or auto: resp or

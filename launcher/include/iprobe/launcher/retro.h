@@ -18,6 +18,8 @@
 #include <string>
 #include <vector>
 
+#include "iprobe/hotpatch/hotpatch.h"
+
 namespace iprobe::launcher {
 
 struct GenerationInfo {
@@ -62,6 +64,8 @@ struct InvestigateOptions {
     int generation = 0;        // 0: the newest
     std::string probes;        // probe lists (default: the service's executable)
     std::string functions;     // globs
+    hotpatch::ValueOptions values;  // what the probes record (--args, --retval, --backtrace)
+    std::string when, min_duration;  // for which calls (--when, --min-duration; empty: every call)
     double speed = 0;          // 0: as fast as possible; 1: the recorded pacing
     std::string compare = "auto";  // resp | http | stream | off | auto (the generation's)
     bool trace = false;        // stream the clone's events

@@ -1,5 +1,6 @@
 // One command-line grammar for every iprobe tool: `--name value` and
 // `--name=value` alike, `-x value` for a short name, flags take no value,
+// an optional value only as `--name=value`,
 // `--` ends the options (what follows is positional), `-h`/`--help` asks for
 // the help, which is generated from the same table the parser reads.
 #pragma once
@@ -18,6 +19,9 @@ struct ArgOption {
     std::string_view value_name;      // "LIST"; empty: a flag
     std::string_view help;            // may span lines ('\n'), each indented under the option in --help
     std::string_view short_name = {};  // "-o", or empty
+    // The value may be left out (`--backtrace` or `--backtrace=8`, never
+    // `--backtrace 8`): given alone it parses as an empty value.
+    bool optional_value = false;
 };
 
 class ParsedArgs {

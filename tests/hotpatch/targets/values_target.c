@@ -1,0 +1,153 @@
+/* Functions with known arguments and return values for `iprobe attach
+ * --args --retval --backtrace` (tests/hotpatch/values_test.cpp): built as C
+ * and as C++ (which adds a member function and an exception), in every flow,
+ * -O2 -g and without -g.  Driven like hp_target: "ready PID", then commands
+ * on the FIFO, each answered "ok <command> <value>". */
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#ifdef __cplusplus
+#define EXTERN extern "C"
+#else
+#define EXTERN
+#endif
+/* Out of line, called as written: the probes see every call. */
+#define PROBED EXTERN __attribute__((noinline, used))
+
+enum color { RED = 0, GREEN = 5, BLUE = -3 };
+struct point {
+    int x;
+    int y;
+};
+struct vec2 {
+    double x, y;
+};
+struct mixed {
+    long id;
+    double weight;
+};
+
+static volatile long g_sink;
+
+PROBED long v_ints(int a, unsigned short b, long c, signed char d) { return a + b + c + d; }
+PROBED int v_enum(enum color c, bool flag) { return flag ? (int)c * 2 : (int)c; }
+PROBED long v_string(const char* s, int read_it) {
+    g_sink++;
+    return read_it && s ? (long)strlen(s) : -1;
+}
+PROBED double v_double(double x, float y, int n) { return x * n + y; }
+PROBED long v_point(struct point p) { return p.x * 100L + p.y; }
+PROBED double v_vec(struct vec2 v) { return v.x + v.y; }
+PROBED long v_mixed(struct mixed m, int k) { return m.id * k + (long)m.weight; }
+PROBED long v_raw(long a, long b, long c, long d, long e, long f) { return a ^ b ^ c ^ d ^ e ^ f; }
+PROBED void v_void(int n) { g_sink += n; }
+PROBED long fib(int n) { return n < 2 ? n : fib(n - 1) + fib(n - 2); }
+
+PROBED long bt_inner(int x) {
+    g_sink += x;
+    return x + 1;
+}
+PROBED long bt_middle(int x) { return bt_inner(x + 1) * 2; }
+PROBED long bt_outer(int x) { return bt_middle(x + 1) + 3; }
+
+#ifdef __cplusplus
+#include <stdexcept>
+struct Counter {
+    long total;
+    __attribute__((noinline)) long add(long v);
+};
+long Counter::add(long v) {
+    total += v;
+    return total;
+}
+PROBED long ex_thrower(int x) {
+    if (x > 0) throw std::runtime_error("thrown");
+    return x;
+}
+PROBED long ex_middle(int x) { return ex_thrower(x) + 1; }
+PROBED long ex_catcher(int x) {
+    try {
+        return ex_middle(x);
+    } catch (const std::exception&) {
+        return -100;
+    }
+}
+#endif
+
+/* A pointer to freed memory that faults (an unmapped page), and a string
+ * that ends exactly at the end of a page followed by an unmapped one. */
+static char* dangling(void) {
+    char* p = (char*)mmap(0, 4096, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    strcpy(p, "gone");
+    munmap(p, 4096);
+    return p;
+}
+static char* at_page_end(void) {
+    char* p = (char*)mmap(0, 8192, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    munmap(p + 4096, 4096);
+    strcpy(p + 4096 - 5, "edge");
+    return p + 4096 - 5;
+}
+
+static long run_values(void) {
+    long sum = 0;
+    sum += v_ints(7, 8, -9, 10);
+    sum += v_enum(GREEN, true);
+    sum += v_enum(BLUE, false);
+    sum += v_string("user:42", 1);
+    sum += v_string(NULL, 1);
+    sum += v_string(dangling(), 0);
+    sum += v_string(at_page_end(), 1);
+    sum += (long)v_double(1.5, 0.25f, 4);
+    struct point p = {3, 4};
+    sum += v_point(p);
+    struct vec2 v = {1.25, 2.5};
+    sum += (long)v_vec(v);
+    struct mixed m = {11, 2.75};
+    sum += v_mixed(m, 3);
+    sum += v_raw(0x1111111111111111L, 0x2222, -3, 0x7fffffffffffffffL, 5, 0x600000000L);
+    v_void(9);
+#ifdef __cplusplus
+    Counter c = {40};
+    sum += c.add(2);
+    sum += (long)(((unsigned long)(&c)) & 1); /* keeps c in memory: its address is `this` */
+    printf("this %p\n", (void*)&c);
+#endif
+    return sum;
+}
+
+int main(int argc, char** argv) {
+    if (argc < 3) {
+        fprintf(stderr, "usage: values_target THREADS FIFO\n");
+        return 2;
+    }
+    setvbuf(stdout, 0, _IOLBF, 0);
+    printf("ready %d\n", (int)getpid());
+    char line[256];
+    for (;;) {
+        FILE* in = fopen(argv[2], "r");
+        if (!in) return 1;
+        while (fgets(line, sizeof line, in)) {
+            long a = 0;
+            if (strncmp(line, "values", 6) == 0) {
+                printf("ok values %ld\n", run_values());
+            } else if (sscanf(line, "fib %ld", &a) == 1) {
+                printf("ok fib %ld\n", fib((int)a));
+            } else if (sscanf(line, "bt %ld", &a) == 1) {
+                printf("ok bt %ld\n", bt_outer((int)a));
+#ifdef __cplusplus
+            } else if (sscanf(line, "throw %ld", &a) == 1) {
+                printf("ok throw %ld\n", ex_catcher((int)a));
+#endif
+            } else if (strncmp(line, "quit", 4) == 0) {
+                printf("ok quit 0\n");
+                return 0;
+            }
+        }
+        fclose(in);
+    }
+}

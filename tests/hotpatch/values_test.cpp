@@ -1,0 +1,268 @@
+// `iprobe attach --args --retval --backtrace` end to end: values_target
+// (targets/values_target.c) built -O2 -g as C and C++ in the entry flow, as
+// C in the LLVM flow, without -g, and in the -finstrument-functions flow.
+// Every value is checked exactly, in `trace --format json` and text.
+#include <unistd.h>
+
+#include <filesystem>
+#include <regex>
+
+#include <gtest/gtest.h>
+
+#include "hotpatch_fixture.h"
+
+namespace iprobe::test {
+namespace {
+
+// The trace's JSON lines holding every fragment, in order.
+std::vector<std::string> lines_with(const std::string& out, const std::vector<std::string>& fragments) {
+    std::vector<std::string> hits;
+    std::size_t start = 0;
+    while (start < out.size()) {
+        std::size_t end = out.find('\n', start);
+        if (end == std::string::npos) end = out.size();
+        const std::string line = out.substr(start, end - start);
+        std::size_t at = 0;
+        bool all = true;
+        for (const auto& f : fragments) {
+            at = line.find(f, at);
+            if (at == std::string::npos) {
+                all = false;
+                break;
+            }
+            at += f.size();
+        }
+        if (all) hits.push_back(line);
+        start = end + 1;
+    }
+    return hits;
+}
+
+std::string entry_of(const std::string& function) {
+    return "\"kind\":\"entry\",\"function\":\"" + function + "\"";
+}
+std::string exit_of(const std::string& function) { return "\"kind\":\"exit\",\"function\":\"" + function + "\""; }
+std::string arg(const std::string& name, const std::string& type, const std::string& value) {
+    return "{\"name\":\"" + name + "\",\"type\":\"" + type + "\",\"value\":" + value + "}";
+}
+std::string retval(const std::string& type, const std::string& value) {
+    return "\"retval\":{\"type\":\"" + type + "\",\"value\":" + value + "}";
+}
+
+class ValuesTest : public ::testing::Test {
+protected:
+    void SetUp() override {
+        if (!is_root()) GTEST_SKIP() << "needs root (ptrace of any process, /run/iprobe)";
+    }
+    // Starts targets/values_target built as `name`; false when it was not built.
+    bool start(const std::string& name) {
+        name_ = name;
+        binary_ = targets_dir() + "/" + name;
+        if (!std::filesystem::exists(binary_)) return false;
+        target_ = std::make_unique<HpTarget>(1, binary_);
+        pid_ = std::to_string(target_->pid());
+        return true;
+    }
+    void attach(std::vector<std::string> options) {
+        std::vector<std::string> argv{"attach", pid_};
+        argv.insert(argv.end(), options.begin(), options.end());
+        auto a = iprobe(argv);
+        ASSERT_EQ(a.exit_code, 0) << a.out << a.err;
+        attach_out_ = a.out;
+    }
+    std::string trace(const std::string& format) {
+        auto t = iprobe({"trace", pid_, "--format", format, "--duration", "0"});
+        EXPECT_EQ(t.exit_code, 0) << t.err;
+        return t.out;
+    }
+    bool cxx() const { return name_.find("cxx") != std::string::npos; }
+
+    std::string name_, binary_, pid_, attach_out_;
+    std::unique_ptr<HpTarget> target_;
+};
+
+class TypedValuesTest : public ValuesTest, public ::testing::WithParamInterface<std::string> {
+protected:
+    void SetUp() override {
+        ValuesTest::SetUp();
+        if (IsSkipped()) return;
+        if (!start(GetParam())) GTEST_SKIP() << GetParam() << " not built (no LLVM 14 pass)";
+    }
+};
+
+TEST_P(TypedValuesTest, ArgumentsAndReturnValuesOfEveryKindAreExact) {
+    attach({"--args", "--retval", "--functions", "v_*,Counter*"});
+    EXPECT_EQ(attach_out_.find("without DWARF"), std::string::npos) << attach_out_;
+    target_->command("values");
+    const std::string t = trace("json");
+    auto one = [&](const std::vector<std::string>& fragments) {
+        EXPECT_EQ(lines_with(t, fragments).size(), 1u) << ::testing::PrintToString(fragments) << "\n" << t;
+    };
+    // integers of every size and signedness (a signed char is a char to the ABI)
+    one({entry_of("v_ints"), "\"args\":[" + arg("a", "int", "7") + "," + arg("b", "unsigned short", "8") + "," +
+                                 arg("c", "long", "-9") + "," + arg("d", "char", "10") + "]"});
+    one({exit_of("v_ints"), retval("long", "16")});
+    // enums by name, bool
+    one({entry_of("v_enum"), "\"args\":[" + arg("c", "enum color", "\"GREEN\"") + "," + arg("flag", "bool", "true") + "]"});
+    one({entry_of("v_enum"), "\"args\":[" + arg("c", "enum color", "\"BLUE\"") + "," + arg("flag", "bool", "false") + "]"});
+    one({exit_of("v_enum"), retval("int", "10")});
+    one({exit_of("v_enum"), retval("int", "-3")});
+    // strings: a real one, NULL, a dangling pointer (unmapped: no crash), one ending at an unmapped page
+    one({entry_of("v_string"), arg("s", "const char*", "\"user:42\"")});
+    one({entry_of("v_string"), arg("s", "const char*", "null")});
+    EXPECT_EQ(lines_with(t, {entry_of("v_string"), "{\"name\":\"s\",\"type\":\"const char*\",\"value\":\"<unreadable 0x"}).size(), 1u) << t;
+    one({entry_of("v_string"), arg("s", "const char*", "\"edge\"")});
+    one({exit_of("v_string"), retval("long", "7")});
+    one({exit_of("v_string"), retval("long", "4")});
+    EXPECT_EQ(lines_with(t, {exit_of("v_string"), retval("long", "-1")}).size(), 2u) << t;
+    // floating point from the vector registers
+    one({entry_of("v_double"), "\"args\":[" + arg("x", "double", "1.5") + "," + arg("y", "float", "0.25") + "," +
+                                   arg("n", "int", "4") + "]"});
+    one({exit_of("v_double"), retval("double", "6.25")});
+    // small structs by value: INTEGER, SSE+SSE, INTEGER+SSE
+    one({entry_of("v_point"), arg("p", "struct point", "{\"x\":3,\"y\":4}")});
+    one({exit_of("v_point"), retval("long", "304")});
+    one({entry_of("v_vec"), arg("v", "struct vec2", "{\"x\":1.25,\"y\":2.5}")});
+    one({exit_of("v_vec"), retval("double", "3.75")});
+    one({entry_of("v_mixed"), "\"args\":[" + arg("m", "struct mixed", "{\"id\":11,\"weight\":2.75}") + "," +
+                                  arg("k", "int", "3") + "]"});
+    one({exit_of("v_mixed"), retval("long", "35")});
+    one({entry_of("v_raw"), arg("a", "long", "1229782938247303441") + "," + arg("b", "long", "8738") + "," +
+                                arg("c", "long", "-3") + "," + arg("d", "long", "9223372036854775807") + "," +
+                                arg("e", "long", "5") + "," + arg("f", "long", "25769803776")});
+    // void: an exit without a value
+    one({entry_of("v_void"), arg("n", "int", "9")});
+    const auto void_exit = lines_with(t, {exit_of("v_void")});
+    ASSERT_EQ(void_exit.size(), 1u) << t;
+    EXPECT_EQ(void_exit[0].find("retval"), std::string::npos) << void_exit[0];
+    if (cxx()) {
+        // `this` is the object's address, as the program printed it
+        std::smatch m;
+        const std::string out = target_->output();
+        ASSERT_TRUE(std::regex_search(out, m, std::regex("this (0x[0-9a-f]+)"))) << out;
+        one({entry_of("Counter::add(long)"), "{\"name\":\"this\",\"type\":\"const struct Counter*\",\"value\":\"" +
+                                                 m[1].str() + "\"}," + arg("v", "long", "2")});
+        one({exit_of("Counter::add(long)"), retval("long", "42")});
+    }
+}
+
+TEST_P(TypedValuesTest, TextPrintsCallsWithValuesNestedPerThread) {
+    attach({"--args", "--retval", "--functions", "fib,v_string"});
+    EXPECT_EQ(target_->command("fib 10"), 55);
+    target_->command("values");
+    const std::string t = trace("text");
+    EXPECT_EQ(lines_with(t, {" -> fib(n=10)"}).size(), 1u) << t;
+    EXPECT_EQ(lines_with(t, {" <- fib(n=10) = 55"}).size(), 1u) << t;
+    EXPECT_EQ(lines_with(t, {"   -> fib(n=9)"}).size(), 1u) << "nested one level under fib(10)\n" << t;
+    EXPECT_EQ(lines_with(t, {" <- v_string(s=\"user:42\", read_it=1) = 7"}).size(), 1u) << t;
+    EXPECT_EQ(lines_with(t, {" <- v_string(s=NULL, read_it=1) = -1"}).size(), 1u) << t;
+    // `calls` stays exact
+    auto r = iprobe({"report", pid_, "--json"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(json_calls(r.out, "v_string"), 4) << r.out;
+}
+
+TEST_P(TypedValuesTest, BacktraceNamesTheCallersWithTheirLines) {
+    attach({"--args", "--backtrace=3", "--functions", "bt_*"});
+    EXPECT_EQ(target_->command("bt 1"), 11);
+    const std::string t = trace("json");
+    const auto inner = lines_with(t, {entry_of("bt_inner"), arg("x", "int", "3"), "\"backtrace\":["});
+    ASSERT_EQ(inner.size(), 1u) << t;
+    const std::regex frames(
+        "\"backtrace\":\\[\\{\"address\":\"0x[0-9a-f]+\",\"function\":\"bt_middle\",\"file\":\"[^\"]*values_target.c\","
+        "\"line\":[0-9]+\\},\\{\"address\":\"0x[0-9a-f]+\",\"function\":\"bt_outer\",\"file\":\"[^\"]*values_target.c\","
+        "\"line\":[0-9]+\\},\\{\"address\":\"0x[0-9a-f]+\",\"function\":\"main\"[^}]*\\}\\]");
+    EXPECT_TRUE(std::regex_search(inner[0], frames)) << inner[0];
+    // depth bounded: bt_outer's own callers are main and what called main
+    const auto outer = lines_with(t, {entry_of("bt_outer"), "\"backtrace\":[{\"address\""});
+    ASSERT_EQ(outer.size(), 1u) << t;
+    EXPECT_NE(outer[0].find("\"function\":\"main\""), std::string::npos) << outer[0];
+}
+
+TEST_F(ValuesTest, ExceptionUnwoundPastAFunctionLeavesItWithoutAValue) {
+    ASSERT_TRUE(start("values_cxx"));
+    attach({"--args", "--retval", "--functions", "ex_*"});
+    EXPECT_EQ(target_->command("throw 1"), -100);
+    EXPECT_EQ(target_->command("throw 0"), 1);
+    const std::string t = trace("json");
+    EXPECT_EQ(lines_with(t, {exit_of("ex_thrower"), "\"unwound\":true"}).size(), 1u) << t;
+    EXPECT_EQ(lines_with(t, {exit_of("ex_middle"), "\"unwound\":true"}).size(), 1u) << t;
+    EXPECT_EQ(lines_with(t, {exit_of("ex_catcher"), retval("long", "-100")}).size(), 1u) << t;
+    EXPECT_EQ(lines_with(t, {exit_of("ex_thrower"), retval("long", "0")}).size(), 1u) << t;
+    EXPECT_EQ(lines_with(t, {exit_of("ex_catcher"), retval("long", "1")}).size(), 1u) << t;
+    EXPECT_EQ(lines_with(t, {"\"unwound\":true"}).size(), 2u) << t;
+}
+
+INSTANTIATE_TEST_SUITE_P(Flows, TypedValuesTest, ::testing::Values("values_c", "values_cxx", "values_llvm"));
+
+TEST_F(ValuesTest, WithoutDebugInfoRawArgumentsAreTheConstantsPassed) {
+    ASSERT_TRUE(start("values_nodebug"));
+    attach({"--args", "--retval", "--functions", "v_raw"});
+    EXPECT_NE(attach_out_.find("1 function(s) without DWARF"), std::string::npos) << attach_out_;
+    target_->command("values");
+    const std::string t = trace("json");
+    const std::string u64 = "uint64_t";
+    EXPECT_EQ(lines_with(t, {entry_of("v_raw"), "\"args\":[" + arg("arg0", u64, "1229782938247303441") + "," +
+                                                    arg("arg1", u64, "8738") + "," + arg("arg2", u64, "18446744073709551613") +
+                                                    "," + arg("arg3", u64, "9223372036854775807") + "," +
+                                                    arg("arg4", u64, "5") + "," + arg("arg5", u64, "25769803776") + "]"})
+                  .size(),
+              1u)
+        << t;
+    // 0x1111111111111111 ^ 0x2222 ^ -3 ^ INT64_MAX ^ 5 ^ 0x600000000
+    const long long expected = 0x1111111111111111LL ^ 0x2222 ^ -3 ^ 0x7fffffffffffffffLL ^ 5 ^ 0x600000000LL;
+    EXPECT_EQ(lines_with(t, {exit_of("v_raw"), retval(u64, std::to_string(static_cast<unsigned long long>(expected)))}).size(), 1u)
+        << t;
+}
+
+TEST_F(ValuesTest, FinstrumentFlowSaysItRecordsNoValues) {
+    ASSERT_TRUE(start("values_finstrument"));
+    auto a = iprobe({"attach", pid_, "--args", "--retval", "--functions", "v_ints", "--json"});
+    ASSERT_EQ(a.exit_code, 0) << a.err;
+    EXPECT_EQ(json_number(a.out, "values_unavailable"), 2) << a.out;
+    target_->command("values");
+    const std::string t = trace("json");
+    EXPECT_EQ(lines_with(t, {entry_of("v_ints")}).size(), 1u) << t;
+    EXPECT_EQ(t.find("\"args\""), std::string::npos) << t;
+}
+
+// Attaching again with other value options changes what the next calls
+// record; the events already in the ring keep what they were recorded with.
+TEST_F(ValuesTest, AttachAgainChangesWhatIsRecordedAndEarlierEventsKeepTheirs) {
+    ASSERT_TRUE(start("values_c"));
+    attach({"--args", "--retval", "--functions", "v_ints"});
+    target_->command("values");
+    attach({"--functions", "v_ints"});
+    target_->command("values");
+    attach({"--retval", "--functions", "v_ints"});
+    target_->command("values");
+    const std::string t = trace("json");
+    const std::string args = "\"args\":[" + arg("a", "int", "7");
+    EXPECT_EQ(lines_with(t, {entry_of("v_ints")}).size(), 3u) << t;
+    EXPECT_EQ(lines_with(t, {entry_of("v_ints"), args}).size(), 1u) << t;
+    EXPECT_EQ(lines_with(t, {exit_of("v_ints")}).size(), 3u) << t;
+    EXPECT_EQ(lines_with(t, {exit_of("v_ints"), retval("long", "16")}).size(), 2u) << t;
+    auto r = iprobe({"report", pid_, "--json"});
+    EXPECT_EQ(json_calls(r.out, "v_ints"), 3) << r.out;
+}
+
+TEST_F(ValuesTest, TheBinaryTraceFileSaysItKeepsNoValues) {
+    ASSERT_TRUE(start("values_c"));
+    attach({"--args", "--retval", "--functions", "v_ints"});
+    target_->command("values");
+    TempDir dir;
+    auto t = iprobe({"trace", pid_, "--duration", "0", "--output", dir / "t.bin"});
+    ASSERT_EQ(t.exit_code, 0) << t.err;
+    EXPECT_NE(t.err.find("2 events written"), std::string::npos) << t.err;
+    EXPECT_NE(t.err.find("keeps no values: 2 events'"), std::string::npos) << t.err;
+}
+
+TEST_F(ValuesTest, ValuesNeedTheTraceHandler) {
+    ASSERT_TRUE(start("values_c"));
+    auto a = iprobe({"attach", pid_, "--args", "--handler", "count"});
+    EXPECT_EQ(a.exit_code, 2) << a.err;
+    EXPECT_NE(a.err.find("--handler trace"), std::string::npos) << a.err;
+}
+
+}  // namespace
+}  // namespace iprobe::test
