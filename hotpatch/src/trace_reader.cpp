@@ -468,7 +468,7 @@ void CallNesting::records(const Event& e, const ProbeInfo& info, const std::func
     r.retval = e.retval;
     r.backtrace = e.backtrace;
     if (e.kind == probelist::ProbeKind::entry) {
-        if (stack.size() >= kMaxOpen) stack.erase(stack.begin());  // bounded: the target writes the rings
+        if (stack.size() >= kMaxOpen) stack.pop_front();  // bounded: the target writes the rings
         stack.push_back({e.frame, info.function, r.has_arguments, r.arguments});
     }
     sink(r);

@@ -9,6 +9,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "fixture_serve.h"
+
 /* noipa: gcc cannot see through it, so fib's second call is no tail call
  * it could turn into a loop: the calls are the textbook tree. */
 __attribute__((noipa)) long mix(long a, long b) { return a + b; }
@@ -21,32 +23,14 @@ __attribute__((noinline)) int lookup(const char* key, unsigned long len) {
 
 __attribute__((noinline)) int sleepy(int us) { return usleep((useconds_t)us); }
 
-int main(int argc, char** argv) {
-    if (argc < 3) { /* THREADS (1: the fixture's protocol) FIFO */
-        fprintf(stderr, "usage: when_target 1 FIFO\n");
-        return 2;
-    }
-    setvbuf(stdout, 0, _IOLBF, 0);
-    const char* keys[] = {"user:41", "user:42", "other", 0, (const char*)8};
-    printf("ready %d\n", (int)getpid());
-    char line[256];
-    for (;;) {
-        FILE* in = fopen(argv[2], "r");
-        if (!in) return 1;
-        while (fgets(line, sizeof line, in)) {
-            char name[64];
-            long n = 0, result = 0;
-            if (sscanf(line, "%63s %ld", name, &n) < 1) continue;
-            if (!strcmp(name, "quit")) {
-                printf("ok quit 0\n");
-                return 0;
-            }
-            if (!strcmp(name, "fib")) result = fib((int)n);
-            else if (!strcmp(name, "lookup"))
-                for (long i = 0; i < n; i++) result += lookup(keys[i % 5], (unsigned long)i);
-            else if (!strcmp(name, "sleepy")) result = sleepy((int)n);
-            printf("ok %s %ld\n", name, result);
-        }
-        fclose(in);
-    }
+static long answer(const char* name, long n) {
+    static const char* const keys[] = {"user:41", "user:42", "other", 0, (const char*)8};
+    long result = 0;
+    if (!strcmp(name, "fib")) result = fib((int)n);
+    else if (!strcmp(name, "lookup"))
+        for (long i = 0; i < n; i++) result += lookup(keys[i % 5], (unsigned long)i);
+    else if (!strcmp(name, "sleepy")) result = sleepy((int)n);
+    return result;
 }
+
+int main(int argc, char** argv) { return fixture_serve(argc, argv, "when_target", answer); }

@@ -8,6 +8,7 @@
 #include <sys/types.h>
 
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -109,7 +110,8 @@ private:
         bool has_arguments = false;
         std::vector<Value> arguments;
     };
-    std::unordered_map<std::uint32_t, std::vector<OpenCall>> stacks_;
+    // A deque: past kMaxOpen open calls the oldest goes, at O(1) per event.
+    std::unordered_map<std::uint32_t, std::deque<OpenCall>> stacks_;
 };
 
 // One function's aggregates (ticks converted to ns).
