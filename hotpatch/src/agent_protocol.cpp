@@ -263,6 +263,9 @@ template <class... F>
 struct Overloaded : F... {
     using F::operator()...;
 };
+// clang 14 (the fuzz build) deduces no aggregate's template arguments.
+template <class... F>
+Overloaded(F...) -> Overloaded<F...>;
 
 }  // namespace
 
