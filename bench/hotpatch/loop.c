@@ -12,6 +12,8 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "loop_start.h"
+
 #ifdef WITH_XRAY
 #include <stdint.h>
 /* extern "C" API of compiler-rt's xray_interface.h (a C++ header) */
@@ -31,14 +33,6 @@ __attribute__((noinline)) void empty(void) { __asm__ __volatile__(".byte 0x0f, 0
 #else
 __attribute__((noinline)) void empty(void) { __asm__ __volatile__(""); }
 #endif
-
-/* CPU time of the calling thread: the machine is shared, and time spent
- * preempted is not the probe's cost. */
-static double now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return ts.tv_sec * 1e9 + ts.tv_nsec;
-}
 
 static long calls_per_thread;
 static pthread_barrier_t start_line;

@@ -11,27 +11,16 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "loop_start.h"
+
 __attribute__((noinline)) long add2(long a, long b) {
     __asm__ __volatile__("");
     return a + b;
 }
 
-static double now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return ts.tv_sec * 1e9 + ts.tv_nsec;
-}
-
 int main(int argc, char** argv) {
     const int max_exp = argc > 1 ? atoi(argv[1]) : 6;
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGUSR1);
-    sigprocmask(SIG_BLOCK, &set, 0);
-    printf("ready\n");
-    fflush(stdout);
-    int sig;
-    sigwait(&set, &sig);
+    wait_for_start();
     volatile long sink = add2(1, 2); /* claims this thread's ring before the clock starts */
     long n = 1;
     for (int e = 1; e <= max_exp; e++) {

@@ -11,27 +11,16 @@
 #include <stdlib.h>
 #include <time.h>
 
+#include "loop_start.h"
+
 __attribute__((noinline)) long work(long n, long m) {
     __asm__ __volatile__("" : "+r"(n) : "r"(m));
     return n;
 }
 
-static double now_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
-    return ts.tv_sec * 1e9 + ts.tv_nsec;
-}
-
 int main(int argc, char** argv) {
     const int exp = argc > 1 ? atoi(argv[1]) : 7;
-    sigset_t set;
-    sigemptyset(&set);
-    sigaddset(&set, SIGUSR1);
-    sigprocmask(SIG_BLOCK, &set, 0);
-    printf("ready\n");
-    fflush(stdout);
-    int sig;
-    sigwait(&set, &sig);
+    wait_for_start();
     long n = 1;
     for (int e = 0; e < exp; e++) n *= 10;
     work(0, 0); /* claims this thread's slot and ring before the clock starts */
