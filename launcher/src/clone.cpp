@@ -416,7 +416,7 @@ CloneResult restore_clone(const Checkpoint& cp, const RestoreOptions& ro) {
     fs::create_directories(state + "/fs");
     rollback.state = state;
     KeeperPlan plan{criu.path, cp.dir + "/images", state + "/restore.log", {}, cp.shell_job, name, state + "/images",
-                    ro.lifeline_fd};
+                    ro.lifeline_fd, state, false, ro.scratch_checkpoint ? cp.dir : std::string()};
     // Each clone writes into copies of its own; the checkpoint's stay as taken.
     for (size_t i = 0; i < cp.snapshots.size(); ++i) {
         const std::string copy = state + "/fs/" + std::to_string(i);
@@ -431,6 +431,7 @@ CloneResult restore_clone(const Checkpoint& cp, const RestoreOptions& ro) {
     // runs, this launcher leaves --destroy what it needs to remove it.
     const bool created_netns = !fs::exists(netns_path);
     record_restoring(name, netns_path, created_netns);
+    plan.created_netns = created_netns;
     if (created_netns) {
         rollback.netns = name;
         ensure_netns(name);
@@ -495,7 +496,7 @@ CloneResult clone_process(const CloneOptions& o) {
             if (!dir.empty()) remove_tree(dir);
         }
     } cleanup{keep ? std::string() : dir};
-    CloneResult r = restore_clone(cp, {name, o.progress, o.lifeline_fd});
+    CloneResult r = restore_clone(cp, {name, o.progress, o.lifeline_fd, !keep});
     r.client_seen_ms = client_seen_ms;
     r.total_ms = now_ms() - t0;
     // The list shows what this command printed: its whole time.

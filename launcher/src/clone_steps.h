@@ -26,6 +26,13 @@ struct KeeperPlan {
     std::string name;
     std::string images_mount;  // where the keeper binds `images` (in the state directory)
     int lifeline_fd = -1;      // CloneOptions::lifeline_fd
+    // What pins the clone on the host, removed by the keeper itself when the
+    // launcher that asked for it is gone without removing it (killed
+    // outright): the state directory, the network namespace's mount in
+    // /run/netns when the restore made it, a scratch checkpoint ("" if kept).
+    std::string state_dir;
+    bool created_netns = false;
+    std::string scratch_checkpoint;
 };
 
 namespace clone_steps {

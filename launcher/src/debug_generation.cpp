@@ -208,7 +208,7 @@ void DebugSession::make_generation() {
     if (ring_ && mirror_ > 0) switch_recording(input_path(recording_));
     const auto shares = split_functions();
     for (Clone& c : clones_) {
-        c.clone = restore_clone(cp, {c.name, co.progress, lifeline_read_.get()});
+        c.clone = restore_clone(cp, {c.name, co.progress, lifeline_read_.get(), !ring_});
         c.alive = true;
         c.functions = shares[static_cast<std::size_t>(c.index)];
         const std::string clone_ip = subnet_addr(c.subnet, 2);

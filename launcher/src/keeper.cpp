@@ -20,6 +20,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "criu.h"
@@ -78,10 +79,51 @@ void name_keeper_cmdline(const std::string& name) {
 
 void write_int(int fd, int v) { (void)!::write(fd, &v, sizeof v); }
 
+// The keeper's descriptors CRIU reads the images and writes its log
+// through (criu_opts.images_dir_fd, work_dir_fd: /proc/1/fd/N to CRIU);
+// the host's mount namespace, where the clone's pins are.
+constexpr int kImagesFd = 5, kWorkDirFd = 6, kHostMountNsFd = 7;
+
+// The clone's state directory is still this clone's: no other keeper was
+// recorded there since (a later clone of the same name).  Asked from the
+// host's mount namespace, where /proc/self is our host PID.
+bool state_is_ours(const std::string& state_dir) {
+    std::ifstream in(state_dir + "/state");
+    std::string line, keeper;
+    while (std::getline(in, line))
+        if (line.rfind("keeper_pid=", 0) == 0) keeper = line.substr(11);
+    std::error_code ec;
+    return keeper.empty() || keeper == fs::read_symlink("/proc/self", ec).string();
+}
+
+// The launcher that asked for this clone is gone and did not remove it
+// (killed outright): nobody else will, so PID 1 ends the clone and removes
+// what pins it on the host before it exits itself.  From the host's mount
+// namespace (the keeper's own is a private copy, where /run/netns holds
+// nothing of the host's); the namespace's mount only if it is still ours.
+[[noreturn]] void end_clone_and_remove_pins(const KeeperPlan& plan, int code) {
+    ::kill(-1, SIGKILL);  // from PID 1: every other member of the namespace
+    int status = 0;
+    while (::wait(&status) > 0 || errno == EINTR) {
+    }
+    if (::setns(kHostMountNsFd, CLONE_NEWNS) != 0) _exit(code);
+    const std::string pin = netns_path_of(plan.name);
+    struct stat ours {}, pinned {};
+    if (plan.created_netns && ::stat("/proc/self/ns/net", &ours) == 0 && ::stat(pin.c_str(), &pinned) == 0 &&
+        ours.st_dev == pinned.st_dev && ours.st_ino == pinned.st_ino) {
+        ::umount2(pin.c_str(), MNT_DETACH);
+        ::unlink(pin.c_str());
+    }
+    std::error_code ec;
+    if (!plan.state_dir.empty() && state_is_ours(plan.state_dir)) fs::remove_all(plan.state_dir, ec);
+    if (!plan.scratch_checkpoint.empty()) fs::remove_all(plan.scratch_checkpoint, ec);
+    _exit(code);
+}
+
 // Reaps the clone's orphans until none is left.  With a lifeline, also
 // leaves when its caller is gone: PID 1 exiting ends the whole PID
-// namespace, so the clone goes with it.
-[[noreturn]] void reap_until_gone(int lifeline) {
+// namespace, so the clone goes with it, and its pins with the keeper.
+[[noreturn]] void reap_until_gone(const KeeperPlan& plan, int lifeline) {
     int status = 0;
     if (lifeline < 0) {
         for (;;)
@@ -94,13 +136,10 @@ void write_int(int fd, int v) { (void)!::write(fd, &v, sizeof v); }
         while ((r = ::waitpid(-1, &status, WNOHANG)) > 0) {
         }
         if (r < 0 && errno == ECHILD) _exit(0);
-        if (ready > 0) _exit(0);  // EOF (or stray bytes): the caller is gone
+        // EOF (or stray bytes): the caller is gone
+        if (ready > 0) end_clone_and_remove_pins(plan, 0);
     }
 }
-
-// The keeper's descriptors CRIU reads the images and writes its log
-// through (criu_opts.images_dir_fd, work_dir_fd: /proc/1/fd/N to CRIU).
-constexpr int kImagesFd = 5, kWorkDirFd = 6;
 
 // What the keeper tells start_keeper, in order, on its status pipe: the
 // stage (0: CRIU answered or ended, < 0: a step before it failed) and an
@@ -112,7 +151,7 @@ constexpr int kCriuAnswered = 0;
 // the clone is gone (killed, or interrupted before it could say so), nobody
 // would record or remove the clone: the restore is abandoned instead, and
 // PID 1 exiting takes whatever CRIU restored so far with it.
-std::string wait_restore_answer(const SwrkChild& criu, int status_fd) {
+std::string wait_restore_answer(const KeeperPlan& plan, const SwrkChild& criu, int status_fd) {
     for (;;) {
         // A pipe's writer sees POLLERR once its reader is closed.
         pollfd p[2] = {{criu.socket, POLLIN, 0}, {status_fd, 0, 0}};
@@ -122,7 +161,7 @@ std::string wait_restore_answer(const SwrkChild& criu, int status_fd) {
         }
         if (p[1].revents & POLLERR) {
             ::kill(criu.pid, SIGKILL);
-            _exit(1);
+            end_clone_and_remove_pins(plan, 1);
         }
         if (p[0].revents) return receive_packet(criu.socket).value_or(std::string());
     }
@@ -137,7 +176,7 @@ struct RestoreCall {
     std::string request;   // a criu_req (restore_request)
 };
 
-[[noreturn]] void keeper_main(const KeeperPlan& plan, const RestoreCall& call, int status_fd) {
+[[noreturn]] void keeper_main(const KeeperPlan& plan, const RestoreCall& call, int status_fd, int host_mount_ns_fd) {
     ::setsid();
     // `iprobe debug` blocks signals it reads through a signalfd; CRIU must
     // not inherit that.
@@ -149,6 +188,7 @@ struct RestoreCall {
     ::prctl(PR_SET_PDEATHSIG, 0, 0, 0, 0);
     // Out of the way of the descriptors rearranged below.
     const int lifeline_high = plan.lifeline_fd >= 0 ? ::fcntl(plan.lifeline_fd, F_DUPFD, 10) : -1;
+    const int host_mount_ns = ::fcntl(host_mount_ns_fd, F_DUPFD, 10);
     int devnull = ::open("/dev/null", O_RDWR);
     ::dup2(devnull, 0);
     ::dup2(devnull, 1);
@@ -160,7 +200,9 @@ struct RestoreCall {
         ::dup2(lifeline_high, 4);
         lifeline = 4;
     }
-    ::close_range(lifeline < 0 ? 4 : 5, ~0U, 0);
+    ::dup2(host_mount_ns, kHostMountNsFd);
+    ::close_range(lifeline < 0 ? 4 : 5, kHostMountNsFd - 1, 0);
+    ::close_range(kHostMountNsFd + 1, ~0U, 0);
     auto fail = [&](int stage) {
         write_int(status_fd, stage);
         write_int(status_fd, errno);
@@ -199,7 +241,7 @@ struct RestoreCall {
     if (!open_as(plan.images_mount, kImagesFd) || !open_as(call.work_dir, kWorkDirFd)) fail(-9);
     const SwrkChild criu = start_swrk(plan.criu, -1);
     if (criu.pid < 0) fail(-4);
-    const std::string answer = send_packet(criu.socket, call.request) ? wait_restore_answer(criu, status_fd)
+    const std::string answer = send_packet(criu.socket, call.request) ? wait_restore_answer(plan, criu, status_fd)
                                                                               : std::string();
     ::close(criu.socket);
     int status = 0;
@@ -221,7 +263,7 @@ struct RestoreCall {
     (void)!::write(status_fd, answer.data(), answer.size());
     ::close(status_fd);
     if (!restored) _exit(1);
-    reap_until_gone(lifeline);
+    reap_until_gone(plan, lifeline);
 }
 
 bool read_exactly(int fd, char* p, std::size_t size, int timeout_ms) {
@@ -250,6 +292,10 @@ Error restore_failed(const KeeperPlan& plan, const std::string& headline) {
 pid_t start_keeper(const KeeperPlan& plan, const std::string& netns_path) {
     UniqueFd netns(::open(netns_path.c_str(), O_RDONLY | O_CLOEXEC));
     if (!netns) throw_errno("open " + netns_path);
+    // Kept by the keeper: where to remove the clone's pins from should the
+    // launcher die without removing them.
+    UniqueFd host_mount_ns(::open("/proc/self/ns/mnt", O_RDONLY | O_CLOEXEC));
+    if (!host_mount_ns) throw_errno("open /proc/self/ns/mnt");
     const auto slash = plan.restore_log.rfind('/');
     const RestoreCall call{plan.restore_log.substr(0, slash),
                            restore_request(kImagesFd, kWorkDirFd, plan.restore_log.substr(slash + 1), plan.shell_job)};
@@ -267,7 +313,7 @@ pid_t start_keeper(const KeeperPlan& plan, const std::string& netns_path) {
             _exit(1);
         }
         pid_t keeper = ::fork();
-        if (keeper == 0) keeper_main(plan, call, wr.get());
+        if (keeper == 0) keeper_main(plan, call, wr.get(), host_mount_ns.get());
         write_int(wr.get(), keeper);
         _exit(keeper < 0 ? 1 : 0);
     }

@@ -378,7 +378,7 @@ private:
         partial.page_server = -1;
 
         KeeperPlan plan{criu_.path, dir + "/images", dir + "/restore.log", binds, shell_job, name,
-                        dir + "/images-mount", -1};
+                        dir + "/images-mount", -1, {}, false, {}};
         const double started = now_ms();
         const pid_t keeper = start_keeper(plan, "/proc/self/ns/net");
         const double restore_ms = now_ms() - started;

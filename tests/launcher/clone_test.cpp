@@ -280,10 +280,49 @@ TEST_F(LauncherClone, CloneKilledDuringTheRestoreLeavesNoClone) {
     EXPECT_FALSE(running_pid(keepers[0])) << "the clone outlived the launcher that made it";
     EXPECT_EQ(redis_->cli({"PING"}), "PONG");
     EXPECT_EQ(redis_->cli({"GET", "marker"}), "before-clone");
-    // What the killed launcher could not roll back, --destroy removes.
-    const auto destroyed = run({iprobe_bin(), "clone", "--destroy", clone_name_});
-    EXPECT_EQ(destroyed.exit_code, 0) << destroyed.err;
+    // What the killed launcher could not roll back, its keeper removed as it
+    // left: nothing is left for --destroy.
     expect_no_trace_of_clone(clone_name_);
+    const auto destroyed = run({iprobe_bin(), "clone", "--destroy", clone_name_});
+    EXPECT_EQ(destroyed.exit_code, 5) << destroyed.out << destroyed.err;
+}
+
+// `iprobe debug` killed outright while CRIU restores its clone: no teardown
+// runs, and the keeper, whose lifeline broke, removes the clone's pins on
+// the host itself (its network namespace's mount in /run/netns, its state in
+// /run/iprobe/clones, the scratch checkpoint in /dev/shm): --list shows no
+// remains, and --destroy finds nothing.
+TEST_F(LauncherClone, DebugSessionKilledDuringTheRestoreLeavesNothingInRun) {
+    ASSERT_EQ(redis_->cli({"DEBUG", "POPULATE", "800000", "big", "400"}), "OK");
+    const int listen_port = free_port();
+    Child debug({"nsenter", "--net=" + prod_ns_->path(), iprobe_bin(), "debug", std::to_string(redis_->pid()),
+                 "--listen", "127.0.0.1:" + std::to_string(listen_port), "--production",
+                 "127.0.0.1:" + std::to_string(port_), "--name", clone_name_, "--json"},
+                dir_ / "debug.out");
+    const long long criu = caught_while_running(debug, [&] { return criu_restoring(clone_name_); });
+    ASSERT_GT(criu, 0) << "the restore was not seen: " << file_text(dir_ / "debug.out");
+    ::kill(static_cast<pid_t>(criu), SIGSTOP);  // a restore slow enough to be killed in
+    const std::vector<long long> keepers = keepers_of(clone_name_);
+    ASSERT_EQ(keepers.size(), 1u);
+    ASSERT_TRUE(netns_exists(clone_name_));
+    ASSERT_TRUE(fs::exists("/run/iprobe/clones/" + clone_name_));
+    ASSERT_TRUE(fs::exists("/dev/shm/iprobe-checkpoint-" + clone_name_));
+    debug.kill(SIGKILL);
+    debug.wait();
+    for (int i = 0; i < 1000 && (running_pid(keepers[0]) || netns_exists(clone_name_)); ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    EXPECT_FALSE(running_pid(keepers[0])) << "the clone outlived the session that made it";
+    EXPECT_FALSE(netns_exists(clone_name_));
+    EXPECT_FALSE(fs::exists("/run/netns/" + clone_name_));
+    EXPECT_FALSE(fs::exists("/run/iprobe/clones/" + clone_name_));
+    EXPECT_FALSE(fs::exists("/dev/shm/iprobe-checkpoint-" + clone_name_));
+    const auto list = run({iprobe_bin(), "clone", "--list", "--json"});
+    EXPECT_EQ(list.exit_code, 0) << list.err;
+    EXPECT_EQ(list.out.find(clone_name_), std::string::npos) << list.out;
+    const auto destroyed = run({iprobe_bin(), "clone", "--destroy", clone_name_});
+    EXPECT_EQ(destroyed.exit_code, 5) << destroyed.out << destroyed.err;
+    EXPECT_EQ(redis_->cli({"PING"}), "PONG");
+    EXPECT_EQ(redis_->cli({"GET", "marker"}), "before-clone");
 }
 
 // `iprobe clone` killed outright while `ip netns add` makes the clone's

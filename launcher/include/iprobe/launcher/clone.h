@@ -103,6 +103,9 @@ struct RestoreOptions {
     std::string name;                                  // clone and network namespace
     std::function<void(const std::string&)> progress;  // may be empty
     int lifeline_fd = -1;                              // as CloneOptions::lifeline_fd
+    // The checkpoint is this restore's scratch copy: should the caller die
+    // before it removes the clone, the clone's keeper removes it too.
+    bool scratch_checkpoint = false;
 };
 
 // A clone of `checkpoint` named options.name, as clone_process makes one.
