@@ -1,5 +1,7 @@
 #include "client_pinger.h"
 
+#include <cstdio>
+
 #include <fcntl.h>
 #include <poll.h>
 #include <pthread.h>
@@ -151,6 +153,13 @@ ClientPinger::Latency ClientPinger::latency() {
     l.p99_us = percentile(all_us_, 0.99);
     l.max_us = all_us_.empty() ? 0 : *std::max_element(all_us_.begin(), all_us_.end());
     return l;
+}
+
+void say_client_seen(bool json, double client_seen_us) {
+    if (client_seen_us >= 0 && !json)
+        std::fprintf(stderr, "iprobe debug: a client of production waited at most %.1f ms for a reply meanwhile "
+                             "(a PING every 1 ms)\n",
+                     client_seen_us / 1e3);
 }
 
 }  // namespace iprobe::launcher

@@ -24,6 +24,10 @@ namespace iprobe::launcher {
 // and its kin, "http" for web servers); empty when unknown.
 std::string protocol_of_service(pid_t pid);
 
+// `iprobe debug`'s line for people (none with --json) on the longest wait
+// a client of production saw around a checkpoint (-1: not measured).
+void say_client_seen(bool json, double client_seen_us);
+
 class ClientPinger {
 public:
     // Connects to `address` (ADDR:PORT, in the caller's network namespace);

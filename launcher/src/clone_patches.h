@@ -13,7 +13,7 @@
 #include "iprobe/hotpatch/live_patch.h"
 #include "iprobe/proxy/stats.h"
 #include "iprobe/support/json.h"
-#include "session_events.h"
+#include "iprobe/launcher/session_events.h"
 
 namespace iprobe::launcher {
 

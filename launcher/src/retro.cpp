@@ -1,10 +1,11 @@
+// `iprobe investigate` (retro.h): a recorded generation restored, probed
+// and replayed; the ring itself is record_ring.cpp.
 #include "iprobe/launcher/retro.h"
 
 #include <fcntl.h>
 #include <sched.h>
 #include <signal.h>
 #include <sys/wait.h>
-#include <time.h>
 #include <unistd.h>
 
 #include <poll.h>
@@ -16,8 +17,6 @@
 #include <filesystem>
 #include <thread>
 
-#include <nlohmann/json.hpp>
-
 #include "clone_probes.h"
 #include "iprobe/hotpatch/attach_report.h"
 #include "iprobe/launcher/clone.h"
@@ -25,130 +24,16 @@
 #include "clone_patches.h"
 #include "iprobe/support/error.h"
 #include "iprobe/support/fd.h"
-#include "iprobe/support/file.h"
 #include "iprobe/support/glob.h"
 #include "iprobe/support/install_layout.h"
 #include "iprobe/support/json.h"
 #include "process.h"
-#include "session_events.h"
+#include "iprobe/launcher/session_events.h"
 #include "session_report.h"
 
 namespace fs = std::filesystem;
 
 namespace iprobe::launcher {
-namespace {
-
-constexpr const char* kPrefix = "gen-";
-
-int generation_number(const fs::path& p) {
-    const std::string name = p.filename().string();
-    if (name.rfind(kPrefix, 0) != 0 || name.size() == 4) return 0;
-    for (std::size_t i = 4; i < name.size(); ++i)
-        if (name[i] < '0' || name[i] > '9') return 0;
-    return std::stoi(name.substr(4));
-}
-
-std::uint64_t tree_bytes(const std::string& dir) {
-    std::uint64_t total = 0;
-    std::error_code ec;
-    for (auto it = fs::recursive_directory_iterator(dir, ec); !ec && it != fs::recursive_directory_iterator();
-         it.increment(ec)) {
-        std::error_code size_ec;
-        if (it->is_regular_file(size_ec)) total += it->file_size(size_ec);
-    }
-    return total;
-}
-
-double realtime_s() {
-    timespec ts{};
-    ::clock_gettime(CLOCK_REALTIME, &ts);
-    return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) / 1e9;
-}
-
-GenerationInfo read_generation(const fs::path& dir) {
-    GenerationInfo g;
-    g.dir = dir.string();
-    g.generation = generation_number(dir);
-    try {
-        const auto bytes = read_file((dir / "generation.json").string());
-        const auto doc = nlohmann::json::parse(std::string(bytes.begin(), bytes.end()));
-        g.started_at_s = doc.value("started_at_s", 0.0);
-        g.service = doc.value("service", "");
-        g.protocol = doc.value("protocol", "off");
-        g.open_at_start = doc.value("open_at_start", 0ull);
-        g.complete = doc.value("complete", false);
-    } catch (const std::exception& e) {
-        throw Error(g.dir + "/generation.json: " + e.what(), ExitCode::bad_input);
-    }
-    return g;
-}
-
-}  // namespace
-
-std::string input_path(const GenerationInfo& g) { return g.dir + "/input.rec"; }
-std::string checkpoint_path(const GenerationInfo& g) { return g.dir + "/checkpoint"; }
-
-RecordRing::RecordRing(std::string dir, std::uint64_t max_bytes) : dir_(fs::absolute(dir).string()), max_bytes_(max_bytes) {
-    std::error_code ec;
-    fs::create_directories(dir_, ec);
-    if (ec) throw Error("--record " + dir_ + ": " + ec.message(), ExitCode::bad_input);
-    for (const auto& e : fs::directory_iterator(dir_))
-        if (!generation_number(e.path()))
-            throw Error("--record " + dir_ + " holds other things than recorded generations (" +
-                            e.path().filename().string() + "); give an empty or new directory",
-                        ExitCode::bad_input);
-}
-
-GenerationInfo RecordRing::begin(const std::string& service, const std::string& protocol) {
-    int newest = 0;
-    for (const auto& e : fs::directory_iterator(dir_)) newest = std::max(newest, generation_number(e.path()));
-    char name[32];
-    std::snprintf(name, sizeof name, "%s%06d", kPrefix, newest + 1);
-    GenerationInfo g;
-    g.generation = newest + 1;
-    g.dir = dir_ + "/" + name;
-    g.started_at_s = realtime_s();
-    g.service = service;
-    g.protocol = protocol;
-    fs::create_directories(g.dir);
-    return g;
-}
-
-void RecordRing::save(const GenerationInfo& g) const {
-    const nlohmann::json doc = {{"generation", g.generation},     {"started_at_s", g.started_at_s},
-                                {"service", g.service},           {"protocol", g.protocol},
-                                {"open_at_start", g.open_at_start}, {"complete", g.complete}};
-    const std::string text = doc.dump(2) + "\n";
-    write_file_atomic(g.dir + "/generation.json", text.data(), text.size());
-}
-
-bool RecordRing::trim(const GenerationInfo& current) {
-    std::vector<std::pair<int, std::string>> gens;
-    for (const auto& e : fs::directory_iterator(dir_))
-        if (const int n = generation_number(e.path())) gens.emplace_back(n, e.path().string());
-    std::sort(gens.begin(), gens.end());
-    std::uint64_t total = 0;
-    std::vector<std::uint64_t> sizes;
-    for (const auto& [n, path] : gens) total += sizes.emplace_back(tree_bytes(path));
-    for (std::size_t i = 0; i < gens.size() && total > max_bytes_; ++i) {
-        if (gens[i].first == current.generation) continue;
-        std::error_code ec;
-        fs::remove_all(gens[i].second, ec);
-        total -= sizes[i];
-    }
-    return tree_bytes(current.dir) > max_bytes_;
-}
-
-std::vector<GenerationInfo> list_generations(const std::string& dir) {
-    std::error_code ec;
-    if (!fs::is_directory(dir, ec)) throw Error(dir + ": no such recording directory", ExitCode::not_found);
-    std::vector<GenerationInfo> out;
-    for (const auto& e : fs::directory_iterator(dir))
-        if (generation_number(e.path()) && fs::exists(e.path() / "generation.json")) out.push_back(read_generation(e.path()));
-    std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.generation < b.generation; });
-    return out;
-}
-
 namespace {
 
 // Replays from inside the clone's network namespace, where the service
@@ -170,8 +55,6 @@ proxy::ReplayResult replay_in(const std::string& netns_path, const proxy::Replay
     return result;
 }
 
-// Relays the clone's trace to stdout until it closes; JSON lines become
-// "trace" events, so stdout stays one kind of line.
 }  // namespace
 
 int run_investigate(const InvestigateOptions& o) {

@@ -4,60 +4,16 @@
 // a generation's checkpoint, turns on probes nobody thought of at the time,
 // and replays that input into it.
 //
-//   DIR/gen-000001/checkpoint/    clone.h's Checkpoint
-//   DIR/gen-000001/input.rec      `iprobe mirror --record` (client bytes and
-//                                 production's replies) of the connections
-//                                 opened after the checkpoint
-//   DIR/gen-000001/generation.json
-//
-// The ring is bounded: the oldest generations go when DIR would exceed its
-// size; a generation alone larger than that stops recording its input.
+// The ring's layout on disk and its bound: record_ring.h.
 #pragma once
 
-#include <cstdint>
 #include <string>
 #include <vector>
 
 #include "iprobe/hotpatch/hotpatch.h"
+#include "iprobe/launcher/record_ring.h"
 
 namespace iprobe::launcher {
-
-struct GenerationInfo {
-    int generation = 0;
-    std::string dir;
-    double started_at_s = 0;  // CLOCK_REALTIME seconds (the checkpoint)
-    std::string service;      // ADDR:PORT the service listens on, in production and in a clone
-    std::string protocol;     // reply comparison: resp, http, stream or off
-    // Connections open when the recording switched to this generation: in
-    // production's state after the checkpoint, but not in this input.
-    std::uint64_t open_at_start = 0;
-    bool complete = false;    // the input was recorded to the generation's end (not cut by --max-size)
-};
-
-class RecordRing {
-public:
-    // Creates `dir` (or takes one holding only generations).
-    RecordRing(std::string dir, std::uint64_t max_bytes);
-
-    // A new generation's directory, numbered after the newest there.
-    GenerationInfo begin(const std::string& service, const std::string& protocol);
-    void save(const GenerationInfo& g) const;
-    // Removes the oldest generations while the ring is over its size (never
-    // the current one).  True when the current one alone is over it: its
-    // recording must stop.
-    bool trim(const GenerationInfo& current);
-
-    const std::string& dir() const { return dir_; }
-    std::uint64_t max_bytes() const { return max_bytes_; }
-
-private:
-    std::string dir_;
-    std::uint64_t max_bytes_;
-};
-
-std::vector<GenerationInfo> list_generations(const std::string& dir);
-std::string input_path(const GenerationInfo& g);       // DIR/gen-N/input.rec
-std::string checkpoint_path(const GenerationInfo& g);  // DIR/gen-N/checkpoint
 
 struct InvestigateOptions {
     std::string dir;
