@@ -10,7 +10,9 @@
 
 namespace iprobe::hotpatch {
 
-using Json = nlohmann::ordered_json;  // fields in the order written
+// Messages are written with JsonWriter and read with nlohmann; ordered, so
+// that a value passed on as JSON text (a Value's) keeps its fields' order.
+using Json = nlohmann::ordered_json;
 
 namespace {
 
@@ -20,23 +22,24 @@ std::string hex_address(std::uint64_t v) {
     return buf;
 }
 
-Json attach_fields(const AttachStats& st) {
-    return {{"selected", st.selected},
-            {"enabled", st.enabled},
-            {"already_enabled", st.already_enabled},
-            {"total_enabled", st.total_enabled},
-            {"threads", st.threads},
-            {"pause_us", st.pause_us},
-            {"stop_us", st.stop_us},
-            {"runtime_injected", st.runtime_injected},
-            {"handler_injected", st.handler_injected},
-            {"refused", st.refused},
-            {"refused_example", st.refused_example},
-            {"exits_left_off", st.exits_left_off},
-            {"values_unavailable", st.values_unavailable},
-            {"values_untyped", st.values_untyped},
-            {"modules", st.modules},
-            {"patched_skipped", st.patched_skipped}};
+// Each writes its fields into an object the caller opened.
+void attach_fields(JsonWriter& j, const AttachStats& st) {
+    j.field("selected", st.selected)
+        .field("enabled", st.enabled)
+        .field("already_enabled", st.already_enabled)
+        .field("total_enabled", st.total_enabled)
+        .field("threads", st.threads)
+        .field("pause_us", st.pause_us)
+        .field("stop_us", st.stop_us)
+        .field("runtime_injected", st.runtime_injected)
+        .field("handler_injected", st.handler_injected)
+        .field("refused", st.refused)
+        .field("refused_example", st.refused_example)
+        .field("exits_left_off", st.exits_left_off)
+        .field("values_unavailable", st.values_unavailable)
+        .field("values_untyped", st.values_untyped)
+        .field("modules", st.modules)
+        .field("patched_skipped", st.patched_skipped);
 }
 
 AttachStats attach_of(const Json& doc) {
@@ -60,11 +63,15 @@ AttachStats attach_of(const Json& doc) {
     return st;
 }
 
-Json detach_fields(const DetachStats& st) {
-    return {{"disabled", st.disabled},       {"still_enabled", st.still_enabled},
-            {"not_restored", st.not_restored}, {"sites_restored", st.sites_restored},
-            {"region_problem", st.region_problem}, {"threads", st.threads},
-            {"pause_us", st.pause_us},       {"stop_us", st.stop_us}};
+void detach_fields(JsonWriter& j, const DetachStats& st) {
+    j.field("disabled", st.disabled)
+        .field("still_enabled", st.still_enabled)
+        .field("not_restored", st.not_restored)
+        .field("sites_restored", st.sites_restored)
+        .field("region_problem", st.region_problem)
+        .field("threads", st.threads)
+        .field("pause_us", st.pause_us)
+        .field("stop_us", st.stop_us);
 }
 
 DetachStats detach_of(const Json& doc) {
@@ -135,16 +142,22 @@ TraceRecord record_of(const Json& doc) {
     return r;
 }
 
-Json patch_fields(const PatchStats& st) {
-    Json functions = Json::array();
+void patch_fields(JsonWriter& j, const PatchStats& st) {
+    j.key("patched").begin_array();
     for (const PatchedFunction& f : st.patched)
-        functions.push_back({{"function", f.function},   {"module", f.module},
-                             {"entry", f.entry},         {"library", f.library},
-                             {"symbol", f.symbol},       {"replacement", f.replacement},
-                             {"stub", f.stub},           {"signature_check", f.signature_check},
-                             {"signature", f.signature}});
-    return {{"patched", functions}, {"injected", st.injected}, {"threads", st.threads},
-            {"pause_us", st.pause_us}, {"stop_us", st.stop_us}};
+        j.begin_object()
+            .field("function", f.function)
+            .field("module", f.module)
+            .field("entry", f.entry)
+            .field("library", f.library)
+            .field("symbol", f.symbol)
+            .field("replacement", f.replacement)
+            .field("stub", f.stub)
+            .field("signature_check", f.signature_check)
+            .field("signature", f.signature)
+            .end_object();
+    j.end_array().field("injected", st.injected).field("threads", st.threads);
+    j.field("pause_us", st.pause_us).field("stop_us", st.stop_us);
 }
 
 PatchStats patch_of(const Json& doc) {
@@ -182,11 +195,13 @@ auto decode(std::string_view text, const char* what, F&& of) {
     }
 }
 
-// {"pid":PID, then `fields`}.
-std::string with_pid(pid_t pid, const Json& fields) {
-    Json j = {{"pid", pid}};
-    for (const auto& [k, v] : fields.items()) j[k] = v;
-    return j.dump();
+// {"pid":PID, then what `fields` writes}.
+template <typename Stats>
+std::string with_pid(pid_t pid, const Stats& stats, void (*fields)(JsonWriter&, const Stats&)) {
+    JsonWriter j;
+    j.begin_object().field("pid", pid);
+    fields(j, stats);
+    return j.end_object().str();
 }
 
 }  // namespace
@@ -238,11 +253,11 @@ void write_trace_record_fields(JsonWriter& j, const TraceRecord& r, bool with_te
     if (r.in_signal) j.field("in_signal", true);
 }
 
-std::string to_json(const AttachStats& stats, pid_t pid) { return with_pid(pid, attach_fields(stats)); }
+std::string to_json(const AttachStats& stats, pid_t pid) { return with_pid(pid, stats, attach_fields); }
 
 AttachStats attach_stats_from_json(std::string_view json) { return decode(json, "an attach report", attach_of); }
 
-std::string to_json(const DetachStats& stats, pid_t pid) { return with_pid(pid, detach_fields(stats)); }
+std::string to_json(const DetachStats& stats, pid_t pid) { return with_pid(pid, stats, detach_fields); }
 
 DetachStats detach_stats_from_json(std::string_view json) { return decode(json, "a detach report", detach_of); }
 
@@ -270,34 +285,36 @@ Overloaded(F...) -> Overloaded<F...>;
 }  // namespace
 
 std::string encode(const Request& request) {
-    Json j = {{"id", request.id}};
+    JsonWriter j;
+    j.begin_object().field("id", request.id);
     std::visit(Overloaded{
                    [&](const Attach& a) {
-                       j["op"] = "attach";
-                       j["functions"] = a.functions;
-                       if (a.handler) j["handler"] = a.handler == HandlerMode::count ? "count" : "trace";
-                       if (a.completed) j["completed"] = true;
-                       if (a.values.args) j["args"] = true;
-                       if (a.values.retval) j["retval"] = true;
-                       if (a.values.backtrace) j["backtrace"] = a.values.backtrace;
-                       if (!a.when.empty()) j["when"] = a.when;
-                       if (!a.min_duration.empty()) j["min_duration"] = a.min_duration;
+                       j.field("op", "attach").field("functions", a.functions);
+                       if (a.handler) j.field("handler", a.handler == HandlerMode::count ? "count" : "trace");
+                       if (a.completed) j.field("completed", true);
+                       if (a.values.args) j.field("args", true);
+                       if (a.values.retval) j.field("retval", true);
+                       if (a.values.backtrace) j.field("backtrace", a.values.backtrace);
+                       if (!a.when.empty()) j.field("when", a.when);
+                       if (!a.min_duration.empty()) j.field("min_duration", a.min_duration);
                    },
-                   [&](const Detach& d) { j["op"] = "detach"; j["functions"] = d.functions; },
-                   [&](const Select& s) { j["op"] = "select"; j["functions"] = s.functions; },
-                   [&](const Status&) { j["op"] = "status"; },
-                   [&](const Trace& t) { j["op"] = "trace"; j["on"] = t.on; },
+                   [&](const Detach& d) { j.field("op", "detach").field("functions", d.functions); },
+                   [&](const Select& s) { j.field("op", "select").field("functions", s.functions); },
+                   [&](const Status&) { j.field("op", "status"); },
+                   [&](const Trace& t) { j.field("op", "trace").field("on", t.on); },
                    [&](const Patch& p) {
-                       j["op"] = "patch";
-                       j["force"] = p.force;
-                       Json patches = Json::array();
+                       j.field("op", "patch").field("force", p.force).key("patches").begin_array();
                        for (const FunctionPatch& f : p.patches)
-                           patches.push_back({{"function", f.function}, {"library", f.library}, {"symbol", f.symbol}});
-                       j["patches"] = patches;
+                           j.begin_object()
+                               .field("function", f.function)
+                               .field("library", f.library)
+                               .field("symbol", f.symbol)
+                               .end_object();
+                       j.end_array();
                    },
                },
                request.body);
-    return j.dump();
+    return j.end_object().str();
 }
 
 Request decode_request(std::string_view line) {
@@ -339,35 +356,42 @@ Request decode_request(std::string_view line) {
 }
 
 std::string encode(const Message& message) {
-    if (const auto* t = std::get_if<TraceRecord>(&message)) {  // the stream's bulk: written directly
-        JsonWriter w;
-        w.begin_object().field("type", "trace");
-        write_trace_record_fields(w, *t, true);
-        return w.end_object().str();
-    }
-    Json j;
+    JsonWriter j;
+    j.begin_object();
     std::visit(Overloaded{
                    [&](const Reply& r) {
-                       j = {{"type", "reply"}, {"id", r.id}, {"ok", r.ok}};
-                       if (!r.ok) {
-                           j["error"] = r.error;
-                           j["exit_code"] = r.exit_code;
+                       j.field("type", "reply").field("id", r.id).field("ok", r.ok);
+                       if (!r.ok) j.field("error", r.error).field("exit_code", r.exit_code);
+                       if (r.attached) {
+                           attach_fields(j.key("attached").begin_object(), *r.attached);
+                           j.end_object();
                        }
-                       if (r.attached) j["attached"] = attach_fields(*r.attached);
-                       if (r.detached) j["detached"] = detach_fields(*r.detached);
-                       if (r.patched) j["patched"] = patch_fields(*r.patched);
+                       if (r.detached) {
+                           detach_fields(j.key("detached").begin_object(), *r.detached);
+                           j.end_object();
+                       }
+                       if (r.patched) {
+                           patch_fields(j.key("patched").begin_object(), *r.patched);
+                           j.end_object();
+                       }
                        if (r.status)
-                           j["status"] = {{"pid", r.status->pid},
-                                          {"functions", r.status->functions},
-                                          {"tracing", r.status->tracing},
-                                          {"trace_records", r.status->trace_records}};
+                           j.key("status")
+                               .begin_object()
+                               .field("pid", r.status->pid)
+                               .field("functions", r.status->functions)
+                               .field("tracing", r.status->tracing)
+                               .field("trace_records", r.status->trace_records)
+                               .end_object();
                    },
-                   [&](const TraceRecord&) {},
-                   [&](const TraceEnd& e) { j = {{"type", "trace_end"}, {"records", e.records}, {"dropped", e.dropped}}; },
-                   [&](const Exit& e) { j = {{"type", "exit"}, {"reason", e.reason}}; },
+                   // The stream's bulk, with the values' text for people.
+                   [&](const TraceRecord& t) { write_trace_record_fields(j.field("type", "trace"), t, true); },
+                   [&](const TraceEnd& e) {
+                       j.field("type", "trace_end").field("records", e.records).field("dropped", e.dropped);
+                   },
+                   [&](const Exit& e) { j.field("type", "exit").field("reason", e.reason); },
                },
                message);
-    return j.dump();
+    return j.end_object().str();
 }
 
 Message decode_message(std::string_view line) {

@@ -7,11 +7,12 @@
 #include <nlohmann/json.hpp>
 
 #include "iprobe/support/error.h"
+#include "iprobe/support/json.h"
 
 namespace iprobe::launcher::agent_protocol {
 namespace {
 
-using Json = nlohmann::json;
+using Json = nlohmann::json;  // the reader; messages are written with JsonWriter
 
 // ---- bytes as JSON: valid UTF-8 as a string, anything else as base64
 
@@ -88,7 +89,11 @@ std::string unbase64(const std::string& in) {
     return out;
 }
 
-Json bytes_json(const std::string& bytes) { return valid_utf8(bytes) ? Json(bytes) : Json{{"base64", base64(bytes)}}; }
+// `key` with `bytes` as a string when valid UTF-8, else as {"base64":...}.
+void bytes_field(JsonWriter& j, const char* key, const std::string& bytes) {
+    if (valid_utf8(bytes)) j.field(key, bytes);
+    else j.key(key).begin_object().field("base64", base64(bytes)).end_object();
+}
 
 std::string bytes_at(const Json& doc, const char* key) {
     const Json& v = doc.at(key);
@@ -121,23 +126,34 @@ bool bool_at(const Json& doc, const char* key) {
 
 // ---- each message: its type name, its fields out and in
 
+// Writes each message's fields into its open object.
 struct Codec {
-    Json operator()(const Clone& m) const {
-        return {{"name", bytes_json(m.name)}, {"shell_job", m.shell_job}, {"source_pid", m.source_pid}};
+    JsonWriter& j;
+    void operator()(const Clone& m) const {
+        bytes_field(j, "name", m.name);
+        j.field("shell_job", m.shell_job).field("source_pid", m.source_pid);
     }
-    Json operator()(const PageServerReady& m) const { return {{"port", m.port}}; }
-    Json operator()(const File& m) const { return {{"name", bytes_json(m.name)}, {"size", m.size}}; }
-    Json operator()(const Snapshot& m) const {
-        return {{"index", m.index}, {"path", bytes_json(m.path)}, {"size", m.size}};
+    void operator()(const PageServerReady& m) const { j.field("port", m.port); }
+    void operator()(const File& m) const {
+        bytes_field(j, "name", m.name);
+        j.field("size", m.size);
     }
-    Json operator()(const Restore&) const { return Json::object(); }
-    Json operator()(const Restored& m) const {
-        return {{"clone_pid", m.clone_pid}, {"keeper_pid", m.keeper_pid}, {"restore_us", m.restore_us}};
+    void operator()(const Snapshot& m) const {
+        j.field("index", m.index);
+        bytes_field(j, "path", m.path);
+        j.field("size", m.size);
     }
-    Json operator()(const Abort&) const { return Json::object(); }
-    Json operator()(const Destroy& m) const { return {{"name", bytes_json(m.name)}}; }
-    Json operator()(const Destroyed&) const { return Json::object(); }
-    Json operator()(const Failure& m) const { return {{"exit_code", m.exit_code}, {"message", bytes_json(m.message)}}; }
+    void operator()(const Restore&) const {}
+    void operator()(const Restored& m) const {
+        j.field("clone_pid", m.clone_pid).field("keeper_pid", m.keeper_pid).field("restore_us", m.restore_us);
+    }
+    void operator()(const Abort&) const {}
+    void operator()(const Destroy& m) const { bytes_field(j, "name", m.name); }
+    void operator()(const Destroyed&) const {}
+    void operator()(const Failure& m) const {
+        j.field("exit_code", m.exit_code);
+        bytes_field(j, "message", m.message);
+    }
 };
 
 struct TypeName {
@@ -173,10 +189,10 @@ Message from_json(const std::string& type, const Json& d) {
 const char* type_name(const Message& message) { return std::visit(TypeName{}, message); }
 
 std::string encode(const Message& message) {
-    Json doc = std::visit(Codec{}, message);
-    doc["type"] = type_name(message);
-    // Every string in it is valid UTF-8 (bytes_json): dump cannot throw.
-    return doc.dump() + "\n";
+    JsonWriter j;
+    j.begin_object().field("type", type_name(message));
+    std::visit(Codec{j}, message);
+    return j.end_object().str() + "\n";
 }
 
 Message decode(const std::string& line) {

@@ -35,6 +35,7 @@
 #include "criu.h"
 #include "iprobe/formats/checkpoint_hook.h"
 #include "iprobe/support/error.h"
+#include "iprobe/support/json.h"
 #include "iprobe/support/fd.h"
 #include "iprobe/support/file.h"
 #include "netns.h"
@@ -87,22 +88,13 @@ std::string checked_clone_name(const CloneOptions& o, const char* command) {
     return name;
 }
 
-// Non-loopback addresses of production's network namespace (ip -o addr
-// lines: "2: eth0    inet 192.0.2.10/24 ..."), without their prefix.
+// Non-loopback addresses of production's network namespace.
 std::vector<std::string> production_addresses(pid_t pid) {
-    std::string ns = "--net=/proc/" + std::to_string(pid) + "/ns/net";
-    RunResult r = run({"nsenter", ns, "ip", "-o", "addr", "show"});
     std::vector<std::string> out;
-    std::istringstream lines(r.out);
-    std::string line;
-    while (std::getline(lines, line)) {
-        std::istringstream f(line);
-        std::string index, ifname, family, cidr;
-        f >> index >> ifname >> family >> cidr;
-        if ((family != "inet" && family != "inet6") || ifname == "lo") continue;
-        std::string addr = cidr.substr(0, cidr.find('/'));
-        if (addr.rfind("fe80:", 0) == 0) continue;  // link-local: per interface, never bound to by services
-        out.push_back(addr);
+    for (const InterfaceAddress& a : interface_addresses("/proc/" + std::to_string(pid) + "/ns/net")) {
+        if ((a.family != "inet" && a.family != "inet6") || a.ifname == "lo" || a.local.empty()) continue;
+        if (a.local.rfind("fe80:", 0) == 0) continue;  // link-local: per interface, never bound to by services
+        out.push_back(a.local);
     }
     return out;
 }
@@ -311,17 +303,12 @@ double realtime_s() {
 }
 
 void save_checkpoint(const Checkpoint& cp) {
-    nlohmann::json doc = {{"format", "iprobe-checkpoint 1"},
-                          {"pid", cp.pid},
-                          {"shell_job", cp.shell_job},
-                          {"snapshots", cp.snapshots},
-                          {"addresses", cp.addresses},
-                          {"freeze_ms", cp.freeze_ms},
-                          {"freezing_ms", cp.freezing_ms},
-                          {"dump_ms", cp.dump_ms},
-                          {"pages_written", cp.pages_written},
-                          {"taken_at_s", cp.taken_at_s}};
-    const std::string text = doc.dump(2) + "\n";
+    JsonWriter j;
+    j.begin_object().field("format", "iprobe-checkpoint 1").field("pid", cp.pid).field("shell_job", cp.shell_job);
+    j.field("snapshots", cp.snapshots).field("addresses", cp.addresses);
+    j.field("freeze_ms", cp.freeze_ms).field("freezing_ms", cp.freezing_ms).field("dump_ms", cp.dump_ms);
+    j.field("pages_written", static_cast<std::uint64_t>(cp.pages_written)).field("taken_at_s", cp.taken_at_s);
+    const std::string text = j.end_object().str() + "\n";
     write_file_atomic(cp.dir + "/checkpoint.json", text.data(), text.size());
 }
 

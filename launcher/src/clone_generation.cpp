@@ -14,8 +14,6 @@
 #include <optional>
 #include <set>
 
-#include <nlohmann/json.hpp>
-
 #include "client_pinger.h"
 #include "clone_patches.h"
 #include "clone_probes.h"
@@ -38,16 +36,12 @@ namespace {
 // /30s in 10.213.0.0/16 that no interface here uses: .1 host, .2 clone.
 std::vector<int> pick_subnets(int count) {
     std::set<int> used;
-    const auto links = nlohmann::json::parse(run({"ip", "-j", "-4", "addr", "show"}).out, nullptr, false);
-    if (!links.is_array()) throw Error("`ip -j addr show` gave no interface list; is iproute2 installed?");
-    for (const auto& link : links)
-        for (const auto& a : link.is_object() ? link.value("addr_info", nlohmann::json::array()) : nlohmann::json::array()) {
-            if (!a.is_object()) continue;
-            in_addr ip{};
-            if (::inet_pton(AF_INET, a.value("local", "").c_str(), &ip) != 1) continue;
-            const std::uint32_t host = ntohl(ip.s_addr);
-            if ((host >> 16) == ((10u << 8) | 213u)) used.insert(static_cast<int>((host & 0xffff) / 4));
-        }
+    for (const InterfaceAddress& a : interface_addresses()) {
+        in_addr ip{};
+        if (a.family != "inet" || ::inet_pton(AF_INET, a.local.c_str(), &ip) != 1) continue;
+        const std::uint32_t host = ntohl(ip.s_addr);
+        if ((host >> 16) == ((10u << 8) | 213u)) used.insert(static_cast<int>((host & 0xffff) / 4));
+    }
     std::vector<int> out;
     for (int i = static_cast<int>(getpid()) % 16000; i < 16000 + static_cast<int>(getpid()) % 16000; ++i) {
         if (used.count(i % 16000)) continue;

@@ -16,7 +16,9 @@
 #include "client_pinger.h"
 #include "criu.h"
 #include "iprobe/launcher/clone.h"
+#include "iprobe/launcher/podman_json.h"
 #include "iprobe/support/error.h"
+#include "iprobe/support/json.h"
 #include "process.h"
 
 namespace fs = std::filesystem;
@@ -32,87 +34,17 @@ std::string state_file(const std::string& name) { return std::string(kContainerS
 
 using Json = nlohmann::json;
 
-// ---- what podman says, as typed as podman's JSON is: only the fields read
-// here, each optional field defaulted (podman omits empty ones).
-
-struct PortBinding {
-    std::string host_ip, host_port;
-};
-void from_json(const Json& j, PortBinding& b) {
-    b.host_ip = j.value("HostIp", "");
-    b.host_port = j.value("HostPort", "");
-}
-
-struct Mount {
-    std::string type, name, source, destination;
-    bool rw = false;
-};
-void from_json(const Json& j, Mount& m) {
-    m.type = j.value("Type", "");
-    m.name = j.value("Name", "");
-    m.source = j.value("Source", "");
-    m.destination = j.value("Destination", "");
-    m.rw = j.value("RW", false);
-}
-
-struct NetworkAttachment {
-    std::string ip_address;
-};
-void from_json(const Json& j, NetworkAttachment& n) { n.ip_address = j.value("IPAddress", ""); }
-
-// One element of `podman container inspect`.
-struct PodmanContainer {
-    std::string id;
-    bool running = false;
-    pid_t pid = 0;
-    std::map<std::string, std::vector<PortBinding>> port_bindings;  // HostConfig: what it asked for
-    std::vector<Mount> mounts;
-    std::map<std::string, NetworkAttachment> networks;
-    std::map<std::string, std::vector<PortBinding>> ports;  // NetworkSettings: what it got
-};
-void from_json(const Json& j, PodmanContainer& c) {
-    c.id = j.at("Id").get<std::string>();
-    const Json& state = j.at("State");
-    c.running = state.value("Running", false);
-    c.pid = state.value("Pid", 0);
-    const auto map_of_bindings = [](const Json& ports) {
-        std::map<std::string, std::vector<PortBinding>> out;
-        if (!ports.is_object()) return out;
-        for (const auto& [port, bindings] : ports.items())
-            out[port] = bindings.is_array() ? bindings.get<std::vector<PortBinding>>() : std::vector<PortBinding>{};
-        return out;
-    };
-    c.port_bindings = map_of_bindings(j.value("HostConfig", Json::object()).value("PortBindings", Json::object()));
-    if (const Json mounts = j.value("Mounts", Json::array()); mounts.is_array()) c.mounts = mounts.get<std::vector<Mount>>();
-    const Json net = j.value("NetworkSettings", Json::object());
-    if (const Json networks = net.value("Networks", Json::object()); networks.is_object())
-        c.networks = networks.get<std::map<std::string, NetworkAttachment>>();
-    c.ports = map_of_bindings(net.value("Ports", Json::object()));
-}
-
 // `podman container inspect NAME`'s container, or nullopt when podman
 // knows none of that name.  Throws Error(failure) when podman answers
 // something that is not its inspect JSON.
-std::optional<PodmanContainer> inspect_container(const std::string& podman, const std::string& container) {
+std::optional<podman::Container> inspect_container(const std::string& podman, const std::string& container) {
     const RunResult r = run({podman, "container", "inspect", container});
     if (!r.ok()) return std::nullopt;
     try {
-        const Json doc = Json::parse(r.out);
-        if (!doc.is_array() || doc.empty()) return std::nullopt;
-        return doc.at(0).get<PodmanContainer>();
-    } catch (const Json::exception& e) {
+        return podman::parse_inspect(r.out);
+    } catch (const Error& e) {
         throw Error("cannot read `podman container inspect " + container + "`: " + e.what(), ExitCode::failure);
     }
-}
-
-// CRIU's statistics in `podman container checkpoint --print-stats` output.
-struct CheckpointStats {
-    double frozen_us = 0, freezing_us = 0, pages_written = 0;
-};
-void from_json(const Json& j, CheckpointStats& st) {
-    st.frozen_us = j.value("frozen_time", 0.0);
-    st.freezing_us = j.value("freezing_time", 0.0);
-    st.pages_written = j.value("pages_written", 0.0);
 }
 
 void progress(const ContainerCloneOptions& o, const std::string& line) {
@@ -178,14 +110,10 @@ private:
 
 // The last container's CRIU statistics in `podman container checkpoint
 // --print-stats` output (one container is checkpointed).
-CheckpointStats checkpoint_stats(const std::string& out) {
+podman::CheckpointStats checkpoint_stats(const std::string& out) {
     try {
-        const Json doc = Json::parse(out);
-        CheckpointStats st;
-        for (const auto& c : doc.at("container_statistics"))
-            st = c.value("criu_statistics", Json::object()).get<CheckpointStats>();
-        return st;
-    } catch (const Json::exception& e) {
+        return podman::parse_checkpoint_stats(out);
+    } catch (const Error& e) {
         throw Error(std::string("podman checkpointed, but its --print-stats output is not what it prints: ") +
                     e.what());
     }
@@ -294,6 +222,8 @@ void remap_volumes(const std::string& archive, const std::string& work, const Cl
         Json doc = Json::parse(in, nullptr, false);
         if (doc.is_discarded()) throw Error("the checkpoint archive's " + file + " is not JSON");
         edit(doc);
+        // podman's own document, edited in place: the one JSON not written
+        // with JsonWriter, since it is re-emitted whole, fields we never read included.
         std::ofstream(dir + "/" + file) << doc.dump();
     };
     rewrite("config.dump", [&](Json& config) {
@@ -312,13 +242,13 @@ void remap_volumes(const std::string& archive, const std::string& work, const Cl
 }
 
 void save_container_state(const ContainerCloneResult& r) {
-    Json volumes = Json::array();
-    for (const auto& [_, clone] : r.volumes) volumes.push_back(clone);
-    const Json doc = {{"id", r.id},           {"network", r.network},         {"source", r.source},
-                      {"address", r.address}, {"clone_pid", r.clone_pid},     {"volumes", volumes},
-                      {"freeze_ms", r.freeze_ms}, {"freezing_ms", r.freezing_ms}, {"checkpoint_ms", r.checkpoint_ms},
-                      {"restore_ms", r.restore_ms}, {"total_ms", r.total_ms}};
-    std::ofstream(state_file(r.name)) << doc.dump() << "\n";
+    JsonWriter j;
+    j.begin_object().field("id", r.id).field("network", r.network).field("source", r.source);
+    j.field("address", r.address).field("clone_pid", r.clone_pid).key("volumes").begin_array();
+    for (const auto& [_, clone] : r.volumes) j.value(clone);
+    j.end_array().field("freeze_ms", r.freeze_ms).field("freezing_ms", r.freezing_ms);
+    j.field("checkpoint_ms", r.checkpoint_ms).field("restore_ms", r.restore_ms).field("total_ms", r.total_ms);
+    std::ofstream(state_file(r.name)) << j.end_object().str() << "\n";
 }
 
 }  // namespace
@@ -380,7 +310,7 @@ ContainerCloneResult clone_container(const ContainerCloneOptions& o) {
         throw Error("podman could not checkpoint container '" + o.container +
                         "'; production keeps running. podman says: " + podman_errors(dump),
                     ExitCode::failure);
-    const CheckpointStats stats = checkpoint_stats(dump.out);
+    const podman::CheckpointStats stats = checkpoint_stats(dump.out);
     r.freeze_ms = stats.frozen_us / 1e3;
     r.freezing_ms = stats.freezing_us / 1e3;
     r.pages_written = static_cast<unsigned long long>(stats.pages_written);

@@ -4,6 +4,8 @@
 
 #include <filesystem>
 
+#include <nlohmann/json.hpp>
+
 #include "iprobe/support/error.h"
 #include "process.h"
 
@@ -47,6 +49,23 @@ void create_veth(const std::string& name, const std::string& host_if, const std:
         delete_link(host_if);
         throw;
     }
+}
+
+std::vector<InterfaceAddress> interface_addresses(const std::string& netns_path) {
+    std::vector<std::string> argv = {"ip", "-j", "addr", "show"};
+    if (!netns_path.empty()) argv.insert(argv.begin(), {"nsenter", "--net=" + netns_path});
+    const auto links = nlohmann::json::parse(run(argv).out, nullptr, false);
+    if (!links.is_array()) throw Error("`ip -j addr show` gave no interface list; is iproute2 installed?");
+    std::vector<InterfaceAddress> out;
+    for (const auto& link : links) {
+        if (!link.is_object()) continue;
+        const auto addresses = link.value("addr_info", nlohmann::json::array());
+        if (!addresses.is_array()) continue;
+        for (const auto& a : addresses)
+            if (a.is_object())
+                out.push_back({link.value("ifname", ""), a.value("family", ""), a.value("local", "")});
+    }
+    return out;
 }
 
 }  // namespace iprobe::launcher

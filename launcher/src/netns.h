@@ -4,6 +4,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 namespace iprobe::launcher {
 
@@ -17,6 +18,15 @@ void delete_link(const std::string& ifname);  // in the current namespace; absen
 // clone_cidr inside namespace `name`, both up.
 void create_veth(const std::string& name, const std::string& host_if, const std::string& host_cidr,
                  const std::string& clone_cidr);
+
+// The addresses of every interface of a network namespace (`ip -j addr
+// show`'s JSON, read into this; `netns_path` empty: ours), in its order.
+struct InterfaceAddress {
+    std::string ifname;
+    std::string family;  // "inet" or "inet6"
+    std::string local;   // the address, without its prefix length
+};
+std::vector<InterfaceAddress> interface_addresses(const std::string& netns_path = {});
 
 // Remembers the host end of a clone's veth so destroy removes it.
 void record_clone_veth(const std::string& name, const std::string& veth);

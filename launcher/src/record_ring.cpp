@@ -11,6 +11,7 @@
 
 #include "iprobe/support/error.h"
 #include "iprobe/support/file.h"
+#include "iprobe/support/json.h"
 
 namespace fs = std::filesystem;
 
@@ -94,10 +95,10 @@ GenerationInfo RecordRing::begin(const std::string& service, const std::string& 
 }
 
 void RecordRing::save(const GenerationInfo& g) const {
-    const nlohmann::json doc = {{"generation", g.generation},     {"started_at_s", g.started_at_s},
-                                {"service", g.service},           {"protocol", g.protocol},
-                                {"open_at_start", g.open_at_start}, {"complete", g.complete}};
-    const std::string text = doc.dump(2) + "\n";
+    JsonWriter j;
+    j.begin_object().field("generation", g.generation).field("started_at_s", g.started_at_s);
+    j.field("service", g.service).field("protocol", g.protocol).field("open_at_start", g.open_at_start);
+    const std::string text = j.field("complete", g.complete).end_object().str() + "\n";
     write_file_atomic(g.dir + "/generation.json", text.data(), text.size());
 }
 

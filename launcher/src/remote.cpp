@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <map>
 #include <thread>
@@ -28,6 +29,7 @@
 #include "criu.h"
 #include "iprobe/proxy/address.h"
 #include "iprobe/support/error.h"
+#include "iprobe/support/json.h"
 #include "iprobe/support/fd.h"
 #include "iprobe/support/file.h"
 #include "process.h"
@@ -256,8 +258,11 @@ private:
     std::jthread thread_;
 };
 
-void write_json(const std::string& path, const nlohmann::json& doc) {
-    const std::string text = doc.dump() + "\n";
+// The object `fields` writes, one line, written atomically.
+void write_json(const std::string& path, const std::function<void(JsonWriter&)>& fields) {
+    JsonWriter j;
+    fields(j.begin_object());
+    const std::string text = j.end_object().str() + "\n";
     write_file_atomic(path, text.data(), text.size());
 }
 
@@ -277,10 +282,10 @@ public:
     AgentRegistration(const std::string& listen, const std::string& state_dir)
         : path_(std::string(kAgentRoot) + "/" + std::to_string(::getpid()) + ".json") {
         fs::create_directories(kAgentRoot);
-        write_json(path_, {{"pid", ::getpid()},
-                           {"start", start_time(::getpid())},
-                           {"listen", listen},
-                           {"state_dir", fs::absolute(state_dir).string()}});
+        write_json(path_, [&](JsonWriter& j) {
+            j.field("pid", ::getpid()).field("start", start_time(::getpid())).field("listen", listen);
+            j.field("state_dir", fs::absolute(state_dir).string());
+        });
     }
     ~AgentRegistration() {
         std::error_code ec;
@@ -391,12 +396,10 @@ private:
         clones_[name] = {dir, keeper, keeper_started};
         partial.armed = false;
         // For `iprobe clone --list` on this host: what the agent holds.
-        write_json(dir + "/clone.json", {{"name", name},
-                                         {"clone_pid", clone_pid},
-                                         {"keeper_pid", keeper},
-                                         {"keeper_start", keeper_started},
-                                         {"source_pid", source},
-                                         {"restore_ms", restore_ms}});
+        write_json(dir + "/clone.json", [&](JsonWriter& j) {
+            j.field("name", name).field("clone_pid", clone_pid).field("keeper_pid", keeper);
+            j.field("keeper_start", keeper_started).field("source_pid", source).field("restore_ms", restore_ms);
+        });
         say("clone " + name + ": restored as PID " + std::to_string(clone_pid) + " in " + fmt_ms(restore_ms) + " ms");
         channel.send(protocol::Restored{clone_pid, keeper, static_cast<std::uint64_t>(restore_ms * 1e3)});
     }
@@ -597,15 +600,11 @@ void destroy_agent_clone(const std::string& agent, const std::string& name) {
 
 void record_remote_clone(const CloneResult& r, const std::string& agent) {
     fs::create_directories(kRemoteRoot);
-    write_json(std::string(kRemoteRoot) + "/" + r.name,
-               {{"agent", agent},
-                {"clone_pid", r.clone_pid},
-                {"keeper_pid", r.keeper_pid},
-                {"freeze_ms", r.freeze_ms},
-                {"freezing_ms", r.freezing_ms},
-                {"dump_ms", r.dump_ms},
-                {"restore_ms", r.restore_ms},
-                {"total_ms", r.total_ms}});
+    write_json(std::string(kRemoteRoot) + "/" + r.name, [&](JsonWriter& j) {
+        j.field("agent", agent).field("clone_pid", r.clone_pid).field("keeper_pid", r.keeper_pid);
+        j.field("freeze_ms", r.freeze_ms).field("freezing_ms", r.freezing_ms).field("dump_ms", r.dump_ms);
+        j.field("restore_ms", r.restore_ms).field("total_ms", r.total_ms);
+    });
 }
 
 void forget_remote_clone(const std::string& name) {

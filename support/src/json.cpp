@@ -56,6 +56,11 @@ JsonWriter& JsonWriter::value(std::string_view v) { separate(); escape(out_, v);
 JsonWriter& JsonWriter::value(std::int64_t v) { separate(); out_ += std::to_string(v); return *this; }
 JsonWriter& JsonWriter::value(std::uint64_t v) { separate(); out_ += std::to_string(v); return *this; }
 JsonWriter& JsonWriter::value(bool v) { separate(); out_ += v ? "true" : "false"; return *this; }
+JsonWriter& JsonWriter::value(const std::vector<std::string>& items) {
+    begin_array();
+    for (const auto& item : items) value(item);
+    return end_array();
+}
 JsonWriter& JsonWriter::null() { separate(); out_ += "null"; return *this; }
 
 JsonWriter& JsonWriter::raw(std::string_view json) {

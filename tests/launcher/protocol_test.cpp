@@ -2,7 +2,9 @@
 // (agent_protocol.h), CRIU's RPC requests and answers (criu_rpc.h, CRIU's own
 // rpc.proto) and its statistics image.  Each message round-trips byte for
 // byte, hostile strings included; a real CRIU answers a dump it cannot do
-// with a typed failure, and one it can with its statistics.
+// with a typed failure, and one it can with its statistics.  Podman's JSON,
+// which iprobe only reads, is read into typed fields from podman's own
+// documents, and refused as bad input when it is not that.
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/wait.h>
@@ -18,6 +20,7 @@
 #include "iprobe/launcher/agent_protocol.h"
 #include "iprobe/launcher/clone.h"
 #include "iprobe/launcher/criu_rpc.h"
+#include "iprobe/launcher/podman_json.h"
 #include "iprobe/support/error.h"
 #include "rpc.pb.h"
 #include "testutil.h"
@@ -75,8 +78,11 @@ TEST(AgentProtocol, EveryMessageRoundTripsWithHostileStrings) {
 }
 
 TEST(AgentProtocol, ValidUtf8TravelsAsTextAndTheRestAsBase64) {
-    EXPECT_EQ(protocol::encode(protocol::Destroy{"caf\xc3\xa9"}), "{\"name\":\"caf\xc3\xa9\",\"type\":\"destroy\"}\n");
-    EXPECT_EQ(protocol::encode(protocol::Destroy{"\xff"}), "{\"name\":{\"base64\":\"/w==\"},\"type\":\"destroy\"}\n");
+    // The type first, then the fields in the message's order (JsonWriter).
+    EXPECT_EQ(protocol::encode(protocol::Destroy{"caf\xc3\xa9"}), "{\"type\":\"destroy\",\"name\":\"caf\xc3\xa9\"}\n");
+    EXPECT_EQ(protocol::encode(protocol::Destroy{"\xff"}), "{\"type\":\"destroy\",\"name\":{\"base64\":\"/w==\"}}\n");
+    EXPECT_EQ(protocol::encode(protocol::Restored{42, 41, 1500}),
+              "{\"type\":\"restored\",\"clone_pid\":42,\"keeper_pid\":41,\"restore_us\":1500}\n");
 }
 
 void expect_bad_input(const std::string& line, const std::string& said) {
@@ -256,3 +262,119 @@ TEST(CriuRpc, DumpAnswersSuccessAndItsStatisticsAndTheProcessRunsOn) {
 }
 
 }  // namespace
+
+// ---- podman's JSON (podman_json.h): read, never written, by iprobe.  The
+// documents are podman 4.3's (Debian 12) as it prints them, cut to the
+// fields around the ones read.
+
+namespace {
+
+const char* const kInspect = R"([
+     {
+          "Id": "5d6f3a1c0a8e4b1f9e2d7c6b5a4938271605f4e3d2c1b0a99887766554433221",
+          "Created": "2026-11-26T12:00:00.000000000Z",
+          "Path": "redis-server",
+          "State": {
+               "OciVersion": "1.0.2-dev",
+               "Status": "running",
+               "Running": true,
+               "Paused": false,
+               "Pid": 43210,
+               "ConmonPid": 43200,
+               "ExitCode": 0
+          },
+          "Mounts": [
+               {
+                    "Type": "volume",
+                    "Name": "redis-data",
+                    "Source": "/var/lib/containers/storage/volumes/redis-data/_data",
+                    "Destination": "/data",
+                    "Driver": "local",
+                    "Mode": "",
+                    "Options": ["nosuid", "nodev", "rbind"],
+                    "RW": true,
+                    "Propagation": "rprivate"
+               },
+               {
+                    "Type": "bind",
+                    "Source": "/etc/redis",
+                    "Destination": "/etc/redis",
+                    "RW": false
+               }
+          ],
+          "NetworkSettings": {
+               "Ports": {
+                    "6379/tcp": [ { "HostIp": "127.0.0.1", "HostPort": "16379" } ],
+                    "9121/tcp": null
+               },
+               "Networks": {
+                    "podman": { "IPAddress": "10.88.0.5", "Gateway": "10.88.0.1", "IPPrefixLen": 16 }
+               }
+          },
+          "HostConfig": {
+               "PortBindings": { "6379/tcp": [ { "HostIp": "127.0.0.1", "HostPort": "16379" } ] }
+          }
+     }
+]
+)";
+
+}  // namespace
+
+TEST(PodmanJson, InspectIsReadIntoTypedFields) {
+    const auto c = podman::parse_inspect(kInspect);
+    ASSERT_TRUE(c);
+    EXPECT_EQ(c->id, "5d6f3a1c0a8e4b1f9e2d7c6b5a4938271605f4e3d2c1b0a99887766554433221");
+    EXPECT_TRUE(c->running);
+    EXPECT_EQ(c->pid, 43210);
+    ASSERT_EQ(c->mounts.size(), 2u);
+    EXPECT_EQ(c->mounts[0], (podman::Mount{"volume", "redis-data", "/var/lib/containers/storage/volumes/redis-data/_data",
+                                           "/data", true}));
+    EXPECT_EQ(c->mounts[1], (podman::Mount{"bind", "", "/etc/redis", "/etc/redis", false}));
+    ASSERT_EQ(c->networks.size(), 1u);
+    EXPECT_EQ(c->networks.at("podman").ip_address, "10.88.0.5");
+    ASSERT_EQ(c->ports.size(), 2u);
+    EXPECT_EQ(c->ports.at("6379/tcp"), (std::vector<podman::PortBinding>{{"127.0.0.1", "16379"}}));
+    EXPECT_TRUE(c->ports.at("9121/tcp").empty());  // exposed, not published: null
+    ASSERT_EQ(c->port_bindings.size(), 1u);
+    EXPECT_EQ(c->port_bindings.at("6379/tcp"), (std::vector<podman::PortBinding>{{"127.0.0.1", "16379"}}));
+}
+
+TEST(PodmanJson, WhatPodmanLeavesOutIsDefaultedAndWhatIsNotThereIsNone) {
+    // A stopped container with nothing published, mounted or attached.
+    const auto c = podman::parse_inspect(R"([{"Id":"abc","State":{"Running":false}}])");
+    ASSERT_TRUE(c);
+    EXPECT_EQ(c->id, "abc");
+    EXPECT_FALSE(c->running);
+    EXPECT_EQ(c->pid, 0);
+    EXPECT_TRUE(c->mounts.empty() && c->networks.empty() && c->ports.empty() && c->port_bindings.empty());
+    EXPECT_FALSE(podman::parse_inspect("[]"));
+    EXPECT_FALSE(podman::parse_inspect("{}"));
+    for (const char* bad : {"", "Error: no such container x", R"([{"State":{}}])", R"([{"Id":"abc"}])",
+                            R"([{"Id":7,"State":{}}])"}) {
+        try {
+            podman::parse_inspect(bad);
+            ADD_FAILURE() << "taken: " << bad;
+        } catch (const Error& e) {
+            EXPECT_EQ(e.code(), ExitCode::bad_input) << bad;
+        }
+    }
+}
+
+TEST(PodmanJson, CheckpointStatisticsAreTheLastContainersCriuStatistics) {
+    const auto st = podman::parse_checkpoint_stats(R"({
+        "podman_checkpoint_duration": 290126,
+        "container_statistics": [
+            {"id": "first", "runtime_checkpoint_duration": 100,
+             "criu_statistics": {"freezing_time": 11, "frozen_time": 22, "memdump_time": 3, "pages_written": 44}},
+            {"id": "5d6f3a1c", "runtime_checkpoint_duration": 202030,
+             "criu_statistics": {"freezing_time": 1033, "frozen_time": 75872, "memdump_time": 1402,
+                                 "memwrite_time": 1788, "pages_scanned": 5361, "pages_written": 2048}}
+        ]
+    })");
+    EXPECT_EQ(st.freezing_us, 1033);
+    EXPECT_EQ(st.frozen_us, 75872);
+    EXPECT_EQ(st.pages_written, 2048);
+    EXPECT_EQ(podman::parse_checkpoint_stats(R"({"container_statistics":[{"id":"x"}]})").frozen_us, 0);
+    EXPECT_THROW(podman::parse_checkpoint_stats(R"({"podman_checkpoint_duration":1})"), Error);
+    EXPECT_THROW(podman::parse_checkpoint_stats("not json"), Error);
+}

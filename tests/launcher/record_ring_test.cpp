@@ -127,7 +127,7 @@ TEST(SessionRecording, AGenerationIsCompleteWhenItsInputWasRecordedToItsEnd) {
     EXPECT_EQ(listed[0].service, "10.0.0.1:80");
     EXPECT_EQ(listed[0].protocol, "http");
     EXPECT_FALSE(listed[1].complete);
-    EXPECT_NE(text_of(dir + "/gen-000002/generation.json").find("\"complete\": false"), std::string::npos)
+    EXPECT_NE(text_of(dir + "/gen-000002/generation.json").find("\"complete\":false"), std::string::npos)
         << text_of(dir + "/gen-000002/generation.json");
 }
 

@@ -1,5 +1,7 @@
-// A small streaming JSON writer for --json output (no DOM, no allocation
-// beyond the output string).
+// The one JSON writer of the project: --json output, events, the output
+// model, protocol messages and state files are written with it, field by
+// field in the order given (no DOM, no allocation beyond the output string).
+// Reading is nlohmann's (a DOM, typed through from_json/get).
 #pragma once
 
 #include <cstdint>
@@ -24,6 +26,7 @@ public:
     JsonWriter& value(unsigned v) { return value(static_cast<std::uint64_t>(v)); }
     JsonWriter& value(double v);
     JsonWriter& value(bool v);
+    JsonWriter& value(const std::vector<std::string>& items);  // an array of strings
     JsonWriter& null();
     // A value that is already JSON (another tool's document), inserted as is.
     JsonWriter& raw(std::string_view json);
