@@ -448,7 +448,8 @@ TEST_F(LauncherDebug, ACloneWhoseProcessExitsIsSaidAndTheSessionGoesOn) {
 }
 
 // A session killed outright (SIGKILL: no teardown runs) takes its clone
-// along, and the next session with the same clone name starts clean.
+// along, its namespace and state with it, and the next session with the
+// same clone name starts clean.
 TEST_F(LauncherDebug, KilledSessionTakesItsCloneAlongAndTheNextStartsClean) {
     ASSERT_NO_FATAL_FAILURE(start_redis());
     ASSERT_NO_FATAL_FAILURE(start_debug());
@@ -462,6 +463,14 @@ TEST_F(LauncherDebug, KilledSessionTakesItsCloneAlongAndTheNextStartsClean) {
     for (int i = 0; i < 100 && !(gone = !clone_alive(clone_pid_)); ++i)
         std::this_thread::sleep_for(std::chrono::milliseconds(50));
     EXPECT_TRUE(gone) << "clone PID " << clone_pid_ << " outlived its session";
+    // Its keeper removed the clone's pins on the host as it left: nothing
+    // of the session is left in /run for --list to show as remains.
+    const std::string name = fs::path(clone_netns_).filename().string();
+    for (int i = 0; i < 100 && (fs::exists(clone_netns_) || fs::exists("/run/iprobe/clones/" + name)); ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    EXPECT_FALSE(fs::exists(clone_netns_));
+    EXPECT_FALSE(fs::exists("/run/iprobe/clones/" + name));
+    EXPECT_FALSE(fs::exists("/dev/shm/iprobe-checkpoint-" + name));
     EXPECT_EQ(redis_->cli({"PING"}), "PONG");
     // The killed session's mirror follows it (parent-death signal): wait
     // until --listen is free again.
