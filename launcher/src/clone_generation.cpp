@@ -161,7 +161,6 @@ struct CloneGeneration::Impl {
     DebugOptions o_;
     CloneSetup setup_;
     SessionEvents events_;
-    std::vector<hotpatch::FunctionPatch> patches_;  // --patch (clones only)
     std::vector<Clone> clones_;
     int generation_ = 0;
     double generation_start_s_ = 0;
@@ -174,7 +173,6 @@ struct CloneGeneration::Impl {
 };
 
 void CloneGeneration::Impl::make_clones() {
-    patches_ = patch_requests(o_.patches);
     clones_.resize(static_cast<std::size_t>(o_.clones));
     const std::vector<int> subnets = o_.container.empty() ? pick_subnets(o_.clones) : std::vector<int>{0};
     for (int i = 0; i < o_.clones; ++i) {
@@ -262,7 +260,8 @@ void CloneGeneration::adopt_container(const ContainerCloneResult& clone, double 
     say_client_seen(s.o_.json, client_seen_us);
     // The probe tools run here, on its host PID (attach puts the runtime
     // inside the container's file system for its dlopen).
-    if (!s.patches_.empty()) patch_clone(s.events_, s.agent_of(c, clone.clone_pid, {}), "clone " + s.setup_.name, s.patches_);
+    if (!s.setup_.patches.empty())
+        patch_clone(s.events_, s.agent_of(c, clone.clone_pid, {}), "clone " + s.setup_.name, s.setup_.patches);
     if (s.probing()) {
         if (s.functions_.empty()) {  // no --probes: the container's program, as this host sees it
             const std::string proc = "/proc/" + std::to_string(clone.clone_pid);
@@ -303,8 +302,8 @@ void CloneGeneration::restore(const Checkpoint& cp, bool scratch_checkpoint, dou
                 });
         const std::vector<std::string> in_clone = {"nsenter", "--target", std::to_string(c.clone.keeper_pid), "--pid",
                                                    "--mount", "--"};
-        if (!s.patches_.empty())
-            patch_clone(s.events_, s.agent_of(c, c.clone.clone_pid_in_ns, in_clone), s.clone_label(c), s.patches_);
+        if (!s.setup_.patches.empty())
+            patch_clone(s.events_, s.agent_of(c, c.clone.clone_pid_in_ns, in_clone), s.clone_label(c), s.setup_.patches);
         if (s.probing()) s.attach_probes(c, c.clone.clone_pid_in_ns, in_clone);
     }
 }

@@ -65,7 +65,7 @@ DebugSession::DebugSession(DebugOptions o) : o_(std::move(o)), events_(o_.json, 
     mirror_tool_ = libexec_tool("iprobe-mirror");
     const bool probing = !o_.probes.empty() || !o_.functions.empty();
     const std::string hotpatch_tool = probing || !o_.patches.empty() ? libexec_tool("iprobe-hotpatch") : "";
-    patch_requests(o_.patches);  // refused here, before anything is made
+    std::vector<hotpatch::FunctionPatch> patches = patch_requests(o_.patches);
     if (!o_.patches.empty() && divergence_mode() == "off")
         throw Error("--patch shows the replies the patch changed, so the mirror must compare them: give --divergence "
                     "resp or http (or stream)",
@@ -76,7 +76,7 @@ DebugSession::DebugSession(DebugOptions o) : o_(std::move(o)), events_(o_.json, 
     lifeline_write_.reset(lifeline[1]);
     started_ = std::chrono::steady_clock::now();
     clones_ = std::make_unique<CloneGeneration>(
-        o_, CloneSetup{name_, service_ip_, port_, hotpatch_tool, lifeline_read_.get(), started_}, events_);
+        o_, CloneSetup{name_, service_ip_, port_, hotpatch_tool, std::move(patches), lifeline_read_.get(), started_}, events_);
     if (o_.capture && o_.container.empty()) {
         fs::create_directories("/run/iprobe");
         hook_socket_ = "/run/iprobe/debug-hook-" + std::to_string(getpid()) + ".sock";

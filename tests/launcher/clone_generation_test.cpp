@@ -96,7 +96,7 @@ protected:
         return o;
     }
     CloneSetup setup(const std::string& hotpatch_tool = "") const {
-        return {name_, "127.0.0.1", port_, hotpatch_tool, lifeline_read_.get(), std::chrono::steady_clock::now()};
+        return {name_, "127.0.0.1", port_, hotpatch_tool, {}, lifeline_read_.get(), std::chrono::steady_clock::now()};
     }
     Checkpoint checkpoint(const std::string& dir) {
         CloneOptions co;

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "iprobe/hotpatch/live_patch.h"
 #include "iprobe/launcher/clone.h"
 #include "iprobe/launcher/container.h"
 #include "iprobe/launcher/debug.h"
@@ -28,6 +29,7 @@ struct CloneSetup {
     std::string service_ip;     // where production listens, as each clone has it too
     int port = 0;
     std::string hotpatch_tool;  // iprobe-hotpatch, for probes or patches ("" without either)
+    std::vector<hotpatch::FunctionPatch> patches;  // --patch, applied in every clone
     int lifeline_fd = -1;       // restore_clone's: the clones end with the session
     std::chrono::steady_clock::time_point started;  // the session's start: events' and timelines' t_s
 };
