@@ -174,7 +174,13 @@ const elf::FunctionValues& ValuesReader::function(std::uint32_t entry_probe) {
         Module& m = module(p.module);
         if (m.dwarf && m.elf && p.function) {
             const elf::ElfSymbol* symbol = m.elf->function_starting_at(p.function);
-            typed = elf::function_values(*m.dwarf, p.function, symbol ? symbol->name : "");
+            // A -finstrument-functions entry: where the parameters are at its site.
+            std::optional<elf::Site> site;
+            const std::uint64_t bias = region_.modules()[p.module].load_bias;
+            if (p.kind == IPROBE_KIND_ENTRY && (p.form == IPROBE_SITE_CALL_REL32 || p.form == IPROBE_SITE_CALL_RIPIND) &&
+                p.site >= bias)
+                site = elf::Site{p.site - bias, m.elf.get()};
+            typed = elf::function_values(*m.dwarf, p.function, symbol ? symbol->name : "", site);
         }
     }
     return functions_.emplace(entry_probe, typed ? *typed : elf::raw_function_values()).first->second;
@@ -253,6 +259,10 @@ void ValuesReader::decode(Event& e, std::uint32_t packed_spec, const std::vector
             }
             if (p.parts.empty()) {
                 e.values.push_back({p.name, p.type.name, "<in memory>", "null"});
+                continue;
+            }
+            if (f.at_site && p.at_site.empty()) {
+                e.values.push_back({p.name, p.type.name, "<optimized out>", json_string("<optimized out>")});
                 continue;
             }
             std::uint8_t bytes[16] = {};
