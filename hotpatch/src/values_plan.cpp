@@ -71,15 +71,12 @@ iprobe_rt_location location_of(const elf::SiteLocation& at) {
     return l;
 }
 
-// The function's other probes after its entry `id`: its exits, when the
-// list has them right after it (sorted by address: the exit hooks of the
-// function follow its entry hook).
-std::vector<std::uint32_t> exits_after(const probelist::ProbeList& list, std::uint32_t id) {
-    std::vector<std::uint32_t> out;
-    for (std::size_t i = id + 1; i < list.probes.size() && list.probes[i].kind == probelist::ProbeKind::exit &&
-                                 list.probes[i].function_address == list.probes[id].function_address;
-         i++)
-        out.push_back(static_cast<std::uint32_t>(i));
+// The exit probes of each function, by its address: the exit hooks of its
+// body and of its cold part (gcc's .text.unlikely: exception cleanups).
+std::map<std::uint64_t, std::vector<std::uint32_t>> exits_by_function(const probelist::ProbeList& list) {
+    std::map<std::uint64_t, std::vector<std::uint32_t>> out;
+    for (const auto& p : list.probes)
+        if (p.kind == probelist::ProbeKind::exit && p.function_address) out[p.function_address].push_back(p.id);
     return out;
 }
 
@@ -107,6 +104,7 @@ ValuesPlan plan_values(pid_t pid, const SelectedList& s, const ValueOptions& opt
     };
     std::set<std::uint32_t> selected;
     for (const probelist::Probe* p : s.selected) selected.insert(p->id);
+    std::optional<std::map<std::uint64_t, std::vector<std::uint32_t>>> exits_of;
     // -finstrument-functions entries first: whether each hooks its return
     // decides what its exit probes do.
     for (const probelist::Probe* p : s.selected) {
@@ -120,8 +118,11 @@ ValuesPlan plan_values(pid_t pid, const SelectedList& s, const ValueOptions& opt
         }
         iprobe_rt_values_spec spec{};
         spec.flags = IPROBE_RT_VALUES_AT_SITE;
-        const std::vector<std::uint32_t> exits = exits_after(s.list, p->id);
-        const bool hook = typed->return_slot && !exits.empty() &&
+        if (!exits_of) exits_of = exits_by_function(s.list);
+        const auto found = exits_of->find(p->function_address);
+        const std::vector<std::uint32_t> exits = found == exits_of->end() ? std::vector<std::uint32_t>{} : found->second;
+        // The trampoline records the exit as probe id + 1: it must be one of them.
+        const bool hook = typed->return_slot && std::count(exits.begin(), exits.end(), p->id + 1) &&
                           std::all_of(exits.begin(), exits.end(), [&](std::uint32_t e) { return selected.count(e); });
         if (hook) {
             spec.flags |= IPROBE_RT_VALUES_HOOK;
