@@ -7,6 +7,9 @@
 #                   record after each: rdi, rsi at entry; rax, rdx, xmm0, xmm1 at exit)
 #   bpftrace        uprobe + uretprobe printing arg0, arg1 and retval (up to 10^5 calls)
 #   uftrace         uftrace record -A add2@arg1,arg2 -R add2@retval on a -pg build (up to 10^6)
+#   fin_trace, fin_values  the same two in the -finstrument-functions flow (iprobe-cc
+#                   --flow=finstrument): the arguments from the site's recipe (registers
+#                   after the prologue), the return through a hook of the return slot
 # usage: bench/hotpatch/values.sh [BUILD_DIR]   (as root; under flock /work/notes/bench.lock on a shared machine)
 # env: MAX_EXP (default 6), REPEATS (default 3, fastest kept), SKIP_BPF=1, SKIP_UFTRACE=1
 set -euo pipefail
@@ -23,6 +26,7 @@ cmake --build "$build" --target iprobe iprobe-hotpatch iprobe-cc iprobe_rt >/dev
 
 export IPROBE_CC_QUIET=1
 "$build/bin/iprobe-cc" --flow=entry -O2 -g -o "$work/values_loop" "$here/values_loop.c"
+"$build/bin/iprobe-cc" --flow=finstrument -O2 -g -o "$work/values_loop_fin" "$here/values_loop.c"
 gcc -O2 -g -o "$work/values_loop_native" "$here/values_loop.c"
 gcc -O2 -g -pg -o "$work/values_loop_pg" "$here/values_loop.c"
 
@@ -35,6 +39,9 @@ run_variant native "$work/values_loop_native"
 run_variant trace "$work/values_loop" --functions add2 "${ring[@]}"
 run_variant values "$work/values_loop" --functions add2 --args --retval "${ring[@]}"
 run_variant trace2 "$work/values_loop" --functions add2 "${ring[@]}"
+run_variant fin_trace "$work/values_loop_fin" --functions add2 "${ring[@]}"
+run_variant fin_values "$work/values_loop_fin" --functions add2 --args --retval "${ring[@]}"
+run_variant fin_trace2 "$work/values_loop_fin" --functions add2 "${ring[@]}"
 
 if [[ -z ${SKIP_BPF:-} ]] && command -v bpftrace >/dev/null; then
   bpf_exp=$((max_exp < 5 ? max_exp : 5))
@@ -77,3 +84,16 @@ done
 echo "(CPU ns per call of add2() in the calling thread, fastest of $repeats runs; iprobe: the entry flow, exit through a return trampoline;"
 echo " trace = fastest of two runs placed before and after the values runs; bpftrace/uftrace: one run, the CPU the traced thread spends,"
 echo " not counting bpftrace's or uftrace's own processes)"
+
+printf '\n| calls | finstrument: iprobe trace | finstrument: iprobe --args --retval | values / trace |\n'
+printf '|---|---|---|---|\n'
+n=1
+for ((e = 1; e <= max_exp; e++)); do
+  n=$((n * 10))
+  t1=$(ns_at "$work/result.fin_trace" "$n"); t2=$(ns_at "$work/result.fin_trace2" "$n")
+  t=$(awk -v a="$t1" -v b="$t2" 'BEGIN { print (a < b ? a : b) }')
+  v=$(ns_at "$work/result.fin_values" "$n")
+  echo "| 10^$e | $t | $v | $(awk -v v="$v" -v t="$t" 'BEGIN { printf "%.2f", v / t }') |"
+done
+echo "(the -finstrument-functions flow: the hooks' calls after the prologue; trace = an entry and an exit hook's"
+echo " call each; values = the entry's call to the recipe's entry point, a hooked return, the exit hook's call a ret)"
