@@ -17,7 +17,7 @@ void iprobe_rt_site_values_enter_at(uint32_t id, uint64_t word, const uint64_t* 
                                     uint64_t* slot);
 void iprobe_rt_trace_enter_id(uint32_t probe);
 
-static uint64_t follow(struct iprobe_rt_location at, const uint64_t* frame) {
+static inline __attribute__((always_inline)) uint64_t follow(struct iprobe_rt_location at, const uint64_t* frame) {
     const uint32_t kind = IPROBE_RT_LOC_KIND(at.kind);
     if (kind == IPROBE_RT_LOC_CONST) return (uint64_t)(int64_t)at.offset;
     if (at.reg >= FRAME_WORDS) return 0;
@@ -46,9 +46,14 @@ __attribute__((visibility("hidden"))) void iprobe_rt_site_values_enter(uint32_t 
     }
     /* as ENTRY_SITE_CALL saves them: rdi, rsi, rdx, rcx, (rax), r8, r9 */
     static const int8_t saved_index[IPROBE_RT_VALUES_GPRS] = {0, 1, 2, 3, 5, 6};
-    uint64_t saved[7] = {0, 0, 0, 0, 0, 0, 0}, xmm[IPROBE_RT_VALUES_XMMS];
-    for (int i = 0; i < IPROBE_RT_VALUES_GPRS; i++) saved[saved_index[i]] = follow(r->gpr[i], frame);
-    for (int i = 0; i < IPROBE_RT_VALUES_XMMS; i++) xmm[i] = follow(r->xmm[i], frame);
+    uint64_t saved[7], xmm[IPROBE_RT_VALUES_XMMS];
+    /* Each word written once (an initializer would be a `rep stos`, whose
+     * start-up was a fifth of this function); most slots are unused (kind
+     * 0): one load and branch each. */
+    saved[4] = 0;
+    for (int i = 0; i < IPROBE_RT_VALUES_GPRS; i++)
+        saved[saved_index[i]] = r->gpr[i].kind ? follow(r->gpr[i], frame) : 0;
+    for (int i = 0; i < IPROBE_RT_VALUES_XMMS; i++) xmm[i] = r->xmm[i].kind ? follow(r->xmm[i], frame) : 0;
     uint64_t* slot = 0;
     if (IPROBE_RT_LOC_KIND(r->return_slot.kind) == IPROBE_RT_LOC_VALUE)
         slot = (uint64_t*)(uintptr_t)follow(r->return_slot, frame);
