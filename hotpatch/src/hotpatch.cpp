@@ -85,6 +85,9 @@ SitesPlan plan_sites(const ProcessMemory& memory, Region& region, std::vector<Se
     auto& [patches, site_stubs, enables, touched, selected, newly_enabled, already_enabled, first_probes] = plan;
     StubChecker stubs_seen(memory);
     std::map<const std::string*, std::uint64_t> handler_addresses;  // keyed as `stubs` below
+    // Where kSiteValuesEntry and kSilentExit are in the handler library (0: not there).
+    const std::pair<std::uint64_t, std::uint64_t> site_values_targets{
+        handler_lib.symbol(kSiteValuesEntry).value_or(0), handler_lib.symbol(kSilentExit).value_or(0)};
 
     for (std::size_t li = 0; li < lists.size(); li++) {
         auto& s = lists[li];
@@ -117,6 +120,17 @@ SitesPlan plan_sites(const ProcessMemory& memory, Region& region, std::vector<Se
         // gathered first, then planned once per site (entry_sites.h).
         std::map<std::uint32_t, std::pair<EntryVariant, std::size_t>> entry_sites;  // entry id -> wanted, text index
         const ValuesPlan* site_values = li < values.size() ? &values[li] : nullptr;
+        auto changes_stub = [&](const probelist::Probe& p) {
+            return site_values && (site_values->recipes.count(p.id) || site_values->silent_exits.count(p.id));
+        };
+        // A stub an earlier attach with values wrote (its entry point, or the
+        // silent exit's), which this attach without them must undo.
+        auto goes_to_site_values = [&](std::uint64_t stub) {
+            std::array<std::uint8_t, kSiteStubSize> held{};
+            memory.read(stub, held.data(), held.size());
+            const std::uint64_t target = stub_target(held.data(), held.size());
+            return target && (target == site_values_targets.first || target == site_values_targets.second);
+        };
         // A call-form site's own stub, handing the handler `id` (or, with
         // values at the site, going where values_plan.h says).
         auto id_stub = [&](const probelist::Probe& p, std::uint32_t id, const std::string& by_id) -> SiteStub {
@@ -186,9 +200,14 @@ SitesPlan plan_sites(const ProcessMemory& memory, Region& region, std::vector<Se
                 // Its stub still decides what it records: values at the site
                 // come and go with the stub (a thread inside it: RetryLater).
                 const std::string& by_id = id_symbol(handlers, *p);
-                if (!by_id.empty() && handlers.site_id == HandlerSymbols::SiteId::probe && module.site_stubs &&
-                    called_stub(site, now, p->size) == module.site_stubs + kSiteStubSize * p->id)
-                    site_stubs.push_back(id_stub(*p, global, by_id));
+                const std::uint64_t own = module.site_stubs + kSiteStubSize * p->id;
+                if (!by_id.empty() && module.site_stubs && called_stub(site, now, p->size) == own &&
+                    (changes_stub(*p) || goes_to_site_values(own))) {
+                    const std::uint32_t id = handlers.site_id == HandlerSymbols::SiteId::counter
+                                                 ? counter_offset(region.probes()[global].stat, p->kind)
+                                                 : global;
+                    site_stubs.push_back(id_stub(*p, id, by_id));
+                }
                 enables.push_back({global, ret, global});
             }
         }

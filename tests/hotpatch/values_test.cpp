@@ -338,6 +338,29 @@ TEST_F(ValuesTest, FinstrumentExceptionUnwoundPastAFunctionLeavesItWithoutAValue
     EXPECT_EQ(lines_with(t, {"\"unwound\":true"}).size(), 2u) << t;
 }
 
+// In the -finstrument-functions flow values change the site's stubs (the
+// entry's goes to the recipe's entry point, the exit hooks' do nothing):
+// attaching again without them puts the plain ones back, so every call
+// still has exactly one exit, and the count handler counts them again.
+TEST_F(ValuesTest, FinstrumentAttachAgainWithoutValuesPutsThePlainHooksBack) {
+    ASSERT_TRUE(start("values_finstrument"));
+    attach({"--args", "--retval", "--functions", "v_ints"});
+    target_->command("values");
+    attach({"--functions", "v_ints"});
+    target_->command("values");
+    const std::string t = trace("json");
+    EXPECT_EQ(lines_with(t, {entry_of("v_ints")}).size(), 2u) << t;
+    EXPECT_EQ(lines_with(t, {entry_of("v_ints"), "\"args\":[" + arg("a", "int", "7")}).size(), 1u) << t;
+    EXPECT_EQ(lines_with(t, {exit_of("v_ints")}).size(), 2u) << t;
+    EXPECT_EQ(lines_with(t, {exit_of("v_ints"), retval("long", "16")}).size(), 1u) << t;
+    attach({"--args", "--functions", "v_ints"});
+    attach({"--handler", "count", "--completed", "--functions", "v_ints"});
+    target_->command("values");
+    auto r = iprobe({"report", pid_, "--json"});
+    EXPECT_EQ(json_calls(r.out, "v_ints"), 3) << r.out;
+    EXPECT_NE(r.out.find("\"completed\":3"), std::string::npos) << r.out;
+}
+
 // Attaching again with other value options changes what the next calls
 // record; the events already in the ring keep what they were recorded with.
 TEST_F(ValuesTest, AttachAgainChangesWhatIsRecordedAndEarlierEventsKeepTheirs) {
