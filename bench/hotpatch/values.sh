@@ -66,15 +66,18 @@ if [[ -z ${SKIP_UFTRACE:-} ]] && command -v uftrace >/dev/null; then
   grep -E '^[0-9]+ [0-9.]+$' "$out" >"$work/result.uftrace" || true
 fi
 
+# faster RESULT1 RESULT2 N: the lower ns per call of two runs at N calls
+faster() { awk -v a="$(ns_at "$1" "$3")" -v b="$(ns_at "$2" "$3")" 'BEGIN { print (a < b ? a : b) }'; }
+ratio() { awk -v v="$1" -v t="$2" 'BEGIN { printf "%.2f", v / t }'; }
+
 printf '\n| calls | native | iprobe trace | iprobe --args --retval | values / trace | bpftrace uprobe+uretprobe | uftrace -A -R |\n'
 printf '|---|---|---|---|---|---|---|\n'
 n=1
 for ((e = 1; e <= max_exp; e++)); do
   n=$((n * 10))
-  t1=$(ns_at "$work/result.trace" "$n"); t2=$(ns_at "$work/result.trace2" "$n")
-  t=$(awk -v a="$t1" -v b="$t2" 'BEGIN { print (a < b ? a : b) }')
+  t=$(faster "$work/result.trace" "$work/result.trace2" "$n")
   v=$(ns_at "$work/result.values" "$n")
-  row="| 10^$e | $(ns_at "$work/result.native" "$n") | $t | $v | $(awk -v v="$v" -v t="$t" 'BEGIN { printf "%.2f", v / t }')"
+  row="| 10^$e | $(ns_at "$work/result.native" "$n") | $t | $v | $(ratio "$v" "$t")"
   for x in bpftrace uftrace; do
     y=$(ns_at "$work/result.$x" "$n" 2>/dev/null || true)
     row+=" | ${y:--}"
@@ -90,10 +93,9 @@ printf '|---|---|---|---|\n'
 n=1
 for ((e = 1; e <= max_exp; e++)); do
   n=$((n * 10))
-  t1=$(ns_at "$work/result.fin_trace" "$n"); t2=$(ns_at "$work/result.fin_trace2" "$n")
-  t=$(awk -v a="$t1" -v b="$t2" 'BEGIN { print (a < b ? a : b) }')
+  t=$(faster "$work/result.fin_trace" "$work/result.fin_trace2" "$n")
   v=$(ns_at "$work/result.fin_values" "$n")
-  echo "| 10^$e | $t | $v | $(awk -v v="$v" -v t="$t" 'BEGIN { printf "%.2f", v / t }') |"
+  echo "| 10^$e | $t | $v | $(ratio "$v" "$t") |"
 done
 echo "(the -finstrument-functions flow: the hooks' calls after the prologue; trace = an entry and an exit hook's"
 echo " call each; values = the entry's call to the recipe's entry point, a hooked return, the exit hook's call a ret)"

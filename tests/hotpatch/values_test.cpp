@@ -49,6 +49,17 @@ std::string retval(const std::string& type, const std::string& value) {
     return "\"retval\":{\"type\":\"" + type + "\",\"value\":" + value + "}";
 }
 
+// bt_inner(3)'s entry names bt_middle, bt_outer and main, with their lines.
+void expect_three_callers(const std::string& t) {
+    const auto inner = lines_with(t, {entry_of("bt_inner"), arg("x", "int", "3"), "\"backtrace\":["});
+    ASSERT_EQ(inner.size(), 1u) << t;
+    const std::regex frames(
+        "\"backtrace\":\\[\\{\"address\":\"0x[0-9a-f]+\",\"function\":\"bt_middle\",\"file\":\"[^\"]*values_target.c\","
+        "\"line\":[0-9]+\\},\\{\"address\":\"0x[0-9a-f]+\",\"function\":\"bt_outer\",\"file\":\"[^\"]*values_target.c\","
+        "\"line\":[0-9]+\\},\\{\"address\":\"0x[0-9a-f]+\",\"function\":\"main\"[^}]*\\}\\]");
+    EXPECT_TRUE(std::regex_search(inner[0], frames)) << inner[0];
+}
+
 class ValuesTest : public ::testing::Test {
 protected:
     void SetUp() override {
@@ -76,6 +87,61 @@ protected:
         return t.out;
     }
     bool cxx() const { return name_.find("cxx") != std::string::npos; }
+    // The values of run_values() (values_target.c) in trace `t`, each
+    // exactly once; `b`, `flag_*` and `k` as JSON values (where a flow has
+    // them <optimized out>).
+    void expect_every_kind(const std::string& t, const std::string& b, const std::string& flag_green,
+                           const std::string& flag_blue, const std::string& k) {
+        auto one = [&](const std::vector<std::string>& fragments) {
+            EXPECT_EQ(lines_with(t, fragments).size(), 1u) << ::testing::PrintToString(fragments) << "\n" << t;
+        };
+        // integers of every size and signedness (a signed char is a char to the ABI)
+        one({entry_of("v_ints"), "\"args\":[" + arg("a", "int", "7") + "," + arg("b", "unsigned short", b) + "," +
+                                     arg("c", "long", "-9") + "," + arg("d", "char", "10") + "]"});
+        one({exit_of("v_ints"), retval("long", "16")});
+        // enums by name, bool
+        one({entry_of("v_enum"), "\"args\":[" + arg("c", "enum color", "\"GREEN\"") + "," + arg("flag", "bool", flag_green) + "]"});
+        one({entry_of("v_enum"), "\"args\":[" + arg("c", "enum color", "\"BLUE\"") + "," + arg("flag", "bool", flag_blue) + "]"});
+        one({exit_of("v_enum"), retval("int", "10")});
+        one({exit_of("v_enum"), retval("int", "-3")});
+        // strings: a real one, NULL, a dangling pointer (unmapped: no crash), one ending at an unmapped page
+        one({entry_of("v_string"), arg("s", "const char*", "\"user:42\"")});
+        one({entry_of("v_string"), arg("s", "const char*", "null")});
+        EXPECT_EQ(lines_with(t, {entry_of("v_string"), "{\"name\":\"s\",\"type\":\"const char*\",\"value\":\"<unreadable 0x"}).size(), 1u) << t;
+        one({entry_of("v_string"), arg("s", "const char*", "\"edge\"")});
+        one({exit_of("v_string"), retval("long", "7")});
+        one({exit_of("v_string"), retval("long", "4")});
+        EXPECT_EQ(lines_with(t, {exit_of("v_string"), retval("long", "-1")}).size(), 2u) << t;
+        // floating point from the vector registers
+        one({entry_of("v_double"), "\"args\":[" + arg("x", "double", "1.5") + "," + arg("y", "float", "0.25") + "," +
+                                       arg("n", "int", "4") + "]"});
+        one({exit_of("v_double"), retval("double", "6.25")});
+        // small structs by value: INTEGER, SSE+SSE, INTEGER+SSE
+        one({entry_of("v_point"), arg("p", "struct point", "{\"x\":3,\"y\":4}")});
+        one({exit_of("v_point"), retval("long", "304")});
+        one({entry_of("v_vec"), arg("v", "struct vec2", "{\"x\":1.25,\"y\":2.5}")});
+        one({exit_of("v_vec"), retval("double", "3.75")});
+        one({entry_of("v_mixed"), "\"args\":[" + arg("m", "struct mixed", "{\"id\":11,\"weight\":2.75}") + "," +
+                                      arg("k", "int", k) + "]"});
+        one({exit_of("v_mixed"), retval("long", "35")});
+        one({entry_of("v_raw"), arg("a", "long", "1229782938247303441") + "," + arg("b", "long", "8738") + "," +
+                                    arg("c", "long", "-3") + "," + arg("d", "long", "9223372036854775807") + "," +
+                                    arg("e", "long", "5") + "," + arg("f", "long", "25769803776")});
+        // void: an exit without a value
+        one({entry_of("v_void"), arg("n", "int", "9")});
+        const auto void_exit = lines_with(t, {exit_of("v_void")});
+        ASSERT_EQ(void_exit.size(), 1u) << t;
+        EXPECT_EQ(void_exit[0].find("retval"), std::string::npos) << void_exit[0];
+        if (cxx()) {
+            // `this` is the object's address, as the program printed it
+            std::smatch m;
+            const std::string out = target_->output();
+            ASSERT_TRUE(std::regex_search(out, m, std::regex("this (0x[0-9a-f]+)"))) << out;
+            one({entry_of("Counter::add(long)"), "{\"name\":\"this\",\"type\":\"const struct Counter*\",\"value\":\"" +
+                                                     m[1].str() + "\"}," + arg("v", "long", "2")});
+            one({exit_of("Counter::add(long)"), retval("long", "42")});
+    }
+    }
 
     std::string name_, binary_, pid_, attach_out_;
     std::unique_ptr<HpTarget> target_;
@@ -95,55 +161,7 @@ TEST_P(TypedValuesTest, ArgumentsAndReturnValuesOfEveryKindAreExact) {
     EXPECT_EQ(attach_out_.find("without DWARF"), std::string::npos) << attach_out_;
     target_->command("values");
     const std::string t = trace("json");
-    auto one = [&](const std::vector<std::string>& fragments) {
-        EXPECT_EQ(lines_with(t, fragments).size(), 1u) << ::testing::PrintToString(fragments) << "\n" << t;
-    };
-    // integers of every size and signedness (a signed char is a char to the ABI)
-    one({entry_of("v_ints"), "\"args\":[" + arg("a", "int", "7") + "," + arg("b", "unsigned short", "8") + "," +
-                                 arg("c", "long", "-9") + "," + arg("d", "char", "10") + "]"});
-    one({exit_of("v_ints"), retval("long", "16")});
-    // enums by name, bool
-    one({entry_of("v_enum"), "\"args\":[" + arg("c", "enum color", "\"GREEN\"") + "," + arg("flag", "bool", "true") + "]"});
-    one({entry_of("v_enum"), "\"args\":[" + arg("c", "enum color", "\"BLUE\"") + "," + arg("flag", "bool", "false") + "]"});
-    one({exit_of("v_enum"), retval("int", "10")});
-    one({exit_of("v_enum"), retval("int", "-3")});
-    // strings: a real one, NULL, a dangling pointer (unmapped: no crash), one ending at an unmapped page
-    one({entry_of("v_string"), arg("s", "const char*", "\"user:42\"")});
-    one({entry_of("v_string"), arg("s", "const char*", "null")});
-    EXPECT_EQ(lines_with(t, {entry_of("v_string"), "{\"name\":\"s\",\"type\":\"const char*\",\"value\":\"<unreadable 0x"}).size(), 1u) << t;
-    one({entry_of("v_string"), arg("s", "const char*", "\"edge\"")});
-    one({exit_of("v_string"), retval("long", "7")});
-    one({exit_of("v_string"), retval("long", "4")});
-    EXPECT_EQ(lines_with(t, {exit_of("v_string"), retval("long", "-1")}).size(), 2u) << t;
-    // floating point from the vector registers
-    one({entry_of("v_double"), "\"args\":[" + arg("x", "double", "1.5") + "," + arg("y", "float", "0.25") + "," +
-                                   arg("n", "int", "4") + "]"});
-    one({exit_of("v_double"), retval("double", "6.25")});
-    // small structs by value: INTEGER, SSE+SSE, INTEGER+SSE
-    one({entry_of("v_point"), arg("p", "struct point", "{\"x\":3,\"y\":4}")});
-    one({exit_of("v_point"), retval("long", "304")});
-    one({entry_of("v_vec"), arg("v", "struct vec2", "{\"x\":1.25,\"y\":2.5}")});
-    one({exit_of("v_vec"), retval("double", "3.75")});
-    one({entry_of("v_mixed"), "\"args\":[" + arg("m", "struct mixed", "{\"id\":11,\"weight\":2.75}") + "," +
-                                  arg("k", "int", "3") + "]"});
-    one({exit_of("v_mixed"), retval("long", "35")});
-    one({entry_of("v_raw"), arg("a", "long", "1229782938247303441") + "," + arg("b", "long", "8738") + "," +
-                                arg("c", "long", "-3") + "," + arg("d", "long", "9223372036854775807") + "," +
-                                arg("e", "long", "5") + "," + arg("f", "long", "25769803776")});
-    // void: an exit without a value
-    one({entry_of("v_void"), arg("n", "int", "9")});
-    const auto void_exit = lines_with(t, {exit_of("v_void")});
-    ASSERT_EQ(void_exit.size(), 1u) << t;
-    EXPECT_EQ(void_exit[0].find("retval"), std::string::npos) << void_exit[0];
-    if (cxx()) {
-        // `this` is the object's address, as the program printed it
-        std::smatch m;
-        const std::string out = target_->output();
-        ASSERT_TRUE(std::regex_search(out, m, std::regex("this (0x[0-9a-f]+)"))) << out;
-        one({entry_of("Counter::add(long)"), "{\"name\":\"this\",\"type\":\"const struct Counter*\",\"value\":\"" +
-                                                 m[1].str() + "\"}," + arg("v", "long", "2")});
-        one({exit_of("Counter::add(long)"), retval("long", "42")});
-    }
+    expect_every_kind(t, "8", "true", "false", "3");
 }
 
 TEST_P(TypedValuesTest, TextPrintsCallsWithValuesNestedPerThread) {
@@ -166,21 +184,19 @@ TEST_P(TypedValuesTest, BacktraceNamesTheCallersWithTheirLines) {
     attach({"--args", "--backtrace=3", "--functions", "bt_*"});
     EXPECT_EQ(target_->command("bt 1"), 11);
     const std::string t = trace("json");
-    const auto inner = lines_with(t, {entry_of("bt_inner"), arg("x", "int", "3"), "\"backtrace\":["});
-    ASSERT_EQ(inner.size(), 1u) << t;
-    const std::regex frames(
-        "\"backtrace\":\\[\\{\"address\":\"0x[0-9a-f]+\",\"function\":\"bt_middle\",\"file\":\"[^\"]*values_target.c\","
-        "\"line\":[0-9]+\\},\\{\"address\":\"0x[0-9a-f]+\",\"function\":\"bt_outer\",\"file\":\"[^\"]*values_target.c\","
-        "\"line\":[0-9]+\\},\\{\"address\":\"0x[0-9a-f]+\",\"function\":\"main\"[^}]*\\}\\]");
-    EXPECT_TRUE(std::regex_search(inner[0], frames)) << inner[0];
+    expect_three_callers(t);
     // depth bounded: bt_outer's own callers are main and what called main
     const auto outer = lines_with(t, {entry_of("bt_outer"), "\"backtrace\":[{\"address\""});
     ASSERT_EQ(outer.size(), 1u) << t;
     EXPECT_NE(outer[0].find("\"function\":\"main\""), std::string::npos) << outer[0];
 }
 
-TEST_F(ValuesTest, ExceptionUnwoundPastAFunctionLeavesItWithoutAValue) {
-    ASSERT_TRUE(start("values_cxx"));
+// C++ in the entry flow and in the -finstrument-functions flow, where the
+// cleanups' exit hooks (in the function's cold part) record nothing more.
+class ExceptionValuesTest : public ValuesTest, public ::testing::WithParamInterface<std::string> {};
+
+TEST_P(ExceptionValuesTest, UnwoundPastAFunctionLeavesItWithoutAValue) {
+    ASSERT_TRUE(start(GetParam()));
     attach({"--args", "--retval", "--functions", "ex_*"});
     EXPECT_EQ(target_->command("throw 1"), -100);
     EXPECT_EQ(target_->command("throw 0"), 1);
@@ -191,7 +207,10 @@ TEST_F(ValuesTest, ExceptionUnwoundPastAFunctionLeavesItWithoutAValue) {
     EXPECT_EQ(lines_with(t, {exit_of("ex_thrower"), retval("long", "0")}).size(), 1u) << t;
     EXPECT_EQ(lines_with(t, {exit_of("ex_catcher"), retval("long", "1")}).size(), 1u) << t;
     EXPECT_EQ(lines_with(t, {"\"unwound\":true"}).size(), 2u) << t;
+    EXPECT_EQ(lines_with(t, {"\"kind\":\"exit\""}).size(), 6u) << "one exit a call\n" << t;
 }
+
+INSTANTIATE_TEST_SUITE_P(Flows, ExceptionValuesTest, ::testing::Values("values_cxx", "values_finstrument_cxx"));
 
 INSTANTIATE_TEST_SUITE_P(Flows, TypedValuesTest, ::testing::Values("values_c", "values_cxx", "values_llvm"));
 
@@ -236,51 +255,10 @@ TEST_P(FinstrumentValuesTest, ArgumentsAndReturnValuesComeFromTheSiteRecipe) {
     EXPECT_EQ(json_number(a.out, "values_unavailable"), 0) << a.out;
     target_->command("values");
     const std::string t = trace("json");
-    auto one = [&](const std::vector<std::string>& fragments) {
-        EXPECT_EQ(lines_with(t, fragments).size(), 1u) << ::testing::PrintToString(fragments) << "\n" << t;
-    };
-    const std::string out = arg("b", "unsigned short", "\"<optimized out>\"");
-    one({entry_of("v_ints"), "\"args\":[" + arg("a", "int", "7") + "," + out + "," + arg("c", "long", "-9") + "," +
-                                 arg("d", "char", "10") + "]"});
-    one({exit_of("v_ints"), retval("long", "16")});
-    const std::string flag_out = arg("flag", "bool", "\"<optimized out>\"");
-    one({entry_of("v_enum"), "\"args\":[" + arg("c", "enum color", "\"GREEN\"") + "," + flag_out + "]"});
-    one({entry_of("v_enum"), "\"args\":[" + arg("c", "enum color", "\"BLUE\"") + "," + flag_out + "]"});
-    one({exit_of("v_enum"), retval("int", "10")});
-    one({exit_of("v_enum"), retval("int", "-3")});
-    one({entry_of("v_string"), arg("s", "const char*", "\"user:42\"") + "," + arg("read_it", "int", "1")});
-    one({entry_of("v_string"), arg("s", "const char*", "null")});
-    EXPECT_EQ(lines_with(t, {entry_of("v_string"), "{\"name\":\"s\",\"type\":\"const char*\",\"value\":\"<unreadable 0x"}).size(), 1u) << t;
-    one({entry_of("v_string"), arg("s", "const char*", "\"edge\"")});
-    one({exit_of("v_string"), retval("long", "7")});
-    EXPECT_EQ(lines_with(t, {exit_of("v_string"), retval("long", "-1")}).size(), 2u) << t;
-    one({entry_of("v_double"), "\"args\":[" + arg("x", "double", "1.5") + "," + arg("y", "float", "0.25") + "," +
-                                   arg("n", "int", "4") + "]"});
-    one({exit_of("v_double"), retval("double", "6.25")});
-    one({entry_of("v_point"), arg("p", "struct point", "{\"x\":3,\"y\":4}")});
-    one({exit_of("v_point"), retval("long", "304")});
-    one({entry_of("v_vec"), arg("v", "struct vec2", "{\"x\":1.25,\"y\":2.5}")});
-    one({exit_of("v_vec"), retval("double", "3.75")});
-    one({entry_of("v_mixed"), "\"args\":[" + arg("m", "struct mixed", "{\"id\":11,\"weight\":2.75}") + "," +
-                                  arg("k", "int", "\"<optimized out>\"") + "]"});
-    one({exit_of("v_mixed"), retval("long", "35")});
-    one({entry_of("v_raw"), arg("a", "long", "1229782938247303441") + "," + arg("b", "long", "8738") + "," +
-                                arg("c", "long", "-3") + "," + arg("d", "long", "9223372036854775807") + "," +
-                                arg("e", "long", "5") + "," + arg("f", "long", "25769803776")});
+    const std::string out = "\"<optimized out>\"";
+    expect_every_kind(t, out, out, out, out);
     const long long raw = 0x1111111111111111LL ^ 0x2222 ^ -3 ^ 0x7fffffffffffffffLL ^ 5 ^ 0x600000000LL;
-    one({exit_of("v_raw"), retval("long", std::to_string(raw))});
-    one({entry_of("v_void"), arg("n", "int", "9")});
-    const auto void_exit = lines_with(t, {exit_of("v_void")});
-    ASSERT_EQ(void_exit.size(), 1u) << "one exit a call: the hooked return's, not the exit hook's too\n" << t;
-    EXPECT_EQ(void_exit[0].find("retval"), std::string::npos) << void_exit[0];
-    if (cxx()) {
-        std::smatch m;
-        const std::string printed = target_->output();
-        ASSERT_TRUE(std::regex_search(printed, m, std::regex("this (0x[0-9a-f]+)"))) << printed;
-        one({entry_of("Counter::add(long)"), "{\"name\":\"this\",\"type\":\"const struct Counter*\",\"value\":\"" +
-                                                 m[1].str() + "\"}," + arg("v", "long", "2")});
-        one({exit_of("Counter::add(long)"), retval("long", "42")});
-    }
+    EXPECT_EQ(lines_with(t, {exit_of("v_raw"), retval("long", std::to_string(raw))}).size(), 1u) << t;
     // every entry has exactly one exit
     EXPECT_EQ(lines_with(t, {"\"kind\":\"entry\""}).size(), lines_with(t, {"\"kind\":\"exit\""}).size()) << t;
 }
@@ -311,32 +289,10 @@ TEST_P(FinstrumentValuesTest, WhenOnAnOptimizedOutParameterIsRefused) {
 TEST_P(FinstrumentValuesTest, BacktraceNamesTheCallersWithTheirLines) {
     attach({"--args", "--backtrace=3", "--functions", "bt_*"});
     EXPECT_EQ(target_->command("bt 1"), 11);
-    const std::string t = trace("json");
-    const auto inner = lines_with(t, {entry_of("bt_inner"), arg("x", "int", "3"), "\"backtrace\":["});
-    ASSERT_EQ(inner.size(), 1u) << t;
-    const std::regex frames(
-        "\"backtrace\":\\[\\{\"address\":\"0x[0-9a-f]+\",\"function\":\"bt_middle\",\"file\":\"[^\"]*values_target.c\","
-        "\"line\":[0-9]+\\},\\{\"address\":\"0x[0-9a-f]+\",\"function\":\"bt_outer\",\"file\":\"[^\"]*values_target.c\","
-        "\"line\":[0-9]+\\},\\{\"address\":\"0x[0-9a-f]+\",\"function\":\"main\"[^}]*\\}\\]");
-    EXPECT_TRUE(std::regex_search(inner[0], frames)) << inner[0];
+    expect_three_callers(trace("json"));
 }
 
 INSTANTIATE_TEST_SUITE_P(Flows, FinstrumentValuesTest, ::testing::Values("values_finstrument", "values_finstrument_cxx"));
-
-TEST_F(ValuesTest, FinstrumentExceptionUnwoundPastAFunctionLeavesItWithoutAValue) {
-    ASSERT_TRUE(start("values_finstrument_cxx"));
-    attach({"--args", "--retval", "--functions", "ex_*"});
-    EXPECT_EQ(target_->command("throw 1"), -100);
-    EXPECT_EQ(target_->command("throw 0"), 1);
-    const std::string t = trace("json");
-    EXPECT_EQ(lines_with(t, {exit_of("ex_thrower"), "\"unwound\":true"}).size(), 1u) << t;
-    EXPECT_EQ(lines_with(t, {exit_of("ex_middle"), "\"unwound\":true"}).size(), 1u) << t;
-    EXPECT_EQ(lines_with(t, {exit_of("ex_catcher"), retval("long", "-100")}).size(), 1u) << t;
-    EXPECT_EQ(lines_with(t, {exit_of("ex_thrower"), retval("long", "0")}).size(), 1u) << t;
-    EXPECT_EQ(lines_with(t, {exit_of("ex_catcher"), retval("long", "1")}).size(), 1u) << t;
-    EXPECT_EQ(lines_with(t, {"\"kind\":\"exit\""}).size(), 6u) << "the cleanups' exit hooks record nothing more\n" << t;
-    EXPECT_EQ(lines_with(t, {"\"unwound\":true"}).size(), 2u) << t;
-}
 
 // In the -finstrument-functions flow values change the site's stubs (the
 // entry's goes to the recipe's entry point, the exit hooks' do nothing):
