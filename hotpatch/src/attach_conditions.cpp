@@ -26,12 +26,15 @@ ConditionSignature signature_of(const std::optional<elf::FunctionValues>& f) {
         // One integer register holds it whole (a clone's constant or a value in memory: none).
         if (integer(v.type) && v.parts.size() == 1 && !v.parts[0].vector && v.type.size <= 8)
             c.register_index = v.parts[0].reg;
-        // At a -finstrument-functions site the recipe stands for the register: none, none.
-        if (f->at_site && !v.parts.empty() && v.at_site.empty()) c.register_index = -1, c.optimized_out = true;
         return c;
     };
-    for (const auto& p : f->params)
-        if (!p.name.empty()) s.parameters.push_back(condition_value(p));
+    for (const auto& p : f->params) {
+        if (p.name.empty()) continue;
+        ConditionParameter c = condition_value(p);
+        // At a -finstrument-functions site the recipe stands for the register: none, none.
+        if (f->at_site && !p.parts.empty() && p.at_site.empty()) c.register_index = -1, c.optimized_out = true;
+        s.parameters.push_back(std::move(c));
+    }
     s.returns_value = f->ret.has_value();
     if (f->ret) {
         s.retval = condition_value(*f->ret);

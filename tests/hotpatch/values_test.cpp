@@ -278,6 +278,30 @@ TEST_P(FinstrumentValuesTest, WhenOnAParameterRecordsExactlyTheMatchingCalls) {
     EXPECT_NE(r.out.find("\"matched\":4"), std::string::npos) << r.out;
 }
 
+// Decided at exit: the hooked return has the value and the duration.
+TEST_P(FinstrumentValuesTest, WhenOnTheReturnValueRecordsExactlyTheMatchingCalls) {
+    attach({"--args", "--retval", "--when", "retval == 55 && duration > 1ns", "--functions", "fib"});
+    EXPECT_EQ(target_->command("fib 12"), 144);
+    const std::string t = trace("text");
+    EXPECT_EQ(lines_with(t, {" -> fib(n=10)"}).size(), 2u) << t;
+    EXPECT_EQ(lines_with(t, {" <- fib(n=10) = 55"}).size(), 2u) << t;
+    EXPECT_EQ(lines_with(t, {"fib(n=9)"}).size(), 0u) << t;
+    auto r = iprobe({"report", pid_, "--json"});
+    EXPECT_EQ(json_calls(r.out, "fib"), 465) << r.out;
+    EXPECT_NE(r.out.find("\"matched\":2"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("\"undecided\":0"), std::string::npos) << r.out;
+}
+
+// Timed through the hooked return, every call in both histograms.
+TEST_P(FinstrumentValuesTest, HistogramBucketsAddUpToTheCalls) {
+    attach({"--retval", "--functions", "fib"});
+    EXPECT_EQ(target_->command("fib 12"), 144);
+    const auto r = iprobe({"report", pid_, "--hist"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find("fib: latency of 465 timed calls"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("fib: return value of 465 calls"), std::string::npos) << r.out;
+}
+
 TEST_P(FinstrumentValuesTest, WhenOnAnOptimizedOutParameterIsRefused) {
     auto a = iprobe({"attach", pid_, "--when", "flag", "--functions", "v_enum"});
     EXPECT_EQ(a.exit_code, 3) << a.out << a.err;
