@@ -318,6 +318,24 @@ TEST_P(FinstrumentValuesTest, BacktraceNamesTheCallersWithTheirLines) {
 
 INSTANTIATE_TEST_SUITE_P(Flows, FinstrumentValuesTest, ::testing::Values("values_finstrument", "values_finstrument_cxx"));
 
+// After the prologue the argument registers hold something else: without
+// DWARF the -finstrument-functions flow records no values, and says so.
+TEST_F(ValuesTest, FinstrumentWithoutDebugInfoSaysItRecordsNoValues) {
+    ASSERT_TRUE(start("values_finstrument_nodebug"));
+    auto a = iprobe({"attach", pid_, "--args", "--functions", "v_ints"});
+    ASSERT_EQ(a.exit_code, 0) << a.err;
+    EXPECT_NE(a.out.find("2 selected probe(s) record no values"), std::string::npos) << a.out;
+    EXPECT_NE(a.out.find("raw arg0..arg5 cannot be had there"), std::string::npos) << a.out;
+    target_->command("values");
+    const std::string t = trace("json");
+    EXPECT_EQ(lines_with(t, {entry_of("v_ints")}).size(), 1u) << t;
+    EXPECT_EQ(lines_with(t, {exit_of("v_ints")}).size(), 1u) << t;
+    EXPECT_EQ(t.find("\"args\""), std::string::npos) << t;
+    auto w = iprobe({"attach", pid_, "--when", "arg0 == 7", "--functions", "v_ints"});
+    EXPECT_EQ(w.exit_code, 3) << w.out << w.err;
+    EXPECT_NE(w.err.find("needs its DWARF (build with -g)"), std::string::npos) << w.err;
+}
+
 // In the -finstrument-functions flow values change the site's stubs (the
 // entry's goes to the recipe's entry point, the exit hooks' do nothing):
 // attaching again without them puts the plain ones back, so every call
