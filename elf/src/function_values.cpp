@@ -314,6 +314,10 @@ std::optional<FunctionValues> function_values(const ElfFile& elf, std::uint64_t 
     std::optional<Cfa> cfa;
     bool fbreg_is_cfa = false;
     if (site) {
+        Dwarf_Addr base = 0, low = 0, high = 0;
+        for (std::ptrdiff_t at = 0; (at = dwarf_ranges(&function, at, &base, &low, &high)) > 0;)
+            out.code.emplace_back(low, high);
+        if (!out.holds(site->pc)) return std::nullopt;
         out.at_site = true;
         std::unique_ptr<Dwarf_CFI, CfiCloser> eh(site->cfi_file ? dwarf_getcfi_elf(site->cfi_file->native_handle()) : nullptr);
         cfa = cfa_at(eh.get(), site->pc);

@@ -4,6 +4,7 @@
 #include <set>
 
 #include "iprobe/elf/function_values.h"
+#include "stubs.h"
 #include "values_plan.h"
 
 namespace iprobe::hotpatch {
@@ -102,9 +103,13 @@ ConditionPlan plan_conditions(const Condition& condition, const AttachOptions& o
             std::optional<elf::FunctionValues> values;
             if (dwarf) values = values_for(*dwarf, module.get(), *p);
             if (at_site && !values && !condition.empty())
-                throw Error("--when on " + p->demangled +
-                                " needs its DWARF (build with -g): at a -finstrument-functions site, after the "
-                                "prologue, arg0..arg5 are not in their registers",
+                throw Error(!dwarf ? "--when on " + p->demangled +
+                                         " needs its DWARF (build with -g): at a -finstrument-functions site, after "
+                                         "the prologue, arg0..arg5 are not in their registers"
+                                   : "--when on " + p->demangled + ": its hook at " + hex_address(p->site) +
+                                         " is an inlined copy's (in another function's code), where the "
+                                         "-finstrument-functions flow evaluates no condition; build it with the entry "
+                                         "flow for a --when on it",
                             ExitCode::bad_input);
             const ConditionSignature signature = signature_of(values);
             if (options.retval_histogram) planned.retval_hist = retval_spec(signature);

@@ -31,7 +31,7 @@ std::string attach_summary(const AttachStats& st, std::optional<pid_t> pid) {
         out += "\n" + std::to_string(st.values_unavailable) +
                " selected probe(s) record no values: developer points, or in the -finstrument-functions flow a "
                "function without DWARF (its site is after the prologue: raw arg0..arg5 cannot be had there; build "
-               "with -g) or an exit whose return its entry cannot hook";
+               "with -g), an inlined copy's hooks, or an exit whose return its entry cannot hook";
     if (st.values_optimized_out)
         out += "\n" + std::to_string(st.values_optimized_out) +
                " parameter(s) shown as <optimized out>: not where the runtime can read them at the "

@@ -120,7 +120,10 @@ ValuesPlan plan_values(pid_t pid, const SelectedList& s, const ValueOptions& opt
         spec.flags = IPROBE_RT_VALUES_AT_SITE;
         if (!exits_of) exits_of = exits_by_function(s.list);
         const auto found = exits_of->find(p->function_address);
-        const std::vector<std::uint32_t> exits = found == exits_of->end() ? std::vector<std::uint32_t>{} : found->second;
+        std::vector<std::uint32_t> exits;  // the hooks in its own code, not an inlined copy's
+        if (found != exits_of->end())
+            for (std::uint32_t e : found->second)
+                if (typed->holds(s.list.probes[e].site)) exits.push_back(e);
         // The trampoline records the exit as probe id + 1: it must be one of them.
         const bool hook = typed->return_slot && std::count(exits.begin(), exits.end(), p->id + 1) &&
                           std::all_of(exits.begin(), exits.end(), [&](std::uint32_t e) { return selected.count(e); });

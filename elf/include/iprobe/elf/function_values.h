@@ -68,6 +68,14 @@ struct FunctionValues {
     // the address of the return-address slot (a value: the CFA - 8).
     bool at_site = false;
     std::optional<SiteLocation> return_slot;
+    // With a site: the function's own code, [low, high) each (its cold part
+    // too); a hook outside it is an inlined copy's.
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> code;
+    bool holds(std::uint64_t pc) const {
+        for (const auto& [low, high] : code)
+            if (pc >= low && pc < high) return true;
+        return false;
+    }
 };
 
 // The -finstrument-functions flow's site: an address inside the function
@@ -83,7 +91,9 @@ struct Site {
 // describe it.  `symbol` is the function's ELF symbol: a gcc clone
 // ("f.isra.0", "f.constprop.0") passes no register for a parameter it
 // dropped.
-// With `site`, also where each parameter is at that address.
+// With `site`, also where each parameter is at that address; nullopt when
+// the site is not in the function's own code (an inlined copy's hook, whose
+// parameters are its DW_TAG_inlined_subroutine's: not read here).
 std::optional<FunctionValues> function_values(const ElfFile& dwarf_file, std::uint64_t entry, const std::string& symbol,
                                               const std::optional<Site>& site = std::nullopt);
 
