@@ -89,10 +89,10 @@ ConditionPlan plan_conditions(const Condition& condition, const AttachOptions& o
                                 " is probed through a NOP-form point",
                             ExitCode::usage);
             }
-            if (at_site && !exits_on.count(p->id) && p->id + 1 < s.list.probes.size() &&
-                s.list.probes[p->id + 1].kind == probelist::ProbeKind::exit)
+            if (at_site)  // its exit hooks, wherever they are in the list
                 for (const probelist::Probe* q : s.selected)
-                    if (q->id == p->id + 1) exits_on.insert(p->id);
+                    if (q->kind == probelist::ProbeKind::exit && q->function_address == p->function_address)
+                        exits_on.insert(p->id);
             auto& planned = plan[li][p->id];
             if (!wanted) continue;  // selected: its condition is cleared
             if (condition.at_exit() && !exits_on.count(p->id))

@@ -257,6 +257,16 @@ void insert_sites(Region& region, const SitesPlan& plan) {
 // probe, so a running thread sees the old setting or the new.
 void apply_settings(Region& region, const SitesPlan& plan, const ProbeSettings& settings) {
     apply_conditions(region, settings.conditions, plan.first_probes);
+    // The return-value histogram is kept by the exit probe a hooked return
+    // records, which at a -finstrument-functions entry need not be the next.
+    for (std::size_t li = 0; li < settings.values.size() && li < plan.first_probes.size(); li++)
+        for (const auto& [entry, exit] : settings.values[li].hooked_exit) {
+            const std::uint32_t next = plan.first_probes[li] + entry + 1, at = plan.first_probes[li] + exit;
+            if (at == next || at >= region.probe_count()) continue;
+            __atomic_store_n(&region.probes()[at].retval_hist, region.probes()[next].retval_hist, __ATOMIC_RELEASE);
+            if (region.probes()[next].kind == static_cast<std::uint8_t>(probelist::ProbeKind::entry))  // not an exit's own
+                __atomic_store_n(&region.probes()[next].retval_hist, std::uint8_t{0}, __ATOMIC_RELEASE);
+        }
     std::map<std::uint32_t, std::uint64_t> value_specs;  // global probe index -> spec word
     for (std::size_t li = 0; li < settings.values.size() && li < plan.first_probes.size(); li++)
         for (const auto& [id, spec] : settings.values[li].specs) value_specs[plan.first_probes[li] + id] = spec_word(spec);

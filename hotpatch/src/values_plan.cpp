@@ -124,12 +124,24 @@ ValuesPlan plan_values(pid_t pid, const SelectedList& s, const ValueOptions& opt
         if (found != exits_of->end())
             for (std::uint32_t e : found->second)
                 if (typed->holds(s.list.probes[e].site)) exits.push_back(e);
-        // The trampoline records the exit as probe id + 1: it must be one of them.
-        const bool hook = typed->return_slot && std::count(exits.begin(), exits.end(), p->id + 1) &&
+        // The trampoline records the exit as one of them, spec.distance ahead
+        // (an inlined copy's hooks may come between)
+        // (the first after the entry: a cold part's, exception cleanups, may lie before it)
+        std::uint32_t first = 0;
+        for (std::uint32_t e : exits)
+            if (e > p->id && (!first || e < first)) first = e;
+        const bool hook = typed->return_slot && first && first - p->id <= UINT16_MAX &&
                           std::all_of(exits.begin(), exits.end(), [&](std::uint32_t e) { return selected.count(e); });
         if (hook) {
             spec.flags |= IPROBE_RT_VALUES_HOOK;
+            spec.distance = static_cast<std::uint16_t>(first - p->id);
             for (std::uint32_t e : exits) plan.silent_exits.insert(e);
+            plan.hooked_exit[p->id] = first;
+            // the exit probe finds its entry (and its --when) as many back
+            iprobe_rt_values_spec exit_spec{};
+            exit_spec.flags = options.retval ? IPROBE_RT_VALUES_RETVAL : 0;
+            exit_spec.distance = spec.distance;
+            plan.specs[first] = exit_spec;
         }
         if (options.args) {
             spec.flags |= IPROBE_RT_VALUES_ARGS;
@@ -150,11 +162,7 @@ ValuesPlan plan_values(pid_t pid, const SelectedList& s, const ValueOptions& opt
         if (at_site_entry(*p)) continue;
         const bool is_exit = p->form == probelist::SiteForm::ret;
         const bool is_entry = !is_exit && probelist::serves_returns(s.list.probes, p->id);
-        if (plan.silent_exits.count(p->id)) {
-            // recorded by the trampoline as this probe (the first exit: entry id + 1)
-            if (options.retval) plan.specs[p->id] = iprobe_rt_values_spec{IPROBE_RT_VALUES_RETVAL, 0, 0, 0, 0, 0, 0};
-            continue;
-        }
+        if (plan.silent_exits.count(p->id)) continue;  // its spec set with its entry's
         if (!options.any()) continue;
         if (!is_exit && !is_entry) {
             if (p->kind != probelist::ProbeKind::point) plan.unavailable++;

@@ -215,9 +215,12 @@ void ValuesReader::decode(Event& e, std::uint32_t packed_spec, const std::vector
     std::size_t at = 0;
     auto next = [&]() { return at < words.size() ? words[at++] : 0; };
     if (e.kind == probelist::ProbeKind::exit) {
-        if (!(spec.flags & IPROBE_RT_VALUES_RETVAL) || words.size() < 4 || e.probe == 0) return;
+        // its entry: the probe before, or as far back as a -finstrument-functions
+        // entry's hooked return recorded it (iprobe_rt_values_spec.distance)
+        const std::uint32_t back = std::max<std::uint32_t>(region_.probes()[e.probe].values.distance, 1);
+        if (!(spec.flags & IPROBE_RT_VALUES_RETVAL) || words.size() < 4 || e.probe < back) return;
         e.has_values = true;
-        const elf::FunctionValues& f = function(e.probe - 1);
+        const elf::FunctionValues& f = function(e.probe - back);
         if (!f.ret) return;
         std::uint8_t bytes[16] = {};
         if (f.ret->parts.empty()) {  // returned in memory: rax points at it

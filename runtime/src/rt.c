@@ -804,7 +804,9 @@ static uint32_t entry_words(struct iprobe_rt_values_spec spec, const struct ipro
 }
 
 /* An entry whose probe captures values: `hook` says whether its return is
- * hooked too (both probes on); returns the unit, as the trace handler does. */
+ * hooked too (both probes on), as how far ahead of `id` the exit probe is
+ * (1 at function-entry sites); `xmm`, when not 0, the vector words in place
+ * of the registers; returns the unit, as the trace handler does. */
 static __attribute__((noinline)) uint64_t values_enter(struct iprobe_rt_control* cb, uint32_t id,
                                                        const struct iprobe_rt_probe* p, uint64_t word,
                                                        const uint64_t* saved, const uint64_t* slot, int hook,
@@ -830,7 +832,7 @@ static __attribute__((noinline)) uint64_t values_enter(struct iprobe_rt_control*
     const int matched = at_exit ? 0 : iprobe_rt_values_match(cb, id, spec, &v);
     uint64_t unit = 0;
     if (hook)
-        unit = hook_return(slot, IPROBE_RT_RETURN_TRACE, id + 1,
+        unit = hook_return(slot, IPROBE_RT_RETURN_TRACE, id + (uint32_t)hook, /* the exit probe: hook ahead */
                            (now << COOKIE_SHIFT) | COOKIE_VALUES | (matched ? COOKIE_MATCHED : 0) |
                                (at_exit && timed ? COOKIE_HELD : 0) | timed);
     uint64_t words[IPROBE_RT_VALUES_MAX_WORDS];
@@ -856,8 +858,9 @@ static __attribute__((noinline)) void held_values_exit(struct iprobe_rt_control*
                                                        struct iprobe_rt_values_spec spec, struct iprobe_rt_values* v,
                                                        uint64_t now) {
     const uint32_t probe = e->arg;
-    if (UNLIKELY(probe == 0)) return;
-    const struct iprobe_rt_probe* entry = probe_of(cb, (int32_t)probe - 1);
+    const uint32_t back = spec.distance ? spec.distance : 1; /* to the entry probe */
+    if (UNLIKELY(probe < back)) return;
+    const struct iprobe_rt_probe* entry = probe_of(cb, (int32_t)(probe - back));
     const uint32_t stat = probe_of(cb, (int32_t)probe)->stat;
     struct iprobe_cond_values held;
     const int have = aggregate(cb, (int32_t)probe, stat, IPROBE_RT_REC_EXIT, now, FRAME_MATCH, 0, &held);
@@ -883,7 +886,7 @@ static __attribute__((noinline)) void held_values_exit(struct iprobe_rt_control*
     struct payload in = {words, 0, 1, e->slot, IPROBE_RT_VALUES_PACK(entry_spec)};
     if (entry_spec.flags & (IPROBE_RT_VALUES_ARGS | IPROBE_RT_VALUES_BACKTRACE))
         in.nwords = entry_words(entry_spec, &at_entry, (const uint64_t*)(uintptr_t)e->slot, words);
-    ring_append(cb, (int32_t)probe - 1, IPROBE_RT_REC_ENTRY, now - held.duration, 0, &in);
+    ring_append(cb, (int32_t)(probe - back), IPROBE_RT_REC_ENTRY, now - held.duration, 0, &in);
     uint64_t ret_words[4] = {v->ret[0], v->ret[1], v->xret[0], v->xret[1]};
     const struct payload out = {ret_words, (spec.flags & IPROBE_RT_VALUES_RETVAL) ? 4u : 0u, 1, e->slot,
                                 IPROBE_RT_VALUES_PACK(spec)};
@@ -1125,10 +1128,12 @@ __attribute__((visibility("hidden"))) void iprobe_rt_site_values_enter_at(uint32
                                                                           const uint64_t* saved, const uint64_t* xmm,
                                                                           uint64_t* slot) {
     struct iprobe_rt_control* cb = control();
-    if (UNLIKELY(!cb) || id + 1 >= g_geometry.probe_capacity) return;
+    const struct iprobe_rt_values_spec spec = spec_of(word);
+    /* hooked: how far ahead the exit probe it records is */
+    const uint32_t hook = slot && (spec.flags & IPROBE_RT_VALUES_HOOK) ? (spec.distance ? spec.distance : 1u) : 0;
+    if (UNLIKELY(!cb) || (uint64_t)id + hook >= g_geometry.probe_capacity) return;
     const struct iprobe_rt_probe* p = probe_of(cb, (int32_t)id);
-    const int hook = slot && (spec_of(word).flags & IPROBE_RT_VALUES_HOOK);
-    const uint64_t unit = values_enter(cb, id, p, word, saved, slot, hook, xmm);
+    const uint64_t unit = values_enter(cb, id, p, word, saved, slot, (int)hook, xmm);
     if (unit) *slot = unit + IPROBE_RT_RETURN_UNIT_TRAMPOLINE;
 }
 

@@ -318,6 +318,37 @@ TEST_P(FinstrumentValuesTest, BacktraceNamesTheCallersWithTheirLines) {
 
 INSTANTIATE_TEST_SUITE_P(Flows, FinstrumentValuesTest, ::testing::Values("values_finstrument", "values_finstrument_cxx"));
 
+// An inlined copy's hooks sit in its caller's code: they record calls
+// without values (the caller's return slot and exit hooks are not theirs),
+// the caller's values are whole, and a --when on the copy is refused.
+TEST_F(ValuesTest, FinstrumentInlinedCopyRecordsItsCallsWithoutValues) {
+    ASSERT_TRUE(start("values_finstrument"));
+    auto a = iprobe({"attach", pid_, "--args", "--retval", "--functions", "twice,v_inlined"});
+    ASSERT_EQ(a.exit_code, 0) << a.err;
+    EXPECT_NE(a.out.find("an inlined copy's hooks"), std::string::npos) << a.out;
+    EXPECT_EQ(target_->command("inlined 5"), 11);
+    const std::string t = trace("json");
+    EXPECT_EQ(lines_with(t, {entry_of("v_inlined"), arg("v", "long", "5")}).size(), 1u) << t;
+    EXPECT_EQ(lines_with(t, {exit_of("v_inlined"), retval("long", "11")}).size(), 1u) << t;
+    EXPECT_EQ(lines_with(t, {entry_of("twice")}).size(), 1u) << t;
+    EXPECT_EQ(lines_with(t, {exit_of("twice")}).size(), 1u) << t;
+    EXPECT_EQ(lines_with(t, {"\"function\":\"twice\"", "\"args\""}).size(), 0u) << t;
+    const auto h = iprobe({"report", pid_, "--hist"});
+    EXPECT_NE(h.out.find("v_inlined: return value of 1 calls"), std::string::npos) << h.out;
+    // v_inlined's exit probe is not the one after its entry (twice's hooks
+    // come between): a condition decided at its exit still finds its entry
+    attach({"--args", "--retval", "--when", "retval == 11 && v == 5", "--functions", "v_inlined"});
+    EXPECT_EQ(target_->command("inlined 5"), 11);
+    EXPECT_EQ(target_->command("inlined 6"), 13);
+    const std::string held = trace("json");
+    EXPECT_EQ(lines_with(held, {entry_of("v_inlined"), arg("v", "long", "5")}).size(), 1u) << held;
+    EXPECT_EQ(lines_with(held, {exit_of("v_inlined"), retval("long", "11")}).size(), 1u) << held;
+    EXPECT_EQ(lines_with(held, {"v_inlined"}).size(), 2u) << held;
+    auto w = iprobe({"attach", pid_, "--when", "v == 5", "--functions", "twice"});
+    EXPECT_EQ(w.exit_code, 3) << w.out << w.err;
+    EXPECT_NE(w.err.find("is an inlined copy's"), std::string::npos) << w.err;
+}
+
 // After the prologue the argument registers hold something else: without
 // DWARF the -finstrument-functions flow records no values, and says so.
 TEST_F(ValuesTest, FinstrumentWithoutDebugInfoSaysItRecordsNoValues) {

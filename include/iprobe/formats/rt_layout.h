@@ -84,7 +84,8 @@ enum iprobe_rt_record_kind {
 #define IPROBE_RT_VALUES_AT_SITE 0x08u  /* entry probe at a call after the prologue (-finstrument-functions):
                                           * gprs/xmms as its site's recipe (iprobe_rt_site_recipe) finds them */
 #define IPROBE_RT_VALUES_HOOK 0x10u     /* with AT_SITE: hook the return through the recipe's return slot;
-                                          * the function's exit is then the trampoline's (as probe id + 1) */
+                                          * the function's exit is then the trampoline's (as its first exit
+                                          * probe: spec.distance) */
 #define IPROBE_RT_VALUES_GPRS 6
 #define IPROBE_RT_VALUES_XMMS 8
 #define IPROBE_RT_STRING_BYTES 64
@@ -110,7 +111,9 @@ struct iprobe_rt_values_spec {
     uint8_t strings;    /* bit i: gpr[i] is a char* whose first 64 bytes are copied */
     uint8_t backtrace;  /* caller frames to record, 0..IPROBE_RT_BACKTRACE_MAX */
     uint8_t condition;  /* reserved for --when (runtime/src/values_match.c): 0 = none */
-    uint16_t reserved;
+    uint16_t distance;  /* AT_SITE with HOOK: the exit probe its hooked return records is id + distance;
+                         * on that exit probe: its entry is id - distance (0: the next, the one
+                         * before, as at function-entry sites) */
 };
 
 /* -finstrument-functions flow: the site is a call after the prologue,
