@@ -7,6 +7,9 @@
 #                   record after each: rdi, rsi at entry; rax, rdx, xmm0, xmm1 at exit)
 #   bpftrace        uprobe + uretprobe printing arg0, arg1 and retval (up to 10^5 calls)
 #   uftrace         uftrace record -A add2@arg1,arg2 -R add2@retval on a -pg build (up to 10^6)
+#   fin_trace, fin_values  the same two in the -finstrument-functions flow (iprobe-cc
+#                   --flow=finstrument): the arguments from the site's recipe (registers
+#                   after the prologue), the return through a hook of the return slot
 # usage: bench/hotpatch/values.sh [BUILD_DIR]   (as root; under flock /work/notes/bench.lock on a shared machine)
 # env: MAX_EXP (default 6), REPEATS (default 3, fastest kept), SKIP_BPF=1, SKIP_UFTRACE=1
 set -euo pipefail
@@ -23,6 +26,7 @@ cmake --build "$build" --target iprobe iprobe-hotpatch iprobe-cc iprobe_rt >/dev
 
 export IPROBE_CC_QUIET=1
 "$build/bin/iprobe-cc" --flow=entry -O2 -g -o "$work/values_loop" "$here/values_loop.c"
+"$build/bin/iprobe-cc" --flow=finstrument -O2 -g -o "$work/values_loop_fin" "$here/values_loop.c"
 gcc -O2 -g -o "$work/values_loop_native" "$here/values_loop.c"
 gcc -O2 -g -pg -o "$work/values_loop_pg" "$here/values_loop.c"
 
@@ -35,6 +39,9 @@ run_variant native "$work/values_loop_native"
 run_variant trace "$work/values_loop" --functions add2 "${ring[@]}"
 run_variant values "$work/values_loop" --functions add2 --args --retval "${ring[@]}"
 run_variant trace2 "$work/values_loop" --functions add2 "${ring[@]}"
+run_variant fin_trace "$work/values_loop_fin" --functions add2 "${ring[@]}"
+run_variant fin_values "$work/values_loop_fin" --functions add2 --args --retval "${ring[@]}"
+run_variant fin_trace2 "$work/values_loop_fin" --functions add2 "${ring[@]}"
 
 if [[ -z ${SKIP_BPF:-} ]] && command -v bpftrace >/dev/null; then
   bpf_exp=$((max_exp < 5 ? max_exp : 5))
@@ -59,15 +66,18 @@ if [[ -z ${SKIP_UFTRACE:-} ]] && command -v uftrace >/dev/null; then
   grep -E '^[0-9]+ [0-9.]+$' "$out" >"$work/result.uftrace" || true
 fi
 
+# faster RESULT1 RESULT2 N: the lower ns per call of two runs at N calls
+faster() { awk -v a="$(ns_at "$1" "$3")" -v b="$(ns_at "$2" "$3")" 'BEGIN { print (a < b ? a : b) }'; }
+ratio() { awk -v v="$1" -v t="$2" 'BEGIN { printf "%.2f", v / t }'; }
+
 printf '\n| calls | native | iprobe trace | iprobe --args --retval | values / trace | bpftrace uprobe+uretprobe | uftrace -A -R |\n'
 printf '|---|---|---|---|---|---|---|\n'
 n=1
 for ((e = 1; e <= max_exp; e++)); do
   n=$((n * 10))
-  t1=$(ns_at "$work/result.trace" "$n"); t2=$(ns_at "$work/result.trace2" "$n")
-  t=$(awk -v a="$t1" -v b="$t2" 'BEGIN { print (a < b ? a : b) }')
+  t=$(faster "$work/result.trace" "$work/result.trace2" "$n")
   v=$(ns_at "$work/result.values" "$n")
-  row="| 10^$e | $(ns_at "$work/result.native" "$n") | $t | $v | $(awk -v v="$v" -v t="$t" 'BEGIN { printf "%.2f", v / t }')"
+  row="| 10^$e | $(ns_at "$work/result.native" "$n") | $t | $v | $(ratio "$v" "$t")"
   for x in bpftrace uftrace; do
     y=$(ns_at "$work/result.$x" "$n" 2>/dev/null || true)
     row+=" | ${y:--}"
@@ -77,3 +87,15 @@ done
 echo "(CPU ns per call of add2() in the calling thread, fastest of $repeats runs; iprobe: the entry flow, exit through a return trampoline;"
 echo " trace = fastest of two runs placed before and after the values runs; bpftrace/uftrace: one run, the CPU the traced thread spends,"
 echo " not counting bpftrace's or uftrace's own processes)"
+
+printf '\n| calls | finstrument: iprobe trace | finstrument: iprobe --args --retval | values / trace |\n'
+printf '|---|---|---|---|\n'
+n=1
+for ((e = 1; e <= max_exp; e++)); do
+  n=$((n * 10))
+  t=$(faster "$work/result.fin_trace" "$work/result.fin_trace2" "$n")
+  v=$(ns_at "$work/result.fin_values" "$n")
+  echo "| 10^$e | $t | $v | $(ratio "$v" "$t") |"
+done
+echo "(the -finstrument-functions flow: the hooks' calls after the prologue; trace = an entry and an exit hook's"
+echo " call each; values = the entry's call to the recipe's entry point, a hooked return, the exit hook's call a ret)"

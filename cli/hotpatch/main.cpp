@@ -163,7 +163,7 @@ ArgSpec spec_of(const std::string& command) {
         {"--exit-only", "", "only exit probes"},
         {"--handler", "trace|count", "attach: what enabled probes do (default trace)"},
         {"--completed", "", "attach, run: with --handler count, also count completed calls (turns the exits\non: every return then goes through a return trampoline)"},
-        {"--args", "", "attach: record each call's arguments (typed from DWARF; else arg0..arg5 raw)"},
+        {"--args", "", "attach: record each call's arguments (typed from DWARF; else arg0..arg5 raw, except in the -finstrument-functions flow, which needs DWARF)"},
         {"--retval", "", "attach: record each call's return value (and keep its log2 histogram: report --hist)"},
         {"--backtrace", "DEPTH", "attach: record the callers of each call, at most DEPTH (1-32, default 8)", {}, true},
         {"--buffer", "SIZE", "attach: each thread's event ring (K/M/G suffix; default 512K)"},

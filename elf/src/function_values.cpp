@@ -1,5 +1,6 @@
 #include "iprobe/elf/function_values.h"
 
+#include <cstdlib>
 #include <filesystem>
 
 #include "dwarf_types.h"
@@ -151,9 +152,147 @@ void place(ValueSlot& slot, std::uint8_t& gpr, std::uint8_t& xmm, std::uint8_t g
     for (bool v : *classes) slot.parts.push_back({v, v ? xmm++ : gpr++});
 }
 
+// ---- where the parameters are at a site inside the function ----
+
+struct Cfa {
+    std::uint8_t reg;
+    std::int64_t offset;  // the CFA is reg + offset
+};
+
+struct CfiCloser {
+    void operator()(Dwarf_CFI* c) const { dwarf_cfi_end(c); }
+};
+
+constexpr std::uint8_t kRdi = 5, kRbp = 6, kRsp = 7, kLastXmm = 32, kReturnColumn = 16;
+
+bool fits16(std::int64_t v) { return v >= INT16_MIN && v <= INT16_MAX; }
+
+std::optional<std::pair<std::uint8_t, std::int64_t>> breg(const Dwarf_Op& op) {
+    if (op.atom >= DW_OP_breg0 && op.atom <= DW_OP_breg31)
+        return std::make_pair(static_cast<std::uint8_t>(op.atom - DW_OP_breg0), static_cast<std::int64_t>(op.number));
+    if (op.atom == DW_OP_bregx && op.number <= kLastXmm)
+        return std::make_pair(static_cast<std::uint8_t>(op.number), static_cast<std::int64_t>(op.number2));
+    return std::nullopt;
+}
+
+std::optional<Cfa> cfa_at(Dwarf_CFI* cfi, std::uint64_t pc) {
+    Dwarf_Frame* frame = nullptr;
+    if (!cfi || dwarf_cfi_addrframe(cfi, pc, &frame) != 0) return std::nullopt;
+    std::optional<Cfa> out;
+    Dwarf_Op* ops = nullptr;
+    std::size_t n = 0;
+    if (dwarf_frame_cfa(frame, &ops, &n) == 0 && n == 1)
+        if (const auto r = breg(ops[0]); r && (r->first == kRsp || r->first == kRbp)) out = Cfa{r->first, r->second};
+    std::free(frame);
+    return out;
+}
+
+// A location expression without pieces, as a recipe; nullopt when the
+// runtime cannot follow it (DW_OP_entry_value, a computation, memory not in
+// the frame).  A memory location's size is the caller's.
+std::optional<SiteLocation> recipe(const Dwarf_Op* ops, std::size_t n, const std::optional<Cfa>& cfa, bool fbreg_is_cfa) {
+    using K = SiteLocation::Kind;
+    auto memory = [](std::uint8_t reg, std::int64_t offset) -> std::optional<SiteLocation> {
+        if (!fits16(offset)) return std::nullopt;
+        return SiteLocation{K::memory, reg, 8, offset};
+    };
+    auto readable = [](std::uint8_t reg) { return reg <= kLastXmm && reg != kRdi && reg != kRsp && reg != kReturnColumn; };
+    if (n == 1) {
+        const Dwarf_Op& op = ops[0];
+        if (op.atom >= DW_OP_reg0 && op.atom <= DW_OP_reg31) {
+            const auto reg = static_cast<std::uint8_t>(op.atom - DW_OP_reg0);
+            return readable(reg) ? std::optional(SiteLocation{K::reg, reg, 8, 0}) : std::nullopt;
+        }
+        if (op.atom == DW_OP_regx)
+            return op.number <= kLastXmm && readable(static_cast<std::uint8_t>(op.number))
+                       ? std::optional(SiteLocation{K::reg, static_cast<std::uint8_t>(op.number), 8, 0})
+                       : std::nullopt;
+        if (const auto r = breg(op)) {
+            // memory in the function's frame only: at rsp, or at rbp where it carries the CFA
+            if (r->first == kRsp || (r->first == kRbp && cfa && cfa->reg == kRbp)) return memory(r->first, r->second);
+            return std::nullopt;
+        }
+        if (op.atom == DW_OP_fbreg && fbreg_is_cfa && cfa)
+            return memory(cfa->reg, cfa->offset + static_cast<std::int64_t>(op.number));
+        if (op.atom == DW_OP_call_frame_cfa && cfa) return memory(cfa->reg, cfa->offset);
+        return std::nullopt;
+    }
+    if (n == 2 && ops[1].atom == DW_OP_stack_value) {
+        const Dwarf_Op& op = ops[0];
+        if (const auto r = breg(op); r && r->first < kReturnColumn && r->first != kRdi && fits16(r->second))
+            return SiteLocation{K::value, r->first, 8, r->second};
+        if (op.atom == DW_OP_call_frame_cfa && cfa) return SiteLocation{K::value, cfa->reg, 8, cfa->offset};
+        std::int64_t v = 0;
+        if (op.atom >= DW_OP_lit0 && op.atom <= DW_OP_lit31) v = op.atom - DW_OP_lit0;
+        else if (op.atom == DW_OP_const1u || op.atom == DW_OP_const2u || op.atom == DW_OP_const4u ||
+                 op.atom == DW_OP_const8u || op.atom == DW_OP_constu)
+            v = static_cast<std::int64_t>(op.number);
+        else if (op.atom == DW_OP_const1s || op.atom == DW_OP_const2s || op.atom == DW_OP_const4s ||
+                 op.atom == DW_OP_const8s || op.atom == DW_OP_consts)
+            v = static_cast<std::int64_t>(op.number);
+        else
+            return std::nullopt;
+        if (!fits16(v)) return std::nullopt;
+        return SiteLocation{K::constant, 0, 8, v};
+    }
+    return std::nullopt;
+}
+
+std::uint8_t read_size(std::uint32_t bytes) { return bytes <= 1 ? 1 : bytes <= 2 ? 2 : bytes <= 4 ? 4 : 8; }
+
+// One recipe per part of `p` at `pc`; empty when any part cannot be had.
+std::vector<SiteLocation> locate(Dwarf_Die* param, const ValueSlot& p, std::uint64_t pc, const std::optional<Cfa>& cfa,
+                                 bool fbreg_is_cfa) {
+    Dwarf_Attribute attr;
+    if (p.parts.empty() || !dwarf_attr_integrate(param, DW_AT_location, &attr)) return {};
+    Dwarf_Op* expr = nullptr;
+    std::size_t len = 0;
+    if (dwarf_getlocation_addr(&attr, pc, &expr, &len, 1) != 1 || len == 0) return {};
+    const std::uint32_t size = p.type.size ? p.type.size : 8;
+    auto part_size = [&](std::size_t i) { return read_size(size > 8 * i ? size - 8 * static_cast<std::uint32_t>(i) : 8); };
+    std::vector<SiteLocation> out;
+    // Pieces: one per eightbyte, each followed by DW_OP_piece 8 (the last may be shorter).
+    std::vector<std::pair<std::size_t, std::size_t>> pieces;  // [begin, end) of each piece's ops
+    std::size_t begin = 0;
+    for (std::size_t i = 0; i < len; i++)
+        if (expr[i].atom == DW_OP_piece) {
+            pieces.emplace_back(begin, i);
+            if (expr[i].number != 8 && !(pieces.size() == p.parts.size() && 8 * (pieces.size() - 1) + expr[i].number >= size))
+                return {};
+            begin = i + 1;
+        } else if (expr[i].atom == DW_OP_bit_piece) {
+            return {};
+        }
+    if (!pieces.empty()) {
+        if (begin != len || pieces.size() != p.parts.size()) return {};
+        for (std::size_t i = 0; i < pieces.size(); i++) {
+            auto r = recipe(expr + pieces[i].first, pieces[i].second - pieces[i].first, cfa, fbreg_is_cfa);
+            if (!r) return {};
+            if (r->kind == SiteLocation::Kind::memory) r->size = part_size(i);
+            out.push_back(*r);
+        }
+        return out;
+    }
+    auto whole = recipe(expr, len, cfa, fbreg_is_cfa);
+    if (!whole) return {};
+    if (whole->kind == SiteLocation::Kind::memory) {
+        for (std::size_t i = 0; i < p.parts.size(); i++) {
+            SiteLocation at = *whole;
+            at.offset += static_cast<std::int64_t>(8 * i);
+            at.size = part_size(i);
+            if (!fits16(at.offset)) return {};
+            out.push_back(at);
+        }
+        return out;
+    }
+    if (p.parts.size() != 1) return {};  // a register holds at most one eightbyte
+    return {*whole};
+}
+
 }  // namespace
 
-std::optional<FunctionValues> function_values(const ElfFile& elf, std::uint64_t entry, const std::string& symbol) {
+std::optional<FunctionValues> function_values(const ElfFile& elf, std::uint64_t entry, const std::string& symbol,
+                                              const std::optional<Site>& site) {
     if (!elf.section(".debug_info") && !elf.section(".zdebug_info")) return std::nullopt;
     std::unique_ptr<Dwarf, DwarfCloser> dwarf(dwarf_begin_elf(elf.native_handle(), DWARF_C_READ, nullptr));
     if (!dwarf) return std::nullopt;
@@ -172,6 +311,24 @@ std::optional<FunctionValues> function_values(const ElfFile& elf, std::uint64_t 
         out.ret = std::move(r);
     }
     const bool clone = symbol.find('.') != std::string::npos;
+    std::optional<Cfa> cfa;
+    bool fbreg_is_cfa = false;
+    if (site) {
+        Dwarf_Addr base = 0, low = 0, high = 0;
+        for (std::ptrdiff_t at = 0; (at = dwarf_ranges(&function, at, &base, &low, &high)) > 0;)
+            out.code.emplace_back(low, high);
+        if (!out.holds(site->pc)) return std::nullopt;
+        out.at_site = true;
+        std::unique_ptr<Dwarf_CFI, CfiCloser> eh(site->cfi_file ? dwarf_getcfi_elf(site->cfi_file->native_handle()) : nullptr);
+        cfa = cfa_at(eh.get(), site->pc);
+        if (!cfa) cfa = cfa_at(dwarf_getcfi(dwarf.get()), site->pc);  // .debug_frame: owned by `dwarf`
+        if (cfa && fits16(cfa->offset - 8)) out.return_slot = SiteLocation{SiteLocation::Kind::value, cfa->reg, 8, cfa->offset - 8};
+        Dwarf_Attribute attr;
+        Dwarf_Op* ops = nullptr;
+        std::size_t n = 0;
+        fbreg_is_cfa = dwarf_attr_integrate(&function, DW_AT_frame_base, &attr) && dwarf_getlocation(&attr, &ops, &n) == 0 &&
+                       n == 1 && ops[0].atom == DW_OP_call_frame_cfa;
+    }
     Dwarf_Die param;
     if (dwarf_child(&function, &param) == 0) do {
             if (dwarf_tag(&param) != DW_TAG_formal_parameter) continue;
@@ -188,6 +345,7 @@ std::optional<FunctionValues> function_values(const ElfFile& elf, std::uint64_t 
             } else {
                 place(p, gpr, xmm, 6, 8);
                 if (p.type.cls == ValueClass::string && p.parts.size() == 1) out.strings |= 1u << p.parts[0].reg;
+                if (site) p.at_site = locate(&param, p, site->pc, cfa, fbreg_is_cfa);
             }
             if (p.name.empty()) p.name = "arg" + std::to_string(out.params.size());
             out.params.push_back(std::move(p));

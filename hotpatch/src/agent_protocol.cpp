@@ -38,6 +38,7 @@ void attach_fields(JsonWriter& j, const AttachStats& st) {
         .field("exits_left_off", st.exits_left_off)
         .field("values_unavailable", st.values_unavailable)
         .field("values_untyped", st.values_untyped)
+        .field("values_optimized_out", st.values_optimized_out)
         .field("modules", st.modules)
         .field("patched_skipped", st.patched_skipped);
 }
@@ -58,6 +59,7 @@ AttachStats attach_of(const Json& doc) {
     st.exits_left_off = doc.value("exits_left_off", std::size_t{0});
     st.values_unavailable = doc.value("values_unavailable", std::size_t{0});
     st.values_untyped = doc.value("values_untyped", std::size_t{0});
+    st.values_optimized_out = doc.value("values_optimized_out", std::size_t{0});
     st.modules = doc.value("modules", std::vector<std::string>());
     st.patched_skipped = doc.value("patched_skipped", std::vector<std::string>());
     return st;

@@ -4,6 +4,7 @@
 #include <set>
 
 #include "iprobe/elf/function_values.h"
+#include "stubs.h"
 #include "values_plan.h"
 
 namespace iprobe::hotpatch {
@@ -28,8 +29,13 @@ ConditionSignature signature_of(const std::optional<elf::FunctionValues>& f) {
             c.register_index = v.parts[0].reg;
         return c;
     };
-    for (const auto& p : f->params)
-        if (!p.name.empty()) s.parameters.push_back(condition_value(p));
+    for (const auto& p : f->params) {
+        if (p.name.empty()) continue;
+        ConditionParameter c = condition_value(p);
+        // At a -finstrument-functions site the recipe stands for the register: none, none.
+        if (f->at_site && !p.parts.empty() && p.at_site.empty()) c.register_index = -1, c.optimized_out = true;
+        s.parameters.push_back(std::move(c));
+    }
     s.returns_value = f->ret.has_value();
     if (f->ret) {
         s.retval = condition_value(*f->ret);
@@ -68,7 +74,7 @@ ConditionPlan plan_conditions(const Condition& condition, const AttachOptions& o
     std::size_t lacking_count = 0;
     for (std::size_t li = 0; li < lists.size(); li++) {
         const SelectedList& s = lists[li];
-        std::shared_ptr<elf::ElfFile> dwarf;
+        std::shared_ptr<elf::ElfFile> dwarf, module;
         bool dwarf_tried = false;
         std::set<std::uint32_t> exits_on;
         for (const probelist::Probe* p : s.selected)
@@ -76,22 +82,35 @@ ConditionPlan plan_conditions(const Condition& condition, const AttachOptions& o
         for (const probelist::Probe* p : s.selected) {
             if (p->kind != probelist::ProbeKind::entry) continue;
             const bool entry_site = probelist::serves_returns(s.list.probes, p->id);
-            if (!entry_site) {
+            const bool at_site = at_site_entry(*p);  // -finstrument-functions: through the site's recipe
+            if (!entry_site && !at_site) {
                 if (condition.empty()) continue;
-                throw Error("--when and --min-duration need function-entry sites (the entry or llvm flow); " +
-                                p->demangled + " is probed through a " +
-                                (p->form == probelist::SiteForm::nop ? "NOP-form point" : "compiler hook"),
+                throw Error("--when and --min-duration need function entries; " + p->demangled +
+                                " is probed through a NOP-form point",
                             ExitCode::usage);
             }
+            if (at_site)  // its exit hooks, wherever they are in the list
+                for (const probelist::Probe* q : s.selected)
+                    if (q->kind == probelist::ProbeKind::exit && q->function_address == p->function_address)
+                        exits_on.insert(p->id);
             auto& planned = plan[li][p->id];
             if (!wanted) continue;  // selected: its condition is cleared
             if (condition.at_exit() && !exits_on.count(p->id))
                 throw Error("--when '" + condition.text() + "' reads retval or duration, which " + p->demangled +
                                 "'s exit probe gives: drop --entry-only",
                             ExitCode::usage);
-            if (!dwarf_tried) dwarf = dwarf_of(options.pid, s), dwarf_tried = true;
+            if (!dwarf_tried) dwarf = dwarf_of(options.pid, s), module = module_of(options.pid, s), dwarf_tried = true;
             std::optional<elf::FunctionValues> values;
-            if (dwarf && p->function_address) values = elf::function_values(*dwarf, p->function_address, p->function);
+            if (dwarf) values = values_for(*dwarf, module.get(), *p);
+            if (at_site && !values && !condition.empty())
+                throw Error(!dwarf ? "--when on " + p->demangled +
+                                         " needs its DWARF (build with -g): at a -finstrument-functions site, after "
+                                         "the prologue, arg0..arg5 are not in their registers"
+                                   : "--when on " + p->demangled + ": its hook at " + hex_address(p->site) +
+                                         " is an inlined copy's (in another function's code), where the "
+                                         "-finstrument-functions flow evaluates no condition; build it with the entry "
+                                         "flow for a --when on it",
+                            ExitCode::bad_input);
             const ConditionSignature signature = signature_of(values);
             if (options.retval_histogram) planned.retval_hist = retval_spec(signature);
             if (condition.empty()) continue;

@@ -321,6 +321,10 @@ private:
         case Node::Kind::name: {
             const ConditionParameter* p = find_parameter(s_, n->text);
             if (!p) fail("no parameter '" + n->text + "'", n->position);
+            if (p->optimized_out)
+                fail("'" + n->text + "' is optimized out at the -finstrument-functions site (after the prologue; "
+                     "the entry or LLVM flow has it)",
+                     n->position);
             if (p->register_index < 0)
                 fail("'" + n->text + "' (" + p->type + ") is not passed in an integer register", n->position);
             program_.needs |= IPROBE_COND_NEEDS_ARGS;

@@ -70,13 +70,24 @@ struct StubAreas {
 };
 struct NeedsStop {};
 
+// -finstrument-functions sites with values (values_plan.h): the entry's
+// stub goes to the entry point that lays out the registers for its recipe,
+// which rides in the stub's slot; an exit its entry's hooked return records
+// goes to one that does nothing.
+const std::string kSiteValuesEntry = "iprobe_rt_trace_enter_id_regs";
+const std::string kSilentExit = "iprobe_rt_ignore_id";
+
 SitesPlan plan_sites(const ProcessMemory& memory, Region& region, std::vector<SelectedList>& lists,
                      const std::vector<const RunningModule*>& targets, const HandlerSymbols& handlers,
-                     const LoadedLibrary& handler_lib, std::int64_t stats_tpoff, const StubAreas& areas) {
+                     const LoadedLibrary& handler_lib, std::int64_t stats_tpoff, const StubAreas& areas,
+                     const std::vector<ValuesPlan>& values) {
     SitesPlan plan;
     auto& [patches, site_stubs, enables, touched, selected, newly_enabled, already_enabled, first_probes] = plan;
     StubChecker stubs_seen(memory);
     std::map<const std::string*, std::uint64_t> handler_addresses;  // keyed as `stubs` below
+    // Where kSiteValuesEntry and kSilentExit are in the handler library (0: not there).
+    const std::pair<std::uint64_t, std::uint64_t> site_values_targets{
+        handler_lib.symbol(kSiteValuesEntry).value_or(0), handler_lib.symbol(kSilentExit).value_or(0)};
 
     for (std::size_t li = 0; li < lists.size(); li++) {
         auto& s = lists[li];
@@ -108,6 +119,38 @@ SitesPlan plan_sites(const ProcessMemory& memory, Region& region, std::vector<Se
         // Function-entry sites serving an entry and an exit probe:
         // gathered first, then planned once per site (entry_sites.h).
         std::map<std::uint32_t, std::pair<EntryVariant, std::size_t>> entry_sites;  // entry id -> wanted, text index
+        const ValuesPlan* site_values = li < values.size() ? &values[li] : nullptr;
+        auto changes_stub = [&](const probelist::Probe& p) {
+            return site_values && (site_values->recipes.count(p.id) || site_values->silent_exits.count(p.id));
+        };
+        // A stub an earlier attach with values wrote (its entry point, or the
+        // silent exit's), which this attach without them must undo.
+        auto goes_to_site_values = [&](std::uint64_t stub) {
+            std::array<std::uint8_t, kSiteStubSize> held{};
+            memory.read(stub, held.data(), held.size());
+            const std::uint64_t target = stub_target(held.data(), held.size());
+            return target && (target == site_values_targets.first || target == site_values_targets.second);
+        };
+        // A call-form site's own stub, handing the handler `id` (or, with
+        // values at the site, going where values_plan.h says).
+        auto id_stub = [&](const probelist::Probe& p, std::uint32_t id, const std::string& by_id) -> SiteStub {
+            const std::uint64_t at = module.site_stubs + kSiteStubSize * p.id;
+            if (site_values) {
+                if (auto r = site_values->recipes.find(p.id); r != site_values->recipes.end()) {
+                    auto bytes = site_stub_bytes(id, handler_address(kSiteValuesEntry));
+                    static_assert(IPROBE_RT_SITE_RECIPE_OFFSET + sizeof(iprobe_rt_site_recipe) <= kSiteStubSize);
+                    std::memcpy(bytes.data() + IPROBE_RT_SITE_RECIPE_OFFSET, &r->second, sizeof r->second);
+                    return {module.site_stubs, at, bytes};
+                }
+                if (site_values->silent_exits.count(p.id))
+                    return {module.site_stubs, at, site_stub_bytes(id, handler_address(kSilentExit))};
+            }
+            const bool inline_count = handlers.site_id == HandlerSymbols::SiteId::counter && stats_tpoff != 0 &&
+                                      stats_tpoff >= INT32_MIN && stats_tpoff < 0 && id <= INT32_MAX;
+            return {module.site_stubs, at,
+                    inline_count ? count_stub_bytes(static_cast<std::int32_t>(stats_tpoff), id, handler_address(by_id))
+                                 : site_stub_bytes(id, handler_address(by_id))};
+        };
         for (std::size_t k = 0; k < s.selected.size(); k++) {
             const probelist::Probe* p = s.selected[k];
             selected++;
@@ -139,13 +182,7 @@ SitesPlan plan_sites(const ProcessMemory& memory, Region& region, std::vector<Se
                                                  ? counter_offset(region.probes()[global].stat, p->kind)
                                                  : global;
                     callee = module.site_stubs + kSiteStubSize * p->id;
-                    const bool inline_count = handlers.site_id == HandlerSymbols::SiteId::counter &&
-                                              stats_tpoff != 0 && stats_tpoff >= INT32_MIN &&
-                                              stats_tpoff < 0 && id <= INT32_MAX;
-                    site_stubs.push_back(
-                        {module.site_stubs, callee, inline_count ? count_stub_bytes(static_cast<std::int32_t>(stats_tpoff), id,
-                                                                 handler_address(by_id))
-                                              : site_stub_bytes(id, handler_address(by_id))});
+                    site_stubs.push_back(id_stub(*p, id, by_id));
                 } else {
                     auto& stub = stubs[&symbol];
                     if (!stub) stub = areas.shared_stub(module, handler_address(symbol));
@@ -160,6 +197,17 @@ SitesPlan plan_sites(const ProcessMemory& memory, Region& region, std::vector<Se
                 // the site, write nothing.
                 check_site_bytes(s, running, *p, site, now, stubs_seen);
                 already_enabled++;
+                // Its stub still decides what it records: values at the site
+                // come and go with the stub (a thread inside it: RetryLater).
+                const std::string& by_id = id_symbol(handlers, *p);
+                const std::uint64_t own = module.site_stubs + kSiteStubSize * p->id;
+                if (!by_id.empty() && module.site_stubs && called_stub(site, now, p->size) == own &&
+                    (changes_stub(*p) || goes_to_site_values(own))) {
+                    const std::uint32_t id = handlers.site_id == HandlerSymbols::SiteId::counter
+                                                 ? counter_offset(region.probes()[global].stat, p->kind)
+                                                 : global;
+                    site_stubs.push_back(id_stub(*p, id, by_id));
+                }
                 enables.push_back({global, ret, global});
             }
         }
@@ -209,6 +257,16 @@ void insert_sites(Region& region, const SitesPlan& plan) {
 // probe, so a running thread sees the old setting or the new.
 void apply_settings(Region& region, const SitesPlan& plan, const ProbeSettings& settings) {
     apply_conditions(region, settings.conditions, plan.first_probes);
+    // The return-value histogram is kept by the exit probe a hooked return
+    // records, which at a -finstrument-functions entry need not be the next.
+    for (std::size_t li = 0; li < settings.values.size() && li < plan.first_probes.size(); li++)
+        for (const auto& [entry, exit] : settings.values[li].hooked_exit) {
+            const std::uint32_t next = plan.first_probes[li] + entry + 1, at = plan.first_probes[li] + exit;
+            if (at == next || at >= region.probe_count()) continue;
+            __atomic_store_n(&region.probes()[at].retval_hist, region.probes()[next].retval_hist, __ATOMIC_RELEASE);
+            if (region.probes()[next].kind == static_cast<std::uint8_t>(probelist::ProbeKind::entry))  // not an exit's own
+                __atomic_store_n(&region.probes()[next].retval_hist, std::uint8_t{0}, __ATOMIC_RELEASE);
+        }
     std::map<std::uint32_t, std::uint64_t> value_specs;  // global probe index -> spec word
     for (std::size_t li = 0; li < settings.values.size() && li < plan.first_probes.size(); li++)
         for (const auto& [id, spec] : settings.values[li].specs) value_specs[plan.first_probes[li] + id] = spec_word(spec);
@@ -269,7 +327,7 @@ struct PlannedAhead {
 std::optional<PlannedAhead> plan_ahead(const AttachOptions& options, std::vector<SelectedList>& lists,
                                        const HandlerSymbols& handlers, const std::string& handler_path,
                                        const std::optional<struct iprobe_rt_state>& state,
-                                       std::vector<std::string>& redirected) {
+                                       std::vector<std::string>& redirected, const std::vector<ValuesPlan>& values) {
     if (!state || !state->control || state->mapped_pid != static_cast<std::uint32_t>(pid_in_own_namespace(options.pid)))
         return std::nullopt;
     try {
@@ -301,7 +359,8 @@ std::optional<PlannedAhead> plan_ahead(const AttachOptions& options, std::vector
                 if (!has_site_stubs(module, slots)) throw NeedsStop{};
             },
             [](iprobe_rt_module&, std::uint64_t) -> std::uint64_t { throw NeedsStop{}; }};
-        ahead.plan = plan_sites(memory, ahead.region, lists, targets, handlers, *handler_lib, state->stats_tpoff, found_only);
+        ahead.plan = plan_sites(memory, ahead.region, lists, targets, handlers, *handler_lib, state->stats_tpoff, found_only,
+                                values);
         drop_written_stubs(memory, ahead.plan.site_stubs);
         insert_sites(ahead.region, ahead.plan);
         return ahead;
@@ -341,7 +400,7 @@ AttachStats attach(const AttachOptions& options) {
         throw Error("--args, --retval and --backtrace record into the trace stream: use them with --handler trace",
                     ExitCode::usage);
     std::vector<ValuesPlan> values_plans;
-    for (const auto& s : lists) values_plans.push_back(plan_values(options.pid, s, options.values));
+    for (const auto& s : lists) values_plans.push_back(plan_values(options.pid, s, options.values, !condition.empty()));
     const ProbeSettings settings{conditions, values_plans};
 
     std::uint32_t capacity = 4096;
@@ -351,7 +410,7 @@ AttachStats attach(const AttachOptions& options) {
     // runtime, its region and the modules' stub areas are there already):
     // the stop then only checks and writes.
     std::vector<std::string> redirected;  // functions `iprobe patch` replaced, found while planning
-    std::optional<PlannedAhead> ahead = plan_ahead(options, lists, handlers, handler_path, before, redirected);
+    std::optional<PlannedAhead> ahead = plan_ahead(options, lists, handlers, handler_path, before, redirected, values_plans);
 
     bool injected = false;  // by this attach: said when it fails after that
     try {
@@ -370,6 +429,7 @@ AttachStats attach(const AttachOptions& options) {
         for (const auto& v : values_plans) {
             stats.values_unavailable += v.unavailable;
             stats.values_untyped += v.untyped;
+            stats.values_optimized_out += v.optimized_out;
         }
         if (ahead && same_maps(read_maps(options.pid), ahead->maps)) {
             // Planned while the target ran; only the writes are left.
@@ -454,7 +514,7 @@ AttachStats attach(const AttachOptions& options) {
             },
             [&](iprobe_rt_module& module, std::uint64_t target) { return stub_for(process, module, target); }};
         const SitesPlan plan = plan_sites(process.memory(), region, lists, targets, handlers, handler_lib.library,
-                                          state.stats_tpoff, areas);
+                                          state.stats_tpoff, areas, values_plans);
         // Table first, code second: a site only becomes live once its
         // return address resolves.
         insert_sites(region, plan);

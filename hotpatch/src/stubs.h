@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "iprobe/formats/probe_list.h"
+#include "iprobe/formats/rt_layout.h"
 #include "process.h"
 
 namespace iprobe::hotpatch {
@@ -29,7 +30,7 @@ std::array<std::uint8_t, kStubSize> stub_bytes(std::uint64_t target);
 // whose call may clobber it), so the handler finds its counters without
 // hashing the return address.
 //   mov $id, %edi; jmp *0(%rip); .quad target; int3 padding
-constexpr std::size_t kSiteStubSize = 80;
+constexpr std::size_t kSiteStubSize = IPROBE_RT_SITE_STUB_SIZE;
 std::array<std::uint8_t, kSiteStubSize> site_stub_bytes(std::uint32_t id, std::uint64_t target);
 
 // A count site's stub with the runtime's count handler inlined: a thread

@@ -1,5 +1,6 @@
 #include "values_plan.h"
 
+#include <algorithm>
 #include <cstring>
 #include <memory>
 
@@ -12,14 +13,17 @@
 
 namespace iprobe::hotpatch {
 
-std::shared_ptr<elf::ElfFile> dwarf_of(pid_t pid, const SelectedList& s) {
-    std::shared_ptr<elf::ElfFile> module;
+std::shared_ptr<elf::ElfFile> module_of(pid_t pid, const SelectedList& s) {
     for (const auto& m : read_maps(pid))
         if (!m.path.empty() && (m.path == s.list.module || basename_of(m.path) == basename_of(s.list.module))) try {
-                module = elf_cache().get(pid, m.path);
-                break;
+                return elf_cache().get(pid, m.path);
             } catch (const Error&) {
             }
+    return nullptr;
+}
+
+std::shared_ptr<elf::ElfFile> dwarf_of(pid_t pid, const SelectedList& s) {
+    std::shared_ptr<elf::ElfFile> module = module_of(pid, s);
     if (!module) return nullptr;
     const auto path = elf::debug_file_for(*module);
     if (!path) return nullptr;
@@ -38,14 +42,128 @@ std::uint64_t spec_word(const iprobe_rt_values_spec& spec) {
     return w;
 }
 
-ValuesPlan plan_values(pid_t pid, const SelectedList& s, const ValueOptions& options) {
+bool at_site_entry(const probelist::Probe& p) {
+    return p.kind == probelist::ProbeKind::entry && p.form != probelist::SiteForm::nop &&
+           p.form != probelist::SiteForm::ret;
+}
+
+std::optional<elf::FunctionValues> values_for(const elf::ElfFile& dwarf, const elf::ElfFile* module,
+                                              const probelist::Probe& p) {
+    if (!p.function_address) return std::nullopt;
+    std::optional<elf::Site> site;
+    if (at_site_entry(p)) site = elf::Site{p.site, module};
+    return elf::function_values(dwarf, p.function_address, p.function, site);
+}
+
+namespace {
+
+iprobe_rt_location location_of(const elf::SiteLocation& at) {
+    using K = elf::SiteLocation::Kind;
+    iprobe_rt_location l{};
+    l.reg = at.reg;
+    l.offset = static_cast<std::int16_t>(at.offset);
+    switch (at.kind) {
+    case K::reg: l.kind = IPROBE_RT_LOC_REG; break;
+    case K::memory: l.kind = static_cast<std::uint8_t>(IPROBE_RT_LOC_MEMORY | at.size << 4); break;
+    case K::value: l.kind = IPROBE_RT_LOC_VALUE; break;
+    case K::constant: l.kind = IPROBE_RT_LOC_CONST; break;
+    }
+    return l;
+}
+
+// The exit probes of each function, by its address: the exit hooks of its
+// body and of its cold part (gcc's .text.unlikely: exception cleanups).
+std::map<std::uint64_t, std::vector<std::uint32_t>> exits_by_function(const probelist::ProbeList& list) {
+    std::map<std::uint64_t, std::vector<std::uint32_t>> out;
+    for (const auto& p : list.probes)
+        if (p.kind == probelist::ProbeKind::exit && p.function_address) out[p.function_address].push_back(p.id);
+    return out;
+}
+
+}  // namespace
+
+iprobe_rt_site_recipe site_recipe(const elf::FunctionValues& values) {
+    iprobe_rt_site_recipe r{};
+    for (const auto& p : values.params)
+        for (std::size_t i = 0; i < p.parts.size() && i < p.at_site.size(); i++) {
+            const elf::ValuePart& part = p.parts[i];
+            if (part.vector ? part.reg < IPROBE_RT_VALUES_XMMS : part.reg < IPROBE_RT_VALUES_GPRS)
+                (part.vector ? r.xmm : r.gpr)[part.reg] = location_of(p.at_site[i]);
+        }
+    if (values.return_slot) r.return_slot = location_of(*values.return_slot);
+    return r;
+}
+
+ValuesPlan plan_values(pid_t pid, const SelectedList& s, const ValueOptions& options, bool conditioned) {
     ValuesPlan plan;
-    if (!options.any()) return plan;
-    std::shared_ptr<elf::ElfFile> dwarf;
+    if (!options.any() && !conditioned) return plan;
+    std::shared_ptr<elf::ElfFile> dwarf, module;
     bool dwarf_tried = false;
+    auto load = [&] {
+        if (!dwarf_tried) dwarf = dwarf_of(pid, s), module = module_of(pid, s), dwarf_tried = true;
+    };
+    std::set<std::uint32_t> selected;
+    for (const probelist::Probe* p : s.selected) selected.insert(p->id);
+    std::optional<std::map<std::uint64_t, std::vector<std::uint32_t>>> exits_of;
+    // -finstrument-functions entries first: whether each hooks its return
+    // decides what its exit probes do.
     for (const probelist::Probe* p : s.selected) {
+        if (!at_site_entry(*p)) continue;
+        load();
+        std::optional<elf::FunctionValues> typed;
+        if (dwarf) typed = values_for(*dwarf, module.get(), *p);
+        if (!typed) {  // raw arg0..arg5 are not in their registers after the prologue
+            if (options.any()) plan.unavailable++;
+            continue;
+        }
+        iprobe_rt_values_spec spec{};
+        spec.flags = IPROBE_RT_VALUES_AT_SITE;
+        if (!exits_of) exits_of = exits_by_function(s.list);
+        const auto found = exits_of->find(p->function_address);
+        std::vector<std::uint32_t> exits;  // the hooks in its own code, not an inlined copy's
+        if (found != exits_of->end())
+            for (std::uint32_t e : found->second)
+                if (typed->holds(s.list.probes[e].site)) exits.push_back(e);
+        // The trampoline records the exit as one of them, spec.distance ahead
+        // (an inlined copy's hooks may come between)
+        // (the first after the entry: a cold part's, exception cleanups, may lie before it)
+        std::uint32_t first = 0;
+        for (std::uint32_t e : exits)
+            if (e > p->id && (!first || e < first)) first = e;
+        const bool hook = typed->return_slot && first && first - p->id <= UINT16_MAX &&
+                          std::all_of(exits.begin(), exits.end(), [&](std::uint32_t e) { return selected.count(e); });
+        if (hook) {
+            spec.flags |= IPROBE_RT_VALUES_HOOK;
+            spec.distance = static_cast<std::uint16_t>(first - p->id);
+            for (std::uint32_t e : exits) plan.silent_exits.insert(e);
+            plan.hooked_exit[p->id] = first;
+            // the exit probe finds its entry (and its --when) as many back
+            iprobe_rt_values_spec exit_spec{};
+            exit_spec.flags = options.retval ? IPROBE_RT_VALUES_RETVAL : 0;
+            exit_spec.distance = spec.distance;
+            plan.specs[first] = exit_spec;
+        }
+        if (options.args) {
+            spec.flags |= IPROBE_RT_VALUES_ARGS;
+            spec.gprs = typed->gprs;
+            spec.xmms = typed->xmms;
+            spec.strings = typed->strings;
+            for (const auto& v : typed->params)
+                if (!v.parts.empty() && v.at_site.empty()) plan.optimized_out++;
+        }
+        if (options.backtrace) {
+            spec.flags |= IPROBE_RT_VALUES_BACKTRACE;
+            spec.backtrace = static_cast<std::uint8_t>(std::min<unsigned>(options.backtrace, IPROBE_RT_BACKTRACE_MAX));
+        }
+        plan.specs[p->id] = spec;
+        plan.recipes[p->id] = site_recipe(*typed);
+    }
+    for (const probelist::Probe* p : s.selected) {
+        if (at_site_entry(*p)) continue;
         const bool is_exit = p->form == probelist::SiteForm::ret;
         const bool is_entry = !is_exit && probelist::serves_returns(s.list.probes, p->id);
+        if (plan.silent_exits.count(p->id)) continue;  // its spec set with its entry's
+        if (!options.any()) continue;
         if (!is_exit && !is_entry) {
             if (p->kind != probelist::ProbeKind::point) plan.unavailable++;
             continue;
@@ -59,7 +177,7 @@ ValuesPlan plan_values(pid_t pid, const SelectedList& s, const ValueOptions& opt
         }
         if (!options.args && !options.backtrace) continue;
         if (options.args) {
-            if (!dwarf_tried) dwarf = dwarf_of(pid, s), dwarf_tried = true;
+            load();
             std::optional<elf::FunctionValues> typed;
             if (dwarf && p->function_address) typed = elf::function_values(*dwarf, p->function_address, p->function);
             if (!typed) plan.untyped++;

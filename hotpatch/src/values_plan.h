@@ -5,21 +5,26 @@
 
 #include <map>
 #include <memory>
+#include <set>
 
 #include "attach_plan.h"
+#include "iprobe/elf/function_values.h"
 #include "iprobe/formats/rt_layout.h"
 #include "iprobe/hotpatch/hotpatch.h"
-
-namespace iprobe::elf {
-class ElfFile;
-}
 
 namespace iprobe::hotpatch {
 
 struct ValuesPlan {
     std::map<std::uint32_t, iprobe_rt_values_spec> specs;  // probe id in the list -> spec
-    std::size_t unavailable = 0;                           // selected, not a function-entry site
-    std::size_t untyped = 0;                               // entry probes without DWARF
+    // -finstrument-functions flow: an entry's recipe (its stub slot holds
+    // it; its stub goes to the values entry point), and the exit probes
+    // whose exits the entry's hooked return records (their stubs do nothing).
+    std::map<std::uint32_t, iprobe_rt_site_recipe> recipes;
+    std::set<std::uint32_t> silent_exits;
+    std::map<std::uint32_t, std::uint32_t> hooked_exit;  // entry id -> the exit probe its hooked return records
+    std::size_t unavailable = 0;   // selected, records no values (a point; a finstrument site without DWARF)
+    std::size_t untyped = 0;       // entry probes without DWARF
+    std::size_t optimized_out = 0; // finstrument flow: parameters the site's recipe cannot find
 };
 
 // The DWARF of the module `s` lists, as the target sees its files (a
@@ -27,7 +32,23 @@ struct ValuesPlan {
 // file; null when there is none.
 std::shared_ptr<elf::ElfFile> dwarf_of(pid_t pid, const SelectedList& s);
 
-ValuesPlan plan_values(pid_t pid, const SelectedList& s, const ValueOptions& options);
+// `conditioned`: a --when is set, which a -finstrument-functions entry
+// evaluates through the values path (its arguments come from the recipe).
+ValuesPlan plan_values(pid_t pid, const SelectedList& s, const ValueOptions& options, bool conditioned);
+
+// A -finstrument-functions entry (a call after the prologue): its values
+// are had through a recipe of the site.
+bool at_site_entry(const probelist::Probe& p);
+
+// The function's values typed for `p`: at its site when at_site_entry(p).
+std::optional<elf::FunctionValues> values_for(const elf::ElfFile& dwarf, const elf::ElfFile* module,
+                                              const probelist::Probe& p);
+
+// The module itself (its .eh_frame), as the target sees it; null when absent.
+std::shared_ptr<elf::ElfFile> module_of(pid_t pid, const SelectedList& s);
+
+// The recipe's bytes for the site's stub slot.
+iprobe_rt_site_recipe site_recipe(const elf::FunctionValues& values);
 
 // The spec as the one 8-byte word the runtime loads.
 std::uint64_t spec_word(const iprobe_rt_values_spec& spec);

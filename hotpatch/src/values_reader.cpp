@@ -174,7 +174,13 @@ const elf::FunctionValues& ValuesReader::function(std::uint32_t entry_probe) {
         Module& m = module(p.module);
         if (m.dwarf && m.elf && p.function) {
             const elf::ElfSymbol* symbol = m.elf->function_starting_at(p.function);
-            typed = elf::function_values(*m.dwarf, p.function, symbol ? symbol->name : "");
+            // A -finstrument-functions entry: where the parameters are at its site.
+            std::optional<elf::Site> site;
+            const std::uint64_t bias = region_.modules()[p.module].load_bias;
+            if (p.kind == IPROBE_KIND_ENTRY && (p.form == IPROBE_SITE_CALL_REL32 || p.form == IPROBE_SITE_CALL_RIPIND) &&
+                p.site >= bias)
+                site = elf::Site{p.site - bias, m.elf.get()};
+            typed = elf::function_values(*m.dwarf, p.function, symbol ? symbol->name : "", site);
         }
     }
     return functions_.emplace(entry_probe, typed ? *typed : elf::raw_function_values()).first->second;
@@ -209,9 +215,12 @@ void ValuesReader::decode(Event& e, std::uint32_t packed_spec, const std::vector
     std::size_t at = 0;
     auto next = [&]() { return at < words.size() ? words[at++] : 0; };
     if (e.kind == probelist::ProbeKind::exit) {
-        if (!(spec.flags & IPROBE_RT_VALUES_RETVAL) || words.size() < 4 || e.probe == 0) return;
+        // its entry: the probe before, or as far back as a -finstrument-functions
+        // entry's hooked return recorded it (iprobe_rt_values_spec.distance)
+        const std::uint32_t back = std::max<std::uint32_t>(region_.probes()[e.probe].values.distance, 1);
+        if (!(spec.flags & IPROBE_RT_VALUES_RETVAL) || words.size() < 4 || e.probe < back) return;
         e.has_values = true;
-        const elf::FunctionValues& f = function(e.probe - 1);
+        const elf::FunctionValues& f = function(e.probe - back);
         if (!f.ret) return;
         std::uint8_t bytes[16] = {};
         if (f.ret->parts.empty()) {  // returned in memory: rax points at it
@@ -253,6 +262,10 @@ void ValuesReader::decode(Event& e, std::uint32_t packed_spec, const std::vector
             }
             if (p.parts.empty()) {
                 e.values.push_back({p.name, p.type.name, "<in memory>", "null"});
+                continue;
+            }
+            if (f.at_site && p.at_site.empty()) {
+                e.values.push_back({p.name, p.type.name, "<optimized out>", json_string("<optimized out>")});
                 continue;
             }
             std::uint8_t bytes[16] = {};

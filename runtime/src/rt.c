@@ -804,13 +804,19 @@ static uint32_t entry_words(struct iprobe_rt_values_spec spec, const struct ipro
 }
 
 /* An entry whose probe captures values: `hook` says whether its return is
- * hooked too (both probes on); returns the unit, as the trace handler does. */
+ * hooked too (both probes on), as how far ahead of `id` the exit probe is
+ * (1 at function-entry sites); `xmm`, when not 0, the vector words in place
+ * of the registers; returns the unit, as the trace handler does. */
 static __attribute__((noinline)) uint64_t values_enter(struct iprobe_rt_control* cb, uint32_t id,
                                                        const struct iprobe_rt_probe* p, uint64_t word,
-                                                       const uint64_t* saved, const uint64_t* slot, int hook) {
+                                                       const uint64_t* saved, const uint64_t* slot, int hook,
+                                                       const uint64_t* xmm) {
     struct iprobe_rt_values v;
     const struct iprobe_rt_values_spec spec = spec_of(word);
-    if (spec.xmms) read_xmm_args(v.xmm); /* first: before anything that could call out */
+    if (xmm)
+        for (int i = 0; i < IPROBE_RT_VALUES_XMMS; i++) v.xmm[i] = xmm[i];
+    else if (spec.xmms)
+        read_xmm_args(v.xmm); /* first: before anything that could call out */
     const uint64_t now = timestamp();
     v.kind = IPROBE_RT_REC_ENTRY;
     v.has_return = v.has_duration = 0;
@@ -826,7 +832,7 @@ static __attribute__((noinline)) uint64_t values_enter(struct iprobe_rt_control*
     const int matched = at_exit ? 0 : iprobe_rt_values_match(cb, id, spec, &v);
     uint64_t unit = 0;
     if (hook)
-        unit = hook_return(slot, IPROBE_RT_RETURN_TRACE, id + 1,
+        unit = hook_return(slot, IPROBE_RT_RETURN_TRACE, id + (uint32_t)hook, /* the exit probe: hook ahead */
                            (now << COOKIE_SHIFT) | COOKIE_VALUES | (matched ? COOKIE_MATCHED : 0) |
                                (at_exit && timed ? COOKIE_HELD : 0) | timed);
     uint64_t words[IPROBE_RT_VALUES_MAX_WORDS];
@@ -852,8 +858,9 @@ static __attribute__((noinline)) void held_values_exit(struct iprobe_rt_control*
                                                        struct iprobe_rt_values_spec spec, struct iprobe_rt_values* v,
                                                        uint64_t now) {
     const uint32_t probe = e->arg;
-    if (UNLIKELY(probe == 0)) return;
-    const struct iprobe_rt_probe* entry = probe_of(cb, (int32_t)probe - 1);
+    const uint32_t back = spec.distance ? spec.distance : 1; /* to the entry probe */
+    if (UNLIKELY(probe < back)) return;
+    const struct iprobe_rt_probe* entry = probe_of(cb, (int32_t)(probe - back));
     const uint32_t stat = probe_of(cb, (int32_t)probe)->stat;
     struct iprobe_cond_values held;
     const int have = aggregate(cb, (int32_t)probe, stat, IPROBE_RT_REC_EXIT, now, FRAME_MATCH, 0, &held);
@@ -879,7 +886,7 @@ static __attribute__((noinline)) void held_values_exit(struct iprobe_rt_control*
     struct payload in = {words, 0, 1, e->slot, IPROBE_RT_VALUES_PACK(entry_spec)};
     if (entry_spec.flags & (IPROBE_RT_VALUES_ARGS | IPROBE_RT_VALUES_BACKTRACE))
         in.nwords = entry_words(entry_spec, &at_entry, (const uint64_t*)(uintptr_t)e->slot, words);
-    ring_append(cb, (int32_t)probe - 1, IPROBE_RT_REC_ENTRY, now - held.duration, 0, &in);
+    ring_append(cb, (int32_t)(probe - back), IPROBE_RT_REC_ENTRY, now - held.duration, 0, &in);
     uint64_t ret_words[4] = {v->ret[0], v->ret[1], v->xret[0], v->xret[1]};
     const struct payload out = {ret_words, (spec.flags & IPROBE_RT_VALUES_RETVAL) ? 4u : 0u, 1, e->slot,
                                 IPROBE_RT_VALUES_PACK(spec)};
@@ -952,7 +959,7 @@ __attribute__((visibility("hidden"))) uint64_t iprobe_rt_trace_enter_id_at(uint6
     if (LIKELY(cb != 0) && LIKELY(id < g_geometry.probe_capacity)) {
         const struct iprobe_rt_probe* p = probe_of(cb, (int32_t)id);
         const uint64_t word = spec_word(p);
-        if (UNLIKELY(word != 0)) return values_enter(cb, (uint32_t)id, p, word, saved, slot, 0);
+        if (UNLIKELY(word != 0)) return values_enter(cb, (uint32_t)id, p, word, saved, slot, 0, 0);
     }
     emit_id((uint32_t)id, IPROBE_RT_REC_ENTRY, FRAME_MATCH);
     return 0;
@@ -1097,6 +1104,39 @@ static inline void retval_sample(uint32_t probe, uint64_t retval) {
     if (stats) add_local(&stats[p->stat].retval_histogram[retval_bucket(retval, spec)], 1);
 }
 
+/* The -finstrument-functions flow's entry with values (site_values.c): the
+ * site's recipe and the probe's spec word, or 0 when the probe captures
+ * nothing there (a plain trace entry). */
+__attribute__((visibility("hidden"))) const struct iprobe_rt_site_recipe* iprobe_rt_site_recipe(uint32_t id,
+                                                                                              uint64_t* word) {
+    struct iprobe_rt_control* cb = control();
+    if (UNLIKELY(!cb) || id >= g_geometry.probe_capacity) return 0;
+    const struct iprobe_rt_probe* p = probe_of(cb, (int32_t)id);
+    *word = spec_word(p);
+    if (!(spec_of(*word).flags & IPROBE_RT_VALUES_AT_SITE) || p->module >= cb->module_count) return 0;
+    const struct iprobe_rt_module* m =
+        (const struct iprobe_rt_module*)((const char*)cb + cb->modules_offset) + p->module;
+    if (!m->site_stubs || p->id >= m->site_stub_slots) return 0;
+    return (const struct iprobe_rt_site_recipe*)(uintptr_t)(m->site_stubs + (uint64_t)IPROBE_RT_SITE_STUB_SIZE * p->id + IPROBE_RT_SITE_RECIPE_OFFSET);
+}
+
+/* ... and, with the argument registers the recipe gathered (`saved` as
+ * ENTRY_SITE_CALL lays them out) and the return slot it found, the values
+ * path's entry; the function's return is hooked by writing the trampoline
+ * into its slot (it is not at the stack pointer here, so no sled call). */
+__attribute__((visibility("hidden"))) void iprobe_rt_site_values_enter_at(uint32_t id, uint64_t word,
+                                                                          const uint64_t* saved, const uint64_t* xmm,
+                                                                          uint64_t* slot) {
+    struct iprobe_rt_control* cb = control();
+    const struct iprobe_rt_values_spec spec = spec_of(word);
+    /* hooked: how far ahead the exit probe it records is */
+    const uint32_t hook = slot && (spec.flags & IPROBE_RT_VALUES_HOOK) ? (spec.distance ? spec.distance : 1u) : 0;
+    if (UNLIKELY(!cb) || (uint64_t)id + hook >= g_geometry.probe_capacity) return;
+    const struct iprobe_rt_probe* p = probe_of(cb, (int32_t)id);
+    const uint64_t unit = values_enter(cb, id, p, word, saved, slot, (int)hook, xmm);
+    if (unit) *slot = unit + IPROBE_RT_RETURN_UNIT_TRAMPOLINE;
+}
+
 /* The return is hooked first: an entry whose exit will not be seen is
  * counted but pushes no frame. */
 __attribute__((visibility("hidden"))) uint64_t iprobe_rt_trace_enter_return_at(uint64_t id, const uint64_t* saved,
@@ -1109,7 +1149,7 @@ __attribute__((visibility("hidden"))) uint64_t iprobe_rt_trace_enter_return_at(u
     if (UNLIKELY(id + 1 >= g_geometry.probe_capacity)) return 0;
     const struct iprobe_rt_probe* p = probe_of(cb, (int32_t)id);
     const uint64_t word = spec_word(p);
-    if (UNLIKELY(word != 0)) return values_enter(cb, (uint32_t)id, p, word, saved, slot, 1);
+    if (UNLIKELY(word != 0)) return values_enter(cb, (uint32_t)id, p, word, saved, slot, 1, 0);
     const uint32_t condition = __atomic_load_n(&p->condition, __ATOMIC_RELAXED);
     if (UNLIKELY(condition != 0)) return conditioned_enter(cb, (uint32_t)id, p, condition, saved, slot);
     const uint64_t timed = p->timed;

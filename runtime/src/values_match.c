@@ -7,6 +7,7 @@
 
 int iprobe_rt_values_match(const struct iprobe_rt_control* cb, uint32_t probe, struct iprobe_rt_values_spec spec,
                            const struct iprobe_rt_values* v) {
-    (void)spec;
-    return iprobe_rt_condition_match(cb, v->kind == IPROBE_RT_REC_EXIT && probe > 0 ? probe - 1 : probe, v);
+    /* an exit's condition is its entry's: the probe before, or spec.distance back */
+    const uint32_t back = spec.distance ? spec.distance : 1;
+    return iprobe_rt_condition_match(cb, v->kind == IPROBE_RT_REC_EXIT && probe >= back ? probe - back : probe, v);
 }

@@ -1,6 +1,6 @@
 // `iprobe attach --args --retval --backtrace` end to end: values_target
 // (targets/values_target.c) built -O2 -g as C and C++ in the entry flow, as
-// C in the LLVM flow, without -g, and in the -finstrument-functions flow.
+// C in the LLVM flow, without -g, and as C and C++ in the -finstrument-functions flow.
 // Every value is checked exactly, in `trace --format json` and text.
 #include <unistd.h>
 
@@ -49,6 +49,17 @@ std::string retval(const std::string& type, const std::string& value) {
     return "\"retval\":{\"type\":\"" + type + "\",\"value\":" + value + "}";
 }
 
+// bt_inner(3)'s entry names bt_middle, bt_outer and main, with their lines.
+void expect_three_callers(const std::string& t) {
+    const auto inner = lines_with(t, {entry_of("bt_inner"), arg("x", "int", "3"), "\"backtrace\":["});
+    ASSERT_EQ(inner.size(), 1u) << t;
+    const std::regex frames(
+        "\"backtrace\":\\[\\{\"address\":\"0x[0-9a-f]+\",\"function\":\"bt_middle\",\"file\":\"[^\"]*values_target.c\","
+        "\"line\":[0-9]+\\},\\{\"address\":\"0x[0-9a-f]+\",\"function\":\"bt_outer\",\"file\":\"[^\"]*values_target.c\","
+        "\"line\":[0-9]+\\},\\{\"address\":\"0x[0-9a-f]+\",\"function\":\"main\"[^}]*\\}\\]");
+    EXPECT_TRUE(std::regex_search(inner[0], frames)) << inner[0];
+}
+
 class ValuesTest : public ::testing::Test {
 protected:
     void SetUp() override {
@@ -76,6 +87,61 @@ protected:
         return t.out;
     }
     bool cxx() const { return name_.find("cxx") != std::string::npos; }
+    // The values of run_values() (values_target.c) in trace `t`, each
+    // exactly once; `b`, `flag_*` and `k` as JSON values (where a flow has
+    // them <optimized out>).
+    void expect_every_kind(const std::string& t, const std::string& b, const std::string& flag_green,
+                           const std::string& flag_blue, const std::string& k) {
+        auto one = [&](const std::vector<std::string>& fragments) {
+            EXPECT_EQ(lines_with(t, fragments).size(), 1u) << ::testing::PrintToString(fragments) << "\n" << t;
+        };
+        // integers of every size and signedness (a signed char is a char to the ABI)
+        one({entry_of("v_ints"), "\"args\":[" + arg("a", "int", "7") + "," + arg("b", "unsigned short", b) + "," +
+                                     arg("c", "long", "-9") + "," + arg("d", "char", "10") + "]"});
+        one({exit_of("v_ints"), retval("long", "16")});
+        // enums by name, bool
+        one({entry_of("v_enum"), "\"args\":[" + arg("c", "enum color", "\"GREEN\"") + "," + arg("flag", "bool", flag_green) + "]"});
+        one({entry_of("v_enum"), "\"args\":[" + arg("c", "enum color", "\"BLUE\"") + "," + arg("flag", "bool", flag_blue) + "]"});
+        one({exit_of("v_enum"), retval("int", "10")});
+        one({exit_of("v_enum"), retval("int", "-3")});
+        // strings: a real one, NULL, a dangling pointer (unmapped: no crash), one ending at an unmapped page
+        one({entry_of("v_string"), arg("s", "const char*", "\"user:42\"")});
+        one({entry_of("v_string"), arg("s", "const char*", "null")});
+        EXPECT_EQ(lines_with(t, {entry_of("v_string"), "{\"name\":\"s\",\"type\":\"const char*\",\"value\":\"<unreadable 0x"}).size(), 1u) << t;
+        one({entry_of("v_string"), arg("s", "const char*", "\"edge\"")});
+        one({exit_of("v_string"), retval("long", "7")});
+        one({exit_of("v_string"), retval("long", "4")});
+        EXPECT_EQ(lines_with(t, {exit_of("v_string"), retval("long", "-1")}).size(), 2u) << t;
+        // floating point from the vector registers
+        one({entry_of("v_double"), "\"args\":[" + arg("x", "double", "1.5") + "," + arg("y", "float", "0.25") + "," +
+                                       arg("n", "int", "4") + "]"});
+        one({exit_of("v_double"), retval("double", "6.25")});
+        // small structs by value: INTEGER, SSE+SSE, INTEGER+SSE
+        one({entry_of("v_point"), arg("p", "struct point", "{\"x\":3,\"y\":4}")});
+        one({exit_of("v_point"), retval("long", "304")});
+        one({entry_of("v_vec"), arg("v", "struct vec2", "{\"x\":1.25,\"y\":2.5}")});
+        one({exit_of("v_vec"), retval("double", "3.75")});
+        one({entry_of("v_mixed"), "\"args\":[" + arg("m", "struct mixed", "{\"id\":11,\"weight\":2.75}") + "," +
+                                      arg("k", "int", k) + "]"});
+        one({exit_of("v_mixed"), retval("long", "35")});
+        one({entry_of("v_raw"), arg("a", "long", "1229782938247303441") + "," + arg("b", "long", "8738") + "," +
+                                    arg("c", "long", "-3") + "," + arg("d", "long", "9223372036854775807") + "," +
+                                    arg("e", "long", "5") + "," + arg("f", "long", "25769803776")});
+        // void: an exit without a value
+        one({entry_of("v_void"), arg("n", "int", "9")});
+        const auto void_exit = lines_with(t, {exit_of("v_void")});
+        ASSERT_EQ(void_exit.size(), 1u) << t;
+        EXPECT_EQ(void_exit[0].find("retval"), std::string::npos) << void_exit[0];
+        if (cxx()) {
+            // `this` is the object's address, as the program printed it
+            std::smatch m;
+            const std::string out = target_->output();
+            ASSERT_TRUE(std::regex_search(out, m, std::regex("this (0x[0-9a-f]+)"))) << out;
+            one({entry_of("Counter::add(long)"), "{\"name\":\"this\",\"type\":\"const struct Counter*\",\"value\":\"" +
+                                                     m[1].str() + "\"}," + arg("v", "long", "2")});
+            one({exit_of("Counter::add(long)"), retval("long", "42")});
+    }
+    }
 
     std::string name_, binary_, pid_, attach_out_;
     std::unique_ptr<HpTarget> target_;
@@ -95,55 +161,7 @@ TEST_P(TypedValuesTest, ArgumentsAndReturnValuesOfEveryKindAreExact) {
     EXPECT_EQ(attach_out_.find("without DWARF"), std::string::npos) << attach_out_;
     target_->command("values");
     const std::string t = trace("json");
-    auto one = [&](const std::vector<std::string>& fragments) {
-        EXPECT_EQ(lines_with(t, fragments).size(), 1u) << ::testing::PrintToString(fragments) << "\n" << t;
-    };
-    // integers of every size and signedness (a signed char is a char to the ABI)
-    one({entry_of("v_ints"), "\"args\":[" + arg("a", "int", "7") + "," + arg("b", "unsigned short", "8") + "," +
-                                 arg("c", "long", "-9") + "," + arg("d", "char", "10") + "]"});
-    one({exit_of("v_ints"), retval("long", "16")});
-    // enums by name, bool
-    one({entry_of("v_enum"), "\"args\":[" + arg("c", "enum color", "\"GREEN\"") + "," + arg("flag", "bool", "true") + "]"});
-    one({entry_of("v_enum"), "\"args\":[" + arg("c", "enum color", "\"BLUE\"") + "," + arg("flag", "bool", "false") + "]"});
-    one({exit_of("v_enum"), retval("int", "10")});
-    one({exit_of("v_enum"), retval("int", "-3")});
-    // strings: a real one, NULL, a dangling pointer (unmapped: no crash), one ending at an unmapped page
-    one({entry_of("v_string"), arg("s", "const char*", "\"user:42\"")});
-    one({entry_of("v_string"), arg("s", "const char*", "null")});
-    EXPECT_EQ(lines_with(t, {entry_of("v_string"), "{\"name\":\"s\",\"type\":\"const char*\",\"value\":\"<unreadable 0x"}).size(), 1u) << t;
-    one({entry_of("v_string"), arg("s", "const char*", "\"edge\"")});
-    one({exit_of("v_string"), retval("long", "7")});
-    one({exit_of("v_string"), retval("long", "4")});
-    EXPECT_EQ(lines_with(t, {exit_of("v_string"), retval("long", "-1")}).size(), 2u) << t;
-    // floating point from the vector registers
-    one({entry_of("v_double"), "\"args\":[" + arg("x", "double", "1.5") + "," + arg("y", "float", "0.25") + "," +
-                                   arg("n", "int", "4") + "]"});
-    one({exit_of("v_double"), retval("double", "6.25")});
-    // small structs by value: INTEGER, SSE+SSE, INTEGER+SSE
-    one({entry_of("v_point"), arg("p", "struct point", "{\"x\":3,\"y\":4}")});
-    one({exit_of("v_point"), retval("long", "304")});
-    one({entry_of("v_vec"), arg("v", "struct vec2", "{\"x\":1.25,\"y\":2.5}")});
-    one({exit_of("v_vec"), retval("double", "3.75")});
-    one({entry_of("v_mixed"), "\"args\":[" + arg("m", "struct mixed", "{\"id\":11,\"weight\":2.75}") + "," +
-                                  arg("k", "int", "3") + "]"});
-    one({exit_of("v_mixed"), retval("long", "35")});
-    one({entry_of("v_raw"), arg("a", "long", "1229782938247303441") + "," + arg("b", "long", "8738") + "," +
-                                arg("c", "long", "-3") + "," + arg("d", "long", "9223372036854775807") + "," +
-                                arg("e", "long", "5") + "," + arg("f", "long", "25769803776")});
-    // void: an exit without a value
-    one({entry_of("v_void"), arg("n", "int", "9")});
-    const auto void_exit = lines_with(t, {exit_of("v_void")});
-    ASSERT_EQ(void_exit.size(), 1u) << t;
-    EXPECT_EQ(void_exit[0].find("retval"), std::string::npos) << void_exit[0];
-    if (cxx()) {
-        // `this` is the object's address, as the program printed it
-        std::smatch m;
-        const std::string out = target_->output();
-        ASSERT_TRUE(std::regex_search(out, m, std::regex("this (0x[0-9a-f]+)"))) << out;
-        one({entry_of("Counter::add(long)"), "{\"name\":\"this\",\"type\":\"const struct Counter*\",\"value\":\"" +
-                                                 m[1].str() + "\"}," + arg("v", "long", "2")});
-        one({exit_of("Counter::add(long)"), retval("long", "42")});
-    }
+    expect_every_kind(t, "8", "true", "false", "3");
 }
 
 TEST_P(TypedValuesTest, TextPrintsCallsWithValuesNestedPerThread) {
@@ -166,21 +184,19 @@ TEST_P(TypedValuesTest, BacktraceNamesTheCallersWithTheirLines) {
     attach({"--args", "--backtrace=3", "--functions", "bt_*"});
     EXPECT_EQ(target_->command("bt 1"), 11);
     const std::string t = trace("json");
-    const auto inner = lines_with(t, {entry_of("bt_inner"), arg("x", "int", "3"), "\"backtrace\":["});
-    ASSERT_EQ(inner.size(), 1u) << t;
-    const std::regex frames(
-        "\"backtrace\":\\[\\{\"address\":\"0x[0-9a-f]+\",\"function\":\"bt_middle\",\"file\":\"[^\"]*values_target.c\","
-        "\"line\":[0-9]+\\},\\{\"address\":\"0x[0-9a-f]+\",\"function\":\"bt_outer\",\"file\":\"[^\"]*values_target.c\","
-        "\"line\":[0-9]+\\},\\{\"address\":\"0x[0-9a-f]+\",\"function\":\"main\"[^}]*\\}\\]");
-    EXPECT_TRUE(std::regex_search(inner[0], frames)) << inner[0];
+    expect_three_callers(t);
     // depth bounded: bt_outer's own callers are main and what called main
     const auto outer = lines_with(t, {entry_of("bt_outer"), "\"backtrace\":[{\"address\""});
     ASSERT_EQ(outer.size(), 1u) << t;
     EXPECT_NE(outer[0].find("\"function\":\"main\""), std::string::npos) << outer[0];
 }
 
-TEST_F(ValuesTest, ExceptionUnwoundPastAFunctionLeavesItWithoutAValue) {
-    ASSERT_TRUE(start("values_cxx"));
+// C++ in the entry flow and in the -finstrument-functions flow, where the
+// cleanups' exit hooks (in the function's cold part) record nothing more.
+class ExceptionValuesTest : public ValuesTest, public ::testing::WithParamInterface<std::string> {};
+
+TEST_P(ExceptionValuesTest, UnwoundPastAFunctionLeavesItWithoutAValue) {
+    ASSERT_TRUE(start(GetParam()));
     attach({"--args", "--retval", "--functions", "ex_*"});
     EXPECT_EQ(target_->command("throw 1"), -100);
     EXPECT_EQ(target_->command("throw 0"), 1);
@@ -191,7 +207,10 @@ TEST_F(ValuesTest, ExceptionUnwoundPastAFunctionLeavesItWithoutAValue) {
     EXPECT_EQ(lines_with(t, {exit_of("ex_thrower"), retval("long", "0")}).size(), 1u) << t;
     EXPECT_EQ(lines_with(t, {exit_of("ex_catcher"), retval("long", "1")}).size(), 1u) << t;
     EXPECT_EQ(lines_with(t, {"\"unwound\":true"}).size(), 2u) << t;
+    EXPECT_EQ(lines_with(t, {"\"kind\":\"exit\""}).size(), 6u) << "one exit a call\n" << t;
 }
+
+INSTANTIATE_TEST_SUITE_P(Flows, ExceptionValuesTest, ::testing::Values("values_cxx", "values_finstrument_cxx"));
 
 INSTANTIATE_TEST_SUITE_P(Flows, TypedValuesTest, ::testing::Values("values_c", "values_cxx", "values_llvm"));
 
@@ -215,15 +234,160 @@ TEST_F(ValuesTest, WithoutDebugInfoRawArgumentsAreTheConstantsPassed) {
         << t;
 }
 
-TEST_F(ValuesTest, FinstrumentFlowSaysItRecordsNoValues) {
+// The -finstrument-functions flow: the site is the hook's call after the
+// prologue, so the values come from each parameter's DWARF location there
+// (values_plan.h's recipe) and the return through a hook of the return slot
+// at CFA-8.  What gcc 12 -O2 leaves nowhere readable at the site (an entry
+// value: b, flag, k) is shown as <optimized out>, counted and said.
+class FinstrumentValuesTest : public ValuesTest, public ::testing::WithParamInterface<std::string> {
+protected:
+    void SetUp() override {
+        ValuesTest::SetUp();
+        if (IsSkipped()) return;
+        ASSERT_TRUE(start(GetParam())) << GetParam() << " not built";
+    }
+};
+
+TEST_P(FinstrumentValuesTest, ArgumentsAndReturnValuesComeFromTheSiteRecipe) {
+    auto a = iprobe({"attach", pid_, "--args", "--retval", "--functions", "v_*,Counter*", "--json"});
+    ASSERT_EQ(a.exit_code, 0) << a.out << a.err;
+    EXPECT_EQ(json_number(a.out, "values_optimized_out"), 3) << a.out;
+    EXPECT_EQ(json_number(a.out, "values_unavailable"), 0) << a.out;
+    target_->command("values");
+    const std::string t = trace("json");
+    const std::string out = "\"<optimized out>\"";
+    expect_every_kind(t, out, out, out, out);
+    const long long raw = 0x1111111111111111LL ^ 0x2222 ^ -3 ^ 0x7fffffffffffffffLL ^ 5 ^ 0x600000000LL;
+    EXPECT_EQ(lines_with(t, {exit_of("v_raw"), retval("long", std::to_string(raw))}).size(), 1u) << t;
+    // every entry has exactly one exit
+    EXPECT_EQ(lines_with(t, {"\"kind\":\"entry\""}).size(), lines_with(t, {"\"kind\":\"exit\""}).size()) << t;
+}
+
+TEST_P(FinstrumentValuesTest, WhenOnAParameterRecordsExactlyTheMatchingCalls) {
+    attach({"--args", "--retval", "--when", "n == 10", "--functions", "fib"});
+    EXPECT_EQ(target_->command("fib 12"), 144);
+    EXPECT_EQ(target_->command("fib 12"), 144);
+    const std::string t = trace("text");
+    // fib(12) calls fib(10) twice (from fib(12) and fib(11)): 4 in two runs
+    EXPECT_EQ(lines_with(t, {" -> fib(n=10)"}).size(), 4u) << t;
+    EXPECT_EQ(lines_with(t, {" <- fib(n=10) = 55"}).size(), 4u) << t;
+    EXPECT_EQ(lines_with(t, {"fib(n=9)"}).size(), 0u) << t;
+    auto r = iprobe({"report", pid_, "--json"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(json_calls(r.out, "fib"), 2 * 465) << r.out;  // fib(12) is 465 calls
+    EXPECT_NE(r.out.find("\"matched\":4"), std::string::npos) << r.out;
+}
+
+// Decided at exit: the hooked return has the value and the duration.
+TEST_P(FinstrumentValuesTest, WhenOnTheReturnValueRecordsExactlyTheMatchingCalls) {
+    attach({"--args", "--retval", "--when", "retval == 55 && duration > 1ns", "--functions", "fib"});
+    EXPECT_EQ(target_->command("fib 12"), 144);
+    const std::string t = trace("text");
+    EXPECT_EQ(lines_with(t, {" -> fib(n=10)"}).size(), 2u) << t;
+    EXPECT_EQ(lines_with(t, {" <- fib(n=10) = 55"}).size(), 2u) << t;
+    EXPECT_EQ(lines_with(t, {"fib(n=9)"}).size(), 0u) << t;
+    auto r = iprobe({"report", pid_, "--json"});
+    EXPECT_EQ(json_calls(r.out, "fib"), 465) << r.out;
+    EXPECT_NE(r.out.find("\"matched\":2"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("\"undecided\":0"), std::string::npos) << r.out;
+}
+
+// Timed through the hooked return, every call in both histograms.
+TEST_P(FinstrumentValuesTest, HistogramBucketsAddUpToTheCalls) {
+    attach({"--retval", "--functions", "fib"});
+    EXPECT_EQ(target_->command("fib 12"), 144);
+    const auto r = iprobe({"report", pid_, "--hist"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find("fib: latency of 465 timed calls"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("fib: return value of 465 calls"), std::string::npos) << r.out;
+}
+
+TEST_P(FinstrumentValuesTest, WhenOnAnOptimizedOutParameterIsRefused) {
+    auto a = iprobe({"attach", pid_, "--when", "flag", "--functions", "v_enum"});
+    EXPECT_EQ(a.exit_code, 3) << a.out << a.err;
+    EXPECT_NE(a.err.find("'flag' is optimized out at the -finstrument-functions site"), std::string::npos) << a.err;
+    auto s = iprobe({"status", pid_, "--json"});
+    EXPECT_EQ(s.out.find("\"v_enum\""), std::string::npos) << "nothing enabled\n" << s.out;
+}
+
+TEST_P(FinstrumentValuesTest, BacktraceNamesTheCallersWithTheirLines) {
+    attach({"--args", "--backtrace=3", "--functions", "bt_*"});
+    EXPECT_EQ(target_->command("bt 1"), 11);
+    expect_three_callers(trace("json"));
+}
+
+INSTANTIATE_TEST_SUITE_P(Flows, FinstrumentValuesTest, ::testing::Values("values_finstrument", "values_finstrument_cxx"));
+
+// An inlined copy's hooks sit in its caller's code: they record calls
+// without values (the caller's return slot and exit hooks are not theirs),
+// the caller's values are whole, and a --when on the copy is refused.
+TEST_F(ValuesTest, FinstrumentInlinedCopyRecordsItsCallsWithoutValues) {
     ASSERT_TRUE(start("values_finstrument"));
-    auto a = iprobe({"attach", pid_, "--args", "--retval", "--functions", "v_ints", "--json"});
+    auto a = iprobe({"attach", pid_, "--args", "--retval", "--functions", "twice,v_inlined"});
     ASSERT_EQ(a.exit_code, 0) << a.err;
-    EXPECT_EQ(json_number(a.out, "values_unavailable"), 2) << a.out;
+    EXPECT_NE(a.out.find("an inlined copy's hooks"), std::string::npos) << a.out;
+    EXPECT_EQ(target_->command("inlined 5"), 11);
+    const std::string t = trace("json");
+    EXPECT_EQ(lines_with(t, {entry_of("v_inlined"), arg("v", "long", "5")}).size(), 1u) << t;
+    EXPECT_EQ(lines_with(t, {exit_of("v_inlined"), retval("long", "11")}).size(), 1u) << t;
+    EXPECT_EQ(lines_with(t, {entry_of("twice")}).size(), 1u) << t;
+    EXPECT_EQ(lines_with(t, {exit_of("twice")}).size(), 1u) << t;
+    EXPECT_EQ(lines_with(t, {"\"function\":\"twice\"", "\"args\""}).size(), 0u) << t;
+    const auto h = iprobe({"report", pid_, "--hist"});
+    EXPECT_NE(h.out.find("v_inlined: return value of 1 calls"), std::string::npos) << h.out;
+    // v_inlined's exit probe is not the one after its entry (twice's hooks
+    // come between): a condition decided at its exit still finds its entry
+    attach({"--args", "--retval", "--when", "retval == 11 && v == 5", "--functions", "v_inlined"});
+    EXPECT_EQ(target_->command("inlined 5"), 11);
+    EXPECT_EQ(target_->command("inlined 6"), 13);
+    const std::string held = trace("json");
+    EXPECT_EQ(lines_with(held, {entry_of("v_inlined"), arg("v", "long", "5")}).size(), 1u) << held;
+    EXPECT_EQ(lines_with(held, {exit_of("v_inlined"), retval("long", "11")}).size(), 1u) << held;
+    EXPECT_EQ(lines_with(held, {"v_inlined"}).size(), 2u) << held;
+    auto w = iprobe({"attach", pid_, "--when", "v == 5", "--functions", "twice"});
+    EXPECT_EQ(w.exit_code, 3) << w.out << w.err;
+    EXPECT_NE(w.err.find("is an inlined copy's"), std::string::npos) << w.err;
+}
+
+// After the prologue the argument registers hold something else: without
+// DWARF the -finstrument-functions flow records no values, and says so.
+TEST_F(ValuesTest, FinstrumentWithoutDebugInfoSaysItRecordsNoValues) {
+    ASSERT_TRUE(start("values_finstrument_nodebug"));
+    auto a = iprobe({"attach", pid_, "--args", "--functions", "v_ints"});
+    ASSERT_EQ(a.exit_code, 0) << a.err;
+    EXPECT_NE(a.out.find("2 selected probe(s) record no values"), std::string::npos) << a.out;
+    EXPECT_NE(a.out.find("raw arg0..arg5 cannot be had there"), std::string::npos) << a.out;
     target_->command("values");
     const std::string t = trace("json");
     EXPECT_EQ(lines_with(t, {entry_of("v_ints")}).size(), 1u) << t;
+    EXPECT_EQ(lines_with(t, {exit_of("v_ints")}).size(), 1u) << t;
     EXPECT_EQ(t.find("\"args\""), std::string::npos) << t;
+    auto w = iprobe({"attach", pid_, "--when", "arg0 == 7", "--functions", "v_ints"});
+    EXPECT_EQ(w.exit_code, 3) << w.out << w.err;
+    EXPECT_NE(w.err.find("needs its DWARF (build with -g)"), std::string::npos) << w.err;
+}
+
+// In the -finstrument-functions flow values change the site's stubs (the
+// entry's goes to the recipe's entry point, the exit hooks' do nothing):
+// attaching again without them puts the plain ones back, so every call
+// still has exactly one exit, and the count handler counts them again.
+TEST_F(ValuesTest, FinstrumentAttachAgainWithoutValuesPutsThePlainHooksBack) {
+    ASSERT_TRUE(start("values_finstrument"));
+    attach({"--args", "--retval", "--functions", "v_ints"});
+    target_->command("values");
+    attach({"--functions", "v_ints"});
+    target_->command("values");
+    const std::string t = trace("json");
+    EXPECT_EQ(lines_with(t, {entry_of("v_ints")}).size(), 2u) << t;
+    EXPECT_EQ(lines_with(t, {entry_of("v_ints"), "\"args\":[" + arg("a", "int", "7")}).size(), 1u) << t;
+    EXPECT_EQ(lines_with(t, {exit_of("v_ints")}).size(), 2u) << t;
+    EXPECT_EQ(lines_with(t, {exit_of("v_ints"), retval("long", "16")}).size(), 1u) << t;
+    attach({"--args", "--functions", "v_ints"});
+    attach({"--handler", "count", "--completed", "--functions", "v_ints"});
+    target_->command("values");
+    auto r = iprobe({"report", pid_, "--json"});
+    EXPECT_EQ(json_calls(r.out, "v_ints"), 3) << r.out;
+    EXPECT_NE(r.out.find("\"completed\":3"), std::string::npos) << r.out;
 }
 
 // Attaching again with other value options changes what the next calls

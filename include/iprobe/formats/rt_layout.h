@@ -40,7 +40,7 @@ extern "C" {
 #endif
 
 #define IPROBE_RT_MAGIC "IPROBERT"
-#define IPROBE_RT_VERSION 6u
+#define IPROBE_RT_VERSION 7u
 #define IPROBE_RT_MEMFD_PREFIX "iprobe." /* memfd name iprobe.<pid>: /proc/PID/fd shows /memfd:iprobe.<pid> (deleted) */
 #define IPROBE_RT_PATH_MAX 256
 #define IPROBE_RT_CACHELINE 64
@@ -81,6 +81,11 @@ enum iprobe_rt_record_kind {
 #define IPROBE_RT_VALUES_ARGS 0x01u      /* entry probe: capture gprs/xmms/strings */
 #define IPROBE_RT_VALUES_RETVAL 0x02u    /* exit probe: capture the return registers */
 #define IPROBE_RT_VALUES_BACKTRACE 0x04u /* entry probe: the caller chain, at most `backtrace` frames */
+#define IPROBE_RT_VALUES_AT_SITE 0x08u  /* entry probe at a call after the prologue (-finstrument-functions):
+                                          * gprs/xmms as its site's recipe (iprobe_rt_site_recipe) finds them */
+#define IPROBE_RT_VALUES_HOOK 0x10u     /* with AT_SITE: hook the return through the recipe's return slot;
+                                          * the function's exit is then the trampoline's (as its first exit
+                                          * probe: spec.distance) */
 #define IPROBE_RT_VALUES_GPRS 6
 #define IPROBE_RT_VALUES_XMMS 8
 #define IPROBE_RT_STRING_BYTES 64
@@ -106,8 +111,42 @@ struct iprobe_rt_values_spec {
     uint8_t strings;    /* bit i: gpr[i] is a char* whose first 64 bytes are copied */
     uint8_t backtrace;  /* caller frames to record, 0..IPROBE_RT_BACKTRACE_MAX */
     uint8_t condition;  /* reserved for --when (runtime/src/values_match.c): 0 = none */
-    uint16_t reserved;
+    uint16_t distance;  /* AT_SITE with HOOK: the exit probe its hooked return records is id + distance;
+                         * on that exit probe: its entry is id - distance (0: the next, the one
+                         * before, as at function-entry sites) */
 };
+
+/* -finstrument-functions flow: the site is a call after the prologue,
+ * where the arguments are wherever the compiler moved them.  The attacher
+ * evaluates each parameter's DWARF location at the site (and the CFA from
+ * the CFI) into a recipe per argument register the reader types by, which
+ * the runtime follows without DWARF.  `reg` is a DWARF register number: 0-15
+ * the integer registers as at the site (5, rdi, is not: the site's stub
+ * takes it), 7 is rsp at the site, 17-32 xmm0-15 (low 64 bits). */
+enum iprobe_rt_location_kind {
+    IPROBE_RT_LOC_NONE = 0,   /* not there (optimized out at the site): reads 0 */
+    IPROBE_RT_LOC_REG = 1,    /* the register's value */
+    IPROBE_RT_LOC_MEMORY = 2, /* `size` bytes at reg + offset (reg: rsp, or rbp where it carries the CFA) */
+    IPROBE_RT_LOC_VALUE = 3,  /* reg + offset, a value */
+    IPROBE_RT_LOC_CONST = 4   /* offset, a value */
+};
+#define IPROBE_RT_LOC_KIND(k) ((k) & 15u)
+#define IPROBE_RT_LOC_SIZE(k) ((k) >> 4)  /* MEMORY: 1, 2, 4 or 8 */
+struct iprobe_rt_location {
+    uint8_t kind; /* enum iprobe_rt_location_kind | size << 4 */
+    uint8_t reg;
+    int16_t offset;
+};
+struct iprobe_rt_site_recipe {
+    struct iprobe_rt_location gpr[IPROBE_RT_VALUES_GPRS];
+    struct iprobe_rt_location xmm[IPROBE_RT_VALUES_XMMS];
+    struct iprobe_rt_location return_slot; /* VALUE: where the return address is (CFA - 8) */
+};
+/* Where it lives: in the site's own stub slot (hotpatch/src/stubs.h, 80
+ * bytes a probe id at iprobe_rt_module.site_stubs, read-only to the target),
+ * after the stub's code; written with the stub, before the site goes live. */
+#define IPROBE_RT_SITE_STUB_SIZE 80
+#define IPROBE_RT_SITE_RECIPE_OFFSET 20
 
 /* The one place a handler holds a call's values before it records: filled
  * at entry from the argument registers and at exit from the return

@@ -47,6 +47,11 @@ PROBED long v_raw(long a, long b, long c, long d, long e, long f) { return a ^ b
 PROBED void v_void(int n) { g_sink += n; }
 PROBED long fib(int n) { return n < 2 ? n : fib(n - 1) + fib(n - 2); }
 
+/* Inlined into its caller: in the -finstrument-functions flow its hooks stay
+ * there, in the caller's code. */
+static inline long twice(long v) { return 2 * v; }
+PROBED long v_inlined(long v) { return twice(v) + 1; }
+
 PROBED long bt_inner(int x) {
     g_sink += x;
     return x + 1;
@@ -137,6 +142,8 @@ int main(int argc, char** argv) {
                 printf("ok values %ld\n", run_values());
             } else if (sscanf(line, "fib %ld", &a) == 1) {
                 printf("ok fib %ld\n", fib((int)a));
+            } else if (sscanf(line, "inlined %ld", &a) == 1) {
+                printf("ok inlined %ld\n", v_inlined(a));
             } else if (sscanf(line, "bt %ld", &a) == 1) {
                 printf("ok bt %ld\n", bt_outer((int)a));
 #ifdef __cplusplus

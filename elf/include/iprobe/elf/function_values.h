@@ -37,11 +37,25 @@ struct ValuePart {
     std::uint8_t reg = 0;
 };
 
+// Where one eightbyte of a value is at an address inside the function (the
+// -finstrument-functions flow's site, after the prologue), for the runtime
+// to read there without DWARF (rt_layout.h, iprobe_rt_location).
+struct SiteLocation {
+    enum class Kind : std::uint8_t { reg, memory, value, constant };
+    Kind kind = Kind::reg;
+    std::uint8_t reg = 0;     // DWARF register number: 0-15 integer (7: rsp at the site), 17-32 xmm0-15
+    std::uint8_t size = 8;    // memory: bytes read
+    std::int64_t offset = 0;  // memory: at reg + offset; value: reg + offset; constant: the value
+};
+
 struct ValueSlot {
     std::string name;
     ValueType type;
     std::vector<ValuePart> parts;          // empty: not in registers (in memory: shown as such)
     std::optional<std::int64_t> constant;  // a parameter a gcc clone made a constant
+    // With a site: one location per part; empty when the value is not there
+    // in a form the runtime can read (optimized out, an entry value, pieces).
+    std::vector<SiteLocation> at_site;
 };
 
 struct FunctionValues {
@@ -50,6 +64,26 @@ struct FunctionValues {
     std::uint8_t gprs = 0, xmms = 0;  // argument registers the parameters use
     std::uint8_t strings = 0;         // bit i: integer argument register i holds a char*
     bool typed = false;               // from DWARF (else arg0..arg5 raw)
+    // With a site: the parameters' locations there (ValueSlot::at_site) and
+    // the address of the return-address slot (a value: the CFA - 8).
+    bool at_site = false;
+    std::optional<SiteLocation> return_slot;
+    // With a site: the function's own code, [low, high) each (its cold part
+    // too); a hook outside it is an inlined copy's.
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> code;
+    bool holds(std::uint64_t pc) const {
+        for (const auto& [low, high] : code)
+            if (pc >= low && pc < high) return true;
+        return false;
+    }
+};
+
+// The -finstrument-functions flow's site: an address inside the function
+// and the file whose CFI (.eh_frame) covers it (the module; `dwarf_file`'s
+// own .debug_frame is tried after it).
+struct Site {
+    std::uint64_t pc = 0;
+    const ElfFile* cfi_file = nullptr;
 };
 
 // Of the function whose code starts at link-time address `entry`; nullopt
@@ -57,7 +91,11 @@ struct FunctionValues {
 // describe it.  `symbol` is the function's ELF symbol: a gcc clone
 // ("f.isra.0", "f.constprop.0") passes no register for a parameter it
 // dropped.
-std::optional<FunctionValues> function_values(const ElfFile& dwarf_file, std::uint64_t entry, const std::string& symbol);
+// With `site`, also where each parameter is at that address; nullopt when
+// the site is not in the function's own code (an inlined copy's hook, whose
+// parameters are its DW_TAG_inlined_subroutine's: not read here).
+std::optional<FunctionValues> function_values(const ElfFile& dwarf_file, std::uint64_t entry, const std::string& symbol,
+                                              const std::optional<Site>& site = std::nullopt);
 
 // Without DWARF: arg0..arg5, raw 64-bit integers, and a 64-bit return in rax.
 FunctionValues raw_function_values();

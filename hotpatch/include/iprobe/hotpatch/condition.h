@@ -37,6 +37,7 @@ struct ConditionParameter {
     unsigned size = 8;       // bytes of the value in its register
     bool is_signed = false;
     bool is_string = false;  // char* (any constness)
+    bool optimized_out = false;  // not where a -finstrument-functions site can read it
 };
 
 // What a function offers a condition: its named parameters and return type

@@ -144,11 +144,15 @@ struct AttachStats {
     // Selected functions left alone because `iprobe patch` replaced them
     // (their entry jumps to the replacement; see live_patch.h).
     std::vector<std::string> patched_skipped;
-    // With ValueOptions: selected probes that record no values because they
-    // are not function-entry sites (the -finstrument-functions flow,
-    // developer points), and probes typed without DWARF (arg0..arg5 raw).
+    // With ValueOptions: selected probes that record no values (developer
+    // points; in the -finstrument-functions flow an entry without DWARF, or
+    // an exit whose entry cannot hook the return), and probes typed without
+    // DWARF (arg0..arg5 raw).
     std::size_t values_unavailable = 0;
     std::size_t values_untyped = 0;
+    // -finstrument-functions flow: parameters not where the runtime can read
+    // them at the site (shown as <optimized out>).
+    std::size_t values_optimized_out = 0;
     bool operator==(const AttachStats&) const = default;
 };
 
