@@ -486,8 +486,11 @@ static inline struct fperf_shm_header* count_call(struct fperf_shm_header* h, ui
     if (UNLIKELY(!h)) return NULL;
     struct fperf_function_slot* slot = find_slot(h, function);
     if (UNLIKELY(!slot)) return NULL;
+    const int64_t quota = atomic_load_explicit(&slot->quota, memory_order_relaxed);
+    /* its probes are on their way out: not even counted (the report says N+) */
+    if (UNLIKELY(quota == FPERF_QUOTA_SHED)) return NULL;
     atomic_fetch_add_explicit(&slot->calls, 1, memory_order_relaxed);
-    if (LIKELY(atomic_load_explicit(&slot->quota, memory_order_relaxed) <= 0)) return h;
+    if (LIKELY(quota <= 0)) return h;
     sample_enter(h, slot, function, sp);
     return NULL;
 }

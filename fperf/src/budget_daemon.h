@@ -19,6 +19,7 @@ namespace iprobe::fperf {
 
 struct Costs {
     double sample_ns = 0, count_ns = 0;
+    double switch_ns = 0;  // a target thread's context switch with the kernel backend's counters open
     std::string source;
 };
 
@@ -27,10 +28,23 @@ Costs estimate_costs_in_process(const std::vector<MeasuredEvent>& events);
 
 Costs costs_from_handler(const fperf_shm_header& h);
 
+// What one context switch costs more with the kernel backend's counters of
+// `events` open on the thread (0 when none of them is counted by the
+// kernel): two threads of this process passing a byte back and forth through
+// pipes, with and without the counters, the fastest of several tries each.
+double measure_switch_cost_ns(const std::vector<MeasuredEvent>& events);
+
+// A function too hot to keep counting: its run-time address and its slot.
+struct HotFunction {
+    std::uint64_t address = 0;
+    std::uint32_t slot = 0;
+};
+
 struct DaemonResult {
     std::uint64_t intervals = 0;
     std::uint64_t last_allowance = 0;
     std::uint64_t calls = 0, samples = 0, functions = 0;  // as of the last refill
+    std::uint64_t switches = 0;  // the target's context switches while counters were open on its threads
     std::uint64_t work_ns = 0;  // the target's own work, summed over intervals
     double overhead_ns = 0;     // our estimated cost, summed over intervals
     bool cpu_known = true;      // work came from the target's CPU time
@@ -42,17 +56,22 @@ public:
         : session_(session), budget_(budget), costs_(std::move(costs)), events_(events) {
         budget_.sample_cost_ns = costs_.sample_ns;
         budget_.count_cost_ns = costs_.count_ns;
+        budget_.switch_cost_ns = costs_.switch_ns;
     }
 
     // One refill: see what ran, work out the next interval's quotas (handed
     // out by publish_quotas()).  `cpu_ns`: CPU time the target used in the
-    // interval, when known.  Returns the run-time addresses of functions too
-    // hot to keep counting (only when `removable`, i.e. their probes can be
-    // taken out).
-    std::vector<std::uint64_t> refill(std::uint64_t elapsed_ns, std::optional<std::uint64_t> cpu_ns, bool removable) {
+    // interval, when known, and `switches`: the times its threads were
+    // switched in.  Returns the run-time addresses of functions too hot to
+    // keep counting (only when `removable`, i.e. their probes can be taken
+    // out).
+    std::vector<HotFunction> refill(std::uint64_t elapsed_ns, std::optional<std::uint64_t> cpu_ns,
+                                      std::uint64_t switches, bool removable) {
         session_.heartbeat();
         if (!handler_costs_ && session_.handler_ready() && session_.header().sample_cost_ns) {
+            const double switch_ns = costs_.switch_ns;
             costs_ = costs_from_handler(session_.header());
+            costs_.switch_ns = switch_ns;
             budget_.sample_cost_ns = costs_.sample_ns;
             budget_.count_cost_ns = costs_.count_ns;
             handler_costs_ = true;
@@ -90,38 +109,48 @@ public:
             result_.samples += s.samples;
         }
         samples_interval = result_.samples >= samples_before ? result_.samples - samples_before : 0;
+        // The counters a thread's first sample opened cost it at every
+        // context switch from then on, sampled or not.
+        const bool counters_open = budget_.switch_cost_ns > 0 && session_.header().threads.load() > 0;
+        const std::uint64_t switches_paid = counters_open ? switches : 0;
+        result_.switches += switches_paid;
         // The target's own work: its CPU time less what we cost it.  A
         // target that waits does little work, and gets few samples.
-        const double spent = overhead_ns(budget_, samples_interval, calls_interval);
+        const double spent = overhead_ns(budget_, samples_interval, calls_interval, switches_paid);
         const std::uint64_t work = own_work(elapsed_ns, cpu_ns, spent);
         result_.work_ns += work;
-        result_.overhead_ns += spent;
+        // Everything so far at today's costs, not each interval's at the
+        // costs known then: the calibration's cost of a sample can be far
+        // from the live one (hundreds of us against ~1 us on a VM without a
+        // PMU), and a debt made of it would never be paid back.
+        result_.overhead_ns = overhead_ns(budget_, result_.samples, result_.calls, result_.switches);
         result_.cpu_known = result_.cpu_known && cpu_ns.has_value();
+        budget_.debt_ns = result_.overhead_ns - budget_.fraction * static_cast<double>(result_.work_ns);
         Budget b = budget_;
         b.work_ns = work;
-        b.debt_ns = result_.overhead_ns - budget_.fraction * static_cast<double>(result_.work_ns);
+        b.fixed_ns = static_cast<double>(switches_paid) * budget_.switch_cost_ns;
         result_.last_allowance = sample_allowance(b, calls_interval);
         const auto quotas = allocate_quotas(activity, result_.last_allowance);
         pending_quotas_.clear();
         for (std::size_t i = 0; i < snap.size(); i++) pending_quotas_.emplace_back(snap[i].slot, quotas[i]);
         result_.intervals++;
-        std::vector<std::uint64_t> hot;
+        std::vector<HotFunction> hot;
         if (removable)
-            for (const auto i : probes_to_remove(activity, b)) hot.push_back(snap[i].address);
+            for (const auto i : probes_to_remove(activity, b)) hot.push_back({snap[i].address, snap[i].slot});
         return hot;
     }
 
     // Between refills, every poll: functions that turned hot since the last
     // look (the target entered a new phase) are shed now rather than counted
     // at full cost until the next refill.
-    std::vector<std::uint64_t> newly_hot(std::uint64_t elapsed_ns, std::optional<std::uint64_t> cpu_ns) {
+    std::vector<HotFunction> newly_hot(std::uint64_t elapsed_ns, std::optional<std::uint64_t> cpu_ns) {
         const auto snap = session_.snapshot();
         std::uint64_t calls = 0;
         const auto activity = activity_since(snap, polled_calls_, calls);
         Budget b = budget_;
         b.work_ns = own_work(elapsed_ns, cpu_ns, overhead_ns(budget_, 0, calls));
-        std::vector<std::uint64_t> hot;
-        for (const auto i : probes_to_remove(activity, b)) hot.push_back(snap[i].address);
+        std::vector<HotFunction> hot;
+        for (const auto i : probes_to_remove(activity, b)) hot.push_back({snap[i].address, snap[i].slot});
         return hot;
     }
 

@@ -10,7 +10,7 @@ std::uint64_t sample_allowance(const Budget& budget, std::uint64_t calls_in_inte
     if (budget.unlimited) return UINT64_MAX;
     const double allowed_ns = budget.fraction * static_cast<double>(budget.work_ns);
     const double counting_ns = static_cast<double>(calls_in_interval) * budget.count_cost_ns;
-    const double left_ns = allowed_ns - counting_ns - std::max(0.0, budget.debt_ns);
+    const double left_ns = allowed_ns - counting_ns - std::max(0.0, budget.fixed_ns) - std::max(0.0, budget.debt_ns);
     if (left_ns <= 0 || budget.sample_cost_ns <= 0) return 0;
     return static_cast<std::uint64_t>(std::floor(left_ns / budget.sample_cost_ns));
 }
@@ -72,7 +72,10 @@ std::vector<std::size_t> probes_to_remove(std::span<const FunctionActivity> func
         if (functions[i].calls_interval >= kMinCallsToJudgeHot && functions[i].samples_total >= min_samples)
             order.push_back(i);
     }
-    const double allowed = share * budget.fraction * static_cast<double>(budget.work_ns);
+    // Overspending so far (a phase's calls counted before its hot functions
+    // could be shed) is paid back by counting less too, not only by sampling
+    // less: counting is most of what a busy target pays.
+    const double allowed = share * budget.fraction * static_cast<double>(budget.work_ns) - std::max(0.0, budget.debt_ns);
     std::stable_sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
         return functions[a].calls_interval > functions[b].calls_interval;
     });
@@ -84,9 +87,9 @@ std::vector<std::size_t> probes_to_remove(std::span<const FunctionActivity> func
     return out;
 }
 
-double overhead_ns(const Budget& budget, std::uint64_t samples, std::uint64_t calls) {
-    return static_cast<double>(samples) * budget.sample_cost_ns +
-           static_cast<double>(calls) * budget.count_cost_ns;
+double overhead_ns(const Budget& budget, std::uint64_t samples, std::uint64_t calls, std::uint64_t switches) {
+    return static_cast<double>(samples) * budget.sample_cost_ns + static_cast<double>(calls) * budget.count_cost_ns +
+           static_cast<double>(switches) * budget.switch_cost_ns;
 }
 
 } // namespace iprobe::fperf

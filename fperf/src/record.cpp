@@ -134,6 +134,8 @@ Profile build_profile(const RecordOptions& o, SharedSession& session, const Daem
     p.meta["intervals"] = std::to_string(daemon.result().intervals);
     p.meta["sample_cost_ns"] = num(daemon.costs().sample_ns);
     p.meta["count_cost_ns"] = num(daemon.costs().count_ns);
+    p.meta["switch_cost_ns"] = num(daemon.costs().switch_ns);
+    p.meta["target_switches"] = std::to_string(daemon.result().switches);
     p.meta["cost_source"] = daemon.costs().source;
     p.meta["wall_floor_ns"] = std::to_string(h.wall_floor_ns);
     p.meta["cpu_floor_ns"] = std::to_string(h.cpu_floor_ns);
@@ -163,28 +165,35 @@ Profile build_profile(const RecordOptions& o, SharedSession& session, const Daem
 }
 
 // Takes the probes of functions whose counting alone would break the
-// budget out of the target (they keep the samples they have).
-void remove_hot_probes(const ProbeRouting& routing, const std::vector<std::uint64_t>& hot,
+// budget out of the target (they keep the samples they have).  A removal
+// stops the target and takes 15-120 ms of wall time on a loaded machine, in
+// which a new phase's hot functions would all be counted: their handler
+// stops counting them at once (FPERF_QUOTA_SHED), the removal follows.
+void remove_hot_probes(const ProbeRouting& routing, SharedSession& session, const std::vector<HotFunction>& hot,
                        const std::map<std::uint64_t, std::string>& raw_names, std::set<std::uint64_t>& removed,
                        const Log& log) {
     std::set<std::string> names;
-    std::vector<std::uint64_t> addresses;
-    for (const auto a : hot) {
-        const auto it = raw_names.find(a);
-        if (it == raw_names.end() || removed.count(a)) continue;
+    std::vector<HotFunction> going;
+    for (const auto& f : hot) {
+        const auto it = raw_names.find(f.address);
+        if (it == raw_names.end() || removed.count(f.address)) continue;
         names.insert(it->second);
-        addresses.push_back(a);
+        going.push_back(f);
     }
-    if (addresses.empty()) return;
-    if (!unroute_probes(routing.only(names))) return;
-    removed.insert(addresses.begin(), addresses.end());
+    if (going.empty()) return;
+    for (const auto& f : going) session.set_quota(f.slot, FPERF_QUOTA_SHED);
+    if (!unroute_probes(routing.only(names))) {
+        for (const auto& f : going) session.set_quota(f.slot, 0);  // still probed: counted again
+        return;
+    }
+    for (const auto& f : going) removed.insert(f.address);
     std::string said;
     std::size_t n = 0;
     for (const auto& name : names)
         if (n++ < 5) said += (said.empty() ? "" : ", ") + name;
     if (names.size() > 5) said += ", ...";
     log("removed the probes of %zu hot functions (%s): counting them alone would exceed the budget",
-        addresses.size(), said.c_str());
+        going.size(), said.c_str());
 }
 
 void sleep_ns(std::uint64_t ns) {
@@ -380,29 +389,31 @@ std::uint64_t run_budget_loop(const RecordOptions& o, Daemon& daemon, Profiled& 
     std::uint64_t interval_ns = std::min<std::uint64_t>(o.interval_ns, 10'000'000);
     const bool progress = !o.quiet && ::isatty(STDERR_FILENO);
     std::uint64_t last_progress = start;
-    std::optional<std::uint64_t> last_cpu = target_cpu_ns(pid);
+    std::optional<TargetRun> last_run = target_run(pid);
     std::uint64_t last_poll = start;
-    std::optional<std::uint64_t> last_poll_cpu = last_cpu;
+    std::optional<TargetRun> last_poll_run = last_run;
     const bool removable = routing.routed.has_value() && !o.unlimited && !o.keep_probes;
     while (!g_stop_signal && p.target->alive()) {
         const std::uint64_t now = monotonic_ns();
         if (deadline && now >= deadline) break;
         if (now - last_refill >= interval_ns) {
-            const auto cpu = target_cpu_ns(pid);
-            const auto hot = daemon.refill(now - last_refill,
-                                           cpu && last_cpu ? std::optional(*cpu - *last_cpu) : std::nullopt, removable);
-            last_cpu = cpu;
-            if (!hot.empty()) remove_hot_probes(*routing.routed, hot, routing.raw_names, removed, log);
+            const auto run = target_run(pid);
+            const bool known = run && last_run;
+            const auto hot = daemon.refill(now - last_refill, known ? std::optional(run->cpu_ns - last_run->cpu_ns) : std::nullopt,
+                                           known ? run->switches - last_run->switches : 0, removable);
+            last_run = run;
+            if (!hot.empty()) remove_hot_probes(*routing.routed, p.session, hot, routing.raw_names, removed, log);
             daemon.publish_quotas();
             last_refill = monotonic_ns();
             interval_ns = std::min(o.interval_ns, 2 * interval_ns);
         } else if (removable && now - last_poll >= 5'000'000) {
-            const auto cpu = target_cpu_ns(pid);
-            const auto hot = daemon.newly_hot(now - last_poll,
-                                              cpu && last_poll_cpu ? std::optional(*cpu - *last_poll_cpu) : std::nullopt);
+            const auto run = target_run(pid);
+            const auto hot = daemon.newly_hot(now - last_poll, run && last_poll_run
+                                                                   ? std::optional(run->cpu_ns - last_poll_run->cpu_ns)
+                                                                   : std::nullopt);
             last_poll = now;
-            last_poll_cpu = cpu;
-            if (!hot.empty()) remove_hot_probes(*routing.routed, hot, routing.raw_names, removed, log);
+            last_poll_run = run;
+            if (!hot.empty()) remove_hot_probes(*routing.routed, p.session, hot, routing.raw_names, removed, log);
         }
         if (progress && now - last_progress >= 1'000'000'000ull) {
             const auto& r = daemon.result();
@@ -457,6 +468,9 @@ int record(const RecordOptions& o) {
     const EventChoice choice = choose_events(o, log);
     const SessionConfig config = session_config(o, choice);
     stop_on_signals();
+    // Before the target is touched: while it runs, a handler waiting for
+    // the daemon's first heartbeat would take this time for a dead daemon.
+    const double switch_ns = o.unlimited ? 0 : measure_switch_cost_ns(choice.measured);
 
     Symbolizer symbolizer;
     Profiled p = o.command.empty() ? join_process(o, config) : start_command(o, handler, config, symbolizer);
@@ -469,11 +483,13 @@ int record(const RecordOptions& o) {
     budget.unlimited = o.unlimited;
     budget.fraction = o.budget;
     budget.work_ns = o.interval_ns;
-    const Costs costs =
+    Costs costs =
         p.session.handler_ready() ? costs_from_handler(p.session.header()) : estimate_costs_in_process(choice.measured);
+    costs.switch_ns = switch_ns;
     Daemon daemon(p.session, budget, costs, choice.measured);
-    log("cost per sample %.0f ns, per counted call %.1f ns (%s); budget %s", costs.sample_ns, costs.count_ns,
-        costs.source.c_str(), format_budget(o).c_str());
+    log("cost per sample %.0f ns, per counted call %.1f ns, per context switch with counters open %.0f ns (%s); "
+        "budget %s",
+        costs.sample_ns, costs.count_ns, costs.switch_ns, costs.source.c_str(), format_budget(o).c_str());
 
     p.session.heartbeat();
     p.session.set_state(FPERF_STATE_ACTIVE);

@@ -112,16 +112,17 @@ pid_t spawn_stopped_later(const std::vector<std::string>& command, const std::st
     return pid;
 }
 
-std::optional<std::uint64_t> target_cpu_ns(pid_t pid) {
+std::optional<TargetRun> target_run(pid_t pid) {
     const std::string dir = "/proc/" + std::to_string(pid) + "/task";
     std::error_code ec;
-    std::uint64_t total = 0;
+    TargetRun total;
     bool any = false;
     for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {
         std::ifstream in(entry.path() / "schedstat");
-        unsigned long long on_cpu = 0;
-        if (in >> on_cpu) {
-            total += on_cpu;
+        unsigned long long on_cpu = 0, waited = 0, timeslices = 0;  // ns run, ns runnable, times run
+        if (in >> on_cpu >> waited >> timeslices) {
+            total.cpu_ns += on_cpu;
+            total.switches += timeslices;
             any = true;
         }
     }

@@ -83,7 +83,12 @@ std::string describe_status(int status);
 // routed before main() runs.
 pid_t spawn_stopped_later(const std::vector<std::string>& command, const std::string& handler, int& go_fd);
 
-// CPU time of all the target's threads (schedstat: ns, unlike /proc/PID/stat's ticks).
-std::optional<std::uint64_t> target_cpu_ns(pid_t pid);
+// What all the target's threads ran (schedstat): CPU time in ns (unlike
+// /proc/PID/stat's ticks) and how many times they were switched in.
+struct TargetRun {
+    std::uint64_t cpu_ns = 0;
+    std::uint64_t switches = 0;
+};
+std::optional<TargetRun> target_run(pid_t pid);
 
 }  // namespace iprobe::fperf

@@ -453,6 +453,8 @@ struct payload {
     uint32_t spec; /* IPROBE_RT_VALUES_PACK of the spec the words follow */
 };
 
+#define RING_PREFETCH 128 /* records: 4 KiB ahead (bench/hotpatch: 64 to 512 did as well) */
+
 /* Appends one event (two with a point's args, more with values) to this
  * thread's ring.  A full ring drops it, counted, unless the trace is
  * lossless (wait_for_room). */
@@ -484,13 +486,18 @@ static inline __attribute__((always_inline)) void ring_append(struct iprobe_rt_c
         /* Handlers nest LIFO: any nested reservation made after ours has
          * been rolled back already, unless the reader freed room meanwhile,
          * in which case our slots fit too. */
-        if (index + need - t->tail_seen > t->mask + 1 && !wait_for_room(cb, t, index + need) &&
+        if (index + need - t->tail_seen > t->mask + 1 &&
+            (!__atomic_load_n(&cb->lossless, __ATOMIC_RELAXED) || !wait_for_room(cb, t, index + need)) &&
             cas_local(&t->reserve, index + need, index)) {
             __atomic_fetch_add(&t->ring->dropped, need, __ATOMIC_RELAXED);
             goto out;
         }
     }
     struct iprobe_rt_record* record = &t->records[index & t->mask];
+    /* The ring is written once through, a cache line per two records: ask
+     * for the line RING_PREFETCH records ahead now, so its fetch is not
+     * waited for when a later event writes it (a third of the ring's cost). */
+    __builtin_prefetch(&t->records[(index + RING_PREFETCH) & t->mask], 1, 3);
     record->tsc = now;
     record->probe = (uint32_t)probe;
     record->tid = t->tid;
@@ -602,11 +609,15 @@ EXPORT void iprobe_rt_trace_exit_id(uint32_t probe) { emit_id(probe, IPROBE_RT_R
  * (what its stub pushed), the function's saved registers and its
  * return-address slot; each returns the return trampoline unit the function
  * goes on through, or 0. */
+static __attribute__((noinline, cold)) void count_unhooked(void) {
+    struct iprobe_rt_control* cb = control();
+    if (cb) __atomic_fetch_add(&cb->unhooked_returns, 1, __ATOMIC_RELAXED);
+}
+
 static uint64_t hook_return(const uint64_t* slot, uint32_t handler, uint32_t arg, uint64_t cookie) {
     const uint64_t unit = iprobe_rt_return_prepare(slot, handler, arg, cookie);
     if (LIKELY(unit)) return unit;
-    struct iprobe_rt_control* cb = control();
-    if (cb) __atomic_fetch_add(&cb->unhooked_returns, 1, __ATOMIC_RELAXED);
+    count_unhooked();
     return 0;
 }
 
@@ -1153,7 +1164,9 @@ __attribute__((visibility("hidden"))) uint64_t iprobe_rt_trace_enter_return_at(u
     const uint32_t condition = __atomic_load_n(&p->condition, __ATOMIC_RELAXED);
     if (UNLIKELY(condition != 0)) return conditioned_enter(cb, (uint32_t)id, p, condition, saved, slot);
     const uint64_t timed = p->timed;
-    const uint64_t unit = hook_return(slot, IPROBE_RT_RETURN_TRACE, (uint32_t)id + 1, timed);
+    /* the return stack's fast path inline; hook_return counts a failure */
+    uint64_t unit = iprobe_rt_return_prepare(slot, IPROBE_RT_RETURN_TRACE, (uint32_t)id + 1, timed);
+    if (UNLIKELY(!unit)) count_unhooked();
     emit_probe(cb, (int32_t)id, p->stat, IPROBE_RT_REC_ENTRY, 0, unit && timed ? FRAME_MATCH : FRAME_NONE);
     return unit;
 }
@@ -1190,17 +1203,21 @@ __attribute__((visibility("hidden"))) int iprobe_rt_condition_match(const struct
  * itself): the return registers are saved by the caller. */
 __attribute__((visibility("hidden"))) void iprobe_rt_return_at(const struct iprobe_rt_return* e, const uint64_t* regs) {
     if (e->handler == IPROBE_RT_RETURN_TRACE) {
-        const struct iprobe_rt_control* cb = control();
-        const uint64_t word = cb && e->arg < g_geometry.probe_capacity
-                                  ? spec_word(probe_of((struct iprobe_rt_control*)cb, (int32_t)e->arg))
-                                  : 0;
+        /* the control block and the probe read once for the whole exit */
+        struct iprobe_rt_control* cb = control();
+        const uint32_t probe = e->arg;
+        const struct iprobe_rt_probe* p = cb && probe < g_geometry.probe_capacity ? probe_of(cb, (int32_t)probe) : 0;
+        const uint64_t word = p ? spec_word(p) : 0;
+        const enum frame_use use = (e->cookie & COOKIE_TIMED) ? FRAME_MATCH : FRAME_NONE;
         if (UNLIKELY(word != 0 || (e->cookie & COOKIE_VALUES)))
             values_exit(e, regs, word);
         else if (UNLIKELY(e->cookie & COOKIE_CONDITIONED))
             conditioned_exit(e, regs[0]);
+        else if (LIKELY(p != 0))
+            emit_probe(cb, (int32_t)probe, p->stat, IPROBE_RT_REC_EXIT, 0, use);
         else
-            emit_id(e->arg, IPROBE_RT_REC_EXIT, (e->cookie & COOKIE_TIMED) ? FRAME_MATCH : FRAME_NONE);
-        retval_sample(e->arg, regs[0]);
+            emit_id(probe, IPROBE_RT_REC_EXIT, use); /* counts what it cannot serve */
+        if (UNLIKELY(p != 0 && p->retval_hist != 0)) retval_sample(probe, regs[0]);
     } else {
         iprobe_rt_return_callback_run(e);
     }

@@ -69,6 +69,36 @@ TEST(FperfQuota, OverspendingIsPaidBackBeforeSampling) {
     EXPECT_EQ(iprobe::fperf::sample_allowance(b, 0), 5000u);
 }
 
+TEST(FperfQuota, ContextSwitchesWithCountersOpenAreOverheadAndComeOutOfTheSamples) {
+    iprobe::fperf::Budget b = five_ms_budget();
+    b.switch_cost_ns = 300;
+    // 1000 samples, 100k counted calls, 2000 switches: 1 + 0.5 + 0.6 ms
+    EXPECT_DOUBLE_EQ(iprobe::fperf::overhead_ns(b, 1000, 100'000, 2000), 2'100'000.0);
+    EXPECT_DOUBLE_EQ(iprobe::fperf::overhead_ns(b, 1000, 100'000), 1'500'000.0);
+    b.fixed_ns = 600'000;  // the next interval's switches, paid whatever the quotas
+    EXPECT_EQ(iprobe::fperf::sample_allowance(b, 100'000), 3900u);
+    b.fixed_ns = 5'000'000;
+    EXPECT_EQ(iprobe::fperf::sample_allowance(b, 0), 0u);
+}
+
+TEST(FperfQuota, OverspendingIsPaidBackByCountingLessToo) {
+    iprobe::fperf::Budget b = five_ms_budget();  // 2.5 ms of counting allowed
+    b.count_cost_ns = 10;
+    // 2 ms of counting: within half the budget, nothing goes...
+    const std::vector<FunctionActivity> f = {{100'000, 100'000, 1}, {50'000, 50'000, 1}, {50'000, 50'000, 1}};
+    EXPECT_TRUE(iprobe::fperf::probes_to_remove(f, b).empty());
+    // ...until a phase's calls counted before they could be shed left 1 ms
+    // over budget: counting must fit 1.5 ms, so the busiest goes
+    b.debt_ns = 1'000'000;
+    EXPECT_EQ(iprobe::fperf::probes_to_remove(f, b), (std::vector<std::size_t>{0}));
+    // deeper in debt, every sampled one goes
+    b.debt_ns = 3'000'000;
+    EXPECT_EQ(iprobe::fperf::probes_to_remove(f, b), (std::vector<std::size_t>{0, 1, 2}));
+    // under budget so far: no credit
+    b.debt_ns = -3'000'000;
+    EXPECT_TRUE(iprobe::fperf::probes_to_remove(f, b).empty());
+}
+
 TEST(FperfQuota, NoBudgetMeansUnlimitedQuotas) {
     std::vector<FunctionActivity> f = {{0, 0, 0}, {10, 10, 10}};
     const auto q = iprobe::fperf::allocate_quotas(f, UINT64_MAX);

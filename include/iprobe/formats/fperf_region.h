@@ -39,6 +39,9 @@ extern "C" {
 
 /* A quota this large is never exhausted within an interval: "no budget". */
 #define FPERF_QUOTA_UNLIMITED INT64_MAX
+/* The function's probes are being removed (too hot to count within the
+ * budget): its calls are neither counted nor sampled from now on. */
+#define FPERF_QUOTA_SHED INT64_MIN
 
 enum fperf_session_state {
     FPERF_STATE_SETUP = 0,  /* daemon filling the table; handler may attach */

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# A trace event against the clock it reads (issue 32), side by side in one run:
+# what a timestamp costs here (clocks.c: rdtsc, rdtscp, lfence;rdtsc,
+# clock_gettime), the count handler (entries only, and --completed: entry and
+# exit through the return trampoline), and the trace handler (timed
+# aggregates + a record per event into its ring) on loop.c's empty function,
+# entry flow.  Per event = per call / 2 for the handlers that see the exit.
+#   ratio (entry count) = trace per event / (cheapest clock + count per call)
+#   ratio (event count) = trace per event / (cheapest clock + count --completed per call / 2)
+# The first is the issue's wording; the second compares like with like (each
+# traced event also pays its share of the exit's return trampoline, which
+# count --completed pays too).
+# usage: bench/hotpatch/trace_event.sh [BUILD_DIR]   (as root)
+# env: MAX_EXP (default 6), REPEATS (default 3, fastest kept),
+#      BASELINE_RUNTIME=libiprobe-rt.so of another build: its trace handler
+#      measured in the same run ("trace, baseline")
+set -euo pipefail
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+build="$(cd "${1:-${IPROBE_BUILD_DIR:-$root/build}}" && pwd)"
+here="$root/bench/hotpatch"
+max_exp=${MAX_EXP:-6}
+repeats=${REPEATS:-3}
+iprobe="$build/bin/iprobe"
+work="$build/bench-hotpatch"
+mkdir -p "$work"
+cmake --build "$build" --target iprobe iprobe-hotpatch iprobe-probes iprobe-cc iprobe_rt >/dev/null
+. "$here/targets.sh"  # log, start, finish, ns_at, run_variant
+export IPROBE_CC_QUIET=1
+"$build/bin/iprobe-cc" --pad-threshold=0 -O2 -o "$work/loop_iprobe" "$here/loop.c" -lpthread
+gcc -O2 -o "$work/clocks" "$here/clocks.c"
+
+"$work/clocks" | tee "$work/clocks.out"
+clock_ns() { awk -F'|' -v n="$1" '$2 ~ "^ "n" $" { gsub(/ /, "", $3); print $3 }' "$work/clocks.out"; }
+rdtsc=$(clock_ns rdtsc)
+run_variant count "$work/loop_iprobe" --functions empty --handler count
+run_variant count_completed "$work/loop_iprobe" --functions empty --handler count --completed
+run_variant trace "$work/loop_iprobe" --functions empty --ring-records 8388608
+columns="count count_completed trace"
+if [[ -n ${BASELINE_RUNTIME:-} ]]; then
+  run_variant trace_baseline "$work/loop_iprobe" --functions empty --ring-records 8388608 --runtime "$BASELINE_RUNTIME"
+  columns+=" trace_baseline"
+fi
+
+printf '\n| calls | count (entry) ns/call | count --completed ns/call | trace ns/call | trace ns/event |'
+[[ -n ${BASELINE_RUNTIME:-} ]] && printf ' trace, baseline ns/event |'
+printf ' rdtsc + count | ratio (entry count) | rdtsc + count --completed / 2 | ratio (event count) |\n|---|---|---|---|---|'
+[[ -n ${BASELINE_RUNTIME:-} ]] && printf -- '---|'
+printf -- '---|---|---|---|\n'
+n=1
+for ((e = 1; e <= max_exp; e++)); do
+  n=$((n * 10))
+  ((e < 3)) && continue  # the first rows carry the ring's one-time page faults
+  c=$(ns_at "$work/result.count" "$n"); cc=$(ns_at "$work/result.count_completed" "$n"); t=$(ns_at "$work/result.trace" "$n")
+  b=; [[ -n ${BASELINE_RUNTIME:-} ]] && b=$(ns_at "$work/result.trace_baseline" "$n")
+  awk -v n="$e" -v c="$c" -v cc="$cc" -v t="$t" -v b="$b" -v r="$rdtsc" 'BEGIN {
+    printf "| 10^%d | %.2f | %.2f | %.2f | %.2f |", n, c, cc, t, t / 2
+    if (b != "") printf " %.2f |", b / 2
+    printf " %.2f | %.2f | %.2f | %.2f |\n", r + c, t / 2 / (r + c), r + cc / 2, t / 2 / (r + cc / 2) }'
+done
+echo "(CPU ns, fastest of $repeats runs per size; clocks: ns per read, fastest of 5 rounds of 10^7; goal: ratio <= 1.3)"
