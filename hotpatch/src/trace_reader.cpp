@@ -185,7 +185,9 @@ std::size_t TraceReader::drain_runs(const std::function<void(const RecordRun&)>&
     for (std::uint32_t i = 0; i < region.ring_count(); i++) {
         if (interrupted()) break;  // Ctrl-C: within one ring's worth of events
         iprobe_rt_ring* ring = region.ring(i);
-        if (!known[i] && !region.touched(ring, sizeof *ring)) continue;
+        // Threads claim the lowest free ring (rt.c claim_ring_now), reading
+        // every ring below it: past the first never touched, none is.
+        if (!known[i] && !region.touched(ring, sizeof *ring)) break;
         known[i] = std::max<std::uint8_t>(known[i], 1);
         const std::uint32_t state = __atomic_load_n(&ring->state, __ATOMIC_ACQUIRE);
         if (state == IPROBE_RT_RING_FREE) continue;
@@ -214,8 +216,9 @@ std::size_t TraceReader::drain_runs(const std::function<void(const RecordRun&)>&
                     consumed += end - tail;
                 }
                 tail = end;
+                // Room for a waiting thread a page at a time, not a ring.
+                __atomic_store_n(&ring->tail, tail, __ATOMIC_RELEASE);
             }
-            __atomic_store_n(&ring->tail, tail, __ATOMIC_RELEASE);
         }
         if (state == IPROBE_RT_RING_RETIRED &&
             __atomic_load_n(&ring->head, __ATOMIC_ACQUIRE) <= __atomic_load_n(&ring->tail, __ATOMIC_ACQUIRE)) {
