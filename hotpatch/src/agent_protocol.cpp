@@ -286,7 +286,11 @@ std::string encode(const Request& request) {
                    [&](const Detach& d) { j["op"] = "detach"; j["functions"] = d.functions; },
                    [&](const Select& s) { j["op"] = "select"; j["functions"] = s.functions; },
                    [&](const Status&) { j["op"] = "status"; },
-                   [&](const Trace& t) { j["op"] = "trace"; j["on"] = t.on; },
+                   [&](const Trace& t) {
+                       j["op"] = "trace";
+                       j["on"] = t.on;
+                       if (t.lossless) j["lossless"] = true;
+                   },
                    [&](const Patch& p) {
                        j["op"] = "patch";
                        j["force"] = p.force;
@@ -324,7 +328,7 @@ Request decode_request(std::string_view line) {
         else if (op == "detach") r.body = Detach{functions()};
         else if (op == "select") r.body = Select{functions()};
         else if (op == "status") r.body = Status{};
-        else if (op == "trace") r.body = Trace{doc.value("on", true)};
+        else if (op == "trace") r.body = Trace{doc.value("on", true), doc.value("lossless", false)};
         else if (op == "patch") {
             Patch p;
             p.force = doc.value("force", false);
