@@ -14,6 +14,7 @@
 
 #include <fstream>
 #include <functional>
+#include <map>
 #include <random>
 #include <thread>
 
@@ -150,6 +151,21 @@ TEST_F(HotpatchTest, LosslessTraceWritesEveryEventOfEveryThread) {
             EXPECT_EQ(dropped, dropped_before) << "nothing dropped while lossless";
             EXPECT_EQ(entries, kWorkers * kCalls);
             EXPECT_EQ(exits, kWorkers * kCalls);
+            // each worker's own: every entry and exit
+            std::map<std::uint32_t, std::pair<long long, long long>> per_thread;
+            hotpatch::TraceFileReader reread(file);
+            while (reread.next([&](const hotpatch::Event& e) {
+                if (e.probe >= reread.probes().size() || reread.probes()[e.probe].function != "counted") return;
+                auto& [in, out] = per_thread[e.tid];
+                (e.kind == probelist::ProbeKind::entry ? in : out)++;
+            })) {
+            }
+            ASSERT_EQ(per_thread.size(), static_cast<std::size_t>(kWorkers));
+            for (const auto& [tid, counts] : per_thread) {
+                EXPECT_EQ(counts.first, kCalls) << "entries of thread " << tid;
+                EXPECT_EQ(counts.second, kCalls) << "exits of thread " << tid;
+            }
+
         } else {
             EXPECT_EQ(entries + exits + dropped, 2 * kWorkers * kCalls) << "every event written or counted dropped";
             dropped_before = dropped;
