@@ -39,12 +39,19 @@ for ((r = 0; r < runs; r++)); do
   lua=$!
   exec 3>"$work/go"
   "$iprobe" attach "$lua" --buffer 4M --json >"$work/attach.json"
-  "$iprobe" trace "$lua" --output "$work/iprobe.trace" --lossless 2>"$work/trace.err" &
+  # The CPU each side spent (perf stat's task-clock): the writer's per event,
+  # and the target's, which with a writer that keeps up is the floor.
+  perf stat -x, -e task-clock -o "$work/writer.cpu" -- "$iprobe" trace "$lua" --output "$work/iprobe.trace" --lossless 2>"$work/trace.err" &
   writer=$!
+  perf stat -x, -e task-clock -o "$work/lua.cpu" -p "$lua" &
+  lua_cpu=$!
   sleep 0.5
   t0=$(now); echo >&3; exec 3>&-
   wait "$lua"; wait "$writer"
   traced=$(elapsed "$t0" "$(now)")
+  wait "$lua_cpu" || true
+  cpu_ms() { awk -F, '/task-clock/ { printf "%.0f", $1 }' "$1"; }
+  writer_ms=$(cpu_ms "$work/writer.cpu"); lua_ms=$(cpu_ms "$work/lua.cpu")
   events=$(sed -n 's/^iprobe: \([0-9]*\) events written.*/\1/p' "$work/trace.err")
   dropped=$(sed -n 's/.* \([0-9]*\) events dropped.*/\1/p' "$work/trace.err"); dropped=${dropped:-0}
   bytes=$(stat -c %s "$work/iprobe.trace")
@@ -58,8 +65,8 @@ for ((r = 0; r < runs; r++)); do
   ufbytes=$(du -cb "$work"/uftrace.data/*.dat | tail -n 1 | cut -f1)
   ufevents=$((ufbytes / 16))  # uftrace's records: 16 bytes an entry or exit (struct uftrace_record, no arguments)
 
-  printf '\n| run | plain lua | iprobe trace --lossless (%s probes) | uftrace record | iprobe events written | dropped | bytes/event | events/s written | uftrace events (data / 16 B) | uftrace events/s | iprobe / uftrace events/s |\n|---|---|---|---|---|---|---|---|---|---|---|\n' "$probes"
-  awk -v r="$r" -v p="$plain" -v t="$traced" -v u="$uf" -v e="$events" -v d="$dropped" -v b="$bytes" -v ue="$ufevents" \
-    'BEGIN { printf "| %d | %.2f s | %.2f s | %.2f s | %d | %d | %.1f | %.1fM | %d | %.1fM | %.2f |\n", r, p, t, u, e, d, b / e, e / t / 1e6, ue, ue / u / 1e6, (e / t) / (ue / u) }'
+  printf '\n| run | plain lua | iprobe trace --lossless (%s probes) | uftrace record | iprobe events written | dropped | bytes/event | events/s written | uftrace events (data / 16 B) | uftrace events/s | iprobe / uftrace events/s | lua CPU | writer CPU | writer ns/event |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n' "$probes"
+  awk -v r="$r" -v p="$plain" -v t="$traced" -v u="$uf" -v e="$events" -v d="$dropped" -v b="$bytes" -v ue="$ufevents" -v lc="$lua_ms" -v wc="$writer_ms" \
+    'BEGIN { printf "| %d | %.2f s | %.2f s | %.2f s | %d | %d | %.1f | %.1fM | %d | %.1fM | %.2f | %.2f s | %.2f s | %.1f |\n", r, p, t, u, e, d, b / e, e / t / 1e6, ue, ue / u / 1e6, (e / t) / (ue / u), lc / 1e3, wc / 1e3, wc * 1e6 / e }'
   rm -rf "$work/uftrace.data" "$work/iprobe.trace"
 done

@@ -17,6 +17,7 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <iomanip>
 #include <iostream>
 #include <map>
 #include <sstream>
@@ -414,14 +415,18 @@ int cmd_trace(const Args& args) {
     TraceReader reader(args.pid);
     if (args.flag("--lossless")) reader.set_lossless(true);
     if (args.flag("--output")) {
-        TraceFileWriter writer(args.value("--output"), args.pid);
-        // Raw runs of records, converted in bulk: the writer keeps up with the threads.
-        const WallClock clock = reader.wall_clock();
-        collect(reader, seconds, [&] { return reader.drain_runs([&](const RecordRun& run) { writer.write(run, clock); }); },
+        TraceFileWriter writer(args.value("--output"), args.pid, reader.wall_clock());
+        // Raw runs of records, encoded in bulk: the writer keeps up with the threads.
+        collect(reader, seconds, [&] { return reader.drain_runs([&](const RecordRun& run) { writer.write(run); }); },
                 true);
         const std::uint64_t with_values = writer.without_values();  // the file keeps timings only: said, not dropped
         writer.finish(reader.probes());
-        std::cerr << "iprobe: " << writer.events() << " events written to " << args.value("--output") << "\n";
+        std::cerr << "iprobe: " << writer.events() << " events written to " << args.value("--output") << " ("
+                  << writer.bytes() << " bytes";
+        if (writer.events())
+            std::cerr << ", " << std::fixed << std::setprecision(1)
+                      << static_cast<double>(writer.bytes()) / static_cast<double>(writer.events()) << " bytes/event";
+        std::cerr << ")\n";
         if (with_values)
             std::cerr << "iprobe: the binary file keeps no values: " << with_values
                       << " events' arguments, return values or backtraces are not in it (use --format json)\n";

@@ -18,7 +18,7 @@ const ArgSpec kSpec(
     "usage: iprobe debug PID|--container NAME --listen ADDR:PORT|--capture --production ADDR:PORT\n"
     "                    [--probes LIST [--functions GLOB]] [--buffer SIZE] [--divergence MODE]\n"
     "                    [--recloning off|on-overflow|on-divergence|periodic:SECONDS]\n"
-    "                    [--adapt] [--clones N] [--record DIR [--max-size SIZE]] [--no-trace]\n"
+    "                    [--adapt] [--clones N] [--record DIR [--max-size SIZE]] [--no-trace | --lossless]\n"
     "                    [--patch F=LIB.so[:SYMBOL]…] [--name NAME] [--json]",
     "Debugs a running service on a live copy of it, with production's traffic:\n"
     "  1. clones PID with CRIU (`iprobe clone`) into its own network and PID\n"
@@ -86,6 +86,9 @@ const ArgSpec kSpec(
         {"--max-size", "SIZE", "--record: bound on DIR (default 1G; K/M/G): the oldest\n"
                                "generations go first; a generation alone larger stops recording"},
         {"--no-trace", "", "no event stream: the aggregates only (reports, iprobe report)"},
+        {"--lossless", "", "every event of the clones' trace: a clone's thread whose ring is full\n"
+                           "waits for the trace reader instead of dropping (as iprobe trace\n"
+                           "--lossless; the clone slows down and falls behind, production never)"},
         {"--patch", "F=LIB.so[:SYMBOL]", "replace function F by SYMBOL (default F) of LIB.so in the\n"
                                          "clones only and list the replies it changes (repeatable;\n"
                                          "needs --divergence resp|http|stream for an unknown protocol)"},
@@ -140,6 +143,8 @@ int debug_main(const std::vector<std::string>& args) {
     if (a.has("--recloning")) o.recloning = parse_recloning(a.value("--recloning"), o.period_s);
     o.adapt = a.has("--adapt");
     o.trace = !a.has("--no-trace");
+    o.lossless = a.has("--lossless");
+    if (o.lossless && !o.trace) kSpec.fail("--lossless is about the event stream: drop --no-trace");
     if (a.has("--clones")) o.clones = static_cast<int>(parse_unsigned_or_usage(a.value("--clones"), "--clones", 1, 16));
     o.record_dir = a.value("--record");
     if (a.has("--max-size")) {

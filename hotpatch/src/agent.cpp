@@ -189,6 +189,7 @@ private:
             return;
         }
         if (!reader_) reader_ = std::make_unique<TraceReader>(options_.pid, TraceReader::Access::stream);
+        reader_->set_lossless(t.lossless);  // off again when the reader goes (end_trace)
     }
 
 public:

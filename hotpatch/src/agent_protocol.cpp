@@ -303,7 +303,10 @@ std::string encode(const Request& request) {
                    [&](const Detach& d) { j.field("op", "detach").field("functions", d.functions); },
                    [&](const Select& s) { j.field("op", "select").field("functions", s.functions); },
                    [&](const Status&) { j.field("op", "status"); },
-                   [&](const Trace& t) { j.field("op", "trace").field("on", t.on); },
+                   [&](const Trace& t) {
+                       j.field("op", "trace").field("on", t.on);
+                       if (t.lossless) j.field("lossless", true);
+                   },
                    [&](const Patch& p) {
                        j.field("op", "patch").field("force", p.force).key("patches").begin_array();
                        for (const FunctionPatch& f : p.patches)
@@ -343,7 +346,7 @@ Request decode_request(std::string_view line) {
         else if (op == "detach") r.body = Detach{functions()};
         else if (op == "select") r.body = Select{functions()};
         else if (op == "status") r.body = Status{};
-        else if (op == "trace") r.body = Trace{doc.value("on", true)};
+        else if (op == "trace") r.body = Trace{doc.value("on", true), doc.value("lossless", false)};
         else if (op == "patch") {
             Patch p;
             p.force = doc.value("force", false);

@@ -1,10 +1,13 @@
 #include "iprobe/hotpatch/trace_file.h"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstddef>
 #include <cstring>
+#include <utility>
 
 #include "iprobe/support/error.h"
 #include "iprobe/support/file.h"
@@ -15,8 +18,13 @@ namespace {
 
 constexpr char kMagic[8] = {'I', 'P', 'R', 'B', 'T', 'R', 'C', '1'};
 constexpr char kEnd[8] = {'I', 'P', 'R', 'B', 'E', 'N', 'D', '1'};
-constexpr std::uint32_t kVersion = 1;
-constexpr std::size_t kHeader = 24, kFooter = 16, kEventHead = 20;
+constexpr std::uint32_t kVersion = 2;
+constexpr std::size_t kHeaderV1 = 24, kHeader = 40, kFooter = 16, kEventHead = 20, kBlockHead = 16;
+constexpr std::uint64_t kEscape = 3, kProbeLimit = 1u << 22, kDeltaLimit = 1ull << 40;
+// The writer's buffer: handed to the file once past kFlushAt; the slack
+// holds one run (a page of records) encoded at its longest.
+constexpr std::size_t kFlushAt = 1u << 20, kRunSlack = 64u << 10;
+constexpr std::uint64_t kPrefetchAhead = 16;  // records (8 cache lines)
 
 std::uint8_t kind_code(probelist::ProbeKind k) { return k == probelist::ProbeKind::entry ? 0 : k == probelist::ProbeKind::exit ? 1 : 2; }
 
@@ -62,101 +70,138 @@ private:
 
 }  // namespace
 
-TraceFileWriter::TraceFileWriter(const std::string& path, pid_t pid) : path_(path) {
-    file_ = std::fopen(path.c_str(), "wb");
-    if (!file_) throw_errno("cannot write " + path);
-    // Events are small: written through a large buffer, unlocked (one writer).
-    std::setvbuf(file_, nullptr, _IOFBF, 1u << 20);
+TraceFileWriter::TraceFileWriter(const std::string& path, pid_t pid, const WallClock& clock) : path_(path) {
+    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd_ < 0) throw_errno("cannot write " + path);
+    buffer_.resize(kFlushAt + kRunSlack);
     std::string head(kMagic, sizeof kMagic);
     put(head, kVersion);
     put(head, static_cast<std::uint32_t>(pid));
-    put(head, std::uint64_t{0});
-    std::fwrite(head.data(), 1, head.size(), file_);
+    put(head, clock.tsc_base);
+    put(head, clock.realtime_base);
+    put(head, clock.ns_per_tick);
+    std::memcpy(buffer_.data(), head.data(), head.size());
+    used_ = head.size();
 }
 
 TraceFileWriter::~TraceFileWriter() {
-    if (file_) std::fclose(file_);
+    if (fd_ >= 0) ::close(fd_);
 }
 
-void TraceFileWriter::write(const Event& e) {
-    end_of_stream();
-    if (buffer_.empty()) buffer_.resize(1u << 20);
-    if (used_ + kEventHead + sizeof e.args > buffer_.size()) flush_buffer();
-    char* buf = buffer_.data() + used_;
-    const std::uint8_t kind = kind_code(e.kind), nargs = std::min<std::uint8_t>(e.nargs, 4);
-    std::memcpy(buf, &e.time_ns, 8);
-    std::memcpy(buf + 8, &e.probe, 4);
-    std::memcpy(buf + 12, &e.tid, 4);
-    buf[16] = static_cast<char>(kind);
-    buf[17] = static_cast<char>(nargs);
-    std::memcpy(buf + 18, &e.depth, 2);
-    std::memcpy(buf + kEventHead, e.args, 8u * nargs);
-    used_ += kEventHead + 8u * nargs;
-    events_++;
+void TraceFileWriter::write_out(const char* data, std::size_t size) {
+    while (size > 0) {
+        const ssize_t n = ::write(fd_, data, size);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) throw_errno("cannot write " + path_);
+        data += n, size -= static_cast<std::size_t>(n), written_ += static_cast<std::uint64_t>(n);
+    }
 }
 
-void TraceFileWriter::flush_buffer() {
-    if (used_ && ::fwrite_unlocked(buffer_.data(), 1, used_, file_) != used_) throw_errno("cannot write " + path_);
+void TraceFileWriter::flush() {
+    close_block();
+    write_out(buffer_.data(), used_);
     used_ = 0;
 }
 
-void TraceFileWriter::end_of_stream() {
-    if (!args_next_) return;
-    buffer_[used_ - kEventHead + 17] = 0;  // the head still in the buffer: no arguments after all
-    args_next_ = false;
-    events_++;
+void TraceFileWriter::open_block(std::uint32_t tid, std::uint64_t tsc) {
+    close_block();
+    block_ = used_;
+    block_tid_ = tid;
+    previous_tsc_ = tsc;
+    char* head = buffer_.data() + used_;
+    std::memcpy(head, &tid, 4);
+    std::memset(head + 4, 0, 4);
+    std::memcpy(head + 8, &tsc, 8);
+    used_ += kBlockHead;
 }
 
-void TraceFileWriter::write(const RecordRun& run, const WallClock& clock) {
-    constexpr std::size_t kMost = kEventHead + 32;  // one event with its arguments
-    if (buffer_.empty()) buffer_.resize(1u << 20);
+void TraceFileWriter::close_block() {
+    if (block_ == kNoBlock) return;
+    end_point();
+    const auto words = static_cast<std::uint32_t>((used_ - block_ - kBlockHead) / 8);
+    if (words == 0) used_ = block_;  // nothing in it
+    else std::memcpy(buffer_.data() + block_ + 4, &words, 4);
+    block_ = kNoBlock;
+}
+
+// The POINT's argument record never came (its ring's next page was
+// skipped): the escape keeps the point, without arguments.
+void TraceFileWriter::end_point() {
+    if (point_ == kNoBlock) return;
+    const std::uint64_t escape = kEscape | 1u << 2;
+    std::memcpy(buffer_.data() + point_, &escape, 8);
+    buffer_[point_ + 8 + offsetof(iprobe_rt_record, nargs)] = 0;
+    point_ = kNoBlock;
+}
+
+void TraceFileWriter::write(const RecordRun& run) {
     if (run.ring != ring_ || run.from != next_at_) {  // another ring, or a page of it skipped
-        end_of_stream();
-        values_next_ = 0;
+        close_block();
+        values_left_ = 0;
     }
     ring_ = run.ring;
     next_at_ = run.to;
+    // A block is written whole, so never flushed while a point waits for
+    // its argument record; the buffer's slack holds one run at 5 words a
+    // record (an escape), and grows for a longer run.
+    if (used_ >= kFlushAt && point_ == kNoBlock) flush();
+    const std::size_t most = used_ + (run.to - run.from) * (kBlockHead + 40);  // a block and an escape each, at most
+    if (most > buffer_.size()) buffer_.resize(most);
+    char* const base = buffer_.data();
+    char* out = base + used_;
+    std::uint64_t previous = previous_tsc_;
     for (std::uint64_t at = run.from; at < run.to; at++) {
-        // Room for an event and its arguments: a head waiting for them is
-        // never flushed, so end_of_stream() can still change it.
-        if (!args_next_ && used_ + kMost > buffer_.size()) flush_buffer();
         const iprobe_rt_record& r = run.records[at & run.mask];
-        if (values_next_) {  // an ENTRY's or EXIT's values: not in the file
-            values_next_--;
+        // The target's core wrote these lines: ask for them well ahead.
+        __builtin_prefetch(&run.records[(at + kPrefetchAhead) & run.mask]);
+        if (values_left_) {  // an ENTRY's or EXIT's values: not in the file
+            values_left_--;
             continue;
         }
-        char* out = buffer_.data() + used_;
-        if (args_next_) {  // the POINT's four arguments, its head already written
-            std::memcpy(out, reinterpret_cast<const iprobe_rt_args_record*>(&r)->args, 32);
-            used_ += 32;
-            args_next_ = false;
+        if (point_ != kNoBlock) {  // the POINT's argument record, its head already written
+            std::memcpy(out, &r, sizeof r);
+            out += sizeof r;
+            point_ = kNoBlock;
+            continue;
+        }
+        if (block_ == kNoBlock || r.tid != block_tid_) {
+            used_ = static_cast<std::size_t>(out - base);
+            open_block(r.tid, r.tsc);
+            out = base + used_;
+            previous = r.tsc;
+        }
+        const std::uint64_t delta = r.tsc - previous;
+        const std::uint32_t kind = r.kind - 1u;  // entry 0, exit 1, point 2
+        if (kind < 3 && (r.nargs | r.depth) == 0 && r.probe < kProbeLimit && delta < kDeltaLimit) [[likely]] {
+            const std::uint64_t word = kind | std::uint64_t{r.probe} << 2 | delta << 24;
+            std::memcpy(out, &word, 8);
+            out += 8;
+            previous = r.tsc;
             events_++;
             continue;
         }
-        if (r.kind < IPROBE_RT_REC_ENTRY || r.kind > IPROBE_RT_REC_POINT) continue;
-        const std::uint64_t time_ns = clock.ns(r.tsc);
-        std::memcpy(out, &time_ns, 8);
-        std::memcpy(out + 8, &r.probe, 4);
-        std::memcpy(out + 12, &r.tid, 4);
-        out[16] = static_cast<char>(r.kind - IPROBE_RT_REC_ENTRY);  // entry 0, exit 1, point 2
-        // A point's arguments are in the next record; at the ring's end, none.
-        const bool args = r.kind == IPROBE_RT_REC_POINT && r.nargs && !(run.last && at + 1 == run.to);
-        out[17] = static_cast<char>(args ? 4 : 0);
-        std::memcpy(out + 18, &r.depth, 2);
-        used_ += kEventHead;
-        if (args) args_next_ = true;
-        else events_++;
+        if (kind >= 3) continue;  // a continuation record without its head: not an event
+        const bool point_args = r.kind == IPROBE_RT_REC_POINT && r.nargs;
         if (r.kind != IPROBE_RT_REC_POINT && r.nargs) {
-            values_next_ = r.nargs;
+            values_left_ = r.nargs;
             without_values_++;
         }
+        const std::uint64_t escape = kEscape | (point_args ? 2u : 1u) << 2;
+        std::memcpy(out, &escape, 8);
+        if (point_args) point_ = static_cast<std::size_t>(out - base);
+        std::memcpy(out + 8, &r, sizeof r);
+        if (!point_args) out[8 + offsetof(iprobe_rt_record, nargs)] = 0;  // its values are not in the file
+        out += 8 + sizeof r;
+        previous = r.tsc;
+        events_++;
     }
+    used_ = static_cast<std::size_t>(out - base);
+    previous_tsc_ = previous;
 }
 
 void TraceFileWriter::finish(const std::vector<ProbeInfo>& probes) {
-    end_of_stream();
-    flush_buffer();
-    const long table_at = std::ftell(file_);
+    flush();
+    const std::uint64_t table_at = written_;
     std::string table;
     put(table, static_cast<std::uint32_t>(probes.size()));
     for (const auto& p : probes) {
@@ -165,10 +210,10 @@ void TraceFileWriter::finish(const std::vector<ProbeInfo>& probes) {
         put(table, static_cast<std::uint16_t>(name.size()));
         table += name;
     }
-    put(table, static_cast<std::uint64_t>(table_at));
+    put(table, table_at);
     table.append(kEnd, sizeof kEnd);
-    std::fwrite(table.data(), 1, table.size(), file_);
-    if (std::fflush(file_) != 0 || std::ferror(file_)) throw_errno("cannot write " + path_);
+    write_out(table.data(), table.size());
+    if (::close(std::exchange(fd_, -1)) != 0) throw_errno("cannot write " + path_);
 }
 
 namespace {
@@ -177,6 +222,7 @@ namespace {
 // some millions of functions.
 constexpr std::uint64_t kMaxTable = 256ull << 20;
 constexpr std::size_t kChunk = 1u << 20;
+constexpr std::uint64_t kMaxBlock = 64ull << 20;  // the writer's are near 1 MiB
 
 void read_exactly(int fd, void* out, std::size_t size, std::uint64_t at, const std::string& path) {
     auto* p = static_cast<char*>(out);
@@ -195,19 +241,33 @@ TraceFileReader::TraceFileReader(const std::string& path) : path_(path) {
     std::uint64_t size = 0;
     fd_ = open_regular_file(path, &size).release();
     char head[kHeader];
-    if (size < kHeader + kFooter || (read_exactly(fd_, head, sizeof head, 0, path), std::memcmp(head, kMagic, sizeof kMagic) != 0))
+    if (size < kHeaderV1 + kFooter ||
+        (read_exactly(fd_, head, kHeaderV1, 0, path), std::memcmp(head, kMagic, sizeof kMagic) != 0))
         throw Error(path + " is not an iprobe trace file (written by 'iprobe trace --output')", ExitCode::bad_input);
     char foot[kFooter];
     read_exactly(fd_, foot, sizeof foot, size - kFooter, path);
     if (std::memcmp(foot + 8, kEnd, sizeof kEnd) != 0)
         throw Error(path + ": the trace file ends early (the trace was killed before it finished)", ExitCode::bad_input);
-    const std::string head_bytes(head, sizeof head);
-    Cursor header(head_bytes, sizeof kMagic, kHeader, path);
-    if (header.get<std::uint32_t>() != kVersion) throw Error(path + ": unknown trace file version", ExitCode::bad_input);
+    std::memcpy(&version_, head + sizeof kMagic, 4);
+    if (version_ != 1 && version_ != 2)
+        throw Error(path + ": unknown trace file version " + std::to_string(version_) + " (this iprobe reads 1 and 2)",
+                    ExitCode::bad_input);
+    const std::size_t header_size = version_ == 1 ? kHeaderV1 : kHeader;
+    if (size < header_size + kFooter) throw Error(path + ": corrupt trace file (header)", ExitCode::bad_input);
+    if (version_ == 2) read_exactly(fd_, head, kHeader, 0, path);
+    const std::string head_bytes(head, header_size);
+    Cursor header(head_bytes, sizeof kMagic + 4, header_size, path);
     pid_ = static_cast<pid_t>(header.get<std::uint32_t>());
+    if (version_ == 2) {
+        clock_.tsc_base = header.get<std::uint64_t>();
+        clock_.realtime_base = header.get<std::uint64_t>();
+        clock_.ns_per_tick = header.get<double>();
+        if (!(clock_.ns_per_tick > 0 && clock_.ns_per_tick < 1e6))
+            throw Error(path + ": corrupt trace file (clock)", ExitCode::bad_input);
+    }
     std::uint64_t table_at;
     std::memcpy(&table_at, foot, 8);
-    if (table_at < kHeader || table_at > size - kFooter)
+    if (table_at < header_size || table_at > size - kFooter)
         throw Error(path + ": corrupt trace file (probe table offset)", ExitCode::bad_input);
     if (size - kFooter - table_at > kMaxTable)
         throw Error(path + ": corrupt trace file (a probe table of " + std::to_string(size - kFooter - table_at) +
@@ -225,7 +285,7 @@ TraceFileReader::TraceFileReader(const std::string& path) : path_(path) {
         p.function = table.string(table.get<std::uint16_t>());
         probes_.push_back(std::move(p));
     }
-    at_ = kHeader;
+    at_ = header_size;
     end_ = table_at;
 }
 
@@ -234,6 +294,10 @@ TraceFileReader::~TraceFileReader() {
 }
 
 bool TraceFileReader::next(const std::function<void(const Event&)>& sink) {
+    return version_ == 1 ? next_v1(sink) : next_v2(sink);
+}
+
+bool TraceFileReader::next_v1(const std::function<void(const Event&)>& sink) {
     if (at_ >= end_) {
         if (!carry_.empty()) throw Error(path_ + ": corrupt trace file (truncated record)", ExitCode::bad_input);
         return false;
@@ -261,6 +325,79 @@ bool TraceFileReader::next(const std::function<void(const Event&)>& sink) {
         e.depth = event.get<std::uint16_t>();
         for (int i = 0; i < e.nargs; i++) e.args[i] = event.get<std::uint64_t>();
         sink(e);
+        used += length;
+    }
+    carry_ = bytes.substr(used);
+    return true;
+}
+
+// A block at a time (the writer keeps them near 1 MiB): the chunk read
+// grows to hold the block it cuts.
+bool TraceFileReader::next_v2(const std::function<void(const Event&)>& sink) {
+    if (at_ >= end_) {
+        if (!carry_.empty()) throw Error(path_ + ": corrupt trace file (truncated block)", ExitCode::bad_input);
+        return false;
+    }
+    std::string bytes = std::move(carry_);
+    carry_.clear();
+    auto read_more = [&](std::uint64_t want) {
+        const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(want, end_ - at_));
+        const std::size_t from = bytes.size();
+        bytes.resize(from + n);
+        read_exactly(fd_, bytes.data() + from, n, at_, path_);
+        at_ += n;
+    };
+    read_more(kChunk);
+    std::size_t used = 0;
+    while (bytes.size() - used >= kBlockHead) {
+        std::uint32_t tid, words;
+        std::uint64_t tsc;
+        std::memcpy(&tid, bytes.data() + used, 4);
+        std::memcpy(&words, bytes.data() + used + 4, 4);
+        std::memcpy(&tsc, bytes.data() + used + 8, 8);
+        const std::uint64_t length = kBlockHead + 8ull * words;
+        if (words == 0 || length > kMaxBlock) throw Error(path_ + ": corrupt trace file (block size)", ExitCode::bad_input);
+        if (bytes.size() - used < length) {
+            if (used > 0 || at_ >= end_) break;  // the rest in the next call; at the end: truncated
+            read_more(length - bytes.size());
+            continue;
+        }
+        const char* word = bytes.data() + used + kBlockHead;
+        const char* const end = word + 8ull * words;
+        while (word < end) {
+            std::uint64_t w;
+            std::memcpy(&w, word, 8);
+            word += 8;
+            Event e;
+            e.tid = tid;
+            if ((w & 3) != kEscape) {
+                tsc += w >> 24;
+                e.kind = kind_of(static_cast<std::uint8_t>(w & 3), path_);
+                e.probe = static_cast<std::uint32_t>(w >> 2) & (kProbeLimit - 1);
+            } else {
+                const std::size_t n = (w >> 2) & 0xff;
+                if (n < 1 || n > 2 || static_cast<std::size_t>(end - word) < n * sizeof(iprobe_rt_record))
+                    throw Error(path_ + ": corrupt trace file (escaped record)", ExitCode::bad_input);
+                iprobe_rt_record r;
+                std::memcpy(&r, word, sizeof r);
+                if (r.kind < IPROBE_RT_REC_ENTRY || r.kind > IPROBE_RT_REC_POINT)
+                    throw Error(path_ + ": corrupt trace file (event kind " + std::to_string(r.kind) + ")",
+                                ExitCode::bad_input);
+                tsc = r.tsc;
+                e.kind = kind_of(static_cast<std::uint8_t>(r.kind - IPROBE_RT_REC_ENTRY), path_);
+                e.probe = r.probe;
+                e.depth = r.depth;
+                e.frame = r.frame;
+                if (n == 2) {
+                    e.nargs = 4;
+                    std::memcpy(e.args, word + sizeof r, sizeof e.args);
+                }
+                word += n * sizeof r;
+            }
+            e.tsc = tsc;
+            e.time_ns = clock_.ns(tsc);
+            sink(e);
+        }
         used += length;
     }
     carry_ = bytes.substr(used);

@@ -1,8 +1,12 @@
 #include "iprobe/hotpatch/trace_reader.h"
 
+#include <linux/futex.h>
+#include <sys/syscall.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <climits>
 #include <cstring>
 #include <map>
 #include <set>
@@ -92,6 +96,12 @@ std::uint64_t wall_clock_ns(std::uint64_t tsc, std::uint64_t tsc_base, std::uint
     if (offset < 0) return minus(realtime_base, saturated(-offset));
     const std::uint64_t ahead = saturated(offset);
     return ahead > UINT64_MAX - realtime_base ? UINT64_MAX : realtime_base + ahead;
+}
+
+// Threads of a lossless trace asleep on the ring's tail (its low 32 bits;
+// shared futex: they are in another process).
+void wake_waiters(iprobe_rt_ring* ring) {
+    ::syscall(SYS_futex, &ring->tail, FUTEX_WAKE, INT_MAX, nullptr, nullptr, 0);
 }
 
 }  // namespace
@@ -185,7 +195,9 @@ std::size_t TraceReader::drain_runs(const std::function<void(const RecordRun&)>&
     for (std::uint32_t i = 0; i < region.ring_count(); i++) {
         if (interrupted()) break;  // Ctrl-C: within one ring's worth of events
         iprobe_rt_ring* ring = region.ring(i);
-        if (!known[i] && !region.touched(ring, sizeof *ring)) continue;
+        // Threads claim the lowest free ring (rt.c claim_ring_now), reading
+        // every ring below it: past the first never touched, none is.
+        if (!known[i] && !region.touched(ring, sizeof *ring)) break;
         known[i] = std::max<std::uint8_t>(known[i], 1);
         const std::uint32_t state = __atomic_load_n(&ring->state, __ATOMIC_ACQUIRE);
         if (state == IPROBE_RT_RING_FREE) continue;
@@ -214,8 +226,11 @@ std::size_t TraceReader::drain_runs(const std::function<void(const RecordRun&)>&
                     consumed += end - tail;
                 }
                 tail = end;
+                // Room for a spinning thread a page at a time.
+                __atomic_store_n(&ring->tail, tail, __ATOMIC_SEQ_CST);
             }
-            __atomic_store_n(&ring->tail, tail, __ATOMIC_RELEASE);
+            // A sleeping one is woken once the ring is drained (rt.c wait_for_room).
+            if (__atomic_load_n(&ring->waiters, __ATOMIC_SEQ_CST)) wake_waiters(ring);
         }
         if (state == IPROBE_RT_RING_RETIRED &&
             __atomic_load_n(&ring->head, __ATOMIC_ACQUIRE) <= __atomic_load_n(&ring->tail, __ATOMIC_ACQUIRE)) {

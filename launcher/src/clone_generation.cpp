@@ -372,7 +372,7 @@ void CloneGeneration::Impl::attach_probes(Clone& c, pid_t pid_in_clone, const st
           });
     if (o_.adapt) c.adapt = std::make_unique<AdaptController>(c.functions.size(), cost_.entry_ns, cost_.exit_ns);
     if (!o_.trace) return;
-    c.probes->start_trace();
+    c.probes->start_trace(o_.lossless);
     c.tracing = true;
 }
 

@@ -165,7 +165,7 @@ hotpatch::PatchStats CloneProbes::patch(const std::vector<hotpatch::FunctionPatc
     }
 }
 
-void CloneProbes::start_trace() { agent_->call(hotpatch::agent::Trace{true}); }
+void CloneProbes::start_trace(bool lossless) { agent_->call(hotpatch::agent::Trace{true, lossless}); }
 
 void CloneProbes::stop_trace() {
     if (agent_->alive()) agent_->call(hotpatch::agent::Trace{false});

@@ -65,7 +65,8 @@ public:
     // `iprobe patch` in the clone (live_patch.h).
     hotpatch::PatchStats patch(const std::vector<hotpatch::FunctionPatch>& patches);
     // The trace stream: records arrive on fd(), pump() reads them.
-    void start_trace();
+    // `lossless`: the clone's threads wait for the agent instead of dropping.
+    void start_trace(bool lossless = false);
     void stop_trace();
     int fd() const { return agent_->fd(); }
     // False once the agent is gone; why_gone() says why.

@@ -7,6 +7,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
+#include <linux/futex.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <stddef.h>
@@ -417,11 +418,29 @@ static inline __attribute__((always_inline)) void count(uintptr_t return_address
     add_local(kind == IPROBE_RT_REC_EXIT ? &stats[stat].completed : &stats[stat].calls, 1);
 }
 
+/* Sleeps on the futex at the ring's tail while its low 32 bits are still
+ * `seen`, at most a millisecond (so the caller looks at the lossless flag
+ * and its patience again).  A raw syscall: no libc, no errno, vector
+ * registers untouched.  Shared (not private): the reader is another process. */
+static void sleep_on_tail(struct iprobe_rt_ring* ring, uint32_t seen) {
+    struct timespec ms = {0, 1000000};
+    register long r10 __asm__("r10") = (long)&ms;
+    register long r8 __asm__("r8") = 0;
+    register long r9 __asm__("r9") = 0;
+    long rc = SYS_futex;
+    __asm__ __volatile__("syscall"
+                         : "+a"(rc)
+                         : "D"(&ring->tail), "S"((long)FUTEX_WAIT), "d"((long)seen), "r"(r10), "r"(r8), "r"(r9)
+                         : "rcx", "r11", "memory");
+}
+
 /* A lossless trace: wait until the reader has freed room for the records
- * up to `end`, spinning a little, then yielding (a raw syscall: no libc, no
- * errno, vector registers untouched).  0 when the trace is lossy, the reader
- * has stopped asking, or it left the ring full for IPROBE_RT_LOSSLESS_WAIT_S
- * (it died before clearing the flag: cleared here, so no thread waits again). */
+ * up to `end`, spinning a little, then asleep on the ring's tail (the
+ * reader wakes the ring's waiters once it has drained it: one wake-up per
+ * ring's worth of records, not per page).  0 when the trace is lossy, the
+ * reader has stopped asking, or it left the ring full for
+ * IPROBE_RT_LOSSLESS_WAIT_S (it died before clearing the flag: cleared
+ * here, so no thread waits again). */
 static __attribute__((noinline, cold)) int wait_for_room(struct iprobe_rt_control* cb, struct thread_producer* t,
                                                           uint64_t end) {
     const uint64_t start = timestamp(), patience = cb->tsc_hz * IPROBE_RT_LOSSLESS_WAIT_S;
@@ -433,13 +452,18 @@ static __attribute__((noinline, cold)) int wait_for_room(struct iprobe_rt_contro
             __builtin_ia32_pause();
             continue;
         }
-        long rc = SYS_sched_yield;
-        __asm__ __volatile__("syscall" : "+a"(rc) : : "rcx", "r11", "memory");
-        if ((spins & 63) == 0 && timestamp() - start > patience) {
+        if (timestamp() - start > patience) {
             __atomic_store_n(&cb->lossless, 0, __ATOMIC_RELEASE);
             __atomic_fetch_add(&cb->lossless_timeouts, 1, __ATOMIC_RELAXED);
             return 0;
         }
+        /* Announce, then look again (both sequentially consistent, as the
+         * reader's tail store and its look at `waiters`): either it sees
+         * us and wakes us, or we see its new tail, or the futex does. */
+        __atomic_fetch_add(&t->ring->waiters, 1, __ATOMIC_SEQ_CST);
+        const uint64_t tail = __atomic_load_n(&t->ring->tail, __ATOMIC_SEQ_CST);
+        if (end - tail > t->mask + 1) sleep_on_tail(t->ring, (uint32_t)tail);
+        __atomic_fetch_sub(&t->ring->waiters, 1, __ATOMIC_RELAXED);
     }
 }
 

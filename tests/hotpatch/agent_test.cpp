@@ -167,6 +167,7 @@ TEST(AgentProtocol, EveryRequestAndMessageRoundTrips) {
                                                      agent::Attach{{"d"}, HandlerMode::trace, false},
                                                      values_attach(), agent::Detach{{"x"}},
                                                      agent::Select{{}}, agent::Status{}, agent::Trace{false},
+                                                     agent::Trace{true, true},
                                                      agent::Patch{{{"f", "/lib/x.so", "g"}, {"h", "/lib/y.so", ""}}, true}};
     std::uint64_t id = 1;
     for (const auto& body : bodies) {
@@ -179,6 +180,7 @@ TEST(AgentProtocol, EveryRequestAndMessageRoundTrips) {
                 const T& sent = std::get<T>(body);
                 if constexpr (std::is_same_v<T, agent::Trace>) {
                     EXPECT_EQ(b.on, sent.on);
+                    EXPECT_EQ(b.lossless, sent.lossless);
                 } else if constexpr (std::is_same_v<T, agent::Patch>) {
                     EXPECT_EQ(b.force, sent.force);
                     ASSERT_EQ(b.patches.size(), sent.patches.size());
@@ -361,6 +363,38 @@ TEST_F(AgentTest, OneAgentAttachesTracesSelectsAndDetachesByNameWithExactCounts)
     server.client.reset();  // the channel closes: the agent ends
     ASSERT_EQ(server.served.wait_for(std::chrono::seconds(20)), std::future_status::ready);
     EXPECT_EQ(server.served.get(), 0);
+}
+
+// A lossless trace through the agent (`iprobe debug --lossless`): rings of
+// 1024 records take 2 threads x 50000 calls only because the threads wait
+// for the agent; every entry and exit arrives, none dropped.
+TEST_F(AgentTest, ALosslessTraceBringsEveryEventThroughRingsMuchSmallerThanTheBurst) {
+    constexpr long kCalls = 50000;
+    HpTarget target(2);
+    ServedAgent server(target.pid(), 1024);
+    {
+        AgentClient& client = *server.client;
+        ASSERT_TRUE(client.call(agent::Attach{{"counted"}}).attached);
+        client.call(agent::Trace{true, true});
+        auto burst = std::async(std::launch::async, [&] { return target.command("burst " + std::to_string(kCalls), std::chrono::seconds(120)); });
+        auto records = collect(client, [&](const auto& r) { return r.size() >= 4u * kCalls; });
+        EXPECT_EQ(burst.get(), 2 * kCalls);
+        EXPECT_EQ(count(records, "counted", probelist::ProbeKind::entry), 2u * kCalls);
+        EXPECT_EQ(count(records, "counted", probelist::ProbeKind::exit), 2u * kCalls);
+        client.call(agent::Trace{false});
+        for (int i = 0; i < 200 && client.trace_dropped() == 0 && client.pump(); ++i)
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        EXPECT_EQ(client.trace_dropped(), 0u);
+        TraceReader reader(target.pid(), TraceReader::Access::aggregates);
+        EXPECT_EQ(reader.dropped(), 0u);
+        // The trace's end turned lossless off: with nobody reading, the
+        // threads drop (counted) at once rather than wait for anyone.
+        EXPECT_EQ(target.command("burst " + std::to_string(kCalls)), 2 * kCalls);
+        EXPECT_EQ(reader.dropped(), 4u * kCalls - 2u * 1024u);
+        EXPECT_EQ(reader.lossless_timeouts(), 0u);
+    }
+    server.client.reset();
+    ASSERT_EQ(server.served.wait_for(std::chrono::seconds(20)), std::future_status::ready);
 }
 
 // An attach of the count handler through the agent: entries alone (the exit

@@ -223,6 +223,53 @@ TEST_F(LauncherDebug, ProbeTraceComesFromTheCloneAndProductionIsNotPatched) {
     EXPECT_NE(last.find(R"("mode":"resp")"), std::string::npos) << "redis: divergence by RESP message by default: " << last;
 }
 
+// `iprobe debug --lossless`: every function of the clone probed, a
+// pipelined burst through the mirror; the clone's agent reads losslessly,
+// so each of the 500 commands is one processCommand entry and one exit in
+// the session's trace, and nothing was dropped (AgentTest has the rings
+// overflowing and the threads waiting; this is the flag end to end).
+TEST_F(LauncherDebug, LosslessTraceInTheCloneKeepsEveryCommand) {
+    if (!fs::exists(build_dir() + "/libexec/iprobe/iprobe-hotpatch"))
+        FAIL() << "iprobe-hotpatch is not built (target iprobe-hotpatch)";
+    std::string server = finstrument_redis();
+    ASSERT_FALSE(server.empty()) << "scripts/build-redis --mode finstrument failed";
+    ASSERT_NO_FATAL_FAILURE(start_redis(server));
+    ASSERT_NO_FATAL_FAILURE(start_debug({"--probes", server + ".probes", "--lossless"}));
+    ASSERT_TRUE(wait_for_event(out_path(), "attached", 1, *debug_)) << file_text(out_path());
+    constexpr int kCommands = 500;
+    int fd = connect_in_netns(prod_ns_->path(), listen_port_);
+    ASSERT_GE(fd, 0);
+    std::string cmds;
+    for (int i = 0; i < kCommands; ++i) cmds += "INCR lossless\r\n";
+    ASSERT_EQ(::write(fd, cmds.data(), cmds.size()), static_cast<ssize_t>(cmds.size()));
+    std::string replies;
+    while (replies.find(":" + std::to_string(kCommands) + "\r\n") == std::string::npos) {
+        pollfd p{fd, POLLIN, 0};
+        ASSERT_EQ(::poll(&p, 1, 10000), 1) << "replies so far: " << replies.size() << " bytes";
+        char buf[4096];
+        ssize_t n = ::read(fd, buf, sizeof buf);
+        ASSERT_GT(n, 0);
+        replies.append(buf, static_cast<size_t>(n));
+    }
+    ::close(fd);
+    EXPECT_EQ(clone_eventually({"GET", "lossless"}, std::to_string(kCommands)), std::to_string(kCommands));
+    const std::string entered = R"("kind":"entry","function":"processCommand")",
+                      exited = R"("kind":"exit","function":"processCommand")";
+    std::size_t exits = 0;
+    // the burst's, plus the GET above
+    for (int i = 0; i < 200 && exits < kCommands + 1; ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        exits = count_lines_with(file_text(out_path()), exited);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    const std::string out = file_text(out_path());
+    EXPECT_EQ(count_lines_with(out, entered), kCommands + 1u) << out.substr(0, 2000);
+    EXPECT_EQ(count_lines_with(out, exited), kCommands + 1u);
+    stop_debug_and_check_clean();
+    // a generation's end says what its clones' rings dropped: nothing
+    EXPECT_EQ(file_text(out_path()).find("trace-dropped"), std::string::npos) << "nothing dropped while lossless";
+}
+
 // Values in the clone: `iprobe debug --args --retval` on a redis built with
 // the entry flow (-O2 -g, Debian's source).  setCommand(client *c) gets its
 // key inside the client; the key itself is a string argument of sdsdup(),
@@ -591,6 +638,11 @@ TEST_F(LauncherDebug, BadArgumentsAreUsageErrors) {
     EXPECT_EQ(run({bin("iprobe"), "debug", "1", "--listen", "127.0.0.1:1", "--production", "127.0.0.1:2",
                    "--divergence", "sometimes"}).exit_code,
               2);
+    // --lossless is about the clones' event stream, which --no-trace turns off
+    auto l = run({bin("iprobe"), "debug", "1", "--listen", "127.0.0.1:1", "--production", "127.0.0.1:2", "--no-trace",
+                  "--lossless"});
+    EXPECT_EQ(l.exit_code, 2) << l.err;
+    EXPECT_NE(l.err.find("--lossless is about the event stream"), std::string::npos) << l.err;
 }
 
 }  // namespace

@@ -222,7 +222,9 @@ struct iprobe_rt_ring {
     uint32_t state;              /* enum iprobe_rt_ring_state, CAS to claim */
     uint32_t tid;
     uint32_t owner_pid;
-    uint32_t pad0;
+    uint32_t waiters;            /* lossless: threads asleep on the futex at `tail` (its low
+                                  * 32 bits) until the reader frees room; the reader wakes
+                                  * them only when this is non-zero */
     uint64_t head;               /* records published (monotonic); release store */
     uint64_t dropped;            /* records lost because the ring was full */
     uint8_t pad1[IPROBE_RT_CACHELINE - 32];

@@ -83,8 +83,12 @@ struct Patch {
     bool force = false;
 };
 // Starts (or stops) the trace stream: TraceRecord messages until stopped.
+// `lossless`: the target's threads wait for the agent when their ring is
+// full instead of dropping (TraceReader::set_lossless) -- for a clone,
+// whose waiting harms no user.
 struct Trace {
     bool on = true;
+    bool lossless = false;
 };
 using RequestBody = std::variant<Attach, Detach, Select, Status, Trace, Patch>;
 

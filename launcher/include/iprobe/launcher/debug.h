@@ -32,6 +32,8 @@ struct DebugOptions {
     int period_s = 0;            // periodic re-cloning interval
     bool json = false;           // JSON lines on stdout, the clone's trace included ({"event":"trace",...})
     bool trace = true;           // stream the clones' events (off: aggregates only, in the reports)
+    bool lossless = false;       // every event: a clone's thread whose ring is full waits for
+                                 // its agent instead of dropping (the clone falls behind, not production)
     // Budget-limited instrumentation (docs/debug-window.md): the costliest
     // probed functions are turned off as a clone falls behind production's
     // traffic and back on as it catches up.

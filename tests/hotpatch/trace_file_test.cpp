@@ -1,0 +1,215 @@
+// The binary trace file (iprobe/hotpatch/trace_file.h), byte for byte: ring
+// records as drained are written as 8-byte event words, escapes for what a
+// word cannot hold, blocks per thread; the reader gives back every event.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include "iprobe/hotpatch/trace_file.h"
+#include "iprobe/support/error.h"
+#include "testutil.h"
+
+namespace iprobe::hotpatch {
+namespace {
+
+iprobe_rt_record record(std::uint8_t kind, std::uint32_t probe, std::uint32_t tid, std::uint64_t tsc,
+                        std::uint8_t nargs = 0, std::uint16_t depth = 0) {
+    iprobe_rt_record r{};
+    r.tsc = tsc;
+    r.probe = probe;
+    r.tid = tid;
+    r.kind = kind;
+    r.nargs = nargs;
+    r.depth = depth;
+    return r;
+}
+
+iprobe_rt_record words(std::uint64_t a, std::uint64_t b, std::uint64_t c, std::uint64_t d) {
+    iprobe_rt_record r{};
+    const std::uint64_t w[4] = {a, b, c, d};
+    std::memcpy(&r, w, sizeof r);
+    return r;
+}
+
+template <typename T>
+void put(std::string& out, T v) {
+    out.append(reinterpret_cast<const char*>(&v), sizeof v);
+}
+
+std::uint64_t event_word(std::uint64_t kind, std::uint64_t probe, std::uint64_t delta) {
+    return kind | probe << 2 | delta << 24;
+}
+
+void put_escape(std::string& out, const std::vector<iprobe_rt_record>& records) {
+    put(out, std::uint64_t{3} | static_cast<std::uint64_t>(records.size()) << 2);
+    for (const auto& r : records) out.append(reinterpret_cast<const char*>(&r), sizeof r);
+}
+
+std::string file_bytes(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+struct Expected {
+    std::uint32_t tid, probe;
+    probelist::ProbeKind kind;
+    std::uint64_t tsc;
+    std::uint16_t depth = 0;
+    std::uint8_t nargs = 0;
+    std::uint64_t args[4] = {0, 0, 0, 0};
+};
+
+TEST(TraceFile, RecordsBecomeEventWordsAndEscapesByteForByteAndReadBackWhole) {
+    constexpr auto entry = IPROBE_RT_REC_ENTRY, exit = IPROBE_RT_REC_EXIT, point = IPROBE_RT_REC_POINT;
+    // Ring 0, thread 100: plain events, a point whose argument record comes
+    // in the ring's next run, a nested handler's event.
+    std::vector<iprobe_rt_record> ring0 = {
+        record(entry, 5, 100, 1000), record(exit, 6, 100, 1100), record(point, 7, 100, 1150, 4),
+        words(1, 2, 3, 4),           record(entry, 5, 100, 1200, 0, 1), record(exit, 5, 100, 1300),
+        record(entry, 9, 100, 1400), record(exit, 9, 100, 1500)};
+    // Ring 1, thread 200: a clock step back, an entry with values (its two
+    // continuation records passed over), a probe index beyond 22 bits, a
+    // delta beyond 40 bits, then a point cut off from its argument record.
+    std::vector<iprobe_rt_record> ring1 = {
+        record(entry, 1, 200, 900),  record(exit, 1, 200, 800),        record(entry, 2, 200, 850, 2),
+        words(7, 7, 7, 7),           words(8, 8, 8, 8),                record(entry, 1u << 22, 200, 860),
+        record(exit, 3, 200, 860 + (1ull << 40)), record(point, 4, 200, 870 + (1ull << 40), 4)};
+    const WallClock clock{1000, 5'000'000'000ull, 0.5};
+    test::TempDir dir;
+    const std::string path = dir / "t.trace";
+    {
+        TraceFileWriter writer(path, 4242, clock);
+        writer.write({ring0.data(), 7, 0, 3, false, 0});  // the point's arguments: next run
+        writer.write({ring0.data(), 7, 3, 8, true, 0});
+        writer.write({ring1.data(), 7, 0, 8, true, 1});   // the last point's arguments never come
+        writer.write({ring0.data(), 7, 0, 2, true, 0});   // ring 0 again, a new block
+        EXPECT_EQ(writer.events(), 7u + 6u + 2u);
+        EXPECT_EQ(writer.without_values(), 1u);
+        writer.finish({{"five", "five", "", 0, probelist::ProbeKind::entry, ""},
+                       {"six", "six", "", 0, probelist::ProbeKind::exit, ""}});
+    }
+
+    std::string want("IPRBTRC1", 8);
+    put(want, std::uint32_t{2});
+    put(want, std::uint32_t{4242});
+    put(want, clock.tsc_base);
+    put(want, clock.realtime_base);
+    put(want, clock.ns_per_tick);
+    // block: thread 100
+    put(want, std::uint32_t{100});
+    put(want, std::uint32_t{5 + 9 + 5});  // 5 event words, an escape of 2 records, one of 1
+    put(want, std::uint64_t{1000});
+    put(want, event_word(0, 5, 0));
+    put(want, event_word(1, 6, 100));
+    put_escape(want, {ring0[2], ring0[3]});
+    put_escape(want, {ring0[4]});
+    put(want, event_word(1, 5, 100));
+    put(want, event_word(0, 9, 100));
+    put(want, event_word(1, 9, 100));
+    // block: thread 200
+    put(want, std::uint32_t{200});
+    put(want, std::uint32_t{1 + 5 * 5});
+    put(want, std::uint64_t{900});
+    put(want, event_word(0, 1, 0));
+    put_escape(want, {ring1[1]});
+    iprobe_rt_record without_values = ring1[2];
+    without_values.nargs = 0;
+    put_escape(want, {without_values});
+    put_escape(want, {ring1[5]});
+    put_escape(want, {ring1[6]});
+    iprobe_rt_record without_args = ring1[7];
+    without_args.nargs = 0;
+    put_escape(want, {without_args});
+    // block: thread 100 again
+    put(want, std::uint32_t{100});
+    put(want, std::uint32_t{2});
+    put(want, std::uint64_t{1000});
+    put(want, event_word(0, 5, 0));
+    put(want, event_word(1, 6, 100));
+    const std::uint64_t table_at = want.size();
+    put(want, std::uint32_t{2});
+    put(want, std::uint8_t{0});
+    put(want, std::uint16_t{4});
+    want += "five";
+    put(want, std::uint8_t{1});
+    put(want, std::uint16_t{3});
+    want += "six";
+    put(want, table_at);
+    want += "IPRBEND1";
+    ASSERT_EQ(file_bytes(path), want);
+
+    using K = probelist::ProbeKind;
+    std::vector<Expected> expected = {
+        {100, 5, K::entry, 1000},      {100, 6, K::exit, 1100},
+        {100, 7, K::point, 1150, 0, 4, {1, 2, 3, 4}},
+        {100, 5, K::entry, 1200, 1},   {100, 5, K::exit, 1300},
+        {100, 9, K::entry, 1400},      {100, 9, K::exit, 1500},
+        {200, 1, K::entry, 900},       {200, 1, K::exit, 800},
+        {200, 2, K::entry, 850},       {200, 1u << 22, K::entry, 860},
+        {200, 3, K::exit, 860 + (1ull << 40)}, {200, 4, K::point, 870 + (1ull << 40)},
+        {100, 5, K::entry, 1000},      {100, 6, K::exit, 1100}};
+    TraceFileReader file(path);
+    EXPECT_EQ(file.pid(), 4242);
+    ASSERT_EQ(file.probes().size(), 2u);
+    EXPECT_EQ(file.probes()[1].function, "six");
+    EXPECT_EQ(file.probes()[1].kind, K::exit);
+    std::vector<Event> got;
+    while (file.next([&](const Event& e) { got.push_back(e); })) {
+    }
+    ASSERT_EQ(got.size(), expected.size());
+    for (std::size_t i = 0; i < got.size(); i++) {
+        SCOPED_TRACE("event " + std::to_string(i));
+        EXPECT_EQ(got[i].tid, expected[i].tid);
+        EXPECT_EQ(got[i].probe, expected[i].probe);
+        EXPECT_EQ(got[i].kind, expected[i].kind);
+        EXPECT_EQ(got[i].tsc, expected[i].tsc);
+        EXPECT_EQ(got[i].time_ns, clock.ns(expected[i].tsc));
+        EXPECT_EQ(got[i].depth, expected[i].depth);
+        EXPECT_EQ(got[i].nargs, expected[i].nargs);
+        for (int a = 0; a < 4; a++) EXPECT_EQ(got[i].args[a], expected[i].args[a]);
+    }
+}
+
+// A block's word count beyond the file, an escape cut by its block's end,
+// an escaped record of no known kind: refused, one line, not half-read.
+TEST(TraceFile, RefusesCorruptBlocks) {
+    const WallClock clock{0, 0, 1};
+    test::TempDir dir;
+    const std::string path = dir / "t.trace";
+    std::vector<iprobe_rt_record> ring = {record(IPROBE_RT_REC_ENTRY, 1, 7, 10), record(IPROBE_RT_REC_EXIT, 1, 7, 20, 0, 1)};
+    {
+        TraceFileWriter writer(path, 1, clock);
+        writer.write({ring.data(), 1, 0, 2, true, 0});
+        writer.finish({});
+    }
+    const std::string good = file_bytes(path);
+    auto refused = [&](std::string bytes, const std::string& says) {
+        std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+        try {
+            TraceFileReader file(path);
+            while (file.next([](const Event&) {})) {
+            }
+            ADD_FAILURE() << "not refused: " << says;
+        } catch (const Error& e) {
+            EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+            EXPECT_EQ(e.code(), ExitCode::bad_input);
+        }
+    };
+    constexpr std::size_t block = 40, words = block + 4, escape_record = block + 16 + 8 + 8;
+    std::string bytes = good;
+    bytes[words] = 9;  // 9 words where 5 are
+    refused(bytes, "corrupt trace file");
+    bytes = good;
+    bytes[words] = 4;  // the escape's record runs past the block's end
+    refused(bytes, "escaped record");
+    bytes = good;
+    bytes[escape_record + offsetof(iprobe_rt_record, kind)] = 9;
+    refused(bytes, "event kind 9");
+}
+
+}  // namespace
+}  // namespace iprobe::hotpatch
