@@ -2,9 +2,10 @@
 """Folds pause_breakdown.bt's events into one row per stop (one tool process:
 an attach or a detach), then prints the medians per label.
 
-usage: pause_breakdown.py EVENTS TARGET_PID LABEL...   (LABEL: one per stop
-of TARGET_PID, in order, e.g. "main/attach main/detach this/attach ...";
-other iprobe processes' stops of other targets are left out)"""
+usage: pause_breakdown.py EVENTS TARGET_PID LABELS
+LABELS: a file of "PID LABEL" lines, the tool process that made each stop
+(e.g. "4711 this build enable"); stops of TARGET_PID by other processes, and
+every stop of other targets, are left out."""
 import collections
 import statistics
 import sys
@@ -121,16 +122,20 @@ def fold(calls, switches):
 def main():
     events = parse(sys.argv[1])
     target = int(sys.argv[2])
-    labels = sys.argv[3:]
+    labels = {}
+    for line in open(sys.argv[3]):
+        pid, label = line.rstrip("\n").split(" ", 1)
+        labels[int(pid)] = label
     by_tool, switches = stops(events)
-    ours = [(tool, calls) for tool, calls in by_tool.items()
-            if any(c[0] == "P" and c[1] == SEIZE and c[2] == target for c in calls)]
-    rows = collections.OrderedDict()
-    for i, (tool, calls) in enumerate(ours):
-        label = labels[i] if i < len(labels) else f"stop{i}"
+    rows = collections.OrderedDict((label, []) for label in dict.fromkeys(labels.values()))
+    for tool, calls in by_tool.items():
+        if tool not in labels or not any(c[0] == "P" and c[1] == SEIZE and c[2] == target for c in calls):
+            continue
+        label = labels[tool]
         r = fold(calls, switches)
         if r:
-            rows.setdefault(label, []).append(r)
+            rows[label].append(r)
+    rows = collections.OrderedDict((k, v) for k, v in rows.items() if v)
     keys = next(iter(rows.values()))[0].keys() if rows else []
     names = list(rows)
     print("| median of n stops | " + " | ".join(f"{n} ({len(rows[n])})" for n in names) + " |")

@@ -20,8 +20,7 @@ mkdir -p "$work"
 probes=${PROBES:-10000}
 runs=${RUNS:-9}
 fns=$((probes / 2))
-[[ -x $work/many_$fns ]] || { python3 "$here/gen_functions.py" "$fns" >"$work/many_$fns.c";
-  "$build/bin/iprobe-cc" -O1 -o "$work/many_$fns" "$work/many_$fns.c" -lpthread; }
+many_functions "$fns"
 [[ -d /sys/kernel/tracing/events ]] || mount -t tracefs nodev /sys/kernel/tracing
 tools=("$build/bin/iprobe") names=("this build")
 [[ -n ${BASELINE:-} ]] && tools=("$(cd "$BASELINE" && pwd)/bin/iprobe" "${tools[@]}") names=("baseline" "${names[@]}")
@@ -34,16 +33,25 @@ events="$work/pause_breakdown.events"
 bpftrace "$here/pause_breakdown.bt" >"$events" 2>"$events.err" &
 tracer=$!
 for _ in $(seq 1 200); do grep -q Attaching "$events" 2>/dev/null && break; sleep 0.1; done
-labels=()
+# Each stop is told by the pid of the tool that made it (iprobe execs its
+# tool): "PID LABEL" lines.
+labels="$work/pause_breakdown.labels"
+: >"$labels"
+run_labelled() {  # label command...
+  local label=$1
+  shift
+  "$@" >/dev/null &
+  echo "$! $label" >>"$labels"
+  wait $!
+}
 for ((r = 0; r < runs; r++)); do
   for i in "${!tools[@]}"; do
-    "${tools[$i]}" attach "$pid" --handler count --completed >/dev/null
-    "${tools[$i]}" detach "$pid" >/dev/null
-    labels+=("${names[$i]} enable" "${names[$i]} disable")
+    run_labelled "${names[$i]} enable" "${tools[$i]}" attach "$pid" --handler count --completed
+    run_labelled "${names[$i]} disable" "${tools[$i]}" detach "$pid"
   done
 done
 sleep 0.1
 kill -INT "$tracer"; wait "$tracer" || true
 kill "$pid"; wait "$pid" 2>/dev/null || true
 printf '\n(load: %s; %s runs each, interleaved; target %s)\n\n' "$(cut -d' ' -f1-3 /proc/loadavg)" "$runs" "${TARGET_PRIO:-at nice 0}"
-python3 "$here/pause_breakdown.py" "$events" "$pid" "${labels[@]}"
+python3 "$here/pause_breakdown.py" "$events" "$pid" "$labels"
