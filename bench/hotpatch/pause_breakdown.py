@@ -143,7 +143,8 @@ def main():
     for k in keys:
         cells = []
         for n in names:
-            v = statistics.median(r[k] for r in rows[n])
+            known = [r[k] for r in rows[n] if r[k] == r[k]]  # a stop whose switches were lost has NaN
+            v = statistics.median(known) if known else float("nan")
             cells.append(f"{v:.0f}" if k in ("threads", "wait4 calls", "sleeps (nanosleep)", "mem writes", "mem reads", "page faults of the tool", "threads not run within 30 ms of their detach") else f"{v:.0f} us")
         print(f"| {k} | " + " | ".join(cells) + " |")
 
