@@ -21,7 +21,12 @@ probes=${PROBES:-10000}
 runs=${RUNS:-9}
 fns=$((probes / 2))
 many_functions "$fns"
-[[ -d /sys/kernel/tracing/events ]] || mount -t tracefs nodev /sys/kernel/tracing
+# bpftrace's tracepoints need tracefs: mounted here if it is not, and
+# unmounted again at the end.
+if [[ ! -d /sys/kernel/tracing/events ]]; then
+  mount -t tracefs nodev /sys/kernel/tracing
+  trap 'umount /sys/kernel/tracing' EXIT
+fi
 tools=("$build/bin/iprobe") names=("this build")
 [[ -n ${BASELINE:-} ]] && tools=("$(cd "$BASELINE" && pwd)/bin/iprobe" "${tools[@]}") names=("baseline" "${names[@]}")
 # shellcheck disable=SC2086
