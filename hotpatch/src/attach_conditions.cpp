@@ -132,35 +132,46 @@ ConditionPlan plan_conditions(const Condition& condition, const AttachOptions& o
     return plan;
 }
 
-void apply_conditions(Region& region, const ConditionPlan& plan, const std::vector<std::uint32_t>& first_probes) {
+std::vector<ConditionStore> condition_stores(const ConditionPlan& plan, const std::vector<std::uint32_t>& first_probes) {
+    std::vector<ConditionStore> stores;
+    for (std::size_t li = 0; li < plan.size() && li < first_probes.size(); li++)
+        for (const auto& [id, fc] : plan[li])
+            stores.push_back({first_probes[li] + id, fc.program.op_count ? &fc.program : nullptr, fc.retval_hist});
+    return stores;
+}
+
+void apply_conditions(Region& region, const std::vector<ConditionStore>& stores) {
     iprobe_rt_control* cb = region.control();
     iprobe_rt_probe* probes = region.probes();
-    for (std::size_t li = 0; li < plan.size(); li++) {
-        for (const auto& [id, fc] : plan[li]) {
-            const std::uint32_t global = first_probes[li] + id;
-            if (global + 1 >= region.probe_count()) continue;
-            std::uint16_t index = 0;
-            if (fc.program.op_count) {
-                iprobe_cond_program program = fc.program;
-                convert_durations(program, cb->tsc_hz);
-                const std::uint32_t count = region.condition_count();
-                iprobe_cond_program* table = region.conditions();
-                std::uint32_t at = 0;
-                while (at < count && std::memcmp(&table[at], &program, sizeof program) != 0) at++;
-                if (at == count) {
-                    if (count >= region.condition_capacity())
-                        throw Error("the region holds " + std::to_string(count) +
-                                        " conditions already (every --when of this process's life): restart the "
-                                        "target to attach more",
-                                    ExitCode::unavailable);
-                    table[at] = program;
-                    __atomic_store_n(&cb->condition_count, count + 1, __ATOMIC_RELEASE);
-                }
-                index = static_cast<std::uint16_t>(at + 1);
+    const iprobe_cond_program* last = nullptr;  // the same --when compiles alike for most functions
+    std::uint16_t last_index = 0;
+    for (const ConditionStore& c : stores) {
+        const std::uint32_t global = c.global;
+        if (global + 1 >= region.probe_count()) continue;
+        std::uint16_t index = 0;
+        if (c.program && last && std::memcmp(c.program, last, sizeof *last) == 0) {
+            index = last_index;
+        } else if (c.program) {
+            iprobe_cond_program program = *c.program;
+            convert_durations(program, cb->tsc_hz);
+            const std::uint32_t count = region.condition_count();
+            iprobe_cond_program* table = region.conditions();
+            std::uint32_t at = 0;
+            while (at < count && std::memcmp(&table[at], &program, sizeof program) != 0) at++;
+            if (at == count) {
+                if (count >= region.condition_capacity())
+                    throw Error("the region holds " + std::to_string(count) +
+                                    " conditions already (every --when of this process's life): restart the "
+                                    "target to attach more",
+                                ExitCode::unavailable);
+                table[at] = program;
+                __atomic_store_n(&cb->condition_count, count + 1, __ATOMIC_RELEASE);
             }
-            __atomic_store_n(&probes[global].condition, index, __ATOMIC_RELEASE);
-            __atomic_store_n(&probes[global + 1].retval_hist, fc.retval_hist, __ATOMIC_RELEASE);
+            index = static_cast<std::uint16_t>(at + 1);
+            last = c.program, last_index = index;
         }
+        __atomic_store_n(&probes[global].condition, index, __ATOMIC_RELEASE);
+        __atomic_store_n(&probes[global + 1].retval_hist, c.retval_hist, __ATOMIC_RELEASE);
     }
 }
 

@@ -39,9 +39,23 @@ Condition attach_condition(const AttachOptions& options);
 ConditionPlan plan_conditions(const Condition& condition, const AttachOptions& options,
                               const std::vector<SelectedList>& lists);
 
+// One selected function's condition as the stop writes it: `global` is its
+// entry probe in the region, `program` points into the ConditionPlan (which
+// must outlive it), null for none.
+struct ConditionStore {
+    std::uint32_t global = 0;
+    const iprobe_cond_program* program = nullptr;
+    std::uint8_t retval_hist = 0;
+};
+
+// The plan flattened, in the region's probe order, before the stop: the
+// stop then walks one vector instead of a map node per function (cold in
+// the cache by then: ~0.3 ms of a 10k-probe pause).
+std::vector<ConditionStore> condition_stores(const ConditionPlan& plan, const std::vector<std::uint32_t>& first_probes);
+
 // Writes each function's program (reusing an identical one the region
 // holds), then sets the entry probe's condition and its exit probe's
 // retval_hist: one store each, so a running thread sees the old or the new.
-void apply_conditions(Region& region, const ConditionPlan& plan, const std::vector<std::uint32_t>& first_probes);
+void apply_conditions(Region& region, const std::vector<ConditionStore>& stores);
 
 }  // namespace iprobe::hotpatch

@@ -237,6 +237,12 @@ void update_timed(Region& region) {
                           probes[i].stat < exit_on.size() && exit_on[probes[i].stat];
 }
 
+void warm_probes(const Region& region) {
+    const auto* table = reinterpret_cast<const char*>(region.probes());
+    const std::size_t bytes = std::size_t{region.probe_count()} * sizeof(iprobe_rt_probe);
+    for (std::size_t at = 0; at < bytes; at += 64) __builtin_prefetch(table + at, 1, 3);
+}
+
 void check_sites_in_code(const SelectedList& s, const RunningModule& running) {
     for (const auto& p : s.list.probes)
         if (!running.holds_code(p.site, p.size))

@@ -60,6 +60,13 @@ void set_live(iprobe_rt_probe& probe, bool live, std::uint64_t now_ns);
 // probe is enabled too: nothing else would pop the frame.
 void update_timed(Region& region);
 
+// Brings the probe table into this CPU's cache for writing, before the stop
+// and again first thing in it: a stop's settings, live flags and timed bits
+// touch one 64-byte line per probe, and 10k cold lines written one after the
+// other cost ~0.35 ms of the pause; prefetched as one stream they cost a
+// tenth of that, and nothing when still warm.
+void warm_probes(const Region& region);
+
 // Every site of the list lies inside the module's executable segments, so no
 // write can land outside its code (the bytes at each selected site are
 // checked once the world is stopped).

@@ -254,41 +254,60 @@ void insert_sites(Region& region, const SitesPlan& plan) {
 
 // Conditions and values before code: a site going live finds them there.
 // Written in the stop (they change what live probes record), one store per
-// probe, so a running thread sees the old setting or the new.
-void apply_settings(Region& region, const SitesPlan& plan, const ProbeSettings& settings) {
-    apply_conditions(region, settings.conditions, plan.first_probes);
+// probe, so a running thread sees the old setting or the new; flattened
+// into vectors before it (settings_of).
+struct SettingStores {
+    std::vector<ConditionStore> conditions;
+    std::vector<std::pair<std::uint32_t, std::uint64_t>> values;  // global probe index, spec word
     // The return-value histogram is kept by the exit probe a hooked return
     // records, which at a -finstrument-functions entry need not be the next.
+    std::vector<std::pair<std::uint32_t, std::uint32_t>> hist_moves;  // exit recorded, probe after the entry
+};
+
+SettingStores settings_of(const SitesPlan& plan, const ProbeSettings& settings) {
+    SettingStores stores{condition_stores(settings.conditions, plan.first_probes), {}, {}};
     for (std::size_t li = 0; li < settings.values.size() && li < plan.first_probes.size(); li++)
         for (const auto& [entry, exit] : settings.values[li].hooked_exit) {
             const std::uint32_t next = plan.first_probes[li] + entry + 1, at = plan.first_probes[li] + exit;
-            if (at == next || at >= region.probe_count()) continue;
-            __atomic_store_n(&region.probes()[at].retval_hist, region.probes()[next].retval_hist, __ATOMIC_RELEASE);
-            if (region.probes()[next].kind == static_cast<std::uint8_t>(probelist::ProbeKind::entry))  // not an exit's own
-                __atomic_store_n(&region.probes()[next].retval_hist, std::uint8_t{0}, __ATOMIC_RELEASE);
+            if (at != next) stores.hist_moves.emplace_back(at, next);
         }
     std::map<std::uint32_t, std::uint64_t> value_specs;  // global probe index -> spec word
     for (std::size_t li = 0; li < settings.values.size() && li < plan.first_probes.size(); li++)
         for (const auto& [id, spec] : settings.values[li].specs) value_specs[plan.first_probes[li] + id] = spec_word(spec);
     // An attach without value options turns them off again.
+    stores.values.reserve(plan.enables.size());
     for (const auto& e : plan.enables) {
         const auto spec = value_specs.find(e.global);
-        __atomic_store_n(reinterpret_cast<std::uint64_t*>(&region.probes()[e.global].values),
-                         spec == value_specs.end() ? 0 : spec->second, __ATOMIC_RELEASE);
+        stores.values.emplace_back(e.global, spec == value_specs.end() ? 0 : spec->second);
     }
+    return stores;
+}
+
+void apply_settings(Region& region, const SettingStores& stores) {
+    apply_conditions(region, stores.conditions);
+    iprobe_rt_probe* probes = region.probes();
+    for (const auto& [at, next] : stores.hist_moves) {
+        if (at >= region.probe_count()) continue;
+        __atomic_store_n(&probes[at].retval_hist, probes[next].retval_hist, __ATOMIC_RELEASE);
+        if (probes[next].kind == static_cast<std::uint8_t>(probelist::ProbeKind::entry))  // not an exit's own
+            __atomic_store_n(&probes[next].retval_hist, std::uint8_t{0}, __ATOMIC_RELEASE);
+    }
+    for (const auto& [global, word] : stores.values)
+        __atomic_store_n(reinterpret_cast<std::uint64_t*>(&probes[global].values), word, __ATOMIC_RELEASE);
 }
 
 // The stop's part of an attach, the sites inserted in the hash: stubs, the
 // probes' settings, then the code (before_code runs in between), then the
 // probes' flags.
 AttachStats finish_attach(StoppedProcess& process, Region& region, const SitesPlan& plan, HandlerMode mode,
-                          const ProbeSettings& settings, AttachStats stats, Clock::time_point started,
+                          const SettingStores& settings, AttachStats stats, Clock::time_point started,
                           const std::function<void()>& before_code) {
+    warm_probes(region);
     if (!unsafe_pcs(process, plan.patches).empty()) throw RetryLater{};
     throw_if_interrupted();
     std::vector<SiteStub> site_stubs = plan.site_stubs;
     write_site_stubs(process, site_stubs);
-    apply_settings(region, plan, settings);
+    apply_settings(region, settings);
     before_code();
     apply_patches(process, plan.patches);
     const std::uint64_t live_at = realtime_ns();
@@ -412,6 +431,11 @@ AttachStats attach(const AttachOptions& options) {
     std::vector<std::string> redirected;  // functions `iprobe patch` replaced, found while planning
     std::optional<PlannedAhead> ahead = plan_ahead(options, lists, handlers, handler_path, before, redirected, values_plans);
 
+    SettingStores settings_ahead;
+    if (ahead) {
+        settings_ahead = settings_of(ahead->plan, settings);
+        warm_probes(ahead->region);
+    }
     bool injected = false;  // by this attach: said when it fails after that
     try {
     return with_world_stopped(options.pid, options.safe_point_timeout, [&](StoppedProcess& process,
@@ -433,7 +457,7 @@ AttachStats attach(const AttachOptions& options) {
         }
         if (ahead && same_maps(read_maps(options.pid), ahead->maps)) {
             // Planned while the target ran; only the writes are left.
-            return finish_attach(process, ahead->region, ahead->plan, options.mode, settings, std::move(stats), started,
+            return finish_attach(process, ahead->region, ahead->plan, options.mode, settings_ahead, std::move(stats), started,
                                  [] {});
         }
         auto maps = read_maps(options.pid);
@@ -518,7 +542,7 @@ AttachStats attach(const AttachOptions& options) {
         // Table first, code second: a site only becomes live once its
         // return address resolves.
         insert_sites(region, plan);
-        return finish_attach(process, region, plan, options.mode, settings, std::move(stats), started, [&] {
+        return finish_attach(process, region, plan, options.mode, settings_of(plan, settings), std::move(stats), started, [&] {
             if (fresh_fd < 0) return;
             const auto rc = static_cast<std::int64_t>(process.call(*map_at, {static_cast<std::uint64_t>(fresh_fd)}));
             if (rc != 0)
@@ -638,11 +662,13 @@ DetachStats detach(const DetachOptions& options) {
     }
     sort_by_address(patches);
 
+    if (region) warm_probes(*region);
     DetachStats stats = with_world_stopped(options.pid, options.safe_point_timeout, [&](StoppedProcess& process,
                                                                                        Clock::time_point started,
                                                                                        Clock::time_point) {
         DetachStats st;
         st.threads = process.threads().size();
+        if (region) warm_probes(*region);
         if (!unsafe_pcs(process, patches).empty()) throw RetryLater{};
         throw_if_interrupted();
         apply_patches(process, patches);

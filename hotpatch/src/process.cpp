@@ -86,12 +86,15 @@ constexpr auto kReapTimeout = std::chrono::milliseconds(500);
 
 int event_of(int status) { return static_cast<int>(static_cast<unsigned>(status) >> 16); }
 
-// Between sweeps: short first (a stop takes microseconds), then longer, so a
-// wait costs little CPU while the target's threads need it to reach their
-// stops.
-void pause_between_sweeps(int sweep) {
-    std::this_thread::sleep_for(std::chrono::microseconds(sweep < 20 ? 10 : sweep < 200 ? 100 : 1000));
+// Between sweeps without SIGCHLD: short first (a stop takes microseconds),
+// then longer, so a wait costs little CPU while the target's threads need it
+// to reach their stops.
+std::chrono::microseconds poll_sleep(int sweep) {
+    return std::chrono::microseconds(sweep < 20 ? 10 : sweep < 200 ? 100 : 1000);
 }
+// With SIGCHLD: how long a wait lasts when one went astray (to another
+// thread of ours) before the tracees are swept again anyway.
+constexpr std::chrono::microseconds kSigchldMissed{1000};
 
 }  // namespace
 
@@ -103,11 +106,51 @@ void throw_if_interrupted() {
                     ExitCode::interrupted);
 }
 
+ChildEvents::ChildEvents() {
+    struct sigaction current {};
+    if (::sigaction(SIGCHLD, nullptr, &current) != 0 || (current.sa_flags & SA_SIGINFO) || current.sa_handler != SIG_DFL)
+        return;
+    sigset_t chld;
+    sigemptyset(&chld);
+    sigaddset(&chld, SIGCHLD);
+    if (::pthread_sigmask(SIG_BLOCK, &chld, &saved_) != 0) return;
+    if (sigismember(&saved_, SIGCHLD)) return;  // blocked by the program: its own to take
+    taken_ = true;
+}
+
+ChildEvents::~ChildEvents() {
+    if (!taken_) return;
+    // A SIGCHLD still pending is dropped when unblocked (its default is to
+    // ignore it); take it first all the same, so none is left for later.
+    sigset_t chld;
+    sigemptyset(&chld);
+    sigaddset(&chld, SIGCHLD);
+    const timespec none{0, 0};
+    while (::sigtimedwait(&chld, nullptr, &none) == SIGCHLD) {
+    }
+    ::pthread_sigmask(SIG_SETMASK, &saved_, nullptr);
+}
+
+void ChildEvents::wait(std::chrono::microseconds poll_sleep, std::chrono::microseconds limit) const {
+    limit = std::max(limit, std::chrono::microseconds(1));
+    if (!taken_) {
+        std::this_thread::sleep_for(std::min(poll_sleep, limit));
+        return;
+    }
+    sigset_t chld;
+    sigemptyset(&chld);
+    sigaddset(&chld, SIGCHLD);
+    const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::min(limit, kSigchldMissed)).count();
+    const timespec timeout{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+    ::sigtimedwait(&chld, nullptr, &timeout);  // a SIGCHLD, EAGAIN at the timeout, EINTR: sweep again
+}
+
 StoppedProcess::StoppedProcess(pid_t pid) : pid_(pid) {
     check_target(pid);
     try {
-        seize_all();
+        // Opened before the first thread stops: the stop holds only ptrace.
         memory_ = ProcessMemory(pid);
+        seize_all();
     } catch (...) {
         release();
         throw;
@@ -144,8 +187,9 @@ bool StoppedProcess::next_report(Report& report, Deadline deadline, bool interru
         }
         if (tids.empty()) return false;
         if (interruptible) throw_if_interrupted();
-        if (Clock::now() >= deadline) return false;
-        pause_between_sweeps(sweep);
+        const auto now = Clock::now();
+        if (now >= deadline) return false;
+        child_events_.wait(poll_sleep(sweep), std::chrono::duration_cast<std::chrono::microseconds>(deadline - now));
     }
 }
 
@@ -221,8 +265,11 @@ void StoppedProcess::seize_all() {
     // Threads may be created while we stop the others: repeat until the
     // task list holds nothing we have not stopped (new clones of stopped
     // threads are auto-attached and show up as PTRACE_EVENT_CLONE).
+    // Each round seizes every thread it finds (that stops none of them), then
+    // interrupts them all at once: the first thread stops when the last is
+    // about to, not a seize per thread earlier.
     for (int round = 0;; round++) {
-        bool added = false;
+        std::vector<pid_t> seized;
         for (pid_t tid : list_threads(pid_)) {
             const bool known = std::any_of(threads_.begin(), threads_.end(),
                                            [&](const StoppedThread& t) { return t.tid == tid; }) ||
@@ -251,11 +298,12 @@ void StoppedProcess::seize_all() {
                 throw_errno("PTRACE_SEIZE " + std::to_string(tid));
             }
             pending_.push_back(tid);
-            ::ptrace(PTRACE_INTERRUPT, tid, nullptr, nullptr);
-            added = true;
+            seized.push_back(tid);
         }
+        if (round == 0) stopping_began_ = Clock::now();
+        for (pid_t tid : seized) ::ptrace(PTRACE_INTERRUPT, tid, nullptr, nullptr);
         wait_pending_stopped(Clock::now() + kStopTimeout);
-        if (!added) break;
+        if (seized.empty()) break;
         if (round > 1000) throw Error("process " + std::to_string(pid_) + " keeps creating threads; try again");
     }
     if (threads_.empty() || !process_alive(pid_)) throw_gone();

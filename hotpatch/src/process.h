@@ -3,12 +3,16 @@
 // always restores borrowed registers and detaches, whatever happened.
 //
 // The target may die at any moment, and the user may interrupt us: no wait
-// here blocks.  Every tracee is polled (WNOHANG, all of them in each sweep, so
-// a dying thread group's exits are collected in whatever order the kernel
-// delivers them), each wait has a deadline, and interrupt() makes the next
-// wait throw Error(interrupted).
+// here blocks for good.  Every tracee is polled (WNOHANG, all of them in each
+// sweep, so a dying thread group's exits are collected in whatever order the
+// kernel delivers them), each wait has a deadline, and interrupt() makes the
+// next wait throw Error(interrupted).  Between sweeps we sleep until the
+// kernel's SIGCHLD says a tracee stopped or exited (ChildEvents), not on a
+// timer: a tracer that wakes every few microseconds preempts the very threads
+// it waits for on their way to the stop.
 #pragma once
 
+#include <signal.h>
 #include <sys/types.h>
 #include <sys/user.h>
 
@@ -73,6 +77,28 @@ private:
 // Throws Error(interrupted) once interrupt() (iprobe/hotpatch/hotpatch.h) was called.
 void throw_if_interrupted();
 
+// While it lives, this thread takes the SIGCHLDs that ptrace stops and
+// exits send their tracer (blocked here, waited for with sigtimedwait).
+// Only where nobody else wants them: SIGCHLD at its default disposition and
+// not already blocked (a handler or a signalfd of the program's own keeps
+// every notification).  Otherwise, or when a SIGCHLD went to another thread
+// of ours, wait() is a short sleep, as a poll.
+class ChildEvents {
+public:
+    ChildEvents();
+    ~ChildEvents();
+    ChildEvents(const ChildEvents&) = delete;
+    ChildEvents& operator=(const ChildEvents&) = delete;
+    // Until a SIGCHLD (maybe one already pending), `poll_sleep` without
+    // them, at most `limit`; EINTR (an interrupt()'s signal) ends it too.
+    void wait(std::chrono::microseconds poll_sleep, std::chrono::microseconds limit) const;
+    bool taken() const { return taken_; }
+
+private:
+    bool taken_ = false;
+    sigset_t saved_{};
+};
+
 struct StoppedThread {
     pid_t tid = 0;
     user_regs_struct regs{};
@@ -87,6 +113,9 @@ public:
     StoppedProcess& operator=(const StoppedProcess&) = delete;
 
     pid_t pid() const { return pid_; }
+    // When the first thread was interrupted (every thread was seized just
+    // before, while all of them ran): where the target's pause begins.
+    std::chrono::steady_clock::time_point stopping_began() const { return stopping_began_; }
     std::uint64_t stop_us = 0;  // how long stopping every thread took
     const std::vector<StoppedThread>& threads() const { return threads_; }
 
@@ -150,6 +179,8 @@ private:
     StoppedThread& call_thread();
 
     pid_t pid_;
+    ChildEvents child_events_;
+    std::chrono::steady_clock::time_point stopping_began_{};
     ProcessMemory memory_;
     std::vector<StoppedThread> threads_;  // ptrace-stopped
     std::vector<pid_t> pending_;          // seized or auto-attached, not stopped yet

@@ -94,8 +94,10 @@ auto with_world_stopped(pid_t pid, std::chrono::milliseconds timeout, Body&& bod
     for (int attempt = 0;; attempt++) {
         throw_if_interrupted();
         {
-            const auto started = Clock::now();
             StoppedProcess process(pid);
+            // The pause the target feels: from the first interrupt (seizing
+            // stops nothing), not from our checks of the pid before it.
+            const auto started = process.stopping_began();
             process.stop_us = elapsed_us(started);
             try {
                 return body(process, started, deadline);

@@ -128,7 +128,7 @@ struct AttachStats {
     std::size_t already_enabled = 0;
     std::size_t total_enabled = 0;   // enabled in the process after the call
     std::size_t threads = 0;         // threads stopped
-    std::uint64_t pause_us = 0;      // stop-the-world time (first seize to last detach)
+    std::uint64_t pause_us = 0;      // stop-the-world time (first interrupt to last detach)
     std::uint64_t stop_us = 0;       // of which: until every thread was stopped
     bool runtime_injected = false;
     bool handler_injected = false;
