@@ -30,7 +30,7 @@ fi
 tools=("$build/bin/iprobe") names=("this build")
 [[ -n ${BASELINE:-} ]] && tools=("$(cd "$BASELINE" && pwd)/bin/iprobe" "${tools[@]}") names=("baseline" "${names[@]}")
 # shellcheck disable=SC2086
-start ${TARGET_PRIO:-} "$work/many_$fns"
+start ${TARGET_PRIO:-} "$many_binary"
 sleep 0.5
 "${tools[-1]}" attach "$pid" --handler count --completed >/dev/null  # the first attach injects the runtime
 "${tools[-1]}" detach "$pid" >/dev/null

@@ -8,7 +8,9 @@
 # usage: bench/hotpatch/pause_repeat.sh [BUILD_DIR]   env: BASELINE=BUILD_DIR, PROBES (10000), RUNS (9),
 #   TARGET_PRIO (a prefix for the target, e.g. "nice -n -15": its threads win
 #   the CPU from the machine's other load and reach their stops sooner, which
-#   tells that load apart from the tool's own cost)
+#   tells that load apart from the tool's own cost), THREADS (8: the target's
+#   spinning threads; with more than the machine has cores, the stop waits
+#   for each to be scheduled once)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 build="$(cd "${1:-${IPROBE_BUILD_DIR:-$root/build}}" && pwd)"
@@ -19,14 +21,17 @@ mkdir -p "$work"
 probes=${PROBES:-10000}
 runs=${RUNS:-9}
 fns=$((probes / 2))
-many_functions "$fns"
+threads=${THREADS:-8}
+many_functions "$fns" "$threads"
 tools=("$build/bin/iprobe")
 [[ -n ${BASELINE:-} ]] && tools=("$(cd "$BASELINE" && pwd)/bin/iprobe" "${tools[@]}")
 get() { sed -n "s/.*\"$1\":\([0-9]*\).*/\1/p" <<<"$2"; }
 # median and p90 (nearest rank) of the numbers on stdin
 stats() { sort -n | awk '{ v[NR] = $1 } END { m = v[int((NR + 1) / 2)]; p = v[int(NR * 0.9 + 0.999)]; printf "%d / %d", m, p }'; }
 # shellcheck disable=SC2086
-start ${TARGET_PRIO:-} "$work/many_$fns"
+start ${TARGET_PRIO:-} "$many_binary"
+# A run that fails (set -e) must not leave its spinning target behind.
+trap 'kill "$pid" 2>/dev/null || true' EXIT
 sleep 0.5
 # The first attach injects the runtime: kept out of the runs.
 first=$("${tools[-1]}" attach "$pid" --handler count --json $("${tools[-1]}" attach --help | grep -q -- --completed && echo --completed))
@@ -43,7 +48,7 @@ for ((r = 0; r < runs; r++)); do
   done
 done
 kill "$pid"; wait "$pid" 2>/dev/null || true
-printf '\n(load: %s; %s runs each, interleaved, one target of %s functions and 9 threads, %s)\n' "$(cut -d' ' -f1-3 /proc/loadavg)" "$runs" "$fns" "${TARGET_PRIO:-at nice 0}"
+printf '\n(load: %s; %s runs each, interleaved, one target of %s functions and %s threads (%s spinning) on %s CPUs, %s)\n' "$(cut -d' ' -f1-3 /proc/loadavg)" "$runs" "$fns" "$((threads + 1))" "$threads" "$(nproc)" "${TARGET_PRIO:-at nice 0}"
 printf '\n| iprobe | probes | enable pause median / p90 | enable less stopping | disable pause | disable less stopping |\n|---|---|---|---|---|---|\n'
 for i in "${!tools[@]}"; do
   tool=${tools[$i]} f="$work/pause.$i"

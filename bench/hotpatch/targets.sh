@@ -10,12 +10,16 @@ start() {
   log "$1 did not start"; cat "$out" >&2; exit 1
 }
 finish() { kill -USR1 "$pid"; wait "$pid"; }
-# many_functions N: $work/many_N, built once with $build's iprobe-cc: N empty
-# functions that 8 threads call round-robin (gen_functions.py), the target
-# of the stop-the-world pause benchmarks
+# many_functions N [T]: $work/many_N (T threads: many_N_tT), built once with
+# $build's iprobe-cc: N empty functions that T threads (default 8) call
+# round-robin (gen_functions.py), the target of the stop-the-world pause
+# benchmarks; sets many_binary
 many_functions() {
-  [[ -x $work/many_$1 ]] || { python3 "$here/gen_functions.py" "$1" >"$work/many_$1.c";
-    "$build/bin/iprobe-cc" -O1 -o "$work/many_$1" "$work/many_$1.c" -lpthread; }
+  local threads=${2:-8} name="many_$1"
+  ((threads == 8)) || name+="_t$threads"
+  many_binary="$work/$name"
+  [[ -x $many_binary ]] || { python3 "$here/gen_functions.py" "$1" "$threads" >"$many_binary.c";
+    "$build/bin/iprobe-cc" -O1 -o "$many_binary" "$many_binary.c" -lpthread; }
 }
 ns_at() { awk -v n="$2" '$1 == n { print $2 }' "$1"; }
 # run_variant NAME BINARY [ATTACH ARGS...]: runs BINARY $max_exp $repeats
