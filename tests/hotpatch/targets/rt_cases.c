@@ -49,6 +49,8 @@
 #include <ucontext.h>
 #include <unistd.h>
 
+#include "fixture_serve.h"
+
 #ifdef __cplusplus
 #include <exception>
 #include <stdexcept>
@@ -382,6 +384,19 @@ static void* bk_thread(void* arg) {
     (void)arg;
     return (void*)bk_a();
 }
+static pthread_t bk_blocked;
+static long bk_block(void) {
+    bk_inside = 0;
+    pthread_create(&bk_blocked, 0, bk_thread, 0);
+    while (!bk_inside) usleep(1000);
+    return 1;
+}
+static long bk_release(void) {
+    void* got = 0;
+    if (write(bk_pipe[1], "\x05", 1) != 1) exit(1);
+    pthread_join(bk_blocked, &got);
+    return (long)got;
+}
 
 #ifdef __cplusplus
 /* ---- C++ exceptions through hooked frames ---- */
@@ -487,6 +502,8 @@ static long command(const char* name, long n) {
         for (long i = 0; i < n; i++) r += bt_a();
         return r;
     }
+    if (!strcmp(name, "block")) return bk_block();
+    if (!strcmp(name, "release")) return bk_release();
 #ifdef __cplusplus
     if (!strcmp(name, "exceptions")) {
         destroyed = 0;
@@ -507,42 +524,6 @@ static long command(const char* name, long n) {
 }
 
 int main(int argc, char** argv) {
-    if (argc < 3) {
-        fprintf(stderr, "usage: rt_cases THREADS FIFO\n");
-        return 2;
-    }
-    setvbuf(stdout, 0, _IOLBF, 0);
     if (pipe(bk_pipe) != 0) return 1;
-    pthread_t blocked;
-    printf("ready %d\n", (int)getpid());
-    char line[256];
-    for (;;) {
-        FILE* in = fopen(argv[2], "r");
-        if (!in) return 1;
-        while (fgets(line, sizeof line, in)) {
-            char name[64];
-            long n = 0;
-            if (sscanf(line, "%63s %ld", name, &n) < 1) continue;
-            if (!strcmp(name, "quit")) {
-                printf("ok quit 0\n");
-                return 0;
-            }
-            if (!strcmp(name, "block")) {
-                bk_inside = 0;
-                pthread_create(&blocked, 0, bk_thread, 0);
-                while (!bk_inside) usleep(1000);
-                printf("ok block 1\n");
-                continue;
-            }
-            if (!strcmp(name, "release")) {
-                void* got = 0;
-                if (write(bk_pipe[1], "\x05", 1) != 1) return 1;
-                pthread_join(blocked, &got);
-                printf("ok release %ld\n", (long)got);
-                continue;
-            }
-            printf("ok %s %ld\n", name, command(name, n));
-        }
-        fclose(in);
-    }
+    return fixture_serve(argc, argv, "rt_cases", command);
 }
