@@ -4,9 +4,10 @@
 # interrupt, waits, sleeps, /proc/PID/mem writes and detaches, and each
 # target thread's gap (its ptrace stop until it next runs).  RUNS
 # attach/detach cycles per build, interleaved, one target of PROBES/2
-# functions and 9 threads (8 calling them round-robin).
+# functions and THREADS + 1 threads (THREADS, default 8, calling them
+# round-robin).
 # usage: bench/hotpatch/pause_breakdown.sh [BUILD_DIR]
-#   env: BASELINE=BUILD_DIR, PROBES (10000), RUNS (9),
+#   env: BASELINE=BUILD_DIR, PROBES (10000), RUNS (9), THREADS (8),
 #        TARGET_PRIO (a prefix for the target, e.g. "nice -n -15": its
 #        threads then win the CPU from other load and reach their stops
 #        sooner; the tool runs SCHED_FIFO while the world is stopped anyway)
@@ -17,16 +18,16 @@ here="$root/bench/hotpatch"
 work="$build/bench-hotpatch"
 mkdir -p "$work"
 . "$here/targets.sh"
-probes=${PROBES:-10000}
 runs=${RUNS:-9}
-fns=$((probes / 2))
-many_functions "$fns"
+pause_target
 # bpftrace's tracepoints need tracefs: mounted here if it is not, and
-# unmounted again at the end.
+# unmounted again at the end; the target never outlives a failed run.
+mounted=0
 if [[ ! -d /sys/kernel/tracing/events ]]; then
   mount -t tracefs nodev /sys/kernel/tracing
-  trap 'umount /sys/kernel/tracing' EXIT
+  mounted=1
 fi
+trap 'if [[ -n ${pid:-} ]]; then kill "$pid" 2>/dev/null || true; fi; ((mounted == 0)) || umount /sys/kernel/tracing' EXIT
 tools=("$build/bin/iprobe") names=("this build")
 [[ -n ${BASELINE:-} ]] && tools=("$(cd "$BASELINE" && pwd)/bin/iprobe" "${tools[@]}") names=("baseline" "${names[@]}")
 # shellcheck disable=SC2086

@@ -18,11 +18,8 @@ here="$root/bench/hotpatch"
 work="$build/bench-hotpatch"
 mkdir -p "$work"
 . "$here/targets.sh"
-probes=${PROBES:-10000}
 runs=${RUNS:-9}
-fns=$((probes / 2))
-threads=${THREADS:-8}
-many_functions "$fns" "$threads"
+pause_target
 tools=("$build/bin/iprobe")
 [[ -n ${BASELINE:-} ]] && tools=("$(cd "$BASELINE" && pwd)/bin/iprobe" "${tools[@]}")
 get() { sed -n "s/.*\"$1\":\([0-9]*\).*/\1/p" <<<"$2"; }

@@ -21,6 +21,16 @@ many_functions() {
   [[ -x $many_binary ]] || { python3 "$here/gen_functions.py" "$1" "$threads" >"$many_binary.c";
     "$build/bin/iprobe-cc" -O1 -o "$many_binary" "$many_binary.c" -lpthread; }
 }
+# pause_target: builds the target both pause benchmarks stop (pause_repeat.sh,
+# pause_breakdown.sh): PROBES (10000) probes, entries and exits, so
+# PROBES/2 functions, called by THREADS (8) spinning threads; sets probes,
+# fns, threads and many_binary
+pause_target() {
+  probes=${PROBES:-10000}
+  fns=$((probes / 2))
+  threads=${THREADS:-8}
+  many_functions "$fns" "$threads"
+}
 ns_at() { awk -v n="$2" '$1 == n { print $2 }' "$1"; }
 # run_variant NAME BINARY [ATTACH ARGS...]: runs BINARY $max_exp $repeats
 # times (a fresh process each, attached with ATTACH ARGS by $iprobe when
