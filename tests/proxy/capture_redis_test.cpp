@@ -590,8 +590,11 @@ TEST(CaptureMirrorLoopback, BenchmarkTrafficReachesTheCopyCommandForCommand) {
                            {}, 300s);
         ASSERT_EQ(r.exit_code, 0) << r.err;
     }
-    ASSERT_TRUE(m.wait_idle(2 * 3 * 10)) << m.stats_text();
+    // Each run: 10 clients for each of 3 tests, and one for the server's config.
+    constexpr std::uint64_t kConnections = 2 * (3 * 10 + 1);
+    ASSERT_TRUE(m.wait_idle(kConnections)) << m.stats_text();
     const MirrorStats s = m.stats();
+    EXPECT_EQ(s.connections.accepted, kConnections);
     EXPECT_EQ(s.capture->lost_connections, 0u);
     EXPECT_EQ(s.capture->kernel_drops, 0u);
     EXPECT_EQ(s.bytes.to_debug, s.bytes.client_to_production);
@@ -658,7 +661,11 @@ TEST(CaptureMirrorLoopback, EachDebugCopyGetsTheWholeCapturedStreamAndIsCompared
                        {}, 300s);
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_EQ(production.cli({"GET", "user:42"}), "alice");
-    const bool idle = m.wait_idle(6);
+    // redis-benchmark's 5 clients and the one it reads the server's config
+    // on, then that GET: idle only once the capture has seen all 7, or the
+    // GET's connection may be seen just after and still be open here.
+    constexpr std::uint64_t kConnections = 5 + 1 + 1;
+    const bool idle = m.wait_idle(kConnections);
     const CpuTimes after = cpu_times(m.pid());
     const auto wall_ns = std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - started).count();
     const MirrorStats s = m.stats();
@@ -677,6 +684,7 @@ TEST(CaptureMirrorLoopback, EachDebugCopyGetsTheWholeCapturedStreamAndIsCompared
                      << on_cpu_ms << " ms (denied " << static_cast<int>(100 * denied) << "% of what it asked, over "
                      << static_cast<int>(100 * kBusyMachine) << "%), and fell behind: " << m.stats_text();
     ASSERT_TRUE(idle) << m.stats_text();
+    EXPECT_EQ(s.connections.accepted, kConnections);
     EXPECT_EQ(s.capture->lost_connections, 0u);
     ASSERT_EQ(s.debug_targets.size(), 2u) << m.stats_text();
     EXPECT_EQ(s.debug_targets[0].address, "127.0.0.1:6390");
