@@ -374,23 +374,14 @@ double parse_duration(const Args& args) {
 
 bool alive(pid_t pid) { return ::kill(pid, 0) == 0 || errno == EPERM; }
 
-// Records a lossless writer lets gather before it drains again (a quarter
-// of the default ring: bench/hotpatch/lua_trace.sh).
-constexpr std::size_t kLosslessBatchRecords = 4096;
-
 // Drains until the duration ends, Ctrl-C, or the process exits.
 void collect(TraceReader& reader, double seconds, const std::function<std::size_t()>& drain, bool until_stop) {
     const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(std::max(seconds, 0.0));
     drain();
     if (seconds == 0 || (seconds < 0 && !until_stop)) return;
-    // Lossless: threads may be waiting on a full ring, so look again soon;
-    // but not straight after a small drain, which would read each line just
-    // behind the threads writing it (every line crossing between the cores
-    // twice): let a batch gather first.
-    const std::size_t batch = reader.lossless() ? kLosslessBatchRecords : 1;
     while (!g_stop && alive(reader.pid()) && (seconds < 0 || std::chrono::steady_clock::now() < end)) {
-        if (drain() < batch)
-            std::this_thread::sleep_for(std::chrono::microseconds(reader.lossless() ? 100 : 5000));
+        const auto pause = reader.pause_after(drain());
+        if (pause.count() > 0) std::this_thread::sleep_for(pause);
     }
     drain();
 }

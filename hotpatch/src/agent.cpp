@@ -60,7 +60,7 @@ public:
     bool pump_trace() {
         if (!reader_) return true;
         bool ok = true;
-        reader_->drain([&](const Event& e) {
+        last_drained_ = reader_->drain([&](const Event& e) {
             if (!ok) return;
             nesting_.records(e, reader_->probe(e.probe), [&](const TraceRecord& r) {
                 if (!ok) return;
@@ -72,6 +72,11 @@ public:
     }
 
     bool tracing() const { return reader_ != nullptr; }
+
+    // How long to wait for a request before pumping the trace again.
+    std::chrono::microseconds next_pump() const {
+        return reader_ ? reader_->pause_after(last_drained_) : std::chrono::microseconds(200000);
+    }
 
     bool end_trace() {
         if (!reader_) return true;
@@ -206,6 +211,7 @@ private:
     std::unique_ptr<TraceReader> reader_;
     CallNesting nesting_;
     std::uint64_t records_ = 0;
+    std::size_t last_drained_ = 0;
 };
 
 }  // namespace
@@ -225,8 +231,10 @@ int serve_agent(const AgentOptions& options, int in_fd, int out_fd) {
             return 0;
         }
         pollfd p{in_fd, POLLIN, 0};
-        const int ready = ::poll(&p, 1, agent.tracing() ? 5 : 200);
-        if (ready < 0 && errno != EINTR) throw_errno("poll");
+        const auto wait = agent.next_pump();
+        const timespec timeout{static_cast<time_t>(wait.count() / 1000000), static_cast<long>(wait.count() % 1000000) * 1000};
+        const int ready = ::ppoll(&p, 1, &timeout, nullptr);
+        if (ready < 0 && errno != EINTR) throw_errno("ppoll");
         if (ready > 0) {
             const ssize_t n = ::read(in_fd, buf, sizeof buf);
             if (n < 0 && errno == EINTR) continue;
