@@ -39,6 +39,7 @@ void create_veth(const std::string& name, const std::string& host_if, const std:
     const std::string peer = host_if + "p";
     run_checked({"ip", "link", "add", host_if, "type", "veth", "peer", "name", peer}, "creating veth " + host_if);
     try {
+        test_pause("veth");
         run_checked({"ip", "link", "set", peer, "netns", name}, "moving veth into " + name);
         run_checked({"ip", "-n", name, "link", "set", peer, "name", "eth0"}, "renaming veth in " + name);
         run_checked({"ip", "-n", name, "addr", "add", clone_cidr, "dev", "eth0"}, "addressing the clone side");
