@@ -266,7 +266,7 @@ std::vector<Removed> remove_clone(const std::string& name, bool scratch_too) {
     // Killed mid-restore, the launcher had not learned its keeper's PID.
     if (st["keeper_pid"].empty() && !st["netns"].empty())
         for (pid_t keeper : keepers_in(st["netns"])) keeper_gone(keeper, start_time(keeper));
-    if (!st["veth"].empty() && fs::exists("/sys/class/net/" + st["veth"])) {
+    if (!st["veth"].empty() && link_exists(st["veth"])) {
         delete_link(st["veth"]);
         removed.push_back({"veth", st["veth"]});
     }

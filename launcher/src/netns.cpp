@@ -1,5 +1,6 @@
 #include "netns.h"
 
+#include <net/if.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -29,8 +30,10 @@ void delete_netns(const std::string& name) {
     if (std::filesystem::exists(netns_path_of(name))) run({"ip", "netns", "delete", name});
 }
 
+bool link_exists(const std::string& ifname) { return ::if_nametoindex(ifname.c_str()) != 0; }
+
 void delete_link(const std::string& ifname) {
-    if (std::filesystem::exists("/sys/class/net/" + ifname)) run({"ip", "link", "delete", ifname});
+    if (link_exists(ifname)) run({"ip", "link", "delete", ifname});
 }
 
 void create_veth(const std::string& name, const std::string& host_if, const std::string& host_cidr,

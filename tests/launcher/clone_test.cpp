@@ -506,6 +506,63 @@ INSTANTIATE_TEST_SUITE_P(Steps, LauncherCloneKilledAt,
                          ::testing::Values("checkpoint", "dump", "frozen", "copy", "netns", "keeper", "restored"),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
+// `iprobe debug` killed outright at each step of its first generation
+// (IPROBE_TEST_PAUSE, as above): before the checkpoint, while CRIU holds
+// production frozen, between the checkpoint's copies, while the clone's
+// namespace is made, just before its keeper starts, and while its veth is
+// made (the keeper holds the session's lifeline by then).  Nothing is left:
+// no namespace, no veth of the session's, no state, no scratch checkpoint,
+// no process of the launcher's, and production runs and answers.
+class LauncherDebugKilledAt : public LauncherClone, public ::testing::WithParamInterface<std::string> {};
+
+TEST_P(LauncherDebugKilledAt, LeavesNothingAndProductionRunning) {
+    const std::string step = GetParam();
+    const fs::path out = dir_ / "debug.out";
+    Child debug({"nsenter", "--net=" + prod_ns_->path(), iprobe_bin(), "debug", std::to_string(redis_->pid()),
+                 "--listen", "127.0.0.1:" + std::to_string(free_port()), "--production",
+                 "127.0.0.1:" + std::to_string(port_), "--name", clone_name_, "--json"},
+                out, {"IPROBE_TEST_PAUSE=" + step});
+    ASSERT_TRUE(stopped_at_pause(debug)) << "never paused at " << step << ": " << file_text(out);
+    EXPECT_NE(file_text(out).find("iprobe: test pause at " + step + " (PID " + std::to_string(debug.pid()) + ")"),
+              std::string::npos)
+        << file_text(out);
+    const std::vector<long long> left = descendants_of(debug.pid());
+    EXPECT_EQ(std::count_if(left.begin(), left.end(), [](long long p) { return comm_of(p) == "iprobe-guardian"; }), 1)
+        << "the session's processes: " << describe(left);
+    const std::string scratch = "/dev/shm/iprobe-checkpoint-" + clone_name_;
+    // The session's veth, in the network namespace it runs in (production's).
+    const std::string veth = "ipd" + std::to_string(debug.pid());
+    const auto link_exists = [&](const std::string& link) {
+        return run({"nsenter", "--net=" + prod_ns_->path(), "ip", "link", "show", link}).exit_code == 0;
+    };
+    if (step == "checkpoint") {
+        EXPECT_TRUE(fs::is_directory(scratch + "/images"));
+    } else if (step == "frozen") {
+        EXPECT_EQ(process_state(redis_->pid()), 't') << "CRIU does not hold production";
+    } else if (step == "copy") {
+        EXPECT_TRUE(fs::exists(scratch + "/fs/0"));
+    } else if (step == "netns" || step == "keeper") {
+        EXPECT_TRUE(netns_exists(clone_name_));
+    } else if (step == "veth") {
+        EXPECT_EQ(keepers_of(clone_name_).size(), 1u);
+        EXPECT_TRUE(link_exists(veth)) << veth;
+    }
+    debug.kill(SIGKILL);
+    debug.wait();
+    expect_all_ended(left);
+    expect_no_trace_of_clone(clone_name_);
+    EXPECT_FALSE(link_exists(veth)) << veth;
+    EXPECT_FALSE(link_exists(veth + "p")) << veth << "p";
+    expect_production_running();
+    expect_production_serves();
+    const auto destroyed = run({iprobe_bin(), "clone", "--destroy", clone_name_});
+    EXPECT_EQ(destroyed.exit_code, 5) << destroyed.out << destroyed.err;
+}
+
+INSTANTIATE_TEST_SUITE_P(Steps, LauncherDebugKilledAt,
+                         ::testing::Values("checkpoint", "frozen", "copy", "netns", "keeper", "veth"),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+
 // Ctrl-C at a terminal while CRIU checkpoints production: the signal reaches
 // the whole foreground process group.  CRIU, in a group of its own, finishes
 // with production (cut off mid-dump it would leave production frozen or its
