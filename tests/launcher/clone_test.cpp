@@ -424,79 +424,101 @@ TEST_F(LauncherClone, CloneKilledWhileMakingItsNamespaceLeavesNothing) {
     expect_production_serves();
 }
 
-// `iprobe clone` killed outright (SIGKILL) at each of its steps, where the
-// test-only IPROBE_TEST_PAUSE=STEP (launcher/src/process.h) stopped it:
-// before the namespace exists (the checkpoint's directory made, nothing
-// dumped), while CRIU dumps production, while CRIU holds production frozen
-// (its post-dump notification unanswered), between the checkpoint's file
-// copies, while the namespace is made, just before the keeper starts, and
-// once the clone runs but before the command reported it.  Each time its
-// guardian, having waited for the helpers still running (CRIU finishing the
-// dump), removes everything: no namespace, no state, no scratch checkpoint,
-// no process of the launcher's left, --destroy finds nothing, and production
-// answers with its own data, running (not stopped: state S or R).
-class LauncherCloneKilledAt : public LauncherClone, public ::testing::WithParamInterface<std::string> {};
+// A launcher killed outright (SIGKILL) at STEP, where the test-only
+// IPROBE_TEST_PAUSE=STEP (launcher/src/process.h) stopped it.
+class LauncherKilledAt : public LauncherClone, public ::testing::WithParamInterface<std::string> {
+protected:
+    std::string step() const { return GetParam(); }
+    std::string scratch() const { return "/dev/shm/iprobe-checkpoint-" + clone_name_; }
+    // Waits for the launcher's pause; its processes then (one guardian).
+    std::vector<long long> paused(Child& launcher, const fs::path& out) {
+        EXPECT_TRUE(stopped_at_pause(launcher)) << "never paused at " << step() << ": " << file_text(out);
+        EXPECT_NE(file_text(out).find("iprobe: test pause at " + step() + " (PID " + std::to_string(launcher.pid()) +
+                                      ")"),
+                  std::string::npos)
+            << file_text(out);
+        std::vector<long long> left = descendants_of(launcher.pid());
+        // The DUMP request is sent: its criu may still be starting.
+        for (int i = 0; i < 10000 && step() == "dump" && !criu_among(left); ++i) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+            left = descendants_of(launcher.pid());
+        }
+        EXPECT_EQ(std::count_if(left.begin(), left.end(), [](long long p) { return comm_of(p) == "iprobe-guardian"; }),
+                  1)
+            << "the launcher's processes: " << describe(left);
+        return left;
+    }
+    static bool criu_among(const std::vector<long long>& pids) {
+        return std::any_of(pids.begin(), pids.end(),
+                           [](long long p) { return cmdline_of(p).find(" swrk ") != std::string::npos; });
+    }
+    // What every launcher has made by the steps they share.
+    void expect_made(const std::vector<long long>& left) {
+        if (step() == "checkpoint") {
+            EXPECT_TRUE(fs::is_directory(scratch() + "/images"));
+            EXPECT_FALSE(netns_exists(clone_name_));
+        } else if (step() == "dump") {
+            EXPECT_TRUE(criu_among(left)) << "CRIU is not dumping: " << describe(left);
+        } else if (step() == "frozen") {
+            EXPECT_EQ(process_state(redis_->pid()), 't') << "CRIU does not hold production";
+        } else if (step() == "copy") {
+            EXPECT_TRUE(fs::exists(scratch() + "/fs/0"));
+        } else if (step() == "netns" || step() == "keeper") {
+            EXPECT_TRUE(netns_exists(clone_name_));
+            EXPECT_TRUE(keepers_of(clone_name_).empty());
+        }
+    }
+    // Kills it there: once its processes ended, nothing of the clone is
+    // left, --destroy finds nothing, production runs and answers.
+    void kill_and_expect_nothing_left(Child& launcher, const std::vector<long long>& left, const char* dbsize) {
+        launcher.kill(SIGKILL);
+        launcher.wait();
+        expect_all_ended(left);
+        expect_no_trace_of_clone(clone_name_);
+        EXPECT_FALSE(fs::exists(scratch()));
+        expect_production_running();
+        EXPECT_EQ(redis_->cli({"PING"}), "PONG");
+        EXPECT_EQ(redis_->cli({"GET", "marker"}), "before-clone");
+        EXPECT_EQ(redis_->cli({"DBSIZE"}), dbsize);
+        const auto destroyed = run({iprobe_bin(), "clone", "--destroy", clone_name_});
+        EXPECT_EQ(destroyed.exit_code, 5) << destroyed.out << destroyed.err;
+        const auto list = run({iprobe_bin(), "clone", "--list", "--json"});
+        EXPECT_EQ(list.exit_code, 0) << list.err;
+        EXPECT_EQ(list.out.find(clone_name_), std::string::npos) << list.out;
+    }
+};
+
+// `iprobe clone` killed before the namespace exists (the checkpoint's
+// directory made, nothing dumped), while CRIU dumps production, while CRIU
+// holds production frozen (its post-dump notification unanswered), between
+// the checkpoint's file copies, while the namespace is made, just before
+// the keeper starts, and once the clone runs but before the command
+// reported it.  Each time its guardian, having waited for the helpers still
+// running (CRIU finishing the dump), removes everything: no namespace, no
+// state, no scratch checkpoint, no process of the launcher's, and
+// production answers with its own data, running (state S or R, never
+// stopped).  The name is free again afterwards.
+class LauncherCloneKilledAt : public LauncherKilledAt {};
 
 TEST_P(LauncherCloneKilledAt, LeavesNothingAndProductionRunning) {
-    const std::string step = GetParam();
     // A dump long enough (~400 MB) to be killed in the middle of.
-    const bool big = step == "dump";
+    const bool big = step() == "dump";
     if (big) {
         ASSERT_EQ(redis_->cli({"DEBUG", "POPULATE", "800000", "big", "400"}), "OK");
     }
     const fs::path out = dir_ / "clone.out";
     Child cli({iprobe_bin(), "clone", std::to_string(redis_->pid()), "--netns", clone_name_}, out,
-              {"IPROBE_TEST_PAUSE=" + step});
-    ASSERT_TRUE(stopped_at_pause(cli)) << "never paused at " << step << ": " << file_text(out);
-    EXPECT_NE(file_text(out).find("iprobe: test pause at " + step + " (PID " + std::to_string(cli.pid()) + ")"),
-              std::string::npos)
-        << file_text(out);
-    std::vector<long long> left = descendants_of(cli.pid());
-    const auto criu_dumping = [&] {
-        return std::any_of(left.begin(), left.end(),
-                           [](long long p) { return cmdline_of(p).find(" swrk ") != std::string::npos; });
-    };
-    if (step == "dump")  // the request is sent; criu may still be starting
-        for (int i = 0; i < 10000 && !criu_dumping(); ++i) {
-            std::this_thread::sleep_for(std::chrono::milliseconds(1));
-            left = descendants_of(cli.pid());
-        }
-    EXPECT_EQ(std::count_if(left.begin(), left.end(), [](long long p) { return comm_of(p) == "iprobe-guardian"; }), 1)
-        << "the launcher's processes: " << describe(left);
-    // What the launcher had made when it was killed.
-    const std::string scratch = "/dev/shm/iprobe-checkpoint-" + clone_name_;
+              {"IPROBE_TEST_PAUSE=" + step()});
+    const std::vector<long long> left = paused(cli, out);
+    ASSERT_FALSE(HasFailure());
+    // The state is the first thing made.
     EXPECT_TRUE(fs::exists("/run/iprobe/clones/" + clone_name_ + "/state"));
-    if (step == "checkpoint") {
-        EXPECT_TRUE(fs::is_directory(scratch + "/images"));
-        EXPECT_FALSE(netns_exists(clone_name_));
-    } else if (step == "dump") {
-        EXPECT_TRUE(criu_dumping()) << "CRIU is not dumping: " << describe(left);
-    } else if (step == "frozen") {
-        EXPECT_EQ(process_state(redis_->pid()), 't') << "CRIU does not hold production";
-    } else if (step == "copy") {
-        EXPECT_TRUE(fs::exists(scratch + "/fs/0"));
-    } else if (step == "netns" || step == "keeper") {
-        EXPECT_TRUE(netns_exists(clone_name_));
-        EXPECT_TRUE(keepers_of(clone_name_).empty());
-    } else if (step == "restored") {
+    expect_made(left);
+    if (step() == "restored") {
         EXPECT_EQ(keepers_of(clone_name_).size(), 1u);
         EXPECT_EQ(clone_cli({"GET", "marker"}), "before-clone");
     }
-    cli.kill(SIGKILL);
-    cli.wait();
-    expect_all_ended(left);
-    expect_no_trace_of_clone(clone_name_);
-    EXPECT_FALSE(fs::exists(scratch));
-    expect_production_running();
-    EXPECT_EQ(redis_->cli({"PING"}), "PONG");
-    EXPECT_EQ(redis_->cli({"GET", "marker"}), "before-clone");
-    EXPECT_EQ(redis_->cli({"DBSIZE"}), big ? "805001" : "5001");
-    const auto destroyed = run({iprobe_bin(), "clone", "--destroy", clone_name_});
-    EXPECT_EQ(destroyed.exit_code, 5) << destroyed.out << destroyed.err;
-    const auto list = run({iprobe_bin(), "clone", "--list", "--json"});
-    EXPECT_EQ(list.exit_code, 0) << list.err;
-    EXPECT_EQ(list.out.find(clone_name_), std::string::npos) << list.out;
-    // The name is free again: a clone of it is made as usual.
+    kill_and_expect_nothing_left(cli, left, big ? "805001" : "5001");
     const auto again = clone();
     EXPECT_EQ(again.exit_code, 0) << again.err;
     EXPECT_EQ(clone_cli({"GET", "marker"}), "before-clone");
@@ -506,57 +528,35 @@ INSTANTIATE_TEST_SUITE_P(Steps, LauncherCloneKilledAt,
                          ::testing::Values("checkpoint", "dump", "frozen", "copy", "netns", "keeper", "restored"),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
-// `iprobe debug` killed outright at each step of its first generation
-// (IPROBE_TEST_PAUSE, as above): before the checkpoint, while CRIU holds
-// production frozen, between the checkpoint's copies, while the clone's
-// namespace is made, just before its keeper starts, and while its veth is
-// made (the keeper holds the session's lifeline by then).  Nothing is left:
-// no namespace, no veth of the session's, no state, no scratch checkpoint,
-// no process of the launcher's, and production runs and answers.
-class LauncherDebugKilledAt : public LauncherClone, public ::testing::WithParamInterface<std::string> {};
+// `iprobe debug` killed at each step of its first generation: before the
+// checkpoint, while CRIU holds production frozen, between the checkpoint's
+// copies, while the clone's namespace is made, just before its keeper
+// starts, and while its veth is made (both ends still in the session's
+// namespace; the keeper holds the session's lifeline by then).  Nothing is
+// left either, no veth of the session's among it.
+class LauncherDebugKilledAt : public LauncherKilledAt {};
 
 TEST_P(LauncherDebugKilledAt, LeavesNothingAndProductionRunning) {
-    const std::string step = GetParam();
     const fs::path out = dir_ / "debug.out";
     Child debug({"nsenter", "--net=" + prod_ns_->path(), iprobe_bin(), "debug", std::to_string(redis_->pid()),
                  "--listen", "127.0.0.1:" + std::to_string(free_port()), "--production",
                  "127.0.0.1:" + std::to_string(port_), "--name", clone_name_, "--json"},
-                out, {"IPROBE_TEST_PAUSE=" + step});
-    ASSERT_TRUE(stopped_at_pause(debug)) << "never paused at " << step << ": " << file_text(out);
-    EXPECT_NE(file_text(out).find("iprobe: test pause at " + step + " (PID " + std::to_string(debug.pid()) + ")"),
-              std::string::npos)
-        << file_text(out);
-    const std::vector<long long> left = descendants_of(debug.pid());
-    EXPECT_EQ(std::count_if(left.begin(), left.end(), [](long long p) { return comm_of(p) == "iprobe-guardian"; }), 1)
-        << "the session's processes: " << describe(left);
-    const std::string scratch = "/dev/shm/iprobe-checkpoint-" + clone_name_;
+                out, {"IPROBE_TEST_PAUSE=" + step()});
+    const std::vector<long long> left = paused(debug, out);
+    ASSERT_FALSE(HasFailure());
+    expect_made(left);
     // The session's veth, in the network namespace it runs in (production's).
     const std::string veth = "ipd" + std::to_string(debug.pid());
     const auto link_exists = [&](const std::string& link) {
         return run({"nsenter", "--net=" + prod_ns_->path(), "ip", "link", "show", link}).exit_code == 0;
     };
-    if (step == "checkpoint") {
-        EXPECT_TRUE(fs::is_directory(scratch + "/images"));
-    } else if (step == "frozen") {
-        EXPECT_EQ(process_state(redis_->pid()), 't') << "CRIU does not hold production";
-    } else if (step == "copy") {
-        EXPECT_TRUE(fs::exists(scratch + "/fs/0"));
-    } else if (step == "netns" || step == "keeper") {
-        EXPECT_TRUE(netns_exists(clone_name_));
-    } else if (step == "veth") {
+    if (step() == "veth") {
         EXPECT_EQ(keepers_of(clone_name_).size(), 1u);
         EXPECT_TRUE(link_exists(veth)) << veth;
     }
-    debug.kill(SIGKILL);
-    debug.wait();
-    expect_all_ended(left);
-    expect_no_trace_of_clone(clone_name_);
+    kill_and_expect_nothing_left(debug, left, "5001");
     EXPECT_FALSE(link_exists(veth)) << veth;
     EXPECT_FALSE(link_exists(veth + "p")) << veth << "p";
-    expect_production_running();
-    expect_production_serves();
-    const auto destroyed = run({iprobe_bin(), "clone", "--destroy", clone_name_});
-    EXPECT_EQ(destroyed.exit_code, 5) << destroyed.out << destroyed.err;
 }
 
 INSTANTIATE_TEST_SUITE_P(Steps, LauncherDebugKilledAt,
