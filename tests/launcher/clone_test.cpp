@@ -473,6 +473,25 @@ protected:
     void kill_and_expect_nothing_left(Child& launcher, const std::vector<long long>& left, const char* dbsize) {
         launcher.kill(SIGKILL);
         launcher.wait();
+        // CRIU runs on (it is never cut off mid-dump); the guardian waits
+        // for it before it removes anything.
+        const auto criu = std::find_if(left.begin(), left.end(),
+                                       [](long long p) { return cmdline_of(p).find(" swrk ") != std::string::npos; });
+        const auto guardian = std::find_if(left.begin(), left.end(),
+                                           [](long long p) { return comm_of(p) == "iprobe-guardian"; });
+        bool criu_outlived_launcher = false;
+        while (criu != left.end() && guardian != left.end()) {
+            const bool guardian_runs = running_pid(*guardian), scratch_there = fs::exists(scratch());
+            if (!running_pid(*criu)) break;  // looked after: both were seen while CRIU ran
+            criu_outlived_launcher = true;
+            EXPECT_TRUE(guardian_runs) << "the guardian ended while CRIU still ran";
+            EXPECT_TRUE(scratch_there) << "the checkpoint was removed while CRIU still wrote it";
+            if (!guardian_runs || !scratch_there) break;
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+        if (step() == "dump") {
+            EXPECT_TRUE(criu_outlived_launcher) << "the dump ended before the launcher was killed";
+        }
         expect_all_ended(left);
         expect_no_trace_of_clone(clone_name_);
         EXPECT_FALSE(fs::exists(scratch()));
