@@ -10,8 +10,8 @@
 #include <unistd.h>
 
 #include <cerrno>
-#include <climits>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "clone_steps.h"
