@@ -24,6 +24,7 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <string_view>
 #include <thread>
@@ -31,6 +32,7 @@
 #include <nlohmann/json.hpp>
 
 #include "client_pinger.h"
+#include "clone_guardian.h"
 #include "clone_steps.h"
 #include "criu.h"
 #include "iprobe/formats/checkpoint_hook.h"
@@ -209,8 +211,11 @@ Dumped dump_production(const CloneOptions& o, const Criu& criu, const std::strin
     // session).
     shell_job = session_of(o.pid) != o.pid;
     request.shell_job = shell_job;
-    if (!o.frozen_hook_socket.empty())
-        request.post_dump = [&socket = o.frozen_hook_socket] { tell_mirror_production_is_frozen(socket); };
+    if (!o.frozen_hook_socket.empty() || test_pause_armed("frozen"))
+        request.post_dump = [&socket = o.frozen_hook_socket] {
+            test_pause("frozen");  // CRIU holds production frozen meanwhile
+            if (!socket.empty()) tell_mirror_production_is_frozen(socket);
+        };
     UniqueFd prod_netns;
     if (!same_ns(o.pid, "net")) {
         prod_netns.reset(::open(("/proc/" + std::to_string(o.pid) + "/ns/net").c_str(), O_RDONLY | O_CLOEXEC));
@@ -261,7 +266,7 @@ std::vector<Removed> remove_clone(const std::string& name, bool scratch_too) {
     // Killed mid-restore, the launcher had not learned its keeper's PID.
     if (st["keeper_pid"].empty() && !st["netns"].empty())
         for (pid_t keeper : keepers_in(st["netns"])) keeper_gone(keeper, start_time(keeper));
-    if (!st["veth"].empty() && fs::exists("/sys/class/net/" + st["veth"])) {
+    if (!st["veth"].empty() && link_exists(st["veth"])) {
         delete_link(st["veth"]);
         removed.push_back({"veth", st["veth"]});
     }
@@ -296,6 +301,17 @@ void claim_name(const std::string& name, const std::function<void(const std::str
     remove_clone(name, false);
 }
 
+// Claims `name` and records who makes it, this launcher under `guardian`,
+// before anything of the clone exists; nothing when this process did already.
+void begin_clone(const std::string& name, CloneGuardian& guardian,
+                 const std::function<void(const std::string&)>& progress) {
+    validate_name(name);
+    if (fs::exists(state_dir(name) + "/state") && made_here(read_state(name))) return;
+    claim_name(name, progress);
+    guardian.guard_clone(name);
+    record_making(name, guardian.pid(), guardian.started());
+}
+
 double realtime_s() {
     timespec ts{};
     ::clock_gettime(CLOCK_REALTIME, &ts);
@@ -313,6 +329,11 @@ void save_checkpoint(const Checkpoint& cp) {
 }
 
 }  // namespace
+
+void clone_steps::remove_guarded_clone(const std::string& name, pid_t guardian) {
+    if (fs::exists(state_dir(name) + "/state") && to_pid(read_state(name)["guardian_pid"]) != guardian) return;
+    remove_clone(name, false);
+}
 
 Checkpoint take_checkpoint(const CloneOptions& o, const std::string& dir) {
     require_user_process(o.pid);
@@ -333,6 +354,7 @@ Checkpoint take_checkpoint(const CloneOptions& o, const std::string& dir) {
     rollback.images = cp.dir;
     fs::create_directories(cp.dir + "/images");
     cp.pid = o.pid;
+    test_pause("checkpoint");
     const Dumped dumped =
         dump_production(o, criu, name, tree.size(), cp.dir + "/images", cp.dir + "/dump.log", cp.shell_job);
     cp.dump_ms = dumped.dump_ms;
@@ -348,9 +370,11 @@ Checkpoint take_checkpoint(const CloneOptions& o, const std::string& dir) {
     // Copies are taken right after the dump, production running on: the
     // clone's files can be slightly ahead of its memory, never behind it.
     fs::create_directories(cp.dir + "/fs");
-    for (size_t i = 0; i < snapshots.size(); ++i)
+    for (size_t i = 0; i < snapshots.size(); ++i) {
         run_checked({"cp", "-a", "--reflink=auto", snapshots[i], cp.dir + "/fs/" + std::to_string(i)},
                     "copying " + snapshots[i] + " for the clone");
+        if (i == 0) test_pause("copy");
+    }
     cp.snapshots = snapshots;
     cp.addresses = production_addresses(o.pid);
     save_checkpoint(cp);
@@ -393,7 +417,11 @@ CloneResult restore_clone(const Checkpoint& cp, const RestoreOptions& ro) {
     require_root("iprobe clone");
     const Criu criu = find_criu();
     const std::string& name = ro.name;
-    claim_name(name, ro.progress);
+    // Armed before anything of the clone is made, unless the caller's is.
+    std::optional<CloneGuardian> own_guardian;
+    CloneGuardian* guardian = CloneGuardian::current();
+    if (!guardian) guardian = &own_guardian.emplace();
+    begin_clone(name, *guardian, ro.progress);
     InterruptGuard interrupts;
     CloneOptions progress_to;
     progress_to.progress = ro.progress;
@@ -422,9 +450,11 @@ CloneResult restore_clone(const Checkpoint& cp, const RestoreOptions& ro) {
     if (created_netns) {
         rollback.netns = name;
         ensure_netns(name);
+        test_pause("netns");
         // Sockets bound to production's own addresses must find them.
         add_addresses_to_loopback(name, cp.addresses);
     }
+    test_pause("keeper");
 
     const double restore_start = now_ms();
     progress(progress_to, "restoring the clone into network namespace " + name + " and a new PID namespace");
@@ -456,6 +486,7 @@ CloneResult restore_clone(const Checkpoint& cp, const RestoreOptions& ro) {
     r.total_ms = cp.dump_ms + (now_ms() - t0);
     record_state(r, created_netns, keeper_started, cp.pid);
     rollback.armed = false;
+    if (own_guardian) own_guardian->release();
     return r;
 }
 
@@ -463,10 +494,16 @@ CloneResult clone_process(const CloneOptions& o) {
     const double t0 = now_ms();
     const std::string name = checked_clone_name(o, "iprobe clone");
     find_criu();
-    claim_name(name, o.progress);
+    // Forked before anything that outlives a launcher killed outright is
+    // made: until the clone is recorded, it removes what this launcher made.
+    CloneGuardian guardian;
+    begin_clone(name, guardian, o.progress);
+    Rollback rollback;
+    rollback.state = state_dir(name);
     // Kept with --keep-images, else on tmpfs for as long as the restore takes.
     const bool keep = !o.keep_images.empty();
     const std::string dir = keep ? fs::absolute(o.keep_images).string() : scratch_checkpoint_dir(name);
+    guardian.guard_scratch(dir);
     if (!keep) remove_tree(dir);
     CloneOptions named = o;
     named.name = name;
@@ -494,6 +531,9 @@ CloneResult clone_process(const CloneOptions& o) {
     }
     st["total_ms"] = fmt_ms(r.total_ms);
     save_state(name, st);
+    test_pause("restored");
+    rollback.armed = false;
+    guardian.release();
     return r;
 }
 

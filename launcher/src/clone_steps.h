@@ -119,18 +119,31 @@ pid_t to_pid(const std::string& s);
 
 void record_state(const CloneResult& r, bool created_netns, const std::string& keeper_started, pid_t source);
 
-// Before the restore: what `iprobe clone --destroy` needs to remove the
-// remains should this launcher be killed before record_state(), and who is
-// making the clone (a second launcher must not take it for remains).
+// Before anything of clone `name` is made (its state directory is the first):
+// who makes it, this launcher and its guardian (clone_guardian.h), so that
+// a second launcher does not take it for remains while either lives.
+void record_making(const std::string& name, pid_t guardian, const std::string& guardian_start);
+
+// The state was recorded by this very process (record_making).
+bool made_here(const State& st);
+
+// Before the namespace is made: what `iprobe clone --destroy` and the
+// guardian need to remove the remains should this launcher be killed before
+// record_state() (which keeps the guardian's PID too).
 void record_restoring(const std::string& name, const std::string& netns_path, bool created_netns);
 
-// The launcher making clone `name` (recorded by record_restoring) still runs.
+// The launcher making clone `name`, or its guardian, still runs.
 bool being_restored(const State& st);
 
 // Where clone_process keeps its checkpoint until the restore is done.
 std::string scratch_checkpoint_dir(const std::string& name);
 
 void remove_tree(const std::string& path);
+
+// ---- what a launcher killed outright left (clone.cpp, for clone_guardian.cpp)
+// Removes clone `name` as `--destroy` does (keeper, veth, namespace it made,
+// state), unless its state names a guardian other than `guardian`.
+void remove_guarded_clone(const std::string& name, pid_t guardian);
 
 // ---- the clone's PID 1 (keeper.cpp)
 // Starts the keeper inside `netns`; returns its host PID once CRIU has

@@ -114,10 +114,13 @@ public:
     // The answer to `req`; `on_notify(script)` for each notification, which
     // is answered with success once it returns.  A criu that ends without
     // answering gives a reply with died_status set.
+    // `on_sent` runs once the request is on its way.
     std::pair<CriuReply, criu_resp> call(const criu_req& req,
-                                         const std::function<void(const std::string&)>& on_notify = {}) {
+                                         const std::function<void(const std::string&)>& on_notify = {},
+                                         const std::function<void()>& on_sent = {}) {
         if (!send_packet(socket_.get(), req.SerializeAsString()))
             return {died(), criu_resp()};
+        if (on_sent) on_sent();
         for (;;) {
             const auto packet = receive_packet(socket_.get());
             if (!packet) return {died(), criu_resp()};
@@ -245,6 +248,7 @@ SwrkChild start_swrk(const std::string& criu, int handed_fd, const std::function
         return {};
     }
     if (pid == 0) {
+        note_this_child();
         // Its own process group: a terminal's Ctrl-C never cuts CRIU off
         // with production frozen.  Signals as a fresh process has them.
         ::setpgid(0, 0);
@@ -370,7 +374,8 @@ DumpOutcome criu_dump(const std::string& criu, const DumpRequest& request) {
                       request.post_dump();
                   } catch (const std::exception&) {
                   }
-              })
+              },
+              [] { test_pause("dump"); })  // CRIU dumps production meanwhile
         .first;
     if (outcome.reply.success) outcome.stats = read_dump_stats(log.dir);
     else outcome.reply.first_error_is_harmless_rlimit = !outcome.reply.died_status && nofile_raise_fails();

@@ -19,7 +19,9 @@
 #include <optional>
 #include <thread>
 
+#include "clone_guardian.h"
 #include "clone_patches.h"
+#include "clone_steps.h"
 #include "debug_session.h"
 #include "iprobe/launcher/clone.h"
 #include "iprobe/launcher/container.h"
@@ -193,15 +195,18 @@ void DebugSession::make_container_clone() {
 void DebugSession::make_generation() {
     clones_->begin();
     if (!o_.container.empty()) return make_container_clone();
+    // Forked before anything of the generation is made: killed outright
+    // before every clone's keeper holds the lifeline, this launcher leaves
+    // it the scratch checkpoint and the clones so far to remove.
+    clone_steps::CloneGuardian guardian;
     std::string dir;
     if (recording_) {
         recording_->next_generation();
         dir = recording_->checkpoint();
     } else {
-        dir = (fs::is_directory("/dev/shm") ? std::string("/dev/shm") : std::string("/run/iprobe")) +
-              "/iprobe-checkpoint-" + name_;
-        std::error_code ec;
-        fs::remove_all(dir, ec);
+        dir = clone_steps::scratch_checkpoint_dir(name_);
+        guardian.guard_scratch(dir);
+        clone_steps::remove_tree(dir);
     }
     struct RemoveUnlessRecorded {
         std::string dir;
@@ -225,6 +230,8 @@ void DebugSession::make_generation() {
     // this checkpoint (the first generation's mirror starts recording there).
     if (recording_ && mirror_.started()) switch_recording(recording_->input());
     clones_->restore(cp, !recording_, client_seen_us);
+    // Each clone's keeper ends it with the session from now on.
+    guardian.release();
     if (hold_pending_) release_held_connections();
     if (recording_) {
         recording_->save();

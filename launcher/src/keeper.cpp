@@ -186,6 +186,8 @@ struct RestoreCall {
     ::prctl(PR_SET_NAME, "iprobe-keeper", 0, 0, 0);
     name_keeper_cmdline(plan.name);
     ::prctl(PR_SET_PDEATHSIG, 0, 0, 0, 0);
+    // Its CRIU notes itself to nobody (the launcher's guardian is not ours).
+    note_children_to(-1);
     // Out of the way of the descriptors rearranged below.
     const int lifeline_high = plan.lifeline_fd >= 0 ? ::fcntl(plan.lifeline_fd, F_DUPFD, 10) : -1;
     const int host_mount_ns = ::fcntl(host_mount_ns_fd, F_DUPFD, 10);
@@ -305,6 +307,9 @@ pid_t start_keeper(const KeeperPlan& plan, const std::string& netns_path) {
     pid_t mid = ::fork();
     if (mid < 0) throw_errno("fork");
     if (mid == 0) {
+        // Until it ends, the launcher's guardian waits: the keeper it forks
+        // exists by then, to be found in the clone's namespace.
+        note_this_child();
         ::close(rd.get());
         if (::setns(netns.get(), CLONE_NEWNET) != 0 || ::unshare(CLONE_NEWPID | CLONE_NEWNS) != 0) {
             write_int(wr.get(), -1);

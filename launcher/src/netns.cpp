@@ -1,5 +1,6 @@
 #include "netns.h"
 
+#include <net/if.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -29,8 +30,10 @@ void delete_netns(const std::string& name) {
     if (std::filesystem::exists(netns_path_of(name))) run({"ip", "netns", "delete", name});
 }
 
+bool link_exists(const std::string& ifname) { return ::if_nametoindex(ifname.c_str()) != 0; }
+
 void delete_link(const std::string& ifname) {
-    if (std::filesystem::exists("/sys/class/net/" + ifname)) run({"ip", "link", "delete", ifname});
+    if (link_exists(ifname)) run({"ip", "link", "delete", ifname});
 }
 
 void create_veth(const std::string& name, const std::string& host_if, const std::string& host_cidr,
@@ -39,6 +42,7 @@ void create_veth(const std::string& name, const std::string& host_if, const std:
     const std::string peer = host_if + "p";
     run_checked({"ip", "link", "add", host_if, "type", "veth", "peer", "name", peer}, "creating veth " + host_if);
     try {
+        test_pause("veth");
         run_checked({"ip", "link", "set", peer, "netns", name}, "moving veth into " + name);
         run_checked({"ip", "-n", name, "link", "set", peer, "name", "eth0"}, "renaming veth in " + name);
         run_checked({"ip", "-n", name, "addr", "add", clone_cidr, "dev", "eth0"}, "addressing the clone side");

@@ -13,6 +13,10 @@ std::string netns_path_of(const std::string& name);  // /run/netns/NAME
 bool ensure_netns(const std::string& name);
 void delete_netns(const std::string& name);
 void delete_link(const std::string& ifname);  // in the current namespace; absent is fine
+// A link of that name exists in the current network namespace (asked of the
+// kernel: /sys/class/net shows the namespace sysfs was mounted in, which
+// is not ours when the launcher runs in production's, as `nsenter --net`).
+bool link_exists(const std::string& ifname);
 
 // A veth pair: `host_if` with host_cidr here, its peer (named "eth0") with
 // clone_cidr inside namespace `name`, both up.

@@ -4,13 +4,16 @@
 #include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
+#include <cstdio>
 #include <span>
 
 #include "iprobe/support/error.h"
@@ -41,6 +44,8 @@ void keep_only_fds(std::span<const int> kept) {
     for (std::size_t i = 0; i < kept.size(); ++i) ::dup2(moved[i], 3 + static_cast<int>(i));
     ::close_range(static_cast<unsigned>(first_free), ~0U, 0);
 }
+
+std::atomic<int> g_child_note_fd{-1};
 
 void reset_signals() {
     sigset_t none;
@@ -73,6 +78,7 @@ RunResult run(const std::vector<std::string>& argv, const std::function<bool()>&
     pid_t pid = fork();
     if (pid < 0) throw_errno("fork");
     if (pid == 0) {
+        note_this_child();
         setpgid(0, 0);
         reset_signals();
         int devnull = ::open("/dev/null", O_RDONLY);
@@ -215,6 +221,29 @@ std::string find_program(const std::string& name) {
         if (access(candidate.c_str(), X_OK) == 0) return candidate;
     }
     return {};
+}
+
+void note_children_to(int fd) { g_child_note_fd.store(fd); }
+
+void note_this_child() noexcept {
+    const int fd = g_child_note_fd.load();
+    if (fd < 0) return;
+    // One record on a seqpacket socket: never interleaved with another's.
+    ChildNote note;
+    note.pid = ::getpid();
+    (void)!::send(fd, &note, sizeof note, MSG_NOSIGNAL);
+}
+
+bool test_pause_armed(const char* step) {
+    const char* armed = std::getenv("IPROBE_TEST_PAUSE");
+    return armed && std::strcmp(armed, step) == 0;
+}
+
+void test_pause(const char* step) {
+    if (!test_pause_armed(step)) return;
+    std::fprintf(stderr, "iprobe: test pause at %s (PID %d)\n", step, static_cast<int>(::getpid()));
+    std::fflush(stderr);
+    ::raise(SIGSTOP);
 }
 
 double now_ms() {

@@ -6,6 +6,7 @@
 
 #include <array>
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <optional>
 #include <string>
@@ -63,6 +64,33 @@ private:
 bool interrupted() noexcept;
 // Error(interrupted) saying that `undone` was undone, when interrupted().
 void throw_if_interrupted(const std::string& undone);
+
+// What a helper writes on the guardian's pipe (clone_guardian.h), whose
+// records are a kind, a payload length and the payload.
+struct ChildNote {
+    static constexpr std::uint32_t kKind = 1;
+    std::uint32_t kind = kKind;
+    std::uint32_t length = sizeof(std::int32_t);
+    std::int32_t pid = 0;
+};
+
+// While `fd` >= 0, every helper process the launcher starts (run(),
+// criu swrk, the keeper's first fork) writes its own PID to `fd`, from the
+// child, before it execs: a ChildNote record (clone_guardian.h).  Written by
+// the child, the note cannot be lost to a launcher killed right after the
+// fork.  -1 (the default) turns it off; a forked child that does not exec
+// (the guardian, the keeper) must turn it off for its own children.
+void note_children_to(int fd);
+// Called in a freshly forked child: notes its PID, async-signal-safe.
+void note_this_child() noexcept;
+
+// Test-only (tests/launcher): with IPROBE_TEST_PAUSE=STEP in the environment,
+// the launcher reaching `step` says "iprobe: test pause at STEP (PID N)" on
+// stderr and stops itself (SIGSTOP), so that a test can kill it (SIGKILL)
+// there exactly.  Steps: docs/debug-container.md ("Interrupted, it undoes
+// itself").  Without the variable it does nothing.
+void test_pause(const char* step);
+bool test_pause_armed(const char* step);
 
 // Whether `path` names an executable file; searches PATH when it has no '/'.
 std::string find_program(const std::string& name);

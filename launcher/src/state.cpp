@@ -36,8 +36,45 @@ State read_state(const std::string& name) {
 
 pid_t to_pid(const std::string& s) { return s.empty() ? -1 : static_cast<pid_t>(std::stol(s)); }
 
-void record_state(const CloneResult& r, bool created_netns, const std::string& keeper_started, pid_t source) {
+namespace {
+
+// Who is making the clone, kept from the state so far: its guardian (to
+// tell its own clones from later ones of the same name).
+State made_by(const std::string& name) {
+    State made;
+    if (!fs::exists(state_dir(name) + "/state")) return made;
+    const State st = read_state(name);
+    for (const char* key : {"guardian_pid", "guardian_start"})
+        if (auto it = st.find(key); it != st.end()) made[key] = it->second;
+    return made;
+}
+
+bool alive_as_recorded(const State& st, const char* pid_key, const char* start_key) {
+    const auto pid = st.find(pid_key), start = st.find(start_key);
+    return pid != st.end() && start != st.end() && still_running(to_pid(pid->second), start->second);
+}
+
+}  // namespace
+
+void record_making(const std::string& name, pid_t guardian, const std::string& guardian_start) {
+    fs::create_directories(state_dir(name));
     State st;
+    st["name"] = name;
+    st["launcher_pid"] = std::to_string(::getpid());
+    st["launcher_start"] = start_time(::getpid());
+    st["guardian_pid"] = std::to_string(guardian);
+    st["guardian_start"] = guardian_start;
+    save_state(name, st);
+}
+
+bool made_here(const State& st) {
+    const auto pid = st.find("launcher_pid"), start = st.find("launcher_start");
+    return pid != st.end() && start != st.end() && to_pid(pid->second) == ::getpid() &&
+           start->second == start_time(::getpid());
+}
+
+void record_state(const CloneResult& r, bool created_netns, const std::string& keeper_started, pid_t source) {
+    State st = made_by(r.name);
     st["name"] = r.name;
     st["netns"] = r.netns_path;
     st["created_netns"] = std::to_string(created_netns ? 1 : 0);
@@ -60,7 +97,7 @@ void record_state(const CloneResult& r, bool created_netns, const std::string& k
 }
 
 void record_restoring(const std::string& name, const std::string& netns_path, bool created_netns) {
-    State st;
+    State st = made_by(name);
     st["name"] = name;
     st["netns"] = netns_path;
     st["created_netns"] = std::to_string(created_netns ? 1 : 0);
@@ -70,9 +107,8 @@ void record_restoring(const std::string& name, const std::string& netns_path, bo
 }
 
 bool being_restored(const State& st) {
-    const auto it = st.find("launcher_pid");
-    if (it == st.end()) return false;
-    return still_running(to_pid(it->second), st.at("launcher_start"));
+    return alive_as_recorded(st, "launcher_pid", "launcher_start") ||
+           alive_as_recorded(st, "guardian_pid", "guardian_start");
 }
 
 std::string scratch_checkpoint_dir(const std::string& name) {

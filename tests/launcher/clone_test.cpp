@@ -37,6 +37,8 @@ bool running_pid(long long pid) {
     return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] != 'Z';
 }
 
+char process_state(long long pid);
+
 class LauncherClone : public ::testing::Test {
 protected:
     void SetUp() override {
@@ -66,6 +68,11 @@ protected:
     }
     std::string clone_cli(const std::vector<std::string>& args) {
         return redis_cli("/run/netns/" + clone_name_, port_, args);
+    }
+    // Production runs: neither stopped (T) nor held by a tracer (t).
+    void expect_production_running() {
+        const char state = process_state(redis_->pid());
+        EXPECT_TRUE(state == 'S' || state == 'R') << "production's state is '" << state << "'";
     }
     // Production still answers, with its own data.
     void expect_production_serves() {
@@ -260,6 +267,60 @@ void expect_no_trace_of_clone(const std::string& name) {
     EXPECT_FALSE(fs::exists("/dev/shm/iprobe-checkpoint-" + name));
 }
 
+std::string proc_text(long long pid, const char* file) {
+    std::ifstream in("/proc/" + std::to_string(pid) + "/" + file);
+    std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    std::replace(text.begin(), text.end(), '\0', ' ');
+    while (!text.empty() && text.back() == '\n') text.pop_back();
+    return text;
+}
+std::string comm_of(long long pid) { return proc_text(pid, "comm"); }
+std::string cmdline_of(long long pid) { return proc_text(pid, "cmdline"); }
+
+// The state letter of /proc/PID/stat (R, S, T stopped, t traced, Z), 0 when gone.
+char process_state(long long pid) {
+    const std::string stat = proc_text(pid, "stat");
+    const auto paren = stat.rfind(')');
+    return paren != std::string::npos && paren + 2 < stat.size() ? stat[paren + 2] : 0;
+}
+
+// Every process below `pid`, children first.
+std::vector<long long> descendants_of(long long pid) {
+    std::vector<long long> out;
+    try {
+        for (long long child : children_of(pid)) {
+            out.push_back(child);
+            for (long long below : descendants_of(child)) out.push_back(below);
+        }
+    } catch (const std::exception&) {
+        // ended while read
+    }
+    return out;
+}
+
+std::string describe(const std::vector<long long>& pids) {
+    std::string out;
+    for (long long p : pids) out += std::to_string(p) + " " + comm_of(p) + " [" + cmdline_of(p) + "]; ";
+    return out;
+}
+
+// The launcher stopped itself at its IPROBE_TEST_PAUSE step (state T).
+bool stopped_at_pause(Child& cli) {
+    for (int i = 0; i < 120000 && cli.running(); ++i) {
+        if (process_state(cli.pid()) == 'T') return true;
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    return false;
+}
+
+// The launcher's processes all ended (CRIU finishing a dump, the guardian
+// after its removals): none is left running.
+void expect_all_ended(const std::vector<long long>& pids) {
+    for (long long p : pids)
+        for (int i = 0; i < 12000 && running_pid(p); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    for (long long p : pids) EXPECT_FALSE(running_pid(p)) << "left running: " << describe({p});
+}
+
 // `iprobe clone` killed while CRIU restores: nobody is left to record the
 // clone, so the keeper abandons the restore and no clone outlives it.
 TEST_F(LauncherClone, CloneKilledDuringTheRestoreLeavesNoClone) {
@@ -272,16 +333,19 @@ TEST_F(LauncherClone, CloneKilledDuringTheRestoreLeavesNoClone) {
     ::kill(static_cast<pid_t>(criu), SIGSTOP);
     const std::vector<long long> keepers = keepers_of(clone_name_);
     ASSERT_EQ(keepers.size(), 1u);
+    const std::vector<long long> left = descendants_of(cli.pid());
     cli.kill(SIGKILL);
     cli.wait();
+    // Its guardian too removes what the launcher made, and then ends.
+    expect_all_ended(left);
     // PID 1 of a PID namespace exits last, once every other member is gone.
     for (int i = 0; i < 1000 && running_pid(keepers[0]); ++i)
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
     EXPECT_FALSE(running_pid(keepers[0])) << "the clone outlived the launcher that made it";
     EXPECT_EQ(redis_->cli({"PING"}), "PONG");
     EXPECT_EQ(redis_->cli({"GET", "marker"}), "before-clone");
-    // What the killed launcher could not roll back, its keeper removed as it
-    // left: nothing is left for --destroy.
+    // What the killed launcher could not roll back, its keeper and its
+    // guardian removed as they left: nothing is left for --destroy.
     expect_no_trace_of_clone(clone_name_);
     const auto destroyed = run({iprobe_bin(), "clone", "--destroy", clone_name_});
     EXPECT_EQ(destroyed.exit_code, 5) << destroyed.out << destroyed.err;
@@ -307,8 +371,10 @@ TEST_F(LauncherClone, DebugSessionKilledDuringTheRestoreLeavesNothingInRun) {
     ASSERT_TRUE(netns_exists(clone_name_));
     ASSERT_TRUE(fs::exists("/run/iprobe/clones/" + clone_name_));
     ASSERT_TRUE(fs::exists("/dev/shm/iprobe-checkpoint-" + clone_name_));
+    const std::vector<long long> left = descendants_of(debug.pid());
     debug.kill(SIGKILL);
     debug.wait();
+    expect_all_ended(left);
     for (int i = 0; i < 1000 && (running_pid(keepers[0]) || netns_exists(clone_name_)); ++i)
         std::this_thread::sleep_for(std::chrono::milliseconds(10));
     EXPECT_FALSE(running_pid(keepers[0])) << "the clone outlived the session that made it";
@@ -326,10 +392,11 @@ TEST_F(LauncherClone, DebugSessionKilledDuringTheRestoreLeavesNothingInRun) {
 }
 
 // `iprobe clone` killed outright while `ip netns add` makes the clone's
-// namespace (the 111-144 ms after the start where 2 of 19 kills left one
-// behind): the namespace outlives the launcher, and --destroy removes it
-// with the rest, says so, and a second --destroy finds nothing.
-TEST_F(LauncherClone, CloneKilledWhileMakingItsNamespaceLeavesNothingAfterDestroy) {
+// namespace (the 111-144 ms after the start where 2 of 19 kills once left
+// one behind): `ip` runs on, in a group of its own, and makes the namespace
+// after its launcher is gone; the launcher's guardian waits for it to end,
+// then removes the namespace with the rest.  Nothing is left for --destroy.
+TEST_F(LauncherClone, CloneKilledWhileMakingItsNamespaceLeavesNothing) {
     bool caught = false;
     for (int attempt = 0; attempt < 20 && !caught; ++attempt) {
         Child cli({iprobe_bin(), "clone", std::to_string(redis_->pid()), "--netns", clone_name_}, dir_ / "clone.out");
@@ -341,25 +408,179 @@ TEST_F(LauncherClone, CloneKilledWhileMakingItsNamespaceLeavesNothingAfterDestro
             run({iprobe_bin(), "clone", "--destroy", clone_name_});
             continue;
         }
+        const std::vector<long long> left = descendants_of(cli.pid());
         // Not stopped: orphaned while stopped, its process group would get
-        // SIGHUP.  It runs on, in a group of its own, and makes the
-        // namespace after its launcher is gone.
+        // SIGHUP.
         cli.kill(SIGKILL);
         cli.wait();
-        for (int i = 0; i < 500 && running_pid(ip); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        expect_all_ended(left);
         caught = true;
     }
     ASSERT_TRUE(caught) << "`ip netns add` was never seen running: " << file_text(dir_ / "clone.out");
-    ASSERT_TRUE(netns_exists(clone_name_));
-    const auto destroyed = run({iprobe_bin(), "clone", "--destroy", clone_name_, "--json"});
-    EXPECT_EQ(destroyed.exit_code, 0) << destroyed.err;
-    EXPECT_NE(destroyed.out.find(R"({"kind":"netns","what":")" + clone_name_ + "\"}"), std::string::npos)
-        << destroyed.out;
     expect_no_trace_of_clone(clone_name_);
-    const auto again = run({iprobe_bin(), "clone", "--destroy", clone_name_});
-    EXPECT_EQ(again.exit_code, 5) << again.err;
-    EXPECT_EQ(redis_->cli({"GET", "marker"}), "before-clone");
+    const auto destroyed = run({iprobe_bin(), "clone", "--destroy", clone_name_});
+    EXPECT_EQ(destroyed.exit_code, 5) << destroyed.out << destroyed.err;
+    expect_production_running();
+    expect_production_serves();
 }
+
+// A launcher killed outright (SIGKILL) at STEP, where the test-only
+// IPROBE_TEST_PAUSE=STEP (launcher/src/process.h) stopped it.
+class LauncherKilledAt : public LauncherClone, public ::testing::WithParamInterface<std::string> {
+protected:
+    std::string step() const { return GetParam(); }
+    std::string scratch() const { return "/dev/shm/iprobe-checkpoint-" + clone_name_; }
+    // Waits for the launcher's pause; its processes then (one guardian).
+    std::vector<long long> paused(Child& launcher, const fs::path& out) {
+        EXPECT_TRUE(stopped_at_pause(launcher)) << "never paused at " << step() << ": " << file_text(out);
+        EXPECT_NE(file_text(out).find("iprobe: test pause at " + step() + " (PID " + std::to_string(launcher.pid()) +
+                                      ")"),
+                  std::string::npos)
+            << file_text(out);
+        std::vector<long long> left = descendants_of(launcher.pid());
+        // The DUMP request is sent: its criu may still be starting.
+        for (int i = 0; i < 10000 && step() == "dump" && !criu_among(left); ++i) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+            left = descendants_of(launcher.pid());
+        }
+        EXPECT_EQ(std::count_if(left.begin(), left.end(), [](long long p) { return comm_of(p) == "iprobe-guardian"; }),
+                  1)
+            << "the launcher's processes: " << describe(left);
+        return left;
+    }
+    static bool criu_among(const std::vector<long long>& pids) {
+        return std::any_of(pids.begin(), pids.end(),
+                           [](long long p) { return cmdline_of(p).find(" swrk ") != std::string::npos; });
+    }
+    // What every launcher has made by the steps they share.
+    void expect_made(const std::vector<long long>& left) {
+        if (step() == "checkpoint") {
+            EXPECT_TRUE(fs::is_directory(scratch() + "/images"));
+            EXPECT_FALSE(netns_exists(clone_name_));
+        } else if (step() == "dump") {
+            EXPECT_TRUE(criu_among(left)) << "CRIU is not dumping: " << describe(left);
+        } else if (step() == "frozen") {
+            EXPECT_EQ(process_state(redis_->pid()), 't') << "CRIU does not hold production";
+        } else if (step() == "copy") {
+            EXPECT_TRUE(fs::exists(scratch() + "/fs/0"));
+        } else if (step() == "netns" || step() == "keeper") {
+            EXPECT_TRUE(netns_exists(clone_name_));
+            EXPECT_TRUE(keepers_of(clone_name_).empty());
+        }
+    }
+    // Kills it there: once its processes ended, nothing of the clone is
+    // left, --destroy finds nothing, production runs and answers.
+    void kill_and_expect_nothing_left(Child& launcher, const std::vector<long long>& left, const char* dbsize) {
+        launcher.kill(SIGKILL);
+        launcher.wait();
+        // CRIU runs on (it is never cut off mid-dump); the guardian waits
+        // for it before it removes anything.
+        const auto criu = std::find_if(left.begin(), left.end(),
+                                       [](long long p) { return cmdline_of(p).find(" swrk ") != std::string::npos; });
+        const auto guardian = std::find_if(left.begin(), left.end(),
+                                           [](long long p) { return comm_of(p) == "iprobe-guardian"; });
+        bool criu_outlived_launcher = false;
+        while (criu != left.end() && guardian != left.end()) {
+            const bool guardian_runs = running_pid(*guardian), scratch_there = fs::exists(scratch());
+            if (!running_pid(*criu)) break;  // looked after: both were seen while CRIU ran
+            criu_outlived_launcher = true;
+            EXPECT_TRUE(guardian_runs) << "the guardian ended while CRIU still ran";
+            EXPECT_TRUE(scratch_there) << "the checkpoint was removed while CRIU still wrote it";
+            if (!guardian_runs || !scratch_there) break;
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+        if (step() == "dump") {
+            EXPECT_TRUE(criu_outlived_launcher) << "the dump ended before the launcher was killed";
+        }
+        expect_all_ended(left);
+        expect_no_trace_of_clone(clone_name_);
+        EXPECT_FALSE(fs::exists(scratch()));
+        expect_production_running();
+        EXPECT_EQ(redis_->cli({"PING"}), "PONG");
+        EXPECT_EQ(redis_->cli({"GET", "marker"}), "before-clone");
+        EXPECT_EQ(redis_->cli({"DBSIZE"}), dbsize);
+        const auto destroyed = run({iprobe_bin(), "clone", "--destroy", clone_name_});
+        EXPECT_EQ(destroyed.exit_code, 5) << destroyed.out << destroyed.err;
+        const auto list = run({iprobe_bin(), "clone", "--list", "--json"});
+        EXPECT_EQ(list.exit_code, 0) << list.err;
+        EXPECT_EQ(list.out.find(clone_name_), std::string::npos) << list.out;
+    }
+};
+
+// `iprobe clone` killed before the namespace exists (the checkpoint's
+// directory made, nothing dumped), while CRIU dumps production, while CRIU
+// holds production frozen (its post-dump notification unanswered), between
+// the checkpoint's file copies, while the namespace is made, just before
+// the keeper starts, and once the clone runs but before the command
+// reported it.  Each time its guardian, having waited for the helpers still
+// running (CRIU finishing the dump), removes everything: no namespace, no
+// state, no scratch checkpoint, no process of the launcher's, and
+// production answers with its own data, running (state S or R, never
+// stopped).  The name is free again afterwards.
+class LauncherCloneKilledAt : public LauncherKilledAt {};
+
+TEST_P(LauncherCloneKilledAt, LeavesNothingAndProductionRunning) {
+    // A dump long enough (~400 MB) to be killed in the middle of.
+    const bool big = step() == "dump";
+    if (big) {
+        ASSERT_EQ(redis_->cli({"DEBUG", "POPULATE", "800000", "big", "400"}), "OK");
+    }
+    const fs::path out = dir_ / "clone.out";
+    Child cli({iprobe_bin(), "clone", std::to_string(redis_->pid()), "--netns", clone_name_}, out,
+              {"IPROBE_TEST_PAUSE=" + step()});
+    const std::vector<long long> left = paused(cli, out);
+    ASSERT_FALSE(HasFailure());
+    // The state is the first thing made.
+    EXPECT_TRUE(fs::exists("/run/iprobe/clones/" + clone_name_ + "/state"));
+    expect_made(left);
+    if (step() == "restored") {
+        EXPECT_EQ(keepers_of(clone_name_).size(), 1u);
+        EXPECT_EQ(clone_cli({"GET", "marker"}), "before-clone");
+    }
+    kill_and_expect_nothing_left(cli, left, big ? "805001" : "5001");
+    const auto again = clone();
+    EXPECT_EQ(again.exit_code, 0) << again.err;
+    EXPECT_EQ(clone_cli({"GET", "marker"}), "before-clone");
+}
+
+INSTANTIATE_TEST_SUITE_P(Steps, LauncherCloneKilledAt,
+                         ::testing::Values("checkpoint", "dump", "frozen", "copy", "netns", "keeper", "restored"),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+
+// `iprobe debug` killed at each step of its first generation: before the
+// checkpoint, while CRIU holds production frozen, between the checkpoint's
+// copies, while the clone's namespace is made, just before its keeper
+// starts, and while its veth is made (both ends still in the session's
+// namespace; the keeper holds the session's lifeline by then).  Nothing is
+// left either, no veth of the session's among it.
+class LauncherDebugKilledAt : public LauncherKilledAt {};
+
+TEST_P(LauncherDebugKilledAt, LeavesNothingAndProductionRunning) {
+    const fs::path out = dir_ / "debug.out";
+    Child debug({"nsenter", "--net=" + prod_ns_->path(), iprobe_bin(), "debug", std::to_string(redis_->pid()),
+                 "--listen", "127.0.0.1:" + std::to_string(free_port()), "--production",
+                 "127.0.0.1:" + std::to_string(port_), "--name", clone_name_, "--json"},
+                out, {"IPROBE_TEST_PAUSE=" + step()});
+    const std::vector<long long> left = paused(debug, out);
+    ASSERT_FALSE(HasFailure());
+    expect_made(left);
+    // The session's veth, in the network namespace it runs in (production's).
+    const std::string veth = "ipd" + std::to_string(debug.pid());
+    const auto link_exists = [&](const std::string& link) {
+        return run({"nsenter", "--net=" + prod_ns_->path(), "ip", "link", "show", link}).exit_code == 0;
+    };
+    if (step() == "veth") {
+        EXPECT_EQ(keepers_of(clone_name_).size(), 1u);
+        EXPECT_TRUE(link_exists(veth)) << veth;
+    }
+    kill_and_expect_nothing_left(debug, left, "5001");
+    EXPECT_FALSE(link_exists(veth)) << veth;
+    EXPECT_FALSE(link_exists(veth + "p")) << veth << "p";
+}
+
+INSTANTIATE_TEST_SUITE_P(Steps, LauncherDebugKilledAt,
+                         ::testing::Values("checkpoint", "frozen", "copy", "netns", "keeper", "veth"),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 // Ctrl-C at a terminal while CRIU checkpoints production: the signal reaches
 // the whole foreground process group.  CRIU, in a group of its own, finishes
