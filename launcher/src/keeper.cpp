@@ -334,13 +334,13 @@ pid_t start_keeper(const KeeperPlan& plan, const std::string& netns_path) {
     }
     // A large image takes a while to restore; CRIU reports failures itself.
     if (!read_int(rd.get(), stage, 600000)) {
-        ::kill(keeper, SIGKILL);
+        kill_keeper(keeper, start_time(keeper));
         throw_if_interrupted("the clone's restore was abandoned");
         throw restore_failed(plan, "the clone's keeper process died before CRIU finished restoring");
     }
     read_int(rd.get(), err, 1000);
     if (stage < 0) {
-        ::kill(keeper, SIGKILL);
+        kill_keeper(keeper, start_time(keeper));
         const char* what = stage == -1   ? "making mounts private"
                            : stage == -2 ? "mounting /proc"
                            : stage == -3 ? "bind-mounting the file snapshots"
@@ -359,12 +359,14 @@ pid_t start_keeper(const KeeperPlan& plan, const std::string& netns_path) {
     }
     const RestoreReply restored = parse_restore_reply(answer, criu_status);
     if (!restored.reply.success) {
-        ::kill(keeper, SIGKILL);
+        kill_keeper(keeper, start_time(keeper));
         throw restore_failed(plan, "criu restore failed: " + restored.reply.describe());
     }
     return keeper;
 }
 
+// Waits (up to 5 s) until it is gone: a launcher never returns while the
+// clone it failed to make is still dying.
 void kill_keeper(pid_t keeper, const std::string& started) {
     if (!still_running(keeper, started)) return;
     // PID 1 of the clone's PID namespace: killing it kills the whole clone.
