@@ -316,6 +316,111 @@ TEST_P(FinstrumentValuesTest, BacktraceNamesTheCallersWithTheirLines) {
     expect_three_callers(trace("json"));
 }
 
+// A call in flight (v_wait, blocked inside) while iprobe attaches again or
+// detaches.  With values its entry writes the return trampoline into its
+// return slot, and its exit hooks leave the exit to it; without values the
+// exit hooks record it.  However the two interleave with the call, it has
+// exactly one exit, `completed` is exact and the program's answers are
+// what they were without iprobe.
+TEST_P(FinstrumentValuesTest, AttachAgainWithoutValuesWhileACallIsInFlightGivesItOneExit) {
+    ASSERT_TRUE(start(GetParam()));
+    const long plain = target_->command("values");
+    attach({"--args", "--retval", "--functions", "v_wait"});
+    ASSERT_EQ(target_->command("block 3"), 1);
+    attach({"--functions", "v_wait"});
+    EXPECT_EQ(target_->command("release"), 8);
+    ASSERT_EQ(target_->command("block 4"), 1);
+    EXPECT_EQ(target_->command("release"), 9);
+    const std::string t = trace("json");
+    EXPECT_EQ(lines_with(t, {entry_of("v_wait")}).size(), 2u) << t;
+    EXPECT_EQ(lines_with(t, {entry_of("v_wait"), "\"args\":[" + arg("n", "int", "3") + "]"}).size(), 1u) << t;
+    EXPECT_EQ(lines_with(t, {exit_of("v_wait")}).size(), 2u) << t;
+    // the call in flight: its hooked return recorded it, as the attach in
+    // force at its exit asks (no --retval)
+    EXPECT_EQ(t.find("\"retval\""), std::string::npos) << t;
+    EXPECT_EQ(t.find("\"unwound\":true"), std::string::npos) << t;
+    const std::string r = iprobe({"report", pid_, "--json"}).out;
+    EXPECT_EQ(json_calls(r, "v_wait"), 2) << r;
+    EXPECT_EQ(json_completed(r, "v_wait"), 2) << r;
+    EXPECT_EQ(target_->command("values"), plain);
+}
+
+TEST_P(FinstrumentValuesTest, AttachWithValuesWhileAPlainCallIsInFlightKeepsItsExit) {
+    ASSERT_TRUE(start(GetParam()));
+    const long plain = target_->command("values");
+    attach({"--functions", "v_wait"});
+    ASSERT_EQ(target_->command("block 3"), 1);
+    attach({"--args", "--retval", "--functions", "v_wait"});
+    EXPECT_EQ(target_->command("release"), 8);
+    ASSERT_EQ(target_->command("block 4"), 1);
+    EXPECT_EQ(target_->command("release"), 9);
+    const std::string t = trace("json");
+    EXPECT_EQ(lines_with(t, {entry_of("v_wait")}).size(), 2u) << t;
+    EXPECT_EQ(lines_with(t, {entry_of("v_wait"), "\"args\":[" + arg("n", "int", "4") + "]"}).size(), 1u) << t;
+    // the call in flight entered without values: its exit hook records it
+    EXPECT_EQ(lines_with(t, {exit_of("v_wait")}).size(), 2u) << t;
+    EXPECT_EQ(lines_with(t, {exit_of("v_wait"), "\"retval\""}).size(), 1u) << t;
+    EXPECT_EQ(lines_with(t, {exit_of("v_wait"), retval("long", "9")}).size(), 1u) << t;
+    const std::string r = iprobe({"report", pid_, "--json"}).out;
+    EXPECT_EQ(json_calls(r, "v_wait"), 2) << r;
+    EXPECT_EQ(json_completed(r, "v_wait"), 2) << r;
+    EXPECT_EQ(target_->command("values"), plain);
+}
+
+TEST_P(FinstrumentValuesTest, AttachTheCountHandlerWhileACallWithValuesIsInFlightCountsItOnce) {
+    ASSERT_TRUE(start(GetParam()));
+    attach({"--args", "--retval", "--functions", "v_wait"});
+    ASSERT_EQ(target_->command("block 3"), 1);
+    attach({"--handler", "count", "--completed", "--functions", "v_wait"});
+    EXPECT_EQ(target_->command("release"), 8);
+    ASSERT_EQ(target_->command("block 4"), 1);
+    EXPECT_EQ(target_->command("release"), 9);
+    const std::string r = iprobe({"report", pid_, "--json"}).out;
+    EXPECT_EQ(json_calls(r, "v_wait"), 2) << r;
+    EXPECT_EQ(json_completed(r, "v_wait"), 2) << r;
+}
+
+// Detached while the call's return slot holds its trampoline: the exit
+// hooks are NOPs again and the code is as it was; the trampoline takes the
+// call back to its caller and records its exit.
+TEST_P(FinstrumentValuesTest, DetachWhileACallWithValuesIsInFlight) {
+    ASSERT_TRUE(start(GetParam()));
+    const long plain = target_->command("values");
+    const std::string exe = "/" + GetParam();
+    const auto text_before = text_of(target_->pid(), exe);
+    attach({"--args", "--retval", "--functions", "v_wait"});
+    ASSERT_EQ(target_->command("block 3"), 1);
+    ASSERT_EQ(iprobe({"detach", pid_}).exit_code, 0);
+    EXPECT_EQ(text_of(target_->pid(), exe), text_before) << "code differs after detach";
+    EXPECT_EQ(target_->command("release"), 8);
+    const std::string r = iprobe({"report", pid_, "--json"}).out;
+    EXPECT_EQ(json_calls(r, "v_wait"), 1) << r;
+    EXPECT_EQ(json_completed(r, "v_wait"), 1) << r;
+    EXPECT_EQ(target_->command("values"), plain);
+}
+
+// ... and attached again without values before the call returns: its exit
+// hooks record calls again, but not this one, which its trampoline records.
+TEST_P(FinstrumentValuesTest, DetachAndAttachAgainWhileACallWithValuesIsInFlightGivesItOneExit) {
+    ASSERT_TRUE(start(GetParam()));
+    const long plain = target_->command("values");
+    attach({"--args", "--retval", "--functions", "v_wait"});
+    ASSERT_EQ(target_->command("block 3"), 1);
+    ASSERT_EQ(iprobe({"detach", pid_}).exit_code, 0);
+    attach({"--functions", "v_wait"});
+    EXPECT_EQ(target_->command("release"), 8);
+    ASSERT_EQ(target_->command("block 4"), 1);
+    EXPECT_EQ(target_->command("release"), 9);
+    const std::string t = trace("json");
+    EXPECT_EQ(lines_with(t, {exit_of("v_wait")}).size(), lines_with(t, {entry_of("v_wait")}).size()) << t;
+    EXPECT_EQ(lines_with(t, {exit_of("v_wait")}).size(), 2u) << t;
+    EXPECT_EQ(t.find("\"unwound\":true"), std::string::npos) << t;
+    const std::string r = iprobe({"report", pid_, "--json"}).out;
+    EXPECT_EQ(json_calls(r, "v_wait"), 2) << r;
+    EXPECT_EQ(json_completed(r, "v_wait"), 2) << r;
+    EXPECT_EQ(target_->command("values"), plain);
+}
+
 INSTANTIATE_TEST_SUITE_P(Flows, FinstrumentValuesTest, ::testing::Values("values_finstrument", "values_finstrument_cxx"));
 
 // An inlined copy's hooks sit in its caller's code: they record calls

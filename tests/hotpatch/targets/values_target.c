@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -83,6 +84,33 @@ PROBED long ex_catcher(int x) {
 }
 #endif
 
+/* A call in flight while iprobe attaches again or detaches: "block N" starts
+ * a thread calling v_wait(N), which waits inside until "release" writes a
+ * byte (5) to its pipe; "release" answers what v_wait returned (N + 5). */
+static int wait_pipe[2];
+static volatile int wait_inside;
+PROBED long v_wait(int n) {
+    char c = 0;
+    wait_inside = 1;
+    while (read(wait_pipe[0], &c, 1) != 1) {
+    }
+    return n + c;
+}
+static pthread_t wait_thread;
+static void* wait_run(void* n) { return (void*)v_wait((int)(long)n); }
+static long wait_block(long n) {
+    wait_inside = 0;
+    if (pthread_create(&wait_thread, 0, wait_run, (void*)n) != 0) exit(1);
+    while (!wait_inside) usleep(1000);
+    return 1;
+}
+static long wait_release(void) {
+    void* got = 0;
+    if (write(wait_pipe[1], "\x05", 1) != 1) exit(1);
+    pthread_join(wait_thread, &got);
+    return (long)got;
+}
+
 /* A pointer to freed memory that faults (an unmapped page), and a string
  * that ends exactly at the end of a page followed by an unmapped one. */
 static char* dangling(void) {
@@ -131,6 +159,7 @@ int main(int argc, char** argv) {
         return 2;
     }
     setvbuf(stdout, 0, _IOLBF, 0);
+    if (pipe(wait_pipe) != 0) return 1;
     printf("ready %d\n", (int)getpid());
     char line[256];
     for (;;) {
@@ -144,6 +173,10 @@ int main(int argc, char** argv) {
                 printf("ok fib %ld\n", fib((int)a));
             } else if (sscanf(line, "inlined %ld", &a) == 1) {
                 printf("ok inlined %ld\n", v_inlined(a));
+            } else if (sscanf(line, "block %ld", &a) == 1) {
+                printf("ok block %ld\n", wait_block(a));
+            } else if (strncmp(line, "release", 7) == 0) {
+                printf("ok release %ld\n", wait_release());
             } else if (sscanf(line, "bt %ld", &a) == 1) {
                 printf("ok bt %ld\n", bt_outer((int)a));
 #ifdef __cplusplus
