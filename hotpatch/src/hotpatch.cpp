@@ -73,9 +73,13 @@ struct NeedsStop {};
 // -finstrument-functions sites with values (values_plan.h): the entry's
 // stub goes to the entry point that lays out the registers for its recipe,
 // which rides in the stub's slot; an exit its entry's hooked return records
-// goes to one that does nothing.
+// goes to a checked exit (its recipe in its slot too), which records only
+// the calls whose return the entry did not hook.  Once checked, an exit
+// stays checked (the count handler's when it counts) until detach: a call
+// hooked earlier may still be in flight, its trampoline in its slot.
 const std::string kSiteValuesEntry = "iprobe_rt_trace_enter_id_regs";
-const std::string kSilentExit = "iprobe_rt_ignore_id";
+const std::string kSilentExit = "iprobe_rt_site_exit_checked";
+const std::string kSilentExitCount = "iprobe_rt_site_exit_checked_count";
 
 SitesPlan plan_sites(const ProcessMemory& memory, Region& region, std::vector<SelectedList>& lists,
                      const std::vector<const RunningModule*>& targets, const HandlerSymbols& handlers,
@@ -85,9 +89,10 @@ SitesPlan plan_sites(const ProcessMemory& memory, Region& region, std::vector<Se
     auto& [patches, site_stubs, enables, touched, selected, newly_enabled, already_enabled, first_probes] = plan;
     StubChecker stubs_seen(memory);
     std::map<const std::string*, std::uint64_t> handler_addresses;  // keyed as `stubs` below
-    // Where kSiteValuesEntry and kSilentExit are in the handler library (0: not there).
-    const std::pair<std::uint64_t, std::uint64_t> site_values_targets{
-        handler_lib.symbol(kSiteValuesEntry).value_or(0), handler_lib.symbol(kSilentExit).value_or(0)};
+    // Where kSiteValuesEntry, kSilentExit and kSilentExitCount are in the handler library (0: not there).
+    const std::uint64_t site_values_entry = handler_lib.symbol(kSiteValuesEntry).value_or(0);
+    const std::pair<std::uint64_t, std::uint64_t> checked_exits{handler_lib.symbol(kSilentExit).value_or(0),
+                                                                handler_lib.symbol(kSilentExitCount).value_or(0)};
 
     for (std::size_t li = 0; li < lists.size(); li++) {
         auto& s = lists[li];
@@ -123,27 +128,51 @@ SitesPlan plan_sites(const ProcessMemory& memory, Region& region, std::vector<Se
         auto changes_stub = [&](const probelist::Probe& p) {
             return site_values && (site_values->recipes.count(p.id) || site_values->silent_exits.count(p.id));
         };
-        // A stub an earlier attach with values wrote (its entry point, or the
-        // silent exit's), which this attach without them must undo.
+        // The stub a site's slot holds now, and where it goes (0: none of ours).
+        auto held_stub = [&](std::uint64_t stub) {
+            std::pair<std::array<std::uint8_t, kSiteStubSize>, std::uint64_t> held{};
+            memory.read(stub, held.first.data(), held.first.size());
+            held.second = stub_target(held.first.data(), held.first.size());
+            return held;
+        };
+        auto is_checked_exit = [&](std::uint64_t target) {
+            return target && (target == checked_exits.first || target == checked_exits.second);
+        };
+        // A stub an earlier attach with values wrote (its entry point, or a
+        // checked exit), which this attach without them must rewrite.
         auto goes_to_site_values = [&](std::uint64_t stub) {
-            std::array<std::uint8_t, kSiteStubSize> held{};
-            memory.read(stub, held.data(), held.size());
-            const std::uint64_t target = stub_target(held.data(), held.size());
-            return target && (target == site_values_targets.first || target == site_values_targets.second);
+            const std::uint64_t target = held_stub(stub).second;
+            return target && (target == site_values_entry || is_checked_exit(target));
         };
         // A call-form site's own stub, handing the handler `id` (or, with
         // values at the site, going where values_plan.h says).
         auto id_stub = [&](const probelist::Probe& p, std::uint32_t id, const std::string& by_id) -> SiteStub {
             const std::uint64_t at = module.site_stubs + kSiteStubSize * p.id;
+            const std::uint32_t global = module.first_probe + p.id;
+            const std::string& checked = handlers.site_id == HandlerSymbols::SiteId::counter ? kSilentExitCount : kSilentExit;
+            static_assert(IPROBE_RT_SITE_RECIPE_OFFSET + sizeof(iprobe_rt_site_recipe) <= kSiteStubSize);
+            static_assert(IPROBE_RT_SITE_RECIPE_OFFSET + sizeof(iprobe_rt_exit_recipe) <= kSiteStubSize);
             if (site_values) {
                 if (auto r = site_values->recipes.find(p.id); r != site_values->recipes.end()) {
                     auto bytes = site_stub_bytes(id, handler_address(kSiteValuesEntry));
-                    static_assert(IPROBE_RT_SITE_RECIPE_OFFSET + sizeof(iprobe_rt_site_recipe) <= kSiteStubSize);
                     std::memcpy(bytes.data() + IPROBE_RT_SITE_RECIPE_OFFSET, &r->second, sizeof r->second);
                     return {module.site_stubs, at, bytes};
                 }
-                if (site_values->silent_exits.count(p.id))
-                    return {module.site_stubs, at, site_stub_bytes(id, handler_address(kSilentExit))};
+                if (auto r = site_values->exit_recipes.find(p.id); r != site_values->exit_recipes.end()) {
+                    auto bytes = site_stub_bytes(global, handler_address(checked));
+                    std::memcpy(bytes.data() + IPROBE_RT_SITE_RECIPE_OFFSET, &r->second, sizeof r->second);
+                    return {module.site_stubs, at, bytes};
+                }
+            }
+            // A checked exit stays one, with the recipe its slot holds: a
+            // call whose return was hooked may still be in flight.
+            if (p.kind == probelist::ProbeKind::exit && module.site_stubs) {
+                auto [held, target] = held_stub(at);
+                if (is_checked_exit(target)) {
+                    const auto code = site_stub_bytes(global, handler_address(checked));
+                    std::memcpy(held.data(), code.data(), IPROBE_RT_SITE_RECIPE_OFFSET);
+                    return {module.site_stubs, at, held};
+                }
             }
             const bool inline_count = handlers.site_id == HandlerSymbols::SiteId::counter && stats_tpoff != 0 &&
                                       stats_tpoff >= INT32_MIN && stats_tpoff < 0 && id <= INT32_MAX;

@@ -1139,6 +1139,17 @@ static inline void retval_sample(uint32_t probe, uint64_t retval) {
     if (stats) add_local(&stats[p->stat].retval_histogram[retval_bucket(retval, spec)], 1);
 }
 
+/* What a -finstrument-functions site's stub slot holds after the stub's
+ * code (rt_layout.h: an entry's recipe, a checked exit's), or 0. */
+static const void* site_stub_recipe(const struct iprobe_rt_control* cb, const struct iprobe_rt_probe* p) {
+    if (p->module >= cb->module_count) return 0;
+    const struct iprobe_rt_module* m =
+        (const struct iprobe_rt_module*)((const char*)cb + cb->modules_offset) + p->module;
+    if (!m->site_stubs || p->id >= m->site_stub_slots) return 0;
+    return (const void*)(uintptr_t)(m->site_stubs + (uint64_t)IPROBE_RT_SITE_STUB_SIZE * p->id +
+                                    IPROBE_RT_SITE_RECIPE_OFFSET);
+}
+
 /* The -finstrument-functions flow's entry with values (site_values.c): the
  * site's recipe and the probe's spec word, or 0 when the probe captures
  * nothing there (a plain trace entry). */
@@ -1148,11 +1159,34 @@ __attribute__((visibility("hidden"))) const struct iprobe_rt_site_recipe* iprobe
     if (UNLIKELY(!cb) || id >= g_geometry.probe_capacity) return 0;
     const struct iprobe_rt_probe* p = probe_of(cb, (int32_t)id);
     *word = spec_word(p);
-    if (!(spec_of(*word).flags & IPROBE_RT_VALUES_AT_SITE) || p->module >= cb->module_count) return 0;
-    const struct iprobe_rt_module* m =
-        (const struct iprobe_rt_module*)((const char*)cb + cb->modules_offset) + p->module;
-    if (!m->site_stubs || p->id >= m->site_stub_slots) return 0;
-    return (const struct iprobe_rt_site_recipe*)(uintptr_t)(m->site_stubs + (uint64_t)IPROBE_RT_SITE_STUB_SIZE * p->id + IPROBE_RT_SITE_RECIPE_OFFSET);
+    if (!(spec_of(*word).flags & IPROBE_RT_VALUES_AT_SITE)) return 0;
+    return (const struct iprobe_rt_site_recipe*)site_stub_recipe(cb, p);
+}
+
+/* A checked exit hook's recipe (site_values.c), or 0. */
+__attribute__((visibility("hidden"))) const struct iprobe_rt_exit_recipe* iprobe_rt_site_exit_recipe(uint32_t id) {
+    struct iprobe_rt_control* cb = control();
+    if (UNLIKELY(!cb) || id >= g_geometry.probe_capacity) return 0;
+    return (const struct iprobe_rt_exit_recipe*)site_stub_recipe(cb, probe_of(cb, (int32_t)id));
+}
+
+/* ... and the exit it records when the hooked return does not: the trace
+ * handler's, or (count) the function's `completed`. */
+__attribute__((visibility("hidden"))) void iprobe_rt_site_exit_record(uint32_t id, int count) {
+    if (!count) {
+        iprobe_rt_trace_exit_id(id);
+        return;
+    }
+    struct iprobe_rt_control* cb = control();
+    if (UNLIKELY(!cb)) {
+        count_unserved();
+        return;
+    }
+    if (id >= g_geometry.probe_capacity) return;
+    const uint32_t stat = probe_of(cb, (int32_t)id)->stat;
+    const uint64_t completed = (uint64_t)stat * sizeof(struct iprobe_rt_fn_stats) +
+                               offsetof(struct iprobe_rt_fn_stats, completed);
+    if (stat != IPROBE_RT_NO_STAT && completed < UINT32_MAX) iprobe_rt_count_counter((uint32_t)completed);
 }
 
 /* ... and, with the argument registers the recipe gathered (`saved` as

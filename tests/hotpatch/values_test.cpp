@@ -87,6 +87,17 @@ protected:
         return t.out;
     }
     bool cxx() const { return name_.find("cxx") != std::string::npos; }
+    // A second call of v_wait (values_target.c), blocked and released at once.
+    void wait_once_more() {
+        ASSERT_EQ(target_->command("block 4"), 1);
+        EXPECT_EQ(target_->command("release"), 9);
+    }
+    // v_wait's calls and completed calls in `report --json`.
+    void expect_wait_counts(long long calls, long long completed) {
+        const std::string r = iprobe({"report", pid_, "--json"}).out;
+        EXPECT_EQ(json_calls(r, "v_wait"), calls) << r;
+        EXPECT_EQ(json_completed(r, "v_wait"), completed) << r;
+    }
     // The values of run_values() (values_target.c) in trace `t`, each
     // exactly once; `b`, `flag_*` and `k` as JSON values (where a flow has
     // them <optimized out>).
@@ -329,8 +340,7 @@ TEST_P(FinstrumentValuesTest, AttachAgainWithoutValuesWhileACallIsInFlightGivesI
     ASSERT_EQ(target_->command("block 3"), 1);
     attach({"--functions", "v_wait"});
     EXPECT_EQ(target_->command("release"), 8);
-    ASSERT_EQ(target_->command("block 4"), 1);
-    EXPECT_EQ(target_->command("release"), 9);
+    wait_once_more();
     const std::string t = trace("json");
     EXPECT_EQ(lines_with(t, {entry_of("v_wait")}).size(), 2u) << t;
     EXPECT_EQ(lines_with(t, {entry_of("v_wait"), "\"args\":[" + arg("n", "int", "3") + "]"}).size(), 1u) << t;
@@ -339,9 +349,7 @@ TEST_P(FinstrumentValuesTest, AttachAgainWithoutValuesWhileACallIsInFlightGivesI
     // force at its exit asks (no --retval)
     EXPECT_EQ(t.find("\"retval\""), std::string::npos) << t;
     EXPECT_EQ(t.find("\"unwound\":true"), std::string::npos) << t;
-    const std::string r = iprobe({"report", pid_, "--json"}).out;
-    EXPECT_EQ(json_calls(r, "v_wait"), 2) << r;
-    EXPECT_EQ(json_completed(r, "v_wait"), 2) << r;
+    expect_wait_counts(2, 2);
     EXPECT_EQ(target_->command("values"), plain);
 }
 
@@ -352,8 +360,7 @@ TEST_P(FinstrumentValuesTest, AttachWithValuesWhileAPlainCallIsInFlightKeepsItsE
     ASSERT_EQ(target_->command("block 3"), 1);
     attach({"--args", "--retval", "--functions", "v_wait"});
     EXPECT_EQ(target_->command("release"), 8);
-    ASSERT_EQ(target_->command("block 4"), 1);
-    EXPECT_EQ(target_->command("release"), 9);
+    wait_once_more();
     const std::string t = trace("json");
     EXPECT_EQ(lines_with(t, {entry_of("v_wait")}).size(), 2u) << t;
     EXPECT_EQ(lines_with(t, {entry_of("v_wait"), "\"args\":[" + arg("n", "int", "4") + "]"}).size(), 1u) << t;
@@ -361,9 +368,7 @@ TEST_P(FinstrumentValuesTest, AttachWithValuesWhileAPlainCallIsInFlightKeepsItsE
     EXPECT_EQ(lines_with(t, {exit_of("v_wait")}).size(), 2u) << t;
     EXPECT_EQ(lines_with(t, {exit_of("v_wait"), "\"retval\""}).size(), 1u) << t;
     EXPECT_EQ(lines_with(t, {exit_of("v_wait"), retval("long", "9")}).size(), 1u) << t;
-    const std::string r = iprobe({"report", pid_, "--json"}).out;
-    EXPECT_EQ(json_calls(r, "v_wait"), 2) << r;
-    EXPECT_EQ(json_completed(r, "v_wait"), 2) << r;
+    expect_wait_counts(2, 2);
     EXPECT_EQ(target_->command("values"), plain);
 }
 
@@ -373,11 +378,8 @@ TEST_P(FinstrumentValuesTest, AttachTheCountHandlerWhileACallWithValuesIsInFligh
     ASSERT_EQ(target_->command("block 3"), 1);
     attach({"--handler", "count", "--completed", "--functions", "v_wait"});
     EXPECT_EQ(target_->command("release"), 8);
-    ASSERT_EQ(target_->command("block 4"), 1);
-    EXPECT_EQ(target_->command("release"), 9);
-    const std::string r = iprobe({"report", pid_, "--json"}).out;
-    EXPECT_EQ(json_calls(r, "v_wait"), 2) << r;
-    EXPECT_EQ(json_completed(r, "v_wait"), 2) << r;
+    wait_once_more();
+    expect_wait_counts(2, 2);
 }
 
 // Detached while the call's return slot holds its trampoline: the exit
@@ -393,9 +395,7 @@ TEST_P(FinstrumentValuesTest, DetachWhileACallWithValuesIsInFlight) {
     ASSERT_EQ(iprobe({"detach", pid_}).exit_code, 0);
     EXPECT_EQ(text_of(target_->pid(), exe), text_before) << "code differs after detach";
     EXPECT_EQ(target_->command("release"), 8);
-    const std::string r = iprobe({"report", pid_, "--json"}).out;
-    EXPECT_EQ(json_calls(r, "v_wait"), 1) << r;
-    EXPECT_EQ(json_completed(r, "v_wait"), 1) << r;
+    expect_wait_counts(1, 1);
     EXPECT_EQ(target_->command("values"), plain);
 }
 
@@ -409,15 +409,12 @@ TEST_P(FinstrumentValuesTest, DetachAndAttachAgainWhileACallWithValuesIsInFlight
     ASSERT_EQ(iprobe({"detach", pid_}).exit_code, 0);
     attach({"--functions", "v_wait"});
     EXPECT_EQ(target_->command("release"), 8);
-    ASSERT_EQ(target_->command("block 4"), 1);
-    EXPECT_EQ(target_->command("release"), 9);
+    wait_once_more();
     const std::string t = trace("json");
     EXPECT_EQ(lines_with(t, {exit_of("v_wait")}).size(), lines_with(t, {entry_of("v_wait")}).size()) << t;
     EXPECT_EQ(lines_with(t, {exit_of("v_wait")}).size(), 2u) << t;
     EXPECT_EQ(t.find("\"unwound\":true"), std::string::npos) << t;
-    const std::string r = iprobe({"report", pid_, "--json"}).out;
-    EXPECT_EQ(json_calls(r, "v_wait"), 2) << r;
-    EXPECT_EQ(json_completed(r, "v_wait"), 2) << r;
+    expect_wait_counts(2, 2);
     EXPECT_EQ(target_->command("values"), plain);
 }
 
@@ -473,10 +470,12 @@ TEST_F(ValuesTest, FinstrumentWithoutDebugInfoSaysItRecordsNoValues) {
 }
 
 // In the -finstrument-functions flow values change the site's stubs (the
-// entry's goes to the recipe's entry point, the exit hooks' do nothing):
-// attaching again without them puts the plain ones back, so every call
-// still has exactly one exit, and the count handler counts them again.
-TEST_F(ValuesTest, FinstrumentAttachAgainWithoutValuesPutsThePlainHooksBack) {
+// entry's goes to the recipe's entry point, the exit hooks' to a checked
+// exit, which leaves a hooked call's exit to its trampoline): attaching
+// again without them puts the entry's plain stub back and the exit hooks
+// record every call again, so every call still has exactly one exit, and
+// the count handler counts them again.
+TEST_F(ValuesTest, FinstrumentAttachAgainWithoutValuesGivesEveryCallOneExit) {
     ASSERT_TRUE(start("values_finstrument"));
     attach({"--args", "--retval", "--functions", "v_ints"});
     target_->command("values");
