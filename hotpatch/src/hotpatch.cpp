@@ -80,6 +80,7 @@ struct NeedsStop {};
 const std::string kSiteValuesEntry = "iprobe_rt_trace_enter_id_regs";
 const std::string kSilentExit = "iprobe_rt_site_exit_checked";
 const std::string kSilentExitCount = "iprobe_rt_site_exit_checked_count";
+constexpr std::uint8_t kMovEdi = 0xbf;  // a site's own stub begins `mov $id, %edi` (stubs.h)
 
 SitesPlan plan_sites(const ProcessMemory& memory, Region& region, std::vector<SelectedList>& lists,
                      const std::vector<const RunningModule*>& targets, const HandlerSymbols& handlers,
@@ -128,10 +129,20 @@ SitesPlan plan_sites(const ProcessMemory& memory, Region& region, std::vector<Se
         auto changes_stub = [&](const probelist::Probe& p) {
             return site_values && (site_values->recipes.count(p.id) || site_values->silent_exits.count(p.id));
         };
-        // The stub a site's slot holds now, and where it goes (0: none of ours).
+        // The stub a site's slot holds now, and where it goes (0: none of
+        // ours); the module's slots read once, when first asked (10k sites
+        // would be 10k reads in the stop).
+        std::vector<std::uint8_t> held_area;
         auto held_stub = [&](std::uint64_t stub) {
             std::pair<std::array<std::uint8_t, kSiteStubSize>, std::uint64_t> held{};
-            memory.read(stub, held.first.data(), held.first.size());
+            if (!module.site_stubs || stub < module.site_stubs) return held;
+            const std::uint64_t index = (stub - module.site_stubs) / kSiteStubSize;
+            if (index >= module.site_stub_slots) return held;
+            if (held_area.empty()) {
+                held_area.resize(std::size_t{module.site_stub_slots} * kSiteStubSize);
+                memory.read(module.site_stubs, held_area.data(), held_area.size());
+            }
+            std::memcpy(held.first.data(), held_area.data() + index * kSiteStubSize, kSiteStubSize);
             held.second = stub_target(held.first.data(), held.first.size());
             return held;
         };
@@ -166,13 +177,21 @@ SitesPlan plan_sites(const ProcessMemory& memory, Region& region, std::vector<Se
             }
             // A checked exit stays one, with the recipe its slot holds: a
             // call whose return was hooked may still be in flight.
-            if (p.kind == probelist::ProbeKind::exit && module.site_stubs) {
-                auto [held, target] = held_stub(at);
-                if (is_checked_exit(target)) {
-                    const auto code = site_stub_bytes(global, handler_address(checked));
-                    std::memcpy(held.data(), code.data(), IPROBE_RT_SITE_RECIPE_OFFSET);
-                    return {module.site_stubs, at, held};
-                }
+            auto [held, target] = held_stub(at);
+            if (p.kind == probelist::ProbeKind::exit && is_checked_exit(target)) {
+                const auto code = site_stub_bytes(global, handler_address(checked));
+                std::memcpy(held.data(), code.data(), IPROBE_RT_SITE_RECIPE_OFFSET);
+                return {module.site_stubs, at, held};
+            }
+            // A slot holding an entry's recipe keeps it under a plain stub
+            // (an id stub, not the inline count one, whose code would lie
+            // there): a thread may still be following it in the values entry
+            // point, and it is this site's whatever attach comes.
+            if (held[0] == kMovEdi && target &&
+                std::any_of(held.begin() + IPROBE_RT_SITE_RECIPE_OFFSET, held.end(), [](std::uint8_t b) { return b != 0xcc; })) {
+                const auto code = site_stub_bytes(id, handler_address(by_id));
+                std::memcpy(held.data(), code.data(), IPROBE_RT_SITE_RECIPE_OFFSET);
+                return {module.site_stubs, at, held};
             }
             const bool inline_count = handlers.site_id == HandlerSymbols::SiteId::counter && stats_tpoff != 0 &&
                                       stats_tpoff >= INT32_MIN && stats_tpoff < 0 && id <= INT32_MAX;

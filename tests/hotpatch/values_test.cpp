@@ -418,6 +418,28 @@ TEST_P(FinstrumentValuesTest, DetachAndAttachAgainWhileACallWithValuesIsInFlight
     EXPECT_EQ(target_->command("values"), plain);
 }
 
+// Two threads call v_spin as fast as they can while iprobe attaches with
+// values, with a --when, and without, over and over: every call entered has
+// exactly one exit (completed == calls == the calls the program made), the
+// program never crashes.
+TEST_P(FinstrumentValuesTest, EveryCallHasOneExitWhileAttachesSwitchValuesUnderLoad) {
+    ASSERT_TRUE(start(GetParam()));
+    attach({"--functions", "v_spin"});
+    ASSERT_EQ(target_->command("spin 2"), 2);
+    for (int round = 0; round < 6; round++) {
+        attach({"--args", "--retval", "--functions", "v_spin"});
+        attach({"--functions", "v_spin"});
+        attach({"--args", "--when", "i == 3", "--functions", "v_spin"});
+    }
+    const long made = target_->command("stop");
+    ASSERT_GT(made, 0);
+    const std::string r = iprobe({"report", pid_, "--json"}).out;
+    EXPECT_EQ(json_calls(r, "v_spin"), made) << r;
+    EXPECT_EQ(json_completed(r, "v_spin"), made) << r;
+    EXPECT_EQ(json_number(r, "unhooked_returns"), 0) << r;
+    EXPECT_EQ(json_number(r, "unmatched_exits"), 0) << r;
+}
+
 INSTANTIATE_TEST_SUITE_P(Flows, FinstrumentValuesTest, ::testing::Values("values_finstrument", "values_finstrument_cxx"));
 
 // An inlined copy's hooks sit in its caller's code: they record calls

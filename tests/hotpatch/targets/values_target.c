@@ -111,6 +111,38 @@ static long wait_release(void) {
     return (long)got;
 }
 
+/* Calls at a service's rate while iprobe attaches again and again: "spin N"
+ * starts N threads calling v_spin until "stop", which answers how many
+ * calls they made. */
+#define SPIN_MAX 8
+PROBED long v_spin(long i) { return i + 1; }
+static volatile int spin_stop;
+static pthread_t spin_threads[SPIN_MAX];
+static long spin_count;
+static void* spin_run(void* arg) {
+    (void)arg;
+    long i = 0;
+    while (!spin_stop) i = v_spin(i);
+    return (void*)i;
+}
+static long spin_start(long n) {
+    spin_stop = 0;
+    spin_count = n < 1 ? 1 : n > SPIN_MAX ? SPIN_MAX : n;
+    for (long i = 0; i < spin_count; i++)
+        if (pthread_create(&spin_threads[i], 0, spin_run, 0) != 0) exit(1);
+    return spin_count;
+}
+static long spin_end(void) {
+    spin_stop = 1;
+    long calls = 0;
+    for (long i = 0; i < spin_count; i++) {
+        void* made = 0;
+        pthread_join(spin_threads[i], &made);
+        calls += (long)made;
+    }
+    return calls;
+}
+
 /* A pointer to freed memory that faults (an unmapped page), and a string
  * that ends exactly at the end of a page followed by an unmapped one. */
 static char* dangling(void) {
@@ -177,6 +209,10 @@ int main(int argc, char** argv) {
                 printf("ok block %ld\n", wait_block(a));
             } else if (strncmp(line, "release", 7) == 0) {
                 printf("ok release %ld\n", wait_release());
+            } else if (sscanf(line, "spin %ld", &a) == 1) {
+                printf("ok spin %ld\n", spin_start(a));
+            } else if (strncmp(line, "stop", 4) == 0) {
+                printf("ok stop %ld\n", spin_end());
             } else if (sscanf(line, "bt %ld", &a) == 1) {
                 printf("ok bt %ld\n", bt_outer((int)a));
 #ifdef __cplusplus
