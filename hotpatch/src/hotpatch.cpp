@@ -133,14 +133,16 @@ SitesPlan plan_sites(const ProcessMemory& memory, Region& region, std::vector<Se
         // ours); the module's slots read once, when first asked (10k sites
         // would be 10k reads in the stop).
         std::vector<std::uint8_t> held_area;
+        std::uint64_t held_from = 0;  // where held_area was read (the area may be made meanwhile)
         auto held_stub = [&](std::uint64_t stub) {
             std::pair<std::array<std::uint8_t, kSiteStubSize>, std::uint64_t> held{};
             if (!module.site_stubs || stub < module.site_stubs) return held;
             const std::uint64_t index = (stub - module.site_stubs) / kSiteStubSize;
             if (index >= module.site_stub_slots) return held;
-            if (held_area.empty()) {
+            if (held_from != module.site_stubs || held_area.size() != std::size_t{module.site_stub_slots} * kSiteStubSize) {
                 held_area.resize(std::size_t{module.site_stub_slots} * kSiteStubSize);
                 memory.read(module.site_stubs, held_area.data(), held_area.size());
+                held_from = module.site_stubs;
             }
             std::memcpy(held.first.data(), held_area.data() + index * kSiteStubSize, kSiteStubSize);
             held.second = stub_target(held.first.data(), held.first.size());

@@ -1163,30 +1163,41 @@ __attribute__((visibility("hidden"))) const struct iprobe_rt_site_recipe* iprobe
     return (const struct iprobe_rt_site_recipe*)site_stub_recipe(cb, p);
 }
 
-/* A checked exit hook's recipe (site_values.c), or 0. */
-__attribute__((visibility("hidden"))) const struct iprobe_rt_exit_recipe* iprobe_rt_site_exit_recipe(uint32_t id) {
-    struct iprobe_rt_control* cb = control();
-    if (UNLIKELY(!cb) || id >= g_geometry.probe_capacity) return 0;
-    return (const struct iprobe_rt_exit_recipe*)site_stub_recipe(cb, probe_of(cb, (int32_t)id));
-}
-
-/* ... and the exit it records when the hooked return does not: the trace
- * handler's, or (count) the function's `completed`. */
-__attribute__((visibility("hidden"))) void iprobe_rt_site_exit_record(uint32_t id, int count) {
-    if (!count) {
-        iprobe_rt_trace_exit_id(id);
-        return;
-    }
+/* A checked exit hook (site_values.S, rt_layout.h iprobe_rt_exit_recipe):
+ * the exit is the trampoline's when this call's return slot, found from
+ * the hook's recipe and rsp and rbp as at the site, holds the trampoline
+ * of the function's hooked return; else (entered before values were on,
+ * its hook failed) it is recorded here: the trace handler's exit, or
+ * (count) the function's `completed`.  One lookup of the control block and
+ * the probe for both. */
+#define SITE_DWARF_RBP 6
+#define SITE_DWARF_RSP 7
+#define SITE_SLOT_REACH 4096 /* the slot is in the function's own frame, above the site's rsp */
+__attribute__((visibility("hidden"))) void iprobe_rt_site_exit_at(uint32_t id, uint64_t rsp, uint64_t rbp, int count) {
     struct iprobe_rt_control* cb = control();
     if (UNLIKELY(!cb)) {
         count_unserved();
         return;
     }
-    if (id >= g_geometry.probe_capacity) return;
-    const uint32_t stat = probe_of(cb, (int32_t)id)->stat;
-    const uint64_t completed = (uint64_t)stat * sizeof(struct iprobe_rt_fn_stats) +
-                               offsetof(struct iprobe_rt_fn_stats, completed);
-    if (stat != IPROBE_RT_NO_STAT && completed < UINT32_MAX) iprobe_rt_count_counter((uint32_t)completed);
+    if (UNLIKELY(id >= g_geometry.probe_capacity)) return;
+    const struct iprobe_rt_probe* p = probe_of(cb, (int32_t)id);
+    const struct iprobe_rt_exit_recipe* r = (const struct iprobe_rt_exit_recipe*)site_stub_recipe(cb, p);
+    if (LIKELY(r != 0) && IPROBE_RT_LOC_KIND(r->return_slot.kind) == IPROBE_RT_LOC_VALUE &&
+        (r->return_slot.reg == SITE_DWARF_RSP || r->return_slot.reg == SITE_DWARF_RBP)) {
+        const uint64_t slot =
+            (r->return_slot.reg == SITE_DWARF_RSP ? rsp : rbp) + (uint64_t)(int64_t)r->return_slot.offset;
+        if ((slot & 7) == 0 && slot >= rsp && slot - rsp <= SITE_SLOT_REACH &&
+            iprobe_rt_return_hooked((const uint64_t*)(uintptr_t)slot, IPROBE_RT_RETURN_TRACE,
+                                    id + (uint32_t)r->hooked_exit))
+            return;
+    }
+    if (!count) {
+        emit_probe(cb, (int32_t)id, p->stat, IPROBE_RT_REC_EXIT, 0, FRAME_MATCH);
+        return;
+    }
+    const uint64_t completed =
+        (uint64_t)p->stat * sizeof(struct iprobe_rt_fn_stats) + offsetof(struct iprobe_rt_fn_stats, completed);
+    if (p->stat != IPROBE_RT_NO_STAT && completed < UINT32_MAX) iprobe_rt_count_counter((uint32_t)completed);
 }
 
 /* ... and, with the argument registers the recipe gathered (`saved` as

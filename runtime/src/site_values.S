@@ -61,7 +61,7 @@ iprobe_rt_trace_enter_id_regs:
     .size iprobe_rt_trace_enter_id_regs, .-iprobe_rt_trace_enter_id_regs
 
 /* The exit hooks of a function whose entry hooks its return
- * (rt_layout.h, iprobe_rt_exit_recipe): site_values.c records the exit
+ * (rt_layout.h, iprobe_rt_exit_recipe): rt.c (iprobe_rt_site_exit_at) records the exit
  * unless this call's return slot holds the function's trampoline, which
  * records it; the trace handler's, and the count handler's (`completed`).
  * The stub hands the probe in edi; rsp and rbp as at the site go along for

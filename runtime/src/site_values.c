@@ -6,7 +6,6 @@
 #include <stdint.h>
 
 #include "iprobe/formats/rt_layout.h"
-#include "return_stack_internal.h"
 
 #define FRAME_WORDS 33     /* DWARF registers 0-32 (site_values.S) */
 #define DWARF_RSP 7
@@ -17,8 +16,6 @@ const struct iprobe_rt_site_recipe* iprobe_rt_site_recipe(uint32_t id, uint64_t*
 void iprobe_rt_site_values_enter_at(uint32_t id, uint64_t word, const uint64_t* saved, const uint64_t* xmm,
                                     uint64_t* slot);
 void iprobe_rt_trace_enter_id(uint32_t probe);
-const struct iprobe_rt_exit_recipe* iprobe_rt_site_exit_recipe(uint32_t id);
-void iprobe_rt_site_exit_record(uint32_t id, int count);
 
 static inline __attribute__((always_inline)) uint64_t follow(struct iprobe_rt_location at, const uint64_t* frame) {
     const uint32_t kind = IPROBE_RT_LOC_KIND(at.kind);
@@ -67,19 +64,3 @@ __attribute__((visibility("hidden"))) void iprobe_rt_site_values_enter(uint32_t 
     iprobe_rt_site_values_enter_at(id, word, saved, xmm, slot);
 }
 
-/* A checked exit hook (site_values.S): the exit is the trampoline's when
- * this call's return slot holds the trampoline of the function's hooked
- * return (the entry hooked it: the exit probe it records, this slot); else
- * (entered before values were on, its hook failed) the hook records it. */
-__attribute__((visibility("hidden"))) void iprobe_rt_site_exit_at(uint32_t id, uint64_t rsp, uint64_t rbp, int count) {
-    const struct iprobe_rt_exit_recipe* r = iprobe_rt_site_exit_recipe(id);
-    if (r && IPROBE_RT_LOC_KIND(r->return_slot.kind) == IPROBE_RT_LOC_VALUE &&
-        (r->return_slot.reg == DWARF_RSP || r->return_slot.reg == DWARF_RBP)) {
-        const uint64_t slot = (r->return_slot.reg == DWARF_RSP ? rsp : rbp) + (uint64_t)(int64_t)r->return_slot.offset;
-        if ((slot & 7) == 0 && slot >= rsp && slot - rsp <= MEMORY_REACH &&
-            iprobe_rt_return_hooked((const uint64_t*)(uintptr_t)slot, IPROBE_RT_RETURN_TRACE,
-                                    id + (uint32_t)r->hooked_exit))
-            return;
-    }
-    iprobe_rt_site_exit_record(id, count);
-}
