@@ -67,6 +67,9 @@ struct StubAreas {
     std::function<void(const RunningModule&, iprobe_rt_module&)> page;
     std::function<void(const RunningModule&, iprobe_rt_module&, std::uint32_t)> site_stubs;
     std::function<std::uint64_t(iprobe_rt_module&, std::uint64_t)> shared_stub;
+    // Whether a call whose return was hooked to record exit probe `exit`
+    // (global) may still be in flight: read in the stop.
+    std::function<bool(std::uint32_t)> hooked_in_flight;
 };
 struct NeedsStop {};
 
@@ -74,13 +77,53 @@ struct NeedsStop {};
 // stub goes to the entry point that lays out the registers for its recipe,
 // which rides in the stub's slot; an exit its entry's hooked return records
 // goes to a checked exit (its recipe in its slot too), which records only
-// the calls whose return the entry did not hook.  Once checked, an exit
-// stays checked (the count handler's when it counts) until detach: a call
-// hooked earlier may still be in flight, its trampoline in its slot.
+// the calls whose return the entry did not hook.  Attached again without
+// values (or re-enabled after a detach), an exit stays checked (the count
+// handler's when it counts) while a call hooked earlier may still be in
+// flight, its trampoline in its slot (hooked_exits_in_flight).
 const std::string kSiteValuesEntry = "iprobe_rt_trace_enter_id_regs";
 const std::string kSilentExit = "iprobe_rt_site_exit_checked";
 const std::string kSilentExitCount = "iprobe_rt_site_exit_checked_count";
 constexpr std::uint8_t kMovEdi = 0xbf;  // a site's own stub begins `mov $id, %edi` (stubs.h)
+
+// The exit probes (global ids) that calls whose return a
+// -finstrument-functions entry hooked will record: the trace handler's held
+// entries of the runtime's return pool whose slot still holds their
+// trampoline (return_stack.h; read in the stop).  An entry whose slot is
+// not written yet is left out: that entry re-reads its spec after writing
+// it and, values gone, gives the exit back to the hooks (rt.c).  nullopt
+// when the pool cannot be read (a stripped runtime): then every one may be.
+std::optional<std::set<std::uint32_t>> hooked_exits_in_flight(const ProcessMemory& memory, const LoadedLibrary& runtime) {
+    struct ReturnEntry {  // struct iprobe_rt_return (runtime/src/return_stack.h)
+        std::uint64_t ret, slot;
+        std::uint32_t handler, arg;
+        std::uint64_t cookie;
+    };
+    static_assert(sizeof(ReturnEntry) == 32);
+    constexpr std::size_t kEntries = 32768;     // IPROBE_RT_RETURN_ENTRIES
+    constexpr std::uint64_t kUnitSize = 32, kTrampoline = 4, kTraceHandler = 2;
+    const auto pool = runtime.symbol("iprobe_rt_return_pool"), sled = runtime.symbol("iprobe_rt_return_sled");
+    if (!pool || !sled) return std::nullopt;
+    std::vector<ReturnEntry> entries(kEntries);
+    try {
+        memory.read(*pool, entries.data(), entries.size() * sizeof(ReturnEntry));
+    } catch (const Error&) {
+        return std::nullopt;
+    }
+    std::set<std::uint32_t> out;
+    for (std::size_t i = 0; i < entries.size(); i++) {
+        const ReturnEntry& e = entries[i];
+        if (!e.ret || e.handler != kTraceHandler || out.count(e.arg)) continue;
+        std::uint64_t held = 0;
+        try {
+            memory.read(e.slot, &held, sizeof held);
+        } catch (const Error&) {
+            continue;  // its stack is gone
+        }
+        if (held == *sled + i * kUnitSize + kTrampoline) out.insert(e.arg);
+    }
+    return out;
+}
 
 SitesPlan plan_sites(const ProcessMemory& memory, Region& region, std::vector<SelectedList>& lists,
                      const std::vector<const RunningModule*>& targets, const HandlerSymbols& handlers,
@@ -177,10 +220,13 @@ SitesPlan plan_sites(const ProcessMemory& memory, Region& region, std::vector<Se
                     return {module.site_stubs, at, bytes};
                 }
             }
-            // A checked exit stays one, with the recipe its slot holds: a
-            // call whose return was hooked may still be in flight.
+            // A checked exit stays one, with the recipe its slot holds,
+            // while a call whose return was hooked is still in flight.
             auto [held, target] = held_stub(at);
-            if (p.kind == probelist::ProbeKind::exit && is_checked_exit(target)) {
+            iprobe_rt_exit_recipe was{};
+            std::memcpy(&was, held.data() + IPROBE_RT_SITE_RECIPE_OFFSET, sizeof was);
+            if (p.kind == probelist::ProbeKind::exit && is_checked_exit(target) &&
+                areas.hooked_in_flight(global + static_cast<std::uint32_t>(was.hooked_exit))) {
                 const auto code = site_stub_bytes(global, handler_address(checked));
                 std::memcpy(held.data(), code.data(), IPROBE_RT_SITE_RECIPE_OFFSET);
                 return {module.site_stubs, at, held};
@@ -427,7 +473,8 @@ std::optional<PlannedAhead> plan_ahead(const AttachOptions& options, std::vector
             [](const RunningModule&, iprobe_rt_module& module, std::uint32_t slots) {
                 if (!has_site_stubs(module, slots)) throw NeedsStop{};
             },
-            [](iprobe_rt_module&, std::uint64_t) -> std::uint64_t { throw NeedsStop{}; }};
+            [](iprobe_rt_module&, std::uint64_t) -> std::uint64_t { throw NeedsStop{}; },
+            [](std::uint32_t) -> bool { throw NeedsStop{}; }};
         ahead.plan = plan_sites(memory, ahead.region, lists, targets, handlers, *handler_lib, state->stats_tpoff, found_only,
                                 values);
         drop_written_stubs(memory, ahead.plan.site_stubs);
@@ -586,7 +633,11 @@ AttachStats attach(const AttachOptions& options) {
             [&](const RunningModule& running, iprobe_rt_module& module, std::uint32_t slots) {
                 ensure_site_stubs(process, libc, running, module, slots);
             },
-            [&](iprobe_rt_module& module, std::uint64_t target) { return stub_for(process, module, target); }};
+            [&](iprobe_rt_module& module, std::uint64_t target) { return stub_for(process, module, target); },
+            [&, hooked = std::optional<std::optional<std::set<std::uint32_t>>>{}](std::uint32_t exit) mutable {
+                if (!hooked) hooked = hooked_exits_in_flight(process.memory(), runtime.library);
+                return !*hooked || (*hooked)->count(exit) != 0;  // unknown: as if in flight
+            }};
         const SitesPlan plan = plan_sites(process.memory(), region, lists, targets, handlers, handler_lib.library,
                                           state.stats_tpoff, areas, values_plans);
         // Table first, code second: a site only becomes live once its

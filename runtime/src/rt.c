@@ -1214,7 +1214,15 @@ __attribute__((visibility("hidden"))) void iprobe_rt_site_values_enter_at(uint32
     if (UNLIKELY(!cb) || (uint64_t)id + hook >= g_geometry.probe_capacity) return;
     const struct iprobe_rt_probe* p = probe_of(cb, (int32_t)id);
     const uint64_t unit = values_enter(cb, id, p, word, saved, slot, (int)hook, xmm);
-    if (unit) *slot = unit + IPROBE_RT_RETURN_UNIT_TRAMPOLINE;
+    if (!unit) return;
+    const uint64_t real = *slot;
+    *slot = unit + IPROBE_RT_RETURN_UNIT_TRAMPOLINE;
+    __asm__ __volatile__("" ::: "memory");
+    /* An attach without values stopped this thread before its hook was in
+     * the pool, where the attacher looks for calls in flight, and gave the
+     * function's exits back to its exit hooks: they record this call (its
+     * entry stays in the pool, dead, until collected). */
+    if (UNLIKELY(!(spec_of(spec_word(p)).flags & IPROBE_RT_VALUES_HOOK))) *slot = real;
 }
 
 /* The return is hooked first: an entry whose exit will not be seen is

@@ -353,6 +353,28 @@ TEST_P(FinstrumentValuesTest, AttachAgainWithoutValuesWhileACallIsInFlightGivesI
     EXPECT_EQ(target_->command("values"), plain);
 }
 
+// The exit hooks stay checked while the hooked call is in flight, and go
+// back to the plain trace exit at the first attach after it returned: the
+// calls before and after each have one exit.
+TEST_P(FinstrumentValuesTest, ExitHooksArePlainAgainOnceNoHookedCallIsInFlight) {
+    ASSERT_TRUE(start(GetParam()));
+    attach({"--args", "--retval", "--functions", "v_wait"});
+    ASSERT_EQ(target_->command("block 3"), 1);
+    attach({"--functions", "v_wait"});
+    EXPECT_EQ(target_->command("release"), 8);
+    attach({"--functions", "v_wait"});
+    wait_once_more();
+    attach({"--args", "--retval", "--functions", "v_wait"});
+    wait_once_more();
+    attach({"--functions", "v_wait"});
+    wait_once_more();
+    const std::string t = trace("json");
+    EXPECT_EQ(lines_with(t, {entry_of("v_wait")}).size(), 4u) << t;
+    EXPECT_EQ(lines_with(t, {exit_of("v_wait")}).size(), 4u) << t;
+    EXPECT_EQ(lines_with(t, {exit_of("v_wait"), retval("long", "9")}).size(), 1u) << t;
+    expect_wait_counts(4, 4);
+}
+
 TEST_P(FinstrumentValuesTest, AttachWithValuesWhileAPlainCallIsInFlightKeepsItsExit) {
     ASSERT_TRUE(start(GetParam()));
     const long plain = target_->command("values");
