@@ -44,6 +44,8 @@ run_variant() {  # name binary [attach args...]
   : >"$work/result.$name.all"
   for ((r = 0; r < repeats; r++)); do
     start "$binary" "$max_exp"
+    # first_attach (words): an attach made before this variant's own
+    if [[ -n ${first_attach:-} ]]; then "$iprobe" attach "$pid" $first_attach >/dev/null; fi
     if (($#)); then "$iprobe" attach "$pid" "$@" >/dev/null; fi
     finish
     grep -v ready "$out" >>"$work/result.$name.all"

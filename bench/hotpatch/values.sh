@@ -42,6 +42,8 @@ run_variant trace2 "$work/values_loop" --functions add2 "${ring[@]}"
 run_variant fin_trace "$work/values_loop_fin" --functions add2 "${ring[@]}"
 run_variant fin_values "$work/values_loop_fin" --functions add2 --args --retval "${ring[@]}"
 run_variant fin_trace2 "$work/values_loop_fin" --functions add2 "${ring[@]}"
+# attached with values, then again without: the exit hook stays a checked exit
+first_attach="--functions add2 --args --retval ${ring[*]}" run_variant fin_checked "$work/values_loop_fin" --functions add2 "${ring[@]}"
 
 if [[ -z ${SKIP_BPF:-} ]] && command -v bpftrace >/dev/null; then
   bpf_exp=$((max_exp < 5 ? max_exp : 5))
@@ -88,14 +90,17 @@ echo "(CPU ns per call of add2() in the calling thread, fastest of $repeats runs
 echo " trace = fastest of two runs placed before and after the values runs; bpftrace/uftrace: one run, the CPU the traced thread spends,"
 echo " not counting bpftrace's or uftrace's own processes)"
 
-printf '\n| calls | finstrument: iprobe trace | finstrument: iprobe --args --retval | values / trace |\n'
-printf '|---|---|---|---|\n'
+printf '\n| calls | finstrument: iprobe trace | finstrument: iprobe --args --retval | values / trace | trace after values | / trace |\n'
+printf '|---|---|---|---|---|---|\n'
 n=1
 for ((e = 1; e <= max_exp; e++)); do
   n=$((n * 10))
   t=$(faster "$work/result.fin_trace" "$work/result.fin_trace2" "$n")
   v=$(ns_at "$work/result.fin_values" "$n")
-  echo "| 10^$e | $t | $v | $(ratio "$v" "$t") |"
+  c=$(ns_at "$work/result.fin_checked" "$n")
+  echo "| 10^$e | $t | $v | $(ratio "$v" "$t") | $c | $(ratio "$c" "$t") |"
 done
 echo "(the -finstrument-functions flow: the hooks' calls after the prologue; trace = an entry and an exit hook's"
-echo " call each; values = the entry's call to the recipe's entry point, a hooked return, the exit hook's call a ret)"
+echo " call each; values = the entry's call to the recipe's entry point, a hooked return, the exit hook's call to"
+echo " a checked exit, which leaves the exit to the hooked return; trace after values = attached with"
+echo " --args --retval, then again without: the exit hook stays a checked exit, which records the exit)"

@@ -289,7 +289,27 @@ std::vector<SiteLocation> locate(Dwarf_Die* param, const ValueSlot& p, std::uint
     return {*whole};
 }
 
+// The CFA at the site: from the module's .eh_frame, else from `dwarf`'s
+// .debug_frame (null: none).
+std::optional<Cfa> site_cfa(const Site& site, Dwarf* dwarf) {
+    std::unique_ptr<Dwarf_CFI, CfiCloser> eh(site.cfi_file ? dwarf_getcfi_elf(site.cfi_file->native_handle()) : nullptr);
+    std::optional<Cfa> cfa = cfa_at(eh.get(), site.pc);
+    if (!cfa && dwarf) cfa = cfa_at(dwarf_getcfi(dwarf), site.pc);  // .debug_frame: owned by `dwarf`
+    return cfa;
+}
+
+std::optional<SiteLocation> slot_of(const std::optional<Cfa>& cfa) {
+    if (!cfa || !fits16(cfa->offset - 8)) return std::nullopt;
+    return SiteLocation{SiteLocation::Kind::value, cfa->reg, 8, cfa->offset - 8};
+}
+
 }  // namespace
+
+std::optional<SiteLocation> return_slot_at(const Site& site, const ElfFile* dwarf_file) {
+    std::unique_ptr<Dwarf, DwarfCloser> dwarf(
+        dwarf_file ? dwarf_begin_elf(dwarf_file->native_handle(), DWARF_C_READ, nullptr) : nullptr);
+    return slot_of(site_cfa(site, dwarf.get()));
+}
 
 std::optional<FunctionValues> function_values(const ElfFile& elf, std::uint64_t entry, const std::string& symbol,
                                               const std::optional<Site>& site) {
@@ -319,10 +339,8 @@ std::optional<FunctionValues> function_values(const ElfFile& elf, std::uint64_t 
             out.code.emplace_back(low, high);
         if (!out.holds(site->pc)) return std::nullopt;
         out.at_site = true;
-        std::unique_ptr<Dwarf_CFI, CfiCloser> eh(site->cfi_file ? dwarf_getcfi_elf(site->cfi_file->native_handle()) : nullptr);
-        cfa = cfa_at(eh.get(), site->pc);
-        if (!cfa) cfa = cfa_at(dwarf_getcfi(dwarf.get()), site->pc);  // .debug_frame: owned by `dwarf`
-        if (cfa && fits16(cfa->offset - 8)) out.return_slot = SiteLocation{SiteLocation::Kind::value, cfa->reg, 8, cfa->offset - 8};
+        cfa = site_cfa(*site, dwarf.get());
+        out.return_slot = slot_of(cfa);
         Dwarf_Attribute attr;
         Dwarf_Op* ops = nullptr;
         std::size_t n = 0;

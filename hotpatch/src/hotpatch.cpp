@@ -67,15 +67,63 @@ struct StubAreas {
     std::function<void(const RunningModule&, iprobe_rt_module&)> page;
     std::function<void(const RunningModule&, iprobe_rt_module&, std::uint32_t)> site_stubs;
     std::function<std::uint64_t(iprobe_rt_module&, std::uint64_t)> shared_stub;
+    // Whether a call whose return was hooked to record exit probe `exit`
+    // (global) may still be in flight: read in the stop.
+    std::function<bool(std::uint32_t)> hooked_in_flight;
 };
 struct NeedsStop {};
 
 // -finstrument-functions sites with values (values_plan.h): the entry's
 // stub goes to the entry point that lays out the registers for its recipe,
 // which rides in the stub's slot; an exit its entry's hooked return records
-// goes to one that does nothing.
+// goes to a checked exit (its recipe in its slot too), which records only
+// the calls whose return the entry did not hook.  Attached again without
+// values (or re-enabled after a detach), an exit stays checked (the count
+// handler's when it counts) while a call hooked earlier may still be in
+// flight, its trampoline in its slot (hooked_exits_in_flight).
 const std::string kSiteValuesEntry = "iprobe_rt_trace_enter_id_regs";
-const std::string kSilentExit = "iprobe_rt_ignore_id";
+const std::string kSilentExit = "iprobe_rt_site_exit_checked";
+const std::string kSilentExitCount = "iprobe_rt_site_exit_checked_count";
+constexpr std::uint8_t kMovEdi = 0xbf;  // a site's own stub begins `mov $id, %edi` (stubs.h)
+
+// The exit probes (global ids) that calls whose return a
+// -finstrument-functions entry hooked will record: the trace handler's held
+// entries of the runtime's return pool whose slot still holds their
+// trampoline (return_stack.h; read in the stop).  An entry whose slot is
+// not written yet is left out: that entry re-reads its spec after writing
+// it and, values gone, gives the exit back to the hooks (rt.c).  nullopt
+// when the pool cannot be read (a stripped runtime): then every one may be.
+std::optional<std::set<std::uint32_t>> hooked_exits_in_flight(const ProcessMemory& memory, const LoadedLibrary& runtime) {
+    struct ReturnEntry {  // struct iprobe_rt_return (runtime/src/return_stack.h)
+        std::uint64_t ret, slot;
+        std::uint32_t handler, arg;
+        std::uint64_t cookie;
+    };
+    static_assert(sizeof(ReturnEntry) == 32);
+    constexpr std::size_t kEntries = 32768;     // IPROBE_RT_RETURN_ENTRIES
+    constexpr std::uint64_t kUnitSize = 32, kTrampoline = 4, kTraceHandler = 2;
+    const auto pool = runtime.symbol("iprobe_rt_return_pool"), sled = runtime.symbol("iprobe_rt_return_sled");
+    if (!pool || !sled) return std::nullopt;
+    std::vector<ReturnEntry> entries(kEntries);
+    try {
+        memory.read(*pool, entries.data(), entries.size() * sizeof(ReturnEntry));
+    } catch (const Error&) {
+        return std::nullopt;
+    }
+    std::set<std::uint32_t> out;
+    for (std::size_t i = 0; i < entries.size(); i++) {
+        const ReturnEntry& e = entries[i];
+        if (!e.ret || e.handler != kTraceHandler || out.count(e.arg)) continue;
+        std::uint64_t held = 0;
+        try {
+            memory.read(e.slot, &held, sizeof held);
+        } catch (const Error&) {
+            continue;  // its stack is gone
+        }
+        if (held == *sled + i * kUnitSize + kTrampoline) out.insert(e.arg);
+    }
+    return out;
+}
 
 SitesPlan plan_sites(const ProcessMemory& memory, Region& region, std::vector<SelectedList>& lists,
                      const std::vector<const RunningModule*>& targets, const HandlerSymbols& handlers,
@@ -85,9 +133,10 @@ SitesPlan plan_sites(const ProcessMemory& memory, Region& region, std::vector<Se
     auto& [patches, site_stubs, enables, touched, selected, newly_enabled, already_enabled, first_probes] = plan;
     StubChecker stubs_seen(memory);
     std::map<const std::string*, std::uint64_t> handler_addresses;  // keyed as `stubs` below
-    // Where kSiteValuesEntry and kSilentExit are in the handler library (0: not there).
-    const std::pair<std::uint64_t, std::uint64_t> site_values_targets{
-        handler_lib.symbol(kSiteValuesEntry).value_or(0), handler_lib.symbol(kSilentExit).value_or(0)};
+    // Where kSiteValuesEntry, kSilentExit and kSilentExitCount are in the handler library (0: not there).
+    const std::uint64_t site_values_entry = handler_lib.symbol(kSiteValuesEntry).value_or(0);
+    const std::pair<std::uint64_t, std::uint64_t> checked_exits{handler_lib.symbol(kSilentExit).value_or(0),
+                                                                handler_lib.symbol(kSilentExitCount).value_or(0)};
 
     for (std::size_t li = 0; li < lists.size(); li++) {
         auto& s = lists[li];
@@ -123,27 +172,74 @@ SitesPlan plan_sites(const ProcessMemory& memory, Region& region, std::vector<Se
         auto changes_stub = [&](const probelist::Probe& p) {
             return site_values && (site_values->recipes.count(p.id) || site_values->silent_exits.count(p.id));
         };
-        // A stub an earlier attach with values wrote (its entry point, or the
-        // silent exit's), which this attach without them must undo.
+        // The stub a site's slot holds now, and where it goes (0: none of
+        // ours); the module's slots read once, when first asked (10k sites
+        // would be 10k reads in the stop).
+        std::vector<std::uint8_t> held_area;
+        std::uint64_t held_from = 0;  // where held_area was read (the area may be made meanwhile)
+        auto held_stub = [&](std::uint64_t stub) {
+            std::pair<std::array<std::uint8_t, kSiteStubSize>, std::uint64_t> held{};
+            if (!module.site_stubs || stub < module.site_stubs) return held;
+            const std::uint64_t index = (stub - module.site_stubs) / kSiteStubSize;
+            if (index >= module.site_stub_slots) return held;
+            if (held_from != module.site_stubs || held_area.size() != std::size_t{module.site_stub_slots} * kSiteStubSize) {
+                held_area.resize(std::size_t{module.site_stub_slots} * kSiteStubSize);
+                memory.read(module.site_stubs, held_area.data(), held_area.size());
+                held_from = module.site_stubs;
+            }
+            std::memcpy(held.first.data(), held_area.data() + index * kSiteStubSize, kSiteStubSize);
+            held.second = stub_target(held.first.data(), held.first.size());
+            return held;
+        };
+        auto is_checked_exit = [&](std::uint64_t target) {
+            return target && (target == checked_exits.first || target == checked_exits.second);
+        };
+        // A stub an earlier attach with values wrote (its entry point, or a
+        // checked exit), which this attach without them must rewrite.
         auto goes_to_site_values = [&](std::uint64_t stub) {
-            std::array<std::uint8_t, kSiteStubSize> held{};
-            memory.read(stub, held.data(), held.size());
-            const std::uint64_t target = stub_target(held.data(), held.size());
-            return target && (target == site_values_targets.first || target == site_values_targets.second);
+            const std::uint64_t target = held_stub(stub).second;
+            return target && (target == site_values_entry || is_checked_exit(target));
         };
         // A call-form site's own stub, handing the handler `id` (or, with
         // values at the site, going where values_plan.h says).
         auto id_stub = [&](const probelist::Probe& p, std::uint32_t id, const std::string& by_id) -> SiteStub {
             const std::uint64_t at = module.site_stubs + kSiteStubSize * p.id;
+            const std::uint32_t global = module.first_probe + p.id;
+            const std::string& checked = handlers.site_id == HandlerSymbols::SiteId::counter ? kSilentExitCount : kSilentExit;
+            static_assert(IPROBE_RT_SITE_RECIPE_OFFSET + sizeof(iprobe_rt_site_recipe) <= kSiteStubSize);
+            static_assert(IPROBE_RT_SITE_RECIPE_OFFSET + sizeof(iprobe_rt_exit_recipe) <= kSiteStubSize);
             if (site_values) {
                 if (auto r = site_values->recipes.find(p.id); r != site_values->recipes.end()) {
                     auto bytes = site_stub_bytes(id, handler_address(kSiteValuesEntry));
-                    static_assert(IPROBE_RT_SITE_RECIPE_OFFSET + sizeof(iprobe_rt_site_recipe) <= kSiteStubSize);
                     std::memcpy(bytes.data() + IPROBE_RT_SITE_RECIPE_OFFSET, &r->second, sizeof r->second);
                     return {module.site_stubs, at, bytes};
                 }
-                if (site_values->silent_exits.count(p.id))
-                    return {module.site_stubs, at, site_stub_bytes(id, handler_address(kSilentExit))};
+                if (auto r = site_values->exit_recipes.find(p.id); r != site_values->exit_recipes.end()) {
+                    auto bytes = site_stub_bytes(global, handler_address(checked));
+                    std::memcpy(bytes.data() + IPROBE_RT_SITE_RECIPE_OFFSET, &r->second, sizeof r->second);
+                    return {module.site_stubs, at, bytes};
+                }
+            }
+            // A checked exit stays one, with the recipe its slot holds,
+            // while a call whose return was hooked is still in flight.
+            auto [held, target] = held_stub(at);
+            iprobe_rt_exit_recipe was{};
+            std::memcpy(&was, held.data() + IPROBE_RT_SITE_RECIPE_OFFSET, sizeof was);
+            if (p.kind == probelist::ProbeKind::exit && is_checked_exit(target) &&
+                areas.hooked_in_flight(global + static_cast<std::uint32_t>(was.hooked_exit))) {
+                const auto code = site_stub_bytes(global, handler_address(checked));
+                std::memcpy(held.data(), code.data(), IPROBE_RT_SITE_RECIPE_OFFSET);
+                return {module.site_stubs, at, held};
+            }
+            // A slot holding an entry's recipe keeps it under a plain stub
+            // (an id stub, not the inline count one, whose code would lie
+            // there): a thread may still be following it in the values entry
+            // point, and it is this site's whatever attach comes.
+            if (held[0] == kMovEdi && target &&
+                std::any_of(held.begin() + IPROBE_RT_SITE_RECIPE_OFFSET, held.end(), [](std::uint8_t b) { return b != 0xcc; })) {
+                const auto code = site_stub_bytes(id, handler_address(by_id));
+                std::memcpy(held.data(), code.data(), IPROBE_RT_SITE_RECIPE_OFFSET);
+                return {module.site_stubs, at, held};
             }
             const bool inline_count = handlers.site_id == HandlerSymbols::SiteId::counter && stats_tpoff != 0 &&
                                       stats_tpoff >= INT32_MIN && stats_tpoff < 0 && id <= INT32_MAX;
@@ -377,7 +473,8 @@ std::optional<PlannedAhead> plan_ahead(const AttachOptions& options, std::vector
             [](const RunningModule&, iprobe_rt_module& module, std::uint32_t slots) {
                 if (!has_site_stubs(module, slots)) throw NeedsStop{};
             },
-            [](iprobe_rt_module&, std::uint64_t) -> std::uint64_t { throw NeedsStop{}; }};
+            [](iprobe_rt_module&, std::uint64_t) -> std::uint64_t { throw NeedsStop{}; },
+            [](std::uint32_t) -> bool { throw NeedsStop{}; }};
         ahead.plan = plan_sites(memory, ahead.region, lists, targets, handlers, *handler_lib, state->stats_tpoff, found_only,
                                 values);
         drop_written_stubs(memory, ahead.plan.site_stubs);
@@ -536,7 +633,11 @@ AttachStats attach(const AttachOptions& options) {
             [&](const RunningModule& running, iprobe_rt_module& module, std::uint32_t slots) {
                 ensure_site_stubs(process, libc, running, module, slots);
             },
-            [&](iprobe_rt_module& module, std::uint64_t target) { return stub_for(process, module, target); }};
+            [&](iprobe_rt_module& module, std::uint64_t target) { return stub_for(process, module, target); },
+            [&, hooked = std::optional<std::optional<std::set<std::uint32_t>>>{}](std::uint32_t exit) mutable {
+                if (!hooked) hooked = hooked_exits_in_flight(process.memory(), runtime.library);
+                return !*hooked || (*hooked)->count(exit) != 0;  // unknown: as if in flight
+            }};
         const SitesPlan plan = plan_sites(process.memory(), region, lists, targets, handlers, handler_lib.library,
                                           state.stats_tpoff, areas, values_plans);
         // Table first, code second: a site only becomes live once its

@@ -130,12 +130,24 @@ ValuesPlan plan_values(pid_t pid, const SelectedList& s, const ValueOptions& opt
         std::uint32_t first = 0;
         for (std::uint32_t e : exits)
             if (e > p->id && (!first || e < first)) first = e;
-        const bool hook = typed->return_slot && first && first - p->id <= UINT16_MAX &&
-                          std::all_of(exits.begin(), exits.end(), [&](std::uint32_t e) { return selected.count(e); });
+        bool hook = typed->return_slot && first && first - p->id <= UINT16_MAX &&
+                    std::all_of(exits.begin(), exits.end(), [&](std::uint32_t e) { return selected.count(e); });
+        // Each exit hook finds the call's return slot from its own CFI, to
+        // tell a call the entry hooked from one it did not.
+        std::map<std::uint32_t, iprobe_rt_exit_recipe> checked;
+        for (std::size_t i = 0; hook && i < exits.size(); i++) {
+            const auto slot = elf::return_slot_at(elf::Site{s.list.probes[exits[i]].site, module.get()}, dwarf.get());
+            iprobe_rt_exit_recipe r{};
+            if (slot) r.return_slot = location_of(*slot);
+            r.hooked_exit = static_cast<std::int32_t>(first) - static_cast<std::int32_t>(exits[i]);
+            hook = slot.has_value();
+            checked[exits[i]] = r;
+        }
         if (hook) {
             spec.flags |= IPROBE_RT_VALUES_HOOK;
             spec.distance = static_cast<std::uint16_t>(first - p->id);
             for (std::uint32_t e : exits) plan.silent_exits.insert(e);
+            plan.exit_recipes.insert(checked.begin(), checked.end());
             plan.hooked_exit[p->id] = first;
             // the exit probe finds its entry (and its --when) as many back
             iprobe_rt_values_spec exit_spec{};

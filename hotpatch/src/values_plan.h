@@ -18,9 +18,13 @@ struct ValuesPlan {
     std::map<std::uint32_t, iprobe_rt_values_spec> specs;  // probe id in the list -> spec
     // -finstrument-functions flow: an entry's recipe (its stub slot holds
     // it; its stub goes to the values entry point), and the exit probes
-    // whose exits the entry's hooked return records (their stubs do nothing).
+    // whose exits the entry's hooked return records (their stubs go to a
+    // checked exit, which records only the calls the entry did not hook).
     std::map<std::uint32_t, iprobe_rt_site_recipe> recipes;
     std::set<std::uint32_t> silent_exits;
+    // ... each checked at run time (rt_layout.h, iprobe_rt_exit_recipe): its
+    // exit is recorded there unless the call's return slot holds the hook.
+    std::map<std::uint32_t, iprobe_rt_exit_recipe> exit_recipes;
     std::map<std::uint32_t, std::uint32_t> hooked_exit;  // entry id -> the exit probe its hooked return records
     std::size_t unavailable = 0;   // selected, records no values (a point; a finstrument site without DWARF)
     std::size_t untyped = 0;       // entry probes without DWARF

@@ -18,6 +18,20 @@ static inline uint64_t iprobe_rt_return_unit(const struct iprobe_rt_return* e) {
            (uint64_t)(e - iprobe_rt_return_pool) * IPROBE_RT_RETURN_UNIT_SIZE;
 }
 
+/* Whether the return slot `slot` holds the trampoline of a held entry that
+ * hooked it for `handler` and `arg` (a -finstrument-functions exit hook
+ * asks whether its function's hooked return will record its exit). */
+static inline int iprobe_rt_return_hooked(const uint64_t* slot, uint32_t handler, uint32_t arg) {
+    const uint64_t at = *(const volatile uint64_t*)slot;
+    const uint64_t sled = (uint64_t)(uintptr_t)iprobe_rt_return_sled;
+    if (at < sled || (at - sled) % IPROBE_RT_RETURN_UNIT_SIZE != IPROBE_RT_RETURN_UNIT_TRAMPOLINE) return 0;
+    const uint64_t index = (at - sled) / IPROBE_RT_RETURN_UNIT_SIZE;
+    if (index >= IPROBE_RT_RETURN_ENTRIES) return 0;
+    const struct iprobe_rt_return* e = &iprobe_rt_return_pool[index];
+    return __atomic_load_n(&e->ret, __ATOMIC_RELAXED) != 0 && e->slot == (uint64_t)(uintptr_t)slot &&
+           e->handler == handler && e->arg == arg;
+}
+
 /* A new run of free entries for this thread (return_stack.c); 0 when it has
  * no room at all. */
 IPROBE_RT_HIDDEN int iprobe_rt_return_grow(void);

@@ -1139,6 +1139,17 @@ static inline void retval_sample(uint32_t probe, uint64_t retval) {
     if (stats) add_local(&stats[p->stat].retval_histogram[retval_bucket(retval, spec)], 1);
 }
 
+/* What a -finstrument-functions site's stub slot holds after the stub's
+ * code (rt_layout.h: an entry's recipe, a checked exit's), or 0. */
+static const void* site_stub_recipe(const struct iprobe_rt_control* cb, const struct iprobe_rt_probe* p) {
+    if (p->module >= cb->module_count) return 0;
+    const struct iprobe_rt_module* m =
+        (const struct iprobe_rt_module*)((const char*)cb + cb->modules_offset) + p->module;
+    if (!m->site_stubs || p->id >= m->site_stub_slots) return 0;
+    return (const void*)(uintptr_t)(m->site_stubs + (uint64_t)IPROBE_RT_SITE_STUB_SIZE * p->id +
+                                    IPROBE_RT_SITE_RECIPE_OFFSET);
+}
+
 /* The -finstrument-functions flow's entry with values (site_values.c): the
  * site's recipe and the probe's spec word, or 0 when the probe captures
  * nothing there (a plain trace entry). */
@@ -1148,11 +1159,45 @@ __attribute__((visibility("hidden"))) const struct iprobe_rt_site_recipe* iprobe
     if (UNLIKELY(!cb) || id >= g_geometry.probe_capacity) return 0;
     const struct iprobe_rt_probe* p = probe_of(cb, (int32_t)id);
     *word = spec_word(p);
-    if (!(spec_of(*word).flags & IPROBE_RT_VALUES_AT_SITE) || p->module >= cb->module_count) return 0;
-    const struct iprobe_rt_module* m =
-        (const struct iprobe_rt_module*)((const char*)cb + cb->modules_offset) + p->module;
-    if (!m->site_stubs || p->id >= m->site_stub_slots) return 0;
-    return (const struct iprobe_rt_site_recipe*)(uintptr_t)(m->site_stubs + (uint64_t)IPROBE_RT_SITE_STUB_SIZE * p->id + IPROBE_RT_SITE_RECIPE_OFFSET);
+    if (!(spec_of(*word).flags & IPROBE_RT_VALUES_AT_SITE)) return 0;
+    return (const struct iprobe_rt_site_recipe*)site_stub_recipe(cb, p);
+}
+
+/* A checked exit hook (site_values.S, rt_layout.h iprobe_rt_exit_recipe):
+ * the exit is the trampoline's when this call's return slot, found from
+ * the hook's recipe and rsp and rbp as at the site, holds the trampoline
+ * of the function's hooked return; else (entered before values were on,
+ * its hook failed) it is recorded here: the trace handler's exit, or
+ * (count) the function's `completed`.  One lookup of the control block and
+ * the probe for both. */
+#define SITE_DWARF_RBP 6
+#define SITE_DWARF_RSP 7
+#define SITE_SLOT_REACH 4096 /* the slot is in the function's own frame, above the site's rsp */
+__attribute__((visibility("hidden"))) void iprobe_rt_site_exit_at(uint32_t id, uint64_t rsp, uint64_t rbp, int count) {
+    struct iprobe_rt_control* cb = control();
+    if (UNLIKELY(!cb)) {
+        count_unserved();
+        return;
+    }
+    if (UNLIKELY(id >= g_geometry.probe_capacity)) return;
+    const struct iprobe_rt_probe* p = probe_of(cb, (int32_t)id);
+    const struct iprobe_rt_exit_recipe* r = (const struct iprobe_rt_exit_recipe*)site_stub_recipe(cb, p);
+    if (LIKELY(r != 0) && IPROBE_RT_LOC_KIND(r->return_slot.kind) == IPROBE_RT_LOC_VALUE &&
+        (r->return_slot.reg == SITE_DWARF_RSP || r->return_slot.reg == SITE_DWARF_RBP)) {
+        const uint64_t slot =
+            (r->return_slot.reg == SITE_DWARF_RSP ? rsp : rbp) + (uint64_t)(int64_t)r->return_slot.offset;
+        if ((slot & 7) == 0 && slot >= rsp && slot - rsp <= SITE_SLOT_REACH &&
+            iprobe_rt_return_hooked((const uint64_t*)(uintptr_t)slot, IPROBE_RT_RETURN_TRACE,
+                                    id + (uint32_t)r->hooked_exit))
+            return;
+    }
+    if (!count) {
+        emit_probe(cb, (int32_t)id, p->stat, IPROBE_RT_REC_EXIT, 0, FRAME_MATCH);
+        return;
+    }
+    const uint64_t completed =
+        (uint64_t)p->stat * sizeof(struct iprobe_rt_fn_stats) + offsetof(struct iprobe_rt_fn_stats, completed);
+    if (p->stat != IPROBE_RT_NO_STAT && completed < UINT32_MAX) iprobe_rt_count_counter((uint32_t)completed);
 }
 
 /* ... and, with the argument registers the recipe gathered (`saved` as
@@ -1169,7 +1214,15 @@ __attribute__((visibility("hidden"))) void iprobe_rt_site_values_enter_at(uint32
     if (UNLIKELY(!cb) || (uint64_t)id + hook >= g_geometry.probe_capacity) return;
     const struct iprobe_rt_probe* p = probe_of(cb, (int32_t)id);
     const uint64_t unit = values_enter(cb, id, p, word, saved, slot, (int)hook, xmm);
-    if (unit) *slot = unit + IPROBE_RT_RETURN_UNIT_TRAMPOLINE;
+    if (!unit) return;
+    const uint64_t real = *slot;
+    *slot = unit + IPROBE_RT_RETURN_UNIT_TRAMPOLINE;
+    __asm__ __volatile__("" ::: "memory");
+    /* An attach without values stopped this thread before its hook was in
+     * the pool, where the attacher looks for calls in flight, and gave the
+     * function's exits back to its exit hooks: they record this call (its
+     * entry stays in the pool, dead, until collected). */
+    if (UNLIKELY(!(spec_of(spec_word(p)).flags & IPROBE_RT_VALUES_HOOK))) *slot = real;
 }
 
 /* The return is hooked first: an entry whose exit will not be seen is

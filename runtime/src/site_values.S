@@ -60,15 +60,34 @@ iprobe_rt_trace_enter_id_regs:
     .cfi_endproc
     .size iprobe_rt_trace_enter_id_regs, .-iprobe_rt_trace_enter_id_regs
 
-/* The exit sites of a function whose return the entry hooks: its exit is
- * recorded by the return trampoline, so the hook's call does nothing. */
-    .globl iprobe_rt_ignore_id
-    .type iprobe_rt_ignore_id, @function
+/* The exit hooks of a function whose entry hooks its return
+ * (rt_layout.h, iprobe_rt_exit_recipe): rt.c (iprobe_rt_site_exit_at) records the exit
+ * unless this call's return slot holds the function's trampoline, which
+ * records it; the trace handler's, and the count handler's (`completed`).
+ * The stub hands the probe in edi; rsp and rbp as at the site go along for
+ * the recipe.  The site is a call: the function expects the caller-saved
+ * registers clobbered. */
+    .globl iprobe_rt_site_exit_checked_count
+    .type iprobe_rt_site_exit_checked_count, @function
+    .globl iprobe_rt_site_exit_checked
+    .type iprobe_rt_site_exit_checked, @function
     .p2align 4
-iprobe_rt_ignore_id:
+iprobe_rt_site_exit_checked_count:
     .cfi_startproc
+    mov $1, %ecx
+    jmp 1f
+iprobe_rt_site_exit_checked:
+    xor %ecx, %ecx
+1:  lea 8(%rsp), %rsi              /* rsp at the site, before its call */
+    mov %rbp, %rdx
+    sub $8, %rsp                   /* 16-aligned at the call */
+    .cfi_adjust_cfa_offset 8
+    call iprobe_rt_site_exit_at
+    add $8, %rsp
+    .cfi_adjust_cfa_offset -8
     ret
     .cfi_endproc
-    .size iprobe_rt_ignore_id, .-iprobe_rt_ignore_id
+    .size iprobe_rt_site_exit_checked, .-iprobe_rt_site_exit_checked
+    .size iprobe_rt_site_exit_checked_count, .-iprobe_rt_site_exit_checked_count
 
     .section .note.GNU-stack, "", @progbits

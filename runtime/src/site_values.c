@@ -63,3 +63,4 @@ __attribute__((visibility("hidden"))) void iprobe_rt_site_values_enter(uint32_t 
         slot = 0;
     iprobe_rt_site_values_enter_at(id, word, saved, xmm, slot);
 }
+

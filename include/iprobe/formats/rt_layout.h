@@ -142,6 +142,18 @@ struct iprobe_rt_site_recipe {
     struct iprobe_rt_location xmm[IPROBE_RT_VALUES_XMMS];
     struct iprobe_rt_location return_slot; /* VALUE: where the return address is (CFA - 8) */
 };
+/* An exit hook of a function whose entry hooks its return
+ * (IPROBE_RT_VALUES_HOOK): its stub goes to a checked exit
+ * (runtime/src/site_values.S) that records the exit only when this call's
+ * return slot, found at the exit hook as the entry's recipe finds it at
+ * the entry, does not hold the trampoline of this function's hooked return:
+ * a call entered before values were on (or whose hook failed) keeps its
+ * exit, and one entered with them is not recorded twice after values are
+ * off again. */
+struct iprobe_rt_exit_recipe {
+    struct iprobe_rt_location return_slot; /* VALUE: where the return address is (CFA - 8) at the exit hook */
+    int32_t hooked_exit;                   /* the exit probe the hooked return records: this probe + hooked_exit */
+};
 /* Where it lives: in the site's own stub slot (hotpatch/src/stubs.h, 80
  * bytes a probe id at iprobe_rt_module.site_stubs, read-only to the target),
  * after the stub's code; written with the stub, before the site goes live. */

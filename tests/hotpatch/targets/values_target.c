@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -83,6 +84,65 @@ PROBED long ex_catcher(int x) {
 }
 #endif
 
+/* A call in flight while iprobe attaches again or detaches: "block N" starts
+ * a thread calling v_wait(N), which waits inside until "release" writes a
+ * byte (5) to its pipe; "release" answers what v_wait returned (N + 5). */
+static int wait_pipe[2];
+static volatile int wait_inside;
+PROBED long v_wait(int n) {
+    char c = 0;
+    wait_inside = 1;
+    while (read(wait_pipe[0], &c, 1) != 1) {
+    }
+    return n + c;
+}
+static pthread_t wait_thread;
+static void* wait_run(void* n) { return (void*)v_wait((int)(long)n); }
+static long wait_block(long n) {
+    wait_inside = 0;
+    if (pthread_create(&wait_thread, 0, wait_run, (void*)n) != 0) exit(1);
+    while (!wait_inside) usleep(1000);
+    return 1;
+}
+static long wait_release(void) {
+    void* got = 0;
+    if (write(wait_pipe[1], "\x05", 1) != 1) exit(1);
+    pthread_join(wait_thread, &got);
+    return (long)got;
+}
+
+/* Calls at a service's rate while iprobe attaches again and again: "spin N"
+ * starts N threads calling v_spin until "stop", which answers how many
+ * calls they made. */
+#define SPIN_MAX 8
+PROBED long v_spin(long i) { return i + 1; }
+static volatile int spin_stop;
+static pthread_t spin_threads[SPIN_MAX];
+static long spin_count;
+static void* spin_run(void* arg) {
+    (void)arg;
+    long i = 0;
+    while (!spin_stop) i = v_spin(i);
+    return (void*)i;
+}
+static long spin_start(long n) {
+    spin_stop = 0;
+    spin_count = n < 1 ? 1 : n > SPIN_MAX ? SPIN_MAX : n;
+    for (long i = 0; i < spin_count; i++)
+        if (pthread_create(&spin_threads[i], 0, spin_run, 0) != 0) exit(1);
+    return spin_count;
+}
+static long spin_end(void) {
+    spin_stop = 1;
+    long calls = 0;
+    for (long i = 0; i < spin_count; i++) {
+        void* made = 0;
+        pthread_join(spin_threads[i], &made);
+        calls += (long)made;
+    }
+    return calls;
+}
+
 /* A pointer to freed memory that faults (an unmapped page), and a string
  * that ends exactly at the end of a page followed by an unmapped one. */
 static char* dangling(void) {
@@ -131,6 +191,7 @@ int main(int argc, char** argv) {
         return 2;
     }
     setvbuf(stdout, 0, _IOLBF, 0);
+    if (pipe(wait_pipe) != 0) return 1;
     printf("ready %d\n", (int)getpid());
     char line[256];
     for (;;) {
@@ -144,6 +205,14 @@ int main(int argc, char** argv) {
                 printf("ok fib %ld\n", fib((int)a));
             } else if (sscanf(line, "inlined %ld", &a) == 1) {
                 printf("ok inlined %ld\n", v_inlined(a));
+            } else if (sscanf(line, "block %ld", &a) == 1) {
+                printf("ok block %ld\n", wait_block(a));
+            } else if (strncmp(line, "release", 7) == 0) {
+                printf("ok release %ld\n", wait_release());
+            } else if (sscanf(line, "spin %ld", &a) == 1) {
+                printf("ok spin %ld\n", spin_start(a));
+            } else if (strncmp(line, "stop", 4) == 0) {
+                printf("ok stop %ld\n", spin_end());
             } else if (sscanf(line, "bt %ld", &a) == 1) {
                 printf("ok bt %ld\n", bt_outer((int)a));
 #ifdef __cplusplus

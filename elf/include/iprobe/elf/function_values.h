@@ -97,6 +97,11 @@ struct Site {
 std::optional<FunctionValues> function_values(const ElfFile& dwarf_file, std::uint64_t entry, const std::string& symbol,
                                               const std::optional<Site>& site = std::nullopt);
 
+// The address of the return-address slot (CFA - 8, a value) at the site,
+// from its CFI (the module's .eh_frame, else `dwarf_file`'s .debug_frame
+// when given); nullopt when neither says, or not as rsp or rbp + offset.
+std::optional<SiteLocation> return_slot_at(const Site& site, const ElfFile* dwarf_file);
+
 // Without DWARF: arg0..arg5, raw 64-bit integers, and a 64-bit return in rax.
 FunctionValues raw_function_values();
 
