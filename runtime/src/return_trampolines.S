@@ -117,13 +117,16 @@ iprobe_rt_return_common:
     mov IPROBE_RT_RETURN_UNIT_ENTRY(%r11), %rdi
     lea IPROBE_RT_RETURN_UNIT_ENTRY(%r11,%rdi), %rdi
     cmpl $IPROBE_RT_RETURN_COUNT, RET_ENTRY_HANDLER(%rdi)
-    jne .Lrecord_in_c
+    jne iprobe_rt_trace_exit_fast      /* trace_fast.S: the trace handler's, or back to C here */
     mov iprobe_rt_thread@gottpoff(%rip), %rcx
     mov %fs:RET_THREAD_STATS(%rcx), %rcx
     test %rcx, %rcx
     jz .Lrecorded
     mov RET_ENTRY_ARG(%rdi), %esi
     addq $1, (%rcx,%rsi)
+    .globl iprobe_rt_return_recorded
+    .hidden iprobe_rt_return_recorded
+iprobe_rt_return_recorded:
 .Lrecorded:
     mov RET_ENTRY_RET(%rdi), %rcx
     .cfi_remember_state
@@ -147,7 +150,9 @@ iprobe_rt_return_common:
     .cfi_adjust_cfa_offset -8
     ret
     .cfi_restore_state
-.Lrecord_in_c:
+    .globl iprobe_rt_return_record_in_c
+    .hidden iprobe_rt_return_record_in_c
+iprobe_rt_return_record_in_c:
     push %rbp
     .cfi_adjust_cfa_offset 8
     .cfi_offset rbp, -56
@@ -298,7 +303,7 @@ iprobe_rt_trace_enter_return_nop:
     add iprobe_rt_when_probes(%rip), %rax
     movzwl WHEN_PROBE_CONDITION(%rax), %ecx
     sub $1, %ecx                                    /* no condition: borrow */
-    jb 9f
+    jb iprobe_rt_trace_enter_fast                   /* trace_fast.S, rax = the probe */
     cmp iprobe_rt_when_capacity(%rip), %ecx
     jae 9f
     mov WHEN_PROBE_STAT(%rax), %eax
