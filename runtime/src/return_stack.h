@@ -65,7 +65,16 @@
 #define RET_THREAD_LIMIT 8
 #define RET_THREAD_STATS 16 /* the thread's sums, 0 until it has a slot (count stubs read it too) */
 
-#ifndef __ASSEMBLER__
+#ifdef __ASSEMBLER__
+/* RETURN_UNIT_OF entry, scratch: `entry` (a pool entry) becomes its unit,
+ * sled + (entry - pool): units and entries are the same size. */
+.macro RETURN_UNIT_OF entry, scratch
+    lea iprobe_rt_return_pool(%rip), \scratch
+    sub \scratch, \entry
+    lea iprobe_rt_return_sled(%rip), \scratch
+    add \scratch, \entry
+.endm
+#else
 #include <stddef.h>
 #include <stdint.h>
 

@@ -233,11 +233,7 @@ iprobe_rt_return_record_in_c:
     shl $32, %rax
     or $IPROBE_RT_RETURN_COUNT, %rax
     mov %rax, RET_ENTRY_HANDLER(%rcx)
-    /* its unit: sled + (entry - pool), units and entries being the same size */
-    lea iprobe_rt_return_pool(%rip), %rax
-    sub %rax, %rcx
-    lea iprobe_rt_return_sled(%rip), %rax
-    add %rax, %rcx
+    RETURN_UNIT_OF %rcx, %rax
     mov %rcx, 16(%rsp)
     pop %rcx
     .cfi_adjust_cfa_offset -8

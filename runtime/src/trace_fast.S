@@ -90,6 +90,41 @@
 4:
 .endm
 
+/* ENTRY_RESTORE: the registers the entry saved (its own and
+ * iprobe_rt_trace_enter_return_nop's), back. */
+.macro ENTRY_RESTORE
+    pop %r10
+    .cfi_adjust_cfa_offset -8
+    pop %r9
+    .cfi_adjust_cfa_offset -8
+    pop %r8
+    .cfi_adjust_cfa_offset -8
+    pop %rdi
+    .cfi_adjust_cfa_offset -8
+    pop %rsi
+    .cfi_adjust_cfa_offset -8
+    pop %r11
+    .cfi_adjust_cfa_offset -8
+    pop %rdx
+    .cfi_adjust_cfa_offset -8
+    pop %rcx
+    .cfi_adjust_cfa_offset -8
+    pop %rax
+    .cfi_adjust_cfa_offset -8
+.endm
+
+/* EXIT_RESTORE: the registers the exit saved, back (the common tail's it leaves alone). */
+.macro EXIT_RESTORE
+    pop %r10
+    .cfi_adjust_cfa_offset -8
+    pop %r9
+    .cfi_adjust_cfa_offset -8
+    pop %rdx
+    .cfi_adjust_cfa_offset -8
+    pop %rax
+    .cfi_adjust_cfa_offset -8
+.endm
+
 /* ---- the entry ----
  * From iprobe_rt_trace_enter_return_nop (return_trampolines.S) for a
  * function without a --when: rax = its entry probe (in the probe table,
@@ -176,29 +211,9 @@ iprobe_rt_trace_enter_fast:
     mov 72(%rsp), %esi
     APPEND_RECORD FAST_REC_ENTRY, %rsi, 8f
     /* go on through the entry's unit: sled + (entry - pool) */
-    lea iprobe_rt_return_pool(%rip), %rax
-    sub %rax, %r11
-    lea iprobe_rt_return_sled(%rip), %rax
-    add %rax, %r11
+    RETURN_UNIT_OF %r11, %rax
     mov %r11, 72(%rsp)
-    pop %r10
-    .cfi_adjust_cfa_offset -8
-    pop %r9
-    .cfi_adjust_cfa_offset -8
-    pop %r8
-    .cfi_adjust_cfa_offset -8
-    pop %rdi
-    .cfi_adjust_cfa_offset -8
-    pop %rsi
-    .cfi_adjust_cfa_offset -8
-    pop %r11
-    .cfi_adjust_cfa_offset -8
-    pop %rdx
-    .cfi_adjust_cfa_offset -8
-    pop %rcx
-    .cfi_adjust_cfa_offset -8
-    pop %rax
-    .cfi_adjust_cfa_offset -8
+    ENTRY_RESTORE
     ENTRY_SITE_GO_ON
 8:  .cfi_restore_state
     .cfi_remember_state
@@ -208,24 +223,7 @@ iprobe_rt_trace_enter_fast:
     jmp 2b                                       /* dropped, counted */
 7:  .cfi_restore_state
     /* not the common case: C decides it all (nothing changed yet) */
-    pop %r10
-    .cfi_adjust_cfa_offset -8
-    pop %r9
-    .cfi_adjust_cfa_offset -8
-    pop %r8
-    .cfi_adjust_cfa_offset -8
-    pop %rdi
-    .cfi_adjust_cfa_offset -8
-    pop %rsi
-    .cfi_adjust_cfa_offset -8
-    pop %r11
-    .cfi_adjust_cfa_offset -8
-    pop %rdx
-    .cfi_adjust_cfa_offset -8
-    pop %rcx
-    .cfi_adjust_cfa_offset -8
-    pop %rax
-    .cfi_adjust_cfa_offset -8
+    ENTRY_RESTORE
     jmp iprobe_rt_trace_enter_return_slow
     .cfi_endproc
     .size iprobe_rt_trace_enter_fast, . - iprobe_rt_trace_enter_fast
@@ -331,14 +329,7 @@ iprobe_rt_trace_exit_fast:
     mov IPROBE_RT_RETURN_UNIT_ENTRY(%r11), %rsi
     mov IPROBE_RT_RETURN_UNIT_ENTRY + RET_ENTRY_ARG(%r11,%rsi), %esi
     APPEND_RECORD FAST_REC_EXIT, %rsi, 8f
-    pop %r10
-    .cfi_adjust_cfa_offset -8
-    pop %r9
-    .cfi_adjust_cfa_offset -8
-    pop %rdx
-    .cfi_adjust_cfa_offset -8
-    pop %rax
-    .cfi_adjust_cfa_offset -8
+    EXIT_RESTORE
     mov IPROBE_RT_RETURN_UNIT_ENTRY(%r11), %rdi
     lea IPROBE_RT_RETURN_UNIT_ENTRY(%r11,%rdi), %rdi
     jmp iprobe_rt_return_recorded
@@ -349,14 +340,7 @@ iprobe_rt_trace_exit_fast:
     jnz 1b
     jmp 2b
 7:  .cfi_restore_state
-    pop %r10
-    .cfi_adjust_cfa_offset -8
-    pop %r9
-    .cfi_adjust_cfa_offset -8
-    pop %rdx
-    .cfi_adjust_cfa_offset -8
-    pop %rax
-    .cfi_adjust_cfa_offset -8
+    EXIT_RESTORE
     mov IPROBE_RT_RETURN_UNIT_ENTRY(%r11), %rdi  /* the entry again (rdi may hold a frame) */
     lea IPROBE_RT_RETURN_UNIT_ENTRY(%r11,%rdi), %rdi
     jmp iprobe_rt_return_record_in_c
