@@ -11,6 +11,7 @@
 # then until the trace file is complete.
 # usage: bench/hotpatch/lua_trace.sh [BUILD_DIR]   env: SCALE (mixed.lua's, default 1), RUNS (default 1),
 #   BASELINE_RUNTIME=libiprobe-rt.so of another build: its iprobe leg run too, just before this build's
+#   (the file must be named libiprobe-rt.so: `iprobe trace` finds the region by the runtime's name)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 build="$(cd "${1:-${IPROBE_BUILD_DIR:-$root/build}}" && pwd)"
