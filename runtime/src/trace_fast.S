@@ -48,7 +48,7 @@
  * already raised; clobbers rax, rcx, rdx, rdi and the probe register.
  * Jumps to `full` (which comes back to 1: or `written`) when the ring looked
  * full. */
-.macro APPEND_RECORD kind, probe, full
+.macro APPEND_RECORD kind, probe, full, prefetch
     addl $1, %fs:PRODUCER_DEPTH(%r9)
     mov $1, %edx
     /* one instruction: a signal handler probing in this thread sees the
@@ -60,10 +60,12 @@
     ja \full
 1:  mov %fs:PRODUCER_MASK(%r9), %rax
     mov %fs:PRODUCER_RECORDS(%r9), %rcx
+.if \prefetch
     lea FAST_RING_PREFETCH(%rdx), %rdi
     and %rax, %rdi
     shl $FAST_RECORD_SHIFT, %rdi
     prefetcht0 (%rcx,%rdi)
+.endif
     and %rax, %rdx
     shl $FAST_RECORD_SHIFT, %rdx
     add %rcx, %rdx
@@ -209,7 +211,7 @@ iprobe_rt_trace_enter_fast:
     movq $0, FAST_FRAME_CHILDREN(%rax)
 1:  /* the record */
     mov 72(%rsp), %esi
-    APPEND_RECORD FAST_REC_ENTRY, %rsi, 8f
+    APPEND_RECORD FAST_REC_ENTRY, %rsi, 8f, 0
     /* go on through the entry's unit: sled + (entry - pool) */
     RETURN_UNIT_OF %r11, %rax
     mov %r11, 72(%rsp)
@@ -328,7 +330,7 @@ iprobe_rt_trace_exit_fast:
 4:  /* the record: its probe again from the entry */
     mov IPROBE_RT_RETURN_UNIT_ENTRY(%r11), %rsi
     mov IPROBE_RT_RETURN_UNIT_ENTRY + RET_ENTRY_ARG(%r11,%rsi), %esi
-    APPEND_RECORD FAST_REC_EXIT, %rsi, 8f
+    APPEND_RECORD FAST_REC_EXIT, %rsi, 8f, 1
     EXIT_RESTORE
     mov IPROBE_RT_RETURN_UNIT_ENTRY(%r11), %rdi
     lea IPROBE_RT_RETURN_UNIT_ENTRY(%r11,%rdi), %rdi
