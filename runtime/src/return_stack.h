@@ -66,6 +66,18 @@
 #define RET_THREAD_STATS 16 /* the thread's sums, 0 until it has a slot (count stubs read it too) */
 
 #ifdef __ASSEMBLER__
+/* WHEN_RESTORE: the registers iprobe_rt_trace_enter_return_nop saves
+ * (return_trampolines.S), back; trace_fast.S's entry goes on with them. */
+.macro WHEN_RESTORE
+    pop %r11
+    .cfi_adjust_cfa_offset -8
+    pop %rdx
+    .cfi_adjust_cfa_offset -8
+    pop %rcx
+    .cfi_adjust_cfa_offset -8
+    pop %rax
+    .cfi_adjust_cfa_offset -8
+.endm
 /* RETURN_UNIT_OF entry, scratch: `entry` (a pool entry) becomes its unit,
  * sled + (entry - pool): units and entries are the same size. */
 .macro RETURN_UNIT_OF entry, scratch

@@ -265,16 +265,6 @@ iprobe_rt_return_record_in_c:
 #define WHEN_PROBE_STAT 24
 #define WHEN_PROBE_CONDITION 30
 #define WHEN_FN_STATS_SIZE 960
-.macro WHEN_RESTORE
-    pop %r11
-    .cfi_adjust_cfa_offset -8
-    pop %rdx
-    .cfi_adjust_cfa_offset -8
-    pop %rcx
-    .cfi_adjust_cfa_offset -8
-    pop %rax
-    .cfi_adjust_cfa_offset -8
-.endm
     .p2align 4
     .globl iprobe_rt_trace_enter_return_nop
     .type iprobe_rt_trace_enter_return_nop, @function

@@ -105,14 +105,7 @@
     .cfi_adjust_cfa_offset -8
     pop %rsi
     .cfi_adjust_cfa_offset -8
-    pop %r11
-    .cfi_adjust_cfa_offset -8
-    pop %rdx
-    .cfi_adjust_cfa_offset -8
-    pop %rcx
-    .cfi_adjust_cfa_offset -8
-    pop %rax
-    .cfi_adjust_cfa_offset -8
+    WHEN_RESTORE
 .endm
 
 /* EXIT_RESTORE: the registers the exit saved, back (the common tail's it leaves alone). */
