@@ -161,10 +161,11 @@ TEST_P(ReturnTest, TraceFastPathNestsSignalHandlersAndTimesWhatTheFileShows) {
     constexpr long kCalls = 300000;
     // The thread claims its sums and its ring first (in C), through a
     // function this does not read back: a signal handler traced while the
-    // thread's first call was still claiming them was seen (2 runs in 40)
-    // with a duration in the file that the report's sums did not have, not
-    // explained yet (bench/RESULTS.md, "The trace handler's fast path");
-    // this checks the fast path once the thread has them.
+    // thread's first call was still claiming them was seen (a run in 40, the
+    // C path alone as well) with a duration in the file that the report's
+    // sums did not have, not explained yet (bench/RESULTS.md, "The trace
+    // handler's fast path"); this checks the fast path once the thread has
+    // them.
     attach("rec", "trace");
     command("recurse 3");
     attach("sg_*", "trace");
