@@ -65,7 +65,28 @@
 #define RET_THREAD_LIMIT 8
 #define RET_THREAD_STATS 16 /* the thread's sums, 0 until it has a slot (count stubs read it too) */
 
-#ifndef __ASSEMBLER__
+#ifdef __ASSEMBLER__
+/* WHEN_RESTORE: the registers iprobe_rt_trace_enter_return_nop saves
+ * (return_trampolines.S), back; trace_fast.S's entry goes on with them. */
+.macro WHEN_RESTORE
+    pop %r11
+    .cfi_adjust_cfa_offset -8
+    pop %rdx
+    .cfi_adjust_cfa_offset -8
+    pop %rcx
+    .cfi_adjust_cfa_offset -8
+    pop %rax
+    .cfi_adjust_cfa_offset -8
+.endm
+/* RETURN_UNIT_OF entry, scratch: `entry` (a pool entry) becomes its unit,
+ * sled + (entry - pool): units and entries are the same size. */
+.macro RETURN_UNIT_OF entry, scratch
+    lea iprobe_rt_return_pool(%rip), \scratch
+    sub \scratch, \entry
+    lea iprobe_rt_return_sled(%rip), \scratch
+    add \scratch, \entry
+.endm
+#else
 #include <stddef.h>
 #include <stdint.h>
 

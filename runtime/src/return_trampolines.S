@@ -117,13 +117,16 @@ iprobe_rt_return_common:
     mov IPROBE_RT_RETURN_UNIT_ENTRY(%r11), %rdi
     lea IPROBE_RT_RETURN_UNIT_ENTRY(%r11,%rdi), %rdi
     cmpl $IPROBE_RT_RETURN_COUNT, RET_ENTRY_HANDLER(%rdi)
-    jne .Lrecord_in_c
+    jne iprobe_rt_trace_exit_fast      /* trace_fast.S: the trace handler's, or back to C here */
     mov iprobe_rt_thread@gottpoff(%rip), %rcx
     mov %fs:RET_THREAD_STATS(%rcx), %rcx
     test %rcx, %rcx
     jz .Lrecorded
     mov RET_ENTRY_ARG(%rdi), %esi
     addq $1, (%rcx,%rsi)
+    .globl iprobe_rt_return_recorded
+    .hidden iprobe_rt_return_recorded
+iprobe_rt_return_recorded:
 .Lrecorded:
     mov RET_ENTRY_RET(%rdi), %rcx
     .cfi_remember_state
@@ -147,7 +150,9 @@ iprobe_rt_return_common:
     .cfi_adjust_cfa_offset -8
     ret
     .cfi_restore_state
-.Lrecord_in_c:
+    .globl iprobe_rt_return_record_in_c
+    .hidden iprobe_rt_return_record_in_c
+iprobe_rt_return_record_in_c:
     push %rbp
     .cfi_adjust_cfa_offset 8
     .cfi_offset rbp, -56
@@ -228,11 +233,7 @@ iprobe_rt_return_common:
     shl $32, %rax
     or $IPROBE_RT_RETURN_COUNT, %rax
     mov %rax, RET_ENTRY_HANDLER(%rcx)
-    /* its unit: sled + (entry - pool), units and entries being the same size */
-    lea iprobe_rt_return_pool(%rip), %rax
-    sub %rax, %rcx
-    lea iprobe_rt_return_sled(%rip), %rax
-    add %rax, %rcx
+    RETURN_UNIT_OF %rcx, %rax
     mov %rcx, 16(%rsp)
     pop %rcx
     .cfi_adjust_cfa_offset -8
@@ -264,16 +265,6 @@ iprobe_rt_return_common:
 #define WHEN_PROBE_STAT 24
 #define WHEN_PROBE_CONDITION 30
 #define WHEN_FN_STATS_SIZE 960
-.macro WHEN_RESTORE
-    pop %r11
-    .cfi_adjust_cfa_offset -8
-    pop %rdx
-    .cfi_adjust_cfa_offset -8
-    pop %rcx
-    .cfi_adjust_cfa_offset -8
-    pop %rax
-    .cfi_adjust_cfa_offset -8
-.endm
     .p2align 4
     .globl iprobe_rt_trace_enter_return_nop
     .type iprobe_rt_trace_enter_return_nop, @function
@@ -298,7 +289,7 @@ iprobe_rt_trace_enter_return_nop:
     add iprobe_rt_when_probes(%rip), %rax
     movzwl WHEN_PROBE_CONDITION(%rax), %ecx
     sub $1, %ecx                                    /* no condition: borrow */
-    jb 9f
+    jb iprobe_rt_trace_enter_fast                   /* trace_fast.S, rax = the probe */
     cmp iprobe_rt_when_capacity(%rip), %ecx
     jae 9f
     mov WHEN_PROBE_STAT(%rax), %eax

@@ -21,6 +21,7 @@
 #include "iprobe/runtime/rt.h"
 #include "condition_eval.h"
 #include "return_stack_internal.h"
+#include "trace_fast.h"
 #include "values_match.h"
 
 #define EXPORT __attribute__((visibility("default")))
@@ -44,23 +45,10 @@ static int g_forked_child;
 static pthread_key_t g_thread_key;
 static int g_thread_key_ok;
 
-/* Per-thread producer state; initial-exec so access is one %fs-relative load. */
-struct thread_producer {
-    struct iprobe_rt_ring* ring;
-    struct iprobe_rt_record* records;
-    uint64_t mask;
-    uint64_t reserve;     /* next index to hand out (>= ring->head) */
-    uint64_t tail_seen;   /* last tail read from the reader */
-    uint32_t tid;
-    uint32_t depth;       /* handlers active in this thread (signal nesting) */
-    uint8_t claiming;
-    uint8_t no_ring;      /* claim failed or thread exiting: drop, counted */
-    uint8_t claiming_slot;
-    uint8_t no_slot;      /* no free thread slot, or thread exiting */
-    struct iprobe_rt_thread* slot; /* its sums: iprobe_rt_thread.stats */
-};
-
-static __thread struct thread_producer t_producer __attribute__((tls_model("initial-exec")));
+/* Not static: the trace handler's fast path (trace_fast.S) reads it too. */
+__attribute__((visibility("hidden"))) __thread struct thread_producer t_producer __asm__("iprobe_rt_producer")
+    __attribute__((tls_model("initial-exec")));
+__attribute__((visibility("hidden"))) uint32_t iprobe_rt_trace_fast_clock;
 
 /* Not locked: atomic only against signal handlers of the same thread,
  * which is all a per-thread ring needs. */
@@ -477,7 +465,30 @@ struct payload {
     uint32_t spec; /* IPROBE_RT_VALUES_PACK of the spec the words follow */
 };
 
-#define RING_PREFETCH 128 /* records: 4 KiB ahead (bench/hotpatch: 64 to 512 did as well) */
+/* The places [index, index + need) are reserved but the ring looked full:
+ * 1 when they fit after all (the reader freed room, or a lossless trace
+ * waited for it), 0 when they were given back and counted as dropped. */
+static __attribute__((noinline, cold)) int make_room(struct iprobe_rt_control* cb, struct thread_producer* t,
+                                                      uint64_t index, uint64_t need) {
+    t->tail_seen = __atomic_load_n(&t->ring->tail, __ATOMIC_ACQUIRE);
+    /* Handlers nest LIFO: any nested reservation made after ours has
+     * been rolled back already, unless the reader freed room meanwhile,
+     * in which case our slots fit too. */
+    if (index + need - t->tail_seen > t->mask + 1 &&
+        (!__atomic_load_n(&cb->lossless, __ATOMIC_RELAXED) || !wait_for_room(cb, t, index + need)) &&
+        cas_local(&t->reserve, index + need, index)) {
+        __atomic_fetch_add(&t->ring->dropped, need, __ATOMIC_RELAXED);
+        return 0;
+    }
+    return 1;
+}
+
+/* trace_fast.S's one record (the region is mapped: it checked). */
+__attribute__((visibility("hidden"))) int iprobe_rt_trace_ring_full(uint64_t index) {
+    return make_room(control(), &t_producer, index, 1);
+}
+
+#define RING_PREFETCH FAST_RING_PREFETCH /* records: 4 KiB ahead (bench/hotpatch: 64 to 512 did as well) */
 
 /* Appends one event (two with a point's args, more with values) to this
  * thread's ring.  A full ring drops it, counted, unless the trace is
@@ -505,18 +516,7 @@ static inline __attribute__((always_inline)) void ring_append(struct iprobe_rt_c
     /* One instruction, so a signal handler probing in this thread sees the
      * reservation either whole or not at all. */
     const uint64_t index = xadd_local(&t->reserve, need);
-    if (UNLIKELY(index + need - t->tail_seen > t->mask + 1)) {
-        t->tail_seen = __atomic_load_n(&t->ring->tail, __ATOMIC_ACQUIRE);
-        /* Handlers nest LIFO: any nested reservation made after ours has
-         * been rolled back already, unless the reader freed room meanwhile,
-         * in which case our slots fit too. */
-        if (index + need - t->tail_seen > t->mask + 1 &&
-            (!__atomic_load_n(&cb->lossless, __ATOMIC_RELAXED) || !wait_for_room(cb, t, index + need)) &&
-            cas_local(&t->reserve, index + need, index)) {
-            __atomic_fetch_add(&t->ring->dropped, need, __ATOMIC_RELAXED);
-            goto out;
-        }
-    }
+    if (UNLIKELY(index + need - t->tail_seen > t->mask + 1) && !make_room(cb, t, index, need)) goto out;
     struct iprobe_rt_record* record = &t->records[index & t->mask];
     /* The ring is written once through, a cache line per two records: ask
      * for the line RING_PREFETCH records ahead now, so its fetch is not
@@ -670,6 +670,7 @@ static uint64_t* count_target(uint64_t calls) {
 #define COOKIE_CONDITIONED 8u /* a --when decides what is recorded (without values) */
 #define COOKIE_HELD 16u   /* its --when is decided at exit: the entry kept its arguments in its frame */
 #define COOKIE_SHIFT 5    /* values: at this timestamp */
+_Static_assert(COOKIE_TIMED == FAST_COOKIE_TIMED, "trace_fast.S hooks timed returns");
 
 /* What the trace handler's assembler entry (return_trampolines.S,
  * iprobe_rt_trace_enter_return_nop) reads to reject a call a fast-form
@@ -1431,6 +1432,7 @@ EXPORT int iprobe_rt_map_region(int fd) {
     iprobe_rt_when_programs = (uint64_t)(uintptr_t)g_geometry.conditions;
     iprobe_rt_when_capacity = cb->condition_capacity;
     iprobe_rt_when_stat_capacity = cb->stat_capacity;
+    iprobe_rt_trace_fast_clock = !g_geometry.monotonic;
     __atomic_store_n(&iprobe_rt_when_probe_capacity, cb->probe_capacity, __ATOMIC_RELEASE);
     g_pid = (uint32_t)getpid();
     iprobe_rt_state.region_fd = fd;

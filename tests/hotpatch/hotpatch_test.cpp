@@ -183,6 +183,24 @@ TEST_F(HotpatchTest, LosslessTraceWritesEveryEventOfEveryThread) {
     EXPECT_GT(dropped, dropped_before) << "the events nobody read are counted";
 }
 
+// A ring nobody reads: each thread's first 1024 events fit, every later one
+// is dropped and counted, and the sums still see every call (the trace
+// handler's fast path gives each place back through the C that decides).
+TEST_F(HotpatchTest, ARingNobodyReadsCountsEveryEventItDrops) {
+    constexpr int kWorkers = 2;
+    constexpr long kCalls = 100000;
+    constexpr long kRing = 1024;
+    HpTarget target(kWorkers, targets_dir() + "/hp_target_entry");
+    const std::string pid = pid_of(target);
+    ASSERT_EQ(iprobe({"attach", pid, "--functions", "counted", "--ring-records", std::to_string(kRing)}).exit_code, 0);
+    EXPECT_EQ(target.command("burst " + std::to_string(kCalls)), kWorkers * kCalls);
+    const std::string json = iprobe({"report", pid, "--json"}).out;
+    EXPECT_EQ(json_calls(json, "counted"), kWorkers * kCalls) << json;
+    EXPECT_EQ(json_completed(json, "counted"), kWorkers * kCalls) << json;
+    EXPECT_EQ(json_number(json, "timed"), kWorkers * kCalls) << json;
+    EXPECT_EQ(json_number(json, "trace_dropped"), 2 * kWorkers * kCalls - kWorkers * kRing) << json;
+}
+
 TEST_F(HotpatchTest, CountHandlerCountsExactly) {
     HpTarget target(kThreads);
     const std::string pid = pid_of(target);

@@ -1,0 +1,147 @@
+/*
+ * The trace handler's fast path (trace_fast.S) and the C it shares its
+ * per-thread state with (rt.c).
+ *
+ * The common traced call (an entry probe with its exit probe enabled, no
+ * values, no --when, the TSC as the clock, the thread's sums, frames and
+ * ring claimed, room in its return stack and its ring) is served in
+ * assembler at both ends: the entry takes a return entry, reads the clock,
+ * counts the call, pushes its timed frame and appends its record; the exit
+ * (return_trampolines.S's common tail) pops the frame into the timed sums
+ * and appends its record.  Each step is the C path's own (rt.c:
+ * enter_timed, exit_timed, ring_append), in the same order and with the
+ * same single-instruction updates, so a signal handler probing in between
+ * nests exactly as it does in C.  Anything else goes to C before any state
+ * changed, except a full ring, which is found only once the record's place
+ * is reserved: iprobe_rt_trace_ring_full() then decides as ring_append
+ * does (wait in a lossless trace, or give the place back and count the
+ * drop).
+ *
+ * Included by C and by the assembler: the offsets below are checked against
+ * the structs in rt.c.
+ */
+#ifndef IPROBE_RT_TRACE_FAST_H
+#define IPROBE_RT_TRACE_FAST_H
+
+/* struct thread_producer (TLS t_producer) */
+#define PRODUCER_RING 0
+#define PRODUCER_RECORDS 8
+#define PRODUCER_MASK 16
+#define PRODUCER_RESERVE 24
+#define PRODUCER_TAIL_SEEN 32
+#define PRODUCER_TID 40
+#define PRODUCER_DEPTH 44
+#define PRODUCER_SLOT 56
+
+/* rt_layout.h: struct iprobe_rt_probe */
+#define FAST_PROBE_SIZE 64
+#define FAST_PROBE_STAT 24
+#define FAST_PROBE_TIMED 28
+#define FAST_PROBE_RETVAL_HIST 29
+#define FAST_PROBE_VALUES 48
+/* struct iprobe_rt_fn_stats */
+#define FAST_STATS_SIZE 960
+#define FAST_STATS_CALLS 0
+#define FAST_STATS_COMPLETED 8
+#define FAST_STATS_INCLUSIVE 16
+#define FAST_STATS_EXCLUSIVE 24
+#define FAST_STATS_TIMED 32
+#define FAST_STATS_MAX 40
+#define FAST_STATS_HISTOGRAM 64
+/* struct iprobe_rt_thread and its frames */
+#define FAST_THREAD_DEPTH 8
+#define FAST_THREAD_STACK 64
+#define FAST_FRAME_SIZE 72
+#define FAST_FRAME_STAT 0
+#define FAST_FRAME_START 8
+#define FAST_FRAME_CHILDREN 16
+/* struct iprobe_rt_ring, struct iprobe_rt_record */
+#define FAST_RING_HEAD 16
+#define FAST_RECORD_SHIFT 5 /* 32-byte records */
+#define FAST_RING_PREFETCH 128 /* records ahead the ring is prefetched (rt.c, here) */
+
+#define FAST_STACK_DEPTH 120 /* IPROBE_RT_STACK_DEPTH */
+#define FAST_HIST_BUCKETS 48 /* IPROBE_RT_HIST_BUCKETS */
+#define FAST_REC_ENTRY 1
+#define FAST_REC_EXIT 2
+#define FAST_COOKIE_TIMED 1 /* rt.c's COOKIE_TIMED */
+
+#ifndef __ASSEMBLER__
+#include <stdint.h>
+
+struct iprobe_rt_ring;
+struct iprobe_rt_record;
+struct iprobe_rt_thread;
+
+/* Per-thread producer state; initial-exec so access is one %fs-relative load. */
+struct thread_producer {
+    struct iprobe_rt_ring* ring;
+    struct iprobe_rt_record* records;
+    uint64_t mask;
+    uint64_t reserve;     /* next index to hand out (>= ring->head) */
+    uint64_t tail_seen;   /* last tail read from the reader */
+    uint32_t tid;
+    uint32_t depth;       /* handlers active in this thread (signal nesting) */
+    uint8_t claiming;
+    uint8_t no_ring;      /* claim failed or thread exiting: drop, counted */
+    uint8_t claiming_slot;
+    uint8_t no_slot;      /* no free thread slot, or thread exiting */
+    struct iprobe_rt_thread* slot; /* its sums: iprobe_rt_thread.stats */
+};
+
+#include <stddef.h>
+
+#include "iprobe/formats/rt_layout.h"
+
+_Static_assert(offsetof(struct thread_producer, ring) == PRODUCER_RING &&
+                   offsetof(struct thread_producer, records) == PRODUCER_RECORDS &&
+                   offsetof(struct thread_producer, mask) == PRODUCER_MASK &&
+                   offsetof(struct thread_producer, reserve) == PRODUCER_RESERVE &&
+                   offsetof(struct thread_producer, tail_seen) == PRODUCER_TAIL_SEEN &&
+                   offsetof(struct thread_producer, tid) == PRODUCER_TID &&
+                   offsetof(struct thread_producer, depth) == PRODUCER_DEPTH &&
+                   offsetof(struct thread_producer, slot) == PRODUCER_SLOT,
+               "trace_fast.S reads the producer");
+_Static_assert(sizeof(struct iprobe_rt_probe) == FAST_PROBE_SIZE && offsetof(struct iprobe_rt_probe, stat) == FAST_PROBE_STAT &&
+                   offsetof(struct iprobe_rt_probe, timed) == FAST_PROBE_TIMED &&
+                   offsetof(struct iprobe_rt_probe, retval_hist) == FAST_PROBE_RETVAL_HIST &&
+                   offsetof(struct iprobe_rt_probe, values) == FAST_PROBE_VALUES &&
+                   sizeof(struct iprobe_rt_values_spec) == 8,
+               "trace_fast.S reads probes");
+_Static_assert(sizeof(struct iprobe_rt_fn_stats) == FAST_STATS_SIZE &&
+                   offsetof(struct iprobe_rt_fn_stats, calls) == FAST_STATS_CALLS &&
+                   offsetof(struct iprobe_rt_fn_stats, completed) == FAST_STATS_COMPLETED &&
+                   offsetof(struct iprobe_rt_fn_stats, inclusive_ticks) == FAST_STATS_INCLUSIVE &&
+                   offsetof(struct iprobe_rt_fn_stats, exclusive_ticks) == FAST_STATS_EXCLUSIVE &&
+                   offsetof(struct iprobe_rt_fn_stats, timed) == FAST_STATS_TIMED &&
+                   offsetof(struct iprobe_rt_fn_stats, max_ticks) == FAST_STATS_MAX &&
+                   offsetof(struct iprobe_rt_fn_stats, histogram) == FAST_STATS_HISTOGRAM &&
+                   IPROBE_RT_HIST_BUCKETS == FAST_HIST_BUCKETS,
+               "trace_fast.S writes the sums");
+_Static_assert(offsetof(struct iprobe_rt_thread, depth) == FAST_THREAD_DEPTH &&
+                   offsetof(struct iprobe_rt_thread, stack) == FAST_THREAD_STACK &&
+                   sizeof(struct iprobe_rt_frame) == FAST_FRAME_SIZE &&
+                   offsetof(struct iprobe_rt_frame, stat) == FAST_FRAME_STAT &&
+                   offsetof(struct iprobe_rt_frame, start) == FAST_FRAME_START &&
+                   offsetof(struct iprobe_rt_frame, children) == FAST_FRAME_CHILDREN &&
+                   IPROBE_RT_STACK_DEPTH == FAST_STACK_DEPTH,
+               "trace_fast.S pushes and pops frames");
+_Static_assert(offsetof(struct iprobe_rt_ring, head) == FAST_RING_HEAD &&
+                   sizeof(struct iprobe_rt_record) == 1 << FAST_RECORD_SHIFT &&
+                   offsetof(struct iprobe_rt_record, probe) == 8 && offsetof(struct iprobe_rt_record, tid) == 12 &&
+                   offsetof(struct iprobe_rt_record, kind) == 16 && offsetof(struct iprobe_rt_record, nargs) == 17 &&
+                   offsetof(struct iprobe_rt_record, depth) == 18 && offsetof(struct iprobe_rt_record, values) == 20 &&
+                   offsetof(struct iprobe_rt_record, frame) == 24 && IPROBE_RT_REC_ENTRY == FAST_REC_ENTRY &&
+                   IPROBE_RT_REC_EXIT == FAST_REC_EXIT,
+               "trace_fast.S writes records");
+
+/* 1 while the mapped region's clock is the TSC (the fast path reads it with
+ * rdtsc); 0 before a region is mapped and with CLOCK_MONOTONIC. */
+extern uint32_t iprobe_rt_trace_fast_clock __attribute__((visibility("hidden")));
+
+/* The fast path reserved the record at `index` and found no room: 1 to
+ * write it, 0 when it was dropped (counted, the place given back). */
+__attribute__((visibility("hidden"))) int iprobe_rt_trace_ring_full(uint64_t index);
+#endif
+
+#endif
