@@ -107,12 +107,20 @@ ConditionPlan plan_conditions(const Condition& condition, const AttachOptions& o
                                          " needs its DWARF (build with -g): at a -finstrument-functions site, after "
                                          "the prologue, arg0..arg5 are not in their registers"
                                    : "--when on " + p->demangled + ": its hook at " + hex_address(p->site) +
-                                         " is an inlined copy's (in another function's code), where the "
-                                         "-finstrument-functions flow evaluates no condition; build it with the entry "
-                                         "flow for a --when on it",
+                                         " is outside its code, and the DWARF has no inlined copy of it there "
+                                         "(DW_TAG_inlined_subroutine) to read its parameters from",
+                            ExitCode::bad_input);
+            const bool inlined = values && values->inlined;
+            if (inlined && condition.at_exit())
+                throw Error("--when '" + condition.text() + "' reads retval or duration, which " + p->demangled +
+                                "'s inlined copy at " + hex_address(p->site) +
+                                " does not have: it is inlined into another function's code and does not return "
+                                "(no return value, no return to time); use a condition on its arguments, or "
+                                "select only functions that are not inlined",
                             ExitCode::bad_input);
             const ConditionSignature signature = signature_of(values);
-            if (options.retval_histogram) planned.retval_hist = retval_spec(signature);
+            // an inlined copy has no return value to keep a histogram of
+            if (options.retval_histogram && !inlined) planned.retval_hist = retval_spec(signature);
             if (condition.empty()) continue;
             if (const auto missing = unknown_name(condition, signature)) {
                 if (lacking_count++ < 8)

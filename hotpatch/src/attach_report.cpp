@@ -31,11 +31,15 @@ std::string attach_summary(const AttachStats& st, std::optional<pid_t> pid) {
         out += "\n" + std::to_string(st.values_unavailable) +
                " selected probe(s) record no values: developer points, or in the -finstrument-functions flow a "
                "function without DWARF (its site is after the prologue: raw arg0..arg5 cannot be had there; build "
-               "with -g), an inlined copy's hooks, or an exit whose return its entry cannot hook";
+               "with -g), a hook the DWARF places in no function, or an exit whose return its entry cannot hook";
     if (st.values_optimized_out)
         out += "\n" + std::to_string(st.values_optimized_out) +
                " parameter(s) shown as <optimized out>: not where the runtime can read them at the "
                "-finstrument-functions site (the entry or LLVM flow has every argument)";
+    if (st.values_no_return)
+        out += "\n" + std::to_string(st.values_no_return) +
+               " exit hook(s) of inlined copies record no return value: an inlined copy does not return (its "
+               "result stays in its caller's code); their calls, arguments and durations are recorded";
     if (st.values_untyped)
         out += "\n" + std::to_string(st.values_untyped) +
                " function(s) without DWARF: arguments recorded as arg0..arg5, raw (build with -g, or install the "

@@ -454,6 +454,7 @@ AttachStats attach(const AttachOptions& options) {
             stats.values_unavailable += v.unavailable;
             stats.values_untyped += v.untyped;
             stats.values_optimized_out += v.optimized_out;
+            stats.values_no_return += v.no_return;
         }
         if (ahead && same_maps(read_maps(options.pid), ahead->maps)) {
             // Planned while the target ran; only the writes are left.

@@ -122,8 +122,11 @@ ValuesPlan plan_values(pid_t pid, const SelectedList& s, const ValueOptions& opt
         const auto found = exits_of->find(p->function_address);
         std::vector<std::uint32_t> exits;  // the hooks in its own code, not an inlined copy's
         if (found != exits_of->end())
-            for (std::uint32_t e : found->second)
+            for (std::uint32_t e : found->second) {
                 if (typed->holds(s.list.probes[e].site)) exits.push_back(e);
+                else plan.inlined_exits.insert(e);
+            }
+        if (typed->inlined) exits.clear();  // its hooks are in its host's code, whose return is not its own
         // The trampoline records the exit as one of them, spec.distance ahead
         // (an inlined copy's hooks may come between)
         // (the first after the entry: a cold part's, exception cleanups, may lie before it)
@@ -164,6 +167,10 @@ ValuesPlan plan_values(pid_t pid, const SelectedList& s, const ValueOptions& opt
         const bool is_entry = !is_exit && probelist::serves_returns(s.list.probes, p->id);
         if (plan.silent_exits.count(p->id)) continue;  // its spec set with its entry's
         if (!options.any()) continue;
+        if (plan.inlined_exits.count(p->id)) {  // an inlined copy's: no return, so no value
+            if (options.retval) plan.no_return++;
+            continue;
+        }
         if (!is_exit && !is_entry) {
             if (p->kind != probelist::ProbeKind::point) plan.unavailable++;
             continue;

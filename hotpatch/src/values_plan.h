@@ -25,6 +25,11 @@ struct ValuesPlan {
     std::size_t unavailable = 0;   // selected, records no values (a point; a finstrument site without DWARF)
     std::size_t untyped = 0;       // entry probes without DWARF
     std::size_t optimized_out = 0; // finstrument flow: parameters the site's recipe cannot find
+    // finstrument flow: the exit hooks of inlined copies (in another
+    // function's code), and those of them asked for a return value they
+    // cannot have (an inlined copy does not return).
+    std::set<std::uint32_t> inlined_exits;
+    std::size_t no_return = 0;
 };
 
 // The DWARF of the module `s` lists, as the target sees its files (a

@@ -4,6 +4,7 @@
 // Every value is checked exactly, in `trace --format json` and text.
 #include <unistd.h>
 
+#include <cstdio>
 #include <filesystem>
 #include <regex>
 
@@ -241,6 +242,8 @@ TEST_F(ValuesTest, WithoutDebugInfoRawArgumentsAreTheConstantsPassed) {
 // value: b, flag, k) is shown as <optimized out>, counted and said.
 class FinstrumentValuesTest : public ValuesTest, public ::testing::WithParamInterface<std::string> {
 protected:
+    // values_target.c's inlined in_visit, as the probe list names it
+    std::string visit() const { return cxx() ? "in_visit(int, item*, char const*, int)" : "in_visit"; }
     void SetUp() override {
         ValuesTest::SetUp();
         if (IsSkipped()) return;
@@ -314,6 +317,103 @@ TEST_P(FinstrumentValuesTest, BacktraceNamesTheCallersWithTheirLines) {
     attach({"--args", "--backtrace=3", "--functions", "bt_*"});
     EXPECT_EQ(target_->command("bt 1"), 11);
     expect_three_callers(trace("json"));
+}
+
+// An inlined copy (in_visit, always_inline, in in_loop's loop): its hooks
+// are in in_loop's code, its parameters where its DW_TAG_inlined_subroutine
+// says they are at the entry hook (n: rbx - 1, it and name: registers;
+// spare, n * 7, a computation: <optimized out>).  It does not return: its
+// exit hook records the exit without a value, and says so.
+TEST_P(FinstrumentValuesTest, InlinedCopyArgumentsComeFromItsScope) {
+    auto a = iprobe({"attach", pid_, "--args", "--retval", "--functions", "in_visit*,in_loop", "--json"});
+    ASSERT_EQ(a.exit_code, 0) << a.out << a.err;
+    EXPECT_EQ(json_number(a.out, "values_no_return"), 1) << a.out;
+    EXPECT_EQ(json_number(a.out, "values_unavailable"), 0) << a.out;
+    EXPECT_EQ(target_->command("loop 20 alpha"), 590);
+    std::smatch m;
+    const std::string out = target_->output();
+    ASSERT_TRUE(std::regex_search(out, m, std::regex("items (0x[0-9a-f]+)"))) << out;
+    const unsigned long long items = std::stoull(m[1].str(), nullptr, 16);
+    const std::string t = trace("json");
+    for (int n = 0; n < 20; n++) {
+        char it[32];
+        std::snprintf(it, sizeof it, "\"0x%llx\"", items + 16ull * n);
+        EXPECT_EQ(lines_with(t, {entry_of(visit()), "\"args\":[" + arg("n", "int", std::to_string(n)) + "," +
+                                                          arg("it", "struct item*", it) + "," +
+                                                          arg("name", "const char*", "\"alpha\"") + "," +
+                                                          arg("spare", "int", "\"<optimized out>\"") + "]"})
+                      .size(),
+                  1u)
+            << n << "\n" << t;
+    }
+    EXPECT_EQ(lines_with(t, {entry_of(visit())}).size(), 20u) << t;
+    EXPECT_EQ(lines_with(t, {exit_of(visit())}).size(), 20u) << t;
+    EXPECT_EQ(lines_with(t, {exit_of(visit()), "retval"}).size(), 0u) << t;
+    EXPECT_EQ(lines_with(t, {exit_of("in_loop"), retval("long", "590")}).size(), 1u) << t;
+    auto text = iprobe({"attach", pid_, "--args", "--retval", "--functions", "in_visit*"});
+    EXPECT_NE(text.out.find("1 exit hook(s) of inlined copies record no return value: an inlined copy does not return"),
+              std::string::npos)
+        << text.out;
+    auto r = iprobe({"report", pid_, "--json"});
+    EXPECT_EQ(json_calls(r.out, visit()), 20) << r.out;
+}
+
+TEST_P(FinstrumentValuesTest, WhenOnAnInlinedCopysArgumentRecordsExactlyTheMatchingCalls) {
+    attach({"--args", "--when", "n == 10 || n == 13", "--functions", "in_visit*"});
+    EXPECT_EQ(target_->command("loop 20 alpha"), 590);
+    EXPECT_EQ(target_->command("loop 20 beta"), 590);
+    const std::string t = trace("text");
+    EXPECT_EQ(lines_with(t, {" -> " + visit() + "(n=10, "}).size(), 2u) << t;
+    EXPECT_EQ(lines_with(t, {" -> " + visit() + "(n=13, "}).size(), 2u) << t;
+    EXPECT_EQ(lines_with(t, {" -> " + visit() + "(", "name=\"beta\""}).size(), 2u) << t;
+    EXPECT_EQ(lines_with(t, {" -> " + visit() + "("}).size(), 4u) << t;
+    EXPECT_EQ(lines_with(t, {" <- " + visit() + "("}).size(), 4u) << t;
+    auto r = iprobe({"report", pid_, "--json"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(json_calls(r.out, visit()), 40) << r.out;
+    EXPECT_NE(r.out.find("\"matched\":4"), std::string::npos) << r.out;
+    // a string compare on the copy's char*
+    attach({"--args", "--when", "name == \"beta\" && n < 3", "--functions", "in_visit*"});
+    EXPECT_EQ(target_->command("loop 20 alpha"), 590);
+    EXPECT_EQ(target_->command("loop 20 beta"), 590);
+    const std::string s = trace("text");
+    EXPECT_EQ(lines_with(s, {" -> " + visit() + "(", "name=\"beta\""}).size(), 3u) << s;
+    EXPECT_EQ(lines_with(s, {" -> " + visit() + "("}).size(), 3u) << s;
+}
+
+// No return: a condition on its return value or duration, or on what is
+// optimized out at its hook, is refused with the reason; nothing changes.
+TEST_P(FinstrumentValuesTest, WhenOnAnInlinedCopysReturnIsRefused) {
+    for (const std::string when : {"retval == 3", "duration > 1us && n == 1"}) {
+        auto a = iprobe({"attach", pid_, "--when", when, "--functions", "in_visit*"});
+        EXPECT_EQ(a.exit_code, 3) << when << a.out << a.err;
+        EXPECT_NE(a.err.find("reads retval or duration, which " + visit() + "'s inlined copy at 0x"), std::string::npos) << a.err;
+        EXPECT_NE(a.err.find("does not return"), std::string::npos) << a.err;
+    }
+    auto o = iprobe({"attach", pid_, "--when", "spare == 7", "--functions", "in_visit*"});
+    EXPECT_EQ(o.exit_code, 3) << o.out << o.err;
+    EXPECT_NE(o.err.find("'spare' is optimized out at the -finstrument-functions site"), std::string::npos) << o.err;
+    auto s = iprobe({"status", pid_, "--json"});
+    EXPECT_EQ(s.out.find("in_visit"), std::string::npos) << "nothing enabled\n" << s.out;
+}
+
+// C++: a member function defined in its class, inlined into its caller's
+// loop: `this` (a register), k (rbx - 6), v (the constant 3).
+TEST_P(FinstrumentValuesTest, InlinedMemberFunctionHasThisAndItsArguments) {
+    if (!cxx()) GTEST_SKIP() << "C++ only (values_finstrument_cxx)";
+    attach({"--args", "--functions", "Accum::*"});
+    EXPECT_EQ(target_->command("members 4"), 4 * 6 + 6);
+    std::smatch m;
+    const std::string out = target_->output();
+    ASSERT_TRUE(std::regex_search(out, m, std::regex("accum (0x[0-9a-f]+)"))) << out;
+    const std::string t = trace("json");
+    for (int k = 0; k < 4; k++)
+        EXPECT_EQ(lines_with(t, {entry_of("Accum::add_scaled(int, long)"),
+                                 "{\"name\":\"this\",\"type\":\"", "\",\"value\":\"" + m[1].str() + "\"}," +
+                                     arg("k", "int", std::to_string(k)) + "," + arg("v", "long", "3")})
+                      .size(),
+                  1u)
+            << k << "\n" << t;
 }
 
 INSTANTIATE_TEST_SUITE_P(Flows, FinstrumentValuesTest, ::testing::Values("values_finstrument", "values_finstrument_cxx"));

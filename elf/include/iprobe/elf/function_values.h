@@ -68,6 +68,10 @@ struct FunctionValues {
     // the address of the return-address slot (a value: the CFA - 8).
     bool at_site = false;
     std::optional<SiteLocation> return_slot;
+    // With a site in another function's code: the hook of an inlined copy
+    // (a DW_TAG_inlined_subroutine there), whose parameters are read where
+    // the copy keeps them; it has no return (no slot, no return value).
+    bool inlined = false;
     // With a site: the function's own code, [low, high) each (its cold part
     // too); a hook outside it is an inlined copy's.
     std::vector<std::pair<std::uint64_t, std::uint64_t>> code;
@@ -91,9 +95,10 @@ struct Site {
 // describe it.  `symbol` is the function's ELF symbol: a gcc clone
 // ("f.isra.0", "f.constprop.0") passes no register for a parameter it
 // dropped.
-// With `site`, also where each parameter is at that address; nullopt when
-// the site is not in the function's own code (an inlined copy's hook, whose
-// parameters are its DW_TAG_inlined_subroutine's: not read here).
+// With `site`, also where each parameter is at that address: in the
+// function's own code, or in an inlined copy of it (`inlined`: the innermost
+// DW_TAG_inlined_subroutine of the function holding the site, its parameters
+// by DW_AT_abstract_origin); nullopt when the site is in neither.
 std::optional<FunctionValues> function_values(const ElfFile& dwarf_file, std::uint64_t entry, const std::string& symbol,
                                               const std::optional<Site>& site = std::nullopt);
 
