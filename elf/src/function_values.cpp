@@ -400,6 +400,10 @@ std::optional<FunctionValues> function_values(const ElfFile& elf, std::uint64_t 
                 return std::nullopt;
             out.inlined = true;
             frame_of = &host;
+            out.code.clear();
+            Dwarf_Addr base = 0, low = 0, high = 0;
+            for (std::ptrdiff_t at = 0; (at = dwarf_ranges(&copy, at, &base, &low, &high)) > 0;)
+                out.code.emplace_back(low, high);
         }
         out.at_site = true;
         std::unique_ptr<Dwarf_CFI, CfiCloser> eh(site->cfi_file ? dwarf_getcfi_elf(site->cfi_file->native_handle()) : nullptr);

@@ -7,6 +7,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <array>
 #include <functional>
 #include <optional>
 #include <map>
@@ -73,9 +74,11 @@ struct NeedsStop {};
 // -finstrument-functions sites with values (values_plan.h): the entry's
 // stub goes to the entry point that lays out the registers for its recipe,
 // which rides in the stub's slot; an exit its entry's hooked return records
-// goes to one that does nothing.
+// goes to one that does nothing; an inlined copy's exit under a --when to
+// one that decides from its entry's frame.
 const std::string kSiteValuesEntry = "iprobe_rt_trace_enter_id_regs";
 const std::string kSilentExit = "iprobe_rt_ignore_id";
+const std::string kDecidingExit = "iprobe_rt_copy_exit_id";
 
 SitesPlan plan_sites(const ProcessMemory& memory, Region& region, std::vector<SelectedList>& lists,
                      const std::vector<const RunningModule*>& targets, const HandlerSymbols& handlers,
@@ -85,9 +88,10 @@ SitesPlan plan_sites(const ProcessMemory& memory, Region& region, std::vector<Se
     auto& [patches, site_stubs, enables, touched, selected, newly_enabled, already_enabled, first_probes] = plan;
     StubChecker stubs_seen(memory);
     std::map<const std::string*, std::uint64_t> handler_addresses;  // keyed as `stubs` below
-    // Where kSiteValuesEntry and kSilentExit are in the handler library (0: not there).
-    const std::pair<std::uint64_t, std::uint64_t> site_values_targets{
-        handler_lib.symbol(kSiteValuesEntry).value_or(0), handler_lib.symbol(kSilentExit).value_or(0)};
+    // Where kSiteValuesEntry, kSilentExit and kDecidingExit are in the handler library (0: not there).
+    const std::array<std::uint64_t, 3> site_values_targets{handler_lib.symbol(kSiteValuesEntry).value_or(0),
+                                                           handler_lib.symbol(kSilentExit).value_or(0),
+                                                           handler_lib.symbol(kDecidingExit).value_or(0)};
 
     for (std::size_t li = 0; li < lists.size(); li++) {
         auto& s = lists[li];
@@ -121,7 +125,8 @@ SitesPlan plan_sites(const ProcessMemory& memory, Region& region, std::vector<Se
         std::map<std::uint32_t, std::pair<EntryVariant, std::size_t>> entry_sites;  // entry id -> wanted, text index
         const ValuesPlan* site_values = li < values.size() ? &values[li] : nullptr;
         auto changes_stub = [&](const probelist::Probe& p) {
-            return site_values && (site_values->recipes.count(p.id) || site_values->silent_exits.count(p.id));
+            return site_values && (site_values->recipes.count(p.id) || site_values->silent_exits.count(p.id) ||
+                                   site_values->deciding_exits.count(p.id));
         };
         // A stub an earlier attach with values wrote (its entry point, or the
         // silent exit's), which this attach without them must undo.
@@ -129,7 +134,8 @@ SitesPlan plan_sites(const ProcessMemory& memory, Region& region, std::vector<Se
             std::array<std::uint8_t, kSiteStubSize> held{};
             memory.read(stub, held.data(), held.size());
             const std::uint64_t target = stub_target(held.data(), held.size());
-            return target && (target == site_values_targets.first || target == site_values_targets.second);
+            return target && std::find(site_values_targets.begin(), site_values_targets.end(), target) !=
+                                 site_values_targets.end();
         };
         // A call-form site's own stub, handing the handler `id` (or, with
         // values at the site, going where values_plan.h says).
@@ -144,6 +150,8 @@ SitesPlan plan_sites(const ProcessMemory& memory, Region& region, std::vector<Se
                 }
                 if (site_values->silent_exits.count(p.id))
                     return {module.site_stubs, at, site_stub_bytes(id, handler_address(kSilentExit))};
+                if (site_values->deciding_exits.count(p.id))
+                    return {module.site_stubs, at, site_stub_bytes(id, handler_address(kDecidingExit))};
             }
             const bool inline_count = handlers.site_id == HandlerSymbols::SiteId::counter && stats_tpoff != 0 &&
                                       stats_tpoff >= INT32_MIN && stats_tpoff < 0 && id <= INT32_MAX;

@@ -21,6 +21,10 @@ struct ValuesPlan {
     // whose exits the entry's hooked return records (their stubs do nothing).
     std::map<std::uint32_t, iprobe_rt_site_recipe> recipes;
     std::set<std::uint32_t> silent_exits;
+    // An inlined copy's exit hooks when its entry has a --when: their stubs
+    // go to the runtime's iprobe_rt_copy_exit_id, which records the exit as
+    // the condition holds for the arguments the entry kept in the frame.
+    std::set<std::uint32_t> deciding_exits;
     std::map<std::uint32_t, std::uint32_t> hooked_exit;  // entry id -> the exit probe its hooked return records
     std::size_t unavailable = 0;   // selected, records no values (a point; a finstrument site without DWARF)
     std::size_t untyped = 0;       // entry probes without DWARF

@@ -874,8 +874,10 @@ static __attribute__((noinline)) uint64_t values_enter(struct iprobe_rt_control*
     struct payload out = {words, 0, (uint8_t)matched, (uint64_t)(uintptr_t)slot, IPROBE_RT_VALUES_PACK(spec)};
     if (matched && (spec.flags & (IPROBE_RT_VALUES_ARGS | IPROBE_RT_VALUES_BACKTRACE)))
         out.nwords = entry_words(spec, &v, slot, words);
-    aggregate(cb, (int32_t)id, p->stat, IPROBE_RT_REC_ENTRY, now, unit && timed ? FRAME_MATCH : FRAME_NONE,
-              at_exit ? v.gpr : 0, 0);
+    /* not hooked, at a site whose exit hook (spec.distance ahead: an inlined copy's) pops the frame */
+    const int popped_by_hook = !hook && (spec.flags & IPROBE_RT_VALUES_AT_SITE) && spec.distance;
+    aggregate(cb, (int32_t)id, p->stat, IPROBE_RT_REC_ENTRY, now,
+              (unit && timed) || popped_by_hook ? FRAME_MATCH : FRAME_NONE, at_exit || popped_by_hook ? v.gpr : 0, 0);
     struct iprobe_rt_fn_stats* stats = iprobe_rt_thread.stats;
     if (condition && stats && p->stat < g_geometry.stat_capacity) {
         if (matched) add_local(&stats[p->stat].matched, 1);
@@ -1170,6 +1172,38 @@ __attribute__((visibility("hidden"))) void iprobe_rt_site_values_enter_at(uint32
     const struct iprobe_rt_probe* p = probe_of(cb, (int32_t)id);
     const uint64_t unit = values_enter(cb, id, p, word, saved, slot, (int)hook, xmm);
     if (unit) *slot = unit + IPROBE_RT_RETURN_UNIT_TRAMPOLINE;
+}
+
+/* The exit hook of an inlined copy whose entry has a --when (values_plan.h):
+ * it does not return, so no trampoline carries the entry's verdict; the
+ * frame its entry pushed (spec.distance back: values_enter) holds its
+ * arguments, against which the condition decides whether the exit is
+ * recorded.  No frame (an untimed or deeper call): undecided, counted. */
+EXPORT void iprobe_rt_copy_exit_id(uint32_t id) {
+    struct iprobe_rt_control* cb = control();
+    if (UNLIKELY(!cb)) {
+        count_unserved();
+        return;
+    }
+    if (UNLIKELY(id >= g_geometry.probe_capacity)) return;
+    const struct iprobe_rt_probe* p = probe_of(cb, (int32_t)id);
+    const struct iprobe_rt_values_spec spec = spec_of(spec_word(p));
+    const uint32_t back = spec.distance ? spec.distance : 1;
+    if (UNLIKELY(id < back || p->stat >= g_geometry.stat_capacity)) return;
+    const uint64_t now = timestamp();
+    struct iprobe_cond_values held;
+    if (!aggregate(cb, (int32_t)id, p->stat, IPROBE_RT_REC_EXIT, now, FRAME_MATCH, 0, &held)) {
+        struct iprobe_rt_fn_stats* stats = iprobe_rt_thread.stats;
+        if (stats) add_local(&stats[p->stat].undecided, 1);
+        return;
+    }
+    struct iprobe_rt_values v;
+    v.kind = IPROBE_RT_REC_ENTRY; /* the entry's condition, on the arguments it held */
+    v.has_args = 1;
+    v.has_return = v.has_duration = 0;
+    v.entry_matched = 1;
+    for (int i = 0; i < IPROBE_RT_VALUES_GPRS; i++) v.gpr[i] = held.args[i];
+    if (iprobe_rt_condition_match(cb, id - back, &v)) ring_append(cb, (int32_t)id, IPROBE_RT_REC_EXIT, now, 0, 0);
 }
 
 /* The return is hooked first: an entry whose exit will not be seen is

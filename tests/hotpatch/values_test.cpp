@@ -244,6 +244,7 @@ class FinstrumentValuesTest : public ValuesTest, public ::testing::WithParamInte
 protected:
     // values_target.c's inlined in_visit, as the probe list names it
     std::string visit() const { return cxx() ? "in_visit(int, item*, char const*, int)" : "in_visit"; }
+    std::string visit_pattern() const { return cxx() ? "in_visit\\(int, item\\*, char const\\*, int\\)" : "in_visit"; }
     void SetUp() override {
         ValuesTest::SetUp();
         if (IsSkipped()) return;
@@ -354,24 +355,29 @@ TEST_P(FinstrumentValuesTest, InlinedCopyArgumentsComeFromItsScope) {
     EXPECT_NE(text.out.find("1 exit hook(s) of inlined copies record no return value: an inlined copy does not return"),
               std::string::npos)
         << text.out;
+    // timed as without values: its entry's frame is popped by its exit hook
     auto r = iprobe({"report", pid_, "--json"});
-    EXPECT_EQ(json_calls(r.out, visit()), 20) << r.out;
+    EXPECT_EQ(json_calls(r.out, visit_pattern()), 20) << r.out;
+    EXPECT_NE(r.out.find("\"calls\":20,\"completed\":20,\"timed\":20"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("\"unmatched_exits\":0"), std::string::npos) << r.out;
 }
 
 TEST_P(FinstrumentValuesTest, WhenOnAnInlinedCopysArgumentRecordsExactlyTheMatchingCalls) {
     attach({"--args", "--when", "n == 10 || n == 13", "--functions", "in_visit*"});
     EXPECT_EQ(target_->command("loop 20 alpha"), 590);
     EXPECT_EQ(target_->command("loop 20 beta"), 590);
-    const std::string t = trace("text");
-    EXPECT_EQ(lines_with(t, {" -> " + visit() + "(n=10, "}).size(), 2u) << t;
-    EXPECT_EQ(lines_with(t, {" -> " + visit() + "(n=13, "}).size(), 2u) << t;
-    EXPECT_EQ(lines_with(t, {" -> " + visit() + "(", "name=\"beta\""}).size(), 2u) << t;
-    EXPECT_EQ(lines_with(t, {" -> " + visit() + "("}).size(), 4u) << t;
-    EXPECT_EQ(lines_with(t, {" <- " + visit() + "("}).size(), 4u) << t;
+    const std::string t = trace("json");
+    EXPECT_EQ(lines_with(t, {entry_of(visit()), "\"args\":[" + arg("n", "int", "10")}).size(), 2u) << t;
+    EXPECT_EQ(lines_with(t, {entry_of(visit()), "\"args\":[" + arg("n", "int", "13")}).size(), 2u) << t;
+    EXPECT_EQ(lines_with(t, {entry_of(visit()), arg("name", "const char*", "\"beta\"")}).size(), 2u) << t;
+    EXPECT_EQ(lines_with(t, {entry_of(visit())}).size(), 4u) << t;
+    // each exit decided as its entry was (the arguments kept in its frame)
+    EXPECT_EQ(lines_with(t, {exit_of(visit())}).size(), 4u) << t;
     auto r = iprobe({"report", pid_, "--json"});
     ASSERT_EQ(r.exit_code, 0) << r.err;
-    EXPECT_EQ(json_calls(r.out, visit()), 40) << r.out;
-    EXPECT_NE(r.out.find("\"matched\":4"), std::string::npos) << r.out;
+    EXPECT_EQ(json_calls(r.out, visit_pattern()), 40) << r.out;
+    EXPECT_NE(r.out.find("\"matched\":4,\"undecided\":0"), std::string::npos) << r.out;
+    EXPECT_NE(r.out.find("\"unmatched_exits\":0"), std::string::npos) << r.out;
     // a string compare on the copy's char*
     attach({"--args", "--when", "name == \"beta\" && n < 3", "--functions", "in_visit*"});
     EXPECT_EQ(target_->command("loop 20 alpha"), 590);
@@ -379,6 +385,14 @@ TEST_P(FinstrumentValuesTest, WhenOnAnInlinedCopysArgumentRecordsExactlyTheMatch
     const std::string s = trace("text");
     EXPECT_EQ(lines_with(s, {" -> " + visit() + "(", "name=\"beta\""}).size(), 3u) << s;
     EXPECT_EQ(lines_with(s, {" -> " + visit() + "("}).size(), 3u) << s;
+    EXPECT_EQ(lines_with(s, {" <- " + visit() + "("}).size(), 3u) << s;
+    // without the condition its exit hooks' stubs are the plain ones again
+    attach({"--functions", "in_visit*"});
+    EXPECT_EQ(target_->command("loop 20 gamma"), 590);
+    const std::string all = trace("json");
+    EXPECT_EQ(lines_with(all, {entry_of(visit())}).size(), 20u) << all;
+    EXPECT_EQ(lines_with(all, {exit_of(visit())}).size(), 20u) << all;
+    EXPECT_EQ(all.find("\"args\""), std::string::npos) << all;
 }
 
 // No return: a condition on its return value or duration, or on what is
@@ -418,21 +432,22 @@ TEST_P(FinstrumentValuesTest, InlinedMemberFunctionHasThisAndItsArguments) {
 
 INSTANTIATE_TEST_SUITE_P(Flows, FinstrumentValuesTest, ::testing::Values("values_finstrument", "values_finstrument_cxx"));
 
-// An inlined copy's hooks sit in its caller's code: they record calls
-// without values (the caller's return slot and exit hooks are not theirs),
-// the caller's values are whole, and a --when on the copy is refused.
-TEST_F(ValuesTest, FinstrumentInlinedCopyRecordsItsCallsWithoutValues) {
+// An inlined copy's hooks sit in its caller's code: its arguments come from
+// its DW_TAG_inlined_subroutine, its exit has no return value (said at
+// attach), the caller's values are whole, and a --when on the copy's
+// arguments holds.
+TEST_F(ValuesTest, FinstrumentInlinedCopyRecordsItsArgumentsButNoReturnValue) {
     ASSERT_TRUE(start("values_finstrument"));
     auto a = iprobe({"attach", pid_, "--args", "--retval", "--functions", "twice,v_inlined"});
     ASSERT_EQ(a.exit_code, 0) << a.err;
-    EXPECT_NE(a.out.find("an inlined copy's hooks"), std::string::npos) << a.out;
+    EXPECT_NE(a.out.find("1 exit hook(s) of inlined copies record no return value"), std::string::npos) << a.out;
     EXPECT_EQ(target_->command("inlined 5"), 11);
     const std::string t = trace("json");
     EXPECT_EQ(lines_with(t, {entry_of("v_inlined"), arg("v", "long", "5")}).size(), 1u) << t;
     EXPECT_EQ(lines_with(t, {exit_of("v_inlined"), retval("long", "11")}).size(), 1u) << t;
-    EXPECT_EQ(lines_with(t, {entry_of("twice")}).size(), 1u) << t;
+    EXPECT_EQ(lines_with(t, {entry_of("twice"), "\"args\":[" + arg("v", "long", "5") + "]"}).size(), 1u) << t;
     EXPECT_EQ(lines_with(t, {exit_of("twice")}).size(), 1u) << t;
-    EXPECT_EQ(lines_with(t, {"\"function\":\"twice\"", "\"args\""}).size(), 0u) << t;
+    EXPECT_EQ(lines_with(t, {exit_of("twice"), "retval"}).size(), 0u) << t;
     const auto h = iprobe({"report", pid_, "--hist"});
     EXPECT_NE(h.out.find("v_inlined: return value of 1 calls"), std::string::npos) << h.out;
     // v_inlined's exit probe is not the one after its entry (twice's hooks
@@ -444,9 +459,15 @@ TEST_F(ValuesTest, FinstrumentInlinedCopyRecordsItsCallsWithoutValues) {
     EXPECT_EQ(lines_with(held, {entry_of("v_inlined"), arg("v", "long", "5")}).size(), 1u) << held;
     EXPECT_EQ(lines_with(held, {exit_of("v_inlined"), retval("long", "11")}).size(), 1u) << held;
     EXPECT_EQ(lines_with(held, {"v_inlined"}).size(), 2u) << held;
-    auto w = iprobe({"attach", pid_, "--when", "v == 5", "--functions", "twice"});
+    attach({"--args", "--when", "v == 6", "--functions", "twice"});
+    EXPECT_EQ(target_->command("inlined 5"), 11);
+    EXPECT_EQ(target_->command("inlined 6"), 13);
+    const std::string copy = trace("json");
+    EXPECT_EQ(lines_with(copy, {entry_of("twice"), arg("v", "long", "6")}).size(), 1u) << copy;
+    EXPECT_EQ(lines_with(copy, {"\"function\":\"twice\""}).size(), 2u) << copy;
+    auto w = iprobe({"attach", pid_, "--when", "retval == 10", "--functions", "twice"});
     EXPECT_EQ(w.exit_code, 3) << w.out << w.err;
-    EXPECT_NE(w.err.find("is an inlined copy's"), std::string::npos) << w.err;
+    EXPECT_NE(w.err.find("twice's inlined copy at 0x"), std::string::npos) << w.err;
 }
 
 // After the prologue the argument registers hold something else: without

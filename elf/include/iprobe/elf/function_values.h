@@ -73,7 +73,8 @@ struct FunctionValues {
     // the copy keeps them; it has no return (no slot, no return value).
     bool inlined = false;
     // With a site: the function's own code, [low, high) each (its cold part
-    // too); a hook outside it is an inlined copy's.
+    // too); a hook outside it is an inlined copy's.  `inlined`: the copy's
+    // code (its exit hooks are the function's exit hooks in it).
     std::vector<std::pair<std::uint64_t, std::uint64_t>> code;
     bool holds(std::uint64_t pc) const {
         for (const auto& [low, high] : code)
