@@ -409,7 +409,7 @@ std::optional<FunctionValues> function_values(const ElfFile& elf, std::uint64_t 
         std::unique_ptr<Dwarf_CFI, CfiCloser> eh(site->cfi_file ? dwarf_getcfi_elf(site->cfi_file->native_handle()) : nullptr);
         cfa = cfa_at(eh.get(), site->pc);
         if (!cfa) cfa = cfa_at(dwarf_getcfi(dwarf.get()), site->pc);  // .debug_frame: owned by `dwarf`
-        if (cfa && fits16(cfa->offset - 8) && !out.inlined)
+        if (cfa && fits16(cfa->offset - 8))
             out.return_slot = SiteLocation{SiteLocation::Kind::value, cfa->reg, 8, cfa->offset - 8};
         Dwarf_Attribute attr;
         Dwarf_Op* ops = nullptr;

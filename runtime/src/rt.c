@@ -783,7 +783,7 @@ uint64_t iprobe_rt_copy_string(uint64_t s, char out[IPROBE_RT_STRING_BYTES]) {
  * slot is trusted only while it still holds its trampoline, read without
  * faulting (an entry of a frame an exception skipped, or of another stack). */
 static uint32_t caller_chain(const uint64_t* slot, uint64_t* out, uint32_t max) {
-    if (!max) return 0;
+    if (!max || !slot) return 0; /* a -finstrument-functions site without a return slot */
     uint32_t n = 0;
     out[n++] = iprobe_rt_real_return_address(*slot);
     const struct iprobe_rt_thread_state* t = &iprobe_rt_thread;

@@ -411,10 +411,23 @@ TEST_P(FinstrumentValuesTest, WhenOnAnInlinedCopysReturnIsRefused) {
     EXPECT_EQ(s.out.find("in_visit"), std::string::npos) << "nothing enabled\n" << s.out;
 }
 
+// Its backtrace starts at its host (in_loop, at the copy's hook), then the
+// host's callers, as deep as asked.
+TEST_P(FinstrumentValuesTest, InlinedCopyBacktraceStartsAtItsHost) {
+    attach({"--args", "--backtrace=2", "--functions", "in_visit*,in_loop"});
+    EXPECT_EQ(target_->command("loop 2 alpha"), 5);
+    const std::string t = trace("json");
+    const auto entries = lines_with(t, {entry_of(visit()), "\"backtrace\":["});
+    ASSERT_EQ(entries.size(), 2u) << t;
+    const std::regex frames("\"backtrace\":\\[\\{\"address\":\"0x[0-9a-f]+\",\"function\":\"in_loop\",\"file\":\"[^\"]*"
+                            "values_target.c\",\"line\":[0-9]+\\},\\{\"address\":\"0x[0-9a-f]+\",\"function\":\"main\"[^}]*\\}\\]");
+    for (const auto& e : entries) EXPECT_TRUE(std::regex_search(e, frames)) << e;
+}
+
 // C++: a member function defined in its class, inlined into its caller's
 // loop: `this` (a register), k (rbx - 6), v (the constant 3).
-TEST_P(FinstrumentValuesTest, InlinedMemberFunctionHasThisAndItsArguments) {
-    if (!cxx()) GTEST_SKIP() << "C++ only (values_finstrument_cxx)";
+TEST_F(ValuesTest, FinstrumentInlinedMemberFunctionHasThisAndItsArguments) {
+    ASSERT_TRUE(start("values_finstrument_cxx"));
     attach({"--args", "--functions", "Accum::*"});
     EXPECT_EQ(target_->command("members 4"), 4 * 6 + 6);
     std::smatch m;

@@ -65,12 +65,13 @@ struct FunctionValues {
     std::uint8_t strings = 0;         // bit i: integer argument register i holds a char*
     bool typed = false;               // from DWARF (else arg0..arg5 raw)
     // With a site: the parameters' locations there (ValueSlot::at_site) and
-    // the address of the return-address slot (a value: the CFA - 8).
+    // the address of the return-address slot (a value: the CFA - 8; an
+    // inlined copy's is its host's, where a backtrace starts, never hooked).
     bool at_site = false;
     std::optional<SiteLocation> return_slot;
     // With a site in another function's code: the hook of an inlined copy
     // (a DW_TAG_inlined_subroutine there), whose parameters are read where
-    // the copy keeps them; it has no return (no slot, no return value).
+    // the copy keeps them; it has no return (no return value of its own).
     bool inlined = false;
     // With a site: the function's own code, [low, high) each (its cold part
     // too); a hook outside it is an inlined copy's.  `inlined`: the copy's
