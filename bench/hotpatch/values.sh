@@ -10,6 +10,9 @@
 #   fin_trace, fin_values  the same two in the -finstrument-functions flow (iprobe-cc
 #                   --flow=finstrument): the arguments from the site's recipe (registers
 #                   after the prologue), the return through a hook of the return slot
+#   fin_inl_trace, fin_inl_values  add2 inlined into the loop (-DINLINED_COPY), the same flow:
+#                   trace, and --args (the copy's arguments from its DW_TAG_inlined_subroutine;
+#                   an inlined copy has no return value)
 # usage: bench/hotpatch/values.sh [BUILD_DIR]   (as root; under flock /work/notes/bench.lock on a shared machine)
 # env: MAX_EXP (default 6), REPEATS (default 3, fastest kept), SKIP_BPF=1, SKIP_UFTRACE=1
 set -euo pipefail
@@ -27,6 +30,7 @@ cmake --build "$build" --target iprobe iprobe-hotpatch iprobe-cc iprobe_rt >/dev
 export IPROBE_CC_QUIET=1
 "$build/bin/iprobe-cc" --flow=entry -O2 -g -o "$work/values_loop" "$here/values_loop.c"
 "$build/bin/iprobe-cc" --flow=finstrument -O2 -g -o "$work/values_loop_fin" "$here/values_loop.c"
+"$build/bin/iprobe-cc" --flow=finstrument -O2 -g -DINLINED_COPY -o "$work/values_loop_fin_inl" "$here/values_loop.c"
 gcc -O2 -g -o "$work/values_loop_native" "$here/values_loop.c"
 gcc -O2 -g -pg -o "$work/values_loop_pg" "$here/values_loop.c"
 
@@ -42,6 +46,9 @@ run_variant trace2 "$work/values_loop" --functions add2 "${ring[@]}"
 run_variant fin_trace "$work/values_loop_fin" --functions add2 "${ring[@]}"
 run_variant fin_values "$work/values_loop_fin" --functions add2 --args --retval "${ring[@]}"
 run_variant fin_trace2 "$work/values_loop_fin" --functions add2 "${ring[@]}"
+run_variant fin_inl_trace "$work/values_loop_fin_inl" --functions add2 "${ring[@]}"
+run_variant fin_inl_values "$work/values_loop_fin_inl" --functions add2 --args "${ring[@]}"
+run_variant fin_inl_trace2 "$work/values_loop_fin_inl" --functions add2 "${ring[@]}"
 
 if [[ -z ${SKIP_BPF:-} ]] && command -v bpftrace >/dev/null; then
   bpf_exp=$((max_exp < 5 ? max_exp : 5))
@@ -70,6 +77,18 @@ fi
 faster() { awk -v a="$(ns_at "$1" "$3")" -v b="$(ns_at "$2" "$3")" 'BEGIN { print (a < b ? a : b) }'; }
 ratio() { awk -v v="$1" -v t="$2" 'BEGIN { printf "%.2f", v / t }'; }
 
+# versus_trace HEADER PREFIX: a table of PREFIX_values against the faster of PREFIX_trace and PREFIX_trace2
+versus_trace() {
+  printf '\n| calls | %s |\n|---|---|---|---|\n' "$1"
+  local n=1 t v
+  for ((e = 1; e <= max_exp; e++)); do
+    n=$((n * 10))
+    t=$(faster "$work/result.$2_trace" "$work/result.$2_trace2" "$n")
+    v=$(ns_at "$work/result.$2_values" "$n")
+    echo "| 10^$e | $t | $v | $(ratio "$v" "$t") |"
+  done
+}
+
 printf '\n| calls | native | iprobe trace | iprobe --args --retval | values / trace | bpftrace uprobe+uretprobe | uftrace -A -R |\n'
 printf '|---|---|---|---|---|---|---|\n'
 n=1
@@ -88,14 +107,10 @@ echo "(CPU ns per call of add2() in the calling thread, fastest of $repeats runs
 echo " trace = fastest of two runs placed before and after the values runs; bpftrace/uftrace: one run, the CPU the traced thread spends,"
 echo " not counting bpftrace's or uftrace's own processes)"
 
-printf '\n| calls | finstrument: iprobe trace | finstrument: iprobe --args --retval | values / trace |\n'
-printf '|---|---|---|---|\n'
-n=1
-for ((e = 1; e <= max_exp; e++)); do
-  n=$((n * 10))
-  t=$(faster "$work/result.fin_trace" "$work/result.fin_trace2" "$n")
-  v=$(ns_at "$work/result.fin_values" "$n")
-  echo "| 10^$e | $t | $v | $(ratio "$v" "$t") |"
-done
+versus_trace "finstrument: iprobe trace | finstrument: iprobe --args --retval | values / trace" fin
 echo "(the -finstrument-functions flow: the hooks' calls after the prologue; trace = an entry and an exit hook's"
 echo " call each; values = the entry's call to the recipe's entry point, a hooked return, the exit hook's call a ret)"
+
+versus_trace "finstrument, inlined copy: iprobe trace | inlined copy: iprobe --args | args / trace" fin_inl
+echo "(add2 inlined into the loop, its hooks there: trace = the copy's entry and exit hook's calls; --args = the"
+echo " entry's call to the recipe's entry point (a from a register, b the constant 7), no return to hook)"
