@@ -1,6 +1,7 @@
 #include "attach_conditions.h"
 
 #include <cstring>
+#include <optional>
 #include <set>
 
 #include "iprobe/elf/function_values.h"
@@ -52,6 +53,14 @@ std::string has_list(const ConditionSignature& s) {
     return out.empty() ? "no parameters" : "has " + out;
 }
 
+// A parameter `condition` names that is optimized out in `s`.
+std::optional<std::string> optimized_out_name(const Condition& condition, const ConditionSignature& s) {
+    for (const auto& name : condition.parameter_names())
+        for (const auto& p : s.parameters)
+            if (p.name == name && p.optimized_out) return name;
+    return std::nullopt;
+}
+
 std::uint8_t retval_spec(const ConditionSignature& s) {
     if (!s.returns_value || !s.has_dwarf) return s.returns_value ? 8 | IPROBE_RT_RETVAL_SIGNED : 0;
     if (s.retval.register_index < 0) return 0;  // not an integer
@@ -72,6 +81,11 @@ ConditionPlan plan_conditions(const Condition& condition, const AttachOptions& o
     const bool wanted = !condition.empty() || options.retval_histogram;
     std::vector<std::string> lacking;
     std::size_t lacking_count = 0;
+    // Inlined copies whose hook has a named parameter optimized out: left
+    // undecidable when another entry can decide (else refused as any).
+    std::size_t decidable = 0;
+    std::optional<ConditionSignature> undecided_example;
+    std::vector<FunctionCondition*> undecidable;
     for (std::size_t li = 0; li < lists.size(); li++) {
         const SelectedList& s = lists[li];
         std::shared_ptr<elf::ElfFile> dwarf, module;
@@ -127,8 +141,19 @@ ConditionPlan plan_conditions(const Condition& condition, const AttachOptions& o
                     lacking.push_back(p->demangled + " lacks '" + *missing + "' (" + has_list(signature) + ")");
                 continue;
             }
+            if (inlined && optimized_out_name(condition, signature)) {
+                undecidable.push_back(&planned);
+                if (!undecided_example) undecided_example = signature;
+                continue;
+            }
             planned.program = condition.compile(signature);  // type errors: ConditionError, exit 3
+            decidable++;
         }
+    }
+    if (!undecidable.empty() && !decidable) condition.compile(*undecided_example);  // throws: optimized out
+    if (!undecidable.empty()) {
+        const iprobe_cond_program never = Condition::parse("0 == 1").compile(ConditionSignature{});
+        for (FunctionCondition* f : undecidable) f->program = never, f->undecidable = true;
     }
     if (!lacking.empty()) {
         std::string message = "--when '" + condition.text() + "' names what " + std::to_string(lacking_count) +

@@ -40,6 +40,10 @@ std::string attach_summary(const AttachStats& st, std::optional<pid_t> pid) {
         out += "\n" + std::to_string(st.values_no_return) +
                " exit hook(s) of inlined copies record no return value: an inlined copy does not return (its "
                "result stays in its caller's code); their calls, arguments and durations are recorded";
+    if (st.when_undecidable)
+        out += "\n" + std::to_string(st.when_undecidable) +
+               " inlined cop(ies) cannot decide the --when: a parameter it names is optimized out at their hook; "
+               "their calls are counted (calls), none recorded (matched counts the others)";
     if (st.values_untyped)
         out += "\n" + std::to_string(st.values_untyped) +
                " function(s) without DWARF: arguments recorded as arg0..arg5, raw (build with -g, or install the "

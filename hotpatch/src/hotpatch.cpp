@@ -464,6 +464,8 @@ AttachStats attach(const AttachOptions& options) {
             stats.values_optimized_out += v.optimized_out;
             stats.values_no_return += v.no_return;
         }
+        for (const auto& list : conditions)
+            for (const auto& [id, fc] : list) stats.when_undecidable += fc.undecidable;
         if (ahead && same_maps(read_maps(options.pid), ahead->maps)) {
             // Planned while the target ran; only the writes are left.
             return finish_attach(process, ahead->region, ahead->plan, options.mode, settings_ahead, std::move(stats), started,

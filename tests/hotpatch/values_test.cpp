@@ -395,8 +395,8 @@ TEST_P(FinstrumentValuesTest, WhenOnAnInlinedCopysArgumentRecordsExactlyTheMatch
     EXPECT_EQ(all.find("\"args\""), std::string::npos) << all;
 }
 
-// No return: a condition on its return value or duration, or on what is
-// optimized out at its hook, is refused with the reason; nothing changes.
+// No return: a condition on its return value or duration is refused with
+// the reason; nothing changes.
 TEST_P(FinstrumentValuesTest, WhenOnAnInlinedCopysReturnIsRefused) {
     for (const std::string when : {"retval == 3", "duration > 1us && n == 1"}) {
         auto a = iprobe({"attach", pid_, "--when", when, "--functions", "in_visit*"});
@@ -404,11 +404,27 @@ TEST_P(FinstrumentValuesTest, WhenOnAnInlinedCopysReturnIsRefused) {
         EXPECT_NE(a.err.find("reads retval or duration, which " + visit() + "'s inlined copy at 0x"), std::string::npos) << a.err;
         EXPECT_NE(a.err.find("does not return"), std::string::npos) << a.err;
     }
-    auto o = iprobe({"attach", pid_, "--when", "spare == 7", "--functions", "in_visit*"});
-    EXPECT_EQ(o.exit_code, 3) << o.out << o.err;
-    EXPECT_NE(o.err.find("'spare' is optimized out at the -finstrument-functions site"), std::string::npos) << o.err;
     auto s = iprobe({"status", pid_, "--json"});
     EXPECT_EQ(s.out.find("in_visit"), std::string::npos) << "nothing enabled\n" << s.out;
+}
+
+// A copy whose hook has a parameter the --when names optimized out cannot
+// decide it (the out-of-line copy can): said at attach; its calls are
+// counted, none recorded, none matched.
+TEST_P(FinstrumentValuesTest, WhenOnAParameterAnInlinedCopyLacksRecordsNoneOfItsCalls) {
+    auto a = iprobe({"attach", pid_, "--args", "--when", "spare == 7", "--functions", "in_visit*", "--json"});
+    ASSERT_EQ(a.exit_code, 0) << a.out << a.err;
+    EXPECT_EQ(json_number(a.out, "when_undecidable"), 1) << a.out;
+    auto text = iprobe({"attach", pid_, "--args", "--when", "spare == 7", "--functions", "in_visit*"});
+    EXPECT_NE(text.out.find("1 inlined cop(ies) cannot decide the --when: a parameter it names is optimized out"),
+              std::string::npos)
+        << text.out;
+    EXPECT_EQ(target_->command("loop 20 alpha"), 590);
+    const std::string t = trace("json");
+    EXPECT_EQ(t.find(visit()), std::string::npos) << t;
+    auto r = iprobe({"report", pid_, "--json"});
+    EXPECT_EQ(json_calls(r.out, visit_pattern()), 20) << r.out;
+    EXPECT_NE(r.out.find("\"matched\":0,\"undecided\":0"), std::string::npos) << r.out;
 }
 
 // Its backtrace starts at its host (in_loop, at the copy's hook), then the

@@ -157,6 +157,9 @@ struct AttachStats {
     // -finstrument-functions flow, with --retval: exit hooks of inlined
     // copies, which record the exit but no return value (a copy does not return).
     std::size_t values_no_return = 0;
+    // With --when: inlined copies whose hook has a parameter it names
+    // optimized out (their calls counted, none recorded).
+    std::size_t when_undecidable = 0;
     bool operator==(const AttachStats&) const = default;
 };
 
