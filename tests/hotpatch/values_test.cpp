@@ -355,6 +355,12 @@ TEST_P(FinstrumentValuesTest, InlinedCopyArgumentsComeFromItsScope) {
     EXPECT_NE(text.out.find("1 exit hook(s) of inlined copies record no return value: an inlined copy does not return"),
               std::string::npos)
         << text.out;
+    const auto h = iprobe({"report", pid_, "--hist"});
+    EXPECT_NE(h.out.find(visit() + ": latency of 20 timed calls (20 completed)"), std::string::npos) << h.out;
+    EXPECT_NE(h.out.find(visit() + ": return value of 0 calls (20 more completed calls had none: an inlined copy does "
+                                   "not return"),
+              std::string::npos)
+        << h.out;
     // timed as without values: its entry's frame is popped by its exit hook
     auto r = iprobe({"report", pid_, "--json"});
     EXPECT_EQ(json_calls(r.out, visit_pattern()), 20) << r.out;
