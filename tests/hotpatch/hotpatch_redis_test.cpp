@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <thread>
 
 #include "hotpatch_fixture.h"
@@ -13,14 +14,25 @@
 namespace iprobe::test {
 namespace {
 
-TEST(HotpatchRedis, AttachTraceDetachWhileBenchmarkRuns) {
-    if (!is_root()) GTEST_SKIP() << "needs root";
-    const std::string server = build_redis("finstrument");
-    ASSERT_FALSE(server.empty()) << "scripts/build-redis --mode finstrument failed";
-    const std::string dir = server.substr(0, server.rfind('/'));
+// A redis-server built in the finstrument flow, started in its own folder;
+// `dir` holds its redis-cli and redis-benchmark.
+class HotpatchRedis : public ::testing::Test {
+protected:
+    void SetUp() override {
+        if (!is_root()) GTEST_SKIP() << "needs root";
+        const std::string server = build_redis("finstrument");
+        ASSERT_FALSE(server.empty()) << "scripts/build-redis --mode finstrument failed";
+        dir = server.substr(0, server.rfind('/'));
+        server_ = std::make_unique<RedisServer>(server, tmp);
+        ASSERT_TRUE(server_->ready());
+    }
+    std::string dir;
     TempDir tmp;
-    RedisServer redis(server, tmp);
-    ASSERT_TRUE(redis.ready());
+    std::unique_ptr<RedisServer> server_;
+};
+
+TEST_F(HotpatchRedis, AttachTraceDetachWhileBenchmarkRuns) {
+    RedisServer& redis = *server_;
     const int port = redis.port();
     const std::string pid = std::to_string(redis.pid());
     const auto text_before = text_of(redis.pid(), "/redis-server");
@@ -60,14 +72,8 @@ TEST(HotpatchRedis, AttachTraceDetachWhileBenchmarkRuns) {
 // Its `s` (a char*) is read where each copy keeps it: a --when on the key
 // records exactly the calls on it, each entry with its exit; the copies
 // where gcc left `s` nowhere readable are counted, said, and record none.
-TEST(HotpatchRedis, WhenOnAnInlinedHelpersArgumentInEveryCopy) {
-    if (!is_root()) GTEST_SKIP() << "needs root";
-    const std::string server = build_redis("finstrument");
-    ASSERT_FALSE(server.empty()) << "scripts/build-redis --mode finstrument failed";
-    const std::string dir = server.substr(0, server.rfind('/'));
-    TempDir tmp;
-    RedisServer redis(server, tmp);
-    ASSERT_TRUE(redis.ready());
+TEST_F(HotpatchRedis, WhenOnAnInlinedHelpersArgumentInEveryCopy) {
+    RedisServer& redis = *server_;
     const std::string port = std::to_string(redis.port());
     const std::string pid = std::to_string(redis.pid());
     auto a = iprobe({"attach", pid, "--functions", "sdslen", "--args", "--when", "s == \"user:42\"", "--json"});
