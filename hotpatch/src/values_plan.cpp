@@ -155,8 +155,8 @@ ValuesPlan plan_values(pid_t pid, const SelectedList& s, const ValueOptions& opt
         if (copy_exit && copy_exit - p->id <= UINT16_MAX &&
             std::all_of(copy_exits.begin(), copy_exits.end(), [&](std::uint32_t e) { return selected.count(e); })) {
             spec.distance = static_cast<std::uint16_t>(copy_exit - p->id);
-            // With a --when its exits are recorded as its entry was: each
-            // decides on the arguments the entry kept in its frame.
+            // With a --when its exits are recorded as its entry was (the
+            // entry keeps its verdict in the call's frame).
             if (conditioned &&
                 std::all_of(copy_exits.begin(), copy_exits.end(), [&](std::uint32_t e) { return e > p->id && e - p->id <= UINT16_MAX; }))
                 for (std::uint32_t e : copy_exits) {

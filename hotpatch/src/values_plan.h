@@ -23,7 +23,7 @@ struct ValuesPlan {
     std::set<std::uint32_t> silent_exits;
     // An inlined copy's exit hooks when its entry has a --when: their stubs
     // go to the runtime's iprobe_rt_copy_exit_id, which records the exit as
-    // the condition holds for the arguments the entry kept in the frame.
+    // the entry was (its verdict kept in the call's frame).
     std::set<std::uint32_t> deciding_exits;
     std::map<std::uint32_t, std::uint32_t> hooked_exit;  // entry id -> the exit probe its hooked return records
     std::size_t unavailable = 0;   // selected, records no values (a point; a finstrument site without DWARF)

@@ -838,6 +838,10 @@ static uint32_t entry_words(struct iprobe_rt_values_spec spec, const struct ipro
     return n;
 }
 
+/* In the frame of an inlined copy's call (its args[0], with args[1] its
+ * entry probe): whether its entry was recorded, for iprobe_rt_copy_exit_id. */
+#define COPY_VERDICT 0x1c0b7e4d1c7a0000ull
+
 /* An entry whose probe captures values: `hook` says whether its return is
  * hooked too (both probes on), as how far ahead of `id` the exit probe is
  * (1 at function-entry sites); `xmm`, when not 0, the vector words in place
@@ -874,10 +878,17 @@ static __attribute__((noinline)) uint64_t values_enter(struct iprobe_rt_control*
     struct payload out = {words, 0, (uint8_t)matched, (uint64_t)(uintptr_t)slot, IPROBE_RT_VALUES_PACK(spec)};
     if (matched && (spec.flags & (IPROBE_RT_VALUES_ARGS | IPROBE_RT_VALUES_BACKTRACE)))
         out.nwords = entry_words(spec, &v, slot, words);
-    /* not hooked, at a site whose exit hook (spec.distance ahead: an inlined copy's) pops the frame */
+    /* Not hooked, at a site whose exit hook (spec.distance ahead: an inlined
+     * copy's) pops the frame; it keeps the entry's verdict for the exit. */
     const int popped_by_hook = !hook && (spec.flags & IPROBE_RT_VALUES_AT_SITE) && spec.distance;
+    uint64_t verdict[IPROBE_COND_ARGS];
+    if (popped_by_hook) {
+        verdict[0] = COPY_VERDICT | (uint64_t)(matched != 0), verdict[1] = id;
+        for (int i = 2; i < IPROBE_COND_ARGS; i++) verdict[i] = 0;
+    }
     aggregate(cb, (int32_t)id, p->stat, IPROBE_RT_REC_ENTRY, now,
-              (unit && timed) || popped_by_hook ? FRAME_MATCH : FRAME_NONE, at_exit || popped_by_hook ? v.gpr : 0, 0);
+              (unit && timed) || popped_by_hook ? FRAME_MATCH : FRAME_NONE,
+              at_exit ? v.gpr : popped_by_hook ? verdict : 0, 0);
     struct iprobe_rt_fn_stats* stats = iprobe_rt_thread.stats;
     if (condition && stats && p->stat < g_geometry.stat_capacity) {
         if (matched) add_local(&stats[p->stat].matched, 1);
@@ -1176,9 +1187,9 @@ __attribute__((visibility("hidden"))) void iprobe_rt_site_values_enter_at(uint32
 
 /* The exit hook of an inlined copy whose entry has a --when (values_plan.h):
  * it does not return, so no trampoline carries the entry's verdict; the
- * frame its entry pushed (spec.distance back: values_enter) holds its
- * arguments, against which the condition decides whether the exit is
- * recorded.  No frame (an untimed or deeper call): undecided, counted. */
+ * frame its entry pushed (spec.distance back: values_enter) does, and the
+ * exit is recorded as the entry was.  No such frame (an untimed or deeper
+ * call, or an entry from before this attach): undecided, counted. */
 EXPORT void iprobe_rt_copy_exit_id(uint32_t id) {
     struct iprobe_rt_control* cb = control();
     if (UNLIKELY(!cb)) {
@@ -1192,18 +1203,13 @@ EXPORT void iprobe_rt_copy_exit_id(uint32_t id) {
     if (UNLIKELY(id < back || p->stat >= g_geometry.stat_capacity)) return;
     const uint64_t now = timestamp();
     struct iprobe_cond_values held;
-    if (!aggregate(cb, (int32_t)id, p->stat, IPROBE_RT_REC_EXIT, now, FRAME_MATCH, 0, &held)) {
+    if (!aggregate(cb, (int32_t)id, p->stat, IPROBE_RT_REC_EXIT, now, FRAME_MATCH, 0, &held) ||
+        (held.args[0] & ~1ull) != COPY_VERDICT || held.args[1] != id - back) {
         struct iprobe_rt_fn_stats* stats = iprobe_rt_thread.stats;
         if (stats) add_local(&stats[p->stat].undecided, 1);
         return;
     }
-    struct iprobe_rt_values v;
-    v.kind = IPROBE_RT_REC_ENTRY; /* the entry's condition, on the arguments it held */
-    v.has_args = 1;
-    v.has_return = v.has_duration = 0;
-    v.entry_matched = 1;
-    for (int i = 0; i < IPROBE_RT_VALUES_GPRS; i++) v.gpr[i] = held.args[i];
-    if (iprobe_rt_condition_match(cb, id - back, &v)) ring_append(cb, (int32_t)id, IPROBE_RT_REC_EXIT, now, 0, 0);
+    if (held.args[0] & 1) ring_append(cb, (int32_t)id, IPROBE_RT_REC_EXIT, now, 0, 0);
 }
 
 /* The return is hooked first: an entry whose exit will not be seen is

@@ -377,7 +377,7 @@ TEST_P(FinstrumentValuesTest, WhenOnAnInlinedCopysArgumentRecordsExactlyTheMatch
     EXPECT_EQ(lines_with(t, {entry_of(visit()), "\"args\":[" + arg("n", "int", "13")}).size(), 2u) << t;
     EXPECT_EQ(lines_with(t, {entry_of(visit()), arg("name", "const char*", "\"beta\"")}).size(), 2u) << t;
     EXPECT_EQ(lines_with(t, {entry_of(visit())}).size(), 4u) << t;
-    // each exit decided as its entry was (the arguments kept in its frame)
+    // each exit recorded as its entry was (its verdict kept in the call's frame)
     EXPECT_EQ(lines_with(t, {exit_of(visit())}).size(), 4u) << t;
     auto r = iprobe({"report", pid_, "--json"});
     ASSERT_EQ(r.exit_code, 0) << r.err;
