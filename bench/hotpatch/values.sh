@@ -12,7 +12,9 @@
 #                   after the prologue), the return through a hook of the return slot
 #   fin_inl_trace, fin_inl_values  add2 inlined into the loop (-DINLINED_COPY), the same flow:
 #                   trace, and --args (the copy's arguments from its DW_TAG_inlined_subroutine;
-#                   an inlined copy has no return value)
+#                   an inlined copy has no return value); fin_inl_count (the count handler) and
+#                   fin_inl_when (--when 'a == -1', which never holds: decided at the copy's entry,
+#                   its exit decided by the verdict the entry kept in the frame)
 # usage: bench/hotpatch/values.sh [BUILD_DIR]   (as root; under flock /work/notes/bench.lock on a shared machine)
 # env: MAX_EXP (default 6), REPEATS (default 3, fastest kept), SKIP_BPF=1, SKIP_UFTRACE=1
 set -euo pipefail
@@ -49,6 +51,8 @@ run_variant fin_trace2 "$work/values_loop_fin" --functions add2 "${ring[@]}"
 run_variant fin_inl_trace "$work/values_loop_fin_inl" --functions add2 "${ring[@]}"
 run_variant fin_inl_values "$work/values_loop_fin_inl" --functions add2 --args "${ring[@]}"
 run_variant fin_inl_trace2 "$work/values_loop_fin_inl" --functions add2 "${ring[@]}"
+run_variant fin_inl_count "$work/values_loop_fin_inl" --functions add2 --handler count
+run_variant fin_inl_when "$work/values_loop_fin_inl" --functions add2 --when 'a == -1' "${ring[@]}"
 
 if [[ -z ${SKIP_BPF:-} ]] && command -v bpftrace >/dev/null; then
   bpf_exp=$((max_exp < 5 ? max_exp : 5))
@@ -114,3 +118,12 @@ echo " call each; values = the entry's call to the recipe's entry point, a hooke
 versus_trace "finstrument, inlined copy: iprobe trace | inlined copy: iprobe --args | args / trace" fin_inl
 echo "(add2 inlined into the loop, its hooks there: trace = the copy's entry and exit hook's calls; --args = the"
 echo " entry's call to the recipe's entry point (a from a register, b the constant 7), no return to hook)"
+
+printf '\n| calls | inlined copy: count handler | inlined copy: --when a == -1 (never holds) | when / count |\n|---|---|---|---|\n'
+n=1
+for ((e = 1; e <= max_exp; e++)); do
+  n=$((n * 10))
+  c=$(ns_at "$work/result.fin_inl_count" "$n")
+  w=$(ns_at "$work/result.fin_inl_when" "$n")
+  echo "| 10^$e | $c | $w | $(ratio "$w" "$c") |"
+done
