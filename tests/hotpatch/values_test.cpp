@@ -328,7 +328,8 @@ TEST_P(FinstrumentValuesTest, BacktraceNamesTheCallersWithTheirLines) {
 TEST_P(FinstrumentValuesTest, InlinedCopyArgumentsComeFromItsScope) {
     auto a = iprobe({"attach", pid_, "--args", "--retval", "--functions", "in_visit*,in_loop", "--json"});
     ASSERT_EQ(a.exit_code, 0) << a.out << a.err;
-    EXPECT_EQ(json_number(a.out, "values_no_return"), 1) << a.out;
+    // its three copies' exits (in in_loop, in in_pair, and in in_pair's copy in in_nested)
+    EXPECT_EQ(json_number(a.out, "values_no_return"), 3) << a.out;
     EXPECT_EQ(json_number(a.out, "values_unavailable"), 0) << a.out;
     EXPECT_EQ(target_->command("loop 20 alpha"), 590);
     std::smatch m;
@@ -352,7 +353,7 @@ TEST_P(FinstrumentValuesTest, InlinedCopyArgumentsComeFromItsScope) {
     EXPECT_EQ(lines_with(t, {exit_of(visit()), "retval"}).size(), 0u) << t;
     EXPECT_EQ(lines_with(t, {exit_of("in_loop"), retval("long", "590")}).size(), 1u) << t;
     auto text = iprobe({"attach", pid_, "--args", "--retval", "--functions", "in_visit*"});
-    EXPECT_NE(text.out.find("1 exit hook(s) of inlined copies record no return value: an inlined copy does not return"),
+    EXPECT_NE(text.out.find("3 exit hook(s) of inlined copies record no return value: an inlined copy does not return"),
               std::string::npos)
         << text.out;
     const auto h = iprobe({"report", pid_, "--hist"});
@@ -420,9 +421,9 @@ TEST_P(FinstrumentValuesTest, WhenOnAnInlinedCopysReturnIsRefused) {
 TEST_P(FinstrumentValuesTest, WhenOnAParameterAnInlinedCopyLacksRecordsNoneOfItsCalls) {
     auto a = iprobe({"attach", pid_, "--args", "--when", "spare == 7", "--functions", "in_visit*", "--json"});
     ASSERT_EQ(a.exit_code, 0) << a.out << a.err;
-    EXPECT_EQ(json_number(a.out, "when_undecidable"), 1) << a.out;
+    EXPECT_EQ(json_number(a.out, "when_undecidable"), 3) << a.out;  // its three copies
     auto text = iprobe({"attach", pid_, "--args", "--when", "spare == 7", "--functions", "in_visit*"});
-    EXPECT_NE(text.out.find("1 inlined cop(ies) cannot decide the --when: a parameter it names is optimized out"),
+    EXPECT_NE(text.out.find("3 inlined cop(ies) cannot decide the --when: a parameter it names is optimized out"),
               std::string::npos)
         << text.out;
     EXPECT_EQ(target_->command("loop 20 alpha"), 590);
@@ -431,6 +432,30 @@ TEST_P(FinstrumentValuesTest, WhenOnAParameterAnInlinedCopyLacksRecordsNoneOfIts
     auto r = iprobe({"report", pid_, "--json"});
     EXPECT_EQ(json_calls(r.out, visit_pattern()), 20) << r.out;
     EXPECT_NE(r.out.find("\"matched\":0,\"undecided\":0"), std::string::npos) << r.out;
+}
+
+// A copy in a copy (in_visit inlined into in_pair, inlined into in_nested):
+// the innermost DW_TAG_inlined_subroutine of in_visit holding the hook.
+TEST_P(FinstrumentValuesTest, CopyInACopyHasItsArguments) {
+    attach({"--args", "--functions", "in_visit*"});
+    EXPECT_EQ(target_->command("nested 5 beta"), 5035);
+    std::smatch m;
+    const std::string out = target_->output();
+    ASSERT_TRUE(std::regex_search(out, m, std::regex("items (0x[0-9a-f]+)"))) << out;
+    const unsigned long long items = std::stoull(m[1].str(), nullptr, 16);
+    const std::string t = trace("json");
+    for (int n = 0; n < 5; n++) {
+        char it[32];
+        std::snprintf(it, sizeof it, "\"0x%llx\"", items + 16ull * n);
+        EXPECT_EQ(lines_with(t, {entry_of(visit()), "\"args\":[" + arg("n", "int", std::to_string(n)) + "," +
+                                                         arg("it", "struct item*", it) + "," +
+                                                         arg("name", "const char*", "\"beta\"")})
+                      .size(),
+                  1u)
+            << n << "\n" << t;
+    }
+    EXPECT_EQ(lines_with(t, {entry_of(visit())}).size(), 5u) << t;
+    EXPECT_EQ(lines_with(t, {exit_of(visit())}).size(), 5u) << t;
 }
 
 // Its backtrace starts at its host (in_loop, at the copy's hook), then the

@@ -73,6 +73,22 @@ PROBED long in_loop(long rounds, const char* name) {
     for (struct item* it = g_items; it && n < rounds; it = it->next, n++) sum += in_visit(n, it, name, n * 7);
     return sum;
 }
+/* Links g_items into a list and prints where it starts. */
+static void link_items(void) {
+    for (int i = 0; i < ITEMS; i++) g_items[i].next = i + 1 < ITEMS ? &g_items[i + 1] : NULL;
+    printf("items %p\n", (void*)g_items);
+}
+
+/* in_visit inlined into in_pair, itself inlined into in_nested: a copy in a copy. */
+static inline __attribute__((always_inline)) long in_pair(int n, struct item* it, const char* name) {
+    return in_visit(n, it, name, n * 7) + 1000;
+}
+PROBED long in_nested(long rounds, const char* name) {
+    long sum = 0;
+    int n = 0;
+    for (struct item* it = g_items; it && n < rounds; it = it->next, n++) sum += in_pair(n, it, name);
+    return sum;
+}
 
 PROBED long bt_inner(int x) {
     g_sink += x;
@@ -182,9 +198,11 @@ int main(int argc, char** argv) {
             } else if (sscanf(line, "inlined %ld", &a) == 1) {
                 printf("ok inlined %ld\n", v_inlined(a));
             } else if (sscanf(line, "loop %ld %63s", &a, word) == 2) {
-                for (int i = 0; i < ITEMS; i++) g_items[i].next = i + 1 < ITEMS ? &g_items[i + 1] : NULL;
-                printf("items %p\n", (void*)g_items);
+                link_items();
                 printf("ok loop %ld\n", in_loop(a, word));
+            } else if (sscanf(line, "nested %ld %63s", &a, word) == 2) {
+                link_items();
+                printf("ok nested %ld\n", in_nested(a, word));
 #ifdef __cplusplus
             } else if (sscanf(line, "members %ld", &a) == 1) {
                 static Accum accum;
