@@ -346,6 +346,22 @@ bool copy_at(Dwarf_Die* scope, std::uint64_t pc, Dwarf_Off origin, Dwarf_Die* ou
     return found;
 }
 
+// The code of every copy of `origin` inlined under `scope` (not beneath one: its own are its).
+void copies_under(Dwarf_Die* scope, Dwarf_Off origin, std::vector<std::pair<std::uint64_t, std::uint64_t>>& out,
+                  int depth) {
+    Dwarf_Die child;
+    if (depth > kMaxDepth || dwarf_child(scope, &child) != 0) return;
+    do {
+        const int tag = dwarf_tag(&child);
+        if (tag == DW_TAG_inlined_subroutine && origin_of(&child) == origin) {
+            Dwarf_Addr base = 0, low = 0, high = 0;
+            for (std::ptrdiff_t at = 0; (at = dwarf_ranges(&child, at, &base, &low, &high)) > 0;) out.emplace_back(low, high);
+        } else if (tag == DW_TAG_inlined_subroutine || tag == DW_TAG_lexical_block) {
+            copies_under(&child, origin, out, depth + 1);
+        }
+    } while (dwarf_siblingof(&child, &child) == 0);
+}
+
 // The copy's parameter standing for the function's `param` (both refer to
 // one abstract parameter); false when the copy has none (optimized away).
 bool copy_param(Dwarf_Die* copy, Dwarf_Die* param, Dwarf_Die* out) {
@@ -393,6 +409,7 @@ std::optional<FunctionValues> function_values(const ElfFile& elf, std::uint64_t 
         // Outside its own code: an inlined copy's hook, in its host's code
         // and frame; its parameters are the copy's, its return is none.
         Dwarf_Die* frame_of = &function;
+        copies_under(&function, origin_of(&function), out.own_copies, 0);
         if (!out.holds(site->pc)) {
             Dwarf_Die unit;
             if (!dwarf_addrdie(dwarf.get(), site->pc, &unit) || !host_at(&unit, site->pc, &host, 0) ||
@@ -401,9 +418,11 @@ std::optional<FunctionValues> function_values(const ElfFile& elf, std::uint64_t 
             out.inlined = true;
             frame_of = &host;
             out.code.clear();
+            out.own_copies.clear();
             Dwarf_Addr base = 0, low = 0, high = 0;
             for (std::ptrdiff_t at = 0; (at = dwarf_ranges(&copy, at, &base, &low, &high)) > 0;)
                 out.code.emplace_back(low, high);
+            copies_under(&copy, origin_of(&function), out.own_copies, 0);
         }
         out.at_site = true;
         std::unique_ptr<Dwarf_CFI, CfiCloser> eh(site->cfi_file ? dwarf_getcfi_elf(site->cfi_file->native_handle()) : nullptr);

@@ -458,6 +458,40 @@ TEST_P(FinstrumentValuesTest, CopyInACopyHasItsArguments) {
     EXPECT_EQ(lines_with(t, {exit_of(visit())}).size(), 5u) << t;
 }
 
+// A recursive static inline function gcc inlined into itself: each call's
+// n from the copy whose hook it is (its own code holds copies of it), the
+// calls and completions exact, and a --when on n records exactly the one
+// call's entry.  (Not asserted: the exit events, which the out-of-line
+// copy's hooked return records with `unwound` extras where gcc's
+// cross-jumped exit hooks share its return path, as before this change.)
+TEST_P(FinstrumentValuesTest, CopiesOfARecursiveFunctionInItsOwnCodeHaveTheirArguments) {
+    const std::string rec = cxx() ? "in_rec(int)" : "in_rec";
+    attach({"--args", "--functions", "in_rec*"});
+    EXPECT_EQ(target_->command("rec 12"), 78);
+    const std::string t = trace("json");
+    // every n once, but where a copy's hook has it nowhere readable (gcc 12's C build: one)
+    std::size_t shown = 0;
+    for (int n = 0; n <= 12; n++) {
+        const std::size_t k = lines_with(t, {entry_of(rec), "\"args\":[" + arg("n", "int", std::to_string(n)) + "]"}).size();
+        EXPECT_LE(k, 1u) << n << "\n" << t;
+        shown += k;
+    }
+    const std::size_t hidden = lines_with(t, {entry_of(rec), arg("n", "int", "\"<optimized out>\"")}).size();
+    EXPECT_LE(hidden, 1u) << t;
+    EXPECT_EQ(shown + hidden, 13u) << t;
+    EXPECT_EQ(lines_with(t, {entry_of(rec)}).size(), 13u) << t;
+    const std::string pattern = cxx() ? "in_rec\\(int\\)" : "in_rec";
+    auto r = iprobe({"report", pid_, "--json"});
+    EXPECT_EQ(json_calls(r.out, pattern), 13) << r.out;
+    EXPECT_EQ(json_completed(r.out, pattern), 13) << r.out;
+    EXPECT_NE(r.out.find("\"unmatched_exits\":0"), std::string::npos) << r.out;
+    attach({"--args", "--when", "n == 3", "--functions", "in_rec*"});
+    EXPECT_EQ(target_->command("rec 12"), 78);
+    const std::string w = trace("json");
+    EXPECT_EQ(lines_with(w, {entry_of(rec), "\"args\":[" + arg("n", "int", "3") + "]"}).size(), 1u) << w;
+    EXPECT_EQ(lines_with(w, {entry_of(rec)}).size(), 1u) << w;
+}
+
 // Its backtrace starts at its host (in_loop, at the copy's hook), then the
 // host's callers, as deep as asked.
 TEST_P(FinstrumentValuesTest, InlinedCopyBacktraceStartsAtItsHost) {

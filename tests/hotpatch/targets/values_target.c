@@ -73,6 +73,11 @@ PROBED long in_loop(long rounds, const char* name) {
     for (struct item* it = g_items; it && n < rounds; it = it->next, n++) sum += in_visit(n, it, name, n * 7);
     return sum;
 }
+/* Recursive and inline: gcc inlines it into in_rec_top and into itself (a
+ * few levels), so its own code holds copies of it. */
+static inline long in_rec(int n) { return n <= 0 ? 0 : n + in_rec(n - 1); }
+PROBED long in_rec_top(long n) { return in_rec((int)n); }
+
 /* Links g_items into a list and prints where it starts. */
 static void link_items(void) {
     for (int i = 0; i < ITEMS; i++) g_items[i].next = i + 1 < ITEMS ? &g_items[i + 1] : NULL;
@@ -200,6 +205,8 @@ int main(int argc, char** argv) {
             } else if (sscanf(line, "loop %ld %63s", &a, word) == 2) {
                 link_items();
                 printf("ok loop %ld\n", in_loop(a, word));
+            } else if (sscanf(line, "rec %ld", &a) == 1) {
+                printf("ok rec %ld\n", in_rec_top(a));
             } else if (sscanf(line, "nested %ld %63s", &a, word) == 2) {
                 link_items();
                 printf("ok nested %ld\n", in_nested(a, word));

@@ -77,10 +77,16 @@ struct FunctionValues {
     // too); a hook outside it is an inlined copy's.  `inlined`: the copy's
     // code (its exit hooks are the function's exit hooks in it).
     std::vector<std::pair<std::uint64_t, std::uint64_t>> code;
+    // Within `code`, the copies of the function inlined into itself (gcc
+    // inlines a recursive static inline function into itself): theirs.
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> own_copies;
     bool holds(std::uint64_t pc) const {
-        for (const auto& [low, high] : code)
-            if (pc >= low && pc < high) return true;
-        return false;
+        auto in = [pc](const auto& ranges) {
+            for (const auto& [low, high] : ranges)
+                if (pc >= low && pc < high) return true;
+            return false;
+        };
+        return in(code) && !in(own_copies);
     }
 };
 
