@@ -245,6 +245,17 @@ protected:
     // values_target.c's inlined in_visit, as the probe list names it
     std::string visit() const { return cxx() ? "in_visit(int, item*, char const*, int)" : "in_visit"; }
     std::string visit_pattern() const { return cxx() ? "in_visit\\(int, item\\*, char const\\*, int\\)" : "in_visit"; }
+    // in_visit's first three arguments in call n of a walk of g_items (where
+    // the list starts, as the target printed it), `name` its string.
+    std::string visit_args(int n, const std::string& name) const {
+        std::smatch m;
+        const std::string out = target_->output();
+        if (!std::regex_search(out, m, std::regex("items (0x[0-9a-f]+)"))) return "(no 'items' in the output)";
+        char it[32];
+        std::snprintf(it, sizeof it, "\"0x%llx\"", std::stoull(m[1].str(), nullptr, 16) + 16ull * n);
+        return "\"args\":[" + arg("n", "int", std::to_string(n)) + "," + arg("it", "struct item*", it) + "," +
+               arg("name", "const char*", "\"" + name + "\"");
+    }
     void SetUp() override {
         ValuesTest::SetUp();
         if (IsSkipped()) return;
@@ -332,22 +343,13 @@ TEST_P(FinstrumentValuesTest, InlinedCopyArgumentsComeFromItsScope) {
     EXPECT_EQ(json_number(a.out, "values_no_return"), 3) << a.out;
     EXPECT_EQ(json_number(a.out, "values_unavailable"), 0) << a.out;
     EXPECT_EQ(target_->command("loop 20 alpha"), 590);
-    std::smatch m;
-    const std::string out = target_->output();
-    ASSERT_TRUE(std::regex_search(out, m, std::regex("items (0x[0-9a-f]+)"))) << out;
-    const unsigned long long items = std::stoull(m[1].str(), nullptr, 16);
     const std::string t = trace("json");
-    for (int n = 0; n < 20; n++) {
-        char it[32];
-        std::snprintf(it, sizeof it, "\"0x%llx\"", items + 16ull * n);
-        EXPECT_EQ(lines_with(t, {entry_of(visit()), "\"args\":[" + arg("n", "int", std::to_string(n)) + "," +
-                                                          arg("it", "struct item*", it) + "," +
-                                                          arg("name", "const char*", "\"alpha\"") + "," +
-                                                          arg("spare", "int", "\"<optimized out>\"") + "]"})
+    for (int n = 0; n < 20; n++)
+        EXPECT_EQ(lines_with(t, {entry_of(visit()),
+                                 visit_args(n, "alpha") + "," + arg("spare", "int", "\"<optimized out>\"") + "]"})
                       .size(),
                   1u)
             << n << "\n" << t;
-    }
     EXPECT_EQ(lines_with(t, {entry_of(visit())}).size(), 20u) << t;
     EXPECT_EQ(lines_with(t, {exit_of(visit())}).size(), 20u) << t;
     EXPECT_EQ(lines_with(t, {exit_of(visit()), "retval"}).size(), 0u) << t;
@@ -439,21 +441,9 @@ TEST_P(FinstrumentValuesTest, WhenOnAParameterAnInlinedCopyLacksRecordsNoneOfIts
 TEST_P(FinstrumentValuesTest, CopyInACopyHasItsArguments) {
     attach({"--args", "--functions", "in_visit*"});
     EXPECT_EQ(target_->command("nested 5 beta"), 5035);
-    std::smatch m;
-    const std::string out = target_->output();
-    ASSERT_TRUE(std::regex_search(out, m, std::regex("items (0x[0-9a-f]+)"))) << out;
-    const unsigned long long items = std::stoull(m[1].str(), nullptr, 16);
     const std::string t = trace("json");
-    for (int n = 0; n < 5; n++) {
-        char it[32];
-        std::snprintf(it, sizeof it, "\"0x%llx\"", items + 16ull * n);
-        EXPECT_EQ(lines_with(t, {entry_of(visit()), "\"args\":[" + arg("n", "int", std::to_string(n)) + "," +
-                                                         arg("it", "struct item*", it) + "," +
-                                                         arg("name", "const char*", "\"beta\"")})
-                      .size(),
-                  1u)
-            << n << "\n" << t;
-    }
+    for (int n = 0; n < 5; n++)
+        EXPECT_EQ(lines_with(t, {entry_of(visit()), visit_args(n, "beta")}).size(), 1u) << n << "\n" << t;
     EXPECT_EQ(lines_with(t, {entry_of(visit())}).size(), 5u) << t;
     EXPECT_EQ(lines_with(t, {exit_of(visit())}).size(), 5u) << t;
 }
