@@ -10,6 +10,11 @@
 #   fin_trace, fin_values  the same two in the -finstrument-functions flow (iprobe-cc
 #                   --flow=finstrument): the arguments from the site's recipe (registers
 #                   after the prologue), the return through a hook of the return slot
+#   fin_inl_trace, fin_inl_values  add2 inlined into the loop (-DINLINED_COPY), the same flow:
+#                   trace, and --args (the copy's arguments from its DW_TAG_inlined_subroutine;
+#                   an inlined copy has no return value); fin_inl_count (the count handler) and
+#                   fin_inl_when (--when 'a == -1', which never holds: decided at the copy's entry,
+#                   its exit decided by the verdict the entry kept in the frame)
 # usage: bench/hotpatch/values.sh [BUILD_DIR]   (as root; under flock /work/notes/bench.lock on a shared machine)
 # env: MAX_EXP (default 6), REPEATS (default 3, fastest kept), SKIP_BPF=1, SKIP_UFTRACE=1
 set -euo pipefail
@@ -27,6 +32,7 @@ cmake --build "$build" --target iprobe iprobe-hotpatch iprobe-cc iprobe_rt >/dev
 export IPROBE_CC_QUIET=1
 "$build/bin/iprobe-cc" --flow=entry -O2 -g -o "$work/values_loop" "$here/values_loop.c"
 "$build/bin/iprobe-cc" --flow=finstrument -O2 -g -o "$work/values_loop_fin" "$here/values_loop.c"
+"$build/bin/iprobe-cc" --flow=finstrument -O2 -g -DINLINED_COPY -o "$work/values_loop_fin_inl" "$here/values_loop.c"
 gcc -O2 -g -o "$work/values_loop_native" "$here/values_loop.c"
 gcc -O2 -g -pg -o "$work/values_loop_pg" "$here/values_loop.c"
 
@@ -44,6 +50,11 @@ run_variant fin_values "$work/values_loop_fin" --functions add2 --args --retval 
 run_variant fin_trace2 "$work/values_loop_fin" --functions add2 "${ring[@]}"
 # attached with values, then again without: the exit hook stays a checked exit
 first_attach="--functions add2 --args --retval ${ring[*]}" run_variant fin_checked "$work/values_loop_fin" --functions add2 "${ring[@]}"
+run_variant fin_inl_trace "$work/values_loop_fin_inl" --functions add2 "${ring[@]}"
+run_variant fin_inl_values "$work/values_loop_fin_inl" --functions add2 --args "${ring[@]}"
+run_variant fin_inl_trace2 "$work/values_loop_fin_inl" --functions add2 "${ring[@]}"
+run_variant fin_inl_count "$work/values_loop_fin_inl" --functions add2 --handler count
+run_variant fin_inl_when "$work/values_loop_fin_inl" --functions add2 --when 'a == -1' "${ring[@]}"
 
 if [[ -z ${SKIP_BPF:-} ]] && command -v bpftrace >/dev/null; then
   bpf_exp=$((max_exp < 5 ? max_exp : 5))
@@ -71,6 +82,18 @@ fi
 # faster RESULT1 RESULT2 N: the lower ns per call of two runs at N calls
 faster() { awk -v a="$(ns_at "$1" "$3")" -v b="$(ns_at "$2" "$3")" 'BEGIN { print (a < b ? a : b) }'; }
 ratio() { awk -v v="$1" -v t="$2" 'BEGIN { printf "%.2f", v / t }'; }
+
+# versus_trace HEADER PREFIX: a table of PREFIX_values against the faster of PREFIX_trace and PREFIX_trace2
+versus_trace() {
+  printf '\n| calls | %s |\n|---|---|---|---|\n' "$1"
+  local n=1 t v
+  for ((e = 1; e <= max_exp; e++)); do
+    n=$((n * 10))
+    t=$(faster "$work/result.$2_trace" "$work/result.$2_trace2" "$n")
+    v=$(ns_at "$work/result.$2_values" "$n")
+    echo "| 10^$e | $t | $v | $(ratio "$v" "$t") |"
+  done
+}
 
 printf '\n| calls | native | iprobe trace | iprobe --args --retval | values / trace | bpftrace uprobe+uretprobe | uftrace -A -R |\n'
 printf '|---|---|---|---|---|---|---|\n'
@@ -104,3 +127,16 @@ echo "(the -finstrument-functions flow: the hooks' calls after the prologue; tra
 echo " call each; values = the entry's call to the recipe's entry point, a hooked return, the exit hook's call to"
 echo " a checked exit, which leaves the exit to the hooked return; trace after values = attached with"
 echo " --args --retval, then again without: the exit hook stays a checked exit, which records the exit)"
+
+versus_trace "finstrument, inlined copy: iprobe trace | inlined copy: iprobe --args | args / trace" fin_inl
+echo "(add2 inlined into the loop, its hooks there: trace = the copy's entry and exit hook's calls; --args = the"
+echo " entry's call to the recipe's entry point (a from a register, b the constant 7), no return to hook)"
+
+printf '\n| calls | inlined copy: count handler | inlined copy: --when a == -1 (never holds) | when / count |\n|---|---|---|---|\n'
+n=1
+for ((e = 1; e <= max_exp; e++)); do
+  n=$((n * 10))
+  c=$(ns_at "$work/result.fin_inl_count" "$n")
+  w=$(ns_at "$work/result.fin_inl_when" "$n")
+  echo "| 10^$e | $c | $w | $(ratio "$w" "$c") |"
+done

@@ -244,7 +244,15 @@ std::uint8_t read_size(std::uint32_t bytes) { return bytes <= 1 ? 1 : bytes <= 2
 std::vector<SiteLocation> locate(Dwarf_Die* param, const ValueSlot& p, std::uint64_t pc, const std::optional<Cfa>& cfa,
                                  bool fbreg_is_cfa) {
     Dwarf_Attribute attr;
-    if (p.parts.empty() || !dwarf_attr_integrate(param, DW_AT_location, &attr)) return {};
+    if (p.parts.empty()) return {};
+    if (!dwarf_attr_integrate(param, DW_AT_location, &attr)) {
+        // An inlined copy's argument the caller passed as a constant.
+        Dwarf_Sword v = 0;
+        if (p.parts.size() == 1 && dwarf_formsdata(dwarf_attr_integrate(param, DW_AT_const_value, &attr), &v) == 0 &&
+            fits16(v))
+            return {SiteLocation{SiteLocation::Kind::constant, 0, 8, v}};
+        return {};
+    }
     Dwarf_Op* expr = nullptr;
     std::size_t len = 0;
     if (dwarf_getlocation_addr(&attr, pc, &expr, &len, 1) != 1 || len == 0) return {};
@@ -301,6 +309,85 @@ std::optional<Cfa> site_cfa(const Site& site, Dwarf* dwarf) {
 std::optional<SiteLocation> slot_of(const std::optional<Cfa>& cfa) {
     if (!cfa || !fits16(cfa->offset - 8)) return std::nullopt;
     return SiteLocation{SiteLocation::Kind::value, cfa->reg, 8, cfa->offset - 8};
+
+// ---- an inlined copy: a DW_TAG_inlined_subroutine in another function ----
+
+// The abstract instance a DIE stands for: its DW_AT_abstract_origin, else itself.
+Dwarf_Off origin_of(Dwarf_Die* die) {
+    Dwarf_Attribute attr;
+    Dwarf_Die origin;
+    if (dwarf_attr(die, DW_AT_abstract_origin, &attr) && dwarf_formref_die(&attr, &origin)) return dwarf_dieoffset(&origin);
+    return dwarf_dieoffset(die);
+}
+
+// The subprogram whose code holds `pc` (namespaces and classes nest them in C++).
+bool host_at(Dwarf_Die* parent, std::uint64_t pc, Dwarf_Die* out, int depth) {
+    Dwarf_Die child;
+    if (depth > kMaxDepth || dwarf_child(parent, &child) != 0) return false;
+    do {
+        const int tag = dwarf_tag(&child);
+        if (tag == DW_TAG_subprogram && dwarf_haspc(&child, pc) == 1) {
+            *out = child;
+            return true;
+        }
+        if ((tag == DW_TAG_namespace || tag == DW_TAG_structure_type || tag == DW_TAG_class_type) &&
+            host_at(&child, pc, out, depth + 1))
+            return true;
+    } while (dwarf_siblingof(&child, &child) == 0);
+    return false;
+}
+
+// Down from `scope` through the blocks and inlined copies holding `pc`: the
+// innermost copy of the abstract function `origin`.
+bool copy_at(Dwarf_Die* scope, std::uint64_t pc, Dwarf_Off origin, Dwarf_Die* out) {
+    bool found = false;
+    Dwarf_Die at = *scope;
+    for (int depth = 0; depth < kMaxDepth; depth++) {
+        Dwarf_Die child;
+        bool deeper = false;
+        if (dwarf_child(&at, &child) == 0) do {
+                const int tag = dwarf_tag(&child);
+                if ((tag == DW_TAG_inlined_subroutine || tag == DW_TAG_lexical_block) && dwarf_haspc(&child, pc) == 1) {
+                    if (tag == DW_TAG_inlined_subroutine && origin_of(&child) == origin) *out = child, found = true;
+                    at = child;
+                    deeper = true;
+                    break;
+                }
+            } while (dwarf_siblingof(&child, &child) == 0);
+        if (!deeper) break;
+    }
+    return found;
+}
+
+// The code of every copy of `origin` inlined under `scope` (not beneath one: its own are its).
+void copies_under(Dwarf_Die* scope, Dwarf_Off origin, std::vector<std::pair<std::uint64_t, std::uint64_t>>& out,
+                  int depth) {
+    Dwarf_Die child;
+    if (depth > kMaxDepth || dwarf_child(scope, &child) != 0) return;
+    do {
+        const int tag = dwarf_tag(&child);
+        if (tag == DW_TAG_inlined_subroutine && origin_of(&child) == origin) {
+            Dwarf_Addr base = 0, low = 0, high = 0;
+            for (std::ptrdiff_t at = 0; (at = dwarf_ranges(&child, at, &base, &low, &high)) > 0;) out.emplace_back(low, high);
+        } else if (tag == DW_TAG_inlined_subroutine || tag == DW_TAG_lexical_block) {
+            copies_under(&child, origin, out, depth + 1);
+        }
+    } while (dwarf_siblingof(&child, &child) == 0);
+}
+
+// The copy's parameter standing for the function's `param` (both refer to
+// one abstract parameter); false when the copy has none (optimized away).
+bool copy_param(Dwarf_Die* copy, Dwarf_Die* param, Dwarf_Die* out) {
+    const Dwarf_Off want = origin_of(param);
+    Dwarf_Die child;
+    if (dwarf_child(copy, &child) != 0) return false;
+    do {
+        if (dwarf_tag(&child) == DW_TAG_formal_parameter && origin_of(&child) == want) {
+            *out = child;
+            return true;
+        }
+    } while (dwarf_siblingof(&child, &child) == 0);
+    return false;
 }
 
 }  // namespace
@@ -333,18 +420,36 @@ std::optional<FunctionValues> function_values(const ElfFile& elf, std::uint64_t 
     const bool clone = symbol.find('.') != std::string::npos;
     std::optional<Cfa> cfa;
     bool fbreg_is_cfa = false;
+    Dwarf_Die host, copy;  // an inlined copy's: the function it is in, and its DW_TAG_inlined_subroutine
     if (site) {
         Dwarf_Addr base = 0, low = 0, high = 0;
         for (std::ptrdiff_t at = 0; (at = dwarf_ranges(&function, at, &base, &low, &high)) > 0;)
             out.code.emplace_back(low, high);
-        if (!out.holds(site->pc)) return std::nullopt;
+        // Outside its own code: an inlined copy's hook, in its host's code
+        // and frame; its parameters are the copy's, its return is none.
+        Dwarf_Die* frame_of = &function;
+        copies_under(&function, origin_of(&function), out.own_copies, 0);
+        if (!out.holds(site->pc)) {
+            Dwarf_Die unit;
+            if (!dwarf_addrdie(dwarf.get(), site->pc, &unit) || !host_at(&unit, site->pc, &host, 0) ||
+                !copy_at(&host, site->pc, origin_of(&function), &copy))
+                return std::nullopt;
+            out.inlined = true;
+            frame_of = &host;
+            out.code.clear();
+            out.own_copies.clear();
+            Dwarf_Addr base = 0, low = 0, high = 0;
+            for (std::ptrdiff_t at = 0; (at = dwarf_ranges(&copy, at, &base, &low, &high)) > 0;)
+                out.code.emplace_back(low, high);
+            copies_under(&copy, origin_of(&function), out.own_copies, 0);
+        }
         out.at_site = true;
         cfa = site_cfa(*site, dwarf.get());
         out.return_slot = slot_of(cfa);
         Dwarf_Attribute attr;
         Dwarf_Op* ops = nullptr;
         std::size_t n = 0;
-        fbreg_is_cfa = dwarf_attr_integrate(&function, DW_AT_frame_base, &attr) && dwarf_getlocation(&attr, &ops, &n) == 0 &&
+        fbreg_is_cfa = dwarf_attr_integrate(frame_of, DW_AT_frame_base, &attr) && dwarf_getlocation(&attr, &ops, &n) == 0 &&
                        n == 1 && ops[0].atom == DW_OP_call_frame_cfa;
     }
     Dwarf_Die param;
@@ -363,7 +468,10 @@ std::optional<FunctionValues> function_values(const ElfFile& elf, std::uint64_t 
             } else {
                 place(p, gpr, xmm, 6, 8);
                 if (p.type.cls == ValueClass::string && p.parts.size() == 1) out.strings |= 1u << p.parts[0].reg;
-                if (site) p.at_site = locate(&param, p, site->pc, cfa, fbreg_is_cfa);
+                Dwarf_Die in_copy;
+                if (site && !out.inlined) p.at_site = locate(&param, p, site->pc, cfa, fbreg_is_cfa);
+                else if (site && copy_param(&copy, &param, &in_copy))
+                    p.at_site = locate(&in_copy, p, site->pc, cfa, fbreg_is_cfa);
             }
             if (p.name.empty()) p.name = "arg" + std::to_string(out.params.size());
             out.params.push_back(std::move(p));

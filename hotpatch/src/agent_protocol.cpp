@@ -39,6 +39,8 @@ void attach_fields(JsonWriter& j, const AttachStats& st) {
         .field("values_unavailable", st.values_unavailable)
         .field("values_untyped", st.values_untyped)
         .field("values_optimized_out", st.values_optimized_out)
+        .field("values_no_return", st.values_no_return)
+        .field("when_undecidable", st.when_undecidable)
         .field("modules", st.modules)
         .field("patched_skipped", st.patched_skipped);
 }
@@ -60,6 +62,8 @@ AttachStats attach_of(const Json& doc) {
     st.values_unavailable = doc.value("values_unavailable", std::size_t{0});
     st.values_untyped = doc.value("values_untyped", std::size_t{0});
     st.values_optimized_out = doc.value("values_optimized_out", std::size_t{0});
+    st.values_no_return = doc.value("values_no_return", std::size_t{0});
+    st.when_undecidable = doc.value("when_undecidable", std::size_t{0});
     st.modules = doc.value("modules", std::vector<std::string>());
     st.patched_skipped = doc.value("patched_skipped", std::vector<std::string>());
     return st;

@@ -1,6 +1,7 @@
 #include "attach_conditions.h"
 
 #include <cstring>
+#include <optional>
 #include <set>
 
 #include "iprobe/elf/function_values.h"
@@ -52,6 +53,14 @@ std::string has_list(const ConditionSignature& s) {
     return out.empty() ? "no parameters" : "has " + out;
 }
 
+// A parameter `condition` names that is optimized out in `s`.
+std::optional<std::string> optimized_out_name(const Condition& condition, const ConditionSignature& s) {
+    for (const auto& name : condition.parameter_names())
+        for (const auto& p : s.parameters)
+            if (p.name == name && p.optimized_out) return name;
+    return std::nullopt;
+}
+
 std::uint8_t retval_spec(const ConditionSignature& s) {
     if (!s.returns_value || !s.has_dwarf) return s.returns_value ? 8 | IPROBE_RT_RETVAL_SIGNED : 0;
     if (s.retval.register_index < 0) return 0;  // not an integer
@@ -72,6 +81,11 @@ ConditionPlan plan_conditions(const Condition& condition, const AttachOptions& o
     const bool wanted = !condition.empty() || options.retval_histogram;
     std::vector<std::string> lacking;
     std::size_t lacking_count = 0;
+    // Inlined copies whose hook has a named parameter optimized out: left
+    // undecidable when another entry can decide (else refused as any).
+    std::size_t decidable = 0;
+    std::optional<ConditionSignature> undecided_example;
+    std::vector<FunctionCondition*> undecidable;
     for (std::size_t li = 0; li < lists.size(); li++) {
         const SelectedList& s = lists[li];
         std::shared_ptr<elf::ElfFile> dwarf, module;
@@ -107,20 +121,39 @@ ConditionPlan plan_conditions(const Condition& condition, const AttachOptions& o
                                          " needs its DWARF (build with -g): at a -finstrument-functions site, after "
                                          "the prologue, arg0..arg5 are not in their registers"
                                    : "--when on " + p->demangled + ": its hook at " + hex_address(p->site) +
-                                         " is an inlined copy's (in another function's code), where the "
-                                         "-finstrument-functions flow evaluates no condition; build it with the entry "
-                                         "flow for a --when on it",
+                                         " is outside its code, and the DWARF has no inlined copy of it there "
+                                         "(DW_TAG_inlined_subroutine) to read its parameters from",
+                            ExitCode::bad_input);
+            const bool inlined = values && values->inlined;
+            if (inlined && condition.at_exit())
+                throw Error("--when '" + condition.text() + "' reads retval or duration, which " + p->demangled +
+                                "'s inlined copy at " + hex_address(p->site) +
+                                " does not have: it is inlined into another function's code and does not return "
+                                "(no return value, no return to time); use a condition on its arguments, or "
+                                "select only functions that are not inlined",
                             ExitCode::bad_input);
             const ConditionSignature signature = signature_of(values);
-            if (options.retval_histogram) planned.retval_hist = retval_spec(signature);
+            // an inlined copy has no return value to keep a histogram of
+            if (options.retval_histogram && !inlined) planned.retval_hist = retval_spec(signature);
             if (condition.empty()) continue;
             if (const auto missing = unknown_name(condition, signature)) {
                 if (lacking_count++ < 8)
                     lacking.push_back(p->demangled + " lacks '" + *missing + "' (" + has_list(signature) + ")");
                 continue;
             }
+            if (inlined && optimized_out_name(condition, signature)) {
+                undecidable.push_back(&planned);
+                if (!undecided_example) undecided_example = signature;
+                continue;
+            }
             planned.program = condition.compile(signature);  // type errors: ConditionError, exit 3
+            decidable++;
         }
+    }
+    if (!undecidable.empty() && !decidable) condition.compile(*undecided_example);  // throws: optimized out
+    if (!undecidable.empty()) {
+        const iprobe_cond_program never = Condition::parse("0 == 1").compile(ConditionSignature{});
+        for (FunctionCondition* f : undecidable) f->program = never, f->undecidable = true;
     }
     if (!lacking.empty()) {
         std::string message = "--when '" + condition.text() + "' names what " + std::to_string(lacking_count) +

@@ -20,6 +20,9 @@ namespace iprobe::hotpatch {
 struct FunctionCondition {
     iprobe_cond_program program{};  // op_count 0: none
     std::uint8_t retval_hist = 0;   // iprobe_rt_probe.retval_hist
+    // An inlined copy where a parameter the condition names is optimized
+    // out: its program never holds (its calls counted, none recorded).
+    bool undecidable = false;
 };
 
 // Per list, per entry probe id: the condition the attach gives it.

@@ -27,19 +27,26 @@ std::string attach_summary(const AttachStats& st, std::optional<pid_t> pid) {
                " functions replaced by 'iprobe patch' (probe their replacement instead):";
         for (const auto& f : st.patched_skipped) out += " " + f;
     }
-    if (st.values_unavailable)
-        out += "\n" + std::to_string(st.values_unavailable) +
-               " selected probe(s) record no values: developer points, or in the -finstrument-functions flow a "
-               "function without DWARF (its site is after the prologue: raw arg0..arg5 cannot be had there; build "
-               "with -g), an inlined copy's hooks, or an exit whose return its entry cannot hook";
-    if (st.values_optimized_out)
-        out += "\n" + std::to_string(st.values_optimized_out) +
-               " parameter(s) shown as <optimized out>: not where the runtime can read them at the "
-               "-finstrument-functions site (the entry or LLVM flow has every argument)";
-    if (st.values_untyped)
-        out += "\n" + std::to_string(st.values_untyped) +
-               " function(s) without DWARF: arguments recorded as arg0..arg5, raw (build with -g, or install the "
-               "debug file)";
+    // A count, on its own line, with what it means (none: nothing said).
+    auto counted = [&](std::size_t n, const char* meaning) {
+        if (n) out += "\n" + std::to_string(n) + meaning;
+    };
+    counted(st.values_unavailable,
+            " selected probe(s) record no values: developer points, or in the -finstrument-functions flow a function "
+            "without DWARF (its site is after the prologue: raw arg0..arg5 cannot be had there; build with -g), a hook "
+            "the DWARF places in no function, or an exit whose return its entry cannot hook");
+    counted(st.values_optimized_out,
+            " parameter(s) shown as <optimized out>: not where the runtime can read them at the -finstrument-functions "
+            "site (the entry or LLVM flow has every argument)");
+    counted(st.values_no_return,
+            " exit hook(s) of inlined copies record no return value: an inlined copy does not return (its result stays "
+            "in its caller's code); their calls, arguments and durations are recorded");
+    counted(st.when_undecidable,
+            " inlined cop(ies) cannot decide the --when: a parameter it names is optimized out at their hook; their "
+            "calls are counted (calls), none recorded (matched counts the others)");
+    counted(st.values_untyped,
+            " function(s) without DWARF: arguments recorded as arg0..arg5, raw (build with -g, or install the debug "
+            "file)");
     return out;
 }
 

@@ -105,7 +105,11 @@ std::string histogram_text(const FunctionStats& f) {
     const auto values = retval_buckets(f);
     std::uint64_t total = 0;
     for (const auto& v : values) total += v.count;
-    out += f.function + ": return value of " + std::to_string(total) + " calls\n";
+    out += f.function + ": return value of " + std::to_string(total) + " calls";
+    if (f.completed > total)  // said, not left to a reader to subtract
+        out += " (" + std::to_string(f.completed - total) +
+               " more completed calls had none: an inlined copy does not return, an unwound call returns nothing)";
+    out += "\n";
     const std::uint64_t vmost = most_of(values);
     for (const auto& v : values) {
         std::string range;

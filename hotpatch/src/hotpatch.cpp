@@ -7,6 +7,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <array>
 #include <functional>
 #include <optional>
 #include <map>
@@ -80,10 +81,12 @@ struct NeedsStop {};
 // the calls whose return the entry did not hook.  Attached again without
 // values (or re-enabled after a detach), an exit stays checked (the count
 // handler's when it counts) while a call hooked earlier may still be in
-// flight, its trampoline in its slot (hooked_exits_in_flight).
+// flight, its trampoline in its slot (hooked_exits_in_flight).  An inlined
+// copy's exit under a --when goes to one that decides from its entry's frame.
 const std::string kSiteValuesEntry = "iprobe_rt_trace_enter_id_regs";
 const std::string kSilentExit = "iprobe_rt_site_exit_checked";
 const std::string kSilentExitCount = "iprobe_rt_site_exit_checked_count";
+const std::string kDecidingExit = "iprobe_rt_copy_exit_id";
 constexpr std::uint8_t kMovEdi = 0xbf;  // a site's own stub begins `mov $id, %edi` (stubs.h)
 
 // The exit probes (global ids) that calls whose return a
@@ -133,8 +136,9 @@ SitesPlan plan_sites(const ProcessMemory& memory, Region& region, std::vector<Se
     auto& [patches, site_stubs, enables, touched, selected, newly_enabled, already_enabled, first_probes] = plan;
     StubChecker stubs_seen(memory);
     std::map<const std::string*, std::uint64_t> handler_addresses;  // keyed as `stubs` below
-    // Where kSiteValuesEntry, kSilentExit and kSilentExitCount are in the handler library (0: not there).
+    // Where kSiteValuesEntry, kSilentExit, kSilentExitCount and kDecidingExit are in the handler library (0: not there).
     const std::uint64_t site_values_entry = handler_lib.symbol(kSiteValuesEntry).value_or(0);
+    const std::uint64_t deciding_exit = handler_lib.symbol(kDecidingExit).value_or(0);
     const std::pair<std::uint64_t, std::uint64_t> checked_exits{handler_lib.symbol(kSilentExit).value_or(0),
                                                                 handler_lib.symbol(kSilentExitCount).value_or(0)};
 
@@ -170,7 +174,8 @@ SitesPlan plan_sites(const ProcessMemory& memory, Region& region, std::vector<Se
         std::map<std::uint32_t, std::pair<EntryVariant, std::size_t>> entry_sites;  // entry id -> wanted, text index
         const ValuesPlan* site_values = li < values.size() ? &values[li] : nullptr;
         auto changes_stub = [&](const probelist::Probe& p) {
-            return site_values && (site_values->recipes.count(p.id) || site_values->silent_exits.count(p.id));
+            return site_values && (site_values->recipes.count(p.id) || site_values->silent_exits.count(p.id) ||
+                                   site_values->deciding_exits.count(p.id));
         };
         // The stub a site's slot holds now, and where it goes (0: none of
         // ours); the module's slots read once, when first asked (10k sites
@@ -198,7 +203,7 @@ SitesPlan plan_sites(const ProcessMemory& memory, Region& region, std::vector<Se
         // checked exit), which this attach without them must rewrite.
         auto goes_to_site_values = [&](std::uint64_t stub) {
             const std::uint64_t target = held_stub(stub).second;
-            return target && (target == site_values_entry || is_checked_exit(target));
+            return target && (target == site_values_entry || target == deciding_exit || is_checked_exit(target));
         };
         // A call-form site's own stub, handing the handler `id` (or, with
         // values at the site, going where values_plan.h says).
@@ -214,6 +219,8 @@ SitesPlan plan_sites(const ProcessMemory& memory, Region& region, std::vector<Se
                     std::memcpy(bytes.data() + IPROBE_RT_SITE_RECIPE_OFFSET, &r->second, sizeof r->second);
                     return {module.site_stubs, at, bytes};
                 }
+                if (site_values->deciding_exits.count(p.id))
+                    return {module.site_stubs, at, site_stub_bytes(id, handler_address(kDecidingExit))};
                 if (auto r = site_values->exit_recipes.find(p.id); r != site_values->exit_recipes.end()) {
                     auto bytes = site_stub_bytes(global, handler_address(checked));
                     std::memcpy(bytes.data() + IPROBE_RT_SITE_RECIPE_OFFSET, &r->second, sizeof r->second);
@@ -551,7 +558,10 @@ AttachStats attach(const AttachOptions& options) {
             stats.values_unavailable += v.unavailable;
             stats.values_untyped += v.untyped;
             stats.values_optimized_out += v.optimized_out;
+            stats.values_no_return += v.no_return;
         }
+        for (const auto& list : conditions)
+            for (const auto& [id, fc] : list) stats.when_undecidable += fc.undecidable;
         if (ahead && same_maps(read_maps(options.pid), ahead->maps)) {
             // Planned while the target ran; only the writes are left.
             return finish_attach(process, ahead->region, ahead->plan, options.mode, settings_ahead, std::move(stats), started,

@@ -121,9 +121,14 @@ ValuesPlan plan_values(pid_t pid, const SelectedList& s, const ValueOptions& opt
         if (!exits_of) exits_of = exits_by_function(s.list);
         const auto found = exits_of->find(p->function_address);
         std::vector<std::uint32_t> exits;  // the hooks in its own code, not an inlined copy's
+        std::vector<std::uint32_t> copy_exits;  // an inlined copy's: its exit hooks (no return to hook)
         if (found != exits_of->end())
-            for (std::uint32_t e : found->second)
-                if (typed->holds(s.list.probes[e].site)) exits.push_back(e);
+            for (std::uint32_t e : found->second) {
+                const bool here = typed->holds(s.list.probes[e].site);
+                if (here && !typed->inlined) exits.push_back(e);
+                if (!here || typed->inlined) plan.inlined_exits.insert(e);
+                if (here && typed->inlined) copy_exits.push_back(e);
+            }
         // The trampoline records the exit as one of them, spec.distance ahead
         // (an inlined copy's hooks may come between)
         // (the first after the entry: a cold part's, exception cleanups, may lie before it)
@@ -155,6 +160,24 @@ ValuesPlan plan_values(pid_t pid, const SelectedList& s, const ValueOptions& opt
             exit_spec.distance = spec.distance;
             plan.specs[first] = exit_spec;
         }
+        // An inlined copy's exit hooks, all on, pop the frame its entry pushes (timed as without values).
+        std::uint32_t copy_exit = 0;
+        for (std::uint32_t e : copy_exits)
+            if (e > p->id && (!copy_exit || e < copy_exit)) copy_exit = e;
+        if (copy_exit && copy_exit - p->id <= UINT16_MAX &&
+            std::all_of(copy_exits.begin(), copy_exits.end(), [&](std::uint32_t e) { return selected.count(e); })) {
+            spec.distance = static_cast<std::uint16_t>(copy_exit - p->id);
+            // With a --when its exits are recorded as its entry was (the
+            // entry keeps its verdict in the call's frame).
+            if (conditioned &&
+                std::all_of(copy_exits.begin(), copy_exits.end(), [&](std::uint32_t e) { return e > p->id && e - p->id <= UINT16_MAX; }))
+                for (std::uint32_t e : copy_exits) {
+                    iprobe_rt_values_spec exit_spec{};
+                    exit_spec.distance = static_cast<std::uint16_t>(e - p->id);
+                    plan.specs[e] = exit_spec;
+                    plan.deciding_exits.insert(e);
+                }
+        }
         if (options.args) {
             spec.flags |= IPROBE_RT_VALUES_ARGS;
             spec.gprs = typed->gprs;
@@ -176,6 +199,10 @@ ValuesPlan plan_values(pid_t pid, const SelectedList& s, const ValueOptions& opt
         const bool is_entry = !is_exit && probelist::serves_returns(s.list.probes, p->id);
         if (plan.silent_exits.count(p->id)) continue;  // its spec set with its entry's
         if (!options.any()) continue;
+        if (plan.inlined_exits.count(p->id)) {  // an inlined copy's: no return, so no value
+            if (options.retval) plan.no_return++;
+            continue;
+        }
         if (!is_exit && !is_entry) {
             if (p->kind != probelist::ProbeKind::point) plan.unavailable++;
             continue;

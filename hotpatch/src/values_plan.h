@@ -25,10 +25,19 @@ struct ValuesPlan {
     // ... each checked at run time (rt_layout.h, iprobe_rt_exit_recipe): its
     // exit is recorded there unless the call's return slot holds the hook.
     std::map<std::uint32_t, iprobe_rt_exit_recipe> exit_recipes;
+    // An inlined copy's exit hooks when its entry has a --when: their stubs
+    // go to the runtime's iprobe_rt_copy_exit_id, which records the exit as
+    // the entry was (its verdict kept in the call's frame).
+    std::set<std::uint32_t> deciding_exits;
     std::map<std::uint32_t, std::uint32_t> hooked_exit;  // entry id -> the exit probe its hooked return records
     std::size_t unavailable = 0;   // selected, records no values (a point; a finstrument site without DWARF)
     std::size_t untyped = 0;       // entry probes without DWARF
     std::size_t optimized_out = 0; // finstrument flow: parameters the site's recipe cannot find
+    // finstrument flow: the exit hooks of inlined copies (in another
+    // function's code), and those of them asked for a return value they
+    // cannot have (an inlined copy does not return).
+    std::set<std::uint32_t> inlined_exits;
+    std::size_t no_return = 0;
 };
 
 // The DWARF of the module `s` lists, as the target sees its files (a

@@ -295,8 +295,12 @@ void ValuesReader::decode(Event& e, std::uint32_t packed_spec, const std::vector
         }
     }
     if (spec.flags & IPROBE_RT_VALUES_BACKTRACE) {
+        // An inlined copy's chain starts at its host's return: the host, at
+        // the copy's hook, is its first caller.
+        if (function(e.probe).inlined) e.backtrace.push_back(symbolize(region_.probes()[e.probe].site + 1));
         const std::uint64_t n = std::min<std::uint64_t>(next(), IPROBE_RT_BACKTRACE_MAX);
         for (std::uint64_t i = 0; i < n && at < words.size(); i++) e.backtrace.push_back(symbolize(next()));
+        if (e.backtrace.size() > spec.backtrace) e.backtrace.resize(spec.backtrace);
     }
 }
 

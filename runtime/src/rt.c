@@ -784,7 +784,7 @@ uint64_t iprobe_rt_copy_string(uint64_t s, char out[IPROBE_RT_STRING_BYTES]) {
  * slot is trusted only while it still holds its trampoline, read without
  * faulting (an entry of a frame an exception skipped, or of another stack). */
 static uint32_t caller_chain(const uint64_t* slot, uint64_t* out, uint32_t max) {
-    if (!max) return 0;
+    if (!max || !slot) return 0; /* a -finstrument-functions site without a return slot */
     uint32_t n = 0;
     out[n++] = iprobe_rt_real_return_address(*slot);
     const struct iprobe_rt_thread_state* t = &iprobe_rt_thread;
@@ -839,6 +839,10 @@ static uint32_t entry_words(struct iprobe_rt_values_spec spec, const struct ipro
     return n;
 }
 
+/* In the frame of an inlined copy's call (its args[0], with args[1] its
+ * entry probe): whether its entry was recorded, for iprobe_rt_copy_exit_id. */
+#define COPY_VERDICT 0x1c0b7e4d1c7a0000ull
+
 /* An entry whose probe captures values: `hook` says whether its return is
  * hooked too (both probes on), as how far ahead of `id` the exit probe is
  * (1 at function-entry sites); `xmm`, when not 0, the vector words in place
@@ -875,8 +879,17 @@ static __attribute__((noinline)) uint64_t values_enter(struct iprobe_rt_control*
     struct payload out = {words, 0, (uint8_t)matched, (uint64_t)(uintptr_t)slot, IPROBE_RT_VALUES_PACK(spec)};
     if (matched && (spec.flags & (IPROBE_RT_VALUES_ARGS | IPROBE_RT_VALUES_BACKTRACE)))
         out.nwords = entry_words(spec, &v, slot, words);
-    aggregate(cb, (int32_t)id, p->stat, IPROBE_RT_REC_ENTRY, now, unit && timed ? FRAME_MATCH : FRAME_NONE,
-              at_exit ? v.gpr : 0, 0);
+    /* Not hooked, at a site whose exit hook (spec.distance ahead: an inlined
+     * copy's) pops the frame; it keeps the entry's verdict for the exit. */
+    const int popped_by_hook = !hook && (spec.flags & IPROBE_RT_VALUES_AT_SITE) && spec.distance;
+    uint64_t verdict[IPROBE_COND_ARGS];
+    if (popped_by_hook) {
+        verdict[0] = COPY_VERDICT | (uint64_t)(matched != 0), verdict[1] = id;
+        for (int i = 2; i < IPROBE_COND_ARGS; i++) verdict[i] = 0;
+    }
+    aggregate(cb, (int32_t)id, p->stat, IPROBE_RT_REC_ENTRY, now,
+              (unit && timed) || popped_by_hook ? FRAME_MATCH : FRAME_NONE,
+              at_exit ? v.gpr : popped_by_hook ? verdict : 0, 0);
     struct iprobe_rt_fn_stats* stats = iprobe_rt_thread.stats;
     if (condition && stats && p->stat < g_geometry.stat_capacity) {
         if (matched) add_local(&stats[p->stat].matched, 1);
@@ -1224,6 +1237,33 @@ __attribute__((visibility("hidden"))) void iprobe_rt_site_values_enter_at(uint32
      * function's exits back to its exit hooks: they record this call (its
      * entry stays in the pool, dead, until collected). */
     if (UNLIKELY(!(spec_of(spec_word(p)).flags & IPROBE_RT_VALUES_HOOK))) *slot = real;
+}
+
+/* The exit hook of an inlined copy whose entry has a --when (values_plan.h):
+ * it does not return, so no trampoline carries the entry's verdict; the
+ * frame its entry pushed (spec.distance back: values_enter) does, and the
+ * exit is recorded as the entry was.  No such frame (an untimed or deeper
+ * call, or an entry from before this attach): undecided, counted. */
+EXPORT void iprobe_rt_copy_exit_id(uint32_t id) {
+    struct iprobe_rt_control* cb = control();
+    if (UNLIKELY(!cb)) {
+        count_unserved();
+        return;
+    }
+    if (UNLIKELY(id >= g_geometry.probe_capacity)) return;
+    const struct iprobe_rt_probe* p = probe_of(cb, (int32_t)id);
+    const struct iprobe_rt_values_spec spec = spec_of(spec_word(p));
+    const uint32_t back = spec.distance ? spec.distance : 1;
+    if (UNLIKELY(id < back || p->stat >= g_geometry.stat_capacity)) return;
+    const uint64_t now = timestamp();
+    struct iprobe_cond_values held;
+    if (!aggregate(cb, (int32_t)id, p->stat, IPROBE_RT_REC_EXIT, now, FRAME_MATCH, 0, &held) ||
+        (held.args[0] & ~1ull) != COPY_VERDICT || held.args[1] != id - back) {
+        struct iprobe_rt_fn_stats* stats = iprobe_rt_thread.stats;
+        if (stats) add_local(&stats[p->stat].undecided, 1);
+        return;
+    }
+    if (held.args[0] & 1) ring_append(cb, (int32_t)id, IPROBE_RT_REC_EXIT, now, 0, 0);
 }
 
 /* The return is hooked first: an entry whose exit will not be seen is

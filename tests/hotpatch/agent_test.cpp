@@ -38,6 +38,8 @@ AttachStats some_attach() {
     st.exits_left_off = 5;
     st.values_unavailable = 2;
     st.values_untyped = 1;
+    st.values_no_return = 4;
+    st.when_undecidable = 3;
     st.modules = {"/usr/bin/x"};
     st.patched_skipped = {"g", "h \"quoted\"\n"};
     return st;
@@ -74,7 +76,7 @@ TEST(AgentProtocol, ReportsRoundTripAndTheSummaryReadsAsTheCliPrintsIt) {
     plain.refused = 0;
     plain.patched_skipped.clear();
     plain.exits_left_off = 0;
-    plain.values_unavailable = plain.values_untyped = 0;
+    plain.values_unavailable = plain.values_untyped = plain.values_no_return = plain.when_undecidable = 0;
     EXPECT_EQ(attach_summary(plain, 77),
               "enabled 10 probes in process 77 (2 already on, 12 on in total); 3 threads stopped for 456 us; "
               "runtime injected");

@@ -113,7 +113,9 @@ struct iprobe_rt_values_spec {
     uint8_t condition;  /* reserved for --when (runtime/src/values_match.c): 0 = none */
     uint16_t distance;  /* AT_SITE with HOOK: the exit probe its hooked return records is id + distance;
                          * on that exit probe: its entry is id - distance (0: the next, the one
-                         * before, as at function-entry sites) */
+                         * before, as at function-entry sites).  AT_SITE without HOOK (an
+                         * inlined copy): not 0 when its exit hooks, id + distance the first,
+                         * are on and pop the frame its entry pushes (0: it pushes none) */
 };
 
 /* -finstrument-functions flow: the site is a call after the prologue,

@@ -53,6 +53,49 @@ PROBED long fib(int n) { return n < 2 ? n : fib(n - 1) + fib(n - 2); }
 static inline long twice(long v) { return 2 * v; }
 PROBED long v_inlined(long v) { return twice(v) + 1; }
 
+/* Inlined into in_loop (always): in the -finstrument-functions flow each
+ * call's hooks are in in_loop's code, the parameters where in_loop keeps
+ * them (n, it and name in registers; spare, never used, is n * 7 to gcc:
+ * a computation, optimized out for iprobe). */
+struct item {
+    long id;
+    struct item* next;
+};
+#define ITEMS 32
+struct item g_items[ITEMS]; /* a list (linked by "loop"): `it` is not n's to compute */
+static inline __attribute__((always_inline)) long in_visit(int n, struct item* it, const char* name, int spare) {
+    g_sink += name[0];
+    it->id = n + 1;
+    return n * 2 + it->id;
+}
+PROBED long in_loop(long rounds, const char* name) {
+    long sum = 0;
+    int n = 0;
+    for (struct item* it = g_items; it && n < rounds; it = it->next, n++) sum += in_visit(n, it, name, n * 7);
+    return sum;
+}
+/* Recursive and inline: gcc inlines it into in_rec_top and into itself (a
+ * few levels), so its own code holds copies of it. */
+static inline long in_rec(int n) { return n <= 0 ? 0 : n + in_rec(n - 1); }
+PROBED long in_rec_top(long n) { return in_rec((int)n); }
+
+/* Links g_items into a list and prints where it starts. */
+static void link_items(void) {
+    for (int i = 0; i < ITEMS; i++) g_items[i].next = i + 1 < ITEMS ? &g_items[i + 1] : NULL;
+    printf("items %p\n", (void*)g_items);
+}
+
+/* in_visit inlined into in_pair, itself inlined into in_nested: a copy in a copy. */
+static inline __attribute__((always_inline)) long in_pair(int n, struct item* it, const char* name) {
+    return in_visit(n, it, name, n * 7) + 1000;
+}
+PROBED long in_nested(long rounds, const char* name) {
+    long sum = 0;
+    int n = 0;
+    for (struct item* it = g_items; it && n < rounds; it = it->next, n++) sum += in_pair(n, it, name);
+    return sum;
+}
+
 PROBED long bt_inner(int x) {
     g_sink += x;
     return x + 1;
@@ -69,6 +112,20 @@ struct Counter {
 long Counter::add(long v) {
     total += v;
     return total;
+}
+/* Defined in its class: inline, inlined into in_members (this, k from the
+ * loop, v the constant 3). */
+struct Accum {
+    long total;
+    long add_scaled(int k, long v) {
+        total += v * 2 + k;
+        return total;
+    }
+};
+PROBED long in_members(Accum* a, long rounds) {
+    long last = 0;
+    for (int n = 0; n < rounds; n++) last = a->add_scaled(n, 3);
+    return last;
 }
 PROBED long ex_thrower(int x) {
     if (x > 0) throw std::runtime_error("thrown");
@@ -199,6 +256,7 @@ int main(int argc, char** argv) {
         if (!in) return 1;
         while (fgets(line, sizeof line, in)) {
             long a = 0;
+            char word[64];
             if (strncmp(line, "values", 6) == 0) {
                 printf("ok values %ld\n", run_values());
             } else if (sscanf(line, "fib %ld", &a) == 1) {
@@ -213,6 +271,21 @@ int main(int argc, char** argv) {
                 printf("ok spin %ld\n", spin_start(a));
             } else if (strncmp(line, "stop", 4) == 0) {
                 printf("ok stop %ld\n", spin_end());
+            } else if (sscanf(line, "loop %ld %63s", &a, word) == 2) {
+                link_items();
+                printf("ok loop %ld\n", in_loop(a, word));
+            } else if (sscanf(line, "rec %ld", &a) == 1) {
+                printf("ok rec %ld\n", in_rec_top(a));
+            } else if (sscanf(line, "nested %ld %63s", &a, word) == 2) {
+                link_items();
+                printf("ok nested %ld\n", in_nested(a, word));
+#ifdef __cplusplus
+            } else if (sscanf(line, "members %ld", &a) == 1) {
+                static Accum accum;
+                accum.total = 0;
+                printf("accum %p\n", (void*)&accum);
+                printf("ok members %ld\n", in_members(&accum, a));
+#endif
             } else if (sscanf(line, "bt %ld", &a) == 1) {
                 printf("ok bt %ld\n", bt_outer((int)a));
 #ifdef __cplusplus

@@ -65,16 +65,28 @@ struct FunctionValues {
     std::uint8_t strings = 0;         // bit i: integer argument register i holds a char*
     bool typed = false;               // from DWARF (else arg0..arg5 raw)
     // With a site: the parameters' locations there (ValueSlot::at_site) and
-    // the address of the return-address slot (a value: the CFA - 8).
+    // the address of the return-address slot (a value: the CFA - 8; an
+    // inlined copy's is its host's, where a backtrace starts, never hooked).
     bool at_site = false;
     std::optional<SiteLocation> return_slot;
+    // With a site in another function's code: the hook of an inlined copy
+    // (a DW_TAG_inlined_subroutine there), whose parameters are read where
+    // the copy keeps them; it has no return (no return value of its own).
+    bool inlined = false;
     // With a site: the function's own code, [low, high) each (its cold part
-    // too); a hook outside it is an inlined copy's.
+    // too); a hook outside it is an inlined copy's.  `inlined`: the copy's
+    // code (its exit hooks are the function's exit hooks in it).
     std::vector<std::pair<std::uint64_t, std::uint64_t>> code;
+    // Within `code`, the copies of the function inlined into itself (gcc
+    // inlines a recursive static inline function into itself): theirs.
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> own_copies;
     bool holds(std::uint64_t pc) const {
-        for (const auto& [low, high] : code)
-            if (pc >= low && pc < high) return true;
-        return false;
+        auto in = [pc](const auto& ranges) {
+            for (const auto& [low, high] : ranges)
+                if (pc >= low && pc < high) return true;
+            return false;
+        };
+        return in(code) && !in(own_copies);
     }
 };
 
@@ -91,9 +103,10 @@ struct Site {
 // describe it.  `symbol` is the function's ELF symbol: a gcc clone
 // ("f.isra.0", "f.constprop.0") passes no register for a parameter it
 // dropped.
-// With `site`, also where each parameter is at that address; nullopt when
-// the site is not in the function's own code (an inlined copy's hook, whose
-// parameters are its DW_TAG_inlined_subroutine's: not read here).
+// With `site`, also where each parameter is at that address: in the
+// function's own code, or in an inlined copy of it (`inlined`: the innermost
+// DW_TAG_inlined_subroutine of the function holding the site, its parameters
+// by DW_AT_abstract_origin); nullopt when the site is in neither.
 std::optional<FunctionValues> function_values(const ElfFile& dwarf_file, std::uint64_t entry, const std::string& symbol,
                                               const std::optional<Site>& site = std::nullopt);
 

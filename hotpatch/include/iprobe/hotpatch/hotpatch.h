@@ -145,14 +145,21 @@ struct AttachStats {
     // (their entry jumps to the replacement; see live_patch.h).
     std::vector<std::string> patched_skipped;
     // With ValueOptions: selected probes that record no values (developer
-    // points; in the -finstrument-functions flow an entry without DWARF, or
-    // an exit whose entry cannot hook the return), and probes typed without
+    // points; in the -finstrument-functions flow an entry without DWARF, an
+    // entry hook in no function's code DWARF describes, or an exit whose
+    // entry cannot hook the return), and probes typed without
     // DWARF (arg0..arg5 raw).
     std::size_t values_unavailable = 0;
     std::size_t values_untyped = 0;
     // -finstrument-functions flow: parameters not where the runtime can read
     // them at the site (shown as <optimized out>).
     std::size_t values_optimized_out = 0;
+    // -finstrument-functions flow, with --retval: exit hooks of inlined
+    // copies, which record the exit but no return value (a copy does not return).
+    std::size_t values_no_return = 0;
+    // With --when: inlined copies whose hook has a parameter it names
+    // optimized out (their calls counted, none recorded).
+    std::size_t when_undecidable = 0;
     bool operator==(const AttachStats&) const = default;
 };
 
