@@ -309,6 +309,7 @@ std::optional<Cfa> site_cfa(const Site& site, Dwarf* dwarf) {
 std::optional<SiteLocation> slot_of(const std::optional<Cfa>& cfa) {
     if (!cfa || !fits16(cfa->offset - 8)) return std::nullopt;
     return SiteLocation{SiteLocation::Kind::value, cfa->reg, 8, cfa->offset - 8};
+}
 
 // ---- an inlined copy: a DW_TAG_inlined_subroutine in another function ----
 

@@ -490,6 +490,7 @@ TEST_P(FinstrumentValuesTest, EveryCallHasOneExitWhileAttachesSwitchValuesUnderL
     EXPECT_EQ(json_completed(r, "v_spin"), made) << r;
     EXPECT_EQ(json_number(r, "unhooked_returns"), 0) << r;
     EXPECT_EQ(json_number(r, "unmatched_exits"), 0) << r;
+}
 
 // An inlined copy (in_visit, always_inline, in in_loop's loop): its hooks
 // are in in_loop's code, its parameters where its DW_TAG_inlined_subroutine

@@ -40,7 +40,7 @@ extern "C" {
 #endif
 
 #define IPROBE_RT_MAGIC "IPROBERT"
-#define IPROBE_RT_VERSION 7u
+#define IPROBE_RT_VERSION 8u
 #define IPROBE_RT_MEMFD_PREFIX "iprobe." /* memfd name iprobe.<pid>: /proc/PID/fd shows /memfd:iprobe.<pid> (deleted) */
 #define IPROBE_RT_PATH_MAX 256
 #define IPROBE_RT_CACHELINE 64
