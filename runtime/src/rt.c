@@ -134,6 +134,13 @@ static void count_unserved(void) {
         __atomic_fetch_add(&iprobe_rt_state.early_events, 1, __ATOMIC_RELAXED);
 }
 
+/* The control block, or 0 with the event counted as one nobody could serve. */
+static inline __attribute__((always_inline)) struct iprobe_rt_control* served_control(void) {
+    struct iprobe_rt_control* cb = control();
+    if (UNLIKELY(!cb)) count_unserved();
+    return cb;
+}
+
 static struct iprobe_rt_ring* ring_at(struct iprobe_rt_control* cb, uint32_t index) {
     return (struct iprobe_rt_ring*)((char*)cb + cb->rings_offset + (uint64_t)index * cb->ring_stride);
 }
@@ -262,11 +269,8 @@ static void retire_thread(void* value) {
  * no control block yet or the call came from a site it does not know. */
 static inline __attribute__((always_inline)) const struct iprobe_rt_site* site_for(uintptr_t return_address,
                                                                                    struct iprobe_rt_control** cb_out) {
-    struct iprobe_rt_control* cb = control();
-    if (UNLIKELY(!cb)) {
-        count_unserved();
-        return 0;
-    }
+    struct iprobe_rt_control* cb = served_control();
+    if (UNLIKELY(!cb)) return 0;
     const struct iprobe_rt_site* site = find_site(return_address);
     if (UNLIKELY(!site)) __atomic_fetch_add(&cb->unknown_site_events, 1, __ATOMIC_RELAXED);
     *cb_out = cb;
@@ -595,11 +599,8 @@ static inline __attribute__((always_inline)) void emit(uintptr_t return_address,
  * handler, and its fast path is a TLS load, a bounds check and an add.  No
  * frame: a leaf whose slow path is a tail call. */
 static __attribute__((noinline, cold)) void count_counter_slow(uint32_t offset) {
-    struct iprobe_rt_control* cb = control();
-    if (UNLIKELY(!cb)) {
-        count_unserved();
-        return;
-    }
+    struct iprobe_rt_control* cb = served_control();
+    if (UNLIKELY(!cb)) return;
     const uint64_t bytes = (uint64_t)g_geometry.stat_capacity * sizeof(struct iprobe_rt_fn_stats);
     if (UNLIKELY(offset % 8 != 0 || offset >= bytes)) return;
     struct iprobe_rt_fn_stats* stats = thread_stats(cb);
@@ -616,11 +617,8 @@ EXPORT __attribute__((optimize("omit-frame-pointer"))) void iprobe_rt_count_coun
 }
 
 static inline __attribute__((always_inline)) void emit_id(uint32_t probe, uint8_t kind, enum frame_use use) {
-    struct iprobe_rt_control* cb = control();
-    if (UNLIKELY(!cb)) {
-        count_unserved();
-        return;
-    }
+    struct iprobe_rt_control* cb = served_control();
+    if (UNLIKELY(!cb)) return;
     if (UNLIKELY(probe >= g_geometry.probe_capacity)) return;
     emit_probe(cb, (int32_t)probe, probe_of(cb, (int32_t)probe)->stat, kind, 0, use);
 }
@@ -647,11 +645,8 @@ static uint64_t hook_return(const uint64_t* slot, uint32_t handler, uint32_t arg
 
 /* `calls` of a function in this thread's sums (claimed on first use), or 0. */
 static uint64_t* count_target(uint64_t calls) {
-    struct iprobe_rt_control* cb = control();
-    if (UNLIKELY(!cb)) {
-        count_unserved();
-        return 0;
-    }
+    struct iprobe_rt_control* cb = served_control();
+    if (UNLIKELY(!cb)) return 0;
     if (UNLIKELY(calls % 8 != 0 || calls + 16 > g_geometry.stat_bytes)) return 0;
     char* stats = (char*)thread_stats(cb);
     return stats ? (uint64_t*)(stats + calls) : 0;
@@ -950,11 +945,8 @@ static __attribute__((noinline)) void values_exit(const struct iprobe_rt_return*
     uint64_t xret[2];
     READ_XMM(0, xret[0]);
     READ_XMM(1, xret[1]);
-    struct iprobe_rt_control* cb = control();
-    if (UNLIKELY(!cb)) {
-        count_unserved();
-        return;
-    }
+    struct iprobe_rt_control* cb = served_control();
+    if (UNLIKELY(!cb)) return;
     const uint32_t probe = e->arg;
     if (UNLIKELY(probe >= g_geometry.probe_capacity)) return;
     const struct iprobe_rt_values_spec spec = spec_of(word);
@@ -1092,11 +1084,8 @@ static __attribute__((noinline)) uint64_t conditioned_enter(struct iprobe_rt_con
 }
 
 static __attribute__((noinline)) void conditioned_exit(const struct iprobe_rt_return* e, uint64_t retval) {
-    struct iprobe_rt_control* cb = control();
-    if (UNLIKELY(!cb)) {
-        count_unserved();
-        return;
-    }
+    struct iprobe_rt_control* cb = served_control();
+    if (UNLIKELY(!cb)) return;
     const uint32_t probe = e->arg;
     if (UNLIKELY(probe >= g_geometry.probe_capacity || probe == 0)) return;
     const uint32_t stat = probe_of(cb, (int32_t)probe)->stat;
@@ -1188,11 +1177,8 @@ __attribute__((visibility("hidden"))) const struct iprobe_rt_site_recipe* iprobe
 #define SITE_DWARF_RSP 7
 #define SITE_SLOT_REACH 4096 /* the slot is in the function's own frame, above the site's rsp */
 __attribute__((visibility("hidden"))) void iprobe_rt_site_exit_at(uint32_t id, uint64_t rsp, uint64_t rbp, int count) {
-    struct iprobe_rt_control* cb = control();
-    if (UNLIKELY(!cb)) {
-        count_unserved();
-        return;
-    }
+    struct iprobe_rt_control* cb = served_control();
+    if (UNLIKELY(!cb)) return;
     if (UNLIKELY(id >= g_geometry.probe_capacity)) return;
     const struct iprobe_rt_probe* p = probe_of(cb, (int32_t)id);
     const struct iprobe_rt_exit_recipe* r = (const struct iprobe_rt_exit_recipe*)site_stub_recipe(cb, p);
@@ -1245,11 +1231,8 @@ __attribute__((visibility("hidden"))) void iprobe_rt_site_values_enter_at(uint32
  * exit is recorded as the entry was.  No such frame (an untimed or deeper
  * call, or an entry from before this attach): undecided, counted. */
 EXPORT void iprobe_rt_copy_exit_id(uint32_t id) {
-    struct iprobe_rt_control* cb = control();
-    if (UNLIKELY(!cb)) {
-        count_unserved();
-        return;
-    }
+    struct iprobe_rt_control* cb = served_control();
+    if (UNLIKELY(!cb)) return;
     if (UNLIKELY(id >= g_geometry.probe_capacity)) return;
     const struct iprobe_rt_probe* p = probe_of(cb, (int32_t)id);
     const struct iprobe_rt_values_spec spec = spec_of(spec_word(p));
@@ -1270,11 +1253,8 @@ EXPORT void iprobe_rt_copy_exit_id(uint32_t id) {
  * counted but pushes no frame. */
 __attribute__((visibility("hidden"))) uint64_t iprobe_rt_trace_enter_return_at(uint64_t id, const uint64_t* saved,
                                                                                const uint64_t* slot) {
-    struct iprobe_rt_control* cb = control();
-    if (UNLIKELY(!cb)) {
-        count_unserved();
-        return 0;
-    }
+    struct iprobe_rt_control* cb = served_control();
+    if (UNLIKELY(!cb)) return 0;
     if (UNLIKELY(id + 1 >= g_geometry.probe_capacity)) return 0;
     const struct iprobe_rt_probe* p = probe_of(cb, (int32_t)id);
     const uint64_t word = spec_word(p);
