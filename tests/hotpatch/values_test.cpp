@@ -631,6 +631,11 @@ TEST_P(FinstrumentValuesTest, CopiesOfARecursiveFunctionInItsOwnCodeHaveTheirArg
     EXPECT_LE(hidden, 1u) << t;
     EXPECT_EQ(shown + hidden, 13u) << t;
     EXPECT_EQ(lines_with(t, {entry_of(rec)}).size(), 13u) << t;
+    // one exit each: a copy's hook has its host's frame, which it nests in, not ends
+    EXPECT_EQ(lines_with(t, {exit_of(rec)}).size(), 13u) << t;
+    EXPECT_EQ(lines_with(t, {entry_of("in_rec_top")}).size(), 1u) << t;
+    EXPECT_EQ(lines_with(t, {exit_of("in_rec_top")}).size(), 1u) << t;
+    EXPECT_EQ(t.find("unwound"), std::string::npos) << t;
     const std::string pattern = cxx() ? "in_rec\\(int\\)" : "in_rec";
     auto r = iprobe({"report", pid_, "--json"});
     EXPECT_EQ(json_calls(r.out, pattern), 13) << r.out;
