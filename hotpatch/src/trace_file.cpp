@@ -388,6 +388,7 @@ bool TraceFileReader::next_v2(const std::function<void(const Event&)>& sink) {
                 e.probe = r.probe;
                 e.depth = r.depth;
                 e.frame = r.frame;
+                e.inlined_copy = r.kind == IPROBE_RT_REC_ENTRY && (r.values & IPROBE_RT_VALUES_COPY);
                 if (n == 2) {
                     e.nargs = 4;
                     std::memcpy(e.args, word + sizeof r, sizeof e.args);

@@ -309,6 +309,7 @@ std::size_t TraceReader::drain(const std::function<void(const Event&)>& sink) {
             } else if (r.kind == IPROBE_RT_REC_EXIT || r.kind == IPROBE_RT_REC_ENTRY) {
                 e.kind = r.kind == IPROBE_RT_REC_EXIT ? probelist::ProbeKind::exit : probelist::ProbeKind::entry;
                 e.frame = r.frame;
+                e.inlined_copy = r.kind == IPROBE_RT_REC_ENTRY && (r.values & IPROBE_RT_VALUES_COPY);
                 more = r.nargs;
                 spec = r.values;
             } else {
@@ -462,10 +463,13 @@ void CallNesting::records(const Event& e, const ProbeInfo& info, const std::func
     auto& stack = stacks_[e.tid];
     const auto depth = [&](std::size_t open) { return static_cast<int>(std::min(open, kMaxDepth)); };
     // A frame at or above an open one's return slot (the stack grows down)
-    // means the open one is gone without an exit: unwound.
+    // means the open one is gone without an exit: unwound.  At it: a new
+    // call there ends the one before, but an inlined copy's entry (its
+    // frame is its host's) or an exit is inside it.
+    const bool new_frame = e.kind == probelist::ProbeKind::entry && !e.inlined_copy;
     if (e.frame && e.depth == 0)
         while (!stack.empty() && stack.back().frame &&
-               (e.kind == probelist::ProbeKind::entry ? stack.back().frame <= e.frame : stack.back().frame < e.frame)) {
+               (new_frame ? stack.back().frame <= e.frame : stack.back().frame < e.frame)) {
             TraceRecord u{e.time_ns, e.tid, probelist::ProbeKind::exit, stack.back().function, depth(stack.size() - 1),
                           {}, false};
             u.has_arguments = stack.back().has_arguments;

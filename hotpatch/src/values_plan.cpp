@@ -118,6 +118,8 @@ ValuesPlan plan_values(pid_t pid, const SelectedList& s, const ValueOptions& opt
         }
         iprobe_rt_values_spec spec{};
         spec.flags = IPROBE_RT_VALUES_AT_SITE;
+        // its hook's frame is its host's: the trace nests it there (CallNesting)
+        if (typed->inlined) spec.flags |= IPROBE_RT_VALUES_COPY;
         if (!exits_of) exits_of = exits_by_function(s.list);
         const auto found = exits_of->find(p->function_address);
         std::vector<std::uint32_t> exits;  // the hooks in its own code, not an inlined copy's

@@ -533,7 +533,7 @@ static inline __attribute__((always_inline)) void ring_append(struct iprobe_rt_c
     record->nargs = args ? 4 : (uint8_t)extra;
     record->depth = (uint16_t)(t->depth - 1);
     record->frame = values ? values->frame : 0;
-    record->values = values && extra ? values->spec : 0;
+    record->values = values ? values->spec : 0;
     if (args) {
         struct iprobe_rt_args_record* more = (struct iprobe_rt_args_record*)&t->records[(index + 1) & t->mask];
         for (int i = 0; i < 4; i++) more->args[i] = args[i];

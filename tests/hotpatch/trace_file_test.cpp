@@ -1,6 +1,7 @@
 // The binary trace file (iprobe/hotpatch/trace_file.h), byte for byte: ring
 // records as drained are written as 8-byte event words, escapes for what a
-// word cannot hold, blocks per thread; the reader gives back every event.
+// word cannot hold, blocks per thread; the reader gives back every event;
+// and the nesting (CallNesting) a reader makes of the events.
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "iprobe/hotpatch/trace_file.h"
+#include "iprobe/hotpatch/trace_reader.h"
 #include "iprobe/support/error.h"
 #include "testutil.h"
 
@@ -171,6 +173,83 @@ TEST(TraceFile, RecordsBecomeEventWordsAndEscapesByteForByteAndReadBackWhole) {
         EXPECT_EQ(got[i].depth, expected[i].depth);
         EXPECT_EQ(got[i].nargs, expected[i].nargs);
         for (int a = 0; a < 4; a++) EXPECT_EQ(got[i].args[a], expected[i].args[a]);
+    }
+}
+
+// An inlined copy's entry (IPROBE_RT_VALUES_COPY in the spec it was recorded
+// under) is escaped whole, so the file keeps what nests it in its host.
+TEST(TraceFile, KeepsAnInlinedCopysEntryAsOne) {
+    iprobe_rt_record copy = record(IPROBE_RT_REC_ENTRY, 1, 100, 1000, 1);
+    copy.values = IPROBE_RT_VALUES_AT_SITE | IPROBE_RT_VALUES_COPY | IPROBE_RT_VALUES_ARGS;
+    copy.frame = 0x7ffc0000;
+    iprobe_rt_record host = record(IPROBE_RT_REC_ENTRY, 0, 100, 900, 1);
+    host.values = IPROBE_RT_VALUES_AT_SITE | IPROBE_RT_VALUES_HOOK | IPROBE_RT_VALUES_ARGS;
+    host.frame = 0x7ffc0000;
+    std::vector<iprobe_rt_record> ring = {host, words(5, 0, 0, 0), copy, words(6, 0, 0, 0)};
+    test::TempDir dir;
+    const std::string path = dir / "t.trace";
+    {
+        TraceFileWriter writer(path, 4242, WallClock{0, 0, 1});
+        writer.write({ring.data(), 3, 0, 4, true, 0});
+        writer.finish({});
+    }
+    TraceFileReader file(path);
+    std::vector<Event> got;
+    while (file.next([&](const Event& e) { got.push_back(e); })) {
+    }
+    ASSERT_EQ(got.size(), 2u);
+    EXPECT_FALSE(got[0].inlined_copy);
+    EXPECT_TRUE(got[1].inlined_copy);
+    EXPECT_EQ(got[1].frame, 0x7ffc0000u);
+}
+
+// The nesting of a thread's calls by their frames (the return slots): an
+// inlined copy's entry has its host's and nests in the call open there; a
+// new call at an open call's frame ends it (and what is open above it),
+// unwound; an exit at a frame ends only calls below it.
+TEST(CallNesting, InlinedCopiesNestInTheirHostsFrameANewCallThereUnwindsIt) {
+    using K = probelist::ProbeKind;
+    CallNesting nesting;
+    std::vector<TraceRecord> out;
+    auto event = [&](K kind, std::uint64_t frame, bool copy, const std::string& function) {
+        Event e;
+        e.tid = 7;
+        e.kind = kind;
+        e.frame = frame;
+        e.inlined_copy = copy;
+        nesting.records(e, ProbeInfo{function, function, "", 0, kind, ""}, [&](const TraceRecord& r) { out.push_back(r); });
+    };
+    constexpr std::uint64_t host = 0x7000, callee = 0x6f00;
+    event(K::entry, host, false, "host");
+    event(K::entry, host, true, "copy");     // inlined into host
+    event(K::entry, host, true, "inner");    // inlined into the copy
+    event(K::entry, callee, false, "leaf");  // a real call
+    event(K::exit, callee, false, "leaf");
+    event(K::exit, host, false, "inner");
+    event(K::exit, host, false, "copy");
+    event(K::exit, host, false, "host");
+    event(K::entry, host, false, "host");
+    event(K::entry, host, true, "copy");
+    event(K::entry, host, false, "host");  // host again where it was (a longjmp): both gone
+    struct Want {
+        K kind;
+        const char* function;
+        int depth;
+        bool unwound;
+    };
+    const std::vector<Want> want = {
+        {K::entry, "host", 0, false}, {K::entry, "copy", 1, false}, {K::entry, "inner", 2, false},
+        {K::entry, "leaf", 3, false}, {K::exit, "leaf", 3, false},  {K::exit, "inner", 2, false},
+        {K::exit, "copy", 1, false},  {K::exit, "host", 0, false},  {K::entry, "host", 0, false},
+        {K::entry, "copy", 1, false}, {K::exit, "copy", 1, true},   {K::exit, "host", 0, true},
+        {K::entry, "host", 0, false}};
+    ASSERT_EQ(out.size(), want.size());
+    for (std::size_t i = 0; i < want.size(); i++) {
+        SCOPED_TRACE("record " + std::to_string(i));
+        EXPECT_EQ(out[i].kind, want[i].kind);
+        EXPECT_EQ(out[i].function, want[i].function);
+        EXPECT_EQ(out[i].depth, want[i].depth);
+        EXPECT_EQ(out[i].unwound, want[i].unwound);
     }
 }
 

@@ -515,6 +515,8 @@ TEST_P(FinstrumentValuesTest, InlinedCopyArgumentsComeFromItsScope) {
     EXPECT_EQ(lines_with(t, {exit_of(visit())}).size(), 20u) << t;
     EXPECT_EQ(lines_with(t, {exit_of(visit()), "retval"}).size(), 0u) << t;
     EXPECT_EQ(lines_with(t, {exit_of("in_loop"), retval("long", "590")}).size(), 1u) << t;
+    EXPECT_EQ(lines_with(t, {exit_of("in_loop")}).size(), 1u) << t;
+    EXPECT_EQ(t.find("unwound"), std::string::npos) << t;  // the copies nest in in_loop's frame
     auto text = iprobe({"attach", pid_, "--args", "--retval", "--functions", "in_visit*"});
     EXPECT_NE(text.out.find("3 exit hook(s) of inlined copies record no return value: an inlined copy does not return"),
               std::string::npos)
@@ -599,22 +601,29 @@ TEST_P(FinstrumentValuesTest, WhenOnAParameterAnInlinedCopyLacksRecordsNoneOfIts
 
 // A copy in a copy (in_visit inlined into in_pair, inlined into in_nested):
 // the innermost DW_TAG_inlined_subroutine of in_visit holding the hook.
+// All three hooks record in_nested's frame: each call nests in the one open
+// there (one exit each, none unwound).
 TEST_P(FinstrumentValuesTest, CopyInACopyHasItsArguments) {
-    attach({"--args", "--functions", "in_visit*"});
+    attach({"--args", "--functions", "in_visit*,in_pair*,in_nested"});
     EXPECT_EQ(target_->command("nested 5 beta"), 5035);
     const std::string t = trace("json");
     for (int n = 0; n < 5; n++)
         EXPECT_EQ(lines_with(t, {entry_of(visit()), visit_args(n, "beta")}).size(), 1u) << n << "\n" << t;
     EXPECT_EQ(lines_with(t, {entry_of(visit())}).size(), 5u) << t;
     EXPECT_EQ(lines_with(t, {exit_of(visit())}).size(), 5u) << t;
+    const std::string pair = cxx() ? "in_pair(int, item*, char const*)" : "in_pair";
+    EXPECT_EQ(lines_with(t, {entry_of(pair), "\"depth\":1"}).size(), 5u) << t;
+    EXPECT_EQ(lines_with(t, {entry_of(visit()), "\"depth\":2"}).size(), 5u) << t;
+    EXPECT_EQ(lines_with(t, {exit_of(pair)}).size(), 5u) << t;
+    EXPECT_EQ(lines_with(t, {exit_of("in_nested")}).size(), 1u) << t;
+    EXPECT_EQ(t.find("unwound"), std::string::npos) << t;
 }
 
 // A recursive static inline function gcc inlined into itself: each call's
 // n from the copy whose hook it is (its own code holds copies of it), the
 // calls and completions exact, and a --when on n records exactly the one
-// call's entry.  (Not asserted: the exit events, which the out-of-line
-// copy's hooked return records with `unwound` extras where gcc's
-// cross-jumped exit hooks share its return path, as before this change.)
+// call's entry; one exit each and none `unwound` (the copies' hooks record
+// their host's frame: each nests in the call open there, not ends it).
 TEST_P(FinstrumentValuesTest, CopiesOfARecursiveFunctionInItsOwnCodeHaveTheirArguments) {
     const std::string rec = cxx() ? "in_rec(int)" : "in_rec";
     attach({"--args", "--functions", "in_rec*"});
@@ -631,6 +640,11 @@ TEST_P(FinstrumentValuesTest, CopiesOfARecursiveFunctionInItsOwnCodeHaveTheirArg
     EXPECT_LE(hidden, 1u) << t;
     EXPECT_EQ(shown + hidden, 13u) << t;
     EXPECT_EQ(lines_with(t, {entry_of(rec)}).size(), 13u) << t;
+    // one exit each: a copy's hook has its host's frame, which it nests in, not ends
+    EXPECT_EQ(lines_with(t, {exit_of(rec)}).size(), 13u) << t;
+    EXPECT_EQ(lines_with(t, {entry_of("in_rec_top")}).size(), 1u) << t;
+    EXPECT_EQ(lines_with(t, {exit_of("in_rec_top")}).size(), 1u) << t;
+    EXPECT_EQ(t.find("unwound"), std::string::npos) << t;
     const std::string pattern = cxx() ? "in_rec\\(int\\)" : "in_rec";
     auto r = iprobe({"report", pid_, "--json"});
     EXPECT_EQ(json_calls(r.out, pattern), 13) << r.out;
@@ -693,6 +707,9 @@ TEST_F(ValuesTest, FinstrumentInlinedCopyRecordsItsArgumentsButNoReturnValue) {
     EXPECT_EQ(lines_with(t, {entry_of("twice"), "\"args\":[" + arg("v", "long", "5") + "]"}).size(), 1u) << t;
     EXPECT_EQ(lines_with(t, {exit_of("twice")}).size(), 1u) << t;
     EXPECT_EQ(lines_with(t, {exit_of("twice"), "retval"}).size(), 0u) << t;
+    // twice's hook records v_inlined's frame: it nests there, v_inlined is not unwound
+    EXPECT_EQ(lines_with(t, {exit_of("v_inlined")}).size(), 1u) << t;
+    EXPECT_EQ(t.find("unwound"), std::string::npos) << t;
     const auto h = iprobe({"report", pid_, "--hist"});
     EXPECT_NE(h.out.find("v_inlined: return value of 1 calls"), std::string::npos) << h.out;
     // v_inlined's exit probe is not the one after its entry (twice's hooks

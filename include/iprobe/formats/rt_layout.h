@@ -86,6 +86,9 @@ enum iprobe_rt_record_kind {
 #define IPROBE_RT_VALUES_HOOK 0x10u     /* with AT_SITE: hook the return through the recipe's return slot;
                                           * the function's exit is then the trampoline's (as its first exit
                                           * probe: spec.distance) */
+#define IPROBE_RT_VALUES_COPY 0x20u     /* with AT_SITE: an inlined copy's entry, whose frame is its host's
+                                          * return slot: a reader nests it in the call open at that frame
+                                          * rather than taking it for a new call there (the old one gone) */
 #define IPROBE_RT_VALUES_GPRS 6
 #define IPROBE_RT_VALUES_XMMS 8
 #define IPROBE_RT_STRING_BYTES 64
@@ -217,9 +220,10 @@ struct iprobe_rt_record {
     uint8_t nargs;       /* POINT: how many args the next record carries;
                           * ENTRY/EXIT: continuation records of values that follow */
     uint16_t depth;      /* handler nesting in this thread (signal re-entrancy), 0 normally */
-    uint32_t values;     /* ENTRY/EXIT with continuation records: the spec they were written
-                          * under (IPROBE_RT_VALUES_PACK), so a reader never types them by a
-                          * spec a later attach changed; 0 otherwise */
+    uint32_t values;     /* ENTRY/EXIT recorded with values: the spec they were written under
+                          * (IPROBE_RT_VALUES_PACK), so a reader never types its continuation
+                          * records by a spec a later attach changed (and sees
+                          * IPROBE_RT_VALUES_COPY even with none); 0 otherwise */
     uint64_t frame;      /* ENTRY/EXIT at function-entry sites: the address of the function's
                           * return-address slot (its stack pointer at entry), so a reader
                           * pairs an exit with its entry and sees frames an exception or

@@ -58,6 +58,9 @@ struct Event {
     // an exit pairs with the entry of the same frame; an open frame below a
     // later event's was unwound (an exception, longjmp): it has no exit.
     std::uint64_t frame = 0;
+    // An inlined copy's entry (IPROBE_RT_VALUES_COPY): `frame` is its host's,
+    // so it nests in the call open there instead of ending it.
+    bool inlined_copy = false;
     bool has_values = false;         // entry: args recorded; exit: the return registers
     std::vector<Value> values;       // entry: the arguments
     std::optional<Value> retval;     // exit: nullopt for void (or not recorded)
