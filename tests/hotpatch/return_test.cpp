@@ -28,6 +28,60 @@ std::ostream& operator<<(std::ostream& out, const Counts& c) {
     return out << "{calls " << c.calls << ", completed " << c.completed << "}";
 }
 
+// The calls a trace file shows: per function the calls, completions and
+// summed inclusive ticks (each exit against the innermost open call of its
+// thread), and what broke the nesting or the order of a thread's events.
+struct FileCalls {
+    std::map<std::string, Counts> seen;
+    std::map<std::string, long double> ticks;  // inclusive, summed
+    long long mismatched = 0;                  // exits that were not the innermost open call's
+    long long backwards = 0;                   // events stamped before their thread's previous one
+    std::map<std::uint32_t, std::size_t> left_open;
+    long double ns_per_tick = 0;
+};
+
+FileCalls read_calls(const std::string& file) {
+    struct Open {
+        std::string function;
+        std::uint64_t tsc;
+    };
+    FileCalls out;
+    std::map<std::uint32_t, std::vector<Open>> open;  // per thread
+    std::map<std::uint32_t, std::uint64_t> previous;
+    hotpatch::Event first{}, last{};
+    bool any = false;
+    hotpatch::TraceFileReader reader(file);
+    while (reader.next([&](const hotpatch::Event& e) {
+        ASSERT_LT(e.probe, reader.probes().size());
+        const std::string& f = reader.probes()[e.probe].function;
+        if (!any) first = e, any = true;
+        last = e;
+        if (previous.count(e.tid) && e.tsc < previous[e.tid]) out.backwards++;
+        previous[e.tid] = e.tsc;
+        auto& stack = open[e.tid];
+        if (e.kind == probelist::ProbeKind::entry) {
+            out.seen[f].calls++;
+            stack.push_back({f, e.tsc});
+            return;
+        }
+        out.seen[f].completed++;
+        if (stack.empty() || stack.back().function != f) {
+            out.mismatched++;
+            return;
+        }
+        out.ticks[f] += static_cast<long double>(e.tsc - stack.back().tsc);
+        stack.pop_back();
+    })) {
+    }
+    for (const auto& [tid, stack] : open)
+        if (!stack.empty()) out.left_open[tid] = stack.size();
+    EXPECT_GT(last.tsc, first.tsc);
+    if (last.tsc > first.tsc)
+        out.ns_per_tick =
+            static_cast<long double>(last.time_ns - first.time_ns) / static_cast<long double>(last.tsc - first.tsc);
+    return out;
+}
+
 class ReturnTest : public ::testing::TestWithParam<std::string> {
 protected:
     void SetUp() override {
@@ -47,6 +101,20 @@ protected:
         auto r = iprobe({"report", pid_, "--json"});
         EXPECT_EQ(r.exit_code, 0) << r.err;
         return r.out;
+    }
+    // `line` run while `iprobe trace --output --lossless` writes sg_*'s
+    // events to a file: the target's answer, and the calls in the file.
+    std::pair<long, FileCalls> trace_signals_to_file(const std::string& line) {
+        attach("sg_*", "trace");
+        TempDir dir;
+        const std::string file = dir / "signals.trace";
+        Child trace({iprobe_bin(), "trace", pid_, "--output", file, "--lossless"}, dir / "trace.out");
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the writer is draining
+        const long answer = command(line);
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        trace.kill(SIGINT);
+        EXPECT_EQ(trace.wait(std::chrono::seconds(60)), 0);
+        return {answer, read_calls(file)};
     }
     static Counts counts(const std::string& json, const std::string& function) {
         return {std::max(0ll, json_calls(json, function)), std::max(0ll, json_completed(json, function))};
@@ -165,60 +233,6 @@ long long json_field(const std::string& json, const std::string& function, const
 // innermost open call's; every call timed; and the durations the file's
 // timestamps give summing, function by function, to the inclusive time the
 // report's sums kept.
-// The calls a trace file shows: per function the calls, completions and
-// summed inclusive ticks (each exit against the innermost open call of its
-// thread), and what broke the nesting or the order of a thread's events.
-struct FileCalls {
-    std::map<std::string, Counts> seen;
-    std::map<std::string, long double> ticks;  // inclusive, summed
-    long long mismatched = 0;                  // exits that were not the innermost open call's
-    long long backwards = 0;                   // events stamped before their thread's previous one
-    std::map<std::uint32_t, std::size_t> left_open;
-    long double ns_per_tick = 0;
-};
-
-FileCalls read_calls(const std::string& file) {
-    struct Open {
-        std::string function;
-        std::uint64_t tsc;
-    };
-    FileCalls out;
-    std::map<std::uint32_t, std::vector<Open>> open;  // per thread
-    std::map<std::uint32_t, std::uint64_t> previous;
-    hotpatch::Event first{}, last{};
-    bool any = false;
-    hotpatch::TraceFileReader reader(file);
-    while (reader.next([&](const hotpatch::Event& e) {
-        ASSERT_LT(e.probe, reader.probes().size());
-        const std::string& f = reader.probes()[e.probe].function;
-        if (!any) first = e, any = true;
-        last = e;
-        if (previous.count(e.tid) && e.tsc < previous[e.tid]) out.backwards++;
-        previous[e.tid] = e.tsc;
-        auto& stack = open[e.tid];
-        if (e.kind == probelist::ProbeKind::entry) {
-            out.seen[f].calls++;
-            stack.push_back({f, e.tsc});
-            return;
-        }
-        out.seen[f].completed++;
-        if (stack.empty() || stack.back().function != f) {
-            out.mismatched++;
-            return;
-        }
-        out.ticks[f] += static_cast<long double>(e.tsc - stack.back().tsc);
-        stack.pop_back();
-    })) {
-    }
-    for (const auto& [tid, stack] : open)
-        if (!stack.empty()) out.left_open[tid] = stack.size();
-    EXPECT_GT(last.tsc, first.tsc);
-    if (last.tsc > first.tsc)
-        out.ns_per_tick =
-            static_cast<long double>(last.time_ns - first.time_ns) / static_cast<long double>(last.tsc - first.tsc);
-    return out;
-}
-
 // sg_*'s calls in the file: `handled` handlers, nine sg_nested in each,
 // timed as the report's sums time them; nothing dropped or unmatched.
 void expect_signal_calls(const FileCalls& calls, const std::string& json, long leaf_calls, long handled) {
@@ -245,17 +259,9 @@ void expect_signal_calls(const FileCalls& calls, const std::string& json, long l
 
 TEST_P(ReturnTest, TraceFastPathNestsSignalHandlersAndTimesWhatTheFileShows) {
     constexpr long kCalls = 300000;
-    attach("sg_*", "trace");
-    TempDir dir;
-    const std::string file = dir / "signals.trace";
-    Child trace({iprobe_bin(), "trace", pid_, "--output", file, "--lossless"}, dir / "trace.out");
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the writer is draining
-    const long handled = command("signals " + std::to_string(kCalls));
+    const auto [handled, calls] = trace_signals_to_file("signals " + std::to_string(kCalls));
     EXPECT_GT(handled, 10) << "signals landed while the loop ran";
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    trace.kill(SIGINT);
-    ASSERT_EQ(trace.wait(std::chrono::seconds(60)), 0);
-    expect_signal_calls(read_calls(file), report(), kCalls, handled);
+    expect_signal_calls(calls, report(), kCalls, handled);
 }
 
 // SIGUSR2 raised inside the runtime's claims at a thread's first traced
@@ -267,22 +273,13 @@ TEST_P(ReturnTest, TraceFastPathNestsSignalHandlersAndTimesWhatTheFileShows) {
 // population in its duration.)
 TEST_P(ReturnTest, SignalInsideAThreadsFirstTracedCallIsInTheSumsAsInTheFile) {
     constexpr long kCalls = 1000;
-    attach("sg_*", "trace");
-    TempDir dir;
-    const std::string file = dir / "firstcall.trace";
-    Child trace({iprobe_bin(), "trace", pid_, "--output", file, "--lossless"}, dir / "trace.out");
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    const long result = command("firstcall " + std::to_string(kCalls));
+    const auto [result, calls] = trace_signals_to_file("firstcall " + std::to_string(kCalls));
     const long handled = result / 100, raised = result % 100;
     // One raise in each of the claims of the thread's sums, ring and return
     // stack (each registers the thread); held until the claims are done,
     // they are one pending SIGUSR2 then.
     EXPECT_EQ(raised, 3) << "the runtime's claims no longer call pthread_setspecific as this expects";
     EXPECT_EQ(handled, 1);
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    trace.kill(SIGINT);
-    ASSERT_EQ(trace.wait(std::chrono::seconds(60)), 0);
-    const FileCalls calls = read_calls(file);
     EXPECT_EQ(calls.backwards, 0) << "events written after a later-stamped one of their thread";
     expect_signal_calls(calls, report(), kCalls, handled);
 }

@@ -43,6 +43,7 @@
 #include <dlfcn.h>
 #include <execinfo.h>
 #include <pthread.h>
+#include <sched.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdint.h>
@@ -204,7 +205,7 @@ static long coroutine(long n) {
 
 /* ---- signals arriving anywhere, also on an alternate stack ---- */
 static volatile long sg_handled;
-static volatile int sg_done;
+static volatile int sg_done, sg_sending;
 PROBED long sg_leaf(long i) { return i ^ 5; }
 PROBED long sg_nested(long depth) {
     const long r = depth ? sg_nested(depth - 1) + 1 : 0;
@@ -221,6 +222,7 @@ static void* sg_sender(void* arg) {
     const pthread_t target = *(pthread_t*)arg;
     while (!sg_done) {
         pthread_kill(target, SIGUSR2);
+        sg_sending = 1;
         usleep(20);
     }
     return 0;
@@ -240,8 +242,10 @@ static long signals(long n, int alternate) {
     sigaction(SIGUSR2, &sa, 0);
     sg_handled = 0;
     sg_done = 0;
+    sg_sending = 0;
     pthread_t self = pthread_self(), sender;
     pthread_create(&sender, 0, sg_sender, &self);
+    while (!sg_sending) sched_yield(); /* on a loaded machine the loop could end before it starts */
     long sum = 0;
     for (long i = 0; i < n; i++) sum += sg_leaf(i);
     sg_done = 1;
