@@ -9,6 +9,7 @@
 #include <fcntl.h>
 #include <linux/futex.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdlib.h>
 #include <stddef.h>
 #include <string.h>
@@ -180,9 +181,6 @@ static int claim_ring_now(struct thread_producer* t, struct iprobe_rt_control* c
         BARRIER();
         t->ring = ring;
         t->claiming = 0;
-        /* Fault the ring's pages in now rather than one by one on the hot
-         * path (signal handlers may already log into it meanwhile). */
-        madvise(ring, cb->ring_stride, MADV_POPULATE_WRITE);
         return 1;
     }
     t->no_ring = 1;
@@ -198,7 +196,12 @@ static struct iprobe_rt_thread* slot_at(struct iprobe_rt_control* cb, uint32_t i
 /* Slow path, once per thread.  Any free or retired slot will do: a retired
  * one keeps summing from where its last thread left it. */
 static struct iprobe_rt_fn_stats* claim_slot_now(struct thread_producer* t, struct iprobe_rt_control* cb) {
-    if (t->claiming_slot || t->no_slot) return 0;
+    if (t->no_slot) return 0;
+    if (t->claiming_slot) { /* a synchronous signal's handler inside the claim: not in the sums, said */
+        __atomic_fetch_add(&iprobe_rt_state.nested_drops, 1, __ATOMIC_RELAXED);
+        __atomic_fetch_add(&cb->no_slot_events, 1, __ATOMIC_RELAXED);
+        return 0;
+    }
     t->claiming_slot = 1;
     BARRIER();
     for (uint32_t i = 0; i < cb->thread_count; i++) {
@@ -223,8 +226,62 @@ static struct iprobe_rt_fn_stats* claim_slot_now(struct thread_producer* t, stru
     return 0;
 }
 
-static uint64_t claim_ring_call(void* t, void* cb) { return (uint64_t)claim_ring_now(t, cb); }
-static uint64_t claim_slot_call(void* t, void* cb) { return (uint64_t)(uintptr_t)claim_slot_now(t, cb); }
+/* A claim runs with the thread's signals held off: a handler probing in
+ * this thread in between would find its sums or its ring half-claimed, and
+ * its events would be left out of the one and kept in the other (a
+ * handler's call in the trace with a duration the sums never had).  The
+ * synchronous ones stay deliverable (blocked, a fault would kill). */
+static void hold_signals(sigset_t* was) {
+    sigset_t all;
+    sigfillset(&all);
+    sigdelset(&all, SIGSEGV), sigdelset(&all, SIGBUS), sigdelset(&all, SIGILL);
+    sigdelset(&all, SIGFPE), sigdelset(&all, SIGTRAP), sigdelset(&all, SIGSYS);
+    pthread_sigmask(SIG_BLOCK, &all, was);
+}
+
+/* After the claim, signals back: the ring's pages are faulted in now
+ * rather than one by one on the hot path (handlers may log into it
+ * meanwhile: it is claimed); held for this long, signals sent meanwhile
+ * would merge. */
+static void populate_ring(struct thread_producer* t, struct iprobe_rt_control* cb) {
+    if (t->ring) madvise(t->ring, cb->ring_stride, MADV_POPULATE_WRITE);
+}
+
+static uint64_t claim_ring_call(void* t, void* cb) {
+    sigset_t was;
+    hold_signals(&was);
+    const int claimed = claim_ring_now(t, cb);
+    pthread_sigmask(SIG_SETMASK, &was, 0);
+    if (claimed) populate_ring(t, cb);
+    return (uint64_t)claimed;
+}
+
+static uint64_t claim_slot_call(void* t, void* cb) {
+    sigset_t was;
+    hold_signals(&was);
+    struct iprobe_rt_fn_stats* stats = claim_slot_now(t, cb);
+    pthread_sigmask(SIG_SETMASK, &was, 0);
+    return (uint64_t)(uintptr_t)stats;
+}
+
+/* A thread's first traced event claims its sums, its ring and its first
+ * return-stack chunk in one go, before it reads the clock: a signal that
+ * arrived meanwhile is handled as the claim ends, its handler's calls
+ * whole and before this event, in the ring as in time.  (Claimed lazily
+ * instead, the event's time was read before the claim and its record
+ * written after the handler's, a ring's population later.) */
+static uint64_t claim_thread_call(void* tp, void* cbp) {
+    struct thread_producer* t = tp;
+    struct iprobe_rt_control* cb = cbp;
+    sigset_t was;
+    hold_signals(&was);
+    if (!t->slot) claim_slot_now(t, cb);
+    const int claimed = !t->ring && claim_ring_now(t, cb);
+    if (iprobe_rt_thread.count == 0) iprobe_rt_return_grow();
+    pthread_sigmask(SIG_SETMASK, &was, 0);
+    if (claimed) populate_ring(t, cb);
+    return 0;
+}
 
 /* The claims call libc: through iprobe_rt_vector_safe_call. */
 static __attribute__((noinline, cold)) int claim_ring(struct thread_producer* t, struct iprobe_rt_control* cb) {
@@ -234,6 +291,16 @@ static __attribute__((noinline, cold)) int claim_ring(struct thread_producer* t,
 static __attribute__((noinline, cold)) struct iprobe_rt_fn_stats* claim_slot(struct thread_producer* t,
                                                                              struct iprobe_rt_control* cb) {
     return (struct iprobe_rt_fn_stats*)(uintptr_t)iprobe_rt_vector_safe_call(claim_slot_call, t, cb);
+}
+
+static __attribute__((noinline, cold)) void claim_thread(struct thread_producer* t, struct iprobe_rt_control* cb) {
+    iprobe_rt_vector_safe_call(claim_thread_call, t, cb);
+}
+
+/* Before a traced event reads the clock: the thread's claims, once. */
+static inline __attribute__((always_inline)) void claim_first(struct iprobe_rt_control* cb) {
+    struct thread_producer* t = &t_producer;
+    if (UNLIKELY((!t->slot && !t->no_slot) || (!t->ring && !t->no_ring))) claim_thread(t, cb);
 }
 
 static uint64_t watch_thread_call(void* t, void* unused) {
@@ -582,6 +649,7 @@ static inline __attribute__((always_inline)) void emit_probe_at(struct iprobe_rt
 
 static inline __attribute__((always_inline)) void emit_probe(struct iprobe_rt_control* cb, int32_t probe, uint32_t stat,
                                                              uint8_t kind, const uint64_t* args, enum frame_use use) {
+    claim_first(cb);
     emit_probe_at(cb, probe, stat, kind, args, use, timestamp(), 0);
 }
 
@@ -1256,6 +1324,7 @@ __attribute__((visibility("hidden"))) uint64_t iprobe_rt_trace_enter_return_at(u
     struct iprobe_rt_control* cb = served_control();
     if (UNLIKELY(!cb)) return 0;
     if (UNLIKELY(id + 1 >= g_geometry.probe_capacity)) return 0;
+    claim_first(cb); /* before the return is hooked and the clock read */
     const struct iprobe_rt_probe* p = probe_of(cb, (int32_t)id);
     const uint64_t word = spec_word(p);
     if (UNLIKELY(word != 0)) return values_enter(cb, (uint32_t)id, p, word, saved, slot, 1, 0);

@@ -28,6 +28,60 @@ std::ostream& operator<<(std::ostream& out, const Counts& c) {
     return out << "{calls " << c.calls << ", completed " << c.completed << "}";
 }
 
+// The calls a trace file shows: per function the calls, completions and
+// summed inclusive ticks (each exit against the innermost open call of its
+// thread), and what broke the nesting or the order of a thread's events.
+struct FileCalls {
+    std::map<std::string, Counts> seen;
+    std::map<std::string, long double> ticks;  // inclusive, summed
+    long long mismatched = 0;                  // exits that were not the innermost open call's
+    long long backwards = 0;                   // events stamped before their thread's previous one
+    std::map<std::uint32_t, std::size_t> left_open;
+    long double ns_per_tick = 0;
+};
+
+FileCalls read_calls(const std::string& file) {
+    struct Open {
+        std::string function;
+        std::uint64_t tsc;
+    };
+    FileCalls out;
+    std::map<std::uint32_t, std::vector<Open>> open;  // per thread
+    std::map<std::uint32_t, std::uint64_t> previous;
+    hotpatch::Event first{}, last{};
+    bool any = false;
+    hotpatch::TraceFileReader reader(file);
+    while (reader.next([&](const hotpatch::Event& e) {
+        ASSERT_LT(e.probe, reader.probes().size());
+        const std::string& f = reader.probes()[e.probe].function;
+        if (!any) first = e, any = true;
+        last = e;
+        if (previous.count(e.tid) && e.tsc < previous[e.tid]) out.backwards++;
+        previous[e.tid] = e.tsc;
+        auto& stack = open[e.tid];
+        if (e.kind == probelist::ProbeKind::entry) {
+            out.seen[f].calls++;
+            stack.push_back({f, e.tsc});
+            return;
+        }
+        out.seen[f].completed++;
+        if (stack.empty() || stack.back().function != f) {
+            out.mismatched++;
+            return;
+        }
+        out.ticks[f] += static_cast<long double>(e.tsc - stack.back().tsc);
+        stack.pop_back();
+    })) {
+    }
+    for (const auto& [tid, stack] : open)
+        if (!stack.empty()) out.left_open[tid] = stack.size();
+    EXPECT_GT(last.tsc, first.tsc);
+    if (last.tsc > first.tsc)
+        out.ns_per_tick =
+            static_cast<long double>(last.time_ns - first.time_ns) / static_cast<long double>(last.tsc - first.tsc);
+    return out;
+}
+
 class ReturnTest : public ::testing::TestWithParam<std::string> {
 protected:
     void SetUp() override {
@@ -47,6 +101,20 @@ protected:
         auto r = iprobe({"report", pid_, "--json"});
         EXPECT_EQ(r.exit_code, 0) << r.err;
         return r.out;
+    }
+    // `line` run while `iprobe trace --output --lossless` writes sg_*'s
+    // events to a file: the target's answer, and the calls in the file.
+    std::pair<long, FileCalls> trace_signals_to_file(const std::string& line) {
+        attach("sg_*", "trace");
+        TempDir dir;
+        const std::string file = dir / "signals.trace";
+        Child trace({iprobe_bin(), "trace", pid_, "--output", file, "--lossless"}, dir / "trace.out");
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the writer is draining
+        const long answer = command(line);
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));
+        trace.kill(SIGINT);
+        EXPECT_EQ(trace.wait(std::chrono::seconds(60)), 0);
+        return {answer, read_calls(file)};
     }
     static Counts counts(const std::string& json, const std::string& function) {
         return {std::max(0ll, json_calls(json, function)), std::max(0ll, json_completed(json, function))};
@@ -165,78 +233,55 @@ long long json_field(const std::string& json, const std::string& function, const
 // innermost open call's; every call timed; and the durations the file's
 // timestamps give summing, function by function, to the inclusive time the
 // report's sums kept.
-TEST_P(ReturnTest, TraceFastPathNestsSignalHandlersAndTimesWhatTheFileShows) {
-    constexpr long kCalls = 300000;
-    // The thread claims its sums and its ring first (in C), through a
-    // function this does not read back: a signal handler traced while the
-    // thread's first call was still claiming them was seen (a run in 40, the
-    // C path alone as well) with a duration in the file that the report's
-    // sums did not have, not explained yet (bench/RESULTS.md, "The trace
-    // handler's fast path"); this checks the fast path once the thread has
-    // them.
-    attach("rec", "trace");
-    command("recurse 3");
-    attach("sg_*", "trace");
-    TempDir dir;
-    const std::string file = dir / "signals.trace";
-    Child trace({iprobe_bin(), "trace", pid_, "--output", file, "--lossless"}, dir / "trace.out");
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the writer is draining
-    const long handled = command("signals " + std::to_string(kCalls));
-    EXPECT_GT(handled, 10) << "signals landed while the loop ran";
-    std::this_thread::sleep_for(std::chrono::milliseconds(300));
-    trace.kill(SIGINT);
-    ASSERT_EQ(trace.wait(std::chrono::seconds(60)), 0);
-    const std::string json = report();
-
-    struct Open {
-        std::string function;
-        std::uint64_t tsc;
-    };
-    std::map<std::uint32_t, std::vector<Open>> open;  // per thread
-    std::map<std::string, Counts> seen;
-    std::map<std::string, long double> ticks;  // inclusive, summed
-    long long mismatched = 0;
-    hotpatch::Event first{}, last{};
-    bool any = false;
-    hotpatch::TraceFileReader reader(file);
-    while (reader.next([&](const hotpatch::Event& e) {
-        ASSERT_LT(e.probe, reader.probes().size());
-        const std::string& f = reader.probes()[e.probe].function;
-        if (!any) first = e, any = true;
-        last = e;
-        auto& stack = open[e.tid];
-        if (e.kind == probelist::ProbeKind::entry) {
-            seen[f].calls++;
-            stack.push_back({f, e.tsc});
-            return;
-        }
-        seen[f].completed++;
-        if (stack.empty() || stack.back().function != f) {
-            mismatched++;
-            return;
-        }
-        ticks[f] += static_cast<long double>(e.tsc - stack.back().tsc);
-        stack.pop_back();
-    })) {
-    }
-    EXPECT_EQ(mismatched, 0) << "exits that were not the innermost open call's";
-    EXPECT_EQ(seen["sg_leaf"], (Counts{kCalls, kCalls}));
-    EXPECT_EQ(seen["sg_handler"], (Counts{handled, handled}));
-    EXPECT_EQ(seen["sg_nested"], (Counts{9 * handled, 9 * handled}));
-    for (const auto& [tid, stack] : open) EXPECT_TRUE(stack.empty()) << stack.size() << " calls left open in " << tid;
-    ASSERT_GT(last.tsc, first.tsc);
-    const long double ns_per_tick =
-        static_cast<long double>(last.time_ns - first.time_ns) / static_cast<long double>(last.tsc - first.tsc);
-    for (const char* f : {"sg_leaf", "sg_handler", "sg_nested"}) {
+// sg_*'s calls in the file: `handled` handlers, nine sg_nested in each,
+// timed as the report's sums time them; nothing dropped or unmatched.
+void expect_signal_calls(const FileCalls& calls, const std::string& json, long leaf_calls, long handled) {
+    EXPECT_EQ(calls.mismatched, 0) << "exits that were not the innermost open call's";
+    for (const auto& [tid, open] : calls.left_open) ADD_FAILURE() << open << " calls left open in " << tid;
+    const std::map<std::string, long> called{{"sg_leaf", leaf_calls}, {"sg_handler", handled}, {"sg_nested", 9 * handled}};
+    for (const auto& [f, n] : called) {
+        const auto seen = calls.seen.find(f);
+        EXPECT_EQ(seen == calls.seen.end() ? Counts{} : seen->second, (Counts{n, n})) << f << " in the file";
+        EXPECT_EQ(json_calls(json, f), n) << f << ": every call in the sums\n" << json;
         EXPECT_EQ(json_field(json, f, "timed"), json_completed(json, f)) << f << ": every call timed\n" << json;
         const long double inclusive_ns = static_cast<long double>(json_field(json, f, "inclusive_ns"));
-        const long double from_file = ticks[f] * ns_per_tick;
+        const auto ticks = calls.ticks.find(f);
+        const long double from_file = ticks == calls.ticks.end() ? 0 : ticks->second * calls.ns_per_tick;
         EXPECT_NEAR(static_cast<double>(from_file), static_cast<double>(inclusive_ns),
                     static_cast<double>(1e-3 * inclusive_ns + 1000))
             << f << ": the durations in the file against the report's inclusive time\n" << json;
     }
     EXPECT_EQ(json_number(json, "trace_dropped"), 0) << json;
     EXPECT_EQ(json_number(json, "unmatched_exits"), 0) << json;
+    EXPECT_EQ(json_number(json, "unhooked_returns"), 0) << json;
+    EXPECT_EQ(json_number(json, "lost"), 0) << json;
+}
+
+TEST_P(ReturnTest, TraceFastPathNestsSignalHandlersAndTimesWhatTheFileShows) {
+    constexpr long kCalls = 300000;
+    const auto [handled, calls] = trace_signals_to_file("signals " + std::to_string(kCalls));
+    EXPECT_GT(handled, 10) << "signals landed while the loop ran";
+    expect_signal_calls(calls, report(), kCalls, handled);
+}
+
+// SIGUSR2 raised inside the runtime's claims at a thread's first traced
+// call (rt_cases.c's pthread_setspecific): the handler runs once the claim
+// is done and before that call's clock is read, so its calls are in the
+// sums as in the file, timed alike, and the thread's events are in time
+// order.  (A handler inside the claim of the sums found none: its calls
+// were left out of them and kept in the file, one with the ring's
+// population in its duration.)
+TEST_P(ReturnTest, SignalInsideAThreadsFirstTracedCallIsInTheSumsAsInTheFile) {
+    constexpr long kCalls = 1000;
+    const auto [result, calls] = trace_signals_to_file("firstcall " + std::to_string(kCalls));
+    const long handled = result / 100, raised = result % 100;
+    // One raise in each of the claims of the thread's sums, ring and return
+    // stack (each registers the thread); held until the claims are done,
+    // they are one pending SIGUSR2 then.
+    EXPECT_EQ(raised, 3) << "the runtime's claims no longer call pthread_setspecific as this expects";
+    EXPECT_EQ(handled, 1);
+    EXPECT_EQ(calls.backwards, 0) << "events written after a later-stamped one of their thread";
+    expect_signal_calls(calls, report(), kCalls, handled);
 }
 
 // pthread_exit and pthread_cancel unwind through hooked frames (their

@@ -373,7 +373,7 @@ struct iprobe_rt_control {
 
     /* counted by the runtime, never blocking */
     uint64_t no_ring_events;     /* a thread found no free ring (trace stream only) */
-    uint64_t no_slot_events;     /* a thread found no free thread slot (not in the sums) */
+    uint64_t no_slot_events;     /* no free thread slot, or inside its claim (not in the sums) */
     uint64_t unknown_site_events;/* return address not in the hash */
     uint64_t fork_child_events;  /* (in a forked child's copy, never here) */
     uint32_t clock;              /* enum iprobe_rt_clock: what "tsc" fields count */

@@ -16,6 +16,10 @@
  *   signals N       sg_leaf N times while SIGUSR2 arrives; sg_handler (on
  *   altsignals N    an alternate stack for altsignals) recurses sg_nested 8
  *                   deep: prints how many handlers ran
+ *   firstcall N     a new thread calls sg_leaf N times, SIGUSR2 raised in it
+ *                   from inside the runtime's claims at its first traced call
+ *                   (this program's pthread_setspecific): prints 100 x the
+ *                   handlers that ran + the signals raised
  *   threads N       N threads each of: te_start (pthread_exit in te_exit),
  *                   tc_start (cancelled in tc_wait), tn_start (returns):
  *                   prints how many cancellation cleanups ran
@@ -39,6 +43,7 @@
 #include <dlfcn.h>
 #include <execinfo.h>
 #include <pthread.h>
+#include <sched.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <stdint.h>
@@ -200,7 +205,7 @@ static long coroutine(long n) {
 
 /* ---- signals arriving anywhere, also on an alternate stack ---- */
 static volatile long sg_handled;
-static volatile int sg_done;
+static volatile int sg_done, sg_sending;
 PROBED long sg_leaf(long i) { return i ^ 5; }
 PROBED long sg_nested(long depth) {
     const long r = depth ? sg_nested(depth - 1) + 1 : 0;
@@ -217,6 +222,7 @@ static void* sg_sender(void* arg) {
     const pthread_t target = *(pthread_t*)arg;
     while (!sg_done) {
         pthread_kill(target, SIGUSR2);
+        sg_sending = 1;
         usleep(20);
     }
     return 0;
@@ -236,8 +242,10 @@ static long signals(long n, int alternate) {
     sigaction(SIGUSR2, &sa, 0);
     sg_handled = 0;
     sg_done = 0;
+    sg_sending = 0;
     pthread_t self = pthread_self(), sender;
     pthread_create(&sender, 0, sg_sender, &self);
+    while (!sg_sending) sched_yield(); /* on a loaded machine the loop could end before it starts */
     long sum = 0;
     for (long i = 0; i < n; i++) sum += sg_leaf(i);
     sg_done = 1;
@@ -256,6 +264,56 @@ static long signals(long n, int alternate) {
     }
     sink += sum;
     return sg_handled;
+}
+
+/* ---- a signal inside a thread's first traced call ----
+ * The runtime claims a thread's sums, ring and return stack at its first
+ * traced event and registers the thread (pthread_setspecific) while it
+ * does: the runtime's calls come to this definition (-rdynamic), which
+ * raises SIGUSR2 in a thread that armed it, so sg_handler is due from
+ * inside the claim every time, not one run in twenty. */
+static __thread volatile int fc_armed; /* sg_leaf never reads it: kept */
+static volatile long fc_raised;
+typedef int (*setspecific_fn)(pthread_key_t, const void*);
+static setspecific_fn fc_real_setspecific;
+EXTERN_C int pthread_setspecific(pthread_key_t key, const void* value)
+#ifdef __cplusplus
+    noexcept
+#endif
+{
+    if (!fc_real_setspecific) fc_real_setspecific = (setspecific_fn)dlsym(RTLD_NEXT, "pthread_setspecific");
+    if (fc_armed) {
+        fc_raised++;
+        raise(SIGUSR2);
+    }
+    return fc_real_setspecific(key, value);
+}
+
+static void* fc_thread(void* arg) {
+    long sum = 0;
+    fc_armed = 1;
+    for (long i = 0; i < (long)arg; i++) sum += sg_leaf(i);
+    fc_armed = 0;
+    return (void*)sum;
+}
+
+static long firstcall(long n) {
+    if (!fc_real_setspecific) fc_real_setspecific = (setspecific_fn)dlsym(RTLD_NEXT, "pthread_setspecific");
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = sg_handler;
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGUSR2, &sa, 0);
+    sg_handled = 0;
+    fc_raised = 0;
+    pthread_t thread;
+    void* sum = 0;
+    pthread_create(&thread, 0, fc_thread, (void*)n);
+    pthread_join(thread, &sum);
+    sa.sa_handler = SIG_IGN;
+    sigaction(SIGUSR2, &sa, 0);
+    sink += (long)sum;
+    return 100 * sg_handled + fc_raised;
 }
 
 /* ---- threads that end inside hooked frames ---- */
@@ -490,6 +548,7 @@ static long command(const char* name, long n) {
     if (!strcmp(name, "swapcontext")) return coroutine(n);
     if (!strcmp(name, "signals")) return signals(n, 0);
     if (!strcmp(name, "altsignals")) return signals(n, 1);
+    if (!strcmp(name, "firstcall")) return firstcall(n);
     if (!strcmp(name, "threads")) return threads(n);
     if (!strcmp(name, "fork")) return forks(n);
     if (!strcmp(name, "tailcalls")) {

@@ -38,7 +38,7 @@ struct iprobe_rt_state {
     uint64_t region_size;
     uint64_t early_events;       /* handler ran before any region was mapped */
     uint64_t fork_child_events;  /* events in a forked child (dropped, counted here) */
-    uint64_t nested_drops;       /* re-entrant event while claiming a ring (dropped) */
+    uint64_t nested_drops;       /* re-entrant event while claiming a ring or slot (dropped) */
     int32_t region_fd;           /* the region's memfd in this process, -1 when none */
     uint32_t pad;
     /* %fs offset of the calling thread's pointer to its sums (initial-exec
