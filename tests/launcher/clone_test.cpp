@@ -491,7 +491,9 @@ protected:
         }
         // A 400 MB dump can end before a loaded machine's test gets to the
         // kill: then there was nothing to wait for, and this run checks the
-        // rest only (said, not failed).
+        // rest only (said, not failed).  CRIU cannot be held (SIGSTOP) to
+        // make it certain: its process group, orphaned by the launcher's
+        // death with a stopped member, gets SIGHUP from the kernel.
         if (step() == "dump" && !criu_outlived_launcher)
             std::printf("note: the dump ended before the launcher was killed; the guardian's wait for CRIU was not "
                         "exercised in this run\n");
