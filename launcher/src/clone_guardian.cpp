@@ -98,10 +98,7 @@ void wait_for_helpers(const std::vector<int>& helpers) {
     // Nothing of the launcher's is held: not its stdout (a reader waiting
     // for EOF), not a debug session's lifeline (its keepers wait for EOF).
     const int socket_high = ::fcntl(socket, F_DUPFD, 10);
-    const int devnull = ::open("/dev/null", O_RDWR);
-    ::dup2(devnull, 0);
-    ::dup2(devnull, 1);
-    ::dup2(devnull, 2);
+    stdio_to_dev_null();
     ::dup2(socket_high, kSocketFd);
     ::close_range(kSocketFd + 1, ~0U, 0);
 

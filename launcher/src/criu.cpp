@@ -252,16 +252,8 @@ SwrkChild start_swrk(const std::string& criu, int handed_fd, const std::function
         // Its own process group: a terminal's Ctrl-C never cuts CRIU off
         // with production frozen.  Signals as a fresh process has them.
         ::setpgid(0, 0);
-        sigset_t none;
-        sigemptyset(&none);
-        ::sigprocmask(SIG_SETMASK, &none, nullptr);
-        ::signal(SIGPIPE, SIG_DFL);
-        ::signal(SIGINT, SIG_DFL);
-        ::signal(SIGTERM, SIG_DFL);
-        const int devnull = ::open("/dev/null", O_RDWR);
-        ::dup2(devnull, 0);
-        ::dup2(devnull, 1);
-        ::dup2(devnull, 2);
+        reset_signals();
+        stdio_to_dev_null();
         if (in_child && !in_child()) _exit(126);
         // Moved above both targets first, so neither dup2 overwrites the other.
         const int sock = ::fcntl(pair[1], F_DUPFD, 10);

@@ -191,10 +191,7 @@ struct RestoreCall {
     // Out of the way of the descriptors rearranged below.
     const int lifeline_high = plan.lifeline_fd >= 0 ? ::fcntl(plan.lifeline_fd, F_DUPFD, 10) : -1;
     const int host_mount_ns = ::fcntl(host_mount_ns_fd, F_DUPFD, 10);
-    int devnull = ::open("/dev/null", O_RDWR);
-    ::dup2(devnull, 0);
-    ::dup2(devnull, 1);
-    ::dup2(devnull, 2);
+    stdio_to_dev_null();
     ::dup2(status_fd, 3);
     status_fd = 3;
     int lifeline = -1;

@@ -47,15 +47,6 @@ void keep_only_fds(std::span<const int> kept) {
 
 std::atomic<int> g_child_note_fd{-1};
 
-void reset_signals() {
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, nullptr);
-    signal(SIGPIPE, SIG_DFL);
-    signal(SIGINT, SIG_DFL);
-    signal(SIGTERM, SIG_DFL);
-}
-
 int wait_exit_code(pid_t pid) {
     int status = 0;
     while (waitpid(pid, &status, 0) < 0) {
@@ -65,6 +56,22 @@ int wait_exit_code(pid_t pid) {
 }
 
 }  // namespace
+
+void reset_signals() noexcept {
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    signal(SIGPIPE, SIG_DFL);
+    signal(SIGINT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+}
+
+void stdio_to_dev_null() noexcept {
+    const int devnull = ::open("/dev/null", O_RDWR);
+    ::dup2(devnull, 0);
+    ::dup2(devnull, 1);
+    ::dup2(devnull, 2);
+}
 
 RunResult run(const std::vector<std::string>& argv, const std::function<bool()>& in_child, int fd3) {
     int out_pipe[2], err_pipe[2];

@@ -84,6 +84,12 @@ void note_children_to(int fd);
 // Called in a freshly forked child: notes its PID, async-signal-safe.
 void note_this_child() noexcept;
 
+// In a forked child, async-signal-safe: signals as a fresh process has them
+// (none blocked; SIGPIPE, SIGINT and SIGTERM at their defaults).
+void reset_signals() noexcept;
+// In a forked child, async-signal-safe: stdin, stdout and stderr on /dev/null.
+void stdio_to_dev_null() noexcept;
+
 // Test-only (tests/launcher): with IPROBE_TEST_PAUSE=STEP in the environment,
 // the launcher reaching `step` says "iprobe: test pause at STEP (PID N)" on
 // stderr and stops itself (SIGSTOP), so that a test can kill it (SIGKILL)
