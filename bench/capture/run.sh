@@ -25,7 +25,7 @@
 # included, runs in the sender's context: production's for its replies, the
 # client's for its requests).
 #
-# usage: bench/capture/run.sh [BUILD_DIR]        (as root; under flock /work/notes/bench.lock)
+# usage: bench/capture/run.sh [BUILD_DIR]        (as root; alone on the machine, or under the flock(1) lock every benchmark there takes)
 # env:   REQUESTS (100000), CLIENTS (50), PIPELINE (16), ROUNDS (9),
 #        HTTP_SECONDS (3), HTTP_CONNECTIONS (32), SECTIONS ("redis http"),
 #        MODES (default: all above)

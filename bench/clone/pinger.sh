@@ -15,7 +15,7 @@
 # (unavailable_ms, what iprobe now reports).  By hand only the dump is done
 # (no restore: it does not touch production).
 #
-#   sudo flock /work/notes/bench.lock bench/clone/pinger.sh            # 10 100 1000 MB, 3 rounds
+#   sudo bench/clone/pinger.sh                                          # 10 100 1000 MB, 3 rounds
 #   sudo bench/clone/pinger.sh 10 100                                   # chosen sizes
 #   ROUNDS=5 MODES="local remote" bench/clone/pinger.sh 100
 #

@@ -68,7 +68,7 @@ PORT=7379
 LISTEN=7380
 in_ns() { nsenter --net=/run/netns/"$NS" "$@"; }
 # Production gets none of this script's descriptors: under flock(1) one of
-# them holds /work/notes/bench.lock, and a clone cannot be restored with a
+# them holds the lock, and a clone cannot be restored with a
 # file lock that another process holds (CRIU takes it again).
 (cd "$WORK"
  for fd in $(ls /proc/$BASHPID/fd); do [ "$fd" -gt 2 ] && eval "exec $fd>&-"; done 2>/dev/null

@@ -15,7 +15,7 @@
 #                   an inlined copy has no return value); fin_inl_count (the count handler) and
 #                   fin_inl_when (--when 'a == -1', which never holds: decided at the copy's entry,
 #                   its exit decided by the verdict the entry kept in the frame)
-# usage: bench/hotpatch/values.sh [BUILD_DIR]   (as root; under flock /work/notes/bench.lock on a shared machine)
+# usage: bench/hotpatch/values.sh [BUILD_DIR]   (as root; alone on the machine, or under the flock(1) lock every benchmark there takes)
 # env: MAX_EXP (default 6), REPEATS (default 3, fastest kept), SKIP_BPF=1, SKIP_UFTRACE=1
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"

@@ -7,7 +7,7 @@
 # `--min-duration 1s`; and bpftrace with the same filter on a uprobe and a
 # uretprobe (10^BPF_EXP calls: a trap per event).  Each variant REPEATS
 # times (fresh process), fastest kept; ratios against the count handler.
-# usage: flock /work/notes/bench.lock bench/hotpatch/when.sh [BUILD_DIR]   (as root)
+# usage: bench/hotpatch/when.sh [BUILD_DIR]   (as root; alone on the machine)
 # env: EXP (default 7), REPEATS (default 5), BPF_EXP (default 5), SKIP_BPF=1
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
