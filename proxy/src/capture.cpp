@@ -144,9 +144,9 @@ void Flow::flow_reset() {
 
 void Flow::ended_unseen() { flow_reset(); }
 
-void Flow::flow_lost(FlowDirection dir) {
+void Flow::flow_lost(FlowDirection dir, StreamLoss why) {
     if (!connection_) return;
-    connection_->lost(dir);
+    connection_->lost(dir, why);
     if (dir == FlowDirection::to_server) {  // that mirrored connection is over; a join may start another
         connection_->detach();
         connection_ = nullptr;
@@ -313,6 +313,7 @@ void CapturedConnection::skip_held_replies() {
         drop_arrivals(1, kept_[1].size());
         kept_[1].clear();
         lost_[1] = true;
+        replies_lost_why_ = "production's replies before the checkpoint could not be framed";
         return;
     }
     kept_[1].erase(0, bytes);
@@ -379,7 +380,7 @@ void CapturedConnection::release(MirrorCommandReply& reply, std::vector<HeldReco
         client_bytes(reinterpret_cast<const std::uint8_t*>(kept_[0].data()), kept_[0].size());
         kept_[0].clear();
     }
-    if (lost_[1]) stop_comparing("production's replies were lost to the capture (its ring was full)");
+    if (lost_[1]) stop_comparing(replies_lost_why_);
     deliver_replies(false);
     if (ended_[0]) client_ended();
     if (closed_while_held_) {
@@ -413,12 +414,17 @@ void CapturedConnection::reset() {
     settle();
 }
 
-void CapturedConnection::lost(FlowDirection dir) {
+void CapturedConnection::lost(FlowDirection dir, StreamLoss why) {
     lost_[static_cast<int>(dir)] = true;
+    ++capture_.counters.loss_causes[static_cast<std::size_t>(why)];
+    if (dir == FlowDirection::to_client)
+        replies_lost_why_ = std::string("production's replies were lost to the capture: ") + stream_loss_words(why);
     if (held_) {
         if (dir == FlowDirection::to_server) {
             ++capture_.counters.lost_connections;
-            if (gap_.empty()) gap_ = "client bytes lost to the capture (its ring was full) before the clone was ready";
+            if (gap_.empty())
+                gap_ = std::string("client bytes lost to the capture before the clone was ready: ") +
+                       stream_loss_words(why);
             close_source();
         } else {
             ++capture_.counters.lost_reply_connections;
@@ -428,14 +434,14 @@ void CapturedConnection::lost(FlowDirection dir) {
     if (dir == FlowDirection::to_server) {
         ++capture_.counters.lost_connections;
         px_.rate_limited_log(capture_.counters.lost_connections,
-                             "connection %u (%s): client bytes lost to the capture (its ring was full): debug side "
-                             "closed, connection marked diverged",
-                             id_, client_.c_str());
+                             "connection %u (%s): client bytes lost to the capture (%s): debug side closed, "
+                             "connection marked diverged",
+                             id_, client_.c_str(), stream_loss_words(why));
         abandon_legs("capture_loss");
         close_source();
     } else {
         ++capture_.counters.lost_reply_connections;
-        stop_comparing("production's replies were lost to the capture (its ring was full)");
+        stop_comparing(replies_lost_why_);
     }
     settle();
 }
@@ -715,7 +721,7 @@ void Capture::check_with_production() {
         const bool ended_unseen = !c.production || !c.production->open;
         const bool bytes_unseen = c.production && c.production->counted &&
                                   c.production->bytes_received > t.stream(FlowDirection::to_server).delivered();
-        if (ended_unseen || bytes_unseen) t.client_bytes_lost();
+        if (ended_unseen || bytes_unseen) t.client_bytes_lost(StreamLoss::production_received_more);
     }
     checks_.clear();
 }
@@ -740,6 +746,8 @@ MirrorStats::Capture Capture::snapshot() const {
         if (flow->tracker().phase() == TcpConnectionTracker::Phase::joining) ++s.connections_joining;
     s.lost_connections = counters.lost_connections;
     s.lost_reply_connections = counters.lost_reply_connections;
+    for (std::size_t i = 0; i < kStreamLossCauses; ++i)
+        s.loss_causes[stream_loss_name(static_cast<StreamLoss>(i))] = counters.loss_causes[i];
     s.checked_with_production = counters.checked_with_production;
     s.holding = holding_;
     s.checkpoint_connections = counters.checkpoint_connections;

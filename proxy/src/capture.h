@@ -63,7 +63,7 @@ private:
     void flow_bytes(FlowDirection dir, std::span<const std::uint8_t> bytes) override;
     void flow_ended(FlowDirection dir) override;
     void flow_reset() override;
-    void flow_lost(FlowDirection dir) override;
+    void flow_lost(FlowDirection dir, StreamLoss why) override;
 
     Capture& capture_;
     FlowKey key_;
@@ -83,7 +83,7 @@ public:
     void bytes(FlowDirection dir, std::span<const std::uint8_t> bytes);
     void ended(FlowDirection dir);
     void reset();
-    void lost(FlowDirection dir);
+    void lost(FlowDirection dir, StreamLoss why);
     void detach() { flow_ = nullptr; }
 
     // --hold: the connection is kept, not yet fed to a copy, until release().
@@ -125,6 +125,7 @@ private:
     bool kept_overflow_ = false;
     std::optional<std::uint64_t> boundary_;  // client bytes production had read at the checkpoint
     std::string gap_;                        // why the clone cannot have this connection whole
+    std::string replies_lost_why_;           // why its replies are no longer compared
     std::uint64_t replies_to_skip_ = 0;      // production's replies to requests the checkpoint held
     std::vector<Message> skipped_requests_;  // for an HTTP reply framer's expect()
     struct Arrival {
@@ -139,6 +140,7 @@ struct CaptureCounters {
     std::uint64_t packets = 0, truncated_packets = 0, untracked_flows = 0;
     std::uint64_t from_start = 0, joined = 0, unjoinable = 0;
     std::uint64_t lost_connections = 0, lost_reply_connections = 0;
+    std::array<std::uint64_t, kStreamLossCauses> loss_causes{};  // directions given up, by StreamLoss
     std::uint64_t checked_with_production = 0;  // connections compared with production's socket after drops
     std::uint64_t checkpoint_connections = 0, resumed = 0, skipped_requests = 0, missed_connections = 0,
                   missed_requests = 0;

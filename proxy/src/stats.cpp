@@ -136,6 +136,9 @@ void write_stats_fields(JsonWriter& j, const MirrorStats& s) {
         j.field("missed_requests", c.missed_requests);
         j.field("lost_connections", c.lost_connections);
         j.field("lost_reply_connections", c.lost_reply_connections);
+        j.key("loss_causes").begin_object();
+        for (const auto& [cause, n] : c.loss_causes) j.field(cause, n);
+        j.end_object();
         j.field("checked_with_production", c.checked_with_production);
         j.field("out_of_order_segments", c.out_of_order_segments);
         j.field("retransmitted_bytes", c.retransmitted_bytes);
@@ -358,6 +361,7 @@ MirrorStats parse_mirror_stats(std::string_view text) {
             read(c, "missed_requests", cap.missed_requests);
             read(c, "lost_connections", cap.lost_connections);
             read(c, "lost_reply_connections", cap.lost_reply_connections);
+            read(c, "loss_causes", cap.loss_causes);
             read(c, "checked_with_production", cap.checked_with_production);
             read(c, "out_of_order_segments", cap.out_of_order_segments);
             read(c, "retransmitted_bytes", cap.retransmitted_bytes);

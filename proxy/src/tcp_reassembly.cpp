@@ -13,6 +13,31 @@ constexpr std::uint64_t kMaxAhead = std::uint64_t(1) << 30;
 
 }  // namespace
 
+const char* stream_loss_name(StreamLoss why) {
+    switch (why) {
+    case StreamLoss::unplaced: return "unplaced";
+    case StreamLoss::reassembly_full: return "reassembly_full";
+    case StreamLoss::truncated: return "truncated";
+    case StreamLoss::acknowledged_unseen: return "acknowledged_unseen";
+    case StreamLoss::dropped_while_silent: return "dropped_while_silent";
+    case StreamLoss::production_received_more: return "production_received_more";
+    }
+    return "unknown";
+}
+
+const char* stream_loss_words(StreamLoss why) {
+    switch (why) {
+    case StreamLoss::unplaced: return "bytes came before the capture knew where the stream starts";
+    case StreamLoss::reassembly_full: return "more out-of-order bytes than the reassembly buffer holds";
+    case StreamLoss::truncated: return "a packet was cut short by the snap length";
+    case StreamLoss::acknowledged_unseen: return "the receiver acknowledged bytes the capture never saw";
+    case StreamLoss::dropped_while_silent:
+        return "the kernel dropped captured packets and the server never acknowledged what was seen";
+    case StreamLoss::production_received_more: return "production's socket received more than the capture saw";
+    }
+    return "unknown";
+}
+
 TcpStreamReassembler::TcpStreamReassembler(std::size_t max_pending, Deliver deliver)
     : max_pending_(max_pending), deliver_(std::move(deliver)) {}
 
@@ -225,12 +250,13 @@ void TcpConnectionTracker::follow(FlowDirection dir, const TcpSegment& s) {
     }
     const std::size_t carried = s.payload.size() + s.missing;
     if (!mine.started()) {
-        if (carried > 0) lose(dir);  // bytes with no known place in the stream
+        if (carried > 0) lose(dir, StreamLoss::unplaced);  // bytes with no known place in the stream
     } else if (!lost_[d]) {
-        if (!s.payload.empty() && mine.add(s.seq, s.payload) == TcpStreamReassembler::Added::overflow) lose(dir);
+        if (!s.payload.empty() && mine.add(s.seq, s.payload) == TcpStreamReassembler::Added::overflow)
+            lose(dir, StreamLoss::reassembly_full);
         if (!lost_[d] && s.missing > 0 &&
             !mine.behind(s.seq + static_cast<std::uint32_t>(s.payload.size()), s.missing))
-            lose(dir);
+            lose(dir, StreamLoss::truncated);
     }
     if (s.has(TcpSegment::kFin)) {
         fin_seen_[d] = true;
@@ -263,24 +289,24 @@ void TcpConnectionTracker::age_suspected_losses() {
         const int d = index(dir);
         if (!suspected_[d] || ++suspected_age_[d] < 2) continue;
         suspected_[d] = false;
-        lose(dir);
+        lose(dir, StreamLoss::acknowledged_unseen);
     }
     check_ends();
     rejoin_after_loss();
 }
 
-void TcpConnectionTracker::lose(FlowDirection dir) {
+void TcpConnectionTracker::lose(FlowDirection dir, StreamLoss why) {
     lost_[index(dir)] = true;
-    sink_.flow_lost(dir);
+    sink_.flow_lost(dir, why);
 }
 
 void TcpConnectionTracker::capture_dropped_while_silent() {
-    if (client_.unacknowledged()) client_bytes_lost();
+    if (client_.unacknowledged()) client_bytes_lost(StreamLoss::dropped_while_silent);
 }
 
-void TcpConnectionTracker::client_bytes_lost() {
+void TcpConnectionTracker::client_bytes_lost(StreamLoss why) {
     if (phase_ != Phase::open || lost_[index(FlowDirection::to_server)]) return;
-    lose(FlowDirection::to_server);
+    lose(FlowDirection::to_server, why);
     rejoin_after_loss();
 }
 

@@ -326,6 +326,14 @@ std::map<std::string, long long> workload_calls(std::map<std::string, long long>
     return calls;
 }
 
+// Every connection direction the capture gave up, by its cause: they add up
+// to the lost connections of both kinds (no loss without a cause).
+std::uint64_t losses_by_cause(const MirrorStats::Capture& c) {
+    std::uint64_t n = 0;
+    for (const auto& [cause, count] : c.loss_causes) n += count;
+    return n;
+}
+
 // Production (6379) and the copy (6390, on loopback) on the far side of the
 // veth pair from the clients; the mirror runs beside them.
 class CaptureMirror : public ::testing::Test {
@@ -387,6 +395,7 @@ TEST_F(CaptureMirror, ReorderedRetransmittedAndDuplicatedSegmentsReachTheCopyAsS
     EXPECT_EQ(s.capture->connections_from_start, static_cast<std::uint64_t>(kConns));
     EXPECT_EQ(s.capture->lost_connections, 0u) << m.stats_text();
     EXPECT_EQ(s.capture->lost_reply_connections, 0u) << m.stats_text();
+    EXPECT_EQ(losses_by_cause(*s.capture), 0u) << m.stats_text();
     EXPECT_EQ(s.capture->kernel_drops, 0u);
     // The kernel did reorder, retransmit and duplicate.
     EXPECT_GT(s.capture->out_of_order_segments, 0u) << m.stats_text();
@@ -522,6 +531,9 @@ TEST_F(CaptureMirror, CaptureLossEndsOnlyTheConnectionThatLostBytes) {
     const MirrorStats s = m.stats();
     EXPECT_GT(s.capture->kernel_drops, 0u);
     EXPECT_EQ(s.capture->lost_connections, 1u) << m.stats_text();
+    EXPECT_EQ(losses_by_cause(*s.capture), s.capture->lost_connections + s.capture->lost_reply_connections)
+        << m.stats_text();
+    EXPECT_EQ(s.capture->loss_causes.size(), 6u) << m.stats_text();
     // The quiet connection lost nothing: the copy ran each of its commands.
     EXPECT_EQ(copy.cli({"HLEN", "quiet"}), "30");
     EXPECT_EQ(copy.calls()["hset"], 30);
@@ -564,6 +576,9 @@ TEST_F(CaptureMirror, ASilentConnectionsLossIsFoundFromProductionsSocket) {
     EXPECT_GT(s.capture->kernel_drops, 0u);
     EXPECT_EQ(s.capture->checked_with_production, 2u) << m.stats_text();
     EXPECT_EQ(s.capture->lost_connections, 1u) << m.stats_text();
+    // Found from production's socket, and said so.
+    EXPECT_EQ(s.capture->loss_causes.at("production_received_more"), 1u) << m.stats_text();
+    EXPECT_EQ(losses_by_cause(*s.capture), 1u) << m.stats_text();
     for (int i = 10; i < 30; ++i) ASSERT_EQ(quiet.command({"HSET", "quiet", "f" + std::to_string(i), "v"}), ":1");
     quiet.close();
     loud.close();
@@ -572,6 +587,10 @@ TEST_F(CaptureMirror, ASilentConnectionsLossIsFoundFromProductionsSocket) {
     EXPECT_EQ(s.capture->lost_connections, 1u) << m.stats_text();
     EXPECT_EQ(copy.cli({"HLEN", "quiet"}), "30");
     EXPECT_LT(std::stoll(copy.cli({"LLEN", "loud"})), kPushes);
+    EXPECT_NE(m.log().find("client bytes lost to the capture (production's socket received more than the capture "
+                           "saw)"),
+              std::string::npos)
+        << m.log();
     EXPECT_EQ(m.stop(), 0) << m.log();
 }
 

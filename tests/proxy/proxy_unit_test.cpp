@@ -327,6 +327,7 @@ TEST(ProxyMirrorStats, DocumentRoundTripsThroughTheOneDefinition) {
     c.connections_unjoinable = 7;
     c.lost_connections = 8;
     c.lost_reply_connections = 9;
+    c.loss_causes = {{"acknowledged_unseen", 6}, {"reassembly_full", 0}, {"truncated", 3}};
     c.checked_with_production = 14;
     c.out_of_order_segments = 10;
     c.retransmitted_bytes = 11;

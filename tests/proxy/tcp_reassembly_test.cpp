@@ -201,7 +201,10 @@ struct Events final : TcpFlowSink {
     }
     void flow_ended(FlowDirection dir) override { log.push_back(dir == FlowDirection::to_server ? "client end" : "server end"); }
     void flow_reset() override { log.push_back("reset"); }
-    void flow_lost(FlowDirection dir) override { log.push_back(dir == FlowDirection::to_server ? "client lost" : "server lost"); }
+    void flow_lost(FlowDirection dir, StreamLoss why) override {
+        log.push_back(std::string(dir == FlowDirection::to_server ? "client lost: " : "server lost: ") +
+                      stream_loss_name(why));
+    }
 };
 
 constexpr auto C = FlowDirection::to_server;
@@ -299,7 +302,7 @@ TEST(TcpConnectionTracker, BytesTheServerAcknowledgedButTheCaptureMissedAreALoss
     t.age_suspected_losses();
     EXPECT_EQ(e.log.size(), 1u);
     t.age_suspected_losses();
-    EXPECT_EQ(e.log, (std::vector<std::string>{"opened", "client lost"}));
+    EXPECT_EQ(e.log, (std::vector<std::string>{"opened", "client lost: acknowledged_unseen"}));
     EXPECT_TRUE(t.lost(C));
     EXPECT_FALSE(t.lost(S));
     EXPECT_EQ(e.to_server, kSet);  // a whole prefix, never the bytes after the hole
@@ -334,7 +337,7 @@ TEST(TcpConnectionTracker, APayloadCutShortByTheSnapLengthIsALoss) {
     TcpSegment cut = seg(101, 7001, kAck, kSet.substr(0, 8));
     cut.missing = kSet.size() - 8;
     t.segment(C, cut);
-    EXPECT_EQ(e.log, (std::vector<std::string>{"opened", "client lost"}));
+    EXPECT_EQ(e.log, (std::vector<std::string>{"opened", "client lost: truncated"}));
     EXPECT_EQ(e.to_server, kSet.substr(0, 8));
 }
 
@@ -429,7 +432,7 @@ void replay(const std::vector<Captured>& segments, std::optional<CaptureStart> s
 TEST(CaptureStart, AConnectionSeenAcrossTheFilterSwapIsJoinedAfterItWithNothingLost) {
     Replayed whole;  // every packet the ring held, as before the fix
     replay(kAcrossTheFilterSwap, std::nullopt, whole);
-    EXPECT_EQ(whole.events.log, (std::vector<std::string>{"joined", "client lost", "server lost"}));
+    EXPECT_EQ(whole.events.log, (std::vector<std::string>{"joined", "client lost: acknowledged_unseen", "server lost: acknowledged_unseen"}));
 
     Replayed after;
     CaptureStart start(kFilterSwapEnd);
@@ -456,13 +459,13 @@ TEST(CaptureStart, BytesMissedAfterTheCapturesStartAreStillALoss) {
     EXPECT_EQ(start.set_aside(), 0u);
     EXPECT_TRUE(r.tracker.lost(C));
     EXPECT_TRUE(r.tracker.lost(S));  // the reply in the hole too
-    EXPECT_EQ(r.events.log, (std::vector<std::string>{"joined", "client lost", "server lost"}));
+    EXPECT_EQ(r.events.log, (std::vector<std::string>{"joined", "client lost: acknowledged_unseen", "server lost: acknowledged_unseen"}));
     // The requests up to the hole, whole; none of those after it on this copy.
     EXPECT_EQ(r.events.to_server.size(), 6u * 33);
     EXPECT_EQ(r.events.to_server, r.requests_after_start.substr(0, 6 * 33));
     // Followed again from its next request, as a new mirrored connection.
     r.tracker.segment(C, seg(1651128530u, 2954890128u, kAck, request_at(1651128530u)));
-    EXPECT_EQ(r.events.log, (std::vector<std::string>{"joined", "client lost", "server lost", "joined"}));
+    EXPECT_EQ(r.events.log, (std::vector<std::string>{"joined", "client lost: acknowledged_unseen", "server lost: acknowledged_unseen", "joined"}));
 }
 
 TEST(ProxyRequestStart, RecognisesRespAndHttpRequestsOnly) {

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -126,6 +127,9 @@ struct MirrorStats {
         std::uint64_t lost_connections = 0;
         // Production's replies lost to the capture: the copy still fed, its replies no longer compared.
         std::uint64_t lost_reply_connections = 0;
+        // Both kinds of loss above by their cause (tcp_reassembly.h's
+        // StreamLoss, by name; every cause present, 0 when none).
+        std::map<std::string, std::uint64_t> loss_causes;
         // After kernel drops: connections compared with what production's own socket received.
         std::uint64_t checked_with_production = 0;
         std::uint64_t out_of_order_segments = 0, retransmitted_bytes = 0, overlapping_bytes = 0;

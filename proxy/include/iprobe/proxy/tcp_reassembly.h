@@ -135,6 +135,22 @@ private:
 
 enum class FlowDirection : std::uint8_t { to_server = 0, to_client = 1 };
 
+// Why a direction of a followed connection was given up: each is counted by
+// its cause (the capture's `loss_causes`), so a loss is never put down to the
+// wrong one.
+enum class StreamLoss : std::uint8_t {
+    unplaced,                  // bytes before the capture knew where the stream starts
+    reassembly_full,           // more out-of-order bytes than the reassembly buffer holds
+    truncated,                 // a packet cut short by the snap length
+    acknowledged_unseen,       // the receiver acknowledged bytes the capture never saw
+    dropped_while_silent,      // the kernel dropped packets; the server never acknowledged what was seen
+    production_received_more,  // production's socket received more than the capture saw
+};
+inline constexpr std::size_t kStreamLossCauses = 6;
+// The cause's name in stats (snake case) and its words for a log line.
+const char* stream_loss_name(StreamLoss why);
+const char* stream_loss_words(StreamLoss why);
+
 // What a tracked connection tells its owner, in stream order.
 class TcpFlowSink {
 public:
@@ -147,7 +163,7 @@ public:
     virtual void flow_reset() = 0;
     // Bytes of this direction reached the receiver but not the capture (or
     // could not be kept): nothing more of it is delivered.
-    virtual void flow_lost(FlowDirection dir) = 0;
+    virtual void flow_lost(FlowDirection dir, StreamLoss why) = 0;
 
 protected:
     ~TcpFlowSink() = default;
@@ -181,7 +197,7 @@ public:
     void capture_dropped_while_silent();
     // The client's stream lost bytes by other evidence (production's own
     // socket received more than was captured).
-    void client_bytes_lost();
+    void client_bytes_lost(StreamLoss why);
     // An acknowledgment of bytes the capture has not delivered is only a
     // suspicion at first: the kernel's capture ring is filled by every CPU,
     // so a segment may be handed over after the acknowledgment it caused.
@@ -207,7 +223,7 @@ private:
     void join(const TcpSegment& s);
     void hold(FlowDirection dir, const TcpSegment& s);
     void follow(FlowDirection dir, const TcpSegment& s);
-    void lose(FlowDirection dir);
+    void lose(FlowDirection dir, StreamLoss why);
     void rejoin_after_loss();
     void check_ends();
 
