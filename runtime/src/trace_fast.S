@@ -69,18 +69,18 @@
     and %rax, %rdx
     shl $FAST_RECORD_SHIFT, %rdx
     add %rcx, %rdx
-    mov %r8, (%rdx)                              /* tsc */
+    mov %r8, FAST_RECORD_TSC(%rdx)
     mov %fs:PRODUCER_TID(%r9), %eax
     shl $32, %rax
     or %rax, \probe
-    mov \probe, 8(%rdx)                          /* probe, tid */
+    mov \probe, FAST_RECORD_PROBE(%rdx)         /* probe, tid */
     mov %fs:PRODUCER_DEPTH(%r9), %eax
     sub $1, %eax
     movzwl %ax, %eax
     shl $16, %eax
     or $\kind, %eax
-    mov %rax, 16(%rdx)                           /* kind, nargs 0, depth, values 0 */
-    movq $0, 24(%rdx)                            /* frame 0 */
+    mov %rax, FAST_RECORD_KIND(%rdx)             /* kind, nargs 0, depth, values 0 */
+    movq $0, FAST_RECORD_FRAME(%rdx)
 2:  /* only the outermost handler publishes (ring_append) */
     subl $1, %fs:PRODUCER_DEPTH(%r9)
     jnz 4f
@@ -259,7 +259,7 @@ iprobe_rt_trace_exit_fast:
     cmp iprobe_rt_when_probe_capacity(%rip), %esi
     jae 7f
     mov %rsi, %rax
-    shl $6, %rax
+    shl $FAST_PROBE_SHIFT, %rax
     add iprobe_rt_when_probes(%rip), %rax
     cmpq $0, FAST_PROBE_VALUES(%rax)
     jne 7f
