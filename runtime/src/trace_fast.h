@@ -10,7 +10,9 @@
  * (return_trampolines.S's common tail) pops the frame into the timed sums
  * and appends its record.  Each step is the C path's own (rt.c:
  * enter_timed, exit_timed, ring_append), in the same order and with the
- * same single-instruction updates, so a signal handler probing in between
+ * same single-instruction updates (the producer's depth, which a nested
+ * handler always gives back before the interrupted one resumes, is a load
+ * and a store, as C's t->depth++), so a signal handler probing in between
  * nests exactly as it does in C.  Anything else goes to C before any state
  * changed, except a full ring, which is found only once the record's place
  * is reserved: iprobe_rt_trace_ring_full() then decides as ring_append
