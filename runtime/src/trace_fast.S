@@ -81,11 +81,11 @@
     add %rcx, %rdx
     mov %r8, FAST_RECORD_TSC(%rdx)
     mov %fs:PRODUCER_TID(%r9), %eax
-    shl $32, %rax
+    shl $(FAST_RECORD_TID - FAST_RECORD_PROBE) * 8, %rax
     or %rax, \probe
     mov \probe, FAST_RECORD_PROBE(%rdx)         /* probe, tid */
     movzwl %r10w, %eax                           /* the depth before the raise */
-    shl $16, %eax
+    shl $(FAST_RECORD_DEPTH - FAST_RECORD_KIND) * 8, %eax
     or $\kind, %eax
     mov %rax, FAST_RECORD_KIND(%rdx)             /* kind, nargs 0, depth, values 0 */
     movq $0, FAST_RECORD_FRAME(%rdx)
