@@ -124,6 +124,8 @@ struct iprobe_rt_thread_state {
 };
 
 _Static_assert(sizeof(struct iprobe_rt_return) == IPROBE_RT_RETURN_ENTRY_SIZE, "entry size");
+_Static_assert(offsetof(struct iprobe_rt_return, ret) == RET_ENTRY_RET, "entry layout");
+_Static_assert(offsetof(struct iprobe_rt_return, slot) == RET_ENTRY_SLOT, "entry layout");
 _Static_assert(offsetof(struct iprobe_rt_return, handler) == RET_ENTRY_HANDLER, "entry layout");
 _Static_assert(offsetof(struct iprobe_rt_return, arg) == RET_ENTRY_ARG, "entry layout");
 _Static_assert(offsetof(struct iprobe_rt_return, cookie) == RET_ENTRY_COOKIE, "entry layout");

@@ -17,6 +17,7 @@
  * keeps no comparison live across a call.
  */
 #include "return_stack.h"
+#include "trace_fast.h"
 #include "iprobe/formats/condition.h"
 #include "iprobe/runtime/save_call_restore.inc"
 
@@ -229,7 +230,7 @@ iprobe_rt_return_record_in_c:
     lea 32(%rsp), %rax
     mov %rax, RET_ENTRY_SLOT(%rcx)
     mov 16(%rsp), %rax
-    add $8, %rax
+    add $FAST_STATS_COMPLETED - FAST_STATS_CALLS, %rax
     shl $32, %rax
     or $IPROBE_RT_RETURN_COUNT, %rax
     mov %rax, RET_ENTRY_HANDLER(%rcx)
@@ -261,10 +262,6 @@ iprobe_rt_return_record_in_c:
  * as the count handler's entry does (its id replaced by the offset of the
  * function's calls): counted, its return hooked to count it completed, no
  * C.  Everything else goes to the trace handler in C, which decides again. */
-#define WHEN_PROBE_SIZE 64
-#define WHEN_PROBE_STAT 24
-#define WHEN_PROBE_CONDITION 30
-#define WHEN_FN_STATS_SIZE 960
     .p2align 4
     .globl iprobe_rt_trace_enter_return_nop
     .type iprobe_rt_trace_enter_return_nop, @function
@@ -285,14 +282,14 @@ iprobe_rt_trace_enter_return_nop:
     mov 32(%rsp), %eax
     cmp iprobe_rt_when_probe_capacity(%rip), %eax   /* 0 until a region is mapped */
     jae 9f
-    imul $WHEN_PROBE_SIZE, %rax, %rax
+    shl $FAST_PROBE_SHIFT, %rax
     add iprobe_rt_when_probes(%rip), %rax
-    movzwl WHEN_PROBE_CONDITION(%rax), %ecx
+    movzwl FAST_PROBE_CONDITION(%rax), %ecx
     sub $1, %ecx                                    /* no condition: borrow */
     jb iprobe_rt_trace_enter_fast                   /* trace_fast.S, rax = the probe */
     cmp iprobe_rt_when_capacity(%rip), %ecx
     jae 9f
-    mov WHEN_PROBE_STAT(%rax), %eax
+    mov FAST_PROBE_STAT(%rax), %eax
     cmp iprobe_rt_when_stat_capacity(%rip), %eax
     jae 9f
     imul $IPROBE_COND_PROGRAM_SIZE, %rcx, %rcx
@@ -329,7 +326,7 @@ iprobe_rt_trace_enter_return_nop:
     setbe %dl
     xor IPROBE_COND_FAST_INVERT(%rcx), %dl
     jnz 9f                                          /* it holds: traced, in C */
-    imul $WHEN_FN_STATS_SIZE, %rax, %rax            /* the offset of its calls */
+    imul $FAST_STATS_SIZE, %rax, %rax            /* the offset of its calls */
     mov %rax, 32(%rsp)
     WHEN_RESTORE
     jmp iprobe_rt_count_enter_return_nop

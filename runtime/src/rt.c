@@ -743,12 +743,7 @@ __attribute__((visibility("hidden"))) uint64_t iprobe_rt_when_programs;   /* the
 __attribute__((visibility("hidden"))) uint32_t iprobe_rt_when_probe_capacity; /* 0: no region (none yet, a forked child) */
 __attribute__((visibility("hidden"))) uint32_t iprobe_rt_when_capacity;   /* programs */
 __attribute__((visibility("hidden"))) uint32_t iprobe_rt_when_stat_capacity;
-_Static_assert(sizeof(struct iprobe_rt_probe) == 64 && offsetof(struct iprobe_rt_probe, stat) == 24 &&
-                   offsetof(struct iprobe_rt_probe, condition) == 30,
-               "return_trampolines.S reads probes");
-_Static_assert(sizeof(struct iprobe_rt_fn_stats) == 960 && offsetof(struct iprobe_rt_fn_stats, calls) == 0 &&
-                   offsetof(struct iprobe_rt_fn_stats, completed) == 8,
-               "return_trampolines.S computes a function's calls");
+/* The probe and sums offsets it reads: trace_fast.h, asserted there. */
 _Static_assert(sizeof(struct iprobe_cond_program) == IPROBE_COND_PROGRAM_SIZE &&
                    offsetof(struct iprobe_cond_program, fast) == IPROBE_COND_FAST &&
                    offsetof(struct iprobe_cond_program, fast_arg) == IPROBE_COND_FAST_ARG &&

@@ -12,9 +12,9 @@
     .text
 
 /* RING_FULL: iprobe_rt_trace_ring_full(%rdx) with the stack aligned, rdx
- * (the index), rsi (the probe), r8 (the time), r9 (t_producer's offset)
- * and r11 kept; eax its answer.  Every other caller-saved register is one
- * the caller keeps on its stack already. */
+ * (the index), rsi (the probe), r8 (the time), r9 (t_producer's offset),
+ * r10 (its depth) and r11 kept; eax its answer.  Every other caller-saved
+ * register is one the caller keeps on its stack already. */
 .macro RING_FULL
     push %rbp
     .cfi_adjust_cfa_offset 8
@@ -22,15 +22,16 @@
     mov %rsp, %rbp
     .cfi_def_cfa_register rbp
     and $-16, %rsp
-    sub $8, %rsp
     push %rdx
     push %rsi
     push %r8
     push %r9
-    push %r11
+    push %r10
+    push %r11                                    /* six: the stack stays aligned */
     mov %rdx, %rdi
     call iprobe_rt_trace_ring_full
     pop %r11
+    pop %r10
     pop %r9
     pop %r8
     pop %rsi
@@ -42,14 +43,23 @@
     .cfi_restore rbp
 .endm
 
-/* APPEND_RECORD kind, probe_reg32, full, written: the record at the place
- * xadd reserved for it in this thread's ring, as ring_append writes it
- * (rt.c): r8 = the time, r9 = t_producer's TLS offset, the producer's depth
- * already raised; clobbers rax, rcx, rdx, rdi and the probe register.
- * Jumps to `full` (which comes back to 1: or `written`) when the ring looked
- * full. */
+/* APPEND_RECORD kind, probe_reg32, full, prefetch: raises the producer's
+ * depth and writes the record at the place xadd reserved for it in this
+ * thread's ring, as ring_append writes it (rt.c), then lowers the depth and
+ * publishes when it is the outermost: r8 = the time, r9 = t_producer's TLS
+ * offset; clobbers rax, rcx, rdx, r10, the probe register and, with
+ * prefetch, rdi.  Jumps to `full` (which comes back to 1: or 2:) when the
+ * ring looked full.
+ * The depth is loaded once (r10) and stored raised, then stored back, not
+ * added to and reloaded in memory: a read-modify-write chain on one word
+ * twice an event was measured to cost ~0.3 ns an event (bench/RESULTS.md,
+ * "a leaner fast path").  A signal handler that lands between the load and
+ * the store raises and lowers the depth again before this goes on, so it
+ * nests as with ring_append's t->depth++. */
 .macro APPEND_RECORD kind, probe, full, prefetch
-    addl $1, %fs:PRODUCER_DEPTH(%r9)
+    mov %fs:PRODUCER_DEPTH(%r9), %r10d
+    lea 1(%r10), %eax
+    mov %eax, %fs:PRODUCER_DEPTH(%r9)
     mov $1, %edx
     /* one instruction: a signal handler probing in this thread sees the
      * reservation whole or not at all */
@@ -69,20 +79,19 @@
     and %rax, %rdx
     shl $FAST_RECORD_SHIFT, %rdx
     add %rcx, %rdx
-    mov %r8, (%rdx)                              /* tsc */
+    mov %r8, FAST_RECORD_TSC(%rdx)
     mov %fs:PRODUCER_TID(%r9), %eax
-    shl $32, %rax
+    shl $(FAST_RECORD_TID - FAST_RECORD_PROBE) * 8, %rax
     or %rax, \probe
-    mov \probe, 8(%rdx)                          /* probe, tid */
-    mov %fs:PRODUCER_DEPTH(%r9), %eax
-    sub $1, %eax
-    movzwl %ax, %eax
-    shl $16, %eax
+    mov \probe, FAST_RECORD_PROBE(%rdx)         /* probe, tid */
+    movzwl %r10w, %eax                           /* the depth before the raise */
+    shl $(FAST_RECORD_DEPTH - FAST_RECORD_KIND) * 8, %eax
     or $\kind, %eax
-    mov %rax, 16(%rdx)                           /* kind, nargs 0, depth, values 0 */
-    movq $0, 24(%rdx)                            /* frame 0 */
+    mov %rax, FAST_RECORD_KIND(%rdx)             /* kind, nargs 0, depth, values 0 */
+    movq $0, FAST_RECORD_FRAME(%rdx)
 2:  /* only the outermost handler publishes (ring_append) */
-    subl $1, %fs:PRODUCER_DEPTH(%r9)
+    mov %r10d, %fs:PRODUCER_DEPTH(%r9)
+    test %r10d, %r10d
     jnz 4f
     mov %fs:PRODUCER_RING(%r9), %rcx
 3:  mov %fs:PRODUCER_RESERVE(%r9), %rax
@@ -259,7 +268,7 @@ iprobe_rt_trace_exit_fast:
     cmp iprobe_rt_when_probe_capacity(%rip), %esi
     jae 7f
     mov %rsi, %rax
-    shl $6, %rax
+    shl $FAST_PROBE_SHIFT, %rax
     add iprobe_rt_when_probes(%rip), %rax
     cmpq $0, FAST_PROBE_VALUES(%rax)
     jne 7f

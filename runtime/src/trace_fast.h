@@ -10,15 +10,18 @@
  * (return_trampolines.S's common tail) pops the frame into the timed sums
  * and appends its record.  Each step is the C path's own (rt.c:
  * enter_timed, exit_timed, ring_append), in the same order and with the
- * same single-instruction updates, so a signal handler probing in between
+ * same single-instruction updates (the producer's depth, which a nested
+ * handler always gives back before the interrupted one resumes, is a load
+ * and a store, as C's t->depth++), so a signal handler probing in between
  * nests exactly as it does in C.  Anything else goes to C before any state
  * changed, except a full ring, which is found only once the record's place
  * is reserved: iprobe_rt_trace_ring_full() then decides as ring_append
  * does (wait in a lossless trace, or give the place back and count the
  * drop).
  *
- * Included by C and by the assembler: the offsets below are checked against
- * the structs in rt.c.
+ * The one source of the offsets both assembler files (trace_fast.S and
+ * return_trampolines.S) use: included by them and by rt.c, which asserts
+ * each against its struct once (below).
  */
 #ifndef IPROBE_RT_TRACE_FAST_H
 #define IPROBE_RT_TRACE_FAST_H
@@ -34,10 +37,12 @@
 #define PRODUCER_SLOT 56
 
 /* rt_layout.h: struct iprobe_rt_probe */
-#define FAST_PROBE_SIZE 64
+#define FAST_PROBE_SHIFT 6 /* 64 bytes a probe */
+#define FAST_PROBE_SIZE (1 << FAST_PROBE_SHIFT)
 #define FAST_PROBE_STAT 24
 #define FAST_PROBE_TIMED 28
 #define FAST_PROBE_RETVAL_HIST 29
+#define FAST_PROBE_CONDITION 30
 #define FAST_PROBE_VALUES 48
 /* struct iprobe_rt_fn_stats */
 #define FAST_STATS_SIZE 960
@@ -58,6 +63,14 @@
 /* struct iprobe_rt_ring, struct iprobe_rt_record */
 #define FAST_RING_HEAD 16
 #define FAST_RECORD_SHIFT 5 /* 32-byte records */
+#define FAST_RECORD_TSC 0
+#define FAST_RECORD_PROBE 8 /* probe, then tid: one 8-byte store */
+#define FAST_RECORD_TID 12
+#define FAST_RECORD_KIND 16 /* kind, nargs, depth, values: one 8-byte store */
+#define FAST_RECORD_NARGS 17
+#define FAST_RECORD_DEPTH 18
+#define FAST_RECORD_VALUES 20
+#define FAST_RECORD_FRAME 24
 #define FAST_RING_PREFETCH 128 /* records ahead the ring is prefetched (rt.c, here) */
 
 #define FAST_STACK_DEPTH 120 /* IPROBE_RT_STACK_DEPTH */
@@ -105,9 +118,10 @@ _Static_assert(offsetof(struct thread_producer, ring) == PRODUCER_RING &&
 _Static_assert(sizeof(struct iprobe_rt_probe) == FAST_PROBE_SIZE && offsetof(struct iprobe_rt_probe, stat) == FAST_PROBE_STAT &&
                    offsetof(struct iprobe_rt_probe, timed) == FAST_PROBE_TIMED &&
                    offsetof(struct iprobe_rt_probe, retval_hist) == FAST_PROBE_RETVAL_HIST &&
+                   offsetof(struct iprobe_rt_probe, condition) == FAST_PROBE_CONDITION &&
                    offsetof(struct iprobe_rt_probe, values) == FAST_PROBE_VALUES &&
                    sizeof(struct iprobe_rt_values_spec) == 8,
-               "trace_fast.S reads probes");
+               "trace_fast.S and return_trampolines.S read probes");
 _Static_assert(sizeof(struct iprobe_rt_fn_stats) == FAST_STATS_SIZE &&
                    offsetof(struct iprobe_rt_fn_stats, calls) == FAST_STATS_CALLS &&
                    offsetof(struct iprobe_rt_fn_stats, completed) == FAST_STATS_COMPLETED &&
@@ -117,7 +131,7 @@ _Static_assert(sizeof(struct iprobe_rt_fn_stats) == FAST_STATS_SIZE &&
                    offsetof(struct iprobe_rt_fn_stats, max_ticks) == FAST_STATS_MAX &&
                    offsetof(struct iprobe_rt_fn_stats, histogram) == FAST_STATS_HISTOGRAM &&
                    IPROBE_RT_HIST_BUCKETS == FAST_HIST_BUCKETS,
-               "trace_fast.S writes the sums");
+               "trace_fast.S writes the sums, return_trampolines.S counts calls");
 _Static_assert(offsetof(struct iprobe_rt_thread, depth) == FAST_THREAD_DEPTH &&
                    offsetof(struct iprobe_rt_thread, stack) == FAST_THREAD_STACK &&
                    sizeof(struct iprobe_rt_frame) == FAST_FRAME_SIZE &&
@@ -128,10 +142,14 @@ _Static_assert(offsetof(struct iprobe_rt_thread, depth) == FAST_THREAD_DEPTH &&
                "trace_fast.S pushes and pops frames");
 _Static_assert(offsetof(struct iprobe_rt_ring, head) == FAST_RING_HEAD &&
                    sizeof(struct iprobe_rt_record) == 1 << FAST_RECORD_SHIFT &&
-                   offsetof(struct iprobe_rt_record, probe) == 8 && offsetof(struct iprobe_rt_record, tid) == 12 &&
-                   offsetof(struct iprobe_rt_record, kind) == 16 && offsetof(struct iprobe_rt_record, nargs) == 17 &&
-                   offsetof(struct iprobe_rt_record, depth) == 18 && offsetof(struct iprobe_rt_record, values) == 20 &&
-                   offsetof(struct iprobe_rt_record, frame) == 24 && IPROBE_RT_REC_ENTRY == FAST_REC_ENTRY &&
+                   offsetof(struct iprobe_rt_record, tsc) == FAST_RECORD_TSC &&
+                   offsetof(struct iprobe_rt_record, probe) == FAST_RECORD_PROBE &&
+                   offsetof(struct iprobe_rt_record, tid) == FAST_RECORD_TID &&
+                   offsetof(struct iprobe_rt_record, kind) == FAST_RECORD_KIND &&
+                   offsetof(struct iprobe_rt_record, nargs) == FAST_RECORD_NARGS &&
+                   offsetof(struct iprobe_rt_record, depth) == FAST_RECORD_DEPTH &&
+                   offsetof(struct iprobe_rt_record, values) == FAST_RECORD_VALUES &&
+                   offsetof(struct iprobe_rt_record, frame) == FAST_RECORD_FRAME && IPROBE_RT_REC_ENTRY == FAST_REC_ENTRY &&
                    IPROBE_RT_REC_EXIT == FAST_REC_EXIT,
                "trace_fast.S writes records");
 
