@@ -7,9 +7,12 @@
 # entry flow.  Per event = per call / 2 for the handlers that see the exit.
 #   ratio (entry count) = trace per event / (cheapest clock + count per call)
 #   ratio (event count) = trace per event / (cheapest clock + count --completed per call / 2)
+#   ratio (entries only) = trace --entry-only per call (one event, one clock
+#     read a call, no exit hooked) / (cheapest clock + count per call)
 # The first is the issue's wording; the second compares like with like (each
 # traced event also pays its share of the exit's return trampoline, which
-# count --completed pays too).
+# count --completed pays too); the third is the trace that reads the clock
+# once a call.
 # usage: bench/hotpatch/trace_event.sh [BUILD_DIR]   (as root)
 # env: MAX_EXP (default 6), REPEATS (default 3, fastest kept),
 #      BASELINE_RUNTIME=libiprobe-rt.so of another build: its trace handler
@@ -35,7 +38,8 @@ rdtsc=$(clock_ns rdtsc)
 run_variant count "$work/loop_iprobe" --functions empty --handler count
 run_variant count_completed "$work/loop_iprobe" --functions empty --handler count --completed
 run_variant trace "$work/loop_iprobe" --functions empty --ring-records 8388608
-columns="count count_completed trace"
+run_variant trace_entry "$work/loop_iprobe" --functions empty --entry-only --ring-records 8388608
+columns="count count_completed trace trace_entry"
 if [[ -n ${BASELINE_RUNTIME:-} ]]; then
   run_variant trace_baseline "$work/loop_iprobe" --functions empty --ring-records 8388608 --runtime "$BASELINE_RUNTIME"
   columns+=" trace_baseline"
@@ -43,18 +47,19 @@ fi
 
 printf '\n| calls | count (entry) ns/call | count --completed ns/call | trace ns/call | trace ns/event |'
 [[ -n ${BASELINE_RUNTIME:-} ]] && printf ' trace, baseline ns/event |'
-printf ' rdtsc + count | ratio (entry count) | rdtsc + count --completed / 2 | ratio (event count) |\n|---|---|---|---|---|'
+printf ' rdtsc + count | ratio (entry count) | rdtsc + count --completed / 2 | ratio (event count) | trace --entry-only ns/event | ratio (entries only) |\n|---|---|---|---|---|'
 [[ -n ${BASELINE_RUNTIME:-} ]] && printf -- '---|'
-printf -- '---|---|---|---|\n'
+printf -- '---|---|---|---|---|---|\n'
 n=1
 for ((e = 1; e <= max_exp; e++)); do
   n=$((n * 10))
   ((e < 3)) && continue  # the first rows carry the ring's one-time page faults
   c=$(ns_at "$work/result.count" "$n"); cc=$(ns_at "$work/result.count_completed" "$n"); t=$(ns_at "$work/result.trace" "$n")
+  te=$(ns_at "$work/result.trace_entry" "$n")
   b=; [[ -n ${BASELINE_RUNTIME:-} ]] && b=$(ns_at "$work/result.trace_baseline" "$n")
-  awk -v n="$e" -v c="$c" -v cc="$cc" -v t="$t" -v b="$b" -v r="$rdtsc" 'BEGIN {
+  awk -v n="$e" -v c="$c" -v cc="$cc" -v t="$t" -v te="$te" -v b="$b" -v r="$rdtsc" 'BEGIN {
     printf "| 10^%d | %.2f | %.2f | %.2f | %.2f |", n, c, cc, t, t / 2
     if (b != "") printf " %.2f |", b / 2
-    printf " %.2f | %.2f | %.2f | %.2f |\n", r + c, t / 2 / (r + c), r + cc / 2, t / 2 / (r + cc / 2) }'
+    printf " %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", r + c, t / 2 / (r + c), r + cc / 2, t / 2 / (r + cc / 2), te, te / (r + c) }'
 done
 echo "(CPU ns, fastest of $repeats runs per size; clocks: ns per read, fastest of 5 rounds of 10^7; goal: ratio <= 1.3)"

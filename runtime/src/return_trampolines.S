@@ -344,7 +344,7 @@ COUNT_ENTRY iprobe_rt_count_return_nop, iprobe_rt_count_return_slow, 0
 ENTRY_SITE_CALL iprobe_rt_count_enter_return_slow, iprobe_rt_count_enter_return_at, 0
 ENTRY_SITE_CALL iprobe_rt_count_return_slow, iprobe_rt_count_return_at, 0
 ENTRY_SITE_CALL iprobe_rt_count_counter_nop, iprobe_rt_count_counter_at, 0
-ENTRY_SITE_CALL iprobe_rt_trace_enter_id_nop, iprobe_rt_trace_enter_id_at, 0
+ENTRY_SITE_CALL iprobe_rt_trace_enter_id_slow, iprobe_rt_trace_enter_id_at, 0
 ENTRY_SITE_CALL iprobe_rt_trace_return_nop, iprobe_rt_trace_return_at, 0
 ENTRY_SITE_CALL iprobe_rt_trace_enter_return_slow, iprobe_rt_trace_enter_return_at, 0
 

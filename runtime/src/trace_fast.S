@@ -74,7 +74,7 @@
     lea FAST_RING_PREFETCH(%rdx), %rdi
     and %rax, %rdi
     shl $FAST_RECORD_SHIFT, %rdi
-    prefetcht0 (%rcx,%rdi)
+    prefetchw (%rcx,%rdi)
 .endif
     and %rax, %rdx
     shl $FAST_RECORD_SHIFT, %rdx
@@ -350,5 +350,118 @@ iprobe_rt_trace_exit_fast:
     jmp iprobe_rt_return_record_in_c
     .cfi_endproc
     .size iprobe_rt_trace_exit_fast, . - iprobe_rt_trace_exit_fast
+
+/* ---- an entry whose exit is off (attach --entry-only) ----
+ * One clock read a call: the call counted and its entry's record appended,
+ * nothing hooked at its return (the C path, iprobe_rt_trace_enter_id_at,
+ * does the same for this case).  From the site's stub: [rsp] the entry
+ * probe's id, [8] the site's end, [16] the return slot.  A probe with
+ * values, a --when or a timed frame (its exit probe on after all), a thread
+ * whose sums or ring are not claimed yet, or a clock other than the TSC go
+ * to C before anything changed. */
+    .p2align 4
+    .globl iprobe_rt_trace_enter_id_nop
+    .type iprobe_rt_trace_enter_id_nop, @function
+iprobe_rt_trace_enter_id_nop:
+    .cfi_startproc
+    .cfi_def_cfa rsp, 24
+    .cfi_offset rip, -8
+    push %rax
+    .cfi_adjust_cfa_offset 8
+    push %rcx
+    .cfi_adjust_cfa_offset 8
+    push %rdx
+    .cfi_adjust_cfa_offset 8
+    push %rsi
+    .cfi_adjust_cfa_offset 8
+    push %rdi
+    .cfi_adjust_cfa_offset 8
+    push %r8
+    .cfi_adjust_cfa_offset 8
+    push %r9
+    .cfi_adjust_cfa_offset 8
+    push %r10
+    .cfi_adjust_cfa_offset 8
+    .cfi_remember_state
+    /* [0] r10 [8] r9 [16] r8 [24] rdi [32] rsi [40] rdx [48] rcx [56] rax
+     * [64] id [72] the site's end [80] the return slot */
+    cmpl $0, iprobe_rt_trace_fast_clock(%rip)
+    je 7f
+    mov 64(%rsp), %esi
+    cmp iprobe_rt_when_probe_capacity(%rip), %esi   /* 0 until a region is mapped */
+    jae 7f
+    mov %rsi, %rax
+    shl $FAST_PROBE_SHIFT, %rax
+    add iprobe_rt_when_probes(%rip), %rax
+    cmpq $0, FAST_PROBE_VALUES(%rax)
+    jne 7f
+    /* its timed byte and condition (the retval histogram's byte between
+     * them is the exit's business) */
+    testl $0xffff00ff, FAST_PROBE_TIMED(%rax)
+    jne 7f
+    mov FAST_PROBE_STAT(%rax), %r10d
+    cmp iprobe_rt_when_stat_capacity(%rip), %r10d
+    jae 7f
+    mov iprobe_rt_thread@gottpoff(%rip), %rcx
+    mov %fs:RET_THREAD_STATS(%rcx), %rcx
+    test %rcx, %rcx
+    je 7f
+    mov iprobe_rt_producer@gottpoff(%rip), %r9
+    cmpq $0, %fs:PRODUCER_RING(%r9)
+    je 7f
+    rdtsc
+    shl $32, %rdx
+    or %rdx, %rax
+    mov %rax, %r8                                /* now */
+    imul $FAST_STATS_SIZE, %r10, %rax
+    addq $1, FAST_STATS_CALLS(%rcx,%rax)
+    APPEND_RECORD FAST_REC_ENTRY, %rsi, 8f, 1
+    pop %r10
+    .cfi_adjust_cfa_offset -8
+    pop %r9
+    .cfi_adjust_cfa_offset -8
+    pop %r8
+    .cfi_adjust_cfa_offset -8
+    pop %rdi
+    .cfi_adjust_cfa_offset -8
+    pop %rsi
+    .cfi_adjust_cfa_offset -8
+    pop %rdx
+    .cfi_adjust_cfa_offset -8
+    pop %rcx
+    .cfi_adjust_cfa_offset -8
+    pop %rax
+    .cfi_adjust_cfa_offset -8
+    /* on at the site's end, no return hooked (what the jump reads stays in
+     * the red zone for one instruction, as ENTRY_SITE_GO_ON's) */
+    lea 16(%rsp), %rsp
+    .cfi_adjust_cfa_offset -16
+    jmp *-8(%rsp)
+8:  .cfi_restore_state
+    .cfi_remember_state
+    RING_FULL
+    test %eax, %eax
+    jnz 1b                                       /* it fits: write it */
+    jmp 2b                                       /* dropped, counted */
+7:  .cfi_restore_state
+    pop %r10
+    .cfi_adjust_cfa_offset -8
+    pop %r9
+    .cfi_adjust_cfa_offset -8
+    pop %r8
+    .cfi_adjust_cfa_offset -8
+    pop %rdi
+    .cfi_adjust_cfa_offset -8
+    pop %rsi
+    .cfi_adjust_cfa_offset -8
+    pop %rdx
+    .cfi_adjust_cfa_offset -8
+    pop %rcx
+    .cfi_adjust_cfa_offset -8
+    pop %rax
+    .cfi_adjust_cfa_offset -8
+    jmp iprobe_rt_trace_enter_id_slow
+    .cfi_endproc
+    .size iprobe_rt_trace_enter_id_nop, . - iprobe_rt_trace_enter_id_nop
 
     .section .note.GNU-stack, "", @progbits

@@ -80,5 +80,14 @@ TEST_F(Registers, TraceHandlerEntryAndExit) {
     EXPECT_EQ(completed(), kCalls);
 }
 
+// The trace handler's entry alone: its assembler path (trace_fast.S).
+TEST_F(Registers, TraceHandlerEntryOnly) {
+    attach("trace");
+    detach({"--exit-only"});
+    EXPECT_EQ(check(), 0);
+    EXPECT_EQ(calls(), kCalls);
+    EXPECT_EQ(completed(), 0);
+}
+
 }  // namespace
 }  // namespace iprobe::test

@@ -104,8 +104,13 @@ protected:
     }
     // `line` run while `iprobe trace --output --lossless` writes sg_*'s
     // events to a file: the target's answer, and the calls in the file.
-    std::pair<long, FileCalls> trace_signals_to_file(const std::string& line) {
-        attach("sg_*", "trace");
+    std::pair<long, FileCalls> trace_signals_to_file(const std::string& line, bool entry_only = false) {
+        if (entry_only) {
+            auto a = iprobe({"attach", pid_, "--functions", "sg_*", "--handler", "trace", "--entry-only"});
+            EXPECT_EQ(a.exit_code, 0) << a.err;
+        } else {
+            attach("sg_*", "trace");
+        }
         TempDir dir;
         const std::string file = dir / "signals.trace";
         Child trace({iprobe_bin(), "trace", pid_, "--output", file, "--lossless"}, dir / "trace.out");
@@ -262,6 +267,38 @@ TEST_P(ReturnTest, TraceFastPathNestsSignalHandlersAndTimesWhatTheFileShows) {
     const auto [handled, calls] = trace_signals_to_file("signals " + std::to_string(kCalls));
     EXPECT_GT(handled, 10) << "signals landed while the loop ran";
     expect_signal_calls(calls, report(), kCalls, handled);
+}
+
+// The entry alone (attach --entry-only): one clock read a call, served in
+// assembler (trace_fast.S's iprobe_rt_trace_enter_id_nop) while signals land
+// anywhere in it.  The lossless file holds every entry exactly once and no
+// exit; the sums count every call and time none; the returns are never
+// hooked.
+TEST_P(ReturnTest, EntryOnlyTraceRecordsEveryEntryOnceWhileSignalsLand) {
+    constexpr long kCalls = 300000;
+    const auto [handled, calls] = trace_signals_to_file("signals " + std::to_string(kCalls), true);
+    EXPECT_GT(handled, 10) << "signals landed while the loop ran";
+    const std::string json = report();
+    const std::map<std::string, long> called{
+        {"sg_leaf", kCalls}, {"sg_handler", handled}, {"sg_nested", 9 * handled}};
+    long long entries = 0;
+    for (const auto& [f, n] : called) {
+        const auto seen = calls.seen.find(f);
+        EXPECT_EQ(seen == calls.seen.end() ? Counts{} : seen->second, (Counts{n, 0})) << f << " in the file";
+        // calls, and the report says that is all it has (nothing timed, nothing estimated)
+        EXPECT_NE(json.find("\"name\":\"" + f + "\",\"calls\":" + std::to_string(n) + ",\"fields\":[\"calls\"]"),
+                  std::string::npos)
+            << f << "\n" << json;
+        entries += n;
+    }
+    std::size_t open = 0;
+    for (const auto& [tid, n] : calls.left_open) open += n;
+    // and the one call of the thread that sends the signals (sg_sender)
+    EXPECT_EQ(static_cast<long long>(open), entries + 1) << "every entry, and nothing closed it";
+    EXPECT_EQ(calls.mismatched, 0);
+    EXPECT_EQ(json_number(json, "trace_dropped"), 0) << json;
+    EXPECT_EQ(json_number(json, "unhooked_returns"), 0) << json;
+    EXPECT_EQ(json_number(json, "lost"), 0) << json;
 }
 
 // SIGUSR2 raised inside the runtime's claims at a thread's first traced
