@@ -180,6 +180,17 @@ elf::FunctionValues get_function(Cursor& in, const std::string& path) {
     return f;
 }
 
+// The exit words (rax, rdx, xmm0, xmm1) decode_values() reads a return of
+// `f` from, as bits.
+std::uint8_t return_words(const elf::FunctionValues& f) {
+    if (!f.ret) return 0;
+    if (f.ret->parts.empty()) return 1;  // returned in memory: rax points at it
+    std::uint8_t used = 0;
+    for (std::size_t i = 0; i < f.ret->parts.size() && i < 2; i++)
+        used |= static_cast<std::uint8_t>(1u << (f.ret->parts[i].vector ? 2 + (f.ret->parts[i].reg & 1) : f.ret->parts[i].reg & 1));
+    return used;
+}
+
 // Where a values event's backtrace words start (values_reader.cpp's order).
 std::size_t backtrace_at(std::uint32_t packed_spec) {
     const unsigned flags = packed_spec & 0xff;
@@ -200,6 +211,9 @@ struct TraceFileWriter::Types {
         std::uint64_t site = 0;
     };
     std::vector<std::uint8_t> seen;  // by probe index (< the region's probe count)
+    // By exit probe: the return words (rax, rdx, xmm0, xmm1) its function's
+    // return value is read from; the others are never printed, so not kept.
+    std::vector<std::uint8_t> return_words;
     std::map<std::uint32_t, Probe> probes;
     std::map<std::uint32_t, elf::FunctionValues> functions;  // by entry probe
     std::unordered_map<std::uint64_t, Frame> frames;         // backtrace addresses
@@ -361,7 +375,12 @@ void TraceFileWriter::end_values() {
     const auto spec = static_cast<std::uint32_t>(head >> 32);
     std::uint32_t probe;
     std::memcpy(&probe, base + values_ + 8, 4);
-    if (values_got_) keep_types(probe, (head >> 10 & 3) == 1, spec, word, words, 4u * values_got_);
+    const bool exit = (head >> 10 & 3) == 1;
+    if (values_got_) keep_types(probe, exit, spec, word, words, 4u * values_got_);
+    const auto& used = types_kept_->return_words;
+    if (exit && types_ && probe < used.size())  // what its return is not read from: 0, and left out below
+        for (std::size_t i = 0; i < 4 && i < words; i++)
+            if (!(used[probe] >> i & 1)) std::memset(base + values_words_ + 8 * i, 0, 8);
     while (words > 0) {
         std::uint64_t last;
         std::memcpy(&last, base + values_words_ + 8 * (words - 1), 8);
@@ -389,6 +408,10 @@ void TraceFileWriter::keep_types(std::uint32_t probe, bool exit, std::uint32_t s
         kept.probes[probe] = {distance, types_->site(probe)};
         if (!exit) kept.keep_function(*types_, probe);
         else if (probe >= distance) kept.keep_function(*types_, probe - distance);
+        if (exit) {
+            if (probe >= kept.return_words.size()) kept.return_words.resize(std::size_t{probe} + 1, 0xf);
+            kept.return_words[probe] = probe >= distance ? return_words(kept.functions.at(probe - distance)) : 0;
+        }
         if (!exit && kept.functions.at(probe).inlined) kept.keep_frame(*types_, types_->site(probe) + 1);
     }
     if (exit || !(spec & IPROBE_RT_VALUES_BACKTRACE)) return;

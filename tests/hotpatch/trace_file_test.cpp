@@ -375,7 +375,7 @@ TEST(TraceFile, ValuesEventsReadBackTypedAsTheLiveReaderTypesThem) {
     }
     for (std::uint64_t w : {2, 0x401234, 0x405678}) entry_words.push_back(w);
     entry_words.resize(20, 0);  // 5 records
-    const std::vector<std::uint64_t> exit_words = {55, 0, 0, 0};
+    const std::vector<std::uint64_t> exit_words = {55, 0xdead, 0xbeef, 0};  // rdx, xmm0: what a long return leaves there
     auto head = [](std::uint8_t kind, std::uint32_t probe, std::uint64_t tsc, std::uint8_t nargs, const iprobe_rt_values_spec& spec) {
         iprobe_rt_record r = record(kind, probe, 100, tsc, nargs);
         r.values = IPROBE_RT_VALUES_PACK(spec);
@@ -386,7 +386,7 @@ TEST(TraceFile, ValuesEventsReadBackTypedAsTheLiveReaderTypesThem) {
     for (std::size_t i = 0; i < 20; i += 4)
         ring.push_back(words(entry_words[i], entry_words[i + 1], entry_words[i + 2], entry_words[i + 3]));
     ring.push_back(head(exit, 1, 1300, 1, ret));
-    ring.push_back(words(55, 0, 0, 0));
+    ring.push_back(words(55, 0xdead, 0xbeef, 0));
     ring.push_back(head(entry, 0, 1400, 5, args));  // its records never published
     TestTypes types;
     test::TempDir dir;
@@ -396,7 +396,7 @@ TEST(TraceFile, ValuesEventsReadBackTypedAsTheLiveReaderTypesThem) {
         writer.write({ring.data(), 15, 0, 3, false, 0});  // the entry's values go on in the next run
         writer.write({ring.data(), 15, 3, 9, true, 0});
         EXPECT_EQ(writer.values_events(), 3u);
-        EXPECT_EQ(writer.values_bytes(), 8u * (4 + 17) + 8u * (4 + 1) + 8u * 4) << "trailing zeros left out";
+        EXPECT_EQ(writer.values_bytes(), 8u * (4 + 17) + 8u * (4 + 1) + 8u * 4) << "trailing zeros and return words the type does not use left out";
         writer.finish({});
     }
     EXPECT_EQ(types.frames, 2) << "each backtrace address symbolized once";
