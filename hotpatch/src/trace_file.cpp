@@ -162,6 +162,9 @@ elf::ValueSlot get_slot(Cursor& in, const std::string& path) {
         elf::ValuePart part;
         part.vector = in.get<std::uint8_t>() != 0;
         part.reg = in.get<std::uint8_t>();
+        // the registers the runtime captures (a return's: rax, rdx; xmm0, xmm1)
+        if (part.reg >= (part.vector ? IPROBE_RT_VALUES_XMMS : IPROBE_RT_VALUES_GPRS))
+            throw Error(path + ": corrupt trace file (register " + std::to_string(part.reg) + ")", ExitCode::bad_input);
         v.parts.push_back(part);
     }
     if (in.get<std::uint8_t>()) v.constant = in.get<std::int64_t>();

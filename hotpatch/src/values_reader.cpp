@@ -284,7 +284,7 @@ void decode_values(Event& e, std::uint32_t packed_spec, const std::vector<std::u
             const auto s = p.type.cls == elf::ValueClass::string ? strings.find(p.parts[0].reg) : strings.end();
             if (s != strings.end()) {
                 const auto& [status, text] = s->second;
-                const std::uint64_t pointer = gpr[p.parts[0].reg];
+                const std::uint64_t pointer = gpr[p.parts[0].reg % IPROBE_RT_VALUES_GPRS];
                 if (status == IPROBE_RT_STRING_NULL) {
                     v.text = "NULL", v.json = "null";
                 } else if (status == IPROBE_RT_STRING_UNREADABLE || status > IPROBE_RT_STRING_BYTES) {
