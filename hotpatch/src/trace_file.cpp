@@ -129,7 +129,7 @@ void put_function(std::string& out, const elf::FunctionValues& f) {
 }
 
 // Types nest (a struct's members) as deep as a file says: bounded.
-constexpr int kMaxTypeDepth = 16;
+constexpr int kMaxTypeDepth = 64;  // the DWARF reader's own bound is 24 (elf/src/dwarf_types.h)
 
 elf::ValueType get_type(Cursor& in, const std::string& path, int depth = 0) {
     if (depth > kMaxTypeDepth) throw Error(path + ": corrupt trace file (types nested too deep)", ExitCode::bad_input);
@@ -512,7 +512,10 @@ void TraceFileWriter::write(const RecordRun& run) {
     }
     used_ = static_cast<std::size_t>(out - base);
     previous_tsc_ = previous;
-    if (run.last) end_values();  // cut by what the ring had published: with the words it got
+    if (run.last) {  // cut by what the ring had published: as the live reader takes it (TraceReader::decode)
+        end_point();
+        end_values();
+    }
 }
 
 void TraceFileWriter::finish(const std::vector<ProbeInfo>& probes) {
