@@ -58,7 +58,7 @@ constexpr const char* kSynopsis =
     "                     [--args] [--retval] [--backtrace[=DEPTH]] [--when EXPR] [--min-duration TIME]\n"
     "       iprobe detach PID [--functions GLOB,…] [--entry-only|--exit-only] [--json]\n"
     "       iprobe status PID [--json]   (also lists functions replaced by 'iprobe patch')\n"
-    "       iprobe trace  PID [--duration S] [--lossless] [--format text|json|chrome | --output FILE]\n"
+    "       iprobe trace  PID [--duration S] [--lossless] [--format text|json|chrome] [--output FILE]\n"
     "       iprobe trace  --input FILE [--format text|json|chrome]\n"
     "       iprobe report PID[,PID…] [--json] [--since-last|--reset] [--duration S] [--at-exit]\n"
     "       iprobe report PID --folded [--duration S]\n"
@@ -101,8 +101,9 @@ constexpr const char* kAbout =
     "status  shows the runtime, modules, enabled probes, threads and event drops.\n"
     "trace   streams events live, symbolized (Ctrl-C or --duration ends it);\n"
     "        chrome writes Chrome trace-event JSON that Perfetto opens. --output\n"
-    "        writes a compact binary file instead (20 bytes an event), which\n"
-    "        --input FILE converts to any --format later. --lossless: every event,\n"
+    "        writes a compact binary file instead (8 bytes an event, values\n"
+    "        included), which --input FILE converts to any --format later, as\n"
+    "        live; with --format too, both at once. --lossless: every event,\n"
     "        the traced threads waiting for the reader when their ring is full\n"
     "        (the default drops and counts, never slowing the target).\n"
     "report  prints calls, completed calls, inclusive/exclusive time and p50/p99/max\n"
@@ -173,7 +174,7 @@ ArgSpec spec_of(const std::string& command) {
         {"--duration", "S", "trace, report: stop after S seconds"},
         {"--format", "FORMAT", "text (default), json; trace: chrome; report: folded, prometheus"},
         {"--serve", "ADDR", "report: answer Prometheus' scrapes of http://ADDR/metrics until Ctrl-C\n(HOST:PORT; port 0 picks one, said on stderr)"},
-        {"--output", "FILE", "trace: write the compact binary event file instead"},
+        {"--output", "FILE", "trace: write the compact binary event file instead (with --format: as well)"},
         {"--lossless", "", "trace: every event: a thread whose ring is full waits for the reader instead\nof dropping (slows the target down to the reader's pace; default: lossy, drops counted)"},
         {"--input", "FILE", "trace: convert a file written by --output (no PID)"},
         {"--since-last", "", "report: only what happened since the last --since-last or --reset"},
@@ -391,12 +392,11 @@ void collect(TraceReader& reader, double seconds, const std::function<void(const
 }
 
 int cmd_trace(const Args& args) {
-    if (args.flag("--output") && (args.flag("--format") || args.flag("--json")))
-        usage_error("--output writes the binary file; convert it later with --input FILE --format");
     const auto out = output_of(args, ResultKind::trace);
     CallNesting nesting;
     if (args.flag("--input")) {
         if (args.flag("--duration")) usage_error("--duration is for a live trace, not --input");
+        if (args.flag("--output")) usage_error("--input converts a file; --output writes one from a live process");
         TraceFileReader file(args.value("--input"));
         const ProbeInfo unknown{"?", "?", "", 0, probelist::ProbeKind::entry, ""};
         out->trace_begin(file.pid());
@@ -413,28 +413,42 @@ int cmd_trace(const Args& args) {
     const double seconds = parse_duration(args);
     TraceReader reader(args.pid);
     if (args.flag("--lossless")) reader.set_lossless(true);
+    const auto print = [&](const Event& e) {
+        nesting.records(e, reader.probe(e.probe), [&](const TraceRecord& r) { out->trace(r); });
+    };
     if (args.flag("--output")) {
-        TraceFileWriter writer(args.value("--output"), args.pid, reader.wall_clock());
+        // With --format too, the events are printed as they are written (what
+        // --input FILE --format prints of the file later).
+        const bool shown = args.flag("--format") || args.flag("--json");
+        TraceFileWriter writer(args.value("--output"), args.pid, reader.wall_clock(), &reader.value_types());
+        if (shown) out->trace_begin(args.pid);
         // Raw runs of records, encoded in bulk: the writer keeps up with the threads.
-        collect(reader, seconds, [&] { return reader.drain_runs([&](const RecordRun& run) { writer.write(run); }); },
+        collect(reader, seconds,
+                [&] {
+                    if (!shown) return reader.drain_runs([&](const RecordRun& run) { writer.write(run); });
+                    const std::size_t records = reader.drain_runs([&](const RecordRun& run) {
+                        writer.write(run);
+                        reader.decode(run, print);
+                    });
+                    reader.decode_end(print);
+                    return records;
+                },
                 true);
-        const std::uint64_t with_values = writer.without_values();  // the file keeps timings only: said, not dropped
         writer.finish(reader.probes());
+        if (shown) out->trace_end();
         std::cerr << "iprobe: " << writer.events() << " events written to " << args.value("--output") << " ("
                   << writer.bytes() << " bytes";
+        std::cerr << std::fixed << std::setprecision(1);
         if (writer.events())
-            std::cerr << ", " << std::fixed << std::setprecision(1)
-                      << static_cast<double>(writer.bytes()) / static_cast<double>(writer.events()) << " bytes/event";
+            std::cerr << ", " << static_cast<double>(writer.bytes()) / static_cast<double>(writer.events()) << " bytes/event";
+        if (writer.values_events())
+            std::cerr << "; " << writer.values_events() << " with values, "
+                      << static_cast<double>(writer.values_bytes()) / static_cast<double>(writer.values_events())
+                      << " bytes each";
         std::cerr << ")\n";
-        if (with_values)
-            std::cerr << "iprobe: the binary file keeps no values: " << with_values
-                      << " events' arguments, return values or backtraces are not in it (use --format json)\n";
     } else {
         out->trace_begin(args.pid);
-        collect(
-            reader, seconds,
-            [&](const Event& e) { nesting.records(e, reader.probe(e.probe), [&](const TraceRecord& r) { out->trace(r); }); },
-            true);
+        collect(reader, seconds, print, true);
         out->trace_end();
     }
     if (args.flag("--lossless")) {

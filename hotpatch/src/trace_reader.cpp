@@ -121,6 +121,18 @@ struct TraceReader::Impl {
     std::uint32_t modules_loaded = 0;
     ProbeInfo unknown{"?", "?", "", 0, probelist::ProbeKind::entry, ""};
     std::unique_ptr<ValuesReader> values;  // made at the first values record
+    // decode(): an event whose continuation records (a POINT's arguments,
+    // an ENTRY's or EXIT's values) are still to come, perhaps in the ring's
+    // next run.
+    struct Decoding {
+        Event pending;
+        bool open = false;                 // `pending` not yet given to the sink
+        std::uint32_t remaining = 0;       // continuation records still to read
+        std::vector<std::uint64_t> words;  // values read so far
+        std::uint32_t spec = 0;            // the spec they were written under (iprobe_rt_record.values)
+        std::uint32_t ring = UINT32_MAX;
+        std::uint64_t next_at = 0;         // where the pending event's next record is
+    } decoding;
 
     void load_new_modules() {
         const std::uint32_t count = region.module_count();
@@ -251,85 +263,77 @@ std::size_t TraceReader::drain_runs(const std::function<void(const RecordRun&)>&
 }
 
 std::size_t TraceReader::drain(const std::function<void(const Event&)>& sink) {
+    std::size_t events = 0;
+    drain_runs([&](const RecordRun& run) { events += decode(run, sink); });
+    return events + decode_end(sink);
+}
+
+ValueTypes& TraceReader::value_types() {
+    if (!impl_->values) impl_->values = std::make_unique<ValuesReader>(impl_->region, impl_->pid);
+    return *impl_->values;
+}
+
+// The pending event with what it got.
+std::size_t TraceReader::decode_end(const std::function<void(const Event&)>& sink) {
+    Impl::Decoding& d = impl_->decoding;
+    if (!d.open) return 0;
+    d.open = false;
+    if (d.pending.kind == probelist::ProbeKind::point) {
+        if (d.remaining) d.pending.nargs = 0;
+    } else if (!d.words.empty()) {
+        decode_values(d.pending, d.spec, d.words, value_types());
+    }
+    d.remaining = 0;
+    d.words.clear();
+    sink(d.pending);
+    return 1;
+}
+
+std::size_t TraceReader::decode(const RecordRun& run, const std::function<void(const Event&)>& sink) {
+    Impl::Decoding& d = impl_->decoding;
     const WallClock clock = wall_clock();
     std::size_t events = 0;
-    // An event whose continuation records (a POINT's arguments, an ENTRY's
-    // or EXIT's values) are still to come, perhaps in the ring's next run.
-    Event pending;
-    std::uint32_t remaining = 0;       // continuation records still to read
-    std::vector<std::uint64_t> words;  // values read so far
-    std::uint32_t spec = 0;            // the spec they were written under (iprobe_rt_record.values)
-    std::uint32_t ring = UINT32_MAX;
-    std::uint64_t next_at = 0;         // where the pending event's next record is
-    auto finish = [&] {                // the pending event with what it got
-        if (pending.kind == probelist::ProbeKind::point) {
-            if (remaining) pending.nargs = 0;
-        } else if (!words.empty()) {
-            if (!impl_->values) impl_->values = std::make_unique<ValuesReader>(impl_->region, impl_->pid);
-            impl_->values->decode(pending, spec, words);
+    // Its ring's next page was skipped, or another ring: the event ends here.
+    if (d.open && (run.ring != d.ring || run.from != d.next_at)) events += decode_end(sink);
+    d.ring = run.ring;
+    for (std::uint64_t at = run.from; at < run.to; at++) {
+        const iprobe_rt_record& r = run.records[at & run.mask];
+        if (d.open) {
+            const auto* more = reinterpret_cast<const iprobe_rt_args_record*>(&r);
+            if (d.pending.kind == probelist::ProbeKind::point) std::memcpy(d.pending.args, more->args, sizeof d.pending.args);
+            else d.words.insert(d.words.end(), more->args, more->args + 4);
+            if (--d.remaining == 0) events += decode_end(sink);
+            continue;
         }
-        remaining = 0;
-        words.clear();
-        sink(pending);
-        events++;
-    };
-    bool open = false;  // `pending` holds an event not yet given to the sink
-    drain_runs([&](const RecordRun& run) {
-        // Its ring's next page was skipped, or another ring: the event ends here.
-        if (open && (run.ring != ring || run.from != next_at)) {
-            finish();
-            open = false;
-        }
-        ring = run.ring;
-        for (std::uint64_t at = run.from; at < run.to; at++) {
-            const iprobe_rt_record& r = run.records[at & run.mask];
-            if (open) {
-                const auto* more = reinterpret_cast<const iprobe_rt_args_record*>(&r);
-                if (pending.kind == probelist::ProbeKind::point) std::memcpy(pending.args, more->args, sizeof pending.args);
-                else words.insert(words.end(), more->args, more->args + 4);
-                if (--remaining == 0) {
-                    finish();
-                    open = false;
-                }
-                continue;
+        Event e;
+        e.tsc = r.tsc;
+        e.time_ns = clock.ns(r.tsc);
+        e.probe = r.probe;
+        e.tid = r.tid;
+        e.depth = r.depth;
+        std::uint32_t more = 0;
+        if (r.kind == IPROBE_RT_REC_POINT) {
+            e.kind = probelist::ProbeKind::point;
+            if (r.nargs) {
+                e.nargs = std::min<std::uint8_t>(r.nargs, 4);
+                more = 1;
             }
-            Event e;
-            e.tsc = r.tsc;
-            e.time_ns = clock.ns(r.tsc);
-            e.probe = r.probe;
-            e.tid = r.tid;
-            e.depth = r.depth;
-            std::uint32_t more = 0;
-            if (r.kind == IPROBE_RT_REC_POINT) {
-                e.kind = probelist::ProbeKind::point;
-                if (r.nargs) {
-                    e.nargs = std::min<std::uint8_t>(r.nargs, 4);
-                    more = 1;
-                }
-            } else if (r.kind == IPROBE_RT_REC_EXIT || r.kind == IPROBE_RT_REC_ENTRY) {
-                e.kind = r.kind == IPROBE_RT_REC_EXIT ? probelist::ProbeKind::exit : probelist::ProbeKind::entry;
-                e.frame = r.frame;
-                e.inlined_copy = r.kind == IPROBE_RT_REC_ENTRY && (r.values & IPROBE_RT_VALUES_COPY);
-                more = r.nargs;
-                spec = r.values;
-            } else {
-                continue;
-            }
-            pending = std::move(e);
-            remaining = more;
-            open = true;
-            if (!remaining) {
-                finish();
-                open = false;
-            }
+        } else if (r.kind == IPROBE_RT_REC_EXIT || r.kind == IPROBE_RT_REC_ENTRY) {
+            e.kind = r.kind == IPROBE_RT_REC_EXIT ? probelist::ProbeKind::exit : probelist::ProbeKind::entry;
+            e.frame = r.frame;
+            e.inlined_copy = r.kind == IPROBE_RT_REC_ENTRY && (r.values & IPROBE_RT_VALUES_COPY);
+            more = r.nargs;
+            d.spec = r.values;
+        } else {
+            continue;
         }
-        next_at = run.to;
-        if (open && run.last) {  // cut by what the ring had published: the event with what it got
-            finish();
-            open = false;
-        }
-    });
-    if (open) finish();
+        d.pending = std::move(e);
+        d.remaining = more;
+        d.open = true;
+        if (!d.remaining) events += decode_end(sink);
+    }
+    d.next_at = run.to;
+    if (d.open && run.last) events += decode_end(sink);  // cut by what the ring had published
     return events;
 }
 

@@ -204,8 +204,14 @@ Frame ValuesReader::symbolize(std::uint64_t address) {
     return f;
 }
 
-void ValuesReader::decode(Event& e, std::uint32_t packed_spec, const std::vector<std::uint64_t>& words) {
-    if (e.probe >= region_.probe_count()) return;
+std::uint32_t ValuesReader::entry_distance(std::uint32_t exit_probe) {
+    return std::max<std::uint32_t>(region_.probes()[exit_probe].values.distance, 1);
+}
+
+std::uint64_t ValuesReader::site(std::uint32_t probe) { return region_.probes()[probe].site; }
+
+void decode_values(Event& e, std::uint32_t packed_spec, const std::vector<std::uint64_t>& words, ValueTypes& types) {
+    if (!types.knows(e.probe)) return;
     iprobe_rt_values_spec spec{};
     spec.flags = static_cast<std::uint8_t>(packed_spec);
     spec.gprs = static_cast<std::uint8_t>(packed_spec >> 8 & 15);
@@ -217,10 +223,10 @@ void ValuesReader::decode(Event& e, std::uint32_t packed_spec, const std::vector
     if (e.kind == probelist::ProbeKind::exit) {
         // its entry: the probe before, or as far back as a -finstrument-functions
         // entry's hooked return recorded it (iprobe_rt_values_spec.distance)
-        const std::uint32_t back = std::max<std::uint32_t>(region_.probes()[e.probe].values.distance, 1);
+        const std::uint32_t back = types.entry_distance(e.probe);
         if (!(spec.flags & IPROBE_RT_VALUES_RETVAL) || words.size() < 4 || e.probe < back) return;
         e.has_values = true;
-        const elf::FunctionValues& f = function(e.probe - back);
+        const elf::FunctionValues& f = types.function(e.probe - back);
         if (!f.ret) return;
         std::uint8_t bytes[16] = {};
         if (f.ret->parts.empty()) {  // returned in memory: rax points at it
@@ -254,7 +260,7 @@ void ValuesReader::decode(Event& e, std::uint32_t packed_spec, const std::vector
             strings[static_cast<std::uint8_t>(i)] = {status, std::string(bytes, sizeof bytes)};
         }
         e.has_values = true;
-        const elf::FunctionValues& f = function(e.probe);
+        const elf::FunctionValues& f = types.function(e.probe);
         for (const elf::ValueSlot& p : f.params) {
             if (p.constant) {
                 e.values.push_back({p.name, p.type.name, std::to_string(*p.constant), std::to_string(*p.constant)});
@@ -278,7 +284,7 @@ void ValuesReader::decode(Event& e, std::uint32_t packed_spec, const std::vector
             const auto s = p.type.cls == elf::ValueClass::string ? strings.find(p.parts[0].reg) : strings.end();
             if (s != strings.end()) {
                 const auto& [status, text] = s->second;
-                const std::uint64_t pointer = gpr[p.parts[0].reg];
+                const std::uint64_t pointer = gpr[p.parts[0].reg % IPROBE_RT_VALUES_GPRS];
                 if (status == IPROBE_RT_STRING_NULL) {
                     v.text = "NULL", v.json = "null";
                 } else if (status == IPROBE_RT_STRING_UNREADABLE || status > IPROBE_RT_STRING_BYTES) {
@@ -297,9 +303,9 @@ void ValuesReader::decode(Event& e, std::uint32_t packed_spec, const std::vector
     if (spec.flags & IPROBE_RT_VALUES_BACKTRACE) {
         // An inlined copy's chain starts at its host's return: the host, at
         // the copy's hook, is its first caller.
-        if (function(e.probe).inlined) e.backtrace.push_back(symbolize(region_.probes()[e.probe].site + 1));
+        if (types.function(e.probe).inlined) e.backtrace.push_back(types.symbolize(types.site(e.probe) + 1));
         const std::uint64_t n = std::min<std::uint64_t>(next(), IPROBE_RT_BACKTRACE_MAX);
-        for (std::uint64_t i = 0; i < n && at < words.size(); i++) e.backtrace.push_back(symbolize(next()));
+        for (std::uint64_t i = 0; i < n && at < words.size(); i++) e.backtrace.push_back(types.symbolize(next()));
         if (e.backtrace.size() > spec.backtrace) e.backtrace.resize(spec.backtrace);
     }
 }

@@ -16,12 +16,35 @@
 
 namespace iprobe::hotpatch {
 
-class ValuesReader {
+// What typing a values event's words takes: the live region and the
+// modules' DWARF (ValuesReader), or what a trace file kept of them
+// (trace_file.cpp), so both print the same.
+class ValueTypes {
+public:
+    virtual ~ValueTypes() = default;
+    virtual bool knows(std::uint32_t probe) = 0;
+    // An exit probe's entry is `probe - entry_distance(probe)`.
+    virtual std::uint32_t entry_distance(std::uint32_t exit_probe) = 0;
+    virtual const elf::FunctionValues& function(std::uint32_t entry_probe) = 0;
+    virtual std::uint64_t site(std::uint32_t probe) = 0;
+    virtual Frame symbolize(std::uint64_t address) = 0;
+};
+
+// Fills e.values / e.retval / e.backtrace from the words after its
+// record, written under `packed_spec` (iprobe_rt_record.values).
+void decode_values(Event& e, std::uint32_t packed_spec, const std::vector<std::uint64_t>& words, ValueTypes& types);
+
+class ValuesReader final : public ValueTypes {
 public:
     ValuesReader(const Region& region, pid_t pid) : region_(region), pid_(pid) {}
-    // Fills e.values / e.retval / e.backtrace from the words after its
-    // record, written under `packed_spec` (iprobe_rt_record.values).
-    void decode(Event& e, std::uint32_t packed_spec, const std::vector<std::uint64_t>& words);
+    void decode(Event& e, std::uint32_t packed_spec, const std::vector<std::uint64_t>& words) {
+        decode_values(e, packed_spec, words, *this);
+    }
+    bool knows(std::uint32_t probe) override { return probe < region_.probe_count(); }
+    std::uint32_t entry_distance(std::uint32_t exit_probe) override;
+    const elf::FunctionValues& function(std::uint32_t entry_probe) override;
+    std::uint64_t site(std::uint32_t probe) override;
+    Frame symbolize(std::uint64_t address) override;
 
 private:
     struct Module {
@@ -30,8 +53,6 @@ private:
         bool loaded = false;
     };
     Module& module(std::uint32_t index);
-    const elf::FunctionValues& function(std::uint32_t entry_probe);
-    Frame symbolize(std::uint64_t address);
 
     const Region& region_;
     pid_t pid_;

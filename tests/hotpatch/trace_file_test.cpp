@@ -14,6 +14,7 @@
 #include "iprobe/hotpatch/trace_reader.h"
 #include "iprobe/support/error.h"
 #include "testutil.h"
+#include "values_reader.h"
 
 namespace iprobe::hotpatch {
 namespace {
@@ -90,13 +91,14 @@ TEST(TraceFile, RecordsBecomeEventWordsAndEscapesByteForByteAndReadBackWhole) {
         writer.write({ring1.data(), 7, 0, 8, true, 1});   // the last point's arguments never come
         writer.write({ring0.data(), 7, 0, 2, true, 0});   // ring 0 again, a new block
         EXPECT_EQ(writer.events(), 7u + 6u + 2u);
-        EXPECT_EQ(writer.without_values(), 1u);
+        EXPECT_EQ(writer.values_events(), 1u);
+        EXPECT_EQ(writer.values_bytes(), 8u * 11);
         writer.finish({{"five", "five", "", 0, probelist::ProbeKind::entry, ""},
                        {"six", "six", "", 0, probelist::ProbeKind::exit, ""}});
     }
 
     std::string want("IPRBTRC1", 8);
-    put(want, std::uint32_t{2});
+    put(want, std::uint32_t{3});
     put(want, std::uint32_t{4242});
     put(want, clock.tsc_base);
     put(want, clock.realtime_base);
@@ -114,13 +116,15 @@ TEST(TraceFile, RecordsBecomeEventWordsAndEscapesByteForByteAndReadBackWhole) {
     put(want, event_word(1, 9, 100));
     // block: thread 200
     put(want, std::uint32_t{200});
-    put(want, std::uint32_t{1 + 5 * 5});
+    put(want, std::uint32_t{1 + 4 * 5 + 11});
     put(want, std::uint64_t{900});
     put(want, event_word(0, 1, 0));
     put_escape(want, {ring1[1]});
-    iprobe_rt_record without_values = ring1[2];
-    without_values.nargs = 0;
-    put_escape(want, {without_values});
+    // the entry with values: head (2 records, 8 words), probe, delta, its words
+    put(want, std::uint64_t{3} | std::uint64_t{2} << 12 | std::uint64_t{8} << 20);
+    put(want, std::uint64_t{2});
+    put(want, std::uint64_t{50});
+    for (std::uint64_t w : {7, 7, 7, 7, 8, 8, 8, 8}) put(want, w);
     put_escape(want, {ring1[5]});
     put_escape(want, {ring1[6]});
     iprobe_rt_record without_args = ring1[7];
@@ -140,6 +144,9 @@ TEST(TraceFile, RecordsBecomeEventWordsAndEscapesByteForByteAndReadBackWhole) {
     put(want, std::uint8_t{1});
     put(want, std::uint16_t{3});
     want += "six";
+    put(want, std::uint32_t{0});  // types: nothing typed (the writer had no ValueTypes)
+    put(want, std::uint32_t{0});
+    put(want, std::uint32_t{0});
     put(want, table_at);
     want += "IPRBEND1";
     ASSERT_EQ(file_bytes(path), want);
@@ -288,6 +295,186 @@ TEST(TraceFile, RefusesCorruptBlocks) {
     bytes = good;
     bytes[escape_record + offsetof(iprobe_rt_record, kind)] = 9;
     refused(bytes, "event kind 9");
+}
+
+// A process's types, as a test gives them: probe 0 an entry whose function
+// takes an int, a string, a struct, an enum and a double and returns a long;
+// probe 1 its exit.  Counts what it is asked.
+struct TestTypes final : ValueTypes {
+    elf::FunctionValues f;
+    int functions = 0, frames = 0;
+    TestTypes() {
+        auto slot = [](const std::string& name, elf::ValueType t, bool vector, std::uint8_t reg) {
+            elf::ValueSlot v;
+            v.name = name;
+            v.type = std::move(t);
+            v.parts.push_back({vector, reg});
+            return v;
+        };
+        elf::ValueType point{"struct point", elf::ValueClass::structure, 8, {}, {}};
+        point.members.push_back({"x", 0, std::make_shared<const elf::ValueType>(elf::ValueType{"int", elf::ValueClass::signed_int, 4, {}, {}})});
+        point.members.push_back({"y", 4, std::make_shared<const elf::ValueType>(elf::ValueType{"int", elf::ValueClass::signed_int, 4, {}, {}})});
+        f.params = {slot("n", {"int", elf::ValueClass::signed_int, 4, {}, {}}, false, 0),
+                    slot("s", {"const char*", elf::ValueClass::string, 8, {}, {}}, false, 1),
+                    slot("p", point, false, 2),
+                    slot("c", {"enum color", elf::ValueClass::enumeration, 4, {{0, "RED"}, {1, "GREEN"}}, {}}, false, 3),
+                    slot("d", {"double", elf::ValueClass::floating, 8, {}, {}}, true, 0)};
+        elf::ValueSlot k;
+        k.name = "k";
+        k.type = {"int", elf::ValueClass::signed_int, 4, {}, {}};
+        k.constant = 5;
+        f.params.push_back(k);
+        f.ret = slot("", {"long", elf::ValueClass::signed_int, 8, {}, {}}, false, 0);
+        f.typed = true;
+    }
+    bool knows(std::uint32_t probe) override { return probe < 2; }
+    std::uint32_t entry_distance(std::uint32_t) override { return 1; }
+    const elf::FunctionValues& function(std::uint32_t) override {
+        functions++;
+        return f;
+    }
+    std::uint64_t site(std::uint32_t probe) override { return 0x1000 + probe; }
+    Frame symbolize(std::uint64_t address) override {
+        frames++;
+        return {address, "caller_" + std::to_string(address), "main.c", static_cast<std::uint32_t>(address % 1000)};
+    }
+};
+
+std::vector<Event> events_of(const std::string& path) {
+    TraceFileReader file(path);
+    std::vector<Event> got;
+    while (file.next([&](const Event& e) { got.push_back(e); })) {
+    }
+    return got;
+}
+
+// Values events keep their words (trailing zeros left out) and the file
+// keeps what typing them takes: read back, each is what decode_values()
+// makes of the ring's words with the process's types, whether its records
+// came in one run or two; one cut off by what the ring had published has
+// none, as live.
+TEST(TraceFile, ValuesEventsReadBackTypedAsTheLiveReaderTypesThem) {
+    constexpr auto entry = IPROBE_RT_REC_ENTRY, exit = IPROBE_RT_REC_EXIT;
+    iprobe_rt_values_spec args{};
+    args.flags = IPROBE_RT_VALUES_ARGS | IPROBE_RT_VALUES_BACKTRACE;
+    args.gprs = 4;
+    args.xmms = 1;
+    args.strings = 1u << 1;
+    args.backtrace = 3;
+    iprobe_rt_values_spec ret{};
+    ret.flags = IPROBE_RT_VALUES_RETVAL;
+    double d = 2.5;
+    std::uint64_t d_bits;
+    std::memcpy(&d_bits, &d, 8);
+    char text[64] = "user:42";
+    std::vector<std::uint64_t> entry_words = {10, 0x5000, std::uint64_t{4} << 32 | 3, 1, d_bits, 8};
+    for (int i = 0; i < 8; i++) {
+        std::uint64_t w;
+        std::memcpy(&w, text + 8 * i, 8);
+        entry_words.push_back(w);
+    }
+    for (std::uint64_t w : {2, 0x401234, 0x405678}) entry_words.push_back(w);
+    entry_words.resize(20, 0);  // 5 records
+    const std::vector<std::uint64_t> exit_words = {55, 0xdead, 0xbeef, 0};  // rdx, xmm0: what a long return leaves there
+    auto head = [](std::uint8_t kind, std::uint32_t probe, std::uint64_t tsc, std::uint8_t nargs, const iprobe_rt_values_spec& spec) {
+        iprobe_rt_record r = record(kind, probe, 100, tsc, nargs);
+        r.values = IPROBE_RT_VALUES_PACK(spec);
+        r.frame = 0x7ffc1000;
+        return r;
+    };
+    std::vector<iprobe_rt_record> ring = {head(entry, 0, 1000, 5, args)};
+    for (std::size_t i = 0; i < 20; i += 4)
+        ring.push_back(words(entry_words[i], entry_words[i + 1], entry_words[i + 2], entry_words[i + 3]));
+    ring.push_back(head(exit, 1, 1300, 1, ret));
+    ring.push_back(words(55, 0xdead, 0xbeef, 0));
+    ring.push_back(head(entry, 0, 1400, 5, args));  // its records never published
+    TestTypes types;
+    test::TempDir dir;
+    const std::string path = dir / "t.trace";
+    {
+        TraceFileWriter writer(path, 4242, WallClock{0, 0, 1}, &types);
+        writer.write({ring.data(), 15, 0, 3, false, 0});  // the entry's values go on in the next run
+        writer.write({ring.data(), 15, 3, 9, true, 0});
+        EXPECT_EQ(writer.values_events(), 3u);
+        EXPECT_EQ(writer.values_bytes(), 8u * (4 + 17) + 8u * (4 + 1) + 8u * 4) << "trailing zeros and return words the type does not use left out";
+        writer.finish({});
+    }
+    EXPECT_EQ(types.frames, 2) << "each backtrace address symbolized once";
+    const std::vector<Event> got = events_of(path);
+    ASSERT_EQ(got.size(), 3u);
+    Event want_entry;
+    want_entry.kind = probelist::ProbeKind::entry;
+    want_entry.probe = 0;
+    decode_values(want_entry, IPROBE_RT_VALUES_PACK(args), entry_words, types);
+    Event want_exit;
+    want_exit.kind = probelist::ProbeKind::exit;
+    want_exit.probe = 1;
+    decode_values(want_exit, IPROBE_RT_VALUES_PACK(ret), exit_words, types);
+    ASSERT_TRUE(want_entry.has_values);
+    ASSERT_EQ(want_entry.values.size(), 6u);
+    EXPECT_EQ(want_entry.values[1].text, "\"user:42\"");
+    EXPECT_EQ(want_entry.values[2].text, "{x = 3, y = 4}");
+    EXPECT_EQ(want_entry.values[3].text, "GREEN");
+    EXPECT_EQ(want_entry.values[4].text, "2.5");
+    EXPECT_EQ(want_entry.backtrace.size(), 2u);
+    ASSERT_TRUE(want_exit.retval);
+    EXPECT_EQ(want_exit.retval->text, "55");
+    EXPECT_TRUE(got[0].has_values);
+    EXPECT_EQ(got[0].values, want_entry.values);
+    EXPECT_EQ(got[0].backtrace, want_entry.backtrace);
+    EXPECT_EQ(got[0].frame, 0x7ffc1000u);
+    EXPECT_EQ(got[0].tsc, 1000u);
+    EXPECT_TRUE(got[1].has_values);
+    EXPECT_EQ(got[1].retval, want_exit.retval);
+    EXPECT_EQ(got[1].tsc, 1300u);
+    EXPECT_FALSE(got[2].has_values);  // cut off: no words, as live
+    EXPECT_TRUE(got[2].values.empty());
+    EXPECT_EQ(got[2].tsc, 1400u);
+    EXPECT_EQ(got[2].frame, 0x7ffc1000u);
+}
+
+// A file of another version is refused naming both; a values event cut by
+// its block's end, or a types table cut short, is refused as corrupt.
+TEST(TraceFile, RefusesOtherVersionsAndCorruptValues) {
+    iprobe_rt_values_spec ret{};
+    ret.flags = IPROBE_RT_VALUES_RETVAL;
+    iprobe_rt_record exit = record(IPROBE_RT_REC_EXIT, 1, 7, 20, 1);
+    exit.values = IPROBE_RT_VALUES_PACK(ret);
+    std::vector<iprobe_rt_record> ring = {exit, words(55, 0, 0, 0)};
+    TestTypes types;
+    test::TempDir dir;
+    const std::string path = dir / "t.trace";
+    {
+        TraceFileWriter writer(path, 1, WallClock{0, 0, 1}, &types);
+        writer.write({ring.data(), 1, 0, 2, true, 0});
+        writer.finish({});
+    }
+    const std::string good = file_bytes(path);
+    ASSERT_EQ(events_of(path).size(), 1u);
+    auto refused = [&](const std::string& bytes, const std::string& says) {
+        std::ofstream(path, std::ios::binary | std::ios::trunc) << bytes;
+        try {
+            events_of(path);
+            ADD_FAILURE() << "not refused: " << says;
+        } catch (const Error& e) {
+            EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+            EXPECT_EQ(e.code(), ExitCode::bad_input);
+        }
+    };
+    std::string bytes = good;
+    bytes[8] = 2;
+    refused(bytes, "trace file version 2, but this iprobe reads version 3 only (written by an older iprobe");
+    bytes[8] = 4;
+    refused(bytes, "trace file version 4, but this iprobe reads version 3 only (written by a newer iprobe");
+    constexpr std::size_t block = 40, count = block + 4;
+    bytes = good;
+    bytes[count] = 3;  // the values event's head, probe and delta, not its word
+    refused(bytes, "values event");
+    refused(good.substr(0, good.size() - 20), "ends early");
+    // the types table cut: the footer moved down over it
+    bytes = good.substr(0, good.size() - 16 - 4);
+    bytes += good.substr(good.size() - 16);
+    refused(bytes, "corrupt trace file");
 }
 
 }  // namespace

@@ -6,6 +6,9 @@
 
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <thread>
 #include <regex>
 
 #include <gtest/gtest.h>
@@ -86,6 +89,29 @@ protected:
         auto t = iprobe({"trace", pid_, "--format", format, "--duration", "0"});
         EXPECT_EQ(t.exit_code, 0) << t.err;
         return t.out;
+    }
+    // `command` run, traced live to a file with `trace --output FILE --format
+    // F` (the live stream, printed as the file is written), then the file
+    // converted back with `trace --input FILE --format F`: byte for byte the
+    // same, for every format.  Returns the JSON.
+    std::string file_is_live(const std::string& command) {
+        TempDir dir;
+        std::string json;
+        for (const std::string format : {"json", "text", "chrome"}) {
+            SCOPED_TRACE(format);
+            target_->command(command);
+            const std::string file = dir / (format + ".trace");
+            auto live = iprobe({"trace", pid_, "--duration", "0", "--output", file, "--format", format});
+            EXPECT_EQ(live.exit_code, 0) << live.err;
+            EXPECT_EQ(live.err.find("keeps no values"), std::string::npos) << live.err;
+            EXPECT_NE(live.err.find(" with values, "), std::string::npos) << live.err;
+            auto converted = iprobe({"trace", "--input", file, "--format", format});
+            EXPECT_EQ(converted.exit_code, 0) << converted.err;
+            EXPECT_NE(live.out.find(format == "text" ? "=" : "\"args\""), std::string::npos) << "values printed\n" << live.out;
+            EXPECT_EQ(converted.out, live.out);
+            if (format == "json") json = converted.out;
+        }
+        return json;
     }
     bool cxx() const { return name_.find("cxx") != std::string::npos; }
     // A second call of v_wait (values_target.c), blocked and released at once.
@@ -534,6 +560,23 @@ TEST_P(FinstrumentValuesTest, InlinedCopyArgumentsComeFromItsScope) {
     EXPECT_NE(r.out.find("\"unmatched_exits\":0"), std::string::npos) << r.out;
 }
 
+// Inlined copies in the file: their arguments, their exits without a value
+// (values_no_return), nested in their host as live; and a --when's verdicts.
+TEST_P(FinstrumentValuesTest, TheTraceFileConvertsBackToExactlyTheLiveStream) {
+    attach({"--args", "--retval", "--functions", "in_visit*,in_loop"});
+    const std::string t = file_is_live("loop 20 alpha");
+    EXPECT_EQ(lines_with(t, {entry_of(visit())}).size(), 20u) << t;
+    EXPECT_EQ(lines_with(t, {exit_of(visit())}).size(), 20u) << t;
+    EXPECT_EQ(lines_with(t, {exit_of(visit()), "retval"}).size(), 0u) << t;
+    EXPECT_EQ(lines_with(t, {exit_of("in_loop"), retval("long", "590")}).size(), 1u) << t;
+    EXPECT_EQ(t.find("unwound"), std::string::npos) << t;
+    attach({"--args", "--when", "n == 10 || n == 13", "--functions", "in_visit*"});
+    const std::string when = file_is_live("loop 20 alpha");
+    EXPECT_EQ(lines_with(when, {entry_of(visit())}).size(), 2u) << when;
+    attach({"--args", "--retval", "--functions", "v_*,Counter*"});
+    file_is_live("values");
+}
+
 TEST_P(FinstrumentValuesTest, WhenOnAnInlinedCopysArgumentRecordsExactlyTheMatchingCalls) {
     attach({"--args", "--when", "n == 10 || n == 13", "--functions", "in_visit*"});
     EXPECT_EQ(target_->command("loop 20 alpha"), 590);
@@ -795,15 +838,81 @@ TEST_F(ValuesTest, AttachAgainChangesWhatIsRecordedAndEarlierEventsKeepTheirs) {
     EXPECT_EQ(json_calls(r.out, "v_ints"), 3) << r.out;
 }
 
-TEST_F(ValuesTest, TheBinaryTraceFileSaysItKeepsNoValues) {
+// The binary file keeps values: converted back it prints what the live
+// trace printed of the same events, in every format (ints, enums, strings
+// NULL and dangling, doubles, structs by value, `this`), and JSON holds
+// every value exactly.
+TEST_P(TypedValuesTest, TheTraceFileConvertsBackToExactlyTheLiveStream) {
+    attach({"--args", "--retval", "--functions", "v_*,Counter*,fib"});
+    expect_every_kind(file_is_live("values"), "8", "true", "false", "3");
+    const std::string fib = file_is_live("fib 10");
+    EXPECT_EQ(lines_with(fib, {exit_of("fib"), retval("long", "55")}).size(), 1u) << fib;
+    attach({"--args", "--backtrace=3", "--functions", "bt_*"});
+    expect_three_callers(file_is_live("bt 1"));
+}
+
+// A --when's verdicts, as live: only the matching calls are in the file.
+TEST_P(TypedValuesTest, TheTraceFileKeepsWhatAWhenRecorded) {
+    attach({"--args", "--retval", "--when", "n == 10", "--functions", "fib"});
+    const std::string t = file_is_live("fib 10");
+    EXPECT_EQ(lines_with(t, {entry_of("fib"), arg("n", "int", "10")}).size(), 1u) << t;
+    EXPECT_EQ(lines_with(t, {entry_of("fib")}).size(), 1u) << t;
+    EXPECT_EQ(lines_with(t, {exit_of("fib"), retval("long", "55")}).size(), 1u) << t;
+}
+
+// A lossless trace to the file with values: every call's entry with its
+// arguments and exit with its return value, none dropped, through a ring
+// of 1024 records.
+TEST_F(ValuesTest, LosslessTraceFileKeepsEveryCallsValues) {
     ASSERT_TRUE(start("values_c"));
-    attach({"--args", "--retval", "--functions", "v_ints"});
+    attach({"--args", "--retval", "--functions", "fib", "--ring-records", "1024"});
+    TempDir dir;
+    const std::string file = dir / "fib.trace";
+    Child trace({iprobe_bin(), "trace", pid_, "--output", file, "--lossless"}, dir / "trace.out");
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the reader is draining
+    EXPECT_EQ(target_->command("fib 20", std::chrono::seconds(120)), 6765);  // 21891 calls of fib, some inlined
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    trace.kill(SIGINT);
+    ASSERT_EQ(trace.wait(std::chrono::seconds(60)), 0);
+    auto converted = iprobe({"trace", "--input", file, "--format", "json"});
+    ASSERT_EQ(converted.exit_code, 0) << converted.err;
+    const std::string& t = converted.out;
+    // gcc inlines some of fib's recursion into itself: the calls made
+    // through its entry are the report's (exact) count
+    const std::string r = iprobe({"report", pid_, "--json"}).out;
+    const long long calls = json_calls(r, "fib");
+    EXPECT_GT(calls, 1000) << r;
+    EXPECT_EQ(json_completed(r, "fib"), calls) << r;
+    EXPECT_EQ(static_cast<long long>(lines_with(t, {entry_of("fib"), "\"args\":[{\"name\":\"n\",\"type\":\"int\",\"value\":"}).size()), calls);
+    EXPECT_EQ(static_cast<long long>(lines_with(t, {exit_of("fib"), "\"retval\":{\"type\":\"long\",\"value\":"}).size()), calls);
+    EXPECT_EQ(lines_with(t, {entry_of("fib"), arg("n", "int", "20")}).size(), 1u);
+    EXPECT_EQ(lines_with(t, {exit_of("fib"), retval("long", "6765")}).size(), 1u);
+    EXPECT_EQ(json_number(r, "trace_dropped"), 0) << r;
+}
+
+// A file cut short (a trace killed mid-write) or of another version: one
+// clear line, exit 3.
+TEST_F(ValuesTest, ACutOrForeignTraceFileIsRefusedClearly) {
+    ASSERT_TRUE(start("values_c"));
+    attach({"--args", "--retval", "--functions", "v_*"});
     target_->command("values");
     TempDir dir;
-    auto t = iprobe({"trace", pid_, "--duration", "0", "--output", dir / "t.bin"});
-    ASSERT_EQ(t.exit_code, 0) << t.err;
-    EXPECT_NE(t.err.find("2 events written"), std::string::npos) << t.err;
-    EXPECT_NE(t.err.find("keeps no values: 2 events'"), std::string::npos) << t.err;
+    const std::string file = dir / "t.trace";
+    ASSERT_EQ(iprobe({"trace", pid_, "--duration", "0", "--output", file}).exit_code, 0);
+    std::string bytes;
+    {
+        std::ifstream in(file, std::ios::binary);
+        bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    }
+    std::ofstream(file, std::ios::binary | std::ios::trunc) << bytes.substr(0, bytes.size() / 2);
+    auto cut = iprobe({"trace", "--input", file});
+    EXPECT_EQ(cut.exit_code, 3) << cut.out << cut.err;
+    EXPECT_NE(cut.err.find("ends early"), std::string::npos) << cut.err;
+    bytes[8] = 2;
+    std::ofstream(file, std::ios::binary | std::ios::trunc) << bytes;
+    auto old = iprobe({"trace", "--input", file});
+    EXPECT_EQ(old.exit_code, 3) << old.out << old.err;
+    EXPECT_NE(old.err.find("trace file version 2, but this iprobe reads version 3 only"), std::string::npos) << old.err;
 }
 
 TEST_F(ValuesTest, ValuesNeedTheTraceHandler) {

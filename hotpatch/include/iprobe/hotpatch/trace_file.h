@@ -4,8 +4,8 @@
 // pass, one copy, no clock conversion: the header keeps the clock) and
 // hands it to write(2) a MiB at a time; the conversion decodes later.
 //
-// Version 2 (written):
-//   header   "IPRBTRC1", u32 version 2, u32 pid, u64 tsc_base,
+// Version 3 (written; a file of another version is refused, naming both):
+//   header   "IPRBTRC1", u32 version 3, u32 pid, u64 tsc_base,
 //            u64 realtime_base_ns, f64 ns_per_tick                   (40 bytes)
 //   blocks   one thread's events in order: u32 tid, u32 words, u64 base_tsc,
 //            then `words` u64 words, each
@@ -13,18 +13,33 @@
 //                         arguments), bits 2-23 the global probe index,
 //                         bits 24-63 ticks since the block's previous event
 //                         (base_tsc for the first)                  (8 bytes)
-//              an escape  bits 0-1 = 3, bits 2-9 = n: n raw 32-byte ring
+//              an escape  bits 0-1 = 3, bits 2-9 = n > 0: n raw 32-byte ring
 //                         records follow (struct iprobe_rt_record, then a
 //                         point's argument record); for what a word cannot
 //                         hold: a point's arguments, a nested handler
 //                         (depth > 0), a probe index >= 2^22, a clock step
 //                         back or >= 2^40 ticks.  Its tsc becomes the
 //                         block's previous one.
+//              a values   an ENTRY or EXIT the values path recorded
+//              event      (attach --args/--retval/--backtrace/--when;
+//                         iprobe_rt_record.values, .frame): bits 0-1 = 3,
+//                         bits 2-9 = 0, bits 10-11 kind (0 entry, 1 exit),
+//                         bits 12-19 its continuation records (as many as
+//                         the reader got), bits 20-30 w, bit 31 a frame word
+//                         follows, bits 32-63 the packed spec; then u32
+//                         probe | u16 depth << 32, the ticks since the
+//                         block's previous event (mod 2^64), the frame (bit
+//                         31), and the records' first w words (the rest of
+//                         them, up to 4 a record, are 0).   (24-32 bytes + 8w)
 //   probes   u32 count, per probe: u8 kind, u16 name length, name bytes
+//   types    what typing the values events takes, as the live reader had
+//            it (values_reader.h, ValueTypes): u32 count, per probe with
+//            values: u32 probe, u32 its entry's distance, u64 site; u32
+//            count, per function: u32 entry probe, its parameters and
+//            return value (names, C types with struct members and enum
+//            labels, registers); u32 count, per backtrace address: u64
+//            address, function, file, u32 line.  Strings: u32 length, bytes.
 //   footer   u64 offset of the probe table, "IPRBEND1"
-// Version 1 (still read): header "IPRBTRC1", u32 1, u32 pid, u64 0; per
-// event u64 time_ns, u32 probe, u32 tid, u8 kind, u8 nargs, u16 depth,
-// nargs u64 arguments (20 bytes + arguments); probes and footer as above.
 // Little-endian, packed.  A file cut short (no footer) is refused.
 #pragma once
 
@@ -33,6 +48,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -40,33 +56,39 @@
 
 namespace iprobe::hotpatch {
 
+inline constexpr std::uint32_t kTraceFileVersion = 3;
+
 class TraceFileWriter {
 public:
     // `clock`: the region's (TraceReader::wall_clock()), kept in the header.
-    TraceFileWriter(const std::string& path, pid_t pid, const WallClock& clock);  // throws Error
+    // `types` (TraceReader::value_types()) types values events as they
+    // come, so the file keeps what converting them takes; without it they
+    // are kept untyped (converted without values).
+    TraceFileWriter(const std::string& path, pid_t pid, const WallClock& clock, ValueTypes* types = nullptr);  // throws Error
     ~TraceFileWriter();
     TraceFileWriter(const TraceFileWriter&) = delete;
     TraceFileWriter& operator=(const TraceFileWriter&) = delete;
 
     // Raw records as drained (TraceReader::drain_runs), encoded in one
-    // pass; a POINT's argument record may come in the next run of its
-    // ring.  An ENTRY's or EXIT's values (continuation records) are not
-    // kept: passed over and counted (without_values()).
+    // pass; a POINT's argument record, an ENTRY's or EXIT's values, may
+    // come in the next run of its ring (as TraceReader::decode reads them).
     void write(const RecordRun& run);
-    // Writes the probe names (index = global probe index) and the footer.
+    // Writes the probe names (index = global probe index), the types and
+    // the footer.
     void finish(const std::vector<ProbeInfo>& probes);
     std::uint64_t events() const { return events_; }
     std::uint64_t bytes() const { return written_ + used_; }  // so far, header included
-    // Events written whose arguments, return value or backtrace the file
-    // does not keep (attach --args/--retval/--backtrace).
-    std::uint64_t without_values() const { return without_values_; }
+    // Values events (attach --args/--retval/--backtrace/--when) among
+    // events(), and their bytes.
+    std::uint64_t values_events() const { return values_events_; }
+    std::uint64_t values_bytes() const { return values_bytes_; }
 
 private:
     static constexpr std::size_t kNoBlock = SIZE_MAX;
     std::string path_;
     int fd_ = -1;
     std::uint64_t events_ = 0;
-    std::uint64_t without_values_ = 0;
+    std::uint64_t values_events_ = 0, values_bytes_ = 0;
     std::uint64_t written_ = 0;      // bytes handed to the file
     std::vector<char> buffer_;       // bytes not yet handed to the file
     std::size_t used_ = 0;
@@ -74,12 +96,21 @@ private:
     std::uint32_t block_tid_ = 0;
     std::uint64_t previous_tsc_ = 0; // the open block's last event
     std::size_t point_ = kNoBlock;   // an escaped POINT whose argument record is still to come
-    std::uint32_t values_left_ = 0;  // continuation records of the last ENTRY/EXIT to pass over
+    std::size_t values_ = kNoBlock;  // a values event whose continuation records are still to come
+    std::size_t values_words_ = 0;   // where its words start in buffer_
+    std::uint32_t values_left_ = 0;  // its continuation records still to come
+    std::uint32_t values_got_ = 0;   // and those that came
+    ValueTypes* types_ = nullptr;
+    struct Types;                    // what the values events written so far are typed with
+    std::unique_ptr<Types> types_kept_;
     std::uint32_t ring_ = UINT32_MAX;
     std::uint64_t next_at_ = 0;      // where the last run of ring_ ended
     void open_block(std::uint32_t tid, std::uint64_t tsc);
     void close_block();
     void end_point();                // the pending POINT without its arguments
+    void end_values();               // the pending values event with the words it got
+    void keep_types(std::uint32_t probe, bool exit, std::uint32_t spec, const std::uint64_t* words, std::size_t count,
+                    std::size_t all);
     void flush();
     void write_out(const char* data, std::size_t size);
 };
@@ -107,12 +138,11 @@ private:
     int fd_ = -1;
     pid_t pid_ = 0;
     std::vector<ProbeInfo> probes_;
-    std::uint32_t version_ = 0;
-    WallClock clock_;                 // version 2
+    WallClock clock_;
     std::uint64_t at_ = 0, end_ = 0;  // events: [at_, end_) still to read
-    std::string carry_;               // an event (a block) cut by the previous chunk's end
-    bool next_v1(const std::function<void(const Event&)>& sink);
-    bool next_v2(const std::function<void(const Event&)>& sink);
+    std::string carry_;               // a block cut by the previous chunk's end
+    class Types;                      // the file's types table
+    std::unique_ptr<Types> types_;
 };
 
 }  // namespace iprobe::hotpatch

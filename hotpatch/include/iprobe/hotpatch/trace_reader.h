@@ -191,6 +191,8 @@ struct WallClock {
     std::uint64_t ns(std::uint64_t tsc) const;
 };
 
+class ValueTypes;  // values_reader.h: what typing a values event's words takes
+
 struct ThreadDrops {
     std::uint32_t tid = 0;
     std::uint64_t dropped = 0;  // records lost because the ring was full
@@ -217,6 +219,15 @@ public:
     // The same, as runs of raw records (a writer's bulk copy); returns the
     // records consumed.
     std::size_t drain_runs(const std::function<void(const RecordRun&)>& sink);
+    // What drain() does with each run: its events to `sink` (an event whose
+    // records go on in the ring's next run waits for it); decode_end() ends
+    // the one still open.  So a writer of the runs (trace --output) and a
+    // live printer see the same events.  Returns the events given.
+    std::size_t decode(const RecordRun& run, const std::function<void(const Event&)>& sink);
+    std::size_t decode_end(const std::function<void(const Event&)>& sink);
+    // How the values records of this process are typed (for a trace file
+    // that keeps what it needs to type them later).
+    ValueTypes& value_types();
     WallClock wall_clock() const;
 
     // Probe metadata by global index (re-reads the module table when it grew).
