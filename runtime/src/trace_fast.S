@@ -129,6 +129,32 @@
     .cfi_adjust_cfa_offset -8
 .endm
 
+/* PROBE_OF id32, id64, probe, fail: `probe` = the probe table's entry of
+ * the probe id in `id32` (zero-extended in `id64`), or to `fail` when the
+ * id is not below the table's capacity (0 until a region is mapped). */
+.macro PROBE_OF id32, id64, probe, fail
+    cmp iprobe_rt_when_probe_capacity(%rip), \id32
+    jae \fail
+    mov \id64, \probe
+    shl $FAST_PROBE_SHIFT, \probe
+    add iprobe_rt_when_probes(%rip), \probe
+.endm
+
+/* ENTRY_ONLY_SAVE / ENTRY_ONLY_RESTORE: the registers the entry-only path
+ * uses, kept for the function. */
+.macro ENTRY_ONLY_SAVE
+    .irp reg, rax, rcx, rdx, rsi, rdi, r8, r9, r10
+    push %\reg
+    .cfi_adjust_cfa_offset 8
+    .endr
+.endm
+.macro ENTRY_ONLY_RESTORE
+    .irp reg, r10, r9, r8, rdi, rsi, rdx, rcx, rax
+    pop %\reg
+    .cfi_adjust_cfa_offset -8
+    .endr
+.endm
+
 /* ---- the entry ----
  * From iprobe_rt_trace_enter_return_nop (return_trampolines.S) for a
  * function without a --when: rax = its entry probe (in the probe table,
@@ -265,11 +291,7 @@ iprobe_rt_trace_exit_fast:
     .cfi_remember_state
     /* [0] r10 [8] r9 [16] rdx [24] rax (the return registers) [32] r8 [40] rcx [48] rsi [56] rdi */
     mov RET_ENTRY_ARG(%rdi), %esi                /* the exit probe */
-    cmp iprobe_rt_when_probe_capacity(%rip), %esi
-    jae 7f
-    mov %rsi, %rax
-    shl $FAST_PROBE_SHIFT, %rax
-    add iprobe_rt_when_probes(%rip), %rax
+    PROBE_OF %esi, %rsi, %rax, 7f
     cmpq $0, FAST_PROBE_VALUES(%rax)
     jne 7f
     cmpb $0, FAST_PROBE_RETVAL_HIST(%rax)
@@ -366,33 +388,14 @@ iprobe_rt_trace_enter_id_nop:
     .cfi_startproc
     .cfi_def_cfa rsp, 24
     .cfi_offset rip, -8
-    push %rax
-    .cfi_adjust_cfa_offset 8
-    push %rcx
-    .cfi_adjust_cfa_offset 8
-    push %rdx
-    .cfi_adjust_cfa_offset 8
-    push %rsi
-    .cfi_adjust_cfa_offset 8
-    push %rdi
-    .cfi_adjust_cfa_offset 8
-    push %r8
-    .cfi_adjust_cfa_offset 8
-    push %r9
-    .cfi_adjust_cfa_offset 8
-    push %r10
-    .cfi_adjust_cfa_offset 8
+    ENTRY_ONLY_SAVE
     .cfi_remember_state
     /* [0] r10 [8] r9 [16] r8 [24] rdi [32] rsi [40] rdx [48] rcx [56] rax
      * [64] id [72] the site's end [80] the return slot */
     cmpl $0, iprobe_rt_trace_fast_clock(%rip)
     je 7f
     mov 64(%rsp), %esi
-    cmp iprobe_rt_when_probe_capacity(%rip), %esi   /* 0 until a region is mapped */
-    jae 7f
-    mov %rsi, %rax
-    shl $FAST_PROBE_SHIFT, %rax
-    add iprobe_rt_when_probes(%rip), %rax
+    PROBE_OF %esi, %rsi, %rax, 7f
     cmpq $0, FAST_PROBE_VALUES(%rax)
     jne 7f
     /* its timed byte and condition (the retval histogram's byte between
@@ -416,22 +419,7 @@ iprobe_rt_trace_enter_id_nop:
     imul $FAST_STATS_SIZE, %r10, %rax
     addq $1, FAST_STATS_CALLS(%rcx,%rax)
     APPEND_RECORD FAST_REC_ENTRY, %rsi, 8f, 1
-    pop %r10
-    .cfi_adjust_cfa_offset -8
-    pop %r9
-    .cfi_adjust_cfa_offset -8
-    pop %r8
-    .cfi_adjust_cfa_offset -8
-    pop %rdi
-    .cfi_adjust_cfa_offset -8
-    pop %rsi
-    .cfi_adjust_cfa_offset -8
-    pop %rdx
-    .cfi_adjust_cfa_offset -8
-    pop %rcx
-    .cfi_adjust_cfa_offset -8
-    pop %rax
-    .cfi_adjust_cfa_offset -8
+    ENTRY_ONLY_RESTORE
     /* on at the site's end, no return hooked (what the jump reads stays in
      * the red zone for one instruction, as ENTRY_SITE_GO_ON's) */
     lea 16(%rsp), %rsp
@@ -444,22 +432,7 @@ iprobe_rt_trace_enter_id_nop:
     jnz 1b                                       /* it fits: write it */
     jmp 2b                                       /* dropped, counted */
 7:  .cfi_restore_state
-    pop %r10
-    .cfi_adjust_cfa_offset -8
-    pop %r9
-    .cfi_adjust_cfa_offset -8
-    pop %r8
-    .cfi_adjust_cfa_offset -8
-    pop %rdi
-    .cfi_adjust_cfa_offset -8
-    pop %rsi
-    .cfi_adjust_cfa_offset -8
-    pop %rdx
-    .cfi_adjust_cfa_offset -8
-    pop %rcx
-    .cfi_adjust_cfa_offset -8
-    pop %rax
-    .cfi_adjust_cfa_offset -8
+    ENTRY_ONLY_RESTORE
     jmp iprobe_rt_trace_enter_id_slow
     .cfi_endproc
     .size iprobe_rt_trace_enter_id_nop, . - iprobe_rt_trace_enter_id_nop
