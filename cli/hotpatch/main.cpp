@@ -546,6 +546,7 @@ ReportResult report_of(std::vector<std::vector<FunctionStats>> per_process, cons
     for (const auto& reader : readers) {
         r.unmatched_exits += reader->unmatched_exits();
         r.unhooked_returns += reader->unhooked_returns();
+        r.exits_lost_at_detach += reader->exits_lost_at_detach();
         r.lost += reader->lost_events();
         r.trace_dropped += reader->dropped();
     }

@@ -74,6 +74,7 @@ void detach_fields(JsonWriter& j, const DetachStats& st) {
         .field("still_enabled", st.still_enabled)
         .field("not_restored", st.not_restored)
         .field("sites_restored", st.sites_restored)
+        .field("exits_lost", st.exits_lost)
         .field("region_problem", st.region_problem)
         .field("threads", st.threads)
         .field("pause_us", st.pause_us)
@@ -86,6 +87,7 @@ DetachStats detach_of(const Json& doc) {
     doc.at("still_enabled").get_to(st.still_enabled);
     doc.at("not_restored").get_to(st.not_restored);
     doc.at("sites_restored").get_to(st.sites_restored);
+    st.exits_lost = doc.value("exits_lost", std::uint64_t{0});
     st.region_problem = doc.value("region_problem", std::string());
     doc.at("threads").get_to(st.threads);
     doc.at("pause_us").get_to(st.pause_us);

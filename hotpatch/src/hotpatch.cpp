@@ -90,13 +90,14 @@ const std::string kDecidingExit = "iprobe_rt_copy_exit_id";
 constexpr std::uint8_t kMovEdi = 0xbf;  // a site's own stub begins `mov $id, %edi` (stubs.h)
 
 // The exit probes (global ids) that calls whose return a
-// -finstrument-functions entry hooked will record: the trace handler's held
+// -finstrument-functions entry hooked will record, with how many such calls: the trace handler's held
 // entries of the runtime's return pool whose slot still holds their
 // trampoline (return_stack.h; read in the stop).  An entry whose slot is
 // not written yet is left out: that entry re-reads its spec after writing
 // it and, values gone, gives the exit back to the hooks (rt.c).  nullopt
 // when the pool cannot be read (a stripped runtime): then every one may be.
-std::optional<std::set<std::uint32_t>> hooked_exits_in_flight(const ProcessMemory& memory, const LoadedLibrary& runtime) {
+std::optional<std::map<std::uint32_t, std::uint64_t>> hooked_exits_in_flight(const ProcessMemory& memory,
+                                                                             const LoadedLibrary& runtime) {
     struct ReturnEntry {  // struct iprobe_rt_return (runtime/src/return_stack.h)
         std::uint64_t ret, slot;
         std::uint32_t handler, arg;
@@ -113,19 +114,53 @@ std::optional<std::set<std::uint32_t>> hooked_exits_in_flight(const ProcessMemor
     } catch (const Error&) {
         return std::nullopt;
     }
-    std::set<std::uint32_t> out;
+    std::map<std::uint32_t, std::uint64_t> out;  // exit probe -> its hooked calls in flight
     for (std::size_t i = 0; i < entries.size(); i++) {
         const ReturnEntry& e = entries[i];
-        if (!e.ret || e.handler != kTraceHandler || out.count(e.arg)) continue;
+        if (!e.ret || e.handler != kTraceHandler) continue;
         std::uint64_t held = 0;
         try {
             memory.read(e.slot, &held, sizeof held);
         } catch (const Error&) {
             continue;  // its stack is gone
         }
-        if (held == *sled + i * kUnitSize + kTrampoline) out.insert(e.arg);
+        if (held == *sled + i * kUnitSize + kTrampoline) out[e.arg]++;
     }
     return out;
+}
+
+// Calls in flight (in the stop) whose exit is one of `exits` (global exit
+// probes at sites of their own, being turned off) and whose return is not
+// hooked: their exits will never be recorded.  The trace handler pushes a
+// timed frame for each call of such a function (its stat) that its exit
+// hook, or its hooked return, pops; calls with a hooked return are recorded
+// by their trampoline.  The lost ones' frames, the most recent first, are
+// marked abandoned so that no later exit is timed against them and the next
+// detach does not count them again.  Thread slots not owned are threads gone.
+std::uint64_t abandon_exits_in_flight(Region& region, const std::vector<std::uint32_t>& exits,
+                                      const std::function<std::optional<std::map<std::uint32_t, std::uint64_t>>()>& hooked) {
+    if (exits.empty()) return 0;
+    std::set<std::uint32_t> stats;
+    for (std::uint32_t g : exits)
+        if (g < region.probe_count()) stats.insert(region.probes()[g].stat);
+    std::vector<iprobe_rt_frame*> frames;
+    for (std::uint32_t t = 0; t < region.thread_count(); t++) {
+        iprobe_rt_thread* slot = region.thread(t);
+        if (!region.touched(slot, sizeof *slot) ||
+            __atomic_load_n(&slot->state, __ATOMIC_RELAXED) != IPROBE_RT_RING_OWNED)
+            continue;
+        const std::uint32_t depth = std::min<std::uint32_t>(slot->depth, IPROBE_RT_STACK_DEPTH);
+        for (std::uint32_t d = depth; d-- > 0;)
+            if (stats.count(slot->stack[d].stat)) frames.push_back(&slot->stack[d]);
+    }
+    if (frames.empty()) return 0;
+    std::uint64_t recorded = 0;
+    if (const auto in_flight = hooked())
+        for (std::uint32_t g : exits)
+            if (const auto it = in_flight->find(g); it != in_flight->end()) recorded += it->second;
+    const std::uint64_t lost = frames.size() > recorded ? frames.size() - recorded : 0;
+    for (std::uint64_t i = 0; i < lost; i++) frames[i]->stat = IPROBE_RT_FRAME_ABANDONED;
+    return lost;
 }
 
 SitesPlan plan_sites(const ProcessMemory& memory, Region& region, std::vector<SelectedList>& lists,
@@ -644,7 +679,7 @@ AttachStats attach(const AttachOptions& options) {
                 ensure_site_stubs(process, libc, running, module, slots);
             },
             [&](iprobe_rt_module& module, std::uint64_t target) { return stub_for(process, module, target); },
-            [&, hooked = std::optional<std::optional<std::set<std::uint32_t>>>{}](std::uint32_t exit) mutable {
+            [&, hooked = std::optional<std::optional<std::map<std::uint32_t, std::uint64_t>>>{}](std::uint32_t exit) mutable {
                 if (!hooked) hooked = hooked_exits_in_flight(process.memory(), runtime.library);
                 return !*hooked || (*hooked)->count(exit) != 0;  // unknown: as if in flight
             }};
@@ -697,6 +732,7 @@ DetachStats detach(const DetachOptions& options) {
     std::vector<Patch> patches;
     std::size_t probes_off = 0;            // probes the patches turn off (an entry site serves two)
     std::vector<std::uint32_t> flags_off;  // region probe flags to clear
+    std::vector<std::uint32_t> exit_hooks_off;  // exit probes whose own sites go back to their NOP
     std::vector<std::pair<const AttachedModule*, std::size_t>> selected;
     const probelist::ProbeMatcher matcher(options.selector);
     // Given selections: the chosen ids of the module whose list is the
@@ -741,6 +777,8 @@ DetachStats detach(const DetachOptions& options) {
             if (site_state(p, addresses[j], text[j], stubs) != SiteState::live) continue;
             patches.push_back({addresses[j], SiteBytes(text[j].data(), p.size), SiteBytes(p.placeholder.data(), p.size)});
             probes_off++;
+            if (ids_match && p.kind == probelist::ProbeKind::exit && p.id < rm.probe_count)
+                exit_hooks_off.push_back(rm.first_probe + p.id);
         }
         for (const auto& [entry_id, off_at] : entry_sites) {
             const auto& [off, at] = off_at;
@@ -774,6 +812,14 @@ DetachStats detach(const DetachOptions& options) {
     sort_by_address(patches);
 
     if (region) warm_probes(*region);
+    // The runtime, whose return pool says which calls' returns are hooked:
+    // read before the stop, and only when exit hooks of their own go off.
+    std::optional<LoadedLibrary> runtime_library;
+    if (region && !exit_hooks_off.empty()) {
+        const std::vector<RunningModule> running = running_modules(memory, read_maps(options.pid));
+        for (const RunningModule& m : running)
+            if (basename_of(m.path) == kRuntimeName) runtime_library = find_loaded(options.pid, running, m.path);
+    }
     DetachStats stats = with_world_stopped(options.pid, options.safe_point_timeout, [&](StoppedProcess& process,
                                                                                        Clock::time_point started,
                                                                                        Clock::time_point) {
@@ -784,6 +830,10 @@ DetachStats detach(const DetachOptions& options) {
         throw_if_interrupted();
         apply_patches(process, patches);
         if (region) {
+            st.exits_lost = abandon_exits_in_flight(*region, exit_hooks_off, [&] {
+                return runtime_library ? hooked_exits_in_flight(memory, *runtime_library) : std::nullopt;
+            });
+            __atomic_fetch_add(&region->control()->exits_lost_at_detach, st.exits_lost, __ATOMIC_RELAXED);
             iprobe_rt_probe* probes = region->probes();
             const std::uint64_t off_at = realtime_ns();
             for (auto g : flags_off) set_live(probes[g], false, off_at);

@@ -40,6 +40,10 @@ public:
         out_ << "disabled " << r.stats.disabled << " probes in process " << r.pid << " (" << r.stats.still_enabled
              << " still on): " << r.stats.sites_restored << " sites restored from the probe lists; " << r.stats.threads
              << " threads stopped for " << r.stats.pause_us << " us\n";
+        if (r.stats.exits_lost)
+            out_ << "  " << r.stats.exits_lost
+                 << " calls in flight lose their exit (their exit hooks are off, their returns not hooked): not in "
+                    "`completed` (report: exits_lost_at_detach)\n";
     }
     void status(const StatusResult& r) override;
     void report(const ReportResult& r) override;
@@ -229,6 +233,11 @@ void TextOutput::report(const ReportResult& r) {
                              "unhooked: %" PRIu64 " calls whose exit could not be hooked (deeper than a thread's %d-frame "
                              "return stack); not in `completed`\n",
                              r.unhooked_returns, IPROBE_RT_RETURN_STACK_FRAMES));
+    if (r.exits_lost_at_detach)
+        append(std::snprintf(line, sizeof line,
+                             "exits lost at detach: %" PRIu64 " calls were in flight when their exit hooks went off; not in "
+                             "`completed`\n",
+                             r.exits_lost_at_detach));
 }
 
 void JsonOutput::status(const StatusResult& r) {
@@ -290,6 +299,7 @@ void JsonOutput::report(const ReportResult& r) {
     j.end_array()
         .field("unmatched_exits", r.unmatched_exits)
         .field("unhooked_returns", r.unhooked_returns)
+        .field("exits_lost_at_detach", r.exits_lost_at_detach)
         .field("lost", r.lost)
         .field("trace_dropped", r.trace_dropped)
         .end_object();
@@ -381,6 +391,9 @@ void PrometheusOutput::report(const ReportResult& r) {
         {{"iprobe_unhooked_returns_total", "counter", "Calls whose exit could not be hooked (not in completed)."},
          r.unhooked_returns},
         {{"iprobe_unmatched_exits_total", "counter", "Exits whose entry came before the attach."}, r.unmatched_exits},
+        {{"iprobe_exits_lost_at_detach_total", "counter",
+          "Calls in flight when a detach turned their exit hooks off (not in completed)."},
+         r.exits_lost_at_detach},
         {{"iprobe_trace_dropped_total", "counter", "Trace-stream events dropped on full rings (never in the sums)."},
          r.trace_dropped},
     };

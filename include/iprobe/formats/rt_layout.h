@@ -313,6 +313,11 @@ struct iprobe_rt_fn_stats {
     uint64_t retval_histogram[IPROBE_RT_RETVAL_BUCKETS]; /* with retval_hist on the exit probe */
 };
 
+/* A frame's stat once a detach found its exit will never come (its exit
+ * hook turned off, its return not hooked): no exit matches it, the next
+ * exit below it drops it. */
+#define IPROBE_RT_FRAME_ABANDONED 0xffffffffu
+
 struct iprobe_rt_frame {
     uint32_t stat;
     uint32_t pad;
@@ -390,7 +395,12 @@ struct iprobe_rt_control {
     uint64_t conditions_offset;  /* struct iprobe_cond_program[condition_capacity] */
     uint32_t condition_capacity;
     uint32_t condition_count;    /* programs written so far (never rewritten: a thread may be reading one) */
-    uint64_t reserved[4];
+    /* Written by the detacher, in its stop: calls in flight then whose exit
+     * was a site of its own being turned off (the -finstrument-functions
+     * flow's exit hooks), their return not hooked: their exits are never
+     * recorded (not in completed). */
+    uint64_t exits_lost_at_detach;
+    uint64_t reserved[3];
 };
 
 #ifdef __cplusplus

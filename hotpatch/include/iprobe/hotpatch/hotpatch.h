@@ -180,6 +180,11 @@ struct DetachStats {
     std::size_t still_enabled = 0;  // sites of the process still holding a live call
     std::size_t not_restored = 0;   // of those, selected ones: detach failed for them
     std::size_t sites_restored = 0; // sites rewritten (from the probe lists and the code)
+    // Calls in flight in the stop whose exit hook (a site of its own, the
+    // -finstrument-functions flow) this detach turned off, their return not
+    // hooked: their exits will never be recorded (the trace handler's timed
+    // frames tell; the count handler keeps none, so its are not known).
+    std::uint64_t exits_lost = 0;
     // Why the region was not used (the target rewrote it): detach needs
     // nothing from it, only its flags were left as they were.  Empty when sound.
     std::string region_problem;

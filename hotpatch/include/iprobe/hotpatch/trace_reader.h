@@ -251,6 +251,8 @@ public:
     // Calls whose return could not be hooked (deeper than a thread's return
     // stack, the pool exhausted): their exits are missing from `completed`.
     std::uint64_t unhooked_returns() const;
+    // Calls in flight when a detach turned their exit hooks off (iprobe_rt_control).
+    std::uint64_t exits_lost_at_detach() const;
 
     // Lossless (Access::stream only): while on, a thread whose ring is full
     // waits for this reader instead of dropping (the default is lossy and
