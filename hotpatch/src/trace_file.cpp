@@ -22,6 +22,7 @@ namespace {
 constexpr char kMagic[8] = {'I', 'P', 'R', 'B', 'T', 'R', 'C', '1'};
 constexpr char kEnd[8] = {'I', 'P', 'R', 'B', 'E', 'N', 'D', '1'};
 constexpr std::uint32_t kVersion = kTraceFileVersion;
+constexpr std::uint32_t kOldestVersion = 2;  // read too: its events are version 3's without values
 constexpr std::size_t kMinHeader = 16, kHeader = 40, kFooter = 16, kBlockHead = 16;
 constexpr std::uint64_t kEscape = 3, kProbeLimit = 1u << 22, kDeltaLimit = 1ull << 40;
 // A values event's head word: what a raw escape (n > 0) never is.
@@ -255,6 +256,7 @@ struct TraceFileWriter::Types {
 // is what the live reader answered.
 class TraceFileReader::Types final : public ValueTypes {
 public:
+    Types() = default;  // a version 2 file's: it has none (and no values events)
     Types(Cursor& in, const std::string& path) {
         for (std::uint32_t n = in.count(16); n > 0; n--) {
             const auto probe = in.get<std::uint32_t>();
@@ -566,13 +568,14 @@ TraceFileReader::TraceFileReader(const std::string& path) : path_(path) {
         throw Error(path + " is not an iprobe trace file (written by 'iprobe trace --output')", ExitCode::bad_input);
     std::uint32_t version;
     std::memcpy(&version, head + sizeof kMagic, 4);
-    if (version != kVersion)
-        throw Error(path + ": trace file version " + std::to_string(version) + ", but this iprobe reads version " +
-                        std::to_string(kVersion) + " only (" +
-                        (version < kVersion ? "written by an older iprobe: record it again with this one"
+    if (version != kVersion && version != kOldestVersion)
+        throw Error(path + ": trace file version " + std::to_string(version) + ", but this iprobe reads versions " +
+                        std::to_string(kOldestVersion) + " to " + std::to_string(kVersion) + " (" +
+                        (version < kVersion ? "written by an older iprobe: convert it with that one"
                                             : "written by a newer iprobe: convert it with that one") +
                         ")",
                     ExitCode::bad_input);
+    version_ = version;
     char foot[kFooter];
     read_exactly(fd_, foot, sizeof foot, size - kFooter, path);
     if (std::memcmp(foot + 8, kEnd, sizeof kEnd) != 0)
@@ -606,7 +609,8 @@ TraceFileReader::TraceFileReader(const std::string& path) : path_(path) {
         p.function = table.string(table.get<std::uint16_t>());
         probes_.push_back(std::move(p));
     }
-    types_ = std::make_unique<Types>(table, path);
+    // Version 2 is version 3 without values: no types table, no values events.
+    types_ = version == kOldestVersion ? std::make_unique<Types>() : std::make_unique<Types>(table, path);
     at_ = kHeader;
     end_ = table_at;
 }
@@ -660,6 +664,9 @@ bool TraceFileReader::next(const std::function<void(const Event&)>& sink) {
                 e.kind = kind_of(static_cast<std::uint8_t>(w & 3), path_);
                 e.probe = static_cast<std::uint32_t>(w >> 2) & (kProbeLimit - 1);
             } else if ((w >> 2 & 0xff) == 0) {  // a values event
+                if (version_ < kVersion) throw Error(path_ + ": corrupt trace file (a values event in a version " +
+                                                         std::to_string(version_) + " file)",
+                                                     ExitCode::bad_input);
                 const std::size_t head = w & kValuesFrame ? 3 : 2, kept = w >> 20 & kValuesMaxWords;
                 const std::size_t records = w >> 12 & 0xff;
                 if (static_cast<std::size_t>(end - word) / 8 < head + kept || kept > 4 * records || (w >> 10 & 3) > 1)

@@ -183,6 +183,50 @@ TEST(TraceFile, RecordsBecomeEventWordsAndEscapesByteForByteAndReadBackWhole) {
     }
 }
 
+// A version 2 file (the previous iprobe's: version 3 without values events
+// and without the types table) still reads, event for event.
+TEST(TraceFile, ReadsAVersion2File) {
+    const iprobe_rt_record nested = record(IPROBE_RT_REC_ENTRY, 5, 100, 1200, 0, 1);
+    const WallClock clock{1000, 5'000'000'000ull, 0.5};
+    std::string v2("IPRBTRC1", 8);
+    put(v2, std::uint32_t{2});
+    put(v2, std::uint32_t{4242});
+    put(v2, clock.tsc_base);
+    put(v2, clock.realtime_base);
+    put(v2, clock.ns_per_tick);
+    put(v2, std::uint32_t{100});
+    put(v2, std::uint32_t{2 + 5});
+    put(v2, std::uint64_t{1000});
+    put(v2, event_word(0, 5, 0));
+    put(v2, event_word(1, 6, 100));
+    put_escape(v2, {nested});
+    const std::uint64_t table_at = v2.size();
+    put(v2, std::uint32_t{1});
+    put(v2, std::uint8_t{0});
+    put(v2, std::uint16_t{4});
+    v2 += "five";
+    put(v2, table_at);
+    v2 += "IPRBEND1";
+    test::TempDir dir;
+    const std::string path = dir / "v2.trace";
+    std::ofstream(path, std::ios::binary) << v2;
+    TraceFileReader file(path);
+    EXPECT_EQ(file.pid(), 4242);
+    ASSERT_EQ(file.probes().size(), 1u);
+    EXPECT_EQ(file.probes()[0].function, "five");
+    std::vector<Event> got;
+    while (file.next([&](const Event& e) { got.push_back(e); })) {
+    }
+    ASSERT_EQ(got.size(), 3u);
+    EXPECT_EQ(got[0].probe, 5u);
+    EXPECT_EQ(got[0].tsc, 1000u);
+    EXPECT_EQ(got[1].kind, probelist::ProbeKind::exit);
+    EXPECT_EQ(got[1].tsc, 1100u);
+    EXPECT_EQ(got[2].tsc, 1200u);
+    EXPECT_EQ(got[2].depth, 1u);
+    EXPECT_EQ(got[2].time_ns, clock.ns(1200));
+}
+
 // An inlined copy's entry (IPROBE_RT_VALUES_COPY in the spec it was recorded
 // under) is escaped whole, so the file keeps what nests it in its host.
 TEST(TraceFile, KeepsAnInlinedCopysEntryAsOne) {
@@ -462,10 +506,12 @@ TEST(TraceFile, RefusesOtherVersionsAndCorruptValues) {
         }
     };
     std::string bytes = good;
-    bytes[8] = 2;
-    refused(bytes, "trace file version 2, but this iprobe reads version 3 only (written by an older iprobe");
+    bytes[8] = 1;
+    refused(bytes, "trace file version 1, but this iprobe reads versions 2 to 3 (written by an older iprobe");
     bytes[8] = 4;
-    refused(bytes, "trace file version 4, but this iprobe reads version 3 only (written by a newer iprobe");
+    refused(bytes, "trace file version 4, but this iprobe reads versions 2 to 3 (written by a newer iprobe");
+    bytes[8] = 2;  // version 2 has no values events
+    refused(bytes, "a values event in a version 2 file");
     constexpr std::size_t block = 40, count = block + 4;
     bytes = good;
     bytes[count] = 3;  // the values event's head, probe and delta, not its word

@@ -4,7 +4,8 @@
 // pass, one copy, no clock conversion: the header keeps the clock) and
 // hands it to write(2) a MiB at a time; the conversion decodes later.
 //
-// Version 3 (written; a file of another version is refused, naming both):
+// Version 3 (written; version 2, the same without values events and the
+// types table, is read too; any other is refused, naming the versions read):
 //   header   "IPRBTRC1", u32 version 3, u32 pid, u64 tsc_base,
 //            u64 realtime_base_ns, f64 ns_per_tick                   (40 bytes)
 //   blocks   one thread's events in order: u32 tid, u32 words, u64 base_tsc,
@@ -137,6 +138,7 @@ private:
     std::string path_;
     int fd_ = -1;
     pid_t pid_ = 0;
+    std::uint32_t version_ = 0;
     std::vector<ProbeInfo> probes_;
     WallClock clock_;
     std::uint64_t at_ = 0, end_ = 0;  // events: [at_, end_) still to read
