@@ -163,6 +163,21 @@ std::uint64_t abandon_exits_in_flight(Region& region, const std::vector<std::uin
     return lost;
 }
 
+// An entry turned off with its exit hook by this detach stays timed: a
+// thread already past its site in the stop (inside the handler) then finds
+// it timed but off, and counts its exit lost (rt.c, FRAME_EXIT_HOOK) rather
+// than entering untimed without a word.  The next attach recomputes it.
+void keep_timed_while_racing(Region& region, const std::vector<std::uint32_t>& exits_off,
+                             const std::vector<std::uint32_t>& probes_off) {
+    const std::set<std::uint32_t> off(probes_off.begin(), probes_off.end());
+    iprobe_rt_probe* probes = region.probes();
+    for (std::uint32_t exit : exits_off)
+        if (exit > 0 && exit < region.probe_count() && off.count(exit - 1) &&
+            probes[exit - 1].kind == static_cast<std::uint8_t>(probelist::ProbeKind::entry) &&
+            probes[exit - 1].stat == probes[exit].stat)
+            probes[exit - 1].timed = 1;
+}
+
 SitesPlan plan_sites(const ProcessMemory& memory, Region& region, std::vector<SelectedList>& lists,
                      const std::vector<const RunningModule*>& targets, const HandlerSymbols& handlers,
                      const LoadedLibrary& handler_lib, std::int64_t stats_tpoff, const StubAreas& areas,
@@ -838,6 +853,7 @@ DetachStats detach(const DetachOptions& options) {
             const std::uint64_t off_at = realtime_ns();
             for (auto g : flags_off) set_live(probes[g], false, off_at);
             update_timed(*region);
+            keep_timed_while_racing(*region, exit_hooks_off, flags_off);
             region->control()->generation++;
         }
         st.stop_us = process.stop_us;

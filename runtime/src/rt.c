@@ -366,8 +366,11 @@ static inline uint32_t log2_bucket(uint64_t ticks) {
  * trampoline knows whether its entry pushed a frame; an entry whose return
  * could not be hooked must not push one. */
 enum frame_use {
-    FRAME_MATCH = 0, /* entry: push a frame when timed; exit: pop the matching one */
-    FRAME_NONE = 1   /* count the call or completion only */
+    FRAME_MATCH = 0,    /* entry: push a frame when timed; exit: pop the matching one */
+    FRAME_NONE = 1,     /* count the call or completion only */
+    FRAME_EXIT_HOOK = 2 /* as FRAME_MATCH, the entry's frame popped by the exit's own hook (its
+                         * return not hooked): an entry that finds its probe off raced a
+                         * detach, which turned that hook off with it, so its exit is lost */
 };
 
 /* Entry of a timed call: one more call, one frame pushed.  The frame index is
@@ -380,7 +383,16 @@ static inline __attribute__((always_inline)) void enter_timed(struct iprobe_rt_c
     if (UNLIKELY(!stats)) return;
     add_local(&stats[stat].calls, 1);
     /* no exit probe would pop a frame */
-    if (UNLIKELY(use == FRAME_NONE || !probe_of(cb, probe)->timed)) return;
+    const struct iprobe_rt_probe* p = probe_of(cb, probe);
+    if (UNLIKELY(use == FRAME_NONE || !p->timed)) return;
+    /* Entered through its site as a detach turned it off (the detacher left
+     * it timed for this): no exit hook will pop a frame, and the detach's
+     * stop did not see this call.  Counted where the detach counts those it
+     * saw. */
+    if (UNLIKELY(use == FRAME_EXIT_HOOK && !__atomic_load_n(&p->enabled, __ATOMIC_RELAXED))) {
+        __atomic_fetch_add(&cb->exits_lost_at_detach, 1, __ATOMIC_RELAXED);
+        return;
+    }
     struct iprobe_rt_thread* slot = t_producer.slot;
     uint32_t depth = 1;
     __asm__ __volatile__("xaddl %0, %1" : "+r"(depth), "+m"(slot->depth) : : "memory");
@@ -427,6 +439,11 @@ static inline __attribute__((always_inline)) int exit_timed(struct iprobe_rt_con
     }
     if (top >= 2) add_local(&slot->stack[top - 2].children, ticks);
     *(volatile uint32_t*)&slot->depth = top - 1;
+    /* A detach that stopped this thread between finding the frame and
+     * popping it counted this call's exit lost and marked the frame: the
+     * exit came after all. */
+    if (UNLIKELY(*(volatile uint32_t*)&f->stat == IPROBE_RT_FRAME_ABANDONED))
+        __atomic_fetch_sub(&cb->exits_lost_at_detach, 1, __ATOMIC_RELAXED);
     add_local(&s->timed, 1);
     add_local(&s->inclusive_ticks, ticks);
     add_local(&s->exclusive_ticks, self);
@@ -657,7 +674,7 @@ static inline __attribute__((always_inline)) void emit(uintptr_t return_address,
     struct iprobe_rt_control* cb;
     const struct iprobe_rt_site* site = site_for(return_address, &cb);
     if (UNLIKELY(!site)) return;
-    emit_probe(cb, (int32_t)site->probe, site->stat, kind, args, FRAME_MATCH);
+    emit_probe(cb, (int32_t)site->probe, site->stat, kind, args, FRAME_EXIT_HOOK);
 }
 
 /* Per-site stubs (hotpatch/src/stubs.h) hand over the site's identity in
@@ -691,7 +708,7 @@ static inline __attribute__((always_inline)) void emit_id(uint32_t probe, uint8_
     emit_probe(cb, (int32_t)probe, probe_of(cb, (int32_t)probe)->stat, kind, 0, use);
 }
 
-EXPORT void iprobe_rt_trace_enter_id(uint32_t probe) { emit_id(probe, IPROBE_RT_REC_ENTRY, FRAME_MATCH); }
+EXPORT void iprobe_rt_trace_enter_id(uint32_t probe) { emit_id(probe, IPROBE_RT_REC_ENTRY, FRAME_EXIT_HOOK); }
 EXPORT void iprobe_rt_trace_exit_id(uint32_t probe) { emit_id(probe, IPROBE_RT_REC_EXIT, FRAME_MATCH); }
 
 /* ---- function-entry sites: exits through return trampolines ----
@@ -1065,7 +1082,7 @@ __attribute__((visibility("hidden"))) uint64_t iprobe_rt_trace_enter_id_at(uint6
         const uint64_t word = spec_word(p);
         if (UNLIKELY(word != 0)) return values_enter(cb, (uint32_t)id, p, word, saved, slot, 0, 0);
     }
-    emit_id((uint32_t)id, IPROBE_RT_REC_ENTRY, FRAME_MATCH);
+    emit_id((uint32_t)id, IPROBE_RT_REC_ENTRY, FRAME_EXIT_HOOK);
     return 0;
 }
 

@@ -531,11 +531,13 @@ TEST_P(FinstrumentValuesTest, EveryCallHasOneExitWhileAttachesSwitchValuesUnderL
 // Two threads call v_spin as fast as they can while iprobe attaches and
 // detaches (plain trace, no values) over and over: every call entered while
 // attached either exits (an exit whose entry came before an attach is
-// unmatched) or is one that a detach counted as in flight.  The window a
-// detach cannot see (docs/hotpatch.md): a thread inside the entry hook's
-// handler at the stop, its frame not pushed yet, which then finds the
-// function untimed: at most one call a thread a detach beyond what the
-// detaches said.
+// unmatched) or is one whose exit was counted lost: by a detach, from the
+// timed frames in its stop, or by the runtime, for a thread inside the entry
+// hook's handler then, which finds the probe off after it.  Both are in
+// report's exits_lost_at_detach.  What is left unseen is a thread stopped
+// within a few instructions of the handler (between its checks and its
+// frame push or pop): at most a couple of calls over these 8 rounds, where
+// without the count every call in flight at each detach went unsaid.
 TEST_P(FinstrumentValuesTest, EveryCallInFlightAtADetachIsCountedUnderLoad) {
     ASSERT_TRUE(start(GetParam()));
     ASSERT_EQ(target_->command("spin 2"), 2);
@@ -551,10 +553,11 @@ TEST_P(FinstrumentValuesTest, EveryCallInFlightAtADetachIsCountedUnderLoad) {
     const std::string r = iprobe({"report", pid_, "--json"}).out;
     const long long calls = json_calls(r, "v_spin"), completed = json_completed(r, "v_spin");
     EXPECT_GT(calls, 0) << r;
-    EXPECT_EQ(json_number(r, "exits_lost_at_detach"), said) << r;
-    const long long lost = calls - (completed - json_number(r, "unmatched_exits"));
-    EXPECT_GE(lost, said) << r;
-    EXPECT_LE(lost, said + 2 * 8) << r;
+    const long long counted = json_number(r, "exits_lost_at_detach");
+    EXPECT_GE(counted, said) << r;
+    EXPECT_NEAR(static_cast<double>(calls - (completed - json_number(r, "unmatched_exits"))),
+                static_cast<double>(counted), 2.0)
+        << r;
     EXPECT_GT(said, 0) << "no detach found a call in flight in 8 rounds" << r;
     EXPECT_EQ(json_number(r, "unhooked_returns"), 0) << r;
 }
