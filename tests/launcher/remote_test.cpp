@@ -244,14 +244,25 @@ bool still_after_60s(const std::function<bool()>& left) {
 // no record in /run/iprobe/remote-clones, nothing in the agent's state
 // directory, no clone process; production runs (never left stopped) and
 // answers with its own data; the name is free again.
-class LauncherRemoteKilledAt : public LauncherRemote, public ::testing::WithParamInterface<std::string> {};
+class LauncherRemoteKilledAt : public LauncherRemote, public ::testing::WithParamInterface<std::string> {
+protected:
+    void signal_at_and_expect_nothing_left(const std::string& step, int signal);
+};
 
 TEST_P(LauncherRemoteKilledAt, LeavesNothingOnEitherHostAndProductionRunning) {
-    const std::string step = GetParam();
+    signal_at_and_expect_nothing_left(GetParam(), SIGKILL);
+}
+
+// Ctrl-C at a terminal once the clone runs on B, before the command kept it.
+TEST_F(LauncherRemoteKilledAt, CtrlCOnceRestoredLeavesNothingOnEitherHost) {
+    signal_at_and_expect_nothing_left("restored", SIGINT);
+}
+
+void LauncherRemoteKilledAt::signal_at_and_expect_nothing_left(const std::string& step, int signal) {
     const fs::path out = logs_ / "clone.out";
     Child cli({"nsenter", "--net=" + host_a_->path(), iprobe_bin(), "clone", std::to_string(redis_->pid()), "--to",
                agent_address_, "--netns", name_},
-              out, {"IPROBE_TEST_PAUSE=" + step});
+              out, {"IPROBE_TEST_PAUSE=" + step}, Session::own);
     for (int i = 0; i < 120000 && cli.running() && state_of(cli.pid()) != 'T'; ++i)
         std::this_thread::sleep_for(std::chrono::milliseconds(1));
     std::ifstream said(out);
@@ -273,7 +284,8 @@ TEST_P(LauncherRemoteKilledAt, LeavesNothingOnEitherHostAndProductionRunning) {
     }
     EXPECT_EQ(fs::exists(record), step == "record");
 
-    cli.kill(SIGKILL);
+    cli.kill(signal);
+    cli.kill(SIGCONT);  // a stopped process takes SIGINT once it runs again
     cli.wait();
     EXPECT_FALSE(still_after_60s([&] { return fs::exists(scratch); })) << scratch << " left";
     EXPECT_FALSE(still_after_60s([&] { return fs::exists(record); })) << record << " left";
