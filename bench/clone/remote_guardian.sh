@@ -36,7 +36,7 @@ cleanup() {
   "$this" clone --destroy "$clone" >/dev/null 2>&1 || true
   ip netns delete "$a" 2>/dev/null || true
   ip netns delete "$b" 2>/dev/null || true
-  rm -rf "$work"
+  [[ -n ${KEEP_WORK:-} ]] || rm -rf "$work"
 }
 trap cleanup EXIT
 
@@ -51,6 +51,7 @@ base_agent=$!
 nsenter --net="/run/netns/$b" "$this" clone-agent --listen 10.233.0.2:17399 --state-dir "$work/this-agent" \
   2>"$work/this-agent.log" &
 this_agent=$!
+sleep 0.3
 mkdir -p "$work/redis"
 in_a setsid redis-server --port 17381 --save '' --appendonly no --protected-mode no --enable-debug-command yes \
   --dir "$work/redis" </dev/null >"$work/redis.log" 2>&1 &
