@@ -53,7 +53,7 @@ nsenter --net="/run/netns/$b" "$this" clone-agent --listen 10.233.0.2:17399 --st
 this_agent=$!
 sleep 0.3
 mkdir -p "$work/redis"
-in_a setsid redis-server --port 17381 --save '' --appendonly no --protected-mode no --enable-debug-command yes \
+nsenter --net="/run/netns/$a" setsid redis-server --port 17381 --save '' --appendonly no --protected-mode no --enable-debug-command yes \
   --dir "$work/redis" </dev/null >"$work/redis.log" 2>&1 &
 redis_pid=$!
 for _ in $(seq 100); do [[ $(in_a redis-cli -p 17381 PING 2>/dev/null) == PONG ]] && break; sleep 0.05; done
@@ -75,7 +75,7 @@ for _ in $(seq "$runs"); do
   clone_once "$this" 17399 >>"$work/this"
 done
 
-median() { sort -n | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+median() { sort -n | awk '{ v[NR] = $1 } END { printf "%.0f\n", (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 printf '%-10s %14s %14s %14s\n' build "wall (ms)" "total_us (ms)" "freeze (ms)"
 for b in base this; do
   w=$(awk '{print $1}' "$work/$b" | median)
