@@ -150,6 +150,8 @@ struct Codec {
     void operator()(const Abort&) const {}
     void operator()(const Destroy& m) const { bytes_field(j, "name", m.name); }
     void operator()(const Destroyed&) const {}
+    void operator()(const Keep&) const {}
+    void operator()(const Kept&) const {}
     void operator()(const Failure& m) const {
         j.field("exit_code", m.exit_code);
         bytes_field(j, "message", m.message);
@@ -166,6 +168,8 @@ struct TypeName {
     const char* operator()(const Abort&) const { return "abort"; }
     const char* operator()(const Destroy&) const { return "destroy"; }
     const char* operator()(const Destroyed&) const { return "destroyed"; }
+    const char* operator()(const Keep&) const { return "keep"; }
+    const char* operator()(const Kept&) const { return "kept"; }
     const char* operator()(const Failure&) const { return "error"; }
 };
 
@@ -180,6 +184,8 @@ Message from_json(const std::string& type, const Json& d) {
     if (type == "abort") return Abort{};
     if (type == "destroy") return Destroy{bytes_at(d, "name")};
     if (type == "destroyed") return Destroyed{};
+    if (type == "keep") return Keep{};
+    if (type == "kept") return Kept{};
     if (type == "error") return Failure{int_at<int>(d, "exit_code"), bytes_at(d, "message")};
     throw Error("unknown message type '" + type.substr(0, 64) + "' in the clone protocol", ExitCode::bad_input);
 }

@@ -24,6 +24,7 @@
 #include <nlohmann/json.hpp>
 
 #include "client_pinger.h"
+#include "clone_guardian.h"
 #include "clone_steps.h"
 #include "iprobe/launcher/agent_protocol.h"
 #include "criu.h"
@@ -276,6 +277,8 @@ nlohmann::json read_json(const std::string& path) {
 const char* const kRemoteRoot = "/run/iprobe/remote-clones";
 const char* const kAgentRoot = "/run/iprobe/agents";
 
+std::string remote_record(const std::string& name) { return std::string(kRemoteRoot) + "/" + name; }
+
 // The agent's own record, removed when it stops.
 class AgentRegistration {
 public:
@@ -401,7 +404,29 @@ private:
             j.field("keeper_start", keeper_started).field("source_pid", source).field("restore_ms", restore_ms);
         });
         say("clone " + name + ": restored as PID " + std::to_string(clone_pid) + " in " + fmt_ms(restore_ms) + " ms");
-        channel.send(protocol::Restored{clone_pid, keeper, static_cast<std::uint64_t>(restore_ms * 1e3)});
+        // Until the asker says it recorded the clone, the connection is the
+        // clone's lifeline: closed (the asker killed, its host gone) or
+        // silent for 30 s, the clone is destroyed, never left unrecorded.
+        try {
+            channel.send(protocol::Restored{clone_pid, keeper, static_cast<std::uint64_t>(restore_ms * 1e3)});
+            if (std::holds_alternative<protocol::Keep>(channel.receive())) {
+                channel.send(protocol::Kept{});
+                return;
+            }
+            drop_clone(name, "the asker sent no 'keep'");
+        } catch (const Error& e) {
+            drop_clone(name, e.what());
+        }
+    }
+
+    // A clone whose asker went away before keeping it.
+    void drop_clone(const std::string& name, const std::string& why) {
+        const auto it = clones_.find(name);
+        if (it == clones_.end()) return;
+        kill_keeper(it->second.keeper, it->second.keeper_started);
+        remove_tree(it->second.dir);
+        clones_.erase(it);
+        say("clone " + name + " destroyed: its asker went away before keeping it (" + why + ")");
     }
 
     // A tar of one snapshot, unpacked beside the others and bound over the
@@ -515,15 +540,21 @@ CloneResult clone_to_agent(const CloneOptions& o, const std::string& agent) {
     require_no_terminal(tree);
     const std::vector<std::string> snapshots = snapshot_paths(o, tree);
 
+    // Killed outright (SIGKILL), this command leaves nothing here: its
+    // guardian waits for CRIU, then removes the scratch images and the
+    // record; the agent drops the clone when this connection closes unkept.
+    CloneGuardian guardian;
     Channel channel(connect_to(at, agent));
     bool shell_job = session_of(o.pid) != o.pid;
     channel.send(protocol::Clone{name, shell_job, o.pid});
     const int port = expect_reply<protocol::PageServerReady>(channel, kIoTimeoutMs).port;
+    test_pause("page-server");
 
     // Only the images CRIU keeps local (a few hundred KB at most) pass
     // through here; the memory goes to the page server directly.
     const std::string work = (fs::is_directory("/dev/shm") ? std::string("/dev/shm") : fs::temp_directory_path().string()) +
                              "/iprobe-remote-" + name;
+    guardian.guard_scratch(work);
     remove_tree(work);
     fs::create_directories(work + "/images");
     struct RemoveWork {
@@ -557,6 +588,7 @@ CloneResult clone_to_agent(const CloneOptions& o, const std::string& agent) {
                     fmt_ms(static_cast<double>(stats.freezing_us) / 1e3) + " ms, frozen " +
                     fmt_ms(static_cast<double>(stats.frozen_us) / 1e3) + " ms)");
 
+    test_pause("images");
     for (const auto& entry : fs::directory_iterator(work + "/images"))
         if (entry.is_regular_file()) channel.send_file(protocol::File{entry.path().filename().string(), 0}, entry.path().string());
     for (std::size_t i = 0; i < snapshots.size(); i++) {
@@ -570,6 +602,7 @@ CloneResult clone_to_agent(const CloneOptions& o, const std::string& agent) {
     progress(o, "restoring the clone on " + agent);
     channel.send(protocol::Restore{});
     const auto restored = expect_reply<protocol::Restored>(channel, kRestoreTimeoutMs);
+    test_pause("restored");
 
     CloneResult r;
     r.name = name;
@@ -585,7 +618,19 @@ CloneResult clone_to_agent(const CloneOptions& o, const std::string& agent) {
     r.snapshots = snapshots;
     r.client_seen_ms = client_seen_ms;
     r.total_ms = now_ms() - t0;
+    // Recorded, then kept: killed in between, the guardian removes the
+    // record and the agent the clone.
+    guardian.guard_scratch(remote_record(name));
     record_remote_clone(r, agent);
+    test_pause("record");
+    try {
+        channel.send(protocol::Keep{});
+        expect_reply<protocol::Kept>(channel, kIoTimeoutMs);
+    } catch (const Error&) {
+        forget_remote_clone(name);
+        throw;
+    }
+    guardian.release();
     return r;
 }
 
@@ -600,7 +645,7 @@ void destroy_agent_clone(const std::string& agent, const std::string& name) {
 
 void record_remote_clone(const CloneResult& r, const std::string& agent) {
     fs::create_directories(kRemoteRoot);
-    write_json(std::string(kRemoteRoot) + "/" + r.name, [&](JsonWriter& j) {
+    write_json(remote_record(r.name), [&](JsonWriter& j) {
         j.field("agent", agent).field("clone_pid", r.clone_pid).field("keeper_pid", r.keeper_pid);
         j.field("freeze_ms", r.freeze_ms).field("freezing_ms", r.freezing_ms).field("dump_ms", r.dump_ms);
         j.field("restore_ms", r.restore_ms).field("total_ms", r.total_ms);
@@ -609,7 +654,7 @@ void record_remote_clone(const CloneResult& r, const std::string& agent) {
 
 void forget_remote_clone(const std::string& name) {
     std::error_code ec;
-    fs::remove(std::string(kRemoteRoot) + "/" + name, ec);
+    fs::remove(remote_record(name), ec);
 }
 
 std::vector<RemoteCloneRecord> remote_clones() {

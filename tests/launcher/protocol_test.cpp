@@ -75,6 +75,8 @@ TEST(AgentProtocol, EveryMessageRoundTripsWithHostileStrings) {
     expect_round_trip(protocol::Restored{123, 45, 6789012});
     expect_round_trip(protocol::Abort{});
     expect_round_trip(protocol::Destroyed{});
+    expect_round_trip(protocol::Keep{});
+    expect_round_trip(protocol::Kept{});
 }
 
 TEST(AgentProtocol, ValidUtf8TravelsAsTextAndTheRestAsBase64) {

@@ -7,7 +7,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <regex>
 #include <fstream>
 #include <memory>
@@ -214,5 +216,104 @@ TEST_F(LauncherRemote, UnreachableAgentFailsBeforeProductionIsTouched) {
     EXPECT_EQ(d.exit_code, 5) << d.err;
     EXPECT_NE(d.err.find("no clone named 'no-such-clone'"), std::string::npos) << d.err;
 }
+
+}  // namespace
+
+namespace {
+
+// The state letter of /proc/PID/stat (T: stopped), 0 when gone.
+char state_of(long long pid) {
+    std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const auto paren = stat.rfind(')');
+    return paren != std::string::npos && paren + 2 < stat.size() ? stat[paren + 2] : 0;
+}
+
+// Until `left()` is false or 60 s passed; its last answer.
+bool still_after_60s(const std::function<bool()>& left) {
+    for (int i = 0; i < 6000 && left(); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    return left();
+}
+
+// `iprobe clone --to` killed outright (SIGKILL) at STEP, where the test-only
+// IPROBE_TEST_PAUSE=STEP (launcher/src/process.h) stopped it: once the
+// agent's page server listens, while CRIU dumps production to it, before
+// the images are sent, once the agent restored the clone (nothing recorded
+// yet), and once the clone is recorded here but not yet kept by the agent.
+// Each time nothing is left on either host: no scratch images in /dev/shm,
+// no record in /run/iprobe/remote-clones, nothing in the agent's state
+// directory, no clone process; production runs (never left stopped) and
+// answers with its own data; the name is free again.
+class LauncherRemoteKilledAt : public LauncherRemote, public ::testing::WithParamInterface<std::string> {
+protected:
+    void signal_at_and_expect_nothing_left(const std::string& step, int signal);
+};
+
+TEST_P(LauncherRemoteKilledAt, LeavesNothingOnEitherHostAndProductionRunning) {
+    signal_at_and_expect_nothing_left(GetParam(), SIGKILL);
+}
+
+// Ctrl-C at a terminal once the clone runs on B, before the command kept it.
+TEST_F(LauncherRemoteKilledAt, CtrlCOnceRestoredLeavesNothingOnEitherHost) {
+    signal_at_and_expect_nothing_left("restored", SIGINT);
+}
+
+void LauncherRemoteKilledAt::signal_at_and_expect_nothing_left(const std::string& step, int signal) {
+    const fs::path out = logs_ / "clone.out";
+    Child cli({"nsenter", "--net=" + host_a_->path(), iprobe_bin(), "clone", std::to_string(redis_->pid()), "--to",
+               agent_address_, "--netns", name_},
+              out, {"IPROBE_TEST_PAUSE=" + step}, Session::own);
+    for (int i = 0; i < 120000 && cli.running() && state_of(cli.pid()) != 'T'; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    std::ifstream said(out);
+    const std::string text((std::istreambuf_iterator<char>(said)), std::istreambuf_iterator<char>());
+    ASSERT_NE(text.find("iprobe: test pause at " + step + " "), std::string::npos) << text;
+    const std::string scratch = "/dev/shm/iprobe-remote-" + name_, record = "/run/iprobe/remote-clones/" + name_;
+    const fs::path held = agent_dir_ / name_;
+    EXPECT_TRUE(fs::exists(held)) << "the agent holds nothing of the clone at " << step;
+    long long clone_pid = -1;
+    if (step == "restored" || step == "record") {
+        std::ifstream in(held / "clone.json");
+        const std::string doc((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+        clone_pid = json_number(doc, "clone_pid");
+        ASSERT_GT(clone_pid, 1) << doc;
+        EXPECT_EQ(clone_cli({"GET", "marker"}), "before-clone");
+    }
+    if (step == "images" || step == "restored" || step == "record") {
+        EXPECT_TRUE(fs::exists(scratch));
+    }
+    EXPECT_EQ(fs::exists(record), step == "record");
+
+    cli.kill(signal);
+    cli.kill(SIGCONT);  // a stopped process takes SIGINT once it runs again
+    cli.wait();
+    EXPECT_FALSE(still_after_60s([&] { return fs::exists(scratch); })) << scratch << " left";
+    EXPECT_FALSE(still_after_60s([&] { return fs::exists(record); })) << record << " left";
+    EXPECT_FALSE(still_after_60s([&] { return fs::exists(held); })) << held << " left on the agent";
+    if (clone_pid > 0) {
+        EXPECT_TRUE(gone(clone_pid, std::chrono::seconds(60))) << "the clone outlived its session";
+    }
+    const char production = state_of(redis_->pid());
+    EXPECT_TRUE(production == 'S' || production == 'R') << "production is in state " << production;
+    EXPECT_EQ(redis_->cli({"PING"}), "PONG");
+    EXPECT_EQ(redis_->cli({"GET", "marker"}), "before-clone");
+    EXPECT_EQ(redis_->cli({"DBSIZE"}), "5001");
+    EXPECT_EQ(in_a({iprobe_bin(), "clone", "--destroy", name_, "--to", agent_address_}).exit_code, 5);
+    const auto list = in_a({iprobe_bin(), "clone", "--list", "--json"});
+    EXPECT_EQ(list.out.find("\"" + name_ + "\""), std::string::npos) << list.out;
+    // The name is free again on both hosts.
+    const auto again = clone_to_b();
+    EXPECT_EQ(again.exit_code, 0) << again.err;
+    EXPECT_EQ(clone_cli({"GET", "marker"}), "before-clone");
+    EXPECT_EQ(in_a({iprobe_bin(), "clone", "--destroy", name_}).exit_code, 0);
+}
+
+INSTANTIATE_TEST_SUITE_P(Steps, LauncherRemoteKilledAt,
+                         ::testing::Values("page-server", "dump", "images", "restored", "record"),
+                         [](const ::testing::TestParamInfo<std::string>& info) {
+                             std::string name = info.param;
+                             std::replace(name.begin(), name.end(), '-', '_');
+                             return name;
+                         });
 
 }  // namespace

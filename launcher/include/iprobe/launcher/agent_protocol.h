@@ -65,13 +65,23 @@ struct Destroy {
 struct Destroyed {
     bool operator==(const Destroyed&) const = default;
 };
+// After Restored: the asker has recorded the clone, which now outlives the
+// connection.  An agent whose asker closes the connection (or sends anything
+// else) first destroys the clone: a killed `iprobe clone --to` leaves none.
+struct Keep {
+    bool operator==(const Keep&) const = default;
+};
+struct Kept {
+    bool operator==(const Kept&) const = default;
+};
 struct Failure {
     int exit_code = 1;  // the agent's ExitCode
     std::string message;
     bool operator==(const Failure&) const = default;
 };
 
-using Message = std::variant<Clone, PageServerReady, File, Snapshot, Restore, Restored, Abort, Destroy, Destroyed, Failure>;
+using Message = std::variant<Clone, PageServerReady, File, Snapshot, Restore, Restored, Abort, Destroy, Destroyed, Keep, Kept,
+                             Failure>;
 
 // The message as one line, its newline included.
 std::string encode(const Message& message);
