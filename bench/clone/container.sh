@@ -38,6 +38,7 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
+trap "exit 130" INT TERM  # so that Ctrl-C or a timeout still cleans up
 
 now_ms() { date +%s%3N; }
 # shellcheck source=bench/clone/redis_image.sh

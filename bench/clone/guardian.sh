@@ -35,6 +35,7 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
+trap "exit 130" INT TERM  # so that Ctrl-C or a timeout still cleans up
 
 ip netns add "$ns"
 ip -n "$ns" link set lo up

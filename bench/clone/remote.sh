@@ -35,6 +35,7 @@ cleanup() {
   [[ -n ${KEEP_WORK:-} ]] || rm -rf "$work"
 }
 trap cleanup EXIT
+trap "exit 130" INT TERM  # so that Ctrl-C or a timeout still cleans up
 
 now_ms() { date +%s%3N; }
 json_field() { grep -o "\"$2\":[^,}]*" <<<"$1" | head -1 | cut -d: -f2 | tr -d '"'; }

@@ -39,6 +39,7 @@ cleanup() {
   [[ -n ${KEEP_WORK:-} ]] || rm -rf "$work"
 }
 trap cleanup EXIT
+trap "exit 130" INT TERM  # so that Ctrl-C or a timeout still cleans up
 
 in_a() { nsenter --net="/run/netns/$a" "$@"; }
 json_field() { grep -o "\"$2\":[^,}]*" <<<"$1" | head -1 | cut -d: -f2; }

@@ -83,6 +83,7 @@ client="${dir[native]}/redis-benchmark"
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; }
 trap cleanup EXIT
+trap "exit 130" INT TERM  # so that Ctrl-C or a timeout still cleans up
 declare -A port
 p=17400
 for v in "${variants[@]}"; do
