@@ -426,12 +426,11 @@ int cmd_trace(const Args& args) {
         // Raw runs of records, encoded in bulk: the writer keeps up with the threads.
         collect(reader, seconds,
                 [&] {
-                    if (!shown) return reader.drain_runs([&](const RecordRun& run) { writer.write(run); });
                     const std::size_t records = reader.drain_runs([&](const RecordRun& run) {
                         writer.write(run);
-                        reader.decode(run, print);
+                        if (shown) reader.decode(run, print);
                     });
-                    reader.decode_end(print);
+                    if (shown) reader.decode_end(print);
                     return records;
                 },
                 true);

@@ -90,9 +90,9 @@ const std::string kDecidingExit = "iprobe_rt_copy_exit_id";
 constexpr std::uint8_t kMovEdi = 0xbf;  // a site's own stub begins `mov $id, %edi` (stubs.h)
 
 // The exit probes (global ids) that calls whose return a
-// -finstrument-functions entry hooked will record, with how many such calls: the trace handler's held
-// entries of the runtime's return pool whose slot still holds their
-// trampoline (return_stack.h; read in the stop).  An entry whose slot is
+// -finstrument-functions entry hooked will record, with how many such
+// calls: the trace handler's held entries of the runtime's return pool
+// whose slot still holds their trampoline (return_stack.h; read in the stop).  An entry whose slot is
 // not written yet is left out: that entry re-reads its spec after writing
 // it and, values gone, gives the exit back to the hooks (rt.c).  nullopt
 // when the pool cannot be read (a stripped runtime): then every one may be.
@@ -830,11 +830,8 @@ DetachStats detach(const DetachOptions& options) {
     // The runtime, whose return pool says which calls' returns are hooked:
     // read before the stop, and only when exit hooks of their own go off.
     std::optional<LoadedLibrary> runtime_library;
-    if (region && !exit_hooks_off.empty()) {
-        const std::vector<RunningModule> running = running_modules(memory, read_maps(options.pid));
-        for (const RunningModule& m : running)
-            if (basename_of(m.path) == kRuntimeName) runtime_library = find_loaded(options.pid, running, m.path);
-    }
+    if (region && !exit_hooks_off.empty())
+        runtime_library = find_loaded(options.pid, running_modules(memory, read_maps(options.pid)), kRuntimeName);
     DetachStats stats = with_world_stopped(options.pid, options.safe_point_timeout, [&](StoppedProcess& process,
                                                                                        Clock::time_point started,
                                                                                        Clock::time_point) {

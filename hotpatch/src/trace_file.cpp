@@ -195,6 +195,13 @@ std::uint8_t return_words(const elf::FunctionValues& f) {
     return used;
 }
 
+// What a values event's probe is typed by beside its function: how far back
+// its entry is (an exit's) and its site (an inlined copy's host).
+struct ProbeTypes {
+    std::uint32_t distance = 0;
+    std::uint64_t site = 0;
+};
+
 // Where a values event's backtrace words start (values_reader.cpp's order).
 std::size_t backtrace_at(std::uint32_t packed_spec) {
     const unsigned flags = packed_spec & 0xff;
@@ -210,15 +217,11 @@ std::size_t backtrace_at(std::uint32_t packed_spec) {
 // What the values events written so far were typed with, as the live
 // reader typed them; kept as they come (the process may be gone at finish).
 struct TraceFileWriter::Types {
-    struct Probe {
-        std::uint32_t distance = 0;
-        std::uint64_t site = 0;
-    };
     std::vector<std::uint8_t> seen;  // by probe index (< the region's probe count)
     // By exit probe: the return words (rax, rdx, xmm0, xmm1) its function's
     // return value is read from; the others are never printed, so not kept.
     std::vector<std::uint8_t> return_words;
-    std::map<std::uint32_t, Probe> probes;
+    std::map<std::uint32_t, ProbeTypes> probes;
     std::map<std::uint32_t, elf::FunctionValues> functions;  // by entry probe
     std::unordered_map<std::uint64_t, Frame> frames;         // backtrace addresses
 
@@ -278,14 +281,14 @@ public:
         if (!in.done()) throw Error(path + ": corrupt trace file (bytes after the types table)", ExitCode::bad_input);
     }
     bool knows(std::uint32_t probe) override { return probes_.count(probe) > 0; }
-    std::uint32_t entry_distance(std::uint32_t exit_probe) override { return probes_.at(exit_probe).first; }
+    std::uint32_t entry_distance(std::uint32_t exit_probe) override { return probes_.at(exit_probe).distance; }
     const elf::FunctionValues& function(std::uint32_t entry_probe) override {
         const auto it = functions_.find(entry_probe);
         return it != functions_.end() ? it->second : none_;
     }
     std::uint64_t site(std::uint32_t probe) override {
         const auto it = probes_.find(probe);
-        return it != probes_.end() ? it->second.second : 0;
+        return it != probes_.end() ? it->second.site : 0;
     }
     Frame symbolize(std::uint64_t address) override {
         const auto it = frames_.find(address);
@@ -296,7 +299,7 @@ public:
     }
 
 private:
-    std::map<std::uint32_t, std::pair<std::uint32_t, std::uint64_t>> probes_;  // distance, site
+    std::map<std::uint32_t, ProbeTypes> probes_;
     std::map<std::uint32_t, elf::FunctionValues> functions_;
     std::unordered_map<std::uint64_t, Frame> frames_;
     const elf::FunctionValues none_ = elf::raw_function_values();
@@ -570,10 +573,8 @@ TraceFileReader::TraceFileReader(const std::string& path) : path_(path) {
     std::memcpy(&version, head + sizeof kMagic, 4);
     if (version != kVersion && version != kOldestVersion)
         throw Error(path + ": trace file version " + std::to_string(version) + ", but this iprobe reads versions " +
-                        std::to_string(kOldestVersion) + " to " + std::to_string(kVersion) + " (" +
-                        (version < kVersion ? "written by an older iprobe: convert it with that one"
-                                            : "written by a newer iprobe: convert it with that one") +
-                        ")",
+                        std::to_string(kOldestVersion) + " to " + std::to_string(kVersion) + " (written by " +
+                        (version < kVersion ? "an older" : "a newer") + " iprobe: convert it with that one)",
                     ExitCode::bad_input);
     version_ = version;
     char foot[kFooter];

@@ -37,9 +37,6 @@ void decode_values(Event& e, std::uint32_t packed_spec, const std::vector<std::u
 class ValuesReader final : public ValueTypes {
 public:
     ValuesReader(const Region& region, pid_t pid) : region_(region), pid_(pid) {}
-    void decode(Event& e, std::uint32_t packed_spec, const std::vector<std::uint64_t>& words) {
-        decode_values(e, packed_spec, words, *this);
-    }
     bool knows(std::uint32_t probe) override { return probe < region_.probe_count(); }
     std::uint32_t entry_distance(std::uint32_t exit_probe) override;
     const elf::FunctionValues& function(std::uint32_t entry_probe) override;
