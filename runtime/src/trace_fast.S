@@ -398,9 +398,7 @@ iprobe_rt_trace_enter_id_nop:
     PROBE_OF %esi, %rsi, %rax, 7f
     cmpq $0, FAST_PROBE_VALUES(%rax)
     jne 7f
-    cmpb $0, FAST_PROBE_TIMED(%rax)
-    jne 7f
-    cmpw $0, FAST_PROBE_CONDITION(%rax)
+    testl $FAST_PROBE_TIMED_OR_CONDITION, FAST_PROBE_TIMED(%rax)
     jne 7f
     mov FAST_PROBE_STAT(%rax), %r10d
     cmp iprobe_rt_when_stat_capacity(%rip), %r10d
