@@ -8,7 +8,8 @@
 # and, with INSTRUCTIONS=1, the instructions of one traced call (the
 # 2001st, so the thread's claims are done), counted by gdb's stepi.
 # usage: bench/hotpatch/trace_runtimes.sh BUILD_DIR RUNTIME.so...   (as root; run alone)
-# env: ROUNDS (default 25), MAX_EXP (default 6; sizes 10^5 and up are printed)
+# env: ROUNDS (default 25), MAX_EXP (default 6; sizes 10^5 and up are printed),
+#      ENTRY_ONLY=1: the entry-only trace (`attach --entry-only`: one event a call)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 build="$(cd "$1" && pwd)"
@@ -20,6 +21,8 @@ work="$build/bench-hotpatch"
 max_exp=${MAX_EXP:-6}
 rounds=${ROUNDS:-25}
 repeats=1
+entry_only=(); events_a_call=2
+[[ ${ENTRY_ONLY:-0} == 1 ]] && { entry_only=(--entry-only); events_a_call=1; }
 mkdir -p "$work"
 cmake --build "$build" --target iprobe iprobe-hotpatch iprobe-probes iprobe-cc iprobe_rt >/dev/null
 . "$here/targets.sh"  # log, start, finish, run_variant
@@ -31,15 +34,15 @@ all="$work/trace_runtimes.all"
 for ((k = 0; k < rounds; k++)); do
   i=0
   for rt in "$@"; do
-    run_variant "runtime$i" "$work/loop_iprobe" --functions empty --ring-records 8388608 --runtime "$rt"
-    awk -v i="$i" '$1 >= 100000 { print i, $1, $2 / 2 }' "$work/result.runtime$i" >>"$all"
+    run_variant "runtime$i" "$work/loop_iprobe" --functions empty "${entry_only[@]}" --ring-records 8388608 --runtime "$rt"
+    awk -v i="$i" -v e="$events_a_call" '$1 >= 100000 { print i, $1, $2 / e }' "$work/result.runtime$i" >>"$all"
     i=$((i + 1))
   done
 done
 
 count_instructions() {  # RUNTIME: instructions of the 2001st traced call, site to caller
   start "$work/loop_iprobe" "$max_exp"
-  "$iprobe" attach "$pid" --functions empty --ring-records 8388608 --runtime "$1" >/dev/null
+  "$iprobe" attach "$pid" --functions empty "${entry_only[@]}" --ring-records 8388608 --runtime "$1" >/dev/null
   gdb -p "$pid" -batch -ex 'set pagination off' -ex 'hbreak empty' -ex 'ignore 1 2000' \
     -ex 'queue-signal SIGUSR1' -ex 'continue' -ex 'python
 import gdb
