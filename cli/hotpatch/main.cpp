@@ -490,7 +490,8 @@ int report_folded(const Args& args, Output& out) {
         if (stacks.size() >= kMaxThreads && !stacks.count(e.tid)) return;
         auto& stack = stacks[e.tid];
         if (e.kind == probelist::ProbeKind::entry) {
-            if (stack.size() < kMaxDepth) stack.push_back({info.function, e.tsc, 0});
+            // an entry whose exit is not traced has no time to fold
+            if (e.exit_traced && stack.size() < kMaxDepth) stack.push_back({info.function, e.tsc, 0});
         } else if (e.kind == probelist::ProbeKind::exit) {
             // Unwind to the matching frame (events may have been dropped).
             auto it = std::find_if(stack.rbegin(), stack.rend(), [&](const Frame& f) { return f.function == info.function; });

@@ -91,7 +91,10 @@ public:
         JsonWriter j;
         j.begin_object()
             .field("name", r.function)
-            .field("ph", r.kind == probelist::ProbeKind::entry ? "B" : r.kind == probelist::ProbeKind::exit ? "E" : "i")
+            // an entry whose exit is not traced is an instant: a "B" would stay open to the end
+            .field("ph", r.kind == probelist::ProbeKind::entry && r.exit_traced ? "B"
+                         : r.kind == probelist::ProbeKind::exit               ? "E"
+                                                                              : "i")
             .field("ts", static_cast<double>(r.time_ns) / 1000.0)
             .field("pid", static_cast<std::int64_t>(pid_))
             .field("tid", r.tid);

@@ -471,7 +471,8 @@ void TraceFileWriter::write(const RecordRun& run) {
         }
         const std::uint64_t delta = r.tsc - previous;
         const std::uint32_t kind = r.kind - 1u;  // entry 0, exit 1, point 2
-        if (kind < 3 && (r.nargs | r.depth) == 0 && r.probe < kProbeLimit && delta < kDeltaLimit) [[likely]] {
+        // (a record with a values spec keeps it, words or not: its flags say how it nests)
+        if (kind < 3 && (r.nargs | r.depth | r.values) == 0 && r.probe < kProbeLimit && delta < kDeltaLimit) [[likely]] {
             const std::uint64_t word = kind | std::uint64_t{r.probe} << 2 | delta << 24;
             std::memcpy(out, &word, 8);
             out += 8;
@@ -664,6 +665,7 @@ bool TraceFileReader::next(const std::function<void(const Event&)>& sink) {
                 tsc += w >> 24;
                 e.kind = kind_of(static_cast<std::uint8_t>(w & 3), path_);
                 e.probe = static_cast<std::uint32_t>(w >> 2) & (kProbeLimit - 1);
+                if (e.probe < probes_.size()) entry_without_exit(e, probes_[e.probe].kind, 0);
             } else if ((w >> 2 & 0xff) == 0) {  // a values event
                 if (version_ < kVersion) throw Error(path_ + ": corrupt trace file (a values event in a version " +
                                                          std::to_string(version_) + " file)",
@@ -683,6 +685,7 @@ bool TraceFileReader::next(const std::function<void(const Event&)>& sink) {
                 e.probe = static_cast<std::uint32_t>(where);
                 e.depth = static_cast<std::uint16_t>(where >> 32);
                 e.inlined_copy = e.kind == probelist::ProbeKind::entry && (spec & IPROBE_RT_VALUES_COPY);
+                entry_without_exit(e, probelist::ProbeKind::entry, spec);
                 if (records) {
                     values.assign(4 * records, 0);
                     std::memcpy(values.data(), word, 8 * kept);
@@ -704,6 +707,7 @@ bool TraceFileReader::next(const std::function<void(const Event&)>& sink) {
                 e.depth = r.depth;
                 e.frame = r.frame;
                 e.inlined_copy = r.kind == IPROBE_RT_REC_ENTRY && (r.values & IPROBE_RT_VALUES_COPY);
+                if (e.probe < probes_.size()) entry_without_exit(e, probes_[e.probe].kind, r.values);
                 if (n == 2) {
                     e.nargs = 4;
                     std::memcpy(e.args, word + sizeof r, sizeof e.args);

@@ -327,6 +327,8 @@ std::size_t TraceReader::decode(const RecordRun& run, const std::function<void(c
         } else {
             continue;
         }
+        if (r.probe < impl_->region.probe_count())
+            entry_without_exit(e, static_cast<probelist::ProbeKind>(impl_->region.probes()[r.probe].kind), r.values);
         d.pending = std::move(e);
         d.remaining = more;
         d.open = true;
@@ -483,6 +485,7 @@ void CallNesting::records(const Event& e, const ProbeInfo& info, const std::func
             sink(u);
         }
     TraceRecord r{e.time_ns, e.tid, e.kind, info.function, 0, {}, e.depth != 0};
+    r.exit_traced = e.exit_traced;
     if (e.kind == probelist::ProbeKind::point) r.args.assign(e.args, e.args + std::min<int>(e.nargs, 4));
     if (e.kind == probelist::ProbeKind::entry && e.has_values) {
         r.has_arguments = true;
@@ -498,7 +501,7 @@ void CallNesting::records(const Event& e, const ProbeInfo& info, const std::func
     r.depth = depth(stack.size());
     r.retval = e.retval;
     r.backtrace = e.backtrace;
-    if (e.kind == probelist::ProbeKind::entry) {
+    if (e.kind == probelist::ProbeKind::entry && e.exit_traced) {
         if (stack.size() >= kMaxOpen) stack.pop_front();  // bounded: the target writes the rings
         stack.push_back({e.frame, info.function, r.has_arguments, r.arguments});
     }

@@ -599,6 +599,14 @@ static inline __attribute__((always_inline)) void ring_append(struct iprobe_rt_c
     }
     const uint64_t extra = values ? (values->nwords + 3) / 4 : 0;
     const uint64_t need = args ? 2 : 1 + extra;
+    /* An entry whose call's exit is not traced (its probe untimed: no exit
+     * of its function on) opens no call in a reader: a point at the entry
+     * probe, or with values marked so (rt_layout.h, IPROBE_RT_REC_POINT). */
+    uint32_t no_exit = 0;
+    if (kind == IPROBE_RT_REC_ENTRY && !probe_of(cb, probe)->timed) {
+        if (values) no_exit = IPROBE_RT_VALUES_NO_EXIT;
+        else kind = IPROBE_RT_REC_POINT;
+    }
     t->depth++;
     BARRIER();
     /* One instruction, so a signal handler probing in this thread sees the
@@ -617,7 +625,7 @@ static inline __attribute__((always_inline)) void ring_append(struct iprobe_rt_c
     record->nargs = args ? 4 : (uint8_t)extra;
     record->depth = (uint16_t)(t->depth - 1);
     record->frame = values ? values->frame : 0;
-    record->values = values ? values->spec : 0;
+    record->values = values ? values->spec | no_exit : 0;
     if (args) {
         struct iprobe_rt_args_record* more = (struct iprobe_rt_args_record*)&t->records[(index + 1) & t->mask];
         for (int i = 0; i < 4; i++) more->args[i] = args[i];

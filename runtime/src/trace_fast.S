@@ -416,7 +416,9 @@ iprobe_rt_trace_enter_id_nop:
     mov %rax, %r8                                /* now */
     imul $FAST_STATS_SIZE, %r10, %rax
     addq $1, FAST_STATS_CALLS(%rcx,%rax)
-    APPEND_RECORD FAST_REC_ENTRY, %rsi, 8f, 1
+    /* a point at the entry probe: no exit of this function is on
+     * (rt_layout.h, IPROBE_RT_REC_POINT; ring_append does the same) */
+    APPEND_RECORD FAST_REC_POINT, %rsi, 8f, 1
     ENTRY_ONLY_RESTORE
     /* on at the site's end, no return hooked (what the jump reads stays in
      * the red zone for one instruction, as ENTRY_SITE_GO_ON's) */

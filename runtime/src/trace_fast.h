@@ -81,6 +81,7 @@
 #define FAST_HIST_BUCKETS 48 /* IPROBE_RT_HIST_BUCKETS */
 #define FAST_REC_ENTRY 1
 #define FAST_REC_EXIT 2
+#define FAST_REC_POINT 3 /* an entry-only event: the entry of a call whose exit is not traced */
 #define FAST_COOKIE_TIMED 1 /* rt.c's COOKIE_TIMED */
 
 #ifndef __ASSEMBLER__
@@ -157,7 +158,7 @@ _Static_assert(offsetof(struct iprobe_rt_ring, head) == FAST_RING_HEAD &&
                    offsetof(struct iprobe_rt_record, depth) == FAST_RECORD_DEPTH &&
                    offsetof(struct iprobe_rt_record, values) == FAST_RECORD_VALUES &&
                    offsetof(struct iprobe_rt_record, frame) == FAST_RECORD_FRAME && IPROBE_RT_REC_ENTRY == FAST_REC_ENTRY &&
-                   IPROBE_RT_REC_EXIT == FAST_REC_EXIT,
+                   IPROBE_RT_REC_EXIT == FAST_REC_EXIT && IPROBE_RT_REC_POINT == FAST_REC_POINT,
                "trace_fast.S writes records");
 
 /* 1 while the mapped region's clock is the TSC (the fast path reads it with

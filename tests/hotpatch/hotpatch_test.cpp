@@ -16,6 +16,7 @@
 #include <functional>
 #include <map>
 #include <random>
+#include <sstream>
 #include <thread>
 
 #include "hotpatch_fixture.h"
@@ -246,6 +247,85 @@ TEST_F(HotpatchTest, ProbesInASharedLibraryAndTraceFormats) {
     auto folded = iprobe({"report", pid, "--folded"});
     EXPECT_EQ(folded.exit_code, 0);
     ASSERT_EQ(iprobe({"detach", pid}).exit_code, 0);
+}
+
+// An entry-only function (leaf, --entry-only) called inside a traced one
+// (work, entry and exit): each of its entries sits inside the call of work
+// open around it and opens no call of its own (an exit never comes), in the
+// live stream and in a file converted to every format alike.  Lossless
+// from before work is on, so no exit is dropped under an open call.
+TEST_F(HotpatchTest, AnEntryWithoutItsExitSitsInsideTheCallAroundIt) {
+    HpTarget target(1);
+    const std::string pid = pid_of(target);
+    TempDir dir;
+    // leaf on, a lossless `trace ARGS` running, then work on: what it wrote
+    auto trace_while_work_is_on = [&](std::vector<std::string> args, const std::string& out) {
+        EXPECT_EQ(iprobe({"attach", pid, "--functions", "leaf", "--entry-only"}).exit_code, 0);
+        args.insert(args.begin(), {iprobe_bin(), "trace", pid, "--lossless"});
+        Child trace(args, dir / out);
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));  // the writer is draining
+        EXPECT_EQ(iprobe({"attach", pid, "--functions", "work"}).exit_code, 0);
+        // until the stream it prints has reached work's calls (lossless, the
+        // target waits for a writer still behind on leaf's)
+        const auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+        for (std::string tail; tail.find("\"kind\":\"exit\",\"function\":\"work\"") == std::string::npos &&
+                               std::chrono::steady_clock::now() < give_up;) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+            std::ifstream in(dir / out, std::ios::ate);
+            const auto size = static_cast<std::streamoff>(in.tellg());
+            tail.assign(1 << 16, '\0');
+            in.seekg(std::max<std::streamoff>(0, size - static_cast<std::streamoff>(tail.size())));
+            in.read(tail.data(), static_cast<std::streamsize>(tail.size()));
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        trace.kill(SIGINT);
+        EXPECT_EQ(trace.wait(std::chrono::seconds(60)), 0);
+        EXPECT_EQ(iprobe({"detach", pid}).exit_code, 0);
+        // what the rings kept after the writer stopped (a call of work whose
+        // exit the detach lost among it) is not the next writer's
+        EXPECT_EQ(iprobe({"trace", pid, "--duration", "0", "--format", "json"}).exit_code, 0);
+        return file_text(dir / out);
+    };
+    // The JSON lines from the first entry of work on (before it, leaf alone).
+    auto check_json = [](const std::string& stream, const std::string& what) {
+        long leaves = 0, works = 0, work_exits = 0, misplaced = 0;
+        std::string first_misplaced;
+        bool in_work = false;
+        std::istringstream lines(stream);
+        for (std::string line; std::getline(lines, line);) {
+            if (line.empty() || line[0] != '{') continue;  // the writer's own words on stderr
+            const bool leaf = line.find("\"function\":\"leaf\"") != std::string::npos;
+            const bool entry = line.find("\"kind\":\"entry\"") != std::string::npos;
+            if (!in_work && !(entry && !leaf)) continue;
+            in_work = true;
+            const bool placed = leaf ? entry && line.find("\"depth\":1,\"exit_traced\":false}") != std::string::npos
+                                     : line.find("\"depth\":0}") != std::string::npos;
+            if (!placed && misplaced++ == 0) first_misplaced = line;
+            (leaf ? leaves : entry ? works : work_exits)++;
+        }
+        EXPECT_EQ(misplaced, 0) << what << ", the first: " << first_misplaced;
+        EXPECT_GT(works, 1000) << what;
+        // one leaf a call of work (the stream may end between the two)
+        EXPECT_LE(leaves, works) << what;
+        EXPECT_GE(leaves, works - 1) << what;
+        EXPECT_GE(work_exits, works - 1) << what << ": only the last call of work may still be open";
+    };
+    check_json(trace_while_work_is_on({"--format", "json"}, "live.json"), "live");
+
+    const std::string file = dir / "trace.iprobe";
+    trace_while_work_is_on({"--output", file, "--format", "json"}, "writer.out");
+    auto json = iprobe({"trace", "--input", file, "--format", "json"});
+    ASSERT_EQ(json.exit_code, 0) << json.err;
+    check_json(json.out, "file");
+    auto chrome = iprobe({"trace", "--input", file, "--format", "chrome"});
+    EXPECT_EQ(chrome.out.find("{\"name\":\"leaf\",\"ph\":\"B\""), std::string::npos) << "a leaf span never ended";
+    EXPECT_NE(chrome.out.find("{\"name\":\"leaf\",\"ph\":\"i\""), std::string::npos) << chrome.out.substr(0, 300);
+    EXPECT_NE(chrome.out.find("{\"name\":\"work\",\"ph\":\"B\""), std::string::npos);
+    auto text = iprobe({"trace", "--input", file});
+    // "TID   -> leaf" (indented once: inside work), never deeper
+    EXPECT_NE(text.out.find("   -> leaf\n"), std::string::npos) << "inside work: " << text.out.substr(0, 300);
+    EXPECT_EQ(text.out.find("     -> "), std::string::npos) << "nothing nests inside leaf";
+    EXPECT_EQ(text.out.find("<- leaf"), std::string::npos);
 }
 
 TEST_F(HotpatchTest, TraceToABinaryFileConvertsToEveryFormat) {

@@ -218,6 +218,30 @@ TEST_P(TypedValuesTest, TextPrintsCallsWithValuesNestedPerThread) {
     EXPECT_EQ(json_calls(r.out, "v_string"), 4) << r.out;
 }
 
+// Arguments of the entries alone (--entry-only --args): each call of the
+// recursion is an entry that opens no call (its exit is not traced), so
+// every call of fib(10) sits at the thread's depth 0, live and in the file
+// alike, and none has an exit.
+TEST_P(TypedValuesTest, EntryOnlyArgumentsOpenNoCall) {
+    attach({"--args", "--entry-only", "--functions", "fib"});
+    const std::string json = file_is_live("fib 10");
+    // file_is_live ran it once a format, three times
+    const long long calls = json_calls(iprobe({"report", pid_, "--json"}).out, "fib") / 3;
+    EXPECT_GT(calls, 10);
+    EXPECT_EQ(lines_with(json, {entry_of("fib"), "\"depth\":0,\"exit_traced\":false,\"args\":[{\"name\":\"n\""}).size(),
+              static_cast<std::size_t>(calls))
+        << json;
+    EXPECT_EQ(lines_with(json, {"\"function\":\"fib\""}).size(), static_cast<std::size_t>(calls)) << json;
+    EXPECT_EQ(lines_with(json, {"\"ph\":\"B\""}).size(), 0u);
+    EXPECT_EQ(lines_with(json, {entry_of("fib"), "\"args\":[" + arg("n", "int", "10") + "]"}).size(), 1u) << json;
+    EXPECT_EQ(lines_with(json, {entry_of("fib"), "\"args\":[" + arg("n", "int", "9") + "]"}).size(), 1u) << json;
+    target_->command("fib 3");
+    const std::string text = trace("text");
+    EXPECT_EQ(lines_with(text, {" -> fib(n=3)"}).size(), 1u) << text;
+    EXPECT_EQ(lines_with(text, {"   -> fib"}).size(), 0u) << "nothing nested\n" << text;
+    EXPECT_EQ(lines_with(text, {"<- fib"}).size(), 0u) << text;
+}
+
 TEST_P(TypedValuesTest, BacktraceNamesTheCallersWithTheirLines) {
     attach({"--args", "--backtrace=3", "--functions", "bt_*"});
     EXPECT_EQ(target_->command("bt 1"), 11);

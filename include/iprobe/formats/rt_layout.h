@@ -40,7 +40,7 @@ extern "C" {
 #endif
 
 #define IPROBE_RT_MAGIC "IPROBERT"
-#define IPROBE_RT_VERSION 8u
+#define IPROBE_RT_VERSION 9u
 #define IPROBE_RT_MEMFD_PREFIX "iprobe." /* memfd name iprobe.<pid>: /proc/PID/fd shows /memfd:iprobe.<pid> (deleted) */
 #define IPROBE_RT_PATH_MAX 256
 #define IPROBE_RT_CACHELINE 64
@@ -58,7 +58,10 @@ extern "C" {
 enum iprobe_rt_record_kind {
     IPROBE_RT_REC_ENTRY = 1,
     IPROBE_RT_REC_EXIT = 2,
-    IPROBE_RT_REC_POINT = 3,      /* followed by one IPROBE_RT_REC_ARGS record when nargs > 0 */
+    IPROBE_RT_REC_POINT = 3,      /* followed by one IPROBE_RT_REC_ARGS record when nargs > 0; at an
+                                   * entry probe: the entry of a call whose exit is not traced (none
+                                   * of its function's exits on: attach --entry-only), which a reader
+                                   * places in its thread's nesting without opening a call */
     IPROBE_RT_REC_ARGS = 4        /* continuation: the point's integer arguments */
 };
 
@@ -89,6 +92,10 @@ enum iprobe_rt_record_kind {
 #define IPROBE_RT_VALUES_COPY 0x20u     /* with AT_SITE: an inlined copy's entry, whose frame is its host's
                                           * return slot: a reader nests it in the call open at that frame
                                           * rather than taking it for a new call there (the old one gone) */
+#define IPROBE_RT_VALUES_NO_EXIT 0x40u  /* in a record's spec only (the runtime's, never the attacher's):
+                                          * an entry recorded with values whose call's exit is not traced,
+                                          * as a plain one is a point at its entry probe (see
+                                          * IPROBE_RT_REC_POINT) */
 #define IPROBE_RT_VALUES_GPRS 6
 #define IPROBE_RT_VALUES_XMMS 8
 #define IPROBE_RT_STRING_BYTES 64

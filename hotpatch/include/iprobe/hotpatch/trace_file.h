@@ -11,7 +11,9 @@
 //   blocks   one thread's events in order: u32 tid, u32 words, u64 base_tsc,
 //            then `words` u64 words, each
 //              an event   bits 0-1 kind (0 entry, 1 exit, 2 point without
-//                         arguments), bits 2-23 the global probe index,
+//                         arguments; at an entry probe: an entry whose
+//                         call's exit is not traced, attach --entry-only),
+//                         bits 2-23 the global probe index,
 //                         bits 24-63 ticks since the block's previous event
 //                         (base_tsc for the first)                  (8 bytes)
 //              an escape  bits 0-1 = 3, bits 2-9 = n > 0: n raw 32-byte ring
@@ -22,7 +24,10 @@
 //                         back or >= 2^40 ticks.  Its tsc becomes the
 //                         block's previous one.
 //              a values   an ENTRY or EXIT the values path recorded
-//              event      (attach --args/--retval/--backtrace/--when;
+//              event      (attach --args/--retval/--backtrace/--when; a
+//                         record with a values spec, words or none; spec
+//                         flag IPROBE_RT_VALUES_NO_EXIT: an entry whose
+//                         exit is not traced;
 //                         iprobe_rt_record.values, .frame): bits 0-1 = 3,
 //                         bits 2-9 = 0, bits 10-11 kind (0 entry, 1 exit),
 //                         bits 12-19 its continuation records (as many as

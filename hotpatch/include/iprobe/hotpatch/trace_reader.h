@@ -61,11 +61,28 @@ struct Event {
     // An inlined copy's entry (IPROBE_RT_VALUES_COPY): `frame` is its host's,
     // so it nests in the call open there instead of ending it.
     bool inlined_copy = false;
+    // An entry whose call's exit is not traced (none of its function's exits
+    // on: attach --entry-only): it opens no call.  See entry_without_exit.
+    bool exit_traced = true;
     bool has_values = false;         // entry: args recorded; exit: the return registers
     std::vector<Value> values;       // entry: the arguments
     std::optional<Value> retval;     // exit: nullopt for void (or not recorded)
     std::vector<Frame> backtrace;
 };
+
+// How the runtime records an entry whose call's exit is not traced
+// (rt_layout.h, IPROBE_RT_REC_POINT): as a point at the entry probe, or, with
+// values, an entry whose record spec has IPROBE_RT_VALUES_NO_EXIT.  Makes
+// either an entry with `exit_traced` false; `probe_kind` is the kind of
+// `e.probe` in its probe table, `spec` the record's values spec (0 without).
+inline void entry_without_exit(Event& e, probelist::ProbeKind probe_kind, std::uint32_t spec) {
+    if (e.kind == probelist::ProbeKind::point && probe_kind == probelist::ProbeKind::entry) {
+        e.kind = probelist::ProbeKind::entry;
+        e.exit_traced = false;
+    } else if (e.kind == probelist::ProbeKind::entry && (spec & IPROBE_RT_VALUES_NO_EXIT)) {
+        e.exit_traced = false;
+    }
+}
 
 struct ProbeInfo {
     std::string function;  // demangled
@@ -96,6 +113,9 @@ struct TraceRecord {
     // An exit nobody saw: the call's frame was unwound (an exception,
     // longjmp), found when a later event of its thread sat at or above it.
     bool unwound = false;
+    // An entry whose call's exit is not traced (attach --entry-only): it
+    // opens no call, so what follows stays at its depth.
+    bool exit_traced = true;
     bool operator==(const TraceRecord&) const = default;
 };
 // The nesting of each thread's calls as events come (the tids come from
