@@ -125,6 +125,7 @@ TraceRecord record_of(const Json& doc) {
     doc.at("depth").get_to(r.depth);
     r.unwound = doc.value("unwound", false);
     r.exit_traced = doc.value("exit_traced", true);
+    r.dropped_before = doc.value("dropped_before", std::uint64_t{0});
     if (doc.contains("args")) {
         if (r.kind == probelist::ProbeKind::point) {
             doc.at("args").get_to(r.args);
@@ -223,6 +224,7 @@ void write_trace_record_fields(JsonWriter& j, const TraceRecord& r, bool with_te
         .field("depth", r.depth);
     if (r.unwound) j.field("unwound", true);
     if (!r.exit_traced) j.field("exit_traced", false);
+    if (r.dropped_before) j.field("dropped_before", r.dropped_before);
     if (r.kind == probelist::ProbeKind::point) {
         j.key("args").begin_array();
         for (std::uint64_t a : r.args) j.value(a);

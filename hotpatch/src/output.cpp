@@ -99,9 +99,10 @@ public:
             .field("pid", static_cast<std::int64_t>(pid_))
             .field("tid", r.tid);
         const bool arguments = r.kind == probelist::ProbeKind::entry && r.has_arguments;
-        if (arguments || r.retval || !r.backtrace.empty() || r.unwound) {
+        if (arguments || r.retval || !r.backtrace.empty() || r.unwound || r.dropped_before) {
             j.key("args").begin_object();
             if (r.unwound) j.field("unwound", true);
+            if (r.dropped_before) j.field("dropped_before", r.dropped_before);
             if (arguments)
                 for (const Value& v : r.arguments) j.key(v.name).raw(v.json.empty() ? "null" : v.json);
             if (r.retval) j.key("retval").raw(r.retval->json.empty() ? "null" : r.retval->json);
@@ -462,6 +463,8 @@ std::string trace_text_line(const TraceRecord& r) {
     std::snprintf(head, sizeof head, "%" PRIu64 ".%09" PRIu64 " %7u ", static_cast<std::uint64_t>(r.time_ns / 1000000000ull),
                   static_cast<std::uint64_t>(r.time_ns % 1000000000ull), r.tid);
     std::string line = head;
+    // where the thread's ring dropped events (it was full): said on a line of its own
+    if (r.dropped_before) line += "-- " + std::to_string(r.dropped_before) + " events dropped here (ring full) --\n" + head;
     line.append(static_cast<std::size_t>(r.depth) * 2, ' ');
     line += r.kind == probelist::ProbeKind::entry ? "-> " : r.kind == probelist::ProbeKind::exit ? "<- " : "@ ";
     line += r.function;

@@ -23,6 +23,8 @@ constexpr char kMagic[8] = {'I', 'P', 'R', 'B', 'T', 'R', 'C', '1'};
 constexpr char kEnd[8] = {'I', 'P', 'R', 'B', 'E', 'N', 'D', '1'};
 constexpr std::uint32_t kVersion = kTraceFileVersion;
 constexpr std::uint32_t kOldestVersion = 2;  // read too: its events are version 3's without values
+constexpr std::uint32_t kValuesVersion = 3;  // the first with values events
+constexpr std::uint32_t kGapsVersion = 4;    // the first with GAP records (where a ring dropped events)
 constexpr std::size_t kMinHeader = 16, kHeader = 40, kFooter = 16, kBlockHead = 16;
 constexpr std::uint64_t kEscape = 3, kProbeLimit = 1u << 22, kDeltaLimit = 1ull << 40;
 // A values event's head word: what a raw escape (n > 0) never is.
@@ -470,6 +472,14 @@ void TraceFileWriter::write(const RecordRun& run) {
             previous = r.tsc;
         }
         const std::uint64_t delta = r.tsc - previous;
+        if (r.kind == IPROBE_RT_REC_GAP) [[unlikely]] {  // where the ring dropped events: kept raw, no event
+            const std::uint64_t escape = kEscape | 1u << 2;
+            std::memcpy(out, &escape, 8);
+            std::memcpy(out + 8, &r, sizeof r);
+            out += 8 + sizeof r;
+            previous = r.tsc;
+            continue;
+        }
         const std::uint32_t kind = r.kind - 1u;  // entry 0, exit 1, point 2
         // (a record with a values spec keeps it, words or not: its flags say how it nests)
         if (kind < 3 && (r.nargs | r.depth | r.values) == 0 && r.probe < kProbeLimit && delta < kDeltaLimit) [[likely]] {
@@ -572,7 +582,7 @@ TraceFileReader::TraceFileReader(const std::string& path) : path_(path) {
         throw Error(path + " is not an iprobe trace file (written by 'iprobe trace --output')", ExitCode::bad_input);
     std::uint32_t version;
     std::memcpy(&version, head + sizeof kMagic, 4);
-    if (version != kVersion && version != kOldestVersion)
+    if (version < kOldestVersion || version > kVersion)
         throw Error(path + ": trace file version " + std::to_string(version) + ", but this iprobe reads versions " +
                         std::to_string(kOldestVersion) + " to " + std::to_string(kVersion) + " (written by " +
                         (version < kVersion ? "an older" : "a newer") + " iprobe: convert it with that one)",
@@ -667,7 +677,7 @@ bool TraceFileReader::next(const std::function<void(const Event&)>& sink) {
                 e.probe = static_cast<std::uint32_t>(w >> 2) & (kProbeLimit - 1);
                 if (e.probe < probes_.size()) entry_without_exit(e, probes_[e.probe].kind, 0);
             } else if ((w >> 2 & 0xff) == 0) {  // a values event
-                if (version_ < kVersion) throw Error(path_ + ": corrupt trace file (a values event in a version " +
+                if (version_ < kValuesVersion) throw Error(path_ + ": corrupt trace file (a values event in a version " +
                                                          std::to_string(version_) + " file)",
                                                      ExitCode::bad_input);
                 const std::size_t head = w & kValuesFrame ? 3 : 2, kept = w >> 20 & kValuesMaxWords;
@@ -698,6 +708,12 @@ bool TraceFileReader::next(const std::function<void(const Event&)>& sink) {
                     throw Error(path_ + ": corrupt trace file (escaped record)", ExitCode::bad_input);
                 iprobe_rt_record r;
                 std::memcpy(&r, word, sizeof r);
+                if (r.kind == IPROBE_RT_REC_GAP && n == 1 && version_ >= kGapsVersion) {
+                    gap_ = r.frame, gap_tid_ = tid;
+                    tsc = r.tsc;
+                    word += sizeof r;
+                    continue;
+                }
                 if (r.kind < IPROBE_RT_REC_ENTRY || r.kind > IPROBE_RT_REC_POINT)
                     throw Error(path_ + ": corrupt trace file (event kind " + std::to_string(r.kind) + ")",
                                 ExitCode::bad_input);
@@ -716,6 +732,7 @@ bool TraceFileReader::next(const std::function<void(const Event&)>& sink) {
             }
             e.tsc = tsc;
             e.time_ns = clock_.ns(tsc);
+            if (gap_ && gap_tid_ == tid) e.dropped_before = std::exchange(gap_, 0);
             sink(e);
         }
         used += length;

@@ -11,6 +11,7 @@
 #include <map>
 #include <set>
 #include <optional>
+#include <utility>
 
 #include "iprobe/hotpatch/hotpatch.h"
 #include "iprobe/support/error.h"
@@ -132,6 +133,8 @@ struct TraceReader::Impl {
         std::uint32_t spec = 0;            // the spec they were written under (iprobe_rt_record.values)
         std::uint32_t ring = UINT32_MAX;
         std::uint64_t next_at = 0;         // where the pending event's next record is
+        std::uint64_t gap = 0;             // a GAP record's count, for its ring's next event
+        std::uint32_t gap_ring = UINT32_MAX;
     } decoding;
 
     void load_new_modules() {
@@ -324,9 +327,14 @@ std::size_t TraceReader::decode(const RecordRun& run, const std::function<void(c
             e.inlined_copy = r.kind == IPROBE_RT_REC_ENTRY && (r.values & IPROBE_RT_VALUES_COPY);
             more = r.nargs;
             d.spec = r.values;
+        } else if (r.kind == IPROBE_RT_REC_GAP) {
+            d.gap = r.frame;
+            d.gap_ring = run.ring;
+            continue;
         } else {
             continue;
         }
+        if (d.gap && d.gap_ring == run.ring) e.dropped_before = std::exchange(d.gap, 0);
         if (r.probe < impl_->region.probe_count())
             entry_without_exit(e, static_cast<probelist::ProbeKind>(impl_->region.probes()[r.probe].kind), r.values);
         d.pending = std::move(e);
@@ -472,6 +480,9 @@ void CallNesting::records(const Event& e, const ProbeInfo& info, const std::func
     // means the open one is gone without an exit: unwound.  At it: a new
     // call there ends the one before, but an inlined copy's entry (its
     // frame is its host's) or an exit is inside it.
+    // After a gap the calls open before it may have ended unseen: the
+    // thread's nesting starts afresh, and the record says how many were missed.
+    if (e.dropped_before) stack.clear();
     const bool new_frame = e.kind == probelist::ProbeKind::entry && !e.inlined_copy;
     if (e.frame && e.depth == 0)
         while (!stack.empty() && stack.back().frame &&
@@ -486,6 +497,7 @@ void CallNesting::records(const Event& e, const ProbeInfo& info, const std::func
         }
     TraceRecord r{e.time_ns, e.tid, e.kind, info.function, 0, {}, e.depth != 0};
     r.exit_traced = e.exit_traced;
+    r.dropped_before = e.dropped_before;
     if (e.kind == probelist::ProbeKind::point) r.args.assign(e.args, e.args + std::min<int>(e.nargs, 4));
     if (e.kind == probelist::ProbeKind::entry && e.has_values) {
         r.has_arguments = true;

@@ -557,7 +557,7 @@ struct payload {
  * 1 when they fit after all (the reader freed room, or a lossless trace
  * waited for it), 0 when they were given back and counted as dropped. */
 static __attribute__((noinline, cold)) int make_room(struct iprobe_rt_control* cb, struct thread_producer* t,
-                                                      uint64_t index, uint64_t need) {
+                                                      uint64_t index, uint64_t need, uint64_t lead) {
     t->tail_seen = __atomic_load_n(&t->ring->tail, __ATOMIC_ACQUIRE);
     /* Handlers nest LIFO: any nested reservation made after ours has
      * been rolled back already, unless the reader freed room meanwhile,
@@ -565,7 +565,8 @@ static __attribute__((noinline, cold)) int make_room(struct iprobe_rt_control* c
     if (index + need - t->tail_seen > t->mask + 1 &&
         (!__atomic_load_n(&cb->lossless, __ATOMIC_RELAXED) || !wait_for_room(cb, t, index + need)) &&
         cas_local(&t->reserve, index + need, index)) {
-        __atomic_fetch_add(&t->ring->dropped, need, __ATOMIC_RELAXED);
+        __atomic_fetch_add(&t->ring->dropped, need - lead, __ATOMIC_RELAXED);
+        add_local(&t->gap, 1);
         return 0;
     }
     return 1;
@@ -573,7 +574,7 @@ static __attribute__((noinline, cold)) int make_room(struct iprobe_rt_control* c
 
 /* trace_fast.S's one record (the region is mapped: it checked). */
 __attribute__((visibility("hidden"))) int iprobe_rt_trace_ring_full(uint64_t index) {
-    return make_room(control(), &t_producer, index, 1);
+    return make_room(control(), &t_producer, index, 1, 0);
 }
 
 #define RING_PREFETCH FAST_RING_PREFETCH /* records: 4 KiB ahead (bench/hotpatch: 64 to 512 did as well) */
@@ -609,10 +610,32 @@ static inline __attribute__((always_inline)) void ring_append(struct iprobe_rt_c
     }
     t->depth++;
     BARRIER();
+    /* Events dropped since this thread's last record: a GAP record first
+     * (one place more, not counted as a drop itself).  Taken in one
+     * instruction, so a signal handler writes it once; given back when this
+     * event is dropped too. */
+    uint64_t gap = 0;
+    if (UNLIKELY(*(volatile uint64_t*)&t->gap != 0)) gap = __atomic_exchange_n(&t->gap, 0, __ATOMIC_RELAXED);
+    const uint64_t lead = gap != 0;
     /* One instruction, so a signal handler probing in this thread sees the
      * reservation either whole or not at all. */
-    const uint64_t index = xadd_local(&t->reserve, need);
-    if (UNLIKELY(index + need - t->tail_seen > t->mask + 1) && !make_room(cb, t, index, need)) goto out;
+    const uint64_t first = xadd_local(&t->reserve, need + lead);
+    if (UNLIKELY(first + need + lead - t->tail_seen > t->mask + 1) && !make_room(cb, t, first, need + lead, lead)) {
+        if (gap) add_local(&t->gap, gap);
+        goto out;
+    }
+    if (UNLIKELY(lead)) {
+        struct iprobe_rt_record* g = &t->records[first & t->mask];
+        g->tsc = now;
+        g->probe = 0;
+        g->tid = t->tid;
+        g->kind = IPROBE_RT_REC_GAP;
+        g->nargs = 0;
+        g->depth = (uint16_t)(t->depth - 1);
+        g->values = 0;
+        g->frame = gap;
+    }
+    const uint64_t index = first + lead;
     struct iprobe_rt_record* record = &t->records[index & t->mask];
     /* The ring is written once through, a cache line per two records: ask
      * for the line RING_PREFETCH records ahead now, so its fetch is not

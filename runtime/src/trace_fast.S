@@ -204,6 +204,8 @@ iprobe_rt_trace_enter_fast:
     je 7f
     cmpq $0, %fs:PRODUCER_RING(%r9)
     je 7f
+    cmpq $0, %fs:PRODUCER_GAP(%r9)               /* events dropped: C writes the GAP first */
+    jne 7f
     /* a return entry, as the count handler takes one */
     mov %fs:RET_THREAD_NEXT(%rcx), %r11
     cmp %fs:RET_THREAD_LIMIT(%rcx), %r11
@@ -309,6 +311,8 @@ iprobe_rt_trace_exit_fast:
     je 7f
     cmpq $0, %fs:PRODUCER_RING(%r9)
     je 7f
+    cmpq $0, %fs:PRODUCER_GAP(%r9)               /* events dropped: C writes the GAP first */
+    jne 7f
     /* the frame on top is this function's (exit_timed's common case:
      * nothing skipped by longjmp, not deeper than the frames kept) */
     mov FAST_THREAD_DEPTH(%rcx), %esi
@@ -410,6 +414,8 @@ iprobe_rt_trace_enter_id_nop:
     mov iprobe_rt_producer@gottpoff(%rip), %r9
     cmpq $0, %fs:PRODUCER_RING(%r9)
     je 7f
+    cmpq $0, %fs:PRODUCER_GAP(%r9)               /* events dropped: C writes the GAP first */
+    jne 7f
     rdtsc
     shl $32, %rdx
     or %rdx, %rax

@@ -35,6 +35,7 @@
 #define PRODUCER_TID 40
 #define PRODUCER_DEPTH 44
 #define PRODUCER_SLOT 56
+#define PRODUCER_GAP 64
 
 /* rt_layout.h: struct iprobe_rt_probe */
 #define FAST_PROBE_SHIFT 6 /* 64 bytes a probe */
@@ -105,6 +106,7 @@ struct thread_producer {
     uint8_t claiming_slot;
     uint8_t no_slot;      /* no free thread slot, or thread exiting */
     struct iprobe_rt_thread* slot; /* its sums: iprobe_rt_thread.stats */
+    uint64_t gap;         /* events dropped since its last record: a GAP record goes first */
 };
 
 #include <stddef.h>
@@ -118,7 +120,8 @@ _Static_assert(offsetof(struct thread_producer, ring) == PRODUCER_RING &&
                    offsetof(struct thread_producer, tail_seen) == PRODUCER_TAIL_SEEN &&
                    offsetof(struct thread_producer, tid) == PRODUCER_TID &&
                    offsetof(struct thread_producer, depth) == PRODUCER_DEPTH &&
-                   offsetof(struct thread_producer, slot) == PRODUCER_SLOT,
+                   offsetof(struct thread_producer, slot) == PRODUCER_SLOT &&
+                   offsetof(struct thread_producer, gap) == PRODUCER_GAP,
                "trace_fast.S reads the producer");
 _Static_assert(sizeof(struct iprobe_rt_probe) == FAST_PROBE_SIZE && offsetof(struct iprobe_rt_probe, stat) == FAST_PROBE_STAT &&
                    offsetof(struct iprobe_rt_probe, timed) == FAST_PROBE_TIMED &&

@@ -159,4 +159,27 @@ long long json_number(const std::string& json, const std::string& key) {
     return std::regex_search(json, m, re) ? std::stoll(m[1]) : -1;
 }
 
+std::vector<std::string> lines_with(const std::string& out, const std::vector<std::string>& fragments) {
+    std::vector<std::string> hits;
+    std::size_t start = 0;
+    while (start < out.size()) {
+        std::size_t end = out.find('\n', start);
+        if (end == std::string::npos) end = out.size();
+        const std::string line = out.substr(start, end - start);
+        std::size_t at = 0;
+        bool all = true;
+        for (const auto& f : fragments) {
+            at = line.find(f, at);
+            if (at == std::string::npos) {
+                all = false;
+                break;
+            }
+            at += f.size();
+        }
+        if (all) hits.push_back(line);
+        start = end + 1;
+    }
+    return hits;
+}
+
 }  // namespace iprobe::test

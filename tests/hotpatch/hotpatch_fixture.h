@@ -53,4 +53,7 @@ long long json_calls(const std::string& json, const std::string& function);
 long long json_completed(const std::string& json, const std::string& function);
 long long json_number(const std::string& json, const std::string& key);
 
+// The lines of `out` holding every fragment, in order.
+std::vector<std::string> lines_with(const std::string& out, const std::vector<std::string>& fragments);
+
 }  // namespace iprobe::test

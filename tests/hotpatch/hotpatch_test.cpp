@@ -187,6 +187,8 @@ TEST_F(HotpatchTest, LosslessTraceWritesEveryEventOfEveryThread) {
 // A ring nobody reads: each thread's first 1024 events fit, every later one
 // is dropped and counted, and the sums still see every call (the trace
 // handler's fast path gives each place back through the C that decides).
+// Read then, each thread's next event says how many were dropped just
+// before it, live and in a file alike.
 TEST_F(HotpatchTest, ARingNobodyReadsCountsEveryEventItDrops) {
     constexpr int kWorkers = 2;
     constexpr long kCalls = 100000;
@@ -200,6 +202,32 @@ TEST_F(HotpatchTest, ARingNobodyReadsCountsEveryEventItDrops) {
     EXPECT_EQ(json_completed(json, "counted"), kWorkers * kCalls) << json;
     EXPECT_EQ(json_number(json, "timed"), kWorkers * kCalls) << json;
     EXPECT_EQ(json_number(json, "trace_dropped"), 2 * kWorkers * kCalls - kWorkers * kRing) << json;
+
+    auto kept = iprobe({"trace", pid, "--duration", "0", "--format", "json"});
+    EXPECT_EQ(lines_with(kept.out, {"\"function\":\"counted\""}).size(), static_cast<std::size_t>(kWorkers * kRing));
+    EXPECT_EQ(lines_with(kept.out, {"dropped_before"}).size(), 0u) << "the first 1024 came before the gap";
+    const std::string dropped = "\"dropped_before\":" + std::to_string(2 * kCalls - kRing) + "}";
+    EXPECT_EQ(target.command("burst 10"), kWorkers * 10);
+    auto live = iprobe({"trace", pid, "--duration", "0", "--format", "json"});
+    EXPECT_EQ(lines_with(live.out, {"\"kind\":\"entry\",\"function\":\"counted\",\"depth\":0," + dropped}).size(),
+              static_cast<std::size_t>(kWorkers))
+        << "each thread's first event after the gap says it, once\n" << live.out;
+    EXPECT_EQ(lines_with(live.out, {"dropped_before"}).size(), static_cast<std::size_t>(kWorkers)) << live.out;
+    EXPECT_EQ(target.command("burst " + std::to_string(kCalls)), kWorkers * kCalls);  // full again: 2 * kCalls - kRing dropped
+    TempDir dir;
+    const std::string file = dir / "gaps.trace";
+    ASSERT_EQ(iprobe({"trace", pid, "--duration", "0", "--output", file}).exit_code, 0);  // the ring's kRing
+    EXPECT_EQ(target.command("burst 10"), kWorkers * 10);
+    const std::string more = dir / "after.trace";
+    auto written = iprobe({"trace", pid, "--duration", "0", "--output", more, "--format", "json"});
+    ASSERT_EQ(written.exit_code, 0) << written.err;
+    auto converted = iprobe({"trace", "--input", more, "--format", "json"});
+    EXPECT_EQ(converted.out, written.out);
+    EXPECT_EQ(lines_with(converted.out, {dropped}).size(), static_cast<std::size_t>(kWorkers)) << converted.out;
+    auto text = iprobe({"trace", "--input", more});
+    EXPECT_EQ(lines_with(text.out, {"-- " + std::to_string(2 * kCalls - kRing) + " events dropped here (ring full) --"}).size(),
+              static_cast<std::size_t>(kWorkers))
+        << text.out;
 }
 
 TEST_F(HotpatchTest, CountHandlerCountsExactly) {

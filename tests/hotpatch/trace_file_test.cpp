@@ -98,7 +98,7 @@ TEST(TraceFile, RecordsBecomeEventWordsAndEscapesByteForByteAndReadBackWhole) {
     }
 
     std::string want("IPRBTRC1", 8);
-    put(want, std::uint32_t{3});
+    put(want, std::uint32_t{4});
     put(want, std::uint32_t{4242});
     put(want, clock.tsc_base);
     put(want, clock.realtime_base);
@@ -181,6 +181,63 @@ TEST(TraceFile, RecordsBecomeEventWordsAndEscapesByteForByteAndReadBackWhole) {
         EXPECT_EQ(got[i].nargs, expected[i].nargs);
         for (int a = 0; a < 4; a++) EXPECT_EQ(got[i].args[a], expected[i].args[a]);
     }
+}
+
+// Where a ring dropped events (a GAP record, count in `frame`) and an
+// entry whose exit is not traced (a point at an entry probe; with values,
+// an entry whose spec says IPROBE_RT_VALUES_NO_EXIT): the file keeps the
+// GAP raw, counts no event for it and gives its count to the thread's next
+// event; both entries read back as entries that open no call, and the
+// nesting starts afresh after the gap.
+TEST(TraceFile, AGapAndEntriesWithoutTheirExitReadBackAsTheRuntimeMeantThem) {
+    iprobe_rt_record gap = record(IPROBE_RT_REC_GAP, 0, 100, 1100);
+    gap.frame = 42;
+    iprobe_rt_record no_exit = record(IPROBE_RT_REC_ENTRY, 0, 100, 1300);
+    no_exit.values = IPROBE_RT_VALUES_NO_EXIT;
+    std::vector<iprobe_rt_record> ring = {record(IPROBE_RT_REC_ENTRY, 1, 100, 1000), gap,
+                                          record(IPROBE_RT_REC_POINT, 0, 100, 1200), no_exit,
+                                          record(IPROBE_RT_REC_ENTRY, 1, 100, 1400)};
+    const WallClock clock{1000, 5'000'000'000ull, 0.5};
+    test::TempDir dir;
+    const std::string path = dir / "gap.trace";
+    {
+        TraceFileWriter writer(path, 4242, clock);
+        writer.write({ring.data(), 7, 0, ring.size(), true, 0});
+        EXPECT_EQ(writer.events(), 4u) << "the GAP is not an event";
+        writer.finish({{"leaf", "leaf", "", 0, probelist::ProbeKind::entry, ""},
+                       {"work", "work", "", 0, probelist::ProbeKind::entry, ""}});
+    }
+    std::string want;
+    put(want, event_word(0, 1, 0));
+    put_escape(want, {gap});
+    put(want, event_word(2, 0, 100));  // the point at leaf's entry probe: one word
+    const std::string bytes = file_bytes(path);
+    EXPECT_NE(bytes.find(want), std::string::npos) << "entry, raw GAP, point word";
+    TraceFileReader file(path);
+    std::vector<Event> got;
+    while (file.next([&](const Event& e) { got.push_back(e); })) {
+    }
+    ASSERT_EQ(got.size(), 4u);
+    EXPECT_EQ(got[0].dropped_before, 0u);
+    EXPECT_TRUE(got[0].exit_traced);
+    EXPECT_EQ(got[1].dropped_before, 42u);
+    for (const std::size_t i : {1, 2}) {
+        SCOPED_TRACE("event " + std::to_string(i));
+        EXPECT_EQ(got[i].kind, probelist::ProbeKind::entry);
+        EXPECT_FALSE(got[i].exit_traced);
+    }
+    EXPECT_EQ(got[2].dropped_before, 0u);
+    EXPECT_TRUE(got[3].exit_traced);
+    // nesting: work open, then the gap (work may have ended): leaf, leaf
+    // at depth 0 opening nothing, then work at depth 0
+    CallNesting nesting;
+    std::vector<TraceRecord> shown;
+    for (const Event& e : got) nesting.records(e, file.probes()[e.probe], [&](const TraceRecord& r) { shown.push_back(r); });
+    ASSERT_EQ(shown.size(), 4u);
+    EXPECT_EQ(shown[1].dropped_before, 42u);
+    for (const std::size_t i : {1, 2, 3}) EXPECT_EQ(shown[i].depth, 0) << i;
+    EXPECT_FALSE(shown[1].exit_traced);
+    EXPECT_TRUE(shown[3].exit_traced);
 }
 
 // A version 2 file (the previous iprobe's: version 3 without values events
@@ -507,9 +564,9 @@ TEST(TraceFile, RefusesOtherVersionsAndCorruptValues) {
     };
     std::string bytes = good;
     bytes[8] = 1;
-    refused(bytes, "trace file version 1, but this iprobe reads versions 2 to 3 (written by an older iprobe");
-    bytes[8] = 4;
-    refused(bytes, "trace file version 4, but this iprobe reads versions 2 to 3 (written by a newer iprobe");
+    refused(bytes, "trace file version 1, but this iprobe reads versions 2 to 4 (written by an older iprobe");
+    bytes[8] = 5;
+    refused(bytes, "trace file version 5, but this iprobe reads versions 2 to 4 (written by a newer iprobe");
     bytes[8] = 2;  // version 2 has no values events
     refused(bytes, "a values event in a version 2 file");
     constexpr std::size_t block = 40, count = block + 4;

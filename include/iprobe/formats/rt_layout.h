@@ -62,7 +62,10 @@ enum iprobe_rt_record_kind {
                                    * entry probe: the entry of a call whose exit is not traced (none
                                    * of its function's exits on: attach --entry-only), which a reader
                                    * places in its thread's nesting without opening a call */
-    IPROBE_RT_REC_ARGS = 4        /* continuation: the point's integer arguments */
+    IPROBE_RT_REC_ARGS = 4,       /* continuation: the point's integer arguments */
+    IPROBE_RT_REC_GAP = 5         /* just before the next record of its ring: `frame` events of this
+                                   * thread its ring dropped there (it was full), so a reader says
+                                   * where they were missed and nests what follows afresh */
 };
 
 /* ---- values: arguments at entry, return registers at exit, backtraces ----

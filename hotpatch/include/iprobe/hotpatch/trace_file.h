@@ -4,9 +4,10 @@
 // pass, one copy, no clock conversion: the header keeps the clock) and
 // hands it to write(2) a MiB at a time; the conversion decodes later.
 //
-// Version 3 (written; version 2, the same without values events and the
-// types table, is read too; any other is refused, naming the versions read):
-//   header   "IPRBTRC1", u32 version 3, u32 pid, u64 tsc_base,
+// Version 4 (written; version 3, the same without GAP records, and version
+// 2, without values events and the types table too, are read; any other is
+// refused, naming the versions read):
+//   header   "IPRBTRC1", u32 version 4, u32 pid, u64 tsc_base,
 //            u64 realtime_base_ns, f64 ns_per_tick                   (40 bytes)
 //   blocks   one thread's events in order: u32 tid, u32 words, u64 base_tsc,
 //            then `words` u64 words, each
@@ -21,8 +22,10 @@
 //                         point's argument record); for what a word cannot
 //                         hold: a point's arguments, a nested handler
 //                         (depth > 0), a probe index >= 2^22, a clock step
-//                         back or >= 2^40 ticks.  Its tsc becomes the
-//                         block's previous one.
+//                         back or >= 2^40 ticks; and a GAP record (n = 1,
+//                         not an event: its thread's next event comes after
+//                         `frame` events the ring dropped).  Its tsc becomes
+//                         the block's previous one.
 //              a values   an ENTRY or EXIT the values path recorded
 //              event      (attach --args/--retval/--backtrace/--when; a
 //                         record with a values spec, words or none; spec
@@ -62,7 +65,7 @@
 
 namespace iprobe::hotpatch {
 
-inline constexpr std::uint32_t kTraceFileVersion = 3;
+inline constexpr std::uint32_t kTraceFileVersion = 4;
 
 class TraceFileWriter {
 public:
@@ -144,6 +147,8 @@ private:
     int fd_ = -1;
     pid_t pid_ = 0;
     std::uint32_t version_ = 0;
+    std::uint64_t gap_ = 0;       // a GAP's count, for the next event of thread gap_tid_
+    std::uint32_t gap_tid_ = 0;
     std::vector<ProbeInfo> probes_;
     WallClock clock_;
     std::uint64_t at_ = 0, end_ = 0;  // events: [at_, end_) still to read

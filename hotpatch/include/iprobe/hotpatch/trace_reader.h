@@ -64,6 +64,9 @@ struct Event {
     // An entry whose call's exit is not traced (none of its function's exits
     // on: attach --entry-only): it opens no call.  See entry_without_exit.
     bool exit_traced = true;
+    // Events of this thread its ring dropped just before this one (it was
+    // full: IPROBE_RT_REC_GAP); the calls open before them may have ended.
+    std::uint64_t dropped_before = 0;
     bool has_values = false;         // entry: args recorded; exit: the return registers
     std::vector<Value> values;       // entry: the arguments
     std::optional<Value> retval;     // exit: nullopt for void (or not recorded)
@@ -116,6 +119,9 @@ struct TraceRecord {
     // An entry whose call's exit is not traced (attach --entry-only): it
     // opens no call, so what follows stays at its depth.
     bool exit_traced = true;
+    // Events of this thread dropped just before this one (its ring was
+    // full): the nesting starts afresh here.
+    std::uint64_t dropped_before = 0;
     bool operator==(const TraceRecord&) const = default;
 };
 // The nesting of each thread's calls as events come (the tids come from
