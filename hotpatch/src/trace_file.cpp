@@ -709,7 +709,7 @@ bool TraceFileReader::next(const std::function<void(const Event&)>& sink) {
                 iprobe_rt_record r;
                 std::memcpy(&r, word, sizeof r);
                 if (r.kind == IPROBE_RT_REC_GAP && n == 1 && version_ >= kGapsVersion) {
-                    gap_ = r.frame, gap_tid_ = tid;
+                    gap_ = (gap_tid_ == tid ? gap_ : 0) + r.frame, gap_tid_ = tid;
                     tsc = r.tsc;
                     word += sizeof r;
                     continue;

@@ -327,8 +327,8 @@ std::size_t TraceReader::decode(const RecordRun& run, const std::function<void(c
             e.inlined_copy = r.kind == IPROBE_RT_REC_ENTRY && (r.values & IPROBE_RT_VALUES_COPY);
             more = r.nargs;
             d.spec = r.values;
-        } else if (r.kind == IPROBE_RT_REC_GAP) {
-            d.gap = r.frame;
+        } else if (r.kind == IPROBE_RT_REC_GAP) {  // two in a row: the event after the first was dropped too
+            d.gap = (d.gap_ring == run.ring ? d.gap : 0) + r.frame;
             d.gap_ring = run.ring;
             continue;
         } else {

@@ -572,9 +572,37 @@ static __attribute__((noinline, cold)) int make_room(struct iprobe_rt_control* c
     return 1;
 }
 
-/* trace_fast.S's one record (the region is mapped: it checked). */
-__attribute__((visibility("hidden"))) int iprobe_rt_trace_ring_full(uint64_t index) {
-    return make_room(control(), &t_producer, index, 1, 0);
+static void put_gap(struct thread_producer* t, uint64_t index, uint64_t now, uint64_t gap) {
+    struct iprobe_rt_record* g = &t->records[index & t->mask];
+    g->tsc = now;
+    g->probe = 0;
+    g->tid = t->tid;
+    g->kind = IPROBE_RT_REC_GAP;
+    g->nargs = 0;
+    g->depth = (uint16_t)(t->depth - 1);
+    g->values = 0;
+    g->frame = gap;
+}
+
+/* trace_fast.S's one record at `index` looked not to fit (the region is
+ * mapped: it checked): 0 when it was dropped, else 1 + where to write it.
+ * The first to fit after drops finds room at `index` for the GAP record
+ * and takes the next place for itself: the fast path never looks for a gap,
+ * since after a drop its thread's next reservation looks full again until
+ * this has read the reader's tail. */
+static __attribute__((noinline, cold)) uint64_t gap_then_place(struct thread_producer* t, uint64_t index,
+                                                                uint64_t now) {
+    put_gap(t, index, now, __atomic_exchange_n(&t->gap, 0, __ATOMIC_RELAXED));
+    const uint64_t next = xadd_local(&t->reserve, 1);
+    if (next + 1 - t->tail_seen > t->mask + 1 && !make_room(control(), t, next, 1, 0)) return 0;
+    return next + 1;
+}
+
+__attribute__((visibility("hidden"))) uint64_t iprobe_rt_trace_ring_full(uint64_t index, uint64_t now) {
+    struct thread_producer* t = &t_producer;
+    if (!make_room(control(), t, index, 1, 0)) return 0;
+    if (LIKELY(*(volatile uint64_t*)&t->gap == 0)) return index + 1;
+    return gap_then_place(t, index, now);
 }
 
 #define RING_PREFETCH FAST_RING_PREFETCH /* records: 4 KiB ahead (bench/hotpatch: 64 to 512 did as well) */
@@ -624,17 +652,7 @@ static inline __attribute__((always_inline)) void ring_append(struct iprobe_rt_c
         if (gap) add_local(&t->gap, gap);
         goto out;
     }
-    if (UNLIKELY(lead)) {
-        struct iprobe_rt_record* g = &t->records[first & t->mask];
-        g->tsc = now;
-        g->probe = 0;
-        g->tid = t->tid;
-        g->kind = IPROBE_RT_REC_GAP;
-        g->nargs = 0;
-        g->depth = (uint16_t)(t->depth - 1);
-        g->values = 0;
-        g->frame = gap;
-    }
+    if (UNLIKELY(lead)) put_gap(t, first, now, gap);
     const uint64_t index = first + lead;
     struct iprobe_rt_record* record = &t->records[index & t->mask];
     /* The ring is written once through, a cache line per two records: ask

@@ -11,10 +11,12 @@
 
     .text
 
-/* RING_FULL: iprobe_rt_trace_ring_full(%rdx) with the stack aligned, rdx
- * (the index), rsi (the probe), r8 (the time), r9 (t_producer's offset),
- * r10 (its depth) and r11 kept; eax its answer.  Every other caller-saved
- * register is one the caller keeps on its stack already. */
+/* RING_FULL: iprobe_rt_trace_ring_full(%rdx, %r8) with the stack aligned,
+ * rdx (the index), rsi (the probe), r8 (the time), r9 (t_producer's
+ * offset), r10 (its depth) and r11 kept; rax its answer: 0 when the event
+ * was dropped, else 1 + the index to write it at (after a GAP record when
+ * events were dropped before it: rt.c).  Every other caller-saved register
+ * is one the caller keeps on its stack already. */
 .macro RING_FULL
     push %rbp
     .cfi_adjust_cfa_offset 8
@@ -29,6 +31,7 @@
     push %r10
     push %r11                                    /* six: the stack stays aligned */
     mov %rdx, %rdi
+    mov %r8, %rsi
     call iprobe_rt_trace_ring_full
     pop %r11
     pop %r10
@@ -204,8 +207,6 @@ iprobe_rt_trace_enter_fast:
     je 7f
     cmpq $0, %fs:PRODUCER_RING(%r9)
     je 7f
-    cmpq $0, %fs:PRODUCER_GAP(%r9)               /* events dropped: C writes the GAP first */
-    jne 7f
     /* a return entry, as the count handler takes one */
     mov %fs:RET_THREAD_NEXT(%rcx), %r11
     cmp %fs:RET_THREAD_LIMIT(%rcx), %r11
@@ -250,9 +251,10 @@ iprobe_rt_trace_enter_fast:
 8:  .cfi_restore_state
     .cfi_remember_state
     RING_FULL
-    test %eax, %eax
-    jnz 1b                                       /* it fits: write it */
-    jmp 2b                                       /* dropped, counted */
+    test %rax, %rax
+    jz 2b                                        /* dropped, counted */
+    lea -1(%rax), %rdx                           /* it fits: write it there */
+    jmp 1b
 7:  .cfi_restore_state
     /* not the common case: C decides it all (nothing changed yet) */
     ENTRY_RESTORE
@@ -311,8 +313,6 @@ iprobe_rt_trace_exit_fast:
     je 7f
     cmpq $0, %fs:PRODUCER_RING(%r9)
     je 7f
-    cmpq $0, %fs:PRODUCER_GAP(%r9)               /* events dropped: C writes the GAP first */
-    jne 7f
     /* the frame on top is this function's (exit_timed's common case:
      * nothing skipped by longjmp, not deeper than the frames kept) */
     mov FAST_THREAD_DEPTH(%rcx), %esi
@@ -366,9 +366,10 @@ iprobe_rt_trace_exit_fast:
 8:  .cfi_restore_state
     .cfi_remember_state
     RING_FULL
-    test %eax, %eax
-    jnz 1b
-    jmp 2b
+    test %rax, %rax
+    jz 2b
+    lea -1(%rax), %rdx
+    jmp 1b
 7:  .cfi_restore_state
     EXIT_RESTORE
     mov IPROBE_RT_RETURN_UNIT_ENTRY(%r11), %rdi  /* the entry again (rdi may hold a frame) */
@@ -414,8 +415,6 @@ iprobe_rt_trace_enter_id_nop:
     mov iprobe_rt_producer@gottpoff(%rip), %r9
     cmpq $0, %fs:PRODUCER_RING(%r9)
     je 7f
-    cmpq $0, %fs:PRODUCER_GAP(%r9)               /* events dropped: C writes the GAP first */
-    jne 7f
     rdtsc
     shl $32, %rdx
     or %rdx, %rax
@@ -434,9 +433,10 @@ iprobe_rt_trace_enter_id_nop:
 8:  .cfi_restore_state
     .cfi_remember_state
     RING_FULL
-    test %eax, %eax
-    jnz 1b                                       /* it fits: write it */
-    jmp 2b                                       /* dropped, counted */
+    test %rax, %rax
+    jz 2b                                        /* dropped, counted */
+    lea -1(%rax), %rdx                           /* it fits: write it there */
+    jmp 1b
 7:  .cfi_restore_state
     ENTRY_ONLY_RESTORE
     jmp iprobe_rt_trace_enter_id_slow

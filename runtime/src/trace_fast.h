@@ -17,7 +17,8 @@
  * changed, except a full ring, which is found only once the record's place
  * is reserved: iprobe_rt_trace_ring_full() then decides as ring_append
  * does (wait in a lossless trace, or give the place back and count the
- * drop).
+ * drop; the first to fit after drops puts the GAP record in its place and
+ * takes the next).
  *
  * The one source of the offsets both assembler files (trace_fast.S and
  * return_trampolines.S) use: included by them and by rt.c, which asserts
@@ -35,7 +36,6 @@
 #define PRODUCER_TID 40
 #define PRODUCER_DEPTH 44
 #define PRODUCER_SLOT 56
-#define PRODUCER_GAP 64
 
 /* rt_layout.h: struct iprobe_rt_probe */
 #define FAST_PROBE_SHIFT 6 /* 64 bytes a probe */
@@ -106,7 +106,7 @@ struct thread_producer {
     uint8_t claiming_slot;
     uint8_t no_slot;      /* no free thread slot, or thread exiting */
     struct iprobe_rt_thread* slot; /* its sums: iprobe_rt_thread.stats */
-    uint64_t gap;         /* events dropped since its last record: a GAP record goes first */
+    uint64_t gap;         /* events dropped since its last record: a GAP record goes first (rt.c) */
 };
 
 #include <stddef.h>
@@ -120,8 +120,7 @@ _Static_assert(offsetof(struct thread_producer, ring) == PRODUCER_RING &&
                    offsetof(struct thread_producer, tail_seen) == PRODUCER_TAIL_SEEN &&
                    offsetof(struct thread_producer, tid) == PRODUCER_TID &&
                    offsetof(struct thread_producer, depth) == PRODUCER_DEPTH &&
-                   offsetof(struct thread_producer, slot) == PRODUCER_SLOT &&
-                   offsetof(struct thread_producer, gap) == PRODUCER_GAP,
+                   offsetof(struct thread_producer, slot) == PRODUCER_SLOT,
                "trace_fast.S reads the producer");
 _Static_assert(sizeof(struct iprobe_rt_probe) == FAST_PROBE_SIZE && offsetof(struct iprobe_rt_probe, stat) == FAST_PROBE_STAT &&
                    offsetof(struct iprobe_rt_probe, timed) == FAST_PROBE_TIMED &&
@@ -170,7 +169,7 @@ extern uint32_t iprobe_rt_trace_fast_clock __attribute__((visibility("hidden")))
 
 /* The fast path reserved the record at `index` and found no room: 1 to
  * write it, 0 when it was dropped (counted, the place given back). */
-__attribute__((visibility("hidden"))) int iprobe_rt_trace_ring_full(uint64_t index);
+__attribute__((visibility("hidden"))) uint64_t iprobe_rt_trace_ring_full(uint64_t index, uint64_t now);
 #endif
 
 #endif
