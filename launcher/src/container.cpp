@@ -291,6 +291,7 @@ ContainerCloneResult clone_container(const ContainerCloneOptions& o) {
     }
 
     Workspace work(criu);
+    test_pause("workspace");
     progress(o, "checkpointing container " + o.container + " with podman and CRIU " + criu.version +
                     ", production keeps running");
     double t = now_ms();
@@ -318,6 +319,7 @@ ContainerCloneResult clone_container(const ContainerCloneOptions& o) {
     std::snprintf(frozen, sizeof frozen, "production could not answer for %.1f ms (stopping it %.1f ms, frozen %.1f ms)",
                   r.freezing_ms + r.freeze_ms, r.freezing_ms, r.freeze_ms);
     progress(o, frozen);
+    test_pause("exported");
 
     // Volumes: copied right after the checkpoint, production running on, so
     // the clone's files may be slightly ahead of its memory, never behind.
@@ -344,6 +346,7 @@ ContainerCloneResult clone_container(const ContainerCloneOptions& o) {
                         podman_errors(restored),
                     ExitCode::failure);
     }
+    test_pause("restored");
     r.network = move_to_own_network(podman, r.name);
     try {
         const auto c = inspect_container(podman, r.name);
@@ -366,6 +369,7 @@ ContainerCloneResult clone_container(const ContainerCloneOptions& o) {
     }
     r.total_ms = now_ms() - t0;
     save_container_state(r);
+    test_pause("record");
     volumes.keep = true;
     return r;
 }

@@ -8,8 +8,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -354,5 +356,185 @@ TEST_F(LauncherContainer, UnknownContainerAndNameInUseAreRefusedUntouched) {
     EXPECT_EQ(redis_at(address_, {"PING"}), "PONG");
     clone_.clear();
 }
+
+// ---- killed or interrupted at each step: nothing of the clone outlives it
+
+// The state letter of /proc/PID/stat (T: stopped), 0 when gone or a zombie.
+char state_of(long long pid) {
+    const std::string stat = file_text("/proc/" + std::to_string(pid) + "/stat");
+    const auto paren = stat.rfind(')');
+    const char state = paren != std::string::npos && paren + 2 < stat.size() ? stat[paren + 2] : 0;
+    return state == 'Z' ? 0 : state;
+}
+
+std::vector<long long> children_of(long long pid) {
+    std::vector<long long> out;
+    std::error_code ec;
+    for (const auto& task : fs::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
+        std::istringstream in(file_text(task.path() / "children"));
+        for (long long c; in >> c;) out.push_back(c);
+    }
+    return out;
+}
+
+std::string cmdline_of(long long pid) {
+    std::string s = file_text("/proc/" + std::to_string(pid) + "/cmdline");
+    std::replace(s.begin(), s.end(), '\0', ' ');
+    return s;
+}
+
+// The launcher's child whose command line has `words`, or -1.
+long long child_with(long long launcher, const std::string& words) {
+    for (long long c : children_of(launcher))
+        if (cmdline_of(c).find(words) != std::string::npos) return c;
+    return -1;
+}
+
+// `iprobe clone --container` killed outright (SIGKILL) or interrupted
+// (SIGINT to its process group, as a terminal's Ctrl-C) at STEP: stopped
+// there by the test-only IPROBE_TEST_PAUSE=STEP (launcher/src/process.h):
+// `workspace` (the clone's volume copy and the archive's directory made,
+// nothing checkpointed), `exported` (the checkpoint archive written),
+// `restored` (the clone container runs, still on production's network),
+// `record` (the clone recorded, not yet reported); or caught while it runs
+// `podman container checkpoint` (`checkpointing`) or `podman container
+// restore` (`restoring`), which run on in groups of their own.  Production
+// runs as people run it (a published port, a named volume, a network of its
+// own).  Each time nothing is left once the launcher's processes ended: no
+// container of the clone's name, no network or volume of its own, no
+// checkpoint archive, no record; `--destroy` finds nothing (exit 5);
+// production runs and answers with its own data; and the name can be
+// cloned again.
+class LauncherContainerKilledAt : public LauncherContainerAsRun,
+                                  public ::testing::WithParamInterface<std::string> {
+protected:
+    void SetUp() override {
+        LauncherContainerAsRun::SetUp();
+        if (IsSkipped() || HasFatalFailure()) return;
+        ASSERT_EQ(production({"SET", "marker", "before-clone"}), "OK");
+        std::vector<std::string> mset = {"MSET"};
+        for (int i = 0; i < 500; ++i) mset.insert(mset.end(), {"key:" + std::to_string(i), std::to_string(i * i)});
+        ASSERT_EQ(production(mset), "OK");
+        for (const auto& e : fs::directory_iterator("/run/iprobe/container-clones", ec_)) before_.insert(e.path());
+    }
+    std::string clone_volume() const { return "iprobe-" + clone_ + "-ipt-vol-" + tag_; }
+
+    // Everything of the clone on the host, one line each.
+    std::vector<std::string> remains() {
+        std::vector<std::string> left;
+        if (run({"podman", "container", "exists", clone_}).exit_code == 0) left.push_back("container " + clone_);
+        if (run({"podman", "network", "exists", "iprobe-" + clone_}).exit_code == 0)
+            left.push_back("network iprobe-" + clone_);
+        if (run({"podman", "volume", "exists", clone_volume()}).exit_code == 0) left.push_back("volume " + clone_volume());
+        for (const auto& e : fs::directory_iterator("/run/iprobe/container-clones", ec_))
+            if (!before_.count(e.path())) left.push_back("file " + e.path().string());
+        return left;
+    }
+
+    // Starts the clone; returns once it is at `step`, with its guardian
+    // (none before the fix) and the podman it was caught running (if any).
+    struct AtStep {
+        long long guardian = -1, podman = -1;
+    };
+    AtStep start_until(Child& cli, const std::string& step, const fs::path& out) {
+        const bool caught = step == "checkpointing" || step == "restoring";
+        cli = Child({bin("iprobe"), "clone", "--container", prod_, "--netns", clone_}, out,
+                    caught ? std::vector<std::string>{} : std::vector<std::string>{"IPROBE_TEST_PAUSE=" + step},
+                    Session::own);
+        AtStep at;
+        const std::string podman = step == "checkpointing" ? "container checkpoint" : "container restore";
+        for (int i = 0; i < 120000 && cli.running(); ++i) {
+            if (caught ? (at.podman = child_with(cli.pid(), podman)) > 0 : state_of(cli.pid()) == 'T') break;
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+        if (caught) {
+            EXPECT_GT(at.podman, 0) << "`podman " << podman << "` was not seen running: " << file_text(out);
+        } else {
+            EXPECT_NE(file_text(out).find("iprobe: test pause at " + step + " (PID " + std::to_string(cli.pid()) + ")"),
+                      std::string::npos)
+                << file_text(out);
+        }
+        for (long long c : children_of(cli.pid()))
+            if (file_text("/proc/" + std::to_string(c) + "/comm") == "iprobe-guardian\n") at.guardian = c;
+        return at;
+    }
+
+    // Once every process the launcher left has ended (podman finishing its
+    // checkpoint or restore, the guardian after its removals).
+    static void wait_ended(const AtStep& at) {
+        for (long long p : {at.podman, at.guardian})
+            for (int i = 0; i < 12000 && p > 0 && state_of(p); ++i)
+                std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        for (long long p : {at.podman, at.guardian}) {
+            if (p > 0) {
+                EXPECT_EQ(state_of(p), 0) << "left running: " << p << " [" << cmdline_of(p) << "]";
+            }
+        }
+    }
+
+    void expect_nothing_left_and_name_free() {
+        EXPECT_EQ(remains(), std::vector<std::string>{});
+        const auto destroyed = run({bin("iprobe"), "clone", "--destroy", clone_});
+        EXPECT_EQ(destroyed.exit_code, 5) << destroyed.out << destroyed.err;
+        EXPECT_EQ(trimmed(run({"podman", "inspect", "--format", "{{.State.Running}}", prod_}).out), "true");
+        EXPECT_EQ(production({"GET", "marker"}), "before-clone");
+        EXPECT_EQ(production({"DBSIZE"}), "501");
+        auto again = run({bin("iprobe"), "clone", "--container", prod_, "--netns", clone_, "--json"}, {},
+                         std::chrono::seconds(180));
+        ASSERT_EQ(again.exit_code, 0) << again.err;
+        std::smatch m;
+        ASSERT_TRUE(std::regex_search(again.out, m, std::regex(R"re("address":"([0-9.]+)")re"))) << again.out;
+        EXPECT_EQ(redis_at(m[1].str(), {"GET", "marker"}), "before-clone");
+        EXPECT_EQ(redis_at(m[1].str(), {"DBSIZE"}), "501");
+    }
+
+    std::set<fs::path> before_;
+    std::error_code ec_;
+};
+
+TEST_P(LauncherContainerKilledAt, LeavesNothingAndProductionRunning) {
+    const std::string step = GetParam();
+    const fs::path out = dir_ / "clone.out";
+    Child cli;
+    const AtStep at = start_until(cli, step, out);
+    ASSERT_FALSE(HasFailure());
+    EXPECT_GT(at.guardian, 0) << "no iprobe-guardian among the launcher's children";
+    // What the launcher has made by then.
+    const std::vector<std::string> made = remains();
+    const bool restored = step == "restored" || step == "record";
+    EXPECT_EQ(std::count(made.begin(), made.end(), "container " + clone_), restored ? 1 : 0) << ::testing::PrintToString(made);
+    EXPECT_EQ(std::count(made.begin(), made.end(), "volume " + clone_volume()), 1) << ::testing::PrintToString(made);
+    EXPECT_EQ(std::count(made.begin(), made.end(), "file /run/iprobe/container-clones/" + clone_), step == "record")
+        << ::testing::PrintToString(made);
+    cli.kill(SIGKILL);
+    cli.wait();
+    wait_ended(at);
+    expect_nothing_left_and_name_free();
+}
+
+INSTANTIATE_TEST_SUITE_P(Steps, LauncherContainerKilledAt,
+                         ::testing::Values("workspace", "checkpointing", "exported", "restoring", "restored", "record"),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+
+// Ctrl-C (SIGINT to the launcher's process group) while podman checkpoints
+// production and while it restores the clone: podman, in a group of its
+// own, is not cut off; the launcher then removes what it made and exits 130.
+class LauncherContainerCtrlC : public LauncherContainerKilledAt {};
+
+TEST_P(LauncherContainerCtrlC, UndoesTheCloneAndExits130) {
+    const std::string step = GetParam();
+    const fs::path out = dir_ / "clone.out";
+    Child cli;
+    const AtStep at = start_until(cli, step, out);
+    ASSERT_FALSE(HasFailure());
+    cli.kill(SIGINT);
+    EXPECT_EQ(cli.wait(std::chrono::seconds(120)), 130) << file_text(out);
+    EXPECT_NE(file_text(out).find("interrupted"), std::string::npos) << file_text(out);
+    wait_ended(at);
+    expect_nothing_left_and_name_free();
+}
+
+INSTANTIATE_TEST_SUITE_P(Steps, LauncherContainerCtrlC, ::testing::Values("checkpointing", "restoring"),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 }  // namespace
