@@ -502,7 +502,11 @@ TEST_P(LauncherContainerKilledAt, LeavesNothingAndProductionRunning) {
     // What the launcher has made by then.
     const std::vector<std::string> made = remains();
     const bool restored = step == "restored" || step == "record";
-    EXPECT_EQ(std::count(made.begin(), made.end(), "container " + clone_), restored ? 1 : 0) << ::testing::PrintToString(made);
+    // Mid-restore, podman may have made the container already or not yet.
+    if (step != "restoring") {
+        EXPECT_EQ(std::count(made.begin(), made.end(), "container " + clone_), restored ? 1 : 0)
+            << ::testing::PrintToString(made);
+    }
     EXPECT_EQ(std::count(made.begin(), made.end(), "volume " + clone_volume()), 1) << ::testing::PrintToString(made);
     EXPECT_EQ(std::count(made.begin(), made.end(), "file /run/iprobe/container-clones/" + clone_), step == "record")
         << ::testing::PrintToString(made);
