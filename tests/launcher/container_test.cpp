@@ -520,6 +520,36 @@ INSTANTIATE_TEST_SUITE_P(Steps, LauncherContainerKilledAt,
                          ::testing::Values("workspace", "checkpointing", "exported", "restoring", "restored", "record"),
                          [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
+// `iprobe debug --container` killed outright (SIGKILL) while its session
+// runs: a container clone has no keeper to end it, so the session's
+// guardian, armed before the clone was made and held until the session
+// removes it, removes the clone container, its network, volume copy and
+// record.
+TEST_F(LauncherContainerKilledAt, DebugSessionKilledOutrightLeavesNothing) {
+    const fs::path out = dir_ / "debug.out";
+    Child debug({bin("iprobe"), "debug", "--container", prod_, "--name", clone_, "--listen",
+                 "127.0.0.1:" + std::to_string(free_port()), "--production", address_ + ":6379", "--json"},
+                out, {}, Session::own);
+    std::string text;
+    for (int i = 0; i < 1200 && text.find(R"("event":"mirror")") == std::string::npos && debug.running(); ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        text = file_text(out);
+    }
+    ASSERT_NE(text.find(R"("event":"mirror")"), std::string::npos) << text;
+    const std::vector<std::string> made = remains();
+    EXPECT_EQ(std::count(made.begin(), made.end(), "container " + clone_), 1) << ::testing::PrintToString(made);
+    EXPECT_EQ(std::count(made.begin(), made.end(), "network iprobe-" + clone_), 1) << ::testing::PrintToString(made);
+    EXPECT_EQ(std::count(made.begin(), made.end(), "file /run/iprobe/container-clones/" + clone_), 1)
+        << ::testing::PrintToString(made);
+    AtStep at;
+    for (long long c : children_of(debug.pid()))
+        if (file_text("/proc/" + std::to_string(c) + "/comm") == "iprobe-guardian\n") at.guardian = c;
+    EXPECT_GT(at.guardian, 0) << "no iprobe-guardian among the session's children";
+    debug.kill(SIGKILL);
+    wait_ended(at);
+    expect_nothing_left_and_name_free();
+}
+
 // Ctrl-C (SIGINT to the launcher's process group) while podman checkpoints
 // production and while it restores the clone: podman, in a group of its
 // own, is not cut off; the launcher then removes what it made and exits 130.
