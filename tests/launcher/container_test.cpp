@@ -390,6 +390,13 @@ long long child_with(long long launcher, const std::string& words) {
     return -1;
 }
 
+// The launcher's iprobe-guardian (clone_guardian.h), or -1.
+long long guardian_of(long long launcher) {
+    for (long long c : children_of(launcher))
+        if (file_text("/proc/" + std::to_string(c) + "/comm") == "iprobe-guardian\n") return c;
+    return -1;
+}
+
 // `iprobe clone --container` killed outright (SIGKILL) or interrupted
 // (SIGINT to its process group, as a terminal's Ctrl-C) at STEP: stopped
 // there by the test-only IPROBE_TEST_PAUSE=STEP (launcher/src/process.h):
@@ -454,8 +461,7 @@ protected:
                       std::string::npos)
                 << file_text(out);
         }
-        for (long long c : children_of(cli.pid()))
-            if (file_text("/proc/" + std::to_string(c) + "/comm") == "iprobe-guardian\n") at.guardian = c;
+        at.guardian = guardian_of(cli.pid());
         return at;
     }
 
@@ -542,8 +548,7 @@ TEST_F(LauncherContainerKilledAt, DebugSessionKilledOutrightLeavesNothing) {
     EXPECT_EQ(std::count(made.begin(), made.end(), "file /run/iprobe/container-clones/" + clone_), 1)
         << ::testing::PrintToString(made);
     AtStep at;
-    for (long long c : children_of(debug.pid()))
-        if (file_text("/proc/" + std::to_string(c) + "/comm") == "iprobe-guardian\n") at.guardian = c;
+    at.guardian = guardian_of(debug.pid());
     EXPECT_GT(at.guardian, 0) << "no iprobe-guardian among the session's children";
     debug.kill(SIGKILL);
     wait_ended(at);
