@@ -175,6 +175,11 @@ struct Production {
     };
     std::vector<Volume> volumes;                  // named volumes
     std::vector<std::string> writable_binds;      // host directories bound read-write ("HOST -> DEST")
+    // What podman's checkpoint leaves in production's own storage and keeps
+    // until the container is removed: CRIU's images (production's memory)
+    // and tars of its /dev/shm and of its root file system's changes.  Of
+    // no use once the archive is exported: removed then.
+    std::vector<std::string> checkpoint_leftovers;
 };
 
 Production inspect_production(const std::string& podman, const std::string& container) {
@@ -183,6 +188,11 @@ Production inspect_production(const std::string& podman, const std::string& cont
     Production p;
     p.id = c->id;
     p.running = c->running;
+    // Podman says where CRIU's images go only once a checkpoint was taken;
+    // before, it is the same place, `checkpoint` in the container's StaticDir.
+    if (!c->static_dir.empty())
+        p.checkpoint_leftovers = {c->checkpoint_path.empty() ? c->static_dir + "/checkpoint" : c->checkpoint_path,
+                                  c->static_dir + "/devshm-checkpoint.tar", c->static_dir + "/rootfs-diff.tar"};
     for (const auto& [port, bindings] : c->port_bindings)
         if (!bindings.empty()) p.ports.push_back(port);
     for (const auto& m : c->mounts) {
@@ -331,8 +341,17 @@ ContainerCloneResult clone_container(const ContainerCloneOptions& o) {
                                            "--compress", "none", "--export", work.archive()};
     if (!volumes.made.empty()) checkpoint.push_back("--ignore-volumes");
     checkpoint.push_back(o.container);
+    // Those there before are a checkpoint of someone else's until ours
+    // replaces them; those not, ours alone, also for the guardian to remove.
+    std::vector<std::string> ours_alone;
+    for (const auto& f : prod.checkpoint_leftovers)
+        if (!fs::exists(f)) {
+            guardian->guard_scratch(f);
+            ours_alone.push_back(f);
+        }
     auto client = o.client_view ? ClientPinger::watch(container_main_pid(o.container)) : nullptr;
     RunResult dump = run(work.podman(podman, checkpoint));
+    for (const auto& f : dump.ok() ? prod.checkpoint_leftovers : ours_alone) clone_steps::remove_tree(f);
     r.checkpoint_ms = now_ms() - t;
     r.client_seen_ms = client ? client->window_max_us() / 1e3 : -1;
     client.reset();

@@ -64,6 +64,17 @@ std::string redis_at(const std::string& address, const std::vector<std::string>&
     return trimmed(run(argv).out);
 }
 
+// What podman's checkpoint of `container` leaves in its own storage (CRIU's
+// images, production's memory; tars of its /dev/shm and rootfs changes)
+// and is there now.
+std::vector<std::string> checkpoint_leftovers(const std::string& container) {
+    const std::string dir = trimmed(run({"podman", "inspect", "--format", "{{.StaticDir}}", container}).out);
+    std::vector<std::string> there;
+    for (const char* f : {"checkpoint", "devshm-checkpoint.tar", "rootfs-diff.tar"})
+        if (!dir.empty() && fs::exists(dir + "/" + f)) there.push_back(dir + "/" + f);
+    return there;
+}
+
 class LauncherContainer : public ::testing::Test {
 protected:
     void SetUp() override {
@@ -172,6 +183,8 @@ TEST_F(LauncherContainer, CloneIsANewContainerWithProductionsDataAndItsOwnAddres
 
     EXPECT_EQ(redis_at(clone_address, {"GET", "marker"}), "before-clone");
     EXPECT_EQ(redis_at(clone_address, {"LRANGE", "list", "0", "-1"}), "a\nb\nc");
+    // Production's memory is in the clone, not left in podman's storage.
+    EXPECT_EQ(checkpoint_leftovers(prod_), std::vector<std::string>{});
     // Two services from here on: writes stay where they were made.
     EXPECT_EQ(redis_at(clone_address, {"SET", "marker", "clone-wrote"}), "OK");
     EXPECT_EQ(redis_at(address_, {"SET", "only-in-production", "1"}), "OK");
@@ -435,6 +448,7 @@ protected:
         if (run({"podman", "volume", "exists", clone_volume()}).exit_code == 0) left.push_back("volume " + clone_volume());
         for (const auto& e : fs::directory_iterator("/run/iprobe/container-clones", ec_))
             if (!before_.count(e.path())) left.push_back("file " + e.path().string());
+        for (const auto& f : checkpoint_leftovers(prod_)) left.push_back("production's storage " + f);
         return left;
     }
 
@@ -492,6 +506,7 @@ protected:
         ASSERT_TRUE(std::regex_search(again.out, m, std::regex(R"re("address":"([0-9.]+)")re"))) << again.out;
         EXPECT_EQ(redis_at(m[1].str(), {"GET", "marker"}), "before-clone");
         EXPECT_EQ(redis_at(m[1].str(), {"DBSIZE"}), "501");
+        EXPECT_EQ(checkpoint_leftovers(prod_), std::vector<std::string>{});
     }
 
     std::set<fs::path> before_;
@@ -516,6 +531,10 @@ TEST_P(LauncherContainerKilledAt, LeavesNothingAndProductionRunning) {
     EXPECT_EQ(std::count(made.begin(), made.end(), "volume " + clone_volume()), 1) << ::testing::PrintToString(made);
     EXPECT_EQ(std::count(made.begin(), made.end(), "file /run/iprobe/container-clones/" + clone_), step == "record")
         << ::testing::PrintToString(made);
+    // Once exported, production's memory is no longer in podman's storage.
+    if (step != "workspace" && step != "checkpointing") {
+        EXPECT_EQ(checkpoint_leftovers(prod_), std::vector<std::string>{});
+    }
     cli.kill(SIGKILL);
     cli.wait();
     wait_ended(at);
