@@ -457,7 +457,9 @@ protected:
     struct AtStep {
         long long guardian = -1, podman = -1;
     };
-    AtStep start_until(Child& cli, const std::string& step, const fs::path& out) {
+    AtStep start_until(const std::string& step) {
+        Child& cli = cli_;
+        const fs::path& out = out_;
         const bool caught = step == "checkpointing" || step == "restoring";
         cli = Child({bin("iprobe"), "clone", "--container", prod_, "--netns", clone_}, out,
                     caught ? std::vector<std::string>{} : std::vector<std::string>{"IPROBE_TEST_PAUSE=" + step},
@@ -511,13 +513,13 @@ protected:
 
     std::set<fs::path> before_;
     std::error_code ec_;
+    Child cli_;  // the launcher
+    fs::path out_ = dir_ / "clone.out";
 };
 
 TEST_P(LauncherContainerKilledAt, LeavesNothingAndProductionRunning) {
     const std::string step = GetParam();
-    const fs::path out = dir_ / "clone.out";
-    Child cli;
-    const AtStep at = start_until(cli, step, out);
+    const AtStep at = start_until(step);
     ASSERT_FALSE(HasFailure());
     EXPECT_GT(at.guardian, 0) << "no iprobe-guardian among the launcher's children";
     // What the launcher has made by then.
@@ -535,8 +537,8 @@ TEST_P(LauncherContainerKilledAt, LeavesNothingAndProductionRunning) {
     if (step != "workspace" && step != "checkpointing") {
         EXPECT_EQ(checkpoint_leftovers(prod_), std::vector<std::string>{});
     }
-    cli.kill(SIGKILL);
-    cli.wait();
+    cli_.kill(SIGKILL);
+    cli_.wait();
     wait_ended(at);
     expect_nothing_left_and_name_free();
 }
@@ -581,13 +583,11 @@ class LauncherContainerCtrlC : public LauncherContainerKilledAt {};
 
 TEST_P(LauncherContainerCtrlC, UndoesTheCloneAndExits130) {
     const std::string step = GetParam();
-    const fs::path out = dir_ / "clone.out";
-    Child cli;
-    const AtStep at = start_until(cli, step, out);
+    const AtStep at = start_until(step);
     ASSERT_FALSE(HasFailure());
-    cli.kill(SIGINT);
-    EXPECT_EQ(cli.wait(std::chrono::seconds(120)), 130) << file_text(out);
-    EXPECT_NE(file_text(out).find("interrupted"), std::string::npos) << file_text(out);
+    cli_.kill(SIGINT);
+    EXPECT_EQ(cli_.wait(std::chrono::seconds(120)), 130) << file_text(out_);
+    EXPECT_NE(file_text(out_).find("interrupted"), std::string::npos) << file_text(out_);
     wait_ended(at);
     expect_nothing_left_and_name_free();
 }
