@@ -29,6 +29,7 @@ enum RecordKind : std::uint32_t {
     kClone = 2,                 // a clone's name
     kScratch = 3,               // a scratch checkpoint's path
     kRelease = 4,               // no payload: exit, removing nothing
+    kPodman = 5,                // a container clone's podman object: "KIND NAME"
 };
 struct RecordHeader {
     std::uint32_t kind = 0;
@@ -47,6 +48,7 @@ CloneGuardian* g_current = nullptr;
 struct Guarded {
     std::vector<int> helpers;
     std::vector<std::string> clones, scratches;
+    std::vector<PodmanObject> podman;
 };
 
 // Takes one record; true on a release.
@@ -59,6 +61,8 @@ bool take_record(const char* record, std::size_t size, Guarded& guarded) {
     if (h.kind == kRelease) return true;
     if (h.kind == kClone) guarded.clones.push_back(payload);
     if (h.kind == kScratch) guarded.scratches.push_back(payload);
+    if (const auto space = payload.find(' '); h.kind == kPodman && space != std::string::npos)
+        guarded.podman.push_back({payload.substr(0, space), payload.substr(space + 1)});
     if (h.kind == kChild && payload.size() == sizeof(std::int32_t)) {
         std::int32_t pid;
         std::memcpy(&pid, payload.data(), sizeof pid);
@@ -118,6 +122,7 @@ void wait_for_helpers(const std::vector<int>& helpers) {
             // removed meanwhile by its keeper, whose lifeline closed too
         }
     }
+    remove_guarded_podman(guarded.podman);
     for (const auto& dir : guarded.scratches) remove_tree(dir);
     _exit(0);
 }
@@ -163,6 +168,10 @@ void CloneGuardian::send(std::uint32_t kind, const std::string& payload) {
 void CloneGuardian::guard_clone(const std::string& name) { send(kClone, name); }
 
 void CloneGuardian::guard_scratch(const std::string& dir) { send(kScratch, dir); }
+
+void CloneGuardian::guard_podman(const std::string& kind, const std::string& name) {
+    send(kPodman, kind + " " + name);
+}
 
 void CloneGuardian::release() {
     if (socket_ < 0) return;

@@ -7,8 +7,9 @@
 // (SIGKILL) before it could record or remove what it made: the guardian
 // waits until every helper it was told of has ended (CRIU finishing a dump
 // and resuming production, an `ip netns add` or `cp` still running), then
-// removes what the clones' state files say was made, and the scratch
-// checkpoints, and exits.  Internal to the launcher.
+// removes what the clones' state files say was made, the podman objects
+// of a container clone (its container, network and volume copies), and the
+// scratch checkpoints and records, and exits.  Internal to the launcher.
 #pragma once
 
 #include <sys/types.h>
@@ -33,8 +34,13 @@ public:
     // the guardian removes it unless the clone's state names another
     // guardian by then.
     void guard_clone(const std::string& name);
-    // Before `dir`, a scratch checkpoint, is made.
+    // Before `dir`, a scratch checkpoint (or a file: a record not yet
+    // kept), is made.
     void guard_scratch(const std::string& dir);
+    // Before podman makes `name` of a container clone, a `kind` of
+    // PodmanObject (`podman container|network|volume rm --force NAME`
+    // removes it).  Only ever a name the launcher found free just before.
+    void guard_podman(const std::string& kind, const std::string& name);
     // What was made is now recorded (a clone that outlives its command) or
     // removed by the launcher: the guardian exits without removing anything.
     void release();

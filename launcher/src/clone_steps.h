@@ -145,6 +145,15 @@ void remove_tree(const std::string& path);
 // state), unless its state names a guardian other than `guardian`.
 void remove_guarded_clone(const std::string& name, pid_t guardian);
 
+// ---- what a container clone's launcher killed outright left (container.cpp)
+struct PodmanObject {
+    std::string kind;  // "container", "network" or "volume"
+    std::string name;
+};
+// `podman KIND rm --force NAME` for each: the containers first (a network or
+// volume in use by one is not removed).
+void remove_guarded_podman(const std::vector<PodmanObject>& objects);
+
 // ---- the clone's PID 1 (keeper.cpp)
 // Starts the keeper inside `netns`; returns its host PID once CRIU has
 // restored the clone, or throws with CRIU's reasons.

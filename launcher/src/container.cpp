@@ -1,5 +1,6 @@
 #include "iprobe/launcher/container.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,6 +15,8 @@
 #include <nlohmann/json.hpp>
 
 #include "client_pinger.h"
+#include "clone_guardian.h"
+#include "clone_steps.h"
 #include "criu.h"
 #include "iprobe/launcher/clone.h"
 #include "iprobe/launcher/podman_json.h"
@@ -24,6 +27,7 @@
 namespace fs = std::filesystem;
 
 namespace iprobe::launcher {
+using clone_steps::CloneGuardian;
 namespace {
 
 // Which clones are containers, and their IDs: so --destroy removes only
@@ -68,14 +72,16 @@ std::string trimmed(std::string s) {
 // A scratch directory holding the checkpoint archive and a `criu` that is
 // iprobe's CRIU, first on the PATH the OCI runtime searches (runc and crun
 // both run `criu` from PATH; the system's may be too old for the kernel).
-// The archive holds production's memory: removed with the directory.
+// The archive holds production's memory: removed with the directory, by
+// the guardian (told before it is made) should the launcher be killed.
 class Workspace {
 public:
-    explicit Workspace(const Criu& criu) {
+    Workspace(const Criu& criu, CloneGuardian& guardian, const std::string& clone)
+        : dir_(std::string(kContainerStateRoot) + "/.work-" + clone + "-" + std::to_string(::getpid())) {
         fs::create_directories(kContainerStateRoot);
-        char tmpl[] = "/run/iprobe/container-clones/.work-XXXXXX";
-        if (!::mkdtemp(tmpl)) throw_errno("creating a work directory under /run/iprobe");
-        dir_ = tmpl;
+        guardian.guard_scratch(dir_);
+        clone_steps::remove_tree(dir_);  // left by a launcher of this PID killed before guardians existed
+        if (::mkdir(dir_.c_str(), 0700) != 0) throw_errno("creating " + dir_);
         // Connections production has open are not dumped: the clone's come
         // back closed, as with `iprobe clone`.  Set in the shim: podman
         // gives the runtime an environment of its own making.
@@ -86,10 +92,8 @@ public:
         }
         fs::permissions(dir_ + "/criu", fs::perms::owner_all);
     }
-    ~Workspace() {
-        std::error_code ec;
-        fs::remove_all(dir_, ec);
-    }
+    ~Workspace() { remove(); }
+    void remove() { clone_steps::remove_tree(dir_); }
     Workspace(const Workspace&) = delete;
     Workspace& operator=(const Workspace&) = delete;
 
@@ -132,14 +136,15 @@ namespace {
 // (into a pod only if the source was in one): the clone is moved afterwards
 // onto a network of its own, isolated from every other podman network, so it
 // can neither be reached by production's clients nor reach its backends.
-// Returns the network's name; on failure removes the clone and the network.
+// Returns the network's name, `network_of(clone)`; on failure the caller
+// removes the clone and the network (RestoredClone).
+std::string network_of(const std::string& clone) { return "iprobe-" + clone; }
+
 std::string move_to_own_network(const std::string& podman, const std::string& clone) {
-    const std::string network = "iprobe-" + clone;
+    const std::string network = network_of(clone);
     run({podman, "network", "rm", "--force", network});  // a remnant of a clone that died with its host
     const auto inspected = inspect_container(podman, clone);
     auto fail = [&](const std::string& what, const RunResult& why) {
-        run({podman, "container", "rm", "--force", clone});
-        run({podman, "network", "rm", "--force", network});
         throw Error("could not give the clone a network of its own (" + what + "); production is untouched. podman says: " +
                         podman_errors(why),
                     ExitCode::failure);
@@ -170,6 +175,11 @@ struct Production {
     };
     std::vector<Volume> volumes;                  // named volumes
     std::vector<std::string> writable_binds;      // host directories bound read-write ("HOST -> DEST")
+    // What podman's checkpoint leaves in production's own storage and keeps
+    // until the container is removed: CRIU's images (production's memory)
+    // and tars of its /dev/shm and of its root file system's changes.  Of
+    // no use once the archive is exported: removed then.
+    std::vector<std::string> checkpoint_leftovers;
 };
 
 Production inspect_production(const std::string& podman, const std::string& container) {
@@ -178,6 +188,11 @@ Production inspect_production(const std::string& podman, const std::string& cont
     Production p;
     p.id = c->id;
     p.running = c->running;
+    // Podman says where CRIU's images go only once a checkpoint was taken;
+    // before, it is the same place, `checkpoint` in the container's StaticDir.
+    if (!c->static_dir.empty())
+        p.checkpoint_leftovers = {c->checkpoint_path.empty() ? c->static_dir + "/checkpoint" : c->checkpoint_path,
+                                  c->static_dir + "/devshm-checkpoint.tar", c->static_dir + "/rootfs-diff.tar"};
     for (const auto& [port, bindings] : c->port_bindings)
         if (!bindings.empty()) p.ports.push_back(port);
     for (const auto& m : c->mounts) {
@@ -190,7 +205,8 @@ Production inspect_production(const std::string& podman, const std::string& cont
 }
 
 // The clone's own copy of each named volume, made before the freeze (and
-// removed again on failure, or with the clone).
+// removed again on failure, or with the clone).  The guardian is told of
+// each before podman makes it.
 struct CloneVolumes {
     std::string podman;
     std::vector<std::pair<Production::Volume, std::string>> made;  // production's -> the clone's name
@@ -241,6 +257,18 @@ void remap_volumes(const std::string& archive, const std::string& work, const Cl
     fs::remove_all(dir);
 }
 
+// The restored clone container and its network: removed again unless kept
+// (a failure, or an interrupt, after the restore began).
+struct RestoredClone {
+    std::string podman, name, network;
+    bool keep = false;
+    ~RestoredClone() {
+        if (keep) return;
+        if (!name.empty()) run({podman, "container", "rm", "--force", "--time", "1", name});
+        if (!network.empty()) run({podman, "network", "rm", "--force", network});
+    }
+};
+
 void save_container_state(const ContainerCloneResult& r) {
     JsonWriter j;
     j.begin_object().field("id", r.id).field("network", r.network).field("source", r.source);
@@ -277,6 +305,15 @@ ContainerCloneResult clone_container(const ContainerCloneOptions& o) {
                         "them. Use a named volume (the clone gets a copy of it) or mount it read-only; production "
                         "is untouched",
                     ExitCode::unavailable);
+    // From here on a Ctrl-C undoes what was made (podman, in a group of its
+    // own, is never cut off), and a launcher killed outright leaves it to its
+    // guardian, told of each thing before it is made: the volume copies, the
+    // archive's directory, the clone container, its network, its record.
+    // A debug session's guardian is its own, held until it removed the clone.
+    InterruptGuard interrupts;
+    std::optional<CloneGuardian> own_guardian;
+    CloneGuardian* guardian = CloneGuardian::current();
+    if (!guardian) guardian = &own_guardian.emplace();
     CloneVolumes volumes{podman, {}};
     for (const auto& v : prod.volumes) {
         const std::string copy = "iprobe-" + r.name + "-" + v.name;
@@ -284,13 +321,16 @@ ContainerCloneResult clone_container(const ContainerCloneOptions& o) {
             throw Error("a podman volume named '" + copy + "' exists (left by a clone named " + r.name +
                             "?); remove it with `podman volume rm " + copy + "`",
                         ExitCode::busy);
+        guardian->guard_podman("volume", copy);
         if (RunResult made = run({podman, "volume", "create", copy}); !made.ok())
             throw Error("cannot create the clone's copy of volume " + v.name + ": " + podman_errors(made) +
                         "; production is untouched");
         volumes.made.emplace_back(v, copy);
     }
 
-    Workspace work(criu);
+    Workspace work(criu, *guardian, r.name);
+    test_pause("workspace");
+    throw_if_interrupted("the clone's volume copies were removed");
     progress(o, "checkpointing container " + o.container + " with podman and CRIU " + criu.version +
                     ", production keeps running");
     double t = now_ms();
@@ -301,8 +341,17 @@ ContainerCloneResult clone_container(const ContainerCloneOptions& o) {
                                            "--compress", "none", "--export", work.archive()};
     if (!volumes.made.empty()) checkpoint.push_back("--ignore-volumes");
     checkpoint.push_back(o.container);
+    // Those there before are a checkpoint of someone else's until ours
+    // replaces them; those not, ours alone, also for the guardian to remove.
+    std::vector<std::string> ours_alone;
+    for (const auto& f : prod.checkpoint_leftovers)
+        if (!fs::exists(f)) {
+            guardian->guard_scratch(f);
+            ours_alone.push_back(f);
+        }
     auto client = o.client_view ? ClientPinger::watch(container_main_pid(o.container)) : nullptr;
     RunResult dump = run(work.podman(podman, checkpoint));
+    for (const auto& f : dump.ok() ? prod.checkpoint_leftovers : ours_alone) clone_steps::remove_tree(f);
     r.checkpoint_ms = now_ms() - t;
     r.client_seen_ms = client ? client->window_max_us() / 1e3 : -1;
     client.reset();
@@ -310,6 +359,7 @@ ContainerCloneResult clone_container(const ContainerCloneOptions& o) {
         throw Error("podman could not checkpoint container '" + o.container +
                         "'; production keeps running. podman says: " + podman_errors(dump),
                     ExitCode::failure);
+    throw_if_interrupted("the checkpoint archive and the clone's volume copies were removed");
     const podman::CheckpointStats stats = checkpoint_stats(dump.out);
     r.freeze_ms = stats.frozen_us / 1e3;
     r.freezing_ms = stats.freezing_us / 1e3;
@@ -318,6 +368,7 @@ ContainerCloneResult clone_container(const ContainerCloneOptions& o) {
     std::snprintf(frozen, sizeof frozen, "production could not answer for %.1f ms (stopping it %.1f ms, frozen %.1f ms)",
                   r.freezing_ms + r.freeze_ms, r.freezing_ms, r.freeze_ms);
     progress(o, frozen);
+    test_pause("exported");
 
     // Volumes: copied right after the checkpoint, production running on, so
     // the clone's files may be slightly ahead of its memory, never behind.
@@ -335,15 +386,23 @@ ContainerCloneResult clone_container(const ContainerCloneOptions& o) {
     // Production's host ports are taken: the clone publishes each of its
     // ports on a free loopback port instead (podman picks it).
     for (const auto& port : prod.ports) restore.insert(restore.end(), {"--publish", "127.0.0.1::" + port});
+    throw_if_interrupted("the checkpoint archive and the clone's volume copies were removed");
+    // Its name was free (checked above); whatever the restore makes of it
+    // is removed unless kept.
+    guardian->guard_podman("container", r.name);
+    RestoredClone clone{podman, r.name, {}};
     t = now_ms();
     RunResult restored = run(work.podman(podman, restore));
     r.restore_ms = now_ms() - t;
     if (!restored.ok()) {
-        run({podman, "container", "rm", "--force", r.name});
         throw Error("podman could not restore the clone; production is untouched. podman says: " +
                         podman_errors(restored),
                     ExitCode::failure);
     }
+    test_pause("restored");
+    throw_if_interrupted("the clone container, the checkpoint archive and the clone's volume copies were removed");
+    clone.network = network_of(r.name);
+    guardian->guard_podman("network", clone.network);
     r.network = move_to_own_network(podman, r.name);
     try {
         const auto c = inspect_container(podman, r.name);
@@ -360,14 +419,28 @@ ContainerCloneResult clone_container(const ContainerCloneOptions& o) {
             r.ports.emplace_back(port, published->second.front().host_ip + ":" + published->second.front().host_port);
         }
     } catch (const Error& e) {
-        run({podman, "container", "rm", "--force", r.name});
-        run({podman, "network", "rm", "--force", r.network});
         throw Error("the restored clone " + r.name + " cannot be inspected: " + e.what());
     }
+    throw_if_interrupted("the clone container, its network, the checkpoint archive and the clone's volume copies "
+                         "were removed");
     r.total_ms = now_ms() - t0;
+    // Recorded, then kept: killed in between, the guardian removes the
+    // record with the rest.
+    guardian->guard_scratch(state_file(r.name));
     save_container_state(r);
-    volumes.keep = true;
+    test_pause("record");
+    work.remove();
+    volumes.keep = clone.keep = true;
+    if (own_guardian) own_guardian->release();
     return r;
+}
+
+void clone_steps::remove_guarded_podman(const std::vector<PodmanObject>& objects) {
+    const std::string podman = find_program("podman");
+    if (podman.empty()) return;
+    for (const char* kind : {"container", "network", "volume"})
+        for (const auto& o : objects)
+            if (o.kind == kind) run({podman, kind, "rm", "--force", o.name});
 }
 
 pid_t container_main_pid(const std::string& container) {

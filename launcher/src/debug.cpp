@@ -185,6 +185,7 @@ void DebugSession::make_container_clone() {
     ContainerCloneOptions co{o_.container, name_, [this](const std::string& line) {
                                  if (!o_.json) std::fprintf(stderr, "iprobe debug: %s\n", line.c_str());
                              }};
+    if (!container_guardian_) container_guardian_.emplace();  // clone_container tells it what it makes
     start_client_view();
     const ContainerCloneResult clone = clone_container(co);
     clones_->adopt_container(clone, end_client_view());
@@ -279,6 +280,7 @@ std::string DebugSession::reclone_reason(double last_clone_ms) {
 
 void DebugSession::teardown() {
     clones_->remove();
+    container_guardian_.reset();  // released: the clone container is removed
     mirror_.stop();
     if (!hook_socket_.empty()) ::unlink(hook_socket_.c_str());
 }

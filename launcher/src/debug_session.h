@@ -15,6 +15,7 @@
 #include <string>
 
 #include "client_pinger.h"
+#include "clone_guardian.h"
 #include "iprobe/launcher/clone_generation.h"
 #include "iprobe/launcher/debug.h"
 #include "iprobe/launcher/mirror_supervisor.h"
@@ -75,6 +76,10 @@ private:
     std::unique_ptr<CloneGeneration> clones_;
     std::unique_ptr<SessionRecording> recording_;  // --record
     std::unique_ptr<ClientPinger> pinger_;         // a client of production's own (RESP services)
+    // --container: armed before the clone container is made and held until
+    // the session removed it (teardown): a container clone has no keeper to
+    // end it when the session is killed outright, so its guardian removes it.
+    std::optional<clone_steps::CloneGuardian> container_guardian_;
     long long overflows_seen_ = 0, diverged_seen_ = 0;
 };
 

@@ -42,6 +42,8 @@ void from_json(const Json& j, Container& c) {
     if (const Json networks = net.value("Networks", Json::object()); networks.is_object())
         c.networks = networks.get<std::map<std::string, NetworkAttachment>>();
     c.ports = map_of_bindings(net.value("Ports", Json::object()));
+    c.static_dir = j.value("StaticDir", "");
+    c.checkpoint_path = state.value("CheckpointPath", "");
 }
 
 void from_json(const Json& j, CheckpointStats& st) {

@@ -94,7 +94,8 @@ void stdio_to_dev_null() noexcept;
 // the launcher reaching `step` says "iprobe: test pause at STEP (PID N)" on
 // stderr and stops itself (SIGSTOP), so that a test can kill it (SIGKILL)
 // there exactly.  Steps: docs/debug-container.md ("Interrupted, it undoes
-// itself").  Without the variable it does nothing.
+// itself"; for --container, "Killed or interrupted, a container clone leaves
+// nothing").  Without the variable it does nothing.
 void test_pause(const char* step);
 bool test_pause_armed(const char* step);
 

@@ -8,8 +8,10 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <regex>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -60,6 +62,17 @@ std::string redis_at(const std::string& address, const std::vector<std::string>&
     std::vector<std::string> argv = {"redis-cli", "-h", address};
     argv.insert(argv.end(), args.begin(), args.end());
     return trimmed(run(argv).out);
+}
+
+// What podman's checkpoint of `container` leaves in its own storage (CRIU's
+// images, production's memory; tars of its /dev/shm and rootfs changes)
+// and is there now.
+std::vector<std::string> checkpoint_leftovers(const std::string& container) {
+    const std::string dir = trimmed(run({"podman", "inspect", "--format", "{{.StaticDir}}", container}).out);
+    std::vector<std::string> there;
+    for (const char* f : {"checkpoint", "devshm-checkpoint.tar", "rootfs-diff.tar"})
+        if (!dir.empty() && fs::exists(dir + "/" + f)) there.push_back(dir + "/" + f);
+    return there;
 }
 
 class LauncherContainer : public ::testing::Test {
@@ -170,6 +183,8 @@ TEST_F(LauncherContainer, CloneIsANewContainerWithProductionsDataAndItsOwnAddres
 
     EXPECT_EQ(redis_at(clone_address, {"GET", "marker"}), "before-clone");
     EXPECT_EQ(redis_at(clone_address, {"LRANGE", "list", "0", "-1"}), "a\nb\nc");
+    // Production's memory is in the clone, not left in podman's storage.
+    EXPECT_EQ(checkpoint_leftovers(prod_), std::vector<std::string>{});
     // Two services from here on: writes stay where they were made.
     EXPECT_EQ(redis_at(clone_address, {"SET", "marker", "clone-wrote"}), "OK");
     EXPECT_EQ(redis_at(address_, {"SET", "only-in-production", "1"}), "OK");
@@ -354,5 +369,230 @@ TEST_F(LauncherContainer, UnknownContainerAndNameInUseAreRefusedUntouched) {
     EXPECT_EQ(redis_at(address_, {"PING"}), "PONG");
     clone_.clear();
 }
+
+// ---- killed or interrupted at each step: nothing of the clone outlives it
+
+// The state letter of /proc/PID/stat (T: stopped), 0 when gone or a zombie.
+char state_of(long long pid) {
+    const std::string stat = file_text("/proc/" + std::to_string(pid) + "/stat");
+    const auto paren = stat.rfind(')');
+    const char state = paren != std::string::npos && paren + 2 < stat.size() ? stat[paren + 2] : 0;
+    return state == 'Z' ? 0 : state;
+}
+
+std::vector<long long> children_of(long long pid) {
+    std::vector<long long> out;
+    std::error_code ec;
+    for (const auto& task : fs::directory_iterator("/proc/" + std::to_string(pid) + "/task", ec)) {
+        std::istringstream in(file_text(task.path() / "children"));
+        for (long long c; in >> c;) out.push_back(c);
+    }
+    return out;
+}
+
+std::string cmdline_of(long long pid) {
+    std::string s = file_text("/proc/" + std::to_string(pid) + "/cmdline");
+    std::replace(s.begin(), s.end(), '\0', ' ');
+    return s;
+}
+
+// The launcher's child whose command line has `words`, or -1.
+long long child_with(long long launcher, const std::string& words) {
+    for (long long c : children_of(launcher))
+        if (cmdline_of(c).find(words) != std::string::npos) return c;
+    return -1;
+}
+
+// The launcher's iprobe-guardian (clone_guardian.h), or -1.
+long long guardian_of(long long launcher) {
+    for (long long c : children_of(launcher))
+        if (file_text("/proc/" + std::to_string(c) + "/comm") == "iprobe-guardian\n") return c;
+    return -1;
+}
+
+// `iprobe clone --container` killed outright (SIGKILL) or interrupted
+// (SIGINT to its process group, as a terminal's Ctrl-C) at STEP: stopped
+// there by the test-only IPROBE_TEST_PAUSE=STEP (launcher/src/process.h):
+// `workspace` (the clone's volume copy and the archive's directory made,
+// nothing checkpointed), `exported` (the checkpoint archive written),
+// `restored` (the clone container runs, still on production's network),
+// `record` (the clone recorded, not yet reported); or caught while it runs
+// `podman container checkpoint` (`checkpointing`) or `podman container
+// restore` (`restoring`), which run on in groups of their own.  Production
+// runs as people run it (a published port, a named volume, a network of its
+// own).  Each time nothing is left once the launcher's processes ended: no
+// container of the clone's name, no network or volume of its own, no
+// checkpoint archive, no record; `--destroy` finds nothing (exit 5);
+// production runs and answers with its own data; and the name can be
+// cloned again.
+class LauncherContainerKilledAt : public LauncherContainerAsRun,
+                                  public ::testing::WithParamInterface<std::string> {
+protected:
+    void SetUp() override {
+        LauncherContainerAsRun::SetUp();
+        if (IsSkipped() || HasFatalFailure()) return;
+        ASSERT_EQ(production({"SET", "marker", "before-clone"}), "OK");
+        std::vector<std::string> mset = {"MSET"};
+        for (int i = 0; i < 500; ++i) mset.insert(mset.end(), {"key:" + std::to_string(i), std::to_string(i * i)});
+        ASSERT_EQ(production(mset), "OK");
+        for (const auto& e : fs::directory_iterator("/run/iprobe/container-clones", ec_)) before_.insert(e.path());
+    }
+    std::string clone_volume() const { return "iprobe-" + clone_ + "-ipt-vol-" + tag_; }
+
+    // Everything of the clone on the host, one line each.
+    std::vector<std::string> remains() {
+        std::vector<std::string> left;
+        if (run({"podman", "container", "exists", clone_}).exit_code == 0) left.push_back("container " + clone_);
+        if (run({"podman", "network", "exists", "iprobe-" + clone_}).exit_code == 0)
+            left.push_back("network iprobe-" + clone_);
+        if (run({"podman", "volume", "exists", clone_volume()}).exit_code == 0) left.push_back("volume " + clone_volume());
+        for (const auto& e : fs::directory_iterator("/run/iprobe/container-clones", ec_))
+            if (!before_.count(e.path())) left.push_back("file " + e.path().string());
+        for (const auto& f : checkpoint_leftovers(prod_)) left.push_back("production's storage " + f);
+        return left;
+    }
+
+    // Starts the clone; returns once it is at `step`, with its guardian
+    // (none before the fix) and the podman it was caught running (if any).
+    struct AtStep {
+        long long guardian = -1, podman = -1;
+    };
+    AtStep start_until(const std::string& step) {
+        Child& cli = cli_;
+        const fs::path& out = out_;
+        const bool caught = step == "checkpointing" || step == "restoring";
+        cli = Child({bin("iprobe"), "clone", "--container", prod_, "--netns", clone_}, out,
+                    caught ? std::vector<std::string>{} : std::vector<std::string>{"IPROBE_TEST_PAUSE=" + step},
+                    Session::own);
+        AtStep at;
+        const std::string podman = step == "checkpointing" ? "container checkpoint" : "container restore";
+        for (int i = 0; i < 120000 && cli.running(); ++i) {
+            if (caught ? (at.podman = child_with(cli.pid(), podman)) > 0 : state_of(cli.pid()) == 'T') break;
+            std::this_thread::sleep_for(std::chrono::milliseconds(1));
+        }
+        if (caught) {
+            EXPECT_GT(at.podman, 0) << "`podman " << podman << "` was not seen running: " << file_text(out);
+        } else {
+            EXPECT_NE(file_text(out).find("iprobe: test pause at " + step + " (PID " + std::to_string(cli.pid()) + ")"),
+                      std::string::npos)
+                << file_text(out);
+        }
+        at.guardian = guardian_of(cli.pid());
+        return at;
+    }
+
+    // Once every process the launcher left has ended (podman finishing its
+    // checkpoint or restore, the guardian after its removals).
+    static void wait_ended(const AtStep& at) {
+        for (long long p : {at.podman, at.guardian})
+            for (int i = 0; i < 12000 && p > 0 && state_of(p); ++i)
+                std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        for (long long p : {at.podman, at.guardian}) {
+            if (p > 0) {
+                EXPECT_EQ(state_of(p), 0) << "left running: " << p << " [" << cmdline_of(p) << "]";
+            }
+        }
+    }
+
+    void expect_nothing_left_and_name_free() {
+        EXPECT_EQ(remains(), std::vector<std::string>{});
+        const auto destroyed = run({bin("iprobe"), "clone", "--destroy", clone_});
+        EXPECT_EQ(destroyed.exit_code, 5) << destroyed.out << destroyed.err;
+        EXPECT_EQ(trimmed(run({"podman", "inspect", "--format", "{{.State.Running}}", prod_}).out), "true");
+        EXPECT_EQ(production({"GET", "marker"}), "before-clone");
+        EXPECT_EQ(production({"DBSIZE"}), "501");
+        auto again = run({bin("iprobe"), "clone", "--container", prod_, "--netns", clone_, "--json"}, {},
+                         std::chrono::seconds(180));
+        ASSERT_EQ(again.exit_code, 0) << again.err;
+        std::smatch m;
+        ASSERT_TRUE(std::regex_search(again.out, m, std::regex(R"re("address":"([0-9.]+)")re"))) << again.out;
+        EXPECT_EQ(redis_at(m[1].str(), {"GET", "marker"}), "before-clone");
+        EXPECT_EQ(redis_at(m[1].str(), {"DBSIZE"}), "501");
+        EXPECT_EQ(checkpoint_leftovers(prod_), std::vector<std::string>{});
+    }
+
+    std::set<fs::path> before_;
+    std::error_code ec_;
+    Child cli_;  // the launcher
+    fs::path out_ = dir_ / "clone.out";
+};
+
+TEST_P(LauncherContainerKilledAt, LeavesNothingAndProductionRunning) {
+    const std::string step = GetParam();
+    const AtStep at = start_until(step);
+    ASSERT_FALSE(HasFailure());
+    EXPECT_GT(at.guardian, 0) << "no iprobe-guardian among the launcher's children";
+    // What the launcher has made by then.
+    const std::vector<std::string> made = remains();
+    const bool restored = step == "restored" || step == "record";
+    // Mid-restore, podman may have made the container already or not yet.
+    if (step != "restoring") {
+        EXPECT_EQ(std::count(made.begin(), made.end(), "container " + clone_), restored ? 1 : 0)
+            << ::testing::PrintToString(made);
+    }
+    EXPECT_EQ(std::count(made.begin(), made.end(), "volume " + clone_volume()), 1) << ::testing::PrintToString(made);
+    EXPECT_EQ(std::count(made.begin(), made.end(), "file /run/iprobe/container-clones/" + clone_), step == "record")
+        << ::testing::PrintToString(made);
+    // Once exported, production's memory is no longer in podman's storage.
+    if (step != "workspace" && step != "checkpointing") {
+        EXPECT_EQ(checkpoint_leftovers(prod_), std::vector<std::string>{});
+    }
+    cli_.kill(SIGKILL);
+    cli_.wait();
+    wait_ended(at);
+    expect_nothing_left_and_name_free();
+}
+
+INSTANTIATE_TEST_SUITE_P(Steps, LauncherContainerKilledAt,
+                         ::testing::Values("workspace", "checkpointing", "exported", "restoring", "restored", "record"),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
+
+// `iprobe debug --container` killed outright (SIGKILL) while its session
+// runs: a container clone has no keeper to end it, so the session's
+// guardian, armed before the clone was made and held until the session
+// removes it, removes the clone container, its network, volume copy and
+// record.
+TEST_F(LauncherContainerKilledAt, DebugSessionKilledOutrightLeavesNothing) {
+    const fs::path out = dir_ / "debug.out";
+    Child debug({bin("iprobe"), "debug", "--container", prod_, "--name", clone_, "--listen",
+                 "127.0.0.1:" + std::to_string(free_port()), "--production", address_ + ":6379", "--json"},
+                out, {}, Session::own);
+    std::string text;
+    for (int i = 0; i < 1200 && text.find(R"("event":"mirror")") == std::string::npos && debug.running(); ++i) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        text = file_text(out);
+    }
+    ASSERT_NE(text.find(R"("event":"mirror")"), std::string::npos) << text;
+    const std::vector<std::string> made = remains();
+    EXPECT_EQ(std::count(made.begin(), made.end(), "container " + clone_), 1) << ::testing::PrintToString(made);
+    EXPECT_EQ(std::count(made.begin(), made.end(), "network iprobe-" + clone_), 1) << ::testing::PrintToString(made);
+    EXPECT_EQ(std::count(made.begin(), made.end(), "file /run/iprobe/container-clones/" + clone_), 1)
+        << ::testing::PrintToString(made);
+    AtStep at;
+    at.guardian = guardian_of(debug.pid());
+    EXPECT_GT(at.guardian, 0) << "no iprobe-guardian among the session's children";
+    debug.kill(SIGKILL);
+    wait_ended(at);
+    expect_nothing_left_and_name_free();
+}
+
+// Ctrl-C (SIGINT to the launcher's process group) while podman checkpoints
+// production and while it restores the clone: podman, in a group of its
+// own, is not cut off; the launcher then removes what it made and exits 130.
+class LauncherContainerCtrlC : public LauncherContainerKilledAt {};
+
+TEST_P(LauncherContainerCtrlC, UndoesTheCloneAndExits130) {
+    const std::string step = GetParam();
+    const AtStep at = start_until(step);
+    ASSERT_FALSE(HasFailure());
+    cli_.kill(SIGINT);
+    EXPECT_EQ(cli_.wait(std::chrono::seconds(120)), 130) << file_text(out_);
+    EXPECT_NE(file_text(out_).find("interrupted"), std::string::npos) << file_text(out_);
+    wait_ended(at);
+    expect_nothing_left_and_name_free();
+}
+
+INSTANTIATE_TEST_SUITE_P(Steps, LauncherContainerCtrlC, ::testing::Values("checkpointing", "restoring"),
+                         [](const ::testing::TestParamInfo<std::string>& info) { return info.param; });
 
 }  // namespace

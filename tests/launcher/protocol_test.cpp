@@ -283,8 +283,10 @@ const char* const kInspect = R"([
                "Paused": false,
                "Pid": 43210,
                "ConmonPid": 43200,
-               "ExitCode": 0
+               "ExitCode": 0,
+               "CheckpointPath": "/var/lib/containers/storage/overlay-containers/5d6f/userdata/checkpoint"
           },
+          "StaticDir": "/var/lib/containers/storage/overlay-containers/5d6f/userdata",
           "Mounts": [
                {
                     "Type": "volume",
@@ -339,6 +341,8 @@ TEST(PodmanJson, InspectIsReadIntoTypedFields) {
     EXPECT_TRUE(c->ports.at("9121/tcp").empty());  // exposed, not published: null
     ASSERT_EQ(c->port_bindings.size(), 1u);
     EXPECT_EQ(c->port_bindings.at("6379/tcp"), (std::vector<podman::PortBinding>{{"127.0.0.1", "16379"}}));
+    EXPECT_EQ(c->static_dir, "/var/lib/containers/storage/overlay-containers/5d6f/userdata");
+    EXPECT_EQ(c->checkpoint_path, "/var/lib/containers/storage/overlay-containers/5d6f/userdata/checkpoint");
 }
 
 TEST(PodmanJson, WhatPodmanLeavesOutIsDefaultedAndWhatIsNotThereIsNone) {
@@ -349,6 +353,7 @@ TEST(PodmanJson, WhatPodmanLeavesOutIsDefaultedAndWhatIsNotThereIsNone) {
     EXPECT_FALSE(c->running);
     EXPECT_EQ(c->pid, 0);
     EXPECT_TRUE(c->mounts.empty() && c->networks.empty() && c->ports.empty() && c->port_bindings.empty());
+    EXPECT_TRUE(c->static_dir.empty() && c->checkpoint_path.empty());
     EXPECT_FALSE(podman::parse_inspect("[]"));
     EXPECT_FALSE(podman::parse_inspect("{}"));
     for (const char* bad : {"", "Error: no such container x", R"([{"State":{}}])", R"([{"Id":"abc"}])",

@@ -39,6 +39,8 @@ struct Container {
     std::vector<Mount> mounts;
     std::map<std::string, NetworkAttachment> networks;
     std::map<std::string, std::vector<PortBinding>> ports;  // NetworkSettings: what it got
+    std::string static_dir;       // StaticDir: its directory in podman's storage ("userdata")
+    std::string checkpoint_path;  // State.CheckpointPath: where a checkpoint's CRIU images went ("" before one)
 };
 
 // CRIU's statistics as podman passes them on.

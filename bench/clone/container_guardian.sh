@@ -1,0 +1,89 @@
+#!/usr/bin/env bash
+# What leaving nothing behind costs an `iprobe clone --container` (the
+# clone's guardian forked by the command and told of the volume copy, the
+# archive's directory, the clone container, its network and its record
+# before each is made; the interrupt guard): the same idle redis (10 MB) in
+# a podman container with a named volume, cloned N times by this build and
+# by a base build without them, alternating, each clone destroyed before the
+# next.  Prints the medians of the command's wall time, the total it reports
+# (total_us), production's freeze (freeze_us) and what its clients waited
+# through (unavailable_us: podman's stopping phase + frozen), and this
+# build's over the base's.
+#
+#   sudo BASE_BUILD_DIR=/path/to/base/build bench/clone/container_guardian.sh [N=20]
+#   IPROBE_BUILD_DIR=build-x ...      this build (default: build)
+#
+# Needs root, both builds (the base's `iprobe` and `iprobe-launcher` targets
+# are enough), CRIU (scripts/setup) and podman with runc; both use the same
+# CRIU.  Run it alone, or under the lock every benchmark on the machine takes.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
+this="${IPROBE_BUILD_DIR:-$root/build}/bin/iprobe"
+base="${BASE_BUILD_DIR:?set BASE_BUILD_DIR to a build without the guardian of clone --container}/bin/iprobe"
+runs="${1:-20}"
+image=localhost/iprobe-bench-redis:host
+export IPROBE_CRIU="${IPROBE_CRIU:-$root/third_party/cache/criu/bin/criu}"
+
+[[ $(id -u) -eq 0 ]] || { echo "run as root (CRIU, podman)" >&2; exit 4; }
+for tool in "$this" "$base"; do [[ -x $tool ]] || { echo "no $tool: build it first" >&2; exit 5; }; done
+command -v podman >/dev/null || { echo "no podman: run scripts/setup" >&2; exit 7; }
+
+prod="iprobe-cgbench-prod-$$" volume="iprobe-cgbench-vol-$$" clone="ipcg-$$"
+work="$(mktemp -d)"
+cleanup() {
+  "$this" clone --destroy "$clone" >/dev/null 2>&1 || true
+  podman rm --force --time 1 "$prod" >/dev/null 2>&1 || true
+  podman volume rm --force "$volume" >/dev/null 2>&1 || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+trap "exit 130" INT TERM  # so that Ctrl-C or a timeout still cleans up
+
+json_field() { grep -o "\"$2\":[^,}]*" <<<"$1" | head -1 | cut -d: -f2 | tr -d '"'; }
+# shellcheck source=bench/clone/redis_image.sh
+. "$root/bench/clone/redis_image.sh"
+redis_image "$image" "$work"
+nofile=$(ulimit -Hn); nproc=$(ulimit -Hu)
+[[ $nofile == unlimited || $nofile -gt 1048576 ]] && nofile=1048576
+[[ $nproc == unlimited || $nproc -gt 32768 ]] && nproc=32768
+
+podman volume create "$volume" >/dev/null
+podman --runtime runc run -d --ulimit "nofile=$nofile:$nofile" --ulimit "nproc=$nproc:$nproc" --name "$prod" \
+  -v "$volume:/data" "$image" /usr/bin/redis-server --save '' --appendonly no --protected-mode no \
+  --enable-debug-command yes --dir /data >/dev/null
+addr=$(podman inspect --format '{{.NetworkSettings.IPAddress}}' "$prod")
+for _ in $(seq 200); do [[ $(redis-cli -h "$addr" PING 2>/dev/null) == PONG ]] && break; sleep 0.05; done
+static=$(podman inspect --format '{{.StaticDir}}' "$prod")
+redis-cli -h "$addr" DEBUG POPULATE 10000 key 1000 | grep -qx OK || { echo "DEBUG POPULATE failed" >&2; exit 1; }
+
+# One clone by `$1`: "wall_us total_us freeze_us unavailable_us".
+clone_once() {
+  local start end out
+  start=$(date +%s%N)
+  out="$("$1" clone --container "$prod" --netns "$clone" --json)"
+  end=$(date +%s%N)
+  [[ $(redis-cli -h "$(json_field "$out" address)" DBSIZE) == 10000 ]] || { echo "the clone lacks production's data" >&2; exit 1; }
+  "$1" clone --destroy "$clone" >/dev/null
+  # The base leaves podman's checkpoint files in production's storage; each
+  # clone starts without them, as after one by this build.
+  rm -rf "$static/checkpoint" "$static/devshm-checkpoint.tar" "$static/rootfs-diff.tar"
+  echo "$(((end - start) / 1000)) $(json_field "$out" total_us) $(json_field "$out" freeze_us) $(json_field "$out" unavailable_us)"
+}
+
+: >"$work/base" ; : >"$work/this"
+for _ in $(seq "$runs"); do
+  clone_once "$base" >>"$work/base"
+  clone_once "$this" >>"$work/this"
+done
+
+median() { sort -n | awk '{ v[NR] = $1 } END { printf "%.0f\n", (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+printf '%-10s %12s %14s %12s %17s\n' build "wall (ms)" "total_us (ms)" "freeze (ms)" "unavailable (ms)"
+for b in base this; do
+  for i in 1 2 3 4; do eval "${b}_$i=$(awk "{print \$$i}" "$work/$b" | median)"; done
+  eval "printf '%-10s %12.2f %14.2f %12.2f %17.2f\n' $b \$(bc -l <<<\"\$${b}_1/1000\") \$(bc -l <<<\"\$${b}_2/1000\") \
+    \$(bc -l <<<\"\$${b}_3/1000\") \$(bc -l <<<\"\$${b}_4/1000\")"
+done
+printf '%-10s %12.3f %14.3f %12.3f %17.3f\n' "this/base" "$(bc -l <<<"$this_1/$base_1")" "$(bc -l <<<"$this_2/$base_2")" \
+  "$(bc -l <<<"$this_3/$base_3")" "$(bc -l <<<"$this_4/$base_4")"
+echo "($runs clones each, alternating; medians)"
