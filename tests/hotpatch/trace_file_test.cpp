@@ -52,6 +52,17 @@ void put_escape(std::string& out, const std::vector<iprobe_rt_record>& records) 
     for (const auto& r : records) out.append(reinterpret_cast<const char*>(&r), sizeof r);
 }
 
+// A trace file's header as the writer puts it, for process 4242.
+std::string file_header(std::uint32_t version, const WallClock& clock) {
+    std::string out("IPRBTRC1", 8);
+    put(out, version);
+    put(out, std::uint32_t{4242});
+    put(out, clock.tsc_base);
+    put(out, clock.realtime_base);
+    put(out, clock.ns_per_tick);
+    return out;
+}
+
 std::string file_bytes(const std::string& path) {
     std::ifstream in(path, std::ios::binary);
     return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
@@ -97,12 +108,7 @@ TEST(TraceFile, RecordsBecomeEventWordsAndEscapesByteForByteAndReadBackWhole) {
                        {"six", "six", "", 0, probelist::ProbeKind::exit, ""}});
     }
 
-    std::string want("IPRBTRC1", 8);
-    put(want, std::uint32_t{4});
-    put(want, std::uint32_t{4242});
-    put(want, clock.tsc_base);
-    put(want, clock.realtime_base);
-    put(want, clock.ns_per_tick);
+    std::string want = file_header(4, clock);
     // block: thread 100
     put(want, std::uint32_t{100});
     put(want, std::uint32_t{5 + 9 + 5});  // 5 event words, an escape of 2 records, one of 1
@@ -245,12 +251,7 @@ TEST(TraceFile, AGapAndEntriesWithoutTheirExitReadBackAsTheRuntimeMeantThem) {
 TEST(TraceFile, ReadsAVersion2File) {
     const iprobe_rt_record nested = record(IPROBE_RT_REC_ENTRY, 5, 100, 1200, 0, 1);
     const WallClock clock{1000, 5'000'000'000ull, 0.5};
-    std::string v2("IPRBTRC1", 8);
-    put(v2, std::uint32_t{2});
-    put(v2, std::uint32_t{4242});
-    put(v2, clock.tsc_base);
-    put(v2, clock.realtime_base);
-    put(v2, clock.ns_per_tick);
+    std::string v2 = file_header(2, clock);
     put(v2, std::uint32_t{100});
     put(v2, std::uint32_t{2 + 5});
     put(v2, std::uint64_t{1000});
