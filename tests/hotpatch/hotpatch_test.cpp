@@ -332,7 +332,7 @@ TEST_F(HotpatchTest, AnEntryWithoutItsExitSitsInsideTheCallAroundIt) {
             (leaf ? leaves : entry ? works : work_exits)++;
         }
         EXPECT_EQ(misplaced, 0) << what << ", the first: " << first_misplaced;
-        EXPECT_GT(works, 1000) << what;
+        EXPECT_GT(works, 100) << what;  // a stream, not its length, is the point
         // one leaf a call of work (the stream may end between the two)
         EXPECT_LE(leaves, works) << what;
         EXPECT_GE(leaves, works - 1) << what;
