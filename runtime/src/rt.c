@@ -584,12 +584,8 @@ static void put_gap(struct thread_producer* t, uint64_t index, uint64_t now, uin
     g->frame = gap;
 }
 
-/* trace_fast.S's one record at `index` looked not to fit (the region is
- * mapped: it checked): 0 when it was dropped, else 1 + where to write it.
- * The first to fit after drops finds room at `index` for the GAP record
- * and takes the next place for itself: the fast path never looks for a gap,
- * since after a drop its thread's next reservation looks full again until
- * this has read the reader's tail. */
+/* The GAP record at `index`, the place found free; the event takes the
+ * next: 0 when that one is dropped, else 1 + where to write it. */
 static __attribute__((noinline, cold)) uint64_t gap_then_place(struct thread_producer* t, uint64_t index,
                                                                 uint64_t now) {
     put_gap(t, index, now, __atomic_exchange_n(&t->gap, 0, __ATOMIC_RELAXED));
@@ -598,6 +594,12 @@ static __attribute__((noinline, cold)) uint64_t gap_then_place(struct thread_pro
     return next + 1;
 }
 
+/* trace_fast.S's one record at `index` looked not to fit (the region is
+ * mapped: it checked): 0 when it was dropped, else 1 + where to write it.
+ * The first to fit after drops finds room at `index` for the GAP record
+ * and takes the next place for itself: the fast path never looks for a gap,
+ * since after a drop its thread's next reservation looks full again until
+ * this has read the reader's tail. */
 __attribute__((visibility("hidden"))) uint64_t iprobe_rt_trace_ring_full(uint64_t index, uint64_t now) {
     struct thread_producer* t = &t_producer;
     if (!make_room(control(), t, index, 1, 0)) return 0;
