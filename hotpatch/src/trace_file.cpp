@@ -709,7 +709,7 @@ bool TraceFileReader::next(const std::function<void(const Event&)>& sink) {
                 iprobe_rt_record r;
                 std::memcpy(&r, word, sizeof r);
                 if (r.kind == IPROBE_RT_REC_GAP && n == 1 && version_ >= kGapsVersion) {
-                    gap_ = (gap_tid_ == tid ? gap_ : 0) + r.frame, gap_tid_ = tid;
+                    gap_.add(tid, r.frame);
                     tsc = r.tsc;
                     word += sizeof r;
                     continue;
@@ -732,7 +732,7 @@ bool TraceFileReader::next(const std::function<void(const Event&)>& sink) {
             }
             e.tsc = tsc;
             e.time_ns = clock_.ns(tsc);
-            if (gap_ && gap_tid_ == tid) e.dropped_before = std::exchange(gap_, 0);
+            e.dropped_before = gap_.take(tid);
             sink(e);
         }
         used += length;

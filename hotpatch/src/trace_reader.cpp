@@ -133,8 +133,7 @@ struct TraceReader::Impl {
         std::uint32_t spec = 0;            // the spec they were written under (iprobe_rt_record.values)
         std::uint32_t ring = UINT32_MAX;
         std::uint64_t next_at = 0;         // where the pending event's next record is
-        std::uint64_t gap = 0;             // a GAP record's count, for its ring's next event
-        std::uint32_t gap_ring = UINT32_MAX;
+        PendingGap gap;                    // owned by a ring
     } decoding;
 
     void load_new_modules() {
@@ -327,14 +326,13 @@ std::size_t TraceReader::decode(const RecordRun& run, const std::function<void(c
             e.inlined_copy = r.kind == IPROBE_RT_REC_ENTRY && (r.values & IPROBE_RT_VALUES_COPY);
             more = r.nargs;
             d.spec = r.values;
-        } else if (r.kind == IPROBE_RT_REC_GAP) {  // two in a row: the event after the first was dropped too
-            d.gap = (d.gap_ring == run.ring ? d.gap : 0) + r.frame;
-            d.gap_ring = run.ring;
+        } else if (r.kind == IPROBE_RT_REC_GAP) {
+            d.gap.add(run.ring, r.frame);
             continue;
         } else {
             continue;
         }
-        if (d.gap && d.gap_ring == run.ring) e.dropped_before = std::exchange(d.gap, 0);
+        e.dropped_before = d.gap.take(run.ring);
         if (r.probe < impl_->region.probe_count())
             entry_without_exit(e, static_cast<probelist::ProbeKind>(impl_->region.probes()[r.probe].kind), r.values);
         d.pending = std::move(e);

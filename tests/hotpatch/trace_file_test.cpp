@@ -246,6 +246,22 @@ TEST(TraceFile, AGapAndEntriesWithoutTheirExitReadBackAsTheRuntimeMeantThem) {
     EXPECT_TRUE(shown[3].exit_traced);
 }
 
+// Two GAPs of one thread in a row add up (the event after the first was
+// dropped too), go to that thread's next event only, once; another
+// thread's GAP replaces a count its owner never got to.
+TEST(TraceFile, APendingGapGoesToItsOwnersNextEventOnce) {
+    PendingGap gap;
+    gap.add(100, 42);
+    gap.add(100, 3);
+    EXPECT_EQ(gap.take(200), 0u);
+    EXPECT_EQ(gap.take(100), 45u);
+    EXPECT_EQ(gap.take(100), 0u);
+    gap.add(100, 5);
+    gap.add(200, 7);
+    EXPECT_EQ(gap.take(100), 0u);
+    EXPECT_EQ(gap.take(200), 7u);
+}
+
 // A version 2 file (the previous iprobe's: version 3 without values events
 // and without the types table) still reads, event for event.
 TEST(TraceFile, ReadsAVersion2File) {

@@ -147,8 +147,7 @@ private:
     int fd_ = -1;
     pid_t pid_ = 0;
     std::uint32_t version_ = 0;
-    std::uint64_t gap_ = 0;       // a GAP's count, for the next event of thread gap_tid_
-    std::uint32_t gap_tid_ = 0;
+    PendingGap gap_;              // owned by a thread
     std::vector<ProbeInfo> probes_;
     WallClock clock_;
     std::uint64_t at_ = 0, end_ = 0;  // events: [at_, end_) still to read

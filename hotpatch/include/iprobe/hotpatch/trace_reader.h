@@ -15,6 +15,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "iprobe/probelist/probe_list.h"
@@ -86,6 +87,23 @@ inline void entry_without_exit(Event& e, probelist::ProbeKind probe_kind, std::u
         e.exit_traced = false;
     }
 }
+
+// A GAP record's count until the next event of the thread (or ring) that
+// wrote it (rt_layout.h, IPROBE_RT_REC_GAP): two in a row add up (the event
+// after the first was dropped too); another owner's GAP replaces it.
+class PendingGap {
+public:
+    void add(std::uint32_t owner, std::uint64_t dropped) {
+        count_ = (owner == owner_ ? count_ : 0) + dropped;
+        owner_ = owner;
+    }
+    // What `owner`'s next event was preceded by: its dropped_before.
+    std::uint64_t take(std::uint32_t owner) { return count_ && owner == owner_ ? std::exchange(count_, 0) : 0; }
+
+private:
+    std::uint64_t count_ = 0;
+    std::uint32_t owner_ = UINT32_MAX;
+};
 
 struct ProbeInfo {
     std::string function;  // demangled
