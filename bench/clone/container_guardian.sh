@@ -40,7 +40,8 @@ cleanup() {
 trap cleanup EXIT
 trap "exit 130" INT TERM  # so that Ctrl-C or a timeout still cleans up
 
-json_field() { grep -o "\"$2\":[^,}]*" <<<"$1" | head -1 | cut -d: -f2 | tr -d '"'; }
+# shellcheck source=bench/clone/against_base.sh
+. "$root/bench/clone/against_base.sh"
 # shellcheck source=bench/clone/redis_image.sh
 . "$root/bench/clone/redis_image.sh"
 redis_image "$image" "$work"
@@ -57,33 +58,18 @@ for _ in $(seq 200); do [[ $(redis-cli -h "$addr" PING 2>/dev/null) == PONG ]] &
 static=$(podman inspect --format '{{.StaticDir}}' "$prod")
 redis-cli -h "$addr" DEBUG POPULATE 10000 key 1000 | grep -qx OK || { echo "DEBUG POPULATE failed" >&2; exit 1; }
 
-# One clone by `$1`: "wall_us total_us freeze_us unavailable_us".
+# One clone by build `$1` (base or this): "wall_us total_us freeze_us unavailable_us".
 clone_once() {
-  local start end out
+  local tool=${!1} start end out
   start=$(date +%s%N)
-  out="$("$1" clone --container "$prod" --netns "$clone" --json)"
+  out="$("$tool" clone --container "$prod" --netns "$clone" --json)"
   end=$(date +%s%N)
   [[ $(redis-cli -h "$(json_field "$out" address)" DBSIZE) == 10000 ]] || { echo "the clone lacks production's data" >&2; exit 1; }
-  "$1" clone --destroy "$clone" >/dev/null
+  "$tool" clone --destroy "$clone" >/dev/null
   # The base leaves podman's checkpoint files in production's storage; each
   # clone starts without them, as after one by this build.
   rm -rf "$static/checkpoint" "$static/devshm-checkpoint.tar" "$static/rootfs-diff.tar"
   echo "$(((end - start) / 1000)) $(json_field "$out" total_us) $(json_field "$out" freeze_us) $(json_field "$out" unavailable_us)"
 }
 
-: >"$work/base" ; : >"$work/this"
-for _ in $(seq "$runs"); do
-  clone_once "$base" >>"$work/base"
-  clone_once "$this" >>"$work/this"
-done
-
-median() { sort -n | awk '{ v[NR] = $1 } END { printf "%.0f\n", (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
-printf '%-10s %12s %14s %12s %17s\n' build "wall (ms)" "total_us (ms)" "freeze (ms)" "unavailable (ms)"
-for b in base this; do
-  for i in 1 2 3 4; do eval "${b}_$i=$(awk "{print \$$i}" "$work/$b" | median)"; done
-  eval "printf '%-10s %12.2f %14.2f %12.2f %17.2f\n' $b \$(bc -l <<<\"\$${b}_1/1000\") \$(bc -l <<<\"\$${b}_2/1000\") \
-    \$(bc -l <<<\"\$${b}_3/1000\") \$(bc -l <<<\"\$${b}_4/1000\")"
-done
-printf '%-10s %12.3f %14.3f %12.3f %17.3f\n' "this/base" "$(bc -l <<<"$this_1/$base_1")" "$(bc -l <<<"$this_2/$base_2")" \
-  "$(bc -l <<<"$this_3/$base_3")" "$(bc -l <<<"$this_4/$base_4")"
-echo "($runs clones each, alternating; medians)"
+against_base "$runs" wall total_us freeze_us unavailable_us

@@ -39,6 +39,8 @@ trap "exit 130" INT TERM  # so that Ctrl-C or a timeout still cleans up
 
 ip netns add "$ns"
 ip -n "$ns" link set lo up
+# shellcheck source=bench/clone/against_base.sh
+. "$root/bench/clone/against_base.sh"
 cli() { nsenter --net="/run/netns/$ns" redis-cli -p "$port" "$@"; }
 (cd "$work" && exec setsid nsenter --net="/run/netns/$ns" redis-server --port "$port" --save '' --appendonly no \
   </dev/null >"$work/redis.log" 2>&1) &
@@ -46,29 +48,14 @@ redis_pid=$!
 for _ in $(seq 100); do [[ $(cli PING 2>/dev/null) == PONG ]] && break; sleep 0.05; done
 cli DEBUG POPULATE 10000 key 1000 >/dev/null
 
-# One clone by `$1`: "wall_us total_us".
+# One clone by build `$1` (base or this): "wall_us total_us".
 clone_once() {
-  local start end out
+  local tool=${!1} start end out
   start=$(date +%s%N)
-  out="$("$1" clone "$redis_pid" --netns "$clone" --json)"
+  out="$("$tool" clone "$redis_pid" --netns "$clone" --json)"
   end=$(date +%s%N)
-  "$1" clone --destroy "$clone" >/dev/null
-  echo "$(((end - start) / 1000)) $(sed -n 's/.*"total_us":\([0-9]*\).*/\1/p' <<<"$out")"
+  "$tool" clone --destroy "$clone" >/dev/null
+  echo "$(((end - start) / 1000)) $(json_field "$out" total_us)"
 }
 
-: >"$work/base" ; : >"$work/this"
-for _ in $(seq "$runs"); do
-  clone_once "$base" >>"$work/base"
-  clone_once "$this" >>"$work/this"
-done
-
-median() { sort -n | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
-printf '%-10s %14s %14s\n' build "wall (ms)" "total_us (ms)"
-for b in base this; do
-  w=$(awk '{print $1}' "$work/$b" | median)
-  t=$(awk '{print $2}' "$work/$b" | median)
-  printf '%-10s %14.2f %14.2f\n' "$b" "$(echo "$w / 1000" | bc -l)" "$(echo "$t / 1000" | bc -l)"
-  eval "${b}_w=$w ${b}_t=$t"
-done
-printf '%-10s %14.3f %14.3f\n' "this/base" "$(echo "$this_w / $base_w" | bc -l)" "$(echo "$this_t / $base_t" | bc -l)"
-echo "($runs clones each, alternating; medians)"
+against_base "$runs" wall total_us

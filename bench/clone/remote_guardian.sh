@@ -42,7 +42,8 @@ trap cleanup EXIT
 trap "exit 130" INT TERM  # so that Ctrl-C or a timeout still cleans up
 
 in_a() { nsenter --net="/run/netns/$a" "$@"; }
-json_field() { grep -o "\"$2\":[^,}]*" <<<"$1" | head -1 | cut -d: -f2; }
+# shellcheck source=bench/clone/against_base.sh
+. "$root/bench/clone/against_base.sh"
 # shellcheck source=bench/clone/two_hosts.sh
 . "$root/bench/clone/two_hosts.sh"
 two_hosts "$a" "$b" "irg$$" 10.233.0
@@ -60,32 +61,15 @@ redis_pid=$!
 for _ in $(seq 100); do [[ $(in_a redis-cli -p 17381 PING 2>/dev/null) == PONG ]] && break; sleep 0.05; done
 in_a redis-cli -p 17381 DEBUG POPULATE 10000 key 1000 >/dev/null
 
-# One clone by `$1` onto its agent at port `$2`: "wall_us total_us freeze_us".
+# One clone by build `$1` (base or this) onto its own agent: "wall_us total_us freeze_us".
 clone_once() {
-  local start end out
+  local tool=${!1} port start end out
+  port=$([[ $1 == base ]] && echo 17398 || echo 17399)
   start=$(date +%s%N)
-  out="$(in_a "$1" clone "$redis_pid" --to "10.233.0.2:$2" --netns "$clone" --json)"
+  out="$(in_a "$tool" clone "$redis_pid" --to "10.233.0.2:$port" --netns "$clone" --json)"
   end=$(date +%s%N)
-  in_a "$1" clone --destroy "$clone" --to "10.233.0.2:$2" >/dev/null
+  in_a "$tool" clone --destroy "$clone" --to "10.233.0.2:$port" >/dev/null
   echo "$(((end - start) / 1000)) $(json_field "$out" total_us) $(json_field "$out" freeze_us)"
 }
 
-: >"$work/base" ; : >"$work/this"
-for _ in $(seq "$runs"); do
-  clone_once "$base" 17398 >>"$work/base"
-  clone_once "$this" 17399 >>"$work/this"
-done
-
-median() { sort -n | awk '{ v[NR] = $1 } END { printf "%.0f\n", (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
-printf '%-10s %14s %14s %14s\n' build "wall (ms)" "total_us (ms)" "freeze (ms)"
-for b in base this; do
-  w=$(awk '{print $1}' "$work/$b" | median)
-  t=$(awk '{print $2}' "$work/$b" | median)
-  f=$(awk '{print $3}' "$work/$b" | median)
-  printf '%-10s %14.2f %14.2f %14.2f\n' "$b" "$(echo "$w / 1000" | bc -l)" "$(echo "$t / 1000" | bc -l)" \
-    "$(echo "$f / 1000" | bc -l)"
-  eval "${b}_w=$w ${b}_t=$t ${b}_f=$f"
-done
-printf '%-10s %14.3f %14.3f %14.3f\n' "this/base" "$(echo "$this_w / $base_w" | bc -l)" \
-  "$(echo "$this_t / $base_t" | bc -l)" "$(echo "$this_f / $base_f" | bc -l)"
-echo "($runs clones each, alternating; medians)"
+against_base "$runs" wall total_us freeze_us
