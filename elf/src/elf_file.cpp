@@ -73,6 +73,7 @@ void ElfFile::load(std::string origin) {
     if (!gelf_getehdr(elf_.get(), &ehdr)) corrupt(origin, std::string("ELF header: ") + elf_errmsg(-1));
     type_ = ehdr.e_type;
     machine_ = ehdr.e_machine;
+    entry_point_ = ehdr.e_entry;
     const std::uint64_t total = bytes_.size();
     std::size_t shnum = 0, phnum = 0, shstrndx = 0;
     if (elf_getshdrnum(elf_.get(), &shnum) != 0) corrupt(origin, "section count unreadable");

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <optional>
+#include <string>
 
 #include "iprobe/elf/demangle.h"
 #include "iprobe/elf/elf_file.h"
@@ -52,6 +54,19 @@ bool is_cold_part(const std::string& name) {
     return dot != std::string::npos && (dot + 5 == name.size() || name[dot + 5] == '.');
 }
 
+// Why `f` is entered with something other than a return address at the
+// stack pointer (nullopt when it is called, as a function is): a hooked
+// return would overwrite that word, and the function never returns anyway.
+std::optional<std::string> entered_without_return_address(const elf::ElfFile& elf, const elf::ElfSymbol& f) {
+    if (elf.entry_point() != 0 && f.address == elf.entry_point())
+        return "the program's entry point: the kernel starts it with argc where a call leaves a return address";
+    if (f.name == "__restore_rt")
+        return "the signal return: a handler's ret enters it with the signal frame where a return address would be";
+    if (f.name.starts_with("_dl_runtime_resolve") || f.name.starts_with("_dl_runtime_profile"))
+        return "lazy binding: a PLT entry jumps to it with the symbol's index where a return address would be";
+    return std::nullopt;
+}
+
 }  // namespace
 
 std::set<std::uint64_t> marked_unpadded(const elf::ElfFile& elf) {
@@ -97,6 +112,10 @@ RelocatedEntries relocated_entries(const elf::ElfFile& elf, const std::set<std::
         if (is_cold_part(f.name)) {
             out.refused.push_back({f.name, elf::demangle(f.name), f.address, f.size, "cold part",
                                    "code gcc split off its function, entered by a jump: no call to count"});
+            continue;
+        }
+        if (auto why = entered_without_return_address(elf, f)) {
+            out.refused.push_back({f.name, elf::demangle(f.name), f.address, f.size, "no return address", *why});
             continue;
         }
         if (!plan.ok()) {

@@ -134,6 +134,32 @@ TEST_P(RelocatedEntries, SomeFunctionsOnlyAndAddingMoreLater) {
     EXPECT_EQ(text_of(t.pid(), "/" + GetParam()), file_bytes);
 }
 
+// `iprobe run` enables every probe before the program's entry point runs.
+// _start finds argc where a call leaves its return address: hooking its
+// return handed main a trampoline's address as argc (jsoncpp's own test
+// suite aborted).  It is refused, and the program gets its arguments.
+TEST_P(RelocatedEntries, TheProgramsEntryPointIsRefusedAndMainGetsItsArguments) {
+    const json list = list_json(target(GetParam()));
+    std::string reason;
+    for (const auto& f : list["refused"])
+        if (f["function"] == "_start") reason = f["reason"];
+    EXPECT_EQ(reason, "no return address") << list["refused"].dump();
+    for (const auto& p : list["probes"]) EXPECT_NE(p["function"], "_start");
+
+    const std::string expected = "argc 4: " + target(GetParam()) + " --args one two\n";
+    for (const std::vector<std::string>& handler : {std::vector<std::string>{"count", "--completed"}, {"trace"}}) {
+        SCOPED_TRACE(handler.front());
+        std::vector<std::string> args{"run", "--json", "--handler"};
+        args.insert(args.end(), handler.begin(), handler.end());
+        args.insert(args.end(), {"--", target(GetParam()), "--args", "one", "two"});
+        const auto r = iprobe(args);
+        EXPECT_EQ(r.exit_code, 0) << r.err;
+        EXPECT_EQ(r.out, expected);
+        EXPECT_EQ(json_calls(r.err, "main"), 1) << r.err;
+        EXPECT_EQ(json_completed(r.err, "main"), 1) << r.err;
+    }
+}
+
 INSTANTIATE_TEST_SUITE_P(PlainGcc, RelocatedEntries, ::testing::Values("reloc_cases", "reloc_cases_cet"));
 
 // The trampoline's bytes, case by case (relocate/entry_relocation.h).

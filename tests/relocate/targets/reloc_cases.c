@@ -65,6 +65,13 @@ static long run(long n) {
 }
 
 int main(int argc, char** argv) {
+    /* what main was given, for `iprobe run` from the program's first instruction on */
+    if (argc >= 2 && strcmp(argv[1], "--args") == 0) {
+        printf("argc %d:", argc);
+        for (int i = 0; i < argc; i++) printf(" %s", argv[i] ? argv[i] : "(null)");
+        printf("\n");
+        return 0;
+    }
     if (argc < 3) {
         fprintf(stderr, "usage: %s THREADS FIFO\n", argv[0]);
         return 2;

@@ -93,6 +93,8 @@ public:
 
     std::uint16_t type() const { return type_; }        // ET_EXEC, ET_DYN, ...
     std::uint16_t machine() const { return machine_; }  // EM_X86_64, ...
+    // e_entry: where the kernel (or ld.so) starts the program; 0 when none.
+    std::uint64_t entry_point() const { return entry_point_; }
     bool is_x86_64() const;
     bool is_executable_or_library() const;  // ET_EXEC or ET_DYN
     bool is_position_independent() const;   // ET_DYN
@@ -163,6 +165,7 @@ private:
     std::unique_ptr<Elf, ElfCloser> elf_;
     std::uint16_t type_ = 0;
     std::uint16_t machine_ = 0;
+    std::uint64_t entry_point_ = 0;
     std::vector<ElfSection> sections_;
     std::vector<ElfSegment> segments_;
     std::vector<ElfSymbol> symbols_;
