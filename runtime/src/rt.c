@@ -350,12 +350,7 @@ static uint64_t watch_thread_call(void* t, void* unused) {
 /* A thread that hooks returns before it has a ring or a slot (a handler
  * library's hooks) must still give its chunks back when it exits. */
 __attribute__((visibility("hidden"))) void iprobe_rt_watch_thread(void) {
-    struct thread_producer* t = &t_producer;
-    if (!g_thread_key_ok || t->in_claim) return;  /* a claim sets it anyway */
-    t->in_claim = 1;
-    BARRIER();
-    iprobe_rt_vector_safe_call(watch_thread_call, t, 0);
-    leave_claim(t);
+    if (g_thread_key_ok) iprobe_rt_vector_safe_call(watch_thread_call, &t_producer, 0);
 }
 
 static void retire_thread(void* value) {
