@@ -16,6 +16,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "raw_syscall.h"
 #include "return_stack_internal.h"
 
 #define BARRIER() __asm__ __volatile__("" ::: "memory")
@@ -78,8 +79,9 @@ static void read_words(const uint64_t* addresses, uint64_t* out, unsigned n) {
             remote[i].iov_base = (void*)(uintptr_t)addresses[done + i];
             remote[i].iov_len = sizeof *out;
         }
-        const long got = syscall(SYS_process_vm_readv, getpid(), local, (unsigned long)batch, remote,
-                                 (unsigned long)batch, 0UL);
+        /* not libc's: it may be probed, and this runs inside a handler */
+        const long got = iprobe_rt_raw_syscall6(SYS_process_vm_readv, iprobe_rt_raw_syscall6(SYS_getpid, 0, 0, 0, 0, 0, 0),
+                                                (long)local, (long)batch, (long)remote, (long)batch, 0);
         /* the kernel stops at the first element it cannot read: skip it */
         const unsigned whole = got > 0 ? (unsigned)(got / (long)sizeof *out) : 0;
         done += whole < batch ? whole + 1 : batch;

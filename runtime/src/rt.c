@@ -21,6 +21,7 @@
 
 #include "iprobe/runtime/rt.h"
 #include "condition_eval.h"
+#include "raw_syscall.h"
 #include "return_stack_internal.h"
 #include "trace_fast.h"
 #include "values_match.h"
@@ -170,8 +171,8 @@ static int claim_ring_now(struct thread_producer* t, struct iprobe_rt_control* c
     for (uint32_t i = 0; i < cb->ring_count; i++) {
         struct iprobe_rt_ring* ring = ring_at(cb, i);
         if (!try_take_ring(ring)) continue;
-        ring->tid = (uint32_t)syscall(SYS_gettid);
-        ring->owner_pid = (uint32_t)getpid();
+        ring->tid = (uint32_t)iprobe_rt_raw_syscall6(SYS_gettid, 0, 0, 0, 0, 0, 0);
+        ring->owner_pid = (uint32_t)iprobe_rt_raw_syscall6(SYS_getpid, 0, 0, 0, 0, 0, 0);
         t->tid = ring->tid;
         t->records = (struct iprobe_rt_record*)(ring + 1);
         t->mask = (uint64_t)cb->ring_records - 1;
@@ -211,7 +212,7 @@ static struct iprobe_rt_fn_stats* claim_slot_now(struct thread_producer* t, stru
         if (!__atomic_compare_exchange_n(&slot->state, &state, IPROBE_RT_RING_OWNED, 0, __ATOMIC_ACQ_REL,
                                          __ATOMIC_RELAXED))
             continue;
-        slot->tid = (uint32_t)syscall(SYS_gettid);
+        slot->tid = (uint32_t)iprobe_rt_raw_syscall6(SYS_gettid, 0, 0, 0, 0, 0, 0);
         slot->depth = 0;
         if (g_thread_key_ok) pthread_setspecific(g_thread_key, t);
         iprobe_rt_thread.stats = (struct iprobe_rt_fn_stats*)((char*)slot + cb->thread_header_size);
@@ -230,13 +231,19 @@ static struct iprobe_rt_fn_stats* claim_slot_now(struct thread_producer* t, stru
  * this thread in between would find its sums or its ring half-claimed, and
  * its events would be left out of the one and kept in the other (a
  * handler's call in the trace with a duration the sums never had).  The
- * synchronous ones stay deliverable (blocked, a fault would kill). */
-static void hold_signals(sigset_t* was) {
-    sigset_t all;
-    sigfillset(&all);
-    sigdelset(&all, SIGSEGV), sigdelset(&all, SIGBUS), sigdelset(&all, SIGILL);
-    sigdelset(&all, SIGFPE), sigdelset(&all, SIGTRAP), sigdelset(&all, SIGSYS);
-    pthread_sigmask(SIG_BLOCK, &all, was);
+ * synchronous ones stay deliverable (blocked, a fault would kill), and so
+ * do glibc's own two (cancellation, setxid), as pthread_sigmask keeps them.
+ * System calls of its own, not libc's: libc may be probed (enter_claim). */
+static uint64_t hold_signals(void) {
+    uint64_t held = ~0ull, was = 0;
+    static const int kept[] = {SIGSEGV, SIGBUS, SIGILL, SIGFPE, SIGTRAP, SIGSYS, 32, 33};
+    for (unsigned i = 0; i < sizeof kept / sizeof *kept; i++) held &= ~(1ull << (kept[i] - 1));
+    iprobe_rt_raw_syscall6(SYS_rt_sigprocmask, SIG_BLOCK, (long)&held, (long)&was, sizeof held, 0, 0);
+    return was;
+}
+
+static void release_signals(uint64_t was) {
+    iprobe_rt_raw_syscall6(SYS_rt_sigprocmask, SIG_SETMASK, (long)&was, 0, sizeof was, 0, 0);
 }
 
 /* After the claim, signals back: the ring's pages are faulted in now
@@ -244,23 +251,21 @@ static void hold_signals(sigset_t* was) {
  * meanwhile: it is claimed); held for this long, signals sent meanwhile
  * would merge. */
 static void populate_ring(struct thread_producer* t, struct iprobe_rt_control* cb) {
-    if (t->ring) madvise(t->ring, cb->ring_stride, MADV_POPULATE_WRITE);
+    if (t->ring) iprobe_rt_raw_syscall6(SYS_madvise, (long)t->ring, (long)cb->ring_stride, MADV_POPULATE_WRITE, 0, 0, 0);
 }
 
 static uint64_t claim_ring_call(void* t, void* cb) {
-    sigset_t was;
-    hold_signals(&was);
+    const uint64_t was = hold_signals();
     const int claimed = claim_ring_now(t, cb);
-    pthread_sigmask(SIG_SETMASK, &was, 0);
+    release_signals(was);
     if (claimed) populate_ring(t, cb);
     return (uint64_t)claimed;
 }
 
 static uint64_t claim_slot_call(void* t, void* cb) {
-    sigset_t was;
-    hold_signals(&was);
+    const uint64_t was = hold_signals();
     struct iprobe_rt_fn_stats* stats = claim_slot_now(t, cb);
-    pthread_sigmask(SIG_SETMASK, &was, 0);
+    release_signals(was);
     return (uint64_t)(uintptr_t)stats;
 }
 
@@ -273,28 +278,61 @@ static uint64_t claim_slot_call(void* t, void* cb) {
 static uint64_t claim_thread_call(void* tp, void* cbp) {
     struct thread_producer* t = tp;
     struct iprobe_rt_control* cb = cbp;
-    sigset_t was;
-    hold_signals(&was);
+    const uint64_t was = hold_signals();
     if (!t->slot) claim_slot_now(t, cb);
     const int claimed = !t->ring && claim_ring_now(t, cb);
     if (iprobe_rt_thread.count == 0) iprobe_rt_return_grow();
-    pthread_sigmask(SIG_SETMASK, &was, 0);
+    release_signals(was);
     if (claimed) populate_ring(t, cb);
     return 0;
 }
 
-/* The claims call libc: through iprobe_rt_vector_safe_call. */
+/* The claims call libc (through iprobe_rt_vector_safe_call), and libc may
+ * be probed itself (attach --module libc.so.6): a probe in pthread_sigmask
+ * or madvise fires inside the claim, finds the thread unclaimed and would
+ * claim again, without end.  So a claim is entered once a thread at a time;
+ * an event that fires inside it (a probed libc function the claim calls,
+ * or a synchronous signal's handler) is dropped and counted, as a thread
+ * without a slot or ring drops its events.  Returns 0 when it may not. */
+static int enter_claim(struct thread_producer* t, struct iprobe_rt_control* cb, int for_ring) {
+    if (!t->in_claim) {
+        t->in_claim = 1;
+        BARRIER();
+        return 1;
+    }
+    __atomic_fetch_add(&iprobe_rt_state.nested_drops, 1, __ATOMIC_RELAXED);
+    __atomic_fetch_add(for_ring ? &cb->no_ring_events : &cb->no_slot_events, 1, __ATOMIC_RELAXED);
+    return 0;
+}
+
+static void leave_claim(struct thread_producer* t) {
+    BARRIER();
+    t->in_claim = 0;
+}
+
 static __attribute__((noinline, cold)) int claim_ring(struct thread_producer* t, struct iprobe_rt_control* cb) {
-    return (int)iprobe_rt_vector_safe_call(claim_ring_call, t, cb);
+    if (t->no_ring || !enter_claim(t, cb, 1)) return 0;
+    const int claimed = (int)iprobe_rt_vector_safe_call(claim_ring_call, t, cb);
+    leave_claim(t);
+    return claimed;
 }
 
 static __attribute__((noinline, cold)) struct iprobe_rt_fn_stats* claim_slot(struct thread_producer* t,
                                                                              struct iprobe_rt_control* cb) {
-    return (struct iprobe_rt_fn_stats*)(uintptr_t)iprobe_rt_vector_safe_call(claim_slot_call, t, cb);
+    if (t->no_slot || !enter_claim(t, cb, 0)) return 0;
+    struct iprobe_rt_fn_stats* stats =
+        (struct iprobe_rt_fn_stats*)(uintptr_t)iprobe_rt_vector_safe_call(claim_slot_call, t, cb);
+    leave_claim(t);
+    return stats;
 }
 
+/* Inside a claim, the event's own claim_slot and ring_append count its drop. */
 static __attribute__((noinline, cold)) void claim_thread(struct thread_producer* t, struct iprobe_rt_control* cb) {
+    if (t->in_claim) return;
+    t->in_claim = 1;
+    BARRIER();
     iprobe_rt_vector_safe_call(claim_thread_call, t, cb);
+    leave_claim(t);
 }
 
 /* Before a traced event reads the clock: the thread's claims, once. */
@@ -859,17 +897,6 @@ static inline __attribute__((always_inline)) void read_xmm_args(uint64_t* x) {
     READ_XMM(7, x[7]);
 }
 
-static inline long raw_syscall6(long n, long a, long b, long c, long d, long e, long f) {
-    register long r10 __asm__("r10") = d;
-    register long r8 __asm__("r8") = e;
-    register long r9 __asm__("r9") = f;
-    long ret;
-    __asm__ __volatile__("syscall"
-                         : "=a"(ret)
-                         : "0"(n), "D"(a), "S"(b), "d"(c), "r"(r10), "r"(r8), "r"(r9)
-                         : "rcx", "r11", "memory");
-    return ret;
-}
 
 /* process_vm_readv on ourselves rather than a fault guard: it cannot fault
  * whatever the pointer (unmapped, PROT_NONE, a guard page), installs no
@@ -893,7 +920,7 @@ uint64_t iprobe_rt_copy_string(uint64_t s, char out[IPROBE_RT_STRING_BYTES]) {
         remote[1].len = IPROBE_RT_STRING_BYTES - remote[0].len;
         n = 2;
     }
-    const long got = raw_syscall6(SYS_process_vm_readv, (long)g_pid, (long)(uintptr_t)&local, 1,
+    const long got = iprobe_rt_raw_syscall6(SYS_process_vm_readv, (long)g_pid, (long)(uintptr_t)&local, 1,
                                   (long)(uintptr_t)remote, (long)n, 0);
     if (got <= 0) return IPROBE_RT_STRING_UNREADABLE;
     int end = 0;
@@ -930,7 +957,7 @@ static uint32_t caller_chain(const uint64_t* slot, uint64_t* out, uint32_t max) 
         struct {
             uint64_t base, len;
         } local = {(uint64_t)(uintptr_t)&held, 8}, remote = {nearest, 8};
-        if (raw_syscall6(SYS_process_vm_readv, (long)g_pid, (long)(uintptr_t)&local, 1, (long)(uintptr_t)&remote, 1,
+        if (iprobe_rt_raw_syscall6(SYS_process_vm_readv, (long)g_pid, (long)(uintptr_t)&local, 1, (long)(uintptr_t)&remote, 1,
                          0) != 8)
             continue;
         for (unsigned c = 0; c < t->count && c < IPROBE_RT_RETURN_MAX_CHUNKS; c++) {

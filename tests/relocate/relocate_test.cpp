@@ -160,6 +160,27 @@ TEST_P(RelocatedEntries, TheProgramsEntryPointIsRefusedAndMainGetsItsArguments) 
     }
 }
 
+// libc probed (a library nobody prepared): the runtime's first event in a
+// thread claims its sums and ring, which called libc (pthread_sigmask,
+// madvise): a probe there fired inside the claim and claimed again, without
+// end (every process died of a stack overflow).  The claims make their own
+// system calls now, and anything probed inside one is dropped and counted,
+// so libc's counts are the program's own calls, exactly.
+TEST_P(RelocatedEntries, LibcProbedCountsTheProgramsOwnCallsExactly) {
+    for (const std::string handler : {"count", "trace"}) {
+        SCOPED_TRACE(handler);
+        const auto r = iprobe({"run", "--json", "--handler", handler, "--module", "libc.so.6", "--functions",
+                               "sigprocmask,pthread_sigmask,getppid,madvise", "--", target(GetParam()), "--libc",
+                               "20000", "3"});
+        EXPECT_EQ(r.exit_code, 0) << r.err;
+        EXPECT_EQ(r.out, "libc calls 20000 in 3 threads\n");
+        EXPECT_EQ(json_calls(r.err, "sigprocmask"), 60000) << r.err;
+        EXPECT_EQ(json_calls(r.err, "pthread_sigmask"), 60000) << "sigprocmask's own, none of the runtime's";
+        EXPECT_EQ(json_calls(r.err, "getppid"), 60000);
+        EXPECT_EQ(json_calls(r.err, "madvise"), -1) << "the runtime's madvise is not libc's";
+    }
+}
+
 INSTANTIATE_TEST_SUITE_P(PlainGcc, RelocatedEntries, ::testing::Values("reloc_cases", "reloc_cases_cet"));
 
 // The trampoline's bytes, case by case (relocate/entry_relocation.h).

@@ -8,9 +8,12 @@
  * "ok <command> <value>":
  *   run N    call every case N times; value = results that were wrong (0)
  *   quit     exit 0 */
+#include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 int rip_load(int x);
 int rip_lea(int x);
@@ -64,7 +67,33 @@ static long run(long n) {
     return wrong;
 }
 
+/* --libc N THREADS: each thread (the main one too) calls sigprocmask and
+ * getppid N times: libc's functions, for attach --module libc.so.6 */
+static long g_libc_calls;
+static void* call_libc(void* unused) {
+    (void)unused;
+    sigset_t none;
+    sigemptyset(&none);
+    for (long i = 0; i < g_libc_calls; i++) {
+        sigprocmask(SIG_BLOCK, &none, NULL);
+        if (getppid() == 0) abort();
+    }
+    return NULL;
+}
+
+static int libc_calls(long n, int threads) {
+    g_libc_calls = n;
+    pthread_t t[64];
+    if (threads > 64) threads = 64;
+    for (int i = 1; i < threads; i++) pthread_create(&t[i], NULL, call_libc, NULL);
+    call_libc(NULL);
+    for (int i = 1; i < threads; i++) pthread_join(t[i], NULL);
+    printf("libc calls %ld in %d threads\n", n, threads);
+    return 0;
+}
+
 int main(int argc, char** argv) {
+    if (argc == 4 && strcmp(argv[1], "--libc") == 0) return libc_calls(atol(argv[2]), atoi(argv[3]));
     /* what main was given, for `iprobe run` from the program's first instruction on */
     if (argc >= 2 && strcmp(argv[1], "--args") == 0) {
         printf("argc %d:", argc);
