@@ -9,6 +9,7 @@
 #include <map>
 
 #include "iprobe/probelist/probe_source.h"
+#include "iprobe/probelist/symbol_probes.h"
 #include "iprobe/support/error.h"
 #include "relocated_entries.h"
 #include "session.h"
@@ -91,10 +92,31 @@ std::vector<SelectedList> given_lists(const std::vector<ProbeSelection>& selecti
 
 }  // namespace
 
+namespace {
+
+// `source`'s probes; when it is the process's own `executable` (named by
+// nobody) and stripped, the error says so as the user knows the file (not
+// as /proc/PID/root/...), and what else there is to probe.
+probelist::ProbeList load_executable_or_source(pid_t pid, const std::string& source, const std::string& executable) {
+    try {
+        return probelist::load_probes_or_symbols(source);
+    } catch (const probelist::NoFunctionSymbols&) {
+        if (executable.empty()) throw;
+        throw Error("process " + std::to_string(pid) + "'s executable " + executable +
+                        " has no probes: it was not built with iprobe-cc and is stripped of its function symbols; "
+                        "probe a library it loaded with --module NAME (see /proc/" + std::to_string(pid) +
+                        "/maps), or install its debug symbols",
+                    ExitCode::bad_input);
+    }
+}
+
+}  // namespace
+
 std::vector<SelectedList> load_lists(const AttachOptions& options) {
     if (!options.selections.empty()) return given_lists(options.selections, leaves_exits_off(options));
     std::vector<std::string> sources = options.probe_sources;
     for (const std::string& name : options.modules) sources.push_back(module_source(options.pid, name));
+    std::string executable;  // the process's own, when no source was named
     if (sources.empty()) {
         std::error_code ec;
         const auto exe = std::filesystem::read_symlink("/proc/" + std::to_string(options.pid) + "/exe", ec);
@@ -105,12 +127,13 @@ std::vector<SelectedList> load_lists(const AttachOptions& options) {
                 throw Error("no process " + std::to_string(options.pid) + " (it exited)", ExitCode::not_found);
             throw Error("cannot read the executable of process " + std::to_string(options.pid), ExitCode::permission);
         }
-        sources.push_back(target_view(options.pid, exe.string()));
+        executable = exe.string();
+        sources.push_back(target_view(options.pid, executable));
     }
     std::vector<SelectedList> lists;
     std::size_t total = 0, selected = 0;
     for (const auto& source : sources) {
-        SelectedList s{source, probelist::load_probes_or_symbols(source), {}, {}};
+        SelectedList s{source, load_executable_or_source(options.pid, source, executable), {}, {}};
         if (s.list.probes.empty())
             throw Error(source + ": the probe list is empty; was the binary built with iprobe-cc?", ExitCode::bad_input);
         total += s.list.probes.size();

@@ -158,7 +158,7 @@ ProbeList probes_from_symbols(const std::string& path) {
     const elf::ElfFile elf(path);
     elf.require_x86_64_executable_or_library();
     if (functions_of(elf).empty())
-        throw Error(path + ": no probes: it was not built with iprobe-cc and has no function symbols (stripped of "
+        throw NoFunctionSymbols(path + ": no probes: it was not built with iprobe-cc and has no function symbols (stripped of "
                            ".symtab and .dynsym); install its debug symbols or build it with iprobe-cc",
                     ExitCode::bad_input);
     RelocatedEntries entries = relocated_entries(elf);

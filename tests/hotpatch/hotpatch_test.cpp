@@ -449,6 +449,10 @@ TEST_F(HotpatchTest, RefusesAProgramWithNeitherProbesNorSymbols) {
     auto r = iprobe({"attach", pid_of(target)});
     EXPECT_EQ(r.exit_code, 3) << r.err;
     EXPECT_NE(r.err.find("no probes"), std::string::npos) << r.err;
+    // the file as the user knows it (not /proc/PID/root/...), and what else there is
+    EXPECT_NE(r.err.find("executable " + stripped + " has no probes"), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("/proc/" + pid_of(target) + "/root"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("--module NAME"), std::string::npos) << r.err;
     EXPECT_EQ(text_of(target.pid(), "/hp_target_plain"), before);
 }
 

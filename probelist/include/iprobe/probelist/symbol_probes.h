@@ -13,6 +13,7 @@
 
 #include "iprobe/elf/elf_file.h"
 #include "iprobe/probelist/probe_list.h"
+#include "iprobe/support/error.h"
 
 namespace iprobe::probelist {
 
@@ -31,9 +32,16 @@ RelocatedEntries relocated_entries(const elf::ElfFile& elf, const std::set<std::
 // label it puts at their first instruction (IPROBE_UNPADDED_MARKER).
 std::set<std::uint64_t> marked_unpadded(const elf::ElfFile& elf);
 
+// A binary with no probe list and no function symbol with a size at all
+// (fully stripped): nothing to probe in it.
+class NoFunctionSymbols : public Error {
+public:
+    using Error::Error;
+};
+
 // Flow IPROBE_FLOW_UNPREPARED.  Throws Error(bad_input) for a file that is
-// not an x86-64 executable or library, and when it has no function symbol
-// with a size at all (a fully stripped binary) saying so.
+// not an x86-64 executable or library, and NoFunctionSymbols (bad_input)
+// when it has no function symbol with a size at all, saying so.
 ProbeList probes_from_symbols(const std::string& path);
 
 // A list with relocated entries read from a binary's side list gets what the file does
