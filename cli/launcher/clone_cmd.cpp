@@ -162,6 +162,7 @@ void print_inventory(const std::vector<InventoryEntry>& clones, bool json) {
         for (const auto& c : clones) {
             w.begin_object().field("name", c.name).field("kind", c.kind).field("where", c.where);
             w.field("clone_pid", static_cast<std::int64_t>(c.clone_pid)).field("running", c.running);
+            w.field("being_made", c.being_made);
             w.field("unavailable_us", us(c.unavailable_ms)).field("freezing_us", us(c.freezing_ms));
             w.field("freeze_us", us(c.freeze_ms)).field("checkpoint_us", us(c.checkpoint_ms));
             w.field("restore_us", us(c.restore_ms)).field("total_us", us(c.total_ms)).end_object();
@@ -174,12 +175,12 @@ void print_inventory(const std::vector<InventoryEntry>& clones, bool json) {
         std::printf("no clones\n");
         return;
     }
-    std::printf("%-28s %-9s %8s %-8s %11s %13s %10s %9s  %s\n", "NAME", "KIND", "PID", "STATE", "UNAVAIL ms",
+    std::printf("%-28s %-9s %8s %-10s %11s %13s %10s %9s  %s\n", "NAME", "KIND", "PID", "STATE", "UNAVAIL ms",
                 "CHECKPOINT ms", "RESTORE ms", "TOTAL ms", "WHERE");
     for (const auto& c : clones)
-        std::printf("%-28s %-9s %8d %-8s %11.1f %13.1f %10.1f %9.1f  %s\n", c.name.c_str(), c.kind.c_str(), c.clone_pid,
-                    c.running ? "running" : "remains", c.unavailable_ms, c.checkpoint_ms, c.restore_ms, c.total_ms,
-                    c.where.c_str());
+        std::printf("%-28s %-9s %8d %-10s %11.1f %13.1f %10.1f %9.1f  %s\n", c.name.c_str(), c.kind.c_str(), c.clone_pid,
+                    c.running ? "running" : c.being_made ? "being made" : "remains", c.unavailable_ms, c.checkpoint_ms,
+                    c.restore_ms, c.total_ms, c.where.c_str());
 }
 
 void print_removed(const std::string& name, const std::vector<Removed>& removed, bool json) {
