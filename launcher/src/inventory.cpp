@@ -55,7 +55,8 @@ void add_clones_being_made(std::vector<InventoryEntry>& out) {
     for (const auto& name : clone_steps::names_claimed_elsewhere()) {
         const auto holder = clone_steps::claimed_elsewhere(name);
         if (!holder) continue;  // ended meanwhile
-        const auto listed = std::find_if(out.begin(), out.end(), [&](const auto& e) { return e.name == name; });
+        const auto listed = std::find_if(out.begin(), out.end(),
+                                         [&](const auto& e) { return e.name == name && e.kind == holder->kind; });
         if (listed != out.end()) {
             listed->being_made = !listed->running;
             continue;

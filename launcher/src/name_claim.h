@@ -57,8 +57,8 @@ std::optional<ClaimHolder> claimed_elsewhere(const std::string& name);
 // The names with a live claim of a process other than this one.
 std::vector<std::string> names_claimed_elsewhere();
 
-// For the guardian, once it removed what its launcher made: drops the claim
-// on `name` if it names guardian `guardian` and its launcher is gone.
+// For the guardian, once it removed what its launcher (killed outright)
+// made: drops the claim on `name` if it names guardian `guardian`.
 void drop_guardians_claim(const std::string& name, pid_t guardian);
 
 }  // namespace iprobe::launcher::clone_steps
