@@ -9,7 +9,8 @@
 // and resuming production, an `ip netns add` or `cp` still running), then
 // removes what the clones' state files say was made, the podman objects
 // of a container clone (its container, network and volume copies), and the
-// scratch checkpoints and records, and exits.  Internal to the launcher.
+// scratch checkpoints and records, drops the clone name's claim last
+// (name_claim.h), and exits.  Internal to the launcher.
 #pragma once
 
 #include <sys/types.h>
