@@ -410,6 +410,13 @@ long long guardian_of(long long launcher) {
     return -1;
 }
 
+// The clone container's address on its own network, "" when none.
+std::string clone_address_of(const std::string& clone) {
+    return trimmed(run({"podman", "inspect", "--format", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}",
+                        clone})
+                       .out);
+}
+
 // `iprobe clone --container` killed outright (SIGKILL) or interrupted
 // (SIGINT to its process group, as a terminal's Ctrl-C) at STEP: stopped
 // there by the test-only IPROBE_TEST_PAUSE=STEP (launcher/src/process.h):
@@ -493,6 +500,24 @@ protected:
                 EXPECT_EQ(state_of(p), 0) << "left running: " << p << " [" << cmdline_of(p) << "]";
             }
         }
+    }
+
+    // The clone a command made, whole once it ended (its container, record,
+    // network and volume copy, answering with production's data, which
+    // production keeps); then `--destroy` leaves nothing.
+    void expect_clone_whole_then_destroy_it() {
+        std::vector<std::string> kept = remains();
+        std::sort(kept.begin(), kept.end());
+        EXPECT_EQ(kept, (std::vector<std::string>{"container " + clone_, "file /run/iprobe/container-clones/" + clone_,
+                                                  "network iprobe-" + clone_, "volume " + clone_volume()}));
+        const std::string address = clone_address_of(clone_);
+        EXPECT_EQ(redis_at(address, {"GET", "marker"}), "before-clone");
+        EXPECT_EQ(redis_at(address, {"DBSIZE"}), "501");
+        EXPECT_EQ(production({"GET", "marker"}), "before-clone");
+        EXPECT_EQ(production({"DBSIZE"}), "501");
+        const auto d = run({bin("iprobe"), "clone", "--destroy", clone_});
+        EXPECT_EQ(d.exit_code, 0) << d.err;
+        EXPECT_EQ(remains(), std::vector<std::string>{});
     }
 
     void expect_nothing_left_and_name_free() {
@@ -579,13 +604,6 @@ TEST_F(LauncherContainerKilledAt, DebugSessionKilledOutrightLeavesNothing) {
 
 // ---- one name, one maker (docs/debug-container.md, "One name, one maker")
 
-// The clone container's address on its own network, "" when none.
-std::string clone_address_of(const std::string& clone) {
-    return trimmed(run({"podman", "inspect", "--format", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}",
-                        clone})
-                       .out);
-}
-
 // `iprobe clone --list --json`'s entry named `name`, "" when none.
 std::string listed_as(const std::string& name) {
     std::smatch m;
@@ -631,20 +649,9 @@ TEST_F(LauncherContainerKilledAt, SecondCloneOfANameBeingMadeIsRefusedAndTheFirs
     cli_.kill(SIGCONT);
     ASSERT_EQ(cli_.wait(std::chrono::seconds(120)), 0) << file_text(out_);
     wait_ended(at);
-    std::vector<std::string> kept = remains();
-    std::sort(kept.begin(), kept.end());
-    EXPECT_EQ(kept, (std::vector<std::string>{"container " + clone_, "file /run/iprobe/container-clones/" + clone_,
-                                              "network iprobe-" + clone_, "volume " + clone_volume()}));
-    const std::string address = clone_address_of(clone_);
-    EXPECT_EQ(redis_at(address, {"GET", "marker"}), "before-clone");
-    EXPECT_EQ(redis_at(address, {"DBSIZE"}), "501");
-    EXPECT_EQ(production({"GET", "marker"}), "before-clone");
-    EXPECT_EQ(production({"DBSIZE"}), "501");
     EXPECT_NE(listed_as(clone_).find(R"("being_made":false)"), std::string::npos) << listed_as(clone_);
     EXPECT_NE(listed_as(clone_).find(R"("running":true)"), std::string::npos) << listed_as(clone_);
-    const auto d = run({bin("iprobe"), "clone", "--destroy", clone_});
-    EXPECT_EQ(d.exit_code, 0) << d.err;
-    EXPECT_EQ(remains(), std::vector<std::string>{});
+    expect_clone_whole_then_destroy_it();
     EXPECT_EQ(listed_as(clone_), "");
     clone_.clear();
 }
@@ -666,17 +673,7 @@ TEST_F(LauncherContainerKilledAt, TwoClonesOfOneNameStartedAtOnceMakeOneClone) {
                                 std::string::npos;
         EXPECT_TRUE(while_made || loser.find("a container named '" + clone_ + "' exists") != std::string::npos) << loser;
         EXPECT_EQ(loser.find("checkpointing"), std::string::npos) << "the loser checkpointed: " << loser;
-        std::vector<std::string> kept = remains();
-        std::sort(kept.begin(), kept.end());
-        EXPECT_EQ(kept, (std::vector<std::string>{"container " + clone_, "file /run/iprobe/container-clones/" + clone_,
-                                                  "network iprobe-" + clone_, "volume " + clone_volume()}));
-        const std::string address = clone_address_of(clone_);
-        EXPECT_EQ(redis_at(address, {"GET", "marker"}), "before-clone");
-        EXPECT_EQ(redis_at(address, {"DBSIZE"}), "501");
-        EXPECT_EQ(production({"DBSIZE"}), "501");
-        const auto d = run({bin("iprobe"), "clone", "--destroy", clone_});
-        EXPECT_EQ(d.exit_code, 0) << d.err;
-        EXPECT_EQ(remains(), std::vector<std::string>{});
+        expect_clone_whole_then_destroy_it();
         if (HasFailure()) break;
     }
     clone_.clear();
