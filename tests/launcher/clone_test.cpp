@@ -731,6 +731,37 @@ TEST_F(LauncherClone, CloneOfANameBeingMadeIsRefusedAndTheMakerFinishes) {
     expect_no_trace_of_clone(clone_name_);
 }
 
+// An `iprobe debug` session named as a clone being made: its generation
+// claims the name before it clears the scratch checkpoint of that name,
+// which is the clone's own (held here with production's images and its
+// first file copy in it): the session stops at once, exit 6, and the clone
+// ends whole.
+TEST_F(LauncherClone, DebugSessionNamedAsACloneBeingMadeLeavesItsCheckpointAlone) {
+    const fs::path out = dir_ / "clone.out";
+    Child clone_cmd({iprobe_bin(), "clone", std::to_string(redis_->pid()), "--netns", clone_name_, "--json"}, out,
+                    {"IPROBE_TEST_PAUSE=copy"});
+    ASSERT_TRUE(stopped_at_pause(clone_cmd)) << file_text(out);
+    const std::string scratch = "/dev/shm/iprobe-checkpoint-" + clone_name_;
+    ASSERT_TRUE(fs::exists(scratch + "/fs/0"));
+    const auto debug = run({"nsenter", "--net=" + prod_ns_->path(), iprobe_bin(), "debug", std::to_string(redis_->pid()),
+                            "--listen", "127.0.0.1:" + std::to_string(free_port()), "--production",
+                            "127.0.0.1:" + std::to_string(port_), "--name", clone_name_, "--json"},
+                           {}, std::chrono::seconds(60));
+    EXPECT_EQ(debug.exit_code, 6) << debug.out << debug.err;
+    EXPECT_NE(debug.err.find("is being made by iprobe PID " + std::to_string(clone_cmd.pid())), std::string::npos)
+        << debug.err;
+    EXPECT_TRUE(fs::exists(scratch + "/fs/0")) << "the session removed the clone's checkpoint";
+    EXPECT_TRUE(fs::is_directory(scratch + "/images"));
+    clone_cmd.kill(SIGCONT);
+    ASSERT_EQ(clone_cmd.wait(std::chrono::seconds(120)), 0) << file_text(out);
+    EXPECT_EQ(clone_cli({"GET", "marker"}), "before-clone");
+    EXPECT_EQ(clone_cli({"DBSIZE"}), "5001");
+    expect_production_serves();
+    const auto d = run({iprobe_bin(), "clone", "--destroy", clone_name_});
+    EXPECT_EQ(d.exit_code, 0) << d.err;
+    expect_no_trace_of_clone(clone_name_);
+}
+
 // A claim whose launcher and guardian were both killed outright (nobody
 // left to drop it, nor to remove what was made) is stale: the next clone of
 // the name takes it over, clears the remains, and makes its clone.
