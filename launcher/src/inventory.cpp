@@ -103,15 +103,9 @@ std::vector<InventoryEntry> list_every_clone() {
     return out;
 }
 
-std::vector<Removed> destroy_any_clone(const std::string& name) {
-    validate_name(name);
-    // Half made, its objects are its maker's to undo: removed from under it,
-    // they would be made again, or its undo would fail.
-    if (const auto holder = clone_steps::claimed_elsewhere(name); holder && !made_whole(name))
-        throw Error("clone '" + name + "' is being made by iprobe (PID " + std::to_string(holder->launcher) +
-                        "); wait for it to end (then --destroy it) or interrupt it (Ctrl-C: it removes what it "
-                        "made)",
-                    ExitCode::busy);
+namespace {
+
+std::vector<Removed> destroy_recorded_clone(const std::string& name) {
     for (const auto& r : remote_clones())
         if (r.clone.name == name) {
             try {
@@ -132,6 +126,31 @@ std::vector<Removed> destroy_any_clone(const std::string& name) {
             return {{"agent", name + " held by the agent at " + a.agent + " (" + a.state_dir + ")"}};
         }
     return destroy_clone(name);
+}
+
+}  // namespace
+
+std::vector<Removed> destroy_any_clone(const std::string& name) {
+    validate_name(name);
+    // Half made, its objects are its maker's to undo: removed from under it,
+    // they would be made again, or its undo would fail.
+    if (const auto holder = clone_steps::claimed_elsewhere(name); holder && !made_whole(name))
+        throw Error("clone '" + name + "' is being made by iprobe (PID " + std::to_string(holder->launcher) +
+                        "); wait for it to end (then --destroy it) or interrupt it (Ctrl-C: it removes what it "
+                        "made)",
+                    ExitCode::busy);
+    std::vector<Removed> removed;
+    try {
+        removed = destroy_recorded_clone(name);
+    } catch (const Error& e) {
+        // Only the claim of a command killed with its guardian may be left.
+        if (e.code() != ExitCode::not_found) throw;
+        const std::string claim = clone_steps::drop_stale_claim(name);
+        if (claim.empty()) throw;
+        return {{"claim", claim}};
+    }
+    if (const std::string claim = clone_steps::drop_stale_claim(name); !claim.empty()) removed.push_back({"claim", claim});
+    return removed;
 }
 
 }  // namespace iprobe::launcher

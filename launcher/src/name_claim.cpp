@@ -133,6 +133,14 @@ std::vector<std::string> names_claimed_elsewhere() {
     return names;
 }
 
+std::string drop_stale_claim(const std::string& name) {
+    const ClaimsLocked locked;
+    const auto held = read_state_file(claim_file(name));
+    if (!held || live(*held)) return {};
+    ::unlink(claim_file(name).c_str());
+    return claim_file(name);
+}
+
 void drop_guardians_claim(const std::string& name, pid_t guardian) {
     const ClaimsLocked locked;
     const auto held = read_state_file(claim_file(name));

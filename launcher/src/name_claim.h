@@ -57,6 +57,11 @@ std::optional<ClaimHolder> claimed_elsewhere(const std::string& name);
 // The names with a live claim of a process other than this one.
 std::vector<std::string> names_claimed_elsewhere();
 
+// For `--destroy NAME`, once it removed the clone's remains: drops a claim
+// on `name` whose launcher and guardian are both gone (killed by hand);
+// returns its path then, "" when there was none.
+std::string drop_stale_claim(const std::string& name);
+
 // For the guardian, once it removed what its launcher (killed outright)
 // made: drops the claim on `name` if it names guardian `guardian`.
 void drop_guardians_claim(const std::string& name, pid_t guardian);

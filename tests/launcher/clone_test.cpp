@@ -763,29 +763,41 @@ TEST_F(LauncherClone, DebugSessionNamedAsACloneBeingMadeLeavesItsCheckpointAlone
 }
 
 // A claim whose launcher and guardian were both killed outright (nobody
-// left to drop it, nor to remove what was made) is stale: the next clone of
-// the name takes it over, clears the remains, and makes its clone.
-TEST_F(LauncherClone, StaleClaimOfAKilledLauncherAndGuardianIsTakenOver) {
-    const fs::path out = dir_ / "killed.out";
-    Child killed({iprobe_bin(), "clone", std::to_string(redis_->pid()), "--netns", clone_name_}, out,
-                 {"IPROBE_TEST_PAUSE=checkpoint"});
-    ASSERT_TRUE(stopped_at_pause(killed)) << file_text(out);
-    const std::vector<long long> left = descendants_of(killed.pid());
-    const auto guardian =
-        std::find_if(left.begin(), left.end(), [](long long p) { return comm_of(p) == "iprobe-guardian"; });
-    ASSERT_NE(guardian, left.end()) << describe(left);
-    ::kill(static_cast<pid_t>(*guardian), SIGKILL);
-    for (int i = 0; i < 1000 && running_pid(*guardian); ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    killed.kill(SIGKILL);
-    killed.wait();
-    ASSERT_TRUE(fs::exists("/run/iprobe/claims/" + clone_name_));
-    ASSERT_TRUE(fs::exists("/run/iprobe/clones/" + clone_name_));
-    // Listed as what it is: remains, not a clone being made.
-    const auto listed = listed_as(clone_name_);
-    ASSERT_EQ(listed.size(), 1u) << ::testing::PrintToString(listed);
-    EXPECT_NE(listed[0].find(R"("being_made":false)"), std::string::npos) << listed[0];
-    EXPECT_NE(listed[0].find(R"("running":false)"), std::string::npos) << listed[0];
+// left to drop it, nor to remove what was made) is stale, never honoured:
+// the next clone of the name takes it over, clears the remains and makes
+// its clone; `--destroy` removes it with the remains.
+class LauncherCloneStaleClaim : public LauncherClone {
+protected:
+    // `iprobe clone --netns NAME` stopped with its checkpoint's directory
+    // made, then killed outright with its guardian: its claim, its state
+    // and its scratch checkpoint are left, with nobody to remove them.
+    void kill_with_its_guardian_mid_clone() {
+        const fs::path out = dir_ / "killed.out";
+        Child killed({iprobe_bin(), "clone", std::to_string(redis_->pid()), "--netns", clone_name_}, out,
+                     {"IPROBE_TEST_PAUSE=checkpoint"});
+        ASSERT_TRUE(stopped_at_pause(killed)) << file_text(out);
+        const std::vector<long long> left = descendants_of(killed.pid());
+        const auto guardian =
+            std::find_if(left.begin(), left.end(), [](long long p) { return comm_of(p) == "iprobe-guardian"; });
+        ASSERT_NE(guardian, left.end()) << describe(left);
+        ::kill(static_cast<pid_t>(*guardian), SIGKILL);
+        for (int i = 0; i < 1000 && running_pid(*guardian); ++i)
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        killed.kill(SIGKILL);
+        killed.wait();
+        ASSERT_TRUE(fs::exists("/run/iprobe/claims/" + clone_name_));
+        ASSERT_TRUE(fs::exists("/run/iprobe/clones/" + clone_name_));
+        // Listed as what it is: remains, not a clone being made.
+        const auto listed = listed_as(clone_name_);
+        ASSERT_EQ(listed.size(), 1u) << ::testing::PrintToString(listed);
+        EXPECT_NE(listed[0].find(R"("being_made":false)"), std::string::npos) << listed[0];
+        EXPECT_NE(listed[0].find(R"("running":false)"), std::string::npos) << listed[0];
+    }
+};
 
+TEST_F(LauncherCloneStaleClaim, IsTakenOverByTheNextCloneOfTheName) {
+    kill_with_its_guardian_mid_clone();
+    ASSERT_FALSE(HasFatalFailure());
     const auto r = run({iprobe_bin(), "clone", std::to_string(redis_->pid()), "--netns", clone_name_}, {},
                        std::chrono::seconds(120));
     ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -797,6 +809,22 @@ TEST_F(LauncherClone, StaleClaimOfAKilledLauncherAndGuardianIsTakenOver) {
     const auto d = run({iprobe_bin(), "clone", "--destroy", clone_name_});
     EXPECT_EQ(d.exit_code, 0) << d.err;
     expect_no_trace_of_clone(clone_name_);
+}
+
+// `--destroy` of those remains removes the stale claim with them, and says so.
+TEST_F(LauncherCloneStaleClaim, IsRemovedWithTheRemainsByDestroy) {
+    kill_with_its_guardian_mid_clone();
+    ASSERT_FALSE(HasFatalFailure());
+    const auto d = run({iprobe_bin(), "clone", "--destroy", clone_name_, "--json"});
+    EXPECT_EQ(d.exit_code, 0) << d.err;
+    EXPECT_NE(d.out.find(R"({"kind":"checkpoint","what":"/dev/shm/iprobe-checkpoint-)" + clone_name_ + "\"}"),
+              std::string::npos)
+        << d.out;
+    EXPECT_NE(d.out.find(R"({"kind":"claim","what":"/run/iprobe/claims/)" + clone_name_ + "\"}"), std::string::npos)
+        << d.out;
+    expect_no_trace_of_clone(clone_name_);
+    expect_production_serves();
+    EXPECT_EQ(run({iprobe_bin(), "clone", "--destroy", clone_name_}).exit_code, 5);
 }
 
 TEST_F(LauncherClone, NotRootIsRefusedAndProductionUntouched) {
