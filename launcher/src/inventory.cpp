@@ -64,7 +64,7 @@ void add_clones_being_made(std::vector<InventoryEntry>& out) {
         InventoryEntry e;
         e.kind = holder->kind;
         e.name = name;
-        e.where = "being made by iprobe PID " + std::to_string(holder->launcher);
+        e.where = holder->doing();
         e.being_made = true;
         out.push_back(e);
     }
@@ -135,9 +135,10 @@ std::vector<Removed> destroy_any_clone(const std::string& name) {
     // Half made, its objects are its maker's to undo: removed from under it,
     // they would be made again, or its undo would fail.
     if (const auto holder = clone_steps::claimed_elsewhere(name); holder && !made_whole(name))
-        throw Error("clone '" + name + "' is being made by iprobe (PID " + std::to_string(holder->launcher) +
-                        "); wait for it to end (then --destroy it) or interrupt it (Ctrl-C: it removes what it "
-                        "made)",
+        throw Error("clone '" + name + "' is " + holder->doing() +
+                        (holder->launcher_runs ? "; wait for it to end (then --destroy it) or interrupt it (Ctrl-C: "
+                                                 "it removes what it made)"
+                                               : "; try again once it has"),
                     ExitCode::busy);
     std::vector<Removed> removed;
     try {

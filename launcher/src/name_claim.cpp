@@ -116,10 +116,16 @@ NameClaim::~NameClaim() {
     }
 }
 
+std::string ClaimHolder::doing() const {
+    return launcher_runs ? "being made by iprobe PID " + std::to_string(launcher)
+                         : "being removed by the guardian of iprobe PID " + std::to_string(launcher) + " (killed)";
+}
+
 std::optional<ClaimHolder> claimed_elsewhere(const std::string& name) {
     const auto held = read_state_file(claim_file(name));
     if (!held || is_mine(*held) || !live(*held)) return std::nullopt;
-    return ClaimHolder{value(*held, "kind"), to_pid(value(*held, "launcher_pid"))};
+    return ClaimHolder{value(*held, "kind"), to_pid(value(*held, "launcher_pid")),
+                       alive_as_recorded(*held, "launcher_pid", "launcher_start")};
 }
 
 std::vector<std::string> names_claimed_elsewhere() {

@@ -29,6 +29,10 @@ class CloneGuardian;
 struct ClaimHolder {
     std::string kind;   // "local", "container", "remote"
     pid_t launcher = -1;
+    // false: the launcher was killed and its guardian is removing what it made
+    bool launcher_runs = true;
+    // "being made by iprobe PID N", or what its guardian is doing
+    std::string doing() const;
 };
 
 class NameClaim {

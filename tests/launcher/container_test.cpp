@@ -641,7 +641,7 @@ TEST_F(LauncherContainerKilledAt, SecondCloneOfANameBeingMadeIsRefusedAndTheFirs
     EXPECT_EQ(second.err.find("checkpointing"), std::string::npos) << "the second checkpointed: " << second.err;
     const auto destroyed = run({bin("iprobe"), "clone", "--destroy", clone_});
     EXPECT_EQ(destroyed.exit_code, 6) << destroyed.err;
-    EXPECT_NE(destroyed.err.find("is being made by iprobe (PID " + std::to_string(cli_.pid()) + ")"),
+    EXPECT_NE(destroyed.err.find("is being made by iprobe PID " + std::to_string(cli_.pid()) + "; wait for it"),
               std::string::npos)
         << destroyed.err;
     EXPECT_EQ(remains(), made) << "the refused commands changed what the first made";
