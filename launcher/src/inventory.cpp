@@ -150,7 +150,8 @@ std::vector<Removed> destroy_any_clone(const std::string& name) {
         if (claim.empty()) throw;
         return {{"claim", claim}};
     }
-    if (const std::string claim = clone_steps::drop_stale_claim(name); !claim.empty()) removed.push_back({"claim", claim});
+    if (const std::string claim = clone_steps::drop_stale_claim(name); !claim.empty())
+        removed.push_back({"claim", claim});
     return removed;
 }
 

@@ -55,9 +55,9 @@ std::string value(const State& st, const char* key) {
 [[noreturn]] void refuse_held(const std::string& name, const State& claim) {
     const std::string kind = value(claim, "kind").empty() ? "" : value(claim, "kind") + " ";
     if (alive_as_recorded(claim, "launcher_pid", "launcher_start"))
-        throw Error("clone name '" + name + "' is taken: a " + kind + "clone of that name is being made by iprobe PID " +
-                        value(claim, "launcher_pid") + "; pick another --netns name, or wait for it to end and remove "
-                        "its clone with `iprobe clone --destroy " + name + "`",
+        throw Error("clone name '" + name + "' is taken: a " + kind + "clone of that name is being made by " +
+                        "iprobe PID " + value(claim, "launcher_pid") + "; pick another --netns name, or wait for it " +
+                        "to end and remove its clone with `iprobe clone --destroy " + name + "`",
                     ExitCode::busy);
     throw Error("clone name '" + name + "' is taken: the iprobe (PID " + value(claim, "launcher_pid") +
                     ") that was making a " + kind + "clone of that name was killed, and its guardian (PID " +
