@@ -45,16 +45,8 @@ trap "exit 130" INT TERM  # so that Ctrl-C or a timeout still cleans up
 # shellcheck source=bench/clone/redis_image.sh
 . "$root/bench/clone/redis_image.sh"
 redis_image "$image" "$work"
-nofile=$(ulimit -Hn); nproc=$(ulimit -Hu)
-[[ $nofile == unlimited || $nofile -gt 1048576 ]] && nofile=1048576
-[[ $nproc == unlimited || $nproc -gt 32768 ]] && nproc=32768
-
 podman volume create "$volume" >/dev/null
-podman --runtime runc run -d --ulimit "nofile=$nofile:$nofile" --ulimit "nproc=$nproc:$nproc" --name "$prod" \
-  -v "$volume:/data" "$image" /usr/bin/redis-server --save '' --appendonly no --protected-mode no \
-  --enable-debug-command yes --dir /data >/dev/null
-addr=$(podman inspect --format '{{.NetworkSettings.IPAddress}}' "$prod")
-for _ in $(seq 200); do [[ $(redis-cli -h "$addr" PING 2>/dev/null) == PONG ]] && break; sleep 0.05; done
+addr=$(redis_container "$prod" "$image" -v "$volume:/data")
 static=$(podman inspect --format '{{.StaticDir}}' "$prod")
 redis-cli -h "$addr" DEBUG POPULATE 10000 key 1000 | grep -qx OK || { echo "DEBUG POPULATE failed" >&2; exit 1; }
 

@@ -51,10 +51,12 @@ const ArgSpec kSpec(
         {"--keep-images", "DIR", "keep the checkpoint in DIR (must be empty): CRIU's images,\n"
                                  "the file copies and checkpoint.json"},
         {"--destroy", "NAME", "remove clone NAME, whatever its kind (and what a killed\n"
-                              "iprobe left of it); says what it removed"},
+                              "iprobe left of it); says what it removed; refused\n"
+                              "(exit 6) while another command is making it"},
         {"--list", "", "every clone on this host, of every kind: local, --container,\n"
                        "--to (made here, running elsewhere), and those an\n"
-                       "iprobe clone-agent here holds for other hosts"},
+                       "iprobe clone-agent here holds for other hosts; one\n"
+                       "another command is making is `being made`"},
         {"--ping", "", "also measure the freeze as a client of production feels it\n"
                        "(RESP services): a PING every 1 ms on a connection of its\n"
                        "own while the checkpoint is taken (client_seen_us);\n"
@@ -63,7 +65,8 @@ const ArgSpec kSpec(
     },
     "Needs root and CRIU >= 4.2 (scripts/setup installs it; IPROBE_CRIU overrides).\n"
     "Exit codes: 0 ok, 1 CRIU failed (production untouched), 2 usage, 4 not root,\n"
-    "5 no such process/container/clone, 6 clone name in use, 7 CRIU or podman missing\n"
+    "5 no such process/container/clone, 6 clone name in use or being made by another\n"
+    "iprobe (which the name's claim, /run/iprobe/claims/NAME, names), 7 CRIU or podman missing\n"
     "(or a container bind-mounts host files read-write: refused before the freeze),\n"
     "130 interrupted (Ctrl-C, SIGTERM, SIGHUP: the checkpoint runs to its end, then\n"
     "what was made of the clone is removed).");
@@ -164,7 +167,8 @@ void print_inventory(const std::vector<InventoryEntry>& clones, bool json) {
             w.field("clone_pid", static_cast<std::int64_t>(c.clone_pid)).field("running", c.running);
             w.field("unavailable_us", us(c.unavailable_ms)).field("freezing_us", us(c.freezing_ms));
             w.field("freeze_us", us(c.freeze_ms)).field("checkpoint_us", us(c.checkpoint_ms));
-            w.field("restore_us", us(c.restore_ms)).field("total_us", us(c.total_ms)).end_object();
+            w.field("restore_us", us(c.restore_ms)).field("total_us", us(c.total_ms));
+            w.field("being_made", c.being_made).end_object();
         }
         w.end_array();
         std::printf("%s\n", w.str().c_str());
@@ -174,12 +178,12 @@ void print_inventory(const std::vector<InventoryEntry>& clones, bool json) {
         std::printf("no clones\n");
         return;
     }
-    std::printf("%-28s %-9s %8s %-8s %11s %13s %10s %9s  %s\n", "NAME", "KIND", "PID", "STATE", "UNAVAIL ms",
+    std::printf("%-28s %-9s %8s %-10s %11s %13s %10s %9s  %s\n", "NAME", "KIND", "PID", "STATE", "UNAVAIL ms",
                 "CHECKPOINT ms", "RESTORE ms", "TOTAL ms", "WHERE");
     for (const auto& c : clones)
-        std::printf("%-28s %-9s %8d %-8s %11.1f %13.1f %10.1f %9.1f  %s\n", c.name.c_str(), c.kind.c_str(), c.clone_pid,
-                    c.running ? "running" : "remains", c.unavailable_ms, c.checkpoint_ms, c.restore_ms, c.total_ms,
-                    c.where.c_str());
+        std::printf("%-28s %-9s %8d %-10s %11.1f %13.1f %10.1f %9.1f  %s\n", c.name.c_str(), c.kind.c_str(), c.clone_pid,
+                    c.running ? "running" : c.being_made ? "being made" : "remains", c.unavailable_ms, c.checkpoint_ms,
+                    c.restore_ms, c.total_ms, c.where.c_str());
 }
 
 void print_removed(const std::string& name, const std::vector<Removed>& removed, bool json) {

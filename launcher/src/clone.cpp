@@ -35,6 +35,7 @@
 #include "clone_guardian.h"
 #include "clone_steps.h"
 #include "criu.h"
+#include "name_claim.h"
 #include "iprobe/formats/checkpoint_hook.h"
 #include "iprobe/support/error.h"
 #include "iprobe/support/json.h"
@@ -287,10 +288,10 @@ std::vector<Removed> remove_clone(const std::string& name, bool scratch_too) {
     return removed;
 }
 
-// Refuses a name in use; removes what a clone of that name left behind when
-// its processes are gone (its caller's lifeline closed).
-void claim_name(const std::string& name, const std::function<void(const std::string&)>& progress) {
-    validate_name(name);
+// Under the name's claim: refuses a name in use; removes what a clone of
+// that name left behind when its processes are gone (its caller's lifeline
+// closed).
+void clear_remains_of(const std::string& name, const std::function<void(const std::string&)>& progress) {
     if (!fs::exists(state_dir(name) + "/state")) return;
     if (being_restored(read_state(name)))
         throw Error("clone '" + name + "' is being made by another iprobe", ExitCode::busy);
@@ -301,15 +302,18 @@ void claim_name(const std::string& name, const std::function<void(const std::str
     remove_clone(name, false);
 }
 
-// Claims `name` and records who makes it, this launcher under `guardian`,
-// before anything of the clone exists; nothing when this process did already.
-void begin_clone(const std::string& name, CloneGuardian& guardian,
-                 const std::function<void(const std::string&)>& progress) {
+// Claims `name` (name_claim.h) and records who makes it, this launcher under
+// `guardian`, before anything of the clone exists; only the claim when this
+// process did already (an empty one when it holds that too).
+NameClaim begin_clone(const std::string& name, CloneGuardian& guardian,
+                      const std::function<void(const std::string&)>& progress) {
     validate_name(name);
-    if (fs::exists(state_dir(name) + "/state") && made_here(read_state(name))) return;
-    claim_name(name, progress);
+    NameClaim claim(name, "local", &guardian);
+    if (fs::exists(state_dir(name) + "/state") && made_here(read_state(name))) return claim;
+    clear_remains_of(name, progress);
     guardian.guard_clone(name);
     record_making(name, guardian.pid(), guardian.started());
+    return claim;
 }
 
 double realtime_s() {
@@ -421,7 +425,8 @@ CloneResult restore_clone(const Checkpoint& cp, const RestoreOptions& ro) {
     std::optional<CloneGuardian> own_guardian;
     CloneGuardian* guardian = CloneGuardian::current();
     if (!guardian) guardian = &own_guardian.emplace();
-    begin_clone(name, *guardian, ro.progress);
+    // Released after the rollback below has run, should it run.
+    const NameClaim claim = begin_clone(name, *guardian, ro.progress);
     InterruptGuard interrupts;
     CloneOptions progress_to;
     progress_to.progress = ro.progress;
@@ -497,7 +502,7 @@ CloneResult clone_process(const CloneOptions& o) {
     // Forked before anything that outlives a launcher killed outright is
     // made: until the clone is recorded, it removes what this launcher made.
     CloneGuardian guardian;
-    begin_clone(name, guardian, o.progress);
+    const NameClaim claim = begin_clone(name, guardian, o.progress);
     Rollback rollback;
     rollback.state = state_dir(name);
     // Kept with --keep-images, else on tmpfs for as long as the restore takes.

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "clone_steps.h"
+#include "name_claim.h"
 #include "iprobe/support/error.h"
 #include "process.h"
 
@@ -30,6 +31,7 @@ enum RecordKind : std::uint32_t {
     kScratch = 3,               // a scratch checkpoint's path
     kRelease = 4,               // no payload: exit, removing nothing
     kPodman = 5,                // a container clone's podman object: "KIND NAME"
+    kClaim = 6,                 // a clone name's claim (name_claim.h)
 };
 struct RecordHeader {
     std::uint32_t kind = 0;
@@ -47,7 +49,7 @@ CloneGuardian* g_current = nullptr;
 // so a PID reused later is never taken for one), the clones, the scratches.
 struct Guarded {
     std::vector<int> helpers;
-    std::vector<std::string> clones, scratches;
+    std::vector<std::string> clones, scratches, claims;
     std::vector<PodmanObject> podman;
 };
 
@@ -61,6 +63,7 @@ bool take_record(const char* record, std::size_t size, Guarded& guarded) {
     if (h.kind == kRelease) return true;
     if (h.kind == kClone) guarded.clones.push_back(payload);
     if (h.kind == kScratch) guarded.scratches.push_back(payload);
+    if (h.kind == kClaim) guarded.claims.push_back(payload);
     if (const auto space = payload.find(' '); h.kind == kPodman && space != std::string::npos)
         guarded.podman.push_back({payload.substr(0, space), payload.substr(space + 1)});
     if (h.kind == kChild && payload.size() == sizeof(std::int32_t)) {
@@ -124,6 +127,15 @@ void wait_for_helpers(const std::vector<int>& helpers) {
     }
     remove_guarded_podman(guarded.podman);
     for (const auto& dir : guarded.scratches) remove_tree(dir);
+    // Last: until now no other command could make a clone of these names,
+    // whose objects the removals above, by name, would have taken.
+    for (const auto& name : guarded.claims) {
+        try {
+            drop_guardians_claim(name, ::getpid());
+        } catch (const std::exception&) {
+            // left stale: the next claimer takes it over
+        }
+    }
     _exit(0);
 }
 
@@ -168,6 +180,8 @@ void CloneGuardian::send(std::uint32_t kind, const std::string& payload) {
 void CloneGuardian::guard_clone(const std::string& name) { send(kClone, name); }
 
 void CloneGuardian::guard_scratch(const std::string& dir) { send(kScratch, dir); }
+
+void CloneGuardian::guard_claim(const std::string& name) { send(kClaim, name); }
 
 void CloneGuardian::guard_podman(const std::string& kind, const std::string& name) {
     send(kPodman, kind + " " + name);

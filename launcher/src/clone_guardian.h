@@ -9,7 +9,8 @@
 // and resuming production, an `ip netns add` or `cp` still running), then
 // removes what the clones' state files say was made, the podman objects
 // of a container clone (its container, network and volume copies), and the
-// scratch checkpoints and records, and exits.  Internal to the launcher.
+// scratch checkpoints and records, drops the clone name's claim last
+// (name_claim.h), and exits.  Internal to the launcher.
 #pragma once
 
 #include <sys/types.h>
@@ -41,6 +42,10 @@ public:
     // PodmanObject (`podman container|network|volume rm --force NAME`
     // removes it).  Only ever a name the launcher found free just before.
     void guard_podman(const std::string& kind, const std::string& name);
+    // When `name` is claimed for this launcher (name_claim.h): dropped by
+    // the guardian after every removal, so that no other command makes a
+    // clone of that name while it removes objects by name.
+    void guard_claim(const std::string& name);
     // What was made is now recorded (a clone that outlives its command) or
     // removed by the launcher: the guardian exits without removing anything.
     void release();

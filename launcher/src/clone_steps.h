@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -106,10 +107,20 @@ std::vector<std::string> snapshot_paths(const CloneOptions& o, const std::vector
 inline const char* const kStateRootParent = "/run/iprobe";
 
 inline const char* const kStateRoot = "/run/iprobe/clones";
+// Each container clone's record (container.cpp), each --to clone's note
+// (remote.cpp), each clone name's claim while its clone is made (name_claim.h).
+inline const char* const kContainerStateRoot = "/run/iprobe/container-clones";
+inline const char* const kRemoteRoot = "/run/iprobe/remote-clones";
+inline const char* const kClaimRoot = "/run/iprobe/claims";
 
 std::string state_dir(const std::string& name);
 
 using State = std::map<std::string, std::string>;
+
+// A State as `key=value` lines in the file `path`, written atomically; read
+// back (nullopt when there is no such file).
+void write_state_file(const std::string& path, const State& st);
+std::optional<State> read_state_file(const std::string& path);
 
 void save_state(const std::string& name, const State& st);
 
@@ -134,6 +145,9 @@ void record_restoring(const std::string& name, const std::string& netns_path, bo
 
 // The launcher making clone `name`, or its guardian, still runs.
 bool being_restored(const State& st);
+
+// The process whose PID and start time `st` keeps under these keys still runs.
+bool alive_as_recorded(const State& st, const char* pid_key, const char* start_key);
 
 // Where clone_process keeps its checkpoint until the restore is done.
 std::string scratch_checkpoint_dir(const std::string& name);

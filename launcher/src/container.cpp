@@ -18,6 +18,7 @@
 #include "clone_guardian.h"
 #include "clone_steps.h"
 #include "criu.h"
+#include "name_claim.h"
 #include "iprobe/launcher/clone.h"
 #include "iprobe/launcher/podman_json.h"
 #include "iprobe/support/error.h"
@@ -28,11 +29,12 @@ namespace fs = std::filesystem;
 
 namespace iprobe::launcher {
 using clone_steps::CloneGuardian;
+using clone_steps::NameClaim;
 namespace {
 
-// Which clones are containers, and their IDs: so --destroy removes only
-// containers iprobe made.
-const char* const kContainerStateRoot = "/run/iprobe/container-clones";
+// Which clones are containers, and their IDs (under kContainerStateRoot):
+// so --destroy removes only containers iprobe made.
+using clone_steps::kContainerStateRoot;
 
 std::string state_file(const std::string& name) { return std::string(kContainerStateRoot) + "/" + name; }
 
@@ -295,10 +297,6 @@ ContainerCloneResult clone_container(const ContainerCloneOptions& o) {
     r.name = o.name.empty() ? o.container + "-iprobe-clone" : o.name;
     validate_name(r.name);
     // Everything that would fail after the freeze is refused before it.
-    if (run({podman, "container", "exists", r.name}).ok())
-        throw Error("a container named '" + r.name + "' exists; remove it with `iprobe clone --destroy " + r.name +
-                        "` (if iprobe made it) or pick another --netns name",
-                    ExitCode::busy);
     if (!prod.writable_binds.empty())
         throw Error("container '" + o.container + "' bind-mounts host files read-write (" + prod.writable_binds.front() +
                         "): a clone would write into production's files, and podman's checkpoint does not copy "
@@ -314,6 +312,15 @@ ContainerCloneResult clone_container(const ContainerCloneOptions& o) {
     std::optional<CloneGuardian> own_guardian;
     CloneGuardian* guardian = CloneGuardian::current();
     if (!guardian) guardian = &own_guardian.emplace();
+    // The name is this command's from here until it returns (name_claim.h):
+    // a second command for it stops here, having made nothing, and its
+    // undo and guardian never remove what this one makes by that name.
+    // Released after every undo below has run.
+    const NameClaim claim(r.name, "container", guardian);
+    if (run({podman, "container", "exists", r.name}).ok())
+        throw Error("a container named '" + r.name + "' exists; remove it with `iprobe clone --destroy " + r.name +
+                        "` (if iprobe made it) or pick another --netns name",
+                    ExitCode::busy);
     CloneVolumes volumes{podman, {}};
     for (const auto& v : prod.volumes) {
         const std::string copy = "iprobe-" + r.name + "-" + v.name;
@@ -387,8 +394,8 @@ ContainerCloneResult clone_container(const ContainerCloneOptions& o) {
     // ports on a free loopback port instead (podman picks it).
     for (const auto& port : prod.ports) restore.insert(restore.end(), {"--publish", "127.0.0.1::" + port});
     throw_if_interrupted("the checkpoint archive and the clone's volume copies were removed");
-    // Its name was free (checked above); whatever the restore makes of it
-    // is removed unless kept.
+    // Its name was free (checked above) and is claimed; whatever the
+    // restore makes of it is removed unless kept.
     guardian->guard_podman("container", r.name);
     RestoredClone clone{podman, r.name, {}};
     t = now_ms();

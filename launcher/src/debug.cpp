@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "clone_guardian.h"
+#include "name_claim.h"
 #include "clone_patches.h"
 #include "clone_steps.h"
 #include "debug_session.h"
@@ -186,6 +187,9 @@ void DebugSession::make_container_clone() {
                                  if (!o_.json) std::fprintf(stderr, "iprobe debug: %s\n", line.c_str());
                              }};
     if (!container_guardian_) container_guardian_.emplace();  // clone_container tells it what it makes
+    // The name is the session's from its first clone on: its guardian
+    // removes clone containers by that name, whichever generation made them.
+    if (!container_claim_) container_claim_.emplace(name_, "container", &*container_guardian_);
     start_client_view();
     const ContainerCloneResult clone = clone_container(co);
     clones_->adopt_container(clone, end_client_view());
@@ -200,6 +204,9 @@ void DebugSession::make_generation() {
     // before every clone's keeper holds the lifeline, this launcher leaves
     // it the scratch checkpoint and the clones so far to remove.
     clone_steps::CloneGuardian guardian;
+    // The scratch checkpoint below is by name: claimed first (restore_clone
+    // claims each of the generation's other clones' names).
+    const clone_steps::NameClaim claim(name_, "local", &guardian);
     std::string dir;
     if (recording_) {
         recording_->next_generation();

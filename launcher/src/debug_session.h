@@ -16,6 +16,7 @@
 
 #include "client_pinger.h"
 #include "clone_guardian.h"
+#include "name_claim.h"
 #include "iprobe/launcher/clone_generation.h"
 #include "iprobe/launcher/debug.h"
 #include "iprobe/launcher/mirror_supervisor.h"
@@ -73,6 +74,9 @@ private:
     // CRIU's post-dump hook tells it production is frozen).
     std::string hook_socket_;
     bool hold_pending_ = false;
+    // --container: the session's name, claimed at its first clone and
+    // released after everything else (name_claim.h).
+    std::optional<clone_steps::NameClaim> container_claim_;
     std::unique_ptr<CloneGeneration> clones_;
     std::unique_ptr<SessionRecording> recording_;  // --record
     std::unique_ptr<ClientPinger> pinger_;         // a client of production's own (RESP services)

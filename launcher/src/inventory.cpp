@@ -6,6 +6,8 @@
 #include "iprobe/launcher/remote.h"
 #include "iprobe/proxy/address.h"
 #include "iprobe/support/error.h"
+#include "criu.h"
+#include "name_claim.h"
 
 namespace iprobe::launcher {
 namespace {
@@ -32,6 +34,40 @@ std::string reachable(const std::string& listen) {
     if (listen.rfind("0.0.0.0:", 0) == 0) return "127.0.0.1:" + std::to_string(at.port());
     if (listen.rfind("[::]:", 0) == 0) return "[::1]:" + std::to_string(at.port());
     return listen;
+}
+
+// Recorded whole by the command that made it (a local clone's keeper runs):
+// not one that command is still making.
+bool made_whole(const std::string& name) {
+    if (is_container_clone(name)) return true;
+    for (const auto& r : remote_clones())
+        if (r.clone.name == name) return true;
+    try {
+        return load_clone(name).keeper_pid > 0;
+    } catch (const Error&) {
+        return false;  // no local clone of that name
+    }
+}
+
+// Clones other commands are making now: marked in `out`, or added to it
+// when nothing of theirs is recorded yet.
+void add_clones_being_made(std::vector<InventoryEntry>& out) {
+    for (const auto& name : clone_steps::names_claimed_elsewhere()) {
+        const auto holder = clone_steps::claimed_elsewhere(name);
+        if (!holder) continue;  // ended meanwhile
+        const auto listed = std::find_if(out.begin(), out.end(),
+                                         [&](const auto& e) { return e.name == name && e.kind == holder->kind; });
+        if (listed != out.end()) {
+            listed->being_made = !listed->running;
+            continue;
+        }
+        InventoryEntry e;
+        e.kind = holder->kind;
+        e.name = name;
+        e.where = holder->doing();
+        e.being_made = true;
+        out.push_back(e);
+    }
 }
 
 }  // namespace
@@ -62,11 +98,14 @@ std::vector<InventoryEntry> list_every_clone() {
         out.push_back(e);
     }
     for (const auto& a : agent_held_clones()) out.push_back(entry_of("agent", a.clone, "agent " + a.agent + ", " + a.state_dir));
+    add_clones_being_made(out);
     std::sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.name < b.name; });
     return out;
 }
 
-std::vector<Removed> destroy_any_clone(const std::string& name) {
+namespace {
+
+std::vector<Removed> destroy_recorded_clone(const std::string& name) {
     for (const auto& r : remote_clones())
         if (r.clone.name == name) {
             try {
@@ -87,6 +126,33 @@ std::vector<Removed> destroy_any_clone(const std::string& name) {
             return {{"agent", name + " held by the agent at " + a.agent + " (" + a.state_dir + ")"}};
         }
     return destroy_clone(name);
+}
+
+}  // namespace
+
+std::vector<Removed> destroy_any_clone(const std::string& name) {
+    validate_name(name);
+    // Half made, its objects are its maker's to undo: removed from under it,
+    // they would be made again, or its undo would fail.
+    if (const auto holder = clone_steps::claimed_elsewhere(name); holder && !made_whole(name))
+        throw Error("clone '" + name + "' is " + holder->doing() +
+                        (holder->launcher_runs ? "; wait for it to end (then --destroy it) or interrupt it (Ctrl-C: "
+                                                 "it removes what it made)"
+                                               : "; try again once it has"),
+                    ExitCode::busy);
+    std::vector<Removed> removed;
+    try {
+        removed = destroy_recorded_clone(name);
+    } catch (const Error& e) {
+        // Only the claim of a command killed with its guardian may be left.
+        if (e.code() != ExitCode::not_found) throw;
+        const std::string claim = clone_steps::drop_stale_claim(name);
+        if (claim.empty()) throw;
+        return {{"claim", claim}};
+    }
+    if (const std::string claim = clone_steps::drop_stale_claim(name); !claim.empty())
+        removed.push_back({"claim", claim});
+    return removed;
 }
 
 }  // namespace iprobe::launcher

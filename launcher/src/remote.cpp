@@ -25,6 +25,7 @@
 
 #include "client_pinger.h"
 #include "clone_guardian.h"
+#include "name_claim.h"
 #include "clone_steps.h"
 #include "iprobe/launcher/agent_protocol.h"
 #include "criu.h"
@@ -272,9 +273,9 @@ nlohmann::json read_json(const std::string& path) {
     return in ? nlohmann::json::parse(in, nullptr, false) : nlohmann::json();
 }
 
-// Where `iprobe clone --to` notes the clones it made on other hosts, and
-// where each running agent notes itself (its address and state directory).
-const char* const kRemoteRoot = "/run/iprobe/remote-clones";
+// Where `iprobe clone --to` notes the clones it made on other hosts
+// (kRemoteRoot), and where each running agent notes itself (its address and
+// state directory).
 const char* const kAgentRoot = "/run/iprobe/agents";
 
 std::string remote_record(const std::string& name) { return std::string(kRemoteRoot) + "/" + name; }
@@ -544,6 +545,13 @@ CloneResult clone_to_agent(const CloneOptions& o, const std::string& agent) {
     // guardian waits for CRIU, then removes the scratch images and the
     // record; the agent drops the clone when this connection closes unkept.
     CloneGuardian guardian;
+    // The name is this command's until it returns (name_claim.h): the
+    // scratch images and the note below are by name.
+    const NameClaim claim(name, "remote", &guardian);
+    if (const auto noted = read_json(remote_record(name)); noted.is_object())
+        throw Error("a remote clone named '" + name + "' exists (on the agent at " + noted.value("agent", "?") +
+                        "); remove it with `iprobe clone --destroy " + name + "` or pick another --netns name",
+                    ExitCode::busy);
     Channel channel(connect_to(at, agent));
     bool shell_job = session_of(o.pid) != o.pid;
     channel.send(protocol::Clone{name, shell_job, o.pid});

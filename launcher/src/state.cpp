@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <optional>
 
 #include "iprobe/support/error.h"
 #include "iprobe/support/file.h"
@@ -16,15 +17,15 @@ namespace iprobe::launcher::clone_steps {
 
 std::string state_dir(const std::string& name) { return std::string(kStateRoot) + "/" + name; }
 
-void save_state(const std::string& name, const State& st) {
+void write_state_file(const std::string& path, const State& st) {
     std::string text;
     for (const auto& [k, v] : st) text += k + "=" + v + "\n";
-    write_file_atomic(state_dir(name) + "/state", text.data(), text.size());
+    write_file_atomic(path, text.data(), text.size());
 }
 
-State read_state(const std::string& name) {
-    std::ifstream in(state_dir(name) + "/state");
-    if (!in) throw Error("no clone named '" + name + "' (see `iprobe clone --list`)", ExitCode::not_found);
+std::optional<State> read_state_file(const std::string& path) {
+    std::ifstream in(path);
+    if (!in) return std::nullopt;
     State st;
     std::string line;
     while (std::getline(in, line)) {
@@ -32,6 +33,14 @@ State read_state(const std::string& name) {
         if (eq != std::string::npos) st[line.substr(0, eq)] = line.substr(eq + 1);
     }
     return st;
+}
+
+void save_state(const std::string& name, const State& st) { write_state_file(state_dir(name) + "/state", st); }
+
+State read_state(const std::string& name) {
+    auto st = read_state_file(state_dir(name) + "/state");
+    if (!st) throw Error("no clone named '" + name + "' (see `iprobe clone --list`)", ExitCode::not_found);
+    return *st;
 }
 
 pid_t to_pid(const std::string& s) { return s.empty() ? -1 : static_cast<pid_t>(std::stol(s)); }
@@ -49,12 +58,12 @@ State made_by(const std::string& name) {
     return made;
 }
 
+}  // namespace
+
 bool alive_as_recorded(const State& st, const char* pid_key, const char* start_key) {
     const auto pid = st.find(pid_key), start = st.find(start_key);
     return pid != st.end() && start != st.end() && still_running(to_pid(pid->second), start->second);
 }
-
-}  // namespace
 
 void record_making(const std::string& name, pid_t guardian, const std::string& guardian_start) {
     fs::create_directories(state_dir(name));

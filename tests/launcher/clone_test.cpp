@@ -183,7 +183,7 @@ TEST_F(LauncherClone, ListShowsTheCloneWithTheTimesItsCommandPrinted) {
     auto list = run({iprobe_bin(), "clone", "--list", "--json"});
     ASSERT_EQ(list.exit_code, 0) << list.err;
     const std::regex entry(R"re(\{"name":")re" + clone_name_ +
-                           R"re(","kind":"local","where":"/run/netns/[^"]+","clone_pid":([0-9]+),"running":true,"unavailable_us":([0-9]+),"freezing_us":([0-9]+),"freeze_us":([0-9]+),"checkpoint_us":([0-9]+),"restore_us":([0-9]+),"total_us":([0-9]+)\})re");
+                           R"re(","kind":"local","where":"/run/netns/[^"]+","clone_pid":([0-9]+),"running":true,"unavailable_us":([0-9]+),"freezing_us":([0-9]+),"freeze_us":([0-9]+),"checkpoint_us":([0-9]+),"restore_us":([0-9]+),"total_us":([0-9]+),"being_made":false\})re");
     std::smatch m;
     ASSERT_TRUE(std::regex_search(list.out, m, entry)) << list.out;
     EXPECT_EQ(std::stoll(m[1]), json_number(r.out, "clone_pid"));
@@ -265,6 +265,7 @@ void expect_no_trace_of_clone(const std::string& name) {
     EXPECT_FALSE(netns_exists(name));
     EXPECT_FALSE(fs::exists("/run/iprobe/clones/" + name));
     EXPECT_FALSE(fs::exists("/dev/shm/iprobe-checkpoint-" + name));
+    EXPECT_FALSE(fs::exists("/run/iprobe/claims/" + name)) << "the name's claim outlived its command";
 }
 
 std::string proc_text(long long pid, const char* file) {
@@ -631,6 +632,199 @@ TEST_F(LauncherClone, NameInUseIsRefused) {
     EXPECT_NE(r.err.find("--destroy"), std::string::npos) << r.err;
     EXPECT_EQ(clone_cli({"PING"}), "PONG");  // the first clone is intact
     expect_production_serves();
+}
+
+// ---- one name, one maker (docs/debug-container.md, "One name, one maker")
+
+// `iprobe clone --list --json`'s entries named `name`.
+std::vector<std::string> listed_as(const std::string& name) {
+    const auto list = run({bin("iprobe"), "clone", "--list", "--json"});
+    std::vector<std::string> entries;
+    const std::regex entry(R"re(\{"name":")re" + name + R"re("[^}]*\})re");
+    for (std::sregex_iterator it(list.out.begin(), list.out.end(), entry), end; it != end; ++it)
+        entries.push_back(it->str());
+    return entries;
+}
+
+// Two `iprobe clone PID --netns X` started at once, round after round: the
+// name is claimed before either looks at it, so exactly one makes the
+// clone and the other stops at once with exit 6, having made nothing; the
+// winner's clone answers with production's data and `--destroy` leaves
+// nothing.
+TEST_F(LauncherClone, TwoClonesOfOneNameStartedAtOnceMakeOneClone) {
+    for (int round = 0; round < 4; ++round) {
+        SCOPED_TRACE("round " + std::to_string(round));
+        const fs::path out_a = dir_ / "a.out", out_b = dir_ / "b.out";
+        const std::vector<std::string> argv = {iprobe_bin(), "clone", std::to_string(redis_->pid()), "--netns",
+                                               clone_name_, "--json"};
+        Child a(argv, out_a), b(argv, out_b);
+        const int exit_a = a.wait(std::chrono::seconds(120)), exit_b = b.wait(std::chrono::seconds(120));
+        ASSERT_EQ(std::min(exit_a, exit_b), 0) << file_text(out_a) << file_text(out_b);
+        ASSERT_EQ(std::max(exit_a, exit_b), 6) << file_text(out_a) << file_text(out_b);
+        const Child& winner = exit_a == 0 ? a : b;
+        const std::string winner_out = file_text(exit_a == 0 ? out_a : out_b);
+        const std::string loser_out = file_text(exit_a == 0 ? out_b : out_a);
+        // Arrived while the winner made it, or after: refused either way.
+        const bool while_made = loser_out.find("is being made by iprobe PID " + std::to_string(winner.pid())) !=
+                                std::string::npos;
+        EXPECT_TRUE(while_made || loser_out.find("a clone named '" + clone_name_ + "' exists") != std::string::npos)
+            << loser_out;
+        // The winner's clone, whole: its keeper, its data, production's.
+        EXPECT_EQ(keepers_of(clone_name_).size(), 1u);
+        EXPECT_EQ(json_number(winner_out, "keeper_pid"), keepers_of(clone_name_).front()) << winner_out;
+        EXPECT_EQ(clone_cli({"GET", "marker"}), "before-clone");
+        EXPECT_EQ(clone_cli({"DBSIZE"}), "5001");
+        expect_production_serves();
+        const auto listed = listed_as(clone_name_);
+        ASSERT_EQ(listed.size(), 1u) << ::testing::PrintToString(listed);
+        EXPECT_NE(listed[0].find(R"("being_made":false)"), std::string::npos) << listed[0];
+        EXPECT_NE(listed[0].find(R"("running":true)"), std::string::npos) << listed[0];
+        const auto d = run({iprobe_bin(), "clone", "--destroy", clone_name_});
+        EXPECT_EQ(d.exit_code, 0) << d.err;
+        expect_no_trace_of_clone(clone_name_);
+        EXPECT_TRUE(listed_as(clone_name_).empty());
+        if (HasFailure()) break;
+    }
+}
+
+// The winner held mid-clone (its namespace made, its keeper not yet
+// started): `--list` says its clone is being made, `--destroy` and a second
+// clone of the name are refused (exit 6) and change nothing; let go, the
+// winner ends with its clone whole.
+TEST_F(LauncherClone, CloneOfANameBeingMadeIsRefusedAndTheMakerFinishes) {
+    const fs::path out = dir_ / "winner.out";
+    Child winner({iprobe_bin(), "clone", std::to_string(redis_->pid()), "--netns", clone_name_, "--json"}, out,
+                 {"IPROBE_TEST_PAUSE=keeper"});
+    ASSERT_TRUE(stopped_at_pause(winner)) << file_text(out);
+    ASSERT_TRUE(netns_exists(clone_name_));
+    const auto listed = listed_as(clone_name_);
+    ASSERT_EQ(listed.size(), 1u) << ::testing::PrintToString(listed);
+    EXPECT_NE(listed[0].find(R"("being_made":true)"), std::string::npos) << listed[0];
+    EXPECT_NE(listed[0].find(R"("running":false)"), std::string::npos) << listed[0];
+    const auto table = run({iprobe_bin(), "clone", "--list"});
+    EXPECT_TRUE(std::regex_search(table.out, std::regex(clone_name_ + " +local +-1 being made ")) ) << table.out;
+
+    const auto destroyed = run({iprobe_bin(), "clone", "--destroy", clone_name_});
+    EXPECT_EQ(destroyed.exit_code, 6) << destroyed.err;
+    EXPECT_NE(destroyed.err.find("is being made by iprobe PID " + std::to_string(winner.pid()) + "; wait for it"),
+              std::string::npos)
+        << destroyed.err;
+    const auto second = clone();
+    EXPECT_EQ(second.exit_code, 6) << second.err;
+    EXPECT_NE(second.err.find("clone name '" + clone_name_ + "' is taken: a local clone of that name is being made by "
+                              "iprobe PID " + std::to_string(winner.pid())),
+              std::string::npos)
+        << second.err;
+    EXPECT_TRUE(netns_exists(clone_name_));
+    EXPECT_TRUE(fs::exists("/run/iprobe/clones/" + clone_name_ + "/state"));
+    EXPECT_TRUE(fs::exists("/run/iprobe/claims/" + clone_name_));
+
+    winner.kill(SIGCONT);
+    ASSERT_EQ(winner.wait(std::chrono::seconds(120)), 0) << file_text(out);
+    EXPECT_EQ(keepers_of(clone_name_).size(), 1u);
+    EXPECT_EQ(clone_cli({"GET", "marker"}), "before-clone");
+    EXPECT_EQ(clone_cli({"DBSIZE"}), "5001");
+    expect_production_serves();
+    EXPECT_FALSE(fs::exists("/run/iprobe/claims/" + clone_name_)) << "the claim outlived the clone's command";
+    const auto d = run({iprobe_bin(), "clone", "--destroy", clone_name_});
+    EXPECT_EQ(d.exit_code, 0) << d.err;
+    expect_no_trace_of_clone(clone_name_);
+}
+
+// An `iprobe debug` session named as a clone being made: its generation
+// claims the name before it clears the scratch checkpoint of that name,
+// which is the clone's own (held here with production's images and its
+// first file copy in it): the session stops at once, exit 6, and the clone
+// ends whole.
+TEST_F(LauncherClone, DebugSessionNamedAsACloneBeingMadeLeavesItsCheckpointAlone) {
+    const fs::path out = dir_ / "clone.out";
+    Child clone_cmd({iprobe_bin(), "clone", std::to_string(redis_->pid()), "--netns", clone_name_, "--json"}, out,
+                    {"IPROBE_TEST_PAUSE=copy"});
+    ASSERT_TRUE(stopped_at_pause(clone_cmd)) << file_text(out);
+    const std::string scratch = "/dev/shm/iprobe-checkpoint-" + clone_name_;
+    ASSERT_TRUE(fs::exists(scratch + "/fs/0"));
+    const auto debug = run({"nsenter", "--net=" + prod_ns_->path(), iprobe_bin(), "debug", std::to_string(redis_->pid()),
+                            "--listen", "127.0.0.1:" + std::to_string(free_port()), "--production",
+                            "127.0.0.1:" + std::to_string(port_), "--name", clone_name_, "--json"},
+                           {}, std::chrono::seconds(60));
+    EXPECT_EQ(debug.exit_code, 6) << debug.out << debug.err;
+    EXPECT_NE(debug.err.find("is being made by iprobe PID " + std::to_string(clone_cmd.pid())), std::string::npos)
+        << debug.err;
+    EXPECT_TRUE(fs::exists(scratch + "/fs/0")) << "the session removed the clone's checkpoint";
+    EXPECT_TRUE(fs::is_directory(scratch + "/images"));
+    clone_cmd.kill(SIGCONT);
+    ASSERT_EQ(clone_cmd.wait(std::chrono::seconds(120)), 0) << file_text(out);
+    EXPECT_EQ(clone_cli({"GET", "marker"}), "before-clone");
+    EXPECT_EQ(clone_cli({"DBSIZE"}), "5001");
+    expect_production_serves();
+    const auto d = run({iprobe_bin(), "clone", "--destroy", clone_name_});
+    EXPECT_EQ(d.exit_code, 0) << d.err;
+    expect_no_trace_of_clone(clone_name_);
+}
+
+// A claim whose launcher and guardian were both killed outright (nobody
+// left to drop it, nor to remove what was made) is stale, never honoured:
+// the next clone of the name takes it over, clears the remains and makes
+// its clone; `--destroy` removes it with the remains.
+class LauncherCloneStaleClaim : public LauncherClone {
+protected:
+    // `iprobe clone --netns NAME` stopped with its checkpoint's directory
+    // made, then killed outright with its guardian: its claim, its state
+    // and its scratch checkpoint are left, with nobody to remove them.
+    void kill_with_its_guardian_mid_clone() {
+        const fs::path out = dir_ / "killed.out";
+        Child killed({iprobe_bin(), "clone", std::to_string(redis_->pid()), "--netns", clone_name_}, out,
+                     {"IPROBE_TEST_PAUSE=checkpoint"});
+        ASSERT_TRUE(stopped_at_pause(killed)) << file_text(out);
+        const std::vector<long long> left = descendants_of(killed.pid());
+        const auto guardian =
+            std::find_if(left.begin(), left.end(), [](long long p) { return comm_of(p) == "iprobe-guardian"; });
+        ASSERT_NE(guardian, left.end()) << describe(left);
+        ::kill(static_cast<pid_t>(*guardian), SIGKILL);
+        for (int i = 0; i < 1000 && running_pid(*guardian); ++i)
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        killed.kill(SIGKILL);
+        killed.wait();
+        ASSERT_TRUE(fs::exists("/run/iprobe/claims/" + clone_name_));
+        ASSERT_TRUE(fs::exists("/run/iprobe/clones/" + clone_name_));
+        // Listed as what it is: remains, not a clone being made.
+        const auto listed = listed_as(clone_name_);
+        ASSERT_EQ(listed.size(), 1u) << ::testing::PrintToString(listed);
+        EXPECT_NE(listed[0].find(R"("being_made":false)"), std::string::npos) << listed[0];
+        EXPECT_NE(listed[0].find(R"("running":false)"), std::string::npos) << listed[0];
+    }
+};
+
+TEST_F(LauncherCloneStaleClaim, IsTakenOverByTheNextCloneOfTheName) {
+    kill_with_its_guardian_mid_clone();
+    ASSERT_FALSE(HasFatalFailure());
+    const auto r = run({iprobe_bin(), "clone", std::to_string(redis_->pid()), "--netns", clone_name_}, {},
+                       std::chrono::seconds(120));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.err.find("removing the remains of clone " + clone_name_), std::string::npos) << r.err;
+    EXPECT_EQ(clone_cli({"GET", "marker"}), "before-clone");
+    EXPECT_EQ(clone_cli({"DBSIZE"}), "5001");
+    expect_production_serves();
+    EXPECT_FALSE(fs::exists("/run/iprobe/claims/" + clone_name_));
+    const auto d = run({iprobe_bin(), "clone", "--destroy", clone_name_});
+    EXPECT_EQ(d.exit_code, 0) << d.err;
+    expect_no_trace_of_clone(clone_name_);
+}
+
+// `--destroy` of those remains removes the stale claim with them, and says so.
+TEST_F(LauncherCloneStaleClaim, IsRemovedWithTheRemainsByDestroy) {
+    kill_with_its_guardian_mid_clone();
+    ASSERT_FALSE(HasFatalFailure());
+    const auto d = run({iprobe_bin(), "clone", "--destroy", clone_name_, "--json"});
+    EXPECT_EQ(d.exit_code, 0) << d.err;
+    EXPECT_NE(d.out.find(R"({"kind":"checkpoint","what":"/dev/shm/iprobe-checkpoint-)" + clone_name_ + "\"}"),
+              std::string::npos)
+        << d.out;
+    EXPECT_NE(d.out.find(R"({"kind":"claim","what":"/run/iprobe/claims/)" + clone_name_ + "\"}"), std::string::npos)
+        << d.out;
+    expect_no_trace_of_clone(clone_name_);
+    expect_production_serves();
+    EXPECT_EQ(run({iprobe_bin(), "clone", "--destroy", clone_name_}).exit_code, 5);
 }
 
 TEST_F(LauncherClone, NotRootIsRefusedAndProductionUntouched) {

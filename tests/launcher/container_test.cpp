@@ -410,6 +410,13 @@ long long guardian_of(long long launcher) {
     return -1;
 }
 
+// The clone container's address on its own network, "" when none.
+std::string clone_address_of(const std::string& clone) {
+    return trimmed(run({"podman", "inspect", "--format", "{{range .NetworkSettings.Networks}}{{.IPAddress}}{{end}}",
+                        clone})
+                       .out);
+}
+
 // `iprobe clone --container` killed outright (SIGKILL) or interrupted
 // (SIGINT to its process group, as a terminal's Ctrl-C) at STEP: stopped
 // there by the test-only IPROBE_TEST_PAUSE=STEP (launcher/src/process.h):
@@ -449,6 +456,7 @@ protected:
         for (const auto& e : fs::directory_iterator("/run/iprobe/container-clones", ec_))
             if (!before_.count(e.path())) left.push_back("file " + e.path().string());
         for (const auto& f : checkpoint_leftovers(prod_)) left.push_back("production's storage " + f);
+        if (fs::exists("/run/iprobe/claims/" + clone_)) left.push_back("claim /run/iprobe/claims/" + clone_);
         return left;
     }
 
@@ -492,6 +500,24 @@ protected:
                 EXPECT_EQ(state_of(p), 0) << "left running: " << p << " [" << cmdline_of(p) << "]";
             }
         }
+    }
+
+    // The clone a command made, whole once it ended (its container, record,
+    // network and volume copy, answering with production's data, which
+    // production keeps); then `--destroy` leaves nothing.
+    void expect_clone_whole_then_destroy_it() {
+        std::vector<std::string> kept = remains();
+        std::sort(kept.begin(), kept.end());
+        EXPECT_EQ(kept, (std::vector<std::string>{"container " + clone_, "file /run/iprobe/container-clones/" + clone_,
+                                                  "network iprobe-" + clone_, "volume " + clone_volume()}));
+        const std::string address = clone_address_of(clone_);
+        EXPECT_EQ(redis_at(address, {"GET", "marker"}), "before-clone");
+        EXPECT_EQ(redis_at(address, {"DBSIZE"}), "501");
+        EXPECT_EQ(production({"GET", "marker"}), "before-clone");
+        EXPECT_EQ(production({"DBSIZE"}), "501");
+        const auto d = run({bin("iprobe"), "clone", "--destroy", clone_});
+        EXPECT_EQ(d.exit_code, 0) << d.err;
+        EXPECT_EQ(remains(), std::vector<std::string>{});
     }
 
     void expect_nothing_left_and_name_free() {
@@ -574,6 +600,83 @@ TEST_F(LauncherContainerKilledAt, DebugSessionKilledOutrightLeavesNothing) {
     debug.kill(SIGKILL);
     wait_ended(at);
     expect_nothing_left_and_name_free();
+}
+
+// ---- one name, one maker (docs/debug-container.md, "One name, one maker")
+
+// `iprobe clone --list --json`'s entry named `name`, "" when none.
+std::string listed_as(const std::string& name) {
+    std::smatch m;
+    const std::string out = run({bin("iprobe"), "clone", "--list", "--json"}).out;
+    return std::regex_search(out, m, std::regex(R"re(\{"name":")re" + name + R"re("[^}]*\})re")) ? m.str() : "";
+}
+
+// A second `iprobe clone --container … --netns X` arriving while the first
+// is held with its clone container restored (on production's network,
+// not yet recorded): it stops at once with exit 6 and what holds the name,
+// before any podman object of its own; `--destroy X` is refused too; then
+// the first ends with its clone whole: its container, network, volume copy
+// and record, answering with production's data.  Before the name was
+// claimed, the second checkpointed production, failed to restore onto the
+// taken name, and its undo removed the first's clone container by name.
+TEST_F(LauncherContainerKilledAt, SecondCloneOfANameBeingMadeIsRefusedAndTheFirstEndsWhole) {
+    const AtStep at = start_until("restored");
+    ASSERT_FALSE(HasFailure());
+    const std::vector<std::string> made = remains();
+    EXPECT_EQ(std::count(made.begin(), made.end(), "container " + clone_), 1) << ::testing::PrintToString(made);
+    EXPECT_EQ(std::count(made.begin(), made.end(), "claim /run/iprobe/claims/" + clone_), 1)
+        << ::testing::PrintToString(made);
+    const std::string listed = listed_as(clone_);
+    EXPECT_NE(listed.find(R"("kind":"container")"), std::string::npos) << listed;
+    EXPECT_NE(listed.find(R"("being_made":true)"), std::string::npos) << listed;
+    EXPECT_NE(listed.find(R"("running":false)"), std::string::npos) << listed;
+
+    const auto second = run({bin("iprobe"), "clone", "--container", prod_, "--netns", clone_}, {},
+                            std::chrono::seconds(120));
+    EXPECT_EQ(second.exit_code, 6) << second.err;
+    EXPECT_NE(second.err.find("clone name '" + clone_ + "' is taken: a container clone of that name is being made "
+                              "by iprobe PID " + std::to_string(cli_.pid())),
+              std::string::npos)
+        << second.err;
+    EXPECT_EQ(second.err.find("checkpointing"), std::string::npos) << "the second checkpointed: " << second.err;
+    const auto destroyed = run({bin("iprobe"), "clone", "--destroy", clone_});
+    EXPECT_EQ(destroyed.exit_code, 6) << destroyed.err;
+    EXPECT_NE(destroyed.err.find("is being made by iprobe PID " + std::to_string(cli_.pid()) + "; wait for it"),
+              std::string::npos)
+        << destroyed.err;
+    EXPECT_EQ(remains(), made) << "the refused commands changed what the first made";
+
+    cli_.kill(SIGCONT);
+    ASSERT_EQ(cli_.wait(std::chrono::seconds(120)), 0) << file_text(out_);
+    wait_ended(at);
+    EXPECT_NE(listed_as(clone_).find(R"("being_made":false)"), std::string::npos) << listed_as(clone_);
+    EXPECT_NE(listed_as(clone_).find(R"("running":true)"), std::string::npos) << listed_as(clone_);
+    expect_clone_whole_then_destroy_it();
+    EXPECT_EQ(listed_as(clone_), "");
+    clone_.clear();
+}
+
+// Two `iprobe clone --container … --netns X` started at once, twice: one
+// makes the clone, the other exits 6 (the name being made, or made), and
+// the winner's clone is whole and answers; `--destroy` then leaves nothing.
+TEST_F(LauncherContainerKilledAt, TwoClonesOfOneNameStartedAtOnceMakeOneClone) {
+    for (int round = 0; round < 2; ++round) {
+        SCOPED_TRACE("round " + std::to_string(round));
+        const fs::path out_a = dir_ / "a.out", out_b = dir_ / "b.out";
+        const std::vector<std::string> argv = {bin("iprobe"), "clone", "--container", prod_, "--netns", clone_};
+        Child a(argv, out_a), b(argv, out_b);
+        const int exit_a = a.wait(std::chrono::seconds(180)), exit_b = b.wait(std::chrono::seconds(180));
+        ASSERT_EQ(std::min(exit_a, exit_b), 0) << file_text(out_a) << file_text(out_b);
+        ASSERT_EQ(std::max(exit_a, exit_b), 6) << file_text(out_a) << file_text(out_b);
+        const std::string loser = file_text(exit_a == 0 ? out_b : out_a);
+        const bool while_made = loser.find("is being made by iprobe PID " + std::to_string((exit_a == 0 ? a : b).pid())) !=
+                                std::string::npos;
+        EXPECT_TRUE(while_made || loser.find("a container named '" + clone_ + "' exists") != std::string::npos) << loser;
+        EXPECT_EQ(loser.find("checkpointing"), std::string::npos) << "the loser checkpointed: " << loser;
+        expect_clone_whole_then_destroy_it();
+        if (HasFailure()) break;
+    }
+    clone_.clear();
 }
 
 // Ctrl-C (SIGINT to the launcher's process group) while podman checkpoints

@@ -178,7 +178,7 @@ TEST_F(LauncherRemote, ListShowsTheRemoteCloneAndDestroyNeedsOnlyItsName) {
     const long long clone_pid = json_number(r.out, "clone_pid");
     auto list = in_a({iprobe_bin(), "clone", "--list", "--json"});
     ASSERT_EQ(list.exit_code, 0) << list.err;
-    const std::regex remote(R"re(\{"name":")re" + name_ + R"re(","kind":"remote"[^}]*"checkpoint_us":([0-9]+),"restore_us":([0-9]+),"total_us":([0-9]+)\})re");
+    const std::regex remote(R"re(\{"name":")re" + name_ + R"re(","kind":"remote"[^}]*"checkpoint_us":([0-9]+),"restore_us":([0-9]+),"total_us":([0-9]+),"being_made":false\})re");
     std::smatch m;
     ASSERT_TRUE(std::regex_search(list.out, m, remote)) << list.out;
     EXPECT_GE(std::stoll(m[3]), std::stoll(m[1]) + std::stoll(m[2])) << "total below checkpoint + restore: " << m[0];
@@ -289,6 +289,7 @@ void LauncherRemoteKilledAt::signal_at_and_expect_nothing_left(const std::string
     cli.wait();
     EXPECT_FALSE(still_after_60s([&] { return fs::exists(scratch); })) << scratch << " left";
     EXPECT_FALSE(still_after_60s([&] { return fs::exists(record); })) << record << " left";
+    EXPECT_FALSE(still_after_60s([&] { return fs::exists("/run/iprobe/claims/" + name_); })) << "the name's claim left";
     EXPECT_FALSE(still_after_60s([&] { return fs::exists(held); })) << held << " left on the agent";
     if (clone_pid > 0) {
         EXPECT_TRUE(gone(clone_pid, std::chrono::seconds(60))) << "the clone outlived its session";
@@ -306,6 +307,54 @@ void LauncherRemoteKilledAt::signal_at_and_expect_nothing_left(const std::string
     EXPECT_EQ(again.exit_code, 0) << again.err;
     EXPECT_EQ(clone_cli({"GET", "marker"}), "before-clone");
     EXPECT_EQ(in_a({iprobe_bin(), "clone", "--destroy", name_}).exit_code, 0);
+}
+
+// A second `iprobe clone --to … --netns X` while the first is held with
+// production's memory on the agent and its images in /dev/shm: refused at
+// once (exit 6), before it speaks to any agent, and `--destroy X` too; the
+// first then ends with its clone running on B and recorded here.  (Before
+// the name was claimed, the second's scratch images and record were the
+// first's, by name.)
+TEST_F(LauncherRemoteKilledAt, SecondCloneOfANameBeingMadeIsRefusedAndTheFirstEndsWhole) {
+    const fs::path out = logs_ / "clone.out";
+    Child cli({"nsenter", "--net=" + host_a_->path(), iprobe_bin(), "clone", std::to_string(redis_->pid()), "--to",
+               agent_address_, "--netns", name_, "--json"},
+              out, {"IPROBE_TEST_PAUSE=images"}, Session::own);
+    for (int i = 0; i < 120000 && cli.running() && state_of(cli.pid()) != 'T'; ++i)
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    ASSERT_EQ(state_of(cli.pid()), 'T') << "never paused at images";
+    const std::string scratch = "/dev/shm/iprobe-remote-" + name_, record = "/run/iprobe/remote-clones/" + name_;
+    ASSERT_TRUE(fs::exists(scratch));
+    const auto list = in_a({iprobe_bin(), "clone", "--list", "--json"});
+    EXPECT_TRUE(std::regex_search(list.out, std::regex(R"re(\{"name":")re" + name_ +
+                                                       R"re(","kind":"remote"[^}]*"running":false[^}]*"being_made":true)re")))
+        << list.out;
+
+    const auto second = clone_to_b();
+    EXPECT_EQ(second.exit_code, 6) << second.err;
+    EXPECT_NE(second.err.find("clone name '" + name_ + "' is taken: a remote clone of that name is being made by "
+                              "iprobe PID " + std::to_string(cli.pid())),
+              std::string::npos)
+        << second.err;
+    const auto destroyed = in_a({iprobe_bin(), "clone", "--destroy", name_});
+    EXPECT_EQ(destroyed.exit_code, 6) << destroyed.err;
+    EXPECT_TRUE(fs::exists(scratch)) << "the refused commands removed the first's images";
+    EXPECT_FALSE(fs::exists(record));
+
+    cli.kill(SIGCONT);
+    ASSERT_EQ(cli.wait(std::chrono::seconds(120)), 0) << file_text(out);
+    const long long clone_pid = json_number(file_text(out), "clone_pid");
+    ASSERT_GT(clone_pid, 1) << file_text(out);
+    EXPECT_EQ(clone_cli({"GET", "marker"}), "before-clone");
+    EXPECT_EQ(clone_cli({"DBSIZE"}), "5001");
+    EXPECT_EQ(redis_->cli({"DBSIZE"}), "5001");
+    EXPECT_TRUE(fs::exists(record));
+    EXPECT_FALSE(fs::exists(scratch));
+    EXPECT_FALSE(fs::exists("/run/iprobe/claims/" + name_));
+    EXPECT_EQ(in_a({iprobe_bin(), "clone", "--destroy", name_}).exit_code, 0);
+    EXPECT_TRUE(gone(clone_pid)) << "the clone outlived --destroy";
+    EXPECT_FALSE(fs::exists(record));
+    EXPECT_FALSE(fs::exists(agent_dir_ / name_));
 }
 
 INSTANTIATE_TEST_SUITE_P(Steps, LauncherRemoteKilledAt,

@@ -20,6 +20,9 @@ struct InventoryEntry {
     std::string where;       // network namespace, podman network, agent address
     pid_t clone_pid = -1;    // as the host it runs on sees it
     bool running = false;    // false: only remains (remove with --destroy); remote: as last known
+    // Another command is making it now (it holds the name's claim): not
+    // running yet, and not remains; --destroy refuses it until that ends.
+    bool being_made = false;
     // Milliseconds.  unavailable = stopping production + frozen: the time
     // production could not answer, as its clients saw it.  checkpoint is the
     // dump (or podman's checkpoint), restore the restore, total the making
@@ -31,7 +34,8 @@ struct InventoryEntry {
 std::vector<InventoryEntry> list_every_clone();
 
 // Removes the clone `name`, whatever its kind (remains of a killed launcher
-// included); returns what it removed.  Error(not_found) when there is none.
+// included); returns what it removed.  Error(not_found) when there is none,
+// Error(busy) when another command is making it.
 std::vector<Removed> destroy_any_clone(const std::string& name);
 
 }  // namespace iprobe::launcher
