@@ -426,10 +426,12 @@ int cmd_trace(const Args& args) {
         // Raw runs of records, encoded in bulk: the writer keeps up with the threads.
         collect(reader, seconds,
                 [&] {
-                    const std::size_t records = reader.drain_runs([&](const RecordRun& run) {
-                        writer.write(run);
-                        if (shown) reader.decode(run, print);
-                    });
+                    const std::size_t records = reader.drain_runs(
+                        [&](const RecordRun& run) {
+                            writer.write(run);
+                            if (shown) reader.decode(run, print);
+                        },
+                        [&](const ExitMark& mark) { writer.mark(mark); });
                     if (shown) reader.decode_end(print);
                     return records;
                 },

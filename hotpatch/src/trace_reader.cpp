@@ -135,6 +135,27 @@ struct TraceReader::Impl {
         std::uint64_t next_at = 0;         // where the pending event's next record is
         PendingGap gap;                    // owned by a ring
     } decoding;
+    PendingExitMarks exit_marks;           // taken from the region, not yet given to an event
+    std::uint64_t exit_marks_seen = 0;     // iprobe_rt_control.exit_marks_written when last taken
+
+    // The exit marks detaches wrote since the last look, taken: to `sink`
+    // and kept for decode().  Called after a ring's head was read, so a
+    // mark is known before any record written after it.
+    void take_exit_marks_now(const std::function<void(const ExitMark&)>& sink) {
+        const std::uint64_t written = __atomic_load_n(&region.control()->exit_marks_written, __ATOMIC_ACQUIRE);
+        if (written == exit_marks_seen || !region.exit_marks(0)) return;
+        bool all = true;
+        for (std::uint32_t t = 0; t < region.thread_count(); t++) {
+            iprobe_rt_exit_marks* queue = region.exit_marks(t);
+            if (!region.touched(queue, sizeof *queue)) continue;
+            if (__atomic_load_n(&queue->state, __ATOMIC_ACQUIRE) & IPROBE_RT_EXIT_MARKS_WRITING) all = false;
+            for (const ExitMark& m : take_exit_marks(*queue)) {
+                exit_marks.add(m);
+                if (sink) sink(m);
+            }
+        }
+        if (all) exit_marks_seen = written;  // else a detach is in its stop: look again next time
+    }
 
     void load_new_modules() {
         const std::uint32_t count = region.module_count();
@@ -206,7 +227,8 @@ WallClock TraceReader::wall_clock() const {
 
 std::uint64_t WallClock::ns(std::uint64_t tsc) const { return wall_clock_ns(tsc, tsc_base, realtime_base, ns_per_tick); }
 
-std::size_t TraceReader::drain_runs(const std::function<void(const RecordRun&)>& sink) {
+std::size_t TraceReader::drain_runs(const std::function<void(const RecordRun&)>& sink,
+                                    const std::function<void(const ExitMark&)>& marks) {
     if (!impl_->stream) throw Error("this reader does not consume the event stream");
     const Region& region = impl_->region;
     const std::uint64_t records_per_ring = region.ring_records();
@@ -224,6 +246,7 @@ std::size_t TraceReader::drain_runs(const std::function<void(const RecordRun&)>&
         const std::uint32_t state = __atomic_load_n(&ring->state, __ATOMIC_ACQUIRE);
         if (state == IPROBE_RT_RING_FREE) continue;
         const std::uint64_t head = __atomic_load_n(&ring->head, __ATOMIC_ACQUIRE);
+        impl_->take_exit_marks_now(marks);
         std::uint64_t tail = ring->tail;
         // A nested publish may briefly leave head behind what was consumed.
         if (head > tail) {
@@ -333,6 +356,10 @@ std::size_t TraceReader::decode(const RecordRun& run, const std::function<void(c
             continue;
         }
         e.dropped_before = d.gap.take(run.ring);
+        if (!impl_->exit_marks.empty()) [[unlikely]]
+            for (const ExitMark& m : impl_->exit_marks.take(e.tid, e.tsc))
+                e.exits_lost_before.push_back(
+                    {m.probe == IPROBE_RT_EXIT_MARK_ANY ? std::string() : probe(m.probe).function, m.count, clock.ns(m.at)});
         if (r.probe < impl_->region.probe_count())
             entry_without_exit(e, static_cast<probelist::ProbeKind>(impl_->region.probes()[r.probe].kind), r.values);
         d.pending = std::move(e);
@@ -481,6 +508,13 @@ void CallNesting::records(const Event& e, const ProbeInfo& info, const std::func
     // After a gap the calls open before it may have ended unseen: the
     // thread's nesting starts afresh, and the record says how many were missed.
     if (e.dropped_before) stack.clear();
+    // Calls a detach left without their exits, closed before this event.
+    std::vector<std::string> closed;
+    std::uint64_t lost = 0;
+    if (!e.exits_lost_before.empty()) [[unlikely]] {
+        closed = close_lost(stack, e.exits_lost_before);
+        for (const LostExits& l : e.exits_lost_before) lost += l.count;
+    }
     const bool new_frame = e.kind == probelist::ProbeKind::entry && !e.inlined_copy;
     if (e.frame && e.depth == 0)
         while (!stack.empty() && stack.back().frame &&
@@ -496,6 +530,11 @@ void CallNesting::records(const Event& e, const ProbeInfo& info, const std::func
     TraceRecord r{e.time_ns, e.tid, e.kind, info.function, 0, {}, e.depth != 0};
     r.exit_traced = e.exit_traced;
     r.dropped_before = e.dropped_before;
+    if (lost) {
+        r.exits_lost_before = lost;
+        r.exits_closed = std::move(closed);
+        r.exits_lost_ns = e.exits_lost_before.back().at_ns;
+    }
     if (e.kind == probelist::ProbeKind::point) r.args.assign(e.args, e.args + std::min<int>(e.nargs, 4));
     if (e.kind == probelist::ProbeKind::entry && e.has_values) {
         r.has_arguments = true;
@@ -516,6 +555,26 @@ void CallNesting::records(const Event& e, const ProbeInfo& info, const std::func
         stack.push_back({e.frame, info.function, r.has_arguments, r.arguments});
     }
     sink(r);
+}
+
+std::vector<std::string> CallNesting::close_lost(std::deque<OpenCall>& stack, const std::vector<LostExits>& lost) {
+    std::vector<bool> closing(stack.size(), false);
+    for (const LostExits& l : lost) {
+        std::uint64_t left = l.count;
+        for (std::size_t i = stack.size(); i-- > 0 && left > 0;)
+            if (!closing[i] && (l.function.empty() || stack[i].function == l.function)) {
+                closing[i] = true;
+                left--;
+            }
+    }
+    std::vector<std::string> closed;
+    std::deque<OpenCall> open;
+    for (std::size_t i = stack.size(); i-- > 0;)
+        if (closing[i]) closed.push_back(std::move(stack[i].function));
+    for (std::size_t i = 0; i < stack.size(); i++)
+        if (!closing[i]) open.push_back(std::move(stack[i]));
+    stack = std::move(open);
+    return closed;
 }
 
 void write_function_stats_fields(JsonWriter& j, const FunctionStats& f) {

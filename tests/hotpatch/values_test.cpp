@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <sstream>
 #include <thread>
 #include <regex>
 
@@ -485,6 +486,61 @@ TEST_P(FinstrumentValuesTest, DetachWhileAPlainCallIsInFlightLeavesItWithoutAnEx
     const auto text = iprobe({"report", pid_});
     EXPECT_NE(text.out.find("exits lost at detach: 1 calls"), std::string::npos) << text.out;
     EXPECT_EQ(target_->command("values"), plain);
+}
+
+// The lines of a text trace without their time and thread columns.
+std::vector<std::string> text_events(const std::string& text) {
+    static const std::regex head("^[0-9]+\\.[0-9]{9} +[0-9]+ ");
+    std::vector<std::string> out;
+    std::istringstream lines(text);
+    for (std::string line; std::getline(lines, line);) out.push_back(std::regex_replace(line, head, ""));
+    return out;
+}
+
+// ... and the stream says so where it happened: the thread's next event
+// (after the next attach) comes after one mark of that call, and nests at
+// depth 0, not inside a call that will never end.  The same in the live
+// trace, in the file written of it and in the file converted later; in
+// Chrome's format the call's span ends at the detach, so every B has its E.
+TEST_P(FinstrumentValuesTest, ACallThatLostItsExitAtADetachIsClosedWhereItHappened) {
+    TempDir dir;
+    for (const std::string format : {"text", "json", "chrome"}) {
+        SCOPED_TRACE(format);
+        attach({"--functions", "v_wait,v_spin"});
+        ASSERT_EQ(target_->command("hold 3"), 1);
+        const auto d = iprobe({"detach", pid_, "--json"});
+        ASSERT_EQ(d.exit_code, 0) << d.err;
+        EXPECT_EQ(json_number(d.out, "exits_lost"), 1) << d.out;
+        EXPECT_EQ(target_->command("unblock"), 8);  // returns while detached: no exit recorded
+        attach({"--functions", "v_wait,v_spin"});
+        EXPECT_EQ(target_->command("go"), 3);
+        const std::string file = dir / (format + ".trace");
+        const auto live = iprobe({"trace", pid_, "--duration", "0", "--output", file, "--format", format});
+        ASSERT_EQ(live.exit_code, 0) << live.err;
+        const auto converted = iprobe({"trace", "--input", file, "--format", format});
+        ASSERT_EQ(converted.exit_code, 0) << converted.err;
+        EXPECT_EQ(converted.out, live.out);
+        const std::string& t = live.out;
+        if (format == "text") {
+            const std::vector<std::string> want = {
+                "-> v_wait", "-- 1 calls in flight lost their exit at a detach --",
+                "-> v_spin", "<- v_spin", "-> v_spin", "<- v_spin", "-> v_spin", "<- v_spin"};
+            EXPECT_EQ(text_events(t), want) << t;
+        } else if (format == "json") {
+            EXPECT_EQ(lines_with(t, {"exits_lost_before"}).size(), 1u) << t;
+            EXPECT_EQ(lines_with(t, {"\"kind\":\"entry\",\"function\":\"v_spin\",\"depth\":0", "\"exits_lost_before\":1"})
+                          .size(),
+                      1u)
+                << t;
+            EXPECT_EQ(lines_with(t, {"\"depth\":0"}).size(), 7u) << "everything at depth 0\n" << t;
+        } else {
+            EXPECT_EQ(lines_with(t, {"\"ph\":\"B\""}).size(), 4u) << t;
+            EXPECT_EQ(lines_with(t, {"\"ph\":\"E\""}).size(), 4u) << t;
+            EXPECT_EQ(lines_with(t, {"\"name\":\"v_wait\",\"ph\":\"E\"", "\"exit_lost_at_detach\":true"}).size(), 1u) << t;
+            EXPECT_EQ(lines_with(t, {"\"name\":\"v_spin\",\"ph\":\"B\"", "\"exits_lost_before\":1"}).size(), 1u) << t;
+        }
+        ASSERT_EQ(iprobe({"detach", pid_}).exit_code, 0);
+    }
 }
 
 // ... and attached again without values before the call returns: its exit
