@@ -142,6 +142,37 @@ TEST(AgentProtocol, ValuesTravelInTheTraceRecordAndEachWriterShowsThem) {
     EXPECT_EQ(trace_record_from_json(to_json(entry)).arguments[1].json, "\"key\"");
 }
 
+// The event after an exit mark (calls a detach left without their exits):
+// JSON says how many, text says it on a line of its own, Chrome ends each
+// closed call's span at the detach; the agent's message keeps which calls
+// were closed and when, so a session's Chrome output is the same.
+TEST(AgentProtocol, AnExitMarkTravelsInTheTraceRecordAndEachWriterShowsIt) {
+    TraceRecord next{2000000000, 7, probelist::ProbeKind::entry, "v_spin", 0, {}, false};
+    next.exits_lost_before = 2;
+    next.exits_closed = {"v_wait", "v_loop"};
+    next.exits_lost_ns = 1500000000;
+    EXPECT_EQ(to_json(next),
+              R"j({"time_ns":2000000000,"tid":7,"kind":"entry","function":"v_spin","depth":0,"exits_lost_before":2})j");
+    EXPECT_EQ(trace_text_line(next),
+              "2.000000000       7 -- 2 calls in flight lost their exit at a detach --\n"
+              "2.000000000       7 -> v_spin\n");
+    std::ostringstream chrome;
+    const auto writer = make_output(OutputFormat::chrome, chrome);
+    writer->trace_begin(42);
+    writer->trace(next);
+    writer->trace_end();
+    EXPECT_EQ(chrome.str(),
+              "{\"traceEvents\":[\n"
+              R"j({"name":"v_wait","ph":"E","ts":1500000,"pid":42,"tid":7,"args":{"exit_lost_at_detach":true}},)j"
+              "\n"
+              R"j({"name":"v_loop","ph":"E","ts":1500000,"pid":42,"tid":7,"args":{"exit_lost_at_detach":true}},)j"
+              "\n"
+              R"j({"name":"v_spin","ph":"B","ts":2e+06,"pid":42,"tid":7,"args":{"exits_lost_before":2}})j"
+              "\n]}\n");
+    const agent::Message back = agent::decode_message(agent::encode(agent::Message{next}));
+    EXPECT_EQ(std::get<TraceRecord>(back), next) << agent::encode(agent::Message{next});
+}
+
 // matched and undecided under --when are counters beside the calls.
 TEST(AgentProtocol, PrometheusCountsMatchedAndUndecidedOfConditionedFunctions) {
     ReportResult r;
