@@ -87,27 +87,28 @@ std::vector<ExitMark> take_exit_marks(iprobe_rt_exit_marks& queue) {
 }
 
 void PendingExitMarks::add(const ExitMark& mark) {
-    constexpr std::size_t kMaxPending = 4096;
-    // Bounded: past it the oldest of the same thread takes it in, else the oldest goes.
-    if (marks_.size() >= kMaxPending) {
-        const auto same = std::find_if(marks_.begin(), marks_.end(), [&](const ExitMark& m) { return m.tid == mark.tid; });
-        if (same != marks_.end()) {
-            same->count += mark.count;
-            same->at = std::max(same->at, mark.at);
-            if (same->probe != mark.probe) same->probe = IPROBE_RT_EXIT_MARK_ANY;
-            return;
-        }
-        marks_.erase(marks_.begin());
+    constexpr std::size_t kMaxThreads = 1u << 16, kMaxPerThread = 64;
+    if (by_thread_.size() >= kMaxThreads && !by_thread_.count(mark.tid)) by_thread_.clear();
+    auto& marks = by_thread_[mark.tid];
+    if (marks.size() < kMaxPerThread) {
+        marks.push_back(mark);
+        return;
     }
-    marks_.push_back(mark);
+    ExitMark& newest = marks.back();
+    newest.count += mark.count;
+    newest.at = std::max(newest.at, mark.at);
+    if (newest.probe != mark.probe) newest.probe = IPROBE_RT_EXIT_MARK_ANY;
 }
 
 std::vector<ExitMark> PendingExitMarks::take(std::uint32_t tid, std::uint64_t tsc) {
+    const auto it = by_thread_.find(tid);
+    if (it == by_thread_.end()) return {};
     std::vector<ExitMark> out;
-    auto due = [&](const ExitMark& m) { return m.tid == tid && m.at <= tsc; };
-    for (const ExitMark& m : marks_)
+    auto due = [&](const ExitMark& m) { return m.at <= tsc; };
+    for (const ExitMark& m : it->second)
         if (due(m)) out.push_back(m);
-    if (!out.empty()) std::erase_if(marks_, due);
+    if (!out.empty()) std::erase_if(it->second, due);
+    if (it->second.empty()) by_thread_.erase(it);
     return out;
 }
 

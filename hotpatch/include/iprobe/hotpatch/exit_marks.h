@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <span>
+#include <unordered_map>
 #include <vector>
 
 #include "iprobe/formats/rt_layout.h"
@@ -36,16 +37,18 @@ std::vector<ExitMark> take_exit_marks(iprobe_rt_exit_marks& queue);
 // Marks waiting for the first event of their thread at or after their
 // instant (every event before it in that thread's order was read before
 // the detach stopped it; one in the middle of being recorded too, since
-// its clock was read before).  Bounded: the target can write the region.
+// its clock was read before).  Bounded, as CallNesting is (the target can
+// write the region, anyone a file): past 64 marks a thread's newest takes
+// the next in, past 65536 threads it starts over.
 class PendingExitMarks {
 public:
     void add(const ExitMark& mark);
-    bool empty() const { return marks_.empty(); }
+    bool empty() const { return by_thread_.empty(); }
     // The marks `tid`'s event at `tsc` comes after, taken (oldest first).
     std::vector<ExitMark> take(std::uint32_t tid, std::uint64_t tsc);
 
 private:
-    std::vector<ExitMark> marks_;
+    std::unordered_map<std::uint32_t, std::vector<ExitMark>> by_thread_;
 };
 
 }  // namespace iprobe::hotpatch
