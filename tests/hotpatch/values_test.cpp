@@ -15,6 +15,7 @@
 #include <gtest/gtest.h>
 
 #include "hotpatch_fixture.h"
+#include "iprobe/hotpatch/trace_file.h"
 
 namespace iprobe::test {
 namespace {
@@ -616,6 +617,48 @@ TEST_P(FinstrumentValuesTest, EveryCallInFlightAtADetachIsCountedUnderLoad) {
         << r;
     EXPECT_GT(said, 0) << "no detach found a call in flight in 8 rounds" << r;
     EXPECT_EQ(json_number(r, "unhooked_returns"), 0) << r;
+}
+
+// ... and the stream says each of them where it happened: a trace reading
+// all the while (to a file) gets, on each thread's next event after a
+// detach that lost calls of it, a mark whose counts add up to exactly what
+// the detaches said, while detaches write marks and the reader takes them
+// at once.
+TEST_P(FinstrumentValuesTest, EveryExitADetachLostUnderLoadIsSaidInTheStream) {
+    TempDir dir;
+    const std::string file = dir / "load.trace";
+    attach({"--functions", "v_spin"});  // the region the trace reads
+    ASSERT_EQ(iprobe({"detach", pid_}).exit_code, 0);
+    Child trace({iprobe_bin(), "trace", pid_, "--output", file}, dir / "trace.out");
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the reader is draining
+    ASSERT_EQ(target_->command("spin 2"), 2);
+    long long said = 0;
+    for (int round = 0; round < 8; round++) {
+        attach({"--functions", "v_spin"});
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        const auto d = iprobe({"detach", pid_, "--json"});
+        ASSERT_EQ(d.exit_code, 0) << d.err;
+        said += json_number(d.out, "exits_lost");
+    }
+    attach({"--functions", "v_spin"});  // each thread's next events, after its last mark
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    ASSERT_GT(target_->command("stop"), 0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    trace.kill(SIGINT);
+    ASSERT_EQ(trace.wait(std::chrono::seconds(60)), 0);
+    long long marked = 0, marks = 0;
+    hotpatch::TraceFileReader read(file);
+    while (read.next([&](const hotpatch::Event& e) {
+        for (const hotpatch::LostExits& l : e.exits_lost_before) {
+            EXPECT_EQ(l.function, "v_spin");
+            marked += static_cast<long long>(l.count);
+            marks++;
+        }
+    })) {
+    }
+    EXPECT_GT(said, 0) << "no detach found a call in flight in 8 rounds";
+    EXPECT_EQ(marked, said) << marks << " marks";
+    EXPECT_LE(marks, 2 * 8) << "one a thread and detach at most";
 }
 
 // An inlined copy (in_visit, always_inline, in in_loop's loop): its hooks
