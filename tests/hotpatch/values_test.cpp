@@ -300,6 +300,19 @@ protected:
         if (IsSkipped()) return;
         ASSERT_TRUE(start(GetParam())) << GetParam() << " not built";
     }
+    // `rounds` attaches of v_spin (what "spin N"'s threads call), each
+    // detached 20 ms later: the calls in flight the detaches said they lost.
+    long long attach_and_detach_spinning(int rounds) {
+        long long said = 0;
+        for (int round = 0; round < rounds; round++) {
+            attach({"--functions", "v_spin"});
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+            const auto d = iprobe({"detach", pid_, "--json"});
+            EXPECT_EQ(d.exit_code, 0) << d.err;
+            said += json_number(d.out, "exits_lost");
+        }
+        return said;
+    }
 };
 
 TEST_P(FinstrumentValuesTest, ArgumentsAndReturnValuesComeFromTheSiteRecipe) {
@@ -598,14 +611,7 @@ TEST_P(FinstrumentValuesTest, EveryCallHasOneExitWhileAttachesSwitchValuesUnderL
 TEST_P(FinstrumentValuesTest, EveryCallInFlightAtADetachIsCountedUnderLoad) {
     ASSERT_TRUE(start(GetParam()));
     ASSERT_EQ(target_->command("spin 2"), 2);
-    long long said = 0;
-    for (int round = 0; round < 8; round++) {
-        attach({"--functions", "v_spin"});
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-        const auto d = iprobe({"detach", pid_, "--json"});
-        ASSERT_EQ(d.exit_code, 0) << d.err;
-        said += json_number(d.out, "exits_lost");
-    }
+    const long long said = attach_and_detach_spinning(8);
     ASSERT_GT(target_->command("stop"), 0);
     const std::string r = iprobe({"report", pid_, "--json"}).out;
     const long long calls = json_calls(r, "v_spin"), completed = json_completed(r, "v_spin");
@@ -632,14 +638,7 @@ TEST_P(FinstrumentValuesTest, EveryExitADetachLostUnderLoadIsSaidInTheStream) {
     Child trace({iprobe_bin(), "trace", pid_, "--output", file}, dir / "trace.out");
     std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the reader is draining
     ASSERT_EQ(target_->command("spin 2"), 2);
-    long long said = 0;
-    for (int round = 0; round < 8; round++) {
-        attach({"--functions", "v_spin"});
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-        const auto d = iprobe({"detach", pid_, "--json"});
-        ASSERT_EQ(d.exit_code, 0) << d.err;
-        said += json_number(d.out, "exits_lost");
-    }
+    const long long said = attach_and_detach_spinning(8);
     attach({"--functions", "v_spin"});  // each thread's next events, after its last mark
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
     ASSERT_GT(target_->command("stop"), 0);
