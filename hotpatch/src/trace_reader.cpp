@@ -140,21 +140,27 @@ struct TraceReader::Impl {
 
     // The exit marks detaches wrote since the last look, taken: to `sink`
     // and kept for decode().  Called after a ring's head was read, so a
-    // mark is known before any record written after it.
+    // mark is known before any record written after it (the detacher adds
+    // to exit_marks_written in its stop, after its marks).  A queue being
+    // written is left: that detacher's count moves after it.
     void take_exit_marks_now(const std::function<void(const ExitMark&)>& sink) {
         const std::uint64_t written = __atomic_load_n(&region.control()->exit_marks_written, __ATOMIC_ACQUIRE);
         if (written == exit_marks_seen || !region.exit_marks(0)) return;
-        bool all = true;
-        for (std::uint32_t t = 0; t < region.thread_count(); t++) {
+        exit_marks_seen = written;
+        const std::uint32_t slots = region.thread_count();
+        const auto first = reinterpret_cast<std::uintptr_t>(region.exit_marks(0));
+        const auto page0 = first & ~std::uintptr_t{4095};
+        const auto pages = region.touched_pages(region.exit_marks(0), sizeof(iprobe_rt_exit_marks) * slots);
+        for (std::uint32_t t = 0; t < slots; t++) {
             iprobe_rt_exit_marks* queue = region.exit_marks(t);
-            if (!region.touched(queue, sizeof *queue)) continue;
-            if (__atomic_load_n(&queue->state, __ATOMIC_ACQUIRE) & IPROBE_RT_EXIT_MARKS_WRITING) all = false;
+            const auto at = reinterpret_cast<std::uintptr_t>(queue);
+            const std::size_t page = (at - page0) / 4096, last = (at + sizeof *queue - 1 - page0) / 4096;
+            if (last >= pages.size() || (!pages[page] && !pages[last])) continue;  // never written
             for (const ExitMark& m : take_exit_marks(*queue)) {
                 exit_marks.add(m);
                 if (sink) sink(m);
             }
         }
-        if (all) exit_marks_seen = written;  // else a detach is in its stop: look again next time
     }
 
     void load_new_modules() {
