@@ -491,6 +491,15 @@ int report_folded(const Args& args, Output& out) {
         const ProbeInfo& info = reader.probe(e.probe);
         if (stacks.size() >= kMaxThreads && !stacks.count(e.tid)) return;
         auto& stack = stacks[e.tid];
+        // calls a detach left without their exits: nothing to fold, and no caller of what follows
+        for (const LostExits& lost : e.exits_lost_before) {
+            std::uint64_t left = lost.count;
+            for (std::size_t i = stack.size(); i-- > 0 && left > 0;)
+                if (lost.function.empty() || stack[i].function == lost.function) {
+                    stack.erase(stack.begin() + static_cast<std::ptrdiff_t>(i));
+                    left--;
+                }
+        }
         if (e.kind == probelist::ProbeKind::entry) {
             // an entry whose exit is not traced has no time to fold
             if (e.exit_traced && stack.size() < kMaxDepth) stack.push_back({info.function, e.tsc, 0});

@@ -515,10 +515,11 @@ std::vector<std::string> text_events(const std::string& text) {
 // (after the next attach) comes after one mark of that call, and nests at
 // depth 0, not inside a call that will never end.  The same in the live
 // trace, in the file written of it and in the file converted later; in
-// Chrome's format the call's span ends at the detach, so every B has its E.
+// Chrome's format the call's span ends at the detach, so every B has its E;
+// folded stacks do not put the later calls under it.
 TEST_P(FinstrumentValuesTest, ACallThatLostItsExitAtADetachIsClosedWhereItHappened) {
     TempDir dir;
-    for (const std::string format : {"text", "json", "chrome"}) {
+    for (const std::string format : {"text", "json", "chrome", "folded"}) {
         SCOPED_TRACE(format);
         attach({"--functions", "v_wait,v_spin"});
         ASSERT_EQ(target_->command("hold 3"), 1);
@@ -528,6 +529,14 @@ TEST_P(FinstrumentValuesTest, ACallThatLostItsExitAtADetachIsClosedWhereItHappen
         EXPECT_EQ(target_->command("unblock"), 8);  // returns while detached: no exit recorded
         attach({"--functions", "v_wait,v_spin"});
         EXPECT_EQ(target_->command("go"), 3);
+        if (format == "folded") {
+            const auto folded = iprobe({"report", pid_, "--folded", "--duration", "0"});
+            ASSERT_EQ(folded.exit_code, 0) << folded.err;
+            EXPECT_EQ(lines_with(folded.out, {"v_spin "}).size(), 1u) << folded.out;
+            EXPECT_EQ(folded.out.find("v_wait"), std::string::npos) << folded.out;
+            ASSERT_EQ(iprobe({"detach", pid_}).exit_code, 0);
+            continue;
+        }
         const std::string file = dir / (format + ".trace");
         const auto live = iprobe({"trace", pid_, "--duration", "0", "--output", file, "--format", format});
         ASSERT_EQ(live.exit_code, 0) << live.err;
