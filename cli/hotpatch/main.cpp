@@ -392,6 +392,15 @@ void collect(TraceReader& reader, double seconds, const std::function<void(const
     collect(reader, seconds, [&] { return reader.drain(sink); }, until_stop);
 }
 
+// Calls a detach left without their exits whose threads made no event
+// after it: the stream could not say it where it happened.
+void say_exit_marks_waiting(std::uint64_t calls) {
+    if (calls)
+        std::cerr << "iprobe: " << calls
+                  << " calls in flight lost their exit at a detach, their threads with no event after it: "
+                     "shown open (report: exits_lost_at_detach)\n";
+}
+
 int cmd_trace(const Args& args) {
     const auto out = output_of(args, ResultKind::trace);
     CallNesting nesting;
@@ -409,6 +418,7 @@ int cmd_trace(const Args& args) {
         })) {
         }
         out->trace_end();
+        say_exit_marks_waiting(file.exit_marks_waiting());
         return g_stop ? static_cast<int>(ExitCode::interrupted) : 0;
     }
     const double seconds = parse_duration(args);
@@ -438,6 +448,7 @@ int cmd_trace(const Args& args) {
                 true);
         writer.finish(reader.probes());
         if (shown) out->trace_end();
+        if (shown) say_exit_marks_waiting(reader.exit_marks_waiting());
         std::cerr << "iprobe: " << writer.events() << " events written to " << args.value("--output") << " ("
                   << writer.bytes() << " bytes";
         std::cerr << std::fixed << std::setprecision(1);
@@ -452,6 +463,7 @@ int cmd_trace(const Args& args) {
         out->trace_begin(args.pid);
         collect(reader, seconds, print, true);
         out->trace_end();
+        say_exit_marks_waiting(reader.exit_marks_waiting());
     }
     if (args.flag("--lossless")) {
         if (const std::uint64_t gave_up = reader.lossless_timeouts())

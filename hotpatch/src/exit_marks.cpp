@@ -112,4 +112,11 @@ std::vector<ExitMark> PendingExitMarks::take(std::uint32_t tid, std::uint64_t ts
     return out;
 }
 
+std::uint64_t PendingExitMarks::calls() const {
+    std::uint64_t total = 0;
+    for (const auto& [tid, marks] : by_thread_)
+        for (const ExitMark& m : marks) total += m.count;
+    return total;
+}
+
 }  // namespace iprobe::hotpatch

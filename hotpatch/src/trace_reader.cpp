@@ -684,6 +684,8 @@ std::uint64_t TraceReader::exits_lost_at_detach() const {
     return __atomic_load_n(&impl_->region.control()->exits_lost_at_detach, __ATOMIC_RELAXED);
 }
 
+std::uint64_t TraceReader::exit_marks_waiting() const { return impl_->exit_marks.calls(); }
+
 std::uint64_t TraceReader::lost_events() const {
     const auto* cb = impl_->region.control();
     return cb->no_slot_events + cb->unknown_site_events;

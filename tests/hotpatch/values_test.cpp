@@ -494,6 +494,12 @@ TEST_P(FinstrumentValuesTest, DetachWhileAPlainCallIsInFlightLeavesItWithoutAnEx
     ASSERT_EQ(d.exit_code, 0) << d.err;
     EXPECT_EQ(json_number(d.out, "exits_lost"), 1) << d.out;
     EXPECT_EQ(target_->command("release"), 8);
+    // its thread ended without another event: trace cannot place the mark there, and says so
+    const auto t = iprobe({"trace", pid_, "--duration", "0"});
+    EXPECT_EQ(lines_with(t.out, {"-> v_wait"}).size(), 1u) << t.out;
+    EXPECT_NE(t.err.find("iprobe: 1 calls in flight lost their exit at a detach, their threads with no event after it"),
+              std::string::npos)
+        << t.err;
     expect_wait_counts(1, 0);
     const auto r = iprobe({"report", pid_, "--json"});
     EXPECT_EQ(json_number(r.out, "exits_lost_at_detach"), 1) << r.out;
@@ -543,6 +549,7 @@ TEST_P(FinstrumentValuesTest, ACallThatLostItsExitAtADetachIsClosedWhereItHappen
         const auto converted = iprobe({"trace", "--input", file, "--format", format});
         ASSERT_EQ(converted.exit_code, 0) << converted.err;
         EXPECT_EQ(converted.out, live.out);
+        EXPECT_EQ(live.err.find("lost their exit"), std::string::npos) << "every mark placed\n" << live.err;
         const std::string& t = live.out;
         if (format == "text") {
             const std::vector<std::string> want = {

@@ -46,6 +46,9 @@ public:
     bool empty() const { return by_thread_.empty(); }
     // The marks `tid`'s event at `tsc` comes after, taken (oldest first).
     std::vector<ExitMark> take(std::uint32_t tid, std::uint64_t tsc);
+    // The calls of the marks still waiting (their threads made no event
+    // after them yet).
+    std::uint64_t calls() const;
 
 private:
     std::unordered_map<std::uint32_t, std::vector<ExitMark>> by_thread_;

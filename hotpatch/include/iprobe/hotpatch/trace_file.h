@@ -151,6 +151,8 @@ public:
     // Hands the next chunk's events (at most 1 MiB of the file, or one
     // block) to `sink`; false once every event was read.
     bool next(const std::function<void(const Event&)>& sink);
+    // Calls of the exit marks read that no event came after (yet).
+    std::uint64_t exit_marks_waiting() const { return marks_.calls(); }
 
 private:
     std::string path_;

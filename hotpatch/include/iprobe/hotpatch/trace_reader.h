@@ -322,6 +322,9 @@ public:
     std::uint64_t unhooked_returns() const;
     // Calls in flight when a detach turned their exit hooks off (iprobe_rt_control).
     std::uint64_t exits_lost_at_detach() const;
+    // Of those, the ones whose marks decode() has not given to an event yet
+    // (their threads made none after the detach).
+    std::uint64_t exit_marks_waiting() const;
 
     // Lossless (Access::stream only): while on, a thread whose ring is full
     // waits for this reader instead of dropping (the default is lossy and
