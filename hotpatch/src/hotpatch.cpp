@@ -174,8 +174,9 @@ std::uint64_t abandon_exits_in_flight(Region& region, const std::vector<std::uin
     return lost;
 }
 
-// The region's clock now (iprobe_rt_control.clock): in the stop, an
-// instant after every event the stopped threads recorded, or began to.
+// The region's clock now (iprobe_rt_control.clock): in the stop, after the
+// clock of every event the stopped threads recorded or are recording, and
+// before that of any event they record once let go.
 std::uint64_t region_clock_now(const Region& region) {
     if (region.control()->clock != IPROBE_RT_CLOCK_MONOTONIC) return __builtin_ia32_rdtsc();
     timespec ts{};
