@@ -271,7 +271,9 @@ std::size_t TraceReader::drain_runs(const std::function<void(const RecordRun&)>&
                 const auto at = reinterpret_cast<std::uintptr_t>(&records[tail & mask]);
                 const std::uint64_t page = (at - first_page) / 4096;
                 const std::uint64_t in_page = (4096 - at % 4096) / sizeof *records;
-                const std::uint64_t end = std::min({head, tail + in_page, tail + records_per_ring - (tail & mask)});
+                // (head - tail, never tail + room: a head the target made up near 2^64 would wrap)
+                const std::uint64_t room = std::min<std::uint64_t>(in_page, records_per_ring - (tail & mask));
+                const std::uint64_t end = head - tail < room ? head : tail + room;
                 if (known[i] == 2 || (page < written.size() && written[page])) {
                     sink({records, mask, tail, end, end == head, i});
                     consumed += end - tail;
