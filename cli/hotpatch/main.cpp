@@ -392,6 +392,15 @@ void collect(TraceReader& reader, double seconds, const std::function<void(const
     collect(reader, seconds, [&] { return reader.drain(sink); }, until_stop);
 }
 
+// Calls a detach left without their exits whose threads made no event
+// after it: the stream could not say it where it happened.
+void say_exit_marks_waiting(std::uint64_t calls) {
+    if (calls)
+        std::cerr << "iprobe: " << calls
+                  << " calls in flight lost their exit at a detach, their threads with no event after it: "
+                     "shown open (report: exits_lost_at_detach)\n";
+}
+
 int cmd_trace(const Args& args) {
     const auto out = output_of(args, ResultKind::trace);
     CallNesting nesting;
@@ -409,6 +418,7 @@ int cmd_trace(const Args& args) {
         })) {
         }
         out->trace_end();
+        say_exit_marks_waiting(file.exit_marks_waiting());
         return g_stop ? static_cast<int>(ExitCode::interrupted) : 0;
     }
     const double seconds = parse_duration(args);
@@ -426,16 +436,19 @@ int cmd_trace(const Args& args) {
         // Raw runs of records, encoded in bulk: the writer keeps up with the threads.
         collect(reader, seconds,
                 [&] {
-                    const std::size_t records = reader.drain_runs([&](const RecordRun& run) {
-                        writer.write(run);
-                        if (shown) reader.decode(run, print);
-                    });
+                    const std::size_t records = reader.drain_runs(
+                        [&](const RecordRun& run) {
+                            writer.write(run);
+                            if (shown) reader.decode(run, print);
+                        },
+                        [&](const ExitMark& mark) { writer.mark(mark); });
                     if (shown) reader.decode_end(print);
                     return records;
                 },
                 true);
         writer.finish(reader.probes());
         if (shown) out->trace_end();
+        if (shown) say_exit_marks_waiting(reader.exit_marks_waiting());
         std::cerr << "iprobe: " << writer.events() << " events written to " << args.value("--output") << " ("
                   << writer.bytes() << " bytes";
         std::cerr << std::fixed << std::setprecision(1);
@@ -450,6 +463,7 @@ int cmd_trace(const Args& args) {
         out->trace_begin(args.pid);
         collect(reader, seconds, print, true);
         out->trace_end();
+        say_exit_marks_waiting(reader.exit_marks_waiting());
     }
     if (args.flag("--lossless")) {
         if (const std::uint64_t gave_up = reader.lossless_timeouts())
@@ -489,6 +503,15 @@ int report_folded(const Args& args, Output& out) {
         const ProbeInfo& info = reader.probe(e.probe);
         if (stacks.size() >= kMaxThreads && !stacks.count(e.tid)) return;
         auto& stack = stacks[e.tid];
+        // calls a detach left without their exits: nothing to fold, and no caller of what follows
+        for (const LostExits& lost : e.exits_lost_before) {
+            std::uint64_t left = lost.count;
+            for (std::size_t i = stack.size(); i-- > 0 && left > 0;)
+                if (lost.function.empty() || stack[i].function == lost.function) {
+                    stack.erase(stack.begin() + static_cast<std::ptrdiff_t>(i));
+                    left--;
+                }
+        }
         if (e.kind == probelist::ProbeKind::entry) {
             // an entry whose exit is not traced has no time to fold
             if (e.exit_traced && stack.size() < kMaxDepth) stack.push_back({info.function, e.tsc, 0});

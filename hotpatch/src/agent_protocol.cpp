@@ -126,6 +126,9 @@ TraceRecord record_of(const Json& doc) {
     r.unwound = doc.value("unwound", false);
     r.exit_traced = doc.value("exit_traced", true);
     r.dropped_before = doc.value("dropped_before", std::uint64_t{0});
+    r.exits_lost_before = doc.value("exits_lost_before", std::uint64_t{0});
+    if (doc.contains("exits_closed")) doc.at("exits_closed").get_to(r.exits_closed);
+    r.exits_lost_ns = doc.value("exits_lost_ns", std::uint64_t{0});
     if (doc.contains("args")) {
         if (r.kind == probelist::ProbeKind::point) {
             doc.at("args").get_to(r.args);
@@ -225,6 +228,13 @@ void write_trace_record_fields(JsonWriter& j, const TraceRecord& r, bool with_te
     if (r.unwound) j.field("unwound", true);
     if (!r.exit_traced) j.field("exit_traced", false);
     if (r.dropped_before) j.field("dropped_before", r.dropped_before);
+    if (r.exits_lost_before) j.field("exits_lost_before", r.exits_lost_before);
+    // which calls the nesting closed there, and when: for a decoder's Chrome spans
+    if (with_text && r.exits_lost_before) {
+        j.key("exits_closed").begin_array();
+        for (const std::string& f : r.exits_closed) j.value(f);
+        j.end_array().field("exits_lost_ns", r.exits_lost_ns);
+    }
     if (r.kind == probelist::ProbeKind::point) {
         j.key("args").begin_array();
         for (std::uint64_t a : r.args) j.value(a);

@@ -5,6 +5,7 @@
 
 #include <signal.h>
 #include <sys/mman.h>
+#include <time.h>
 
 #include <algorithm>
 #include <array>
@@ -20,6 +21,7 @@
 #include "modules.h"
 #include "patch.h"
 #include "redirects.h"
+#include "iprobe/hotpatch/exit_marks.h"
 #include "iprobe/hotpatch/live_patch.h"
 #include "attach_conditions.h"
 #include "process.h"
@@ -137,13 +139,16 @@ std::optional<std::map<std::uint32_t, std::uint64_t>> hooked_exits_in_flight(con
 // by their trampoline.  The lost ones' frames, the most recent first, are
 // marked abandoned so that no later exit is timed against them and the next
 // detach does not count them again.  Thread slots not owned are threads gone.
+// `marked` gets the thread slot and function (stat) of each frame marked.
 std::uint64_t abandon_exits_in_flight(Region& region, const std::vector<std::uint32_t>& exits,
-                                      const std::function<std::optional<std::map<std::uint32_t, std::uint64_t>>()>& hooked) {
+                                      const std::function<std::optional<std::map<std::uint32_t, std::uint64_t>>()>& hooked,
+                                      std::vector<std::pair<std::uint32_t, std::uint32_t>>& marked) {
     if (exits.empty()) return 0;
     std::set<std::uint32_t> stats;
     for (std::uint32_t g : exits)
         if (g < region.probe_count()) stats.insert(region.probes()[g].stat);
     std::vector<iprobe_rt_frame*> frames;
+    std::vector<std::uint32_t> slots;  // each frame's
     for (std::uint32_t t = 0; t < region.thread_count(); t++) {
         iprobe_rt_thread* slot = region.thread(t);
         if (!region.touched(slot, sizeof *slot) ||
@@ -151,7 +156,10 @@ std::uint64_t abandon_exits_in_flight(Region& region, const std::vector<std::uin
             continue;
         const std::uint32_t depth = std::min<std::uint32_t>(slot->depth, IPROBE_RT_STACK_DEPTH);
         for (std::uint32_t d = depth; d-- > 0;)
-            if (stats.count(slot->stack[d].stat)) frames.push_back(&slot->stack[d]);
+            if (stats.count(slot->stack[d].stat)) {
+                frames.push_back(&slot->stack[d]);
+                slots.push_back(t);
+            }
     }
     if (frames.empty()) return 0;
     std::uint64_t recorded = 0;
@@ -159,8 +167,47 @@ std::uint64_t abandon_exits_in_flight(Region& region, const std::vector<std::uin
         for (std::uint32_t g : exits)
             if (const auto it = in_flight->find(g); it != in_flight->end()) recorded += it->second;
     const std::uint64_t lost = frames.size() > recorded ? frames.size() - recorded : 0;
-    for (std::uint64_t i = 0; i < lost; i++) frames[i]->stat = IPROBE_RT_FRAME_ABANDONED;
+    for (std::uint64_t i = 0; i < lost; i++) {
+        marked.emplace_back(slots[i], frames[i]->stat);
+        frames[i]->stat = IPROBE_RT_FRAME_ABANDONED;
+    }
     return lost;
+}
+
+// The region's clock now (iprobe_rt_control.clock): in the stop, after the
+// clock of every event the stopped threads recorded or are recording, and
+// before that of any event they record once let go.
+std::uint64_t region_clock_now(const Region& region) {
+    if (region.control()->clock != IPROBE_RT_CLOCK_MONOTONIC) return __builtin_ia32_rdtsc();
+    timespec ts{};
+    ::clock_gettime(CLOCK_MONOTONIC, &ts);
+    return static_cast<std::uint64_t>(ts.tv_sec) * 1000000000ull + static_cast<std::uint64_t>(ts.tv_nsec);
+}
+
+// Says in each thread's stream where its calls in `marked` (thread slot,
+// function) lost their exits: a mark per thread and function, at `stopped_at`
+// (exit_marks.h), which the trace reader closes them at.  `exits`: the exit
+// probes turned off, one of which names each function.
+void mark_exits_lost(Region& region, const std::vector<std::uint32_t>& exits,
+                     const std::vector<std::pair<std::uint32_t, std::uint32_t>>& marked, std::uint64_t stopped_at) {
+    if (marked.empty() || !region.exit_marks(0)) return;
+    std::map<std::uint32_t, std::uint32_t> exit_of;  // stat -> an exit probe of it
+    for (std::uint32_t g : exits)
+        if (g < region.probe_count()) exit_of.try_emplace(region.probes()[g].stat, g);
+    std::map<std::uint32_t, std::map<std::uint32_t, std::uint64_t>> lost;  // slot -> stat -> calls
+    for (const auto& [slot, stat] : marked) lost[slot][stat]++;
+    std::uint64_t written = 0;
+    for (const auto& [slot, by_stat] : lost) {
+        const std::uint32_t tid = __atomic_load_n(&region.thread(slot)->tid, __ATOMIC_RELAXED);
+        std::vector<ExitMark> marks;
+        for (const auto& [stat, calls] : by_stat) {
+            const auto it = exit_of.find(stat);
+            marks.push_back({tid, it == exit_of.end() ? IPROBE_RT_EXIT_MARK_ANY : it->second, stopped_at, calls});
+        }
+        add_exit_marks(*region.exit_marks(slot), marks);
+        written += marks.size();
+    }
+    __atomic_fetch_add(&region.control()->exit_marks_written, written, __ATOMIC_RELEASE);
 }
 
 // An entry turned off with its exit hook by this detach stays timed: a
@@ -842,9 +889,12 @@ DetachStats detach(const DetachOptions& options) {
         throw_if_interrupted();
         apply_patches(process, patches);
         if (region) {
+            const std::uint64_t stopped_at = region_clock_now(*region);
+            std::vector<std::pair<std::uint32_t, std::uint32_t>> marked;
             st.exits_lost = abandon_exits_in_flight(*region, exit_hooks_off, [&] {
                 return runtime_library ? hooked_exits_in_flight(memory, *runtime_library) : std::nullopt;
-            });
+            }, marked);
+            mark_exits_lost(*region, exit_hooks_off, marked, stopped_at);
             __atomic_fetch_add(&region->control()->exits_lost_at_detach, st.exits_lost, __ATOMIC_RELAXED);
             iprobe_rt_probe* probes = region->probes();
             const std::uint64_t off_at = realtime_ns();

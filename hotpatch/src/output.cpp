@@ -88,6 +88,20 @@ public:
         out_ << "{\"traceEvents\":[\n";
     }
     void trace(const TraceRecord& r) override {
+        // calls a detach left without their exits: their spans end at the detach
+        for (const std::string& f : r.exits_closed) {
+            JsonWriter e;
+            e.begin_object()
+                .field("name", f)
+                .field("ph", "E")
+                .field("ts", static_cast<double>(r.exits_lost_ns) / 1000.0)
+                .field("pid", static_cast<std::int64_t>(pid_))
+                .field("tid", r.tid);
+            e.key("args").begin_object().field("exit_lost_at_detach", true).end_object();
+            e.end_object();
+            out_ << (first_ ? "" : ",\n") << e.str();
+            first_ = false;
+        }
         JsonWriter j;
         j.begin_object()
             .field("name", r.function)
@@ -99,10 +113,11 @@ public:
             .field("pid", static_cast<std::int64_t>(pid_))
             .field("tid", r.tid);
         const bool arguments = r.kind == probelist::ProbeKind::entry && r.has_arguments;
-        if (arguments || r.retval || !r.backtrace.empty() || r.unwound || r.dropped_before) {
+        if (arguments || r.retval || !r.backtrace.empty() || r.unwound || r.dropped_before || r.exits_lost_before) {
             j.key("args").begin_object();
             if (r.unwound) j.field("unwound", true);
             if (r.dropped_before) j.field("dropped_before", r.dropped_before);
+            if (r.exits_lost_before) j.field("exits_lost_before", r.exits_lost_before);
             if (arguments)
                 for (const Value& v : r.arguments) j.key(v.name).raw(v.json.empty() ? "null" : v.json);
             if (r.retval) j.key("retval").raw(r.retval->json.empty() ? "null" : r.retval->json);
@@ -465,6 +480,9 @@ std::string trace_text_line(const TraceRecord& r) {
     std::string line = head;
     // where the thread's ring dropped events (it was full): said on a line of its own
     if (r.dropped_before) line += "-- " + std::to_string(r.dropped_before) + " events dropped here (ring full) --\n" + head;
+    // calls in flight whose exit hooks a detach turned off: closed here
+    if (r.exits_lost_before)
+        line += "-- " + std::to_string(r.exits_lost_before) + " calls in flight lost their exit at a detach --\n" + head;
     line.append(static_cast<std::size_t>(r.depth) * 2, ' ');
     line += r.kind == probelist::ProbeKind::entry ? "-> " : r.kind == probelist::ProbeKind::exit ? "<- " : "@ ";
     line += r.function;

@@ -62,6 +62,8 @@ bool sound_layout(const iprobe_rt_control& cb, std::uint64_t size) {
            fits(cb.baseline_offset, cb.stat_capacity, sizeof(iprobe_rt_fn_stats)) &&
            fits(cb.conditions_offset, cb.condition_capacity, sizeof(iprobe_cond_program)) &&
            cb.condition_capacity <= 0xffff && cb.conditions_offset % 8 == 0 &&
+           (cb.exit_marks_offset == 0 ||
+            (fits(cb.exit_marks_offset, cb.thread_count, sizeof(iprobe_rt_exit_marks)) && cb.exit_marks_offset % 8 == 0)) &&
            fits(cb.threads_offset, cb.thread_count, cb.thread_stride) &&
            fits(cb.rings_offset, cb.ring_count, cb.ring_stride) && cb.modules_offset % 8 == 0 &&
            cb.probes_offset % 8 == 0 && cb.hash_offset % 8 == 0 && cb.baseline_offset % 8 == 0 &&
@@ -136,6 +138,8 @@ iprobe_rt_control region_layout(const RegionGeometry& g, const TscCalibration& t
     cb.conditions_offset = at;
     cb.condition_capacity = IPROBE_RT_CONDITIONS;
     at = round_up(at + sizeof(iprobe_cond_program) * cb.condition_capacity, kPage);
+    cb.exit_marks_offset = at;
+    at = round_up(at + sizeof(iprobe_rt_exit_marks) * g.thread_count, kPage);
     cb.threads_offset = at;
     cb.thread_count = g.thread_count;
     cb.thread_header_size = static_cast<std::uint32_t>(round_up(sizeof(iprobe_rt_thread), IPROBE_RT_CACHELINE));
@@ -291,6 +295,10 @@ iprobe_rt_thread* Region::thread(std::uint32_t index) const {
 iprobe_rt_fn_stats* Region::thread_stats(std::uint32_t index) const {
     return at<iprobe_rt_fn_stats>(control_, geometry_.threads_offset + geometry_.thread_stride * index +
                                                 geometry_.thread_header_size);
+}
+iprobe_rt_exit_marks* Region::exit_marks(std::uint32_t slot) const {
+    if (!geometry_.exit_marks_offset || slot >= geometry_.thread_count) return nullptr;
+    return at<iprobe_rt_exit_marks>(control_, geometry_.exit_marks_offset + sizeof(iprobe_rt_exit_marks) * slot);
 }
 iprobe_rt_fn_stats* Region::baseline() const { return at<iprobe_rt_fn_stats>(control_, geometry_.baseline_offset); }
 

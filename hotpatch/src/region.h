@@ -86,6 +86,9 @@ public:
     iprobe_rt_thread* thread(std::uint32_t index) const;
     iprobe_rt_fn_stats* thread_stats(std::uint32_t index) const;
     iprobe_rt_fn_stats* baseline() const;
+    // Thread slot `slot`'s exit marks (rt_layout.h); nullptr in a region
+    // made before them.
+    iprobe_rt_exit_marks* exit_marks(std::uint32_t slot) const;
 
     // Has any page of [p, p + size) (inside the mapping) ever been written?
     // Readers skip what was never touched rather than fault it in.

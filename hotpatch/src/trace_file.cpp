@@ -25,6 +25,7 @@ constexpr std::uint32_t kVersion = kTraceFileVersion;
 constexpr std::uint32_t kOldestVersion = 2;  // read too: its events are version 3's without values
 constexpr std::uint32_t kValuesVersion = 3;  // the first with values events
 constexpr std::uint32_t kGapsVersion = 4;    // the first with GAP records (where a ring dropped events)
+constexpr std::uint32_t kExitMarksVersion = 5;  // the first with exit marks (where a detach lost exits)
 constexpr std::size_t kMinHeader = 16, kHeader = 40, kFooter = 16, kBlockHead = 16;
 constexpr std::uint64_t kEscape = 3, kProbeLimit = 1u << 22, kDeltaLimit = 1ull << 40;
 // A values event's head word: what a raw escape (n > 0) never is.
@@ -534,6 +535,26 @@ void TraceFileWriter::write(const RecordRun& run) {
     }
 }
 
+// A block of its own holding the mark as a raw record (its thread's next
+// run starts a block again).
+void TraceFileWriter::mark(const ExitMark& m) {
+    close_block();
+    if (used_ + 2 * kBlockHead + 40 > buffer_.size()) buffer_.resize(used_ + 2 * kBlockHead + 40);
+    open_block(m.tid, m.at);
+    iprobe_rt_record r{};
+    r.tsc = m.at;
+    r.probe = m.probe;
+    r.tid = m.tid;
+    r.kind = IPROBE_RT_REC_EXITS_LOST;
+    r.frame = m.count;
+    const std::uint64_t escape = kEscape | 1u << 2;
+    std::memcpy(buffer_.data() + used_, &escape, 8);
+    std::memcpy(buffer_.data() + used_ + 8, &r, sizeof r);
+    used_ += 8 + sizeof r;
+    close_block();
+    ring_ = UINT32_MAX;
+}
+
 void TraceFileWriter::finish(const std::vector<ProbeInfo>& probes) {
     flush();
     const std::uint64_t table_at = written_;
@@ -714,6 +735,11 @@ bool TraceFileReader::next(const std::function<void(const Event&)>& sink) {
                     word += sizeof r;
                     continue;
                 }
+                if (r.kind == IPROBE_RT_REC_EXITS_LOST && n == 1 && version_ >= kExitMarksVersion) {
+                    marks_.add({r.tid, r.probe, r.tsc, r.frame});  // no event: the block's clock goes on
+                    word += sizeof r;
+                    continue;
+                }
                 if (r.kind < IPROBE_RT_REC_ENTRY || r.kind > IPROBE_RT_REC_POINT)
                     throw Error(path_ + ": corrupt trace file (event kind " + std::to_string(r.kind) + ")",
                                 ExitCode::bad_input);
@@ -733,6 +759,10 @@ bool TraceFileReader::next(const std::function<void(const Event&)>& sink) {
             e.tsc = tsc;
             e.time_ns = clock_.ns(tsc);
             e.dropped_before = gap_.take(tid);
+            if (!marks_.empty()) [[unlikely]]
+                for (const ExitMark& m : marks_.take(tid, tsc))
+                    e.exits_lost_before.push_back(
+                        {m.probe < probes_.size() ? probes_[m.probe].function : std::string(), m.count, clock_.ns(m.at)});
             sink(e);
         }
         used += length;

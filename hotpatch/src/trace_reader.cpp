@@ -135,6 +135,33 @@ struct TraceReader::Impl {
         std::uint64_t next_at = 0;         // where the pending event's next record is
         PendingGap gap;                    // owned by a ring
     } decoding;
+    PendingExitMarks exit_marks;           // taken from the region, not yet given to an event
+    std::uint64_t exit_marks_seen = 0;     // iprobe_rt_control.exit_marks_written when last taken
+
+    // The exit marks detaches wrote since the last look, taken: to `sink`
+    // and kept for decode().  Called after a ring's head was read, so a
+    // mark is known before any record written after it (the detacher adds
+    // to exit_marks_written in its stop, after its marks).  A queue being
+    // written is left: that detacher's count moves after it.
+    void take_exit_marks_now(const std::function<void(const ExitMark&)>& sink) {
+        const std::uint64_t written = __atomic_load_n(&region.control()->exit_marks_written, __ATOMIC_ACQUIRE);
+        if (written == exit_marks_seen || !region.exit_marks(0)) return;
+        exit_marks_seen = written;
+        const std::uint32_t slots = region.thread_count();
+        const auto first = reinterpret_cast<std::uintptr_t>(region.exit_marks(0));
+        const auto page0 = first & ~std::uintptr_t{4095};
+        const auto pages = region.touched_pages(region.exit_marks(0), sizeof(iprobe_rt_exit_marks) * slots);
+        for (std::uint32_t t = 0; t < slots; t++) {
+            iprobe_rt_exit_marks* queue = region.exit_marks(t);
+            const auto at = reinterpret_cast<std::uintptr_t>(queue);
+            const std::size_t page = (at - page0) / 4096, last = (at + sizeof *queue - 1 - page0) / 4096;
+            if (last >= pages.size() || (!pages[page] && !pages[last])) continue;  // never written
+            for (const ExitMark& m : take_exit_marks(*queue)) {
+                exit_marks.add(m);
+                if (sink) sink(m);
+            }
+        }
+    }
 
     void load_new_modules() {
         const std::uint32_t count = region.module_count();
@@ -206,7 +233,8 @@ WallClock TraceReader::wall_clock() const {
 
 std::uint64_t WallClock::ns(std::uint64_t tsc) const { return wall_clock_ns(tsc, tsc_base, realtime_base, ns_per_tick); }
 
-std::size_t TraceReader::drain_runs(const std::function<void(const RecordRun&)>& sink) {
+std::size_t TraceReader::drain_runs(const std::function<void(const RecordRun&)>& sink,
+                                    const std::function<void(const ExitMark&)>& marks) {
     if (!impl_->stream) throw Error("this reader does not consume the event stream");
     const Region& region = impl_->region;
     const std::uint64_t records_per_ring = region.ring_records();
@@ -224,6 +252,7 @@ std::size_t TraceReader::drain_runs(const std::function<void(const RecordRun&)>&
         const std::uint32_t state = __atomic_load_n(&ring->state, __ATOMIC_ACQUIRE);
         if (state == IPROBE_RT_RING_FREE) continue;
         const std::uint64_t head = __atomic_load_n(&ring->head, __ATOMIC_ACQUIRE);
+        impl_->take_exit_marks_now(marks);
         std::uint64_t tail = ring->tail;
         // A nested publish may briefly leave head behind what was consumed.
         if (head > tail) {
@@ -242,7 +271,9 @@ std::size_t TraceReader::drain_runs(const std::function<void(const RecordRun&)>&
                 const auto at = reinterpret_cast<std::uintptr_t>(&records[tail & mask]);
                 const std::uint64_t page = (at - first_page) / 4096;
                 const std::uint64_t in_page = (4096 - at % 4096) / sizeof *records;
-                const std::uint64_t end = std::min({head, tail + in_page, tail + records_per_ring - (tail & mask)});
+                // (head - tail, never tail + room: a head the target made up near 2^64 would wrap)
+                const std::uint64_t room = std::min<std::uint64_t>(in_page, records_per_ring - (tail & mask));
+                const std::uint64_t end = head - tail < room ? head : tail + room;
                 if (known[i] == 2 || (page < written.size() && written[page])) {
                     sink({records, mask, tail, end, end == head, i});
                     consumed += end - tail;
@@ -333,6 +364,10 @@ std::size_t TraceReader::decode(const RecordRun& run, const std::function<void(c
             continue;
         }
         e.dropped_before = d.gap.take(run.ring);
+        if (!impl_->exit_marks.empty()) [[unlikely]]
+            for (const ExitMark& m : impl_->exit_marks.take(e.tid, e.tsc))
+                e.exits_lost_before.push_back(
+                    {m.probe == IPROBE_RT_EXIT_MARK_ANY ? std::string() : probe(m.probe).function, m.count, clock.ns(m.at)});
         if (r.probe < impl_->region.probe_count())
             entry_without_exit(e, static_cast<probelist::ProbeKind>(impl_->region.probes()[r.probe].kind), r.values);
         d.pending = std::move(e);
@@ -481,6 +516,13 @@ void CallNesting::records(const Event& e, const ProbeInfo& info, const std::func
     // After a gap the calls open before it may have ended unseen: the
     // thread's nesting starts afresh, and the record says how many were missed.
     if (e.dropped_before) stack.clear();
+    // Calls a detach left without their exits, closed before this event.
+    std::vector<std::string> closed;
+    std::uint64_t lost = 0;
+    if (!e.exits_lost_before.empty()) [[unlikely]] {
+        closed = close_lost(stack, e.exits_lost_before);
+        for (const LostExits& l : e.exits_lost_before) lost += l.count;
+    }
     const bool new_frame = e.kind == probelist::ProbeKind::entry && !e.inlined_copy;
     if (e.frame && e.depth == 0)
         while (!stack.empty() && stack.back().frame &&
@@ -496,6 +538,11 @@ void CallNesting::records(const Event& e, const ProbeInfo& info, const std::func
     TraceRecord r{e.time_ns, e.tid, e.kind, info.function, 0, {}, e.depth != 0};
     r.exit_traced = e.exit_traced;
     r.dropped_before = e.dropped_before;
+    if (lost) {
+        r.exits_lost_before = lost;
+        r.exits_closed = std::move(closed);
+        r.exits_lost_ns = e.exits_lost_before.back().at_ns;
+    }
     if (e.kind == probelist::ProbeKind::point) r.args.assign(e.args, e.args + std::min<int>(e.nargs, 4));
     if (e.kind == probelist::ProbeKind::entry && e.has_values) {
         r.has_arguments = true;
@@ -516,6 +563,26 @@ void CallNesting::records(const Event& e, const ProbeInfo& info, const std::func
         stack.push_back({e.frame, info.function, r.has_arguments, r.arguments});
     }
     sink(r);
+}
+
+std::vector<std::string> CallNesting::close_lost(std::deque<OpenCall>& stack, const std::vector<LostExits>& lost) {
+    std::vector<bool> closing(stack.size(), false);
+    for (const LostExits& l : lost) {
+        std::uint64_t left = l.count;
+        for (std::size_t i = stack.size(); i-- > 0 && left > 0;)
+            if (!closing[i] && (l.function.empty() || stack[i].function == l.function)) {
+                closing[i] = true;
+                left--;
+            }
+    }
+    std::vector<std::string> closed;
+    std::deque<OpenCall> open;
+    for (std::size_t i = stack.size(); i-- > 0;)
+        if (closing[i]) closed.push_back(std::move(stack[i].function));
+    for (std::size_t i = 0; i < stack.size(); i++)
+        if (!closing[i]) open.push_back(std::move(stack[i]));
+    stack = std::move(open);
+    return closed;
 }
 
 void write_function_stats_fields(JsonWriter& j, const FunctionStats& f) {
@@ -618,6 +685,8 @@ std::uint64_t TraceReader::unhooked_returns() const {
 std::uint64_t TraceReader::exits_lost_at_detach() const {
     return __atomic_load_n(&impl_->region.control()->exits_lost_at_detach, __ATOMIC_RELAXED);
 }
+
+std::uint64_t TraceReader::exit_marks_waiting() const { return impl_->exit_marks.calls(); }
 
 std::uint64_t TraceReader::lost_events() const {
     const auto* cb = impl_->region.control();

@@ -1,6 +1,6 @@
 // Writes the region harness's seed: a compact but complete region (one
-// module, four probes, one thread with sums, one ring holding an entry, a
-// point with arguments and an exit), laid out as tightly as the reader's
+// module, four probes, one thread with sums and an exit mark of a detach,
+// one ring holding an entry, a point with arguments and an exit), laid out as tightly as the reader's
 // checks allow so the fuzzer spends its time on contents, not on pages.
 //   fuzz_region_seed > tests/fuzz/corpus/region/compact
 #include <unistd.h>
@@ -45,6 +45,9 @@ int main() {
     cb.stat_capacity = cb.stat_count = 2;
     cb.baseline_offset = end;
     end = align8(end + sizeof(iprobe_rt_fn_stats) * cb.stat_capacity);
+    cb.exit_marks_offset = end;
+    cb.exit_marks_written = 1;
+    end = align8(end + sizeof(iprobe_rt_exit_marks));
     cb.threads_offset = end;
     cb.thread_count = 1;
     cb.thread_header_size = static_cast<std::uint32_t>(align8(sizeof(iprobe_rt_thread)));
@@ -86,6 +89,9 @@ int main() {
     sums[0].histogram[9] = 2;
     sums[0].histogram[10] = 1;
     sums[1].calls = 1;
+    auto* marks = at<iprobe_rt_exit_marks>(region, cb.exit_marks_offset);
+    marks->state = 1;  // one written, none taken
+    marks->mark[0] = {1150, 1, 4242, 1};  // before the point: the entry's call lost its exit
     auto* ring = at<iprobe_rt_ring>(region, cb.rings_offset);
     ring->state = IPROBE_RT_RING_OWNED;
     ring->tid = 4242;

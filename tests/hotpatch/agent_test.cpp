@@ -142,6 +142,37 @@ TEST(AgentProtocol, ValuesTravelInTheTraceRecordAndEachWriterShowsThem) {
     EXPECT_EQ(trace_record_from_json(to_json(entry)).arguments[1].json, "\"key\"");
 }
 
+// The event after an exit mark (calls a detach left without their exits):
+// JSON says how many, text says it on a line of its own, Chrome ends each
+// closed call's span at the detach; the agent's message keeps which calls
+// were closed and when, so a session's Chrome output is the same.
+TEST(AgentProtocol, AnExitMarkTravelsInTheTraceRecordAndEachWriterShowsIt) {
+    TraceRecord next{2000000000, 7, probelist::ProbeKind::entry, "v_spin", 0, {}, false};
+    next.exits_lost_before = 2;
+    next.exits_closed = {"v_wait", "v_loop"};
+    next.exits_lost_ns = 1500000000;
+    EXPECT_EQ(to_json(next),
+              R"j({"time_ns":2000000000,"tid":7,"kind":"entry","function":"v_spin","depth":0,"exits_lost_before":2})j");
+    EXPECT_EQ(trace_text_line(next),
+              "2.000000000       7 -- 2 calls in flight lost their exit at a detach --\n"
+              "2.000000000       7 -> v_spin\n");
+    std::ostringstream chrome;
+    const auto writer = make_output(OutputFormat::chrome, chrome);
+    writer->trace_begin(42);
+    writer->trace(next);
+    writer->trace_end();
+    EXPECT_EQ(chrome.str(),
+              "{\"traceEvents\":[\n"
+              R"j({"name":"v_wait","ph":"E","ts":1500000,"pid":42,"tid":7,"args":{"exit_lost_at_detach":true}},)j"
+              "\n"
+              R"j({"name":"v_loop","ph":"E","ts":1500000,"pid":42,"tid":7,"args":{"exit_lost_at_detach":true}},)j"
+              "\n"
+              R"j({"name":"v_spin","ph":"B","ts":2e+06,"pid":42,"tid":7,"args":{"exits_lost_before":2}})j"
+              "\n]}\n");
+    const agent::Message back = agent::decode_message(agent::encode(agent::Message{next}));
+    EXPECT_EQ(std::get<TraceRecord>(back), next) << agent::encode(agent::Message{next});
+}
+
 // matched and undecided under --when are counters beside the calls.
 TEST(AgentProtocol, PrometheusCountsMatchedAndUndecidedOfConditionedFunctions) {
     ReportResult r;
@@ -277,13 +308,13 @@ protected:
 // socket pair; `client` is the other end.  Dropping the client closes the
 // channel, which ends the agent; the future then holds its exit code.
 struct ServedAgent {
-    explicit ServedAgent(pid_t pid, std::uint32_t ring_records = 0) {
+    explicit ServedAgent(pid_t pid, std::uint32_t ring_records = 0, const std::string& binary = targets_dir() + "/hp_target") {
         int pair[2];
         if (::socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, pair) != 0) throw_errno("socketpair");
         UniqueFd ours(pair[0]);
         theirs.reset(pair[1]);
         options.pid = pid;
-        options.probe_sources = {targets_dir() + "/hp_target"};
+        options.probe_sources = {binary};
         if (ring_records) options.attach.ring_records = ring_records;
         served = std::async(std::launch::async, [this] { return serve_agent(options, theirs.get(), theirs.get()); });
         client = std::make_unique<AgentClient>(std::move(ours), std::chrono::seconds(60));
@@ -363,6 +394,44 @@ TEST_F(AgentTest, OneAgentAttachesTracesSelectsAndDetachesByNameWithExactCounts)
         client.call(agent::Trace{false});
     }
     server.client.reset();  // the channel closes: the agent ends
+    ASSERT_EQ(server.served.wait_for(std::chrono::seconds(20)), std::future_status::ready);
+    EXPECT_EQ(server.served.get(), 0);
+}
+
+// What `iprobe debug --adapt` does when it drops a function whose calls are
+// in flight in a clone (-finstrument-functions flow): the agent's trace
+// records say where the call lost its exit, on its thread's next event,
+// and nest what follows at depth 0, as `iprobe trace` does.
+TEST_F(AgentTest, ACallThatLostItsExitAtADetachIsClosedInTheAgentsTraceRecords) {
+    const std::string binary = targets_dir() + "/values_finstrument";
+    HpTarget target(1, binary);
+    ServedAgent server(target.pid(), 0, binary);
+    {
+        AgentClient& client = *server.client;
+        ASSERT_TRUE(client.call(agent::Attach{{"v_wait", "v_spin"}}).attached);
+        client.call(agent::Trace{true});
+        ASSERT_EQ(target.command("hold 3"), 1);
+        const agent::Reply detached = client.call(agent::Detach{{"v_wait", "v_spin"}});
+        ASSERT_TRUE(detached.detached);
+        EXPECT_EQ(detached.detached->exits_lost, 1u);
+        EXPECT_EQ(target.command("unblock"), 8);
+        ASSERT_TRUE(client.call(agent::Attach{{"v_wait", "v_spin"}}).attached);
+        EXPECT_EQ(target.command("go"), 3);
+        const auto records = collect(client, [](const auto& r) { return r.size() >= 7; });
+        ASSERT_EQ(records.size(), 7u);
+        EXPECT_EQ(records[0].function, "v_wait");
+        EXPECT_EQ(records[0].kind, probelist::ProbeKind::entry);
+        EXPECT_EQ(records[1].function, "v_spin");
+        EXPECT_EQ(records[1].kind, probelist::ProbeKind::entry);
+        EXPECT_EQ(records[1].exits_lost_before, 1u);
+        EXPECT_EQ(records[1].exits_closed, std::vector<std::string>{"v_wait"});
+        for (std::size_t i = 0; i < records.size(); i++) {
+            EXPECT_EQ(records[i].depth, 0) << i;
+            EXPECT_EQ(records[i].exits_lost_before, i == 1 ? 1u : 0u) << i;
+        }
+        client.call(agent::Trace{false});
+    }
+    server.client.reset();
     ASSERT_EQ(server.served.wait_for(std::chrono::seconds(20)), std::future_status::ready);
     EXPECT_EQ(server.served.get(), 0);
 }

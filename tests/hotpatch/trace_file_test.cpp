@@ -7,9 +7,12 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <regex>
 #include <string>
 #include <vector>
 
+#include "iprobe/hotpatch/exit_marks.h"
+#include "iprobe/hotpatch/output.h"
 #include "iprobe/hotpatch/trace_file.h"
 #include "iprobe/hotpatch/trace_reader.h"
 #include "iprobe/support/error.h"
@@ -108,7 +111,7 @@ TEST(TraceFile, RecordsBecomeEventWordsAndEscapesByteForByteAndReadBackWhole) {
                        {"six", "six", "", 0, probelist::ProbeKind::exit, ""}});
     }
 
-    std::string want = file_header(4, clock);
+    std::string want = file_header(kTraceFileVersion, clock);
     // block: thread 100
     put(want, std::uint32_t{100});
     put(want, std::uint32_t{5 + 9 + 5});  // 5 event words, an escape of 2 records, one of 1
@@ -260,6 +263,199 @@ TEST(TraceFile, APendingGapGoesToItsOwnersNextEventOnce) {
     gap.add(200, 7);
     EXPECT_EQ(gap.take(100), 0u);
     EXPECT_EQ(gap.take(200), 7u);
+}
+
+// Where a detach lost exits (an exit mark): the file keeps the mark raw in
+// a block of its own, no event; reading back, it goes to its thread's first
+// event at or after its instant (not to one recorded before it and written
+// after: that thread was inside its handler at the stop), once, naming its
+// function; the nesting closes that many of the function's open calls, the
+// innermost first, and says so once.  Version 4 (no marks) still reads; a
+// mark in a version 4 file is refused.
+TEST(TraceFile, AnExitMarkIsKeptAndClosesItsCallsBeforeItsThreadsNextEvent) {
+    constexpr auto entry = IPROBE_RT_REC_ENTRY, exit = IPROBE_RT_REC_EXIT;
+    // probes: 0 leaf's entry, 1 leaf's exit, 2 work's entry, 3 work's exit
+    // ring 0: two records drained before the detach's marks, four after
+    std::vector<iprobe_rt_record> ring = {record(entry, 2, 100, 1000), record(entry, 0, 100, 1100),
+                                          record(entry, 0, 100, 1140), record(entry, 0, 100, 1200),
+                                          record(exit, 1, 100, 1300),  record(exit, 3, 100, 1400)};
+    std::vector<iprobe_rt_record> other = {record(entry, 0, 200, 1160), record(exit, 1, 200, 1170)};
+    const ExitMark mark{100, 1, 1150, 2};
+    const WallClock clock{1000, 5'000'000'000ull, 0.5};
+    test::TempDir dir;
+    const std::string path = dir / "marks.trace";
+    {
+        TraceFileWriter writer(path, 4242, clock);
+        writer.write({ring.data(), 7, 0, 2, true, 0});
+        writer.mark(mark);
+        writer.write({other.data(), 7, 0, other.size(), true, 1});
+        writer.write({ring.data(), 7, 2, ring.size(), true, 0});
+        EXPECT_EQ(writer.events(), 8u) << "the mark is not an event";
+        writer.finish({{"leaf", "leaf", "", 0, probelist::ProbeKind::entry, ""},
+                       {"leaf", "leaf", "", 0, probelist::ProbeKind::exit, ""},
+                       {"work", "work", "", 0, probelist::ProbeKind::entry, ""},
+                       {"work", "work", "", 0, probelist::ProbeKind::exit, ""}});
+    }
+    iprobe_rt_record raw = record(IPROBE_RT_REC_EXITS_LOST, 1, 100, 1150);
+    raw.frame = 2;
+    std::string want;
+    put(want, std::uint32_t{100});
+    put(want, std::uint32_t{5});
+    put(want, std::uint64_t{1150});
+    put_escape(want, {raw});
+    const std::string bytes = file_bytes(path);
+    EXPECT_NE(bytes.find(want), std::string::npos) << "the mark's block";
+
+    auto read = [](const std::string& file) {
+        TraceFileReader reader(file);
+        std::vector<Event> got;
+        while (reader.next([&](const Event& e) { got.push_back(e); })) {
+        }
+        return got;
+    };
+    const std::vector<Event> got = read(path);
+    ASSERT_EQ(got.size(), 8u);
+    for (std::size_t i = 0; i < got.size(); i++)
+        EXPECT_EQ(got[i].exits_lost_before.empty(), got[i].tsc != 1200) << "event " << i << " at " << got[i].tsc;
+    const Event& next = got[5];  // thread 200's two came between
+    ASSERT_EQ(next.tsc, 1200u);
+    ASSERT_EQ(next.exits_lost_before.size(), 1u);
+    EXPECT_EQ(next.exits_lost_before[0], (LostExits{"leaf", 2, clock.ns(1150)}));
+
+    // work, leaf and leaf (the one in its handler at the stop) open; the
+    // two leaf calls closed: the next leaf nests in work, as it ran
+    CallNesting nesting;
+    const std::vector<ProbeInfo> probes = {{"leaf", "leaf", "", 0, probelist::ProbeKind::entry, ""},
+                                           {"leaf", "leaf", "", 0, probelist::ProbeKind::exit, ""},
+                                           {"work", "work", "", 0, probelist::ProbeKind::entry, ""},
+                                           {"work", "work", "", 0, probelist::ProbeKind::exit, ""}};
+    std::string text;
+    for (const Event& e : got)
+        if (e.tid == 100)
+            nesting.records(e, probes[e.probe], [&](const TraceRecord& r) {
+                // without the time and thread columns
+                static const std::regex head("(^|\n)[0-9]+\\.[0-9]{9} +[0-9]+ ");
+                text += std::regex_replace(trace_text_line(r), head, "$1");
+                if (r.exits_lost_before) {
+                    EXPECT_EQ(r.exits_closed, (std::vector<std::string>{"leaf", "leaf"}));
+                    EXPECT_EQ(r.exits_lost_ns, clock.ns(1150));
+                }
+            });
+    EXPECT_EQ(text,
+              "-> work\n"
+              "  -> leaf\n"
+              "    -> leaf\n"
+              "-- 2 calls in flight lost their exit at a detach --\n"
+              "  -> leaf\n"
+              "  <- leaf\n"
+              "<- work\n");
+
+    // version 4: the same without the mark reads; with it, refused
+    std::string v4 = bytes;
+    v4[8] = 4;
+    const std::size_t mark_at = v4.find(want);
+    std::string unmarked = v4.substr(0, mark_at) + v4.substr(mark_at + want.size());
+    std::uint64_t table_at;
+    std::memcpy(&table_at, unmarked.data() + unmarked.size() - 16, 8);
+    table_at -= want.size();
+    std::memcpy(unmarked.data() + unmarked.size() - 16, &table_at, 8);
+    std::ofstream(dir / "v4.trace", std::ios::binary) << unmarked;
+    const std::vector<Event> old = read(dir / "v4.trace");
+    ASSERT_EQ(old.size(), 8u);
+    for (const Event& e : old) EXPECT_TRUE(e.exits_lost_before.empty());
+    std::ofstream(dir / "v4-marked.trace", std::ios::binary) << v4;
+    try {
+        read(dir / "v4-marked.trace");
+        ADD_FAILURE() << "a mark in a version 4 file was read";
+    } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("event kind 6"), std::string::npos) << e.what();
+    }
+}
+
+// The queue a detacher writes and a reader takes (rt_layout.h): marks come
+// out oldest first, once; a full queue coalesces, into the newest mark of
+// the same thread (its function named only when both name the same), else
+// two marks of one thread, else the two oldest: every count is kept.  A
+// queue being written is not taken.
+TEST(ExitMarks, AFullQueueCoalescesAndNeverDropsACount) {
+    iprobe_rt_exit_marks queue{};
+    EXPECT_TRUE(take_exit_marks(queue).empty());
+    add_exit_marks(queue, std::vector<ExitMark>{{7, 1, 100, 1}, {7, 3, 100, 2}});
+    EXPECT_EQ(take_exit_marks(queue), (std::vector<ExitMark>{{7, 1, 100, 1}, {7, 3, 100, 2}}));
+    EXPECT_TRUE(take_exit_marks(queue).empty()) << "taken once";
+
+    std::vector<ExitMark> many;
+    for (std::uint64_t i = 0; i < IPROBE_RT_EXIT_MARKS; i++) many.push_back({7, 1, 200 + i, 1});
+    add_exit_marks(queue, many);
+    add_exit_marks(queue, std::vector<ExitMark>{{7, 1, 300, 5}, {7, 9, 301, 6}});
+    std::vector<ExitMark> got = take_exit_marks(queue);
+    ASSERT_EQ(got.size(), std::size_t{IPROBE_RT_EXIT_MARKS});
+    EXPECT_EQ(got.back(), (ExitMark{7, IPROBE_RT_EXIT_MARK_ANY, 301, 1 + 5 + 6}));
+    std::uint64_t total = 0;
+    for (const ExitMark& m : got) total += m.count;
+    EXPECT_EQ(total, IPROBE_RT_EXIT_MARKS + 5u + 6u);
+
+    // full of other threads' marks: two of one thread become one
+    many.clear();
+    for (std::uint32_t i = 0; i < IPROBE_RT_EXIT_MARKS; i++) many.push_back({i % 2 ? 20 + i : 10u, 1, 400u + i, 1});
+    add_exit_marks(queue, many);
+    add_exit_marks(queue, std::vector<ExitMark>{{99, 1, 500, 3}});
+    got = take_exit_marks(queue);
+    ASSERT_EQ(got.size(), std::size_t{IPROBE_RT_EXIT_MARKS});
+    EXPECT_EQ(got.front(), (ExitMark{21, 1, 401, 1})) << "thread 10's first two are one now";
+    EXPECT_EQ(got[1], (ExitMark{10, 1, 402, 2}));
+    EXPECT_EQ(got.back(), (ExitMark{99, 1, 500, 3}));
+
+    add_exit_marks(queue, std::vector<ExitMark>{{7, 1, 600, 1}});
+    queue.state |= IPROBE_RT_EXIT_MARKS_WRITING;
+    EXPECT_TRUE(take_exit_marks(queue).empty()) << "a detacher is writing";
+    add_exit_marks(queue, std::vector<ExitMark>{{7, 1, 700, 1}});  // the next detacher takes it over
+    EXPECT_EQ(take_exit_marks(queue).size(), 2u);
+
+    PendingExitMarks pending;
+    pending.add({7, 1, 100, 1});
+    pending.add({8, 1, 100, 1});
+    pending.add({7, 3, 200, 2});
+    EXPECT_TRUE(pending.take(7, 99).empty()) << "recorded before the stop";
+    EXPECT_EQ(pending.take(7, 150), (std::vector<ExitMark>{{7, 1, 100, 1}}));
+    EXPECT_EQ(pending.take(7, 200), (std::vector<ExitMark>{{7, 3, 200, 2}}));
+    EXPECT_FALSE(pending.empty());
+    EXPECT_EQ(pending.take(8, 1000).size(), 1u);
+    EXPECT_TRUE(pending.empty());
+}
+
+// A lost call below calls still open (their exits on): only it is closed;
+// a mark naming more than one function closes the innermost calls.
+TEST(CallNesting, AnExitMarkClosesItsFunctionsCallsWhereverTheyAreOpen) {
+    auto event = [](probelist::ProbeKind kind, std::uint64_t tsc) {
+        Event e;
+        e.tid = 1;
+        e.kind = kind;
+        e.tsc = tsc;
+        e.time_ns = tsc;
+        return e;
+    };
+    const ProbeInfo a{"a", "a", "", 0, probelist::ProbeKind::entry, ""}, f{"f", "f", "", 0, probelist::ProbeKind::entry, ""},
+        h{"h", "h", "", 0, probelist::ProbeKind::entry, ""};
+    CallNesting nesting;
+    std::vector<TraceRecord> shown;
+    const auto sink = [&](const TraceRecord& r) { shown.push_back(r); };
+    nesting.records(event(probelist::ProbeKind::entry, 1), a, sink);
+    nesting.records(event(probelist::ProbeKind::entry, 2), f, sink);
+    nesting.records(event(probelist::ProbeKind::entry, 3), h, sink);
+    Event exit_h = event(probelist::ProbeKind::exit, 5);
+    exit_h.exits_lost_before = {{"f", 1, 4}};
+    nesting.records(exit_h, h, sink);
+    ASSERT_EQ(shown.size(), 4u);
+    EXPECT_EQ(shown[3].exits_lost_before, 1u);
+    EXPECT_EQ(shown[3].exits_closed, std::vector<std::string>{"f"});
+    EXPECT_EQ(shown[3].depth, 1) << "h's exit, inside a";
+    Event next = event(probelist::ProbeKind::entry, 7);
+    next.exits_lost_before = {{"", 5, 6}};  // more than asked are open: all of them
+    nesting.records(next, h, sink);
+    EXPECT_EQ(shown[4].exits_closed, std::vector<std::string>{"a"});
+    EXPECT_EQ(shown[4].exits_lost_before, 5u);
+    EXPECT_EQ(shown[4].depth, 0);
 }
 
 // A version 2 file (the previous iprobe's: version 3 without values events
@@ -581,9 +777,9 @@ TEST(TraceFile, RefusesOtherVersionsAndCorruptValues) {
     };
     std::string bytes = good;
     bytes[8] = 1;
-    refused(bytes, "trace file version 1, but this iprobe reads versions 2 to 4 (written by an older iprobe");
-    bytes[8] = 5;
-    refused(bytes, "trace file version 5, but this iprobe reads versions 2 to 4 (written by a newer iprobe");
+    refused(bytes, "trace file version 1, but this iprobe reads versions 2 to 5 (written by an older iprobe");
+    bytes[8] = 6;
+    refused(bytes, "trace file version 6, but this iprobe reads versions 2 to 5 (written by a newer iprobe");
     bytes[8] = 2;  // version 2 has no values events
     refused(bytes, "a values event in a version 2 file");
     constexpr std::size_t block = 40, count = block + 4;

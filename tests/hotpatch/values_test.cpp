@@ -8,12 +8,14 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <sstream>
 #include <thread>
 #include <regex>
 
 #include <gtest/gtest.h>
 
 #include "hotpatch_fixture.h"
+#include "iprobe/hotpatch/trace_file.h"
 
 namespace iprobe::test {
 namespace {
@@ -298,6 +300,19 @@ protected:
         if (IsSkipped()) return;
         ASSERT_TRUE(start(GetParam())) << GetParam() << " not built";
     }
+    // `rounds` attaches of v_spin (what "spin N"'s threads call), each
+    // detached 20 ms later: the calls in flight the detaches said they lost.
+    long long attach_and_detach_spinning(int rounds) {
+        long long said = 0;
+        for (int round = 0; round < rounds; round++) {
+            attach({"--functions", "v_spin"});
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+            const auto d = iprobe({"detach", pid_, "--json"});
+            EXPECT_EQ(d.exit_code, 0) << d.err;
+            said += json_number(d.out, "exits_lost");
+        }
+        return said;
+    }
 };
 
 TEST_P(FinstrumentValuesTest, ArgumentsAndReturnValuesComeFromTheSiteRecipe) {
@@ -479,12 +494,83 @@ TEST_P(FinstrumentValuesTest, DetachWhileAPlainCallIsInFlightLeavesItWithoutAnEx
     ASSERT_EQ(d.exit_code, 0) << d.err;
     EXPECT_EQ(json_number(d.out, "exits_lost"), 1) << d.out;
     EXPECT_EQ(target_->command("release"), 8);
+    // its thread ended without another event: trace cannot place the mark there, and says so
+    const auto t = iprobe({"trace", pid_, "--duration", "0"});
+    EXPECT_EQ(lines_with(t.out, {"-> v_wait"}).size(), 1u) << t.out;
+    EXPECT_NE(t.err.find("iprobe: 1 calls in flight lost their exit at a detach, their threads with no event after it"),
+              std::string::npos)
+        << t.err;
     expect_wait_counts(1, 0);
     const auto r = iprobe({"report", pid_, "--json"});
     EXPECT_EQ(json_number(r.out, "exits_lost_at_detach"), 1) << r.out;
     const auto text = iprobe({"report", pid_});
     EXPECT_NE(text.out.find("exits lost at detach: 1 calls"), std::string::npos) << text.out;
     EXPECT_EQ(target_->command("values"), plain);
+}
+
+// The lines of a text trace without their time and thread columns.
+std::vector<std::string> text_events(const std::string& text) {
+    static const std::regex head("^[0-9]+\\.[0-9]{9} +[0-9]+ ");
+    std::vector<std::string> out;
+    std::istringstream lines(text);
+    for (std::string line; std::getline(lines, line);) out.push_back(std::regex_replace(line, head, ""));
+    return out;
+}
+
+// ... and the stream says so where it happened: the thread's next event
+// (after the next attach) comes after one mark of that call, and nests at
+// depth 0, not inside a call that will never end.  The same in the live
+// trace, in the file written of it and in the file converted later; in
+// Chrome's format the call's span ends at the detach, so every B has its E;
+// folded stacks do not put the later calls under it.
+TEST_P(FinstrumentValuesTest, ACallThatLostItsExitAtADetachIsClosedWhereItHappened) {
+    TempDir dir;
+    for (const std::string format : {"text", "json", "chrome", "folded"}) {
+        SCOPED_TRACE(format);
+        attach({"--functions", "v_wait,v_spin"});
+        ASSERT_EQ(target_->command("hold 3"), 1);
+        const auto d = iprobe({"detach", pid_, "--json"});
+        ASSERT_EQ(d.exit_code, 0) << d.err;
+        EXPECT_EQ(json_number(d.out, "exits_lost"), 1) << d.out;
+        EXPECT_EQ(target_->command("unblock"), 8);  // returns while detached: no exit recorded
+        attach({"--functions", "v_wait,v_spin"});
+        EXPECT_EQ(target_->command("go"), 3);
+        if (format == "folded") {
+            const auto folded = iprobe({"report", pid_, "--folded", "--duration", "0"});
+            ASSERT_EQ(folded.exit_code, 0) << folded.err;
+            EXPECT_EQ(lines_with(folded.out, {"v_spin "}).size(), 1u) << folded.out;
+            EXPECT_EQ(folded.out.find("v_wait"), std::string::npos) << folded.out;
+            ASSERT_EQ(iprobe({"detach", pid_}).exit_code, 0);
+            continue;
+        }
+        const std::string file = dir / (format + ".trace");
+        const auto live = iprobe({"trace", pid_, "--duration", "0", "--output", file, "--format", format});
+        ASSERT_EQ(live.exit_code, 0) << live.err;
+        const auto converted = iprobe({"trace", "--input", file, "--format", format});
+        ASSERT_EQ(converted.exit_code, 0) << converted.err;
+        EXPECT_EQ(converted.out, live.out);
+        EXPECT_EQ(live.err.find("lost their exit"), std::string::npos) << "every mark placed\n" << live.err;
+        const std::string& t = live.out;
+        if (format == "text") {
+            const std::vector<std::string> want = {
+                "-> v_wait", "-- 1 calls in flight lost their exit at a detach --",
+                "-> v_spin", "<- v_spin", "-> v_spin", "<- v_spin", "-> v_spin", "<- v_spin"};
+            EXPECT_EQ(text_events(t), want) << t;
+        } else if (format == "json") {
+            EXPECT_EQ(lines_with(t, {"exits_lost_before"}).size(), 1u) << t;
+            EXPECT_EQ(lines_with(t, {"\"kind\":\"entry\",\"function\":\"v_spin\",\"depth\":0", "\"exits_lost_before\":1"})
+                          .size(),
+                      1u)
+                << t;
+            EXPECT_EQ(lines_with(t, {"\"depth\":0"}).size(), 7u) << "everything at depth 0\n" << t;
+        } else {
+            EXPECT_EQ(lines_with(t, {"\"ph\":\"B\""}).size(), 4u) << t;
+            EXPECT_EQ(lines_with(t, {"\"ph\":\"E\""}).size(), 4u) << t;
+            EXPECT_EQ(lines_with(t, {"\"name\":\"v_wait\",\"ph\":\"E\"", "\"exit_lost_at_detach\":true"}).size(), 1u) << t;
+            EXPECT_EQ(lines_with(t, {"\"name\":\"v_spin\",\"ph\":\"B\"", "\"exits_lost_before\":1"}).size(), 1u) << t;
+        }
+        ASSERT_EQ(iprobe({"detach", pid_}).exit_code, 0);
+    }
 }
 
 // ... and attached again without values before the call returns: its exit
@@ -541,14 +627,7 @@ TEST_P(FinstrumentValuesTest, EveryCallHasOneExitWhileAttachesSwitchValuesUnderL
 TEST_P(FinstrumentValuesTest, EveryCallInFlightAtADetachIsCountedUnderLoad) {
     ASSERT_TRUE(start(GetParam()));
     ASSERT_EQ(target_->command("spin 2"), 2);
-    long long said = 0;
-    for (int round = 0; round < 8; round++) {
-        attach({"--functions", "v_spin"});
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-        const auto d = iprobe({"detach", pid_, "--json"});
-        ASSERT_EQ(d.exit_code, 0) << d.err;
-        said += json_number(d.out, "exits_lost");
-    }
+    const long long said = attach_and_detach_spinning(8);
     ASSERT_GT(target_->command("stop"), 0);
     const std::string r = iprobe({"report", pid_, "--json"}).out;
     const long long calls = json_calls(r, "v_spin"), completed = json_completed(r, "v_spin");
@@ -560,6 +639,41 @@ TEST_P(FinstrumentValuesTest, EveryCallInFlightAtADetachIsCountedUnderLoad) {
         << r;
     EXPECT_GT(said, 0) << "no detach found a call in flight in 8 rounds" << r;
     EXPECT_EQ(json_number(r, "unhooked_returns"), 0) << r;
+}
+
+// ... and the stream says each of them where it happened: a trace reading
+// all the while (to a file) gets, on each thread's next event after a
+// detach that lost calls of it, a mark whose counts add up to exactly what
+// the detaches said, while detaches write marks and the reader takes them
+// at once.
+TEST_P(FinstrumentValuesTest, EveryExitADetachLostUnderLoadIsSaidInTheStream) {
+    TempDir dir;
+    const std::string file = dir / "load.trace";
+    attach({"--functions", "v_spin"});  // the region the trace reads
+    ASSERT_EQ(iprobe({"detach", pid_}).exit_code, 0);
+    Child trace({iprobe_bin(), "trace", pid_, "--output", file}, dir / "trace.out");
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the reader is draining
+    ASSERT_EQ(target_->command("spin 2"), 2);
+    const long long said = attach_and_detach_spinning(8);
+    attach({"--functions", "v_spin"});  // each thread's next events, after its last mark
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    ASSERT_GT(target_->command("stop"), 0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    trace.kill(SIGINT);
+    ASSERT_EQ(trace.wait(std::chrono::seconds(60)), 0);
+    long long marked = 0, marks = 0;
+    hotpatch::TraceFileReader read(file);
+    while (read.next([&](const hotpatch::Event& e) {
+        for (const hotpatch::LostExits& l : e.exits_lost_before) {
+            EXPECT_EQ(l.function, "v_spin");
+            marked += static_cast<long long>(l.count);
+            marks++;
+        }
+    })) {
+    }
+    EXPECT_GT(said, 0) << "no detach found a call in flight in 8 rounds";
+    EXPECT_EQ(marked, said) << marks << " marks";
+    EXPECT_LE(marks, 2 * 8) << "one a thread and detach at most";
 }
 
 // An inlined copy (in_visit, always_inline, in in_loop's loop): its hooks
@@ -956,7 +1070,7 @@ TEST_F(ValuesTest, ACutOrForeignTraceFileIsRefusedClearly) {
     std::ofstream(file, std::ios::binary | std::ios::trunc) << bytes;
     auto old = iprobe({"trace", "--input", file});
     EXPECT_EQ(old.exit_code, 3) << old.out << old.err;
-    EXPECT_NE(old.err.find("trace file version 1, but this iprobe reads versions 2 to 4"), std::string::npos) << old.err;
+    EXPECT_NE(old.err.find("trace file version 1, but this iprobe reads versions 2 to 5"), std::string::npos) << old.err;
 }
 
 TEST_F(ValuesTest, ValuesNeedTheTraceHandler) {

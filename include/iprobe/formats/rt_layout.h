@@ -13,6 +13,8 @@
  *   struct iprobe_rt_site    [1 << hash_bits]  at hash_offset     (return address -> probe)
  *   struct iprobe_rt_fn_stats[stat_capacity]   at baseline_offset (reader's `--since-last` mark)
  *   struct iprobe_cond_program[condition_capacity] at conditions_offset (`--when`, append-only)
+ *   struct iprobe_rt_exit_marks[thread_count] at exit_marks_offset (per thread slot: where a
+ *                                            detach lost exits; 0 in a region made before them)
  *   per thread: struct iprobe_rt_thread + struct iprobe_rt_fn_stats[stat_capacity]
  *                                            at threads_offset + i * thread_stride
  *   per ring: struct iprobe_rt_ring + records  at rings_offset + i * ring_stride
@@ -63,9 +65,12 @@ enum iprobe_rt_record_kind {
                                    * of its function's exits on: attach --entry-only), which a reader
                                    * places in its thread's nesting without opening a call */
     IPROBE_RT_REC_ARGS = 4,       /* continuation: the point's integer arguments */
-    IPROBE_RT_REC_GAP = 5         /* just before the next record of its ring: `frame` events of this
+    IPROBE_RT_REC_GAP = 5,        /* just before the next record of its ring: `frame` events of this
                                    * thread its ring dropped there (it was full), so a reader says
                                    * where they were missed and nests what follows afresh */
+    IPROBE_RT_REC_EXITS_LOST = 6  /* never in a ring: how a trace file keeps an exit mark
+                                   * (struct iprobe_rt_exit_mark): tsc its `at`, tid, probe, and
+                                   * `frame` its count */
 };
 
 /* ---- values: arguments at entry, return registers at exit, backtraces ----
@@ -348,6 +353,33 @@ struct iprobe_rt_thread {
     /* struct iprobe_rt_fn_stats stats[stat_capacity] follows at thread_header_size */
 };
 
+/* Where calls in flight lost their exit at a detach (the detacher turned
+ * their exit hooks off, their returns not hooked: the -finstrument-functions
+ * flow): written by the detacher in its stop, one queue per thread slot,
+ * taken by the stream reader (`iprobe trace`), which closes those calls in
+ * the thread's nesting just before its first event at or after `at`.  The
+ * runtime never touches them. */
+#define IPROBE_RT_EXIT_MARKS 8             /* marks a slot keeps until a reader takes them */
+#define IPROBE_RT_EXIT_MARK_ANY 0xffffffffu /* probe: calls of more than one function (coalesced) */
+struct iprobe_rt_exit_mark {
+    uint64_t at;     /* the detach's stop on the region's clock (iprobe_rt_control.clock): every
+                      * event of the thread read earlier is before the mark, every later one after */
+    uint64_t count;  /* calls of that thread whose exits were lost */
+    uint32_t tid;
+    uint32_t probe;  /* an exit probe turned off (global index): names their function */
+};
+/* `state`: marks written (bits 0-15) and taken (bits 16-31), both counting
+ * on modulo 2^16 (mark[i % IPROBE_RT_EXIT_MARKS] for taken <= i < written),
+ * bumped on each detacher's change (bits 32-62), and bit 63 while a
+ * detacher writes.  A reader copies the marks and takes them with one CAS
+ * of the whole word, which fails when a detacher touched the queue since
+ * it read it; a full queue is coalesced by the detacher, never dropped. */
+#define IPROBE_RT_EXIT_MARKS_WRITING (1ull << 63)
+struct iprobe_rt_exit_marks {
+    uint64_t state;
+    struct iprobe_rt_exit_mark mark[IPROBE_RT_EXIT_MARKS];
+};
+
 struct iprobe_rt_site {
     uint64_t return_address;  /* 0 == empty slot */
     uint32_t probe;
@@ -410,7 +442,9 @@ struct iprobe_rt_control {
      * flow's exit hooks), their return not hooked: their exits are never
      * recorded (not in completed). */
     uint64_t exits_lost_at_detach;
-    uint64_t reserved[3];
+    uint64_t exit_marks_offset;  /* struct iprobe_rt_exit_marks[thread_count] (0: none) */
+    uint64_t exit_marks_written; /* marks written into them so far: a reader looks when it moved */
+    uint64_t reserved[1];
 };
 
 #ifdef __cplusplus

@@ -168,6 +168,42 @@ static long wait_release(void) {
     return (long)got;
 }
 
+/* A thread whose call is in flight at a detach and that calls more after
+ * the next attach: "hold N" starts it inside v_wait(N); "unblock" lets that
+ * call return (answers N + 5 once it has); "go" lets the thread call
+ * v_spin N times and end (answers N). */
+static int hold_pipe[2];
+static volatile long hold_returned;
+static pthread_t hold_thread;
+PROBED long v_spin(long i);
+static void* hold_run(void* n) {
+    hold_returned = v_wait((int)(long)n);
+    char c = 0;
+    while (read(hold_pipe[0], &c, 1) != 1) {
+    }
+    long i = 0;
+    for (long k = 0; k < (long)n; k++) i = v_spin(i);
+    return (void*)i;
+}
+static long hold_start(long n) {
+    wait_inside = 0;
+    hold_returned = 0;
+    if (pthread_create(&hold_thread, 0, hold_run, (void*)n) != 0) exit(1);
+    while (!wait_inside) usleep(1000);
+    return 1;
+}
+static long hold_unblock(void) {
+    if (write(wait_pipe[1], "\x05", 1) != 1) exit(1);
+    while (!hold_returned) usleep(1000);
+    return hold_returned;
+}
+static long hold_go(void) {
+    void* got = 0;
+    if (write(hold_pipe[1], "g", 1) != 1) exit(1);
+    pthread_join(hold_thread, &got);
+    return (long)got;
+}
+
 /* Calls at a service's rate while iprobe attaches again and again: "spin N"
  * starts N threads calling v_spin until "stop", which answers how many
  * calls they made. */
@@ -248,7 +284,7 @@ int main(int argc, char** argv) {
         return 2;
     }
     setvbuf(stdout, 0, _IOLBF, 0);
-    if (pipe(wait_pipe) != 0) return 1;
+    if (pipe(wait_pipe) != 0 || pipe(hold_pipe) != 0) return 1;
     printf("ready %d\n", (int)getpid());
     char line[256];
     for (;;) {
@@ -267,6 +303,12 @@ int main(int argc, char** argv) {
                 printf("ok block %ld\n", wait_block(a));
             } else if (strncmp(line, "release", 7) == 0) {
                 printf("ok release %ld\n", wait_release());
+            } else if (sscanf(line, "hold %ld", &a) == 1) {
+                printf("ok hold %ld\n", hold_start(a));
+            } else if (strncmp(line, "unblock", 7) == 0) {
+                printf("ok unblock %ld\n", hold_unblock());
+            } else if (strncmp(line, "go", 2) == 0) {
+                printf("ok go %ld\n", hold_go());
             } else if (sscanf(line, "spin %ld", &a) == 1) {
                 printf("ok spin %ld\n", spin_start(a));
             } else if (strncmp(line, "stop", 4) == 0) {

@@ -4,10 +4,11 @@
 // pass, one copy, no clock conversion: the header keeps the clock) and
 // hands it to write(2) a MiB at a time; the conversion decodes later.
 //
-// Version 4 (written; version 3, the same without GAP records, and version
-// 2, without values events and the types table too, are read; any other is
-// refused, naming the versions read):
-//   header   "IPRBTRC1", u32 version 4, u32 pid, u64 tsc_base,
+// Version 5 (written; version 4, the same without exit marks, version 3,
+// without GAP records too, and version 2, without values events and the
+// types table too, are read; any other is refused, naming the versions
+// read):
+//   header   "IPRBTRC1", u32 version 5, u32 pid, u64 tsc_base,
 //            u64 realtime_base_ns, f64 ns_per_tick                   (40 bytes)
 //   blocks   one thread's events in order: u32 tid, u32 words, u64 base_tsc,
 //            then `words` u64 words, each
@@ -24,8 +25,14 @@
 //                         (depth > 0), a probe index >= 2^22, a clock step
 //                         back or >= 2^40 ticks; and a GAP record (n = 1,
 //                         not an event: its thread's next event comes after
-//                         `frame` events the ring dropped).  Its tsc becomes
-//                         the block's previous one.
+//                         `frame` events the ring dropped; its tsc becomes
+//                         the block's previous one); and an exit mark
+//                         (IPROBE_RT_REC_EXITS_LOST, n = 1, in a block of
+//                         its own: not an event, the block's clock goes on;
+//                         its `tid`'s first event at or after its tsc comes
+//                         after `frame` calls of the function of exit probe
+//                         `probe` lost their exits at a detach,
+//                         exit_marks.h).
 //              a values   an ENTRY or EXIT the values path recorded
 //              event      (attach --args/--retval/--backtrace/--when; a
 //                         record with a values spec, words or none; spec
@@ -65,7 +72,7 @@
 
 namespace iprobe::hotpatch {
 
-inline constexpr std::uint32_t kTraceFileVersion = 4;
+inline constexpr std::uint32_t kTraceFileVersion = 5;
 
 class TraceFileWriter {
 public:
@@ -82,6 +89,9 @@ public:
     // pass; a POINT's argument record, an ENTRY's or EXIT's values, may
     // come in the next run of its ring (as TraceReader::decode reads them).
     void write(const RecordRun& run);
+    // An exit mark (TraceReader::drain_runs' `marks`), before the runs it
+    // comes before.
+    void mark(const ExitMark& mark);
     // Writes the probe names (index = global probe index), the types and
     // the footer.
     void finish(const std::vector<ProbeInfo>& probes);
@@ -141,6 +151,8 @@ public:
     // Hands the next chunk's events (at most 1 MiB of the file, or one
     // block) to `sink`; false once every event was read.
     bool next(const std::function<void(const Event&)>& sink);
+    // Calls of the exit marks read that no event came after (yet).
+    std::uint64_t exit_marks_waiting() const { return marks_.calls(); }
 
 private:
     std::string path_;
@@ -148,6 +160,7 @@ private:
     pid_t pid_ = 0;
     std::uint32_t version_ = 0;
     PendingGap gap_;              // owned by a thread
+    PendingExitMarks marks_;      // read, not yet given to an event
     std::vector<ProbeInfo> probes_;
     WallClock clock_;
     std::uint64_t at_ = 0, end_ = 0;  // events: [at_, end_) still to read

@@ -18,6 +18,7 @@
 #include <utility>
 #include <vector>
 
+#include "iprobe/hotpatch/exit_marks.h"
 #include "iprobe/probelist/probe_list.h"
 #include "iprobe/formats/rt_layout.h"
 #include "iprobe/support/fd.h"
@@ -46,6 +47,15 @@ struct Frame {
     bool operator==(const Frame&) const = default;
 };
 
+// Calls of one function a detach left without their exits (an exit mark,
+// exit_marks.h), as the event after the mark carries them.
+struct LostExits {
+    std::string function;     // empty: the mark names more than one (coalesced): the innermost calls
+    std::uint64_t count = 0;
+    std::uint64_t at_ns = 0;  // the detach, CLOCK_REALTIME
+    bool operator==(const LostExits&) const = default;
+};
+
 struct Event {
     std::uint64_t tsc = 0;
     std::uint64_t time_ns = 0;  // CLOCK_REALTIME nanoseconds
@@ -68,6 +78,9 @@ struct Event {
     // Events of this thread its ring dropped just before this one (it was
     // full: IPROBE_RT_REC_GAP); the calls open before them may have ended.
     std::uint64_t dropped_before = 0;
+    // Calls of this thread in flight at a detach that turned their exit
+    // hooks off (-finstrument-functions flow): their exits never come.
+    std::vector<LostExits> exits_lost_before;
     bool has_values = false;         // entry: args recorded; exit: the return registers
     std::vector<Value> values;       // entry: the arguments
     std::optional<Value> retval;     // exit: nullopt for void (or not recorded)
@@ -140,6 +153,13 @@ struct TraceRecord {
     // Events of this thread dropped just before this one (its ring was
     // full): the nesting starts afresh here.
     std::uint64_t dropped_before = 0;
+    // Calls of this thread in flight at a detach before this event that
+    // lost their exit (the detach turned their exit hooks off): the
+    // nesting closed those open (`exits_closed`, innermost first) at the
+    // detach's instant `exits_lost_ns`.
+    std::uint64_t exits_lost_before = 0;
+    std::vector<std::string> exits_closed{};
+    std::uint64_t exits_lost_ns = 0;
     bool operator==(const TraceRecord&) const = default;
 };
 // The nesting of each thread's calls as events come (the tids come from
@@ -160,6 +180,9 @@ private:
     };
     // A deque: past kMaxOpen open calls the oldest goes, at O(1) per event.
     std::unordered_map<std::uint32_t, std::deque<OpenCall>> stacks_;
+    // Closes the open calls `lost` names (the innermost of each function
+    // first); returns their functions, innermost first.
+    static std::vector<std::string> close_lost(std::deque<OpenCall>& stack, const std::vector<LostExits>& lost);
 };
 
 // One function's aggregates (ticks converted to ns).
@@ -261,8 +284,10 @@ public:
     // (Access::stream only).
     std::size_t drain(const std::function<void(const Event&)>& sink);
     // The same, as runs of raw records (a writer's bulk copy); returns the
-    // records consumed.
-    std::size_t drain_runs(const std::function<void(const RecordRun&)>& sink);
+    // records consumed.  Exit marks of a detach (exit_marks.h) go to
+    // `marks` before any record of their thread recorded after them.
+    std::size_t drain_runs(const std::function<void(const RecordRun&)>& sink,
+                           const std::function<void(const ExitMark&)>& marks = {});
     // What drain() does with each run: its events to `sink` (an event whose
     // records go on in the ring's next run waits for it); decode_end() ends
     // the one still open.  So a writer of the runs (trace --output) and a
@@ -297,6 +322,9 @@ public:
     std::uint64_t unhooked_returns() const;
     // Calls in flight when a detach turned their exit hooks off (iprobe_rt_control).
     std::uint64_t exits_lost_at_detach() const;
+    // Of those, the ones whose marks decode() has not given to an event yet
+    // (their threads made none after the detach).
+    std::uint64_t exit_marks_waiting() const;
 
     // Lossless (Access::stream only): while on, a thread whose ring is full
     // waits for this reader instead of dropping (the default is lossy and
