@@ -165,9 +165,7 @@ __attribute__((visibility("hidden"))) uint64_t iprobe_rt_vector_safe_call(uint64
 
 /* Slow path, once per thread: a syscall or two is fine here. */
 static int claim_ring_now(struct thread_producer* t, struct iprobe_rt_control* cb) {
-    if (t->claiming || t->no_ring) return 0;
-    t->claiming = 1;
-    BARRIER();
+    if (t->no_ring) return 0;
     for (uint32_t i = 0; i < cb->ring_count; i++) {
         struct iprobe_rt_ring* ring = ring_at(cb, i);
         if (!try_take_ring(ring)) continue;
@@ -181,11 +179,9 @@ static int claim_ring_now(struct thread_producer* t, struct iprobe_rt_control* c
         if (g_thread_key_ok) pthread_setspecific(g_thread_key, t);
         BARRIER();
         t->ring = ring;
-        t->claiming = 0;
         return 1;
     }
     t->no_ring = 1;
-    t->claiming = 0;
     __atomic_fetch_add(&cb->no_ring_events, 1, __ATOMIC_RELAXED);
     return 0;
 }
@@ -198,13 +194,6 @@ static struct iprobe_rt_thread* slot_at(struct iprobe_rt_control* cb, uint32_t i
  * one keeps summing from where its last thread left it. */
 static struct iprobe_rt_fn_stats* claim_slot_now(struct thread_producer* t, struct iprobe_rt_control* cb) {
     if (t->no_slot) return 0;
-    if (t->claiming_slot) { /* a synchronous signal's handler inside the claim: not in the sums, said */
-        __atomic_fetch_add(&iprobe_rt_state.nested_drops, 1, __ATOMIC_RELAXED);
-        __atomic_fetch_add(&cb->no_slot_events, 1, __ATOMIC_RELAXED);
-        return 0;
-    }
-    t->claiming_slot = 1;
-    BARRIER();
     for (uint32_t i = 0; i < cb->thread_count; i++) {
         struct iprobe_rt_thread* slot = slot_at(cb, i);
         uint32_t state = __atomic_load_n(&slot->state, __ATOMIC_ACQUIRE);
@@ -218,11 +207,9 @@ static struct iprobe_rt_fn_stats* claim_slot_now(struct thread_producer* t, stru
         iprobe_rt_thread.stats = (struct iprobe_rt_fn_stats*)((char*)slot + cb->thread_header_size);
         BARRIER();
         t->slot = slot;
-        t->claiming_slot = 0;
         return iprobe_rt_thread.stats;
     }
     t->no_slot = 1;
-    t->claiming_slot = 0;
     __atomic_fetch_add(&cb->no_slot_events, 1, __ATOMIC_RELAXED);
     return 0;
 }
@@ -659,12 +646,7 @@ static inline __attribute__((always_inline)) void ring_append(struct iprobe_rt_c
             __atomic_fetch_add(&cb->no_ring_events, 1, __ATOMIC_RELAXED);
             return;
         }
-        if (t->claiming) {
-            __atomic_fetch_add(&iprobe_rt_state.nested_drops, 1, __ATOMIC_RELAXED);
-            __atomic_fetch_add(&cb->no_ring_events, 1, __ATOMIC_RELAXED);
-            return;
-        }
-        if (!claim_ring(t, cb)) return;
+        if (!claim_ring(t, cb)) return;  /* inside a claim: dropped, counted there */
     }
     const uint64_t extra = values ? (values->nwords + 3) / 4 : 0;
     const uint64_t need = args ? 2 : 1 + extra;

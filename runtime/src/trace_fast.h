@@ -101,11 +101,9 @@ struct thread_producer {
     uint64_t tail_seen;   /* last tail read from the reader */
     uint32_t tid;
     uint32_t depth;       /* handlers active in this thread (signal nesting) */
-    uint8_t claiming;
+    uint8_t in_claim;     /* claiming its sums or ring: an event inside is dropped, counted (rt.c) */
     uint8_t no_ring;      /* claim failed or thread exiting: drop, counted */
-    uint8_t claiming_slot;
     uint8_t no_slot;      /* no free thread slot, or thread exiting */
-    uint8_t in_claim;     /* claiming (in libc): a probe that fires meanwhile is dropped, counted (rt.c) */
     struct iprobe_rt_thread* slot; /* its sums: iprobe_rt_thread.stats */
     uint64_t gap;         /* events dropped since its last record: a GAP record goes first (rt.c) */
 };
