@@ -90,10 +90,6 @@ std::vector<SelectedList> given_lists(const std::vector<ProbeSelection>& selecti
     return lists;
 }
 
-}  // namespace
-
-namespace {
-
 // `source`'s probes; when it is the process's own `executable` (named by
 // nobody) and stripped, the error says so as the user knows the file (not
 // as /proc/PID/root/...), and what else there is to probe.
