@@ -37,7 +37,10 @@ std::optional<LoadedImage> read_loaded_image(std::uint64_t base, const ReadMemor
         LoadedImage image;
         std::uint64_t first_load = ~0ull;
         for (const auto& ph : phdrs)
-            if (ph.p_type == PT_LOAD) first_load = std::min<std::uint64_t>(first_load, ph.p_vaddr & ~0xfffull);
+            if (ph.p_type == PT_LOAD && ph.p_vaddr <= UINT64_MAX - ph.p_memsz) {
+                first_load = std::min<std::uint64_t>(first_load, ph.p_vaddr & ~0xfffull);
+                image.load_end_vaddr = std::max<std::uint64_t>(image.load_end_vaddr, ph.p_vaddr + ph.p_memsz);
+            }
         if (first_load == ~0ull) return std::nullopt;
         image.first_load_vaddr = first_load;
         const std::uint64_t load_bias = base - first_load;

@@ -17,9 +17,28 @@ bool inspect_image(const ProcessMemory& process, RunningModule& module) {
         module.base, [&](std::uint64_t address, void* out, std::size_t size) { process.read(address, out, size); });
     if (!image) return false;
     module.load_bias = module.base - image->first_load_vaddr;
+    module.load_end = module.load_bias + image->load_end_vaddr;
     module.code_segments = image->code_segments;
     module.build_id = image->build_id;
     return true;
+}
+
+// The module's extent and executable extent from the mappings of its load
+// image alone: a program may map its own file again elsewhere (node: V8
+// remaps its embedded builtins next to its code range, terabytes away),
+// which is no place of the module's sites nor a measure of their reach.
+void measure_extent(RunningModule& module, const std::vector<Mapping>& maps) {
+    module.low = module.base;
+    module.high = module.base;
+    module.text_low = module.text_high = 0;
+    for (const auto& m : maps) {
+        if (m.path != module.path || m.start < module.base || m.start >= module.load_end) continue;
+        module.high = std::max(module.high, m.end);
+        if (m.executable()) {
+            if (module.text_low == 0 || m.start < module.text_low) module.text_low = m.start;
+            module.text_high = std::max(module.text_high, m.end);
+        }
+    }
 }
 
 }  // namespace
@@ -42,9 +61,11 @@ std::vector<RunningModule> running_modules(const ProcessMemory& process, const s
         }
     }
     std::vector<RunningModule> modules;
-    for (auto& [path, module] : by_path)
-        if (module.base != 0 && module.text_low != 0 && inspect_image(process, module))
-            modules.push_back(std::move(module));
+    for (auto& [path, module] : by_path) {
+        if (module.base == 0 || module.text_low == 0 || !inspect_image(process, module)) continue;
+        measure_extent(module, maps);
+        if (module.text_low != 0) modules.push_back(std::move(module));
+    }
     return modules;
 }
 

@@ -16,8 +16,9 @@ struct RunningModule {
     std::string path;
     std::uint64_t base = 0;       // start of the mapping at file offset 0
     std::uint64_t load_bias = 0;  // runtime address - link-time vaddr
-    std::uint64_t low = 0, high = 0;  // extent of all its mappings
-    std::uint64_t text_low = 0, text_high = 0;  // executable mappings
+    std::uint64_t load_end = 0;   // runtime end of its last PT_LOAD segment
+    std::uint64_t low = 0, high = 0;  // extent of its load image's mappings
+    std::uint64_t text_low = 0, text_high = 0;  // its load image's executable mappings
     std::vector<std::uint8_t> build_id;
     // Link-time [start, end) of its executable PT_LOAD segments: where probe sites may lie.
     std::vector<std::pair<std::uint64_t, std::uint64_t>> code_segments;

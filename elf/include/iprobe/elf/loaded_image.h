@@ -15,6 +15,7 @@ namespace iprobe::elf {
 
 struct LoadedImage {
     std::uint64_t first_load_vaddr = 0;  // page-aligned: mapping base - load bias
+    std::uint64_t load_end_vaddr = 0;    // end of the last PT_LOAD segment (p_vaddr + p_memsz)
     // Link-time [start, end) of the executable PT_LOAD segments.
     std::vector<std::pair<std::uint64_t, std::uint64_t>> code_segments;
     std::vector<std::uint8_t> build_id;  // empty when the image has none
