@@ -60,6 +60,33 @@ std::vector<ProbeSelection> select_probes(const std::vector<std::string>& source
 
 namespace {
 
+// V8 (node, and every program that embeds it) finds the code of each exit
+// frame on its stack from the return address of the C++ function its
+// builtins called (a runtime function, a C++ builtin, an API callback), and
+// the frames of its builtins from theirs: a return hooked there is an
+// address in no code object, and V8 aborts ("Check failed:
+// maybe_code.has_value()") at its next garbage collection or stack trace.
+bool holds_v8(const probelist::ProbeList& list) {
+    return std::any_of(list.probes.begin(), list.probes.end(),
+                       [](const probelist::Probe& p) { return p.demangled.starts_with("v8::internal::"); });
+}
+
+bool called_by_v8_builtins(const std::string& function) {
+    for (const char* prefix : {"Builtins_", "v8::internal::Runtime_", "v8::internal::Builtin_"})
+        if (function.starts_with(prefix)) return true;
+    for (const char* part : {"::Builtin_Impl_", "FunctionCallbackInfo<", "PropertyCallbackInfo<"})
+        if (function.find(part) != std::string::npos) return true;
+    return false;
+}
+
+// Leaves off the selected exits whose return V8 reads; how many.
+std::size_t leave_off_exits_v8_reads(SelectedList& s) {
+    if (!holds_v8(s.list)) return 0;
+    return std::erase_if(s.selected, [&](const probelist::Probe* p) {
+        return p->kind == probelist::ProbeKind::exit && called_by_v8_builtins(p->demangled);
+    });
+}
+
 // A caller's selections as attach's lists (the lists copied, not reloaded).
 // `entries_only` (leaves_exits_off): the count handler leaves the exits of
 // the selected functions off, as for a selector's match, unless the
@@ -84,6 +111,7 @@ std::vector<SelectedList> given_lists(const std::vector<ProbeSelection>& selecti
     });
     for (SelectedList& s : lists) {
         if (entries_only && !exits_alone) s.exits_left_off = std::erase_if(s.selected, is_exit);
+        s.exits_v8_reads = leave_off_exits_v8_reads(s);
         selected += s.selected.size();
     }
     if (selected == 0) throw Error("no probe selected", ExitCode::not_found);
@@ -143,6 +171,7 @@ std::vector<SelectedList> load_lists(const AttachOptions& options) {
             s.exits_left_off = std::erase_if(s.selected, [](const probelist::Probe* p) {
                 return p->kind == probelist::ProbeKind::exit;
             });
+        s.exits_v8_reads = leave_off_exits_v8_reads(s);
         selected += s.selected.size();
         for (const probelist::RefusedFunction& f : s.list.refused) {
             probelist::Probe as_probe;

@@ -1,7 +1,8 @@
 // Probes on code as Debian ships it, not rebuilt: the redis-server package
 // (stripped: its functions come from .dynsym, which redis exports for its
 // modules), PowerDNS's pdns_server (C++, its functions exported for its
-// backends), and zlib and libstdc++ called by a program built with plain g++.
+// backends), node (V8, which reads its frames' return addresses), and zlib
+// and libstdc++ called by a program built with plain g++.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -9,7 +10,9 @@
 #include <sys/time.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <fstream>
+#include <iterator>
 #include <thread>
 
 #include <filesystem>
@@ -201,6 +204,121 @@ TEST(PackagedCxxProgram, PowerDnsServesEveryQueryCountedExactlyThenCodeAsInTheFi
     EXPECT_EQ(text_of(pdns.pid(), "/pdns_server"), code) << "detach must leave pdns_server's code as in the file";
     EXPECT_EQ(wrong_dns_answers(port, 10), 0);
     pdns.kill(SIGTERM);
+}
+
+constexpr const char* kNode = "/usr/bin/node";  // scripts/setup installs the nodejs package
+
+// Where V8 is: in the executable (a static build) or in libnode (Debian's).
+std::vector<std::string> node_module_options() {
+    const auto in_executable = iprobe({"list", kNode, "--functions", "v8::internal::Runtime_*", "--count"});
+    if (in_executable.exit_code == 0 && std::stoul(in_executable.out) > 0) return {};
+    return {"--module", "libnode"};
+}
+
+// A report's functions that V8's runtime functions are (their exits must be
+// off: none may show completed calls) and those whose calls completed.
+struct NodeReport {
+    std::size_t runtime_functions = 0, completed_functions = 0;
+};
+NodeReport check_node_report(const json& report) {
+    EXPECT_EQ(report["lost"], 0);
+    NodeReport r;
+    for (const auto& f : report["functions"]) {
+        const std::string name = f["name"];
+        if (name.starts_with("v8::internal::Runtime_")) {
+            ++r.runtime_functions;
+            EXPECT_FALSE(f.contains("completed")) << name << ": its exit must be left off";
+        } else if (f.contains("completed") && f["completed"].get<long long>() > 0) {
+            ++r.completed_functions;
+        }
+    }
+    EXPECT_GT(r.runtime_functions, 0u) << "the script calls V8's runtime functions";
+    EXPECT_GT(r.completed_functions, 1000u) << "every other function's exits are on";
+    return r;
+}
+
+// node, every function probed from its symbols and every return hooked.
+// V8 finds the code of each exit frame on its stack from the return address
+// of the C++ function its builtins called (a runtime function, a C++
+// builtin, an API callback), and the frames of its builtins from theirs:
+// with those returns hooked, node aborted at its first garbage collection
+// ("Check failed: maybe_code.has_value()").  Those exits are left off; the
+// script's output is the same as without probes, and every other function's
+// calls complete.
+TEST(PackagedNode, EveryReturnHookedButThoseV8ReadsAndTheScriptRunsAsWithout) {
+    ASSERT_TRUE(std::filesystem::exists(kNode)) << "scripts/setup installs the nodejs package";
+    const std::vector<std::string> where = node_module_options();
+    // Exceptions with their stack, garbage enough for scavenges (each walks
+    // the stack's exit frames), an API callback (readdirSync).
+    const std::string script =
+        "function f(n) { if (n == 0) throw new Error('deep'); return f(n - 1); }\n"
+        "let caught = 0; for (let i = 0; i < 2000; i++) { try { f(30) } catch (e) { caught += e.stack.split('\\n').length > 1 } }\n"
+        "const a = []; for (let i = 0; i < 300000; i++) a.push({i, s: 'k' + i});\n"
+        "const listed = require('fs').readdirSync('/').length > 0;\n"
+        "console.log(caught, a.length, JSON.parse(JSON.stringify(a.slice(0, 1000))).length, listed);\n";
+    const auto plain = run({kNode, "-e", script});
+    ASSERT_EQ(plain.exit_code, 0) << plain.err;
+    ASSERT_EQ(plain.out, "2000 300000 1000 true\n");
+
+    for (const std::vector<std::string>& handler : {std::vector<std::string>{"count", "--completed"}, {"trace"}}) {
+        SCOPED_TRACE(handler.front());
+        std::vector<std::string> args{"run", "--json", "--handler"};
+        args.insert(args.end(), handler.begin(), handler.end());
+        args.insert(args.end(), where.begin(), where.end());
+        args.insert(args.end(), {"--", kNode, "-e", script});
+        const auto r = iprobe(args, std::chrono::seconds(600));
+        ASSERT_EQ(r.exit_code, 0) << r.err.substr(0, 2000);
+        EXPECT_EQ(r.out, plain.out);
+        check_node_report(json::parse(r.err.substr(r.err.rfind("\n{\"pid\"") + 1)));
+    }
+}
+
+std::size_t lines_in(const std::string& path) {
+    std::ifstream in(path);
+    return static_cast<std::size_t>(std::count(std::istreambuf_iterator<char>(in), {}, '\n'));
+}
+
+// The same, attached to a node that is already running (and has its heap,
+// its threads and V8's second mapping of its own file, its embedded builtins
+// remapped terabytes away, which made the module's reach the whole address
+// space: no stub could be placed), then detached, node working throughout.
+TEST(PackagedNode, AttachedWhileItRunsThenDetachedAndItGoesOn) {
+    ASSERT_TRUE(std::filesystem::exists(kNode)) << "scripts/setup installs the nodejs package";
+    const std::vector<std::string> where = node_module_options();
+    TempDir tmp;
+    const std::string out = tmp.path() + "/ticks";
+    Child node({kNode, "-e",
+                "let a = [], n = 0;\n"
+                "setInterval(() => {\n"
+                "  for (let i = 0; i < 20000; i++) a.push({i, s: 'k' + i}); if (a.length > 200000) a = [];\n"
+                "  try { JSON.parse('{') } catch (e) { e.stack }\n"
+                "  require('fs').readdirSync('/');\n"
+                "  if (++n % 10 == 0) console.log(n);\n"
+                "}, 5);\n"},
+               out);
+    for (int i = 0; i < 200 && lines_in(out) == 0; i++) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    ASSERT_GT(lines_in(out), 0u) << "node did not start";
+    const std::string pid = std::to_string(node.pid());
+
+    std::vector<std::string> attach{"attach", pid, "--handler", "trace", "--json"};
+    attach.insert(attach.end(), where.begin(), where.end());
+    auto r = iprobe(attach, std::chrono::seconds(600));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_GT(json::parse(r.out)["exits_v8_reads"].get<std::size_t>(), 0u) << r.out;
+    const std::size_t before = lines_in(out);
+    std::this_thread::sleep_for(std::chrono::seconds(2));
+    ASSERT_TRUE(node.running()) << "node died with its probes on";
+    EXPECT_GT(lines_in(out), before) << "node stopped working with its probes on";
+    r = iprobe({"report", pid, "--json"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    check_node_report(json::parse(r.out));
+
+    r = iprobe({"detach", pid});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const std::size_t detached = lines_in(out);
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    ASSERT_TRUE(node.running()) << "node died at the detach";
+    EXPECT_GT(lines_in(out), detached);
 }
 
 }  // namespace
