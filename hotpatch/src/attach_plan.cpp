@@ -60,31 +60,55 @@ std::vector<ProbeSelection> select_probes(const std::vector<std::string>& source
 
 namespace {
 
-// V8 (node, and every program that embeds it) finds the code of each exit
-// frame on its stack from the return address of the C++ function its
-// builtins called (a runtime function, a C++ builtin, an API callback), and
-// the frames of its builtins from theirs: a return hooked there is an
-// address in no code object, and V8 aborts ("Check failed:
-// maybe_code.has_value()") at its next garbage collection or stack trace.
-bool holds_v8(const probelist::ProbeList& list) {
-    return std::any_of(list.probes.begin(), list.probes.end(),
-                       [](const probelist::Probe& p) { return p.demangled.starts_with("v8::internal::"); });
-}
+// Runtimes that walk their own stack through the return addresses of the
+// C++ functions their generated code called: a return hooked there is an
+// address in none of their code, and they die at their next garbage
+// collection or stack trace.
+//  - V8 (node, and every program that embeds it) finds the code of each
+//    exit frame from the return address of the function its builtins
+//    called (a runtime function, a C++ builtin, an API callback), and its
+//    builtins' frames from theirs ("Check failed: maybe_code.has_value()").
+//  - HotSpot (libjvm) takes a thread's last Java frame from the return
+//    address of the VM function its interpreter or compiled code called
+//    (SIGSEGV in frame::sender).
+struct FrameWalkingRuntime {
+    std::string_view marker;  // a function of this prefix says the list holds the runtime
+    std::initializer_list<std::string_view> prefixes, parts;  // the functions its code calls
+};
+constexpr std::initializer_list<std::string_view> kNone = {};
+const FrameWalkingRuntime kFrameWalkingRuntimes[] = {
+    {"v8::internal::",
+     {"Builtins_", "v8::internal::Runtime_", "v8::internal::Builtin_"},
+     {"::Builtin_Impl_", "FunctionCallbackInfo<", "PropertyCallbackInfo<"}},
+    {"InterpreterRuntime::",
+     {"InterpreterRuntime::", "SharedRuntime::", "OptoRuntime::", "Runtime1::", "Deoptimization::",
+      "JVMCIRuntime::", "SafepointSynchronize::", "StubRoutines::", "ZBarrierSetRuntime::", "ShenandoahRuntime::",
+      "G1BarrierSetRuntime::", "BarrierSetNMethod::", "JavaThread::check_special_condition_for_native_trans",
+      "Continuation"},
+     kNone},
+};
 
-bool called_by_v8_builtins(const std::string& function) {
-    for (const char* prefix : {"Builtins_", "v8::internal::Runtime_", "v8::internal::Builtin_"})
+bool called_by_generated_code(const FrameWalkingRuntime& runtime, const std::string& function) {
+    for (std::string_view prefix : runtime.prefixes)
         if (function.starts_with(prefix)) return true;
-    for (const char* part : {"::Builtin_Impl_", "FunctionCallbackInfo<", "PropertyCallbackInfo<"})
+    for (std::string_view part : runtime.parts)
         if (function.find(part) != std::string::npos) return true;
     return false;
 }
 
-// Leaves off the selected exits whose return V8 reads; how many.
-std::size_t leave_off_exits_v8_reads(SelectedList& s) {
-    if (!holds_v8(s.list)) return 0;
-    return std::erase_if(s.selected, [&](const probelist::Probe* p) {
-        return p->kind == probelist::ProbeKind::exit && called_by_v8_builtins(p->demangled);
-    });
+// Leaves off the selected exits whose return such a runtime reads; how many.
+std::size_t leave_off_exits_runtimes_read(SelectedList& s) {
+    std::size_t left_off = 0;
+    for (const FrameWalkingRuntime& runtime : kFrameWalkingRuntimes) {
+        const bool holds = std::any_of(s.list.probes.begin(), s.list.probes.end(), [&](const probelist::Probe& p) {
+            return p.demangled.starts_with(runtime.marker);
+        });
+        if (!holds) continue;
+        left_off += std::erase_if(s.selected, [&](const probelist::Probe* p) {
+            return p->kind == probelist::ProbeKind::exit && called_by_generated_code(runtime, p->demangled);
+        });
+    }
+    return left_off;
 }
 
 // A caller's selections as attach's lists (the lists copied, not reloaded).
@@ -111,7 +135,7 @@ std::vector<SelectedList> given_lists(const std::vector<ProbeSelection>& selecti
     });
     for (SelectedList& s : lists) {
         if (entries_only && !exits_alone) s.exits_left_off = std::erase_if(s.selected, is_exit);
-        s.exits_v8_reads = leave_off_exits_v8_reads(s);
+        s.exits_runtime_reads = leave_off_exits_runtimes_read(s);
         selected += s.selected.size();
     }
     if (selected == 0) throw Error("no probe selected", ExitCode::not_found);
@@ -158,8 +182,23 @@ std::vector<SelectedList> load_lists(const AttachOptions& options) {
     std::size_t total = 0, selected = 0;
     for (const auto& source : sources) {
         SelectedList s{source, load_executable_or_source(options.pid, source, executable), {}, {}};
-        if (s.list.probes.empty())
-            throw Error(source + ": the probe list is empty; was the binary built with iprobe-cc?", ExitCode::bad_input);
+        if (s.list.probes.empty()) {
+            const std::string named = executable.empty() ? source : executable;
+            if (!s.list.refused.empty()) {
+                // the most common reason, with its first function
+                std::map<std::string, std::size_t> by_reason;
+                for (const auto& f : s.list.refused) ++by_reason[f.reason];
+                const auto most = std::max_element(by_reason.begin(), by_reason.end(),
+                                                   [](auto& a, auto& b) { return a.second < b.second; });
+                const auto f = std::find_if(s.list.refused.begin(), s.list.refused.end(),
+                                            [&](const auto& r) { return r.reason == most->first; });
+                throw Error(named + ": none of its " + std::to_string(s.list.refused.size()) +
+                                " functions can be probed (" + std::to_string(most->second) + " " + f->reason +
+                                ": " + f->detail + "); 'iprobe list FILE --refused' says why for each",
+                            ExitCode::bad_input);
+            }
+            throw Error(named + ": the probe list is empty; was the binary built with iprobe-cc?", ExitCode::bad_input);
+        }
         total += s.list.probes.size();
         lists.push_back(std::move(s));
     }
@@ -171,7 +210,7 @@ std::vector<SelectedList> load_lists(const AttachOptions& options) {
             s.exits_left_off = std::erase_if(s.selected, [](const probelist::Probe* p) {
                 return p->kind == probelist::ProbeKind::exit;
             });
-        s.exits_v8_reads = leave_off_exits_v8_reads(s);
+        s.exits_runtime_reads = leave_off_exits_runtimes_read(s);
         selected += s.selected.size();
         for (const probelist::RefusedFunction& f : s.list.refused) {
             probelist::Probe as_probe;

@@ -19,11 +19,11 @@ std::string attach_summary(const AttachStats& st, std::optional<pid_t> pid) {
     if (st.exits_left_off)
         out += "; " + std::to_string(st.exits_left_off) +
                " exit probes left off (the count handler counts calls from entries; --completed counts completed calls too)";
-    if (st.exits_v8_reads)
-        out += "\n" + std::to_string(st.exits_v8_reads) +
-               " exit probes left off: V8 reads the return address of a function its builtins call (a runtime "
-               "function, a C++ builtin, an API callback), and a hooked one would abort it; those calls are counted "
-               "and traced from their entries";
+    if (st.exits_runtime_reads)
+        out += "\n" + std::to_string(st.exits_runtime_reads) +
+               " exit probes left off: the runtime in it (V8, HotSpot) reads the return address of a function its "
+               "generated code calls, and a hooked one would kill it; those calls are counted and traced from their "
+               "entries";
     if (st.refused)
         out += "\n" + std::to_string(st.refused) + " matching function(s) cannot be probed (" + st.refused_example +
                (st.refused > 1 ? ", ..." : "") + "): see 'iprobe list FILE --refused'";

@@ -646,7 +646,7 @@ AttachStats attach(const AttachOptions& options) {
         stats.threads = process.threads().size();
         for (const auto& s : lists) {
             stats.exits_left_off += s.exits_left_off;
-            stats.exits_v8_reads += s.exits_v8_reads;
+            stats.exits_runtime_reads += s.exits_runtime_reads;
             stats.refused += s.refused.size();
             if (stats.refused_example.empty() && !s.refused.empty())
                 stats.refused_example = s.refused.front()->demangled + ": " + s.refused.front()->reason;

@@ -67,6 +67,45 @@ std::optional<std::string> entered_without_return_address(const elf::ElfFile& el
     return std::nullopt;
 }
 
+// A Go program or library (the Go linker's function table is there):
+// goroutines run on stacks of a few KiB that the runtime checks in each
+// function's prologue, grows by moving them, and scans by return address
+// (garbage collection, panics, tracebacks).  A probe's handler runs on that
+// stack before the check, and a hooked return is a PC the runtime knows no
+// function of ("fatal error: unknown pc"): Go's functions are refused.  The
+// C that cgo links beside them runs on threads' own stacks and is probed.
+class GoCode {
+public:
+    explicit GoCode(const elf::ElfFile& elf) : go_(elf.section(".gopclntab") != nullptr) {
+        if (!go_) return;
+        // The Go linker brackets Go's code (its assembly included) with these.
+        for (const elf::ElfSymbol& s : elf.symbols()) {
+            if (s.name == "runtime.text") low_ = s.address;
+            if (s.name == "runtime.etext") high_ = s.address;
+        }
+    }
+    bool holds(const elf::ElfSymbol& f) const {
+        if (!go_) return false;
+        if (low_ && high_ > low_) return f.address >= low_ && f.address < high_;
+        return named_by_package(f.name);
+    }
+
+private:
+    // Without the brackets: Go names its functions by package (main.main,
+    // net/http.(*Server).Serve, type:.eq.T); C's have no dot but gcc's
+    // clone suffixes (foo.isra.0, foo.part.1, foo.constprop.0, foo.cold).
+    static bool named_by_package(const std::string& name) {
+        if (name.find(':') != std::string::npos) return true;
+        const auto dot = name.find('.');
+        if (dot == std::string::npos) return false;
+        for (std::string_view clone : {"isra.", "part.", "constprop.", "cold", "lto_priv.", "localalias"})
+            if (std::string_view(name).substr(dot + 1).starts_with(clone)) return false;
+        return true;
+    }
+    bool go_;
+    std::uint64_t low_ = 0, high_ = 0;
+};
+
 }  // namespace
 
 std::set<std::uint64_t> marked_unpadded(const elf::ElfFile& elf) {
@@ -103,6 +142,7 @@ RelocatedEntries relocated_entries(const elf::ElfFile& elf, const std::set<std::
     const std::vector<relocate::EntryPlan> plans = relocate::plan_entries(code, ranges, read);
 
     const elf::SourceLines lines(elf);
+    const GoCode go(elf);
     // Every function is planned (each is a place branches come from), those
     // not in `only` are left out here.
     for (std::size_t i = 0; i < functions.size(); i++) {
@@ -112,6 +152,11 @@ RelocatedEntries relocated_entries(const elf::ElfFile& elf, const std::set<std::
         if (is_cold_part(f.name)) {
             out.refused.push_back({f.name, elf::demangle(f.name), f.address, f.size, "cold part",
                                    "code gcc split off its function, entered by a jump: no call to count"});
+            continue;
+        }
+        if (go.holds(f)) {
+            out.refused.push_back({f.name, elf::demangle(f.name), f.address, f.size, "go function",
+                                   "goroutine stacks are small, moved and scanned by return address"});
             continue;
         }
         if (auto why = entered_without_return_address(elf, f)) {

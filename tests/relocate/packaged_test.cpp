@@ -1,8 +1,10 @@
 // Probes on code as Debian ships it, not rebuilt: the redis-server package
 // (stripped: its functions come from .dynsym, which redis exports for its
 // modules), PowerDNS's pdns_server (C++, its functions exported for its
-// backends), node (V8, which reads its frames' return addresses), and zlib
-// and libstdc++ called by a program built with plain g++.
+// backends), node and a JVM (V8 and HotSpot read their frames' return
+// addresses), a cgo
+// program built by Debian's Go, and zlib and libstdc++ called by a program
+// built with plain g++.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -12,6 +14,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <map>
 #include <iterator>
 #include <thread>
 
@@ -215,26 +218,57 @@ std::vector<std::string> node_module_options() {
     return {"--module", "libnode"};
 }
 
-// A report's functions that V8's runtime functions are (their exits must be
-// off: none may show completed calls) and those whose calls completed.
-struct NodeReport {
-    std::size_t runtime_functions = 0, completed_functions = 0;
-};
-NodeReport check_node_report(const json& report) {
+// A report of a runtime that walks its frames (attach_plan.cpp): functions
+// named `walked` (called by its generated code) show no completed calls,
+// their exits being off, and a thousand others completed calls.
+void check_walked_exits_off(const json& report, const std::string& walked) {
     EXPECT_EQ(report["lost"], 0);
-    NodeReport r;
+    std::size_t walked_functions = 0, completed_functions = 0;
     for (const auto& f : report["functions"]) {
         const std::string name = f["name"];
-        if (name.starts_with("v8::internal::Runtime_")) {
-            ++r.runtime_functions;
+        if (name.starts_with(walked)) {
+            ++walked_functions;
             EXPECT_FALSE(f.contains("completed")) << name << ": its exit must be left off";
         } else if (f.contains("completed") && f["completed"].get<long long>() > 0) {
-            ++r.completed_functions;
+            ++completed_functions;
         }
     }
-    EXPECT_GT(r.runtime_functions, 0u) << "the script calls V8's runtime functions";
-    EXPECT_GT(r.completed_functions, 1000u) << "every other function's exits are on";
-    return r;
+    EXPECT_GT(walked_functions, 0u) << "the program calls " << walked << "*";
+    EXPECT_GT(completed_functions, 1000u) << "every other function's exits are on";
+}
+
+std::size_t lines_in(const std::string& path) {
+    std::ifstream in(path);
+    return static_cast<std::size_t>(std::count(std::istreambuf_iterator<char>(in), {}, '\n'));
+}
+
+// Attaches the trace handler (every function of `where`) to `program`,
+// which writes a line to `out` now and then, lets it work, checks the
+// report, detaches: the program works throughout.
+void trace_while_it_runs(Child& program, const std::string& out, const std::vector<std::string>& where,
+                         const std::string& walked) {
+    for (int i = 0; i < 400 && lines_in(out) == 0; i++) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    ASSERT_GT(lines_in(out), 0u) << "the program did not start";
+    const std::string pid = std::to_string(program.pid());
+    std::vector<std::string> attach{"attach", pid, "--handler", "trace", "--json"};
+    attach.insert(attach.end(), where.begin(), where.end());
+    auto r = iprobe(attach, std::chrono::seconds(600));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_GT(json::parse(r.out)["exits_runtime_reads"].get<std::size_t>(), 0u) << r.out;
+    const std::size_t before = lines_in(out);
+    std::this_thread::sleep_for(std::chrono::seconds(3));
+    ASSERT_TRUE(program.running()) << "the program died with its probes on";
+    EXPECT_GT(lines_in(out), before) << "the program stopped working with its probes on";
+    r = iprobe({"report", pid, "--json"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    check_walked_exits_off(json::parse(r.out), walked);
+
+    r = iprobe({"detach", pid});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const std::size_t detached = lines_in(out);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1000));
+    ASSERT_TRUE(program.running()) << "the program died at the detach";
+    EXPECT_GT(lines_in(out), detached);
 }
 
 // node, every function probed from its symbols and every return hooked.
@@ -269,19 +303,10 @@ TEST(PackagedNode, EveryReturnHookedButThoseV8ReadsAndTheScriptRunsAsWithout) {
         const auto r = iprobe(args, std::chrono::seconds(600));
         ASSERT_EQ(r.exit_code, 0) << r.err.substr(0, 2000);
         EXPECT_EQ(r.out, plain.out);
-        check_node_report(json::parse(r.err.substr(r.err.rfind("\n{\"pid\"") + 1)));
+        check_walked_exits_off(json::parse(r.err.substr(r.err.rfind("\n{\"pid\"") + 1)), "v8::internal::Runtime_");
     }
 }
 
-std::size_t lines_in(const std::string& path) {
-    std::ifstream in(path);
-    return static_cast<std::size_t>(std::count(std::istreambuf_iterator<char>(in), {}, '\n'));
-}
-
-// The same, attached to a node that is already running (and has its heap,
-// its threads and V8's second mapping of its own file, its embedded builtins
-// remapped terabytes away, which made the module's reach the whole address
-// space: no stub could be placed), then detached, node working throughout.
 TEST(PackagedNode, AttachedWhileItRunsThenDetachedAndItGoesOn) {
     ASSERT_TRUE(std::filesystem::exists(kNode)) << "scripts/setup installs the nodejs package";
     const std::vector<std::string> where = node_module_options();
@@ -296,29 +321,134 @@ TEST(PackagedNode, AttachedWhileItRunsThenDetachedAndItGoesOn) {
                 "  if (++n % 10 == 0) console.log(n);\n"
                 "}, 5);\n"},
                out);
-    for (int i = 0; i < 200 && lines_in(out) == 0; i++) std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    ASSERT_GT(lines_in(out), 0u) << "node did not start";
-    const std::string pid = std::to_string(node.pid());
+    trace_while_it_runs(node, out, where, "v8::internal::Runtime_");
+}
 
-    std::vector<std::string> attach{"attach", pid, "--handler", "trace", "--json"};
-    attach.insert(attach.end(), where.begin(), where.end());
-    auto r = iprobe(attach, std::chrono::seconds(600));
-    ASSERT_EQ(r.exit_code, 0) << r.err;
-    EXPECT_GT(json::parse(r.out)["exits_v8_reads"].get<std::size_t>(), 0u) << r.out;
-    const std::size_t before = lines_in(out);
-    std::this_thread::sleep_for(std::chrono::seconds(2));
-    ASSERT_TRUE(node.running()) << "node died with its probes on";
-    EXPECT_GT(lines_in(out), before) << "node stopped working with its probes on";
-    r = iprobe({"report", pid, "--json"});
-    ASSERT_EQ(r.exit_code, 0) << r.err;
-    check_node_report(json::parse(r.out));
+// A JVM (Debian's OpenJDK) attached while it runs: every function of
+// libjvm traced, through its interpreter and compilers, exceptions, garbage
+// collections and threads.  HotSpot takes a thread's last Java frame from
+// the return address of the VM function its generated code called: with
+// those returns hooked it died of SIGSEGV in frame::sender.
+TEST(PackagedJava, AttachedWhileItRunsThenDetachedAndItGoesOn) {
+    TempDir tmp;
+    std::ofstream(tmp.path() + "/Busy.java") << R"(public class Busy {
+  static int f(int n) { if (n == 0) throw new RuntimeException("deep"); return f(n - 1); }
+  public static void main(String[] a) throws Exception {
+    for (long round = 1;; round++) {
+      int caught = 0;
+      for (int i = 0; i < 200; i++) { try { f(30); } catch (RuntimeException e) { caught += e.getStackTrace().length > 1 ? 1 : 0; } }
+      java.util.List<Object> l = new java.util.ArrayList<>();
+      for (int i = 0; i < 200000; i++) { l.add(new int[]{i}); if (l.size() > 50000) l.clear(); }
+      Thread t = new Thread(() -> { for (int i = 0; i < 10000; i++) Integer.toString(i).hashCode(); });
+      t.start(); t.join();
+      if (round % 10 == 0) System.out.println("round " + round + " caught " + caught);
+      Thread.sleep(5);
+    }
+  }
+}
+)";
+    const auto built = run({"javac", "-d", tmp.path(), tmp.path() + "/Busy.java"}, {}, std::chrono::seconds(300));
+    ASSERT_EQ(built.exit_code, 0) << "scripts/setup installs openjdk-17-jdk-headless: " << built.err;
+    const std::string out = tmp.path() + "/rounds";
+    // a crash's hs_err file in tmp, not in the test's working directory
+    Child java({"java", "-XX:ErrorFile=" + tmp.path() + "/hs_err_%p.log", "-cp", tmp.path(), "Busy"}, out);
+    trace_while_it_runs(java, out, {"--module", "libjvm.so"}, "InterpreterRuntime::");
+}
 
-    r = iprobe({"detach", pid});
-    ASSERT_EQ(r.exit_code, 0) << r.err;
-    const std::size_t detached = lines_in(out);
-    std::this_thread::sleep_for(std::chrono::milliseconds(500));
-    ASSERT_TRUE(node.running()) << "node died at the detach";
-    EXPECT_GT(lines_in(out), detached);
+// A Go program that links C (cgo), as Debian's Go builds it, unstripped:
+// goroutines run on small stacks that the Go runtime grows by moving them
+// and scans by return address, so probes on Go's functions killed it
+// ("fatal error: unknown pc" with exits hooked, a fault even with entries
+// only).  Go's functions are refused ("go function"); the C beside them is
+// probed, and the program runs as without probes.
+TEST(PackagedGo, ACgoProgramRunsWithItsCProbedAndItsGoRefused) {
+    TempDir tmp;
+    {
+        std::ofstream(tmp.path() + "/go.mod") << "module gop\ngo 1.19\n";
+        std::ofstream(tmp.path() + "/main.go") << R"(package main
+
+import "C"
+
+import (
+	"fmt"
+	"sort"
+	"strings"
+	"sync"
+)
+
+//go:noinline
+func fib(n int) int {
+	if n < 2 {
+		return n
+	}
+	return fib(n-1) + fib(n-2)
+}
+
+//go:noinline
+func deep(n int) int { // grows the goroutine's stack: the runtime moves it
+	var buf [256]byte
+	buf[n%256] = byte(n)
+	if n == 0 {
+		return int(buf[0])
+	}
+	return deep(n-1) + int(buf[n%256])
+}
+
+func main() {
+	var wg sync.WaitGroup
+	sums := make([]int, 4)
+	for g := 0; g < 4; g++ {
+		wg.Add(1)
+		go func(g int) {
+			defer wg.Done()
+			s := []string{}
+			for i := 0; i < 20000; i++ {
+				s = append(s, strings.Repeat("x", i%7))
+			}
+			sort.Strings(s)
+			sums[g] = fib(22) + deep(2000) + len(s)
+		}(g)
+	}
+	wg.Wait()
+	fmt.Println(sums)
+}
+)";
+    }
+    const std::string program = tmp.path() + "/gop";
+    const auto built = sh("cd " + tmp.path() + " && GOCACHE=" + tmp.path() + "/cache GOPATH=" + tmp.path() +
+                              "/gopath GOFLAGS=-mod=mod GOTOOLCHAIN=local CGO_ENABLED=1 go build -o gop . 2>&1",
+                          std::chrono::seconds(600));
+    ASSERT_EQ(built.exit_code, 0) << "scripts/setup installs golang-go: " << built.out;
+    const auto plain = run({program});
+    ASSERT_EQ(plain.exit_code, 0) << plain.err;
+    ASSERT_EQ(plain.out, "[287927 287927 287927 287927]\n");
+
+    const auto listed = iprobe({"list", program, "--refused", "--json"});
+    ASSERT_EQ(listed.exit_code, 0) << listed.err;
+    const json list = json::parse(listed.out);
+    std::map<std::string, std::string> refused;
+    for (const auto& f : list["refused"]) refused[f["function"]] = f["reason"];
+    for (const char* go : {"main.fib", "main.deep", "main.main", "runtime.mallocgc"})
+        EXPECT_EQ(refused[go], "go function") << go;
+    std::size_t c_probes = 0;
+    for (const auto& p : list["probes"]) {
+        if (p["kind"] != "entry") continue;
+        ++c_probes;
+        EXPECT_EQ(p["function"].get<std::string>().find('.'), std::string::npos) << p["function"] << " is Go's";
+    }
+    EXPECT_GT(c_probes, 0u) << "cgo's C is probed";
+
+    for (const std::vector<std::string>& handler :
+         {std::vector<std::string>{"count"}, {"count", "--completed"}, {"trace"}}) {
+        SCOPED_TRACE(handler.back());
+        std::vector<std::string> args{"run", "--json", "--handler"};
+        args.insert(args.end(), handler.begin(), handler.end());
+        args.insert(args.end(), {"--", program});
+        const auto r = iprobe(args, std::chrono::seconds(120));
+        EXPECT_EQ(r.exit_code, 0) << r.err.substr(0, 2000);
+        EXPECT_EQ(r.out, plain.out);
+        EXPECT_EQ(json_calls(r.err, "main.fib"), -1) << "Go's functions are not probed";
+    }
 }
 
 }  // namespace

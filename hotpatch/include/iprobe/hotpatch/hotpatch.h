@@ -141,10 +141,11 @@ struct AttachStats {
     // Exit probes the selector matched that the count handler leaves off
     // (AttachOptions::count_exits).
     std::size_t exits_left_off = 0;
-    // Exit probes the selector matched that are left off because V8 reads
-    // their function's return address (attach_plan.h, v8_reads_return):
+    // Exit probes the selector matched that are left off because the
+    // runtime in the module (V8, HotSpot) reads their function's return
+    // address walking its stack (attach_plan.cpp, kFrameWalkingRuntimes):
     // those calls are counted and traced from their entries.
-    std::size_t exits_v8_reads = 0;
+    std::size_t exits_runtime_reads = 0;
     // Selected functions left alone because `iprobe patch` replaced them
     // (their entry jumps to the replacement; see live_patch.h).
     std::vector<std::string> patched_skipped;
