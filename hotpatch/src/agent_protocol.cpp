@@ -33,6 +33,7 @@ void attach_fields(JsonWriter& j, const AttachStats& st) {
         .field("stop_us", st.stop_us)
         .field("runtime_injected", st.runtime_injected)
         .field("handler_injected", st.handler_injected)
+        .field("planned_while_running", st.planned_while_running)
         .field("refused", st.refused)
         .field("refused_example", st.refused_example)
         .field("exits_left_off", st.exits_left_off)
@@ -57,6 +58,7 @@ AttachStats attach_of(const Json& doc) {
     doc.at("stop_us").get_to(st.stop_us);
     doc.at("runtime_injected").get_to(st.runtime_injected);
     st.handler_injected = doc.value("handler_injected", false);
+    st.planned_while_running = doc.value("planned_while_running", false);
     st.refused = doc.value("refused", std::size_t{0});
     st.refused_example = doc.value("refused_example", std::string());
     st.exits_left_off = doc.value("exits_left_off", std::size_t{0});

@@ -528,10 +528,24 @@ AttachStats finish_attach(StoppedProcess& process, Region& region, const SitesPl
     return stats;
 }
 
+// What a plan made ahead depends on: the files mapped (the modules, the
+// runtime, the region).  Its stub areas are there already (plan_ahead needs
+// them) and only attach and detach map them, under the session lock.  A
+// program maps and unmaps anonymous memory all the time (node's V8 its heap
+// pages and JIT code, dozens of times a second): the plan stays good across
+// that, and comparing it made every attach to node plan again in its stop.
+bool plan_depends_on(const Mapping& m) { return !m.path.empty() && m.path[0] == '/'; }
+
 bool same_maps(const std::vector<Mapping>& a, const std::vector<Mapping>& b) {
-    return std::equal(a.begin(), a.end(), b.begin(), b.end(), [](const Mapping& x, const Mapping& y) {
-        return x.start == y.start && x.end == y.end && x.offset == y.offset && x.perms == y.perms && x.path == y.path;
-    });
+    auto x = a.begin(), y = b.begin();
+    for (;; ++x, ++y) {
+        x = std::find_if(x, a.end(), plan_depends_on);
+        y = std::find_if(y, b.end(), plan_depends_on);
+        if (x == a.end() || y == b.end()) return x == a.end() && y == b.end();
+        if (x->start != y->start || x->end != y->end || x->offset != y->offset || x->perms != y->perms ||
+            x->path != y->path)
+            return false;
+    }
 }
 
 struct PlannedAhead {
@@ -662,6 +676,7 @@ AttachStats attach(const AttachOptions& options) {
             for (const auto& [id, fc] : list) stats.when_undecidable += fc.undecidable;
         if (ahead && same_maps(read_maps(options.pid), ahead->maps)) {
             // Planned while the target ran; only the writes are left.
+            stats.planned_while_running = true;
             return finish_attach(process, ahead->region, ahead->plan, options.mode, settings_ahead, std::move(stats), started,
                                  [] {});
         }

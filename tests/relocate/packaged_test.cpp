@@ -269,6 +269,16 @@ void trace_while_it_runs(Child& program, const std::string& out, const std::vect
     std::this_thread::sleep_for(std::chrono::milliseconds(1000));
     ASSERT_TRUE(program.running()) << "the program died at the detach";
     EXPECT_GT(lines_in(out), detached);
+
+    // Attached again, the sites are planned while it runs, though its heap
+    // and JIT code are mapped and unmapped meanwhile (V8's, HotSpot's): a
+    // plan compared on every mapping was made again inside the stop.
+    r = iprobe(attach, std::chrono::seconds(600));
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_TRUE(json::parse(r.out)["planned_while_running"].get<bool>()) << r.out;
+    r = iprobe({"detach", pid});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    ASSERT_TRUE(program.running());
 }
 
 // node, every function probed from its symbols and every return hooked.

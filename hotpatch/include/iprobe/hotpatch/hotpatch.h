@@ -132,6 +132,10 @@ struct AttachStats {
     std::uint64_t stop_us = 0;       // of which: until every thread was stopped
     bool runtime_injected = false;
     bool handler_injected = false;
+    // The sites were planned while the target ran (the stop only checked and
+    // wrote); false when the stop planned them (a first attach, or the files
+    // mapped changed meanwhile).
+    bool planned_while_running = false;
     // Functions of a binary nobody prepared that the selector matched but
     // that have no probe ('iprobe list FILE --refused' says why), and the
     // first of them with its reason.
