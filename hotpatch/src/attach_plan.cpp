@@ -74,9 +74,8 @@ namespace {
 //    (SIGSEGV in frame::sender).
 struct FrameWalkingRuntime {
     std::string_view marker;  // a function of this prefix says the list holds the runtime
-    std::initializer_list<std::string_view> prefixes, parts;  // the functions its code calls
+    std::vector<std::string_view> prefixes, parts;  // the functions its code calls
 };
-constexpr std::initializer_list<std::string_view> kNone = {};
 const FrameWalkingRuntime kFrameWalkingRuntimes[] = {
     {"v8::internal::",
      {"Builtins_", "v8::internal::Runtime_", "v8::internal::Builtin_"},
@@ -86,7 +85,7 @@ const FrameWalkingRuntime kFrameWalkingRuntimes[] = {
       "JVMCIRuntime::", "SafepointSynchronize::", "StubRoutines::", "ZBarrierSetRuntime::", "ShenandoahRuntime::",
       "G1BarrierSetRuntime::", "BarrierSetNMethod::", "JavaThread::check_special_condition_for_native_trans",
       "Continuation"},
-     kNone},
+     {}},
 };
 
 bool called_by_generated_code(const FrameWalkingRuntime& runtime, const std::string& function) {

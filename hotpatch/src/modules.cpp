@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <cstring>
 #include <map>
+#include <set>
 
 #include "iprobe/elf/loaded_image.h"
 
@@ -28,9 +29,7 @@ bool inspect_image(const ProcessMemory& process, RunningModule& module) {
 // remaps its embedded builtins next to its code range, terabytes away),
 // which is no place of the module's sites nor a measure of their reach.
 void measure_extent(RunningModule& module, const std::vector<Mapping>& maps) {
-    module.low = module.base;
-    module.high = module.base;
-    module.text_low = module.text_high = 0;
+    module.low = module.high = module.base;
     for (const auto& m : maps) {
         if (m.path != module.path || m.start < module.base || m.start >= module.load_end) continue;
         module.high = std::max(module.high, m.end);
@@ -44,25 +43,20 @@ void measure_extent(RunningModule& module, const std::vector<Mapping>& maps) {
 }  // namespace
 
 std::vector<RunningModule> running_modules(const ProcessMemory& process, const std::vector<Mapping>& maps) {
+    // Each file mapped with code somewhere: its image's base (the mapping at
+    // offset 0); its extent is measured from that image once it is read.
     std::map<std::string, RunningModule> by_path;
+    std::set<std::string> with_code;
     for (const auto& m : maps) {
         if (m.path.empty() || m.path[0] != '/') continue;
         auto& module = by_path[m.path];
-        if (module.path.empty()) {
-            module.path = m.path;
-            module.low = m.start;
-        }
+        module.path = m.path;
         if (m.offset == 0 && module.base == 0) module.base = m.start;
-        module.low = std::min(module.low, m.start);
-        module.high = std::max(module.high, m.end);
-        if (m.executable()) {
-            if (module.text_low == 0 || m.start < module.text_low) module.text_low = m.start;
-            module.text_high = std::max(module.text_high, m.end);
-        }
+        if (m.executable()) with_code.insert(m.path);
     }
     std::vector<RunningModule> modules;
     for (auto& [path, module] : by_path) {
-        if (module.base == 0 || module.text_low == 0 || !inspect_image(process, module)) continue;
+        if (module.base == 0 || !with_code.contains(path) || !inspect_image(process, module)) continue;
         measure_extent(module, maps);
         if (module.text_low != 0) modules.push_back(std::move(module));
     }
