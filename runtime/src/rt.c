@@ -1631,6 +1631,27 @@ static void after_fork_in_child(void) {
     g_pending_fd = -1;
 }
 
+/* The environment's entry `name=...`, or 0.  Read and edited in place,
+ * never through getenv/setenv/unsetenv: a program may define its own (bash
+ * does, for its shell variables), which take our calls before its main has
+ * set them up and do nothing; bash then passed LD_PRELOAD and the channel's
+ * descriptor on to every command it ran, which found the descriptor closed
+ * and exited 1 without running. */
+static char** environment_entry(const char* name) {
+    const size_t length = strlen(name);
+    for (char** entry = environ; entry && *entry; entry++)
+        if (strncmp(*entry, name, length) == 0 && (*entry)[length] == '=') return entry;
+    return 0;
+}
+
+/* Takes `entry` out of the environment, the later ones moved down (as
+ * libc's unsetenv does: main's envp is this same array). */
+static void environment_remove(char** entry) {
+    if (!entry) return;
+    do entry[0] = entry[1];
+    while (*entry++);
+}
+
 /* `iprobe run` (hotpatch/include/iprobe/hotpatch/run.h) started this
  * program with the runtime preloaded: say so, and wait before any of the
  * program's own code runs until the prober has enabled its probes.  Byte 0
@@ -1638,14 +1659,18 @@ static void after_fork_in_child(void) {
  * prober has already explained.  The runtime leaves LD_PRELOAD as it found
  * it, so the programs this one starts run as without iprobe. */
 static void run_hold(void) {
-    const char* fd_text = getenv("IPROBE_RUN_FD");
-    if (!fd_text) return;
-    const int fd = atoi(fd_text);
-    const char* preload = getenv("IPROBE_RUN_LD_PRELOAD");
-    if (preload) setenv("LD_PRELOAD", preload, 1);
-    else unsetenv("LD_PRELOAD");
-    unsetenv("IPROBE_RUN_LD_PRELOAD");
-    unsetenv("IPROBE_RUN_FD");
+    static const char kSaved[] = "IPROBE_RUN_LD_PRELOAD", kChannel[] = "IPROBE_RUN_FD";
+    char** channel = environment_entry(kChannel);
+    if (!channel) return;
+    const int fd = atoi(*channel + sizeof kChannel);
+    /* The user's LD_PRELOAD, kept as IPROBE_RUN_LD_PRELOAD=VALUE: its tail
+     * is LD_PRELOAD=VALUE, put back where iprobe's stands. */
+    char** saved = environment_entry(kSaved);
+    char** preload = environment_entry("LD_PRELOAD");
+    if (saved && preload) *preload = *saved + (sizeof kSaved - sizeof "LD_PRELOAD");
+    else environment_remove(preload);
+    environment_remove(environment_entry(kSaved));
+    environment_remove(environment_entry(kChannel));
     const unsigned char ready = 'r';
     unsigned char reply = 1;
     ssize_t n;

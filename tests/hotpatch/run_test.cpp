@@ -57,6 +57,27 @@ TEST(IprobeRun, KeepsTheUsersOwnPreload) {
     EXPECT_NE(r.out.find("preload " + libm + "\n"), std::string::npos) << r.out;
 }
 
+// bash defines its own getenv, setenv and unsetenv (over its shell
+// variables, set up by its main): the runtime's hold took LD_PRELOAD and
+// its channel out through them, which did nothing, and every command bash
+// then ran inherited both, found the channel closed and exited 1 unrun.  The
+// hold edits the environment in place: bash's commands run as without
+// iprobe, with the user's own LD_PRELOAD, while bash itself is probed.
+TEST(IprobeRun, ACommandBashRunsRunsAsWithoutIprobe) {
+    const std::string command = target() + " 2 7; echo exit $?";
+    auto r = iprobe({"run", "--handler", "count", "--json", "--", "bash", "-c", command});
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find(" preload (unset)\nexit 7\n"), std::string::npos) << r.out;
+    EXPECT_EQ(json_calls(r.err, "make_child"), 1) << "bash is probed: " << r.err.substr(0, 2000);
+
+    const std::string libm = "/lib/x86_64-linux-gnu/libm.so.6";
+    if (!std::filesystem::exists(libm)) GTEST_SKIP() << libm << " not found";
+    r = run({bin("iprobe"), "run", "--handler", "count", "--", "bash", "-c", command}, {}, std::chrono::seconds(60),
+            {"LD_PRELOAD=" + libm});
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find(" preload " + libm + "\nexit 7\n"), std::string::npos) << r.out;
+}
+
 TEST(IprobeRun, ProbesThatCannotBeEnabledStopTheProgramBeforeItRuns) {
     const auto r = iprobe({"run", "--functions", "no_such_function*", "--", target(), "1"});
     EXPECT_EQ(r.exit_code, 5) << r.err;
