@@ -96,6 +96,28 @@ bool called_by_generated_code(const FrameWalkingRuntime& runtime, const std::str
     return false;
 }
 
+// Functions that return more than once, or return on another stack than
+// the one they were called on: setjmp and its kin save their return
+// address in a buffer that longjmp returns through later, vfork's child
+// returns through its parent's frame (and its TLS) before the parent does,
+// getcontext and swapcontext save theirs in a context resumed later,
+// possibly on another thread, and Boost.Context's switches return on the
+// stack they switch to.  A hooked return there is the trampoline's address,
+// taken again after its return entry was used (perl's and bash's setjmp,
+// any program's vfork: SIGSEGV, or the parent running the child's branch).
+// Matched as GCC matches its returns_twice functions: the name without its
+// leading underscores.
+const std::string_view kReturnsTwice[] = {"setjmp",      "sigsetjmp", "savectx",       "vfork",
+                                          "getcontext",  "swapcontext", "libc_sigsetjmp", "libc_vfork",
+                                          "jump_fcontext", "ontop_fcontext"};
+
+bool returns_twice(std::string_view function) {
+    const std::size_t at = function.find_first_not_of('_');
+    if (at == std::string_view::npos) return false;
+    function.remove_prefix(at);
+    return std::find(std::begin(kReturnsTwice), std::end(kReturnsTwice), function) != std::end(kReturnsTwice);
+}
+
 // Leaves off the selected exits whose return such a runtime reads; how many.
 std::size_t leave_off_exits_runtimes_read(SelectedList& s) {
     std::size_t left_off = 0;
@@ -109,6 +131,19 @@ std::size_t leave_off_exits_runtimes_read(SelectedList& s) {
         });
     }
     return left_off;
+}
+
+// Leaves off the selected exits of functions that return twice; how many.
+std::size_t leave_off_exits_returning_twice(SelectedList& s) {
+    return std::erase_if(s.selected, [](const probelist::Probe* p) {
+        return p->kind == probelist::ProbeKind::exit && returns_twice(p->function);
+    });
+}
+
+// The exits no handler may hook, left off and counted.
+void leave_off_unhookable_exits(SelectedList& s) {
+    s.exits_runtime_reads = leave_off_exits_runtimes_read(s);
+    s.exits_return_twice = leave_off_exits_returning_twice(s);
 }
 
 // A caller's selections as attach's lists (the lists copied, not reloaded).
@@ -135,7 +170,7 @@ std::vector<SelectedList> given_lists(const std::vector<ProbeSelection>& selecti
     });
     for (SelectedList& s : lists) {
         if (entries_only && !exits_alone) s.exits_left_off = std::erase_if(s.selected, is_exit);
-        s.exits_runtime_reads = leave_off_exits_runtimes_read(s);
+        leave_off_unhookable_exits(s);
         selected += s.selected.size();
     }
     if (selected == 0) throw Error("no probe selected", ExitCode::not_found);
@@ -210,7 +245,7 @@ std::vector<SelectedList> load_lists(const AttachOptions& options) {
             s.exits_left_off = std::erase_if(s.selected, [](const probelist::Probe* p) {
                 return p->kind == probelist::ProbeKind::exit;
             });
-        s.exits_runtime_reads = leave_off_exits_runtimes_read(s);
+        leave_off_unhookable_exits(s);
         selected += s.selected.size();
         for (const probelist::RefusedFunction& f : s.list.refused) {
             probelist::Probe as_probe;

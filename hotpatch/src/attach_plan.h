@@ -26,6 +26,7 @@ struct SelectedList {
     std::vector<const probelist::RefusedFunction*> refused;  // matched, but cannot be probed
     std::size_t exits_left_off = 0;  // matched exits the count handler does not need
     std::size_t exits_runtime_reads = 0;  // matched exits whose return V8 or HotSpot reads (left off, attach_plan.cpp)
+    std::size_t exits_return_twice = 0;   // matched exits of setjmp, vfork and their kin (left off, attach_plan.cpp)
 };
 
 // The runtime's count handler counts calls from entries alone: exits are

@@ -24,6 +24,11 @@ std::string attach_summary(const AttachStats& st, std::optional<pid_t> pid) {
                " exit probes left off: the runtime in it (V8, HotSpot) reads the return address of a function its "
                "generated code calls, and a hooked one would kill it; those calls are counted and traced from their "
                "entries";
+    if (st.exits_return_twice)
+        out += "\n" + std::to_string(st.exits_return_twice) +
+               " exit probes left off: their function returns twice or on another stack (setjmp, vfork, swapcontext "
+               "and their kin), where a hooked return would be taken again; those calls are counted and traced from "
+               "their entries";
     if (st.refused)
         out += "\n" + std::to_string(st.refused) + " matching function(s) cannot be probed (" + st.refused_example +
                (st.refused > 1 ? ", ..." : "") + "): see 'iprobe list FILE --refused'";

@@ -661,6 +661,7 @@ AttachStats attach(const AttachOptions& options) {
         for (const auto& s : lists) {
             stats.exits_left_off += s.exits_left_off;
             stats.exits_runtime_reads += s.exits_runtime_reads;
+            stats.exits_return_twice += s.exits_return_twice;
             stats.refused += s.refused.size();
             if (stats.refused_example.empty() && !s.refused.empty())
                 stats.refused_example = s.refused.front()->demangled + ": " + s.refused.front()->reason;

@@ -3,8 +3,8 @@
 // modules), PowerDNS's pdns_server (C++, its functions exported for its
 // backends), node and a JVM (V8 and HotSpot read their frames' return
 // addresses), a cgo
-// program built by Debian's Go, and zlib and libstdc++ called by a program
-// built with plain g++.
+// program built by Debian's Go, zlib and libstdc++ called by a program
+// built with plain g++, and libc's functions that return twice.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
@@ -126,6 +126,51 @@ TEST(PackagedLibraries, ZlibAndLibstdcxxCalledByAProgramAreCountedExactly) {
     EXPECT_EQ(text_of(t.pid(), z), libz);
     EXPECT_EQ(text_of(t.pid(), cxx), libstdcxx);
     EXPECT_EQ(t.command("run 10"), 0);
+}
+
+// Every function of Debian's libc probed, every return hooked, in a program
+// calling those that return twice or on another stack: setjmp and
+// sigsetjmp (returned to again by longjmp), vfork (its child returns through
+// the parent's frame first), swapcontext (a coroutine and back).  Their
+// hooked returns were taken again after their return entry was used: the
+// program died (SIGSEGV at the first longjmp) or vfork's parent ran the
+// child's branch (exit 127).  Their exits are left off, said, and their
+// calls still counted; posix_spawn's ordinary return is hooked.
+TEST(PackagedLibc, SetjmpVforkAndSwapcontextRunAsWithoutAndEveryOtherReturnIsHooked) {
+    const std::string program = std::string(RELOC_TARGETS) + "/returns_twice";
+    const auto plain = run({program});
+    ASSERT_EQ(plain.exit_code, 0) << plain.err;
+    ASSERT_EQ(plain.out, "jumped 499500, exited 40, coroutine steps 1000\n");
+
+    for (const std::vector<std::string>& handler : {std::vector<std::string>{"count", "--completed"}, {"trace"}}) {
+        SCOPED_TRACE(handler.front());
+        std::vector<std::string> args{"run", "--json", "--module", "libc.so.6", "--handler"};
+        args.insert(args.end(), handler.begin(), handler.end());
+        args.insert(args.end(), {"--", program});
+        const auto r = iprobe(args, std::chrono::seconds(120));
+        ASSERT_EQ(r.exit_code, 0) << r.err.substr(0, 2000);
+        EXPECT_EQ(r.out, plain.out);
+        const json report = json::parse(r.err.substr(r.err.rfind("\n{\"pid\"") + 1));
+        // _setjmp: the program's 1000 and libc's own start's (the buffer
+        // __libc_start_call_main keeps for thread cancellation).
+        const std::map<std::string, long long> left_off{
+            {"_setjmp", 1001}, {"vfork", 20}, {"getcontext", 1}, {"swapcontext", 2000}};
+        std::size_t completed_functions = 0;
+        for (const auto& f : report["functions"]) {
+            const std::string name = f["name"];
+            if (auto it = left_off.find(name); it != left_off.end()) {
+                EXPECT_EQ(f["calls"], it->second) << name;
+                EXPECT_EQ(f["fields"], json::array({"calls"})) << name << ": its exit must be left off";
+            } else if (name == "__sigsetjmp") {
+                EXPECT_EQ(f["fields"], json::array({"calls"})) << name;
+            } else if (f.contains("completed") && f["completed"].get<long long>() > 0) {
+                ++completed_functions;
+            }
+        }
+        EXPECT_EQ(json_calls(r.err, "posix_spawn"), 20);
+        EXPECT_EQ(json_completed(r.err, "posix_spawn"), 20);
+        EXPECT_GT(completed_functions, 10u) << "every other function's exits are on";
+    }
 }
 
 // Asks for www.example.test A over UDP `count` times; returns the answers

@@ -150,6 +150,12 @@ struct AttachStats {
     // address walking its stack (attach_plan.cpp, kFrameWalkingRuntimes):
     // those calls are counted and traced from their entries.
     std::size_t exits_runtime_reads = 0;
+    // Exit probes the selector matched that are left off because their
+    // function returns twice or on another stack (setjmp, sigsetjmp, vfork,
+    // getcontext, swapcontext, Boost.Context's switches: attach_plan.cpp,
+    // kReturnsTwice): a hooked return there is taken again after its entry
+    // was used.  Their calls are counted and traced from their entries.
+    std::size_t exits_return_twice = 0;
     // Selected functions left alone because `iprobe patch` replaced them
     // (their entry jumps to the replacement; see live_patch.h).
     std::vector<std::string> patched_skipped;
