@@ -39,6 +39,7 @@ void attach_fields(JsonWriter& j, const AttachStats& st) {
         .field("exits_left_off", st.exits_left_off)
         .field("exits_runtime_reads", st.exits_runtime_reads)
         .field("exits_return_twice", st.exits_return_twice)
+        .field("inherited_sites_restored", st.inherited_sites_restored)
         .field("values_unavailable", st.values_unavailable)
         .field("values_untyped", st.values_untyped)
         .field("values_optimized_out", st.values_optimized_out)
@@ -65,6 +66,7 @@ AttachStats attach_of(const Json& doc) {
     st.exits_left_off = doc.value("exits_left_off", std::size_t{0});
     st.exits_runtime_reads = doc.value("exits_runtime_reads", std::size_t{0});
     st.exits_return_twice = doc.value("exits_return_twice", std::size_t{0});
+    st.inherited_sites_restored = doc.value("inherited_sites_restored", std::size_t{0});
     st.values_unavailable = doc.value("values_unavailable", std::size_t{0});
     st.values_untyped = doc.value("values_untyped", std::size_t{0});
     st.values_optimized_out = doc.value("values_optimized_out", std::size_t{0});

@@ -16,6 +16,9 @@ std::string attach_summary(const AttachStats& st, std::optional<pid_t> pid) {
            " on in total); " + std::to_string(st.threads) + " threads stopped for " + std::to_string(st.pause_us) +
            " us";
     if (st.runtime_injected) out += "; runtime injected";
+    if (st.inherited_sites_restored)
+        out += "; first put back the " + std::to_string(st.inherited_sites_restored) +
+               " probe sites it ran from the probed process it was forked from";
     if (st.exits_left_off)
         out += "; " + std::to_string(st.exits_left_off) +
                " exit probes left off (the count handler counts calls from entries; --completed counts completed calls too)";

@@ -38,6 +38,9 @@ namespace iprobe::hotpatch {
 
 namespace {
 
+// detach() once the session's lock is held (attach uses it too).
+DetachStats detach_locked(const DetachOptions& options);
+
 // A site this attach turns on: its probe's flag and its key in the site hash.
 struct Enable {
     std::uint32_t global;          // the probe to flag enabled
@@ -622,6 +625,16 @@ AttachStats attach(const AttachOptions& options) {
     const std::string runtime_path = runtime_path_of(options);
     const std::string handler_path = handlers.library.empty() ? runtime_path : canonical_or_same(handlers.library);
     SessionLock lock(options.pid);
+    // A child forked from a probed process still runs its parent's sites,
+    // whose stubs carry the parent's probe ids: they go back to their
+    // bytes (a stop of their own) before the child is probed as itself.
+    std::size_t inherited_restored = 0;
+    if (const auto state = runtime_state(options.pid); state && !inherited_modules(options.pid, *state).empty()) {
+        DetachOptions inherited;
+        inherited.pid = options.pid;
+        inherited.safe_point_timeout = options.safe_point_timeout;
+        inherited_restored = detach_locked(inherited).sites_restored;
+    }
     for (const auto& m : read_maps(options.pid))
         if (basename_of(m.path).rfind("libc.so", 0) == 0 || basename_of(m.path) == kRuntimeName)
             elf_cache().preload(options.pid, m.path);
@@ -658,6 +671,7 @@ AttachStats attach(const AttachOptions& options) {
                                                                             Clock::time_point deadline) {
         AttachStats stats;
         stats.threads = process.threads().size();
+        stats.inherited_sites_restored = inherited_restored;
         for (const auto& s : lists) {
             stats.exits_left_off += s.exits_left_off;
             stats.exits_runtime_reads += s.exits_runtime_reads;
@@ -789,6 +803,12 @@ AttachStats attach(const AttachOptions& options) {
 DetachStats detach(const DetachOptions& options) {
     check_target(options.pid);
     SessionLock lock(options.pid);
+    return detach_locked(options);
+}
+
+namespace {
+
+DetachStats detach_locked(const DetachOptions& options) {
     // Sites, lists and stubs come from the process's maps and code, never
     // from its region (see live_sites.h): a region the target rewrote, or
     // none, only means no flags to clear.  Planned while the target runs:
@@ -803,7 +823,13 @@ DetachStats detach(const DetachOptions& options) {
         region_problem = e.what();
     }
     ProcessMemory memory(options.pid);
-    const std::vector<AttachedModule> modules = probed_modules(options.pid, region ? &*region : nullptr, memory);
+    // A child forked from a probed process runs its parent's sites with no
+    // region of its own: the runtime kept the parent's module table.
+    std::vector<iprobe_rt_module> inherited;
+    if (!region)
+        if (const auto state = runtime_state(options.pid)) inherited = inherited_modules(options.pid, *state);
+    const std::vector<AttachedModule> modules =
+        probed_modules(options.pid, region ? &*region : nullptr, memory, inherited);
     if (!region && region_problem.empty() && modules.empty())
         throw Error("process " + std::to_string(options.pid) + " has no iprobe region and no probed module: nothing to detach",
                     ExitCode::not_found);
@@ -937,8 +963,11 @@ DetachStats detach(const DetachOptions& options) {
     }
     for (const auto& [m, k] : selected)
         stats.not_restored += states[static_cast<std::size_t>(m - modules.data())][k] == SiteState::live;
+    if (!inherited.empty() && stats.still_enabled == 0) forget_inherited_modules(options.pid);
     return stats;
 }
+
+}  // namespace
 
 namespace {
 
@@ -986,6 +1015,35 @@ void add_region_status(const Region& region, Status& st) {
     }
 }
 
+// A child forked from a probed process: the modules whose sites it still
+// runs from its parent, and how many of those sites are live.
+void add_inherited_status(pid_t pid, Status& st) {
+    const auto state = runtime_state(pid);
+    if (!state || state->control != 0 || state->forked_from == 0) return;
+    st.forked_from = static_cast<pid_t>(state->forked_from);
+    st.fork_child_events = state->fork_child_events;
+    const std::vector<iprobe_rt_module> inherited = inherited_modules(pid, *state);
+    if (inherited.empty()) return;
+    try {
+        const ProcessMemory memory(pid);
+        StubChecker stubs(memory);
+        for (const AttachedModule& m : probed_modules(pid, nullptr, memory, inherited)) {
+            ModuleStatus ms;
+            ms.path = m.running.path;
+            ms.probes = static_cast<std::uint32_t>(m.list.probes.size());
+            ms.live = 0;
+            for (SiteState state : site_states(m, memory, stubs)) {
+                ms.live += state == SiteState::live;
+                ms.foreign += state == SiteState::other;
+            }
+            st.inherited_live += static_cast<std::uint64_t>(ms.live);
+            st.modules.push_back(ms);
+        }
+    } catch (const Error& e) {
+        st.sites_unread = e.what();
+    }
+}
+
 }  // namespace
 
 Status region_status(UniqueFd region_fd) {
@@ -1005,7 +1063,10 @@ Status status(pid_t pid) {
             st.runtime_path = m.path;
         }
     auto opened = Region::try_open(pid);
-    if (!opened) return st;
+    if (!opened) {
+        add_inherited_status(pid, st);
+        return st;
+    }
     Region& region = *opened;
     add_region_status(region, st);
     try {

@@ -44,7 +44,8 @@ AttachedModule with_sites(std::uint32_t region_index, const RunningModule& runni
 
 }  // namespace
 
-std::vector<AttachedModule> probed_modules(pid_t pid, const Region* region, const ProcessMemory& memory) {
+std::vector<AttachedModule> probed_modules(pid_t pid, const Region* region, const ProcessMemory& memory,
+                                           const std::vector<iprobe_rt_module>& inherited) {
     const std::vector<RunningModule> running = running_modules(memory, read_maps(pid));
     std::vector<AttachedModule> out;
     auto known = [&](const RunningModule& r) {
@@ -71,6 +72,11 @@ std::vector<AttachedModule> probed_modules(pid_t pid, const Region* region, cons
             continue;
         }
         if (auto list = list_of(pid, *mapped, m)) out.push_back(with_sites(i, *mapped, std::move(*list)));
+    }
+    for (const iprobe_rt_module& m : inherited) {
+        const RunningModule* mapped = mapped_module(m, running);
+        if (!mapped || known(*mapped)) continue;
+        if (auto list = list_of(pid, *mapped, m)) out.push_back(with_sites(kNotInRegion, *mapped, std::move(*list)));
     }
     return out;
 }

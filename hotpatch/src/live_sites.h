@@ -38,7 +38,11 @@ std::vector<AttachedModule> attached_modules(pid_t pid, const Region& region, co
 // module whose probe list lies beside it (and describes its build), plus the
 // region's other modules when there is a sound region (`region` may be
 // null: unreadable, or rewritten by the target).
-std::vector<AttachedModule> probed_modules(pid_t pid, const Region* region, const ProcessMemory& memory);
+// In a child forked from a probed process (no region of its own),
+// `inherited` is the parent's module table the runtime kept
+// (inherited_modules(), region.h), found the same way.
+std::vector<AttachedModule> probed_modules(pid_t pid, const Region* region, const ProcessMemory& memory,
+                                           const std::vector<iprobe_rt_module>& inherited = {});
 
 enum class SiteState : std::uint8_t {
     absent,       // no address (outside the module's code)

@@ -172,6 +172,25 @@ void TextOutput::status(const StatusResult& r) {
         out_ << "  patched functions: " << r.patches.size() << "\n";
         for (const auto& f : r.patches) out_ << "    " << describe_patched(f) << "  [" << f.module << "]\n";
     }
+    if (!st.region && st.forked_from && st.modules.empty()) {
+        out_ << "no iprobe region of its own: forked from probed process " << st.forked_from
+             << ", whose probe sites it no longer runs (" << st.fork_child_events
+             << " events dropped before); the next attach probes it as itself\n";
+        return;
+    }
+    if (!st.region && st.forked_from) {
+        out_ << "no iprobe region of its own: forked from probed process " << st.forked_from << ", it still runs "
+             << st.inherited_live << " of its parent's probe sites, whose " << st.fork_child_events
+             << " events so far were dropped; 'iprobe detach " << st.pid << "' puts them back, 'iprobe attach " << st.pid
+             << "' probes it as itself\n";
+        for (const auto& m : st.modules) {
+            out_ << "  " << m.path << ": ";
+            if (m.live < 0) out_ << "live sites unknown\n";
+            else out_ << m.live << " of " << m.probes << " sites live in the code\n";
+        }
+        if (!st.sites_unread.empty()) out_ << "  cannot read the live sites: " << st.sites_unread << "\n";
+        return;
+    }
     if (!st.region) {
         out_ << (st.runtime_loaded ? "no iprobe region: the runtime is loaded but inert (an attach was interrupted "
                                      "before it made one; the next attach uses it)\n"
@@ -264,6 +283,10 @@ void JsonOutput::status(const StatusResult& r) {
     JsonWriter j;
     j.begin_object().field("pid", static_cast<std::int64_t>(st.pid)).field("runtime_loaded", st.runtime_loaded);
     j.field("runtime", st.runtime_path).field("region", st.region);
+    if (st.forked_from)
+        j.field("forked_from", static_cast<std::int64_t>(st.forked_from))
+            .field("inherited_live", st.inherited_live)
+            .field("fork_child_events", st.fork_child_events);
     j.key("modules").begin_array();
     for (const auto& m : st.modules)
         j.begin_object()

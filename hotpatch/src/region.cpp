@@ -158,7 +158,7 @@ iprobe_rt_control region_layout(const RegionGeometry& g, const TscCalibration& t
     return cb;
 }
 
-std::optional<struct iprobe_rt_state> runtime_state(pid_t pid) {
+std::optional<std::uint64_t> runtime_state_address(pid_t pid) {
     for (const auto& m : read_maps(pid)) {
         if (m.offset != 0 || m.path.size() < std::strlen(kRuntimeName) ||
             m.path.compare(m.path.size() - std::strlen(kRuntimeName), std::string::npos, kRuntimeName) != 0 ||
@@ -167,12 +167,35 @@ std::optional<struct iprobe_rt_state> runtime_state(pid_t pid) {
         const elf::ElfFile elf = reading_target(pid, [&] { return elf::ElfFile(target_view(pid, m.path)); });
         const elf::ElfSymbol* symbol = elf.symbol_named("iprobe_rt_state");
         if (!symbol || !symbol->defined()) return std::nullopt;
-        const std::uint64_t bias = m.start - elf.first_load_vaddr();
-        auto state = ProcessMemory(pid).read_value<struct iprobe_rt_state>(bias + symbol->address);
-        if (std::memcmp(state.magic, IPROBE_RT_STATE_MAGIC, 8) != 0) return std::nullopt;
-        return state;
+        return m.start - elf.first_load_vaddr() + symbol->address;
     }
     return std::nullopt;
+}
+
+std::optional<struct iprobe_rt_state> runtime_state(pid_t pid) {
+    const auto at = runtime_state_address(pid);
+    if (!at) return std::nullopt;
+    auto state = ProcessMemory(pid).read_value<struct iprobe_rt_state>(*at);
+    if (std::memcmp(state.magic, IPROBE_RT_STATE_MAGIC, 8) != 0) return std::nullopt;
+    return state;
+}
+
+std::vector<iprobe_rt_module> inherited_modules(pid_t pid, const struct iprobe_rt_state& state) {
+    if (state.control != 0 || state.inherited_modules == 0 || state.inherited_module_count == 0) return {};
+    std::vector<iprobe_rt_module> modules(std::min(state.inherited_module_count, kMaxInheritedModules));
+    try {
+        ProcessMemory(pid).read(state.inherited_modules, modules.data(), modules.size() * sizeof(iprobe_rt_module));
+    } catch (const Error&) {
+        return {};  // unmapped or rewritten by the target: nothing we can trust
+    }
+    return modules;
+}
+
+void forget_inherited_modules(pid_t pid) {
+    const auto at = runtime_state_address(pid);
+    if (!at) return;
+    const std::uint32_t none = 0;
+    ProcessMemory(pid).write(*at + offsetof(struct iprobe_rt_state, inherited_module_count), &none, sizeof none);
 }
 
 Region Region::create(UniqueFd fd, const iprobe_rt_control& layout) {

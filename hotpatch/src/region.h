@@ -43,6 +43,17 @@ iprobe_rt_control region_layout(const RegionGeometry& geometry, const TscCalibra
 // The runtime's state in a process (read through /proc/PID/mem), or nullopt
 // when the runtime is not loaded.
 std::optional<struct iprobe_rt_state> runtime_state(pid_t pid);
+// Where that state is in the process, or nullopt.
+std::optional<std::uint64_t> runtime_state_address(pid_t pid);
+
+// A child forked from a probed process: the parent's module table the
+// runtime copied at the fork (iprobe_rt_state::inherited_modules), at most
+// kMaxInheritedModules; none elsewhere.  Read, never trusted: each module
+// is matched to what is mapped and to its list as a region's are.
+inline constexpr std::uint32_t kMaxInheritedModules = 4096;
+std::vector<iprobe_rt_module> inherited_modules(pid_t pid, const struct iprobe_rt_state& state);
+// Says the process's inherited sites are gone (after they were restored).
+void forget_inherited_modules(pid_t pid);
 
 class Region {
 public:

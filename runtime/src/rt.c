@@ -1605,6 +1605,29 @@ EXPORT int iprobe_rt_map_region(int fd) {
     return 0;
 }
 
+/* A child forked from a probed process runs its parent's patched code
+ * without the parent's region: keep a private copy of the region's module
+ * table (which lists, which bases) so that `iprobe status` and `detach` can
+ * find those sites and put them back.  A grandchild inherits the copy as
+ * it is.  Only system calls and copies: this runs in the child of fork. */
+static void keep_inherited_modules(const struct iprobe_rt_control* cb) {
+    uint32_t count = cb->module_count;
+    if (count > cb->module_capacity) count = cb->module_capacity;
+    if (count == 0 || cb->modules_offset >= iprobe_rt_state.region_size ||
+        (uint64_t)count * sizeof(struct iprobe_rt_module) > iprobe_rt_state.region_size - cb->modules_offset)
+        return;
+    const size_t bytes = (size_t)count * sizeof(struct iprobe_rt_module);
+    void* copy = mmap(0, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (copy == MAP_FAILED) return;
+    memcpy(copy, (const char*)cb + cb->modules_offset, bytes);
+    if (iprobe_rt_state.inherited_modules)
+        munmap((void*)(uintptr_t)iprobe_rt_state.inherited_modules,
+               (size_t)iprobe_rt_state.inherited_module_count * sizeof(struct iprobe_rt_module));
+    iprobe_rt_state.inherited_modules = (uint64_t)(uintptr_t)copy;
+    iprobe_rt_state.inherited_module_count = count;
+    iprobe_rt_state.forked_from = iprobe_rt_state.mapped_pid;
+}
+
 /* The child of fork() shares the parent's mapping: it must not write into
  * the parent's rings.  It drops (and counts) events until attached itself. */
 static void after_fork_in_child(void) {
@@ -1618,6 +1641,7 @@ static void after_fork_in_child(void) {
     iprobe_rt_return_after_fork();
     if (cb) {
         g_forked_child = 1;
+        keep_inherited_modules(cb);
         munmap(cb, (size_t)iprobe_rt_state.region_size);
     }
     iprobe_rt_state.control = 0;

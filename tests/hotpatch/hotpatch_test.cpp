@@ -230,6 +230,78 @@ TEST_F(HotpatchTest, ARingNobodyReadsCountsEveryEventItDrops) {
         << text.out;
 }
 
+// A prefork server's workers (nginx's, forked by a probed master) run
+// their parent's patched code with no region of their own: `status` said
+// an attach had been interrupted, `detach` that there was nothing to
+// detach, and `attach` that the functions were enabled with another
+// handler, so a worker could be neither cleaned nor probed.  The runtime
+// keeps its parent's module table at the fork: status says what the
+// child inherited, detach puts it back, attach puts it back and probes
+// the child as itself.
+TEST_F(HotpatchTest, AForkedChildsInheritedProbesAreShownDetachedOrReplaced) {
+    HpTarget target(1, targets_dir() + "/hp_target_entry");
+    const auto text_before = text_of(target.pid(), "/hp_target_entry");
+    auto r = iprobe({"attach", pid_of(target), "--functions", "counted", "--handler", "count"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const auto wait_for_calls = [](const std::string& pid, long long calls) {
+        std::string out;
+        for (int i = 0; i < 200; i++) {
+            out = iprobe({"report", pid, "--json"}).out;
+            if (json_calls(out, "counted") == calls) break;
+            std::this_thread::sleep_for(std::chrono::milliseconds(20));
+        }
+        return out;
+    };
+
+    // The target's children, killed with the test (the target reaps them).
+    struct Spawned {
+        pid_t pid_;
+        pid_t pid() const { return pid_; }
+        ~Spawned() { ::kill(pid_, SIGKILL); }
+    };
+
+    // status, then detach
+    const Spawned first{static_cast<pid_t>(target.command("spawn 10"))};
+    const std::string child = std::to_string(first.pid());
+    for (int i = 0; i < 200 && json_number(iprobe({"status", child, "--json"}).out, "fork_child_events") < 10; i++)
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    r = iprobe({"status", child, "--json"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(json_number(r.out, "forked_from"), target.pid()) << r.out;
+    EXPECT_EQ(json_number(r.out, "inherited_live"), 1) << "counted's entry site: " << r.out;
+    EXPECT_EQ(json_number(r.out, "fork_child_events"), 10) << r.out;
+    r = iprobe({"status", child});
+    EXPECT_NE(r.out.find("forked from probed process " + pid_of(target) + ", it still runs 1 of its parent's probe sites"),
+              std::string::npos)
+        << r.out;
+    r = iprobe({"detach", child});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find("disabled 1 probes in process " + child + " (0 still on): 1 sites restored"), std::string::npos)
+        << r.out;
+    EXPECT_EQ(text_of(first.pid(), "/hp_target_entry"), text_before) << "the child's code is the file's again";
+    r = iprobe({"status", child, "--json"});
+    EXPECT_EQ(json_number(r.out, "inherited_live"), 0) << "nothing inherited any more: " << r.out;
+    EXPECT_EQ(json_number(r.out, "forked_from"), target.pid()) << r.out;
+    EXPECT_NE(text_of(target.pid(), "/hp_target_entry"), text_before) << "the parent keeps its probes";
+
+    // attach: the inherited site goes back, the child's own probes go on
+    const Spawned second{static_cast<pid_t>(target.command("spawn 10"))};
+    const std::string other = std::to_string(second.pid());
+    r = iprobe({"attach", other, "--functions", "counted", "--handler", "count", "--completed", "--json"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(json_number(r.out, "inherited_sites_restored"), 1) << r.out;
+    EXPECT_EQ(json_number(r.out, "enabled"), 2) << r.out;
+    ::kill(second.pid(), SIGUSR1);
+    r.out = wait_for_calls(other, 10);
+    EXPECT_EQ(json_calls(r.out, "counted"), 10) << "its own calls, counted in its own region: " << r.out;
+    EXPECT_EQ(json_completed(r.out, "counted"), 10) << r.out;
+    r = iprobe({"detach", other});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(text_of(second.pid(), "/hp_target_entry"), text_before);
+    EXPECT_EQ(target.command("burst 5"), 5) << "the parent goes on";
+    EXPECT_EQ(json_calls(iprobe({"report", pid_of(target), "--json"}).out, "counted"), 5);
+}
+
 TEST_F(HotpatchTest, CountHandlerCountsExactly) {
     HpTarget target(kThreads);
     const std::string pid = pid_of(target);

@@ -7,6 +7,8 @@
  *   signals N   a thread calls counted() N times while SIGUSR2 keeps arriving;
  *               the handler calls in_signal(); prints how many handlers ran
  *   fork N      a forked child calls counted() N times and exits
+ *   spawn N     a forked child calls counted() N times, then again N times at
+ *               each SIGUSR1 until it is killed; prints the child's pid
  *   churn T N   T short-lived threads, one after another, each call counted() N times
  *   exec        re-executes itself (same pid, fresh image, same FIFO)
  *   quit
@@ -121,6 +123,20 @@ int main(int argc, char** argv) {
                 int status = 0;
                 waitpid(child, &status, 0);
                 printf("ok fork %d\n", WIFEXITED(status) ? WEXITSTATUS(status) : -1);
+            } else if (sscanf(line, "spawn %ld", &a) == 1) {
+                sigset_t usr1;
+                sigemptyset(&usr1);
+                sigaddset(&usr1, SIGUSR1);
+                pid_t child = fork();
+                if (child == 0) {
+                    pthread_sigmask(SIG_BLOCK, &usr1, 0);
+                    for (;;) {
+                        for (long k = 0; k < a; k++) counted(k);
+                        int sig = 0;
+                        sigwait(&usr1, &sig);
+                    }
+                }
+                printf("ok spawn %d\n", (int)child);
             } else if (sscanf(line, "churn %ld %ld", &a, &b) == 2) {
                 for (long t = 0; t < a; t++) {
                     pthread_t th;

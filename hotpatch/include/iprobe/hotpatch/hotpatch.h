@@ -156,6 +156,9 @@ struct AttachStats {
     // kReturnsTwice): a hooked return there is taken again after its entry
     // was used.  Their calls are counted and traced from their entries.
     std::size_t exits_return_twice = 0;
+    // Sites a forked child still ran from its probed parent, put back to
+    // their bytes before this attach probed it as itself.
+    std::size_t inherited_sites_restored = 0;
     // Selected functions left alone because `iprobe patch` replaced them
     // (their entry jumps to the replacement; see live_patch.h).
     std::vector<std::string> patched_skipped;
@@ -247,6 +250,12 @@ struct Status {
     std::uint64_t unhooked_returns = 0;  // calls whose exit could not be hooked (return stack full)
     std::uint32_t ring_records = 0, ring_count = 0;
     std::string sites_unread;  // why the code's live sites could not be read, if so
+    // A child forked from a probed process (no region of its own): its
+    // parent, the sites it still runs from it (`modules` lists their
+    // modules), and the events those dropped.
+    pid_t forked_from = 0;
+    std::uint64_t inherited_live = 0;
+    std::uint64_t fork_child_events = 0;
 };
 
 Status status(pid_t pid);

@@ -45,7 +45,13 @@ struct iprobe_rt_state {
      * TLS: the same in every thread), so count stubs can inline the count
      * handler's fast path (hotpatch/src/stubs.h); 0 when unknown. */
     int64_t stats_tpoff;
-    uint64_t reserved[2];
+    /* In a child forked from a probed process: a private copy of the
+     * parent's module table (struct iprobe_rt_module[count]), made at the
+     * fork, whose code the child still runs patched; what `iprobe status`
+     * and `detach` find its inherited sites by.  0 elsewhere. */
+    uint64_t inherited_modules;
+    uint32_t inherited_module_count;
+    uint32_t forked_from;        /* the probed parent's pid (in the runtime's namespace), 0 if none */
 };
 
 extern struct iprobe_rt_state iprobe_rt_state;
