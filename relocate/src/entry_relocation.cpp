@@ -233,6 +233,16 @@ EntryPlan plan_moved(Disassembler& dis, std::uint64_t address, std::span<const s
             plan.detail = dis.text() + " at " + hex(pc - dis.insn().size) + " returns into the bytes the jump replaces";
             return plan;
         }
+        // A moved call pushes its return address itself (trampoline()),
+        // before its target is read: not a far call, nor one reading the
+        // stack it moves.
+        const cs_x86_op* operand = dis.memory_operand();
+        if (dis.in_group(X86_GRP_CALL) &&
+            (id != X86_INS_CALL || (operand && (operand->mem.base == X86_REG_RSP || operand->mem.index == X86_REG_RSP)))) {
+            plan.refusal = Refusal::unrelocatable;
+            plan.detail = dis.text() + " at " + hex(pc - dis.insn().size) + " reads the stack its return address goes on";
+            return plan;
+        }
     }
     plan.length = static_cast<std::uint8_t>(moved);
     return plan;
@@ -346,18 +356,32 @@ std::vector<std::uint8_t> trampoline(std::span<const std::uint8_t> moved, std::u
         const auto* b = reinterpret_cast<const std::uint8_t*>(&v);
         out.insert(out.end(), b, b + 4);
     };
+    // A call leaves the return address it would have left in place: the
+    // callee's unwinder, a debugger's backtrace and runtimes that read their
+    // callers' return addresses must find the function's own code there,
+    // not the trampoline, which no unwind table describes (a C++ throw or
+    // a Rust panic beneath it ended in std::terminate or "failed to
+    // initiate panic").  push $low (sign-extended), movl $high, 4(%rsp),
+    // then the call's jump; nothing but the stack changes, as with call.
+    auto push_return = [&](std::uint64_t return_address) {
+        out.push_back(0x68);
+        put32(static_cast<std::int32_t>(return_address & 0xffffffffu));
+        const std::uint8_t high[] = {0xc7, 0x44, 0x24, 0x04};
+        out.insert(out.end(), high, high + sizeof high);
+        put32(static_cast<std::int32_t>(return_address >> 32));
+    };
     const std::uint8_t* code = moved.data();
     std::size_t left = moved.size();
     std::uint64_t pc = site;
     while (left > 0) {
         if (!dis.next(&code, &left, &pc)) throw Error("cannot decode the entry at " + hex(pc));
         const cs_insn& insn = dis.insn();
+        const bool call = insn.id == X86_INS_CALL;
+        if (call) push_return(pc);
         std::uint64_t target;
         if (dis.relative_target(&target)) {
             const std::uint8_t op = dis.x86().opcode[0];
-            if (insn.id == X86_INS_CALL) {
-                out.push_back(0xe8);
-            } else if (insn.id == X86_INS_JMP) {
+            if (call || insn.id == X86_INS_JMP) {
                 out.push_back(0xe9);
             } else if (op >= 0x70 && op <= 0x7f) {  // jcc rel8 -> jcc rel32
                 out.push_back(0x0f);
@@ -373,6 +397,13 @@ std::vector<std::uint8_t> trampoline(std::span<const std::uint8_t> moved, std::u
         }
         const std::size_t begin = out.size();
         out.insert(out.end(), insn.bytes, insn.bytes + insn.size);
+        if (call) {  // call *X (FF /2) becomes jmp *X (FF /4)
+            const std::uint8_t modrm_at = dis.x86().encoding.modrm_offset;
+            if (dis.x86().opcode[0] != 0xff || modrm_at == 0 || modrm_at >= insn.size ||
+                ((out[begin + modrm_at] >> 3) & 7) != 2)
+                throw Error("cannot relocate " + dis.text() + " at " + hex(pc - insn.size));
+            out[begin + modrm_at] = static_cast<std::uint8_t>((out[begin + modrm_at] & 0xc7) | (4 << 3));
+        }
         const cs_x86_op* mem = dis.memory_operand();
         if (mem && mem->mem.base == X86_REG_RIP) {
             const std::uint64_t referenced = pc + static_cast<std::int64_t>(mem->mem.disp);

@@ -27,7 +27,8 @@ std::string target(const std::string& name) { return std::string(RELOC_TARGETS) 
 // The cases that must be probe-able, and those refused with their reason.
 const std::set<std::string> kProbeable = {"rip_load",     "rip_lea",         "short_branch", "endbr_rip",
                                           "call_first",   "jump_first",      "table_switch", "keeps_registers",
-                                          "leaf_add",     "keeps_r11",       "r11_leaf"};
+                                          "leaf_add",     "keeps_r11",       "r11_leaf",     "call_unwound",
+                                          "call_unwound_indirect"};
 const std::map<std::string, std::string> kRefused = {{"loop_to_entry", "branch into entry"},
                                                      {"tiny", "too short"},
                                                      {"jrcxz_first", "unrelocatable instruction"},
@@ -208,6 +209,40 @@ TEST(Trampoline, ShortConditionalBranchBecomesRel32) {
     std::int32_t rel;
     std::memcpy(&rel, t.data() + 4, 4);
     EXPECT_EQ(0x405008 + static_cast<std::int64_t>(rel), 0x401009);
+}
+
+// A moved call leaves the return address of the original code (a 64-bit
+// one: push's sign-extended low half, then the high half), then jumps.
+TEST(Trampoline, ACallPushesTheReturnAddressTheOriginalWouldHave) {
+    const std::uint64_t site = 0x7f0012345000, at = 0x7f0012349000, callee = 0x7f0012350000;
+    // sub $8, %rsp; call callee
+    std::vector<std::uint8_t> moved = {0x48, 0x83, 0xec, 0x08, 0xe8, 0, 0, 0, 0};
+    const std::int32_t rel = static_cast<std::int32_t>(callee - (site + 9));
+    std::memcpy(moved.data() + 5, &rel, 4);
+    const auto t = relocate::trampoline(moved, site, at);
+    const std::uint64_t back = site + 9;
+    std::vector<std::uint8_t> expected = {0x48, 0x83, 0xec, 0x08, 0x68};  // sub; push $low
+    const auto put32 = [&](std::uint32_t v) {
+        for (int i = 0; i < 4; i++) expected.push_back(static_cast<std::uint8_t>(v >> (8 * i)));
+    };
+    put32(static_cast<std::uint32_t>(back));
+    for (std::uint8_t b : {0xc7, 0x44, 0x24, 0x04}) expected.push_back(b);  // movl $high, 4(%rsp)
+    put32(static_cast<std::uint32_t>(back >> 32));
+    expected.push_back(0xe9);  // jmp callee
+    put32(static_cast<std::uint32_t>(callee - (at + expected.size() + 4)));
+    expected.push_back(0xe9);  // jmp back (never taken: the callee returns there)
+    put32(static_cast<std::uint32_t>(back - (at + expected.size() + 4)));
+    EXPECT_EQ(t, expected);
+
+    // call *disp(%rip) becomes jmp *disp'(%rip) after the same push
+    const std::vector<std::uint8_t> indirect = {0x48, 0x83, 0xec, 0x08, 0xff, 0x15, 0x00, 0x10, 0x00, 0x00};
+    const auto u = relocate::trampoline(indirect, site, at);
+    ASSERT_EQ(u.size(), 4u + 13u + 6u + 5u);
+    EXPECT_EQ(u[17], 0xff);
+    EXPECT_EQ(u[18], 0x25);  // FF /4, rip-relative
+    std::int32_t disp;
+    std::memcpy(&disp, u.data() + 19, 4);
+    EXPECT_EQ(at + 23 + static_cast<std::int64_t>(disp), site + 10 + 0x1000) << "still reads the same pointer";
 }
 
 TEST(Trampoline, OutOfReachIsRefusedNotWritten) {

@@ -80,6 +80,38 @@ call_first:
     ret
     .size call_first, . - call_first
 
+/* int call_unwound(int x) and call_unwound_indirect(int x): a call, direct
+ * or through a pointer, ends the first 5 bytes; returned_from(x) (C) is
+ * x + 7 when unwinding from it finds its caller's caller.  With CFI, as a
+ * compiler leaves it. */
+    .globl call_unwound
+    .type call_unwound, @function
+    .p2align 4
+call_unwound:
+    .cfi_startproc
+    sub $8, %rsp
+    .cfi_adjust_cfa_offset 8
+    call returned_from
+    add $8, %rsp
+    .cfi_adjust_cfa_offset -8
+    ret
+    .cfi_endproc
+    .size call_unwound, . - call_unwound
+
+    .globl call_unwound_indirect
+    .type call_unwound_indirect, @function
+    .p2align 4
+call_unwound_indirect:
+    .cfi_startproc
+    sub $8, %rsp
+    .cfi_adjust_cfa_offset 8
+    call *returned_from_pointer(%rip)
+    add $8, %rsp
+    .cfi_adjust_cfa_offset -8
+    ret
+    .cfi_endproc
+    .size call_unwound_indirect, . - call_unwound_indirect
+
 /* int jump_first(int x): a short jump first, to code further on: x + 3 */
     .globl jump_first
     .type jump_first, @function

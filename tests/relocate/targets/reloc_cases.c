@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <unwind.h>
 
 int rip_load(int x);
 int rip_lea(int x);
@@ -26,6 +27,27 @@ int jump_first(int x);
 int jrcxz_first(int x);
 long keeps_registers(long x);
 long keeps_r11(long x);
+int call_unwound(int x);
+int call_unwound_indirect(int x);
+
+static long run(long n);
+
+/* Called first thing by call_unwound(_indirect): x + 7 when the unwinder,
+ * walking from here, reaches run().  It finds its way through the return
+ * address the call left (or, with returned_from's own return hooked, the
+ * one the return trampoline's unwind table gives back): an address in a
+ * relocated entry's trampoline, which no unwind table describes, ends the
+ * walk there (a C++ throw beneath it called std::terminate). */
+static _Unwind_Reason_Code find_run(struct _Unwind_Context* context, void* found) {
+    if (_Unwind_FindEnclosingFunction((void*)_Unwind_GetIP(context)) == (void*)run) *(int*)found = 1;
+    return _URC_NO_REASON;
+}
+__attribute__((noinline)) int returned_from(int x) {
+    int found = 0;
+    _Unwind_Backtrace(find_run, &found);
+    return found ? x + 7 : -1;
+}
+int (*const returned_from_pointer)(int) = returned_from;
 
 /* A switch gcc compiles to a jump table (the cases are dense). */
 __attribute__((noinline)) int table_switch(int x) {
@@ -47,7 +69,7 @@ static int table_switch_expected(int x) {
     return results[x & 7];
 }
 
-static long run(long n) {
+static __attribute__((noinline)) long run(long n) {
     long wrong = 0;
     for (long i = 0; i < n; i++) {
         const int x = (int)(i % 97);
@@ -63,6 +85,8 @@ static long run(long n) {
         wrong += jrcxz_first(x) != (x == 0 ? 0 : x + 1);
         wrong += keeps_registers(x) != 8L * x + 28;
         wrong += keeps_r11(x) != 2L * x + 1;
+        wrong += call_unwound(x) != x + 7;
+        wrong += call_unwound_indirect(x) != x + 7;
     }
     return wrong;
 }

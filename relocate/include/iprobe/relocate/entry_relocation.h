@@ -17,6 +17,10 @@
 //     operands are re-aimed, relative jumps and calls re-encoded with rel32;
 //     loop/jrcxz/xbegin (rel8 or relative-only forms) and a call ending inside
 //     the first 5 bytes (its callee would return into the jump) are refused;
+//     a moved call pushes the return address the original would have (its
+//     callee returns into the function's code, where unwinders, debuggers and
+//     runtimes reading return addresses expect it) and jumps, so an indirect
+//     call reading the stack, and a far call, are refused too;
 //   - a caller may keep any value in any register the function leaves
 //     alone (gcc's IPA-RA: r11 too, for a callee that does not write it):
 //     the trampoline uses no register, and the probe's stubs, handlers and
