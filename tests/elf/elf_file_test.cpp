@@ -169,5 +169,17 @@ TEST(Demangle, CxxAndC) {
     EXPECT_EQ(elf::demangle("_Znot_valid"), "_Znot_valid");
 }
 
+// Rust's standard library comes with v0 names, programs often with legacy
+// ones (whose hash the C++ demangler kept as a name).
+TEST(Demangle, RustV0AndLegacy) {
+    EXPECT_EQ(elf::demangle("_RNvNtCsjrHSEGnQ3l9_3std9panicking15panic_with_hook"), "std::panicking::panic_with_hook");
+    EXPECT_EQ(elf::demangle("_RINvNtNtCsjrHSEGnQ3l9_3std3sys9backtrace26___rust_end_short_backtraceNCNvNtB6_"
+                            "9panicking13panic_handler0zEB6_"),
+              "std::sys::backtrace::__rust_end_short_backtrace::<std::panicking::panic_handler::{closure#0}, !>");
+    EXPECT_EQ(elf::demangle("_ZN4main9may_panic17h8dca00fe6b58389bE"), "main::may_panic");
+    EXPECT_EQ(elf::demangle("_ZNSt6vectorIiSaIiEE9push_backERKi"), "std::vector<int, std::allocator<int> >::push_back(int const&)");
+    EXPECT_EQ(elf::demangle("_Rnot_valid"), "_Rnot_valid");
+}
+
 }  // namespace
 }  // namespace iprobe::test
