@@ -28,6 +28,7 @@
 #include "region.h"
 #include "iprobe/probelist/symbol_probes.h"
 #include "relocated_entries.h"
+#include "seccomp_check.h"
 #include "session.h"
 #include "values_plan.h"
 #include "stubs.h"
@@ -499,6 +500,7 @@ void apply_settings(Region& region, const SettingStores& stores) {
         __atomic_store_n(reinterpret_cast<std::uint64_t*>(&probes[global].values), word, __ATOMIC_RELEASE);
 }
 
+
 // The stop's part of an attach, the sites inserted in the hash: stubs, the
 // probes' settings, then the code (before_code runs in between), then the
 // probes' flags.
@@ -715,6 +717,7 @@ AttachStats attach(const AttachOptions& options) {
                             "(iprobe attach PID --probes LIB.so --functions SYMBOL), or revert it first",
                         ExitCode::busy);
         for (std::size_t li = 0; li < lists.size(); li++) check_selected_sites(process.memory(), lists[li], *targets[li]);
+        refuse_if_seccomp_forbids(process);
         const LoadedLibrary libc = libc_of(options.pid, modules);
         use_landings(process, libc, find_loaded(options.pid, modules, runtime_path));
 
@@ -754,7 +757,9 @@ AttachStats attach(const AttachOptions& options) {
             const auto create_at = runtime.library.symbol("iprobe_rt_create_region");
             if (!create_at || !process.landing().with_result)
                 throw Error(runtime.library.path + " is not the iprobe runtime of this version", ExitCode::bad_input);
-            fresh_fd = static_cast<std::int64_t>(process.call(*create_at, {layout.region_size}));
+            // Both runtime functions return an int (-errno on failure): rax's
+            // upper half is not theirs, so the low 32 bits are the answer.
+            fresh_fd = static_cast<std::int32_t>(process.call(*create_at, {layout.region_size}));
             if (fresh_fd < 0)
                 throw Error("the runtime in process " + std::to_string(options.pid) + " could not create its region: " +
                             std::strerror(static_cast<int>(-fresh_fd)));
@@ -783,7 +788,7 @@ AttachStats attach(const AttachOptions& options) {
         insert_sites(region, plan);
         return finish_attach(process, region, plan, options.mode, settings_of(plan, settings), std::move(stats), started, [&] {
             if (fresh_fd < 0) return;
-            const auto rc = static_cast<std::int64_t>(process.call(*map_at, {static_cast<std::uint64_t>(fresh_fd)}));
+            const auto rc = static_cast<std::int32_t>(process.call(*map_at, {static_cast<std::uint64_t>(fresh_fd)}));
             if (rc != 0)
                 throw Error("the runtime in process " + std::to_string(options.pid) + " could not map its region: " +
                             std::strerror(static_cast<int>(-rc)));

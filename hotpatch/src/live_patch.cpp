@@ -20,6 +20,7 @@
 #include "patch.h"
 #include "redirects.h"
 #include "region.h"
+#include "seccomp_check.h"
 #include "session.h"
 #include "stubs.h"
 
@@ -323,6 +324,7 @@ PatchStats patch(const PatchOptions& o) {
         const LoadedLibrary libc = libc_of(o.pid, running);
         // Where the remote dlopen returns, whatever becomes of this tool
         // (docs/hotpatch.md, "Function calls inside a target").
+        refuse_if_seccomp_forbids(process);
         use_landings(process, libc, find_loaded(o.pid, running, default_runtime_library()));
         std::map<std::string, LoadedLibrary> loaded;
         for (const auto& [path, elf] : libraries) {

@@ -302,6 +302,60 @@ TEST_F(HotpatchTest, AForkedChildsInheritedProbesAreShownDetachedOrReplaced) {
     EXPECT_EQ(json_calls(iprobe({"report", pid_of(target), "--json"}).out, "counted"), 5);
 }
 
+// A service confined by seccomp (systemd's SystemCallFilter=,
+// MemoryDenyWriteExecute=, a sandbox): the attach's calls in it (the
+// runtime's loading, its region, stub areas, the handlers' own) are checked
+// against its filters before any is made.  One its filter kills on was
+// made, and killed the service; one it fails left it half-attached, with a
+// message about a bad descriptor (the runtime's -errno read as a 64-bit fd).
+TEST_F(HotpatchTest, ASeccompFilterThatForbidsAnAttachsCallsRefusesItAndChangesNothing) {
+    const std::string program = targets_dir() + "/seccomp_target";
+    TempDir dir;
+    auto confined = [&](const std::string& mode) {
+        const std::string out = dir / (mode + ".out");
+        Child c({program, mode}, out);
+        for (int i = 0; i < 500 && file_text(out).find("tick") == std::string::npos; i++)
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+        EXPECT_NE(file_text(out).find("tick 0"), std::string::npos) << mode << " did not start";
+        return c;
+    };
+    for (const auto& [mode, said] :
+         {std::pair<std::string, std::string>{"kill-memfd", "its seccomp filter would kill the process on memfd_create"},
+          {"errno-memfd", "its seccomp filter would fail with Operation not permitted on memfd_create"}}) {
+        SCOPED_TRACE(mode);
+        Child c = confined(mode);
+        const std::string pid = std::to_string(c.pid());
+        const auto text = text_of(c.pid(), "/seccomp_target");
+        ASSERT_FALSE(text.empty());
+        const auto r = iprobe({"attach", pid, "--handler", "count"});
+        EXPECT_EQ(r.exit_code, 7) << r.err;
+        EXPECT_NE(r.err.find("process " + pid + " cannot be attached: " + said), std::string::npos) << r.err;
+        EXPECT_NE(r.err.find("nothing was changed"), std::string::npos) << r.err;
+        std::this_thread::sleep_for(std::chrono::milliseconds(200));
+        EXPECT_TRUE(c.running());
+        EXPECT_EQ(file_text("/proc/" + pid + "/maps").find("libiprobe-rt"), std::string::npos) << "no runtime loaded";
+        EXPECT_EQ(text_of(c.pid(), "/seccomp_target"), text);
+    }
+    // Filters that allow what an attach does, one deciding on arguments.
+    for (const std::string mode : {"allow-list", "mdwe"}) {
+        SCOPED_TRACE(mode);
+        Child c = confined(mode);
+        const std::string pid = std::to_string(c.pid());
+        auto r = iprobe({"attach", pid, "--handler", "trace", "--functions", "tick", "--args", "--retval"});
+        ASSERT_EQ(r.exit_code, 0) << r.err;
+        long long calls = 0;
+        for (int i = 0; i < 300 && calls < 100; i++) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+            calls = json_calls(iprobe({"report", pid, "--json"}).out, "tick");
+        }
+        EXPECT_GE(calls, 100) << "tick is traced";
+        r = iprobe({"detach", pid});
+        EXPECT_EQ(r.exit_code, 0) << r.err;
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        EXPECT_TRUE(c.running()) << "every call the attach made was allowed";
+    }
+}
+
 TEST_F(HotpatchTest, CountHandlerCountsExactly) {
     HpTarget target(kThreads);
     const std::string pid = pid_of(target);
