@@ -36,6 +36,7 @@
 #include "iprobe/hotpatch/run.h"
 #include "iprobe/support/args.h"
 #include "iprobe/support/error.h"
+#include "iprobe/support/file.h"
 #include "iprobe/support/glob.h"
 #include "iprobe/support/http_server.h"
 #include "patch_cmd.h"
@@ -653,7 +654,7 @@ int cmd_report(const Args& args) {
 
 
 // `iprobe run`'s report: written once the program has exited, to stderr or
-// to FILE (%p: the program's PID), whole or not at all (renamed into place).
+// to FILE (%p: the program's PID), whole or not at all (write_file_atomic).
 void write_exit_report(TraceReader& reader, pid_t pid, const Args& args) {
     std::vector<std::vector<FunctionStats>> rows{reader.functions(reader.sums(), nullptr)};
     std::ostringstream text;
@@ -666,19 +667,7 @@ void write_exit_report(TraceReader& reader, pid_t pid, const Args& args) {
         return;
     }
     for (std::size_t at; (at = path.find("%p")) != std::string::npos;) path.replace(at, 2, std::to_string(pid));
-    const std::string tmp = path + ".tmp" + std::to_string(::getpid());
-    {
-        std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-        out << report;
-        if (!out.flush()) {
-            ::unlink(tmp.c_str());
-            throw Error("cannot write the report of process " + std::to_string(pid) + " to " + path);
-        }
-    }
-    if (::rename(tmp.c_str(), path.c_str()) != 0) {
-        ::unlink(tmp.c_str());
-        throw_errno("cannot write the report of process " + std::to_string(pid) + " to " + path);
-    }
+    write_file_atomic(path, report.data(), report.size());
 }
 
 // Enables the probes in the held program, keeps its region mapped for the

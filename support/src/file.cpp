@@ -5,6 +5,10 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <climits>
+#include <cstdlib>
+#include <functional>
+#include <memory>
 
 #include "iprobe/support/error.h"
 #include "iprobe/support/fd.h"
@@ -49,8 +53,43 @@ std::vector<std::uint8_t> read_file(const std::string& path, std::uint64_t max_b
     return data;
 }
 
-void write_file_atomic(const std::string& path, const void* data, std::size_t size,
+namespace {
+
+void write_all(int fd, const void* data, std::size_t size, const std::function<void(const std::string&)>& fail,
+               const std::string& what) {
+    const auto* p = static_cast<const std::uint8_t*>(data);
+    std::size_t done = 0;
+    while (done < size) {
+        const ssize_t n = ::write(fd, p + done, size - done);
+        if (n < 0 && errno == EINTR) continue;
+        if (n < 0) fail("cannot write " + what);
+        done += static_cast<std::size_t>(n);
+    }
+}
+
+// `path` when it is no symbolic link, else the file it finally names (a
+// link is kept, what it points to replaced), or `path` for a dangling one.
+std::string resolved(const std::string& path) {
+    struct stat st {};
+    if (::lstat(path.c_str(), &st) != 0 || !S_ISLNK(st.st_mode)) return path;
+    std::unique_ptr<char, decltype(&std::free)> real(::realpath(path.c_str(), nullptr), &std::free);
+    return real ? std::string(real.get()) : path;
+}
+
+}  // namespace
+
+void write_file_atomic(const std::string& given, const void* data, std::size_t size,
                        const std::string& mode_from) {
+    const std::string path = resolved(given);
+    // Not a regular file (/dev/null, /dev/stdout, a FIFO, a socket): written
+    // into as a shell's `>` would; a rename would put a file in its place.
+    struct stat existing {};
+    if (::stat(path.c_str(), &existing) == 0 && !S_ISREG(existing.st_mode)) {
+        UniqueFd out(::open(path.c_str(), O_WRONLY | O_CLOEXEC | O_NOCTTY));
+        if (!out) throw_errno("cannot open " + given);
+        write_all(out.get(), data, size, [](const std::string& what) { throw_errno(what); }, given);
+        return;
+    }
     const std::string tmp = path + ".iprobe-tmp." + std::to_string(::getpid());
     mode_t mode = 0644;
     struct stat st {};
@@ -65,14 +104,7 @@ void write_file_atomic(const std::string& path, const void* data, std::size_t si
         errno = err;
         throw_errno(what);
     };
-    const auto* p = static_cast<const std::uint8_t*>(data);
-    std::size_t done = 0;
-    while (done < size) {
-        const ssize_t n = ::write(fd.get(), p + done, size - done);
-        if (n < 0 && errno == EINTR) continue;
-        if (n < 0) fail("cannot write " + tmp);
-        done += static_cast<std::size_t>(n);
-    }
+    write_all(fd.get(), data, size, fail, tmp);
     if (have_ref && ::fchown(fd.get(), st.st_uid, st.st_gid) != 0 && errno != EPERM)
         fail("cannot chown " + tmp);
     if (::fchmod(fd.get(), mode) != 0) fail("cannot chmod " + tmp);

@@ -24,7 +24,9 @@ std::vector<std::uint8_t> read_file(const std::string& path, std::uint64_t max_b
 
 // Replaces `path` with `data` so that readers see either the old or the new
 // file, never a mix: write a sibling temp file, fsync, rename.  Mode and
-// ownership follow `mode_from` (an existing file) when given.
+// ownership follow `mode_from` (an existing file) when given.  A symbolic
+// link stays: the file it names is replaced.  A path that is not a regular
+// file (/dev/null, /dev/stdout, a FIFO) is written into, never replaced.
 void write_file_atomic(const std::string& path, const void* data, std::size_t size,
                        const std::string& mode_from = {});
 
