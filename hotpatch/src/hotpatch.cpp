@@ -852,10 +852,9 @@ AttachStats attach(const AttachOptions& options) {
     Preparation prepared;
     if (!ahead && preparable && worth_two_stops(lists)) {
         prepared = prepare_in_stop(options, lists, handlers, runtime_path, handler_path, capacity, tsc, injected);
-        if (options.between_stops) options.between_stops();
-        throw_if_interrupted();
         ahead = plan_ahead(options, lists, handlers, handler_path, runtime_state(options.pid), redirected, values_plans,
                            preparable, prepared.unused_areas);
+        if (options.between_stops) options.between_stops();
     }
     SettingStores settings_ahead;
     if (ahead) {

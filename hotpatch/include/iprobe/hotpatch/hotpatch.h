@@ -121,9 +121,10 @@ struct AttachOptions {
     std::string min_duration;
     // Keep a log2 histogram of each selected function's integer return value.
     bool retval_histogram = false;
-    // Called once the preparation stop (AttachStats::prepare_pause_us) let
-    // the target go, before the sites are planned while it runs: progress
-    // for a caller, and where a test interrupts an attach between its stops.
+    // Called between the two stops of an attach (AttachStats::prepare_pause_us),
+    // the sites planned while the target ran, before the stop that writes
+    // them: progress for a caller, and where a test interrupts an attach
+    // (interrupt()) or changes the target between its stops.
     std::function<void()> between_stops;
 };
 
