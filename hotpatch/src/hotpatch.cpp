@@ -758,15 +758,16 @@ Preparation prepare_in_stop(const AttachOptions& options, std::vector<SelectedLi
         Preparation done;
         done.runtime_injected = libs.runtime.injected;
         done.handler_injected = libs.handler.injected && handler_path != runtime_path;
+        // Mapped first: killed while the areas are made, this attach leaves
+        // them recorded in the region the next one opens.
         RuntimeRegion r = open_or_create_region(process, libs.runtime.library, options, capacity, tsc);
+        map_fresh_region(process, r);
         for (auto& s : lists) {
             const RunningModule& running = match_module(s, modules, options.pid);
             iprobe_rt_module& module = r.region.modules()[find_or_add_module(r.region, running, s)];
             prepare_stub_areas(process, libs.libc, running, module, s, handlers, libs.handler.library,
                                done.unused_areas);
         }
-        throw_if_interrupted();
-        map_fresh_region(process, r);
         done.stop_us = process.stop_us;
         process.release();
         done.pause_us = elapsed_us(started);
