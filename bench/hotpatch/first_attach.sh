@@ -7,7 +7,7 @@
 # usage: bench/hotpatch/first_attach.sh [BUILD_DIR]
 #   env: BASELINE="DIR..." (builds to compare), RUNS (5), TARGET=many|node,
 #        PROBES (10000: many's functions are PROBES/2, 8 spinning threads),
-#        FUNCTIONS (a --functions glob; empty: every function),
+#        FUNCTIONS (a --functions glob; empty: every function), ATTACH_ARGS (e.g. --completed),
 #        NODE_SCRIPT (node: a script that keeps running; default: a timer doing work)
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
@@ -20,10 +20,13 @@ runs=${RUNS:-5}
 tools=()
 for b in ${BASELINE:-}; do tools+=("$(cd "$b" && pwd)/bin/iprobe"); done
 tools+=("$build/bin/iprobe")
-get() { sed -n "s/.*\"$1\":\([0-9]*\).*/\1/p" <<<"$2"; }
+# a number field of a JSON line; 0 when absent (a build before the field)
+get() { local v; v=$(sed -n "s/.*\"$1\":\([0-9]*\).*/\1/p" <<<"$2"); echo "${v:-0}"; }
 median() { sort -n | awk '{ v[NR] = $1 } END { print v[int((NR + 1) / 2)] }'; }
 max() { sort -n | tail -1; }
 select=(); [[ -n ${FUNCTIONS:-} ]] && select=(--functions "$FUNCTIONS")
+# shellcheck disable=SC2206
+select+=(${ATTACH_ARGS:-})
 case ${TARGET:-many} in
   many) pause_target; launch() { start "$many_binary"; } ;;
   node)
@@ -51,11 +54,11 @@ for ((r = 0; r < runs; r++)); do
       >>"$work/first.$i"
   done
 done
-printf '\n(load: %s; %s first attaches each, interleaved, a fresh %s each; --functions %s)\n' \
-  "$(cut -d' ' -f1-3 /proc/loadavg)" "$runs" "${TARGET:-many}" "${FUNCTIONS:-(all)}"
+printf '\n(load: %s; %s first attaches each, interleaved, a fresh %s each; --functions %s %s)\n' \
+  "$(cut -d' ' -f1-3 /proc/loadavg)" "$runs" "${TARGET:-many}" "${FUNCTIONS:-(all)}" "${ATTACH_ARGS:-}"
 printf '\n| iprobe | probes | longest pause median / max | preparation stop | write stop | attach wall time |\n|---|---|---|---|---|---|\n'
 for i in "${!tools[@]}"; do
   f="$work/first.$i"
-  col() { awk -v c="$1" '{ print ($c == "" ? 0 : $c) }' "$f"; }
+  col() { awk -v c="$1" '{ print $c }' "$f"; }
   echo "| ${tools[$i]%/bin/iprobe} | $(awk 'NR == 1 { print $5 }' "$f") | $(col 1 | median) / $(col 1 | max) us | $(col 2 | median) us | $(col 3 | median) us | $(($(col 4 | median) / 1000)) ms |"
 done

@@ -775,22 +775,6 @@ Preparation prepare_in_stop(const AttachOptions& options, std::vector<SelectedLi
     });
 }
 
-// A first attach of this many selected probes or fewer plans them inside
-// its one stop; more, and it stops the target twice (prepare_in_stop).
-// Planning costs a few microseconds a site inside the stop (node's 137 944
-// probes: 585 ms); a second stop costs stopping every thread again (0.5 ms
-// idle, several ms on a loaded machine, with a dozen threads) and its checks.
-// Below a few hundred sites the second stop costs more than the planning it
-// moves out, and the longest pause is the preparation's either way
-// (bench/RESULTS.md, "A first attach in two stops").
-constexpr std::size_t kPlanInStopAtMost = 256;
-
-bool worth_two_stops(const std::vector<SelectedList>& lists) {
-    std::size_t selected = 0;
-    for (const auto& s : lists) selected += s.selected.size();
-    return selected > kPlanInStopAtMost;
-}
-
 // The write stop's stats with the preparation stop's pause (if there was one).
 AttachStats with_preparation(AttachStats stats, const Preparation& prepared) {
     stats.write_pause_us = stats.pause_us;
@@ -841,9 +825,13 @@ AttachStats attach(const AttachOptions& options) {
 
     // Planned while the target runs when nothing needs it stopped (the
     // runtime, its region and the modules' stub areas are there already):
-    // the stop then only checks and writes.  A first attach of many sites
-    // makes what needs a stop in a short one first (prepare_in_stop), then
-    // plans while the target runs again.
+    // the stop then only checks and writes.  A first attach makes what needs
+    // a stop in a short one first (prepare_in_stop), then plans while the
+    // target runs again.  Always, however few the sites: one stop also reads
+    // the maps and modules and checks every site inside it, so two stops
+    // paused less even for 10 probes (many_5000: 5.3 ms + 0.4 ms against
+    // 7.4 ms; node: 25 ms + 3.4 ms against 45 ms), at the same wall time
+    // (bench/RESULTS.md, "A first attach in two stops").
     std::vector<std::string> redirected;  // functions `iprobe patch` replaced, found while planning
     bool preparable = false;
     std::optional<PlannedAhead> ahead =
@@ -851,7 +839,7 @@ AttachStats attach(const AttachOptions& options) {
     bool injected = false;  // by this attach: said when it fails after that
     try {
     Preparation prepared;
-    if (!ahead && preparable && worth_two_stops(lists)) {
+    if (!ahead && preparable) {
         prepared = prepare_in_stop(options, lists, handlers, runtime_path, handler_path, capacity, tsc, injected);
         ahead = plan_ahead(options, lists, handlers, handler_path, runtime_state(options.pid), redirected, values_plans,
                            preparable, prepared.unused_areas);

@@ -138,7 +138,7 @@ struct AttachStats {
     // one stop): an attach stops it once, or twice (prepare_pause_us).
     std::uint64_t pause_us = 0;
     std::uint64_t stop_us = 0;       // of which: until every thread was stopped
-    // A first attach whose sites are many stops the target twice: a short
+    // A first attach stops the target twice: a short
     // preparation stop (the runtime injected, its region and the modules'
     // stub areas mapped), the sites planned while it runs again, then the
     // stop that checks and writes them.  Each stop's pause; prepare_pause_us
