@@ -31,6 +31,8 @@ void attach_fields(JsonWriter& j, const AttachStats& st) {
         .field("threads", st.threads)
         .field("pause_us", st.pause_us)
         .field("stop_us", st.stop_us)
+        .field("prepare_pause_us", st.prepare_pause_us)
+        .field("write_pause_us", st.write_pause_us)
         .field("runtime_injected", st.runtime_injected)
         .field("handler_injected", st.handler_injected)
         .field("planned_while_running", st.planned_while_running)
@@ -58,6 +60,8 @@ AttachStats attach_of(const Json& doc) {
     doc.at("threads").get_to(st.threads);
     doc.at("pause_us").get_to(st.pause_us);
     doc.at("stop_us").get_to(st.stop_us);
+    st.prepare_pause_us = doc.value("prepare_pause_us", std::uint64_t{0});
+    st.write_pause_us = doc.value("write_pause_us", st.pause_us);
     doc.at("runtime_injected").get_to(st.runtime_injected);
     st.handler_injected = doc.value("handler_injected", false);
     st.planned_while_running = doc.value("planned_while_running", false);

@@ -13,8 +13,13 @@ std::string attach_summary(const AttachStats& st, std::optional<pid_t> pid) {
     std::string out = "enabled " + std::to_string(st.enabled) + " probes";
     if (pid) out += " in process " + std::to_string(*pid);
     out += " (" + std::to_string(st.already_enabled) + " already on, " + std::to_string(st.total_enabled) +
-           " on in total); " + std::to_string(st.threads) + " threads stopped for " + std::to_string(st.pause_us) +
-           " us";
+           " on in total); " + std::to_string(st.threads) + " threads stopped for ";
+    // Two stops: each pause, the runtime's first (the sites planned between).
+    if (st.prepare_pause_us)
+        out += std::to_string(st.prepare_pause_us) + " us to load the runtime and map its areas, then " +
+               std::to_string(st.write_pause_us) + " us to write the sites planned while it ran";
+    else
+        out += std::to_string(st.pause_us) + " us";
     if (st.runtime_injected) out += "; runtime injected";
     if (st.inherited_sites_restored)
         out += "; first put back the " + std::to_string(st.inherited_sites_restored) +

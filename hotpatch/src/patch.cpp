@@ -126,11 +126,18 @@ const std::string& id_symbol(const HandlerSymbols& h, const probelist::Probe& p)
     return p.kind == probelist::ProbeKind::entry ? h.enter_id : p.kind == probelist::ProbeKind::exit ? h.exit_id : none;
 }
 
-std::uint64_t stub_for(StoppedProcess& process, iprobe_rt_module& module, std::uint64_t target) {
+std::optional<std::uint64_t> find_stub(const ProcessMemory& memory, const iprobe_rt_module& module,
+                                       std::uint64_t target) {
+    if (!module.stub_page) return std::nullopt;
     std::vector<std::uint8_t> page(kPage);
-    process.read(module.stub_page, page.data(), page.size());
-    for (std::uint32_t i = 0; i < module.stub_used; i++)
+    memory.read(module.stub_page, page.data(), page.size());
+    for (std::uint32_t i = 0; i < module.stub_used && i < kPage / kStubSize; i++)
         if (stub_target(page.data() + i * kStubSize) == target) return module.stub_page + i * kStubSize;
+    return std::nullopt;
+}
+
+std::uint64_t stub_for(StoppedProcess& process, iprobe_rt_module& module, std::uint64_t target) {
+    if (const auto found = find_stub(process.memory(), module, target)) return *found;
     if (module.stub_used >= kPage / kStubSize) throw Error("stub page full");
     const auto bytes = stub_bytes(target);
     const std::uint64_t at = module.stub_page + module.stub_used * kStubSize;
@@ -186,34 +193,65 @@ void sort_stubs(std::vector<SiteStub>& stubs) {
         return a.area != b.area ? a.area < b.area : a.address < b.address;
     });
 }
+
+// Calls `run(first, last)` for each run of `stubs` (sorted) in one area.
+template <typename Run>
+void each_area(const std::vector<SiteStub>& stubs, Run&& run) {
+    for (std::size_t i = 0; i < stubs.size();) {
+        std::size_t j = i;
+        while (j + 1 < stubs.size() && stubs[j + 1].area == stubs[i].area) j++;
+        run(i, j);
+        i = j + 1;
+    }
+}
+
+// The bytes from the first stub of a run to the end of its last.
+std::vector<std::uint8_t> span_of(const std::vector<SiteStub>& stubs, std::size_t first, std::size_t last) {
+    return std::vector<std::uint8_t>(stubs[last].address + kSiteStubSize - stubs[first].address);
+}
 }  // namespace
 
 void drop_written_stubs(const ProcessMemory& memory, std::vector<SiteStub>& stubs) {
     sort_stubs(stubs);
     std::vector<SiteStub> left;
-    std::vector<std::uint8_t> held;
-    for (std::size_t i = 0; i < stubs.size();) {
-        std::size_t j = i;
-        while (j + 1 < stubs.size() && stubs[j + 1].area == stubs[i].area) j++;
+    each_area(stubs, [&](std::size_t i, std::size_t j) {
         const std::uint64_t low = stubs[i].address;
-        held.resize(stubs[j].address + kSiteStubSize - low);
+        std::vector<std::uint8_t> held = span_of(stubs, i, j);
         memory.read(low, held.data(), held.size());
         for (std::size_t k = i; k <= j; k++)
             if (!std::equal(stubs[k].bytes.begin(), stubs[k].bytes.end(), held.data() + (stubs[k].address - low)))
                 left.push_back(stubs[k]);
-        i = j + 1;
-    }
+    });
+    stubs = std::move(left);
+}
+
+void write_stubs_ahead(ProcessMemory& memory, std::vector<SiteStub>& stubs, const std::set<std::uint64_t>& unused_areas) {
+    sort_stubs(stubs);
+    std::vector<SiteStub> left;
+    each_area(stubs, [&](std::size_t i, std::size_t j) {
+        if (!unused_areas.count(stubs[i].area)) {
+            left.insert(left.end(), stubs.begin() + static_cast<long>(i), stubs.begin() + static_cast<long>(j) + 1);
+            return;
+        }
+        const std::uint64_t low = stubs[i].address;
+        std::vector<std::uint8_t> span = span_of(stubs, i, j);
+        memory.read(low, span.data(), span.size());
+        for (std::size_t k = i; k <= j; k++)
+            std::copy(stubs[k].bytes.begin(), stubs[k].bytes.end(), span.data() + (stubs[k].address - low));
+        memory.write(low, span.data(), span.size());
+    });
     stubs = std::move(left);
 }
 
 void write_site_stubs(StoppedProcess& process, std::vector<SiteStub>& stubs) {
     sort_stubs(stubs);
-    for (std::size_t i = 0; i < stubs.size();) {
-        std::size_t j = i;
-        while (j + 1 < stubs.size() && stubs[j + 1].area == stubs[i].area) j++;
-        const std::uint64_t low = stubs[i].address, high = stubs[j].address + kSiteStubSize;
-        std::vector<std::uint8_t> before(high - low);
-        process.read(low, before.data(), before.size());
+    each_area(stubs, [&](std::size_t i, std::size_t j) {
+        const std::uint64_t low = stubs[i].address;
+        const std::vector<std::uint8_t> before = [&] {
+            std::vector<std::uint8_t> held = span_of(stubs, i, j);
+            process.read(low, held.data(), held.size());
+            return held;
+        }();
         std::vector<std::uint8_t> after = before;
         for (std::size_t k = i; k <= j; k++) {
             const SiteStub& stub = stubs[k];
@@ -225,8 +263,7 @@ void write_site_stubs(StoppedProcess& process, std::vector<SiteStub>& stubs) {
         }
         // Unchanged slots in between are rewritten as they are: every thread is stopped.
         if (after != before) process.write(low, after.data(), after.size());
-        i = j + 1;
-    }
+    });
 }
 
 }  // namespace iprobe::hotpatch

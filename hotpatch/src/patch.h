@@ -5,6 +5,7 @@
 #include <array>
 #include <cstdint>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -55,6 +56,10 @@ void write_site_stubs(StoppedProcess& process, std::vector<SiteStub>& stubs);
 // runs: only iprobe writes stubs, under the session lock), so the stop
 // reads and writes only the others.
 void drop_written_stubs(const ProcessMemory& memory, std::vector<SiteStub>& stubs);
+// Writes, while the target runs, the stubs in `unused_areas` (site-stub
+// areas this attach mapped, which no site has called: no thread can be in
+// them) and drops them from `stubs`, leaving the others to the stop.
+void write_stubs_ahead(ProcessMemory& memory, std::vector<SiteStub>& stubs, const std::set<std::uint64_t>& unused_areas);
 
 // No thread may be stopped strictly inside a range about to change
 // (`patches` sorted by address).
@@ -68,6 +73,11 @@ std::uint32_t counter_offset(std::uint32_t stat, probelist::ProbeKind kind);
 
 // The per-site entry point for `p`, or empty where its site takes the shared stub.
 const std::string& id_symbol(const HandlerSymbols& h, const probelist::Probe& p);
+
+// The stub in the module's stub page that jumps to `target`, if it has one
+// (read while the target runs: only attach writes the page, under the session lock).
+std::optional<std::uint64_t> find_stub(const ProcessMemory& memory, const iprobe_rt_module& module,
+                                       std::uint64_t target);
 
 // The stub in the module's stub page that jumps to `target`, created if needed.
 std::uint64_t stub_for(StoppedProcess& process, iprobe_rt_module& module, std::uint64_t target);

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <future>
+#include <nlohmann/json.hpp>
 #include <thread>
 
 #include "hotpatch_fixture.h"
@@ -32,6 +33,8 @@ AttachStats some_attach() {
     st.threads = 3;
     st.pause_us = 456;
     st.stop_us = 123;
+    st.prepare_pause_us = 456;
+    st.write_pause_us = 321;
     st.runtime_injected = true;
     st.refused = 1;
     st.refused_example = "f: too short";
@@ -78,8 +81,19 @@ TEST(AgentProtocol, ReportsRoundTripAndTheSummaryReadsAsTheCliPrintsIt) {
     plain.exits_left_off = 0;
     plain.values_unavailable = plain.values_untyped = plain.values_no_return = plain.when_undecidable = 0;
     EXPECT_EQ(attach_summary(plain, 77),
+              "enabled 10 probes in process 77 (2 already on, 12 on in total); 3 threads stopped for 456 us to load "
+              "the runtime and map its areas, then 321 us to write the sites planned while it ran; runtime injected");
+    AttachStats one_stop = plain;
+    one_stop.prepare_pause_us = 0;
+    one_stop.write_pause_us = one_stop.pause_us;
+    EXPECT_EQ(attach_summary(one_stop, 77),
               "enabled 10 probes in process 77 (2 already on, 12 on in total); 3 threads stopped for 456 us; "
               "runtime injected");
+    // A report of a tool before the two stops reads as one stop.
+    nlohmann::json older = nlohmann::json::parse(to_json(one_stop, 77));
+    older.erase("prepare_pause_us");
+    older.erase("write_pause_us");
+    EXPECT_EQ(attach_stats_from_json(older.dump()), one_stop);
     EXPECT_THROW(attach_stats_from_json("enabled 10 probes"), Error);
     EXPECT_THROW(attach_stats_from_json(R"({"enabled":10})"), Error);
     EXPECT_THROW(detach_stats_from_json("[1,2]"), Error);

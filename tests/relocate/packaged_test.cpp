@@ -62,6 +62,7 @@ TEST(PackagedRedis, EveryProbeableFunctionCountedExactlyUnderLoadThenCodeAsInThe
     auto r = iprobe({"attach", pid, "--handler", "count", "--completed", "--json"});
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_EQ(json::parse(r.out)["enabled"].get<std::size_t>(), 2 * probeable) << r.out;
+    EXPECT_TRUE(json::parse(r.out)["planned_while_running"].get<bool>()) << "a first attach of many sites: " << r.out;
     EXPECT_EQ(redis_cli(redis.port(), {"SET", "probe", "relocated"}).out, "OK\n");
     EXPECT_EQ(redis_cli(redis.port(), {"GET", "probe"}).out, "relocated\n");
     // Every test redis-benchmark has (strings, lists, sets, hashes, sorted sets, MSET, LRANGE), 5000 requests each.
@@ -237,6 +238,7 @@ TEST(PackagedCxxProgram, PowerDnsServesEveryQueryCountedExactlyThenCodeAsInTheFi
     auto r = iprobe({"attach", pid, "--handler", "count", "--completed", "--json"});
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_EQ(json::parse(r.out)["enabled"].get<std::size_t>(), 2 * probeable) << r.out;
+    EXPECT_TRUE(json::parse(r.out)["planned_while_running"].get<bool>()) << "a first attach of many sites: " << r.out;
     EXPECT_EQ(wrong_dns_answers(port, 2000), 0);
     r = iprobe({"report", pid, "--json"});
     ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -300,6 +302,10 @@ void trace_while_it_runs(Child& program, const std::string& out, const std::vect
     auto r = iprobe(attach, std::chrono::seconds(600));
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_GT(json::parse(r.out)["exits_runtime_reads"].get<std::size_t>(), 0u) << r.out;
+    // The first attach too plans its sites while the program runs, between
+    // a stop that injects the runtime and one that writes them.
+    EXPECT_TRUE(json::parse(r.out)["planned_while_running"].get<bool>()) << r.out;
+    EXPECT_GT(json::parse(r.out)["prepare_pause_us"].get<std::uint64_t>(), 0u) << r.out;
     const std::size_t before = lines_in(out);
     std::this_thread::sleep_for(std::chrono::seconds(3));
     ASSERT_TRUE(program.running()) << "the program died with its probes on";

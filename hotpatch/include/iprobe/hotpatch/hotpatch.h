@@ -17,6 +17,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -120,6 +121,11 @@ struct AttachOptions {
     std::string min_duration;
     // Keep a log2 histogram of each selected function's integer return value.
     bool retval_histogram = false;
+    // Called between the two stops of an attach (AttachStats::prepare_pause_us),
+    // the sites planned while the target ran, before the stop that writes
+    // them: progress for a caller, and where a test interrupts an attach
+    // (interrupt()) or changes the target between its stops.
+    std::function<void()> between_stops;
 };
 
 struct AttachStats {
@@ -128,8 +134,17 @@ struct AttachStats {
     std::size_t already_enabled = 0;
     std::size_t total_enabled = 0;   // enabled in the process after the call
     std::size_t threads = 0;         // threads stopped
-    std::uint64_t pause_us = 0;      // stop-the-world time (first interrupt to last detach)
+    // The longest the target was stopped (first interrupt to last detach of
+    // one stop): an attach stops it once, or twice (prepare_pause_us).
+    std::uint64_t pause_us = 0;
     std::uint64_t stop_us = 0;       // of which: until every thread was stopped
+    // A first attach stops the target twice: a short
+    // preparation stop (the runtime injected, its region and the modules'
+    // stub areas mapped), the sites planned while it runs again, then the
+    // stop that checks and writes them.  Each stop's pause; prepare_pause_us
+    // is 0 when there was no preparation stop (write_pause_us is then pause_us).
+    std::uint64_t prepare_pause_us = 0;
+    std::uint64_t write_pause_us = 0;
     bool runtime_injected = false;
     bool handler_injected = false;
     // The sites were planned while the target ran (the stop only checked and
