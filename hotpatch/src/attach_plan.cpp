@@ -38,7 +38,8 @@ std::string module_source(pid_t pid, const std::string& name) {
     if (found.empty())
         throw Error("process " + std::to_string(pid) + " has no module named " + name + " loaded (see /proc/" +
                         std::to_string(pid) + "/maps); a library it loads later (dlopen, as java loads libjvm) is "
-                        "probed by attaching once it is loaded",
+                        "probed by attaching once it is loaded, or from its first call on by starting the program "
+                        "with 'iprobe run --module " + name + " -- PROGRAM'",
                     ExitCode::not_found);
     if (found.size() > 1)
         throw Error("--module " + name + " names " + std::to_string(found.size()) + " modules of process " +

@@ -1631,6 +1631,16 @@ static void after_fork_in_child(void) {
     g_pending_fd = -1;
 }
 
+/* LD_AUDIT as the user had it, when `iprobe run` added its audit module
+ * (include/iprobe/runtime/run_loads.h); the module itself is loaded already. */
+static void restore_run_audit(void) {
+    const char* audit = getenv("IPROBE_RUN_LD_AUDIT");
+    if (!audit) return;
+    if (*audit) setenv("LD_AUDIT", audit, 1);
+    else unsetenv("LD_AUDIT");
+    unsetenv("IPROBE_RUN_LD_AUDIT");
+}
+
 /* `iprobe run` (hotpatch/include/iprobe/hotpatch/run.h) started this
  * program with the runtime preloaded: say so, and wait before any of the
  * program's own code runs until the prober has enabled its probes.  Byte 0
@@ -1645,6 +1655,7 @@ static void run_hold(void) {
     if (preload) setenv("LD_PRELOAD", preload, 1);
     else unsetenv("LD_PRELOAD");
     unsetenv("IPROBE_RUN_LD_PRELOAD");
+    restore_run_audit();
     unsetenv("IPROBE_RUN_FD");
     const unsigned char ready = 'r';
     unsigned char reply = 1;

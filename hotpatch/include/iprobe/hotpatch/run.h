@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "iprobe/hotpatch/hotpatch.h"
+#include "iprobe/support/error.h"
 
 namespace iprobe::hotpatch {
 
@@ -34,11 +35,45 @@ struct HoldChannel {
 // installed one), as an absolute path; Error(not_found) if it is missing.
 std::string runtime_to_preload(const AttachOptions& options);
 
-// In the process that becomes the program: preload `runtime`, hand over the
-// channel's program end, execvp(command).  Returns only if exec failed, with
-// errno set; the prober is told so (the caller says why and exits 126/127
-// as shells do).
-void exec_held(const std::vector<std::string>& command, const std::string& runtime, int program_fd);
+// The libraries an `iprobe run` names (--module NAME, --probes SOURCE)
+// that its program has not loaded (yet): each is probed when the program
+// loads it (dlopen), before its code runs, and the ones it never loads are
+// said at exit (include/iprobe/runtime/run_loads.h).  A run that names none
+// probes the executable, which is always there.
+class PendingModules {
+public:
+    // Every module and source `options` names (none for options.selections).
+    explicit PendingModules(const AttachOptions& options);
+    bool empty() const { return entries_.empty(); }
+    // The options of an attach of what of them process `pid` has loaded now,
+    // taken out of the pending ones; nullopt when it has none of them.
+    std::optional<AttachOptions> take_loaded(const AttachOptions& options, pid_t pid);
+    // Whether any of the object names (l_name) a load batch reports may be
+    // one of them ("*": the batch did not hold every name).
+    bool may_be_among(const std::vector<std::string>& loaded) const;
+    // As the user named them: "libx.so" (--module), "FILE" (--probes).
+    std::vector<std::string> named() const;
+    // The same with the option: "--module libx.so", "--probes FILE".
+    std::vector<std::string> described() const;
+
+private:
+    struct Entry {
+        std::string name;    // a module's file name, as module_source matches it
+        std::string source;  // --probes SOURCE; empty for --module
+    };
+    std::vector<Entry> entries_;
+};
+
+// The audit module `iprobe run` adds to LD_AUDIT so the program tells of
+// its later loads: libiprobe-run-audit.so beside `runtime`.
+std::string run_audit_library(const std::string& runtime);
+
+// In the process that becomes the program: preload `runtime` (and, when
+// `audit` is not empty, add it to LD_AUDIT), hand over the channel's program
+// end, execvp(command).  Returns only if exec failed, with errno set; the
+// prober is told so (the caller says why and exits 126/127 as shells do).
+void exec_held(const std::vector<std::string>& command, const std::string& runtime, int program_fd,
+               const std::string& audit = {});
 
 // The prober's side: waits until the program has loaded the runtime and is
 // held, enables `options` in it, runs `before_release` (e.g. to map its
@@ -50,5 +85,32 @@ void exec_held(const std::vector<std::string>& command, const std::string& runti
 // runtime.
 std::optional<AttachStats> enable_when_held(int prober_fd, pid_t program, const AttachOptions& options,
                                             const std::function<void()>& before_release = {});
+
+// The same for a run that names modules: attaches what of `pending` the
+// program has loaded at its start (nothing, and no region made, if none of
+// it), takes that out of `pending`.  `before_release` runs only if
+// something was attached.  nullopt: exec failed; AttachStats::selected 0:
+// nothing of `pending` was loaded yet.
+std::optional<AttachStats> enable_loaded_when_held(int prober_fd, pid_t program, const AttachOptions& options,
+                                                   PendingModules& pending,
+                                                   const std::function<void()>& before_release = {});
+
+// What a module the program loaded later came to.
+struct LaterAttach {
+    std::vector<std::string> named;  // PendingModules::described() of what it attached (or tried to)
+    std::optional<AttachStats> stats;  // nullopt: the attach failed ...
+    std::string error;                 // ... saying this
+    ExitCode code = ExitCode::ok;
+};
+
+// Serves the program's later loads until nothing is pending, the program
+// (and every process that kept its end) is gone, or the channel is shut
+// down: each load of a pending module is attached while the program waits
+// inside its dlopen, `after_attach` runs (success or not), and then the
+// program goes on.  Runs on its own thread beside the one waiting for the
+// program.  Throws nothing: a failed attach leaves the program going on
+// unprobed and is told through `after_attach`.
+void serve_later_loads(int prober_fd, pid_t program, const AttachOptions& options, PendingModules& pending,
+                       const std::function<void(const LaterAttach&)>& after_attach);
 
 }  // namespace iprobe::hotpatch
