@@ -1,5 +1,6 @@
 #include "iprobe/hotpatch/run.h"
 
+#include <elf.h>
 #include <fcntl.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -10,6 +11,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <utility>
 
 #include "attach_plan.h"
 #include "inject.h"
@@ -72,13 +74,32 @@ bool read_load_batch(int fd, std::vector<std::string>& names) {
     }
 }
 
-// The file name of the module a --probes SOURCE describes: the binary's
-// own, or the one its probe list names.
-std::string module_name_of_source(const std::string& source) {
+// Whether an ELF file is an executable (it asks for an interpreter), not
+// a shared library.
+bool is_executable_elf(std::ifstream& in) {
+    Elf64_Ehdr header{};
+    if (!in.seekg(0).read(reinterpret_cast<char*>(&header), sizeof header) || header.e_ident[EI_CLASS] != ELFCLASS64)
+        return false;
+    if (header.e_type == ET_EXEC) return true;
+    for (unsigned i = 0; i < header.e_phnum; ++i) {
+        Elf64_Phdr ph{};
+        if (!in.seekg(static_cast<std::streamoff>(header.e_phoff + std::uint64_t{i} * header.e_phentsize))
+                 .read(reinterpret_cast<char*>(&ph), sizeof ph))
+            return false;
+        if (ph.p_type == PT_INTERP) return true;
+    }
+    return false;
+}
+
+// The file name of the module a --probes SOURCE describes (the binary's
+// own, or the one its probe list names), and whether it is an executable.
+std::pair<std::string, bool> module_of_source(const std::string& source) {
+    std::ifstream in(source, std::ios::binary);
     char magic[4] = {};
-    std::ifstream(source, std::ios::binary).read(magic, sizeof magic);
-    if (std::string_view(magic, 4) == "\x7f" "ELF") return basename_of(source);
-    return basename_of(probelist::load_probes(source).module);
+    in.read(magic, sizeof magic);
+    if (in && std::string_view(magic, 4) == "\x7f" "ELF") return {basename_of(source), is_executable_elf(in)};
+    const probelist::ProbeList list = probelist::load_probes(source);
+    return {basename_of(list.module), !(list.flags & IPROBE_PL_FLAG_SHARED)};
 }
 
 }  // namespace
@@ -86,7 +107,11 @@ std::string module_name_of_source(const std::string& source) {
 PendingModules::PendingModules(const AttachOptions& options) {
     if (!options.selections.empty()) return;
     for (const std::string& name : options.modules) entries_.push_back({name, {}});
-    for (const std::string& source : options.probe_sources) entries_.push_back({module_name_of_source(source), source});
+    for (const std::string& source : options.probe_sources) {
+        auto [name, executable] = module_of_source(source);
+        if (executable) executables_.push_back(source);  // there from the start, whatever else is pending
+        else entries_.push_back({std::move(name), source});
+    }
 }
 
 std::optional<AttachOptions> PendingModules::take_loaded(const AttachOptions& options, pid_t pid) {
@@ -94,6 +119,7 @@ std::optional<AttachOptions> PendingModules::take_loaded(const AttachOptions& op
     o.pid = pid;
     o.modules.clear();
     o.probe_sources.clear();
+    o.probe_sources = std::exchange(executables_, {});
     std::erase_if(entries_, [&](const Entry& e) {
         try {
             module_source(pid, e.name);

@@ -42,7 +42,8 @@ std::string runtime_to_preload(const AttachOptions& options);
 // probes the executable, which is always there.
 class PendingModules {
 public:
-    // Every module and source `options` names (none for options.selections).
+    // Every module and library source `options` names (none for
+    // options.selections); a source of the executable is never pending.
     explicit PendingModules(const AttachOptions& options);
     bool empty() const { return entries_.empty(); }
     // The options of an attach of what of them process `pid` has loaded now,
@@ -62,6 +63,9 @@ private:
         std::string source;  // --probes SOURCE; empty for --module
     };
     std::vector<Entry> entries_;
+    // --probes sources of the executable: not pending (it is there from
+    // the start), attached by the first take_loaded.
+    std::vector<std::string> executables_;
 };
 
 // The audit module `iprobe run` adds to LD_AUDIT so the program tells of
