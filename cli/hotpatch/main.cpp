@@ -65,7 +65,7 @@ constexpr const char* kSynopsis =
     "       iprobe report PID --folded [--duration S]\n"
     "       iprobe report PID --hist [--json] [--since-last|--duration S]\n"
     "       iprobe report PID[,PID…] --format prometheus | --serve HOST:PORT\n"
-    "       iprobe run [--exec] [--report FILE] [--json] [attach's options] -- PROGRAM [ARGS…]\n"
+    "       iprobe run [--exec] [--report FILE] [--json] [--module NAME[,NAME…]] [attach's options] -- PROGRAM [ARGS…]\n"
     "       iprobe agent PID [--probes LIST[,LIST…]] [--handler trace|count [--completed]] [--buffer SIZE]";
 
 constexpr const char* kAbout =
@@ -127,7 +127,18 @@ constexpr const char* kAbout =
     "        --format prometheus: the same sums in Prometheus' text exposition format;\n"
     "        --serve HOST:PORT answers GET /metrics with them (read afresh per scrape).\n"
     "        Several PIDs (PID,PID,...): their rows merged by function, e.g. the\n"
-    "        clones of `iprobe debug --clones N`, each probing its share.";
+    "        clones of `iprobe debug --clones N`, each probing its share.\n"
+    "run     starts PROGRAM with the runtime preloaded, held before any of its\n"
+    "        code runs (constructors included) until the probes are on; when it\n"
+    "        exits, its whole run's report (as report --at-exit) and its exit\n"
+    "        status. --module NAME (or --probes of a library) that PROGRAM loads\n"
+    "        later (dlopen: java's libjvm.so, Python's extension modules,\n"
+    "        plugins) is probed as it loads, before its constructors run and\n"
+    "        before dlopen returns, as gdb's pending breakpoints; one never\n"
+    "        loaded is said at exit (report: never loaded). Exit status: the\n"
+    "        program's, or 5 if nothing at all could be probed. --exec: PROGRAM\n"
+    "        takes iprobe's place (same PID and parent), the report is written\n"
+    "        after it exits (--report FILE, %p its PID).";
 
 constexpr const char* kFooter =
     "exit codes: 0 ok, 1 failed, 2 usage, 3 bad input, 4 permission, 5 not found, 6 busy, 7 unavailable,\n"
@@ -160,7 +171,7 @@ ArgSpec spec_of(const std::string& command) {
     ArgSpec spec("iprobe " + command, synopsis_of(command), kAbout,
     {
         {"--probes", "LIST", "probe list(s), coldpatched binaries or libraries, comma-separated\n(default: the process's executable)"},
-        {"--module", "NAME,...", "attach: the probes of a loaded library (or the executable) by file name,\ne.g. libz.so.1 or libz"},
+        {"--module", "NAME,...", "attach: the probes of a loaded library (or the executable) by file name,\ne.g. libz.so.1 or libz; run: also of one the program loads later (dlopen)"},
         {"--functions", "GLOB,...", "only probes of functions matching a GLOB (demangled or raw)"},
         {"--files", "GLOB,...", "only probes in source files matching a GLOB"},
         {"--entry-only", "", "only entry probes"},
