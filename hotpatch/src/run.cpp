@@ -221,11 +221,12 @@ bool wait_until_held(int prober_fd, pid_t program) {
 
 // Attaches `o`, runs `before_release`, releases the held program: byte 0,
 // or the error's exit code for it to exit with.
-AttachStats attach_and_release(int prober_fd, const AttachOptions& o, const std::function<void()>& before_release) {
+AttachStats attach_and_release(int prober_fd, const AttachOptions& o, const std::function<void()>& before_release,
+                               unsigned char go = 0) {
     try {
         const AttachStats stats = attach(o);
         if (before_release) before_release();
-        write_byte(prober_fd, 0);
+        write_byte(prober_fd, go);
         return stats;
     } catch (const Error& e) {
         write_byte(prober_fd, static_cast<unsigned char>(e.code() == ExitCode::ok ? ExitCode::failure : e.code()));
@@ -257,11 +258,13 @@ std::optional<AttachStats> enable_loaded_when_held(int prober_fd, pid_t program,
         write_byte(prober_fd, static_cast<unsigned char>(ExitCode::failure));
         throw;
     }
+    // Still pending: the audit module keeps its copy of the channel.
+    const unsigned char go = pending.empty() ? 0 : IPROBE_RUN_LOADS_WATCH;
     if (!loaded) {
-        write_byte(prober_fd, 0);
+        write_byte(prober_fd, go);
         return AttachStats{};
     }
-    return attach_and_release(prober_fd, *loaded, before_release);
+    return attach_and_release(prober_fd, *loaded, before_release, go);
 }
 
 void serve_later_loads(int prober_fd, pid_t program, const AttachOptions& options, PendingModules& pending,

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "iprobe/runtime/rt.h"
+#include "iprobe/runtime/run_loads.h"
 #include "condition_eval.h"
 #include "raw_syscall.h"
 #include "return_stack_internal.h"
@@ -1632,13 +1633,28 @@ static void after_fork_in_child(void) {
 }
 
 /* LD_AUDIT as the user had it, when `iprobe run` added its audit module
- * (include/iprobe/runtime/run_loads.h); the module itself is loaded already. */
-static void restore_run_audit(void) {
-    const char* audit = getenv("IPROBE_RUN_LD_AUDIT");
-    if (!audit) return;
+ * (include/iprobe/runtime/run_loads.h); the module itself is loaded
+ * already.  Whether it was added. */
+static int restore_run_audit(void) {
+    const char* audit = getenv(IPROBE_RUN_AUDIT_VARIABLE);
+    if (!audit) return 0;
     if (*audit) setenv("LD_AUDIT", audit, 1);
     else unsetenv("LD_AUDIT");
-    unsetenv("IPROBE_RUN_LD_AUDIT");
+    unsetenv(IPROBE_RUN_AUDIT_VARIABLE);
+    return 1;
+}
+
+/* Nothing pending: the audit module's copy of the hold channel `fd` (the
+ * same socket, run_loads.h) is closed too; the module finds it gone. */
+static void close_audit_copy(int fd) {
+    struct stat channel, st;
+    if (fstat(fd, &channel) != 0) return;
+    const int floor = iprobe_run_audit_fd_floor();
+    for (int copy = floor; copy < floor + IPROBE_RUN_AUDIT_FD_SPAN; copy++)
+        if (copy != fd && fstat(copy, &st) == 0 && st.st_dev == channel.st_dev && st.st_ino == channel.st_ino) {
+            close(copy);
+            return;
+        }
 }
 
 /* `iprobe run` (hotpatch/include/iprobe/hotpatch/run.h) started this
@@ -1655,7 +1671,7 @@ static void run_hold(void) {
     if (preload) setenv("LD_PRELOAD", preload, 1);
     else unsetenv("LD_PRELOAD");
     unsetenv("IPROBE_RUN_LD_PRELOAD");
-    restore_run_audit();
+    const int audited = restore_run_audit();
     unsetenv("IPROBE_RUN_FD");
     const unsigned char ready = 'r';
     unsigned char reply = 1;
@@ -1667,6 +1683,8 @@ static void run_hold(void) {
         while (n < 0 && errno == EINTR);
         if (n != 1) reply = 1;
     }
+    if (reply == IPROBE_RUN_LOADS_WATCH) reply = 0; /* modules pending: the audit module keeps its copy */
+    else if (audited) close_audit_copy(fd);
     close(fd);
     if (reply != 0) _exit(reply);
 }

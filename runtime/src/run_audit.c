@@ -20,7 +20,6 @@
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -48,13 +47,7 @@ static void stop_watching(int ours) {
 }
 
 /* A descriptor far above the ones the program counts on being next. */
-static int high_copy(int fd) {
-    struct rlimit limit;
-    int low = 3;
-    if (getrlimit(RLIMIT_NOFILE, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY && limit.rlim_cur > 64)
-        low = (int)(limit.rlim_cur > 1024 ? 1000 : limit.rlim_cur / 2);
-    return fcntl(fd, F_DUPFD_CLOEXEC, low);
-}
+static int high_copy(int fd) { return fcntl(fd, F_DUPFD_CLOEXEC, iprobe_run_audit_fd_floor()); }
 
 EXPORT unsigned int la_version(unsigned int version) {
     const char* fd_text = getenv(IPROBE_RUN_FD_VARIABLE);
@@ -107,10 +100,7 @@ static int send_all(const unsigned char* data, size_t size) {
 
 /* Sends the batch and waits for the go-ahead; any failure ends the watch. */
 static void tell_prober(void) {
-    if (getpid() != g_owner) {
-        stop_watching(1);
-        return;
-    }
+    if (getpid() != g_owner) return; /* a child of fork (or vfork: the state is the parent's) */
     struct stat st;
     if (fstat(g_fd, &st) != 0 || st.st_dev != g_dev || st.st_ino != g_ino) {
         stop_watching(0); /* no longer ours: the program closed it */

@@ -24,5 +24,24 @@
 #define IPROBE_RUN_AUDIT_LIBRARY "libiprobe-run-audit.so"
 #define IPROBE_RUN_LOADS_MAX_NAME 4096
 #define IPROBE_RUN_LOADS_GO 0
+/* The prober's answer to the start-up hold (run.h) when modules are still
+ * pending: go on, and the audit module's copy of the channel stays open.
+ * Any other go-ahead (0) has the runtime close that copy too, so a run whose
+ * modules were all there at start leaves the program no descriptor. */
+#define IPROBE_RUN_LOADS_WATCH 'w'
+
+#ifndef __cplusplus
+#include <sys/resource.h>
+
+/* Where the audit module's copy goes (F_DUPFD_CLOEXEC's floor), far above
+ * the descriptors a program counts on being next; the runtime looks for it
+ * in [floor, floor + IPROBE_RUN_AUDIT_FD_SPAN). */
+#define IPROBE_RUN_AUDIT_FD_SPAN 64
+static inline int iprobe_run_audit_fd_floor(void) {
+    struct rlimit limit;
+    if (getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY || limit.rlim_cur <= 64) return 3;
+    return (int)(limit.rlim_cur > 1024 ? 1000 : limit.rlim_cur / 2);
+}
+#endif
 
 #endif
