@@ -301,7 +301,7 @@ void serve_later_loads(int prober_fd, pid_t program, const AttachOptions& option
                 }
             }
         }
-        write_byte(prober_fd, IPROBE_RUN_LOADS_GO);
+        write_byte(prober_fd, pending.empty() ? IPROBE_RUN_LOADS_GO : IPROBE_RUN_LOADS_WATCH);
     }
 }
 

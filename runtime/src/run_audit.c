@@ -123,7 +123,7 @@ static void tell_prober(void) {
         do n = recv(g_fd, &reply, 1, 0);
         while (n < 0 && errno == EINTR);
     }
-    if (n != 1) stop_watching(1);
+    if (n != 1 || reply != IPROBE_RUN_LOADS_WATCH) stop_watching(1); /* iprobe gone, or nothing pending */
 }
 
 EXPORT void la_activity(uintptr_t* cookie, unsigned int flag) {

@@ -124,6 +124,28 @@ TEST(IprobeRunDlopen, ModulesAtStartAndLoadedByConcurrentThreadsAreAllCounted) {
     EXPECT_EQ(json_calls(r.err, "dl_work_b"), 301) << r.err;
 }
 
+// Once nothing is pending, at the start or after the last pending module
+// loaded, the program sees what it sees under a run that names no module
+// (the region's descriptor, none left open for later loads, LD_AUDIT as it
+// was), and a later dlopen of another library is not held.
+TEST(IprobeRunDlopen, NothingPendingLeavesTheProgramAsARunOfTheExecutable) {
+    const auto plain = iprobe({"run", "--functions", "main", "--handler", "count", "--", dl_target(), "--fds", "5",
+                               dl_spec("a")});
+    ASSERT_EQ(plain.exit_code, 0) << plain.err;
+    EXPECT_NE(plain.out.find("audit (unset)"), std::string::npos) << plain.out;
+    const auto at_start = iprobe({"run", "--module", "libiprobe_dl_start.so", "--handler", "count", "--json", "--",
+                                  dl_target(), "--fds", "5", dl_spec("a")});
+    EXPECT_EQ(at_start.exit_code, 0) << at_start.err;
+    EXPECT_EQ(at_start.out, plain.out) << "open descriptors and LD_AUDIT as in a run of the executable";
+    EXPECT_EQ(json_calls(at_start.err, "start_work"), 5) << at_start.err;
+    EXPECT_EQ(json_calls(at_start.err, "dl_work_a"), -1) << "not asked for: " << at_start.err;
+    const auto later = iprobe({"run", "--module", "libiprobe_dl_a.so", "--handler", "count", "--json", "--",
+                               dl_target(), "--fds", "5", dl_spec("a")});
+    EXPECT_EQ(later.exit_code, 0) << later.err;
+    EXPECT_EQ(later.out, plain.out) << "the audit module's descriptor closed once libiprobe_dl_a.so loaded";
+    EXPECT_EQ(json_calls(later.err, "dl_work_a"), 6) << later.err;
+}
+
 TEST(IprobeRunDlopen, AModuleNeverLoadedIsSaidAtExit) {
     const auto r = iprobe({"run", "--module", "libiprobe_dl_a.so,libiprobe_dl_never.so", "--handler", "count",
                            "--json", "--", dl_target(), "10", dl_spec("a")});

@@ -9,7 +9,9 @@
  * called N times first.  --fork: a child does the loads and calls first
  * (it is not probed), then the parent, once the child is gone.  --wait FILE:
  * the loads wait until FILE exists.  Prints "done S" (S the sum of every
- * call's result in the parent). */
+ * call's result in the parent); --fds also the descriptors open at the end
+ * and LD_AUDIT as the program sees it. */
+#include <dirent.h>
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -69,11 +71,12 @@ static long load_all(char** specs, int count) {
 }
 
 int main(int argc, char** argv) {
-    int fork_first = 0, a = 1;
+    int fork_first = 0, fds = 0, a = 1;
     const char* wait_for = 0;
     for (; a < argc && strncmp(argv[a], "--", 2) == 0; a++) {
         if (strcmp(argv[a], "--threads") == 0) g_threads = 1;
         else if (strcmp(argv[a], "--fork") == 0) fork_first = 1;
+        else if (strcmp(argv[a], "--fds") == 0) fds = 1;
         else if (strcmp(argv[a], "--wait") == 0 && a + 1 < argc) wait_for = argv[++a];
     }
     if (a >= argc) {
@@ -97,5 +100,14 @@ int main(int argc, char** argv) {
     }
     sum += load_all(argv + a, argc - a);
     printf("done %ld\n", sum);
+    if (fds) {
+        int open_fds = -1; /* the directory's own descriptor not counted */
+        DIR* dir = opendir("/proc/self/fd");
+        for (struct dirent* e; dir && (e = readdir(dir));)
+            if (e->d_name[0] != '.') open_fds++;
+        if (dir) closedir(dir);
+        const char* audit = getenv("LD_AUDIT");
+        printf("fds %d audit %s\n", open_fds, audit ? audit : "(unset)");
+    }
     return 0;
 }

@@ -8,12 +8,14 @@
  * LA_ACT_CONSISTENT after the program's start-up set (the new objects mapped
  * and relocated, their constructors not yet run) it sends one batch on the
  * socket in IPROBE_RUN_FD (a copy of its own, close-on-exec) and waits for
- * one byte back, IPROBE_RUN_LOADS_GO; the loader's lock is held meanwhile, so
+ * one byte back; the loader's lock is held meanwhile, so
  * concurrent dlopens queue behind it.  A batch: per object, a uint16_t
  * length (host order, 1..IPROBE_RUN_LOADS_MAX_NAME) and its l_name, then a
- * uint16_t 0.  The prober closing its end (nothing left to wait for, or
- * iprobe gone) ends the watch: the module stops sending and the dlopen goes
- * on.  Receiver: hotpatch/src/run.cpp, serve_later_loads. */
+ * uint16_t 0.  The answer: IPROBE_RUN_LOADS_WATCH (go on, modules are still
+ * pending) or IPROBE_RUN_LOADS_GO (go on, nothing is: the module closes its
+ * copy and stops sending).  The prober closing its end (iprobe gone) ends
+ * the watch the same way.  Receiver: hotpatch/src/run.cpp,
+ * serve_later_loads. */
 #ifndef IPROBE_RUNTIME_RUN_LOADS_H
 #define IPROBE_RUNTIME_RUN_LOADS_H
 
@@ -24,10 +26,11 @@
 #define IPROBE_RUN_AUDIT_LIBRARY "libiprobe-run-audit.so"
 #define IPROBE_RUN_LOADS_MAX_NAME 4096
 #define IPROBE_RUN_LOADS_GO 0
-/* The prober's answer to the start-up hold (run.h) when modules are still
- * pending: go on, and the audit module's copy of the channel stays open.
- * Any other go-ahead (0) has the runtime close that copy too, so a run whose
- * modules were all there at start leaves the program no descriptor. */
+/* The prober's answer to the start-up hold (run.h) and to a batch when
+ * modules are still pending: go on, the audit module's copy of the channel
+ * stays open.  Any other go-ahead (0) has the runtime (at the start) or the
+ * module (at a load) close that copy, so the program is left no descriptor
+ * once nothing is pending. */
 #define IPROBE_RUN_LOADS_WATCH 'w'
 
 #ifndef __cplusplus
