@@ -17,6 +17,7 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
@@ -734,8 +735,13 @@ public:
             prober_fd_ = -1;
             return started.has_value();
         }
+        started_as_ = executable_of(program_);
         server_ = std::thread([this] {
             serve_later_loads(prober_fd_, program_, options_, pending_, [this](const LaterAttach& a) { later(a); });
+            // The channel ended with the program alive: it exec'd (the
+            // audit module's copy is close-on-exec), e.g. a wrapper script.
+            const std::string now = executable_of(program_);
+            if (!now.empty() && now != started_as_) exec_note_ = "; it exec'd " + now + ", which ran without probes";
         });
         return true;
     }
@@ -771,8 +777,8 @@ public:
         stop_serving();
         const std::vector<std::string> never = pending_.named();
         for (const auto& d : pending_.described())
-            std::fprintf(stderr, "iprobe run: %s was never loaded by process %d: none of its functions were probed\n",
-                         d.c_str(), static_cast<int>(program_));
+            std::fprintf(stderr, "iprobe run: %s was never loaded by process %d: none of its functions were probed%s\n",
+                         d.c_str(), static_cast<int>(program_), exec_note_.c_str());
         write_exit_report(reader_.get(), program_, args, never);
         if (reader_) return program_status;
         std::fprintf(stderr, "iprobe run: nothing was probed in process %d (it exited with status %d)\n",
@@ -781,6 +787,11 @@ public:
     }
 
 private:
+    static std::string executable_of(pid_t pid) {
+        std::error_code ec;
+        return std::filesystem::read_symlink("/proc/" + std::to_string(pid) + "/exe", ec).string();
+    }
+
     void open_reader() {
         if (!reader_) reader_ = std::make_unique<TraceReader>(program_, TraceReader::Access::aggregates);
     }
@@ -809,6 +820,7 @@ private:
     int prober_fd_;
     pid_t program_;
     std::unique_ptr<TraceReader> reader_;
+    std::string started_as_, exec_note_;  // the program's executable; what it exec'd, said with what never loaded
     ExitCode failure_ = ExitCode::not_found;  // when nothing was probed
     std::thread server_;
 };

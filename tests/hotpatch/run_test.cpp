@@ -177,6 +177,20 @@ TEST(IprobeRunDlopen, AForkedChildsLoadIsNotHeldAndTheParentsIs) {
     EXPECT_EQ(json_calls(r.err, "dl_work_a"), 51) << r.err;
 }
 
+// A program that execs another (a wrapper script, pyenv's shims): what it
+// exec'd runs without the runtime, so its loads are not probed; the
+// never-loaded message says what it exec'd.
+TEST(IprobeRunDlopen, AProgramThatExecsAnotherSaysSoWithTheModuleNeverLoaded) {
+    const auto r = iprobe({"run", "--module", "libiprobe_dl_a.so", "--handler", "count", "--", "/bin/sh", "-c",
+                           // long enough (~0.1 s) to be seen alive after its exec
+                           "exec " + dl_target() + " 20000000 " + dl_spec("a")});
+    EXPECT_EQ(r.exit_code, 5) << r.err;
+    EXPECT_NE(r.out.find("done "), std::string::npos) << r.out;
+    EXPECT_NE(r.err.find("--module libiprobe_dl_a.so was never loaded by process "), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("; it exec'd "), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("/dlopen_target, which ran without probes\n"), std::string::npos) << r.err;
+}
+
 TEST(IprobeRunDlopen, ExecModeProbesALaterLoadToo) {
     TempDir dir;
     const auto r = iprobe({"run", "--exec", "--module", "libiprobe_dl_a.so", "--handler", "count", "--json", "--report",
