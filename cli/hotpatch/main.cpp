@@ -24,6 +24,7 @@
 #include <map>
 #include <sstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -772,17 +773,20 @@ public:
     }
 
     // After the program exited: the report, and iprobe run's exit status
-    // (the program's, unless nothing at all could be probed).
-    int finish(const Args& args, int program_status) {
+    // (the program's, unless nothing at all could be probed; nullopt with
+    // --exec, where iprobe's helper is not its parent).
+    int finish(const Args& args, std::optional<int> program_status) {
         stop_serving();
         const std::vector<std::string> never = pending_.named();
         for (const auto& d : pending_.described())
             std::fprintf(stderr, "iprobe run: %s was never loaded by process %d: none of its functions were probed%s\n",
                          d.c_str(), static_cast<int>(program_), exec_note_.c_str());
         write_exit_report(reader_.get(), program_, args, never);
-        if (reader_) return program_status;
-        std::fprintf(stderr, "iprobe run: nothing was probed in process %d (it exited with status %d)\n",
-                     static_cast<int>(program_), program_status);
+        if (reader_) return program_status.value_or(0);
+        const std::string status =
+            program_status ? " (it exited with status " + std::to_string(*program_status) + ")" : std::string();
+        std::fprintf(stderr, "iprobe run: nothing was probed in process %d%s\n", static_cast<int>(program_),
+                     status.c_str());
         return static_cast<int>(failure_);
     }
 
@@ -910,7 +914,7 @@ int run_in_place(const Args& args, const AttachOptions& options, const std::stri
             RunProbes probes(options, channel.prober, program);
             if (!probes.start()) return 0;
             wait_for_exit(program);
-            return probes.finish(args, 0);
+            return probes.finish(args, std::nullopt);  // its status is its parent's to see
         }));
     }
     ::close(channel.prober);
