@@ -1660,9 +1660,10 @@ static void close_audit_copy(int fd) {
 /* `iprobe run` (hotpatch/include/iprobe/hotpatch/run.h) started this
  * program with the runtime preloaded: say so, and wait before any of the
  * program's own code runs until the prober has enabled its probes.  Byte 0
- * goes on; any other byte is the exit code of a failed attach, which the
- * prober has already explained.  The runtime leaves LD_PRELOAD as it found
- * it, so the programs this one starts run as without iprobe. */
+ * goes on (IPROBE_RUN_LOADS_WATCH too: modules are pending, run_loads.h);
+ * any other byte is the exit code of a failed attach, which the prober has
+ * already explained.  The runtime leaves LD_PRELOAD (and LD_AUDIT) as it
+ * found them, so the programs this one starts run as without iprobe. */
 static void run_hold(void) {
     const char* fd_text = getenv("IPROBE_RUN_FD");
     if (!fd_text) return;

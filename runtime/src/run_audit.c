@@ -10,9 +10,9 @@
  * real one would replace by its own), and before the library's constructors.
  *
  * It lives in the audit namespace with a libc of its own: it keeps to a few
- * system calls.  Outside a watch (the prober has closed its end, the process
- * is a fork()ed child, the descriptor was closed by the program) each load
- * costs a flag test. */
+ * system calls.  Outside a watch (nothing pending, iprobe gone, the
+ * descriptor closed by the program) each load costs a flag test; in a
+ * fork()ed child, a getpid(). */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>

@@ -8,7 +8,10 @@
 // it would to any process, then releases it: byte 0 to go on, or an exit
 // code the program then _exit()s with, if probes could not be enabled.  The
 // constructor also takes the runtime back out of LD_PRELOAD, so what the
-// program starts in turn runs as it would without iprobe.
+// program starts in turn runs as it would without iprobe.  A run that names
+// modules also adds an audit module to LD_AUDIT, through which the program
+// tells of its later loads on the same socket (PendingModules below;
+// runtime/include/iprobe/runtime/run_loads.h).
 #pragma once
 
 #include <sys/types.h>
