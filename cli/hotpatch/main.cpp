@@ -729,14 +729,14 @@ public:
         if (pending_.empty()) {
             started = enable_when_held(prober_fd_, program_, options_, make_reader);
         } else {
-            started = enable_loaded_when_held(prober_fd_, program_, options_, pending_, make_reader);
+            started = enable_loaded_when_held(prober_fd_, program_, options_, pending_, make_reader,
+                                              [this] { started_as_ = executable_of(program_); });
         }
         if (!started || pending_.empty()) {
             ::close(prober_fd_);
             prober_fd_ = -1;
             return started.has_value();
         }
-        started_as_ = executable_of(program_);
         server_ = std::thread([this] {
             serve_later_loads(prober_fd_, program_, options_, pending_, [this](const LaterAttach& a) { later(a); });
             // The channel ended with the program alive: it exec'd (the

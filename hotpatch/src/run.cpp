@@ -249,10 +249,12 @@ std::optional<AttachStats> enable_when_held(int prober_fd, pid_t program, const 
 
 std::optional<AttachStats> enable_loaded_when_held(int prober_fd, pid_t program, const AttachOptions& options,
                                                    PendingModules& pending,
-                                                   const std::function<void()>& before_release) {
+                                                   const std::function<void()>& before_release,
+                                                   const std::function<void()>& when_held) {
     if (!wait_until_held(prober_fd, program)) return std::nullopt;
     std::optional<AttachOptions> loaded;
     try {
+        if (when_held) when_held();
         loaded = pending.take_loaded(options, program);
     } catch (...) {
         write_byte(prober_fd, static_cast<unsigned char>(ExitCode::failure));

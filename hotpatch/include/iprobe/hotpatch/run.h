@@ -95,12 +95,14 @@ std::optional<AttachStats> enable_when_held(int prober_fd, pid_t program, const 
 
 // The same for a run that names modules: attaches what of `pending` the
 // program has loaded at its start (nothing, and no region made, if none of
-// it), takes that out of `pending`.  `before_release` runs only if
-// something was attached.  nullopt: exec failed; AttachStats::selected 0:
-// nothing of `pending` was loaded yet.
+// it), takes that out of `pending`.  `when_held` runs as soon as the program
+// is held (e.g. to note its executable), `before_release` only if something
+// was attached.  nullopt: exec failed; AttachStats::selected 0: nothing of
+// `pending` was loaded yet.
 std::optional<AttachStats> enable_loaded_when_held(int prober_fd, pid_t program, const AttachOptions& options,
                                                    PendingModules& pending,
-                                                   const std::function<void()>& before_release = {});
+                                                   const std::function<void()>& before_release = {},
+                                                   const std::function<void()>& when_held = {});
 
 // What a module the program loaded later came to.
 struct LaterAttach {
