@@ -138,7 +138,8 @@ constexpr const char* kAbout =
     "        plugins) is probed as it loads, before its constructors run and\n"
     "        before dlopen returns, as gdb's pending breakpoints; one never\n"
     "        loaded is said at exit (report: never loaded). Exit status: the\n"
-    "        program's, or 5 if nothing at all could be probed. --exec: PROGRAM\n"
+    "        program's, or if nothing at all could be probed 5 (or the failed\n"
+    "        attach's code). --exec: PROGRAM\n"
     "        takes iprobe's place (same PID and parent), the report is written\n"
     "        after it exits (--report FILE, %p its PID).";
 
