@@ -139,9 +139,9 @@ constexpr const char* kAbout =
     "        before dlopen returns, as gdb's pending breakpoints; one never\n"
     "        loaded is said at exit (report: never loaded). Exit status: the\n"
     "        program's, or if nothing at all could be probed 5 (or the failed\n"
-    "        attach's code). --exec: PROGRAM\n"
-    "        takes iprobe's place (same PID and parent), the report is written\n"
-    "        after it exits (--report FILE, %p its PID).";
+    "        attach's code). --exec: PROGRAM takes iprobe's place (same PID and\n"
+    "        parent), the report is written after it exits (--report FILE, %p\n"
+    "        its PID).";
 
 constexpr const char* kFooter =
     "exit codes: 0 ok, 1 failed, 2 usage, 3 bad input, 4 permission, 5 not found, 6 busy, 7 unavailable,\n"
