@@ -146,6 +146,17 @@ TEST(IprobeRunDlopen, NothingPendingLeavesTheProgramAsARunOfTheExecutable) {
     EXPECT_EQ(json_calls(later.err, "dl_work_a"), 6) << later.err;
 }
 
+// dlmopen into a new namespace (with its own copy of libc) goes through
+// the same loader checkpoint.
+TEST(IprobeRunDlopen, ALibraryLoadedIntoANewNamespaceByDlmopenIsProbedToo) {
+    const auto r = iprobe({"run", "--module", "libiprobe_dl_a.so", "--handler", "count", "--json", "--", dl_target(),
+                           "--dlmopen", "100", dl_spec("a")});
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find("done "), std::string::npos) << r.out;
+    EXPECT_EQ(json_calls(r.err, "dl_work_a"), 101) << r.err;
+    EXPECT_EQ(json_calls(r.err, "at_load"), 1) << r.err;
+}
+
 TEST(IprobeRunDlopen, AModuleNeverLoadedIsSaidAtExit) {
     const auto r = iprobe({"run", "--module", "libiprobe_dl_a.so,libiprobe_dl_never.so", "--handler", "count",
                            "--json", "--", dl_target(), "10", dl_spec("a")});

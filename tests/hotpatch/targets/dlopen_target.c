@@ -1,16 +1,18 @@
 /* Loads libraries with dlopen and calls into each N times, for the tests
  * of `iprobe run --module` on a library loaded after the program started.
  *
- *   dlopen_target [--threads] [--fork] [--wait FILE] N [LIB:SYMBOL...]
+ *   dlopen_target [--threads] [--fork] [--dlmopen] [--fds] [--wait FILE] N [LIB:SYMBOL...]
  *
  * Each LIB (a path) is dlopen'ed and its SYMBOL called N times, one after
  * the other, or with --threads one thread per LIB, all loading at once.
+ * --dlmopen loads each into a new namespace (dlmopen(LM_ID_NEWLM)).
  * start_work (from libiprobe_dl_start.so, linked: loaded before main) is
  * called N times first.  --fork: a child does the loads and calls first
  * (it is not probed), then the parent, once the child is gone.  --wait FILE:
  * the loads wait until FILE exists.  Prints "done S" (S the sum of every
  * call's result in the parent); --fds also the descriptors open at the end
  * and LD_AUDIT as the program sees it. */
+#define _GNU_SOURCE
 #include <dirent.h>
 #include <dlfcn.h>
 #include <pthread.h>
@@ -26,6 +28,7 @@ int start_work(int x);
 static long g_n;
 static pthread_barrier_t g_barrier;
 static int g_threads;
+static int g_dlmopen;
 
 static void* load_and_call(void* arg) {
     char spec[4096];
@@ -37,7 +40,7 @@ static void* load_and_call(void* arg) {
     }
     *colon = 0;
     if (g_threads) pthread_barrier_wait(&g_barrier);
-    void* lib = dlopen(spec, RTLD_NOW);
+    void* lib = g_dlmopen ? dlmopen(LM_ID_NEWLM, spec, RTLD_NOW) : dlopen(spec, RTLD_NOW);
     if (!lib) {
         fprintf(stderr, "%s\n", dlerror());
         exit(1);
@@ -77,10 +80,11 @@ int main(int argc, char** argv) {
         if (strcmp(argv[a], "--threads") == 0) g_threads = 1;
         else if (strcmp(argv[a], "--fork") == 0) fork_first = 1;
         else if (strcmp(argv[a], "--fds") == 0) fds = 1;
+        else if (strcmp(argv[a], "--dlmopen") == 0) g_dlmopen = 1;
         else if (strcmp(argv[a], "--wait") == 0 && a + 1 < argc) wait_for = argv[++a];
     }
     if (a >= argc) {
-        fprintf(stderr, "usage: dlopen_target [--threads] [--fork] [--wait FILE] N [LIB:SYMBOL...]\n");
+        fprintf(stderr, "usage: dlopen_target [--threads] [--fork] [--dlmopen] [--fds] [--wait FILE] N [LIB:SYMBOL...]\n");
         return 2;
     }
     g_n = atol(argv[a++]);
