@@ -27,12 +27,15 @@ std::string describe_selector(const probelist::ProbeSelector& s) {
     return out.empty() ? "(all)" : out;
 }
 
+bool module_named(const std::string& base, const std::string& name) {
+    return base == name || (base.starts_with(name) && (base[name.size()] == '.' || base[name.size()] == '-'));
+}
+
 std::string module_source(pid_t pid, const std::string& name) {
     std::vector<std::string> found;
     for (const Mapping& m : read_maps(pid)) {
         if (m.path.empty() || m.path[0] != '/') continue;
-        const std::string base = basename_of(m.path);
-        const bool named = base == name || (base.rfind(name, 0) == 0 && (base[name.size()] == '.' || base[name.size()] == '-'));
+        const bool named = module_named(basename_of(m.path), name);
         if (named && std::find(found.begin(), found.end(), m.path) == found.end()) found.push_back(m.path);
     }
     if (found.empty())

@@ -118,7 +118,6 @@ std::optional<AttachOptions> PendingModules::take_loaded(const AttachOptions& op
     AttachOptions o = options;
     o.pid = pid;
     o.modules.clear();
-    o.probe_sources.clear();
     o.probe_sources = std::exchange(executables_, {});
     std::erase_if(entries_, [&](const Entry& e) {
         try {
@@ -140,8 +139,7 @@ bool PendingModules::may_be_among(const std::vector<std::string>& loaded) const 
         if (path == "*") return true;
         const std::string base = basename_of(path);
         for (const Entry& e : entries_)
-            if (base == e.name || (base.starts_with(e.name) && (base[e.name.size()] == '.' || base[e.name.size()] == '-')))
-                return true;
+            if (module_named(base, e.name)) return true;
     }
     return false;
 }
