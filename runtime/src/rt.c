@@ -14,6 +14,7 @@
 #include <stddef.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -1648,8 +1649,9 @@ static int restore_run_audit(void) {
  * same socket, run_loads.h) is closed too; the module finds it gone. */
 static void close_audit_copy(int fd) {
     struct stat channel, st;
-    if (fstat(fd, &channel) != 0) return;
-    const int floor = iprobe_run_audit_fd_floor();
+    struct rlimit open_files;
+    if (fstat(fd, &channel) != 0 || getrlimit(RLIMIT_NOFILE, &open_files) != 0) return;
+    const int floor = iprobe_run_audit_fd_floor(open_files.rlim_cur);
     for (int copy = floor; copy < floor + IPROBE_RUN_AUDIT_FD_SPAN; copy++)
         if (copy != fd && fstat(copy, &st) == 0 && st.st_dev == channel.st_dev && st.st_ino == channel.st_ino) {
             close(copy);

@@ -33,18 +33,13 @@
  * once nothing is pending. */
 #define IPROBE_RUN_LOADS_WATCH 'w'
 
-#ifndef __cplusplus
-#include <sys/resource.h>
-
 /* Where the audit module's copy goes (F_DUPFD_CLOEXEC's floor), far above
- * the descriptors a program counts on being next; the runtime looks for it
- * in [floor, floor + IPROBE_RUN_AUDIT_FD_SPAN). */
+ * the descriptors a program counts on being next, for RLIMIT_NOFILE's soft
+ * limit `open_files`; the runtime looks for it in
+ * [floor, floor + IPROBE_RUN_AUDIT_FD_SPAN). */
 #define IPROBE_RUN_AUDIT_FD_SPAN 64
-static inline int iprobe_run_audit_fd_floor(void) {
-    struct rlimit limit;
-    if (getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY || limit.rlim_cur <= 64) return 3;
-    return (int)(limit.rlim_cur > 1024 ? 1000 : limit.rlim_cur / 2);
+static inline int iprobe_run_audit_fd_floor(unsigned long long open_files) {
+    if (open_files <= 64) return 3;
+    return open_files > 1024 ? 1000 : (int)(open_files / 2);
 }
-#endif
-
 #endif
