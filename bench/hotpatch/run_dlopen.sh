@@ -4,6 +4,9 @@
 # side in one run, ROUNDS rounds interleaved, the median of each:
 #   plain       the program alone
 #   audit idle  LD_AUDIT=libiprobe-run-audit.so, not watching (no channel)
+#   run, exe    iprobe run of the executable's main (no module named: no
+#               audit module; the runtime preloaded, one more object in the
+#               scope each load's relocations search)
 #   run, done   iprobe run --module LIB-LINKED-AT-START: every module there at
 #               start, the watch ended (what a run whose modules are all
 #               loaded at start pays per later dlopen)
@@ -46,10 +49,11 @@ C
 gcc -O2 -o "$work/loop" "$work/loop.c" -L"$dl" -liprobe_dl_start -Wl,-rpath,"$dl" -ldl
 lib=$dl/libiprobe_dl_a.so
 declare -A results
-names=("plain" "audit idle" "run, done" "run, wait")
+names=("plain" "audit idle" "run, exe" "run, done" "run, wait")
 for ((r = 0; r < rounds; r++)); do
   results["plain"]+="$("$work/loop" "$lib" "$loads") "
   results["audit idle"]+="$(LD_AUDIT=$audit "$work/loop" "$lib" "$loads") "
+  results["run, exe"]+="$("$iprobe" run --functions main --handler count --report "$work/r.json" -- "$work/loop" "$lib" "$loads") "
   results["run, done"]+="$("$iprobe" run --module libiprobe_dl_start.so --handler count --report "$work/r.json" -- "$work/loop" "$lib" "$loads") "
   results["run, wait"]+="$("$iprobe" run --module libiprobe_never.so --handler count --report "$work/r.json" -- "$work/loop" "$lib" "$loads" 2>/dev/null || true) "
 done
