@@ -10,8 +10,9 @@
  * called N times first.  --fork: a child does the loads and calls first
  * (it is not probed), then the parent, once the child is gone.  --wait FILE:
  * the loads wait until FILE exists.  Prints "done S" (S the sum of every
- * call's result in the parent); --fds also the descriptors open at the end
- * and LD_AUDIT as the program sees it. */
+ * call's result in the parent); --fds also the descriptors open at the end,
+ * LD_AUDIT as the program sees it and how many copies of libc's code are
+ * mapped. */
 #define _GNU_SOURCE
 #include <dirent.h>
 #include <dlfcn.h>
@@ -111,7 +112,12 @@ int main(int argc, char** argv) {
             if (e->d_name[0] != '.') open_fds++;
         if (dir) closedir(dir);
         const char* audit = getenv("LD_AUDIT");
-        printf("fds %d audit %s\n", open_fds, audit ? audit : "(unset)");
+        int libc_code = 0;
+        FILE* maps = fopen("/proc/self/maps", "r");
+        for (char line[4096]; maps && fgets(line, sizeof line, maps);)
+            if (strstr(line, " r-xp ") && strstr(line, "/libc.so.6")) libc_code++;
+        if (maps) fclose(maps);
+        printf("fds %d audit %s libc %d\n", open_fds, audit ? audit : "(unset)", libc_code);
     }
     return 0;
 }
