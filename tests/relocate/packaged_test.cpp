@@ -393,6 +393,22 @@ TEST(PackagedJava, RunProbesLibjvmFromTheLoadOnAndCountsJniCreateJavaVmOnce) {
     EXPECT_FALSE(report.contains("never_loaded"));
 }
 
+// Debian's python3 imports its C accelerator _json from lib-dynload with
+// dlopen when `json` is imported: `iprobe run --module _json` probes it as
+// it loads (Debian strips it: its exported functions, from .dynsym), so
+// the module's init function, the first call into it, is counted once.
+TEST(PackagedPython, RunProbesAnExtensionModuleFromTheImportOn) {
+    const std::string python = "/usr/bin/python3";
+    if (!std::filesystem::exists(python)) GTEST_SKIP() << python << " not found (scripts/setup installs python3)";
+    const auto r = iprobe({"run", "--module", "_json", "--handler", "count", "--json", "--", python, "-c",
+                           "import json; print(json.dumps({'a': [1, 2]}))"},
+                          std::chrono::seconds(120));
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(r.out, "{\"a\": [1, 2]}\n");
+    EXPECT_EQ(json_calls(r.err, "PyInit__json"), 1) << r.err;
+    EXPECT_EQ(r.err.find("never_loaded"), std::string::npos) << r.err;
+}
+
 // A Go program that links C (cgo), as Debian's Go builds it, unstripped:
 // goroutines run on small stacks that the Go runtime grows by moving them
 // and scans by return address, so probes on Go's functions killed it
