@@ -399,7 +399,7 @@ TEST(PackagedJava, RunProbesLibjvmFromTheLoadOnAndCountsJniCreateJavaVmOnce) {
 // the module's init function, the first call into it, is counted once.
 TEST(PackagedPython, RunProbesAnExtensionModuleFromTheImportOn) {
     const std::string python = "/usr/bin/python3";
-    if (!std::filesystem::exists(python)) GTEST_SKIP() << python << " not found (scripts/setup installs python3)";
+    ASSERT_TRUE(std::filesystem::exists(python)) << "scripts/setup installs Debian's python3";
     const auto r = iprobe({"run", "--module", "_json", "--handler", "count", "--json", "--", python, "-c",
                            "import json; print(json.dumps({'a': [1, 2]}))"},
                           std::chrono::seconds(120));
