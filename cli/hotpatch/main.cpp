@@ -730,8 +730,9 @@ public:
         if (pending_.empty()) {
             started = enable_when_held(prober_fd_, program_, options_, make_reader);
         } else {
-            started = enable_loaded_when_held(prober_fd_, program_, options_, pending_, make_reader,
-                                              [this] { started_as_ = executable_of(program_); });
+            started = enable_loaded_when_held(
+                prober_fd_, program_, options_, pending_, make_reader, [this] { started_as_ = executable_of(program_); },
+                [this](const LaterAttach& a) { later(a); });
         }
         if (!started || pending_.empty()) {
             ::close(prober_fd_);

@@ -114,7 +114,8 @@ PendingModules::PendingModules(const AttachOptions& options) {
     }
 }
 
-std::optional<AttachOptions> PendingModules::take_loaded(const AttachOptions& options, pid_t pid) {
+std::optional<AttachOptions> PendingModules::take_loaded(const AttachOptions& options, pid_t pid,
+                                                         std::vector<std::string>* taken) {
     AttachOptions o = options;
     o.pid = pid;
     o.modules.clear();
@@ -128,6 +129,7 @@ std::optional<AttachOptions> PendingModules::take_loaded(const AttachOptions& op
         }
         if (e.source.empty()) o.modules.push_back(e.name);
         else o.probe_sources.push_back(e.source);
+        if (taken) taken->push_back(e.source.empty() ? "--module " + e.name : "--probes " + e.source);
         return true;
     });
     if (o.modules.empty() && o.probe_sources.empty()) return std::nullopt;
@@ -217,17 +219,19 @@ bool wait_until_held(int prober_fd, pid_t program) {
     return true;
 }
 
-// Attaches `o`, runs `before_release`, releases the held program: byte 0,
-// or the error's exit code for it to exit with.
+// Attaches `o`, runs `before_release`, releases the held program: byte
+// `go`, or the error's exit code for it to exit with (with `go_if_not_found`,
+// an Error(not_found) lets it go all the same; rethrown either way).
 AttachStats attach_and_release(int prober_fd, const AttachOptions& o, const std::function<void()>& before_release,
-                               unsigned char go = 0) {
+                               unsigned char go = 0, bool go_if_not_found = false) {
     try {
         const AttachStats stats = attach(o);
         if (before_release) before_release();
         write_byte(prober_fd, go);
         return stats;
     } catch (const Error& e) {
-        write_byte(prober_fd, static_cast<unsigned char>(e.code() == ExitCode::ok ? ExitCode::failure : e.code()));
+        const bool goes = go_if_not_found && e.code() == ExitCode::not_found;
+        write_byte(prober_fd, goes ? go : static_cast<unsigned char>(e.code() == ExitCode::ok ? ExitCode::failure : e.code()));
         throw;
     } catch (...) {
         write_byte(prober_fd, static_cast<unsigned char>(ExitCode::failure));
@@ -248,23 +252,33 @@ std::optional<AttachStats> enable_when_held(int prober_fd, pid_t program, const 
 std::optional<AttachStats> enable_loaded_when_held(int prober_fd, pid_t program, const AttachOptions& options,
                                                    PendingModules& pending,
                                                    const std::function<void()>& before_release,
-                                                   const std::function<void()>& when_held) {
+                                                   const std::function<void()>& when_held,
+                                                   const std::function<void(const LaterAttach&)>& unprobed) {
     if (!wait_until_held(prober_fd, program)) return std::nullopt;
     std::optional<AttachOptions> loaded;
+    LaterAttach start;
     try {
         if (when_held) when_held();
-        loaded = pending.take_loaded(options, program);
+        loaded = pending.take_loaded(options, program, &start.named);
     } catch (...) {
         write_byte(prober_fd, static_cast<unsigned char>(ExitCode::failure));
         throw;
     }
+    if (pending.empty() && loaded) return attach_and_release(prober_fd, *loaded, before_release);
     // Still pending: the audit module keeps its copy of the channel.
-    const unsigned char go = pending.empty() ? 0 : IPROBE_RUN_LOADS_WATCH;
     if (!loaded) {
-        write_byte(prober_fd, go);
+        write_byte(prober_fd, IPROBE_RUN_LOADS_WATCH);
         return AttachStats{};
     }
-    return attach_and_release(prober_fd, *loaded, before_release, go);
+    try {
+        return attach_and_release(prober_fd, *loaded, before_release, IPROBE_RUN_LOADS_WATCH, true);
+    } catch (const Error& e) {
+        if (e.code() != ExitCode::not_found) throw;
+        start.error = e.what();
+        start.code = e.code();
+        if (unprobed) unprobed(start);
+        return AttachStats{};
+    }
 }
 
 void serve_later_loads(int prober_fd, pid_t program, const AttachOptions& options, PendingModules& pending,
@@ -279,14 +293,8 @@ void serve_later_loads(int prober_fd, pid_t program, const AttachOptions& option
     while (!pending.empty() && read_load_batch(prober_fd, names)) {
         if (pending.may_be_among(names)) {
             LaterAttach done;
-            const std::vector<std::string> before = pending.described();
             try {
-                if (auto o = pending.take_loaded(options, program)) {
-                    const std::vector<std::string> after = pending.described();
-                    for (const std::string& d : before)
-                        if (std::find(after.begin(), after.end(), d) == after.end()) done.named.push_back(d);
-                    done.stats = attach(*o);
-                }
+                if (auto o = pending.take_loaded(options, program, &done.named)) done.stats = attach(*o);
             } catch (const Error& e) {
                 done.error = e.what();
                 done.code = e.code() == ExitCode::ok ? ExitCode::failure : e.code();

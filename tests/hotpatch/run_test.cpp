@@ -158,6 +158,19 @@ TEST(IprobeRunDlopen, ALibraryLoadedIntoANewNamespaceByDlmopenIsProbedToo) {
     EXPECT_EQ(json_calls(r.err, "at_load"), 1) << r.err;
 }
 
+// --functions meant for a library still to come matches nothing in the one
+// loaded at start: that is said, and the program goes on to load the other.
+TEST(IprobeRunDlopen, FunctionsOnlyInALaterModuleDoNotStopTheProgramAtItsStart) {
+    const auto r = iprobe({"run", "--module", "libiprobe_dl_start.so,libiprobe_dl_a.so", "--functions", "dl_work_*",
+                           "--handler", "count", "--json", "--", dl_target(), "10", dl_spec("a")});
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find("done "), std::string::npos) << r.out;
+    EXPECT_NE(r.err.find("iprobe run: --module libiprobe_dl_start.so loaded by process "), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("but not probed: no probe matches dl_work_*"), std::string::npos) << r.err;
+    EXPECT_EQ(json_calls(r.err, "dl_work_a"), 11) << r.err;
+    EXPECT_EQ(json_calls(r.err, "start_work"), -1) << r.err;
+}
+
 TEST(IprobeRunDlopen, AModuleNeverLoadedIsSaidAtExit) {
     const auto r = iprobe({"run", "--module", "libiprobe_dl_a.so,libiprobe_dl_never.so", "--handler", "count",
                            "--json", "--", dl_target(), "10", dl_spec("a")});

@@ -50,8 +50,10 @@ public:
     explicit PendingModules(const AttachOptions& options);
     bool empty() const { return entries_.empty(); }
     // The options of an attach of what of them process `pid` has loaded now,
-    // taken out of the pending ones; nullopt when it has none of them.
-    std::optional<AttachOptions> take_loaded(const AttachOptions& options, pid_t pid);
+    // taken out of the pending ones (described(), into `taken`); nullopt
+    // when it has none of them.
+    std::optional<AttachOptions> take_loaded(const AttachOptions& options, pid_t pid,
+                                             std::vector<std::string>* taken = nullptr);
     // Whether any of the object names (l_name) a load batch reports may be
     // one of them ("*": the batch did not hold every name).
     bool may_be_among(const std::vector<std::string>& loaded) const;
@@ -93,17 +95,6 @@ void exec_held(const std::vector<std::string>& command, const std::string& runti
 std::optional<AttachStats> enable_when_held(int prober_fd, pid_t program, const AttachOptions& options,
                                             const std::function<void()>& before_release = {});
 
-// The same for a run that names modules: attaches what of `pending` the
-// program has loaded at its start (nothing, and no region made, if none of
-// it), takes that out of `pending`.  `when_held` runs as soon as the program
-// is held (e.g. to note its executable), `before_release` only if something
-// was attached.  nullopt: exec failed; AttachStats::selected 0: nothing of
-// `pending` was loaded yet.
-std::optional<AttachStats> enable_loaded_when_held(int prober_fd, pid_t program, const AttachOptions& options,
-                                                   PendingModules& pending,
-                                                   const std::function<void()>& before_release = {},
-                                                   const std::function<void()>& when_held = {});
-
 // What a module the program loaded later came to.
 struct LaterAttach {
     std::vector<std::string> named;  // PendingModules::described() of what it attached (or tried to)
@@ -111,6 +102,21 @@ struct LaterAttach {
     std::string error;                 // ... saying this
     ExitCode code = ExitCode::ok;
 };
+
+// The same for a run that names modules: attaches what of `pending` the
+// program has loaded at its start (nothing, and no region made, if none of
+// it), takes that out of `pending`.  `when_held` runs as soon as the program
+// is held (e.g. to note its executable), `before_release` only if something
+// was attached.  While modules stay pending, an attach that finds nothing
+// (not_found: a --functions meant for a library still to come) releases the
+// program all the same and is told to `unprobed`.  nullopt: exec failed;
+// AttachStats::selected 0: nothing was attached.
+std::optional<AttachStats> enable_loaded_when_held(int prober_fd, pid_t program, const AttachOptions& options,
+                                                   PendingModules& pending,
+                                                   const std::function<void()>& before_release = {},
+                                                   const std::function<void()>& when_held = {},
+                                                   const std::function<void(const LaterAttach&)>& unprobed = {});
+
 
 // Serves the program's later loads until nothing is pending, the program
 // (and every process that kept its end) is gone, or the channel is shut
