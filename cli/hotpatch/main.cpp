@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/prctl.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <signal.h>
 #include <sys/syscall.h>
@@ -16,12 +17,14 @@
 #include <cinttypes>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <iomanip>
 #include <iostream>
 #include <map>
 #include <sstream>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <unordered_map>
@@ -65,7 +68,7 @@ constexpr const char* kSynopsis =
     "       iprobe report PID --folded [--duration S]\n"
     "       iprobe report PID --hist [--json] [--since-last|--duration S]\n"
     "       iprobe report PID[,PID…] --format prometheus | --serve HOST:PORT\n"
-    "       iprobe run [--exec] [--report FILE] [--json] [attach's options] -- PROGRAM [ARGS…]\n"
+    "       iprobe run [--exec] [--report FILE] [--json] [--module NAME[,NAME…]] [attach's options] -- PROGRAM [ARGS…]\n"
     "       iprobe agent PID [--probes LIST[,LIST…]] [--handler trace|count [--completed]] [--buffer SIZE]";
 
 constexpr const char* kAbout =
@@ -127,7 +130,19 @@ constexpr const char* kAbout =
     "        --format prometheus: the same sums in Prometheus' text exposition format;\n"
     "        --serve HOST:PORT answers GET /metrics with them (read afresh per scrape).\n"
     "        Several PIDs (PID,PID,...): their rows merged by function, e.g. the\n"
-    "        clones of `iprobe debug --clones N`, each probing its share.";
+    "        clones of `iprobe debug --clones N`, each probing its share.\n"
+    "run     starts PROGRAM with the runtime preloaded, held before any of its\n"
+    "        code runs (constructors included) until the probes are on; when it\n"
+    "        exits, its whole run's report (as report --at-exit) and its exit\n"
+    "        status. --module NAME (or --probes of a library) that PROGRAM loads\n"
+    "        later (dlopen: java's libjvm.so, Python's extension modules,\n"
+    "        plugins) is probed as it loads, before its constructors run and\n"
+    "        before dlopen returns, as gdb's pending breakpoints; one never\n"
+    "        loaded is said at exit (report: never loaded). Exit status: the\n"
+    "        program's, or if nothing at all could be probed 5 (or the failed\n"
+    "        attach's code). --exec: PROGRAM takes iprobe's place (same PID and\n"
+    "        parent), the report is written after it exits (--report FILE, %p\n"
+    "        its PID).";
 
 constexpr const char* kFooter =
     "exit codes: 0 ok, 1 failed, 2 usage, 3 bad input, 4 permission, 5 not found, 6 busy, 7 unavailable,\n"
@@ -160,7 +175,7 @@ ArgSpec spec_of(const std::string& command) {
     ArgSpec spec("iprobe " + command, synopsis_of(command), kAbout,
     {
         {"--probes", "LIST", "probe list(s), coldpatched binaries or libraries, comma-separated\n(default: the process's executable)"},
-        {"--module", "NAME,...", "attach: the probes of a loaded library (or the executable) by file name,\ne.g. libz.so.1 or libz"},
+        {"--module", "NAME,...", "attach: the probes of a loaded library (or the executable) by file name,\ne.g. libz.so.1 or libz; run: also of one the program loads later (dlopen)"},
         {"--functions", "GLOB,...", "only probes of functions matching a GLOB (demangled or raw)"},
         {"--files", "GLOB,...", "only probes in source files matching a GLOB"},
         {"--entry-only", "", "only entry probes"},
@@ -655,11 +670,18 @@ int cmd_report(const Args& args) {
 
 // `iprobe run`'s report: written once the program has exited, to stderr or
 // to FILE (%p: the program's PID), whole or not at all (write_file_atomic).
-void write_exit_report(TraceReader& reader, pid_t pid, const Args& args) {
-    std::vector<std::vector<FunctionStats>> rows{reader.functions(reader.sums(), nullptr)};
+// No reader: nothing was ever probed (the report says what never loaded).
+void write_exit_report(TraceReader* reader, pid_t pid, const Args& args, const std::vector<std::string>& never_loaded) {
+    ReportResult result;
+    if (reader) {
+        std::vector<std::vector<FunctionStats>> rows{reader->functions(reader->sums(), nullptr)};
+        result = report_of(std::move(rows), {reader}, {pid});
+    } else {
+        result.pids = {pid};
+    }
+    result.never_loaded = never_loaded;
     std::ostringstream text;
-    make_output(args.flag("--json") ? OutputFormat::json : OutputFormat::text, text)
-        ->report(report_of(std::move(rows), {&reader}, {pid}));
+    make_output(args.flag("--json") ? OutputFormat::json : OutputFormat::text, text)->report(result);
     const std::string report = text.str();
     std::string path = args.value("--report");
     if (path.empty()) {
@@ -670,19 +692,141 @@ void write_exit_report(TraceReader& reader, pid_t pid, const Args& args) {
     write_file_atomic(path, report.data(), report.size());
 }
 
-// Enables the probes in the held program, keeps its region mapped for the
-// report, lets it go.  Null: the program could not be executed (it said why).
-std::unique_ptr<TraceReader> probe_held(int prober_fd, pid_t program, const AttachOptions& options) {
-    std::unique_ptr<TraceReader> reader;
-    const bool started = enable_when_held(prober_fd, program, options, [&] {
-        reader = std::make_unique<TraceReader>(program, TraceReader::Access::aggregates);
-    }).has_value();
-    ::close(prober_fd);
-    return started ? std::move(reader) : nullptr;
+std::string joined(const std::vector<std::string>& items) {
+    std::string out;
+    for (const auto& item : items) out += (out.empty() ? "" : ", ") + item;
+    return out;
 }
 
-[[noreturn]] void exec_or_exit(const Args& args, const std::string& runtime, int program_fd) {
-    exec_held(args.program, runtime, program_fd);
+// The prober's side of one `iprobe run`: the probes enabled while the
+// program is held at its start, the modules it loads later probed as it
+// loads them (a thread of their own, while the caller waits for the
+// program), and the report at its exit.
+class RunProbes {
+public:
+    RunProbes(const AttachOptions& options, int prober_fd, pid_t program)
+        : options_(options), pending_(options), prober_fd_(prober_fd), program_(program) {}
+    RunProbes(const RunProbes&) = delete;
+    RunProbes& operator=(const RunProbes&) = delete;
+    ~RunProbes() { stop_serving(); }
+
+    // Whether the program runs under probes (false: it could not be
+    // executed, and said why).  Throws if the start's attach failed: the
+    // program was told to exit.
+    bool start() {
+        const auto make_reader = [this] { open_reader(); };
+        std::optional<AttachStats> started;
+        if (pending_.empty()) {
+            started = enable_when_held(prober_fd_, program_, options_, make_reader);
+        } else {
+            started = enable_loaded_when_held(
+                prober_fd_, program_, options_, pending_, make_reader, [this] { started_as_ = executable_of(program_); },
+                [this](const LaterAttach& a) { later(a); });
+        }
+        if (!started || pending_.empty()) {
+            ::close(prober_fd_);
+            prober_fd_ = -1;
+            return started.has_value();
+        }
+        server_ = std::thread([this] {
+            serve_later_loads(prober_fd_, program_, options_, pending_, [this](const LaterAttach& a) { later(a); });
+            // The channel ended with the program alive: it exec'd (the
+            // audit module's copy is close-on-exec), e.g. a wrapper script.
+            const std::string now = executable_of(program_);
+            if (!now.empty() && now != started_as_) exec_note_ = "; it exec'd " + now + ", which ran without probes";
+        });
+        return true;
+    }
+
+    // The program's wait status once it exited (iprobe is its parent).  No
+    // waitpid while a later load may be attached: the kernel hands a
+    // tracee's ptrace stops to any thread of its real parent's group that
+    // waits for it, so the exit is awaited on a pidfd, the server stopped,
+    // and only then the program reaped.
+    int wait_for_child() {
+        if (server_.joinable()) {
+            const int pidfd = static_cast<int>(::syscall(SYS_pidfd_open, program_, 0));
+            if (pidfd >= 0) {
+                pollfd p{pidfd, POLLIN, 0};
+                while (::poll(&p, 1, -1) < 0 && errno == EINTR) {
+                }
+                ::close(pidfd);
+            }
+            stop_serving();
+        }
+        int status = 0;
+        while (::waitpid(program_, &status, 0) < 0) {
+            if (errno == EINTR) continue;
+            // reaped by an attach that saw it die: its status is gone
+            return static_cast<int>(ExitCode::failure) << 8;
+        }
+        return status;
+    }
+
+    // After the program exited: the report, and iprobe run's exit status
+    // (the program's, unless nothing at all could be probed; nullopt with
+    // --exec, where iprobe's helper is not its parent).
+    int finish(const Args& args, std::optional<int> program_status) {
+        stop_serving();
+        const std::vector<std::string> never = pending_.named();
+        for (const auto& d : pending_.described())
+            std::fprintf(stderr, "iprobe run: %s was never loaded by process %d: none of its functions were probed%s\n",
+                         d.c_str(), static_cast<int>(program_), exec_note_.c_str());
+        write_exit_report(reader_.get(), program_, args, never);
+        if (reader_) return program_status.value_or(0);
+        const std::string status =
+            program_status ? " (it exited with status " + std::to_string(*program_status) + ")" : std::string();
+        std::fprintf(stderr, "iprobe run: nothing was probed in process %d%s\n", static_cast<int>(program_),
+                     status.c_str());
+        return static_cast<int>(failure_);
+    }
+
+private:
+    static std::string executable_of(pid_t pid) {
+        std::error_code ec;
+        return std::filesystem::read_symlink("/proc/" + std::to_string(pid) + "/exe", ec).string();
+    }
+
+    void open_reader() {
+        if (!reader_) reader_ = std::make_unique<TraceReader>(program_, TraceReader::Access::aggregates);
+    }
+
+    void later(const LaterAttach& a) {
+        if (a.stats) {
+            open_reader();
+            return;
+        }
+        std::fprintf(stderr, "iprobe run: %s loaded by process %d but not probed: %s\n", joined(a.named).c_str(),
+                     static_cast<int>(program_), a.error.c_str());
+        failure_ = a.code;
+    }
+
+    void stop_serving() {
+        if (server_.joinable()) {
+            ::shutdown(prober_fd_, SHUT_RDWR);
+            server_.join();
+        }
+        if (prober_fd_ >= 0) ::close(prober_fd_);
+        prober_fd_ = -1;
+    }
+
+    AttachOptions options_;
+    PendingModules pending_;
+    int prober_fd_;
+    pid_t program_;
+    std::unique_ptr<TraceReader> reader_;
+    std::string started_as_, exec_note_;  // the program's executable; what it exec'd, said with what never loaded
+    ExitCode failure_ = ExitCode::not_found;  // when nothing was probed
+    std::thread server_;
+};
+
+// LD_AUDIT's module for a run that names modules (they may be loaded later).
+std::string audit_for(const AttachOptions& options, const std::string& runtime) {
+    return PendingModules(options).empty() ? std::string() : run_audit_library(runtime);
+}
+
+[[noreturn]] void exec_or_exit(const Args& args, const std::string& runtime, int program_fd, const std::string& audit) {
+    exec_held(args.program, runtime, program_fd, audit);
     const int err = errno;
     std::fprintf(stderr, "iprobe run: cannot run %s: %s\n", args.program.front().c_str(), std::strerror(err));
     ::_exit(err == ENOENT ? 127 : 126);
@@ -704,16 +848,18 @@ int exit_status_of(int status) {
 
 // iprobe stays the program's parent: waits for it, reports, exits as it did.
 int run_as_child(const Args& args, const AttachOptions& options, const std::string& runtime, HoldChannel channel) {
+    const std::string audit = audit_for(options, runtime);
     const pid_t child = ::fork();
     if (child < 0) throw_errno("fork");
     if (child == 0) {
         ::close(channel.prober);
-        exec_or_exit(args, runtime, channel.program);
+        exec_or_exit(args, runtime, channel.program, audit);
     }
     ::close(channel.program);
-    std::unique_ptr<TraceReader> reader;
+    RunProbes probes(options, channel.prober, child);
+    bool started = false;
     try {
-        reader = probe_held(channel.prober, child, options);
+        started = probes.start();
     } catch (...) {
         int status = 0;
         while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
@@ -721,7 +867,7 @@ int run_as_child(const Args& args, const AttachOptions& options, const std::stri
         throw;
     }
     int status = 0;
-    if (!reader) {
+    if (!started) {
         while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
         }
         return exit_status_of(status);
@@ -731,10 +877,7 @@ int run_as_child(const Args& args, const AttachOptions& options, const std::stri
     sa.sa_sigaction = forward_signal;
     sa.sa_flags = SA_SIGINFO | SA_RESTART;
     for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2}) ::sigaction(sig, &sa, nullptr);
-    while (::waitpid(child, &status, 0) < 0 && errno == EINTR) {
-    }
-    write_exit_report(*reader, child, args);
-    return exit_status_of(status);
+    return probes.finish(args, exit_status_of(probes.wait_for_child()));
 }
 
 // The program takes iprobe's place; a helper, moved out of its process tree
@@ -742,6 +885,7 @@ int run_as_child(const Args& args, const AttachOptions& options, const std::stri
 // children sees it) and out of the terminal's signals, probes it and writes
 // the report after it exits.
 int run_in_place(const Args& args, const AttachOptions& options, const std::string& runtime, HoldChannel channel) {
+    const std::string audit = audit_for(options, runtime);
     const pid_t program = ::getpid();
     const pid_t middle = ::fork();
     if (middle < 0) throw_errno("fork");
@@ -758,11 +902,10 @@ int run_in_place(const Args& args, const AttachOptions& options, const std::stri
         const pid_t self = ::getpid();
         if (::write(channel.prober, &self, sizeof self) != sizeof self) ::_exit(1);
         ::_exit(run_reporting_errors("iprobe run", [&] {
-            const auto reader = probe_held(channel.prober, program, options);
-            if (!reader) return 0;
+            RunProbes probes(options, channel.prober, program);
+            if (!probes.start()) return 0;
             wait_for_exit(program);
-            write_exit_report(*reader, program, args);
-            return 0;
+            return probes.finish(args, std::nullopt);  // its status is its parent's to see
         }));
     }
     ::close(channel.prober);
@@ -774,7 +917,7 @@ int run_in_place(const Args& args, const AttachOptions& options, const std::stri
         ::read(channel.program, &helper, sizeof helper) != sizeof helper)
         throw Error("cannot start iprobe run's helper process");
     ::prctl(PR_SET_PTRACER, static_cast<unsigned long>(helper), 0, 0, 0);  // Yama, where present
-    exec_or_exit(args, runtime, channel.program);
+    exec_or_exit(args, runtime, channel.program, audit);
 }
 
 // One long-lived agent for the process (the launcher's, in a clone): its

@@ -27,18 +27,22 @@ std::string describe_selector(const probelist::ProbeSelector& s) {
     return out.empty() ? "(all)" : out;
 }
 
+bool module_named(const std::string& base, const std::string& name) {
+    return base == name || (base.starts_with(name) && (base[name.size()] == '.' || base[name.size()] == '-'));
+}
+
 std::string module_source(pid_t pid, const std::string& name) {
     std::vector<std::string> found;
     for (const Mapping& m : read_maps(pid)) {
         if (m.path.empty() || m.path[0] != '/') continue;
-        const std::string base = basename_of(m.path);
-        const bool named = base == name || (base.rfind(name, 0) == 0 && (base[name.size()] == '.' || base[name.size()] == '-'));
+        const bool named = module_named(basename_of(m.path), name);
         if (named && std::find(found.begin(), found.end(), m.path) == found.end()) found.push_back(m.path);
     }
     if (found.empty())
         throw Error("process " + std::to_string(pid) + " has no module named " + name + " loaded (see /proc/" +
                         std::to_string(pid) + "/maps); a library it loads later (dlopen, as java loads libjvm) is "
-                        "probed by attaching once it is loaded",
+                        "probed by attaching once it is loaded, or from its first call on by starting the program "
+                        "with 'iprobe run --module " + name + " -- PROGRAM'",
                     ExitCode::not_found);
     if (found.size() > 1)
         throw Error("--module " + name + " names " + std::to_string(found.size()) + " modules of process " +

@@ -38,8 +38,12 @@ std::uint8_t kept_by(HandlerMode mode, std::uint8_t kind);
 
 std::string describe_selector(const probelist::ProbeSelector& s);
 
-// The path (as the target sees it) of the one module of `pid` whose file
-// is called `name`, or `name` plus a version (libz: libz.so.1.2.13).
+// Whether a module's file name `base` is what --module `name` names: the
+// same, or `name` plus a version (libz: libz.so.1.2.13, libfoo-2.so).
+bool module_named(const std::string& base, const std::string& name);
+
+// The path (as the target sees it) of the one module of `pid` module_named
+// `name`.
 std::string module_source(pid_t pid, const std::string& name);
 
 std::vector<SelectedList> load_lists(const AttachOptions& options);

@@ -276,6 +276,8 @@ void TextOutput::report(const ReportResult& r) {
                              "exits lost at detach: %" PRIu64 " calls were in flight when their exit hooks went off; not in "
                              "`completed`\n",
                              r.exits_lost_at_detach));
+    for (const auto& module : r.never_loaded)
+        out_ << "never loaded: " << module << " (the program did not load it: none of its functions probed)\n";
 }
 
 void JsonOutput::status(const StatusResult& r) {
@@ -343,8 +345,9 @@ void JsonOutput::report(const ReportResult& r) {
         .field("unhooked_returns", r.unhooked_returns)
         .field("exits_lost_at_detach", r.exits_lost_at_detach)
         .field("lost", r.lost)
-        .field("trace_dropped", r.trace_dropped)
-        .end_object();
+        .field("trace_dropped", r.trace_dropped);
+    if (!r.never_loaded.empty()) j.field("never_loaded", r.never_loaded);
+    j.end_object();
     out_ << j.str() << "\n";
 }
 

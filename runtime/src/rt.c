@@ -14,12 +14,14 @@
 #include <stddef.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "iprobe/runtime/rt.h"
+#include "iprobe/runtime/run_loads.h"
 #include "condition_eval.h"
 #include "raw_syscall.h"
 #include "return_stack_internal.h"
@@ -1676,24 +1678,49 @@ static void environment_remove(char** entry) {
     while (*entry++);
 }
 
+/* Puts `name` back as the user had it: `iprobe run` kept the user's value
+ * as IPROBE_RUN_<name>=VALUE (empty: none), whose tail is <name>=VALUE.
+ * Whether it was kept (`iprobe run` changed `name`). */
+static int restore_kept(const char* kept_name, const char* name) {
+    char** kept = environment_entry(kept_name);
+    char** value = environment_entry(name);
+    if (!kept) return 0;
+    const char* tail = *kept + strlen(kept_name) - strlen(name);
+    if (value && tail[strlen(name) + 1]) *value = (char*)tail;
+    else environment_remove(value);
+    environment_remove(environment_entry(kept_name));
+    return 1;
+}
+
+/* Nothing pending: the audit module's copy of the hold channel `fd` (the
+ * same socket, run_loads.h) is closed too; the module finds it gone. */
+static void close_audit_copy(int fd) {
+    struct stat channel, st;
+    struct rlimit open_files;
+    if (fstat(fd, &channel) != 0 || getrlimit(RLIMIT_NOFILE, &open_files) != 0) return;
+    const int floor = iprobe_run_audit_fd_floor(open_files.rlim_cur);
+    for (int copy = floor; copy < floor + IPROBE_RUN_AUDIT_FD_SPAN; copy++)
+        if (copy != fd && fstat(copy, &st) == 0 && st.st_dev == channel.st_dev && st.st_ino == channel.st_ino) {
+            close(copy);
+            return;
+        }
+}
+
 /* `iprobe run` (hotpatch/include/iprobe/hotpatch/run.h) started this
  * program with the runtime preloaded: say so, and wait before any of the
  * program's own code runs until the prober has enabled its probes.  Byte 0
- * goes on; any other byte is the exit code of a failed attach, which the
- * prober has already explained.  The runtime leaves LD_PRELOAD as it found
- * it, so the programs this one starts run as without iprobe. */
+ * goes on (IPROBE_RUN_LOADS_WATCH too: modules are pending, run_loads.h);
+ * any other byte is the exit code of a failed attach, which the prober has
+ * already explained.  The runtime leaves LD_PRELOAD (and LD_AUDIT) as it
+ * found them, so the programs this one starts run as without iprobe. */
 static void run_hold(void) {
-    static const char kSaved[] = "IPROBE_RUN_LD_PRELOAD", kChannel[] = "IPROBE_RUN_FD";
+    static const char kChannel[] = "IPROBE_RUN_FD";
     char** channel = environment_entry(kChannel);
     if (!channel) return;
     const int fd = atoi(*channel + sizeof kChannel);
-    /* The user's LD_PRELOAD, kept as IPROBE_RUN_LD_PRELOAD=VALUE: its tail
-     * is LD_PRELOAD=VALUE, put back where iprobe's stands. */
-    char** saved = environment_entry(kSaved);
-    char** preload = environment_entry("LD_PRELOAD");
-    if (saved && preload) *preload = *saved + (sizeof kSaved - sizeof "LD_PRELOAD");
-    else environment_remove(preload);
-    environment_remove(environment_entry(kSaved));
+    /* LD_PRELOAD is always iprobe's now (kept: the user's, maybe none). */
+    if (!restore_kept("IPROBE_RUN_LD_PRELOAD", "LD_PRELOAD")) environment_remove(environment_entry("LD_PRELOAD"));
+    const int audited = restore_kept(IPROBE_RUN_AUDIT_VARIABLE, "LD_AUDIT");
     environment_remove(environment_entry(kChannel));
     const unsigned char ready = 'r';
     unsigned char reply = 1;
@@ -1705,6 +1732,8 @@ static void run_hold(void) {
         while (n < 0 && errno == EINTR);
         if (n != 1) reply = 1;
     }
+    if (reply == IPROBE_RUN_LOADS_WATCH) reply = 0; /* modules pending: the audit module keeps its copy */
+    else if (audited) close_audit_copy(fd);
     close(fd);
     if (reply != 0) _exit(reply);
 }

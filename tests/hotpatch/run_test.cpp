@@ -4,7 +4,10 @@
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <thread>
+
+#include <signal.h>
 
 #include "hotpatch_fixture.h"
 
@@ -107,6 +110,182 @@ TEST(IprobeRun, AProgramThatCannotBeRunIsReportedAsShellsDo) {
     EXPECT_NE(r.err.find("cannot run /nonexistent/program"), std::string::npos) << r.err;
     const auto usage = iprobe({"run", "--handler", "count"});
     EXPECT_EQ(usage.exit_code, 2) << usage.err;
+}
+
+// `iprobe run --module LIB` of a library the program dlopens after it
+// started (targets/dlopen_target.c, dlopen_lib.c): probed as it loads,
+// before its constructor runs, without one of its calls missed.
+std::string dl_dir() { return targets_dir() + "/dlopen"; }
+std::string dl_target() { return dl_dir() + "/dlopen_target"; }
+std::string dl_lib(const std::string& name) { return dl_dir() + "/libiprobe_dl_" + name + ".so"; }
+std::string dl_spec(const std::string& name) { return dl_lib(name) + ":dl_work_" + name; }
+
+TEST(IprobeRunDlopen, ALibraryLoadedLaterIsProbedFromItsConstructorOn) {
+    const auto r = iprobe({"run", "--module", "libiprobe_dl_a.so", "--handler", "count", "--json", "--", dl_target(),
+                           "1000", dl_spec("a")});
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find("done "), std::string::npos) << r.out;
+    // its 1000 calls from the program and the one its constructor makes
+    EXPECT_EQ(json_calls(r.err, "dl_work_a"), 1001) << r.err;
+    EXPECT_EQ(json_calls(r.err, "at_load"), 1) << r.err;
+    EXPECT_EQ(json_number(r.err, "lost"), 0) << r.err;
+    EXPECT_EQ(r.err.find("never_loaded"), std::string::npos) << r.err;
+}
+
+// One module loaded at start (linked), two later from threads that dlopen
+// at once, one of them named by its probe list (--probes).
+TEST(IprobeRunDlopen, ModulesAtStartAndLoadedByConcurrentThreadsAreAllCounted) {
+    const auto r = iprobe({"run", "--module", "libiprobe_dl_start.so,libiprobe_dl_a.so", "--probes",
+                           dl_lib("b") + ".probes", "--functions", "*_work*", "--handler", "count", "--json", "--",
+                           dl_target(), "--threads", "300", dl_spec("a"), dl_spec("b")});
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find("done "), std::string::npos) << r.out;
+    EXPECT_EQ(json_calls(r.err, "start_work"), 300) << r.err;  // its constructor ran before the hold
+    EXPECT_EQ(json_calls(r.err, "dl_work_a"), 301) << r.err;
+    EXPECT_EQ(json_calls(r.err, "dl_work_b"), 301) << r.err;
+}
+
+// Once nothing is pending, at the start or after the last pending module
+// loaded, the program sees what it sees under a run that names no module
+// (the region's descriptor, none left open for later loads, LD_AUDIT as it
+// was), and a later dlopen of another library is not held.
+TEST(IprobeRunDlopen, NothingPendingLeavesTheProgramAsARunOfTheExecutable) {
+    const auto plain = iprobe({"run", "--functions", "main", "--handler", "count", "--", dl_target(), "--fds", "5",
+                               dl_spec("a")});
+    ASSERT_EQ(plain.exit_code, 0) << plain.err;
+    EXPECT_NE(plain.out.find("audit (unset) libc 1\n"), std::string::npos) << plain.out;
+    const auto at_start = iprobe({"run", "--module", "libiprobe_dl_start.so", "--handler", "count", "--json", "--",
+                                  dl_target(), "--fds", "5", dl_spec("a")});
+    EXPECT_EQ(at_start.exit_code, 0) << at_start.err;
+    EXPECT_EQ(at_start.out, plain.out) << "open descriptors and LD_AUDIT as in a run of the executable";
+    EXPECT_EQ(json_calls(at_start.err, "start_work"), 5) << at_start.err;
+    EXPECT_EQ(json_calls(at_start.err, "dl_work_a"), -1) << "not asked for: " << at_start.err;
+    const auto later = iprobe({"run", "--module", "libiprobe_dl_a.so", "--handler", "count", "--json", "--",
+                               dl_target(), "--fds", "5", dl_spec("a")});
+    EXPECT_EQ(later.exit_code, 0) << later.err;
+    EXPECT_EQ(later.out, plain.out) << "the audit module's descriptor closed once libiprobe_dl_a.so loaded, and "
+                                       "no second libc came with it";
+    EXPECT_EQ(json_calls(later.err, "dl_work_a"), 6) << later.err;
+}
+
+// dlmopen into a new namespace (with its own copy of libc) goes through
+// the same loader checkpoint.
+TEST(IprobeRunDlopen, ALibraryLoadedIntoANewNamespaceByDlmopenIsProbedToo) {
+    const auto r = iprobe({"run", "--module", "libiprobe_dl_a.so", "--handler", "count", "--json", "--", dl_target(),
+                           "--dlmopen", "100", dl_spec("a")});
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find("done "), std::string::npos) << r.out;
+    EXPECT_EQ(json_calls(r.err, "dl_work_a"), 101) << r.err;
+    EXPECT_EQ(json_calls(r.err, "at_load"), 1) << r.err;
+}
+
+// --functions meant for a library still to come matches nothing in the one
+// loaded at start: that is said, and the program goes on to load the other.
+TEST(IprobeRunDlopen, FunctionsOnlyInALaterModuleDoNotStopTheProgramAtItsStart) {
+    const auto r = iprobe({"run", "--module", "libiprobe_dl_start.so,libiprobe_dl_a.so", "--functions", "dl_work_*",
+                           "--handler", "count", "--json", "--", dl_target(), "10", dl_spec("a")});
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find("done "), std::string::npos) << r.out;
+    EXPECT_NE(r.err.find("iprobe run: --module libiprobe_dl_start.so loaded by process "), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("but not probed: no probe matches dl_work_*"), std::string::npos) << r.err;
+    EXPECT_EQ(json_calls(r.err, "dl_work_a"), 11) << r.err;
+    EXPECT_EQ(json_calls(r.err, "start_work"), -1) << r.err;
+}
+
+TEST(IprobeRunDlopen, AModuleNeverLoadedIsSaidAtExit) {
+    const auto r = iprobe({"run", "--module", "libiprobe_dl_a.so,libiprobe_dl_never.so", "--handler", "count",
+                           "--json", "--", dl_target(), "10", dl_spec("a")});
+    EXPECT_EQ(r.exit_code, 0) << "something was probed: the program's status " << r.err;
+    EXPECT_EQ(json_calls(r.err, "dl_work_a"), 11) << r.err;
+    EXPECT_NE(r.err.find("iprobe run: --module libiprobe_dl_never.so was never loaded by process "), std::string::npos)
+        << r.err;
+    EXPECT_NE(r.err.find("none of its functions were probed\n"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("\"never_loaded\":[\"libiprobe_dl_never.so\"]"), std::string::npos) << r.err;
+}
+
+TEST(IprobeRunDlopen, NothingLoadedAtAllExitsNotFoundAfterTheProgramRan) {
+    const auto r = iprobe({"run", "--module", "libiprobe_dl_never.so", "--handler", "count", "--", dl_target(), "10",
+                           dl_spec("a")});
+    EXPECT_EQ(r.exit_code, 5) << r.err;
+    EXPECT_NE(r.out.find("done "), std::string::npos) << "the program ran, unprobed: " << r.out;
+    EXPECT_NE(r.err.find("--module libiprobe_dl_never.so was never loaded"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("never loaded: libiprobe_dl_never.so"), std::string::npos) << "in the report: " << r.err;
+    EXPECT_NE(r.err.find("iprobe run: nothing was probed in process "), std::string::npos) << r.err;
+}
+
+// A fork()ed child loads the library first: it is not probed (as every
+// child of fork), says nothing on the channel and is not held; the
+// parent's own load afterwards is probed.
+TEST(IprobeRunDlopen, AForkedChildsLoadIsNotHeldAndTheParentsIs) {
+    const auto r = iprobe({"run", "--module", "libiprobe_dl_a.so", "--handler", "count", "--json", "--", dl_target(),
+                           "--fork", "50", dl_spec("a")});
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(json_calls(r.err, "dl_work_a"), 51) << r.err;
+}
+
+// A program that execs another (a wrapper script, pyenv's shims): what it
+// exec'd runs without the runtime, so its loads are not probed; the
+// never-loaded message says what it exec'd (seen while it runs: it sleeps).
+TEST(IprobeRunDlopen, AProgramThatExecsAnotherSaysSoWithTheModuleNeverLoaded) {
+    const auto r = iprobe({"run", "--module", "libiprobe_dl_a.so", "--handler", "count", "--", "/bin/sh", "-c",
+                           "echo started; exec /bin/sleep 0.5"});
+    EXPECT_EQ(r.exit_code, 5) << r.err;
+    EXPECT_EQ(r.out, "started\n");
+    EXPECT_NE(r.err.find("--module libiprobe_dl_a.so was never loaded by process "), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("none of its functions were probed; it exec'd /"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("sleep, which ran without probes\n"), std::string::npos) << r.err;
+}
+
+TEST(IprobeRunDlopen, ExecModeProbesALaterLoadToo) {
+    TempDir dir;
+    const auto r = iprobe({"run", "--exec", "--module", "libiprobe_dl_a.so", "--handler", "count", "--json", "--report",
+                           dir / "run.%p.json", "--", dl_target(), "20", dl_spec("a")});
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    std::string report;
+    for (int i = 0; i < 200 && report.empty(); ++i) {
+        for (const auto& e : std::filesystem::directory_iterator(dir.path()))
+            if (e.path().extension() == ".json") report = file_text(e.path());
+        if (report.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    ASSERT_FALSE(report.empty()) << "no report: " << r.err;
+    EXPECT_EQ(json_calls(report, "dl_work_a"), 21) << report;
+}
+
+// iprobe gone (SIGKILL) while the program waits inside dlopen for it: the
+// program goes on, unprobed, and finishes.
+TEST(IprobeRunDlopen, AProgramHeldInDlopenGoesOnWhenIprobeIsKilled) {
+    TempDir dir;
+    const std::string go = dir / "go", out = dir / "out";
+    Child run_cmd({iprobe_bin(), "run", "--module", "libiprobe_dl_a.so", "--handler", "count", "--", dl_target(),
+                   "--wait", go, "10", dl_spec("a")},
+                  out);
+    pid_t program = 0;
+    for (int i = 0; i < 400 && program == 0; ++i) {
+        const std::string children =
+            file_text("/proc/" + std::to_string(run_cmd.pid()) + "/task/" + std::to_string(run_cmd.pid()) + "/children");
+        if (!children.empty()) program = static_cast<pid_t>(std::stol(children));
+        else std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    }
+    ASSERT_NE(program, 0) << "iprobe run started no program";
+    // iprobe stopped: the program's load waits for it, inside dlopen
+    ::kill(run_cmd.pid(), SIGSTOP);
+    std::ofstream(go) << "go";
+    const std::string wchan = "/proc/" + std::to_string(program) + "/wchan";
+    bool held = false;
+    for (int i = 0; i < 400 && !held; ++i) {
+        held = file_text(wchan).find("unix_stream_read") != std::string::npos;
+        if (!held) std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    }
+    EXPECT_TRUE(held) << "the program was not held in its dlopen (wchan " << file_text(wchan) << ")";
+    run_cmd.kill(SIGKILL);
+    run_cmd.wait();
+    bool gone = false;
+    for (int i = 0; i < 400 && !gone; ++i) {
+        gone = !std::filesystem::exists("/proc/" + std::to_string(program));
+        if (!gone) std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    }
+    EXPECT_TRUE(gone) << "the program is stuck without iprobe";
+    EXPECT_NE(file_text(out).find("done "), std::string::npos) << file_text(out);
 }
 
 }  // namespace

@@ -416,6 +416,50 @@ TEST(PackagedJava, AttachedWhileItRunsThenDetachedAndItGoesOn) {
     trace_while_it_runs(java, out, {"--module", "libjvm.so"}, "InterpreterRuntime::");
 }
 
+// `java` dlopens libjvm.so from its launcher: `iprobe run --module
+// libjvm.so` probes it as it loads, before JNI_CreateJavaVM (and libjvm's
+// constructors) run, with HotSpot's frame-walking exits left off.
+TEST(PackagedJava, RunProbesLibjvmFromTheLoadOnAndCountsJniCreateJavaVmOnce) {
+    TempDir tmp;
+    std::ofstream(tmp.path() + "/Hello.java")
+        << "public class Hello { public static void main(String[] a) { System.out.println(\"Hello\"); } }\n";
+    const auto built = run({"javac", "-d", tmp.path(), tmp.path() + "/Hello.java"}, {}, std::chrono::seconds(300));
+    ASSERT_EQ(built.exit_code, 0) << "scripts/setup installs openjdk-17-jdk-headless: " << built.err;
+    const auto r = iprobe({"run", "--module", "libjvm.so", "--handler", "count", "--json", "--", "java",
+                           "-XX:ErrorFile=" + tmp.path() + "/hs_err_%p.log", "-cp", tmp.path(), "Hello"},
+                          std::chrono::seconds(300));
+    EXPECT_EQ(r.exit_code, 0) << r.err.substr(0, 4000);
+    EXPECT_EQ(r.out, "Hello\n");
+    // the report: one JSON line on stderr (thousands of functions: parsed,
+    // not matched with a regular expression)
+    const auto at = r.err.find("{\"pid\"");
+    ASSERT_NE(at, std::string::npos) << r.err.substr(0, 4000);
+    const auto report = nlohmann::json::parse(r.err.substr(at, r.err.find('\n', at) - at));
+    std::map<std::string, long long> calls;
+    for (const auto& f : report["functions"]) calls[f["name"].get<std::string>()] += f["calls"].get<long long>();
+    EXPECT_EQ(calls["JNI_CreateJavaVM"], 1);
+    EXPECT_EQ(calls["Threads::create_vm(JavaVMInitArgs*, bool*)"], 1);
+    EXPECT_GT(calls.size(), 1000u) << "libjvm's functions counted from the VM's start";
+    EXPECT_EQ(report["lost"], 0);
+    EXPECT_FALSE(report.contains("never_loaded"));
+}
+
+// Debian's python3 imports its C accelerator _json from lib-dynload with
+// dlopen when `json` is imported: `iprobe run --module _json` probes it as
+// it loads (Debian strips it: its exported functions, from .dynsym), so
+// the module's init function, the first call into it, is counted once.
+TEST(PackagedPython, RunProbesAnExtensionModuleFromTheImportOn) {
+    const std::string python = "/usr/bin/python3";
+    ASSERT_TRUE(std::filesystem::exists(python)) << "scripts/setup installs Debian's python3";
+    const auto r = iprobe({"run", "--module", "_json", "--handler", "count", "--json", "--", python, "-c",
+                           "import json; print(json.dumps({'a': [1, 2]}))"},
+                          std::chrono::seconds(120));
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(r.out, "{\"a\": [1, 2]}\n");
+    EXPECT_EQ(json_calls(r.err, "PyInit__json"), 1) << r.err;
+    EXPECT_EQ(r.err.find("never_loaded"), std::string::npos) << r.err;
+}
+
 // A Go program that links C (cgo), as Debian's Go builds it, unstripped:
 // goroutines run on small stacks that the Go runtime grows by moving them
 // and scans by return address, so probes on Go's functions killed it

@@ -58,6 +58,9 @@ struct ReportResult {
     // `report --hist`: each function's log2 latency histogram (and its
     // return value's, after attach --retval), histogram.h.
     bool histograms = false;
+    // `iprobe run`: the modules it was asked to probe (--module NAME,
+    // --probes SOURCE) that the program never loaded.
+    std::vector<std::string> never_loaded;
 };
 struct ResetResult {
     pid_t pid = 0;
