@@ -394,18 +394,16 @@ bool copy_param(Dwarf_Die* copy, Dwarf_Die* param, Dwarf_Die* out) {
 }  // namespace
 
 std::optional<SiteLocation> return_slot_at(const Site& site, const ElfFile* dwarf_file) {
-    std::unique_ptr<Dwarf, DwarfCloser> dwarf(
-        dwarf_file ? dwarf_begin_elf(dwarf_file->native_handle(), DWARF_C_READ, nullptr) : nullptr);
-    return slot_of(site_cfa(site, dwarf.get()));
+    const FunctionDies* dies = dwarf_file ? dwarf_file->function_dies() : nullptr;
+    return slot_of(site_cfa(site, dies ? dies->dwarf() : nullptr));
 }
 
 std::optional<FunctionValues> function_values(const ElfFile& elf, std::uint64_t entry, const std::string& symbol,
                                               const std::optional<Site>& site) {
-    if (!elf.section(".debug_info") && !elf.section(".zdebug_info")) return std::nullopt;
-    std::unique_ptr<Dwarf, DwarfCloser> dwarf(dwarf_begin_elf(elf.native_handle(), DWARF_C_READ, nullptr));
-    if (!dwarf) return std::nullopt;
+    const FunctionDies* dies = elf.function_dies();
     Dwarf_Die function;
-    if (!find_function(dwarf.get(), entry, &function)) return std::nullopt;
+    if (!dies || !dies->find(entry, &function)) return std::nullopt;
+    Dwarf* dwarf = dies->dwarf();
     FunctionValues out;
     out.typed = true;
     std::uint8_t gpr = 0, xmm = 0;
@@ -432,7 +430,7 @@ std::optional<FunctionValues> function_values(const ElfFile& elf, std::uint64_t 
         copies_under(&function, origin_of(&function), out.own_copies, 0);
         if (!out.holds(site->pc)) {
             Dwarf_Die unit;
-            if (!dwarf_addrdie(dwarf.get(), site->pc, &unit) || !host_at(&unit, site->pc, &host, 0) ||
+            if (!dwarf_addrdie(dwarf, site->pc, &unit) || !host_at(&unit, site->pc, &host, 0) ||
                 !copy_at(&host, site->pc, origin_of(&function), &copy))
                 return std::nullopt;
             out.inlined = true;
@@ -445,7 +443,7 @@ std::optional<FunctionValues> function_values(const ElfFile& elf, std::uint64_t 
             copies_under(&copy, origin_of(&function), out.own_copies, 0);
         }
         out.at_site = true;
-        cfa = site_cfa(*site, dwarf.get());
+        cfa = site_cfa(*site, dwarf);
         out.return_slot = slot_of(cfa);
         Dwarf_Attribute attr;
         Dwarf_Op* ops = nullptr;
