@@ -7,15 +7,17 @@
 #   mixed    N built without -g, plus $TYPED (1000) in a unit built -g: node's
 #            shape (a static V8: 71 000 functions, DWARF for a few units)
 #   nodebug  N without any DWARF
-# and node itself (every function of /usr/bin/node, a short script) when
-# NODE=1.  Per program: `iprobe run` without and with --args --retval, the
+# node itself (every function of /usr/bin/node, a short script) when
+# NODE=1, and each command of $EXTRA (';' between them, e.g. a redis-server
+# built -g: "redis-server --version").  Per program: `iprobe run` without and with --args --retval, the
 # wall time of each (the fastest of $REPEATS); their difference is what the
 # values cost before the program starts (planning) and while it runs.
 # With a second build directory, the same with its iprobe, side by side
 # (e.g. the tree before a change).
 # usage: bench/hotpatch/values_scale.sh [BUILD_DIR [OTHER_BUILD_DIR]]   (as root; under the flock(1)
 #        lock every benchmark on the machine takes)
-# env: SIZES ("2000 8000 32000"), TYPED (1000), REPEATS (3), TIMEOUT (600 s a run), NODE (0)
+# env: SIZES ("2000 8000 32000"; "none": no generated program), TYPED (1000), REPEATS (3),
+#      TIMEOUT (600 s a run), NODE (0), EXTRA ("")
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 build="$(cd "${1:-${IPROBE_BUILD_DIR:-$root/build}}" && pwd)"
@@ -82,6 +84,7 @@ row() {  # shape count program args...
   done
   printf '\n'
 }
+[[ $sizes == none ]] && sizes=""
 for n in $sizes; do
   for shape in debug mixed nodebug; do
     program "$shape" "$n"
@@ -94,3 +97,12 @@ if [[ ${NODE:-0} == 1 ]] && command -v node >/dev/null; then
   echo 'let s = 0; for (let i = 0; i < 100000; i++) s += Math.sqrt(i); console.log("sum", Math.round(s));' >"$work/n.js"
   row node "$(nm "$(command -v node)" 2>/dev/null | grep -c ' [tTwW] ')" node "$work/n.js"
 fi
+# the function symbols' count (.symtab, else .dynsym) beside each
+IFS=';' read -r -a extra <<<"${EXTRA:-}"
+for command in "${extra[@]}"; do
+  read -r -a argv <<<"$command"
+  path=$(command -v "${argv[0]}")
+  count=$(nm "$path" 2>/dev/null | grep -c ' [tTwW] ' || true)
+  ((count)) || count=$(nm -D "$path" | grep -c ' [tTwW] ' || true)
+  row "$(basename "$path")" "$count" "${argv[@]}"
+done

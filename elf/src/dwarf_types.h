@@ -26,8 +26,9 @@ std::string referred(Dwarf_Die* die, int depth);
 // A file's DWARF, opened once, and its subprograms by the addresses their
 // code starts at (the lowest, or any range's: gcc's hot and cold parts),
 // from one walk of every unit: looking up each of a program's functions
-// costs a search, not a walk of its unit (of every unit when there are no
-// aranges: a static V8 has 71 000 functions and a few hundred units).
+// costs a search, not a walk of its unit (of every unit when the aranges do
+// not cover it: node 20, a static V8, has 71 000 functions and 111 units
+// describing 3 824 of them, which took 311 s).
 // ElfFile::function_dies() keeps one per file.
 class FunctionDies {
 public:
