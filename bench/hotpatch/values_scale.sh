@@ -49,16 +49,17 @@ program() {
 }
 
 # seconds IPROBE ARGS...: the fastest wall time of $repeats runs of `IPROBE run ARGS`
-# (">LIMIT" when one is cut off); the program's output must be as without probes
+# (">LIMIT" when one is cut off, "failed(STATUS)" when iprobe fails); the program's output must be as without probes
 seconds() {
   local iprobe=$1 best="" t
   shift
   for _ in $(seq 1 "$repeats"); do
     local start end
     start=$(date +%s.%N)
-    if ! timeout "$limit" "$iprobe" run "$@" >"$work/out" 2>"$work/err"; then
-      echo ">$limit"; return
-    fi
+    local status=0
+    timeout "$limit" "$iprobe" run "$@" >"$work/out" 2>"$work/err" || status=$?
+    if ((status == 124)); then echo ">$limit"; return; fi
+    if ((status)); then echo "failed($status)"; return; fi
     end=$(date +%s.%N)
     cmp -s "$work/out" "$work/expected" || { echo "output differs: $*" >&2; diff "$work/expected" "$work/out" >&2 || true; exit 1; }
     t=$(echo "$end - $start" | bc)
