@@ -78,13 +78,14 @@ FunctionDies::FunctionDies(Elf* elf) : dwarf_(dwarf_begin_elf(elf, DWARF_C_READ,
         Dwarf_Die unit;
         if (!dwarf_offdie(dwarf_.get(), offset + header, &unit)) continue;
         units_++;
-        index(&unit, offset + header, 0);
+        index(&unit, offset + header, 0, false);
     }
     std::stable_sort(starts_.begin(), starts_.end(), [](const Start& a, const Start& b) { return a.entry < b.entry; });
+    std::stable_sort(ranges_.begin(), ranges_.end(), [](const Range& a, const Range& b) { return a.low < b.low; });
 }
 
 // Every subprogram under `parent`, by where each of its ranges starts.
-void FunctionDies::index(Dwarf_Die* parent, Dwarf_Off unit, int depth) {
+void FunctionDies::index(Dwarf_Die* parent, Dwarf_Off unit, int depth, bool in_block) {
     if (depth > kMaxDepth) return;
     Dwarf_Die child;
     if (dwarf_child(parent, &child) != 0) return;
@@ -94,13 +95,33 @@ void FunctionDies::index(Dwarf_Die* parent, Dwarf_Off unit, int depth) {
             Dwarf_Addr low = 0, base = 0, start = 0, end = 0;
             const bool has_low = dwarf_lowpc(&child, &low) == 0;
             if (has_low) starts_.push_back({low, unit, child});
-            for (std::ptrdiff_t at = 0; (at = dwarf_ranges(&child, at, &base, &start, &end)) > 0;)
+            const std::size_t order = subprograms_++;
+            for (std::ptrdiff_t at = 0; (at = dwarf_ranges(&child, at, &base, &start, &end)) > 0;) {
                 if (!has_low || start != low) starts_.push_back({start, unit, child});
+                if (!in_block && end > start) {
+                    ranges_.push_back({start, end, unit, order, child});
+                    widest_ = std::max<std::uint64_t>(widest_, end - start);
+                }
+            }
         } else if (tag == DW_TAG_namespace || tag == DW_TAG_structure_type || tag == DW_TAG_class_type ||
                    tag == DW_TAG_lexical_block) {
-            index(&child, unit, depth + 1);
+            index(&child, unit, depth + 1, in_block || tag == DW_TAG_lexical_block);
         }
     } while (dwarf_siblingof(&child, &child) == 0);
+}
+
+bool FunctionDies::host_at(Dwarf_Off unit, std::uint64_t pc, Dwarf_Die* host) const {
+    // the ranges starting in (pc - widest_, pc]: the only ones that can hold pc
+    auto it = std::upper_bound(ranges_.begin(), ranges_.end(), pc, [](std::uint64_t v, const Range& r) { return v < r.low; });
+    const Range* first = nullptr;
+    while (it != ranges_.begin()) {
+        --it;
+        if (pc - it->low >= widest_) break;
+        if (pc < it->high && it->unit == unit && (!first || it->order < first->order)) first = &*it;
+    }
+    if (!first) return false;
+    *host = first->die;
+    return true;
 }
 
 bool FunctionDies::find(std::uint64_t entry, Dwarf_Die* function) const {

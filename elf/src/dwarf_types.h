@@ -38,18 +38,31 @@ public:
     // nest them in C++); when several do, the one in the unit the aranges
     // give for `entry`, else the first.
     bool find(std::uint64_t entry, Dwarf_Die* function) const;
+    // The subprogram of `unit` (the offset of its DIE) whose code holds
+    // `pc`, the first in the unit (namespaces and classes nest them in C++;
+    // not one in a lexical block): an inlined copy's host.
+    bool host_at(Dwarf_Off unit, std::uint64_t pc, Dwarf_Die* host) const;
     std::size_t units() const { return units_; }  // walked, once
 
 private:
-    void index(Dwarf_Die* parent, Dwarf_Off unit, int depth);
+    void index(Dwarf_Die* parent, Dwarf_Off unit, int depth, bool in_block);
 
     struct Start {
         std::uint64_t entry;
         Dwarf_Off unit;
         Dwarf_Die die;
     };
+    struct Range {
+        std::uint64_t low, high;
+        Dwarf_Off unit;
+        std::size_t order;  // of its subprogram in the walk
+        Dwarf_Die die;
+    };
     std::unique_ptr<Dwarf, DwarfCloser> dwarf_;
     std::vector<Start> starts_;  // by entry; in walk order among equals
+    std::vector<Range> ranges_;  // by low: every range of every subprogram outside lexical blocks
+    std::uint64_t widest_ = 0;   // the longest of ranges_: a range holding pc starts at most this far below it
+    std::size_t subprograms_ = 0;
     std::size_t units_ = 0;
 };
 

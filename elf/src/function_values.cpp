@@ -321,23 +321,6 @@ Dwarf_Off origin_of(Dwarf_Die* die) {
     return dwarf_dieoffset(die);
 }
 
-// The subprogram whose code holds `pc` (namespaces and classes nest them in C++).
-bool host_at(Dwarf_Die* parent, std::uint64_t pc, Dwarf_Die* out, int depth) {
-    Dwarf_Die child;
-    if (depth > kMaxDepth || dwarf_child(parent, &child) != 0) return false;
-    do {
-        const int tag = dwarf_tag(&child);
-        if (tag == DW_TAG_subprogram && dwarf_haspc(&child, pc) == 1) {
-            *out = child;
-            return true;
-        }
-        if ((tag == DW_TAG_namespace || tag == DW_TAG_structure_type || tag == DW_TAG_class_type) &&
-            host_at(&child, pc, out, depth + 1))
-            return true;
-    } while (dwarf_siblingof(&child, &child) == 0);
-    return false;
-}
-
 // Down from `scope` through the blocks and inlined copies holding `pc`: the
 // innermost copy of the abstract function `origin`.
 bool copy_at(Dwarf_Die* scope, std::uint64_t pc, Dwarf_Off origin, Dwarf_Die* out) {
@@ -430,7 +413,7 @@ std::optional<FunctionValues> function_values(const ElfFile& elf, std::uint64_t 
         copies_under(&function, origin_of(&function), out.own_copies, 0);
         if (!out.holds(site->pc)) {
             Dwarf_Die unit;
-            if (!dwarf_addrdie(dwarf, site->pc, &unit) || !host_at(&unit, site->pc, &host, 0) ||
+            if (!dwarf_addrdie(dwarf, site->pc, &unit) || !dies->host_at(dwarf_dieoffset(&unit), site->pc, &host) ||
                 !copy_at(&host, site->pc, origin_of(&function), &copy))
                 return std::nullopt;
             out.inlined = true;
