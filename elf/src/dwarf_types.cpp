@@ -77,7 +77,6 @@ FunctionDies::FunctionDies(Elf* elf) : dwarf_(dwarf_begin_elf(elf, DWARF_C_READ,
         if (dwarf_nextcu(dwarf_.get(), offset, &next, &header, nullptr, nullptr, nullptr) != 0) break;
         Dwarf_Die unit;
         if (!dwarf_offdie(dwarf_.get(), offset + header, &unit)) continue;
-        units_++;
         index(&unit, offset + header, 0, false);
     }
     std::stable_sort(starts_.begin(), starts_.end(), [](const Start& a, const Start& b) { return a.entry < b.entry; });

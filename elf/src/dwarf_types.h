@@ -42,7 +42,6 @@ public:
     // `pc`, the first in the unit (namespaces and classes nest them in C++;
     // not one in a lexical block): an inlined copy's host.
     bool host_at(Dwarf_Off unit, std::uint64_t pc, Dwarf_Die* host) const;
-    std::size_t units() const { return units_; }  // walked, once
 
 private:
     void index(Dwarf_Die* parent, Dwarf_Off unit, int depth, bool in_block);
@@ -63,7 +62,6 @@ private:
     std::vector<Range> ranges_;  // by low: every range of every subprogram outside lexical blocks
     std::uint64_t widest_ = 0;   // the longest of ranges_: a range holding pc starts at most this far below it
     std::size_t subprograms_ = 0;
-    std::size_t units_ = 0;
 };
 
 }  // namespace iprobe::elf

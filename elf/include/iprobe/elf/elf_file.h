@@ -153,6 +153,7 @@ public:
     // The file's DWARF as libdw reads it, opened and its functions indexed
     // on first use, then kept: for the DWARF readers of this library
     // (function_values.h, function_signature.h).  Null without .debug_info.
+    // Like the relocations and PLT, read on first use: not from two threads at once.
     const FunctionDies* function_dies() const;
 
 private:
