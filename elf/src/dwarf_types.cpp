@@ -1,6 +1,8 @@
 #include "dwarf_types.h"
 
+#include <algorithm>
 #include <cstddef>
+#include <iterator>
 
 namespace iprobe::elf {
 
@@ -68,44 +70,72 @@ std::string type_name(Dwarf_Die* die, int depth) {
     }
 }
 
-// The subprogram whose code starts at `entry`, anywhere under `die`
-// (namespaces and classes nest them in C++).
-static bool find_subprogram(Dwarf_Die* die, std::uint64_t entry, Dwarf_Die* out, int depth) {
-    if (depth > kMaxDepth) return false;
+FunctionDies::FunctionDies(Elf* elf) : dwarf_(dwarf_begin_elf(elf, DWARF_C_READ, nullptr)) {
+    if (!dwarf_) return;
+    for (Dwarf_Off offset = 0, next = 0;; offset = next) {
+        std::size_t header = 0;
+        if (dwarf_nextcu(dwarf_.get(), offset, &next, &header, nullptr, nullptr, nullptr) != 0) break;
+        Dwarf_Die unit;
+        if (!dwarf_offdie(dwarf_.get(), offset + header, &unit)) continue;
+        index(&unit, offset + header, 0, false);
+    }
+    std::stable_sort(starts_.begin(), starts_.end(), [](const Start& a, const Start& b) { return a.entry < b.entry; });
+    std::stable_sort(ranges_.begin(), ranges_.end(), [](const Range& a, const Range& b) { return a.low < b.low; });
+}
+
+// Every subprogram under `parent`, by where each of its ranges starts.
+void FunctionDies::index(Dwarf_Die* parent, Dwarf_Off unit, int depth, bool in_block) {
+    if (depth > kMaxDepth) return;
     Dwarf_Die child;
-    if (dwarf_child(die, &child) != 0) return false;
+    if (dwarf_child(parent, &child) != 0) return;
     do {
         const int tag = dwarf_tag(&child);
         if (tag == DW_TAG_subprogram) {
-            // One range, or several (gcc's hot and cold parts): the entry starts one.
             Dwarf_Addr low = 0, base = 0, start = 0, end = 0;
-            bool starts = dwarf_lowpc(&child, &low) == 0 && low == entry;
-            for (std::ptrdiff_t at = 0; !starts && (at = dwarf_ranges(&child, at, &base, &start, &end)) > 0;)
-                starts = start == entry;
-            if (starts) {
-                *out = child;
-                return true;
+            const bool has_low = dwarf_lowpc(&child, &low) == 0;
+            if (has_low) starts_.push_back({low, unit, child});
+            const std::size_t order = subprograms_++;
+            for (std::ptrdiff_t at = 0; (at = dwarf_ranges(&child, at, &base, &start, &end)) > 0;) {
+                if (!has_low || start != low) starts_.push_back({start, unit, child});
+                if (!in_block && end > start) {
+                    ranges_.push_back({start, end, unit, order, child});
+                    widest_ = std::max<std::uint64_t>(widest_, end - start);
+                }
             }
         } else if (tag == DW_TAG_namespace || tag == DW_TAG_structure_type || tag == DW_TAG_class_type ||
                    tag == DW_TAG_lexical_block) {
-            if (find_subprogram(&child, entry, out, depth + 1)) return true;
+            index(&child, unit, depth + 1, in_block || tag == DW_TAG_lexical_block);
         }
     } while (dwarf_siblingof(&child, &child) == 0);
-    return false;
 }
 
-
-
-bool find_function(Dwarf* dwarf, std::uint64_t entry, Dwarf_Die* function) {
-    Dwarf_Die unit;
-    if (dwarf_addrdie(dwarf, entry, &unit) && find_subprogram(&unit, entry, function, 0)) return true;
-    // No aranges (clang): walk every unit.
-    for (Dwarf_Off offset = 0, next = 0;;) {
-        std::size_t header = 0;
-        if (dwarf_nextcu(dwarf, offset, &next, &header, nullptr, nullptr, nullptr) != 0) return false;
-        if (dwarf_offdie(dwarf, offset + header, &unit) && find_subprogram(&unit, entry, function, 0)) return true;
-        offset = next;
+bool FunctionDies::host_at(Dwarf_Off unit, std::uint64_t pc, Dwarf_Die* host) const {
+    // the ranges starting in (pc - widest_, pc]: the only ones that can hold pc
+    auto it = std::upper_bound(ranges_.begin(), ranges_.end(), pc, [](std::uint64_t v, const Range& r) { return v < r.low; });
+    const Range* first = nullptr;
+    while (it != ranges_.begin()) {
+        --it;
+        if (pc - it->low >= widest_) break;
+        if (pc < it->high && it->unit == unit && (!first || it->order < first->order)) first = &*it;
     }
+    if (!first) return false;
+    *host = first->die;
+    return true;
+}
+
+bool FunctionDies::find(std::uint64_t entry, Dwarf_Die* function) const {
+    const auto [first, last] = std::equal_range(starts_.begin(), starts_.end(), Start{entry, 0, {}},
+                                                [](const Start& a, const Start& b) { return a.entry < b.entry; });
+    if (first == last) return false;
+    auto chosen = first;
+    Dwarf_Die unit;
+    if (std::next(first) != last && dwarf_addrdie(dwarf_.get(), entry, &unit)) {
+        const Dwarf_Off at = dwarf_dieoffset(&unit);
+        const auto in_unit = std::find_if(first, last, [at](const Start& s) { return s.unit == at; });
+        if (in_unit != last) chosen = in_unit;
+    }
+    *function = chosen->die;
+    return true;
 }
 
 }  // namespace iprobe::elf

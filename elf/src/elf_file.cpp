@@ -7,7 +7,9 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 
+#include "dwarf_types.h"
 #include "iprobe/support/error.h"
 #include "iprobe/support/file.h"
 
@@ -58,7 +60,27 @@ ElfFile::ElfFile(std::vector<std::uint8_t> bytes, std::string origin)
 
 ElfFile::~ElfFile() = default;
 ElfFile::ElfFile(ElfFile&&) noexcept = default;
-ElfFile& ElfFile::operator=(ElfFile&&) noexcept = default;
+ElfFile& ElfFile::operator=(ElfFile&& other) noexcept {
+    // member by member would end this file's Elf before the Dwarf reading it
+    if (this != &other) {
+        std::destroy_at(this);
+        std::construct_at(this, std::move(other));
+    }
+    return *this;
+}
+
+void ElfFile::FunctionDiesDeleter::operator()(FunctionDies* d) const { delete d; }
+
+const FunctionDies* ElfFile::function_dies() const {
+    if (!dwarf_read_) {
+        dwarf_read_ = true;
+        if (section(".debug_info") || section(".zdebug_info")) {
+            auto dies = std::unique_ptr<FunctionDies, FunctionDiesDeleter>(new FunctionDies(elf_.get()));
+            if (dies->dwarf()) function_dies_ = std::move(dies);
+        }
+    }
+    return function_dies_.get();
+}
 
 void ElfFile::load(std::string origin) {
     if (bytes_.size() < 4 || std::memcmp(bytes_.data(), ELFMAG, SELFMAG) != 0)

@@ -7,11 +7,9 @@
 namespace iprobe::elf {
 
 std::optional<std::string> function_signature(const ElfFile& elf, std::uint64_t entry) {
-    if (!elf.section(".debug_info") && !elf.section(".zdebug_info")) return std::nullopt;
-    std::unique_ptr<Dwarf, DwarfCloser> dwarf(dwarf_begin_elf(elf.native_handle(), DWARF_C_READ, nullptr));
-    if (!dwarf) return std::nullopt;
+    const FunctionDies* dies = elf.function_dies();
     Dwarf_Die function;
-    if (!find_function(dwarf.get(), entry, &function)) return std::nullopt;
+    if (!dies || !dies->find(entry, &function)) return std::nullopt;
     std::string out = referred(&function, 0) + "(";
     Dwarf_Die param;
     bool first = true;

@@ -321,23 +321,6 @@ Dwarf_Off origin_of(Dwarf_Die* die) {
     return dwarf_dieoffset(die);
 }
 
-// The subprogram whose code holds `pc` (namespaces and classes nest them in C++).
-bool host_at(Dwarf_Die* parent, std::uint64_t pc, Dwarf_Die* out, int depth) {
-    Dwarf_Die child;
-    if (depth > kMaxDepth || dwarf_child(parent, &child) != 0) return false;
-    do {
-        const int tag = dwarf_tag(&child);
-        if (tag == DW_TAG_subprogram && dwarf_haspc(&child, pc) == 1) {
-            *out = child;
-            return true;
-        }
-        if ((tag == DW_TAG_namespace || tag == DW_TAG_structure_type || tag == DW_TAG_class_type) &&
-            host_at(&child, pc, out, depth + 1))
-            return true;
-    } while (dwarf_siblingof(&child, &child) == 0);
-    return false;
-}
-
 // Down from `scope` through the blocks and inlined copies holding `pc`: the
 // innermost copy of the abstract function `origin`.
 bool copy_at(Dwarf_Die* scope, std::uint64_t pc, Dwarf_Off origin, Dwarf_Die* out) {
@@ -394,18 +377,16 @@ bool copy_param(Dwarf_Die* copy, Dwarf_Die* param, Dwarf_Die* out) {
 }  // namespace
 
 std::optional<SiteLocation> return_slot_at(const Site& site, const ElfFile* dwarf_file) {
-    std::unique_ptr<Dwarf, DwarfCloser> dwarf(
-        dwarf_file ? dwarf_begin_elf(dwarf_file->native_handle(), DWARF_C_READ, nullptr) : nullptr);
-    return slot_of(site_cfa(site, dwarf.get()));
+    const FunctionDies* dies = dwarf_file ? dwarf_file->function_dies() : nullptr;
+    return slot_of(site_cfa(site, dies ? dies->dwarf() : nullptr));
 }
 
 std::optional<FunctionValues> function_values(const ElfFile& elf, std::uint64_t entry, const std::string& symbol,
                                               const std::optional<Site>& site) {
-    if (!elf.section(".debug_info") && !elf.section(".zdebug_info")) return std::nullopt;
-    std::unique_ptr<Dwarf, DwarfCloser> dwarf(dwarf_begin_elf(elf.native_handle(), DWARF_C_READ, nullptr));
-    if (!dwarf) return std::nullopt;
+    const FunctionDies* dies = elf.function_dies();
     Dwarf_Die function;
-    if (!find_function(dwarf.get(), entry, &function)) return std::nullopt;
+    if (!dies || !dies->find(entry, &function)) return std::nullopt;
+    Dwarf* dwarf = dies->dwarf();
     FunctionValues out;
     out.typed = true;
     std::uint8_t gpr = 0, xmm = 0;
@@ -432,7 +413,7 @@ std::optional<FunctionValues> function_values(const ElfFile& elf, std::uint64_t 
         copies_under(&function, origin_of(&function), out.own_copies, 0);
         if (!out.holds(site->pc)) {
             Dwarf_Die unit;
-            if (!dwarf_addrdie(dwarf.get(), site->pc, &unit) || !host_at(&unit, site->pc, &host, 0) ||
+            if (!dwarf_addrdie(dwarf, site->pc, &unit) || !dies->host_at(dwarf_dieoffset(&unit), site->pc, &host) ||
                 !copy_at(&host, site->pc, origin_of(&function), &copy))
                 return std::nullopt;
             out.inlined = true;
@@ -445,7 +426,7 @@ std::optional<FunctionValues> function_values(const ElfFile& elf, std::uint64_t 
             copies_under(&copy, origin_of(&function), out.own_copies, 0);
         }
         out.at_site = true;
-        cfa = site_cfa(*site, dwarf.get());
+        cfa = site_cfa(*site, dwarf);
         out.return_slot = slot_of(cfa);
         Dwarf_Attribute attr;
         Dwarf_Op* ops = nullptr;

@@ -91,8 +91,11 @@ ConditionPlan plan_conditions(const Condition& condition, const AttachOptions& o
         std::shared_ptr<elf::ElfFile> dwarf, module;
         bool dwarf_tried = false;
         std::set<std::uint32_t> exits_on;
-        for (const probelist::Probe* p : s.selected)
+        std::set<std::uint64_t> functions_exiting;  // with a selected exit probe, by address
+        for (const probelist::Probe* p : s.selected) {
             if (p->form == probelist::SiteForm::ret) exits_on.insert(p->id - 1);
+            if (p->kind == probelist::ProbeKind::exit) functions_exiting.insert(p->function_address);
+        }
         for (const probelist::Probe* p : s.selected) {
             if (p->kind != probelist::ProbeKind::entry) continue;
             const bool entry_site = probelist::serves_returns(s.list.probes, p->id);
@@ -103,10 +106,8 @@ ConditionPlan plan_conditions(const Condition& condition, const AttachOptions& o
                                 " is probed through a NOP-form point",
                             ExitCode::usage);
             }
-            if (at_site)  // its exit hooks, wherever they are in the list
-                for (const probelist::Probe* q : s.selected)
-                    if (q->kind == probelist::ProbeKind::exit && q->function_address == p->function_address)
-                        exits_on.insert(p->id);
+            if (at_site && functions_exiting.count(p->function_address))  // its exit hooks, wherever they are in the list
+                exits_on.insert(p->id);
             auto& planned = plan[li][p->id];
             if (!wanted) continue;  // selected: its condition is cleared
             if (condition.at_exit() && !exits_on.count(p->id))

@@ -251,6 +251,7 @@ SitesPlan plan_sites(const ProcessMemory& memory, Region& region, std::vector<Se
         touched.insert(running.path);
         first_probes.push_back(module.first_probe);
         if (s.selected.empty()) continue;
+        const std::uint32_t stub_slots = site_stub_slots_for(s.list);  // a scan of the list: once, not per site
         std::vector<std::uint64_t> addresses;
         addresses.reserve(s.selected.size());
         for (const probelist::Probe* p : s.selected) addresses.push_back(running.load_bias + p->site);
@@ -381,7 +382,7 @@ SitesPlan plan_sites(const ProcessMemory& memory, Region& region, std::vector<Se
                                 ExitCode::unavailable);
                 std::uint64_t callee = 0;
                 if (const std::string& by_id = id_symbol(handlers, *p); !by_id.empty()) {
-                    areas.site_stubs(running, module, site_stub_slots_for(s.list));
+                    areas.site_stubs(running, module, stub_slots);
                     const std::uint32_t id = handlers.site_id == HandlerSymbols::SiteId::counter
                                                  ? counter_offset(region.probes()[global].stat, p->kind)
                                                  : global;
@@ -416,7 +417,7 @@ SitesPlan plan_sites(const ProcessMemory& memory, Region& region, std::vector<Se
             }
         }
         if (entry_sites.empty()) continue;
-        areas.site_stubs(running, module, site_stub_slots_for(s.list));
+        areas.site_stubs(running, module, stub_slots);
         const bool counting = handlers.site_id == HandlerSymbols::SiteId::counter;
         EntrySiteHandlers entry_handlers{handlers, {}, 0};
         if (!handlers.entry_enter.empty()) entry_handlers.targets.enter = handler_address(handlers.entry_enter);

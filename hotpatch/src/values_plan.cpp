@@ -28,8 +28,8 @@ std::shared_ptr<elf::ElfFile> dwarf_of(pid_t pid, const SelectedList& s) {
     const auto path = elf::debug_file_for(*module);
     if (!path) return nullptr;
     if (*path == module->path()) return module;
-    try {
-        return reading_target(pid, [&] { return std::make_shared<elf::ElfFile>(target_view(pid, *path)); });
+    try {  // kept, as the module is: its DWARF is indexed once (attach_conditions reads it too)
+        return elf_cache().get(pid, *path);
     } catch (const Error&) {
         return nullptr;
     }

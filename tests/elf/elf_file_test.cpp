@@ -7,6 +7,8 @@
 
 #include "iprobe/elf/elf_file.h"
 #include "iprobe/elf/demangle.h"
+#include "iprobe/elf/function_signature.h"
+#include "iprobe/elf/function_values.h"
 #include "iprobe/support/error.h"
 #include "testutil.h"
 
@@ -179,6 +181,45 @@ TEST(Demangle, RustV0AndLegacy) {
     EXPECT_EQ(elf::demangle("_ZN4main9may_panic17h8dca00fe6b58389bE"), "main::may_panic");
     EXPECT_EQ(elf::demangle("_ZNSt6vectorIiSaIiEE9push_backERKi"), "std::vector<int, std::allocator<int> >::push_back(int const&)");
     EXPECT_EQ(elf::demangle("_Rnot_valid"), "_Rnot_valid");
+}
+
+// A program whose DWARF covers one of its two units (node's shape: most
+// functions without it): the file's DWARF is opened and indexed once, and
+// kept; each function is found in it by its entry, or is not there.
+TEST(ElfDwarf, FunctionsAreFoundInTheOneIndexOfTheFilesDwarf) {
+    TempDir dir;
+    std::ofstream(dir / "typed.c") << "__attribute__((noinline)) int twice(int x, const char* why) { return 2 * x + !why; }\n";
+    std::ofstream(dir / "main.c") << R"(#include <stdio.h>
+int twice(int x, const char* why);
+__attribute__((noinline)) int thrice(int x) { return 3 * x; }
+int main(int argc, char** argv) { printf("%d\n", twice(argc, argv[0]) + thrice(argc)); return 0; }
+)";
+    const auto r = sh("cd '" + dir.path() + "' && gcc -O2 -g -c typed.c && gcc -O2 -c main.c && gcc typed.o main.o -o mixed" +
+                      " && gcc -O2 typed.c main.c -o plain");
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    const elf::ElfFile mixed(dir / "mixed");
+    ASSERT_NE(mixed.function_dies(), nullptr);
+    EXPECT_EQ(mixed.function_dies(), mixed.function_dies());  // kept, not read again
+    const elf::ElfSymbol* twice = mixed.symbol_named("twice");
+    const elf::ElfSymbol* thrice = mixed.symbol_named("thrice");
+    ASSERT_TRUE(twice && thrice);
+    const auto values = elf::function_values(mixed, twice->address, "twice");
+    ASSERT_TRUE(values.has_value());
+    ASSERT_EQ(values->params.size(), 2u);
+    EXPECT_EQ(values->params[0].name, "x");
+    EXPECT_EQ(values->params[0].type.name, "int");
+    EXPECT_EQ(values->params[1].name, "why");
+    EXPECT_EQ(values->params[1].type.name, "const char*");
+    EXPECT_EQ(values->gprs, 2);
+    EXPECT_EQ(values->strings, 2);  // rsi
+    EXPECT_EQ(elf::function_signature(mixed, twice->address), "int(int, const char*)");
+    EXPECT_FALSE(elf::function_values(mixed, thrice->address, "thrice").has_value());
+    EXPECT_FALSE(elf::function_signature(mixed, thrice->address).has_value());
+    EXPECT_FALSE(elf::function_values(mixed, twice->address + 1, "twice").has_value());  // not an entry
+
+    const elf::ElfFile plain(dir / "plain");
+    EXPECT_EQ(plain.function_dies(), nullptr);
+    EXPECT_FALSE(elf::function_values(plain, plain.symbol_named("twice")->address, "twice").has_value());
 }
 
 }  // namespace

@@ -355,7 +355,10 @@ TEST(PackagedNode, EveryReturnHookedButThoseV8ReadsAndTheScriptRunsAsWithout) {
     ASSERT_EQ(plain.exit_code, 0) << plain.err;
     ASSERT_EQ(plain.out, "2000 300000 1000 true\n");
 
-    for (const std::vector<std::string>& handler : {std::vector<std::string>{"count", "--completed"}, {"trace"}}) {
+    // --args --retval: every function's values planned from node's symbols
+    // and the few units of DWARF it has (one index of them, not a walk per function)
+    for (const std::vector<std::string>& handler :
+         {std::vector<std::string>{"count", "--completed"}, {"trace"}, {"trace", "--args", "--retval"}}) {
         SCOPED_TRACE(handler.front());
         std::vector<std::string> args{"run", "--json", "--handler"};
         args.insert(args.end(), handler.begin(), handler.end());

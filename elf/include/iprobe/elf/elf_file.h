@@ -19,6 +19,8 @@ struct Elf;
 
 namespace iprobe::elf {
 
+class FunctionDies;  // elf/src/dwarf_types.h
+
 struct ElfSection {
     std::size_t index = 0;
     std::string name;
@@ -148,6 +150,12 @@ public:
     // encoding other than the linkers' (datarel sdata4).
     std::vector<std::uint64_t> unwind_starts() const;
 
+    // The file's DWARF as libdw reads it, opened and its functions indexed
+    // on first use, then kept: for the DWARF readers of this library
+    // (function_values.h, function_signature.h).  Null without .debug_info.
+    // Like the relocations and PLT, read on first use: not from two threads at once.
+    const FunctionDies* function_dies() const;
+
 private:
     void load(std::string origin);
     void read_sections();
@@ -174,6 +182,12 @@ private:
     mutable std::vector<GotSlot> got_slots_;
     mutable bool plt_read_ = false;
     mutable std::vector<PltEntry> plt_entries_;
+    struct FunctionDiesDeleter {
+        void operator()(FunctionDies* d) const;
+    };
+    // after elf_: its Dwarf reads elf_, so it goes first
+    mutable bool dwarf_read_ = false;
+    mutable std::unique_ptr<FunctionDies, FunctionDiesDeleter> function_dies_;
 };
 
 }  // namespace iprobe::elf
