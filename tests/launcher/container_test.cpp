@@ -150,9 +150,15 @@ protected:
         IPROBE_SKIP_UNLESS_CLONING_WORKS();
         server_ = build_redis("finstrument");
         ASSERT_FALSE(server_.empty()) << "scripts/build-redis --mode finstrument failed";
-        // one image per build of that redis
+        // one image per build of that redis; those of earlier builds go
+        // (an image in use by a container is kept: podman refuses)
         image_ = "localhost/iprobe-test-redis:finstrument-" +
                  std::to_string(fs::last_write_time(server_).time_since_epoch().count());
+        std::istringstream images(
+            run({"podman", "images", "--format", "{{.Repository}}:{{.Tag}}", "localhost/iprobe-test-redis"}).out);
+        for (std::string image; std::getline(images, image);)
+            if (image.starts_with("localhost/iprobe-test-redis:finstrument-") && image != image_)
+                run({"podman", "rmi", image});
         LauncherContainer::SetUp();
     }
 };
