@@ -180,7 +180,7 @@ void TextOutput::status(const StatusResult& r) {
     }
     if (!st.region && st.forked_from) {
         out_ << "no iprobe region of its own: forked from probed process " << st.forked_from << ", it still runs "
-             << st.inherited_live << " of its parent's probe sites, whose " << st.fork_child_events
+             << st.inherited_live << " of its parent's probes, whose " << st.fork_child_events
              << " events so far were dropped; 'iprobe detach " << st.pid << "' puts them back, 'iprobe attach " << st.pid
              << "' probes it as itself\n";
         for (const auto& m : st.modules) {

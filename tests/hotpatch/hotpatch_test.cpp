@@ -271,7 +271,7 @@ TEST_F(HotpatchTest, AForkedChildsInheritedProbesAreShownDetachedOrReplaced) {
     EXPECT_EQ(json_number(r.out, "inherited_live"), 1) << "counted's entry site: " << r.out;
     EXPECT_EQ(json_number(r.out, "fork_child_events"), 10) << r.out;
     r = iprobe({"status", child});
-    EXPECT_NE(r.out.find("forked from probed process " + pid_of(target) + ", it still runs 1 of its parent's probe sites"),
+    EXPECT_NE(r.out.find("forked from probed process " + pid_of(target) + ", it still runs 1 of its parent's probes"),
               std::string::npos)
         << r.out;
     r = iprobe({"detach", child});
