@@ -7,6 +7,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -44,7 +46,10 @@ TEST(WriteFileAtomic, ADeviceIsWrittenIntoNotReplaced) {
     if (::geteuid() != 0) GTEST_SKIP() << "mknod of a character device needs root";
     test::TempDir dir;
     const std::string null = dir / "null";
-    ASSERT_EQ(::mknod(null.c_str(), S_IFCHR | 0666, ::makedev(1, 3)), 0);
+    if (::mknod(null.c_str(), S_IFCHR | 0666, ::makedev(1, 3)) != 0)
+        GTEST_SKIP() << "mknod refused here (" << std::strerror(errno) << "): no CAP_MKNOD";
+    if (const int fd = ::open(null.c_str(), O_WRONLY | O_CLOEXEC); fd >= 0) ::close(fd);
+    else GTEST_SKIP() << "a device in " << dir.path() << " cannot be opened (" << std::strerror(errno) << "): nodev";
     write(null, "a report nobody wants");
     struct stat st {};
     ASSERT_EQ(::stat(null.c_str(), &st), 0);
