@@ -400,6 +400,40 @@ enum frame_use {
                          * detach, which turned that hook off with it, so its exit is lost */
 };
 
+/* The return-address slot of the call whose frame is pushed or popped next
+ * (0: unknown), set where its return is hooked (hook_return) or served
+ * (iprobe_rt_return_at) and taken once by enter_timed or exit_timed.  A
+ * signal handler landing in between takes its own and leaves 0: that one
+ * frame is then matched by its function alone, as before tags. */
+static __thread uint64_t t_frame_slot;
+
+static inline __attribute__((always_inline)) uint64_t take_frame_slot(void) {
+    const uint64_t slot = t_frame_slot;
+    t_frame_slot = 0;
+    return slot;
+}
+
+/* A frame stored below `slot` (deeper on the stack than the call at `slot`,
+ * on the same stack: within 2 GiB) belongs to a call a longjmp or an
+ * exception abandoned; 0 tags are never taken for such. */
+static inline int abandoned_below(const struct iprobe_rt_frame* f, uint64_t slot) {
+    return f->tag != 0 && (int32_t)(f->tag - (uint32_t)slot) < 0;
+}
+
+/* At the frame stack's cap: the frames at its top that lie below the call
+ * entering now were abandoned (longjmp, exceptions caught in a function
+ * that has not returned, as postgres's PG_TRY or a server's request loop
+ * do); without this they piled up past the cap and no later call of the
+ * thread was timed.  Returns the index for the new frame. */
+static __attribute__((noinline, cold)) uint32_t drop_abandoned(struct iprobe_rt_thread* slot, uint32_t depth,
+                                                               uint64_t at) {
+    uint32_t top = IPROBE_RT_STACK_DEPTH;
+    while (top > 0 && abandoned_below(&slot->stack[top - 1], at)) top--;
+    if (top == IPROBE_RT_STACK_DEPTH) return depth; /* genuinely deep: untimed, as ever */
+    *(volatile uint32_t*)&slot->depth = top + 1;
+    return top;
+}
+
 /* Entry of a timed call: one more call, one frame pushed.  The frame index is
  * reserved in one instruction, so a signal handler probing in between nests
  * above it. */
@@ -421,11 +455,14 @@ static inline __attribute__((always_inline)) void enter_timed(struct iprobe_rt_c
         return;
     }
     struct iprobe_rt_thread* slot = t_producer.slot;
+    const uint64_t at = use == FRAME_MATCH ? take_frame_slot() : 0;
     uint32_t depth = 1;
     __asm__ __volatile__("xaddl %0, %1" : "+r"(depth), "+m"(slot->depth) : : "memory");
+    if (UNLIKELY(depth >= IPROBE_RT_STACK_DEPTH) && at) depth = drop_abandoned(slot, depth, at);
     if (LIKELY(depth < IPROBE_RT_STACK_DEPTH)) {
         struct iprobe_rt_frame* f = &slot->stack[depth];
         f->stat = stat;
+        f->tag = (uint32_t)at;
         f->start = now;
         f->children = 0;
         if (frame_args)
@@ -446,9 +483,16 @@ static inline __attribute__((always_inline)) int exit_timed(struct iprobe_rt_con
     add_local(&s->completed, 1);
     if (use == FRAME_NONE) return 0;
     struct iprobe_rt_thread* slot = t_producer.slot;
+    const uint64_t at = take_frame_slot();
     uint32_t depth = *(volatile uint32_t*)&slot->depth;
     uint32_t top = depth;
-    while (top > 0 && top - 1 < IPROBE_RT_STACK_DEPTH && slot->stack[top - 1].stat != stat) top--;
+    /* Its own frame, found by its slot: the frames above it were abandoned
+     * (longjmp, an exception) and go with it, however many. */
+    uint32_t tagged = depth < IPROBE_RT_STACK_DEPTH ? depth : IPROBE_RT_STACK_DEPTH;
+    while (at && tagged > 0 && slot->stack[tagged - 1].tag != (uint32_t)at) tagged--;
+    if (at && tagged > 0 && slot->stack[tagged - 1].stat == stat) top = tagged;
+    else
+        while (top > 0 && top - 1 < IPROBE_RT_STACK_DEPTH && slot->stack[top - 1].stat != stat) top--;
     if (top == 0 || top - 1 >= IPROBE_RT_STACK_DEPTH) {
         if (depth > IPROBE_RT_STACK_DEPTH) {
             *(volatile uint32_t*)&slot->depth = depth - 1; /* an untimed deep frame */
@@ -796,6 +840,7 @@ static __attribute__((noinline, cold)) void count_unhooked(void) {
 
 static uint64_t hook_return(const uint64_t* slot, uint32_t handler, uint32_t arg, uint64_t cookie) {
     const uint64_t unit = iprobe_rt_return_prepare(slot, handler, arg, cookie);
+    t_frame_slot = unit && handler == IPROBE_RT_RETURN_TRACE ? (uint64_t)(uintptr_t)slot : 0;
     if (LIKELY(unit)) return unit;
     count_unhooked();
     return 0;
@@ -1356,6 +1401,7 @@ __attribute__((visibility("hidden"))) void iprobe_rt_site_values_enter_at(uint32
     if (UNLIKELY(!cb) || (uint64_t)id + hook >= g_geometry.probe_capacity) return;
     const struct iprobe_rt_probe* p = probe_of(cb, (int32_t)id);
     const uint64_t unit = values_enter(cb, id, p, word, saved, slot, (int)hook, xmm);
+    t_frame_slot = 0; /* whatever path took it or not */
     if (!unit) return;
     const uint64_t real = *slot;
     *slot = unit + IPROBE_RT_RETURN_UNIT_TRAMPOLINE;
@@ -1401,14 +1447,24 @@ __attribute__((visibility("hidden"))) uint64_t iprobe_rt_trace_enter_return_at(u
     claim_first(cb); /* before the return is hooked and the clock read */
     const struct iprobe_rt_probe* p = probe_of(cb, (int32_t)id);
     const uint64_t word = spec_word(p);
-    if (UNLIKELY(word != 0)) return values_enter(cb, (uint32_t)id, p, word, saved, slot, 1, 0);
+    if (UNLIKELY(word != 0)) {
+        const uint64_t unit = values_enter(cb, (uint32_t)id, p, word, saved, slot, 1, 0);
+        t_frame_slot = 0;
+        return unit;
+    }
     const uint32_t condition = __atomic_load_n(&p->condition, __ATOMIC_RELAXED);
-    if (UNLIKELY(condition != 0)) return conditioned_enter(cb, (uint32_t)id, p, condition, saved, slot);
+    if (UNLIKELY(condition != 0)) {
+        const uint64_t unit = conditioned_enter(cb, (uint32_t)id, p, condition, saved, slot);
+        t_frame_slot = 0;
+        return unit;
+    }
     const uint64_t timed = p->timed;
     /* the return stack's fast path inline; hook_return counts a failure */
     uint64_t unit = iprobe_rt_return_prepare(slot, IPROBE_RT_RETURN_TRACE, (uint32_t)id + 1, timed);
     if (UNLIKELY(!unit)) count_unhooked();
+    t_frame_slot = unit ? (uint64_t)(uintptr_t)slot : 0;
     emit_probe(cb, (int32_t)id, p->stat, IPROBE_RT_REC_ENTRY, 0, unit && timed ? FRAME_MATCH : FRAME_NONE);
+    t_frame_slot = 0; /* whatever path took it or not */
     return unit;
 }
 
@@ -1444,6 +1500,7 @@ __attribute__((visibility("hidden"))) int iprobe_rt_condition_match(const struct
  * itself): the return registers are saved by the caller. */
 __attribute__((visibility("hidden"))) void iprobe_rt_return_at(const struct iprobe_rt_return* e, const uint64_t* regs) {
     if (e->handler == IPROBE_RT_RETURN_TRACE) {
+        t_frame_slot = e->slot;
         /* the control block and the probe read once for the whole exit */
         struct iprobe_rt_control* cb = control();
         const uint32_t probe = e->arg;
@@ -1459,6 +1516,7 @@ __attribute__((visibility("hidden"))) void iprobe_rt_return_at(const struct ipro
         else
             emit_id(probe, IPROBE_RT_REC_EXIT, use); /* counts what it cannot serve */
         if (UNLIKELY(p != 0 && p->retval_hist != 0)) retval_sample(probe, regs[0]);
+        t_frame_slot = 0; /* whatever path took it or not */
     } else {
         iprobe_rt_return_callback_run(e);
     }

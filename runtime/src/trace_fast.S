@@ -203,8 +203,12 @@ iprobe_rt_trace_enter_fast:
     cmpq $0, %fs:RET_THREAD_STATS(%rcx)
     je 7f
     mov iprobe_rt_producer@gottpoff(%rip), %r9
-    cmpq $0, %fs:PRODUCER_SLOT(%r9)
+    mov %fs:PRODUCER_SLOT(%r9), %rax
+    test %rax, %rax
     je 7f
+    /* at the frames' cap C drops what a longjmp abandoned (drop_abandoned) */
+    cmpl $FAST_STACK_DEPTH - 1, FAST_THREAD_DEPTH(%rax)
+    jae 7f
     cmpq $0, %fs:PRODUCER_RING(%r9)
     je 7f
     /* a return entry, as the count handler takes one */
@@ -238,6 +242,8 @@ iprobe_rt_trace_enter_fast:
     imul $FAST_FRAME_SIZE, %rax, %rax
     lea FAST_THREAD_STACK(%rcx,%rax), %rax
     mov %r10d, FAST_FRAME_STAT(%rax)
+    mov RET_ENTRY_SLOT(%r11), %edx
+    mov %edx, FAST_FRAME_TAG(%rax)               /* found again by its slot at the exit */
     mov %r8, FAST_FRAME_START(%rax)
     movq $0, FAST_FRAME_CHILDREN(%rax)
 1:  /* the record */
@@ -319,9 +325,12 @@ iprobe_rt_trace_exit_fast:
     sub $1, %esi                                 /* top - 1 */
     cmp $FAST_STACK_DEPTH, %esi
     jae 7f
+    mov RET_ENTRY_SLOT(%rdi), %eax               /* its slot: the frame's tag */
     imul $FAST_FRAME_SIZE, %rsi, %rdi
     lea FAST_THREAD_STACK(%rcx,%rdi), %rdi       /* its frame */
     cmp %r8d, FAST_FRAME_STAT(%rdi)
+    jne 7f
+    cmp %eax, FAST_FRAME_TAG(%rdi)
     jne 7f
     /* the clock, then the sums (exit_timed) */
     imul $FAST_STATS_SIZE, %r8, %r8

@@ -63,6 +63,7 @@
 #define FAST_THREAD_STACK 64
 #define FAST_FRAME_SIZE 72
 #define FAST_FRAME_STAT 0
+#define FAST_FRAME_TAG 4 /* low 32 bits of the return slot (rt.c: exit_timed finds a frame by it) */
 #define FAST_FRAME_START 8
 #define FAST_FRAME_CHILDREN 16
 /* struct iprobe_rt_ring, struct iprobe_rt_record */
@@ -145,6 +146,7 @@ _Static_assert(offsetof(struct iprobe_rt_thread, depth) == FAST_THREAD_DEPTH &&
                    offsetof(struct iprobe_rt_thread, stack) == FAST_THREAD_STACK &&
                    sizeof(struct iprobe_rt_frame) == FAST_FRAME_SIZE &&
                    offsetof(struct iprobe_rt_frame, stat) == FAST_FRAME_STAT &&
+                   offsetof(struct iprobe_rt_frame, tag) == FAST_FRAME_TAG &&
                    offsetof(struct iprobe_rt_frame, start) == FAST_FRAME_START &&
                    offsetof(struct iprobe_rt_frame, children) == FAST_FRAME_CHILDREN &&
                    IPROBE_RT_STACK_DEPTH == FAST_STACK_DEPTH,

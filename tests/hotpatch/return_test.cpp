@@ -233,6 +233,29 @@ long long json_field(const std::string& json, const std::string& function, const
     return std::regex_search(json, m, re) ? std::stoll(m[1]) : -1;
 }
 
+// Frames abandoned under a function that has not returned (postgres's
+// PG_TRY in a loop, a server catching each request's exception): 31 a jump
+// (and, in C++, every other one a throw), 620 in all.  They piled up in the
+// thread's frames past their cap (120), and from then on no call of the
+// thread was timed: ab_leaf's 1000 calls completed, none timed, and after
+// ab_catch, nothing else either.  The frames below the entering call are
+// dropped at the cap, and an exit finds its own frame by its return slot.
+TEST_P(ReturnTest, FramesAbandonedUnderACallThatGoesOnDoNotStopTheTiming) {
+    constexpr long kJumps = 20;
+    attach("ab_*", "trace");
+    EXPECT_EQ(command("abandon " + std::to_string(kJumps)), kJumps);
+    EXPECT_EQ(command("abandon " + std::to_string(kJumps)), kJumps);
+    const std::string json = report();
+    EXPECT_EQ(counts(json, "ab_leaf"), (Counts{2000, 2000})) << json;
+    EXPECT_EQ(json_field(json, "ab_leaf", "timed"), 2000) << "every call timed\n" << json;
+    EXPECT_EQ(counts(json, "ab_catch"), (Counts{2, 2})) << json;
+    EXPECT_EQ(json_field(json, "ab_catch", "timed"), 2) << json;
+    EXPECT_EQ(counts(json, "ab_down"), (Counts{2 * kJumps * 31, 0})) << json;
+    EXPECT_GT(json_field(json, "ab_leaf", "inclusive_ns"), 0) << json;
+    EXPECT_EQ(json_number(json, "unmatched_exits"), 0) << json;
+}
+
+
 // The trace handler's common call is served in assembler at both ends
 // (runtime/src/trace_fast.S) while signals land anywhere in it and their
 // handlers' traced calls nest inside.  Read back from what a lossless

@@ -335,7 +335,9 @@ struct iprobe_rt_fn_stats {
 
 struct iprobe_rt_frame {
     uint32_t stat;
-    uint32_t pad;
+    uint32_t tag;              /* low 32 bits of the call's return-address slot, 0 when unknown: the
+                                * frame is found again by it at its exit, above frames a longjmp or an
+                                * exception abandoned (the runtime's business) */
     uint64_t start;            /* tsc at entry */
     uint64_t children;         /* ticks spent in timed callees */
     uint64_t args[IPROBE_COND_ARGS]; /* integer argument registers at entry, for a condition

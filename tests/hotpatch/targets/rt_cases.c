@@ -10,6 +10,9 @@
  *   values N        return values of every ABI class, N times: a checksum
  *   longjmp N       lj_outer -> lj_middle -> lj_inner, which longjmps back
  *   siglongjmp N    sj_outer -> sj_wait raises SIGUSR1; sj_handler siglongjmps
+ *   abandon N       ab_catch, which does not return meanwhile, jumps back N
+ *                   times (longjmp; in C++ a throw too) from ab_down 30 deep,
+ *                   then calls ab_leaf 1000 times: prints the jumps
  *   setcontext N    sc_outer -> sc_inner, which setcontexts back
  *   swapcontext N   a coroutine: co_body calls co_step N times, each swapping
  *                   back to main, which resumes it with co_resume
@@ -145,6 +148,38 @@ PROBED long lj_outer(long i) {
         return 0;
     }
     return 1;
+}
+
+/* ---- frames abandoned under a function that goes on (postgres's
+ * PG_TRY in a loop, a server catching each request's exception) ---- */
+static jmp_buf ab_env;
+PROBED void ab_leaf(long i) { sink += i; }
+PROBED void ab_down(long depth, long i) {
+    if (depth == 0) {
+#ifdef __cplusplus
+        if (i % 2) throw std::runtime_error("from ab_down");
+#endif
+        longjmp(ab_env, 1);
+    }
+    ab_down(depth - 1, i);
+    sink++;
+}
+PROBED long ab_catch(long n) {
+    volatile long jumps = 0;
+    for (volatile long i = 0; i < n; i++) {
+#ifdef __cplusplus
+        try {
+#endif
+            if (setjmp(ab_env) == 0) ab_down(30, i);
+            else jumps = jumps + 1;
+#ifdef __cplusplus
+        } catch (const std::runtime_error&) {
+            jumps = jumps + 1;
+        }
+#endif
+    }
+    for (long i = 0; i < 1000; i++) ab_leaf(i);
+    return jumps;
 }
 
 /* ---- siglongjmp out of a signal handler ---- */
@@ -533,6 +568,7 @@ static long command(const char* name, long n) {
         for (long i = 0; i < n; i++) r += lj_outer(i);
         return r;
     }
+    if (!strcmp(name, "abandon")) return ab_catch(n);
     if (!strcmp(name, "siglongjmp")) {
         struct sigaction sa;
         memset(&sa, 0, sizeof sa);
