@@ -818,18 +818,19 @@ AttachStats attach(const AttachOptions& options) {
     // whose stubs carry the parent's probe ids: they go back to their
     // bytes (a stop of their own) before the child is probed as itself.
     std::size_t inherited_restored = 0;
-    if (const auto state = runtime_state(options.pid); state && !inherited_modules(options.pid, *state).empty()) {
+    auto before = runtime_state(options.pid);
+    if (before && !inherited_modules(options.pid, *before).empty()) {
         DetachOptions inherited;
         inherited.pid = options.pid;
         inherited.safe_point_timeout = options.safe_point_timeout;
         inherited_restored = detach_locked(inherited).sites_restored;
+        before = runtime_state(options.pid);
     }
     for (const auto& m : read_maps(options.pid))
         if (basename_of(m.path).rfind("libc.so", 0) == 0 || basename_of(m.path) == kRuntimeName)
             elf_cache().preload(options.pid, m.path);
     elf_cache().preload(options.pid, runtime_path);
     elf_cache().preload(options.pid, handler_path);
-    const auto before = runtime_state(options.pid);
     const TscCalibration tsc = before && before->control ? TscCalibration{} : calibrate_tsc();
 
     if (options.values.any() && options.mode != HandlerMode::trace)
@@ -1177,6 +1178,15 @@ void add_region_status(const Region& region, Status& st) {
     }
 }
 
+// What a module's code holds at its sites: ours (live), or someone else's.
+void count_site_states(const AttachedModule& m, const ProcessMemory& memory, StubChecker& stubs, ModuleStatus& ms) {
+    ms.live = 0;
+    for (SiteState state : site_states(m, memory, stubs)) {
+        ms.live += state == SiteState::live;
+        ms.foreign += state == SiteState::other;
+    }
+}
+
 // A child forked from a probed process: the modules whose sites it still
 // runs from its parent, and how many of those sites are live.
 void add_inherited_status(pid_t pid, Status& st) {
@@ -1193,11 +1203,7 @@ void add_inherited_status(pid_t pid, Status& st) {
             ModuleStatus ms;
             ms.path = m.running.path;
             ms.probes = static_cast<std::uint32_t>(m.list.probes.size());
-            ms.live = 0;
-            for (SiteState state : site_states(m, memory, stubs)) {
-                ms.live += state == SiteState::live;
-                ms.foreign += state == SiteState::other;
-            }
+            count_site_states(m, memory, stubs, ms);
             st.inherited_live += static_cast<std::uint64_t>(ms.live);
             st.modules.push_back(ms);
         }
@@ -1236,13 +1242,9 @@ Status status(pid_t pid) {
         StubChecker stubs(memory);
         for (const AttachedModule& m : attached_modules(pid, region, memory)) {
             ModuleStatus& ms = st.modules[m.region_index];
-            ms.live = 0;
             ms.sites = m.list.flow == IPROBE_FLOW_UNPREPARED ? "relocated" : m.list.has_relocated() ? "pad+relocated" : "pad";
             ms.flow = probelist::flow_name(m.list.flow);
-            for (SiteState state : site_states(m, memory, stubs)) {
-                ms.live += state == SiteState::live;
-                ms.foreign += state == SiteState::other;
-            }
+            count_site_states(m, memory, stubs, ms);
         }
         // Entries replaced by `iprobe patch` are ours, not foreign code: one
         // site serving two probes (the function's entry and its exit).
