@@ -30,7 +30,8 @@ namespace {
 
 std::string proc_path(pid_t pid, const char* leaf) { return "/proc/" + std::to_string(pid) + "/" + leaf; }
 
-std::string tracer_of(pid_t pid) { return proc::status_field(pid, "TracerPid").value_or("0"); }
+// TracerPid of a thread, "0" when untraced; nullopt when it is gone.
+std::optional<std::string> tracer_of(pid_t pid, pid_t tid) { return proc::status_field(pid, "TracerPid", tid); }
 
 }  // namespace
 
@@ -161,6 +162,11 @@ StoppedProcess::~StoppedProcess() { release(); }
 
 void StoppedProcess::throw_gone() const { hotpatch::throw_gone(pid_); }
 
+bool StoppedProcess::tracked(pid_t tid) const {
+    return std::any_of(threads_.begin(), threads_.end(), [&](const StoppedThread& t) { return t.tid == tid; }) ||
+           std::find(pending_.begin(), pending_.end(), tid) != pending_.end();
+}
+
 void StoppedProcess::forget(pid_t tid) {
     std::erase_if(threads_, [&](const StoppedThread& t) { return t.tid == tid; });
     std::erase(pending_, tid);
@@ -223,8 +229,8 @@ bool StoppedProcess::absorb(const Report& report) {
         return false;
     case PTRACE_EVENT_CLONE: {
         unsigned long child = 0;
-        if (::ptrace(PTRACE_GETEVENTMSG, tid, nullptr, &child) == 0 &&
-            std::find(pending_.begin(), pending_.end(), static_cast<pid_t>(child)) == pending_.end())
+        // Not tracked yet, unless seize_refused() took it first.
+        if (::ptrace(PTRACE_GETEVENTMSG, tid, nullptr, &child) == 0 && !tracked(static_cast<pid_t>(child)))
             pending_.push_back(static_cast<pid_t>(child));
         break;
     }
@@ -271,10 +277,7 @@ void StoppedProcess::seize_all() {
     for (int round = 0;; round++) {
         std::vector<pid_t> seized;
         for (pid_t tid : list_threads(pid_)) {
-            const bool known = std::any_of(threads_.begin(), threads_.end(),
-                                           [&](const StoppedThread& t) { return t.tid == tid; }) ||
-                               std::find(pending_.begin(), pending_.end(), tid) != pending_.end();
-            if (known) continue;
+            if (tracked(tid)) continue;
             const char state = proc::state(pid_, tid);
             if (state == 'Z' || state == 'X' || state == 0) {
                 if (tid == pid_) throw_gone();
@@ -286,14 +289,8 @@ void StoppedProcess::seize_all() {
                     continue;
                 }
                 if (errno == EPERM) {
-                    const std::string tracer = tracer_of(pid_);
-                    if (tracer != "0")
-                        throw Error("process " + std::to_string(pid_) + " is already traced by pid " + tracer +
-                                        " (a debugger or another iprobe); detach it first",
-                                    ExitCode::busy);
-                    throw Error("not permitted to ptrace process " + std::to_string(pid_) +
-                                    ": run as root or as its owner (check /proc/sys/kernel/yama/ptrace_scope)",
-                                ExitCode::permission);
+                    seize_refused(tid);
+                    continue;
                 }
                 throw_errno("PTRACE_SEIZE " + std::to_string(tid));
             }
@@ -309,6 +306,33 @@ void StoppedProcess::seize_all() {
     if (threads_.empty() || !process_alive(pid_)) throw_gone();
     for (auto& thread : threads_)
         if (::ptrace(PTRACE_GETREGS, thread.tid, nullptr, &thread.regs) != 0) throw_gone();
+}
+
+// PTRACE_SEIZE of `tid` said EPERM.  The kernel says so for a thread it
+// already traces for us: a clone made by a thread seized this round but not
+// stopped yet, auto-attached before its parent's PTRACE_EVENT_CLONE was read
+// (a JVM starting threads all the time).  That one stops by itself: wait for
+// it.  It says so too for a thread that has exited (a zombie until reaped).
+// Only a thread another tracer holds, or one we may not trace, is an error.
+void StoppedProcess::seize_refused(pid_t tid) {
+    const auto tracer = tracer_of(pid_, tid);
+    if (tracer && *tracer == std::to_string(::getpid())) {
+        // Ours, stopped or exited: its report comes to next_report().
+        pending_.push_back(tid);
+        return;
+    }
+    const char state = proc::state(pid_, tid);
+    if (!tracer || state == 0 || state == 'Z' || state == 'X') {
+        if (tid == pid_) throw_gone();
+        return;
+    }
+    if (*tracer != "0")
+        throw Error("process " + std::to_string(pid_) + " is already traced by pid " + *tracer +
+                        " (a debugger or another iprobe); detach it first",
+                    ExitCode::busy);
+    throw Error("not permitted to ptrace process " + std::to_string(pid_) +
+                    ": run as root or as its owner (check /proc/sys/kernel/yama/ptrace_scope)",
+                ExitCode::permission);
 }
 
 void StoppedProcess::release() {

@@ -168,11 +168,16 @@ private:
     using Deadline = std::chrono::steady_clock::time_point;
 
     void seize_all();
+    // PTRACE_SEIZE of `tid` said EPERM: waits for it if it is ours already,
+    // skips it if it exited, throws if another tracer holds it.
+    void seize_refused(pid_t tid);
     // The next status change of any of our tracees; false at the deadline.
     // Throws Error(interrupted) after interrupt() when `interruptible`.
     bool next_report(Report& report, Deadline deadline, bool interruptible = true);
     // Folds a report into the thread lists; true when `report.tid` is now stopped.
     bool absorb(const Report& report);
+    // Stopped, or seized and waited for.
+    bool tracked(pid_t tid) const;
     void forget(pid_t tid);
     void wait_pending_stopped(Deadline deadline);
     [[noreturn]] void throw_gone() const;

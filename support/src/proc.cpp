@@ -55,8 +55,8 @@ std::vector<pid_t> threads(pid_t pid) {
     return tids;
 }
 
-std::optional<std::string> status_field(pid_t pid, std::string_view key) {
-    std::ifstream in(path_of(pid, "status"));
+std::optional<std::string> status_field(pid_t pid, std::string_view key, pid_t tid) {
+    std::ifstream in(tid ? path_of(pid, "task/" + std::to_string(tid) + "/status") : path_of(pid, "status"));
     std::string line;
     while (std::getline(in, line)) {
         if (line.size() <= key.size() || line.compare(0, key.size(), key) != 0 || line[key.size()] != ':') continue;

@@ -111,6 +111,32 @@ TEST_F(HotpatchTest, Survives200AttachDetachCyclesUnderLoadThenCountsExactly) {
     EXPECT_EQ(text_of(target.pid(), "/hp_target"), text_before);
 }
 
+// A process that creates and ends threads at every moment (a JVM, a thread
+// per request): each stop meets threads that exit between being listed and
+// being seized, and clones of threads seized a moment before (the kernel
+// attaches those to us itself).  Neither is "traced by another" nor "not
+// permitted": every attach and detach goes through, and counts stay exact.
+TEST_F(HotpatchTest, AttachesAndDetachesWhileThreadsAreCreatedAndExitAllTheTime) {
+    HpTarget target(2);
+    const auto text_before = text_of(target.pid(), "/hp_target");
+    const std::string pid = pid_of(target);
+    ASSERT_EQ(target.command("storm 12"), 12);
+    for (int cycle = 0; cycle < 200; cycle++) {
+        auto a = iprobe({"attach", pid, "--handler", cycle % 2 ? "count" : "trace"});
+        ASSERT_EQ(a.exit_code, 0) << "cycle " << cycle << ": " << a.err;
+        auto d = iprobe({"detach", pid});
+        ASSERT_EQ(d.exit_code, 0) << "cycle " << cycle << ": " << d.err;
+        ASSERT_TRUE(target.child().running()) << "target died in cycle " << cycle;
+    }
+    EXPECT_EQ(text_of(target.pid(), "/hp_target"), text_before);
+    ASSERT_EQ(iprobe({"attach", pid, "--functions", "counted"}).exit_code, 0);
+    EXPECT_EQ(target.command("burst " + std::to_string(kBurst)), 2 * kBurst);
+    const auto r = iprobe({"report", pid, "--json"});
+    EXPECT_EQ(json_calls(r.out, "counted"), 2 * kBurst) << r.out;
+    ASSERT_EQ(iprobe({"detach", pid}).exit_code, 0);
+    EXPECT_EQ(text_of(target.pid(), "/hp_target"), text_before);
+}
+
 // Entries and exits of `function` in a file written by `iprobe trace --output`.
 std::pair<long long, long long> events_in_file(const std::string& path, const std::string& function) {
     hotpatch::TraceFileReader file(path);

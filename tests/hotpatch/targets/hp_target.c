@@ -10,6 +10,9 @@
  *   spawn N     a forked child calls counted() N times, then again N times at
  *               each SIGUSR1 until it is killed; prints the child's pid
  *   churn T N   T short-lived threads, one after another, each call counted() N times
+ *   storm T     T threads start, forever, one short-lived thread after another
+ *               (calling stormed()), so threads are created and exit at every
+ *               moment of an attach; prints T
  *   exec        re-executes itself (same pid, fresh image, same FIFO)
  *   quit
  */
@@ -39,6 +42,7 @@ __attribute__((noinline)) void leaf(long i) { sink += i; }
 __attribute__((noinline)) void work(long i) { leaf(i); sink ^= i; }
 __attribute__((noinline)) void counted(long i) { sink += i; }
 __attribute__((noinline)) void in_signal(long i) { sink -= i; }
+__attribute__((noinline)) void stormed(long i) { sink |= i; }
 
 static void* worker(void* arg) {
     (void)arg;
@@ -75,6 +79,19 @@ static void* churn_thread(void* arg) {
     long n = (long)arg;
     for (long k = 0; k < n; k++) counted(k);
     return 0;
+}
+
+static void* storm_thread(void* arg) {
+    stormed((long)arg);
+    return 0;
+}
+
+static void* storm_spawner(void* arg) {
+    for (long i = 0;; i++) {
+        pthread_t th;
+        if (pthread_create(&th, 0, storm_thread, (void*)i) == 0) pthread_join(th, 0);
+    }
+    return arg;
 }
 
 int main(int argc, char** argv) {
@@ -144,6 +161,13 @@ int main(int argc, char** argv) {
                     pthread_join(th, 0);
                 }
                 printf("ok churn %ld\n", a * b);
+            } else if (sscanf(line, "storm %ld", &a) == 1) {
+                for (long t = 0; t < a; t++) {
+                    pthread_t th;
+                    pthread_create(&th, 0, storm_spawner, 0);
+                    pthread_detach(th);
+                }
+                printf("ok storm %ld\n", a);
             } else if (strncmp(line, "exec", 4) == 0) {
                 printf("ok exec 0\n");
                 fclose(in);

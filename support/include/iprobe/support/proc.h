@@ -28,8 +28,9 @@ std::vector<Mapping> read_maps(pid_t pid);
 // Thread IDs of /proc/PID/task, sorted; empty when the process is gone.
 std::vector<pid_t> threads(pid_t pid);
 
-// The value of a "Key:\tvalue" line of /proc/PID/status, trimmed.
-std::optional<std::string> status_field(pid_t pid, std::string_view key);
+// The value of a "Key:\tvalue" line of /proc/PID/status (of
+// /proc/PID/task/TID/status when `tid` is given), trimmed.
+std::optional<std::string> status_field(pid_t pid, std::string_view key, pid_t tid = 0);
 // A status field holding numbers, one per PID namespace level (NSpid, NSsid,
 // NStgid), outermost first; empty when absent.
 std::vector<long> status_numbers(pid_t pid, std::string_view key);
