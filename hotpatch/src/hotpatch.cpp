@@ -676,7 +676,7 @@ RuntimeRegion open_or_create_region(StoppedProcess& process, const LoadedLibrary
     const pid_t own_pid = pid_in_own_namespace(options.pid);
     std::optional<Region> existing;
     if (out.state.control != 0 && out.state.mapped_pid == static_cast<std::uint32_t>(own_pid))
-        existing = Region::try_open(options.pid);
+        existing = Region::try_open(options.pid, out.state);
     if (existing) {
         out.region = std::move(*existing);
         return out;
@@ -827,7 +827,7 @@ AttachStats attach(const AttachOptions& options) {
         before = runtime_state(options.pid);
     }
     for (const auto& m : read_maps(options.pid))
-        if (basename_of(m.path).rfind("libc.so", 0) == 0 || basename_of(m.path) == kRuntimeName)
+        if (basename_of(m.path).rfind("libc.so", 0) == 0 || runtime_file_name(basename_of(m.path)))
             elf_cache().preload(options.pid, m.path);
     elf_cache().preload(options.pid, runtime_path);
     elf_cache().preload(options.pid, handler_path);
@@ -1084,7 +1084,8 @@ DetachStats detach_locked(const DetachOptions& options) {
     // read before the stop, and only when exit hooks of their own go off.
     std::optional<LoadedLibrary> runtime_library;
     if (region && !exit_hooks_off.empty())
-        runtime_library = find_loaded(options.pid, running_modules(memory, read_maps(options.pid)), kRuntimeName);
+        if (const auto mapped = mapped_runtime(options.pid))
+            runtime_library = find_loaded(options.pid, running_modules(memory, read_maps(options.pid)), mapped->path);
     DetachStats stats = with_world_stopped(options.pid, options.safe_point_timeout, [&](StoppedProcess& process,
                                                                                        Clock::time_point started,
                                                                                        Clock::time_point) {
@@ -1225,11 +1226,10 @@ Status status(pid_t pid) {
     check_target(pid);
     Status st;
     st.pid = pid;
-    for (const auto& m : read_maps(pid))
-        if (basename_of(m.path) == kRuntimeName) {
-            st.runtime_loaded = true;
-            st.runtime_path = m.path;
-        }
+    if (const auto runtime = mapped_runtime(pid)) {
+        st.runtime_loaded = true;
+        st.runtime_path = runtime->path;
+    }
     auto opened = Region::try_open(pid);
     if (!opened) {
         add_inherited_status(pid, st);

@@ -14,6 +14,7 @@
 
 #include "iprobe/support/error.h"
 #include "iprobe/support/install_layout.h"
+#include "region.h"
 
 namespace iprobe::hotpatch {
 
@@ -253,6 +254,10 @@ std::string runtime_path_of(const AttachOptions& options) {
     if (::stat(path.c_str(), &st) != 0)
         throw Error("runtime library " + path + " not found; build target iprobe_rt or set IPROBE_RUNTIME",
                     ExitCode::not_found);
+    if (!runtime_file_name(basename_of(path)))
+        throw Error("runtime library " + path + ": its file name must begin with libiprobe-rt and end in .so (report, " +
+                        "trace and status find the runtime in a process by that name); copy it as DIR/" + kRuntimeName,
+                    ExitCode::usage);
     return canonical_or_same(path);
 }
 

@@ -18,8 +18,6 @@
 
 namespace iprobe::hotpatch {
 
-inline constexpr const char* kRuntimeName = "libiprobe-rt.so";
-
 struct LoadedLibrary {
     std::string path;  // as mapped
     std::uint64_t bias = 0;

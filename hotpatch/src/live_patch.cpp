@@ -45,7 +45,7 @@ std::vector<ListedModule> listed_modules(pid_t pid, const ProcessMemory& memory,
         return out;
     }
     for (const RunningModule& m : running) {
-        if (basename_of(m.path) == kRuntimeName || m.build_id.empty()) continue;
+        if (runtime_file_name(basename_of(m.path)) || m.build_id.empty()) continue;
         auto list = prepared_probe_list_at(target_view(pid, m.path));  // patches need pads
         if (list && list->build_id == m.build_id) out.push_back({m, std::move(*list)});
     }

@@ -30,7 +30,6 @@ namespace {
 constexpr std::uint64_t kPage = 4096;
 // Far above any region we create (a few GiB of sparse address space).
 constexpr std::uint64_t kMaxRegion = 1ull << 40;
-constexpr const char* kRuntimeName = "libiprobe-rt.so";
 
 std::uint64_t round_up(std::uint64_t v, std::uint64_t to) { return (v + to - 1) / to * to; }
 
@@ -158,26 +157,39 @@ iprobe_rt_control region_layout(const RegionGeometry& g, const TscCalibration& t
     return cb;
 }
 
-std::optional<std::uint64_t> runtime_state_address(pid_t pid) {
+bool runtime_file_name(std::string_view basename) {
+    constexpr std::string_view stem = "libiprobe-rt", suffix = ".so";
+    return basename.size() >= stem.size() + suffix.size() && basename.starts_with(stem) &&
+           basename.find(suffix, stem.size()) != std::string_view::npos;
+}
+
+std::optional<MappedRuntime> mapped_runtime(pid_t pid) {
+    std::optional<MappedRuntime> found;
     for (const auto& m : read_maps(pid)) {
-        if (m.offset != 0 || m.path.size() < std::strlen(kRuntimeName) ||
-            m.path.compare(m.path.size() - std::strlen(kRuntimeName), std::string::npos, kRuntimeName) != 0 ||
-            (m.path.size() > std::strlen(kRuntimeName) && m.path[m.path.size() - std::strlen(kRuntimeName) - 1] != '/'))
-            continue;
+        const std::string_view path = m.path;
+        if (m.offset != 0 || !runtime_file_name(path.substr(path.rfind('/') + 1))) continue;
+        if (found && found->path == m.path) continue;
         const elf::ElfFile elf = reading_target(pid, [&] { return elf::ElfFile(target_view(pid, m.path)); });
         const elf::ElfSymbol* symbol = elf.symbol_named("iprobe_rt_state");
-        if (!symbol || !symbol->defined()) return std::nullopt;
-        return m.start - elf.first_load_vaddr() + symbol->address;
+        if (!symbol || !symbol->defined()) continue;
+        MappedRuntime runtime{m.path, m.start - elf.first_load_vaddr() + symbol->address, {}};
+        runtime.state = ProcessMemory(pid).read_value<struct iprobe_rt_state>(runtime.state_address);
+        if (std::memcmp(runtime.state.magic, IPROBE_RT_STATE_MAGIC, 8) != 0) continue;
+        if (!found || (found->state.control == 0 && runtime.state.control != 0)) found = std::move(runtime);
     }
-    return std::nullopt;
+    return found;
+}
+
+std::optional<std::uint64_t> runtime_state_address(pid_t pid) {
+    const auto runtime = mapped_runtime(pid);
+    if (!runtime) return std::nullopt;
+    return runtime->state_address;
 }
 
 std::optional<struct iprobe_rt_state> runtime_state(pid_t pid) {
-    const auto at = runtime_state_address(pid);
-    if (!at) return std::nullopt;
-    auto state = ProcessMemory(pid).read_value<struct iprobe_rt_state>(*at);
-    if (std::memcmp(state.magic, IPROBE_RT_STATE_MAGIC, 8) != 0) return std::nullopt;
-    return state;
+    const auto runtime = mapped_runtime(pid);
+    if (!runtime) return std::nullopt;
+    return runtime->state;
 }
 
 std::vector<iprobe_rt_module> inherited_modules(pid_t pid, const struct iprobe_rt_state& state) {
@@ -212,7 +224,12 @@ Region Region::create(UniqueFd fd, const iprobe_rt_control& layout) {
 
 std::optional<Region> Region::try_open(pid_t pid) {
     const auto state = runtime_state(pid);
-    if (!state || state->control == 0 || state->region_fd < 0) return std::nullopt;
+    if (!state) return std::nullopt;
+    return try_open(pid, *state);
+}
+
+std::optional<Region> Region::try_open(pid_t pid, const struct iprobe_rt_state& state) {
+    if (state.control == 0 || state.region_fd < 0) return std::nullopt;
     UniqueFd pidfd(static_cast<int>(::syscall(SYS_pidfd_open, pid, 0)));
     if (!pidfd) {
         if (errno == ESRCH) return std::nullopt;
@@ -220,7 +237,7 @@ std::optional<Region> Region::try_open(pid_t pid) {
     }
     // Duplicates what the target holds: nothing is opened, so whatever the
     // target put at that number (a FIFO, a device) is never opened by us.
-    UniqueFd fd(static_cast<int>(::syscall(SYS_pidfd_getfd, pidfd.get(), state->region_fd, 0)));
+    UniqueFd fd(static_cast<int>(::syscall(SYS_pidfd_getfd, pidfd.get(), state.region_fd, 0)));
     if (!fd) {
         if (errno == EBADF || errno == ESRCH) return std::nullopt;
         throw_errno("cannot take the iprobe region of process " + std::to_string(pid) + " (pidfd_getfd)",

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "iprobe/probelist/probe_list.h"
@@ -40,6 +41,23 @@ TscCalibration calibrate_tsc();
 // The control block a region of this geometry starts with (sizes and offsets).
 iprobe_rt_control region_layout(const RegionGeometry& geometry, const TscCalibration& tsc);
 
+// The installed runtime's file name.
+inline constexpr const char* kRuntimeName = "libiprobe-rt.so";
+// Whether a mapped file may be the runtime: libiprobe-rt.so, its hooks build
+// (libiprobe-rt-hooks.so) or any copy given to `attach --runtime`, which must
+// be named libiprobe-rt*.so so that report, trace and status find it.
+bool runtime_file_name(std::string_view basename);
+
+// The runtime mapped in a process: a file runtime_file_name() accepts,
+// mapped from its start, defining iprobe_rt_state with its magic; of
+// several (a program linked with the hooks build, then attached with the
+// installed one), the one holding the region.
+struct MappedRuntime {
+    std::string path;                // as mapped
+    std::uint64_t state_address = 0; // of iprobe_rt_state, in the process
+    struct iprobe_rt_state state {};
+};
+std::optional<MappedRuntime> mapped_runtime(pid_t pid);
 // The runtime's state in a process (read through /proc/PID/mem), or nullopt
 // when the runtime is not loaded.
 std::optional<struct iprobe_rt_state> runtime_state(pid_t pid);
@@ -64,6 +82,9 @@ public:
     // none, Error(bad_input) when what it offers is not a sound region.
     static Region open(pid_t pid);
     static std::optional<Region> try_open(pid_t pid);
+    // The same from a runtime state already read (that of the runtime an
+    // attach is using): nullopt when it holds no region.
+    static std::optional<Region> try_open(pid_t pid, const struct iprobe_rt_state& state);
     // Checks and maps a region held by `fd` (`what` names it in errors):
     // Error(bad_input) unless it is a sealed memfd holding a sound layout.
     static Region adopt(UniqueFd fd, const std::string& what);

@@ -137,6 +137,46 @@ TEST_F(HotpatchTest, AttachesAndDetachesWhileThreadsAreCreatedAndExitAllTheTime)
     EXPECT_EQ(text_of(target.pid(), "/hp_target"), text_before);
 }
 
+// `attach --runtime` with a runtime of another name (the hooks build, a copy
+// of a runtime kept to compare against): each later command finds it in the
+// process by what it is, not by the installed file's name, and an attach
+// after the first (its second stop, or a later attach) takes the region it
+// made rather than asking for another.  A name no command could find it by
+// is refused before anything is loaded.
+TEST_F(HotpatchTest, ARuntimeGivenUnderAnotherNameIsFoundByEveryCommandAfterIt) {
+    TempDir dir;
+    const std::string copy = dir.path() + "/libiprobe-rt-kept.so", misnamed = dir.path() + "/kept-runtime.so";
+    std::filesystem::copy_file(build_dir() + "/lib/libiprobe-rt.so", copy);
+    std::filesystem::copy_file(build_dir() + "/lib/libiprobe-rt.so", misnamed);
+    HpTarget target(2);
+    const auto text_before = text_of(target.pid(), "/hp_target");
+    const std::string pid = pid_of(target);
+
+    auto r = iprobe({"attach", pid, "--functions", "counted", "--runtime", misnamed});
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_NE(r.err.find("must begin with libiprobe-rt"), std::string::npos) << r.err;
+    r = iprobe({"status", pid, "--json"});
+    EXPECT_NE(r.out.find("\"runtime_loaded\":false"), std::string::npos) << r.out;
+
+    r = iprobe({"attach", pid, "--functions", "counted", "--runtime", copy, "--json"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find("\"planned_while_running\":true"), std::string::npos) << r.out;
+    EXPECT_EQ(target.command("burst 1000"), 2000);
+    r = iprobe({"status", pid, "--json"});
+    EXPECT_NE(r.out.find("\"runtime\":\"" + copy + "\""), std::string::npos) << r.out;
+    EXPECT_EQ(json_calls(iprobe({"report", pid, "--json"}).out, "counted"), 2000);
+    // A later attach adds a probe to the same region.
+    r = iprobe({"attach", pid, "--functions", "in_signal", "--runtime", copy});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(target.command("burst 1000"), 2000);
+    EXPECT_EQ(json_calls(iprobe({"report", pid, "--json"}).out, "counted"), 4000);
+    r = iprobe({"trace", pid, "--duration", "0.2"});
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    r = iprobe({"detach", pid});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(text_of(target.pid(), "/hp_target"), text_before);
+}
+
 // Entries and exits of `function` in a file written by `iprobe trace --output`.
 std::pair<long long, long long> events_in_file(const std::string& path, const std::string& function) {
     hotpatch::TraceFileReader file(path);
