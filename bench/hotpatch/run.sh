@@ -33,6 +33,8 @@ want() { [[ $sections == *" $1 "* ]]; }
 iprobe="$build/bin/iprobe"
 work="$build/bench-hotpatch"
 mkdir -p "$work"
+# a variant not run now shows "-", not an earlier run's result (trace_event.sh shares $work)
+rm -f "$work"/result.*
 cmake --build "$build" --target iprobe iprobe-hotpatch iprobe-probes iprobe-cc iprobe_rt iprobe_rt_hooks IProbePass >/dev/null
 
 . "$here/targets.sh"  # log, start, finish, ns_at, run_variant

@@ -26,6 +26,7 @@ repeats=${REPEATS:-3}
 iprobe="$build/bin/iprobe"
 work="$build/bench-hotpatch"
 mkdir -p "$work"
+rm -f "$work"/result.*  # none of an earlier run (run.sh shares $work)
 cmake --build "$build" --target iprobe iprobe-hotpatch iprobe-probes iprobe-cc iprobe_rt >/dev/null
 . "$here/targets.sh"  # log, start, finish, ns_at, run_variant
 export IPROBE_CC_QUIET=1

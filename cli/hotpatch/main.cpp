@@ -585,6 +585,7 @@ ReportResult report_of(std::vector<std::vector<FunctionStats>> per_process, cons
     for (const auto& reader : readers) {
         r.unmatched_exits += reader->unmatched_exits();
         r.unhooked_returns += reader->unhooked_returns();
+        r.unhooked_pool_empty += reader->unhooked_pool_empty();
         r.exits_lost_at_detach += reader->exits_lost_at_detach();
         r.lost += reader->lost_events();
         r.trace_dropped += reader->dropped();

@@ -1146,6 +1146,7 @@ void add_region_status(const Region& region, Status& st) {
     st.no_slot_events = cb->no_slot_events;
     st.unknown_site_events = cb->unknown_site_events;
     st.unhooked_returns = cb->unhooked_returns;
+    st.unhooked_pool_empty = cb->unhooked_pool_empty;
     st.region_bytes = region.size();
     for (std::uint32_t i = 0; i < region.module_count(); i++) {
         const auto& m = region.modules()[i];

@@ -13,6 +13,21 @@
 namespace iprobe::hotpatch {
 namespace {
 
+// Why returns went unhooked, for people: the pool taken by other threads
+// (counted apart by the runtime), else a thread deeper than its return stack
+// (or one exiting, or a hook inside the return stack's own slow path).
+std::string unhooked_why(std::uint64_t unhooked, std::uint64_t pool_empty) {
+    std::ostringstream why;
+    if (pool_empty)
+        why << pool_empty << " in threads that found the runtime's return pool held by other threads (it serves "
+            << IPROBE_RT_RETURN_POOL_THREADS << " threads making hooked calls at once)";
+    if (pool_empty && unhooked > pool_empty) why << "; ";
+    if (unhooked > pool_empty)
+        why << unhooked - pool_empty << " deeper than a thread's " << IPROBE_RT_RETURN_STACK_FRAMES
+            << "-frame return stack (or made while it exited)";
+    return why.str();
+}
+
 constexpr std::string_view kFormatNames[] = {"text", "json", "chrome", "folded", "prometheus"};
 constexpr std::string_view kResultNames[] = {"an attach", "a detach", "a status", "a report", "a reset", "folded stacks",
                                              "a trace"};
@@ -220,8 +235,8 @@ void TextOutput::status(const StatusResult& r) {
         out_ << "    tid " << ring.tid << " " << ring.state << ": " << ring.pending << " pending, " << ring.dropped
              << " dropped\n";
     if (st.unhooked_returns)
-        out_ << "  unhooked returns: " << st.unhooked_returns
-             << " (calls deeper than a thread's return stack; their exits are not seen)\n";
+        out_ << "  unhooked returns: " << st.unhooked_returns << " (their exits are not seen): "
+             << unhooked_why(st.unhooked_returns, st.unhooked_pool_empty) << "\n";
 }
 
 void TextOutput::report(const ReportResult& r) {
@@ -267,10 +282,8 @@ void TextOutput::report(const ReportResult& r) {
     if (r.lost)
         append(std::snprintf(line, sizeof line, "lost: %" PRIu64 " calls (no thread slot free, or an unknown site)\n", r.lost));
     if (r.unhooked_returns)
-        append(std::snprintf(line, sizeof line,
-                             "unhooked: %" PRIu64 " calls whose exit could not be hooked (deeper than a thread's %d-frame "
-                             "return stack); not in `completed`\n",
-                             r.unhooked_returns, IPROBE_RT_RETURN_STACK_FRAMES));
+        out_ << "unhooked: " << r.unhooked_returns << " calls whose exit could not be hooked, not in `completed`: "
+             << unhooked_why(r.unhooked_returns, r.unhooked_pool_empty) << "\n";
     if (r.exits_lost_at_detach)
         append(std::snprintf(line, sizeof line,
                              "exits lost at detach: %" PRIu64 " calls were in flight when their exit hooks went off; not in "
@@ -318,6 +331,7 @@ void JsonOutput::status(const StatusResult& r) {
         .field("no_slot_events", st.no_slot_events)
         .field("unknown_site_events", st.unknown_site_events)
         .field("unhooked_returns", st.unhooked_returns)
+        .field("unhooked_pool_empty", st.unhooked_pool_empty)
         .field("sites_unread", st.sites_unread);
     j.key("patched").begin_array();
     for (const auto& f : r.patches) write_patched(j, f);
@@ -343,6 +357,7 @@ void JsonOutput::report(const ReportResult& r) {
     j.end_array()
         .field("unmatched_exits", r.unmatched_exits)
         .field("unhooked_returns", r.unhooked_returns)
+        .field("unhooked_pool_empty", r.unhooked_pool_empty)
         .field("exits_lost_at_detach", r.exits_lost_at_detach)
         .field("lost", r.lost)
         .field("trace_dropped", r.trace_dropped);
@@ -435,6 +450,9 @@ void PrometheusOutput::report(const ReportResult& r) {
         {{"iprobe_lost_events_total", "counter", "Calls not counted: no thread slot free, or an unknown site."}, r.lost},
         {{"iprobe_unhooked_returns_total", "counter", "Calls whose exit could not be hooked (not in completed)."},
          r.unhooked_returns},
+        {{"iprobe_unhooked_returns_pool_empty_total", "counter",
+          "Of the unhooked returns: the thread found the runtime's return pool held by other threads."},
+         r.unhooked_pool_empty},
         {{"iprobe_unmatched_exits_total", "counter", "Exits whose entry came before the attach."}, r.unmatched_exits},
         {{"iprobe_exits_lost_at_detach_total", "counter",
           "Calls in flight when a detach turned their exit hooks off (not in completed)."},

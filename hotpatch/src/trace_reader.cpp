@@ -682,6 +682,10 @@ std::uint64_t TraceReader::unhooked_returns() const {
     return __atomic_load_n(&impl_->region.control()->unhooked_returns, __ATOMIC_RELAXED);
 }
 
+std::uint64_t TraceReader::unhooked_pool_empty() const {
+    return __atomic_load_n(&impl_->region.control()->unhooked_pool_empty, __ATOMIC_RELAXED);
+}
+
 std::uint64_t TraceReader::exits_lost_at_detach() const {
     return __atomic_load_n(&impl_->region.control()->exits_lost_at_detach, __ATOMIC_RELAXED);
 }

@@ -16,6 +16,7 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#include "iprobe/formats/rt_layout.h"
 #include "raw_syscall.h"
 #include "return_stack_internal.h"
 
@@ -23,6 +24,10 @@
 #define CHUNKS (IPROBE_RT_RETURN_ENTRIES / IPROBE_RT_RETURN_CHUNK)
 #define CHUNK_FREE 0u
 #define CHUNK_RETIRED 0xffffffffu /* its thread exited leaving entries that may still return */
+/* what readers are told the pool serves (rt_layout.h) */
+_Static_assert(CHUNKS == IPROBE_RT_RETURN_POOL_THREADS, "IPROBE_RT_RETURN_POOL_THREADS");
+_Static_assert(IPROBE_RT_RETURN_CHUNK * IPROBE_RT_RETURN_MAX_CHUNKS == IPROBE_RT_RETURN_STACK_FRAMES,
+               "IPROBE_RT_RETURN_STACK_FRAMES");
 
 __attribute__((aligned(64))) struct iprobe_rt_return iprobe_rt_return_pool[IPROBE_RT_RETURN_ENTRIES];
 __thread struct iprobe_rt_thread_state iprobe_rt_thread __attribute__((tls_model("initial-exec"), visibility("hidden")));
@@ -222,15 +227,19 @@ static int collect_now(struct iprobe_rt_thread_state* t) {
  * the thread has no room at all (counted by the caller). */
 #define GOOD_RUN (IPROBE_RT_RETURN_CHUNK / 4)
 static int grow(struct iprobe_rt_thread_state* t) {
+    t->pool_empty = 0;
     if (t->busy || t->retired) return 0;
     t->busy = 1;
     __atomic_store_n(&t->limit, (struct iprobe_rt_return*)0, __ATOMIC_RELAXED);
     BARRIER();
     struct run run = longest_free_run(t);
     if (run.end - run.start < GOOD_RUN && t->count && collect_now(t)) run = longest_free_run(t);
-    if (run.end - run.start < GOOD_RUN && t->count < IPROBE_RT_RETURN_MAX_CHUNKS && claim_chunk(t)) {
-        run.start = chunk_start(t->chunks[t->count - 1]);
-        run.end = run.start + IPROBE_RT_RETURN_CHUNK;
+    if (run.end - run.start < GOOD_RUN && t->count < IPROBE_RT_RETURN_MAX_CHUNKS) {
+        if (claim_chunk(t)) {
+            run.start = chunk_start(t->chunks[t->count - 1]);
+            run.end = run.start + IPROBE_RT_RETURN_CHUNK;
+        }
+        t->pool_empty = run.start == run.end;
     }
     t->next = run.start;
     BARRIER();

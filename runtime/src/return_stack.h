@@ -110,7 +110,7 @@ struct iprobe_rt_thread_state {
     struct iprobe_rt_return* limit;
     void* stats;                    /* the thread's sums (struct iprobe_rt_fn_stats[]), 0 until it has a slot */
     uint32_t token;                 /* owner token of its chunks (survives fork, unlike the tid) */
-    uint8_t pad;
+    uint8_t pool_empty;             /* its last slow path found no room because the pool had no chunk left */
     uint8_t count;                  /* chunks held */
     uint8_t busy;                   /* in a slow path: a nested hook (signal) is not taken */
     uint8_t retired;                /* the thread is exiting: no more hooks */

@@ -835,7 +835,9 @@ EXPORT void iprobe_rt_trace_exit_id(uint32_t probe) { emit_id(probe, IPROBE_RT_R
  * goes on through, or 0. */
 static __attribute__((noinline, cold)) void count_unhooked(void) {
     struct iprobe_rt_control* cb = control();
-    if (cb) __atomic_fetch_add(&cb->unhooked_returns, 1, __ATOMIC_RELAXED);
+    if (!cb) return;
+    __atomic_fetch_add(&cb->unhooked_returns, 1, __ATOMIC_RELAXED);
+    if (iprobe_rt_thread.pool_empty) __atomic_fetch_add(&cb->unhooked_pool_empty, 1, __ATOMIC_RELAXED);
 }
 
 static uint64_t hook_return(const uint64_t* slot, uint32_t handler, uint32_t arg, uint64_t cookie) {

@@ -177,6 +177,33 @@ TEST_F(HotpatchTest, ARuntimeGivenUnderAnotherNameIsFoundByEveryCommandAfterIt) 
     EXPECT_EQ(text_of(target.pid(), "/hp_target"), text_before);
 }
 
+// More threads making hooked calls at once than the runtime's return pool
+// serves (IPROBE_RT_RETURN_POOL_THREADS), and than the region has thread
+// slots (512): each call the pool could not hook, and each the sums could
+// not hold, is counted and said as such, exactly, not as calls "deeper than
+// a thread's return stack".
+TEST_F(HotpatchTest, ThreadsBeyondTheReturnPoolAndTheSlotsAreCountedForWhatTheyAre) {
+    constexpr long kHeld = IPROBE_RT_RETURN_POOL_THREADS + 76, kSlots = 512;
+    HpTarget target(1);
+    const std::string pid = pid_of(target);
+    ASSERT_EQ(iprobe({"attach", pid, "--functions", "held"}).exit_code, 0);
+    ASSERT_EQ(target.command("hold " + std::to_string(kHeld)), kHeld) << "threads ran out";
+    auto r = iprobe({"report", pid, "--json"});
+    EXPECT_EQ(json_calls(r.out, "held"), kSlots) << r.out;
+    EXPECT_EQ(json_completed(r.out, "held"), kSlots) << r.out;
+    EXPECT_EQ(json_number(r.out, "lost"), kHeld - kSlots) << r.out;
+    EXPECT_EQ(json_number(r.out, "unhooked_returns"), kHeld - IPROBE_RT_RETURN_POOL_THREADS) << r.out;
+    EXPECT_EQ(json_number(r.out, "unhooked_pool_empty"), kHeld - IPROBE_RT_RETURN_POOL_THREADS) << r.out;
+    r = iprobe({"report", pid});
+    EXPECT_NE(r.out.find("unhooked: 76 calls whose exit could not be hooked, not in `completed`: 76 in threads that "
+                         "found the runtime's return pool held by other threads"),
+              std::string::npos)
+        << r.out;
+    EXPECT_EQ(r.out.find("deeper"), std::string::npos) << r.out;
+    EXPECT_EQ(target.command("release"), kHeld);
+    ASSERT_EQ(iprobe({"detach", pid}).exit_code, 0);
+}
+
 // Entries and exits of `function` in a file written by `iprobe trace --output`.
 std::pair<long long, long long> events_in_file(const std::string& path, const std::string& function) {
     hotpatch::TraceFileReader file(path);

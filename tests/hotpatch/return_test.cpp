@@ -422,6 +422,7 @@ TEST_P(ReturnTest, RecursionDeeperThanTheReturnStackIsCountedNotFatal) {
     const long long unhooked = json_number(json, "unhooked_returns");
     EXPECT_EQ(counts(json, "rec").calls, kDepth + 1) << json;
     EXPECT_GE(unhooked, kDepth + 1 - IPROBE_RT_RETURN_STACK_FRAMES) << json;
+    EXPECT_EQ(json_number(json, "unhooked_pool_empty"), 0) << "one thread, too deep: not the pool\n" << json;
     EXPECT_EQ(counts(json, "rec").completed + unhooked, kDepth + 1) << json;
     EXPECT_EQ(command("recurse 100"), 100);
     json = report();

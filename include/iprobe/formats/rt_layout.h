@@ -53,6 +53,7 @@ extern "C" {
 #define IPROBE_RT_CONDITIONS 4096  /* compiled `--when` programs a region holds (append-only) */
 #define IPROBE_RT_NO_STAT 0xffffffffu
 #define IPROBE_RT_RETURN_STACK_FRAMES 1024 /* hooked returns per thread (runtime/src/return_stack.h) */
+#define IPROBE_RT_RETURN_POOL_THREADS 1024 /* threads the return pool serves at once (its chunks, return_stack.h) */
 #define IPROBE_RT_LOSSLESS_WAIT_S 2        /* longest wait for room in a lossless trace */
 
 #define IPROBE_RT_RETVAL_SIGNED 0x80u
@@ -446,7 +447,9 @@ struct iprobe_rt_control {
     uint64_t exits_lost_at_detach;
     uint64_t exit_marks_offset;  /* struct iprobe_rt_exit_marks[thread_count] (0: none) */
     uint64_t exit_marks_written; /* marks written into them so far: a reader looks when it moved */
-    uint64_t reserved[1];
+    uint64_t unhooked_pool_empty;/* of unhooked_returns: the thread held no return-stack chunk and
+                                  * found every chunk of the pool held by other threads (more than
+                                  * IPROBE_RT_RETURN_POOL_THREADS threads making hooked calls) */
 };
 
 #ifdef __cplusplus

@@ -13,6 +13,9 @@
  *   storm T     T threads start, forever, one short-lived thread after another
  *               (calling stormed()), so threads are created and exit at every
  *               moment of an attach; prints T
+ *   hold N      N more threads each call held() once and stay alive (their
+ *               return-stack chunks held) until `release`; prints N
+ *   release     lets them end, joins them; prints how many ended
  *   exec        re-executes itself (same pid, fresh image, same FIFO)
  *   quit
  */
@@ -43,6 +46,7 @@ __attribute__((noinline)) void work(long i) { leaf(i); sink ^= i; }
 __attribute__((noinline)) void counted(long i) { sink += i; }
 __attribute__((noinline)) void in_signal(long i) { sink -= i; }
 __attribute__((noinline)) void stormed(long i) { sink |= i; }
+__attribute__((noinline)) void held(long i) { sink += i; }
 
 static void* worker(void* arg) {
     (void)arg;
@@ -92,6 +96,44 @@ static void* storm_spawner(void* arg) {
         if (pthread_create(&th, 0, storm_thread, (void*)i) == 0) pthread_join(th, 0);
     }
     return arg;
+}
+
+static pthread_mutex_t hold_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t hold_changed = PTHREAD_COND_INITIALIZER;
+static long holding, hold_released, held_count;
+static pthread_t held_threads[4096];
+
+static void* hold_thread(void* arg) {
+    held((long)arg);
+    pthread_mutex_lock(&hold_lock);
+    holding++;
+    pthread_cond_broadcast(&hold_changed);
+    while (!hold_released) pthread_cond_wait(&hold_changed, &hold_lock);
+    pthread_mutex_unlock(&hold_lock);
+    return 0;
+}
+
+static long hold_threads(long n) {
+    pthread_attr_t small;
+    pthread_attr_init(&small);
+    pthread_attr_setstacksize(&small, 64 * 1024);
+    hold_released = 0;
+    holding = 0;
+    for (held_count = 0; held_count < n && held_count < 4096; held_count++)
+        if (pthread_create(&held_threads[held_count], &small, hold_thread, (void*)held_count) != 0) break;
+    pthread_mutex_lock(&hold_lock);
+    while (holding < held_count) pthread_cond_wait(&hold_changed, &hold_lock);
+    pthread_mutex_unlock(&hold_lock);
+    return held_count;
+}
+
+static long release_threads(void) {
+    pthread_mutex_lock(&hold_lock);
+    hold_released = 1;
+    pthread_cond_broadcast(&hold_changed);
+    pthread_mutex_unlock(&hold_lock);
+    for (long t = 0; t < held_count; t++) pthread_join(held_threads[t], 0);
+    return held_count;
 }
 
 int main(int argc, char** argv) {
@@ -168,6 +210,10 @@ int main(int argc, char** argv) {
                     pthread_detach(th);
                 }
                 printf("ok storm %ld\n", a);
+            } else if (sscanf(line, "hold %ld", &a) == 1) {
+                printf("ok hold %ld\n", hold_threads(a));
+            } else if (strncmp(line, "release", 7) == 0) {
+                printf("ok release %ld\n", release_threads());
             } else if (strncmp(line, "exec", 4) == 0) {
                 printf("ok exec 0\n");
                 fclose(in);

@@ -262,7 +262,8 @@ struct Status {
     std::vector<ModuleStatus> modules;
     std::vector<RingStatus> rings;
     std::uint64_t dropped = 0, no_ring_events = 0, no_slot_events = 0, unknown_site_events = 0;
-    std::uint64_t unhooked_returns = 0;  // calls whose exit could not be hooked (return stack full)
+    std::uint64_t unhooked_returns = 0;     // calls whose exit could not be hooked
+    std::uint64_t unhooked_pool_empty = 0;  // of those, the thread found the return pool taken by others
     std::uint32_t ring_records = 0, ring_count = 0;
     std::string sites_unread;  // why the code's live sites could not be read, if so
     // A child forked from a probed process (no region of its own): its

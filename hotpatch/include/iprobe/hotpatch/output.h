@@ -53,6 +53,7 @@ struct ReportResult {
     std::vector<pid_t> pids;
     std::vector<FunctionStats> functions;  // the heaviest first
     std::uint64_t unmatched_exits = 0, unhooked_returns = 0, lost = 0, trace_dropped = 0;
+    std::uint64_t unhooked_pool_empty = 0;   // of unhooked_returns: the return pool was taken by other threads
     std::uint64_t exits_lost_at_detach = 0;  // calls in flight when a detach turned their exit hooks off
     std::uint64_t now_ns = 0;  // CLOCK_REALTIME when read: what "probed" shares are of
     // `report --hist`: each function's log2 latency histogram (and its

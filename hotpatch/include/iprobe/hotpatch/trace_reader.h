@@ -320,6 +320,9 @@ public:
     // Calls whose return could not be hooked (deeper than a thread's return
     // stack, the pool exhausted): their exits are missing from `completed`.
     std::uint64_t unhooked_returns() const;
+    // Of those, calls whose thread found every chunk of the runtime's return
+    // pool held by other threads (more than IPROBE_RT_RETURN_POOL_THREADS).
+    std::uint64_t unhooked_pool_empty() const;
     // Calls in flight when a detach turned their exit hooks off (iprobe_rt_control).
     std::uint64_t exits_lost_at_detach() const;
     // Of those, the ones whose marks decode() has not given to an event yet
