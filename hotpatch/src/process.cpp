@@ -53,15 +53,34 @@ std::vector<pid_t> list_threads(pid_t pid) { return proc::threads(pid); }
 
 bool process_exists(pid_t pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
 
+// Threads of `pid` other than its leader that are not exiting (a process
+// whose main thread called pthread_exit keeps running on them).
+static std::size_t live_threads_besides_leader(pid_t pid) {
+    std::size_t live = 0;
+    for (pid_t tid : proc::threads(pid)) {
+        const char state = proc::state(pid, tid);
+        live += tid != pid && state != 0 && state != 'Z' && state != 'X';
+    }
+    return live;
+}
+
 void check_target(pid_t pid) {
     if (pid <= 0) throw Error("invalid pid " + std::to_string(pid), ExitCode::usage);
     if (::kill(pid, 0) != 0 && errno == ESRCH)
         throw Error("no such process: " + std::to_string(pid), ExitCode::not_found);
     if (pid == ::getpid()) throw Error("iprobe cannot attach to itself", ExitCode::usage);
     const char state = proc::state(pid);
-    if (state == 'Z' || state == 'X')
+    if (state == 'Z' || state == 'X') {
+        const std::size_t running = live_threads_besides_leader(pid);
+        if (running)
+            throw Error("process " + std::to_string(pid) + "'s main thread has exited, but " + std::to_string(running) +
+                            " other thread(s) still run in it: iprobe reaches a process through its main thread's "
+                            "/proc entries (maps, mem, exe), which the kernel empties when that thread exits; such "
+                            "a process cannot be attached to (start the program under 'iprobe run' instead)",
+                        ExitCode::bad_input);
         throw Error("process " + std::to_string(pid) + " is a zombie (it exited; its parent has not reaped it): nothing runs in it",
                     ExitCode::not_found);
+    }
     if (proc::kernel_thread(pid))
         throw Error("process " + std::to_string(pid) + " (" + proc::stat_field(pid, 2).value_or("?") +
                         ") is a kernel thread: it runs no user code, there is nothing to probe",

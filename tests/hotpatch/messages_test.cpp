@@ -1,8 +1,10 @@
 // Errors that name the real cause, input files checked before they are
 // read, and Ctrl-C that ends every command at once.
 #include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -60,6 +62,32 @@ TEST(Messages, AKernelThreadIsNamedAsOne) {
     const auto clone = iprobe({"clone", std::to_string(kthread)});
     EXPECT_EQ(clone.exit_code, 3) << clone.err;
     EXPECT_NE(clone.err.find("is a kernel thread"), std::string::npos) << clone.err;
+}
+
+// A process whose main thread called pthread_exit runs on its other
+// threads, but its /proc/PID maps, mem and exe are empty: said as that, not
+// as "a zombie" with "nothing runs in it", and nothing is changed.
+TEST(Messages, AProcessWhoseMainThreadExitedIsNamedAsOne) {
+    const pid_t child = ::fork();
+    if (child == 0) {
+        pthread_t thread;
+        ::pthread_create(&thread, nullptr, [](void*) -> void* {
+            for (;;) ::pause();
+        }, nullptr);
+        ::syscall(SYS_exit, 0);  // this thread alone, without unwinding into gtest (pthread_exit would)
+    }
+    const std::string proc = "/proc/" + std::to_string(child);
+    for (int i = 0; i < 5000 && (file_text(proc + "/stat").find(") Z") == std::string::npos ||
+                                 std::distance(std::filesystem::directory_iterator(proc + "/task"),
+                                               std::filesystem::directory_iterator{}) != 2);
+         i++)
+        std::this_thread::sleep_for(1ms);
+    const auto attach = iprobe({"attach", std::to_string(child)});
+    EXPECT_EQ(attach.exit_code, 3) << attach.err;
+    expect_plain(attach, "main thread has exited, but 1 other thread(s) still run in it");
+    EXPECT_EQ(attach.err.find("nothing runs in it"), std::string::npos) << attach.err;
+    ::kill(child, SIGKILL);
+    ::waitpid(child, nullptr, 0);
 }
 
 TEST(Messages, AZombieIsNamedAsOne) {
