@@ -1723,9 +1723,11 @@ static void after_fork_in_child(void) {
  * set them up and do nothing; bash then passed LD_PRELOAD and the channel's
  * descriptor on to every command it ran, which found the descriptor closed
  * and exited 1 without running. */
+static char** g_environment; /* environ, or before libc has set it the constructor's envp (runtime_init) */
+
 static char** environment_entry(const char* name) {
     const size_t length = strlen(name);
-    for (char** entry = environ; entry && *entry; entry++)
+    for (char** entry = g_environment; entry && *entry; entry++)
         if (strncmp(*entry, name, length) == 0 && (*entry)[length] == '=') return entry;
     return 0;
 }
@@ -1798,7 +1800,16 @@ static void run_hold(void) {
     if (reply != 0) _exit(reply);
 }
 
-__attribute__((constructor)) static void runtime_init(void) {
+/* Linked with -z initfirst (runtime/CMakeLists.txt): preloaded by `iprobe
+ * run`, this runs before the constructors of every library the program was
+ * linked with, so the hold comes before any of their code and their
+ * constructors' calls are counted.  libc's own constructor has not run yet
+ * then: `environ` is still unset, and the environment is the one glibc
+ * passes every constructor (the array libc adopts as `environ` after). */
+__attribute__((constructor)) static void runtime_init(int argc, char** argv, char** envp) {
+    (void)argc;
+    (void)argv;
+    g_environment = environ ? environ : envp;
     uintptr_t thread_pointer;
     __asm__("mov %%fs:0, %0" : "=r"(thread_pointer));
     iprobe_rt_state.stats_tpoff = (int64_t)((uintptr_t)&iprobe_rt_thread.stats - thread_pointer);
