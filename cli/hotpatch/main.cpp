@@ -59,7 +59,7 @@ std::string g_command = "attach";
 constexpr const char* kSynopsis =
     "usage: iprobe attach PID [--probes LIST[,LIST…]] [--module NAME[,NAME…]] [--functions GLOB,…] [--files GLOB,…]\n"
     "                     [--entry-only|--exit-only] [--handler trace|count [--completed]] [--buffer SIZE] [--json]\n"
-    "                     [--args] [--retval] [--backtrace[=DEPTH]] [--when EXPR] [--min-duration TIME]\n"
+    "                     [--max-threads N] [--args] [--retval] [--backtrace[=DEPTH]] [--when EXPR] [--min-duration TIME]\n"
     "       iprobe detach PID [--functions GLOB,…] [--entry-only|--exit-only] [--json]\n"
     "       iprobe status PID [--json]   (also lists functions replaced by 'iprobe patch')\n"
     "       iprobe trace  PID [--duration S] [--lossless] [--format text|json|chrome] [--output FILE]\n"
@@ -187,6 +187,7 @@ ArgSpec spec_of(const std::string& command) {
         {"--backtrace", "DEPTH", "attach: record the callers of each call, at most DEPTH (1-32, default 8)", {}, true},
         {"--buffer", "SIZE", "attach: each thread's event ring (K/M/G suffix; default 512K)"},
         {"--ring-records", "N", "attach: each thread's event ring in records (instead of --buffer)"},
+        {"--max-threads", "N", "attach, run: thread slots, each a thread's sums and ring (default 512; threads\nbeyond them at once are counted in `lost`); like --buffer, set by a process's first attach"},
         {"--runtime", "PATH", "attach: the runtime library to inject (default: the installed one)"},
         {"--duration", "S", "trace, report: stop after S seconds"},
         {"--format", "FORMAT", "text (default), json; trace: chrome; report: folded, prometheus"},
@@ -244,7 +245,7 @@ Args parse(int argc, char** argv) {
         for (auto& m : split_list(list)) args.modules.push_back(m);
     for (const char* name : {"--args", "--retval", "--backtrace", "--functions", "--files",
                              "--entry-only", "--exit-only", "--handler", "--completed", "--buffer", "--ring-records",
-                             "--runtime", "--duration", "--format", "--output", "--input", "--lossless", "--since-last",
+                             "--max-threads", "--runtime", "--duration", "--format", "--output", "--input", "--lossless", "--since-last",
                              "--reset", "--at-exit", "--folded", "--json", "--exec", "--report", "--hist", "--when",
                              "--min-duration", "--serve"})
         if (parsed.has(name)) args.values[name] = parsed.value(name);
@@ -320,6 +321,10 @@ AttachOptions attach_options_of(const Args& args) {
     if (args.flag("--ring-records"))
         o.ring_records = static_cast<std::uint32_t>(parse_unsigned_or_usage(args.value("--ring-records"), "--ring-records", 1, 1u << 30));
     if (args.flag("--buffer")) o.ring_records = ring_records_for(args.value("--buffer"));
+    if (args.flag("--max-threads"))
+        o.max_threads = static_cast<std::uint32_t>(
+            parse_unsigned_or_usage(args.value("--max-threads"), "--max-threads", 1, kMaxThreadSlots));
+    o.geometry_given = args.flag("--buffer") || args.flag("--ring-records") || args.flag("--max-threads");
     o.runtime_library = args.value("--runtime");
     o.when = args.value("--when");
     o.min_duration = args.value("--min-duration");

@@ -47,6 +47,9 @@ void attach_fields(JsonWriter& j, const AttachStats& st) {
         .field("values_optimized_out", st.values_optimized_out)
         .field("values_no_return", st.values_no_return)
         .field("when_undecidable", st.when_undecidable)
+        .field("ring_records", static_cast<std::uint64_t>(st.ring_records))
+        .field("thread_slots", static_cast<std::uint64_t>(st.thread_slots))
+        .field("geometry_kept", st.geometry_kept)
         .field("modules", st.modules)
         .field("patched_skipped", st.patched_skipped);
 }
@@ -76,6 +79,9 @@ AttachStats attach_of(const Json& doc) {
     st.values_optimized_out = doc.value("values_optimized_out", std::size_t{0});
     st.values_no_return = doc.value("values_no_return", std::size_t{0});
     st.when_undecidable = doc.value("when_undecidable", std::size_t{0});
+    st.ring_records = doc.value("ring_records", std::uint32_t{0});
+    st.thread_slots = doc.value("thread_slots", std::uint32_t{0});
+    st.geometry_kept = doc.value("geometry_kept", false);
     st.modules = doc.value("modules", std::vector<std::string>());
     st.patched_skipped = doc.value("patched_skipped", std::vector<std::string>());
     return st;

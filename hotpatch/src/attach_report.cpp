@@ -37,6 +37,11 @@ std::string attach_summary(const AttachStats& st, std::optional<pid_t> pid) {
                " exit probes left off: their function returns twice or on another stack (setjmp, vfork, swapcontext "
                "and their kin), where a hooked return would be taken again; those calls are counted and traced from "
                "their entries";
+    if (st.geometry_kept)
+        out += "\nthe process's iprobe region was made by an earlier attach, with rings of " +
+               std::to_string(st.ring_records) + " records and " + std::to_string(st.thread_slots) +
+               " thread slots, and stays so for the process's life: --buffer, --ring-records and --max-threads "
+               "apply to its first attach (or start it under 'iprobe run' with them)";
     if (st.refused)
         out += "\n" + std::to_string(st.refused) + " matching function(s) cannot be probed (" + st.refused_example +
                (st.refused > 1 ? ", ..." : "") + "): see 'iprobe list FILE --refused'";

@@ -662,6 +662,15 @@ struct RuntimeRegion {
     std::int64_t fresh_fd = -1;
 };
 
+// The geometry of the region an attach makes.
+RegionGeometry region_geometry(const AttachOptions& options, std::uint32_t probe_capacity) {
+    RegionGeometry g;
+    g.probe_capacity = probe_capacity;
+    g.ring_records = options.ring_records;
+    g.thread_count = options.max_threads;
+    return g;
+}
+
 RuntimeRegion open_or_create_region(StoppedProcess& process, const LoadedLibrary& runtime, const AttachOptions& options,
                                     std::uint32_t capacity, const TscCalibration& tsc) {
     RuntimeRegion out;
@@ -681,11 +690,7 @@ RuntimeRegion open_or_create_region(StoppedProcess& process, const LoadedLibrary
         out.region = std::move(*existing);
         return out;
     }
-    RegionGeometry g;
-    g.probe_capacity = capacity;
-    g.ring_records = options.ring_records;
-    g.thread_count = options.max_threads;
-    iprobe_rt_control layout = region_layout(g, tsc.hz ? tsc : calibrate_tsc());
+    iprobe_rt_control layout = region_layout(region_geometry(options, capacity), tsc.hz ? tsc : calibrate_tsc());
     layout.owner_pid = static_cast<std::uint32_t>(own_pid);
     const auto create_at = runtime.symbol("iprobe_rt_create_region");
     if (!create_at || !process.landing().with_result)
@@ -784,6 +789,15 @@ Preparation prepare_in_stop(const AttachOptions& options, std::vector<SelectedLi
     });
 }
 
+// The region's geometry, and whether it is not what the user asked for (a
+// region made by an earlier attach keeps its own).
+void note_geometry(AttachStats& stats, const Region& region, const AttachOptions& options) {
+    stats.ring_records = region.ring_records();
+    stats.thread_slots = region.thread_count();
+    stats.geometry_kept = options.geometry_given &&
+                          (stats.ring_records != options.ring_records || stats.thread_slots != options.max_threads);
+}
+
 // The write stop's stats with the preparation stop's pause (if there was one).
 AttachStats with_preparation(AttachStats stats, const Preparation& prepared) {
     stats.write_pause_us = stats.pause_us;
@@ -842,6 +856,8 @@ AttachStats attach(const AttachOptions& options) {
 
     std::uint32_t capacity = 4096;
     for (auto& s : lists) capacity += static_cast<std::uint32_t>(s.list.probes.size()) * 2;
+    // The region this attach would make, checked before anything changes.
+    if (!(before && before->control)) (void)region_layout(region_geometry(options, capacity), tsc);
 
     // Planned while the target runs when nothing needs it stopped (the
     // runtime, its region and the modules' stub areas are there already):
@@ -896,6 +912,7 @@ AttachStats attach(const AttachOptions& options) {
         if (ahead && same_maps(read_maps(options.pid), ahead->maps)) {
             // Planned while the target ran; only the writes are left.
             stats.planned_while_running = true;
+            note_geometry(stats, ahead->region, options);
             return finish_attach(process, ahead->region, ahead->plan, options.mode, settings_ahead, std::move(stats), started,
                                  [] {});
         }
@@ -948,6 +965,7 @@ AttachStats attach(const AttachOptions& options) {
         // Table first, code second: a site only becomes live once its
         // return address resolves.
         insert_sites(region, plan);
+        note_geometry(stats, region, options);
         return finish_attach(process, region, plan, options.mode, settings_of(plan, settings), std::move(stats), started,
                              [&] { map_fresh_region(process, fresh); });
     });

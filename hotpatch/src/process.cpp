@@ -54,12 +54,23 @@ std::vector<pid_t> list_threads(pid_t pid) { return proc::threads(pid); }
 bool process_exists(pid_t pid) { return pid > 0 && (::kill(pid, 0) == 0 || errno == EPERM); }
 
 // Threads of `pid` other than its leader that are not exiting (a process
-// whose main thread called pthread_exit keeps running on them).
+// whose main thread called pthread_exit keeps running on them).  A thread
+// of a process being killed, or whose process called exit_group, may be R
+// or S a moment longer; it has SIGKILL pending from then on (the kernel
+// gives it one), and PF_EXITING (0x4 in stat's flags) once do_exit began.
 static std::size_t live_threads_besides_leader(pid_t pid) {
+    constexpr unsigned long kExiting = 0x4, kKill = 1ul << (SIGKILL - 1);
+    auto number = [](const std::optional<std::string>& text, int base) {
+        return text ? std::strtoul(text->c_str(), nullptr, base) : ~0ul;  // gone: as dying
+    };
     std::size_t live = 0;
     for (pid_t tid : proc::threads(pid)) {
+        if (tid == pid) continue;
         const char state = proc::state(pid, tid);
-        live += tid != pid && state != 0 && state != 'Z' && state != 'X';
+        const bool dying = (number(proc::stat_field(pid, 9, tid), 10) & kExiting) ||
+                           (number(proc::status_field(pid, "SigPnd", tid), 16) & kKill) ||
+                           (number(proc::status_field(pid, "ShdPnd", tid), 16) & kKill);
+        live += state != 0 && state != 'Z' && state != 'X' && !dying;
     }
     return live;
 }
@@ -71,7 +82,13 @@ void check_target(pid_t pid) {
     if (pid == ::getpid()) throw Error("iprobe cannot attach to itself", ExitCode::usage);
     const char state = proc::state(pid);
     if (state == 'Z' || state == 'X') {
-        const std::size_t running = live_threads_besides_leader(pid);
+        // Looked at again a moment later: a thread between taking its
+        // SIGKILL and do_exit shows neither.
+        std::size_t running = live_threads_besides_leader(pid);
+        for (int look = 0; look < 3 && running; look++) {
+            std::this_thread::sleep_for(std::chrono::milliseconds(10));
+            running = live_threads_besides_leader(pid);
+        }
         if (running)
             throw Error("process " + std::to_string(pid) + "'s main thread has exited, but " + std::to_string(running) +
                             " other thread(s) still run in it: iprobe reaches a process through its main thread's "
@@ -335,7 +352,9 @@ void StoppedProcess::seize_all() {
 // Only a thread another tracer holds, or one we may not trace, is an error.
 void StoppedProcess::seize_refused(pid_t tid) {
     const auto tracer = tracer_of(pid_, tid);
-    if (tracer && *tracer == std::to_string(::getpid())) {
+    // TracerPid names the tracing thread, this one (`iprobe run` attaches
+    // to later loads from a thread of its own), which seized every thread.
+    if (tracer && *tracer == std::to_string(::gettid())) {
         // Ours, stopped or exited: its report comes to next_report().
         pending_.push_back(tid);
         return;

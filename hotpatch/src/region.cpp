@@ -149,6 +149,12 @@ iprobe_rt_control region_layout(const RegionGeometry& g, const TscCalibration& t
     cb.ring_records = g.ring_records;
     cb.ring_stride = round_up(sizeof(iprobe_rt_ring) + sizeof(iprobe_rt_record) * g.ring_records, kPage);
     at += cb.ring_stride * cb.ring_count;
+    if (at > kMaxRegion)
+        throw Error("a region for " + std::to_string(g.probe_capacity) + " probes, " + std::to_string(g.thread_count) +
+                        " thread slots and rings of " + std::to_string(g.ring_records) + " records would be " +
+                        std::to_string(at >> 30) + " GiB, more than iprobe maps (" + std::to_string(kMaxRegion >> 30) +
+                        " GiB, sparse): ask for fewer --max-threads or a smaller --buffer",
+                    ExitCode::usage);
     cb.region_size = at;
     cb.tsc_hz = tsc.hz;
     cb.tsc_base = tsc.tsc_base;

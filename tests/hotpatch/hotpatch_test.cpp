@@ -204,6 +204,42 @@ TEST_F(HotpatchTest, ThreadsBeyondTheReturnPoolAndTheSlotsAreCountedForWhatTheyA
     ASSERT_EQ(iprobe({"detach", pid}).exit_code, 0);
 }
 
+// `attach --max-threads N`: a service with more threads than the default
+// 512 slots has each thread's calls in the sums.  The region keeps the
+// geometry its first attach gave it: a later attach asking for another is
+// told so (and goes on).  One too large to map is refused before anything
+// is changed in the target.
+TEST_F(HotpatchTest, MaxThreadsGivesEachThreadItsSumsAndALaterAttachSaysTheRegionIsKept) {
+    constexpr long kHeld = 700;
+    HpTarget target(1);
+    const std::string pid = pid_of(target);
+    auto r = iprobe({"attach", pid, "--functions", "held", "--max-threads", "65536", "--buffer", "16G"});
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_NE(r.err.find("more than iprobe maps"), std::string::npos) << r.err;
+    EXPECT_NE(iprobe({"status", pid, "--json"}).out.find("\"runtime_loaded\":false"), std::string::npos)
+        << "refused before the runtime was loaded";
+
+    r = iprobe({"attach", pid, "--functions", "held", "--max-threads", "1024", "--json"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(json_number(r.out, "thread_slots"), 1024) << r.out;
+    EXPECT_NE(r.out.find("\"geometry_kept\":false"), std::string::npos) << r.out;
+    ASSERT_EQ(target.command("hold " + std::to_string(kHeld)), kHeld);
+    r = iprobe({"report", pid, "--json"});
+    EXPECT_EQ(json_calls(r.out, "held"), kHeld) << r.out;
+    EXPECT_EQ(json_completed(r.out, "held"), kHeld) << r.out;
+    EXPECT_EQ(json_number(r.out, "lost"), 0) << r.out;
+
+    r = iprobe({"attach", pid, "--functions", "counted", "--max-threads", "64"});
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find("made by an earlier attach, with rings of 16384 records and 1024 thread slots"),
+              std::string::npos)
+        << r.out;
+    r = iprobe({"attach", pid, "--functions", "in_signal", "--json"});
+    EXPECT_NE(r.out.find("\"geometry_kept\":false"), std::string::npos) << "nothing asked, nothing said: " << r.out;
+    EXPECT_EQ(target.command("release"), kHeld);
+    ASSERT_EQ(iprobe({"detach", pid}).exit_code, 0);
+}
+
 // Entries and exits of `function` in a file written by `iprobe trace --output`.
 std::pair<long long, long long> events_in_file(const std::string& path, const std::string& function) {
     hotpatch::TraceFileReader file(path);

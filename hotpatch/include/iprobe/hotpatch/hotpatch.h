@@ -88,6 +88,9 @@ struct ValueOptions {
     bool operator==(const ValueOptions&) const = default;
 };
 
+// The most thread slots `--max-threads` may ask for.
+inline constexpr std::uint32_t kMaxThreadSlots = 65536;
+
 struct AttachOptions {
     pid_t pid = 0;
     // Chosen already: when not empty, probe_sources, modules and selector
@@ -111,7 +114,13 @@ struct AttachOptions {
     // Per-thread event ring (trace stream), when the region is created:
     // 512 KiB, so 64 threads cost 32 MiB of rings, claimed as threads log.
     std::uint32_t ring_records = 1u << 14;
-    std::uint32_t max_threads = 512;        // thread slots and rings, when the region is created
+    // Thread slots (each a thread's sums) and rings, when the region is
+    // created: threads beyond them at once are not in the sums (`lost`).
+    std::uint32_t max_threads = 512;
+    // ring_records or max_threads came from the user (--buffer,
+    // --ring-records, --max-threads): a region made before with another
+    // geometry is said to be kept (AttachStats::geometry_kept).
+    bool geometry_given = false;
     std::chrono::milliseconds safe_point_timeout{3000};
     // `--when EXPR` and `--min-duration TIME` (condition.h): the trace
     // handler records a selected function's events only for calls they hold
@@ -193,6 +202,13 @@ struct AttachStats {
     // With --when: inlined copies whose hook has a parameter it names
     // optimized out (their calls counted, none recorded).
     std::size_t when_undecidable = 0;
+    // The region's geometry, set once by the attach that made it: each
+    // thread's ring in records, and thread slots (threads beyond them are
+    // not in the sums: `lost`).  geometry_kept: the user asked for another
+    // (AttachOptions::geometry_given), which applies to a process's first
+    // attach only.
+    std::uint32_t ring_records = 0, thread_slots = 0;
+    bool geometry_kept = false;
     bool operator==(const AttachStats&) const = default;
 };
 
