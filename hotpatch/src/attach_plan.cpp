@@ -385,6 +385,14 @@ void check_site_bytes(const SelectedList& s, const RunningModule& running, const
         return;
     std::ostringstream bytes;
     for (int i = 0; i < p.size; i++) bytes << (i ? " " : "") << std::hex << int(now[i]);
+    // An int3 where the file has another byte: someone's breakpoint.
+    const auto& expected = p.form == probelist::SiteForm::nop ? p.placeholder : p.original;
+    for (int i = 0; i < p.size; i++)
+        if (now[i] == 0xcc && expected[i] != 0xcc)
+            throw Error("site " + hex_address(site) + " in " + p.demangled + " holds [" + bytes.str() + "]: a breakpoint " +
+                            "(int3) is on it, a uprobe's (bpftrace, perf probe, SystemTap) or a debugger's; remove it, " +
+                            "or leave " + p.demangled + " out (--functions), and attach again",
+                        ExitCode::busy);
     throw Error(s.source + ": record " + std::to_string(p.id) + ": site " + hex_address(site) + " in " + p.demangled +
                     " holds [" + bytes.str() + "], neither its placeholder nor an iprobe call: " + running.path +
                     " is not the coldpatched binary " + s.source + " describes",

@@ -240,6 +240,51 @@ TEST_F(HotpatchTest, MaxThreadsGivesEachThreadItsSumsAndALaterAttachSaysTheRegio
     ASSERT_EQ(iprobe({"detach", pid}).exit_code, 0);
 }
 
+// Where a function's first instruction starts in `pid` (its probe list's
+// site, moved by the module's load address).
+std::uint64_t entry_site_in(pid_t pid, const std::string& binary, const std::string& function) {
+    const auto list = iprobe({"list", binary, "--functions", function, "--json"});
+    const long long site = json_number(list.out, "site");
+    if (site < 0) return 0;
+    std::ifstream maps("/proc/" + std::to_string(pid) + "/maps");
+    std::string line;
+    while (std::getline(maps, line))
+        if (line.ends_with(binary) && line.find(" 00000000 ") != std::string::npos)
+            return std::stoull(line.substr(0, line.find('-')), nullptr, 16) + static_cast<std::uint64_t>(site);
+    return 0;
+}
+
+// A breakpoint on a function (a debugger's, or a uprobe's from bpftrace or
+// perf probe: an int3 over its first byte) is said as that, with what to
+// do, and the code is left as it was; once it is gone the attach goes on.
+TEST_F(HotpatchTest, ABreakpointOnAFunctionIsSaidAsOneAndItsCodeLeftAlone) {
+    HpTarget target(1);
+    const std::string pid = pid_of(target);
+    const std::string binary = targets_dir() + "/hp_target";
+    const std::uint64_t site = entry_site_in(target.pid(), binary, "counted");
+    ASSERT_NE(site, 0u);
+    const int mem = ::open(("/proc/" + pid + "/mem").c_str(), O_RDWR);
+    ASSERT_GE(mem, 0);
+    std::uint8_t first = 0;
+    const std::uint8_t int3 = 0xcc;
+    ASSERT_EQ(::pread(mem, &first, 1, static_cast<off_t>(site)), 1);
+    ASSERT_EQ(::pwrite(mem, &int3, 1, static_cast<off_t>(site)), 1);  // as gdb's `break counted`
+    const auto text_before = text_of(target.pid(), "/hp_target");
+
+    auto r = iprobe({"attach", pid, "--functions", "counted"});
+    EXPECT_EQ(r.exit_code, 6) << r.err;
+    EXPECT_NE(r.err.find("in counted holds [cc"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("a breakpoint (int3) is on it"), std::string::npos) << r.err;
+    EXPECT_EQ(text_of(target.pid(), "/hp_target"), text_before) << "the code is as the breakpoint left it";
+
+    ASSERT_EQ(::pwrite(mem, &first, 1, static_cast<off_t>(site)), 1);  // the breakpoint removed
+    ::close(mem);
+    ASSERT_EQ(iprobe({"attach", pid, "--functions", "counted"}).exit_code, 0);
+    EXPECT_EQ(target.command("burst 1000"), 1000);
+    EXPECT_EQ(json_calls(iprobe({"report", pid, "--json"}).out, "counted"), 1000);
+    ASSERT_EQ(iprobe({"detach", pid}).exit_code, 0);
+}
+
 // Entries and exits of `function` in a file written by `iprobe trace --output`.
 std::pair<long long, long long> events_in_file(const std::string& path, const std::string& function) {
     hotpatch::TraceFileReader file(path);
