@@ -270,10 +270,18 @@ TEST(IprobeRunDlopen, AProgramHeldInDlopenGoesOnWhenIprobeIsKilled) {
         else std::this_thread::sleep_for(std::chrono::milliseconds(25));
     }
     ASSERT_NE(program, 0) << "iprobe run started no program";
+    // Past its start's hold (iprobe killed there ends the program: it never
+    // runs without the probes it was promised), waiting for `go`.
+    const std::string wchan = "/proc/" + std::to_string(program) + "/wchan";
+    bool waiting = false;
+    for (int i = 0; i < 400 && !waiting; ++i) {
+        waiting = file_text(wchan).find("nanosleep") != std::string::npos;
+        if (!waiting) std::this_thread::sleep_for(std::chrono::milliseconds(25));
+    }
+    ASSERT_TRUE(waiting) << "the program did not get past its start (wchan " << file_text(wchan) << ")";
     // iprobe stopped: the program's load waits for it, inside dlopen
     ::kill(run_cmd.pid(), SIGSTOP);
     std::ofstream(go) << "go";
-    const std::string wchan = "/proc/" + std::to_string(program) + "/wchan";
     bool held = false;
     for (int i = 0; i < 400 && !held; ++i) {
         held = file_text(wchan).find("unix_stream_read") != std::string::npos;

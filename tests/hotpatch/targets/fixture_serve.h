@@ -17,7 +17,11 @@ static int fixture_serve(int argc, char** argv, const char* program, long (*answ
     printf("ready %d\n", (int)getpid());
     char line[256];
     for (;;) {
-        FILE* in = fopen(argv[2], "r");
+        /* Read and write: the FIFO always has a writer (this), so it never
+         * reads EOF; opened for reading only, a command written between the
+         * last writer's EOF and the fclose was thrown away with the pipe
+         * (an attach's stop landing there made a test wait for ever). */
+        FILE* in = fopen(argv[2], "r+");
         if (!in) return 1;
         while (fgets(line, sizeof line, in)) {
             char name[64];

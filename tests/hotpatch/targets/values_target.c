@@ -288,7 +288,11 @@ int main(int argc, char** argv) {
     printf("ready %d\n", (int)getpid());
     char line[256];
     for (;;) {
-        FILE* in = fopen(argv[2], "r");
+        /* Read and write: the FIFO always has a writer (this), so it never
+         * reads EOF; opened for reading only, a command written between the
+         * last writer's EOF and the fclose was thrown away with the pipe
+         * (an attach's stop landing there made a test wait for ever). */
+        FILE* in = fopen(argv[2], "r+");
         if (!in) return 1;
         while (fgets(line, sizeof line, in)) {
             long a = 0;

@@ -53,7 +53,10 @@ int main(int argc, char** argv) {
     std::setvbuf(stdout, nullptr, _IOLBF, 0);
     std::printf("ready\n");
     for (;;) {
-        FILE* in = std::fopen(argv[2], "r");
+        // Read and write: the FIFO always has a writer (this), so it never
+        // reads EOF; opened for reading only, a command written between the
+        // last writer's EOF and the fclose was thrown away with the pipe.
+        FILE* in = std::fopen(argv[2], "r+");
         if (!in) return 1;
         char line[128];
         while (std::fgets(line, sizeof line, in)) {

@@ -132,7 +132,11 @@ int main(int argc, char** argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     printf("ready\n");
     for (;;) {
-        FILE* in = fopen(argv[2], "r");
+        /* Read and write: the FIFO always has a writer (this), so it never
+         * reads EOF; opened for reading only, a command written between the
+         * last writer's EOF and the fclose was thrown away with the pipe
+         * (an attach's stop landing there made a test wait for ever). */
+        FILE* in = fopen(argv[2], "r+");
         if (!in) return 1;
         char line[128];
         while (fgets(line, sizeof line, in)) {
