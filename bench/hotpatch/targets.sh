@@ -45,8 +45,10 @@ run_variant() {  # name binary [attach args...]
   for ((r = 0; r < repeats; r++)); do
     start "$binary" "$max_exp"
     # first_attach (words): an attach made before this variant's own
-    if [[ -n ${first_attach:-} ]]; then "$iprobe" attach "$pid" $first_attach >/dev/null; fi
-    if (($#)); then "$iprobe" attach "$pid" "$@" >/dev/null; fi
+    # a failed attach ends the run, and takes its target with it (it would
+    # wait for a SIGUSR1 for ever)
+    if [[ -n ${first_attach:-} ]]; then "$iprobe" attach "$pid" $first_attach >/dev/null || { kill "$pid"; exit 1; }; fi
+    if (($#)); then "$iprobe" attach "$pid" "$@" >/dev/null || { kill "$pid"; exit 1; }; fi
     finish
     grep -v ready "$out" >>"$work/result.$name.all"
   done
