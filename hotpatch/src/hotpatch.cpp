@@ -1245,11 +1245,12 @@ Status status(pid_t pid) {
     check_target(pid);
     Status st;
     st.pid = pid;
-    if (const auto runtime = mapped_runtime(pid)) {
+    const auto runtime = mapped_runtime(pid);
+    if (runtime) {
         st.runtime_loaded = true;
         st.runtime_path = runtime->path;
     }
-    auto opened = Region::try_open(pid);
+    auto opened = runtime ? Region::try_open(pid, runtime->state) : std::nullopt;
     if (!opened) {
         add_inherited_status(pid, st);
         return st;
