@@ -86,6 +86,11 @@ int main(int argc, char** argv) {
     size_t size = 0;
     uint8_t* region = 0;
     while (!(region = find_region(&size))) usleep(2000);
+    /* The region is mapped by an attach's first stop; the attach is over
+     * once its second has written the sites: hostile_work's placeholder NOP
+     * (0f 1f 44 00 00) is a jump then.  Corrupting between the two stops
+     * failed the attach itself, which is not what this target tests. */
+    while (*(const volatile uint8_t*)(uintptr_t)&hostile_work == 0x0f) usleep(2000);
     struct iprobe_rt_control layout;
     memcpy(&layout, region, sizeof layout);  /* as the attacher wrote it */
     corrupting = 1;
