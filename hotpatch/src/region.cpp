@@ -174,7 +174,6 @@ std::optional<MappedRuntime> mapped_runtime(pid_t pid) {
     for (const auto& m : read_maps(pid)) {
         const std::string_view path = m.path;
         if (m.offset != 0 || !runtime_file_name(path.substr(path.rfind('/') + 1))) continue;
-        if (found && found->path == m.path) continue;
         const elf::ElfFile elf = reading_target(pid, [&] { return elf::ElfFile(target_view(pid, m.path)); });
         const elf::ElfSymbol* symbol = elf.symbol_named("iprobe_rt_state");
         if (!symbol || !symbol->defined()) continue;

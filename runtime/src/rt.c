@@ -1717,14 +1717,14 @@ static void after_fork_in_child(void) {
     g_pending_fd = -1;
 }
 
+static char** g_environment; /* environ, or before libc has set it the constructor's envp (runtime_init) */
+
 /* The environment's entry `name=...`, or 0.  Read and edited in place,
  * never through getenv/setenv/unsetenv: a program may define its own (bash
  * does, for its shell variables), which take our calls before its main has
  * set them up and do nothing; bash then passed LD_PRELOAD and the channel's
  * descriptor on to every command it ran, which found the descriptor closed
  * and exited 1 without running. */
-static char** g_environment; /* environ, or before libc has set it the constructor's envp (runtime_init) */
-
 static char** environment_entry(const char* name) {
     const size_t length = strlen(name);
     for (char** entry = g_environment; entry && *entry; entry++)

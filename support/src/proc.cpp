@@ -14,6 +14,10 @@ namespace iprobe::proc {
 namespace {
 
 std::string path_of(pid_t pid, std::string_view leaf) { return "/proc/" + std::to_string(pid) + "/" + std::string(leaf); }
+// /proc/PID/LEAF, or the thread's /proc/PID/task/TID/LEAF when `tid` is given.
+std::string task_path_of(pid_t pid, pid_t tid, std::string_view leaf) {
+    return tid ? path_of(pid, "task/" + std::to_string(tid) + "/" + std::string(leaf)) : path_of(pid, leaf);
+}
 
 std::optional<Mapping> parse_mapping(const std::string& line) {
     Mapping m;
@@ -56,7 +60,7 @@ std::vector<pid_t> threads(pid_t pid) {
 }
 
 std::optional<std::string> status_field(pid_t pid, std::string_view key, pid_t tid) {
-    std::ifstream in(tid ? path_of(pid, "task/" + std::to_string(tid) + "/status") : path_of(pid, "status"));
+    std::ifstream in(task_path_of(pid, tid, "status"));
     std::string line;
     while (std::getline(in, line)) {
         if (line.size() <= key.size() || line.compare(0, key.size(), key) != 0 || line[key.size()] != ':') continue;
@@ -79,7 +83,7 @@ std::vector<long> status_numbers(pid_t pid, std::string_view key) {
 }
 
 std::optional<std::string> stat_field(pid_t pid, int number, pid_t tid) {
-    std::ifstream in(tid ? path_of(pid, "task/" + std::to_string(tid) + "/stat") : path_of(pid, "stat"));
+    std::ifstream in(task_path_of(pid, tid, "stat"));
     std::string stat;
     if (!std::getline(in, stat)) return std::nullopt;
     const auto close_paren = stat.rfind(')');
