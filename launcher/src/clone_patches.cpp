@@ -85,14 +85,22 @@ std::size_t say_changes(const SessionEvents& say, const proxy::DivergenceStats& 
 }
 
 void say_patch_effect(const SessionEvents& say, const proxy::DivergenceStats& d) {
-    std::string human = "the patch changed " + std::to_string(d.mismatches) + " of " + std::to_string(d.compared) +
-                        " replies compared (" + std::to_string(d.diverged_connections) + " connections; " +
-                        std::to_string(d.ignored) + " not compared by rule, " + std::to_string(d.unchecked_connections) +
-                        " connections not comparable)";
+    // Byte for byte (stream) a connection's comparison ends at its first
+    // difference, and `compared` counts bytes, not replies.
+    std::string human =
+        d.mode == "stream"
+            ? "the patch changed the replies of " + std::to_string(d.diverged_connections) +
+                  " connections (compared byte for byte: " + std::to_string(d.compared) + " bytes equal; " +
+                  std::to_string(d.unchecked_connections) + " connections not comparable)"
+            : "the patch changed " + std::to_string(d.mismatches) + " of " + std::to_string(d.compared) +
+                  " replies compared (" + std::to_string(d.diverged_connections) + " connections; " +
+                  std::to_string(d.ignored) + " not compared by rule, " + std::to_string(d.unchecked_connections) +
+                  " connections not comparable)";
     if (d.mismatches > d.reports.size())
         human += "; the first " + std::to_string(d.reports.size()) + " are listed (\"changed\")";
     say("patch-effect", human, [&](JsonWriter& w) {
-        w.field("compared", d.compared).field("changed", d.mismatches).field("changed_connections", d.diverged_connections);
+        w.field("mode", d.mode).field("compared", d.compared).field("changed", d.mismatches);
+        w.field("changed_connections", d.diverged_connections);
         w.field("ignored", d.ignored).field("unchecked_connections", d.unchecked_connections);
         w.field("listed", static_cast<std::uint64_t>(d.reports.size()));
         w.key("changes").begin_array();

@@ -69,9 +69,13 @@ void DebugLeg::production_bytes(std::span<const std::uint8_t> bytes) {
     if (checking_ && stream_) compare_stream(0, bytes);
 }
 
-// Byte for byte: side 0 production's replies, 1 the copy's.
+// Byte for byte: side 0 production's replies, 1 the copy's.  The bytes
+// found equal are counted as they are (`compared`, bytes in this mode, up to
+// the first difference), so a stream checked and found equal says so.
 void DebugLeg::compare_stream(int side, std::span<const std::uint8_t> bytes) {
+    const std::uint64_t matched_before = stream_->matched();
     const auto r = stream_->feed(side, bytes);
+    px_.stats.compared += stream_->matched() - matched_before;
     if (r == StreamComparer::Result::mismatch) {
         report(stream_->mismatch_offset(), "", stream_->reference_excerpt(), stream_->copy_excerpt());
         stop_checking("");

@@ -9,6 +9,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -163,6 +164,7 @@ TEST_F(PatchDebug, TheFixChangesExactlyTheBugsRepliesInTheCloneAndInvestigateFin
     }
     const auto effect = events(out, "patch-effect");
     ASSERT_EQ(effect.size(), 1u) << file_text(out);
+    EXPECT_EQ(json::parse(effect[0])["mode"], "resp");
     EXPECT_EQ(json::parse(effect[0])["changed"], bug_subset.size());
     EXPECT_EQ(json::parse(effect[0])["compared"], sent);
 
@@ -187,6 +189,32 @@ TEST_F(PatchDebug, TheFixChangesExactlyTheBugsRepliesInTheCloneAndInvestigateFin
     std::set<std::string> replayed_requests;
     for (const auto& c : replayed["changes"]) replayed_requests.insert(c.value("request", ""));
     EXPECT_EQ(replayed_requests, bug_subset) << inv.out;
+
+    // Byte for byte: each connection changed once, at its first changed
+    // reply, and the bytes before that difference counted as equal.
+    const auto bytewise = run({"nsenter", "--net=" + prod_ns_->path(), bin("iprobe"), "investigate", record, "--patch",
+                               "quote=" + target("libquote_fix.so"), "--compare", "stream", "--json"},
+                              {}, std::chrono::seconds(300));
+    EXPECT_EQ(bytewise.exit_code, 0) << bytewise.out << bytewise.err;
+    json streamed;
+    std::istringstream stream_lines(bytewise.out);
+    for (std::string l; std::getline(stream_lines, l);)
+        if (l.find("\"event\":\"patch-effect\"") != std::string::npos) streamed = json::parse(l);
+    ASSERT_TRUE(streamed.is_object()) << bytewise.out << bytewise.err;
+    std::uint64_t equal_bytes = 0;
+    for (long c = 0; c < 3; c++)
+        for (long i = 0; i < 200; i++) {
+            const long item = c * 1000 + i * 3;
+            const std::string prod = ":" + std::to_string(QUOTE_BUGGY(item)) + "\r\n";
+            const std::string fixed = ":" + std::to_string(QUOTE_FIXED(item)) + "\r\n";
+            const auto differ = std::mismatch(prod.begin(), prod.end(), fixed.begin(), fixed.end());
+            equal_bytes += static_cast<std::uint64_t>(differ.first - prod.begin());
+            if (differ.first != prod.end()) break;
+        }
+    EXPECT_EQ(streamed["mode"], "stream") << bytewise.out;
+    EXPECT_EQ(streamed["changed"], 3) << bytewise.out;
+    EXPECT_EQ(streamed["changed_connections"], 3) << bytewise.out;
+    EXPECT_EQ(streamed["compared"], equal_bytes) << bytewise.out;
 }
 
 TEST_F(PatchDebug, ABadPatchSpecOrALibraryThatIsNotThereStartsNothing) {

@@ -369,6 +369,44 @@ TEST(Mirror, DivergentDebugCopyIsReportedWithTheFirstMismatchingCommand) {
     EXPECT_EQ(json_number(s, "divergence", "compared"), 103.0 + 1) << s;  // + redis-cli's ECHO, + the GET user:41
 }
 
+// Byte for byte (`--divergence stream`, for protocols the mirror does not
+// frame): `compared` counts the bytes found equal, every one of a copy that
+// kept up, and those before the first difference of one that did not, whose
+// offset the report gives.
+TEST(Mirror, StreamDivergenceCountsTheBytesFoundEqualUpToTheFirstDifference) {
+    REQUIRE_REDIS();
+    TempDir dir;
+    std::string commands;
+    for (int i = 0; i < 100; ++i) commands += "GET user:" + std::to_string(i) + "\r\n";
+    std::ofstream(dir / "cmds") << commands;
+    for (const bool tampered : {false, true}) {
+        Redis production, debug;
+        for (int i = 0; i < 100; ++i) {
+            production.cli({"SET", "user:" + std::to_string(i), "name" + std::to_string(i)});
+            debug.cli({"SET", "user:" + std::to_string(i), tampered && i == 42 ? "mallory" : "name" + std::to_string(i)});
+        }
+        TempDir logs;  // a mirror's own: the next one's port is read from its log
+        Mirror m({"--production", production.addr(), "--debug", debug.addr(), "--divergence", "stream"}, logs.path());
+        const auto r = sh("/usr/bin/redis-cli -p " + std::to_string(m.port()) + " --pipe < " + dir / "cmds");
+        ASSERT_EQ(r.exit_code, 0) << r.err;
+        ASSERT_TRUE(m.wait_stats(idle)) << m.stats();
+        const std::string s = m.stats();
+        if (!tampered) {
+            // 100 replies and redis-cli's closing ECHO, every byte equal
+            EXPECT_EQ(json_number(s, "divergence", "compared"), json_number(s, "bytes", "production_to_client")) << s;
+            EXPECT_GT(json_number(s, "divergence", "compared").value_or(0), 1000.0) << s;
+            EXPECT_EQ(json_number(s, "divergence", "mismatches"), 0.0) << s;
+            continue;
+        }
+        // "$5\r\nname0\r\n" (11 bytes) x 10, "$6\r\nname10\r\n" (12) x 32, then "$" of
+        // "$6\r\nname42" against "$7\r\nmallory": the first difference at 495
+        EXPECT_EQ(json_number(s, "divergence", "mismatches"), 1.0) << s;
+        EXPECT_EQ(json_number(s, "divergence", "diverged_connections"), 1.0) << s;
+        EXPECT_EQ(json_number(s, "reports", "byte_offset"), 495.0) << s;
+        EXPECT_EQ(json_number(s, "divergence", "compared"), 495.0) << s;
+    }
+}
+
 // Two clients INCRementing one key: the copy is fed each connection on its
 // own and deals the counter's values out in another interleaving.  Live,
 // such differences are `reordered`, not divergence; a recording replays in

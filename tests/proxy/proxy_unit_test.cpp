@@ -221,6 +221,7 @@ TEST(ProxyStreamComparer, FindsFirstDifferenceWhicheverSideLeads) {
     EXPECT_EQ(s.feed(1, bytes("hel")), StreamComparer::Result::same);
     EXPECT_EQ(s.feed(1, bytes("lo wXrld")), StreamComparer::Result::mismatch);
     EXPECT_EQ(s.mismatch_offset(), 7u);
+    EXPECT_EQ(s.matched(), 7u);  // "hello w": equal up to the difference, whatever the pieces
     EXPECT_EQ(s.reference_excerpt(), "or");
     EXPECT_EQ(s.copy_excerpt(), "Xrld");
 

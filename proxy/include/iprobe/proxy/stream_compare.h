@@ -26,7 +26,8 @@ public:
             const std::size_t n = std::min(front.size(), bytes.size() - i);
             for (std::size_t k = 0; k < n; ++k) {
                 if (front[k] != bytes[i + k]) {
-                    mismatch_offset_ = matched_ + k;
+                    matched_ += k;  // every byte before the difference was found equal
+                    mismatch_offset_ = matched_;
                     reference_excerpt_ = excerpt(side == 0 ? bytes.subspan(i + k) : front.subspan(k));
                     copy_excerpt_ = excerpt(side == 1 ? bytes.subspan(i + k) : front.subspan(k));
                     return Result::mismatch;
@@ -40,6 +41,7 @@ public:
         return Result::same;
     }
 
+    // Bytes found equal: up to the first difference once there is one.
     std::uint64_t matched() const { return matched_; }
     std::size_t unmatched(int side) const { return ahead_[side].size(); }
     std::uint64_t mismatch_offset() const { return mismatch_offset_; }
