@@ -107,6 +107,22 @@ protected:
         return out;
     }
 
+    // `iprobe investigate RECORD --patch quote=libquote_fix.so EXTRA... --json`
+    // in production's namespace: its patch-effect event (null when none).
+    json investigate_patch_effect(const std::string& record, const std::vector<std::string>& extra = {}) {
+        std::vector<std::string> argv = {"nsenter", "--net=" + prod_ns_->path(), bin("iprobe"), "investigate", record,
+                                         "--patch", "quote=" + target("libquote_fix.so"), "--json"};
+        argv.insert(argv.end(), extra.begin(), extra.end());
+        const auto inv = run(argv, {}, std::chrono::seconds(300));
+        EXPECT_EQ(inv.exit_code, 0) << inv.out << inv.err;
+        json effect;
+        std::istringstream lines(inv.out);
+        for (std::string l; std::getline(lines, l);)
+            if (l.find("\"event\":\"patch-effect\"") != std::string::npos) effect = json::parse(l);
+        EXPECT_TRUE(effect.is_object()) << inv.out << inv.err;
+        return effect;
+    }
+
     TempDir dir_;
     std::unique_ptr<Netns> prod_ns_;
     int port_ = 0, listen_port_ = 0, fd_ = -1;
@@ -175,32 +191,18 @@ TEST_F(PatchDebug, TheFixChangesExactlyTheBugsRepliesInTheCloneAndInvestigateFin
     EXPECT_EQ(after, (std::vector<long>{QUOTE_BUGGY(7), QUOTE_BUGGY(8), QUOTE_BUGGY(17)}));
 
     // The recorded window, replayed into a patched clone: the same changes.
-    const auto inv = run({"nsenter", "--net=" + prod_ns_->path(), bin("iprobe"), "investigate", record, "--patch",
-                          "quote=" + target("libquote_fix.so"), "--json"},
-                         {}, std::chrono::seconds(300));
-    EXPECT_EQ(inv.exit_code, 0) << inv.out << inv.err;
-    json replayed;
-    std::istringstream lines(inv.out);
-    for (std::string l; std::getline(lines, l);)
-        if (l.find("\"event\":\"patch-effect\"") != std::string::npos) replayed = json::parse(l);
-    ASSERT_TRUE(replayed.is_object()) << inv.out << inv.err;
+    const json replayed = investigate_patch_effect(record);
+    ASSERT_TRUE(replayed.is_object());
     EXPECT_EQ(replayed["changed"], bug_subset.size());
     EXPECT_EQ(replayed["compared"], sent);
     std::set<std::string> replayed_requests;
     for (const auto& c : replayed["changes"]) replayed_requests.insert(c.value("request", ""));
-    EXPECT_EQ(replayed_requests, bug_subset) << inv.out;
+    EXPECT_EQ(replayed_requests, bug_subset) << replayed;
 
     // Byte for byte: each connection changed once, at its first changed
     // reply, and the bytes before that difference counted as equal.
-    const auto bytewise = run({"nsenter", "--net=" + prod_ns_->path(), bin("iprobe"), "investigate", record, "--patch",
-                               "quote=" + target("libquote_fix.so"), "--compare", "stream", "--json"},
-                              {}, std::chrono::seconds(300));
-    EXPECT_EQ(bytewise.exit_code, 0) << bytewise.out << bytewise.err;
-    json streamed;
-    std::istringstream stream_lines(bytewise.out);
-    for (std::string l; std::getline(stream_lines, l);)
-        if (l.find("\"event\":\"patch-effect\"") != std::string::npos) streamed = json::parse(l);
-    ASSERT_TRUE(streamed.is_object()) << bytewise.out << bytewise.err;
+    const json streamed = investigate_patch_effect(record, {"--compare", "stream"});
+    ASSERT_TRUE(streamed.is_object());
     std::uint64_t equal_bytes = 0;
     for (long c = 0; c < 3; c++)
         for (long i = 0; i < 200; i++) {
@@ -211,10 +213,10 @@ TEST_F(PatchDebug, TheFixChangesExactlyTheBugsRepliesInTheCloneAndInvestigateFin
             equal_bytes += static_cast<std::uint64_t>(differ.first - prod.begin());
             if (differ.first != prod.end()) break;
         }
-    EXPECT_EQ(streamed["mode"], "stream") << bytewise.out;
-    EXPECT_EQ(streamed["changed"], 3) << bytewise.out;
-    EXPECT_EQ(streamed["changed_connections"], 3) << bytewise.out;
-    EXPECT_EQ(streamed["compared"], equal_bytes) << bytewise.out;
+    EXPECT_EQ(streamed["mode"], "stream") << streamed;
+    EXPECT_EQ(streamed["changed"], 3) << streamed;
+    EXPECT_EQ(streamed["changed_connections"], 3) << streamed;
+    EXPECT_EQ(streamed["compared"], equal_bytes) << streamed;
 }
 
 TEST_F(PatchDebug, ABadPatchSpecOrALibraryThatIsNotThereStartsNothing) {
