@@ -9,6 +9,9 @@
 #   ratio (event count) = trace per event / (cheapest clock + count --completed per call / 2)
 #   ratio (entries only) = trace --entry-only per call (one event, one clock
 #     read a call, no exit hooked) / (cheapest clock + count per call)
+#   ratio (no durations) = trace --no-durations per event (two events, one
+#     clock read a call: the exit recorded without a time, no frame, no
+#     times kept) / (cheapest clock + count --completed per call / 2)
 # The first is the issue's wording; the second compares like with like (each
 # traced event also pays its share of the exit's return trampoline, which
 # count --completed pays too); the third is the trace that reads the clock
@@ -40,7 +43,8 @@ run_variant count "$work/loop_iprobe" --functions empty --handler count
 run_variant count_completed "$work/loop_iprobe" --functions empty --handler count --completed
 run_variant trace "$work/loop_iprobe" --functions empty --ring-records 8388608
 run_variant trace_entry "$work/loop_iprobe" --functions empty --entry-only --ring-records 8388608
-columns="count count_completed trace trace_entry"
+run_variant trace_nodur "$work/loop_iprobe" --functions empty --no-durations --ring-records 8388608
+columns="count count_completed trace trace_entry trace_nodur"
 if [[ -n ${BASELINE_RUNTIME:-} ]]; then
   run_variant trace_baseline "$work/loop_iprobe" --functions empty --ring-records 8388608 --runtime "$BASELINE_RUNTIME"
   columns+=" trace_baseline"
@@ -48,19 +52,19 @@ fi
 
 printf '\n| calls | count (entry) ns/call | count --completed ns/call | trace ns/call | trace ns/event |'
 [[ -n ${BASELINE_RUNTIME:-} ]] && printf ' trace, baseline ns/event |'
-printf ' rdtsc + count | ratio (entry count) | rdtsc + count --completed / 2 | ratio (event count) | trace --entry-only ns/event | ratio (entries only) |\n|---|---|---|---|---|'
+printf ' rdtsc + count | ratio (entry count) | rdtsc + count --completed / 2 | ratio (event count) | trace --entry-only ns/event | ratio (entries only) | trace --no-durations ns/event | ratio (no durations) |\n|---|---|---|---|---|'
 [[ -n ${BASELINE_RUNTIME:-} ]] && printf -- '---|'
-printf -- '---|---|---|---|---|---|\n'
+printf -- '---|---|---|---|---|---|---|---|\n'
 n=1
 for ((e = 1; e <= max_exp; e++)); do
   n=$((n * 10))
   ((e < 3)) && continue  # the first rows carry the ring's one-time page faults
   c=$(ns_at "$work/result.count" "$n"); cc=$(ns_at "$work/result.count_completed" "$n"); t=$(ns_at "$work/result.trace" "$n")
-  te=$(ns_at "$work/result.trace_entry" "$n")
+  te=$(ns_at "$work/result.trace_entry" "$n"); tn=$(ns_at "$work/result.trace_nodur" "$n")
   b=; [[ -n ${BASELINE_RUNTIME:-} ]] && b=$(ns_at "$work/result.trace_baseline" "$n")
-  awk -v n="$e" -v c="$c" -v cc="$cc" -v t="$t" -v te="$te" -v b="$b" -v r="$rdtsc" 'BEGIN {
+  awk -v n="$e" -v c="$c" -v cc="$cc" -v t="$t" -v te="$te" -v tn="$tn" -v b="$b" -v r="$rdtsc" 'BEGIN {
     printf "| 10^%d | %.2f | %.2f | %.2f | %.2f |", n, c, cc, t, t / 2
     if (b != "") printf " %.2f |", b / 2
-    printf " %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", r + c, t / 2 / (r + c), r + cc / 2, t / 2 / (r + cc / 2), te, te / (r + c) }'
+    printf " %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", r + c, t / 2 / (r + c), r + cc / 2, t / 2 / (r + cc / 2), te, te / (r + c), tn / 2, tn / 2 / (r + cc / 2) }'
 done
 echo "(CPU ns, fastest of $repeats runs per size; clocks: ns per read, fastest of 5 rounds of 10^7; goal: ratio <= 1.3)"

@@ -58,7 +58,7 @@ std::string g_command = "attach";
 
 constexpr const char* kSynopsis =
     "usage: iprobe attach PID [--probes LIST[,LIST…]] [--module NAME[,NAME…]] [--functions GLOB,…] [--files GLOB,…]\n"
-    "                     [--entry-only|--exit-only] [--handler trace|count [--completed]] [--buffer SIZE] [--json]\n"
+    "                     [--entry-only|--exit-only] [--handler trace [--no-durations]|count [--completed]] [--buffer SIZE] [--json]\n"
     "                     [--max-threads N] [--args] [--retval] [--backtrace[=DEPTH]] [--when EXPR] [--min-duration TIME]\n"
     "       iprobe detach PID [--functions GLOB,…] [--entry-only|--exit-only] [--json]\n"
     "       iprobe status PID [--json]   (also lists functions replaced by 'iprobe patch')\n"
@@ -182,6 +182,7 @@ ArgSpec spec_of(const std::string& command) {
         {"--exit-only", "", "only exit probes"},
         {"--handler", "trace|count", "attach: what enabled probes do (default trace)"},
         {"--completed", "", "attach, run: with --handler count, also count completed calls (turns the exits\non: every return then goes through a return trampoline)"},
+        {"--no-durations", "", "attach, run: with --handler trace, one clock read a call, at its entry: exits are\nrecorded in order but without a time (no durations: report keeps calls and completed; trace\nprints such an exit's time as '-'); for the calls' order, nesting and start times at less cost"},
         {"--args", "", "attach: record each call's arguments (typed from DWARF; else arg0..arg5 raw, except in the -finstrument-functions flow, which needs DWARF)"},
         {"--retval", "", "attach: record each call's return value (and keep its log2 histogram: report --hist)"},
         {"--backtrace", "DEPTH", "attach: record the callers of each call, at most DEPTH (1-32, default 8)", {}, true},
@@ -244,7 +245,7 @@ Args parse(int argc, char** argv) {
     for (const auto& list : parsed.values("--module"))
         for (auto& m : split_list(list)) args.modules.push_back(m);
     for (const char* name : {"--args", "--retval", "--backtrace", "--functions", "--files",
-                             "--entry-only", "--exit-only", "--handler", "--completed", "--buffer", "--ring-records",
+                             "--entry-only", "--exit-only", "--handler", "--completed", "--no-durations", "--buffer", "--ring-records",
                              "--max-threads", "--runtime", "--duration", "--format", "--output", "--input", "--lossless", "--since-last",
                              "--reset", "--at-exit", "--folded", "--json", "--exec", "--report", "--hist", "--when",
                              "--min-duration", "--serve"})
@@ -317,6 +318,9 @@ AttachOptions attach_options_of(const Args& args) {
     if (args.flag("--completed") && o.mode != HandlerMode::count)
         usage_error("--completed is for --handler count (trace keeps completed calls and times anyway)");
     o.count_exits = args.flag("--completed");
+    if (args.flag("--no-durations") && o.mode != HandlerMode::trace)
+        usage_error("--no-durations is for --handler trace (the count handler reads no clock)");
+    o.exit_times = !args.flag("--no-durations");
     if (args.flag("--ring-records") && args.flag("--buffer")) usage_error("--ring-records and --buffer exclude each other");
     if (args.flag("--ring-records"))
         o.ring_records = static_cast<std::uint32_t>(parse_unsigned_or_usage(args.value("--ring-records"), "--ring-records", 1, 1u << 30));
@@ -543,6 +547,10 @@ int report_folded(const Args& args, Output& out) {
             stack.erase(it.base(), stack.end());
             Frame frame = stack.back();
             stack.pop_back();
+            if (!e.stamped) {  // --no-durations: no duration to fold, none to give its caller
+                result.unstamped_calls++;
+                return;
+            }
             const std::uint64_t ticks = e.tsc > frame.tsc ? e.tsc - frame.tsc : 0;
             const std::uint64_t self = ticks > frame.children ? ticks - frame.children : 0;
             if (!stack.empty()) stack.back().children += ticks;
@@ -559,6 +567,10 @@ int report_folded(const Args& args, Output& out) {
         }
     };
     collect(reader, seconds, sink, false);
+    if (result.unstamped_calls)
+        std::fprintf(stderr,
+                     "iprobe report: %" PRIu64 " calls left out: their exits have no time (attached with --no-durations)\n",
+                     result.unstamped_calls);
     out.folded(result);
     return 0;
 }

@@ -142,6 +142,7 @@ TraceRecord record_of(const Json& doc) {
     doc.at("function").get_to(r.function);
     doc.at("depth").get_to(r.depth);
     r.unwound = doc.value("unwound", false);
+    r.stamped = doc.value("stamped", true);
     r.exit_traced = doc.value("exit_traced", true);
     r.dropped_before = doc.value("dropped_before", std::uint64_t{0});
     r.exits_lost_before = doc.value("exits_lost_before", std::uint64_t{0});
@@ -244,6 +245,7 @@ void write_trace_record_fields(JsonWriter& j, const TraceRecord& r, bool with_te
         .field("function", r.function)
         .field("depth", r.depth);
     if (r.unwound) j.field("unwound", true);
+    if (!r.stamped) j.field("stamped", false);
     if (!r.exit_traced) j.field("exit_traced", false);
     if (r.dropped_before) j.field("dropped_before", r.dropped_before);
     if (r.exits_lost_before) j.field("exits_lost_before", r.exits_lost_before);

@@ -279,8 +279,8 @@ bool leaves_exits_off(const AttachOptions& options) {
            std::find(kinds.begin(), kinds.end(), probelist::ProbeKind::exit) == kinds.end();
 }
 
-std::uint8_t kept_by(HandlerMode mode, std::uint8_t kind) {
-    const std::uint8_t times = mode == HandlerMode::trace ? IPROBE_RT_KEPT_TIMES : 0;
+std::uint8_t kept_by(HandlerMode mode, std::uint8_t kind, bool exit_times) {
+    const std::uint8_t times = mode == HandlerMode::trace && exit_times ? IPROBE_RT_KEPT_TIMES : 0;
     if (kind == static_cast<std::uint8_t>(probelist::ProbeKind::exit)) return IPROBE_RT_KEPT_COMPLETED | times;
     if (kind == static_cast<std::uint8_t>(probelist::ProbeKind::entry)) return IPROBE_RT_KEPT_CALLS | times;
     return IPROBE_RT_KEPT_CALLS;
@@ -353,14 +353,16 @@ void set_live(iprobe_rt_probe& probe, bool live, std::uint64_t now_ns) {
 void update_timed(Region& region) {
     iprobe_rt_probe* probes = region.probes();
     const std::uint32_t count = region.probe_count();
-    std::vector<std::uint8_t> exit_on(region.stat_capacity(), 0);
+    // per function (stat): how its enabled exit is kept (IPROBE_RT_UNTIMED: none on)
+    std::vector<std::uint8_t> exit_on(region.stat_capacity(), IPROBE_RT_UNTIMED);
     for (std::uint32_t i = 0; i < count; i++)
         if (probes[i].enabled && probes[i].kind == static_cast<std::uint8_t>(probelist::ProbeKind::exit) &&
             probes[i].stat < exit_on.size())
-            exit_on[probes[i].stat] = 1;
+            exit_on[probes[i].stat] =
+                probes[i].timed == IPROBE_RT_EXIT_UNSTAMPED ? IPROBE_RT_EXIT_UNSTAMPED : IPROBE_RT_TIMED;
     for (std::uint32_t i = 0; i < count; i++)
-        probes[i].timed = probes[i].kind == static_cast<std::uint8_t>(probelist::ProbeKind::entry) &&
-                          probes[i].stat < exit_on.size() && exit_on[probes[i].stat];
+        if (probes[i].kind == static_cast<std::uint8_t>(probelist::ProbeKind::entry))
+            probes[i].timed = probes[i].stat < exit_on.size() ? exit_on[probes[i].stat] : std::uint8_t{IPROBE_RT_UNTIMED};
 }
 
 void warm_probes(const Region& region) {

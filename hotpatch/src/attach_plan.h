@@ -33,8 +33,9 @@ struct SelectedList {
 // turned on only where asked for (AttachOptions::count_exits, --exit-only).
 bool leaves_exits_off(const AttachOptions& options);
 
-// What a probe of `kind` turned on with `mode` keeps (enum iprobe_rt_kept).
-std::uint8_t kept_by(HandlerMode mode, std::uint8_t kind);
+// What a probe of `kind` turned on with `mode` keeps (enum iprobe_rt_kept);
+// no times where its exits are not stamped (--no-durations).
+std::uint8_t kept_by(HandlerMode mode, std::uint8_t kind, bool exit_times);
 
 std::string describe_selector(const probelist::ProbeSelector& s);
 
@@ -63,7 +64,9 @@ std::uint64_t realtime_ns();  // CLOCK_REALTIME, the clock of iprobe_rt_probe's 
 void set_live(iprobe_rt_probe& probe, bool live, std::uint64_t now_ns);
 
 // An entry probe is timed (pushes a frame) only while its function's exit
-// probe is enabled too: nothing else would pop the frame.
+// probe is enabled too: nothing else would pop the frame; and only while
+// that exit is stamped (its byte not IPROBE_RT_EXIT_UNSTAMPED, which the
+// entry then takes: counted, no frame).
 void update_timed(Region& region);
 
 // Brings the probe table into this CPU's cache for writing, before the stop

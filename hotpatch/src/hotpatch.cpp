@@ -60,10 +60,12 @@ struct SitesPlan {
 };
 
 // What the attach sets on its probes besides turning them on: `--when`
-// programs, the return-value histogram, the values captured.
+// programs, the return-value histogram, the values captured, whether its
+// exits are stamped.
 struct ProbeSettings {
     const ConditionPlan& conditions;
     const std::vector<ValuesPlan>& values;  // per list
+    std::uint8_t exit_stamp = 0;            // its exit probes' timed byte: IPROBE_RT_EXIT_UNSTAMPED or 0
 };
 
 // Where a module's region entry and stub areas come from: added and mapped
@@ -467,10 +469,11 @@ struct SettingStores {
     // The return-value histogram is kept by the exit probe a hooked return
     // records, which at a -finstrument-functions entry need not be the next.
     std::vector<std::pair<std::uint32_t, std::uint32_t>> hist_moves;  // exit recorded, probe after the entry
+    std::uint8_t exit_stamp = 0;  // ProbeSettings::exit_stamp
 };
 
 SettingStores settings_of(const SitesPlan& plan, const ProbeSettings& settings) {
-    SettingStores stores{condition_stores(settings.conditions, plan.first_probes), {}, {}};
+    SettingStores stores{condition_stores(settings.conditions, plan.first_probes), {}, {}, settings.exit_stamp};
     for (std::size_t li = 0; li < settings.values.size() && li < plan.first_probes.size(); li++)
         for (const auto& [entry, exit] : settings.values[li].hooked_exit) {
             const std::uint32_t next = plan.first_probes[li] + entry + 1, at = plan.first_probes[li] + exit;
@@ -497,8 +500,12 @@ void apply_settings(Region& region, const SettingStores& stores) {
         if (probes[next].kind == static_cast<std::uint8_t>(probelist::ProbeKind::entry))  // not an exit's own
             __atomic_store_n(&probes[next].retval_hist, std::uint8_t{0}, __ATOMIC_RELEASE);
     }
-    for (const auto& [global, word] : stores.values)
+    for (const auto& [global, word] : stores.values) {
         __atomic_store_n(reinterpret_cast<std::uint64_t*>(&probes[global].values), word, __ATOMIC_RELEASE);
+        // before the code: an exit going live finds whether to read the clock
+        if (probes[global].kind == static_cast<std::uint8_t>(probelist::ProbeKind::exit))
+            __atomic_store_n(&probes[global].timed, stores.exit_stamp, __ATOMIC_RELEASE);
+    }
 }
 
 
@@ -519,7 +526,7 @@ AttachStats finish_attach(StoppedProcess& process, Region& region, const SitesPl
     const std::uint64_t live_at = realtime_ns();
     for (const auto& e : plan.enables) {
         set_live(region.probes()[e.global], true, live_at);
-        region.probes()[e.global].kept |= kept_by(mode, region.probes()[e.global].kind);
+        region.probes()[e.global].kept |= kept_by(mode, region.probes()[e.global].kind, settings.exit_stamp == 0);
     }
     update_timed(region);
     region.control()->generation++;
@@ -811,6 +818,28 @@ AttachStats with_preparation(AttachStats stats, const Preparation& prepared) {
     return stats;
 }
 
+// --no-durations (AttachOptions::exit_times false) is the trace handler's
+// plain record at the entry flow's hooked returns: refused, before the
+// target stops, wherever an exit would need its time or a frame.
+void check_exit_times(const AttachOptions& options, const Condition& condition, const std::vector<SelectedList>& lists) {
+    if (options.exit_times) return;
+    if (options.mode != HandlerMode::trace || !options.handlers.enter.empty())
+        throw Error("--no-durations is the runtime's trace handler's (--handler trace): other handlers read no clock",
+                    ExitCode::usage);
+    if (!condition.empty() || options.retval_histogram || options.values.any())
+        throw Error("--no-durations records exits without their time, and --when, --min-duration, --args, --retval "
+                    "and --backtrace go through the values path, which times every call: drop one or the other",
+                    ExitCode::usage);
+    for (const auto& s : lists)
+        for (const probelist::Probe* p : s.selected)
+            if (p->kind == probelist::ProbeKind::exit && p->form != probelist::SiteForm::ret)
+                throw Error("--no-durations: " + p->demangled + "'s exit is a call site of its own (" + s.source +
+                                ": the -finstrument-functions or LLVM flow), and a detach finds such calls in flight "
+                                "by the timed frames --no-durations does without; attach it without --no-durations, "
+                                "or select its entries only (--entry-only)",
+                            ExitCode::usage);
+}
+
 }  // namespace
 
 AttachStats attach(const AttachOptions& options) {
@@ -825,6 +854,7 @@ AttachStats attach(const AttachOptions& options) {
                     ExitCode::usage);
     // Planned (and refused) before the target stops.
     const ConditionPlan conditions = plan_conditions(condition, options, lists);
+    check_exit_times(options, condition, lists);
     const std::string runtime_path = runtime_path_of(options);
     const std::string handler_path = handlers.library.empty() ? runtime_path : canonical_or_same(handlers.library);
     SessionLock lock(options.pid);
@@ -852,7 +882,8 @@ AttachStats attach(const AttachOptions& options) {
                     ExitCode::usage);
     std::vector<ValuesPlan> values_plans;
     for (const auto& s : lists) values_plans.push_back(plan_values(options.pid, s, options.values, !condition.empty()));
-    const ProbeSettings settings{conditions, values_plans};
+    const ProbeSettings settings{conditions, values_plans,
+                                 options.exit_times ? std::uint8_t{0} : std::uint8_t{IPROBE_RT_EXIT_UNSTAMPED}};
 
     std::uint32_t capacity = 4096;
     for (auto& s : lists) capacity += static_cast<std::uint32_t>(s.list.probes.size()) * 2;

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cinttypes>
 #include <cstdio>
+#include <cstring>
 
 #include "iprobe/hotpatch/agent_protocol.h"
 #include "iprobe/hotpatch/attach_report.h"
@@ -124,13 +125,16 @@ public:
             .field("ph", r.kind == probelist::ProbeKind::entry && r.exit_traced ? "B"
                          : r.kind == probelist::ProbeKind::exit               ? "E"
                                                                               : "i")
+            // not stamped (--no-durations): the span ends at the latest time known before its exit
             .field("ts", static_cast<double>(r.time_ns) / 1000.0)
             .field("pid", static_cast<std::int64_t>(pid_))
             .field("tid", r.tid);
         const bool arguments = r.kind == probelist::ProbeKind::entry && r.has_arguments;
-        if (arguments || r.retval || !r.backtrace.empty() || r.unwound || r.dropped_before || r.exits_lost_before) {
+        if (arguments || r.retval || !r.backtrace.empty() || r.unwound || !r.stamped || r.dropped_before ||
+            r.exits_lost_before) {
             j.key("args").begin_object();
             if (r.unwound) j.field("unwound", true);
+            if (!r.stamped) j.field("end_not_recorded", true);
             if (r.dropped_before) j.field("dropped_before", r.dropped_before);
             if (r.exits_lost_before) j.field("exits_lost_before", r.exits_lost_before);
             if (arguments)
@@ -519,8 +523,11 @@ std::unique_ptr<Output> make_output(OutputFormat format, std::ostream& out) {
 
 std::string trace_text_line(const TraceRecord& r) {
     char head[96];
-    std::snprintf(head, sizeof head, "%" PRIu64 ".%09" PRIu64 " %7u ", static_cast<std::uint64_t>(r.time_ns / 1000000000ull),
-                  static_cast<std::uint64_t>(r.time_ns % 1000000000ull), r.tid);
+    const int width = std::snprintf(head, sizeof head, "%" PRIu64 ".%09" PRIu64, static_cast<std::uint64_t>(r.time_ns / 1000000000ull),
+                                    static_cast<std::uint64_t>(r.time_ns % 1000000000ull));
+    // an exit recorded without its time (--no-durations): "-" where the time goes
+    if (!r.stamped) std::snprintf(head, sizeof head, "%*s", width, "-");
+    std::snprintf(head + std::strlen(head), sizeof head - std::strlen(head), " %7u ", r.tid);
     std::string line = head;
     // where the thread's ring dropped events (it was full): said on a line of its own
     if (r.dropped_before) line += "-- " + std::to_string(r.dropped_before) + " events dropped here (ring full) --\n" + head;

@@ -26,8 +26,12 @@ constexpr std::uint32_t kOldestVersion = 2;  // read too: its events are version
 constexpr std::uint32_t kValuesVersion = 3;  // the first with values events
 constexpr std::uint32_t kGapsVersion = 4;    // the first with GAP records (where a ring dropped events)
 constexpr std::uint32_t kExitMarksVersion = 5;  // the first with exit marks (where a detach lost exits)
+constexpr std::uint32_t kUnstampedVersion = 6;  // the first with exits without a time (kUnstamped)
 constexpr std::size_t kMinHeader = 16, kHeader = 40, kFooter = 16, kBlockHead = 16;
 constexpr std::uint64_t kEscape = 3, kProbeLimit = 1u << 22, kDeltaLimit = 1ull << 40;
+// An exit word's ticks that say it has no time (attach --no-durations): the
+// block's clock stays; any real delta from it up is escaped.
+constexpr std::uint64_t kUnstamped = kDeltaLimit - 1;
 // A values event's head word: what a raw escape (n > 0) never is.
 constexpr std::uint64_t kValuesFrame = 1ull << 31;
 constexpr std::uint32_t kValuesMaxWords = (1u << 11) - 1;
@@ -466,11 +470,13 @@ void TraceFileWriter::write(const RecordRun& run) {
             point_ = kNoBlock;
             continue;
         }
+        // an exit recorded without its time (or a GAP before one): the clock stays where it was
+        const bool stamped = r.tsc != IPROBE_RT_NO_TIME;
         if (block_ == kNoBlock || r.tid != block_tid_) {
             used_ = static_cast<std::size_t>(out - base);
-            open_block(r.tid, r.tsc);
+            open_block(r.tid, stamped ? r.tsc : previous);
             out = base + used_;
-            previous = r.tsc;
+            if (stamped) previous = r.tsc;
         }
         const std::uint64_t delta = r.tsc - previous;
         if (r.kind == IPROBE_RT_REC_GAP) [[unlikely]] {  // where the ring dropped events: kept raw, no event
@@ -478,16 +484,17 @@ void TraceFileWriter::write(const RecordRun& run) {
             std::memcpy(out, &escape, 8);
             std::memcpy(out + 8, &r, sizeof r);
             out += 8 + sizeof r;
-            previous = r.tsc;
+            if (stamped) previous = r.tsc;
             continue;
         }
         const std::uint32_t kind = r.kind - 1u;  // entry 0, exit 1, point 2
         // (a record with a values spec keeps it, words or not: its flags say how it nests)
-        if (kind < 3 && (r.nargs | r.depth | r.values) == 0 && r.probe < kProbeLimit && delta < kDeltaLimit) [[likely]] {
-            const std::uint64_t word = kind | std::uint64_t{r.probe} << 2 | delta << 24;
+        if (kind < 3 && (r.nargs | r.depth | r.values) == 0 && r.probe < kProbeLimit &&
+            (stamped ? delta < kUnstamped : kind == 1)) [[likely]] {
+            const std::uint64_t word = kind | std::uint64_t{r.probe} << 2 | (stamped ? delta : kUnstamped) << 24;
             std::memcpy(out, &word, 8);
             out += 8;
-            previous = r.tsc;
+            if (stamped) previous = r.tsc;
             events_++;
             continue;
         }
@@ -524,7 +531,7 @@ void TraceFileWriter::write(const RecordRun& run) {
         if (point_args) point_ = static_cast<std::size_t>(out - base);
         std::memcpy(out + 8, &r, sizeof r);
         out += 8 + sizeof r;
-        previous = r.tsc;
+        if (stamped) previous = r.tsc;
         events_++;
     }
     used_ = static_cast<std::size_t>(out - base);
@@ -693,8 +700,11 @@ bool TraceFileReader::next(const std::function<void(const Event&)>& sink) {
             Event e;
             e.tid = tid;
             if ((w & 3) != kEscape) {
-                tsc += w >> 24;
                 e.kind = kind_of(static_cast<std::uint8_t>(w & 3), path_);
+                if (w >> 24 == kUnstamped && e.kind == probelist::ProbeKind::exit && version_ >= kUnstampedVersion)
+                    e.stamped = false;
+                else
+                    tsc += w >> 24;
                 e.probe = static_cast<std::uint32_t>(w >> 2) & (kProbeLimit - 1);
                 if (e.probe < probes_.size()) entry_without_exit(e, probes_[e.probe].kind, 0);
             } else if ((w >> 2 & 0xff) == 0) {  // a values event
@@ -731,7 +741,7 @@ bool TraceFileReader::next(const std::function<void(const Event&)>& sink) {
                 std::memcpy(&r, word, sizeof r);
                 if (r.kind == IPROBE_RT_REC_GAP && n == 1 && version_ >= kGapsVersion) {
                     gap_.add(tid, r.frame);
-                    tsc = r.tsc;
+                    if (r.tsc != IPROBE_RT_NO_TIME || version_ < kUnstampedVersion) tsc = r.tsc;
                     word += sizeof r;
                     continue;
                 }
@@ -743,8 +753,11 @@ bool TraceFileReader::next(const std::function<void(const Event&)>& sink) {
                 if (r.kind < IPROBE_RT_REC_ENTRY || r.kind > IPROBE_RT_REC_POINT)
                     throw Error(path_ + ": corrupt trace file (event kind " + std::to_string(r.kind) + ")",
                                 ExitCode::bad_input);
-                tsc = r.tsc;
                 e.kind = kind_of(static_cast<std::uint8_t>(r.kind - IPROBE_RT_REC_ENTRY), path_);
+                if (r.tsc == IPROBE_RT_NO_TIME && e.kind == probelist::ProbeKind::exit && version_ >= kUnstampedVersion)
+                    e.stamped = false;
+                else
+                    tsc = r.tsc;
                 e.probe = r.probe;
                 e.depth = r.depth;
                 e.frame = r.frame;
@@ -756,10 +769,12 @@ bool TraceFileReader::next(const std::function<void(const Event&)>& sink) {
                 }
                 word += n * sizeof r;
             }
-            e.tsc = tsc;
-            e.time_ns = clock_.ns(tsc);
+            if (e.stamped) {
+                e.tsc = tsc;
+                e.time_ns = clock_.ns(tsc);
+            }
             e.dropped_before = gap_.take(tid);
-            if (!marks_.empty()) [[unlikely]]
+            if (!marks_.empty() && e.stamped) [[unlikely]]
                 for (const ExitMark& m : marks_.take(tid, tsc))
                     e.exits_lost_before.push_back(
                         {m.probe < probes_.size() ? probes_[m.probe].function : std::string(), m.count, clock_.ns(m.at)});

@@ -339,8 +339,12 @@ std::size_t TraceReader::decode(const RecordRun& run, const std::function<void(c
             continue;
         }
         Event e;
-        e.tsc = r.tsc;
-        e.time_ns = clock.ns(r.tsc);
+        if (r.tsc == IPROBE_RT_NO_TIME && r.kind == IPROBE_RT_REC_EXIT) [[unlikely]] {
+            e.stamped = false;  // attach --no-durations: its exit's clock was not read
+        } else {
+            e.tsc = r.tsc;
+            e.time_ns = clock.ns(r.tsc);
+        }
         e.probe = r.probe;
         e.tid = r.tid;
         e.depth = r.depth;
@@ -364,7 +368,7 @@ std::size_t TraceReader::decode(const RecordRun& run, const std::function<void(c
             continue;
         }
         e.dropped_before = d.gap.take(run.ring);
-        if (!impl_->exit_marks.empty()) [[unlikely]]
+        if (!impl_->exit_marks.empty() && e.stamped) [[unlikely]]
             for (const ExitMark& m : impl_->exit_marks.take(e.tid, e.tsc))
                 e.exits_lost_before.push_back(
                     {m.probe == IPROBE_RT_EXIT_MARK_ANY ? std::string() : probe(m.probe).function, m.count, clock.ns(m.at)});
@@ -506,8 +510,11 @@ std::vector<FunctionStats> TraceReader::functions(const std::vector<iprobe_rt_fn
 
 void CallNesting::records(const Event& e, const ProbeInfo& info, const std::function<void(const TraceRecord&)>& sink) {
     constexpr std::size_t kMaxThreads = 1u << 16, kMaxDepth = 256, kMaxOpen = 1u << 16;
-    if (stacks_.size() >= kMaxThreads && !stacks_.count(e.tid)) stacks_.clear();
+    if (stacks_.size() >= kMaxThreads && !stacks_.count(e.tid)) stacks_.clear(), last_ns_.clear();
     auto& stack = stacks_[e.tid];
+    std::uint64_t& last_ns = last_ns_[e.tid];
+    if (e.stamped) last_ns = e.time_ns;
+    const std::uint64_t time_ns = e.stamped ? e.time_ns : last_ns;
     const auto depth = [&](std::size_t open) { return static_cast<int>(std::min(open, kMaxDepth)); };
     // A frame at or above an open one's return slot (the stack grows down)
     // means the open one is gone without an exit: unwound.  At it: a new
@@ -527,7 +534,7 @@ void CallNesting::records(const Event& e, const ProbeInfo& info, const std::func
     if (e.frame && e.depth == 0)
         while (!stack.empty() && stack.back().frame &&
                (new_frame ? stack.back().frame <= e.frame : stack.back().frame < e.frame)) {
-            TraceRecord u{e.time_ns, e.tid, probelist::ProbeKind::exit, stack.back().function, depth(stack.size() - 1),
+            TraceRecord u{time_ns, e.tid, probelist::ProbeKind::exit, stack.back().function, depth(stack.size() - 1),
                           {}, false};
             u.has_arguments = stack.back().has_arguments;
             u.arguments = std::move(stack.back().arguments);
@@ -535,7 +542,8 @@ void CallNesting::records(const Event& e, const ProbeInfo& info, const std::func
             stack.pop_back();
             sink(u);
         }
-    TraceRecord r{e.time_ns, e.tid, e.kind, info.function, 0, {}, e.depth != 0};
+    TraceRecord r{time_ns, e.tid, e.kind, info.function, 0, {}, e.depth != 0};
+    r.stamped = e.stamped;
     r.exit_traced = e.exit_traced;
     r.dropped_before = e.dropped_before;
     if (lost) {

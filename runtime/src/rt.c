@@ -443,9 +443,9 @@ static inline __attribute__((always_inline)) void enter_timed(struct iprobe_rt_c
     struct iprobe_rt_fn_stats* stats = thread_stats(cb);
     if (UNLIKELY(!stats)) return;
     add_local(&stats[stat].calls, 1);
-    /* no exit probe would pop a frame */
+    /* no exit probe would pop a frame, or its exit reads no clock (--no-durations) */
     const struct iprobe_rt_probe* p = probe_of(cb, probe);
-    if (UNLIKELY(use == FRAME_NONE || !p->timed)) return;
+    if (UNLIKELY(use == FRAME_NONE || p->timed != IPROBE_RT_TIMED)) return;
     /* Entered through its site as a detach turned it off (the detacher left
      * it timed for this): no exit hook will pop a frame, and the detach's
      * stop did not see this call.  Counted where the detach counts those it
@@ -784,6 +784,15 @@ static inline __attribute__((always_inline)) void emit_probe_at(struct iprobe_rt
 static inline __attribute__((always_inline)) void emit_probe(struct iprobe_rt_control* cb, int32_t probe, uint32_t stat,
                                                              uint8_t kind, const uint64_t* args, enum frame_use use) {
     claim_first(cb);
+    /* An exit the attach asked not to stamp (--no-durations): completed,
+     * recorded in its place, no clock read.  Not when its entry pushed a
+     * frame (FRAME_MATCH: entered before an attach switched the mode), which
+     * is timed and popped as it was meant to be, as trace_fast.S does. */
+    if (kind == IPROBE_RT_REC_EXIT && use == FRAME_NONE &&
+        UNLIKELY(probe_of(cb, probe)->timed == IPROBE_RT_EXIT_UNSTAMPED)) {
+        emit_probe_at(cb, probe, stat, kind, args, FRAME_NONE, IPROBE_RT_NO_TIME, 0);
+        return;
+    }
     emit_probe_at(cb, probe, stat, kind, args, use, timestamp(), 0);
 }
 
@@ -864,13 +873,20 @@ static uint64_t* count_target(uint64_t calls) {
  * continuation records (rt_layout.h).  The return hook's cookie carries
  * what the exit needs: whether the entry pushed a timed frame, was recorded,
  * and when it ran. */
-#define COOKIE_TIMED 1u
+#define COOKIE_TIMED 1u /* the entry pushed a timed frame (its probe IPROBE_RT_TIMED) */
 #define COOKIE_VALUES 2u  /* the entry went through values_enter: the bits below are set */
 #define COOKIE_MATCHED 4u /* ... and was recorded (a --when decided at entry held) */
 #define COOKIE_CONDITIONED 8u /* a --when decides what is recorded (without values) */
 #define COOKIE_HELD 16u   /* its --when is decided at exit: the entry kept its arguments in its frame */
 #define COOKIE_SHIFT 5    /* values: at this timestamp */
 _Static_assert(COOKIE_TIMED == FAST_COOKIE_TIMED, "trace_fast.S hooks timed returns");
+
+/* The return hook's cookie for a call of entry probe `p`: timed only when
+ * its exit is on with a time (not IPROBE_RT_EXIT_UNSTAMPED, whose entry
+ * pushes no frame). */
+static inline uint64_t timed_cookie(const struct iprobe_rt_probe* p) {
+    return p->timed == IPROBE_RT_TIMED ? COOKIE_TIMED : 0;
+}
 
 /* What the trace handler's assembler entry (return_trampolines.S,
  * iprobe_rt_trace_enter_return_nop) reads to reject a call a fast-form
@@ -1048,7 +1064,7 @@ static __attribute__((noinline)) uint64_t values_enter(struct iprobe_rt_control*
     /* saved: rdi, rsi, rdx, rcx, rax, r8, r9 (ENTRY_SITE_CALL) */
     v.gpr[0] = saved[0], v.gpr[1] = saved[1], v.gpr[2] = saved[2], v.gpr[3] = saved[3];
     v.gpr[4] = saved[5], v.gpr[5] = saved[6];
-    const uint64_t timed = hook ? p->timed : 0;
+    const uint64_t timed = hook ? timed_cookie(p) : 0;
     /* A --when on retval or duration: decided at exit, the arguments kept in the frame. */
     const uint32_t condition = __atomic_load_n(&p->condition, __ATOMIC_RELAXED);
     const struct iprobe_cond_program* program = condition ? condition_program(condition) : 0;
@@ -1240,7 +1256,7 @@ static __attribute__((noinline)) uint64_t conditioned_enter(struct iprobe_rt_con
     entry_args(saved, v.args);
     v.retval = 0;
     v.duration = 0;
-    const uint64_t timed = p->timed;
+    const uint64_t timed = timed_cookie(p);
     if (program && (program->needs & IPROBE_COND_AT_EXIT)) {
         const uint64_t unit =
             timed ? hook_return(slot, IPROBE_RT_RETURN_TRACE, id + 1,
@@ -1460,7 +1476,7 @@ __attribute__((visibility("hidden"))) uint64_t iprobe_rt_trace_enter_return_at(u
         t_frame_slot = 0;
         return unit;
     }
-    const uint64_t timed = p->timed;
+    const uint64_t timed = timed_cookie(p);
     /* the return stack's fast path inline; hook_return counts a failure */
     uint64_t unit = iprobe_rt_return_prepare(slot, IPROBE_RT_RETURN_TRACE, (uint32_t)id + 1, timed);
     if (UNLIKELY(!unit)) count_unhooked();

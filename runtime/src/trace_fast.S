@@ -196,6 +196,7 @@ iprobe_rt_trace_enter_fast:
     movzbl FAST_PROBE_TIMED(%rax), %esi
     test %esi, %esi
     je 7f
+    and $FAST_COOKIE_TIMED, %esi                 /* IPROBE_RT_TIMED: 1; EXIT_UNSTAMPED: 0, no frame */
     mov FAST_PROBE_STAT(%rax), %r10d
     cmp iprobe_rt_when_stat_capacity(%rip), %r10d
     jae 7f
@@ -224,7 +225,7 @@ iprobe_rt_trace_enter_fast:
     shl $32, %rdi
     or $IPROBE_RT_RETURN_TRACE, %rdi
     mov %rdi, RET_ENTRY_HANDLER(%r11)            /* handler, arg = the exit probe */
-    mov %rsi, RET_ENTRY_COOKIE(%r11)             /* timed */
+    mov %rsi, RET_ENTRY_COOKIE(%r11)             /* timed, or its exit unstamped */
     /* the clock, then the sums (enter_timed) */
     mov %fs:RET_THREAD_STATS(%rcx), %rsi
     rdtsc
@@ -233,6 +234,8 @@ iprobe_rt_trace_enter_fast:
     mov %rax, %r8                                /* now */
     imul $FAST_STATS_SIZE, %r10, %rax
     addq $1, FAST_STATS_CALLS(%rsi,%rax)
+    cmpq $0, RET_ENTRY_COOKIE(%r11)
+    je 1f                                        /* --no-durations: no frame to time it by */
     mov %fs:PRODUCER_SLOT(%r9), %rcx
     mov $1, %eax
     /* one instruction: a signal handler's frames nest above this one */
@@ -287,7 +290,7 @@ iprobe_rt_trace_exit_fast:
     cmpl $IPROBE_RT_RETURN_TRACE, RET_ENTRY_HANDLER(%rdi)
     jne iprobe_rt_return_record_in_c
     cmpq $FAST_COOKIE_TIMED, RET_ENTRY_COOKIE(%rdi)
-    jne iprobe_rt_return_record_in_c
+    ja iprobe_rt_return_record_in_c              /* timed (1), or no frame (0: below) */
     cmpl $0, iprobe_rt_trace_fast_clock(%rip)
     je iprobe_rt_return_record_in_c
     push %rax
@@ -319,6 +322,8 @@ iprobe_rt_trace_exit_fast:
     je 7f
     cmpq $0, %fs:PRODUCER_RING(%r9)
     je 7f
+    cmpq $0, RET_ENTRY_COOKIE(%rdi)
+    je .Lexit_unstamped
     /* the frame on top is this function's (exit_timed's common case:
      * nothing skipped by longjmp, not deeper than the frames kept) */
     mov FAST_THREAD_DEPTH(%rcx), %esi
@@ -364,7 +369,8 @@ iprobe_rt_trace_exit_fast:
     cmp FAST_STATS_MAX(%r10), %rax
     jbe 4f
     mov %rax, FAST_STATS_MAX(%r10)
-4:  /* the record: its probe again from the entry */
+4:
+.Lexit_record:  /* the record: its probe again from the entry */
     mov IPROBE_RT_RETURN_UNIT_ENTRY(%r11), %rsi
     mov IPROBE_RT_RETURN_UNIT_ENTRY + RET_ENTRY_ARG(%r11,%rsi), %esi
     APPEND_RECORD FAST_REC_EXIT, %rsi, 8f, 1
@@ -379,6 +385,15 @@ iprobe_rt_trace_exit_fast:
     jz 2b
     lea -1(%rax), %rdx
     jmp 1b
+.Lexit_unstamped:
+    /* an exit recorded without its time (attach --no-durations; rt.c,
+     * emit_probe): completed, no frame, no clock read; else C decides */
+    cmpb $FAST_EXIT_UNSTAMPED, FAST_PROBE_TIMED(%rax)
+    jne 7f
+    imul $FAST_STATS_SIZE, %r8, %r8
+    addq $1, FAST_STATS_COMPLETED(%r10,%r8)
+    mov $FAST_NO_TIME, %r8                       /* sign-extended: all ones */
+    jmp .Lexit_record
 7:  .cfi_restore_state
     EXIT_RESTORE
     mov IPROBE_RT_RETURN_UNIT_ENTRY(%r11), %rdi  /* the entry again (rdi may hold a frame) */

@@ -85,6 +85,8 @@
 #define FAST_REC_EXIT 2
 #define FAST_REC_POINT 3 /* an entry-only event: the entry of a call whose exit is not traced */
 #define FAST_COOKIE_TIMED 1 /* rt.c's COOKIE_TIMED */
+#define FAST_EXIT_UNSTAMPED 2 /* IPROBE_RT_EXIT_UNSTAMPED (even: its entry's cookie is timed & 1 = 0) */
+#define FAST_NO_TIME -1 /* IPROBE_RT_NO_TIME, as a sign-extended immediate */
 
 #ifndef __ASSEMBLER__
 #include <stdint.h>
@@ -122,6 +124,10 @@ _Static_assert(offsetof(struct thread_producer, ring) == PRODUCER_RING &&
                    offsetof(struct thread_producer, depth) == PRODUCER_DEPTH &&
                    offsetof(struct thread_producer, slot) == PRODUCER_SLOT,
                "trace_fast.S reads the producer");
+_Static_assert(FAST_EXIT_UNSTAMPED == IPROBE_RT_EXIT_UNSTAMPED && (FAST_EXIT_UNSTAMPED & FAST_COOKIE_TIMED) == 0 &&
+                   (uint64_t)(int64_t)FAST_NO_TIME == IPROBE_RT_NO_TIME &&
+                   FAST_COOKIE_TIMED == IPROBE_RT_TIMED,
+               "trace_fast.S stamps exits as the layout says");
 _Static_assert(sizeof(struct iprobe_rt_probe) == FAST_PROBE_SIZE && offsetof(struct iprobe_rt_probe, stat) == FAST_PROBE_STAT &&
                    offsetof(struct iprobe_rt_probe, timed) == FAST_PROBE_TIMED &&
                    offsetof(struct iprobe_rt_probe, retval_hist) == FAST_PROBE_RETVAL_HIST &&

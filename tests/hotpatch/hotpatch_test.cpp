@@ -774,6 +774,27 @@ TEST_F(HotpatchTest, RefusesAGlobMatchingNothing) {
         << "nothing may be injected for a refused attach";
 }
 
+// --no-durations records exits without a time: refused, before anything is
+// injected, where an exit needs its time or a timed frame (values, --when,
+// the count handler, an exit at a call site of its own).
+TEST_F(HotpatchTest, RefusesNoDurationsWhereAnExitNeedsItsTimeAndChangesNothing) {
+    HpTarget instrumented(1, targets_dir() + "/values_finstrument");  // exits at sites of their own
+    HpTarget entry(1, targets_dir() + "/hp_target_entry");
+    const std::vector<std::pair<std::vector<std::string>, std::string>> refused{
+        {{"attach", pid_of(instrumented), "--no-durations"}, "is a call site of its own"},
+        {{"attach", pid_of(entry), "--no-durations", "--handler", "count"}, "is for --handler trace"},
+        {{"attach", pid_of(entry), "--no-durations", "--args"}, "drop one or the other"},
+        {{"attach", pid_of(entry), "--no-durations", "--when", "arg0 > 1"}, "drop one or the other"}};
+    for (const auto& [args, says] : refused) {
+        auto r = iprobe(args);
+        EXPECT_EQ(r.exit_code, 2) << r.err;
+        EXPECT_NE(r.err.find(says), std::string::npos) << r.err;
+    }
+    for (HpTarget* t : {&instrumented, &entry})
+        EXPECT_EQ(file_text("/proc/" + pid_of(*t) + "/maps").find("libiprobe-rt"), std::string::npos)
+            << "nothing may be injected for a refused attach";
+}
+
 TEST_F(HotpatchTest, RefusesWhileAnotherSessionHoldsTheTarget) {
     HpTarget target(2);
     ::mkdir("/run/iprobe", 0700);

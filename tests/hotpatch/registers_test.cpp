@@ -23,9 +23,10 @@ protected:
         ASSERT_EQ(check(), 0) << "unprobed";
     }
     long check() { return target_->command("check " + std::to_string(kCalls), std::chrono::seconds(120)); }
-    void attach(const std::string& handler) {
+    void attach(const std::string& handler, const std::string& flag = "") {
         std::vector<std::string> args{"attach", pid_, "--functions", "rg_leaf", "--handler", handler};
         if (handler == "count") args.push_back("--completed");  // entry and exit, then one detached
+        if (!flag.empty()) args.push_back(flag);
         auto a = iprobe(args);
         ASSERT_EQ(a.exit_code, 0) << a.err;
     }
@@ -78,6 +79,18 @@ TEST_F(Registers, TraceHandlerEntryAndExit) {
     EXPECT_EQ(check(), 0);
     EXPECT_EQ(calls(), kCalls);
     EXPECT_EQ(completed(), kCalls);
+}
+
+// The trace handler with one clock read a call (--no-durations): both ends'
+// assembler paths (trace_fast.S), the exit's without a frame or a clock.
+TEST_F(Registers, TraceHandlerWithoutDurations) {
+    attach("trace", "--no-durations");
+    EXPECT_EQ(check(), 0);
+    EXPECT_EQ(calls(), kCalls);
+    EXPECT_EQ(completed(), kCalls);
+    auto r = iprobe({"report", pid_, "--json"});
+    EXPECT_NE(r.out.find("\"fields\":[\"calls\",\"completed\"]"), std::string::npos) << "no times kept\n" << r.out;
+    EXPECT_EQ(r.out.find("\"timed\""), std::string::npos) << r.out;
 }
 
 // The trace handler's entry alone: its assembler path (trace_fast.S).

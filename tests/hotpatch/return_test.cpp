@@ -38,6 +38,7 @@ struct FileCalls {
     long long backwards = 0;                   // events stamped before their thread's previous one
     std::map<std::uint32_t, std::size_t> left_open;
     long long without_exit = 0;                // entries whose exit is not traced: they open no call
+    long long unstamped = 0;                   // exits recorded without a time (attach --no-durations)
     long double ns_per_tick = 0;
 };
 
@@ -55,10 +56,12 @@ FileCalls read_calls(const std::string& file) {
     while (reader.next([&](const hotpatch::Event& e) {
         ASSERT_LT(e.probe, reader.probes().size());
         const std::string& f = reader.probes()[e.probe].function;
-        if (!any) first = e, any = true;
-        last = e;
-        if (previous.count(e.tid) && e.tsc < previous[e.tid]) out.backwards++;
-        previous[e.tid] = e.tsc;
+        if (e.stamped) {
+            if (!any) first = e, any = true;
+            last = e;
+            if (previous.count(e.tid) && e.tsc < previous[e.tid]) out.backwards++;
+            previous[e.tid] = e.tsc;
+        }
         auto& stack = open[e.tid];
         if (e.kind == probelist::ProbeKind::entry) {
             out.seen[f].calls++;
@@ -71,7 +74,8 @@ FileCalls read_calls(const std::string& file) {
             out.mismatched++;
             return;
         }
-        out.ticks[f] += static_cast<long double>(e.tsc - stack.back().tsc);
+        if (!e.stamped) out.unstamped++;
+        else out.ticks[f] += static_cast<long double>(e.tsc - stack.back().tsc);
         stack.pop_back();
     })) {
     }
@@ -106,13 +110,12 @@ protected:
     }
     // `line` run while `iprobe trace --output --lossless` writes sg_*'s
     // events to a file: the target's answer, and the calls in the file.
-    std::pair<long, FileCalls> trace_signals_to_file(const std::string& line, bool entry_only = false) {
-        if (entry_only) {
-            auto a = iprobe({"attach", pid_, "--functions", "sg_*", "--handler", "trace", "--entry-only"});
-            EXPECT_EQ(a.exit_code, 0) << a.err;
-        } else {
-            attach("sg_*", "trace");
-        }
+    // `flag`: one more for the trace handler's attach (--entry-only, --no-durations).
+    std::pair<long, FileCalls> trace_signals_to_file(const std::string& line, const std::string& flag = "") {
+        std::vector<std::string> args{"attach", pid_, "--functions", "sg_*", "--handler", "trace"};
+        if (!flag.empty()) args.push_back(flag);
+        auto a = iprobe(args);
+        EXPECT_EQ(a.exit_code, 0) << a.err;
         TempDir dir;
         const std::string file = dir / "signals.trace";
         Child trace({iprobe_bin(), "trace", pid_, "--output", file, "--lossless"}, dir / "trace.out");
@@ -301,7 +304,7 @@ TEST_P(ReturnTest, TraceFastPathNestsSignalHandlersAndTimesWhatTheFileShows) {
 // hooked.
 TEST_P(ReturnTest, EntryOnlyTraceRecordsEveryEntryOnceWhileSignalsLand) {
     constexpr long kCalls = 300000;
-    const auto [handled, calls] = trace_signals_to_file("signals " + std::to_string(kCalls), true);
+    const auto [handled, calls] = trace_signals_to_file("signals " + std::to_string(kCalls), "--entry-only");
     EXPECT_GT(handled, 10) << "signals landed while the loop ran";
     const std::string json = report();
     const std::map<std::string, long> called{
@@ -322,6 +325,42 @@ TEST_P(ReturnTest, EntryOnlyTraceRecordsEveryEntryOnceWhileSignalsLand) {
     EXPECT_TRUE(calls.left_open.empty());
     EXPECT_EQ(calls.mismatched, 0);
     EXPECT_EQ(json_number(json, "trace_dropped"), 0) << json;
+    EXPECT_EQ(json_number(json, "unhooked_returns"), 0) << json;
+    EXPECT_EQ(json_number(json, "lost"), 0) << json;
+}
+
+// One clock read a call, at its entry (attach --no-durations): the exit is
+// served in assembler too (trace_fast.S's unstamped exit), recorded in its
+// place without a time, while signals land anywhere and their handlers'
+// traced calls nest inside.  The lossless file holds every entry and exit
+// exactly once, each exit the innermost open call's and none with a time;
+// the sums count every call and completion, time none, and the report
+// says that is all it has.
+TEST_P(ReturnTest, TraceWithoutDurationsRecordsEveryEntryAndExitWhileSignalsLand) {
+    constexpr long kCalls = 300000;
+    const auto [handled, calls] = trace_signals_to_file("signals " + std::to_string(kCalls), "--no-durations");
+    EXPECT_GT(handled, 10) << "signals landed while the loop ran";
+    const std::string json = report();
+    const std::map<std::string, long> called{
+        {"sg_leaf", kCalls}, {"sg_handler", handled}, {"sg_nested", 9 * handled}};
+    long long exits = 0;
+    for (const auto& [f, n] : called) {
+        const auto seen = calls.seen.find(f);
+        EXPECT_EQ(seen == calls.seen.end() ? Counts{} : seen->second, (Counts{n, n})) << f << " in the file";
+        EXPECT_NE(json.find("\"name\":\"" + f + "\",\"calls\":" + std::to_string(n) + ",\"completed\":" +
+                            std::to_string(n) + ",\"fields\":[\"calls\",\"completed\"]"),
+                  std::string::npos)
+            << f << "\n" << json;
+        exits += n;
+    }
+    // and the one call of the thread that sends the signals (sg_sender)
+    EXPECT_EQ(calls.unstamped, exits + 1) << "every exit without a time";
+    EXPECT_TRUE(calls.ticks.empty()) << "no exit with a time";
+    EXPECT_EQ(calls.mismatched, 0) << "exits that were not the innermost open call's";
+    for (const auto& [tid, open] : calls.left_open) ADD_FAILURE() << open << " calls left open in " << tid;
+    EXPECT_EQ(calls.without_exit, 0);
+    EXPECT_EQ(json_number(json, "trace_dropped"), 0) << json;
+    EXPECT_EQ(json_number(json, "unmatched_exits"), 0) << json;
     EXPECT_EQ(json_number(json, "unhooked_returns"), 0) << json;
     EXPECT_EQ(json_number(json, "lost"), 0) << json;
 }

@@ -8,6 +8,7 @@
 #include <fstream>
 #include <iterator>
 #include <regex>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -247,6 +248,118 @@ TEST(TraceFile, AGapAndEntriesWithoutTheirExitReadBackAsTheRuntimeMeantThem) {
     for (const std::size_t i : {1, 2, 3}) EXPECT_EQ(shown[i].depth, 0) << i;
     EXPECT_FALSE(shown[1].exit_traced);
     EXPECT_TRUE(shown[3].exit_traced);
+}
+
+std::vector<Event> events_of(const std::string& path);
+
+// Exits recorded without a time (attach --no-durations: tsc
+// IPROBE_RT_NO_TIME) are words whose ticks say so, and the block's clock
+// stays where it was: the entry after them counts its ticks from the last
+// stamped event.  One the word cannot hold (a nested handler's) is escaped
+// raw, a GAP before one keeps the clock too, and a block may start with
+// one.  Read back: each in its place, not stamped; the nesting closes the
+// calls they end and puts them at their thread's latest time, and the text
+// shows "-" where the time goes.
+TEST(TraceFile, ExitsWithoutATimeKeepTheirPlaceAndTheClockStays) {
+    iprobe_rt_record gap = record(IPROBE_RT_REC_GAP, 0, 100, IPROBE_RT_NO_TIME);
+    gap.frame = 3;
+    const iprobe_rt_record nested_exit = record(IPROBE_RT_REC_EXIT, 1, 100, IPROBE_RT_NO_TIME, 0, 1);
+    std::vector<iprobe_rt_record> ring = {record(IPROBE_RT_REC_ENTRY, 0, 100, 1000),
+                                          record(IPROBE_RT_REC_ENTRY, 1, 100, 1100),
+                                          record(IPROBE_RT_REC_EXIT, 1, 100, IPROBE_RT_NO_TIME),
+                                          record(IPROBE_RT_REC_EXIT, 0, 100, IPROBE_RT_NO_TIME),
+                                          record(IPROBE_RT_REC_ENTRY, 1, 100, 1300),
+                                          gap,
+                                          nested_exit,
+                                          record(IPROBE_RT_REC_EXIT, 1, 200, IPROBE_RT_NO_TIME),
+                                          record(IPROBE_RT_REC_ENTRY, 0, 200, 1400)};
+    const WallClock clock{1000, 5'000'000'000ull, 0.5};
+    test::TempDir dir;
+    const std::string path = dir / "unstamped.trace";
+    {
+        TraceFileWriter writer(path, 4242, clock);
+        writer.write({ring.data(), 15, 0, ring.size(), true, 0});
+        EXPECT_EQ(writer.events(), 8u) << "the GAP is not an event";
+        writer.finish({{"outer", "outer", "", 0, probelist::ProbeKind::entry, ""},
+                       {"inner", "inner", "", 0, probelist::ProbeKind::entry, ""}});
+    }
+    constexpr std::uint64_t kNoTime = (1ull << 40) - 1;
+    std::string want;
+    put(want, std::uint32_t{100});
+    put(want, std::uint32_t{5 + 5 + 5});
+    put(want, std::uint64_t{1000});
+    put(want, event_word(0, 0, 0));
+    put(want, event_word(0, 1, 100));
+    put(want, event_word(1, 1, kNoTime));
+    put(want, event_word(1, 0, kNoTime));
+    put(want, event_word(0, 1, 200));  // from 1100: the clock stayed
+    put_escape(want, {gap});
+    put_escape(want, {nested_exit});
+    put(want, std::uint32_t{200});
+    put(want, std::uint32_t{2});
+    put(want, std::uint64_t{1300});  // a block opened by an exit without a time: the clock so far
+    put(want, event_word(1, 1, kNoTime));
+    put(want, event_word(0, 0, 100));
+    const std::string bytes = file_bytes(path);
+    EXPECT_EQ(bytes.substr(40, want.size()), want) << "the blocks, byte for byte";
+    TraceFileReader file(path);
+    std::vector<Event> got;
+    while (file.next([&](const Event& e) { got.push_back(e); })) {
+    }
+    ASSERT_EQ(got.size(), 8u);
+    const bool stamped[] = {true, true, false, false, true, false, false, true};
+    const std::uint64_t tsc[] = {1000, 1100, 0, 0, 1300, 0, 0, 1400};
+    for (std::size_t i = 0; i < got.size(); i++) {
+        SCOPED_TRACE("event " + std::to_string(i));
+        EXPECT_EQ(got[i].stamped, stamped[i]);
+        EXPECT_EQ(got[i].tsc, tsc[i]);
+        EXPECT_EQ(got[i].time_ns, stamped[i] ? clock.ns(tsc[i]) : 0);
+    }
+    EXPECT_EQ(got[5].dropped_before, 3u);
+    EXPECT_EQ(got[5].depth, 1u);
+    CallNesting nesting;
+    std::vector<TraceRecord> shown;
+    for (const Event& e : got) nesting.records(e, file.probes()[e.probe], [&](const TraceRecord& r) { shown.push_back(r); });
+    ASSERT_EQ(shown.size(), 8u);
+    const int depth[] = {0, 1, 1, 0, 0, 0, 0, 0};
+    for (std::size_t i = 0; i < shown.size(); i++) {
+        SCOPED_TRACE("record " + std::to_string(i));
+        EXPECT_EQ(shown[i].stamped, stamped[i]);
+        EXPECT_EQ(shown[i].depth, depth[i]);
+    }
+    EXPECT_EQ(shown[2].time_ns, clock.ns(1100)) << "the latest time of its thread";
+    EXPECT_EQ(shown[3].time_ns, clock.ns(1100));
+    EXPECT_EQ(shown[6].time_ns, 0u) << "thread 200 had no time yet";
+    EXPECT_TRUE(std::regex_search(trace_text_line(shown[2]), std::regex("^ {10}-     100   <- inner\n$")))
+        << trace_text_line(shown[2]);
+    std::ostringstream json;
+    make_output(OutputFormat::json, json)->trace(shown[2]);
+    EXPECT_NE(json.str().find("\"stamped\":false"), std::string::npos) << json.str();
+}
+
+// A version 5 file's exit word with 2^40 - 1 ticks was a time: read as one.
+TEST(TraceFile, AVersion5ExitWithTheLongestDeltaIsStamped) {
+    const WallClock clock{1000, 5'000'000'000ull, 0.5};
+    std::string v5 = file_header(5, clock);
+    put(v5, std::uint32_t{100});
+    put(v5, std::uint32_t{1});
+    put(v5, std::uint64_t{1000});
+    put(v5, event_word(1, 0, (1ull << 40) - 1));
+    const std::uint64_t table_at = v5.size();
+    put(v5, std::uint32_t{1});
+    put(v5, std::uint8_t{0});
+    put(v5, std::uint16_t{4});
+    v5 += "five";
+    for (int i = 0; i < 3; i++) put(v5, std::uint32_t{0});  // no types
+    put(v5, table_at);
+    v5 += "IPRBEND1";
+    test::TempDir dir;
+    const std::string path = dir / "v5.trace";
+    std::ofstream(path, std::ios::binary) << v5;
+    const std::vector<Event> got = events_of(path);
+    ASSERT_EQ(got.size(), 1u);
+    EXPECT_TRUE(got[0].stamped);
+    EXPECT_EQ(got[0].tsc, 1000 + (1ull << 40) - 1);
 }
 
 // Two GAPs of one thread in a row add up (the event after the first was
@@ -777,9 +890,9 @@ TEST(TraceFile, RefusesOtherVersionsAndCorruptValues) {
     };
     std::string bytes = good;
     bytes[8] = 1;
-    refused(bytes, "trace file version 1, but this iprobe reads versions 2 to 5 (written by an older iprobe");
-    bytes[8] = 6;
-    refused(bytes, "trace file version 6, but this iprobe reads versions 2 to 5 (written by a newer iprobe");
+    refused(bytes, "trace file version 1, but this iprobe reads versions 2 to 6 (written by an older iprobe");
+    bytes[8] = 7;
+    refused(bytes, "trace file version 7, but this iprobe reads versions 2 to 6 (written by a newer iprobe");
     bytes[8] = 2;  // version 2 has no values events
     refused(bytes, "a values event in a version 2 file");
     constexpr std::size_t block = 40, count = block + 4;

@@ -1070,7 +1070,7 @@ TEST_F(ValuesTest, ACutOrForeignTraceFileIsRefusedClearly) {
     std::ofstream(file, std::ios::binary | std::ios::trunc) << bytes;
     auto old = iprobe({"trace", "--input", file});
     EXPECT_EQ(old.exit_code, 3) << old.out << old.err;
-    EXPECT_NE(old.err.find("trace file version 1, but this iprobe reads versions 2 to 5"), std::string::npos) << old.err;
+    EXPECT_NE(old.err.find("trace file version 1, but this iprobe reads versions 2 to 6"), std::string::npos) << old.err;
 }
 
 TEST_F(ValuesTest, ValuesNeedTheTraceHandler) {

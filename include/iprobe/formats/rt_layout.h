@@ -42,7 +42,7 @@ extern "C" {
 #endif
 
 #define IPROBE_RT_MAGIC "IPROBERT"
-#define IPROBE_RT_VERSION 9u
+#define IPROBE_RT_VERSION 10u
 #define IPROBE_RT_MEMFD_PREFIX "iprobe." /* memfd name iprobe.<pid>: /proc/PID/fd shows /memfd:iprobe.<pid> (deleted) */
 #define IPROBE_RT_PATH_MAX 256
 #define IPROBE_RT_CACHELINE 64
@@ -227,9 +227,23 @@ enum iprobe_rt_kept {
     IPROBE_RT_KEPT_TIMES = 4
 };
 
+/* iprobe_rt_probe.timed: what a call's exit gets.  An entry probe's byte
+ * is derived by the attacher from its function's exit probe (update_timed). */
+enum iprobe_rt_timed {
+    IPROBE_RT_UNTIMED = 0,        /* entry: no exit of its function on: the call is counted and its
+                                   * entry recorded as a point (IPROBE_RT_REC_POINT) */
+    IPROBE_RT_TIMED = 1,          /* entry: its exit on: the call gets a timed frame, a duration */
+    IPROBE_RT_EXIT_UNSTAMPED = 2  /* entry: its exit on without a time (attach --no-durations): counted
+                                   * and completed, no frame, one clock read a call; exit probe (set
+                                   * by the attach that turned it on): its EXIT records carry
+                                   * IPROBE_RT_NO_TIME, where the time would be */
+};
+#define IPROBE_RT_NO_TIME UINT64_MAX /* an EXIT record's tsc when its clock was not read (above); a
+                                      * GAP record's, when the event after the drops was such an exit */
+
 /* One event; 32 bytes so records never straddle a cache line. */
 struct iprobe_rt_record {
-    uint64_t tsc;        /* rdtsc at the event */
+    uint64_t tsc;        /* rdtsc at the event (IPROBE_RT_NO_TIME: not read) */
     uint32_t probe;      /* global probe index (iprobe_rt_probe) */
     uint32_t tid;
     uint8_t kind;        /* enum iprobe_rt_record_kind */
@@ -298,8 +312,8 @@ struct iprobe_rt_probe {
     uint64_t site;       /* absolute address in the target */
     uint32_t stat;       /* aggregate slot (one per function; entry and exit share it),
                           * IPROBE_RT_NO_STAT when none */
-    uint8_t timed;       /* entry probe whose function's exit probe is enabled too:
-                          * its calls are timed (else only counted) */
+    uint8_t timed;       /* enum iprobe_rt_timed: entry probe: how its calls' exits are kept;
+                          * exit probe: IPROBE_RT_EXIT_UNSTAMPED or 0 */
     uint8_t retval_hist; /* exit probe: 0, or the return value's width in bytes (1, 2, 4, 8)
                           * | IPROBE_RT_RETVAL_SIGNED: keep its log2 histogram */
     uint16_t condition;  /* entry probe: 0, or 1 + the index of its `--when` program in the

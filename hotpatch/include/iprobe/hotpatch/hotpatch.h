@@ -108,6 +108,11 @@ struct AttachOptions {
     // trampoline, no return stack) unless this is set or the selector names
     // exit probes (--exit-only): then it also counts completed calls.
     bool count_exits = false;
+    // The trace handler reads the clock at exits too (durations).  false
+    // (--no-durations): one clock read a call, at its entry; its exit is
+    // recorded in its place without a time (IPROBE_RT_EXIT_UNSTAMPED): the
+    // calls' order, nesting and start times, completed counts, no durations.
+    bool exit_times = true;
     ValueOptions values;                // trace handler only
     HandlerSymbols handlers;            // empty enter = HandlerSymbols::runtime(mode)
     std::string runtime_library;        // empty = default_runtime_library()

@@ -69,6 +69,9 @@ struct ResetResult {
 // Exclusive nanoseconds per call path "outer;inner;leaf".
 struct FoldedStacks {
     std::map<std::string, std::uint64_t> exclusive_ns;
+    // Calls whose exit came without a time (attach --no-durations): not
+    // folded, having no duration; said on stderr by the command.
+    std::uint64_t unstamped_calls = 0;
 };
 
 // A writer.  Each method writes one result whole; one it has no writer for

@@ -4,10 +4,10 @@
 // pass, one copy, no clock conversion: the header keeps the clock) and
 // hands it to write(2) a MiB at a time; the conversion decodes later.
 //
-// Version 5 (written; version 4, the same without exit marks, version 3,
-// without GAP records too, and version 2, without values events and the
-// types table too, are read; any other is refused, naming the versions
-// read):
+// Version 6 (written; version 5, the same without exits recorded without
+// a time, version 4, without exit marks too, version 3, without GAP records
+// too, and version 2, without values events and the types table too, are
+// read; any other is refused, naming the versions read):
 //   header   "IPRBTRC1", u32 version 5, u32 pid, u64 tsc_base,
 //            u64 realtime_base_ns, f64 ns_per_tick                   (40 bytes)
 //   blocks   one thread's events in order: u32 tid, u32 words, u64 base_tsc,
@@ -17,16 +17,20 @@
 //                         call's exit is not traced, attach --entry-only),
 //                         bits 2-23 the global probe index,
 //                         bits 24-63 ticks since the block's previous event
-//                         (base_tsc for the first)                  (8 bytes)
+//                         (base_tsc for the first); 2^40 - 1 in an exit: it
+//                         has no time (attach --no-durations), and the
+//                         block's clock stays where it was          (8 bytes)
 //              an escape  bits 0-1 = 3, bits 2-9 = n > 0: n raw 32-byte ring
 //                         records follow (struct iprobe_rt_record, then a
 //                         point's argument record); for what a word cannot
 //                         hold: a point's arguments, a nested handler
 //                         (depth > 0), a probe index >= 2^22, a clock step
-//                         back or >= 2^40 ticks; and a GAP record (n = 1,
+//                         back or >= 2^40 - 1 ticks (an exit's tsc
+//                         IPROBE_RT_NO_TIME: no time, as above); and a GAP record (n = 1,
 //                         not an event: its thread's next event comes after
-//                         `frame` events the ring dropped; its tsc becomes
-//                         the block's previous one); and an exit mark
+//                         `frame` events the ring dropped; its tsc, unless
+//                         IPROBE_RT_NO_TIME, becomes the block's previous
+//                         one); and an exit mark
 //                         (IPROBE_RT_REC_EXITS_LOST, n = 1, in a block of
 //                         its own: not an event, the block's clock goes on;
 //                         its `tid`'s first event at or after its tsc comes
@@ -72,7 +76,7 @@
 
 namespace iprobe::hotpatch {
 
-inline constexpr std::uint32_t kTraceFileVersion = 5;
+inline constexpr std::uint32_t kTraceFileVersion = 6;
 
 class TraceFileWriter {
 public:

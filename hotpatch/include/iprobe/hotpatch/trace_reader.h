@@ -59,6 +59,9 @@ struct LostExits {
 struct Event {
     std::uint64_t tsc = 0;
     std::uint64_t time_ns = 0;  // CLOCK_REALTIME nanoseconds
+    // false: an exit recorded without its time (attach --no-durations,
+    // IPROBE_RT_NO_TIME): tsc and time_ns are 0.
+    bool stamped = true;
     std::uint32_t probe = 0;    // global probe index
     std::uint32_t tid = 0;
     probelist::ProbeKind kind = probelist::ProbeKind::entry;
@@ -131,13 +134,16 @@ struct ProbeInfo {
 // thread (what `iprobe trace --format json` prints a line of,
 // and a probe agent sends: agent_protocol.h).
 struct TraceRecord {
-    std::uint64_t time_ns = 0;  // CLOCK_REALTIME
+    std::uint64_t time_ns = 0;  // CLOCK_REALTIME; not stamped: the last its thread had before it
     std::uint32_t tid = 0;
     probelist::ProbeKind kind = probelist::ProbeKind::entry;
     std::string function;       // demangled
     int depth = 0;              // calls of this thread open around it
     std::vector<std::uint64_t> args;  // a point's arguments
     bool in_signal = false;     // logged by a signal handler that interrupted the thread
+    // false: an exit recorded without its time (attach --no-durations): the
+    // call ended at or after time_ns, the latest time its thread had before it.
+    bool stamped = true;
     // attach --args: an entry's arguments; at an exit, those of the call it
     // ends (for "<- f(n=10) = 55"; not in JSON).
     bool has_arguments = false;
@@ -180,6 +186,8 @@ private:
     };
     // A deque: past kMaxOpen open calls the oldest goes, at O(1) per event.
     std::unordered_map<std::uint32_t, std::deque<OpenCall>> stacks_;
+    // Each thread's latest time: where an exit without its own (not stamped) is put.
+    std::unordered_map<std::uint32_t, std::uint64_t> last_ns_;
     // Closes the open calls `lost` names (the innermost of each function
     // first); returns their functions, innermost first.
     static std::vector<std::string> close_lost(std::deque<OpenCall>& stack, const std::vector<LostExits>& lost);
