@@ -290,6 +290,26 @@ void expect_signal_calls(const FileCalls& calls, const std::string& json, long l
     EXPECT_EQ(json_number(json, "lost"), 0) << json;
 }
 
+// sg_*'s calls in the file and the report of a trace that keeps no times:
+// each function's entries (with `completed`, its exits too) exactly once in
+// the file, and the report's calls (and completed) with fields saying that
+// is all it has (nothing timed, nothing estimated).  Returns the calls.
+long long expect_untimed_signal_calls(const FileCalls& calls, const std::string& json, long leaf_calls, long handled,
+                                      bool completed) {
+    const std::map<std::string, long> called{{"sg_leaf", leaf_calls}, {"sg_handler", handled}, {"sg_nested", 9 * handled}};
+    long long total = 0;
+    for (const auto& [f, n] : called) {
+        const auto seen = calls.seen.find(f);
+        EXPECT_EQ(seen == calls.seen.end() ? Counts{} : seen->second, (Counts{n, completed ? n : 0})) << f << " in the file";
+        const std::string count = std::to_string(n);
+        const std::string row = "\"name\":\"" + f + "\",\"calls\":" + count + (completed ? ",\"completed\":" + count : "") +
+                                ",\"fields\":[\"calls\"" + (completed ? ",\"completed\"" : "") + "]";
+        EXPECT_NE(json.find(row), std::string::npos) << f << "\n" << json;
+        total += n;
+    }
+    return total;
+}
+
 TEST_P(ReturnTest, TraceFastPathNestsSignalHandlersAndTimesWhatTheFileShows) {
     constexpr long kCalls = 300000;
     const auto [handled, calls] = trace_signals_to_file("signals " + std::to_string(kCalls));
@@ -307,18 +327,7 @@ TEST_P(ReturnTest, EntryOnlyTraceRecordsEveryEntryOnceWhileSignalsLand) {
     const auto [handled, calls] = trace_signals_to_file("signals " + std::to_string(kCalls), "--entry-only");
     EXPECT_GT(handled, 10) << "signals landed while the loop ran";
     const std::string json = report();
-    const std::map<std::string, long> called{
-        {"sg_leaf", kCalls}, {"sg_handler", handled}, {"sg_nested", 9 * handled}};
-    long long entries = 0;
-    for (const auto& [f, n] : called) {
-        const auto seen = calls.seen.find(f);
-        EXPECT_EQ(seen == calls.seen.end() ? Counts{} : seen->second, (Counts{n, 0})) << f << " in the file";
-        // calls, and the report says that is all it has (nothing timed, nothing estimated)
-        EXPECT_NE(json.find("\"name\":\"" + f + "\",\"calls\":" + std::to_string(n) + ",\"fields\":[\"calls\"]"),
-                  std::string::npos)
-            << f << "\n" << json;
-        entries += n;
-    }
+    const long long entries = expect_untimed_signal_calls(calls, json, kCalls, handled, false);
     // and the one call of the thread that sends the signals (sg_sender):
     // each an entry whose exit is not traced, none left open for an exit
     EXPECT_EQ(calls.without_exit, entries + 1);
@@ -341,18 +350,7 @@ TEST_P(ReturnTest, TraceWithoutDurationsRecordsEveryEntryAndExitWhileSignalsLand
     const auto [handled, calls] = trace_signals_to_file("signals " + std::to_string(kCalls), "--no-durations");
     EXPECT_GT(handled, 10) << "signals landed while the loop ran";
     const std::string json = report();
-    const std::map<std::string, long> called{
-        {"sg_leaf", kCalls}, {"sg_handler", handled}, {"sg_nested", 9 * handled}};
-    long long exits = 0;
-    for (const auto& [f, n] : called) {
-        const auto seen = calls.seen.find(f);
-        EXPECT_EQ(seen == calls.seen.end() ? Counts{} : seen->second, (Counts{n, n})) << f << " in the file";
-        EXPECT_NE(json.find("\"name\":\"" + f + "\",\"calls\":" + std::to_string(n) + ",\"completed\":" +
-                            std::to_string(n) + ",\"fields\":[\"calls\",\"completed\"]"),
-                  std::string::npos)
-            << f << "\n" << json;
-        exits += n;
-    }
+    const long long exits = expect_untimed_signal_calls(calls, json, kCalls, handled, true);
     // and the one call of the thread that sends the signals (sg_sender)
     EXPECT_EQ(calls.unstamped, exits + 1) << "every exit without a time";
     EXPECT_TRUE(calls.ticks.empty()) << "no exit with a time";

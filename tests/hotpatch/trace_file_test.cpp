@@ -72,6 +72,18 @@ std::string file_bytes(const std::string& path) {
     return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
+// `ring` (a ring of mask + 1 records, read from 0) written to `path` in one
+// run, process 4242, its entry probes named `functions`: the events written.
+std::uint64_t write_run(const std::string& path, const std::vector<iprobe_rt_record>& ring, std::uint64_t mask,
+                        const WallClock& clock, const std::vector<std::string>& functions) {
+    TraceFileWriter writer(path, 4242, clock);
+    writer.write({ring.data(), mask, 0, ring.size(), true, 0});
+    std::vector<ProbeInfo> probes;
+    for (const std::string& f : functions) probes.push_back({f, f, "", 0, probelist::ProbeKind::entry, ""});
+    writer.finish(probes);
+    return writer.events();
+}
+
 struct Expected {
     std::uint32_t tid, probe;
     probelist::ProbeKind kind;
@@ -210,13 +222,7 @@ TEST(TraceFile, AGapAndEntriesWithoutTheirExitReadBackAsTheRuntimeMeantThem) {
     const WallClock clock{1000, 5'000'000'000ull, 0.5};
     test::TempDir dir;
     const std::string path = dir / "gap.trace";
-    {
-        TraceFileWriter writer(path, 4242, clock);
-        writer.write({ring.data(), 7, 0, ring.size(), true, 0});
-        EXPECT_EQ(writer.events(), 4u) << "the GAP is not an event";
-        writer.finish({{"leaf", "leaf", "", 0, probelist::ProbeKind::entry, ""},
-                       {"work", "work", "", 0, probelist::ProbeKind::entry, ""}});
-    }
+    EXPECT_EQ(write_run(path, ring, 7, clock, {"leaf", "work"}), 4u) << "the GAP is not an event";
     std::string want;
     put(want, event_word(0, 1, 0));
     put_escape(want, {gap});
@@ -276,13 +282,7 @@ TEST(TraceFile, ExitsWithoutATimeKeepTheirPlaceAndTheClockStays) {
     const WallClock clock{1000, 5'000'000'000ull, 0.5};
     test::TempDir dir;
     const std::string path = dir / "unstamped.trace";
-    {
-        TraceFileWriter writer(path, 4242, clock);
-        writer.write({ring.data(), 15, 0, ring.size(), true, 0});
-        EXPECT_EQ(writer.events(), 8u) << "the GAP is not an event";
-        writer.finish({{"outer", "outer", "", 0, probelist::ProbeKind::entry, ""},
-                       {"inner", "inner", "", 0, probelist::ProbeKind::entry, ""}});
-    }
+    EXPECT_EQ(write_run(path, ring, 15, clock, {"outer", "inner"}), 8u) << "the GAP is not an event";
     constexpr std::uint64_t kNoTime = (1ull << 40) - 1;
     std::string want;
     put(want, std::uint32_t{100});
