@@ -222,10 +222,14 @@ void mark_exits_lost(Region& region, const std::vector<std::uint32_t>& exits,
 // than entering untimed without a word.  The next attach recomputes it.
 void keep_timed_while_racing(Region& region, const std::vector<std::uint32_t>& exits_off,
                              const std::vector<std::uint32_t>& probes_off) {
-    const std::set<std::uint32_t> off(probes_off.begin(), probes_off.end());
+    // In the stop: nothing to build where no exit of its own goes off (the
+    // entry flow's), and a sorted copy, not a tree of 10k nodes, where one does.
+    if (exits_off.empty()) return;
+    std::vector<std::uint32_t> off(probes_off);
+    std::sort(off.begin(), off.end());
     iprobe_rt_probe* probes = region.probes();
     for (std::uint32_t exit : exits_off)
-        if (exit > 0 && exit < region.probe_count() && off.count(exit - 1) &&
+        if (exit > 0 && exit < region.probe_count() && std::binary_search(off.begin(), off.end(), exit - 1) &&
             probes[exit - 1].kind == static_cast<std::uint8_t>(probelist::ProbeKind::entry) &&
             probes[exit - 1].stat == probes[exit].stat)
             probes[exit - 1].timed = 1;
