@@ -832,13 +832,13 @@ void check_exit_times(const AttachOptions& options, const Condition& condition, 
                     ExitCode::usage);
     if (!condition.empty() || options.retval_histogram || options.values.any())
         throw Error("--no-durations records exits without their time, and --when, --min-duration, --args, --retval "
-                    "and --backtrace go through the values path, which times every call: drop one or the other",
+                    "and --backtrace go through paths that time every call: drop one or the other",
                     ExitCode::usage);
     for (const auto& s : lists)
         for (const probelist::Probe* p : s.selected)
             if (p->kind == probelist::ProbeKind::exit && p->form != probelist::SiteForm::ret)
                 throw Error("--no-durations: " + p->demangled + "'s exit is a call site of its own (" + s.source +
-                                ": the -finstrument-functions or LLVM flow), and a detach finds such calls in flight "
+                                ": the -finstrument-functions flow), and a detach finds such calls in flight "
                                 "by the timed frames --no-durations does without; attach it without --no-durations, "
                                 "or select its entries only (--entry-only)",
                             ExitCode::usage);

@@ -754,7 +754,7 @@ bool TraceFileReader::next(const std::function<void(const Event&)>& sink) {
                     throw Error(path_ + ": corrupt trace file (event kind " + std::to_string(r.kind) + ")",
                                 ExitCode::bad_input);
                 e.kind = kind_of(static_cast<std::uint8_t>(r.kind - IPROBE_RT_REC_ENTRY), path_);
-                if (r.tsc == IPROBE_RT_NO_TIME && e.kind == probelist::ProbeKind::exit && version_ >= kUnstampedVersion)
+                if (exit_without_time(r) && version_ >= kUnstampedVersion)
                     e.stamped = false;
                 else
                     tsc = r.tsc;

@@ -339,8 +339,8 @@ std::size_t TraceReader::decode(const RecordRun& run, const std::function<void(c
             continue;
         }
         Event e;
-        if (r.tsc == IPROBE_RT_NO_TIME && r.kind == IPROBE_RT_REC_EXIT) [[unlikely]] {
-            e.stamped = false;  // attach --no-durations: its exit's clock was not read
+        if (exit_without_time(r)) [[unlikely]] {
+            e.stamped = false;
         } else {
             e.tsc = r.tsc;
             e.time_ns = clock.ns(r.tsc);

@@ -788,12 +788,9 @@ static inline __attribute__((always_inline)) void emit_probe(struct iprobe_rt_co
      * recorded in its place, no clock read.  Not when its entry pushed a
      * frame (FRAME_MATCH: entered before an attach switched the mode), which
      * is timed and popped as it was meant to be, as trace_fast.S does. */
-    if (kind == IPROBE_RT_REC_EXIT && use == FRAME_NONE &&
-        UNLIKELY(probe_of(cb, probe)->timed == IPROBE_RT_EXIT_UNSTAMPED)) {
-        emit_probe_at(cb, probe, stat, kind, args, FRAME_NONE, IPROBE_RT_NO_TIME, 0);
-        return;
-    }
-    emit_probe_at(cb, probe, stat, kind, args, use, timestamp(), 0);
+    const int unstamped = kind == IPROBE_RT_REC_EXIT && use == FRAME_NONE &&
+                          UNLIKELY(probe_of(cb, probe)->timed == IPROBE_RT_EXIT_UNSTAMPED);
+    emit_probe_at(cb, probe, stat, kind, args, use, unstamped ? IPROBE_RT_NO_TIME : timestamp(), 0);
 }
 
 static inline __attribute__((always_inline)) void emit(uintptr_t return_address, uint8_t kind, const uint64_t* args) {

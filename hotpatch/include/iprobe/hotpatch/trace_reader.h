@@ -104,6 +104,13 @@ inline void entry_without_exit(Event& e, probelist::ProbeKind probe_kind, std::u
     }
 }
 
+// An exit recorded without its time (attach --no-durations: the runtime did
+// not read its clock, rt_layout.h, IPROBE_RT_NO_TIME): the readers give it
+// no time and leave their clock where it was.
+inline bool exit_without_time(const iprobe_rt_record& r) {
+    return r.tsc == IPROBE_RT_NO_TIME && r.kind == IPROBE_RT_REC_EXIT;
+}
+
 // A GAP record's count until the next event of the thread (or ring) that
 // wrote it (rt_layout.h, IPROBE_RT_REC_GAP): two in a row add up (the event
 // after the first was dropped too); another owner's GAP replaces it.
