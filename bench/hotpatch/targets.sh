@@ -38,20 +38,29 @@ ns_at() { awk -v n="$2" '$1 == n { print $2 }' "$1"; }
 # machine is shared, and preemption only ever adds time.  A name not in
 # $variants (when the caller sets it) is skipped.
 run_variant() {  # name binary [attach args...]
+  [[ -z ${variants:-} || $variants == *" $1 "* ]] || return 0
+  : >"$work/result.$1.all"
+  for ((r = 0; r < repeats; r++)); do run_once "$@"; done
+  keep_fastest "$1"
+}
+# run_once NAME BINARY [ATTACH ARGS...]: one run of the above, its sizes
+# appended to $work/result.NAME.all.  Callers comparing variants with each
+# other interleave them (a round of every variant, $repeats rounds), so that
+# a VM whose speed drifts over seconds gives each the same moments.
+run_once() {  # name binary [attach args...]
   local name=$1 binary=$2
   shift 2
-  [[ -z ${variants:-} || $variants == *" $name "* ]] || return 0
-  : >"$work/result.$name.all"
-  for ((r = 0; r < repeats; r++)); do
-    start "$binary" "$max_exp"
-    # first_attach (words): an attach made before this variant's own
-    # a failed attach ends the run, and takes its target with it (it would
-    # wait for a SIGUSR1 for ever)
-    if [[ -n ${first_attach:-} ]]; then "$iprobe" attach "$pid" $first_attach >/dev/null || { kill "$pid"; exit 1; }; fi
-    if (($#)); then "$iprobe" attach "$pid" "$@" >/dev/null || { kill "$pid"; exit 1; }; fi
-    finish
-    grep -v ready "$out" >>"$work/result.$name.all"
-  done
-  awk '!($1 in m) || $2 < m[$1] { m[$1] = $2 } END { for (n in m) print n, m[n] }' "$work/result.$name.all" |
-    sort -n >"$work/result.$name"
+  start "$binary" "$max_exp"
+  # first_attach (words): an attach made before this variant's own
+  # a failed attach ends the run, and takes its target with it (it would
+  # wait for a SIGUSR1 for ever)
+  if [[ -n ${first_attach:-} ]]; then "$iprobe" attach "$pid" $first_attach >/dev/null || { kill "$pid"; exit 1; }; fi
+  if (($#)); then "$iprobe" attach "$pid" "$@" >/dev/null || { kill "$pid"; exit 1; }; fi
+  finish
+  grep -v ready "$out" >>"$work/result.$name.all"
+}
+# keep_fastest NAME: $work/result.NAME, per size the fastest of result.NAME.all
+keep_fastest() {
+  awk '!($1 in m) || $2 < m[$1] { m[$1] = $2 } END { for (n in m) print n, m[n] }' "$work/result.$1.all" |
+    sort -n >"$work/result.$1"
 }
